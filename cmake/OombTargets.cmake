@@ -1,0 +1,46 @@
+# Helpers that give every project target the same compile options.
+
+# oomb_target_options(<target>): warnings as errors and the include root. Third-party headers
+# (LibTorch, gRPC, ...) come from imported targets and are treated as system headers.
+function(oomb_target_options target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${OOMB_WERROR}>>:-Werror>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall --expt-relaxed-constexpr -lineinfo>
+    $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${OOMB_WERROR}>>:-Werror=all-warnings>)
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+endfunction()
+
+# oomb_add_test(<name> SOURCES ... LIBS ... LABELS ...): a GoogleTest binary registered with
+# ctest through gtest_discover_tests, each test carrying the given labels (unit, integration,
+# gpu).
+function(oomb_add_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  oomb_target_options(${name})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  string(REPLACE ";" "\\;" labels "${T_LABELS}")
+  gtest_discover_tests(${name}
+    PROPERTIES LABELS "${labels}" TIMEOUT ${T_TIMEOUT}
+               ENVIRONMENT "OOMB_SOURCE_DIR=${PROJECT_SOURCE_DIR};OOMB_BINARY_DIR=${PROJECT_BINARY_DIR}"
+    DISCOVERY_TIMEOUT 120)
+endfunction()
+
+# oomb_use_torch(<target> [PUBLIC|PRIVATE]): links LibTorch (default PUBLIC) and precompiles
+# its headers for the target's C++. Use PRIVATE for anything gRPC code links (see
+# worker/CMakeLists.txt).
+function(oomb_use_torch target)
+  set(scope PUBLIC)
+  if(ARGC GREATER 1)
+    set(scope ${ARGV1})
+  endif()
+  target_link_libraries(${target} ${scope} ${TORCH_LIBRARIES})
+  target_precompile_headers(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:${PROJECT_SOURCE_DIR}/cmake/torch_pch.h>)
+  if(OOMB_HAVE_CUDA)
+    target_compile_definitions(${target} PUBLIC OOMB_HAVE_CUDA=1)
+  endif()
+endfunction()

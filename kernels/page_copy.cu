@@ -1,0 +1,98 @@
+// CUDA page gather / scatter. Contract: kernels/page_copy.h.
+//
+// Each (page, k|v, head) block of page_tokens * head_dim elements is contiguous both in the
+// arena and in the per-head buffer, so a copy is one contiguous run per block: one CUDA block
+// per run, 16-byte vector accesses across the block's threads.
+#include <cstdint>
+
+#include "kernels/page_copy.h"
+
+namespace oomb::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct RunAddress {
+  int64_t arena_offset;   // in elements
+  int64_t buffer_offset;  // in elements, within k or v
+  bool is_v;
+};
+
+__device__ RunAddress Locate(const PageCopyParams& p, int64_t run) {
+  // run = (page * 2 + kv) * kv_heads + head
+  const int64_t head = run % p.kv_heads;
+  const int64_t kv = (run / p.kv_heads) % 2;
+  const int64_t page = run / (2 * p.kv_heads);
+  const int64_t run_elems = p.page_tokens * p.head_dim;
+  const int64_t slot = p.slots[page];
+  RunAddress a;
+  a.arena_offset = ((slot * 2 + kv) * p.kv_heads + head) * run_elems;
+  a.buffer_offset = (head * p.num_pages + page) * run_elems;
+  a.is_v = kv == 1;
+  return a;
+}
+
+template <bool kToArena>
+__global__ void PageCopyKernel(PageCopyParams p) {
+  const RunAddress a = Locate(p, blockIdx.x);
+  const int64_t run_vecs = p.page_tokens * p.head_dim * p.elem_bytes / 16;
+  uint4* arena = reinterpret_cast<uint4*>(static_cast<char*>(p.arena) + a.arena_offset * p.elem_bytes);
+  uint4* buf = reinterpret_cast<uint4*>(static_cast<char*>(a.is_v ? p.v : p.k) + a.buffer_offset * p.elem_bytes);
+  for (int64_t i = threadIdx.x; i < run_vecs; i += blockDim.x) {
+    if constexpr (kToArena) {
+      arena[i] = buf[i];
+    } else {
+      buf[i] = arena[i];
+    }
+  }
+}
+
+__global__ void PageScatterAddF32Kernel(PageCopyParams p) {
+  const RunAddress a = Locate(p, blockIdx.x);
+  const int64_t run_vecs = p.page_tokens * p.head_dim / 4;
+  float4* arena = reinterpret_cast<float4*>(static_cast<float*>(p.arena) + a.arena_offset);
+  const float4* buf = reinterpret_cast<const float4*>(static_cast<const float*>(a.is_v ? p.v : p.k) + a.buffer_offset);
+  for (int64_t i = threadIdx.x; i < run_vecs; i += blockDim.x) {
+    float4 x = arena[i];
+    const float4 y = buf[i];
+    x.x += y.x;
+    x.y += y.y;
+    x.z += y.z;
+    x.w += y.w;
+    arena[i] = x;
+  }
+}
+
+cudaError_t CheckParams(const PageCopyParams& p) {
+  if (p.num_pages < 0 || p.kv_heads <= 0 || p.page_tokens <= 0 || p.head_dim <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if ((p.page_tokens * p.head_dim * p.elem_bytes) % 16 != 0) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchPageGather(const PageCopyParams& p, cudaStream_t stream) {
+  if (cudaError_t e = CheckParams(p); e != cudaSuccess) return e;
+  if (p.num_pages == 0) return cudaSuccess;
+  PageCopyKernel<false><<<p.num_pages * 2 * p.kv_heads, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPageScatter(const PageCopyParams& p, cudaStream_t stream) {
+  if (cudaError_t e = CheckParams(p); e != cudaSuccess) return e;
+  if (p.num_pages == 0) return cudaSuccess;
+  PageCopyKernel<true><<<p.num_pages * 2 * p.kv_heads, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPageScatterAddF32(const PageCopyParams& p, cudaStream_t stream) {
+  if (p.elem_bytes != 4) return cudaErrorInvalidValue;
+  if (cudaError_t e = CheckParams(p); e != cudaSuccess) return e;
+  if (p.num_pages == 0) return cudaSuccess;
+  PageScatterAddF32Kernel<<<p.num_pages * 2 * p.kv_heads, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace oomb::kernels

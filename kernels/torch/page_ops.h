@@ -1,0 +1,28 @@
+// LibTorch binding of kernels/page_copy.h: validates tensors, picks the CPU reference or the
+// CUDA kernel by device, launches on the current stream.
+//
+//   arena: [num_slots, 2, kv_heads, page_tokens, head_dim]
+//   slots: [num_pages] int32, on the arena's device
+//   k, v:  [kv_heads, num_pages * page_tokens, head_dim], contiguous, arena's dtype and device
+//
+// Bad arguments raise c10::Error (TORCH_CHECK) naming the argument; callers at component
+// boundaries turn that into a status.
+#ifndef OOMB_KERNELS_TORCH_PAGE_OPS_H_
+#define OOMB_KERNELS_TORCH_PAGE_OPS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace oomb::kernels {
+
+// Returns (k, v) gathered from the slots.
+std::pair<at::Tensor, at::Tensor> GatherPages(const at::Tensor& arena, const at::Tensor& slots);
+// Writes k, v into the slots (distinct).
+void ScatterPages(at::Tensor& arena, const at::Tensor& slots, const at::Tensor& k, const at::Tensor& v);
+// arena[slots] += (k, v); arena float32 or float64 (CPU), k, v of the arena's dtype.
+void ScatterAddPages(at::Tensor& arena, const at::Tensor& slots, const at::Tensor& k, const at::Tensor& v);
+
+}  // namespace oomb::kernels
+
+#endif  // OOMB_KERNELS_TORCH_PAGE_OPS_H_

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs everything oomb needs on a fresh Debian 12 machine. Idempotent: when everything is
+# present it only checks, in a few seconds.
+#
+#   scripts/setup.sh            Debian packages + the Python virtual environment (LibTorch)
+#
+# Environment:
+#   OOMB_VENV   where the virtual environment lives (default: ~/.cache/oomb/venv). It holds
+#               the PyPI wheel torch==2.11.0, whose share/cmake is LibTorch's CMake package, and
+#               the Python packages the reference-parity tests use.
+set -euo pipefail
+
+OOMB_VENV="${OOMB_VENV:-$HOME/.cache/oomb/venv}"
+TORCH_VERSION=2.11.0
+
+# Debian packages, grouped by what needs them (CONVENTIONS.md §1).
+APT_PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git clang-format
+  # API and service
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+  libabsl-dev prometheus-cpp-dev libyaml-cpp-dev libsqlite3-dev libsqlitecpp-dev
+  nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
+  libpqxx-dev libsystemd-dev zlib1g-dev libssl-dev
+  # tests
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus postgresql tmux openssl
+  python3-venv
+)
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The prometheus and postgresql packages start system services on install; the tests run
+  # their own instances on loopback, so the system ones are not needed.
+  for svc in prometheus postgresql; do $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true; done
+else
+  log "Debian packages present"
+fi
+
+# Python environment: LibTorch (the PyPI wheel, with its CUDA runtime wheels as dependencies, so
+# libtorch_cuda.so links and loads on a machine without a GPU) and the reference-parity stack.
+PY_PACKAGES=(
+  "torch==${TORCH_VERSION}" "numpy<3" "transformers==5.*" "tokenizers" "safetensors" "peft"
+  "gguf" "grpcio" "grpcio-tools" "protobuf" "pyyaml" "matplotlib"
+)
+stamp="$OOMB_VENV/.oomb-setup-$(printf '%s\n' "${PY_PACKAGES[@]}" | sha1sum | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  log "creating Python environment in $OOMB_VENV"
+  [ -x "$OOMB_VENV/bin/python" ] || python3 -m venv "$OOMB_VENV"
+  "$OOMB_VENV/bin/python" -m pip install -q --upgrade pip
+  "$OOMB_VENV/bin/python" -m pip install -q "${PY_PACKAGES[@]}"
+  touch "$stamp"
+else
+  log "Python environment present ($OOMB_VENV)"
+fi
+"$OOMB_VENV/bin/python" -c "import torch; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__"
+log "ready: torch $("$OOMB_VENV/bin/python" -c 'import torch; print(torch.__version__)')"

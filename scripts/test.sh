@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The test command (README.md): on a fresh Debian 12 machine, installs what is missing, fetches
+# the test model and texts, builds everything from scratch and runs every test.
+#
+#   scripts/test.sh                 all of it; ends with ctest's summary line
+#   OOMB_BUILD_DIR=build scripts/test.sh   reuse a build directory (default: a fresh build-test/)
+#   CTEST_ARGS="-L unit" scripts/test.sh   pass arguments to ctest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+start=$(date +%s)
+bash scripts/setup.sh
+if [ -x scripts/fetch_test_data.sh ]; then bash scripts/fetch_test_data.sh; fi
+
+build="${OOMB_BUILD_DIR:-$root/build-test}"
+jobs="${OOMB_JOBS:-$(nproc)}"
+mkdir -p "$build"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/cmake.log" 2>&1 ||
+  { cat "$build/cmake.log"; exit 1; }
+echo "[test] building in $build with $jobs jobs" >&2
+cmake --build "$build" -j "$jobs"
+echo "[test] built in $(( $(date +%s) - start )) s since start" >&2
+cd "$build"
+# shellcheck disable=SC2086
+ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:-}

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Makes the tiny random-weight Hugging Face models that oomb's parity tests load, with reference
+outputs from transformers.
+
+    make_tiny_models.py --out DIR [--force]
+
+For each model NAME: DIR/NAME/ (config.json, generation_config.json, model.safetensors or
+model.safetensors.index.json + shards) and DIR/NAME/reference.safetensors with
+  input_ids  int64   [1, 96]        seeded random tokens
+  logits     float32 [1, 96, vocab] transformers' forward in float32, eager attention, one pass
+                                    over all 96 positions (position ids 0..95), no attention mask
+  loss       float32 []             mean next-token cross-entropy with labels = input_ids
+and DIR/manifest.json with the models' key config facts and the reference loss.
+
+Everything is seeded: the same transformers / torch versions give the same files. A second run
+with DIR/manifest.json present and of the same GENERATOR_VERSION does nothing (use --force).
+
+RoPE config key: transformers >= 5 writes RoPE settings as `rope_parameters` (a dict holding
+`rope_type`, `rope_theta` and the type's fields such as `factor`); transformers 4.x wrote
+`rope_scaling` (the same dict without `rope_theta`, which was the top-level `rope_theta`).
+The configs here are whatever this transformers version writes; a loader should accept both.
+
+Note on `llama-rope-dynamic`: dynamic NTK changes the RoPE base with the current sequence length
+once it exceeds max_position_embeddings (64 here, so the 96-token reference uses the scaled base
+for seq_len = 96: base' = base * (factor * 96 / 64 - (factor - 1)) ** (head_dim / (head_dim - 2))).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+GENERATOR_VERSION = 1
+SEQ_LEN = 96
+INIT_STD = 0.2
+
+
+def log(msg):
+    print(f"[make_tiny_models] {msg}", file=sys.stderr, flush=True)
+
+
+def model_specs():
+    common = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        initializer_range=INIT_STD,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    theta = 10000.0
+    specs = [
+        (
+            "qwen2-bias-gqa-untied",
+            "qwen2",
+            dict(common, vocab_size=384, num_hidden_layers=3, max_position_embeddings=256,
+                 tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        ),
+        (
+            "qwen2-tied",
+            "qwen2",
+            dict(common, vocab_size=320, num_hidden_layers=2, max_position_embeddings=256,
+                 tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        ),
+        (
+            "llama-gqa",
+            "llama",
+            dict(common, vocab_size=256, num_hidden_layers=2, max_position_embeddings=256,
+                 tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": theta}),
+        ),
+        (
+            "llama-rope-linear",
+            "llama",
+            dict(common, vocab_size=256, num_hidden_layers=2, max_position_embeddings=256,
+                 rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": theta}),
+        ),
+        (
+            # max_position_embeddings < SEQ_LEN, so the dynamic scaling is active in the reference.
+            "llama-rope-dynamic",
+            "llama",
+            dict(common, vocab_size=256, num_hidden_layers=2, max_position_embeddings=64,
+                 rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": theta}),
+        ),
+        (
+            "llama-rope-yarn",
+            "llama",
+            dict(common, vocab_size=256, num_hidden_layers=2, max_position_embeddings=1024,
+                 rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": theta,
+                                  "original_max_position_embeddings": 256,
+                                  "beta_fast": 32.0, "beta_slow": 1.0}),
+        ),
+        (
+            # With head_dim 16 and theta 1e4 the wavelengths are 6.3 ... 19869: below
+            # 256/4 = 64 unchanged, above 256 divided by the factor, 199 smoothly interpolated.
+            "llama-rope-llama3",
+            "llama",
+            dict(common, vocab_size=256, num_hidden_layers=2, max_position_embeddings=1024,
+                 rope_parameters={"rope_type": "llama3", "factor": 4.0, "rope_theta": theta,
+                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 256}),
+        ),
+        (
+            "llama-sharded",
+            "llama",
+            dict(common, vocab_size=512, num_hidden_layers=3, max_position_embeddings=256,
+                 tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": theta}),
+        ),
+    ]
+    return specs
+
+
+def init_weights(model, seed):
+    """Normal(0, INIT_STD) weights and biases (not the 0.02 default, so logits differ clearly),
+    RMSNorm weights 1 + Normal(0, 0.1); in name order from one seeded generator."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * noise)
+            else:
+                p.copy_(INIT_STD * noise)
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def make_one(out_root, index, name, family, cfg_kwargs):
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    seed = 1000 + index
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
+    config = cfg_cls(**cfg_kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32).eval()
+    init_weights(model, seed)
+
+    out = os.path.join(out_root, name)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    save_kwargs = {"safe_serialization": True}
+    if name == "llama-sharded":
+        save_kwargs["max_shard_size"] = "150KB"
+    model.save_pretrained(out, **save_kwargs)
+
+    # Reference from a fresh load of what was saved, so the files are what the reference describes.
+    loaded = model_cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    g = torch.Generator().manual_seed(seed + 7)
+    input_ids = torch.randint(0, config.vocab_size, (1, SEQ_LEN), generator=g, dtype=torch.int64)
+    with torch.no_grad():
+        res = loaded(input_ids=input_ids, labels=input_ids)
+    logits = res.logits.float().contiguous()
+    loss = res.loss.float().reshape(())
+    # The loss must be the plain shifted mean CE of these logits.
+    ce = torch.nn.functional.cross_entropy(logits[0, :-1], input_ids[0, 1:])
+    assert torch.allclose(ce, loss, atol=1e-5), (ce, loss)
+    save_file(
+        {"input_ids": input_ids.contiguous(), "logits": logits, "loss": loss.contiguous()},
+        os.path.join(out, "reference.safetensors"),
+        metadata={"format": "pt"},  # one key: safetensors writes several in random order
+    )
+
+    files = sorted(os.listdir(out))
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in files)
+    c = loaded.config
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None)
+    facts = {
+        "name": name,
+        "architecture": type(loaded).__name__,
+        "model_type": c.model_type,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": bool(c.tie_word_embeddings),
+        "qkv_bias": family == "qwen2" or bool(getattr(c, "attention_bias", False)),
+        "rope_parameters": dict(rope) if rope else None,
+        "sharded": os.path.exists(os.path.join(out, "model.safetensors.index.json")),
+        "files": files,
+        "bytes": size,
+        "seed": seed,
+        "reference": {"seq_len": SEQ_LEN, "loss": round(float(loss), 6),
+                      "logits_std": round(float(logits.std()), 4)},
+    }
+    log(f"{name}: {facts['architecture']}, {c.num_hidden_layers} layers, vocab {c.vocab_size}, "
+        f"rope {facts['rope_parameters']}, {len(files)} files, {size / 1e3:.0f} kB, "
+        f"reference loss {float(loss):.4f}")
+    return facts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--force", action="store_true", help="remake even if DIR/manifest.json is current")
+    a = ap.parse_args()
+
+    manifest_path = os.path.join(a.out, "manifest.json")
+    names = [s[0] for s in model_specs()]
+    if not a.force and os.path.exists(manifest_path):
+        try:
+            with open(manifest_path) as f:
+                m = json.load(f)
+            if m.get("generator_version") == GENERATOR_VERSION and all(
+                os.path.exists(os.path.join(a.out, n, "reference.safetensors")) for n in names
+            ):
+                log(f"{a.out}: present (manifest generator_version {GENERATOR_VERSION}), nothing to do")
+                return 0
+        except (OSError, ValueError):
+            pass
+
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # summation order independent of the machine's core count
+    os.makedirs(a.out, exist_ok=True)
+    models = [make_one(a.out, i, *spec) for i, spec in enumerate(model_specs())]
+    manifest = {
+        "generator_version": GENERATOR_VERSION,
+        "generator": "tests/python/make_tiny_models.py",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "init_std": INIT_STD,
+        "reference": {
+            "file": "reference.safetensors",
+            "tensors": {"input_ids": "int64 [1, seq_len]", "logits": "float32 [1, seq_len, vocab]",
+                        "loss": "float32 [] mean next-token CE, labels = input_ids"},
+            "attn_implementation": "eager",
+            "dtype": "float32",
+        },
+        "rope_config_key": "rope_parameters (transformers >= 5); rope_scaling + rope_theta in 4.x",
+        "models": models,
+    }
+    tmp = manifest_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, manifest_path)
+    total = sum(m["bytes"] for m in models)
+    log(f"wrote {len(models)} models and {manifest_path}; total {total / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

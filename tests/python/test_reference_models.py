@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Checks the test data that scripts/fetch_test_data.sh prepared. Plain script (no pytest):
+prints each check and exits non-zero if any fails.
+
+    test_reference_models.py [--data DIR]      DIR defaults to ${OOMB_DATA_DIR:-~/.cache/oomb/data}
+
+(a) models/SmolLM2-135M-Instruct (converted by scripts/gguf_to_hf.py) against transformers' own
+    GGUF loader on the same GGUF file: every weight, the logits on a fixed prompt, and the
+    tokenizer on a few sentences and a chat;
+    plus our numpy dequantization against gguf.quants.dequantize, bit for bit.
+(b) the greedy continuation of "The capital of France is" (printed; must mention Paris).
+(c) texts/austen: six novels, each > 100K SmolLM2 tokens; the other texts present.
+(d) tiny/: every tiny model reloads and reproduces its reference.safetensors.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader draws a tqdm bar
+
+FAILURES = []
+
+
+def check(ok, what):
+    print(f"[{'PASS' if ok else 'FAIL'}] {what}", flush=True)
+    if not ok:
+        FAILURES.append(what)
+    return ok
+
+
+def find_gguf(data):
+    hits = glob.glob(os.path.join(data, "downloads", "**", "*.gguf"), recursive=True)
+    return hits[0] if hits else None
+
+
+def test_dequant_synthetic():
+    """Every supported type on random blocks (finite scales) against gguf.quants.dequantize."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    import gguf_to_hf
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(0)
+    rows, cols = 8, 256
+    halves = lambda n: rng.normal(0, 0.05, n).astype(np.float16).view(np.uint8).reshape(-1, 2)  # noqa: E731
+    nb = rows * cols // 32
+    raw = {
+        "Q8_0": np.concatenate([halves(nb), rng.integers(0, 256, (nb, 32), dtype=np.uint8)], 1),
+        "Q4_0": np.concatenate([halves(nb), rng.integers(0, 256, (nb, 16), dtype=np.uint8)], 1),
+        "Q4_1": np.concatenate([halves(nb), halves(nb), rng.integers(0, 256, (nb, 16), dtype=np.uint8)], 1),
+        "F16": rng.normal(0, 1, rows * cols).astype(np.float16).view(np.uint8),
+        "BF16": (rng.normal(0, 1, rows * cols).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8),
+        "F32": rng.normal(0, 1, rows * cols).astype(np.float32).view(np.uint8),
+    }
+    for kind, r in raw.items():
+        r = np.ascontiguousarray(r).reshape(rows, -1)
+        ours = gguf_to_hf.DEQUANT[kind](r).reshape(rows, cols)
+        ref = dequantize(r, Q[kind]).reshape(rows, cols).astype(np.float32)
+        check(np.array_equal(ours, ref), f"dequantize {kind}, random blocks, equals gguf.quants bit for bit")
+
+
+def test_smollm2(data):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    import gguf_to_hf
+
+    hf_dir = os.path.join(data, "models", "SmolLM2-135M-Instruct")
+    gguf_path = find_gguf(data)
+    if not check(os.path.isfile(os.path.join(hf_dir, "model.safetensors")), f"converted model in {hf_dir}"):
+        return None, None
+    if not check(gguf_path is not None, f"GGUF file under {data}/downloads"):
+        return None, None
+
+    # Our dequantization against the gguf package's, one tensor of each type.
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(gguf_path)
+    seen = {}
+    for t in reader.tensors:
+        seen.setdefault(t.tensor_type.name, t)
+    for kind, t in sorted(seen.items()):
+        ours = gguf_to_hf.dequantize_tensor(t)
+        ref = dequantize(t.data, t.tensor_type).reshape(ours.shape)
+        check(np.array_equal(ours, ref.astype(np.float32)), f"dequantize {kind} ({t.name}) equals gguf.quants bit for bit")
+
+    torch.manual_seed(0)
+    t0 = time.time()
+    ours = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    theirs = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32,
+        attn_implementation="eager",
+    ).eval()
+    print(f"      loaded both models in {time.time() - t0:.1f}s")
+
+    sd_ours, sd_theirs = ours.state_dict(), theirs.state_dict()
+    check(sorted(sd_ours) == sorted(sd_theirs), f"same parameter names ({len(sd_ours)})")
+    worst, worst_name = 0.0, None
+    for k in sd_ours:
+        if k in sd_theirs:
+            d = (sd_ours[k] - sd_theirs[k]).abs().max().item()
+            if d > worst:
+                worst, worst_name = d, k
+    check(worst <= 1e-6, f"weights equal: max |diff| {worst:.3g}{f' ({worst_name})' if worst_name else ''}")
+
+    tok_ours = AutoTokenizer.from_pretrained(hf_dir)
+    tok_theirs = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+
+    prompt = "Long-context fine-tuning keeps the key-value cache of every past chunk. In 2024, 3 people wrote"
+    ids = torch.tensor([tok_ours.encode(prompt)])
+    with torch.no_grad():
+        lo = ours(ids).logits.float()
+        lt = theirs(ids).logits.float()
+    diff = (lo - lt).abs().max().item()
+    # Both sides dequantize the same bits to float32 (the weights compare equal above), so the two
+    # forwards are the same float32 program; only kernel-level summation order can differ, which
+    # over 30 layers stays ~1e-5 on logits of magnitude ~10-30. 1e-4 leaves 10x margin and is
+    # still far below what any real conversion bug (a wrong permutation, nibble order, tied head)
+    # produces (O(1)).
+    check(diff <= 1e-4, f"logits vs transformers' GGUF loader on {ids.shape[1]} tokens: max |diff| {diff:.3g} "
+          f"(logit range {lo.min().item():.1f}..{lo.max().item():.1f}) <= 1e-4")
+    check(torch.equal(lo.argmax(-1), lt.argmax(-1)), "argmax tokens identical")
+
+    sentences = [
+        "The quick brown fox jumps over the lazy dog.",
+        "It is a truth universally acknowledged, that a single man in possession\nof a good fortune, must be in want of a wife.",
+        "In 2024, 12345 people paid $3.50 each -- naïve café façade, 東京, emoji 🙂.",
+        "def f(x):\n    return x ** 2  # comment\n\n\tTabs and  double  spaces",
+        "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
+    ]
+    same = [tok_ours.encode(s) == tok_theirs.encode(s) for s in sentences]
+    check(all(same), f"tokenizer encodes {len(sentences)} sentences identically to the GGUF-loaded one ({same})")
+    check(all(tok_ours.decode(tok_ours.encode(s)) == s for s in sentences), "tokenizer round-trips the sentences")
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    a = tok_ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    b = tok_theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    check(a == b and "<|im_start|>assistant\n" in a, "chat template renders like the GGUF-loaded tokenizer")
+    check(
+        (tok_ours.bos_token, tok_ours.eos_token, tok_ours.pad_token) == ("<|im_start|>", "<|im_end|>", "<|im_end|>"),
+        f"special tokens bos/eos/pad = {tok_ours.bos_token}/{tok_ours.eos_token}/{tok_ours.pad_token}",
+    )
+    return ours, tok_ours
+
+
+def test_generation(model, tok):
+    import torch
+
+    prompt = "The capital of France is"
+    ids = torch.tensor([tok.encode(prompt)])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    cont = tok.decode(out[0, ids.shape[1]:])
+    print(f"      greedy: {prompt!r} -> {cont!r}")
+    check("paris" in cont.lower(), "greedy continuation mentions Paris")
+
+
+def test_texts(data, tok):
+    austen = sorted(glob.glob(os.path.join(data, "texts", "austen", "*.txt")))
+    check(len(austen) == 6, f"six Austen novels ({[os.path.basename(p) for p in austen]})")
+    for p in austen:
+        text = open(p, encoding="utf-8").read()
+        n = len(tok.encode(text)) if tok is not None else None
+        if n is None:
+            check(False, f"{os.path.basename(p)}: no tokenizer to count tokens")
+        else:
+            check(n > 100_000, f"{os.path.basename(p)}: {len(text):,} chars, {n:,} SmolLM2 tokens > 100K")
+    for name in ("python-docs.txt", "bible-kjv.txt", "jargon.txt"):
+        p = os.path.join(data, "texts", name)
+        size = len(open(p, encoding="utf-8").read()) if os.path.exists(p) else 0
+        check(size > 1_000_000, f"{name}: {size:,} chars > 1M")
+
+
+def test_tiny(data):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    root = os.path.join(data, "tiny")
+    mpath = os.path.join(root, "manifest.json")
+    if not check(os.path.exists(mpath), f"{mpath} present"):
+        return
+    manifest = json.load(open(mpath))
+    for m in manifest["models"]:
+        d = os.path.join(root, m["name"])
+        ref = load_file(os.path.join(d, "reference.safetensors"))
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        with torch.no_grad():
+            out = model(ref["input_ids"], labels=ref["input_ids"])
+        diff = (out.logits - ref["logits"]).abs().max().item()
+        dl = abs(out.loss.item() - ref["loss"].item())
+        check(diff <= 1e-5 and dl <= 1e-5, f"tiny {m['name']}: logits |diff| {diff:.2g}, loss {ref['loss'].item():.4f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=os.environ.get("OOMB_DATA_DIR", os.path.expanduser("~/.cache/oomb/data")))
+    a = ap.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+    test_dequant_synthetic()
+    model, tok = test_smollm2(a.data)
+    if model is not None:
+        test_generation(model, tok)
+    test_texts(a.data, tok)
+    test_tiny(a.data)
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed:", *FAILURES, sep="\n  ")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
