@@ -1,0 +1,229 @@
+#include "kernels/torch/paged_attention.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace oomb::kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Upper bound on score-matrix elements of one (query block, key block) pair.
+constexpr int64_t kBlockScoreElems = int64_t{1} << 22;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+at::ScalarType ComputeType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+struct PastHolder : torch::CustomClassHolder {
+  PastHolder(std::shared_ptr<PastKv> p, int64_t block) : past(std::move(p)), key_block(block) {}
+  std::shared_ptr<PastKv> past;
+  int64_t key_block;
+};
+
+// The chunk's geometry, and the [Hkv, G, C, D] arrangement of query-side tensors in which the
+// G query heads of a KV head are adjacent (head h = kv_head * G + g).
+struct Geometry {
+  int64_t C, Hq, Hkv, G, D, S, key_block;
+  double scale;
+  at::Tensor ToGrouped(const at::Tensor& x) const {  // [C, Hq, D] -> [Hkv, G, C, D]
+    return x.reshape({C, Hkv, G, D}).permute({1, 2, 0, 3}).contiguous();
+  }
+  at::Tensor FromGrouped(const at::Tensor& x) const {  // [Hkv, G, C, D] -> [C, Hq, D]
+    return x.permute({2, 0, 1, 3}).reshape({C, Hq, D});
+  }
+  int64_t QueryBlockRows() const {
+    return std::clamp<int64_t>(kBlockScoreElems / std::max<int64_t>(1, Hq * std::max(key_block, C)), 1, C);
+  }
+};
+
+Geometry Check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
+               const PastKv* past, int64_t key_block) {
+  TORCH_CHECK(q.dim() == 3, "q: expected [C, num_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(k.dim() == 3 && k.size(0) == q.size(0) && k.size(2) == q.size(2),
+              "k: expected [C, kv_heads, head_dim] matching q ", q.sizes(), ", got ", k.sizes());
+  TORCH_CHECK(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "num_heads (", q.size(1), ") must be a multiple of kv_heads (", k.size(1),
+              ")");
+  TORCH_CHECK(doc_start.dim() == 1 && doc_start.size(0) == q.size(0) && doc_start.scalar_type() == at::kLong,
+              "doc_start: expected int64 [", q.size(0), "], got ", doc_start.scalar_type(), " ", doc_start.sizes());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v: dtypes differ");
+  TORCH_CHECK(key_block > 0, "key_block_tokens must be > 0, got ", key_block);
+  Geometry g;
+  g.C = q.size(0);
+  g.Hq = q.size(1);
+  g.Hkv = k.size(1);
+  g.G = g.Hq / g.Hkv;
+  g.D = q.size(2);
+  g.S = past == nullptr ? 0 : past->past_tokens();
+  g.key_block = key_block;
+  g.scale = 1.0 / std::sqrt(static_cast<double>(g.D));
+  return g;
+}
+
+// Key segments in global token indices: the past in blocks of key_block tokens, then the
+// chunk itself.
+struct Segment {
+  int64_t begin, end;
+  bool past;
+};
+
+std::vector<Segment> Segments(const Geometry& g) {
+  std::vector<Segment> out;
+  for (int64_t b = 0; b < g.S; b += g.key_block) out.push_back({b, std::min(g.S, b + g.key_block), true});
+  out.push_back({g.S, g.S + g.C, false});
+  return out;
+}
+
+// Query rows [i0, i1) and the smallest document start among them.
+struct QueryBlock {
+  int64_t i0, i1, min_doc;
+  int64_t rows(const Geometry& g) const { return g.G * (i1 - i0); }
+};
+
+std::vector<QueryBlock> QueryBlocks(const Geometry& g, const at::Tensor& doc_start_cpu) {
+  std::vector<QueryBlock> out;
+  const int64_t* ds = doc_start_cpu.data_ptr<int64_t>();
+  for (int64_t i0 = 0; i0 < g.C; i0 += g.QueryBlockRows()) {
+    const int64_t i1 = std::min(g.C, i0 + g.QueryBlockRows());
+    out.push_back({i0, i1, *std::min_element(ds + i0, ds + i1)});
+  }
+  return out;
+}
+
+// Whether any query of the block may see any key of the segment.
+bool Visible(const Geometry& g, const QueryBlock& b, const Segment& s) {
+  return s.end > b.min_doc && s.begin <= g.S + b.i1 - 1;
+}
+
+// Masked scores of a query block against a key segment: [Hkv, G * B, K].
+at::Tensor Scores(const Geometry& g, const QueryBlock& b, const Segment& s, const at::Tensor& qb,
+                  const at::Tensor& keys, const at::Tensor& doc_start) {
+  const int64_t B = b.i1 - b.i0, K = s.end - s.begin;
+  at::Tensor scores = at::matmul(qb, keys.transpose(1, 2)).mul_(g.scale);
+  const at::Tensor j = at::arange(s.begin, s.end, doc_start.options());
+  const at::Tensor qi = at::arange(g.S + b.i0, g.S + b.i1, doc_start.options());
+  const at::Tensor ds = doc_start.slice(0, b.i0, b.i1);
+  at::Tensor blocked = (j.unsqueeze(0) < ds.unsqueeze(1)) | (j.unsqueeze(0) > qi.unsqueeze(1));  // [B, K]
+  blocked = blocked.unsqueeze(0).expand({g.G, B, K}).reshape({1, g.G * B, K});
+  return scores.masked_fill_(blocked, kNegInf);
+}
+
+// The segment's keys and values, [Hkv, K, D] in the compute type.
+std::pair<at::Tensor, at::Tensor> SegmentKv(const Segment& s, PastKv* past, const at::Tensor& kc, const at::Tensor& vc,
+                                            at::ScalarType ct) {
+  if (!s.past) return {kc, vc};
+  auto [k, v] = past->Read(s.begin, s.end);
+  TORCH_CHECK(k.dim() == 3 && k.size(1) == s.end - s.begin && v.sizes() == k.sizes(), "PastKv::Read(", s.begin, ", ",
+              s.end, "): got ", k.sizes(), " and ", v.sizes());
+  return {k.to(ct), v.to(ct)};
+}
+
+class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& doc_start, std::shared_ptr<PastKv> past, int64_t key_block) {
+    const Geometry g = Check(q, k, v, doc_start, past.get(), key_block);
+    const at::ScalarType ct = ComputeType(q.scalar_type());
+    const at::Tensor qg = g.ToGrouped(q.to(ct));
+    const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
+    at::Tensor out = at::empty({g.Hkv, g.G, g.C, g.D}, qg.options());
+    at::Tensor lse = at::empty({g.Hkv, g.G, g.C}, qg.options());
+    const auto blocks = QueryBlocks(g, doc_start.cpu().contiguous());
+    for (const QueryBlock& b : blocks) {
+      const int64_t B = b.i1 - b.i0;
+      const at::Tensor qb = qg.slice(2, b.i0, b.i1).reshape({g.Hkv, b.rows(g), g.D});
+      at::Tensor m = at::full({g.Hkv, b.rows(g), 1}, kNegInf, qb.options());
+      at::Tensor l = at::zeros({g.Hkv, b.rows(g), 1}, qb.options());
+      at::Tensor acc = at::zeros({g.Hkv, b.rows(g), g.D}, qb.options());
+      for (const Segment& s : Segments(g)) {
+        if (!Visible(g, b, s)) continue;
+        auto [ks, vs] = SegmentKv(s, past.get(), kc, vc, ct);
+        const at::Tensor scores = Scores(g, b, s, qb, ks, doc_start);
+        const at::Tensor m_new = at::maximum(m, std::get<0>(scores.max(-1, /*keepdim=*/true)));
+        const at::Tensor m_safe = at::where(at::isinf(m_new), at::zeros_like(m_new), m_new);
+        const at::Tensor alpha = at::exp(m - m_safe);
+        const at::Tensor p = at::exp(scores - m_safe);
+        l = l * alpha + p.sum(-1, /*keepdim=*/true);
+        acc = acc * alpha + at::matmul(p, vs);
+        m = m_new;
+      }
+      out.slice(2, b.i0, b.i1).copy_((acc / l).view({g.Hkv, g.G, B, g.D}));
+      lse.slice(2, b.i0, b.i1).copy_((m + at::log(l)).view({g.Hkv, g.G, B}));
+    }
+    ctx->save_for_backward({q, k, v, doc_start, out, lse});
+    ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
+    return g.FromGrouped(out).to(q.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &doc_start = saved[3], &out = saved[4],
+                     &lse = saved[5];
+    auto holder = c10::static_intrusive_pointer_cast<PastHolder>(ctx->saved_data["past"].toCapsule());
+    PastKv* past = holder->past.get();
+    const Geometry g = Check(q, k, v, doc_start, past, holder->key_block);
+    const at::ScalarType ct = ComputeType(q.scalar_type());
+    const at::Tensor qg = g.ToGrouped(q.to(ct));
+    const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
+    const at::Tensor dog = g.ToGrouped(grad_outputs[0].to(ct));
+    const at::Tensor di = (dog * out).sum(-1);  // [Hkv, G, C]
+    at::Tensor dqg = at::zeros_like(qg);
+    at::Tensor dkc = at::zeros_like(kc), dvc = at::zeros_like(vc);
+    const at::ScalarType acc_type = ct == at::kDouble ? at::kDouble : at::kFloat;
+    for (const QueryBlock& b : QueryBlocks(g, doc_start.cpu().contiguous())) {
+      const int64_t B = b.i1 - b.i0, R = b.rows(g);
+      const at::Tensor qb = qg.slice(2, b.i0, b.i1).reshape({g.Hkv, R, g.D});
+      const at::Tensor dob = dog.slice(2, b.i0, b.i1).reshape({g.Hkv, R, g.D});
+      const at::Tensor lb = lse.slice(2, b.i0, b.i1).reshape({g.Hkv, R, 1});
+      const at::Tensor dib = di.slice(2, b.i0, b.i1).reshape({g.Hkv, R, 1});
+      at::Tensor dqb = at::zeros_like(qb);
+      for (const Segment& s : Segments(g)) {
+        if (!Visible(g, b, s)) continue;
+        auto [ks, vs] = SegmentKv(s, past, kc, vc, ct);
+        const at::Tensor p = at::exp(Scores(g, b, s, qb, ks, doc_start) - lb);
+        const at::Tensor ds = p * (at::matmul(dob, vs.transpose(1, 2)) - dib);
+        dqb.add_(at::matmul(ds, ks).mul_(g.scale));
+        const at::Tensor dk = at::matmul(ds.transpose(1, 2), qb).mul_(g.scale);
+        const at::Tensor dv = at::matmul(p.transpose(1, 2), dob);
+        if (s.past) {
+          past->AccumulateGrad(s.begin, dk.to(acc_type), dv.to(acc_type));
+        } else {
+          dkc.add_(dk);
+          dvc.add_(dv);
+        }
+      }
+      dqg.slice(2, b.i0, b.i1).copy_(dqb.view({g.Hkv, g.G, B, g.D}));
+    }
+    at::Tensor dq = g.FromGrouped(dqg).to(q.scalar_type());
+    at::Tensor dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
+    at::Tensor dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
+                          std::shared_ptr<PastKv> past, int64_t key_block_tokens) {
+  return PagedAttentionFn::apply(q, k, v, doc_start, std::move(past), key_block_tokens);
+}
+
+at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& doc_start) {
+  const int64_t T = q.size(0), Hq = q.size(1), Hkv = k.size(1), D = q.size(2);
+  const at::Tensor kk = k.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});  // [Hq, T, D]
+  const at::Tensor vv = v.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
+  at::Tensor scores = at::matmul(q.permute({1, 0, 2}), kk.transpose(1, 2)) / std::sqrt(static_cast<double>(D));
+  const at::Tensor j = at::arange(T, doc_start.options());
+  const at::Tensor blocked = (j.unsqueeze(0) < doc_start.unsqueeze(1)) | (j.unsqueeze(0) > j.unsqueeze(1));
+  scores = scores.masked_fill(blocked.unsqueeze(0), kNegInf);
+  return at::matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
+}
+
+}  // namespace oomb::kernels

@@ -1,0 +1,67 @@
+// Attention of one chunk over its past (KV pages) and itself, as a LibTorch autograd function.
+//
+// Shapes (one sequence, one layer; C = chunk tokens, S = start of the chunk = past tokens):
+//   q:          [C, num_heads, head_dim]      after RoPE
+//   k, v:       [C, kv_heads, head_dim]       the chunk's own keys (after RoPE) and values
+//   doc_start:  [C] int64                     global index of the first token of each query's
+//                                             document (0 without packing)
+//   out:        [C, num_heads, head_dim]
+//
+// Query i (global index S + i) attends to key j (global index) iff doc_start[i] <= j <= S + i:
+// causal inside the chunk, no attention across packed documents, the past through `PastKv`.
+// Softmax scale 1/sqrt(head_dim). GQA: query head h reads KV head h / (num_heads / kv_heads).
+//
+// Autograd (ARCHITECTURE.md §3): forward saves only chunk-local tensors (q, k, v, out, the
+// log-sum-exp) and the PastKv handle, never the past itself. Backward re-reads the past through
+// PastKv, returns dq, dk, dv of the chunk, and hands dK/dV of the past to
+// PastKv::AccumulateGrad, in place, outside autograd.
+//
+// Precision: float64 and float32 inputs are computed in their own precision (float64 is what
+// the exactness tests use); bfloat16 / float16 in float32, outputs cast back. dK/dV of the past
+// are accumulated in float32 (float64 for float64 inputs).
+//
+// The CPU implementation here is the reference (the oracle of the CUDA kernels and the CPU
+// path). It works like the kernels: query blocks against key blocks with an online softmax in
+// forward, and per-key-block gradients in backward, so its memory does not grow with the
+// past's length.
+#ifndef OOMB_KERNELS_TORCH_PAGED_ATTENTION_H_
+#define OOMB_KERNELS_TORCH_PAGED_ATTENTION_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <utility>
+
+namespace oomb::kernels {
+
+// The past of one layer of one sequence, as the attention sees it. Implemented by the KV
+// cache (worker/kv); tests implement it over plain tensors. The attention reads the past in
+// key blocks, so no call ever needs more than one block of it in memory.
+class PastKv {
+ public:
+  virtual ~PastKv() = default;
+  // Number of past tokens (the chunk's start index S).
+  virtual int64_t past_tokens() const = 0;
+  // Keys and values of past tokens [begin, end), [kv_heads, end - begin, head_dim] each, in
+  // the compute dtype's device.
+  virtual std::pair<at::Tensor, at::Tensor> Read(int64_t begin, int64_t end) = 0;
+  // Adds gradients of past tokens [begin, begin + n), [kv_heads, n, head_dim] each, float32
+  // (float64 for float64 inputs), into the gradient store.
+  virtual void AccumulateGrad(int64_t begin, const at::Tensor& dk, const at::Tensor& dv) = 0;
+};
+
+// Differentiable in q, k and v. `past` may be null when the chunk has no past (S == 0).
+// Raises c10::Error (TORCH_CHECK) for shape, dtype or device mismatches, naming the argument.
+// `key_block_tokens` sets how many past tokens are read at once.
+at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
+                          std::shared_ptr<PastKv> past, int64_t key_block_tokens = 2048);
+
+// Plain masked softmax attention over full sequences, for tests and for checking the paged
+// path: q [T, num_heads, D], k, v [T, kv_heads, D], doc_start [T]. Differentiable through
+// ordinary autograd (it materialises the T x T scores).
+at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& doc_start);
+
+}  // namespace oomb::kernels
+
+#endif  // OOMB_KERNELS_TORCH_PAGED_ATTENTION_H_

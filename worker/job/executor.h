@@ -1,0 +1,81 @@
+// The job executor: runs one fine-tuning job on one device, start to finish, in the calling
+// thread. The daemon (server/) owns the threads, the queue and the store; `oombd run` calls
+// the executor directly. Torch-free header (see worker/CMakeLists.txt).
+//
+// Contract:
+//   - Run() validates the spec against the filesystem (model directory, dataset), builds the
+//     model and the data pipeline, and trains, calling the callbacks from the calling thread.
+//   - Progress goes out through `on_step` after every optimizer step; every checkpoint written
+//     (atomically, checksummed) is announced through `on_checkpoint` after it is durable.
+//   - `poll_stop` is called at every chunk boundary; when it returns kCancel the run returns
+//     kCancelled promptly; kPause writes a checkpoint first and returns kPaused.
+//   - With `resume` set, training continues from the newest valid checkpoint under
+//     `checkpoint_dir` (torn or corrupt ones are skipped) and the loss sequence continues
+//     exactly as an uninterrupted run would.
+//   - Failures of the job itself (NaN loss, bad data found late, out of memory) come back as a
+//     status with a reason in `RunResult`; Run() never throws and never aborts the process.
+#ifndef OOMB_WORKER_JOB_EXECUTOR_H_
+#define OOMB_WORKER_JOB_EXECUTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/job/job_spec.h"
+
+namespace oomb {
+
+// One optimizer step's numbers, as reported in events, metrics.jsonl and the progress bar.
+struct StepProgress {
+  int64_t step = 0;  // 1-based, after the step
+  int64_t total_steps = 0;
+  int64_t tokens = 0;  // tokens trained so far (label tokens included in the loss)
+  double loss = 0;     // mean loss of the step
+  double learning_rate = 0;
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  double eta_seconds = 0;
+  int64_t peak_device_bytes = 0;  // peak allocated on the device (CPU: tracked tensors)
+  int64_t host_kv_bytes = 0;      // KV + KV-grad bytes in the host tier at the step's peak
+  int64_t pcie_h2d_bytes = 0;     // cumulative copy-engine traffic
+  int64_t pcie_d2h_bytes = 0;
+  double eval_loss = 0;  // > 0 when an eval ran at this step
+};
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::string path;  // directory, loadable by HF / PEFT
+  int64_t bytes = 0;
+  bool final = false;
+};
+
+enum class StopRequest { kNone, kCancel, kPause };
+
+struct RunOptions {
+  std::string checkpoint_dir;  // where checkpoints go; created if missing
+  std::string device;          // "cpu", "cuda:0"; from the scheduler
+  bool resume = false;         // continue from the newest valid checkpoint in checkpoint_dir
+  std::function<void(const StepProgress&)> on_step;
+  std::function<void(const CheckpointInfo&)> on_checkpoint;
+  std::function<void(const std::string&)> on_warning;
+  std::function<StopRequest()> poll_stop;
+};
+
+enum class RunOutcome { kSucceeded, kCancelled, kPaused };
+
+struct RunResult {
+  RunOutcome outcome = RunOutcome::kSucceeded;
+  CheckpointInfo final_checkpoint;  // the last checkpoint written (final one on success)
+};
+
+// Runs the job. Errors: INVALID_ARGUMENT (spec or data, naming the field or file:line),
+// RESOURCE_EXHAUSTED (out of memory; the message says what did not fit), INTERNAL (NaN/Inf
+// loss, with the step), FAILED_PRECONDITION (resume found no checkpoint). The status message
+// starts with a stable reason tag in brackets, e.g. "[NAN_LOSS] loss is nan at step 7".
+absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options);
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_JOB_EXECUTOR_H_

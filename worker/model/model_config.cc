@@ -1,0 +1,199 @@
+#include "worker/model/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "worker/common/files.h"
+#include "worker/common/status.h"
+
+namespace oomb {
+namespace {
+
+using nlohmann::json;
+
+// Typed reads of one JSON object's keys, with errors naming the file and the key.
+class Reader {
+ public:
+  Reader(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
+
+  absl::Status Int(const char* key, int64_t* out, bool required = true) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return required ? Missing(key) : absl::OkStatus();
+    if (!it->is_number_integer()) return Bad(key, "an integer", *it);
+    *out = it->get<int64_t>();
+    return absl::OkStatus();
+  }
+  absl::Status Double(const char* key, double* out, bool required = true) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return required ? Missing(key) : absl::OkStatus();
+    if (!it->is_number()) return Bad(key, "a number", *it);
+    *out = it->get<double>();
+    return absl::OkStatus();
+  }
+  absl::Status Bool(const char* key, bool* out) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return absl::OkStatus();
+    if (!it->is_boolean()) return Bad(key, "true or false", *it);
+    *out = it->get<bool>();
+    return absl::OkStatus();
+  }
+  absl::Status String(const char* key, std::string* out) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return absl::OkStatus();
+    if (!it->is_string()) return Bad(key, "a string", *it);
+    *out = it->get<std::string>();
+    return absl::OkStatus();
+  }
+  // eos_token_id may be a list (Llama 3.1): the first entry is used.
+  absl::Status TokenId(const char* key, int64_t* out) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return absl::OkStatus();
+    if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
+      *out = (*it)[0].get<int64_t>();
+      return absl::OkStatus();
+    }
+    return Int(key, out, false);
+  }
+
+ private:
+  absl::Status Missing(const char* key) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": missing key '", key, "'"));
+  }
+  absl::Status Bad(const char* key, const char* want, const json& got) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": key '", key, "': expected ", want, ", got ", got.dump()));
+  }
+  const json& j_;
+  std::string source_;
+};
+
+absl::Status ParseRope(const json& root, const std::string& source, ModelConfig* c) {
+  RopeConfig& r = c->rope;
+  OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_theta", &r.theta, false));
+  const json* params = nullptr;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    auto it = root.find(key);
+    if (it != root.end() && it->is_object()) {
+      params = &*it;
+      break;
+    }
+  }
+  if (params == nullptr) return absl::OkStatus();
+  const Reader p(*params, absl::StrCat(source, ": rope parameters"));
+  OOMB_RETURN_IF_ERROR(p.Double("rope_theta", &r.theta, false));
+  std::string type;
+  OOMB_RETURN_IF_ERROR(p.String("rope_type", &type));
+  if (type.empty()) OOMB_RETURN_IF_ERROR(p.String("type", &type));
+  r.type = type.empty() ? "default" : type;
+  if (r.type != "default" && r.type != "linear" && r.type != "dynamic" && r.type != "yarn" && r.type != "llama3") {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": rope type '", r.type, "' is not supported (default, linear, dynamic, yarn, llama3)"));
+  }
+  if (r.type == "default") return absl::OkStatus();
+  OOMB_RETURN_IF_ERROR(p.Double("factor", &r.factor, r.type != "yarn"));
+  OOMB_RETURN_IF_ERROR(p.Int("original_max_position_embeddings", &r.original_max_position_embeddings,
+                             r.type == "llama3" || r.type == "yarn"));
+  if (r.type == "llama3") {
+    OOMB_RETURN_IF_ERROR(p.Double("low_freq_factor", &r.low_freq_factor));
+    OOMB_RETURN_IF_ERROR(p.Double("high_freq_factor", &r.high_freq_factor));
+  }
+  if (r.type == "yarn") {
+    if (!params->contains("factor") || (*params)["factor"].is_null()) {
+      r.factor = static_cast<double>(c->max_position_embeddings) / r.original_max_position_embeddings;
+    }
+    OOMB_RETURN_IF_ERROR(p.Double("beta_fast", &r.beta_fast, false));
+    OOMB_RETURN_IF_ERROR(p.Double("beta_slow", &r.beta_slow, false));
+    OOMB_RETURN_IF_ERROR(p.Double("attention_factor", &r.attention_factor, false));
+    OOMB_RETURN_IF_ERROR(p.Double("mscale", &r.mscale, false));
+    OOMB_RETURN_IF_ERROR(p.Double("mscale_all_dim", &r.mscale_all_dim, false));
+    OOMB_RETURN_IF_ERROR(p.Bool("truncate", &r.truncate));
+  }
+  if (r.factor <= 0) return absl::InvalidArgumentError(absl::StrCat(source, ": rope factor must be > 0"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t ModelConfig::ParameterCount() const {
+  const int64_t d = hidden_size;
+  int64_t attn = d * q_dim() + 2 * d * kv_dim() + q_dim() * d;
+  if (qkv_bias) attn += q_dim() + 2 * kv_dim();
+  if (o_bias) attn += d;
+  const int64_t mlp = 3 * d * intermediate_size;
+  const int64_t layer = attn + mlp + 2 * d;
+  return num_layers * layer + vocab_size * d * (tie_word_embeddings ? 1 : 2) + d;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
+  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  ModelConfig c;
+  const Reader r(root, source);
+  auto archs = root.find("architectures");
+  if (archs != root.end() && archs->is_array() && !archs->empty() && (*archs)[0].is_string()) {
+    c.architecture = (*archs)[0].get<std::string>();
+  }
+  OOMB_RETURN_IF_ERROR(r.String("model_type", &c.model_type));
+  if (c.model_type == "llama" || c.architecture == "LlamaForCausalLM") {
+    c.model_type = "llama";
+    c.architecture = "LlamaForCausalLM";
+  } else if (c.model_type == "qwen2" || c.architecture == "Qwen2ForCausalLM") {
+    c.model_type = "qwen2";
+    c.architecture = "Qwen2ForCausalLM";
+    c.qkv_bias = true;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(source, ": architecture '", c.architecture, "' (model_type '",
+                                                 c.model_type, "') is not supported; supported: LlamaForCausalLM, ",
+                                                 "Qwen2ForCausalLM"));
+  }
+  OOMB_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
+  OOMB_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
+  OOMB_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size));
+  OOMB_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_layers));
+  OOMB_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_heads));
+  c.num_kv_heads = c.num_heads;
+  OOMB_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, false));
+  OOMB_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings, false));
+  OOMB_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, false));
+  OOMB_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
+  if (c.model_type == "llama") {
+    bool attention_bias = false;
+    OOMB_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
+    c.qkv_bias = c.o_bias = attention_bias;
+    OOMB_RETURN_IF_ERROR(r.Bool("mlp_bias", &c.mlp_bias));
+  }
+  OOMB_RETURN_IF_ERROR(r.TokenId("bos_token_id", &c.bos_token_id));
+  OOMB_RETURN_IF_ERROR(r.TokenId("eos_token_id", &c.eos_token_id));
+  OOMB_RETURN_IF_ERROR(r.String("torch_dtype", &c.torch_dtype));
+  if (c.torch_dtype.empty()) OOMB_RETURN_IF_ERROR(r.String("dtype", &c.torch_dtype));
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size},
+                         {"hidden_size", c.hidden_size},
+                         {"intermediate_size", c.intermediate_size},
+                         {"num_hidden_layers", c.num_layers},
+                         {"num_attention_heads", c.num_heads},
+                         {"num_key_value_heads", c.num_kv_heads}}) {
+    if (v <= 0) return absl::InvalidArgumentError(absl::StrCat(source, ": key '", name, "' must be > 0, got ", v));
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": num_attention_heads (", c.num_heads,
+                                                   ") must be a multiple of num_key_value_heads (", c.num_kv_heads,
+                                                   ")"));
+  }
+  c.head_dim = c.hidden_size / c.num_heads;
+  OOMB_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, false));
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": head_dim must be even and > 0, got ", c.head_dim));
+  }
+  OOMB_RETURN_IF_ERROR(ParseRope(root, source, &c));
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ParseModelConfig(text, path);
+}
+
+}  // namespace oomb

@@ -1,0 +1,68 @@
+// A decoder-only model's architecture, read from a Hugging Face config.json. Torch-free.
+//
+// Supported: LlamaForCausalLM (Llama 2/3/3.1, SmolLM2) and Qwen2ForCausalLM (Qwen2, Qwen2.5).
+// RoPE scaling is read from `rope_parameters` (transformers >= 5) or `rope_scaling` +
+// `rope_theta` (earlier versions), so configs written by either load.
+#ifndef OOMB_WORKER_MODEL_MODEL_CONFIG_H_
+#define OOMB_WORKER_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace oomb {
+
+struct RopeConfig {
+  std::string type = "default";  // default | linear | dynamic | yarn | llama3
+  double theta = 10000.0;
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;  // yarn, llama3
+  double low_freq_factor = 1.0;                  // llama3
+  double high_freq_factor = 4.0;                 // llama3
+  double beta_fast = 32.0;                       // yarn
+  double beta_slow = 1.0;                        // yarn
+  double attention_factor = 0.0;                 // yarn; 0: derived from factor (and mscale)
+  double mscale = 0.0;                           // yarn
+  double mscale_all_dim = 0.0;                   // yarn
+  bool truncate = true;                          // yarn
+};
+
+struct ModelConfig {
+  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM"
+  std::string model_type;    // "llama" | "qwen2"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2: true; Llama: config's attention_bias
+  bool o_bias = false;    // Llama's attention_bias also biases o_proj
+  bool mlp_bias = false;
+  RopeConfig rope;
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+  std::string torch_dtype;  // as written in config.json ("float32", "bfloat16", ...)
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  // Parameters of the base model (LoRA excluded).
+  int64_t ParameterCount() const;
+};
+
+// Parses config.json text. INVALID_ARGUMENT naming the key for missing or malformed keys;
+// UNIMPLEMENTED naming the architecture or rope type that is not supported. `source` names
+// the file in messages.
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
+
+// Reads and parses `<dir>/config.json`.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_MODEL_MODEL_CONFIG_H_

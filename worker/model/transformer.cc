@@ -1,0 +1,434 @@
+#include "worker/model/transformer.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/common/files.h"
+#include "worker/common/status.h"
+#include "worker/model/safetensors.h"
+
+namespace oomb {
+namespace {
+
+at::ScalarType ToScalarType(DType d) {
+  switch (d) {
+    case DType::kF64:
+      return at::kDouble;
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kI64:
+      return at::kLong;
+    case DType::kI32:
+      return at::kInt;
+    case DType::kI16:
+      return at::kShort;
+    case DType::kI8:
+      return at::kChar;
+    case DType::kU8:
+      return at::kByte;
+    case DType::kBool:
+      return at::kBool;
+  }
+  return at::kFloat;
+}
+
+absl::StatusOr<DType> ToDType(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble:
+      return DType::kF64;
+    case at::kFloat:
+      return DType::kF32;
+    case at::kHalf:
+      return DType::kF16;
+    case at::kBFloat16:
+      return DType::kBF16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("cannot save dtype ", c10::toString(t)));
+  }
+}
+
+// Float type for LoRA parameters and RoPE tables: float64 models stay float64, others float32.
+at::ScalarType MasterType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Copies a safetensors view into a new tensor of `dtype` on `device`.
+at::Tensor FromView(const TensorView& v, at::ScalarType dtype, at::Device device) {
+  const at::Tensor raw =
+      at::from_blob(const_cast<void*>(v.data), v.shape, at::TensorOptions().dtype(ToScalarType(v.dtype)));
+  return raw.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// Writes named tensors as safetensors (contiguous CPU copies in their own dtype).
+absl::Status SaveTensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& named,
+                         const std::map<std::string, std::string>& metadata) {
+  std::vector<at::Tensor> keep;
+  std::vector<TensorView> views;
+  for (const auto& [name, t] : named) {
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    keep.push_back(c);
+    TensorView v;
+    v.name = name;
+    OOMB_ASSIGN_OR_RETURN(v.dtype, ToDType(c.scalar_type()));
+    v.shape.assign(c.sizes().begin(), c.sizes().end());
+    v.data = c.data_ptr();
+    v.nbytes = c.nbytes();
+    views.push_back(std::move(v));
+  }
+  return WriteSafetensors(path, views, metadata);
+}
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+Transformer::Transformer(ModelConfig config, at::ScalarType dtype, at::Device device)
+    : config_(std::move(config)), dtype_(dtype), device_(device), layers_(config_.num_layers) {}
+
+std::vector<std::pair<std::string, Linear*>> Transformer::NamedLinears() {
+  std::vector<std::pair<std::string, Linear*>> out;
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    DecoderLayer& l = layers_[i];
+    const std::string a = absl::StrCat("model.layers.", i, ".self_attn.");
+    const std::string m = absl::StrCat("model.layers.", i, ".mlp.");
+    out.insert(out.end(), {{a + "q_proj", &l.q},
+                           {a + "k_proj", &l.k},
+                           {a + "v_proj", &l.v},
+                           {a + "o_proj", &l.o},
+                           {m + "gate_proj", &l.gate},
+                           {m + "up_proj", &l.up},
+                           {m + "down_proj", &l.down}});
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, const Linear*>> Transformer::NamedLinears() const {
+  std::vector<std::pair<std::string, const Linear*>> out;
+  for (auto& [n, l] : const_cast<Transformer*>(this)->NamedLinears()) out.emplace_back(n, l);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.emplace_back("model.embed_tokens.weight", embed_);
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    out.emplace_back(absl::StrCat("model.layers.", i, ".input_layernorm.weight"), layers_[i].input_norm);
+    out.emplace_back(absl::StrCat("model.layers.", i, ".post_attention_layernorm.weight"), layers_[i].post_norm);
+  }
+  for (const auto& [name, l] : NamedLinears()) {
+    out.emplace_back(name + ".weight", l->weight);
+    if (l->bias.defined()) out.emplace_back(name + ".bias", l->bias);
+  }
+  out.emplace_back("model.norm.weight", final_norm_);
+  if (!config_.tie_word_embeddings) out.emplace_back("lm_head.weight", lm_head_);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::TrainableParameters() const {
+  if (full_) return BaseParameters();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, l] : NamedLinears()) {
+    if (!l->lora_a.defined()) continue;
+    out.emplace_back("base_model.model." + name + ".lora_A.weight", l->lora_a);
+    out.emplace_back("base_model.model." + name + ".lora_B.weight", l->lora_b);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& dir, at::ScalarType dtype,
+                                                               at::Device device,
+                                                               const std::optional<RopeConfig>& rope_override) {
+  OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  if (rope_override.has_value()) config.rope = *rope_override;
+  OOMB_ASSIGN_OR_RETURN(std::unique_ptr<WeightSet> weights, WeightSet::Open(dir));
+  std::unique_ptr<Transformer> m(new Transformer(config, dtype, device));
+  const int64_t d = config.hidden_size;
+  std::set<std::string> used;
+  auto take = [&](const std::string& name, std::vector<int64_t> shape, at::Tensor* out) -> absl::Status {
+    const TensorView* v = weights->Find(name);
+    if (v == nullptr) return absl::InvalidArgumentError(absl::StrCat(dir, ": missing tensor '", name, "'"));
+    if (v->shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor '", name, "' has shape [",
+                                                     absl::StrJoin(v->shape, ", "), "], expected [",
+                                                     absl::StrJoin(shape, ", "), "]"));
+    }
+    if (ToScalarType(v->dtype) == at::kBool || !at::isFloatingType(ToScalarType(v->dtype))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": tensor '", name, "' has non-float dtype ", std::string(DTypeName(v->dtype))));
+    }
+    *out = FromView(*v, dtype, device);
+    used.insert(name);
+    return absl::OkStatus();
+  };
+  OOMB_RETURN_IF_ERROR(take("model.embed_tokens.weight", {config.vocab_size, d}, &m->embed_));
+  OOMB_RETURN_IF_ERROR(take("model.norm.weight", {d}, &m->final_norm_));
+  if (!config.tie_word_embeddings) {
+    OOMB_RETURN_IF_ERROR(take("lm_head.weight", {config.vocab_size, d}, &m->lm_head_));
+  }
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    DecoderLayer& l = m->layers_[i];
+    OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".input_layernorm.weight"), {d}, &l.input_norm));
+    OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".post_attention_layernorm.weight"), {d}, &l.post_norm));
+  }
+  const int64_t q = config.q_dim(), kv = config.kv_dim(), f = config.intermediate_size;
+  for (auto& [name, l] : m->NamedLinears()) {
+    const std::string leaf = name.substr(name.rfind('.') + 1);
+    std::vector<int64_t> shape = leaf == "q_proj"                       ? std::vector<int64_t>{q, d}
+                                 : leaf == "k_proj" || leaf == "v_proj" ? std::vector<int64_t>{kv, d}
+                                 : leaf == "o_proj"                     ? std::vector<int64_t>{d, q}
+                                 : leaf == "down_proj"                  ? std::vector<int64_t>{d, f}
+                                                                        : std::vector<int64_t>{f, d};
+    OOMB_RETURN_IF_ERROR(take(name + ".weight", shape, &l->weight));
+    const bool biased = ((leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj") && config.qkv_bias) ||
+                        (leaf == "o_proj" && config.o_bias) ||
+                        ((leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj") && config.mlp_bias);
+    if (biased) OOMB_RETURN_IF_ERROR(take(name + ".bias", {shape[0]}, &l->bias));
+  }
+  std::vector<std::string> unexpected;
+  for (const std::string& n : weights->names()) {
+    if (!used.count(n) && n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
+  }
+  if (!unexpected.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": unexpected tensors: ", absl::StrJoin(unexpected, ", ")));
+  }
+  return m;
+}
+
+std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::ScalarType dtype, at::Device device,
+                                                 uint64_t seed, double init_std) {
+  std::unique_ptr<Transformer> m(new Transformer(config, dtype, device));
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  // Drawn in float64 whatever the dtype, so models of different dtypes from one seed hold the
+  // same weights up to rounding (tests compare them).
+  auto randn = [&](std::vector<int64_t> shape) {
+    return at::normal(0.0, init_std, shape, gen, at::TensorOptions().dtype(at::kDouble)).to(device, dtype);
+  };
+  auto norm = [&](int64_t n) {
+    return (1.0 + at::normal(0.0, 0.1, {n}, gen, at::TensorOptions().dtype(at::kDouble))).to(device, dtype);
+  };
+  const int64_t d = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(), f = config.intermediate_size;
+  m->embed_ = randn({config.vocab_size, d});
+  m->final_norm_ = norm(d);
+  if (!config.tie_word_embeddings) m->lm_head_ = randn({config.vocab_size, d});
+  for (auto& l : m->layers_) {
+    l.input_norm = norm(d);
+    l.post_norm = norm(d);
+    l.q.weight = randn({q, d});
+    l.k.weight = randn({kv, d});
+    l.v.weight = randn({kv, d});
+    l.o.weight = randn({d, q});
+    l.gate.weight = randn({f, d});
+    l.up.weight = randn({f, d});
+    l.down.weight = randn({d, f});
+    if (config.qkv_bias) {
+      l.q.bias = randn({q});
+      l.k.bias = randn({kv});
+      l.v.bias = randn({kv});
+    }
+    if (config.o_bias) l.o.bias = randn({d});
+  }
+  return m;
+}
+
+absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
+  if (full_) return absl::FailedPreconditionError("LoRA cannot be added to a model in full fine-tuning mode");
+  if (options.rank <= 0) return absl::InvalidArgumentError("method.lora.rank: must be > 0");
+  const std::set<std::string> targets(options.target_modules.begin(), options.target_modules.end());
+  static const std::set<std::string> kKnown = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                               "gate_proj", "up_proj", "down_proj"};
+  for (const auto& t : targets) {
+    if (!kKnown.count(t)) {
+      return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: unknown module '", t,
+                                                     "' (known: ", absl::StrJoin(kKnown, ", "), ")"));
+    }
+  }
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const auto opts = at::TensorOptions().dtype(MasterType(dtype_));
+  for (auto& [name, l] : NamedLinears()) {
+    if (!targets.count(name.substr(name.rfind('.') + 1))) continue;
+    const int64_t in = l->weight.size(1), out = l->weight.size(0);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform_(a = sqrt(5))
+    l->lora_a = at::empty({options.rank, in}, at::TensorOptions().dtype(at::kDouble))
+                    .uniform_(-bound, bound, gen)
+                    .to(device_, opts.dtype().toScalarType())
+                    .set_requires_grad(true);
+    l->lora_b = at::zeros({out, options.rank}, opts.device(device_)).set_requires_grad(true);
+    l->lora_scaling = options.alpha / static_cast<double>(options.rank);
+    l->lora_dropout = options.dropout;
+  }
+  lora_ = options;
+  return absl::OkStatus();
+}
+
+void Transformer::EnableFullFineTuning() {
+  TORCH_CHECK(!lora_.has_value(), "full fine-tuning of a model with LoRA adapters");
+  full_ = true;
+  for (auto& [name, t] : BaseParameters()) t.set_requires_grad(true);
+}
+
+absl::Status Transformer::LoadLoraWeights(const std::string& adapter_dir) {
+  if (!lora_.has_value()) return absl::FailedPreconditionError("LoadLoraWeights: the model has no adapters");
+  OOMB_ASSIGN_OR_RETURN(auto weights, WeightSet::Open(adapter_dir, "adapter_model.safetensors"));
+  for (auto& [name, t] : TrainableParameters()) {
+    const TensorView* v = weights->Find(name);
+    if (v == nullptr) return absl::InvalidArgumentError(absl::StrCat(adapter_dir, ": missing tensor '", name, "'"));
+    if (v->shape != std::vector<int64_t>(t.sizes().begin(), t.sizes().end())) {
+      return absl::InvalidArgumentError(absl::StrCat(adapter_dir, ": tensor '", name, "' has shape [",
+                                                     absl::StrJoin(v->shape, ", "), "], expected [",
+                                                     absl::StrJoin(t.sizes(), ", "), "]"));
+    }
+    at::NoGradGuard no_grad;
+    t.copy_(FromView(*v, t.scalar_type(), t.device()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::SaveLora(const std::string& dir, const std::string& base_model_path) const {
+  if (!lora_.has_value()) return absl::FailedPreconditionError("SaveLora: the model has no adapters");
+  OOMB_RETURN_IF_ERROR(MakeDirs(dir));
+  OOMB_RETURN_IF_ERROR(SaveTensors(dir + "/adapter_model.safetensors", TrainableParameters(), {{"format", "pt"}}));
+  nlohmann::json cfg = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", base_model_path},
+      {"r", lora_->rank},
+      {"lora_alpha", lora_->alpha},
+      {"lora_dropout", lora_->dropout},
+      {"target_modules", lora_->target_modules},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"use_rslora", false},
+      {"use_dora", false},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"revision", nullptr},
+  };
+  return WriteFileAtomic(dir + "/adapter_config.json", cfg.dump(2) + "\n");
+}
+
+absl::Status Transformer::SaveFull(const std::string& dir, const std::string& config_json) const {
+  OOMB_RETURN_IF_ERROR(MakeDirs(dir));
+  std::vector<std::pair<std::string, at::Tensor>> params = BaseParameters();
+  OOMB_RETURN_IF_ERROR(SaveTensors(dir + "/model.safetensors", params, {{"format", "pt"}}));
+  return WriteFileAtomic(dir + "/config.json", config_json);
+}
+
+at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const {
+  at::Tensor y = at::linear(x, l.weight, l.bias.defined() ? c10::optional<at::Tensor>(l.bias) : c10::nullopt);
+  if (!l.lora_a.defined()) return y;
+  at::Tensor xin = x;
+  if (training && l.lora_dropout > 0) {
+    const at::Tensor keep =
+        at::bernoulli(at::full(x.sizes(), 1.0 - l.lora_dropout, x.options().dtype(at::kFloat)), *gen);
+    xin = x * keep.to(x.scalar_type()) / (1.0 - l.lora_dropout);
+  }
+  const at::Tensor a = l.lora_a.to(x.scalar_type()), b = l.lora_b.to(x.scalar_type());
+  return y + at::linear(at::linear(xin, a), b) * l.lora_scaling;
+}
+
+at::Tensor Transformer::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
+  const at::Tensor h = x.to(MasterType(x.scalar_type()));
+  const at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (h * at::rsqrt(var + config_.rms_norm_eps)).to(x.scalar_type());
+}
+
+at::Tensor Transformer::InvFreq(int64_t rope_seq_len) const {
+  const RopeConfig& r = config_.rope;
+  const auto ft = at::TensorOptions().dtype(MasterType(dtype_));
+  const int64_t dim = config_.head_dim;
+  double base = r.theta;
+  if (r.type == "dynamic") {
+    const double max_pos = static_cast<double>(config_.max_position_embeddings);
+    const double seq_len = std::max<double>(static_cast<double>(rope_seq_len), max_pos);
+    base = base * std::pow(r.factor * seq_len / max_pos - (r.factor - 1), static_cast<double>(dim) / (dim - 2));
+  }
+  const at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(ft.dtype_opt()->toScalarType()) / dim;
+  const at::Tensor pos_freqs = at::pow(base, exponents);
+  at::Tensor inv_freq = 1.0 / pos_freqs;
+  if (r.type == "linear") {
+    inv_freq = inv_freq / r.factor;
+  } else if (r.type == "llama3") {
+    const double old_ctx = static_cast<double>(r.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / r.low_freq_factor, high_wavelen = old_ctx / r.high_freq_factor;
+    const at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
+    const at::Tensor smooth = (old_ctx / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+    const at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+    const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+    inv_freq = at::where(medium, smoothed, scaled);
+  } else if (r.type == "yarn") {
+    auto correction_dim = [&](double rotations) {
+      return (dim * std::log(static_cast<double>(r.original_max_position_embeddings) / (rotations * 2 * M_PI))) /
+             (2 * std::log(base));
+    };
+    double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+    if (r.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;
+    const at::Tensor ramp = ((at::arange(dim / 2, at::kFloat).to(*ft.dtype_opt()) - low) / (high - low)).clamp(0, 1);
+    const at::Tensor extrapolation_factor = 1 - ramp;
+    const at::Tensor interpolation = 1.0 / (r.factor * pos_freqs);
+    inv_freq = interpolation * (1 - extrapolation_factor) + inv_freq * extrapolation_factor;
+  }
+  return inv_freq;
+}
+
+std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const at::Tensor& positions, int64_t rope_seq_len) const {
+  const RopeConfig& r = config_.rope;
+  double attention_factor = 1.0;
+  if (r.type == "yarn") {
+    auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    attention_factor = r.attention_factor > 0 ? r.attention_factor
+                       : (r.mscale > 0 && r.mscale_all_dim > 0)
+                           ? mscale(r.factor, r.mscale) / mscale(r.factor, r.mscale_all_dim)
+                           : mscale(r.factor, 1.0);
+  }
+  const at::Tensor inv_freq = InvFreq(rope_seq_len).to(positions.device());
+  const at::Tensor freqs = positions.to(inv_freq.scalar_type()).unsqueeze(1) * inv_freq.unsqueeze(0);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {(emb.cos() * attention_factor).to(dtype_), (emb.sin() * attention_factor).to(dtype_)};
+}
+
+at::Tensor Transformer::Hidden(const ChunkInput& input, const AttentionFn& attention) const {
+  const int64_t C = input.ids.size(0);
+  const int64_t H = config_.num_heads, Hkv = config_.num_kv_heads, D = config_.head_dim;
+  at::Generator gen = at::detail::createCPUGenerator(input.dropout_seed);
+  auto [cos, sin] = RopeTables(input.positions, input.rope_seq_len);
+  const at::Tensor cos3 = cos.unsqueeze(1), sin3 = sin.unsqueeze(1);  // [C, 1, D]
+  at::Tensor h = at::embedding(embed_, input.ids);
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    const DecoderLayer& l = layers_[i];
+    const at::Tensor x = RmsNorm(h, l.input_norm);
+    at::Tensor q = LinearForward(l.q, x, &gen, input.training).view({C, H, D});
+    at::Tensor k = LinearForward(l.k, x, &gen, input.training).view({C, Hkv, D});
+    const at::Tensor v = LinearForward(l.v, x, &gen, input.training).view({C, Hkv, D});
+    q = q * cos3 + RotateHalf(q) * sin3;
+    k = k * cos3 + RotateHalf(k) * sin3;
+    const at::Tensor attn = attention(i, q, k, v).reshape({C, H * D});
+    h = h + LinearForward(l.o, attn, &gen, input.training);
+    const at::Tensor y = RmsNorm(h, l.post_norm);
+    const at::Tensor act =
+        at::silu(LinearForward(l.gate, y, &gen, input.training)) * LinearForward(l.up, y, &gen, input.training);
+    h = h + LinearForward(l.down, act, &gen, input.training);
+  }
+  return RmsNorm(h, final_norm_);
+}
+
+}  // namespace oomb

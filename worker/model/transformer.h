@@ -1,0 +1,144 @@
+// The decoder-only transformer (Llama / Qwen2 families) on LibTorch, with LoRA.
+//
+// One model serves training and inference: a forward pass runs over one chunk of one sequence,
+// and attention is a callback, so the chunk-recurrent trainer routes it through the paged KV
+// cache (kernels/torch/paged_attention.h) while a plain full-sequence forward (evaluation,
+// `oombd model eval`, tests) uses the same callback with no past.
+//
+// Numerics follow transformers (modeling_llama / modeling_qwen2): RMSNorm in float32 (float64
+// for float64 models), RoPE tables from float32 inverse frequencies (rope types default,
+// linear, dynamic, yarn, llama3, as modeling_rope_utils computes them), SwiGLU MLP, q/k/v
+// biases for Qwen2, softmax scale 1/sqrt(head_dim).
+//
+// LoRA (PEFT semantics): y = x W^T + b + (dropout(x) A^T B^T) * alpha / r on the target
+// modules; A is initialised like PEFT (kaiming-uniform, a = sqrt(5)), B with zeros. LoRA
+// parameters are kept in float32 for bfloat16 models (float64 for float64 models).
+//
+// Thread-safety: a Transformer is used by one training thread at a time.
+#ifndef OOMB_WORKER_MODEL_TRANSFORMER_H_
+#define OOMB_WORKER_MODEL_TRANSFORMER_H_
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/model/model_config.h"
+
+namespace oomb {
+
+struct LoraOptions {
+  int64_t rank = 16;
+  double alpha = 32;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+};
+
+// A linear layer with an optional LoRA adapter.
+struct Linear {
+  at::Tensor weight;  // [out, in]
+  at::Tensor bias;    // [out] or undefined
+  at::Tensor lora_a;  // [rank, in] or undefined
+  at::Tensor lora_b;  // [out, rank]
+  double lora_scaling = 0;
+  double lora_dropout = 0;
+};
+
+struct DecoderLayer {
+  at::Tensor input_norm;  // [hidden]
+  at::Tensor post_norm;   // [hidden]
+  Linear q, k, v, o, gate, up, down;
+};
+
+// The inputs of one forward pass over one chunk (C tokens) of one sequence.
+struct ChunkInput {
+  at::Tensor ids;        // [C] int64 token ids
+  at::Tensor positions;  // [C] int64 RoPE positions (restart at 0 for each packed document)
+  at::Tensor doc_start;  // [C] int64 global index of each token's document start
+  // Dynamic NTK RoPE only: the sequence length the frequencies are computed for (the whole
+  // sequence's largest position + 1, as transformers does for a full-sequence forward).
+  int64_t rope_seq_len = 0;
+  // Dropout of LoRA inputs: a generator seeded identically for a chunk's first forward and its
+  // recomputation gives identical masks. Unused when dropout is 0 or `training` is false.
+  bool training = false;
+  uint64_t dropout_seed = 0;
+};
+
+// attention(layer, q [C, heads, D], k [C, kv_heads, D], v [C, kv_heads, D]) -> [C, heads, D];
+// q and k are after RoPE.
+using AttentionFn =
+    std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+
+class Transformer {
+ public:
+  // Loads config.json and the safetensors weights of a Hugging Face directory, converting to
+  // `dtype` on `device`. Missing or unexpected tensor names, and shape mismatches, are
+  // INVALID_ARGUMENT naming the tensor. `rope_override` replaces config.json's RoPE scaling.
+  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& dir, at::ScalarType dtype,
+                                                           at::Device device,
+                                                           const std::optional<RopeConfig>& rope_override = {});
+  // A model with random weights (normal, std `init_std`), for tests and benchmarks.
+  static std::unique_ptr<Transformer> Random(const ModelConfig& config, at::ScalarType dtype, at::Device device,
+                                             uint64_t seed, double init_std = 0.02);
+
+  const ModelConfig& config() const { return config_; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
+
+  // Adds LoRA adapters (PEFT initialisation, seeded) and freezes the base weights.
+  absl::Status AddLora(const LoraOptions& options, uint64_t seed);
+  bool has_lora() const { return lora_.has_value(); }
+  const std::optional<LoraOptions>& lora() const { return lora_; }
+  // Loads adapter weights saved by SaveLora (or by PEFT) into the existing adapters.
+  absl::Status LoadLoraWeights(const std::string& adapter_dir);
+  // Writes adapter_model.safetensors + adapter_config.json in PEFT's layout.
+  absl::Status SaveLora(const std::string& dir, const std::string& base_model_path) const;
+  // Writes model.safetensors + config.json (full fine-tuning output) in the model's dtype.
+  absl::Status SaveFull(const std::string& dir, const std::string& config_json) const;
+
+  // Full fine-tuning: every base weight trains (and no LoRA). Requires no adapters.
+  void EnableFullFineTuning();
+
+  // What the optimizer updates, with the names checkpoints use (HF / PEFT names).
+  std::vector<std::pair<std::string, at::Tensor>> TrainableParameters() const;
+  // Every base weight with its HF name.
+  std::vector<std::pair<std::string, at::Tensor>> BaseParameters() const;
+
+  // The final-norm hidden states of the chunk, [C, hidden].
+  at::Tensor Hidden(const ChunkInput& input, const AttentionFn& attention) const;
+  // The LM head weight [vocab, hidden] (the embedding when tied).
+  const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_ : lm_head_; }
+
+  // RoPE cos and sin tables for the positions, [C, head_dim] each, in the model's dtype.
+  std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& positions, int64_t rope_seq_len) const;
+
+ private:
+  Transformer(ModelConfig config, at::ScalarType dtype, at::Device device);
+  at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const;
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor InvFreq(int64_t rope_seq_len) const;  // [head_dim / 2], float32 (float64)
+  std::vector<std::pair<std::string, Linear*>> NamedLinears();
+  std::vector<std::pair<std::string, const Linear*>> NamedLinears() const;
+
+  ModelConfig config_;
+  at::ScalarType dtype_;
+  at::Device device_;
+  at::Tensor embed_;       // [vocab, hidden]
+  at::Tensor final_norm_;  // [hidden]
+  at::Tensor lm_head_;     // [vocab, hidden]; undefined when tied
+  std::vector<DecoderLayer> layers_;
+  std::optional<LoraOptions> lora_;
+  bool full_ = false;
+};
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_MODEL_TRANSFORMER_H_

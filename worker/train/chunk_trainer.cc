@@ -1,0 +1,208 @@
+#include "worker/train/chunk_trainer.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/torch/chunked_cross_entropy.h"
+#include "kernels/torch/paged_attention.h"
+
+namespace oomb {
+namespace {
+
+// Tracks the bytes of CPU tensor allocations made on this thread while installed (LibTorch's
+// memory-profiling hook), and their peak. KV pages live in preallocated arenas and are not
+// counted here.
+class AllocationTracker : public c10::MemoryReportingInfoBase {
+ public:
+  void reportMemoryUsage(void*, int64_t alloc_size, size_t, size_t, c10::Device) override {
+    const int64_t now = current_.fetch_add(alloc_size) + alloc_size;
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+  int64_t peak() const { return peak_.load(); }
+
+ private:
+  std::atomic<int64_t> current_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+// The past of one layer for one chunk, read from and accumulated into the sequence's pages.
+class LayerPast final : public kernels::PastKv {
+ public:
+  LayerPast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens)
+      : cache_(cache), layer_(layer), past_tokens_(past_tokens) {}
+  int64_t past_tokens() const override { return past_tokens_; }
+  std::pair<at::Tensor, at::Tensor> Read(int64_t begin, int64_t end) override {
+    return cache_->Read(layer_, begin, end);
+  }
+  void AccumulateGrad(int64_t begin, const at::Tensor& dk, const at::Tensor& dv) override {
+    const absl::Status s = cache_->AccumulateGrad(layer_, begin, dk, dv);
+    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+  }
+
+ private:
+  SequenceKvCache* cache_;
+  int64_t layer_;
+  int64_t past_tokens_;
+};
+
+at::Tensor I64(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
+  return at::tensor(at::ArrayRef<int64_t>(v.data() + begin, end - begin), at::kLong);
+}
+
+// Runs `fn`, turning LibTorch exceptions into a status (the trainer boundary of STYLE.md).
+template <typename Fn>
+absl::Status Guarded(const char* what, Fn fn) {
+  try {
+    return fn();
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("[OUT_OF_MEMORY] ", what, ": ", e.what_without_backtrace()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("[OUT_OF_MEMORY] ", what, ": host allocation failed"));
+  }
+}
+
+}  // namespace
+
+int64_t TokenSequence::label_tokens() const {
+  return std::count_if(labels.begin(), labels.end(), [](int64_t l) { return l != kernels::kIgnoreIndex; });
+}
+
+TokenSequence TokenSequence::FromDocument(const std::vector<int64_t>& ids) { return Pack({ids}); }
+
+TokenSequence TokenSequence::Pack(const std::vector<std::vector<int64_t>>& docs) {
+  TokenSequence s;
+  for (const auto& doc : docs) {
+    const int64_t start = s.size();
+    for (size_t i = 0; i < doc.size(); ++i) {
+      s.ids.push_back(doc[i]);
+      s.labels.push_back(i + 1 < doc.size() ? doc[i + 1] : kernels::kIgnoreIndex);
+      s.positions.push_back(static_cast<int64_t>(i));
+      s.doc_start.push_back(start);
+    }
+  }
+  return s;
+}
+
+ChunkTrainer::ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool,
+                           ChunkTrainerOptions options)
+    : model_(model), kv_pool_(kv_pool), grad_pool_(grad_pool), options_(options) {}
+
+std::vector<ChunkTrainer::Chunk> ChunkTrainer::MakeChunks(const TokenSequence& seq, bool training,
+                                                          uint64_t dropout_seed) const {
+  const int64_t rope_seq_len =
+      seq.positions.empty() ? 0 : *std::max_element(seq.positions.begin(), seq.positions.end()) + 1;
+  std::vector<Chunk> chunks;
+  for (int64_t b = 0; b < seq.size(); b += options_.chunk_tokens) {
+    Chunk c;
+    c.begin = b;
+    c.end = std::min(seq.size(), b + options_.chunk_tokens);
+    c.input.ids = I64(seq.ids, c.begin, c.end).to(model_->device());
+    c.input.positions = I64(seq.positions, c.begin, c.end).to(model_->device());
+    c.input.doc_start = I64(seq.doc_start, c.begin, c.end).to(model_->device());
+    c.input.rope_seq_len = rope_seq_len;
+    c.input.training = training;
+    c.input.dropout_seed = dropout_seed * 1000003u + static_cast<uint64_t>(chunks.size());
+    c.labels = I64(seq.labels, c.begin, c.end).to(model_->device());
+    chunks.push_back(std::move(c));
+  }
+  return chunks;
+}
+
+absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const std::vector<Chunk>& chunks, SequenceKvCache& cache) {
+  SequenceLoss loss;
+  at::NoGradGuard no_grad;
+  for (const Chunk& c : chunks) {
+    absl::Status append_status;
+    const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      std::shared_ptr<kernels::PastKv> past;
+      if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin);
+      at::Tensor out = kernels::PagedAttention(q, k, v, c.input.doc_start, past, options_.attention_key_block);
+      if (append_status.ok()) append_status = cache.Append(layer, k, v);
+      return out;
+    };
+    const at::Tensor hidden = model_->Hidden(c.input, attention);
+    if (!append_status.ok()) return append_status;
+    loss.loss_sum += kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block)
+                         .item<double>();
+    loss.label_tokens += c.labels.ne(kernels::kIgnoreIndex).sum().item<int64_t>();
+  }
+  return loss;
+}
+
+absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq) {
+  SequenceLoss loss;
+  const absl::Status s = Guarded("evaluation", [&]() -> absl::Status {
+    SequenceKvCache cache(kv_pool_, grad_pool_, model_->config().num_layers);
+    auto r = Forward(MakeChunks(seq, /*training=*/false, 0), cache);
+    if (!r.ok()) return r.status();
+    loss = *r;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return loss;
+}
+
+absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& seq, double loss_scale,
+                                                         uint64_t dropout_seed) {
+  auto tracker = std::make_shared<AllocationTracker>();
+  c10::DebugInfoGuard track(c10::DebugInfoKind::PROFILER_STATE, tracker);
+  kv_pool_->ResetPeak();
+  grad_pool_->ResetPeak();
+  SequenceLoss loss;
+  const absl::Status s = Guarded("training step", [&]() -> absl::Status {
+    SequenceKvCache cache(kv_pool_, grad_pool_, model_->config().num_layers);
+    const std::vector<Chunk> chunks = MakeChunks(seq, /*training=*/true, dropout_seed);
+    auto forward = Forward(chunks, cache);
+    if (!forward.ok()) return forward.status();
+    loss = *forward;
+    const int64_t L = model_->config().num_layers;
+    for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) {
+      const Chunk& c = *it;
+      std::vector<at::Tensor> ks(L), vs(L);
+      const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        ks[layer] = k;
+        vs[layer] = v;
+        std::shared_ptr<kernels::PastKv> past;
+        if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin);
+        return kernels::PagedAttention(q, k, v, c.input.doc_start, past, options_.attention_key_block);
+      };
+      const at::Tensor hidden = model_->Hidden(c.input, attention);
+      const at::Tensor chunk_loss =
+          kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block);
+      std::vector<at::Tensor> outputs = {chunk_loss * loss_scale};
+      std::vector<at::Tensor> grads = {at::ones({}, chunk_loss.options())};
+      // Gradients that later chunks left in this chunk's pages (none for the last chunk).
+      if (it != chunks.rbegin()) {
+        for (int64_t l = 0; l < L; ++l) {
+          auto [dk, dv] = cache.ReadGrad(l, c.begin, c.end);
+          outputs.push_back(ks[l]);
+          grads.push_back(dk.to(ks[l].scalar_type()));
+          outputs.push_back(vs[l]);
+          grads.push_back(dv.to(vs[l].scalar_type()));
+        }
+      }
+      torch::autograd::backward(outputs, grads);
+      cache.ReleaseFrom(c.begin);
+    }
+    return absl::OkStatus();
+  });
+  memory_.activation_peak_bytes = tracker->peak();
+  memory_.kv_peak_bytes = kv_pool_->stats().peak_used_pages * kv_pool_->stats().bytes_per_page;
+  memory_.kv_grad_peak_bytes = grad_pool_->stats().peak_used_pages * grad_pool_->stats().bytes_per_page;
+  if (!s.ok()) return s;
+  return loss;
+}
+
+}  // namespace oomb

@@ -1,0 +1,103 @@
+// The chunk-recurrent trainer (ARCHITECTURE.md §3): exact gradients of a sequence of any
+// length with activation memory of one chunk.
+//
+// Stage 1 (no graph), chunks 0..N-1: forward each chunk attending over the KV pages of the
+// chunks before it, append its K (after RoPE) and V to the pages, add its loss.
+// Stage 2, chunks N-1..0: recompute the chunk's forward with the autograd graph (reading the
+// same past pages), backpropagate loss_i * loss_scale + sum_l <dK_i^l, K_i^l> + <dV_i^l, V_i^l>
+// where dK_i, dV_i are what later chunks accumulated into chunk i's gradient pages; the
+// attention backward adds chunk i's contribution to the past's gradient pages in place; then
+// chunk i's KV and gradient pages are released.
+//
+// Contract: parameter gradients (the model's trainable parameters' .grad, accumulated, not
+// overwritten) equal those of ordinary full-sequence backpropagation of
+// loss_scale * sum(CE over label tokens) to rounding, for any chunk and page size.
+//
+// Labels: `labels[t]` is the target of position t (already shifted: the token at t+1), or
+// kIgnoreIndex. The data pipeline shifts over the whole sequence before chunking, so the last
+// token of chunk i predicts the first token of chunk i+1.
+//
+// Thread-safety: one trainer per training thread.
+#ifndef OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
+#define OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/kv/page_pool.h"
+#include "worker/model/transformer.h"
+
+namespace oomb {
+
+// One training sequence, packed: documents follow each other, positions restart at each.
+struct TokenSequence {
+  std::vector<int64_t> ids;        // [T]
+  std::vector<int64_t> labels;     // [T] shifted targets; kIgnoreIndex (-100) where no loss
+  std::vector<int64_t> positions;  // [T] RoPE positions
+  std::vector<int64_t> doc_start;  // [T] index of each token's document start
+  int64_t size() const { return static_cast<int64_t>(ids.size()); }
+  int64_t label_tokens() const;
+  // One document, labels = next token (the last token has none).
+  static TokenSequence FromDocument(const std::vector<int64_t>& ids);
+  // Documents packed in order; no token predicts across a document boundary.
+  static TokenSequence Pack(const std::vector<std::vector<int64_t>>& docs);
+};
+
+struct ChunkTrainerOptions {
+  int64_t chunk_tokens = 4096;
+  int64_t ce_rows_per_block = 1024;    // sub-chunk of the fused LM head + cross-entropy
+  int64_t attention_key_block = 2048;  // past tokens read at once by the attention
+};
+
+struct SequenceLoss {
+  double loss_sum = 0;       // sum of CE over label tokens (not scaled)
+  int64_t label_tokens = 0;  // tokens that carried a label
+};
+
+// Peak bytes seen during the last TrainSequence: what the memory test and metrics report.
+struct TrainerMemory {
+  int64_t activation_peak_bytes = 0;  // tracked tensor allocations (graph, temporaries); no KV
+  int64_t kv_peak_bytes = 0;          // KV pages in use at the peak
+  int64_t kv_grad_peak_bytes = 0;     // KV-gradient pages in use at the peak
+};
+
+class ChunkTrainer {
+ public:
+  // The pools must have the model's page shape; they are shared by the sequences trained one
+  // after another and must hold a whole sequence's KV (layers * ceil(T / page) + layers pages).
+  ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool, ChunkTrainerOptions options);
+
+  // Stages 1 and 2 over the sequence; accumulates gradients of loss_scale * sum(CE) into the
+  // trainable parameters' .grad. `dropout_seed` makes LoRA dropout masks reproducible.
+  // Errors: RESOURCE_EXHAUSTED when the KV pages do not fit; INTERNAL when LibTorch fails
+  // (the message carries its error).
+  absl::StatusOr<SequenceLoss> TrainSequence(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed);
+
+  // Stage 1 only: the loss without gradients (evaluation).
+  absl::StatusOr<SequenceLoss> EvalSequence(const TokenSequence& seq);
+
+  const TrainerMemory& memory() const { return memory_; }
+
+ private:
+  struct Chunk {
+    int64_t begin, end;
+    ChunkInput input;
+    at::Tensor labels;  // [C]
+  };
+  std::vector<Chunk> MakeChunks(const TokenSequence& seq, bool training, uint64_t dropout_seed) const;
+  absl::StatusOr<SequenceLoss> Forward(const std::vector<Chunk>& chunks, SequenceKvCache& cache);
+
+  const Transformer* model_;
+  PagePool* kv_pool_;
+  PagePool* grad_pool_;
+  ChunkTrainerOptions options_;
+  TrainerMemory memory_;
+};
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
