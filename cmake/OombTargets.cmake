@@ -29,6 +29,12 @@ function(oomb_add_test name)
     DISCOVERY_TIMEOUT 120)
 endfunction()
 
+# LibTorch's libtorch.so exports its own copy of std::filesystem (from another GCC), and a
+# binary whose first DT_NEEDED library is libtorch binds std::filesystem calls to that copy,
+# which crashes (seen: std::filesystem::remove_all jumping to address 0). Naming libstdc++
+# before every other library makes the dynamic linker resolve them in the system libstdc++.
+add_link_options("LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+
 # oomb_use_torch(<target> [PUBLIC|PRIVATE]): links LibTorch (default PUBLIC) and precompiles
 # its headers for the target's C++. Use PRIVATE for anything gRPC code links (see
 # worker/CMakeLists.txt).
