@@ -31,6 +31,8 @@ import os
 import shutil
 import sys
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
+
 GENERATOR_VERSION = 1
 SEQ_LEN = 96
 INIT_STD = 0.2

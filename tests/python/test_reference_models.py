@@ -24,6 +24,8 @@ import numpy as np
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader draws a tqdm bar
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
+
 FAILURES = []
 
 

@@ -75,26 +75,6 @@ absl::Status Guarded(const char* what, Fn fn) {
 
 }  // namespace
 
-int64_t TokenSequence::label_tokens() const {
-  return std::count_if(labels.begin(), labels.end(), [](int64_t l) { return l != kernels::kIgnoreIndex; });
-}
-
-TokenSequence TokenSequence::FromDocument(const std::vector<int64_t>& ids) { return Pack({ids}); }
-
-TokenSequence TokenSequence::Pack(const std::vector<std::vector<int64_t>>& docs) {
-  TokenSequence s;
-  for (const auto& doc : docs) {
-    const int64_t start = s.size();
-    for (size_t i = 0; i < doc.size(); ++i) {
-      s.ids.push_back(doc[i]);
-      s.labels.push_back(i + 1 < doc.size() ? doc[i + 1] : kernels::kIgnoreIndex);
-      s.positions.push_back(static_cast<int64_t>(i));
-      s.doc_start.push_back(start);
-    }
-  }
-  return s;
-}
-
 ChunkTrainer::ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool,
                            ChunkTrainerOptions options)
     : model_(model), kv_pool_(kv_pool), grad_pool_(grad_pool), options_(options) {}

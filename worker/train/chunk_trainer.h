@@ -28,24 +28,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/data/sequence.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
 
 namespace oomb {
-
-// One training sequence, packed: documents follow each other, positions restart at each.
-struct TokenSequence {
-  std::vector<int64_t> ids;        // [T]
-  std::vector<int64_t> labels;     // [T] shifted targets; kIgnoreIndex (-100) where no loss
-  std::vector<int64_t> positions;  // [T] RoPE positions
-  std::vector<int64_t> doc_start;  // [T] index of each token's document start
-  int64_t size() const { return static_cast<int64_t>(ids.size()); }
-  int64_t label_tokens() const;
-  // One document, labels = next token (the last token has none).
-  static TokenSequence FromDocument(const std::vector<int64_t>& ids);
-  // Documents packed in order; no token predicts across a document boundary.
-  static TokenSequence Pack(const std::vector<std::vector<int64_t>>& docs);
-};
 
 struct ChunkTrainerOptions {
   int64_t chunk_tokens = 4096;

@@ -1,0 +1,181 @@
+// The model computes what transformers computes: logits and loss of tiny random-weight Qwen2
+// and Llama models (q/k/v biases, GQA, tied and untied embeddings, every rope_scaling type,
+// sharded weights) made by tests/python/make_tiny_models.py, against transformers' own outputs
+// stored beside each model; plus the model's error handling.
+#include "worker/model/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/torch/paged_attention.h"
+#include "tests/worker/model/test_env.h"
+#include "worker/kv/page_pool.h"
+#include "worker/model/safetensors.h"
+#include "worker/train/chunk_trainer.h"
+
+namespace oomb {
+namespace {
+
+namespace fs = std::filesystem;
+
+at::Tensor ToTensor(const TensorView& v, at::ScalarType t) {
+  return at::from_blob(const_cast<void*>(v.data), v.shape, at::TensorOptions().dtype(t)).clone();
+}
+
+std::vector<std::string> TinyModels() {
+  std::vector<std::string> names;
+  const fs::path dir = fs::path(testing::DataDir()) / "tiny";
+  if (!fs::exists(dir)) return names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (fs::exists(e.path() / "reference.safetensors")) names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class TinyModelParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TinyModelParityTest, LogitsAndLossMatchTransformers) {
+  const std::string dir = testing::DataDir() + "/tiny/" + GetParam();
+  auto model = Transformer::Load(dir, at::kFloat, at::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto ref = WeightSet::Open(dir, "reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const at::Tensor ids = ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0];
+  const at::Tensor want_logits = ToTensor(*(*ref)->Find("logits"), at::kFloat)[0];
+  const double want_loss = ToTensor(*(*ref)->Find("loss"), at::kFloat).item<double>();
+  const int64_t T = ids.size(0);
+
+  // One forward over the whole sequence through the paged attention (no past).
+  ChunkInput in;
+  in.ids = ids;
+  in.positions = at::arange(T, at::kLong);
+  in.doc_start = at::zeros({T}, at::kLong);
+  in.rope_seq_len = T;
+  at::NoGradGuard no_grad;
+  const at::Tensor hidden =
+      (*model)->Hidden(in, [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return kernels::PagedAttention(q, k, v, in.doc_start, nullptr);
+      });
+  const at::Tensor logits = at::matmul(hidden, (*model)->lm_head().t());
+  const double max_diff = (logits - want_logits).abs().max().item<double>();
+  EXPECT_LE(max_diff, 1e-4) << GetParam();
+
+  // Chunked (chunks of 13 over pages of 8) gives the same mean loss as transformers.
+  const ModelConfig& c = (*model)->config();
+  const PageShape shape{c.num_kv_heads, 8, c.head_dim};
+  const int64_t pages = c.num_layers * (T / 8 + 2);
+  auto kv = PagePool::Create(PageKind::kKv, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
+  auto grad = PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
+  ASSERT_TRUE(kv.ok() && grad.ok());
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 13;
+  ChunkTrainer trainer(model->get(), kv->get(), grad->get(), options);
+  const TokenSequence seq =
+      TokenSequence::FromDocument(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + T));
+  auto loss = trainer.EvalSequence(seq);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(loss->loss_sum / loss->label_tokens, want_loss, 1e-5) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, TinyModelParityTest, ::testing::ValuesIn(TinyModels()), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TinyModelParityTest);
+
+TEST(TransformerTest, TinyModelsArePresent) {
+  if (TinyModels().empty()) GTEST_SKIP() << "no tiny models under " << testing::DataDir() << "/tiny";
+  EXPECT_GE(TinyModels().size(), 8u);
+}
+
+// Bad model directories fail with errors naming the problem, never a crash.
+TEST(TransformerTest, BadModelDirectories) {
+  const std::string src = testing::DataDir() + "/tiny/llama-gqa";
+  if (!fs::exists(src)) GTEST_SKIP() << "no tiny models";
+  const std::string dir = testing::ScratchDir("bad_model");
+  fs::copy(src, dir, fs::copy_options::recursive);
+
+  EXPECT_EQ(Transformer::Load(dir + "/missing", at::kFloat, at::kCPU).status().code(), absl::StatusCode::kNotFound);
+
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  auto write_config = [&](const nlohmann::json& j) { std::ofstream(dir + "/config.json") << j.dump(); };
+
+  nlohmann::json bad = cfg;
+  bad["model_type"] = "gpt_neox";
+  bad["architectures"] = {"GPTNeoXForCausalLM"};
+  write_config(bad);
+  auto s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("GPTNeoXForCausalLM"), std::string::npos) << s;
+
+  bad = cfg;
+  bad.erase("hidden_size");
+  write_config(bad);
+  s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("hidden_size"), std::string::npos) << s;
+
+  bad = cfg;
+  bad["num_hidden_layers"] = cfg["num_hidden_layers"].get<int>() + 1;  // weights of a layer are missing
+  write_config(bad);
+  s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("missing tensor 'model.layers.2."), std::string::npos) << s;
+
+  bad = cfg;
+  bad["num_hidden_layers"] = cfg["num_hidden_layers"].get<int>() - 1;  // a layer's weights are unexpected
+  write_config(bad);
+  s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("unexpected tensors"), std::string::npos) << s;
+
+  bad = cfg;
+  bad["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}};
+  write_config(bad);
+  s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("longrope"), std::string::npos) << s;
+  fs::remove_all(dir);
+}
+
+// An adapter saved by oomb loads back into oomb with the same weights.
+TEST(TransformerTest, LoraRoundTrip) {
+  const std::string src = testing::DataDir() + "/tiny/qwen2-bias-gqa-untied";
+  if (!fs::exists(src)) GTEST_SKIP() << "no tiny models";
+  auto a = Transformer::Load(src, at::kFloat, at::kCPU);
+  auto b = Transformer::Load(src, at::kFloat, at::kCPU);
+  ASSERT_TRUE(a.ok() && b.ok());
+  LoraOptions lora;
+  lora.rank = 4;
+  lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  ASSERT_TRUE((*a)->AddLora(lora, 1).ok());
+  ASSERT_TRUE((*b)->AddLora(lora, 2).ok());
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : (*a)->TrainableParameters()) p.normal_();
+  }
+  const std::string dir = testing::ScratchDir("lora_round_trip");
+  ASSERT_TRUE((*a)->SaveLora(dir, src).ok());
+  ASSERT_TRUE((*b)->LoadLoraWeights(dir).ok());
+  const auto pa = (*a)->TrainableParameters(), pb = (*b)->TrainableParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  EXPECT_EQ(pa.size(), static_cast<size_t>(2 * 3 * (*a)->config().num_layers));  // A and B, 3 modules a layer
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].first, pb[i].first);
+    EXPECT_TRUE(at::equal(pa[i].second, pb[i].second)) << pa[i].first;
+  }
+  const auto cfg = nlohmann::json::parse(std::ifstream(dir + "/adapter_config.json"));
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["r"], 4);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace oomb
