@@ -11,22 +11,25 @@ function(oomb_target_options target)
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
 endfunction()
 
-# oomb_add_test(<name> SOURCES ... LIBS ... LABELS ...): a GoogleTest binary registered with
-# ctest through gtest_discover_tests, each test carrying the given labels (unit, integration,
-# gpu).
+# oomb_add_test(<name> SOURCES ... LIBS ... LABEL unit|integration|gpu [TIMEOUT s]): a GoogleTest
+# binary registered with ctest through gtest_discover_tests, each of its tests carrying the
+# label. (One label per binary: gtest_discover_tests flattens list-valued properties.)
+# Test processes read OOMB_SOURCE_DIR / OOMB_BINARY_DIR from compile definitions; the test
+# command (scripts/test.sh) sets OMP_NUM_THREADS=1 because ctest runs tests in parallel.
 function(oomb_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "TIMEOUT;LABEL" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   oomb_target_options(${name})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE OOMB_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                             OOMB_TEST_BINARY_DIR="${PROJECT_BINARY_DIR}")
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()
-  string(REPLACE ";" "\\;" labels "${T_LABELS}")
-  gtest_discover_tests(${name}
-    PROPERTIES LABELS "${labels}" TIMEOUT ${T_TIMEOUT}
-               ENVIRONMENT "OOMB_SOURCE_DIR=${PROJECT_SOURCE_DIR};OOMB_BINARY_DIR=${PROJECT_BINARY_DIR}"
-    DISCOVERY_TIMEOUT 120)
+  if(NOT T_LABEL MATCHES "^(unit|integration|gpu)$")
+    message(FATAL_ERROR "oomb_add_test(${name}): LABEL must be unit, integration or gpu")
+  endif()
+  gtest_discover_tests(${name} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT} DISCOVERY_TIMEOUT 120)
 endfunction()
 
 # LibTorch's libtorch.so exports its own copy of std::filesystem (from another GCC), and a

@@ -22,4 +22,5 @@ cmake --build "$build" -j "$jobs"
 echo "[test] built in $(( $(date +%s) - start )) s since start" >&2
 cd "$build"
 # shellcheck disable=SC2086
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # tests run in parallel: one intra-op thread each
 ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:-}

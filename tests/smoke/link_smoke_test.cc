@@ -1,5 +1,5 @@
 // Link smoke test: gRPC + protobuf (Debian's) and LibTorch (which bundles its own protobuf) in
-// one process; with a GPU, also one LibTorch CUDA op and one custom CUDA kernel.
+// one process. The CUDA half is link_smoke_gpu_test.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -61,11 +61,6 @@ TEST(LinkSmokeTest, GrpcServerComputesWithTorch) {
 }
 
 TEST(LinkSmokeTest, PageGatherCpu) { EXPECT_EQ(smoke::CpuPageGatherError(), ""); }
-
-TEST(LinkSmokeTest, CudaOpAndCustomKernel) {
-  if (!smoke::CudaAvailable()) GTEST_SKIP() << "no CUDA device";
-  EXPECT_EQ(smoke::CudaPageGatherError(), "");
-}
 
 }  // namespace
 }  // namespace oomb
