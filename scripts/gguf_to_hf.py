@@ -25,6 +25,8 @@ import sys
 
 import numpy as np
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
+
 
 def log(msg):
     print(f"[gguf_to_hf] {msg}", file=sys.stderr, flush=True)

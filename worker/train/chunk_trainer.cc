@@ -117,6 +117,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const std::vector<Chunk>& chu
     loss.loss_sum += kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block)
                          .item<double>();
     loss.label_tokens += c.labels.ne(kernels::kIgnoreIndex).sum().item<int64_t>();
+    if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
   }
   return loss;
 }
@@ -175,6 +176,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
       }
       torch::autograd::backward(outputs, grads);
       cache.ReleaseFrom(c.begin);
+      if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
     }
     return absl::OkStatus();
   });

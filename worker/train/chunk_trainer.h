@@ -38,6 +38,9 @@ struct ChunkTrainerOptions {
   int64_t chunk_tokens = 4096;
   int64_t ce_rows_per_block = 1024;    // sub-chunk of the fused LM head + cross-entropy
   int64_t attention_key_block = 2048;  // past tokens read at once by the attention
+  // Asked after every chunk of either stage; when it returns true the sequence stops and
+  // TrainSequence returns CANCELLED (gradients of the partial sequence must be discarded).
+  std::function<bool()> should_stop;
 };
 
 struct SequenceLoss {
@@ -60,8 +63,8 @@ class ChunkTrainer {
 
   // Stages 1 and 2 over the sequence; accumulates gradients of loss_scale * sum(CE) into the
   // trainable parameters' .grad. `dropout_seed` makes LoRA dropout masks reproducible.
-  // Errors: RESOURCE_EXHAUSTED when the KV pages do not fit; INTERNAL when LibTorch fails
-  // (the message carries its error).
+  // Errors: RESOURCE_EXHAUSTED when the KV pages do not fit; CANCELLED when should_stop
+  // asked; INTERNAL when LibTorch fails (the message carries its error).
   absl::StatusOr<SequenceLoss> TrainSequence(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed);
 
   // Stage 1 only: the loss without gradients (evaluation).

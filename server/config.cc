@@ -1,0 +1,227 @@
+#include "server/config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <variant>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "worker/common/files.h"
+#include "worker/common/status.h"
+
+extern char** environ;
+
+namespace oomb::server {
+namespace {
+
+using Member = std::variant<std::string ServerConfig::*, bool ServerConfig::*, int64_t ServerConfig::*>;
+
+struct Key {
+  const char* path;  // "section.key"
+  Member member;
+  bool secret = false;
+};
+
+const std::vector<Key>& Keys() {
+  static const std::vector<Key>* const kKeys = new std::vector<Key>{
+      {"server.data_dir", &ServerConfig::data_dir},
+      {"server.listen", &ServerConfig::listen},
+      {"server.unix_socket", &ServerConfig::unix_socket},
+      {"server.unix_socket_path", &ServerConfig::unix_socket_path},
+      {"server.metrics_listen", &ServerConfig::metrics_listen},
+      {"server.reflection", &ServerConfig::reflection},
+      {"server.shutdown_grace_seconds", &ServerConfig::shutdown_grace_seconds},
+      {"server.keepalive_seconds", &ServerConfig::keepalive_seconds},
+      {"auth.token_file", &ServerConfig::auth_token_file},
+      {"auth.token", &ServerConfig::auth_token, true},
+      {"tls.cert_file", &ServerConfig::tls_cert_file},
+      {"tls.key_file", &ServerConfig::tls_key_file},
+      {"tls.client_ca_file", &ServerConfig::tls_client_ca_file},
+      {"scheduler.devices", &ServerConfig::devices},
+      {"scheduler.hold", &ServerConfig::hold},
+      {"log.level", &ServerConfig::log_level},
+  };
+  return *kKeys;
+}
+
+const Key* FindKey(const std::string& path) {
+  for (const Key& k : Keys()) {
+    if (path == k.path) return &k;
+  }
+  return nullptr;
+}
+
+// Sets `key` from its textual value; `where` prefixes errors.
+absl::Status SetValue(const Key& key, const std::string& value, const std::string& where, ServerConfig* config) {
+  return std::visit(
+      [&](auto member) -> absl::Status {
+        using T = std::remove_reference_t<decltype(config->*member)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          config->*member = value;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          const std::string v = absl::AsciiStrToLower(value);
+          if (v != "true" && v != "false" && v != "1" && v != "0") {
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, key.path, ": expected true or false, got '", value, "'"));
+          }
+          config->*member = v == "true" || v == "1";
+        } else {
+          int64_t n = 0;
+          if (!absl::SimpleAtoi(value, &n) || n < 0) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, key.path, ": expected a non-negative integer, got '", value, "'"));
+          }
+          config->*member = n;
+        }
+        return absl::OkStatus();
+      },
+      key.member);
+}
+
+absl::Status UnknownKey(const std::string& where, const std::string& path) {
+  std::string known;
+  for (const Key& k : Keys()) absl::StrAppend(&known, known.empty() ? "" : ", ", k.path);
+  return absl::InvalidArgumentError(absl::StrCat(where, path, ": unknown key (known keys: ", known, ")"));
+}
+
+absl::Status LoadFile(const std::string& file, ServerConfig* config) {
+  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(file));
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg));
+  }
+  if (root.IsNull()) return absl::OkStatus();
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(file, ": expected a mapping of sections"));
+  for (const auto& section : root) {
+    const std::string name = section.first.Scalar();
+    const std::string where = absl::StrCat(file, ":", section.first.Mark().line + 1, ": ");
+    if (!section.second.IsMap()) {
+      bool known_section = false;
+      for (const Key& k : Keys()) known_section |= absl::StartsWith(k.path, name + ".");
+      if (!known_section) return UnknownKey(where, name);
+      if (section.second.IsNull()) continue;
+      return absl::InvalidArgumentError(absl::StrCat(where, name, ": expected a mapping"));
+    }
+    for (const auto& kv : section.second) {
+      const std::string path = absl::StrCat(name, ".", kv.first.Scalar());
+      const std::string kwhere = absl::StrCat(file, ":", kv.first.Mark().line + 1, ": ");
+      const Key* key = FindKey(path);
+      if (key == nullptr) return UnknownKey(kwhere, path);
+      if (!kv.second.IsScalar() && !kv.second.IsNull()) {
+        return absl::InvalidArgumentError(absl::StrCat(kwhere, path, ": expected a scalar value"));
+      }
+      OOMB_RETURN_IF_ERROR(SetValue(*key, kv.second.IsNull() ? "" : kv.second.Scalar(), kwhere, config));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::map<std::string, std::string> ProcessEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
+  ServerConfig config;
+  if (!sources.file.empty()) OOMB_RETURN_IF_ERROR(LoadFile(sources.file, &config));
+  for (const auto& [name, value] : sources.env) {
+    absl::string_view rest = name;
+    if (!absl::ConsumePrefix(&rest, "OOMB_")) continue;
+    const size_t sep = rest.find("__");
+    if (sep == absl::string_view::npos) continue;  // OOMB_DATA_HOME, OOMB_ENDPOINT, ...: not config keys
+    const std::string path = absl::AsciiStrToLower(absl::StrCat(rest.substr(0, sep), ".", rest.substr(sep + 2)));
+    const std::string where = absl::StrCat("environment ", name, ": ");
+    const Key* key = FindKey(path);
+    if (key == nullptr) return UnknownKey(where, path);
+    OOMB_RETURN_IF_ERROR(SetValue(*key, value, where, &config));
+  }
+  for (const std::string& o : sources.overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--set ", o, ": expected section.key=value"));
+    }
+    const std::string where = absl::StrCat("--set ", o, ": ");
+    const Key* key = FindKey(o.substr(0, eq));
+    if (key == nullptr) return UnknownKey(where, o.substr(0, eq));
+    OOMB_RETURN_IF_ERROR(SetValue(*key, o.substr(eq + 1), where, &config));
+  }
+  if (config.data_dir.empty()) {
+    auto it = sources.env.find("OOMB_DATA_HOME");
+    if (it != sources.env.end() && !it->second.empty()) {
+      config.data_dir = it->second;
+    } else {
+      auto home = sources.env.find("HOME");
+      config.data_dir = absl::StrCat(home != sources.env.end() ? home->second : "", "/.local/share/oomb");
+    }
+  }
+  if (config.unix_socket && config.unix_socket_path.empty()) config.unix_socket_path = config.data_dir + "/oombd.sock";
+  if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls.cert_file and tls.key_file: set both or neither");
+  }
+  if (!config.tls_client_ca_file.empty() && config.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("tls.client_ca_file: needs tls.cert_file and tls.key_file");
+  }
+  if (config.listen.empty() && !config.unix_socket) {
+    return absl::InvalidArgumentError("server.listen: empty and no unix socket: nothing to listen on");
+  }
+  static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error"};
+  if (std::find(std::begin(kLevels), std::end(kLevels), config.log_level) == std::end(kLevels)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log.level: must be trace, debug, info, warn or error; got '", config.log_level, "'"));
+  }
+  return config;
+}
+
+std::string ServerConfigToYaml(const ServerConfig& config) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::string section;
+  for (const Key& k : Keys()) {
+    const std::string path = k.path;
+    const std::string sec = path.substr(0, path.find('.'));
+    if (sec != section) {
+      if (!section.empty()) out << YAML::EndMap;
+      out << YAML::Key << sec << YAML::Value << YAML::BeginMap;
+      section = sec;
+    }
+    out << YAML::Key << path.substr(path.find('.') + 1) << YAML::Value;
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(config.*member)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            const std::string& v = config.*member;
+            if (k.secret && !v.empty()) {
+              out << "<redacted>";
+            } else {
+              out << YAML::DoubleQuoted << v;
+            }
+          } else if constexpr (std::is_same_v<T, bool>) {
+            out << (config.*member ? "true" : "false");
+          } else {
+            out << config.*member;
+          }
+        },
+        k.member);
+  }
+  if (!section.empty()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace oomb::server

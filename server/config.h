@@ -1,0 +1,77 @@
+// oombd's configuration: embedded defaults < YAML file < environment (OOMB_SECTION__KEY) <
+// flags (CONVENTIONS.md §4). Unknown keys are errors at every level. Secrets come by file
+// path; the one inline secret (auth.token, for environments that inject secrets as variables)
+// is redacted when printed.
+//
+//   server:
+//     data_dir: ~/.local/share/oomb   # or $OOMB_DATA_HOME; the job store, checkpoints, port file
+//     listen: 127.0.0.1:7070          # TCP host:port; port 0 picks one (printed, and written to
+//                                     # <data_dir>/oombd.port); "" disables TCP
+//     unix_socket: false              # also listen on a Unix socket (mode 0600)
+//     unix_socket_path: ""            # default <data_dir>/oombd.sock
+//     metrics_listen: ""              # reserved for /metrics (not served yet)
+//     reflection: true                # gRPC reflection (off whenever auth is on)
+//     shutdown_grace_seconds: 60      # SIGTERM: time for running jobs to checkpoint
+//     keepalive_seconds: 60           # HTTP/2 pings that keep idle WatchJob streams alive
+//   auth:
+//     token_file: ""                  # bearer token required on every method but health
+//     token: ""                       # the token itself (secret; prefer token_file)
+//   tls:
+//     cert_file: ""                   # server certificate (PEM); with key_file enables TLS on `listen`
+//     key_file: ""
+//     client_ca_file: ""              # set: mTLS, clients must present a certificate from this CA
+//   scheduler:
+//     devices: auto                   # auto (every CUDA device, else cpu) or a list "cuda:0,cuda:1"
+//     hold: false                     # queue jobs but start none
+//   log:
+//     level: info                     # trace | debug | info | warn | error
+#ifndef OOMB_SERVER_CONFIG_H_
+#define OOMB_SERVER_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace oomb::server {
+
+struct ServerConfig {
+  std::string data_dir;  // filled from OOMB_DATA_HOME or ~/.local/share/oomb when unset
+  std::string listen = "127.0.0.1:7070";
+  bool unix_socket = false;
+  std::string unix_socket_path;
+  std::string metrics_listen;
+  bool reflection = true;
+  int64_t shutdown_grace_seconds = 60;
+  int64_t keepalive_seconds = 60;
+  std::string auth_token_file;
+  std::string auth_token;  // secret
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  std::string devices = "auto";
+  bool hold = false;
+  std::string log_level = "info";
+};
+
+struct ConfigSources {
+  std::string file;                        // YAML file; empty: none
+  std::map<std::string, std::string> env;  // the process environment (only OOMB_*__* is read)
+  std::vector<std::string> overrides;      // "section.key=value", applied last (flags)
+};
+
+// INVALID_ARGUMENT naming the source and key for unknown keys and bad values, e.g.
+// "config.yaml:3: server.lissten: unknown key" or "environment OOMB_SERVER__PORT: unknown key".
+absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources);
+
+// The effective configuration as YAML, secrets replaced by "<redacted>".
+std::string ServerConfigToYaml(const ServerConfig& config);
+
+// The process environment as a map.
+std::map<std::string, std::string> ProcessEnvironment();
+
+}  // namespace oomb::server
+
+#endif  // OOMB_SERVER_CONFIG_H_

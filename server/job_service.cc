@@ -1,0 +1,422 @@
+#include "server/job_service.h"
+
+#include <deque>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/grpc_status.h"
+#include "server/spec_convert.h"
+#include "worker/common/status.h"
+
+namespace oomb::server {
+namespace {
+
+constexpr int kDefaultPageSize = 50;
+constexpr int kMaxPageSize = 1000;
+constexpr int kDefaultEventPage = 500;
+constexpr int kMaxEventPage = 5000;
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  // Runs over `a` (the presented token) whatever `b` is; the length difference is folded in.
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const unsigned char bc = b.empty() ? 0 : static_cast<unsigned char>(b[i % b.size()]);
+    diff |= static_cast<unsigned char>(a[i]) ^ bc;
+  }
+  return diff == 0;
+}
+
+// Runs a unary handler body after authentication and finishes the reactor with its status.
+template <typename Fn>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::Status& auth, Fn&& body) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Status s = auth.ok() ? body() : auth;
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+// A stable fingerprint of a ListJobs filter, so a page token cannot be used with another one.
+uint64_t FilterHash(const v1::ListJobsRequest& req) {
+  std::string key;
+  for (int s : req.states()) absl::StrAppend(&key, s, ",");
+  std::map<std::string, std::string> labels(req.labels().begin(), req.labels().end());
+  for (const auto& [k, v] : labels) absl::StrAppend(&key, k, "=", v, ";");
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string EncodePageToken(int64_t position, uint64_t filter) {
+  return absl::WebSafeBase64Escape(absl::StrCat("v1:", position, ":", filter));
+}
+
+absl::StatusOr<int64_t> DecodePageToken(const std::string& token, uint64_t filter) {
+  std::string raw;
+  std::vector<std::string> parts;
+  if (absl::WebSafeBase64Unescape(token, &raw)) parts = absl::StrSplit(raw, ':');
+  int64_t position = 0;
+  uint64_t f = 0;
+  if (parts.size() != 3 || parts[0] != "v1" || !absl::SimpleAtoi(parts[1], &position) ||
+      !absl::SimpleAtoi(parts[2], &f) || position <= 0) {
+    return absl::InvalidArgumentError("page_token: not a token from a previous ListJobs response");
+  }
+  if (f != filter) return absl::InvalidArgumentError("page_token: was issued for a different filter");
+  return position;
+}
+
+// WatchJob: snapshot, replay from the store, then live events until the job is terminal.
+class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>, public WatchSubscriber {
+ public:
+  static constexpr size_t kMaxPending = 256;  // live events buffered before falling back to the store
+  static constexpr int kBatch = 256;          // events read from the store at a time
+
+  WatchReactor(JobStore* store, WatchHub* hub, Scheduler* scheduler, std::string job_id, int64_t after_sequence)
+      : store_(store), hub_(hub), job_id_(std::move(job_id)), last_sequence_(after_sequence) {
+    // Subscribe before reading, so no event committed after the snapshot is missed; duplicates
+    // are dropped by sequence number.
+    hub_->Subscribe(job_id_, this);
+    absl::StatusOr<v1::Job> job = store_->Get(job_id_);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!job.ok()) {
+        finish_status_ = ToGrpcStatus(job.status());
+      } else {
+        scheduler->FillQueuePosition(&*job);
+        v1::WatchJobResponse snap;
+        *snap.mutable_snapshot() = *job;
+        pending_.push_back(std::move(snap));
+        terminal_ = IsTerminal(job->state());
+        reread_ = true;  // replay what the store has after `after_sequence`
+      }
+    }
+    Pump();
+  }
+
+  void OnEvents(const std::vector<v1::JobEvent>& events) override {
+    {
+      absl::MutexLock lock(&mu_);
+      for (const v1::JobEvent& e : events) AcceptLocked(e);
+    }
+    Pump();
+  }
+
+  void OnShutdown() override {
+    {
+      absl::MutexLock lock(&mu_);
+      pending_.clear();
+      if (!finish_status_) {
+        finish_status_ = grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat("the server is shutting down; watch again with after_sequence=", last_sent_sequence_));
+      }
+    }
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (current_.has_event()) last_sent_sequence_ = current_.event().sequence();
+      if (!ok && !finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    }
+    Pump();
+  }
+
+  void OnDone() override {
+    hub_->Unsubscribe(job_id_, this);
+    delete this;
+  }
+
+ private:
+  // Takes the next event in sequence; a gap or a full buffer switches to re-reading the store.
+  void AcceptLocked(const v1::JobEvent& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finish_status_ || e.sequence() <= last_sequence_) return;
+    if (e.sequence() != last_sequence_ + 1 || pending_.size() >= kMaxPending || rereading_) {
+      reread_ = true;
+      return;
+    }
+    v1::WatchJobResponse r;
+    *r.mutable_event() = e;
+    pending_.push_back(std::move(r));
+    last_sequence_ = e.sequence();
+    if (e.type() == v1::JobEvent::STATE_CHANGED && IsTerminal(e.state())) terminal_ = true;
+  }
+
+  // Starts the next write, the finish, or a store re-read; gRPC operations run without mu_.
+  void Pump() {
+    for (;;) {
+      int64_t reread_after = -1;
+      std::optional<grpc::Status> finish;
+      {
+        absl::MutexLock lock(&mu_);
+        if (writing_ || finished_ || rereading_) return;
+        if (finish_status_) {
+          finished_ = true;
+          finish = *finish_status_;
+        } else if (!pending_.empty()) {
+          current_ = std::move(pending_.front());
+          pending_.pop_front();
+          writing_ = true;
+        } else if (reread_) {
+          reread_ = false;
+          rereading_ = true;
+          reread_after = last_sequence_;
+        } else if (terminal_) {
+          finished_ = true;
+          finish = grpc::Status::OK;
+        } else {
+          return;  // wait for events
+        }
+      }
+      if (finish) {
+        Finish(*finish);
+        return;
+      }
+      if (reread_after < 0) {
+        StartWrite(&current_);
+        return;
+      }
+      absl::StatusOr<std::vector<v1::JobEvent>> events = store_->ListEvents(job_id_, reread_after, kBatch);
+      absl::MutexLock lock(&mu_);
+      rereading_ = false;
+      if (!events.ok()) {
+        if (!finish_status_) finish_status_ = ToGrpcStatus(events.status());
+        continue;
+      }
+      for (const v1::JobEvent& e : *events) AcceptLocked(e);
+      if (static_cast<int>(events->size()) == kBatch) reread_ = true;
+    }
+  }
+
+  JobStore* const store_;
+  WatchHub* const hub_;
+  const std::string job_id_;
+
+  absl::Mutex mu_;
+  std::deque<v1::WatchJobResponse> pending_ ABSL_GUARDED_BY(mu_);
+  v1::WatchJobResponse current_;                // the message being written; owned by the write in flight
+  int64_t last_sequence_ ABSL_GUARDED_BY(mu_);  // last event queued
+  int64_t last_sent_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reread_ ABSL_GUARDED_BY(mu_) = false;
+  bool rereading_ ABSL_GUARDED_BY(mu_) = false;
+  bool terminal_ ABSL_GUARDED_BY(mu_) = false;  // the terminal state is queued
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> finish_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+bool ValidJobId(const std::string& id) {
+  if (id.empty() || id.size() > 63) return false;
+  for (size_t i = 0; i < id.size(); ++i) {
+    const char c = id[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || (c == '-' && i > 0);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* field) {
+  if (name.rfind("jobs/", 0) != 0 || !ValidJobId(name.substr(5))) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expected jobs/{job_id}, got '", name, "'"));
+  }
+  return name.substr(5);
+}
+
+JobServiceImpl::JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* hub, JobServiceOptions options)
+    : store_(store), scheduler_(scheduler), hub_(hub), options_(std::move(options)) {}
+
+absl::Status JobServiceImpl::CheckAuth(const grpc::CallbackServerContext* ctx) const {
+  if (options_.auth_token.empty()) return absl::OkStatus();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError("missing bearer token (send the metadata 'authorization: Bearer <token>')");
+  }
+  const absl::string_view value(it->second.data(), it->second.size());
+  constexpr absl::string_view kPrefix = "Bearer ";
+  if (value.size() < kPrefix.size() || value.substr(0, kPrefix.size()) != kPrefix ||
+      !ConstantTimeEquals(value.substr(kPrefix.size()), options_.auth_token)) {
+    return absl::UnauthenticatedError("invalid bearer token");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
+                                                    v1::Job* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    if (scheduler_->draining()) {
+      return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
+    }
+    if (!req->job_id().empty() && !ValidJobId(req->job_id())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job_id: must match [a-z0-9][a-z0-9-]{0,62}, got '", req->job_id(), "'"));
+    }
+    absl::StatusOr<JobSpec> spec = JobSpecFromProto(req->spec());
+    if (!spec.ok()) return Annotate(spec.status(), "spec");
+    OOMB_RETURN_IF_ERROR(Annotate(CheckJobFiles(*spec), "spec"));
+    OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
+    if (req->validate_only()) {
+      *resp->mutable_spec() = JobSpecToProto(*spec);
+      if (!req->job_id().empty()) resp->set_name(JobName(req->job_id()));
+      return absl::OkStatus();
+    }
+    bool created = false;
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(*spec, req->job_id(), req->request_id(), &created));
+    if (created) spdlog::info("created {}", resp->name());
+    scheduler_->FillQueuePosition(resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                                 v1::Job* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
+    OOMB_ASSIGN_OR_RETURN(*resp, store_->Get(id));
+    scheduler_->FillQueuePosition(resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
+                                                   v1::ListJobsResponse* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    if (req->page_size() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", req->page_size()));
+    }
+    ListQuery q;
+    q.page_size = req->page_size() == 0 ? kDefaultPageSize : std::min(req->page_size(), kMaxPageSize);
+    for (int s : req->states()) q.states.push_back(static_cast<v1::Job::State>(s));
+    q.labels = {req->labels().begin(), req->labels().end()};
+    const uint64_t filter = FilterHash(*req);
+    if (!req->page_token().empty()) {
+      OOMB_ASSIGN_OR_RETURN(q.before_position, DecodePageToken(req->page_token(), filter));
+    }
+    OOMB_ASSIGN_OR_RETURN(ListResult r, store_->List(q));
+    for (v1::Job& j : r.jobs) {
+      scheduler_->FillQueuePosition(&j);
+      *resp->add_jobs() = std::move(j);
+    }
+    if (r.next_position > 0) resp->set_next_page_token(EncodePageToken(r.next_position, filter));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
+                                                    v1::Job* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Cancel(id));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::PauseJob(grpc::CallbackServerContext* ctx, const v1::PauseJobRequest* req,
+                                                   v1::Job* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Pause(id));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* ctx, const v1::ResumeJobRequest* req,
+                                                    v1::Job* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Resume(id));
+    scheduler_->FillQueuePosition(resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* req,
+                                                    v1::DeleteJobResponse*) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
+    return scheduler_->Delete(id);
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(grpc::CallbackServerContext* ctx,
+                                                        const v1::ListJobEventsRequest* req,
+                                                        v1::ListJobEventsResponse* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
+    if (req->page_size() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", req->page_size()));
+    }
+    const int limit = req->page_size() == 0 ? kDefaultEventPage : std::min(req->page_size(), kMaxEventPage);
+    OOMB_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events, store_->ListEvents(id, req->after_sequence(), limit + 1));
+    resp->set_more(static_cast<int>(events.size()) > limit);
+    if (resp->more()) events.pop_back();
+    for (v1::JobEvent& e : events) *resp->add_events() = std::move(e);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerWriteReactor<v1::WatchJobResponse>* JobServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
+                                                                         const v1::WatchJobRequest* req) {
+  absl::Status s = CheckAuth(ctx);
+  absl::StatusOr<std::string> id = s.ok() ? ParseJobName(req->name()) : absl::StatusOr<std::string>(s);
+  if (!id.ok()) {
+    // A reactor that only finishes.
+    class Failed final : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
+     public:
+      explicit Failed(const grpc::Status& st) { Finish(st); }
+      void OnDone() override { delete this; }
+    };
+    return new Failed(ToGrpcStatus(id.status()));
+  }
+  return new WatchReactor(store_, hub_, scheduler_, *id, std::max<int64_t>(0, req->after_sequence()));
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerContext* ctx,
+                                                          const v1::ListCheckpointsRequest* req,
+                                                          v1::ListCheckpointsResponse* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
+    OOMB_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(id));
+    for (v1::Checkpoint& c : cps) *resp->add_checkpoints() = std::move(c);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContext* ctx,
+                                                      const v1::EstimateJobRequest* req, v1::EstimateJobResponse*) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    absl::StatusOr<JobSpec> spec = JobSpecFromProto(req->spec());
+    if (!spec.ok()) return Annotate(spec.status(), "spec");
+    // The memory planner (worker/train/planner.h) is not built into this server yet; the answer
+    // will come from it, never from guesses.
+    return absl::UnimplementedError(
+        "EstimateJob: the memory planner is not available in this build of oombd yet (the spec itself is valid)");
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                        const v1::GetServerInfoRequest*, v1::ServerInfo* resp) {
+  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+    *resp = options_.server_info;
+    resp->set_draining(scheduler_->draining());
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace oomb::server

@@ -1,0 +1,81 @@
+// The gRPC JobService (proto/oomb/v1/jobs.proto) on the callback API.
+//
+// Handlers are thin: authenticate, check and convert the request, call the Scheduler or the
+// JobStore, map the status with ToGrpcStatus(). Unary handlers finish inline (store calls are
+// short transactions). WatchJob streams through a reactor that takes live events from the
+// WatchHub into a bounded buffer and re-reads from the store when it falls behind, so a slow
+// client never blocks a training thread.
+//
+// Auth: with a non-empty `auth_token`, every method requires the metadata
+// `authorization: Bearer <token>` (compared in constant time; tokens are never logged), else
+// UNAUTHENTICATED. grpc.health.v1 is a separate service and stays open for probes.
+//
+// Thread-safety: the service is called concurrently by gRPC's threads; it holds no state of
+// its own beyond its collaborators, which are thread-safe.
+#ifndef OOMB_SERVER_JOB_SERVICE_H_
+#define OOMB_SERVER_JOB_SERVICE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "oomb/v1/jobs.grpc.pb.h"
+#include "server/scheduler.h"
+#include "server/store/job_store.h"
+#include "server/watch_hub.h"
+
+namespace oomb::server {
+
+struct JobServiceOptions {
+  std::string auth_token;  // empty: no authentication
+  // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
+  // filled per call.
+  v1::ServerInfo server_info;
+};
+
+class JobServiceImpl final : public v1::JobService::CallbackService {
+ public:
+  JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* hub, JobServiceOptions options);
+
+  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
+                                      v1::Job* resp) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                   v1::Job* resp) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
+                                      v1::Job* resp) override;
+  grpc::ServerUnaryReactor* PauseJob(grpc::CallbackServerContext* ctx, const v1::PauseJobRequest* req,
+                                     v1::Job* resp) override;
+  grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* ctx, const v1::ResumeJobRequest* req,
+                                      v1::Job* resp) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* req,
+                                      v1::DeleteJobResponse* resp) override;
+  grpc::ServerUnaryReactor* ListJobEvents(grpc::CallbackServerContext* ctx, const v1::ListJobEventsRequest* req,
+                                          v1::ListJobEventsResponse* resp) override;
+  grpc::ServerWriteReactor<v1::WatchJobResponse>* WatchJob(grpc::CallbackServerContext* ctx,
+                                                           const v1::WatchJobRequest* req) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
+                                            v1::ListCheckpointsResponse* resp) override;
+  grpc::ServerUnaryReactor* EstimateJob(grpc::CallbackServerContext* ctx, const v1::EstimateJobRequest* req,
+                                        v1::EstimateJobResponse* resp) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest* req,
+                                          v1::ServerInfo* resp) override;
+
+ private:
+  absl::Status CheckAuth(const grpc::CallbackServerContext* ctx) const;
+
+  JobStore* const store_;
+  Scheduler* const scheduler_;
+  WatchHub* const hub_;
+  const JobServiceOptions options_;
+};
+
+// "jobs/{id}" -> id; INVALID_ARGUMENT naming the field otherwise.
+absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* field = "name");
+
+// Job ids: [a-z0-9][a-z0-9-]{0,62}.
+bool ValidJobId(const std::string& id);
+
+}  // namespace oomb::server
+
+#endif  // OOMB_SERVER_JOB_SERVICE_H_

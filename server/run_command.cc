@@ -1,0 +1,149 @@
+// `oombd run JOB.yaml`: one job in the foreground, without the service, through the same
+// executor the daemon uses (worker/job/executor.h). Progress: a live line on a TTY (stderr),
+// plain lines otherwise; per-step metrics.jsonl and checkpoints in the checkpoint directory.
+// Ctrl-C pauses at the next chunk boundary with a checkpoint (`--resume` continues); a second
+// Ctrl-C cancels.
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+
+#include "server/commands.h"
+#include "worker/common/files.h"
+#include "worker/job/executor.h"
+#include "worker/job/job_spec.h"
+
+namespace oomb::server {
+namespace {
+
+std::atomic<int> g_interrupts{0};
+
+void OnSigint(int) { g_interrupts.fetch_add(1); }
+
+std::string Bytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", v, units[u]);
+}
+
+std::string Duration(double s) {
+  const int64_t t = static_cast<int64_t>(s);
+  return t >= 3600 ? fmt::format("{}h{:02}m", t / 3600, t / 60 % 60) : fmt::format("{}m{:02}s", t / 60, t % 60);
+}
+
+struct RunFlags {
+  std::string spec_path, checkpoint_dir, device;
+  std::vector<std::string> sets;
+  bool resume = false;
+};
+
+int RunMain(const RunFlags& f) {
+  auto text = ReadFile(f.spec_path);
+  if (!text.ok()) {
+    std::cerr << "oombd run: " << text.status().message() << "\n";
+    return 2;
+  }
+  auto spec = ParseJobSpecYaml(*text, f.spec_path);
+  if (!spec.ok()) {
+    std::cerr << "oombd run: " << spec.status().message() << "\n";
+    return 2;
+  }
+  for (const std::string& s : f.sets) {
+    if (absl::Status st = ApplyOverride(&*spec, s); !st.ok()) {
+      std::cerr << "oombd run: --set " << s << ": " << st.message() << "\n";
+      return 2;
+    }
+  }
+  if (absl::Status st = CheckJobFiles(*spec); !st.ok()) {
+    std::cerr << "oombd run: " << st.message() << "\n";
+    return 2;
+  }
+  RunOptions options;
+  options.checkpoint_dir = !f.checkpoint_dir.empty() ? f.checkpoint_dir
+                           : !spec->checkpoint.dir.empty()
+                               ? spec->checkpoint.dir
+                               : "oomb-run-" + (spec->display_name.empty() ? std::string("job") : spec->display_name);
+  options.checkpoint_dir = std::filesystem::absolute(options.checkpoint_dir).string();
+  options.device = f.device;
+  options.resume = f.resume;
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  options.on_step = [tty](const StepProgress& p) {
+    const std::string line =
+        fmt::format("step {}/{} loss {:.4f} lr {:.3g} {:.0f} tok/s mem {} eta {}{}", p.step, p.total_steps, p.loss,
+                    p.learning_rate, p.tokens_per_second, Bytes(p.peak_device_bytes), Duration(p.eta_seconds),
+                    p.eval_loss > 0 ? fmt::format(" eval {:.4f}", p.eval_loss) : "");
+    if (tty) {
+      const int width = 24;
+      const int filled = p.total_steps > 0 ? static_cast<int>(width * p.step / p.total_steps) : 0;
+      std::cerr << "\r\033[K[" << std::string(filled, '#') << std::string(width - filled, '-') << "] " << line
+                << std::flush;
+    } else {
+      std::cerr << line << "\n";
+    }
+  };
+  options.on_checkpoint = [tty](const CheckpointInfo& c) {
+    std::cerr << (tty ? "\r\033[K" : "") << "checkpoint: " << c.path << " (" << Bytes(c.bytes) << ")\n";
+  };
+  options.on_warning = [tty](const std::string& w) {
+    std::cerr << (tty ? "\r\033[K" : "") << "warning: " << w << "\n";
+  };
+  options.poll_stop = [] {
+    const int n = g_interrupts.load();
+    return n == 0 ? StopRequest::kNone : n == 1 ? StopRequest::kPause : StopRequest::kCancel;
+  };
+  std::signal(SIGINT, OnSigint);
+  std::cerr << "oombd run: " << f.spec_path << " -> " << options.checkpoint_dir << "\n";
+  auto result = RunJob(*spec, options);
+  if (tty) std::cerr << "\n";
+  if (!result.ok()) {
+    std::cerr << "oombd run: job failed: " << result.status().message() << "\n";
+    return 1;
+  }
+  switch (result->outcome) {
+    case RunOutcome::kPaused:
+      std::cerr << "oombd run: paused at " << result->final_checkpoint.path << "; continue with --resume\n";
+      return 130;
+    case RunOutcome::kCancelled:
+      std::cerr << "oombd run: cancelled\n";
+      return 130;
+    case RunOutcome::kSucceeded:
+      break;
+  }
+  const std::string& out = result->final_checkpoint.path;
+  std::cout << out << "\n";
+  std::cerr << "oombd run: done. Load it with transformers + PEFT:\n"
+            << "  from transformers import AutoModelForCausalLM\n  from peft import PeftModel\n"
+            << "  model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"" << spec->model.path
+            << "\"), \"" << out << "\")\n";
+  return 0;
+}
+
+}  // namespace
+
+void RegisterRunCommands(CLI::App& app) {
+  auto f = std::make_shared<RunFlags>();
+  auto* run = app.add_subcommand("run", "Run one job spec in the foreground (no daemon)")
+                  ->footer(
+                      "Examples:\n  oombd run job.yaml\n  oombd run job.yaml --set training.max_steps=5 "
+                      "--set memory.chunk_tokens=1024\n  oombd run job.yaml --checkpoint-dir out --resume");
+  run->add_option("spec", f->spec_path, "job spec (YAML, JOBSPEC.md)")->required();
+  run->add_option("--set", f->sets, "field=value override, e.g. training.max_steps=5 (repeatable)");
+  run->add_option("--checkpoint-dir", f->checkpoint_dir, "default: checkpoint.dir, else ./oomb-run-<display_name>");
+  run->add_option("--device", f->device, "cpu | cuda | cuda:N (default: resources.device)");
+  run->add_flag("--resume", f->resume, "continue from the newest valid checkpoint in the checkpoint directory");
+  run->callback([f] {
+    const int rc = RunMain(*f);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace oomb::server

@@ -1,0 +1,507 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/time_util.h"
+#include "server/spec_convert.h"
+#include "worker/common/status.h"
+
+namespace oomb::server {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+using State = v1::Job::State;
+
+v1::JobEvent StateEvent(State state, const std::string& message) {
+  v1::JobEvent e;
+  e.set_type(v1::JobEvent::STATE_CHANGED);
+  e.set_state(state);
+  e.set_message(message);
+  return e;
+}
+
+void SetState(v1::Job* job, State state, const std::string& message, std::vector<v1::JobEvent>* events) {
+  job->set_state(state);
+  if (IsTerminal(state)) *job->mutable_end_time() = TimeUtil::GetCurrentTime();
+  events->push_back(StateEvent(state, message));
+}
+
+absl::Status IllegalTransition(const v1::Job& job, const char* verb, const char* allowed) {
+  return absl::FailedPreconditionError(absl::StrCat("cannot ", verb, " ", job.name(), ": it is ",
+                                                    v1::Job::State_Name(job.state()), " (allowed from ", allowed, ")"));
+}
+
+// "[NAN_LOSS] loss is nan at step 7" -> reason "NAN_LOSS".
+std::string ReasonOf(const absl::Status& s) {
+  const absl::string_view m = s.message();
+  if (absl::StartsWith(m, "[")) {
+    const size_t end = m.find(']');
+    if (end != absl::string_view::npos) return std::string(m.substr(1, end - 1));
+  }
+  return "";
+}
+
+bool Retryable(const absl::Status& s) {
+  if (ReasonOf(s) == "NAN_LOSS") return false;
+  switch (s.code()) {
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kDeadlineExceeded:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void FillProgress(const StepProgress& p, v1::Progress* out) {
+  out->set_step(p.step);
+  out->set_total_steps(p.total_steps);
+  out->set_tokens(p.tokens);
+  out->set_loss(p.loss);
+  out->set_learning_rate(p.learning_rate);
+  out->set_tokens_per_second(p.tokens_per_second);
+  out->set_eta_seconds(p.eta_seconds);
+  out->set_gpu_memory_bytes(p.peak_device_bytes);
+  out->set_host_memory_bytes(p.host_kv_bytes);
+  out->set_pcie_h2d_bytes(p.pcie_h2d_bytes);
+  out->set_pcie_d2h_bytes(p.pcie_d2h_bytes);
+  out->set_step_seconds(p.step_seconds);
+  if (p.eval_loss > 0) out->set_eval_loss(p.eval_loss);
+}
+
+}  // namespace
+
+bool IsTerminal(v1::Job::State state) {
+  return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
+}
+
+Scheduler::Scheduler(JobStore* store, WatchHub* hub, SchedulerOptions options)
+    : store_(store), hub_(hub), options_(std::move(options)) {}
+
+Scheduler::~Scheduler() { Drain(absl::InfiniteDuration()); }
+
+absl::Status Scheduler::Start() {
+  if (options_.devices.empty()) return absl::InvalidArgumentError("scheduler: no devices to run jobs on");
+  // Recover what the previous process left behind.
+  OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> stale,
+                        store_->ListByState({v1::Job::RUNNING, v1::Job::PAUSING, v1::Job::CANCELLING,
+                                             v1::Job::RECOVERING, v1::Job::VALIDATING}));
+  for (const v1::Job& job : stale) {
+    const std::string id = job.name().substr(5);
+    absl::StatusOr<UpdateResult> r = store_->Update(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+      switch (j->state()) {
+        case v1::Job::RUNNING:
+          SetState(j, v1::Job::RECOVERING, "the server stopped while the job ran", events);
+          SetState(j, v1::Job::QUEUED, "queued to resume from its last checkpoint", events);
+          break;
+        case v1::Job::RECOVERING:
+        case v1::Job::VALIDATING:
+          SetState(j, v1::Job::QUEUED, "queued again after a server restart", events);
+          break;
+        case v1::Job::PAUSING:
+          SetState(j, v1::Job::PAUSED, "paused (the server stopped while pausing)", events);
+          break;
+        case v1::Job::CANCELLING:
+          SetState(j, v1::Job::CANCELLED, "cancelled (the server stopped while cancelling)", events);
+          break;
+        default:
+          break;
+      }
+      return absl::OkStatus();
+    });
+    if (!r.ok()) return r.status();
+    spdlog::info("recovered {}: now {}", job.name(), v1::Job::State_Name(r->job.state()));
+  }
+  OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> queued, store_->ListByState({v1::Job::QUEUED}));
+  {
+    absl::MutexLock lock(&mu_);
+    for (const v1::Job& job : queued) EnqueueLocked(job);
+    active_threads_ = options_.hold ? 0 : static_cast<int>(options_.devices.size());
+  }
+  if (options_.hold) spdlog::warn("scheduler: hold is set; jobs are queued but none is started");
+  for (const std::string& device : options_.devices) {
+    if (options_.hold) break;
+    threads_.emplace_back([this, device] { WorkerLoop(device); });
+  }
+  return absl::OkStatus();
+}
+
+bool Scheduler::Eligible(const std::string& requested, const std::string& device) const {
+  if (requested == "auto" || requested.empty() || requested == device) return true;
+  return requested == "cuda" && absl::StartsWith(device, "cuda");
+}
+
+absl::Status Scheduler::CheckPlacement(const JobSpec& spec) const {
+  if (spec.resources.gpus != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.gpus: this server runs a job on one device; got ", spec.resources.gpus));
+  }
+  for (const std::string& d : options_.devices) {
+    if (Eligible(spec.resources.device, d)) return absl::OkStatus();
+  }
+  std::string devices;
+  for (const std::string& d : options_.devices) absl::StrAppend(&devices, devices.empty() ? "" : ", ", d);
+  return absl::InvalidArgumentError(absl::StrCat("resources.device: '", spec.resources.device,
+                                                 "' is not available on this server (devices: ", devices, ")"));
+}
+
+std::string Scheduler::CheckpointDir(const std::string& id, const JobSpec& spec) const {
+  if (!spec.checkpoint.dir.empty()) return spec.checkpoint.dir;
+  return absl::StrCat(options_.data_dir, "/jobs/", id, "/checkpoints");
+}
+
+absl::StatusOr<v1::Job> Scheduler::TransitionLocked(const std::string& id, const JobMutation& mutate) {
+  OOMB_ASSIGN_OR_RETURN(UpdateResult r, store_->Update(id, mutate));
+  hub_->Publish(id, r.events);
+  cv_.SignalAll();
+  return r.job;
+}
+
+absl::StatusOr<v1::Job> Scheduler::Append(const std::string& id, const JobMutation& mutate) {
+  OOMB_ASSIGN_OR_RETURN(UpdateResult r, store_->Update(id, mutate));
+  hub_->Publish(id, r.events);
+  return r.job;
+}
+
+void Scheduler::EnqueueLocked(const v1::Job& job) {
+  queue_.push_back(Queued{.id = job.name().substr(5),
+                          .priority = job.spec().resources().priority(),
+                          .order = next_order_++,
+                          .device = job.spec().resources().device()});
+  cv_.SignalAll();
+}
+
+void Scheduler::RemoveQueuedLocked(const std::string& id) {
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.id == id; }), queue_.end());
+}
+
+absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
+                                          bool* created) {
+  if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
+  OOMB_RETURN_IF_ERROR(CheckPlacement(spec));
+  absl::MutexLock lock(&mu_);
+  for (int attempt = 0;; ++attempt) {
+    std::string id = job_id;
+    if (id.empty()) {
+      static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+      static std::mt19937_64 rng{std::random_device{}()};
+      id = "job-";
+      for (int i = 0; i < 10; ++i) id += kAlphabet[rng() % 36];
+    }
+    v1::Job job;
+    job.set_name(JobName(id));
+    *job.mutable_spec() = JobSpecToProto(spec);
+    job.set_state(v1::Job::QUEUED);
+    *job.mutable_create_time() = TimeUtil::GetCurrentTime();
+    job.mutable_labels()->insert(spec.labels.begin(), spec.labels.end());
+    job.set_priority(spec.resources.priority);
+    job.set_checkpoint_dir(CheckpointDir(id, spec));
+    job.mutable_progress()->set_total_steps(spec.training.max_steps);
+    absl::StatusOr<CreateResult> r = store_->Create(job, request_id, {StateEvent(v1::Job::QUEUED, "queued")});
+    if (!r.ok() && r.status().code() == absl::StatusCode::kAlreadyExists && job_id.empty() && attempt < 5) continue;
+    if (!r.ok()) return r.status();
+    if (created != nullptr) *created = r->created;
+    if (r->created) EnqueueLocked(r->job);
+    v1::Job out = r->job;
+    return out;
+  }
+}
+
+absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                          switch (j->state()) {
+                            case v1::Job::QUEUED:
+                            case v1::Job::PAUSED:
+                            case v1::Job::RECOVERING:
+                            case v1::Job::VALIDATING:
+                              SetState(j, v1::Job::CANCELLED, "cancelled", events);
+                              return absl::OkStatus();
+                            case v1::Job::RUNNING:
+                            case v1::Job::PAUSING:
+                              SetState(j, v1::Job::CANCELLING, "cancelling at the next chunk boundary", events);
+                              return absl::OkStatus();
+                            case v1::Job::CANCELLING:
+                              return absl::OkStatus();  // already on its way
+                            default:
+                              return IllegalTransition(*j, "cancel", "QUEUED, RUNNING, PAUSING, PAUSED, RECOVERING");
+                          }
+                        }));
+  if (job.state() == v1::Job::CANCELLED) RemoveQueuedLocked(id);
+  if (auto it = running_.find(id); it != running_.end()) it->second.stop->store(kStopCancel);
+  return job;
+}
+
+absl::StatusOr<v1::Job> Scheduler::Pause(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                          switch (j->state()) {
+                            case v1::Job::QUEUED:
+                              SetState(j, v1::Job::PAUSED, "paused", events);
+                              return absl::OkStatus();
+                            case v1::Job::RUNNING:
+                              SetState(j, v1::Job::PAUSING, "pausing: checkpoint at the next chunk boundary", events);
+                              return absl::OkStatus();
+                            default:
+                              return IllegalTransition(*j, "pause", "QUEUED, RUNNING");
+                          }
+                        }));
+  if (job.state() == v1::Job::PAUSED) RemoveQueuedLocked(id);
+  if (auto it = running_.find(id); it != running_.end()) {
+    int expected = kNoStop;
+    it->second.stop->compare_exchange_strong(expected, kStopPause);
+    it->second.drain_pause = false;
+  }
+  return job;
+}
+
+absl::StatusOr<v1::Job> Scheduler::Resume(const std::string& id) {
+  if (draining_) return absl::UnavailableError("the server is shutting down; resume the job after it restarts");
+  absl::MutexLock lock(&mu_);
+  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                          if (j->state() != v1::Job::PAUSED) return IllegalTransition(*j, "resume", "PAUSED");
+                          SetState(j, v1::Job::QUEUED, "resumed: queued to continue from its last checkpoint", events);
+                          return absl::OkStatus();
+                        }));
+  EnqueueLocked(job);
+  return job;
+}
+
+absl::Status Scheduler::Delete(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  return store_->Delete(id, [](const v1::Job& j) {
+    if (!IsTerminal(j.state())) return IllegalTransition(j, "delete", "SUCCEEDED, FAILED, CANCELLED");
+    return absl::OkStatus();
+  });
+}
+
+void Scheduler::FillQueuePosition(v1::Job* job) {
+  job->set_queue_position(0);
+  if (job->state() != v1::Job::QUEUED) return;
+  absl::MutexLock lock(&mu_);
+  std::vector<const Queued*> order;
+  for (const Queued& q : queue_) order.push_back(&q);
+  std::sort(order.begin(), order.end(), [](const Queued* a, const Queued* b) {
+    return a->priority != b->priority ? a->priority > b->priority : a->order < b->order;
+  });
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (JobName(order[i]->id) == job->name()) job->set_queue_position(static_cast<int32_t>(i + 1));
+  }
+}
+
+void Scheduler::WorkerLoop(const std::string& device) {
+  for (;;) {
+    v1::Job job;
+    auto stop = std::make_shared<std::atomic<int>>(kNoStop);
+    {
+      absl::MutexLock lock(&mu_);
+      const Queued* best = nullptr;
+      for (;;) {
+        if (stopping_ || draining_) {
+          --active_threads_;
+          cv_.SignalAll();
+          return;
+        }
+        best = nullptr;
+        for (const Queued& q : queue_) {
+          if (!Eligible(q.device, device)) continue;
+          if (best == nullptr || q.priority > best->priority ||
+              (q.priority == best->priority && q.order < best->order)) {
+            best = &q;
+          }
+        }
+        if (best != nullptr) break;
+        cv_.Wait(&mu_);
+      }
+      const std::string id = best->id;
+      RemoveQueuedLocked(id);
+      absl::StatusOr<v1::Job> claimed = TransitionLocked(id, [&device](v1::Job* j, std::vector<v1::JobEvent>* events) {
+        if (j->state() != v1::Job::QUEUED) return IllegalTransition(*j, "start", "QUEUED");
+        j->set_attempt(j->attempt() + 1);
+        if (!j->has_start_time()) *j->mutable_start_time() = TimeUtil::GetCurrentTime();
+        j->clear_error();
+        SetState(j, v1::Job::RUNNING, absl::StrCat("running on ", device, " (attempt ", j->attempt(), ")"), events);
+        return absl::OkStatus();
+      });
+      if (!claimed.ok()) {
+        spdlog::warn("{}: cannot start job {}: {}", device, id, claimed.status().ToString());
+        continue;
+      }
+      job = *std::move(claimed);
+      running_[id] = Running{.device = device, .stop = stop, .drain_pause = false};
+    }
+    RunOne(job, device, stop);
+  }
+}
+
+void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::shared_ptr<std::atomic<int>> stop) {
+  const std::string id = job.name().substr(5);
+  absl::StatusOr<RunResult> result;
+  bool timed_out = false;
+  absl::StatusOr<JobSpec> spec = JobSpecFromProto(job.spec());
+  if (!spec.ok()) {
+    result = spec.status();
+  } else {
+    RunOptions o;
+    o.checkpoint_dir = job.checkpoint_dir();
+    o.device = device;
+    absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
+    o.resume = checkpoints.ok() && !checkpoints->empty();
+    o.on_step = [this, &id](const StepProgress& p) {
+      absl::StatusOr<v1::Job> r = Append(id, [&p](v1::Job* j, std::vector<v1::JobEvent>* events) {
+        FillProgress(p, j->mutable_progress());
+        v1::JobEvent e;
+        e.set_type(v1::JobEvent::STEP);
+        *e.mutable_progress() = j->progress();
+        events->push_back(std::move(e));
+        return absl::OkStatus();
+      });
+      if (!r.ok()) spdlog::error("{}: recording step {}: {}", id, p.step, r.status().ToString());
+    };
+    o.on_checkpoint = [this, &id](const CheckpointInfo& c) {
+      absl::StatusOr<v1::Job> r = Append(id, [&c](v1::Job*, std::vector<v1::JobEvent>* events) {
+        v1::JobEvent e;
+        e.set_type(v1::JobEvent::CHECKPOINT_SAVED);
+        e.mutable_checkpoint()->set_step(c.step);
+        e.mutable_checkpoint()->set_path(c.path);
+        e.mutable_checkpoint()->set_bytes(c.bytes);
+        e.mutable_checkpoint()->set_final(c.final);
+        e.set_message(absl::StrCat("checkpoint at step ", c.step, ": ", c.path));
+        events->push_back(std::move(e));
+        return absl::OkStatus();
+      });
+      if (!r.ok()) spdlog::error("{}: recording checkpoint {}: {}", id, c.path, r.status().ToString());
+    };
+    o.on_warning = [this, &id](const std::string& message) {
+      absl::StatusOr<v1::Job> r = Append(id, [&message](v1::Job*, std::vector<v1::JobEvent>* events) {
+        v1::JobEvent e;
+        e.set_type(v1::JobEvent::WARNING);
+        e.set_message(message);
+        events->push_back(std::move(e));
+        return absl::OkStatus();
+      });
+      if (!r.ok()) spdlog::error("{}: recording a warning: {}", id, r.status().ToString());
+    };
+    const auto started = std::chrono::steady_clock::now();
+    const int64_t max_runtime = spec->resources.max_runtime_seconds;
+    o.poll_stop = [stop, started, max_runtime, &timed_out]() {
+      const int f = stop->load();
+      if (f == kStopCancel) return StopRequest::kCancel;
+      if (f == kStopPause) return StopRequest::kPause;
+      if (max_runtime > 0 && std::chrono::steady_clock::now() - started > std::chrono::seconds(max_runtime)) {
+        timed_out = true;
+        return StopRequest::kCancel;
+      }
+      return StopRequest::kNone;
+    };
+    spdlog::info("{}: running on {} (resume={})", job.name(), device, o.resume);
+    try {
+      result = options_.runner(*spec, o);
+    } catch (const std::exception& e) {  // the runner's contract is not to throw; be safe anyway
+      result = absl::InternalError(absl::StrCat("the trainer threw: ", e.what()));
+    }
+  }
+
+  absl::MutexLock lock(&mu_);
+  bool drain_pause = false;
+  if (auto it = running_.find(id); it != running_.end()) {
+    drain_pause = it->second.drain_pause;
+    running_.erase(it);
+  }
+  bool requeue = false;
+  const int max_retries = job.spec().resources().max_retries();
+  absl::StatusOr<v1::Job> done = TransitionLocked(id, [&](v1::Job* j, std::vector<v1::JobEvent>* events) {
+    if (result.ok()) {
+      switch (result->outcome) {
+        case RunOutcome::kSucceeded:
+          SetState(j, v1::Job::SUCCEEDED, "succeeded", events);
+          break;
+        case RunOutcome::kCancelled:
+          if (timed_out) {
+            j->mutable_error()->set_code("DEADLINE_EXCEEDED");
+            j->mutable_error()->set_reason("MAX_RUNTIME");
+            j->mutable_error()->set_message(absl::StrCat("the job ran longer than resources.max_runtime_seconds (",
+                                                         j->spec().resources().max_runtime_seconds(), " s)"));
+            SetState(j, v1::Job::FAILED, j->error().message(), events);
+            *events->back().mutable_error() = j->error();
+          } else {
+            SetState(j, v1::Job::CANCELLED, "cancelled", events);
+          }
+          break;
+        case RunOutcome::kPaused:
+          if (drain_pause && j->state() != v1::Job::PAUSING) {
+            SetState(j, v1::Job::QUEUED, "stopped for a server shutdown; resumes from its checkpoint on restart",
+                     events);
+          } else {
+            SetState(j, v1::Job::PAUSED, "paused", events);
+          }
+          break;
+      }
+      return absl::OkStatus();
+    }
+    const absl::Status& s = result.status();
+    if (Retryable(s) && j->retries() < max_retries && j->state() == v1::Job::RUNNING) {
+      j->set_retries(j->retries() + 1);
+      v1::JobEvent w;
+      w.set_type(v1::JobEvent::WARNING);
+      w.set_message(absl::StrCat("attempt ", j->attempt(), " failed: ", s.ToString(), "; retrying (retry ",
+                                 j->retries(), " of ", max_retries, ")"));
+      events->push_back(std::move(w));
+      SetState(j, v1::Job::QUEUED, "queued for a retry from its last checkpoint", events);
+      requeue = !draining_;
+      return absl::OkStatus();
+    }
+    j->mutable_error()->set_code(absl::StatusCodeToString(s.code()));
+    j->mutable_error()->set_reason(ReasonOf(s));
+    j->mutable_error()->set_message(std::string(s.message()));
+    SetState(j, v1::Job::FAILED, std::string(s.message()), events);
+    *events->back().mutable_error() = j->error();
+    return absl::OkStatus();
+  });
+  if (!done.ok()) {
+    spdlog::error("{}: recording the end of the run: {}", job.name(), done.status().ToString());
+    return;
+  }
+  spdlog::info("{}: {}", job.name(), v1::Job::State_Name(done->state()));
+  if (requeue) EnqueueLocked(*done);
+}
+
+bool Scheduler::Drain(absl::Duration timeout) {
+  draining_ = true;
+  bool all_stopped = true;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, r] : running_) {
+      int expected = kNoStop;
+      if (r.stop->compare_exchange_strong(expected, kStopPause)) r.drain_pause = true;
+    }
+    cv_.SignalAll();
+    const absl::Time deadline = absl::Now() + timeout;
+    while (active_threads_ > 0) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    all_stopped = active_threads_ == 0;
+  }
+  for (std::thread& t : threads_) {
+    if (!t.joinable()) continue;
+    if (all_stopped) {
+      t.join();
+    } else {
+      t.detach();
+    }
+  }
+  threads_.clear();
+  return all_stopped;
+}
+
+}  // namespace oomb::server

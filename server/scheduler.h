@@ -1,0 +1,139 @@
+// The scheduler: the job state machine, a priority queue, and one worker thread per device
+// running one job at a time through an injected runner (production: oomb::RunJob from
+// worker/job/executor.h).
+//
+// States and transitions (every one an event, durable in the JobStore before it is returned or
+// published):
+//
+//   Submit            -> QUEUED
+//   QUEUED            -> RUNNING      a device thread claims the job (attempt + 1)
+//   RUNNING           -> SUCCEEDED | FAILED | CANCELLED | PAUSED   the runner's outcome
+//   RUNNING (error)   -> QUEUED       retry while retries < resources.max_retries and the error
+//                                     is transient (INTERNAL, UNKNOWN, UNAVAILABLE, ABORTED,
+//                                     DATA_LOSS, DEADLINE_EXCEEDED; not "[NAN_LOSS]")
+//   Cancel: QUEUED | PAUSED | RECOVERING -> CANCELLED;  RUNNING | PAUSING -> CANCELLING
+//   Pause:  QUEUED -> PAUSED;  RUNNING -> PAUSING (checkpoint, then PAUSED)
+//   Resume: PAUSED -> QUEUED (the run resumes from the newest checkpoint)
+//   Delete: SUCCEEDED | FAILED | CANCELLED only
+//   Anything else is FAILED_PRECONDITION naming the state.
+//
+// Runs resume (RunOptions::resume) whenever the job has a recorded checkpoint. On Start(), jobs
+// the previous process left RUNNING go RECOVERING -> QUEUED, PAUSING -> PAUSED, CANCELLING ->
+// CANCELLED. Drain() (SIGTERM) asks running jobs to checkpoint and stop (kPause) and leaves
+// them QUEUED, so they resume when the daemon restarts.
+//
+// Thread-safety: every public method may be called from any thread. State transitions are
+// serialised by one mutex; progress events (steps, checkpoints, warnings) are not.
+#ifndef OOMB_SERVER_SCHEDULER_H_
+#define OOMB_SERVER_SCHEDULER_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "oomb/v1/jobs.pb.h"
+#include "server/store/job_store.h"
+#include "server/watch_hub.h"
+#include "worker/job/executor.h"
+#include "worker/job/job_spec.h"
+
+namespace oomb::server {
+
+using JobRunner = std::function<absl::StatusOr<RunResult>(const JobSpec&, const RunOptions&)>;
+
+struct SchedulerOptions {
+  // Checkpoints of jobs without checkpoint.dir go to <data_dir>/jobs/<id>/checkpoints.
+  std::string data_dir;
+  // One worker thread per entry: "cpu" or "cuda:N". Must not be empty.
+  std::vector<std::string> devices;
+  JobRunner runner;
+  // Accept and queue jobs but start none (maintenance, tests of the queue).
+  bool hold = false;
+};
+
+class Scheduler {
+ public:
+  Scheduler(JobStore* store, WatchHub* hub, SchedulerOptions options);
+  ~Scheduler();  // Drain(absl::ZeroDuration()) if still running
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Recovers the previous process's jobs, rebuilds the queue, starts the device threads.
+  absl::Status Start();
+
+  // INVALID_ARGUMENT when no device of this server can run `spec` (resources.device, gpus).
+  absl::Status CheckPlacement(const JobSpec& spec) const;
+
+  // Stores and queues a validated spec. `job_id` empty: one is generated. See
+  // JobStore::Create for `request_id`; `created` tells whether this call created the job.
+  // UNAVAILABLE while draining.
+  absl::StatusOr<v1::Job> Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
+                                 bool* created = nullptr);
+
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  absl::StatusOr<v1::Job> Pause(const std::string& job_id);
+  absl::StatusOr<v1::Job> Resume(const std::string& job_id);  // UNAVAILABLE while draining
+  absl::Status Delete(const std::string& job_id);
+
+  // Sets queue_position (1-based while QUEUED, else 0).
+  void FillQueuePosition(v1::Job* job);
+
+  // Stops taking jobs, asks running jobs to checkpoint and stop, waits up to `timeout` for them
+  // (the threads of jobs still running then are detached; their jobs recover on restart).
+  // Returns whether every device thread stopped in time.
+  bool Drain(absl::Duration timeout);
+  bool draining() const { return draining_.load(); }
+
+ private:
+  struct Queued {
+    std::string id;
+    int priority = 0;
+    int64_t order = 0;   // enqueue order within a priority
+    std::string device;  // the spec's resources.device
+  };
+  enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2 };
+  struct Running {
+    std::string device;
+    std::shared_ptr<std::atomic<int>> stop;
+    bool drain_pause = false;  // the pause was the daemon's (drain), not the user's
+  };
+
+  bool Eligible(const std::string& requested, const std::string& device) const;
+  void EnqueueLocked(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveQueuedLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Job> TransitionLocked(const std::string& id, const JobMutation& mutate)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Job> Append(const std::string& id, const JobMutation& mutate);
+  void WorkerLoop(const std::string& device);
+  void RunOne(const v1::Job& job, const std::string& device, std::shared_ptr<std::atomic<int>> stop);
+  std::string CheckpointDir(const std::string& id, const JobSpec& spec) const;
+
+  JobStore* const store_;
+  WatchHub* const hub_;
+  const SchedulerOptions options_;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // queue, running set or stopping_ changed
+  std::vector<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> draining_{false};
+  std::vector<std::thread> threads_;
+  int active_threads_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Whether `state` is SUCCEEDED, FAILED or CANCELLED.
+bool IsTerminal(v1::Job::State state);
+
+}  // namespace oomb::server
+
+#endif  // OOMB_SERVER_SCHEDULER_H_

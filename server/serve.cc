@@ -1,0 +1,169 @@
+#include "server/serve.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#ifdef OOMB_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/util/time_util.h"
+#include "server/job_service.h"
+#include "server/store/job_store.h"
+#include "server/watch_hub.h"
+#include "worker/common/files.h"
+#include "worker/common/status.h"
+
+namespace oomb::server {
+namespace {
+
+void Notify(const char* state) {
+#ifdef OOMB_HAVE_SYSTEMD
+  sd_notify(0, state);
+#else
+  (void)state;
+#endif
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* field) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", text.status().message()));
+  return std::string(absl::StripAsciiWhitespace(*text));
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "oombd: " << s.message() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int Serve(const ServerConfig& config, const ServeEnvironment& env) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("oombd"));  // logs on stderr, never stdout
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  // Signals are taken by sigwait() below: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (absl::Status s = MakeDirs(config.data_dir, 0700); !s.ok()) return Fail(s);
+  std::string token = config.auth_token;
+  if (!config.auth_token_file.empty()) {
+    absl::StatusOr<std::string> t = ReadSecretFile(config.auth_token_file, "auth.token_file");
+    if (!t.ok()) return Fail(t.status());
+    token = *t;
+    if (token.empty()) return Fail(absl::InvalidArgumentError("auth.token_file: the file is empty"));
+  }
+
+  absl::StatusOr<std::unique_ptr<JobStore>> store = OpenSqliteJobStore(config.data_dir + "/oombd.db");
+  if (!store.ok()) return Fail(store.status());
+
+  SchedulerOptions sopts;
+  sopts.data_dir = config.data_dir;
+  if (config.devices == "auto") {
+    sopts.devices = env.devices;
+  } else {
+    for (absl::string_view d : absl::StrSplit(config.devices, ',', absl::SkipWhitespace())) {
+      sopts.devices.emplace_back(absl::StripAsciiWhitespace(d));
+    }
+  }
+  sopts.runner = env.runner;
+  sopts.hold = config.hold;
+  WatchHub hub;
+  Scheduler scheduler(store->get(), &hub, sopts);
+  if (absl::Status s = scheduler.Start(); !s.ok()) return Fail(s);
+
+  JobServiceOptions jopts;
+  jopts.auth_token = token;
+  jopts.server_info = env.server_info;
+  *jopts.server_info.mutable_start_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  JobServiceImpl service(store->get(), &scheduler, &hub, jopts);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  if (config.reflection && token.empty()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  std::shared_ptr<grpc::ServerCredentials> tcp_creds = grpc::InsecureServerCredentials();
+  if (!config.tls_cert_file.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    absl::StatusOr<std::string> cert = ReadFile(config.tls_cert_file);
+    absl::StatusOr<std::string> key = ReadFile(config.tls_key_file);
+    if (!cert.ok()) return Fail(Annotate(cert.status(), "tls.cert_file"));
+    if (!key.ok()) return Fail(Annotate(key.status(), "tls.key_file"));
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (!config.tls_client_ca_file.empty()) {
+      absl::StatusOr<std::string> ca = ReadFile(config.tls_client_ca_file);
+      if (!ca.ok()) return Fail(Annotate(ca.status(), "tls.client_ca_file"));
+      ssl.pem_root_certs = *ca;
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    tcp_creds = grpc::SslServerCredentials(ssl);
+  }
+  int port = 0;
+  if (!config.listen.empty()) builder.AddListeningPort(config.listen, tcp_creds, &port);
+  if (config.unix_socket) {
+    ::unlink(config.unix_socket_path.c_str());  // a stale socket from a crash
+    builder.AddListeningPort("unix:" + config.unix_socket_path, grpc::InsecureServerCredentials());
+  }
+  // Hours-long WatchJob streams: ping idle connections so load balancers keep them, and
+  // accept clients' pings at that rate.
+  const int keepalive_ms = static_cast<int>(config.keepalive_seconds * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.RegisterService(&service);
+  const mode_t old_umask = ::umask(0177);  // the Unix socket is created 0600
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ::umask(old_umask);
+  if (server == nullptr || (!config.listen.empty() && port == 0)) {
+    scheduler.Drain(absl::ZeroDuration());
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen.empty() ? "" : config.listen,
+                                                    config.unix_socket ? " " + config.unix_socket_path : "")));
+  }
+  if (config.unix_socket) ::chmod(config.unix_socket_path.c_str(), 0600);
+  const std::string port_file = config.data_dir + "/oombd.port";
+  if (!config.listen.empty()) {
+    const std::string host = config.listen.substr(0, config.listen.rfind(':'));
+    std::cerr << "oombd: listening on " << host << ":" << port << std::endl;
+    if (absl::Status s = WriteFileAtomic(port_file, absl::StrCat(port, "\n")); !s.ok()) return Fail(s);
+  }
+  if (config.unix_socket) std::cerr << "oombd: listening on unix:" << config.unix_socket_path << std::endl;
+  server->GetHealthCheckService()->SetServingStatus(true);
+  Notify("READY=1");
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  Notify("STOPPING=1");
+  server->GetHealthCheckService()->SetServingStatus(false);
+  const bool stopped = scheduler.Drain(absl::Seconds(config.shutdown_grace_seconds));
+  if (!stopped) spdlog::warn("jobs still running after {} s; they resume on restart", config.shutdown_grace_seconds);
+  hub.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ::unlink(port_file.c_str());
+  if (config.unix_socket) ::unlink(config.unix_socket_path.c_str());
+  std::cerr << "oombd: stopped" << std::endl;
+  if (!stopped) {
+    std::fflush(nullptr);
+    std::_Exit(0);  // detached device threads still run: skip static destructors
+  }
+  return 0;
+}
+
+}  // namespace oomb::server

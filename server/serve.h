@@ -1,0 +1,35 @@
+// `oombd serve`: opens the store, recovers jobs, starts the scheduler and the gRPC server, and
+// runs until SIGTERM or SIGINT, then shuts down in order (CONVENTIONS.md §2):
+//   1. health NOT_SERVING, new work refused with UNAVAILABLE;
+//   2. running jobs asked to checkpoint and stop (they resume when the daemon restarts), for at
+//      most server.shutdown_grace_seconds;
+//   3. WatchJob streams finished (UNAVAILABLE, with the sequence to resume from);
+//   4. grpc::Server::Shutdown(deadline).
+// Readiness: after the store is recovered and every port is bound, prints
+// "oombd: listening on HOST:PORT" on stderr, writes the port to <data_dir>/oombd.port and sends
+// sd_notify READY=1 when NOTIFY_SOCKET is set.
+#ifndef OOMB_SERVER_SERVE_H_
+#define OOMB_SERVER_SERVE_H_
+
+#include <string>
+#include <vector>
+
+#include "oomb/v1/jobs.pb.h"
+#include "server/config.h"
+#include "server/scheduler.h"
+
+namespace oomb::server {
+
+// What the daemon's main provides: the hardware and the trainer (tests may inject others).
+struct ServeEnvironment {
+  std::vector<std::string> devices;  // used when config.devices == "auto"
+  JobRunner runner;
+  v1::ServerInfo server_info;  // versions and devices; start time and draining are filled in
+};
+
+// Returns the process exit code: 0 after a clean shutdown, 1 on a startup error (printed).
+int Serve(const ServerConfig& config, const ServeEnvironment& env);
+
+}  // namespace oomb::server
+
+#endif  // OOMB_SERVER_SERVE_H_

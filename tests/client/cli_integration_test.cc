@@ -1,0 +1,297 @@
+// Integration tests of the real binaries: `oombd serve` on 127.0.0.1:0 with a temporary data
+// dir (the port is read from <data_dir>/oombd.port) and the `oomb` CLI against it. The
+// scheduler is held (scheduler.hold=true) so jobs stay QUEUED: these tests cover the API and
+// the CLI, not training.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+std::string BinaryDir() {
+  const char* d = std::getenv("OOMB_BINARY_DIR");  // overrides the build tree the test was built in
+  return d ? d : OOMB_TEST_BINARY_DIR;
+}
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+class Daemon {
+ public:
+  Daemon(const fs::path& dir, const std::vector<std::string>& extra) : dir_(dir) {
+    const std::string bin = BinaryDir() + "/server/oombd";
+    std::vector<std::string> args = {bin,          "serve",      "--listen", "127.0.0.1:0",
+                                     "--data-dir", dir.string(), "--set",    "scheduler.hold=true"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const std::string log = (dir / "oombd.log").string();
+      freopen(log.c_str(), "w", stderr);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    const fs::path port_file = dir / "oombd.port";
+    for (int i = 0; i < 400 && !fs::exists(port_file); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    port_ = std::atoi(Slurp(port_file).c_str());
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+  int port() const { return port_; }
+  std::string log() const { return Slurp(dir_ / "oombd.log"); }
+
+ private:
+  fs::path dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("oomb_cli_test_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "model");
+    std::ofstream(dir_ / "model" / "config.json") << "{}";
+    std::ofstream(dir_ / "train.jsonl") << "{\"text\": \"hello\"}\n";
+    std::ofstream(dir_ / "job.yaml") << "display_name: t\nlabels: {team: nlp}\nmodel:\n  path: "
+                                     << (dir_ / "model").string()
+                                     << "\ndata:\n  train: " << (dir_ / "train.jsonl").string()
+                                     << "\ntraining:\n  max_steps: 5\n";
+    job_ = (dir_ / "job.yaml").string();
+  }
+  void TearDown() override {
+    daemon_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void StartDaemon(const std::vector<std::string>& extra = {}) {
+    fs::create_directories(dir_ / "data");
+    daemon_ = std::make_unique<Daemon>(dir_ / "data", extra);
+    ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+    endpoint_ = "127.0.0.1:" + std::to_string(daemon_->port());
+  }
+
+  // Runs the real CLI with --endpoint; stdout and stderr captured.
+  Result Oomb(const std::string& args, const std::string& env = "") {
+    const fs::path out = dir_ / "cli.out", err = dir_ / "cli.err";
+    const std::string cmd = env + " " + BinaryDir() + "/client/oomb --endpoint " + endpoint_ + " --timeout 10 " + args +
+                            " >" + out.string() + " 2>" + err.string();
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = Slurp(out);
+    r.err = Slurp(err);
+    return r;
+  }
+
+  json OombJson(const std::string& args) {
+    Result r = Oomb(args + " -o json");
+    EXPECT_EQ(r.rc, 0) << args << ": " << r.err;
+    return r.rc == 0 ? json::parse(r.out) : json();
+  }
+
+  std::string Submit(const std::string& extra = "") { return OombJson("submit " + job_ + " " + extra)["name"]; }
+
+  fs::path dir_;
+  std::string job_;
+  std::string endpoint_ = "127.0.0.1:1";
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(CliTest, HealthAndServerInfo) {
+  StartDaemon();
+  Result h = Oomb("health");
+  EXPECT_EQ(h.rc, 0) << h.err;
+  EXPECT_EQ(h.out, "SERVING\n");
+  json info = OombJson("server-info");
+  EXPECT_EQ(info["version"], "0.1.0");
+  ASSERT_FALSE(info["devices"].empty());
+  EXPECT_EQ(info["devices"][0]["name"], "cpu");
+}
+
+TEST_F(CliTest, SubmitGetListEventsCheckpointsJsonAndYaml) {
+  StartDaemon();
+  json job = OombJson("submit " + job_ + " --set training.max_steps=7 --job-id first");
+  EXPECT_EQ(job["name"], "jobs/first");
+  EXPECT_EQ(job["state"], "QUEUED");
+  EXPECT_EQ(job["queue_position"], 1);
+  EXPECT_EQ(job["spec"]["training"]["max_steps"], "7");  // int64 is a string in proto JSON
+  EXPECT_EQ(job["spec"]["model"]["dtype"], "bfloat16");  // defaults are filled in
+  EXPECT_EQ(job["labels"]["team"], "nlp");
+  json got = OombJson("get first");
+  EXPECT_EQ(got["name"], "jobs/first");
+  json list = OombJson("list --label team=nlp --state QUEUED");
+  ASSERT_EQ(list["jobs"].size(), 1u);
+  EXPECT_EQ(OombJson("list --label team=other").count("jobs"), 0u);
+  json events = OombJson("events first");
+  ASSERT_EQ(events["events"].size(), 1u);
+  EXPECT_EQ(events["events"][0]["type"], "STATE_CHANGED");
+  EXPECT_EQ(events["events"][0]["sequence"], "1");
+  EXPECT_EQ(OombJson("checkpoints first").count("checkpoints"), 0u);
+  Result yaml = Oomb("get first -o yaml");
+  EXPECT_EQ(yaml.rc, 0);
+  EXPECT_THAT(yaml.out, HasSubstr("name: jobs/first"));
+  Result table = Oomb("list");
+  EXPECT_THAT(table.out, HasSubstr("jobs/first"));
+  Result valid = Oomb("submit " + job_ + " --validate-only");
+  EXPECT_EQ(valid.rc, 0) << valid.err;
+  EXPECT_EQ(OombJson("list")["jobs"].size(), 1u);  // validate-only stored nothing
+}
+
+TEST_F(CliTest, IdempotentCreateAndAlreadyExists) {
+  StartDaemon();
+  const std::string a = Submit("--request-id req-1");
+  const std::string b = Submit("--request-id req-1");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(OombJson("list")["jobs"].size(), 1u);
+  Submit("--job-id taken");
+  Result again = Oomb("submit " + job_ + " --job-id taken");
+  EXPECT_EQ(again.rc, 1);
+  EXPECT_THAT(again.err, HasSubstr("ALREADY_EXISTS"));
+  Result bad_id = Oomb("submit " + job_ + " --job-id Bad_Id");
+  EXPECT_EQ(bad_id.rc, 1);
+  EXPECT_THAT(bad_id.err, HasSubstr("INVALID_ARGUMENT: job_id"));
+}
+
+TEST_F(CliTest, PaginationIsStableAcrossInserts) {
+  StartDaemon();
+  std::vector<std::string> names;
+  for (int i = 0; i < 5; ++i) names.push_back(Submit());
+  json p1 = OombJson("list --page-size 2");
+  ASSERT_EQ(p1["jobs"].size(), 2u);
+  EXPECT_EQ(p1["jobs"][0]["name"], names[4]);
+  Submit();  // a new job between pages does not shift them
+  json p2 = OombJson("list --page-size 2 --page-token " + p1["next_page_token"].get<std::string>());
+  ASSERT_EQ(p2["jobs"].size(), 2u);
+  EXPECT_EQ(p2["jobs"][0]["name"], names[2]);
+  EXPECT_EQ(p2["jobs"][1]["name"], names[1]);
+  json p3 = OombJson("list --page-size 2 --page-token " + p2["next_page_token"].get<std::string>());
+  ASSERT_EQ(p3["jobs"].size(), 1u);
+  EXPECT_EQ(p3["jobs"][0]["name"], names[0]);
+  EXPECT_EQ(p3.count("next_page_token"), 0u);
+  Result bad = Oomb("list --page-token garbage");
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_THAT(bad.err, HasSubstr("page_token"));
+}
+
+TEST_F(CliTest, TransitionsAndIllegalOnes) {
+  StartDaemon();
+  Submit("--job-id j");
+  Result resume = Oomb("resume j");
+  EXPECT_EQ(resume.rc, 1);
+  EXPECT_THAT(resume.err, HasSubstr("FAILED_PRECONDITION: cannot resume jobs/j: it is QUEUED"));
+  Result del = Oomb("delete j");
+  EXPECT_EQ(del.rc, 1);
+  EXPECT_THAT(del.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_EQ(OombJson("pause j")["state"], "PAUSED");
+  EXPECT_EQ(OombJson("resume j")["state"], "QUEUED");
+  EXPECT_EQ(OombJson("cancel j")["state"], "CANCELLED");
+  Result cancel_again = Oomb("cancel j");
+  EXPECT_EQ(cancel_again.rc, 1);
+  EXPECT_THAT(cancel_again.err, HasSubstr("FAILED_PRECONDITION"));
+  // watch of a cancelled job: snapshot, replay, then the stream ends; exit code 7.
+  Result watch = Oomb("watch j");
+  EXPECT_EQ(watch.rc, 7) << watch.err;
+  EXPECT_THAT(watch.out, HasSubstr("state CANCELLED"));
+  EXPECT_EQ(OombJson("events j --after 2")["events"].size(), 2u);  // PAUSED, QUEUED, CANCELLED after seq 1
+  EXPECT_EQ(Oomb("delete j").rc, 0);
+  EXPECT_EQ(Oomb("get j").rc, 3);
+}
+
+TEST_F(CliTest, BadSpecsAreInvalidArgumentNamingTheFieldAndTheDaemonKeepsServing) {
+  StartDaemon();
+  Result lr = Oomb("submit " + job_ + " --set training.learning_rate=-1");
+  EXPECT_EQ(lr.rc, 1);
+  EXPECT_THAT(lr.err, HasSubstr("INVALID_ARGUMENT: spec: training.learning_rate: must be > 0, got -1"));
+  Result file = Oomb("submit " + job_ + " --set data.train=/nonexistent.jsonl");
+  EXPECT_EQ(file.rc, 1);
+  EXPECT_THAT(file.err, HasSubstr("data.train: /nonexistent.jsonl"));
+  Result dev = Oomb("submit " + job_ + " --set resources.device=cuda:7");
+  EXPECT_EQ(dev.rc, 1);
+  EXPECT_THAT(dev.err, HasSubstr("resources.device"));
+  Result unknown = Oomb("submit " + job_ + " --set training.max_stepz=5");
+  EXPECT_EQ(unknown.rc, 1);
+  EXPECT_THAT(unknown.err, HasSubstr("training.max_stepz: unknown field"));
+  Result type = Oomb("submit " + job_ + " --set training.max_steps=many");
+  EXPECT_EQ(type.rc, 1);
+  EXPECT_THAT(type.err, HasSubstr("training.max_steps: expected an integer"));
+  EXPECT_EQ(Oomb("health").rc, 0);
+  Result est = Oomb("estimate " + job_);
+  EXPECT_EQ(est.rc, 1);
+  EXPECT_THAT(est.err, HasSubstr("UNIMPLEMENTED"));
+}
+
+TEST_F(CliTest, ExitCodes) {
+  Result unavailable = Oomb("list");  // no server on 127.0.0.1:1
+  EXPECT_EQ(unavailable.rc, 5);
+  EXPECT_EQ(Oomb("health").rc, 5);
+  EXPECT_EQ(Oomb("no-such-command").rc, 2);
+  EXPECT_EQ(Oomb("list -o xml").rc, 2);
+  StartDaemon();
+  EXPECT_EQ(Oomb("get jobs/nope").rc, 3);
+  EXPECT_EQ(Oomb("cancel nope").rc, 3);
+}
+
+TEST_F(CliTest, BearerTokenAuth) {
+  std::ofstream(dir_ / "token") << "s3cret-token\n";
+  std::ofstream(dir_ / "wrong") << "nope\n";
+  StartDaemon({"--token-file", (dir_ / "token").string()});
+  Result none = Oomb("list");
+  EXPECT_EQ(none.rc, 4);
+  EXPECT_THAT(none.err, HasSubstr("UNAUTHENTICATED"));
+  EXPECT_EQ(Oomb("list --token-file " + (dir_ / "wrong").string()).rc, 4);
+  EXPECT_EQ(Oomb("list --token-file " + (dir_ / "token").string()).rc, 0);
+  EXPECT_EQ(Oomb("list", "OOMB_TOKEN=s3cret-token").rc, 0);
+  EXPECT_EQ(Oomb("health").rc, 0);  // health needs no token
+  EXPECT_THAT(daemon_->log(), ::testing::Not(HasSubstr("s3cret-token")));
+}
+
+TEST_F(CliTest, ConfigPrintRedactsAndRejectsUnknownKeys) {
+  const std::string bin = BinaryDir() + "/server/oombd";
+  const fs::path out = dir_ / "cfg.out";
+  int status = std::system(
+      (bin + " config print --set auth.token=hunter2 --set server.listen=0.0.0.0:9 > " + out.string() + " 2>&1")
+          .c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_THAT(Slurp(out), HasSubstr("token: <redacted>"));
+  EXPECT_THAT(Slurp(out), ::testing::Not(HasSubstr("hunter2")));
+  EXPECT_THAT(Slurp(out), HasSubstr("listen: \"0.0.0.0:9\""));
+  status = std::system(("OOMB_SERVER__LISSTEN=x " + bin + " config print > " + out.string() + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(Slurp(out), HasSubstr("environment OOMB_SERVER__LISSTEN: server.lissten: unknown key"));
+}
+
+}  // namespace

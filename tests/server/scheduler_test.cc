@@ -1,0 +1,301 @@
+// The job store and the scheduler's state machine, with a ScriptedRunner in place of the
+// trainer (it emits a few steps and a checkpoint; it tests the service, not training), and the
+// JobService over a real in-process gRPC server on port 0.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "server/job_service.h"
+#include "server/scheduler.h"
+#include "server/spec_convert.h"
+#include "server/store/job_store.h"
+#include "server/watch_hub.h"
+
+namespace oomb::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Emits `steps` steps (checking poll_stop before each), a checkpoint after step 2, then
+// succeeds; or returns the scripted error.
+struct ScriptedRunner {
+  int steps = 3;
+  absl::Status error;  // returned instead of succeeding when not OK
+  std::atomic<int> calls{0};
+  std::atomic<bool> last_resume{false};
+  std::atomic<int> step_delay_ms{0};
+
+  absl::StatusOr<RunResult> operator()(const JobSpec& spec, const RunOptions& o) {
+    ++calls;
+    last_resume = o.resume;
+    for (int s = 1; s <= steps; ++s) {
+      const StopRequest stop = o.poll_stop();
+      if (stop == StopRequest::kCancel) return RunResult{.outcome = RunOutcome::kCancelled, .final_checkpoint = {}};
+      if (stop == StopRequest::kPause) {
+        o.on_checkpoint(CheckpointInfo{.step = s - 1, .path = o.checkpoint_dir + "/pause", .bytes = 1, .final = false});
+        return RunResult{.outcome = RunOutcome::kPaused, .final_checkpoint = {}};
+      }
+      if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms.load()));
+      o.on_step(StepProgress{.step = s, .total_steps = steps, .tokens = 100 * s, .loss = 2.0 / s});
+      if (s == 2) o.on_checkpoint(CheckpointInfo{.step = 2, .path = o.checkpoint_dir + "/step-2", .bytes = 10});
+    }
+    if (!error.ok()) return error;
+    o.on_warning("scripted warning");
+    return RunResult{
+        .outcome = RunOutcome::kSucceeded,
+        .final_checkpoint = {.step = steps, .path = o.checkpoint_dir + "/final", .bytes = 10, .final = true}};
+  }
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("oomb_scheduler_test_" + std::to_string(::getpid()) + "_" +
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    auto s = OpenSqliteJobStore((dir_ / "oombd.db").string());
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    spec_.model.path = "/m";
+    spec_.data.train = "/t";
+  }
+  void TearDown() override {
+    scheduler_.reset();
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void StartScheduler(bool hold = false) {
+    SchedulerOptions o;
+    o.data_dir = dir_.string();
+    o.devices = {"cpu"};
+    o.runner = [this](const JobSpec& s, const RunOptions& r) { return runner_(s, r); };
+    o.hold = hold;
+    scheduler_ = std::make_unique<Scheduler>(store_.get(), &hub_, o);
+    ASSERT_TRUE(scheduler_->Start().ok());
+  }
+
+  v1::Job WaitFor(const std::string& id, v1::Job::State state) {
+    for (int i = 0; i < 500; ++i) {
+      absl::StatusOr<v1::Job> j = store_->Get(id);
+      if (j.ok() && j->state() == state) return *j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << id << " never reached " << v1::Job::State_Name(state) << "; now "
+                  << v1::Job::State_Name(store_->Get(id)->state());
+    return v1::Job();
+  }
+
+  std::vector<v1::JobEvent> Events(const std::string& id) { return *store_->ListEvents(id, 0, 1000); }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<JobStore> store_;
+  WatchHub hub_;
+  ScriptedRunner runner_;
+  std::unique_ptr<Scheduler> scheduler_;
+  JobSpec spec_;
+};
+
+TEST_F(SchedulerTest, RunsToSuccessWithStepsAndCheckpoints) {
+  StartScheduler();
+  absl::StatusOr<v1::Job> job = scheduler_->Submit(spec_, "a", "");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name(), "jobs/a");
+  const v1::Job done = WaitFor("a", v1::Job::SUCCEEDED);
+  EXPECT_EQ(done.progress().step(), 3);
+  EXPECT_EQ(done.attempt(), 1);
+  EXPECT_TRUE(done.has_end_time());
+  EXPECT_EQ(done.checkpoint_dir(), (dir_ / "jobs/a/checkpoints").string());
+  const std::vector<v1::JobEvent> events = Events("a");
+  std::vector<int> types;
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].sequence(), static_cast<int64_t>(i + 1));  // per job, from 1, no gaps
+    types.push_back(events[i].type());
+  }
+  using E = v1::JobEvent;
+  EXPECT_THAT(types, ::testing::ElementsAre(E::STATE_CHANGED, E::STATE_CHANGED, E::STEP, E::STEP, E::CHECKPOINT_SAVED,
+                                            E::STEP, E::WARNING, E::STATE_CHANGED));
+  EXPECT_EQ(events.back().state(), v1::Job::SUCCEEDED);
+  EXPECT_EQ(store_->ListCheckpoints("a")->size(), 1u);
+  EXPECT_FALSE(runner_.last_resume);
+}
+
+TEST_F(SchedulerTest, IdempotentCreateAndAlreadyExists) {
+  StartScheduler(/*hold=*/true);
+  bool created = false;
+  absl::StatusOr<v1::Job> a = scheduler_->Submit(spec_, "", "req-1", &created);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(created);
+  absl::StatusOr<v1::Job> b = scheduler_->Submit(spec_, "", "req-1", &created);
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(created);
+  EXPECT_EQ(a->name(), b->name());
+  ASSERT_TRUE(scheduler_->Submit(spec_, "x", "").ok());
+  EXPECT_EQ(scheduler_->Submit(spec_, "x", "").status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(SchedulerTest, QueueOrderAndTransitions) {
+  StartScheduler(/*hold=*/true);
+  JobSpec high = spec_;
+  high.resources.priority = 5;
+  ASSERT_TRUE(scheduler_->Submit(spec_, "low", "").ok());
+  ASSERT_TRUE(scheduler_->Submit(high, "high", "").ok());
+  v1::Job low = *store_->Get("low");
+  scheduler_->FillQueuePosition(&low);
+  EXPECT_EQ(low.queue_position(), 2);
+  // Illegal transitions are FAILED_PRECONDITION naming the state.
+  EXPECT_EQ(scheduler_->Resume("low").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(scheduler_->Delete("low").message(), HasSubstr("it is QUEUED"));
+  ASSERT_EQ(scheduler_->Pause("low")->state(), v1::Job::PAUSED);
+  EXPECT_EQ(scheduler_->Pause("low").status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(scheduler_->Resume("low")->state(), v1::Job::QUEUED);
+  ASSERT_EQ(scheduler_->Cancel("low")->state(), v1::Job::CANCELLED);
+  EXPECT_EQ(scheduler_->Cancel("low").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(scheduler_->Delete("low").ok());
+  EXPECT_EQ(store_->Get("low").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(scheduler_->Cancel("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, CancelAndPauseWhileRunning) {
+  runner_.steps = 1000;
+  runner_.step_delay_ms = 5;
+  StartScheduler();
+  ASSERT_TRUE(scheduler_->Submit(spec_, "c", "").ok());
+  WaitFor("c", v1::Job::RUNNING);
+  ASSERT_EQ(scheduler_->Cancel("c")->state(), v1::Job::CANCELLING);
+  WaitFor("c", v1::Job::CANCELLED);
+
+  ASSERT_TRUE(scheduler_->Submit(spec_, "p", "").ok());
+  WaitFor("p", v1::Job::RUNNING);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(scheduler_->Pause("p")->state(), v1::Job::PAUSING);
+  WaitFor("p", v1::Job::PAUSED);
+  runner_.steps = 2;
+  runner_.step_delay_ms = 0;
+  ASSERT_TRUE(scheduler_->Resume("p").ok());
+  const v1::Job done = WaitFor("p", v1::Job::SUCCEEDED);
+  EXPECT_TRUE(runner_.last_resume);  // the pause checkpoint is resumed from
+  EXPECT_EQ(done.attempt(), 2);
+}
+
+TEST_F(SchedulerTest, RetriesTransientErrorsThenFails) {
+  runner_.error = absl::InternalError("[CUDA_ERROR] device fell off the bus");
+  spec_.resources.max_retries = 1;
+  StartScheduler();
+  ASSERT_TRUE(scheduler_->Submit(spec_, "r", "").ok());
+  const v1::Job failed = WaitFor("r", v1::Job::FAILED);
+  EXPECT_EQ(runner_.calls.load(), 2);
+  EXPECT_EQ(failed.retries(), 1);
+  EXPECT_EQ(failed.error().code(), "INTERNAL");
+  EXPECT_EQ(failed.error().reason(), "CUDA_ERROR");
+  EXPECT_TRUE(runner_.last_resume);  // the retry resumed from the step-2 checkpoint
+}
+
+TEST_F(SchedulerTest, NonTransientErrorFailsAtOnce) {
+  runner_.error = absl::InternalError("[NAN_LOSS] loss is nan at step 3");
+  StartScheduler();
+  ASSERT_TRUE(scheduler_->Submit(spec_, "n", "").ok());
+  const v1::Job failed = WaitFor("n", v1::Job::FAILED);
+  EXPECT_EQ(runner_.calls.load(), 1);
+  EXPECT_EQ(failed.error().reason(), "NAN_LOSS");
+}
+
+TEST_F(SchedulerTest, DrainLeavesRunningJobQueuedAndRestartRecovers) {
+  runner_.steps = 1000;
+  runner_.step_delay_ms = 5;
+  StartScheduler();
+  ASSERT_TRUE(scheduler_->Submit(spec_, "d", "").ok());
+  WaitFor("d", v1::Job::RUNNING);
+  EXPECT_TRUE(scheduler_->Drain(absl::Seconds(10)));
+  EXPECT_EQ(store_->Get("d")->state(), v1::Job::QUEUED);
+  EXPECT_EQ(scheduler_->Submit(spec_, "late", "").status().code(), absl::StatusCode::kUnavailable);
+  scheduler_.reset();
+
+  // A job the previous process left RUNNING (a crash) goes RECOVERING -> QUEUED -> runs.
+  ASSERT_TRUE(store_
+                  ->Update("d",
+                           [](v1::Job* j, std::vector<v1::JobEvent>*) {
+                             j->set_state(v1::Job::RUNNING);
+                             return absl::OkStatus();
+                           })
+                  .ok());
+  runner_.steps = 2;
+  runner_.step_delay_ms = 0;
+  StartScheduler();
+  WaitFor("d", v1::Job::SUCCEEDED);
+  EXPECT_TRUE(runner_.last_resume);
+  bool saw_recovering = false;
+  for (const v1::JobEvent& e : Events("d")) saw_recovering |= e.state() == v1::Job::RECOVERING;
+  EXPECT_TRUE(saw_recovering);
+}
+
+TEST_F(SchedulerTest, PlacementChecksDevice) {
+  StartScheduler(/*hold=*/true);
+  JobSpec s = spec_;
+  s.resources.device = "cuda:1";
+  EXPECT_THAT(scheduler_->CheckPlacement(s).message(), HasSubstr("resources.device: 'cuda:1' is not available"));
+  s.resources.device = "cpu";
+  EXPECT_TRUE(scheduler_->CheckPlacement(s).ok());
+}
+
+TEST(SpecConvertTest, RoundTripAndDefaults) {
+  JobSpec s;
+  s.model.path = "/m";
+  s.data.train = "/t";
+  s.model.rope_scaling = RopeScalingSpec{.type = "yarn", .factor = 4};
+  s.training.epochs = 2;
+  s.training.max_steps = 0;
+  absl::StatusOr<JobSpec> back = JobSpecFromProto(JobSpecToProto(s));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, s);
+  v1::JobSpec p;
+  p.mutable_model()->set_path("/m");
+  p.mutable_data()->set_train("/t");
+  EXPECT_EQ(JobSpecFromProto(p)->training.max_steps, 100);
+  p.mutable_training()->set_learning_rate(-1);
+  EXPECT_EQ(JobSpecFromProto(p).status().message(), "training.learning_rate: must be > 0, got -1");
+}
+
+TEST(StoreTest, ListPaginationIsStableUnderInserts) {
+  const std::string path = std::filesystem::temp_directory_path() / ("oomb_store_test_" + std::to_string(::getpid()));
+  std::filesystem::remove(path);
+  auto store = *OpenSqliteJobStore(path);
+  auto add = [&](const std::string& id, const std::string& team) {
+    v1::Job j;
+    j.set_name(JobName(id));
+    j.set_state(v1::Job::QUEUED);
+    (*j.mutable_labels())["team"] = team;
+    ASSERT_TRUE(store->Create(j, "", {}).ok());
+  };
+  for (int i = 0; i < 5; ++i) add("j" + std::to_string(i), i % 2 ? "odd" : "even");
+  ListQuery q;
+  q.page_size = 2;
+  ListResult p1 = *store->List(q);
+  ASSERT_EQ(p1.jobs.size(), 2u);
+  EXPECT_EQ(p1.jobs[0].name(), "jobs/j4");
+  add("j5", "odd");  // inserted between pages: does not shift the next page
+  q.before_position = p1.next_position;
+  ListResult p2 = *store->List(q);
+  ASSERT_EQ(p2.jobs.size(), 2u);
+  EXPECT_EQ(p2.jobs[0].name(), "jobs/j2");
+  q.before_position = p2.next_position;
+  ListResult p3 = *store->List(q);
+  ASSERT_EQ(p3.jobs.size(), 1u);
+  EXPECT_EQ(p3.jobs[0].name(), "jobs/j0");
+  EXPECT_EQ(p3.next_position, 0);
+  ListQuery odd;
+  odd.labels = {{"team", "odd"}};
+  EXPECT_EQ(store->List(odd)->jobs.size(), 3u);
+  store.reset();
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace oomb::server

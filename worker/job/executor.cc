@@ -1,0 +1,384 @@
+// The job executor: model, data, pages, the chunk-recurrent trainer, AdamW, schedules,
+// checkpoints and progress, for one job on one device. Contract: worker/job/executor.h.
+#include "worker/job/executor.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#if defined(OOMB_HAVE_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "absl/strings/str_cat.h"
+#include "worker/common/files.h"
+#include "worker/common/status.h"
+#include "worker/data/dataset.h"
+#include "worker/kv/page_pool.h"
+#include "worker/model/chat_template.h"
+#include "worker/model/tokenizer.h"
+#include "worker/model/transformer.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/chunk_trainer.h"
+#include "worker/train/lr_schedule.h"
+
+namespace oomb {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<at::Device> ResolveDevice(const std::string& requested) {
+  const std::string d = requested.empty() ? "auto" : requested;
+  if (d == "cpu") return at::Device(at::kCPU);
+  const bool cuda = torch::cuda::is_available();
+  if (d == "auto") return cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (d.rfind("cuda", 0) == 0) {
+    if (!cuda) return absl::FailedPreconditionError(absl::StrCat("resources.device: '", d, "' but no CUDA device"));
+    const int index = d == "cuda" ? 0 : std::stoi(d.substr(5));
+    if (index >= static_cast<int>(torch::cuda::device_count())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("resources.device: '", d, "' but only ", torch::cuda::device_count(), " CUDA devices"));
+    }
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("resources.device: '", d, "' is not auto, cpu, cuda or cuda:N"));
+}
+
+std::optional<RopeConfig> RopeOverride(const JobSpec& spec, const ModelConfig& base) {
+  if (!spec.model.rope_scaling.has_value()) return std::nullopt;
+  const RopeScalingSpec& r = *spec.model.rope_scaling;
+  RopeConfig c = base.rope;
+  c.type = r.type;
+  c.factor = r.factor;
+  c.original_max_position_embeddings =
+      r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : base.max_position_embeddings;
+  if (r.low_freq_factor > 0) c.low_freq_factor = r.low_freq_factor;
+  if (r.high_freq_factor > 0) c.high_freq_factor = r.high_freq_factor;
+  if (r.beta_fast > 0) c.beta_fast = r.beta_fast;
+  if (r.beta_slow > 0) c.beta_slow = r.beta_slow;
+  return c;
+}
+
+// Peak device memory of the last step: the CUDA caching allocator's peak on a GPU; on the CPU
+// the trainer's tracked allocations plus the KV pages in use.
+int64_t PeakDeviceBytes(const at::Device& device, const TrainerMemory& m) {
+#if defined(OOMB_HAVE_CUDA)
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
+#endif
+  return m.activation_peak_bytes + m.kv_peak_bytes + m.kv_grad_peak_bytes;
+}
+
+void ResetPeak(const at::Device& device) {
+#if defined(OOMB_HAVE_CUDA)
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+}
+
+class Run {
+ public:
+  Run(const JobSpec& spec, const RunOptions& options) : spec_(spec), options_(options) {}
+
+  absl::StatusOr<RunResult> Execute() {
+    OOMB_RETURN_IF_ERROR(Setup());
+    return Train();
+  }
+
+ private:
+  absl::Status Setup() {
+    OOMB_ASSIGN_OR_RETURN(device_, ResolveDevice(options_.device.empty() ? spec_.resources.device : options_.device));
+    dtype_ = spec_.model.dtype == "float32" ? at::kFloat : at::kBFloat16;
+    if (spec_.memory.kv_grad_dtype != "float32") {
+      return absl::UnimplementedError("memory.kv_grad_dtype: only float32 gradient pages are implemented");
+    }
+    if (spec_.attention.mode != "dense") {
+      return absl::UnimplementedError("attention.mode: sparse attention is not implemented yet; use dense");
+    }
+    if (spec_.backward.chunk_fraction != 1.0) {
+      return absl::UnimplementedError("backward.chunk_fraction: SpaCO (< 1.0) is not implemented yet; use 1.0");
+    }
+    if (spec_.resources.gpus != 1) {
+      return absl::UnimplementedError("resources.gpus: data parallelism is not implemented yet; use 1");
+    }
+    OOMB_ASSIGN_OR_RETURN(ModelConfig base_config, LoadModelConfig(spec_.model.path));
+    OOMB_ASSIGN_OR_RETURN(tokenizer_, Tokenizer::FromModelDir(spec_.model.path));
+    if (!tokenizer_->chat_template().empty()) {
+      auto chat = ChatTemplate::FromJinja(tokenizer_->chat_template());
+      if (chat.ok()) chat_ = *chat;
+    }
+    DatasetOptions data_options;
+    data_options.max_seq_len = spec_.data.max_seq_len;
+    data_options.too_long = spec_.data.too_long;
+    OOMB_ASSIGN_OR_RETURN(
+        docs_, ReadJsonlDataset(spec_.data.train, *tokenizer_, chat_ ? &*chat_ : nullptr, data_options, &stats_));
+    if (!spec_.data.validation.empty()) {
+      data_options.field = "data.validation";
+      OOMB_ASSIGN_OR_RETURN(
+          std::vector<Document> val,
+          ReadJsonlDataset(spec_.data.validation, *tokenizer_, chat_ ? &*chat_ : nullptr, data_options, nullptr));
+      validation_ = PackDocuments(val, spec_.data.max_seq_len, spec_.data.packing, -1);
+    }
+    const auto first_epoch = PackDocuments(docs_, spec_.data.max_seq_len, spec_.data.packing, spec_.data.shuffle_seed);
+    sequences_per_epoch_ = static_cast<int64_t>(first_epoch.size());
+    total_steps_ = spec_.training.max_steps > 0
+                       ? spec_.training.max_steps
+                       : spec_.training.epochs * ((sequences_per_epoch_ + spec_.training.batch_sequences - 1) /
+                                                  spec_.training.batch_sequences);
+
+    OOMB_ASSIGN_OR_RETURN(model_,
+                          Transformer::Load(spec_.model.path, dtype_, device_, RopeOverride(spec_, base_config)));
+    if (spec_.method.type == "lora") {
+      LoraOptions lora;
+      lora.rank = spec_.method.lora.rank;
+      lora.alpha = spec_.method.lora.alpha;
+      lora.dropout = spec_.method.lora.dropout;
+      lora.target_modules = spec_.method.lora.target_modules;
+      OOMB_RETURN_IF_ERROR(model_->AddLora(lora, static_cast<uint64_t>(spec_.training.seed)));
+    } else {
+      model_->EnableFullFineTuning();
+    }
+    std::vector<at::Tensor> params;
+    for (auto& [name, p] : model_->TrainableParameters()) params.push_back(p);
+    torch::optim::AdamWOptions adam(spec_.training.learning_rate);
+    adam.betas({spec_.training.adam.beta1, spec_.training.adam.beta2});
+    adam.eps(spec_.training.adam.eps);
+    adam.weight_decay(spec_.training.weight_decay);
+    optimizer_ = std::make_unique<torch::optim::AdamW>(params, adam);
+
+    // KV and KV-gradient pages for the longest sequence (plus one straddling page a layer).
+    int64_t longest = 1;
+    for (const auto& s : first_epoch) longest = std::max(longest, s.size());
+    for (const auto& s : validation_) longest = std::max(longest, s.size());
+    const ModelConfig& c = model_->config();
+    const int64_t P = spec_.memory.page_tokens;
+    const int64_t pages = c.num_layers * ((longest + P - 1) / P + 1);
+    const PageShape shape{c.num_kv_heads, P, c.head_dim};
+    OOMB_ASSIGN_OR_RETURN(kv_pool_, PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
+                                                     at::TensorOptions().dtype(dtype_).device(device_), pages));
+    OOMB_ASSIGN_OR_RETURN(grad_pool_, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
+                                                       at::TensorOptions().dtype(at::kFloat).device(device_), pages));
+    ChunkTrainerOptions trainer_options;
+    trainer_options.chunk_tokens = spec_.memory.chunk_tokens;
+    trainer_options.should_stop = [this] { return PollStop(); };
+    trainer_ = std::make_unique<ChunkTrainer>(model_.get(), kv_pool_.get(), grad_pool_.get(), trainer_options);
+
+    OOMB_RETURN_IF_ERROR(MakeDirs(options_.checkpoint_dir));
+    if (options_.resume) OOMB_RETURN_IF_ERROR(Resume());
+    return absl::OkStatus();
+  }
+
+  absl::Status Resume() {
+    for (const std::string& dir : ListCheckpointDirs(options_.checkpoint_dir)) {
+      auto state = RestoreCheckpoint(dir, *model_, *optimizer_);
+      if (state.ok()) {
+        state_ = *state;
+        Warn(absl::StrCat("resumed from ", dir, " at step ", state_.step));
+        return absl::OkStatus();
+      }
+      Warn(absl::StrCat("skipping checkpoint ", dir, ": ", state.status().message()));
+    }
+    if (state_.step == 0) Warn("no valid checkpoint to resume from: starting at step 0");
+    return absl::OkStatus();
+  }
+
+  bool PollStop() {
+    if (stop_ == StopRequest::kNone && options_.poll_stop) stop_ = options_.poll_stop();
+    return stop_ != StopRequest::kNone;
+  }
+
+  void Warn(const std::string& msg) {
+    if (options_.on_warning) options_.on_warning(msg);
+  }
+
+  const std::vector<TokenSequence>& EpochSequences(int64_t epoch) {
+    if (epoch != packed_epoch_) {
+      const int64_t seed = spec_.data.shuffle_seed < 0 ? -1 : spec_.data.shuffle_seed + epoch;
+      epoch_sequences_ = PackDocuments(docs_, spec_.data.max_seq_len, spec_.data.packing, seed);
+      packed_epoch_ = epoch;
+    }
+    return epoch_sequences_;
+  }
+
+  absl::StatusOr<CheckpointInfo> Checkpoint(bool final) {
+    const std::string dir =
+        options_.checkpoint_dir + (final ? std::string("/final") : absl::StrCat("/checkpoint-", state_.step));
+    CheckpointWriteOptions w;
+    w.base_model_dir = spec_.model.path;
+    if (!model_->has_lora()) {
+      OOMB_ASSIGN_OR_RETURN(w.config_json, ReadFile(spec_.model.path + "/config.json"));
+    }
+    OOMB_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(dir, *model_, *optimizer_, state_, w));
+    PruneCheckpoints(options_.checkpoint_dir, spec_.checkpoint.keep_last);
+    CheckpointInfo info{state_.step, dir, bytes, final};
+    if (options_.on_checkpoint) options_.on_checkpoint(info);
+    return info;
+  }
+
+  absl::StatusOr<double> Evaluate() {
+    double sum = 0;
+    int64_t n = 0;
+    for (const TokenSequence& s : validation_) {
+      OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer_->EvalSequence(s));
+      sum += l.loss_sum;
+      n += l.label_tokens;
+    }
+    return n > 0 ? sum / static_cast<double>(n) : 0.0;
+  }
+
+  absl::StatusOr<RunResult> Train() {
+    RunResult result;
+    std::ofstream metrics(options_.checkpoint_dir + "/metrics.jsonl", std::ios::app);
+    const auto start = Clock::now();
+    const int64_t first_step = state_.step;
+    while (state_.step < total_steps_) {
+      const auto step_start = Clock::now();
+      ResetPeak(device_);
+      // The step's sequences and the loss normaliser: every label token of the step.
+      std::vector<const TokenSequence*> batch;
+      TrainerState next = state_;
+      for (int64_t i = 0; i < spec_.training.batch_sequences; ++i) {
+        const auto& seqs = EpochSequences(next.epoch);
+        batch.push_back(&seqs[next.cursor]);
+        if (++next.cursor == static_cast<int64_t>(seqs.size())) {
+          next.cursor = 0;
+          ++next.epoch;
+        }
+      }
+      int64_t label_tokens = 0, tokens = 0;
+      for (const TokenSequence* s : batch) {
+        label_tokens += s->label_tokens();
+        tokens += s->size();
+      }
+      const double lr = LearningRate(spec_.training, state_.step, total_steps_);
+      for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+      double loss_sum = 0;
+      TrainerMemory peak;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const uint64_t dropout_seed =
+            static_cast<uint64_t>(spec_.training.seed) * 1000003u + static_cast<uint64_t>(state_.step) * 131u + i;
+        auto l = trainer_->TrainSequence(*batch[i], label_tokens > 0 ? 1.0 / label_tokens : 0.0, dropout_seed);
+        if (absl::IsCancelled(l.status())) return Stopped();
+        if (!l.ok()) return l.status();
+        loss_sum += l->loss_sum;
+        const TrainerMemory& m = trainer_->memory();
+        peak.activation_peak_bytes = std::max(peak.activation_peak_bytes, m.activation_peak_bytes);
+        peak.kv_peak_bytes = std::max(peak.kv_peak_bytes, m.kv_peak_bytes);
+        peak.kv_grad_peak_bytes = std::max(peak.kv_grad_peak_bytes, m.kv_grad_peak_bytes);
+      }
+      const double loss = label_tokens > 0 ? loss_sum / label_tokens : 0.0;
+      if (!std::isfinite(loss)) {
+        return absl::InternalError(absl::StrCat("[NAN_LOSS] loss is ", loss, " at step ", state_.step + 1));
+      }
+      if (spec_.training.max_grad_norm > 0) {
+        torch::nn::utils::clip_grad_norm_(optimizer_->param_groups()[0].params(), spec_.training.max_grad_norm);
+      }
+      optimizer_->step();
+      optimizer_->zero_grad(/*set_to_none=*/true);
+      state_.step += 1;
+      state_.epoch = next.epoch;
+      state_.cursor = next.cursor;
+      state_.tokens += tokens;
+      state_.loss = loss;
+
+      StepProgress p;
+      p.step = state_.step;
+      p.total_steps = total_steps_;
+      p.tokens = state_.tokens;
+      p.loss = loss;
+      p.learning_rate = lr;
+      p.step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+      p.tokens_per_second = p.step_seconds > 0 ? tokens / p.step_seconds : 0;
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      p.eta_seconds = elapsed / static_cast<double>(state_.step - first_step) * (total_steps_ - state_.step);
+      p.peak_device_bytes = PeakDeviceBytes(device_, peak);
+      if (!validation_.empty() && spec_.training.eval_every_steps > 0 &&
+          state_.step % spec_.training.eval_every_steps == 0) {
+        OOMB_ASSIGN_OR_RETURN(p.eval_loss, Evaluate());
+      }
+      nlohmann::json line = {{"step", p.step},
+                             {"loss", p.loss},
+                             {"lr", p.learning_rate},
+                             {"tokens", p.tokens},
+                             {"seconds", p.step_seconds},
+                             {"tokens_per_second", p.tokens_per_second},
+                             {"peak_device_bytes", p.peak_device_bytes},
+                             {"peak_host_bytes", p.host_kv_bytes},
+                             {"pcie_h2d_bytes", p.pcie_h2d_bytes},
+                             {"pcie_d2h_bytes", p.pcie_d2h_bytes}};
+      if (p.eval_loss > 0) line["eval_loss"] = p.eval_loss;
+      metrics << line.dump() << "\n" << std::flush;
+      if (options_.on_step) options_.on_step(p);
+
+      const bool last = state_.step == total_steps_;
+      if (!last && spec_.checkpoint.every_steps > 0 && state_.step % spec_.checkpoint.every_steps == 0) {
+        OOMB_ASSIGN_OR_RETURN(result.final_checkpoint, Checkpoint(false));
+      }
+      if (!last && PollStop()) return Stopped();
+    }
+    OOMB_ASSIGN_OR_RETURN(result.final_checkpoint, Checkpoint(true));
+    result.outcome = RunOutcome::kSucceeded;
+    return result;
+  }
+
+  // Cancel: nothing more is written. Pause: a checkpoint of the last completed step.
+  absl::StatusOr<RunResult> Stopped() {
+    RunResult r;
+    optimizer_->zero_grad(/*set_to_none=*/true);
+    if (stop_ == StopRequest::kPause) {
+      OOMB_ASSIGN_OR_RETURN(r.final_checkpoint, Checkpoint(false));
+      r.outcome = RunOutcome::kPaused;
+    } else {
+      r.outcome = RunOutcome::kCancelled;
+    }
+    return r;
+  }
+
+  const JobSpec& spec_;
+  const RunOptions& options_;
+  at::Device device_ = at::kCPU;
+  at::ScalarType dtype_ = at::kBFloat16;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> chat_;
+  std::vector<Document> docs_;
+  DatasetStats stats_;
+  std::vector<TokenSequence> validation_;
+  std::vector<TokenSequence> epoch_sequences_;
+  int64_t packed_epoch_ = -1;
+  int64_t sequences_per_epoch_ = 0;
+  int64_t total_steps_ = 0;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<PagePool> kv_pool_, grad_pool_;
+  std::unique_ptr<ChunkTrainer> trainer_;
+  TrainerState state_;
+  StopRequest stop_ = StopRequest::kNone;
+};
+
+}  // namespace
+
+absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options) {
+  try {
+    Run run(spec, options);
+    return run.Execute();
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("[OUT_OF_MEMORY] ", e.what_without_backtrace()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("[TORCH_ERROR] ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("[OUT_OF_MEMORY] host allocation failed");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("[INTERNAL] ", e.what()));
+  }
+}
+
+}  // namespace oomb

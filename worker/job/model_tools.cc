@@ -1,0 +1,129 @@
+#include "worker/job/model_tools.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "worker/common/files.h"
+#include "worker/common/status.h"
+#include "worker/data/dataset.h"
+#include "worker/kv/page_pool.h"
+#include "worker/model/chat_template.h"
+#include "worker/model/safetensors.h"
+#include "worker/model/tokenizer.h"
+#include "worker/model/transformer.h"
+#include "worker/train/chunk_trainer.h"
+
+namespace oomb {
+
+absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
+  OOMB_ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model_dir));
+  OOMB_ASSIGN_OR_RETURN(auto weights, WeightSet::Open(model_dir));
+  std::set<std::string> dtypes;
+  int64_t stored = 0;
+  for (const std::string& n : weights->names()) {
+    const TensorView* v = weights->Find(n);
+    dtypes.insert(std::string(DTypeName(v->dtype)));
+    stored += NumElements(v->shape);
+  }
+  nlohmann::json j = {{"path", model_dir},
+                      {"architecture", c.architecture},
+                      {"model_type", c.model_type},
+                      {"parameters", c.ParameterCount()},
+                      {"stored_parameters", stored},
+                      {"dtypes", dtypes},
+                      {"config_dtype", c.torch_dtype},
+                      {"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size},
+                      {"num_layers", c.num_layers},
+                      {"num_heads", c.num_heads},
+                      {"num_kv_heads", c.num_kv_heads},
+                      {"head_dim", c.head_dim},
+                      {"tie_word_embeddings", c.tie_word_embeddings},
+                      {"qkv_bias", c.qkv_bias},
+                      {"context_window", c.max_position_embeddings},
+                      {"rope", {{"type", c.rope.type}, {"theta", c.rope.theta}, {"factor", c.rope.factor}}},
+                      {"kv_bytes_per_token_bf16", 2 * c.num_layers * c.kv_dim() * 2}};
+  auto tok = Tokenizer::FromModelDir(model_dir);
+  if (tok.ok()) {
+    j["tokenizer"] = {{"vocab_size", (*tok)->vocab_size()}, {"chat_template", !(*tok)->chat_template().empty()}};
+  } else {
+    j["tokenizer"] = {{"error", std::string(tok.status().message())}};
+  }
+  return j.dump(2);
+}
+
+absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
+  try {
+    const bool cuda = torch::cuda::is_available();
+    const at::Device device =
+        o.device == "cpu" || (o.device == "auto" && !cuda) ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
+    const at::ScalarType dtype = o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    OOMB_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromModelDir(o.model_dir));
+    std::optional<ChatTemplate> chat;
+    if (!tokenizer->chat_template().empty()) {
+      auto t = ChatTemplate::FromJinja(tokenizer->chat_template());
+      if (t.ok()) chat = *t;
+    }
+    DatasetOptions d;
+    d.field = "--data";
+    d.max_seq_len = int64_t{1} << 31;
+    OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs,
+                          ReadJsonlDataset(o.data_path, *tokenizer, chat ? &*chat : nullptr, d, nullptr));
+    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(o.model_dir, dtype, device));
+    if (!o.adapter_dir.empty()) {
+      OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(o.adapter_dir + "/adapter_config.json"));
+      const auto cfg = nlohmann::json::parse(text, nullptr, false);
+      if (!cfg.is_object()) return absl::InvalidArgumentError(o.adapter_dir + "/adapter_config.json: not JSON");
+      LoraOptions lora;
+      lora.rank = cfg.value("r", 8);
+      lora.alpha = cfg.value("lora_alpha", 8.0);
+      lora.target_modules = cfg.value("target_modules", std::vector<std::string>{});
+      OOMB_RETURN_IF_ERROR(model->AddLora(lora, 0));
+      OOMB_RETURN_IF_ERROR(model->LoadLoraWeights(o.adapter_dir));
+    }
+    int64_t budget = o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int64_t>::max();
+    std::vector<TokenSequence> seqs;
+    int64_t longest = 1;
+    for (Document& doc : docs) {
+      if (budget <= 0) break;
+      if (static_cast<int64_t>(doc.ids.size()) > budget) {
+        doc.ids.resize(budget);
+        doc.labels.resize(budget);
+      }
+      budget -= static_cast<int64_t>(doc.ids.size());
+      TokenSequence s;
+      s.Append(doc);
+      longest = std::max(longest, s.size());
+      seqs.push_back(std::move(s));
+    }
+    const ModelConfig& c = model->config();
+    const int64_t P = 128, pages = c.num_layers * ((longest + P - 1) / P + 1);
+    const PageShape shape{c.num_kv_heads, P, c.head_dim};
+    OOMB_ASSIGN_OR_RETURN(auto kv, PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
+                                                    at::TensorOptions().dtype(dtype).device(device), pages));
+    OOMB_ASSIGN_OR_RETURN(auto grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
+                                                      at::TensorOptions().dtype(at::kFloat).device(device), 0));
+    ChunkTrainerOptions options;
+    options.chunk_tokens = o.chunk_tokens;
+    ChunkTrainer trainer(model.get(), kv.get(), grad.get(), options);
+    EvalResult r;
+    double sum = 0;
+    for (const TokenSequence& s : seqs) {
+      OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer.EvalSequence(s));
+      sum += l.loss_sum;
+      r.tokens += l.label_tokens;
+      ++r.samples;
+    }
+    r.mean_loss = r.tokens > 0 ? sum / static_cast<double>(r.tokens) : 0.0;
+    return r;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("evaluation: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace oomb

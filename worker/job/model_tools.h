@@ -1,0 +1,39 @@
+// Model commands for people and black-box checks (`oombd model inspect`, `oombd model eval`).
+// Torch-free header.
+#ifndef OOMB_WORKER_JOB_MODEL_TOOLS_H_
+#define OOMB_WORKER_JOB_MODEL_TOOLS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace oomb {
+
+// Architecture, parameter count, dtypes, context window and tokenizer facts of a Hugging Face
+// model directory, as a JSON object (text). Errors as Transformer::Load and Tokenizer report
+// them (naming the file and the key or tensor).
+absl::StatusOr<std::string> InspectModel(const std::string& model_dir);
+
+struct EvalOptions {
+  std::string model_dir;
+  std::string data_path;    // JSONL in any dataset format
+  std::string adapter_dir;  // optional PEFT adapter (adapter_config.json + adapter_model.safetensors)
+  int64_t max_tokens = 0;   // 0: every sample; else stop after this many tokens (the last sample cut)
+  int64_t chunk_tokens = 4096;
+  std::string dtype = "float32";  // float32 | bfloat16
+  std::string device = "auto";
+};
+
+struct EvalResult {
+  double mean_loss = 0;  // mean next-token cross-entropy over the label tokens
+  int64_t tokens = 0;    // label tokens scored
+  int64_t samples = 0;
+};
+
+// Scores every sample separately (no packing) with the chunked forward.
+absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& options);
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_JOB_MODEL_TOOLS_H_

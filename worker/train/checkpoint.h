@@ -1,0 +1,66 @@
+// Checkpoints: what a job writes so that Hugging Face / PEFT can load its result and so that
+// training resumes exactly where it stopped.
+//
+// A checkpoint is a directory `<root>/checkpoint-<step>` (the last one of a finished job is
+// `<root>/final`) holding:
+//   adapter_model.safetensors + adapter_config.json   (LoRA; PEFT's layout), or
+//   model.safetensors + config.json                   (full fine-tuning; HF's layout)
+//   tokenizer.json, tokenizer_config.json, ...        copied from the base model
+//   optimizer.pt                                      AdamW state (LibTorch serialization)
+//   trainer_state.json                                step, epoch, data position, tokens
+//   oomb_checkpoint.json                              the manifest: every file's size and CRC-32
+// It is written into `<name>.tmp-<pid>`, every file fsync'ed, then renamed into place and the
+// parent fsync'ed: a crash leaves either the previous set of checkpoints or the new one. On
+// resume the manifest is verified; a torn or corrupted checkpoint is skipped with a warning
+// and the previous one is used.
+#ifndef OOMB_WORKER_TRAIN_CHECKPOINT_H_
+#define OOMB_WORKER_TRAIN_CHECKPOINT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/transformer.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace oomb {
+
+struct TrainerState {
+  int64_t step = 0;    // optimizer steps completed
+  int64_t epoch = 0;   // epoch of the next sequence
+  int64_t cursor = 0;  // index of the next sequence within the epoch's order
+  int64_t tokens = 0;  // tokens trained so far
+  double loss = 0;     // loss of the last step
+};
+
+struct CheckpointWriteOptions {
+  std::string base_model_dir;  // tokenizer files are copied from here
+  std::string config_json;     // full fine-tuning: config.json to write
+};
+
+// Writes the checkpoint directory `dir` (atomically; see above). Returns its size in bytes.
+absl::StatusOr<int64_t> WriteCheckpoint(const std::string& dir, const Transformer& model,
+                                        torch::optim::Optimizer& optimizer, const TrainerState& state,
+                                        const CheckpointWriteOptions& options);
+
+// Verifies the manifest of `dir`: every listed file exists with its size and CRC-32.
+absl::Status VerifyCheckpoint(const std::string& dir);
+
+// Checkpoint directories under `root` (checkpoint-<step> and final), newest step first.
+std::vector<std::string> ListCheckpointDirs(const std::string& root);
+
+// Loads trainable weights, optimizer state and trainer state from a verified checkpoint.
+absl::StatusOr<TrainerState> RestoreCheckpoint(const std::string& dir, Transformer& model,
+                                               torch::optim::Optimizer& optimizer);
+
+// Removes checkpoint-<step> directories beyond the newest `keep_last` (never `final`).
+void PruneCheckpoints(const std::string& root, int64_t keep_last);
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_TRAIN_CHECKPOINT_H_
