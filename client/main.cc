@@ -312,8 +312,8 @@ class ProgressBar {
     const double frac = p.total_steps() > 0 ? std::min(1.0, double(p.step()) / p.total_steps()) : 0;
     const int filled = static_cast<int>(frac * width);
     std::string bar = std::string(filled, '#') + std::string(width - filled, '-');
-    std::cerr << fmt::format("\r\033[K{} {} [{}] {}/{} loss {:.4f} {:.0f} tok/s gpu {} host {} pcie {}/s eta {}", name,
-                             v1::Job::State_Name(state), bar, p.step(), p.total_steps(), p.loss(),
+    std::cerr << fmt::format("\r\033[K{} {} [{}] step {}/{} loss {:.4f} {:.0f} tok/s gpu {} host {} pcie {}/s eta {}",
+                             name, v1::Job::State_Name(state), bar, p.step(), p.total_steps(), p.loss(),
                              p.tokens_per_second(), Bytes(p.gpu_memory_bytes()), Bytes(p.host_memory_bytes()),
                              Bytes(static_cast<int64_t>(pcie_)), Duration(p.eta_seconds()))
               << std::flush;

@@ -15,9 +15,14 @@ build="${1:-build}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
-# Binaries: daemon, CLI, every test and benchmark executable.
-find "$build" -type f -executable \( -name '*_test' -o -name 'oombd' -o -name 'oomb' -o -name 'bench_*' \) \
-  -not -path '*/CMakeFiles/*' -exec cp {} .carry/bin/ \;
+# Binaries: daemon, CLI, benchmarks, the gpu-labelled tests and the CPU references they rest on
+# (OOMB_GPU_PACK_TESTS adds more test binaries by name).
+wanted="oombd oomb bench_train link_smoke_gpu_test kernels_gpu_test paged_attention_test chunk_trainer_test ${OOMB_GPU_PACK_TESTS:-}"
+for name in $wanted; do
+  f=$(find "$build" -type f -executable -name "$name" -not -path '*/CMakeFiles/*' | head -n 1)
+  [ -n "$f" ] || { echo "gpu_pack: $name not built" >&2; exit 1; }
+  cp "$f" .carry/bin/
+done
 # Runtime libraries from Debian that the binaries link, except the C/C++ runtime (newer on
 # Ubuntu 24.04, backward compatible), LibTorch and CUDA (present there).
 skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|libtorch.*|libc10.*|libcuda.*|libcudart|libcublas.*|libcudnn.*|libnv.*|libnccl|libcusparse.*|libcufft.*|libcurand|libcusolver.*|libcupti|libgomp|libshm)\.so'

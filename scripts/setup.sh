@@ -25,6 +25,8 @@ APT_PACKAGES=(
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev prometheus postgresql tmux openssl
   python3-venv
+  # fuzzing (tests/fuzz/run.sh): clang with libFuzzer and the sanitizer runtimes
+  clang clang-14 libclang-rt-14-dev
 )
 
 log() { printf '[setup] %s\n' "$*" >&2; }

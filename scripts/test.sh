@@ -5,6 +5,7 @@
 #   scripts/test.sh                 all of it; ends with ctest's summary line
 #   OOMB_BUILD_DIR=build scripts/test.sh   reuse a build directory (default: a fresh build-test/)
 #   CTEST_ARGS="-L unit" scripts/test.sh   pass arguments to ctest
+#   OOMB_FUZZ_SECONDS=60 scripts/test.sh   fuzz each parser this long before ctest (default 30; 0: skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -13,6 +14,8 @@ bash scripts/setup.sh
 if [ -x scripts/fetch_test_data.sh ]; then bash scripts/fetch_test_data.sh; fi
 
 build="${OOMB_BUILD_DIR:-$root/build-test}"
+# Paths relative to the checkout in ccache's hashes: a fresh clone elsewhere reuses the cache.
+export CCACHE_BASEDIR="$root"
 jobs="${OOMB_JOBS:-$(nproc)}"
 mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/cmake.log" 2>&1 ||
@@ -20,7 +23,13 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/cmake
 echo "[test] building in $build with $jobs jobs" >&2
 cmake --build "$build" -j "$jobs"
 echo "[test] built in $(( $(date +%s) - start )) s since start" >&2
+# Fuzz the JSONL and safetensors readers (clang, ASan + UBSan) for a bounded time first, so
+# that ctest's summary stays the last line. OOMB_FUZZ_SECONDS=0 skips it.
+if [ "${OOMB_FUZZ_SECONDS:-30}" -gt 0 ]; then
+  bash "$root/tests/fuzz/run.sh" "${OOMB_FUZZ_SECONDS:-30}" "$build/fuzz"
+fi
 cd "$build"
 # shellcheck disable=SC2086
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # tests run in parallel: one intra-op thread each
 ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:-}
+

@@ -5,6 +5,7 @@
 //   serve_command.cc  serve, config print, version
 //   run_command.cc    run JOB.yaml [--set k=v]...
 //   model_commands.cc model inspect, model eval, tokenize
+//   data_commands.cc  data build
 #ifndef OOMB_SERVER_COMMANDS_H_
 #define OOMB_SERVER_COMMANDS_H_
 
@@ -18,6 +19,8 @@ void RegisterServeCommands(CLI::App& app);
 void RegisterRunCommands(CLI::App& app);
 // `oombd model inspect|eval`, `oombd tokenize`.
 void RegisterModelCommands(CLI::App& app);
+// `oombd data build`.
+void RegisterDataCommands(CLI::App& app);
 
 }  // namespace oomb::server
 

@@ -1,6 +1,7 @@
 #include "server/job_service.h"
 
 #include <deque>
+#include <filesystem>
 #include <optional>
 
 #include <spdlog/spdlog.h>
@@ -81,12 +82,14 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
     // are dropped by sequence number.
     hub_->Subscribe(job_id_, this);
     absl::StatusOr<v1::Job> job = store_->Get(job_id_);
+    // Before taking mu_: the scheduler's lock is taken before the hub's and ours when events
+    // are published (Scheduler::TransitionLocked), never after ours.
+    if (job.ok()) scheduler->FillQueuePosition(&*job);
     {
       absl::MutexLock lock(&mu_);
       if (!job.ok()) {
         finish_status_ = ToGrpcStatus(job.status());
       } else {
-        scheduler->FillQueuePosition(&*job);
         v1::WatchJobResponse snap;
         *snap.mutable_snapshot() = *job;
         pending_.push_back(std::move(snap));
@@ -241,6 +244,21 @@ absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* fi
 JobServiceImpl::JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* hub, JobServiceOptions options)
     : store_(store), scheduler_(scheduler), hub_(hub), options_(std::move(options)) {}
 
+absl::Status JobServiceImpl::ValidateData(const JobSpec& spec) const {
+  if (!options_.validate_data) return absl::OkStatus();
+  std::error_code ec;
+  uintmax_t bytes = std::filesystem::file_size(spec.data.train, ec);
+  if (!ec && !spec.data.validation.empty()) bytes += std::filesystem::file_size(spec.data.validation, ec);
+  if (ec || bytes > static_cast<uintmax_t>(options_.validate_data_max_bytes)) {
+    return absl::OkStatus();  // read when the job runs
+  }
+  absl::Status s = options_.validate_data(spec);
+  if (s.code() == absl::StatusCode::kNotFound) {  // e.g. removed since CheckJobFiles
+    return absl::InvalidArgumentError(s.message());
+  }
+  return s;
+}
+
 absl::Status JobServiceImpl::CheckAuth(const grpc::CallbackServerContext* ctx) const {
   if (options_.auth_token.empty()) return absl::OkStatus();
   const auto& md = ctx->client_metadata();
@@ -271,6 +289,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
     if (!spec.ok()) return Annotate(spec.status(), "spec");
     OOMB_RETURN_IF_ERROR(Annotate(CheckJobFiles(*spec), "spec"));
     OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
+    OOMB_RETURN_IF_ERROR(Annotate(ValidateData(*spec), "spec"));
     if (req->validate_only()) {
       *resp->mutable_spec() = JobSpecToProto(*spec);
       if (!req->job_id().empty()) resp->set_name(JobName(req->job_id()));

@@ -15,6 +15,8 @@
 #ifndef OOMB_SERVER_JOB_SERVICE_H_
 #define OOMB_SERVER_JOB_SERVICE_H_
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -27,6 +29,13 @@ namespace oomb::server {
 
 struct JobServiceOptions {
   std::string auth_token;  // empty: no authentication
+  // CreateJob reads and checks the datasets with this (production: oomb::ValidateJobData)
+  // when they are at most `validate_data_max_bytes` together, so a bad line is
+  // INVALID_ARGUMENT naming the file and the line before anything is queued. The scan runs on
+  // the handler's thread (tokenizing ~16 MiB takes seconds). Larger datasets, or none set, are
+  // read when the job runs: a bad line then FAILs the job with the line in JobError.message.
+  std::function<absl::Status(const JobSpec&)> validate_data;
+  int64_t validate_data_max_bytes = int64_t{16} << 20;
   // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
   // filled per call.
   v1::ServerInfo server_info;
@@ -63,6 +72,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
  private:
   absl::Status CheckAuth(const grpc::CallbackServerContext* ctx) const;
+  // options_.validate_data for datasets within the size limit; OK otherwise.
+  absl::Status ValidateData(const JobSpec& spec) const;
 
   JobStore* const store_;
   Scheduler* const scheduler_;

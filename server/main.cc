@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   oomb::server::RegisterServeCommands(app);
   oomb::server::RegisterRunCommands(app);
   oomb::server::RegisterModelCommands(app);
+  oomb::server::RegisterDataCommands(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

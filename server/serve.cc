@@ -90,6 +90,7 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
 
   JobServiceOptions jopts;
   jopts.auth_token = token;
+  jopts.validate_data = env.validate_data;
   jopts.server_info = env.server_info;
   *jopts.server_info.mutable_start_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   JobServiceImpl service(store->get(), &scheduler, &hub, jopts);

@@ -11,6 +11,7 @@
 #ifndef OOMB_SERVER_SERVE_H_
 #define OOMB_SERVER_SERVE_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ namespace oomb::server {
 struct ServeEnvironment {
   std::vector<std::string> devices;  // used when config.devices == "auto"
   JobRunner runner;
+  // CreateJob's dataset check (JobServiceOptions::validate_data); empty: none.
+  std::function<absl::Status(const JobSpec&)> validate_data;
   v1::ServerInfo server_info;  // versions and devices; start time and draining are filled in
 };
 

@@ -51,6 +51,7 @@ ServeEnvironment ProductionEnvironment() {
   const BuildInfo info = GetBuildInfo();
   ServeEnvironment env;
   env.runner = RunJob;
+  env.validate_data = ValidateJobData;
   env.server_info.set_version(info.version);
   env.server_info.set_torch_version(info.torch_version);
   env.server_info.set_cuda_version(info.cuda_version);

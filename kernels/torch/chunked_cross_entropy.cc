@@ -24,14 +24,14 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
                 "labels: expected int64 [", hidden.size(0), "], got ", labels.scalar_type(), " ", labels.sizes());
     TORCH_CHECK(rows_per_block > 0, "rows_per_block must be > 0, got ", rows_per_block);
     const at::ScalarType ct = ComputeType(hidden.scalar_type());
-    const at::Tensor w = weight.to(ct);
+    const at::Tensor w = weight.to(hidden.scalar_type());
     at::Tensor total = at::zeros({}, hidden.options().dtype(ct));
     for (int64_t r0 = 0; r0 < hidden.size(0); r0 += rows_per_block) {
       const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
       const at::Tensor lab = labels.slice(0, r0, r1);
       const at::Tensor valid = lab.ne(kIgnoreIndex);
       if (!valid.any().item<bool>()) continue;
-      const at::Tensor logits = at::matmul(hidden.slice(0, r0, r1).to(ct), w.t());  // [B, vocab]
+      const at::Tensor logits = at::matmul(hidden.slice(0, r0, r1), w.t()).to(ct);  // [B, vocab]
       const at::Tensor lse = at::logsumexp(logits, -1);
       const at::Tensor picked = logits.gather(1, lab.clamp_min(0).unsqueeze(1)).squeeze(1);
       total.add_(((lse - picked) * valid.to(ct)).sum());
@@ -46,7 +46,8 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
     const at::Tensor &hidden = saved[0], &weight = saved[1], &labels = saved[2];
     const int64_t rows_per_block = ctx->saved_data["rows_per_block"].toInt();
     const at::ScalarType ct = ComputeType(hidden.scalar_type());
-    const at::Tensor w = weight.to(ct);
+    const at::ScalarType mt = hidden.scalar_type();  // matmul type
+    const at::Tensor w = weight.to(mt);
     const at::Tensor g = grad_outputs[0].to(ct);
     const bool want_weight = ctx->needs_input_grad(1);
     at::Tensor dhidden = at::zeros(hidden.sizes(), hidden.options().dtype(ct));
@@ -56,12 +57,13 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
       const at::Tensor lab = labels.slice(0, r0, r1);
       const at::Tensor valid = lab.ne(kIgnoreIndex);
       if (!valid.any().item<bool>()) continue;
-      const at::Tensor h = hidden.slice(0, r0, r1).to(ct);
-      at::Tensor dlogits = at::softmax(at::matmul(h, w.t()), -1);  // [B, vocab]
+      const at::Tensor h = hidden.slice(0, r0, r1);
+      at::Tensor dlogits = at::softmax(at::matmul(h, w.t()).to(ct), -1);  // [B, vocab]
       dlogits.scatter_add_(1, lab.clamp_min(0).unsqueeze(1), at::full({r1 - r0, 1}, -1.0, dlogits.options()));
       dlogits.mul_(valid.to(ct).unsqueeze(1) * g);
-      dhidden.slice(0, r0, r1).copy_(at::matmul(dlogits, w));
-      if (want_weight) dweight.add_(at::matmul(dlogits.t(), h));
+      const at::Tensor dl = dlogits.to(mt);
+      dhidden.slice(0, r0, r1).copy_(at::matmul(dl, w));
+      if (want_weight) dweight.add_(at::matmul(dl.t(), h));
     }
     return {dhidden.to(hidden.scalar_type()), want_weight ? dweight.to(weight.scalar_type()) : at::Tensor(),
             at::Tensor(), at::Tensor()};

@@ -7,8 +7,9 @@
 //
 // Logits are computed `rows_per_block` rows at a time and never kept: forward saves only its
 // inputs, backward recomputes each block's logits. So memory is rows_per_block x vocab, not
-// N x vocab (ARCHITECTURE.md §3: never materialise C x vocab float32 logits). Logits and
-// softmax are float32 (float64 for float64 inputs). Gradients flow to hidden and, when it
+// N x vocab (ARCHITECTURE.md §3: never materialise C x vocab float32 logits). The logit
+// matmuls run in the inputs' dtype (bfloat16 on the tensor cores, as transformers computes
+// logits); log-sum-exp and softmax are float32 (float64 for float64 inputs). Gradients flow to hidden and, when it
 // requires grad (full fine-tuning, tied embeddings), to weight.
 #ifndef OOMB_KERNELS_TORCH_CHUNKED_CROSS_ENTROPY_H_
 #define OOMB_KERNELS_TORCH_CHUNKED_CROSS_ENTROPY_H_

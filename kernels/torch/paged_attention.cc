@@ -14,8 +14,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Upper bound on score-matrix elements of one (query block, key block) pair.
-constexpr int64_t kBlockScoreElems = int64_t{1} << 22;
+// Upper bound on score-matrix elements of one (query block, key block) pair: small on the CPU,
+// large on a GPU, where fewer and larger launches pay.
+constexpr int64_t kCpuBlockScoreElems = int64_t{1} << 22;
+constexpr int64_t kGpuBlockScoreElems = int64_t{1} << 27;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 at::ScalarType ComputeType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
@@ -29,7 +31,7 @@ struct PastHolder : torch::CustomClassHolder {
 // The chunk's geometry, and the [Hkv, G, C, D] arrangement of query-side tensors in which the
 // G query heads of a KV head are adjacent (head h = kv_head * G + g).
 struct Geometry {
-  int64_t C, Hq, Hkv, G, D, S, key_block;
+  int64_t C, Hq, Hkv, G, D, S, key_block, block_score_elems;
   double scale;
   at::Tensor ToGrouped(const at::Tensor& x) const {  // [C, Hq, D] -> [Hkv, G, C, D]
     return x.reshape({C, Hkv, G, D}).permute({1, 2, 0, 3}).contiguous();
@@ -38,7 +40,7 @@ struct Geometry {
     return x.permute({2, 0, 1, 3}).reshape({C, Hq, D});
   }
   int64_t QueryBlockRows() const {
-    return std::clamp<int64_t>(kBlockScoreElems / std::max<int64_t>(1, Hq * std::max(key_block, C)), 1, C);
+    return std::clamp<int64_t>(block_score_elems / std::max<int64_t>(1, Hq * std::max(key_block, C)), 1, C);
   }
 };
 
@@ -61,7 +63,8 @@ Geometry Check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   g.G = g.Hq / g.Hkv;
   g.D = q.size(2);
   g.S = past == nullptr ? 0 : past->past_tokens();
-  g.key_block = key_block;
+  g.key_block = q.is_cuda() ? std::max<int64_t>(key_block, 16384) : key_block;
+  g.block_score_elems = q.is_cuda() ? kGpuBlockScoreElems : kCpuBlockScoreElems;
   g.scale = 1.0 / std::sqrt(static_cast<double>(g.D));
   return g;
 }
@@ -124,18 +127,50 @@ std::pair<at::Tensor, at::Tensor> SegmentKv(const Segment& s, PastKv* past, cons
   return {k.to(ct), v.to(ct)};
 }
 
+// The fused path on a GPU: bf16/fp16 inputs, one document for the whole chunk (all doc_start
+// equal), head_dim a multiple of 8 up to 256. The past is gathered once per layer visit into a
+// contiguous [keys, kv_heads, D] buffer after the chunk's document start, and LibTorch's flash
+// attention runs with a bottom-right-aligned causal mask (query i sees keys <= S + i); its
+// backward gives dK/dV of past and chunk together.
+int64_t FlashDocStart(const at::Tensor& q, const at::Tensor& doc_start_cpu) {
+  if (!q.is_cuda() || (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)) return -1;
+  if (q.size(2) % 8 != 0 || q.size(2) > 256) return -1;
+  const int64_t* ds = doc_start_cpu.data_ptr<int64_t>();
+  const int64_t n = doc_start_cpu.size(0);
+  return std::all_of(ds, ds + n, [&](int64_t x) { return x == ds[0]; }) ? ds[0] : -1;
+}
+
+// Keys and values of [s0, S + C) as [1, keys, kv_heads, D] (the flash layout).
+std::pair<at::Tensor, at::Tensor> FlashKeys(const Geometry& g, PastKv* past, int64_t s0, const at::Tensor& k,
+                                            const at::Tensor& v) {
+  if (s0 >= g.S) return {k.unsqueeze(0), v.unsqueeze(0)};
+  auto [pk, pv] = past->Read(s0, g.S);  // [Hkv, n, D]
+  return {at::cat({pk.to(k.scalar_type()).permute({1, 0, 2}), k}, 0).unsqueeze(0),
+          at::cat({pv.to(v.scalar_type()).permute({1, 0, 2}), v}, 0).unsqueeze(0)};
+}
+
 class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& doc_start, std::shared_ptr<PastKv> past, int64_t key_block) {
     const Geometry g = Check(q, k, v, doc_start, past.get(), key_block);
+    const at::Tensor doc_cpu = doc_start.cpu().contiguous();
+    if (const int64_t s0 = FlashDocStart(q, doc_cpu); s0 >= 0) {
+      auto [keys, values] = FlashKeys(g, past.get(), s0, k, v);
+      auto [out, lse, rng, unused, mask] = at::_flash_attention_forward(
+          q.unsqueeze(0), keys, values, std::nullopt, std::nullopt, g.C, keys.size(1), 0.0, /*is_causal=*/true,
+          /*return_debug_mask=*/false, g.scale);
+      ctx->save_for_backward({q, k, v, doc_start, out, lse, rng, unused});
+      ctx->saved_data["flash_s0"] = s0;
+      ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
+      return out.squeeze(0);
+    }
     const at::ScalarType ct = ComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
     at::Tensor out = at::empty({g.Hkv, g.G, g.C, g.D}, qg.options());
     at::Tensor lse = at::empty({g.Hkv, g.G, g.C}, qg.options());
-    const auto blocks = QueryBlocks(g, doc_start.cpu().contiguous());
-    for (const QueryBlock& b : blocks) {
+    for (const QueryBlock& b : QueryBlocks(g, doc_cpu)) {
       const int64_t B = b.i1 - b.i0;
       const at::Tensor qb = qg.slice(2, b.i0, b.i1).reshape({g.Hkv, b.rows(g), g.D});
       at::Tensor m = at::full({g.Hkv, b.rows(g), 1}, kNegInf, qb.options());
@@ -168,6 +203,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     auto holder = c10::static_intrusive_pointer_cast<PastHolder>(ctx->saved_data["past"].toCapsule());
     PastKv* past = holder->past.get();
     const Geometry g = Check(q, k, v, doc_start, past, holder->key_block);
+    if (ctx->saved_data.count("flash_s0")) return FlashBackward(ctx, g, past, grad_outputs[0]);
     const at::ScalarType ct = ComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
@@ -204,6 +240,29 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     at::Tensor dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
     at::Tensor dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  static variable_list FlashBackward(AutogradContext* ctx, const Geometry& g, PastKv* past, const at::Tensor& dout) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[4], &lse = saved[5], &rng = saved[6],
+                     &unused = saved[7];
+    const int64_t s0 = ctx->saved_data["flash_s0"].toInt();
+    auto [keys, values] = FlashKeys(g, past, s0, k, v);
+    auto [dq, dkeys, dvalues] = at::_flash_attention_backward(
+        dout.unsqueeze(0).contiguous(), q.unsqueeze(0), keys, values, out, lse, at::Tensor(), at::Tensor(), g.C,
+        keys.size(1), 0.0, /*is_causal=*/true, rng, unused, g.scale);
+    const int64_t n_past = std::max<int64_t>(0, g.S - s0);
+    if (n_past > 0) {
+      past->AccumulateGrad(s0, dkeys[0].slice(0, 0, n_past).permute({1, 0, 2}).to(at::kFloat).contiguous(),
+                           dvalues[0].slice(0, 0, n_past).permute({1, 0, 2}).to(at::kFloat).contiguous());
+    }
+    return {dq.squeeze(0),
+            dkeys[0].slice(0, n_past).contiguous(),
+            dvalues[0].slice(0, n_past).contiguous(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 

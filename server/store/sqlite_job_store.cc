@@ -306,6 +306,10 @@ class SqliteJobStore : public JobStore {
       e.set_job(JobName(job_id));
       e.set_sequence(++last_sequence);
       if (!e.has_time()) *e.mutable_time() = now;
+      // Stamped before the event is stored, so a replay from the store equals the live event.
+      if (e.type() == v1::JobEvent::CHECKPOINT_SAVED && !e.checkpoint().has_create_time()) {
+        *e.mutable_checkpoint()->mutable_create_time() = e.time();
+      }
       SQLite::Statement ins(*db_, "INSERT INTO job_events (job_id, sequence, event) VALUES (?, ?, ?)");
       ins.bind(1, job_id);
       ins.bind(2, e.sequence());
@@ -313,9 +317,7 @@ class SqliteJobStore : public JobStore {
       ins.bind(3, blob.data(), static_cast<int>(blob.size()));
       ins.exec();
       if (e.type() == v1::JobEvent::CHECKPOINT_SAVED) {
-        v1::Checkpoint c = e.checkpoint();
-        if (!c.has_create_time()) *c.mutable_create_time() = e.time();
-        *e.mutable_checkpoint() = c;
+        const v1::Checkpoint& c = e.checkpoint();
         SQLite::Statement ck(*db_, "INSERT INTO checkpoints (job_id, sequence, step, checkpoint) VALUES (?, ?, ?, ?)");
         ck.bind(1, job_id);
         ck.bind(2, e.sequence());

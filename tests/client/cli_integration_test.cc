@@ -84,8 +84,9 @@ class CliTest : public ::testing::Test {
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "model");
-    std::ofstream(dir_ / "model" / "config.json") << "{}";
-    std::ofstream(dir_ / "train.jsonl") << "{\"text\": \"hello\"}\n";
+    // CreateJob reads the dataset: pre-tokenized ids need no tokenizer.json, only vocab_size.
+    std::ofstream(dir_ / "model" / "config.json") << "{\"vocab_size\": 256}";
+    std::ofstream(dir_ / "train.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";
     std::ofstream(dir_ / "job.yaml") << "display_name: t\nlabels: {team: nlp}\nmodel:\n  path: "
                                      << (dir_ / "model").string()
                                      << "\ndata:\n  train: " << (dir_ / "train.jsonl").string()

@@ -1,10 +1,12 @@
 #include "worker/data/dataset.h"
 
+#include <simdjson.h>
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
@@ -41,31 +43,83 @@ bool ValidUtf8(const std::string& s, size_t* bad_offset) {
   return true;
 }
 
-std::vector<int64_t> Encode(const Tokenizer& tok, const std::string& text) {
-  const std::vector<int32_t> ids = tok.Encode(text);
-  return std::vector<int64_t>(ids.begin(), ids.end());
+// The tokenizer, loaded on the first sample that needs one.
+class LazyTokenizer {
+ public:
+  explicit LazyTokenizer(const TokenizerLoader& load) : load_(load) {}
+  absl::StatusOr<TextTokenizer> Get(const LineError& err) {
+    if (!loaded_) {
+      auto t = load_ ? load_() : absl::FailedPreconditionError("no tokenizer");
+      status_ = t.status();
+      if (t.ok()) tools_ = *t;
+      if (status_.ok() && tools_.tokenizer == nullptr) status_ = absl::InternalError("the tokenizer loader gave null");
+      loaded_ = true;
+    }
+    if (!status_.ok()) {
+      return absl::Status(status_.code(), absl::StrCat(err("").message(), status_.message()));
+    }
+    return tools_;
+  }
+
+  // Bytes of text token `id` stands for: an added token's content, else one byte per
+  // character of its byte-level string. Only after a successful Get().
+  size_t TokenBytes(int32_t id) {
+    if (added_.empty()) {
+      for (const AddedToken& a : tools_.tokenizer->added_tokens()) added_[a.id] = a.content.size();
+      added_[-1] = 0;  // marks the map as built
+    }
+    if (const auto it = added_.find(id); it != added_.end()) return it->second;
+    const std::optional<std::string> s = tools_.tokenizer->IdToToken(id);
+    if (!s) return 0;
+    return static_cast<size_t>(
+        std::count_if(s->begin(), s->end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+  }
+
+ private:
+  const TokenizerLoader& load_;
+  bool loaded_ = false;
+  absl::Status status_;
+  TextTokenizer tools_;
+  std::unordered_map<int32_t, size_t> added_;
+};
+
+// Token ids of `text`; `special` applies the tokenizer's post-processor as HF's tokenizer(text)
+// does by default (Llama-3 prepends <|begin_of_text|>; SmolLM2 and Qwen2 add nothing).
+absl::StatusOr<std::vector<int64_t>> Encode(const Tokenizer& tok, const std::string& text, bool special,
+                                            const LineError& err) {
+  auto ids = tok.EncodeChecked(text, special);
+  if (!ids.ok()) return err(absl::StrCat("tokenizing: ", ids.status().message()));
+  return std::vector<int64_t>(ids->begin(), ids->end());
 }
 
-absl::StatusOr<Document> ParseLine(const json& j, const Tokenizer& tok, const ChatTemplate* chat,
-                                   const LineError& err) {
-  if (!j.is_object()) return err("expected a JSON object");
+absl::StatusOr<Document> ParseLine(const json& j, LazyTokenizer& lazy, int64_t vocab_size, const LineError& err) {
+  if (!j.is_object()) return err(absl::StrCat("expected a JSON object, got ", j.type_name()));
+  int formats = 0;
+  for (const char* key : {"text", "messages", "input_ids"}) formats += j.contains(key) ? 1 : 0;
+  formats += (j.contains("prompt") || j.contains("completion")) ? 1 : 0;
+  if (formats > 1) {
+    return err("more than one sample format: use one of 'text', 'prompt'/'completion', 'messages', 'input_ids'");
+  }
   Document d;
   auto string_field = [&](const char* key) -> absl::StatusOr<std::string> {
     const auto it = j.find(key);
     if (!it->is_string()) return err(absl::StrCat("field '", key, "': expected a string, got ", it->type_name()));
     return it->get<std::string>();
   };
+  auto id_in_vocab = [&](int64_t id) { return id >= 0 && id < vocab_size; };
   if (j.contains("text")) {
     OOMB_ASSIGN_OR_RETURN(std::string text, string_field("text"));
-    d.ids = Encode(tok, text);
+    OOMB_ASSIGN_OR_RETURN(TextTokenizer t, lazy.Get(err));
+    OOMB_ASSIGN_OR_RETURN(d.ids, Encode(*t.tokenizer, text, /*special=*/true, err));
     d.labels = d.ids;
   } else if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion")) return err("'prompt' and 'completion' go together");
     OOMB_ASSIGN_OR_RETURN(std::string prompt, string_field("prompt"));
     OOMB_ASSIGN_OR_RETURN(std::string completion, string_field("completion"));
-    d.ids = Encode(tok, prompt);
+    OOMB_ASSIGN_OR_RETURN(TextTokenizer t, lazy.Get(err));
+    OOMB_ASSIGN_OR_RETURN(d.ids, Encode(*t.tokenizer, prompt, /*special=*/true, err));
     d.labels.assign(d.ids.size(), kIgnoreLabel);
-    const std::vector<int64_t> c = Encode(tok, completion);
+    OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> c, Encode(*t.tokenizer, completion, /*special=*/false, err));
     d.ids.insert(d.ids.end(), c.begin(), c.end());
     d.labels.insert(d.labels.end(), c.begin(), c.end());
   } else if (j.contains("messages")) {
@@ -84,51 +138,82 @@ absl::StatusOr<Document> ParseLine(const json& j, const Tokenizer& tok, const Ch
       }
       msgs.push_back({role, x["content"].get<std::string>()});
     }
-    if (chat == nullptr) {
+    OOMB_ASSIGN_OR_RETURN(TextTokenizer t, lazy.Get(err));
+    if (t.chat == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(err("").message(), "the model has no supported chat template for 'messages' samples"));
     }
-    auto rendered = chat->Render(msgs);
+    auto rendered = t.chat->Render(msgs);
     if (!rendered.ok()) return err(std::string(rendered.status().message()));
-    // Tokenize the text between spans without loss, each assistant span with loss.
-    size_t pos = 0;
-    auto add = [&](size_t begin, size_t end, bool loss) {
-      if (end <= begin) return;
-      const std::vector<int64_t> ids = Encode(tok, rendered->text.substr(begin, end - begin));
-      d.ids.insert(d.ids.end(), ids.begin(), ids.end());
-      if (loss) {
-        d.labels.insert(d.labels.end(), ids.begin(), ids.end());
-      } else {
-        d.labels.insert(d.labels.end(), ids.size(), kIgnoreLabel);
-      }
-    };
-    for (const AssistantSpan& s : rendered->assistant_spans) {
-      add(pos, s.content_begin, false);
-      add(s.content_begin, s.turn_end, true);
-      pos = s.turn_end;
+    // The ids are the tokenization of the whole rendered text, as transformers' chat training
+    // makes them; a token carries its label when it starts inside an assistant span (content
+    // and end-of-turn marker). Tokens are placed by their byte lengths; when those do not add up
+    // to the text (a normalizer changed it), each span is tokenized on its own instead.
+    OOMB_ASSIGN_OR_RETURN(d.ids, Encode(*t.tokenizer, rendered->text, false, err));
+    const std::vector<AssistantSpan>& spans = rendered->assistant_spans;
+    size_t byte = 0, span = 0;
+    for (const int64_t id : d.ids) {
+      while (span < spans.size() && byte >= spans[span].turn_end) ++span;
+      const bool loss = span < spans.size() && byte >= spans[span].content_begin;
+      d.labels.push_back(loss ? id : kIgnoreLabel);
+      byte += lazy.TokenBytes(static_cast<int32_t>(id));
     }
-    add(pos, rendered->text.size(), false);
+    if (byte != rendered->text.size()) {
+      d = Document();
+      size_t pos = 0;
+      auto add = [&](size_t begin, size_t end, bool loss) -> absl::Status {
+        if (end <= begin) return absl::OkStatus();
+        OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
+                              Encode(*t.tokenizer, rendered->text.substr(begin, end - begin), false, err));
+        d.ids.insert(d.ids.end(), ids.begin(), ids.end());
+        if (loss) {
+          d.labels.insert(d.labels.end(), ids.begin(), ids.end());
+        } else {
+          d.labels.insert(d.labels.end(), ids.size(), kIgnoreLabel);
+        }
+        return absl::OkStatus();
+      };
+      for (const AssistantSpan& s : spans) {
+        OOMB_RETURN_IF_ERROR(add(pos, s.content_begin, false));
+        OOMB_RETURN_IF_ERROR(add(s.content_begin, s.turn_end, true));
+        pos = s.turn_end;
+      }
+      OOMB_RETURN_IF_ERROR(add(pos, rendered->text.size(), false));
+    }
   } else if (j.contains("input_ids")) {
     const json& ids = j["input_ids"];
-    if (!ids.is_array()) return err("field 'input_ids': expected an array of token ids");
+    if (!ids.is_array())
+      return err(absl::StrCat("field 'input_ids': expected an array of token ids, got ", ids.type_name()));
+    if (vocab_size <= 0) {
+      OOMB_ASSIGN_OR_RETURN(TextTokenizer t, lazy.Get(err));
+      vocab_size = t.tokenizer->vocab_size();
+    }
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (!ids[i].is_number_integer()) return err(absl::StrCat("input_ids[", i, "]: expected an integer"));
+      if (!ids[i].is_number_integer()) {
+        return err(absl::StrCat("input_ids[", i, "]: expected an integer, got ", ids[i].dump()));
+      }
       const int64_t id = ids[i].get<int64_t>();
-      if (id < 0 || id >= tok.vocab_size()) {
-        return err(absl::StrCat("input_ids[", i, "] = ", id, " is outside the vocabulary [0, ", tok.vocab_size(), ")"));
+      if (!id_in_vocab(id) || (ids[i].is_number_unsigned() && ids[i].get<uint64_t>() > INT64_MAX)) {
+        return err(
+            absl::StrCat("input_ids[", i, "] = ", ids[i].dump(), " is outside the vocabulary [0, ", vocab_size, ")"));
       }
       d.ids.push_back(id);
     }
     if (j.contains("labels")) {
       const json& labels = j["labels"];
       if (!labels.is_array() || labels.size() != ids.size()) {
-        return err(absl::StrCat("field 'labels': expected an array of ", ids.size(), " integers"));
+        return err(absl::StrCat("field 'labels': expected an array of ", ids.size(), " integers (one per input id)"));
       }
       for (size_t i = 0; i < labels.size(); ++i) {
-        if (!labels[i].is_number_integer()) return err(absl::StrCat("labels[", i, "]: expected an integer"));
+        if (!labels[i].is_number_integer()) {
+          return err(absl::StrCat("labels[", i, "]: expected an integer, got ", labels[i].dump()));
+        }
+        // An unsigned value above INT64_MAX would wrap (2^64 - 100 to -100): reject it first.
+        const bool wraps = labels[i].is_number_unsigned() && labels[i].get<uint64_t>() > INT64_MAX;
         const int64_t l = labels[i].get<int64_t>();
-        if (l != kIgnoreLabel && (l < 0 || l >= tok.vocab_size())) {
-          return err(absl::StrCat("labels[", i, "] = ", l, " is neither -100 nor in the vocabulary"));
+        if (wraps || (l != kIgnoreLabel && !id_in_vocab(l))) {
+          return err(absl::StrCat("labels[", i, "] = ", labels[i].dump(), " is neither -100 nor in the vocabulary [0, ",
+                                  vocab_size, ")"));
         }
         d.labels.push_back(l);
       }
@@ -142,16 +227,69 @@ absl::StatusOr<Document> ParseLine(const json& j, const Tokenizer& tok, const Ch
   return d;
 }
 
+// The fast path for pre-tokenized lines, where parsing is the whole cost: simdjson parses a
+// 16K-id line about 17x faster than nlohmann (measured: 246 vs 14 MB/s on the 2-core dev
+// machine). It accepts only a clean {"input_ids": [...]} or {"input_ids": [...], "labels":
+// [...]} line whose every value is valid; anything else (another format, a duplicate or extra
+// key, any error) returns false and the line goes through nlohmann and ParseLine, which give
+// the error messages. So both paths agree on every accepted line, and messages are unchanged.
+bool FastInputIds(simdjson::dom::parser& parser, const std::string& line, int64_t vocab_size, Document* d) {
+  if (vocab_size <= 0) return false;
+  simdjson::dom::object obj;
+  if (parser.parse(line).get_object().get(obj) != simdjson::SUCCESS) return false;
+  simdjson::dom::array ids, labels;
+  bool has_ids = false, has_labels = false;
+  for (const auto field : obj) {
+    if (field.key == "input_ids" && !has_ids) {
+      has_ids = field.value.get_array().get(ids) == simdjson::SUCCESS;
+      if (!has_ids) return false;
+    } else if (field.key == "labels" && !has_labels) {
+      has_labels = field.value.get_array().get(labels) == simdjson::SUCCESS;
+      if (!has_labels) return false;
+    } else {
+      return false;
+    }
+  }
+  if (!has_ids || ids.size() == 0 || (has_labels && labels.size() != ids.size())) return false;
+  d->ids.reserve(ids.size());
+  for (const auto v : ids) {
+    int64_t id = 0;
+    if (!v.is_int64() || v.get_int64().get(id) != simdjson::SUCCESS || id < 0 || id >= vocab_size) return false;
+    d->ids.push_back(id);
+  }
+  if (!has_labels) {
+    d->labels = d->ids;
+    return true;
+  }
+  d->labels.reserve(labels.size());
+  for (const auto v : labels) {
+    int64_t l = 0;
+    if (!v.is_int64() || v.get_int64().get(l) != simdjson::SUCCESS) return false;
+    if (l != kIgnoreLabel && (l < 0 || l >= vocab_size)) return false;
+    d->labels.push_back(l);
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, const Tokenizer& tokenizer,
                                                        const ChatTemplate* chat, const DatasetOptions& options,
                                                        DatasetStats* stats) {
+  const TokenizerLoader load = [&]() -> absl::StatusOr<TextTokenizer> { return TextTokenizer{&tokenizer, chat}; };
+  return ReadJsonlDataset(path, load, options, stats);
+}
+
+absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, const TokenizerLoader& tokenizer,
+                                                       const DatasetOptions& options, DatasetStats* stats) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(options.field, ": cannot open ", path));
   std::vector<Document> docs;
   DatasetStats local;
   DatasetStats& st = stats != nullptr ? *stats : local;
+  st = DatasetStats();
+  LazyTokenizer lazy(tokenizer);
+  simdjson::dom::parser parser;
   std::string line;
   for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -159,13 +297,18 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, 
     const LineError err(options, path, line_no);
     size_t bad = 0;
     if (!ValidUtf8(line, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::parse_error& e) {
-      return err(absl::StrCat("invalid JSON: ", e.what()));
+    Document d;
+    line.reserve(line.size() + simdjson::SIMDJSON_PADDING);  // parsed in place, not copied
+    if (!FastInputIds(parser, line, options.vocab_size, &d)) {
+      d = Document();
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
+        return err(absl::StrCat("invalid JSON: ", e.what()));
+      }
+      OOMB_ASSIGN_OR_RETURN(d, ParseLine(j, lazy, options.vocab_size, err));
     }
-    OOMB_ASSIGN_OR_RETURN(Document d, ParseLine(j, tokenizer, chat, err));
     d.line = line_no;
     const int64_t n = static_cast<int64_t>(d.ids.size());
     if (n > options.max_seq_len) {

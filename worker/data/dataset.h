@@ -10,17 +10,26 @@
 //                                                       end-of-turn marker)
 //   {"input_ids": [...], "labels": [...]}               pre-tokenized; labels optional (= ids),
 //                                                       -100 for no loss
+// Exactly one format per line (a line with two is an error). Tokenization follows
+// transformers: "text" and "prompt" are encoded with the tokenizer's special tokens (its
+// post-processor: Llama-3 prepends <|begin_of_text|>; SmolLM2 and Qwen2 add nothing), the
+// completion without; a conversation is encoded whole, as rendered, and a token carries its
+// label when it starts inside an assistant span (so a BPE merge across a span boundary gives
+// the same ids as transformers).
 // Blank lines are skipped. Every error names the file and the 1-based line:
 //   "data.train: /data/a.jsonl:12: invalid JSON: ..."  (INVALID_ARGUMENT)
 // too_long: "truncate" cuts a sample to max_seq_len, "drop" skips it, "error" fails naming the
 // line and the length.
 //
 // The file is read line by line (never loaded whole); the documents are kept in memory as
-// token ids.
+// token ids. Pre-tokenized lines take a simdjson fast path (about 17x nlohmann on long id
+// lists); every other line, and every line with an error, goes through nlohmann, which words
+// the messages.
 #ifndef OOMB_WORKER_DATA_DATASET_H_
 #define OOMB_WORKER_DATA_DATASET_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +45,10 @@ struct DatasetOptions {
   std::string field = "data.train";  // the job-spec field named in errors
   int64_t max_seq_len = 131072;
   std::string too_long = "truncate";  // truncate | drop | error
+  // Bound of "input_ids" and "labels" values: [0, vocab_size). Use the model's embedding rows
+  // (config.json vocab_size), which may exceed the tokenizer's. 0: the tokenizer's vocab_size
+  // (which then loads the tokenizer even for a pre-tokenized file).
+  int64_t vocab_size = 0;
 };
 
 struct DatasetStats {
@@ -49,9 +62,27 @@ struct DatasetStats {
   std::vector<int64_t> length_counts = std::vector<int64_t>(8, 0);
 };
 
-// Reads every sample. `chat` is needed only for "messages" lines (FAILED_PRECONDITION naming
-// the line when it is absent). INVALID_ARGUMENT for the first bad line; NOT_FOUND when the
-// file does not exist; INVALID_ARGUMENT when it holds no sample.
+// What the reader tokenizes text with. Only "text", "prompt"/"completion" and "messages"
+// samples need it, so a pre-tokenized file (with DatasetOptions::vocab_size set) reads without
+// a tokenizer.json.
+struct TextTokenizer {
+  const Tokenizer* tokenizer = nullptr;  // required
+  const ChatTemplate* chat = nullptr;    // null: "messages" samples are FAILED_PRECONDITION
+};
+// Called at most once per read, on the first sample that needs it; the pointers must outlive
+// the read. Its error fails the read, with its code and its message prefixed by the field, the
+// file and the line of that sample ("data.train: /d/a.jsonl:3: " + message).
+using TokenizerLoader = std::function<absl::StatusOr<TextTokenizer>()>;
+
+// Reads every sample. INVALID_ARGUMENT for the first bad line (naming it); NOT_FOUND when the
+// file does not exist; INVALID_ARGUMENT when it holds no sample; FAILED_PRECONDITION for a
+// "messages" line when the model has no supported chat template; the loader's error (with the
+// line) when a sample needs a tokenizer that cannot be loaded.
+absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, const TokenizerLoader& tokenizer,
+                                                       const DatasetOptions& options, DatasetStats* stats);
+// `stats` (optional) is overwritten with the read's summary.
+
+// As above with a tokenizer already loaded; `chat` may be null.
 absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, const Tokenizer& tokenizer,
                                                        const ChatTemplate* chat, const DatasetOptions& options,
                                                        DatasetStats* stats);

@@ -85,6 +85,62 @@ void ResetPeak(const at::Device& device) {
 #endif
 }
 
+// config.json's vocab_size: the bound of pre-tokenized ids (the model's embedding rows); 0
+// when it has none (the reader then takes the tokenizer's; loading the model reports it).
+absl::StatusOr<int64_t> ModelVocabSize(const std::string& model_dir) {
+  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(model_dir + "/config.json"));
+  const auto config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto it = config.is_object() ? config.find("vocab_size") : config.end();
+  if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return 0;
+  return it->get<int64_t>();
+}
+
+// The datasets of a job, read and checked, with the tokenizer that read them (null when every
+// sample was pre-tokenized).
+struct JobData {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat;
+  std::vector<Document> train;
+  DatasetStats stats;
+  std::vector<Document> validation;
+};
+
+// The tokenizer is loaded lazily, on the first sample that holds text: a model directory
+// without tokenizer.json (e.g. a test model) trains on pre-tokenized {"input_ids"} data, and a
+// text sample is then an error naming its line.
+absl::StatusOr<JobData> ReadJobData(const JobSpec& spec) {
+  JobData data;
+  absl::Status load_error;
+  const TokenizerLoader loader = [&]() -> absl::StatusOr<TextTokenizer> {
+    if (data.tokenizer == nullptr) {
+      if (!load_error.ok()) return load_error;
+      auto tokenizer = Tokenizer::FromModelDir(spec.model.path);
+      if (!tokenizer.ok()) {
+        load_error = absl::InvalidArgumentError(absl::StrCat(
+            "this sample needs the model's tokenizer (or use pre-tokenized {\"input_ids\": [...]} samples): ",
+            "model.path: ", tokenizer.status().message()));
+        return load_error;
+      }
+      data.tokenizer = *std::move(tokenizer);
+      if (!data.tokenizer->chat_template().empty()) {
+        auto chat = ChatTemplate::FromJinja(data.tokenizer->chat_template());
+        if (chat.ok()) data.chat = *chat;
+      }
+    }
+    return TextTokenizer{data.tokenizer.get(), data.chat ? &*data.chat : nullptr};
+  };
+  DatasetOptions options;
+  options.max_seq_len = spec.data.max_seq_len;
+  options.too_long = spec.data.too_long;
+  OOMB_ASSIGN_OR_RETURN(options.vocab_size, ModelVocabSize(spec.model.path));
+  OOMB_ASSIGN_OR_RETURN(data.train, ReadJsonlDataset(spec.data.train, loader, options, &data.stats));
+  if (!spec.data.validation.empty()) {
+    options.field = "data.validation";
+    OOMB_ASSIGN_OR_RETURN(data.validation, ReadJsonlDataset(spec.data.validation, loader, options, nullptr));
+  }
+  return data;
+}
+
 class Run {
  public:
   Run(const JobSpec& spec, const RunOptions& options) : spec_(spec), options_(options) {}
@@ -111,22 +167,13 @@ class Run {
       return absl::UnimplementedError("resources.gpus: data parallelism is not implemented yet; use 1");
     }
     OOMB_ASSIGN_OR_RETURN(ModelConfig base_config, LoadModelConfig(spec_.model.path));
-    OOMB_ASSIGN_OR_RETURN(tokenizer_, Tokenizer::FromModelDir(spec_.model.path));
-    if (!tokenizer_->chat_template().empty()) {
-      auto chat = ChatTemplate::FromJinja(tokenizer_->chat_template());
-      if (chat.ok()) chat_ = *chat;
-    }
-    DatasetOptions data_options;
-    data_options.max_seq_len = spec_.data.max_seq_len;
-    data_options.too_long = spec_.data.too_long;
-    OOMB_ASSIGN_OR_RETURN(
-        docs_, ReadJsonlDataset(spec_.data.train, *tokenizer_, chat_ ? &*chat_ : nullptr, data_options, &stats_));
+    OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec_));
+    tokenizer_ = std::move(data.tokenizer);
+    chat_ = std::move(data.chat);
+    docs_ = std::move(data.train);
+    stats_ = data.stats;
     if (!spec_.data.validation.empty()) {
-      data_options.field = "data.validation";
-      OOMB_ASSIGN_OR_RETURN(
-          std::vector<Document> val,
-          ReadJsonlDataset(spec_.data.validation, *tokenizer_, chat_ ? &*chat_ : nullptr, data_options, nullptr));
-      validation_ = PackDocuments(val, spec_.data.max_seq_len, spec_.data.packing, -1);
+      validation_ = PackDocuments(data.validation, spec_.data.max_seq_len, spec_.data.packing, -1);
     }
     const auto first_epoch = PackDocuments(docs_, spec_.data.max_seq_len, spec_.data.packing, spec_.data.shuffle_seed);
     sequences_per_epoch_ = static_cast<int64_t>(first_epoch.size());
@@ -378,6 +425,14 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options)
     return absl::ResourceExhaustedError("[OUT_OF_MEMORY] host allocation failed");
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("[INTERNAL] ", e.what()));
+  }
+}
+
+absl::Status ValidateJobData(const JobSpec& spec) {
+  try {
+    return ReadJobData(spec).status();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("[INTERNAL] reading the datasets: ", e.what()));
   }
 }
 

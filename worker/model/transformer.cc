@@ -209,14 +209,16 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
                                                  uint64_t seed, double init_std) {
   std::unique_ptr<Transformer> m(new Transformer(config, dtype, device));
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  // Drawn in float64 whatever the dtype, so models of different dtypes from one seed hold the
-  // same weights up to rounding (tests compare them).
-  auto randn = [&](std::vector<int64_t> shape) {
-    return at::normal(0.0, init_std, shape, gen, at::TensorOptions().dtype(at::kDouble)).to(device, dtype);
+  // On the CPU drawn in float64 whatever the dtype, so models of different dtypes from one seed
+  // hold the same weights up to rounding (tests compare them). On a GPU drawn there directly
+  // (a 7B model drawn on the host in float64 would take minutes).
+  if (device.is_cuda()) at::manual_seed(seed);
+  auto draw = [&](std::vector<int64_t> shape, double mean, double std) {
+    if (device.is_cuda()) return at::empty(shape, at::TensorOptions().dtype(dtype).device(device)).normal_(mean, std);
+    return at::normal(mean, std, shape, gen, at::TensorOptions().dtype(at::kDouble)).to(device, dtype);
   };
-  auto norm = [&](int64_t n) {
-    return (1.0 + at::normal(0.0, 0.1, {n}, gen, at::TensorOptions().dtype(at::kDouble))).to(device, dtype);
-  };
+  auto randn = [&](std::vector<int64_t> shape) { return draw(shape, 0.0, init_std); };
+  auto norm = [&](int64_t n) { return draw({n}, 1.0, 0.1); };
   const int64_t d = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(), f = config.intermediate_size;
   m->embed_ = randn({config.vocab_size, d});
   m->final_norm_ = norm(d);
@@ -238,6 +240,36 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
     }
     if (config.o_bias) l.o.bias = randn({d});
   }
+  return m;
+}
+
+std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
+  std::unique_ptr<Transformer> m(new Transformer(config_, dtype, device_));
+  auto cast = [&](const at::Tensor& t) { return t.defined() ? t.detach().to(dtype) : t; };
+  auto master = [&](const at::Tensor& t) {
+    return t.defined() ? t.detach().to(MasterType(dtype)).set_requires_grad(t.requires_grad()) : t;
+  };
+  m->embed_ = cast(embed_);
+  m->final_norm_ = cast(final_norm_);
+  m->lm_head_ = cast(lm_head_);
+  auto dst = m->NamedLinears();
+  auto src = NamedLinears();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    m->layers_[i].input_norm = cast(layers_[i].input_norm);
+    m->layers_[i].post_norm = cast(layers_[i].post_norm);
+  }
+  for (size_t i = 0; i < src.size(); ++i) {
+    Linear& d = *dst[i].second;
+    const Linear& s = *src[i].second;
+    d.weight = cast(s.weight);
+    d.bias = cast(s.bias);
+    d.lora_a = master(s.lora_a);
+    d.lora_b = master(s.lora_b);
+    d.lora_scaling = s.lora_scaling;
+    d.lora_dropout = s.lora_dropout;
+  }
+  m->lora_ = lora_;
+  if (full_) m->EnableFullFineTuning();
   return m;
 }
 

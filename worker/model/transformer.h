@@ -89,6 +89,9 @@ class Transformer {
   static std::unique_ptr<Transformer> Random(const ModelConfig& config, at::ScalarType dtype, at::Device device,
                                              uint64_t seed, double init_std = 0.02);
 
+  // A copy of the model (base weights and adapters) in another dtype, on the same device.
+  std::unique_ptr<Transformer> CastTo(at::ScalarType dtype) const;
+
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const { return dtype_; }
   at::Device device() const { return device_; }

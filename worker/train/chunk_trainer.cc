@@ -79,31 +79,33 @@ ChunkTrainer::ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool
                            ChunkTrainerOptions options)
     : model_(model), kv_pool_(kv_pool), grad_pool_(grad_pool), options_(options) {}
 
-std::vector<ChunkTrainer::Chunk> ChunkTrainer::MakeChunks(const TokenSequence& seq, bool training,
-                                                          uint64_t dropout_seed) const {
-  const int64_t rope_seq_len =
-      seq.positions.empty() ? 0 : *std::max_element(seq.positions.begin(), seq.positions.end()) + 1;
-  std::vector<Chunk> chunks;
-  for (int64_t b = 0; b < seq.size(); b += options_.chunk_tokens) {
-    Chunk c;
-    c.begin = b;
-    c.end = std::min(seq.size(), b + options_.chunk_tokens);
-    c.input.ids = I64(seq.ids, c.begin, c.end).to(model_->device());
-    c.input.positions = I64(seq.positions, c.begin, c.end).to(model_->device());
-    c.input.doc_start = I64(seq.doc_start, c.begin, c.end).to(model_->device());
-    c.input.rope_seq_len = rope_seq_len;
-    c.input.training = training;
-    c.input.dropout_seed = dropout_seed * 1000003u + static_cast<uint64_t>(chunks.size());
-    c.labels = I64(seq.labels, c.begin, c.end).to(model_->device());
-    chunks.push_back(std::move(c));
-  }
-  return chunks;
+int64_t ChunkTrainer::NumChunks(const TokenSequence& seq) const {
+  return (seq.size() + options_.chunk_tokens - 1) / options_.chunk_tokens;
 }
 
-absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const std::vector<Chunk>& chunks, SequenceKvCache& cache) {
+ChunkTrainer::Chunk ChunkTrainer::MakeChunk(const TokenSequence& seq, int64_t index, bool training,
+                                            uint64_t dropout_seed) const {
+  const int64_t rope_seq_len =
+      seq.positions.empty() ? 0 : *std::max_element(seq.positions.begin(), seq.positions.end()) + 1;
+  Chunk c;
+  c.begin = index * options_.chunk_tokens;
+  c.end = std::min(seq.size(), c.begin + options_.chunk_tokens);
+  c.input.ids = I64(seq.ids, c.begin, c.end).to(model_->device());
+  c.input.positions = I64(seq.positions, c.begin, c.end).to(model_->device());
+  c.input.doc_start = I64(seq.doc_start, c.begin, c.end).to(model_->device());
+  c.input.rope_seq_len = rope_seq_len;
+  c.input.training = training;
+  c.input.dropout_seed = dropout_seed * 1000003u + static_cast<uint64_t>(index);
+  c.labels = I64(seq.labels, c.begin, c.end).to(model_->device());
+  return c;
+}
+
+absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
+                                                   SequenceKvCache& cache) {
   SequenceLoss loss;
   at::NoGradGuard no_grad;
-  for (const Chunk& c : chunks) {
+  for (int64_t index = 0; index < NumChunks(seq); ++index) {
+    const Chunk c = MakeChunk(seq, index, training, dropout_seed);
     absl::Status append_status;
     const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
       std::shared_ptr<kernels::PastKv> past;
@@ -126,7 +128,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq
   SequenceLoss loss;
   const absl::Status s = Guarded("evaluation", [&]() -> absl::Status {
     SequenceKvCache cache(kv_pool_, grad_pool_, model_->config().num_layers);
-    auto r = Forward(MakeChunks(seq, /*training=*/false, 0), cache);
+    auto r = Forward(seq, /*training=*/false, 0, cache);
     if (!r.ok()) return r.status();
     loss = *r;
     return absl::OkStatus();
@@ -144,13 +146,13 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
   SequenceLoss loss;
   const absl::Status s = Guarded("training step", [&]() -> absl::Status {
     SequenceKvCache cache(kv_pool_, grad_pool_, model_->config().num_layers);
-    const std::vector<Chunk> chunks = MakeChunks(seq, /*training=*/true, dropout_seed);
-    auto forward = Forward(chunks, cache);
+    auto forward = Forward(seq, /*training=*/true, dropout_seed, cache);
     if (!forward.ok()) return forward.status();
     loss = *forward;
     const int64_t L = model_->config().num_layers;
-    for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) {
-      const Chunk& c = *it;
+    const int64_t last = NumChunks(seq) - 1;
+    for (int64_t index = last; index >= 0; --index) {
+      const Chunk c = MakeChunk(seq, index, /*training=*/true, dropout_seed);
       std::vector<at::Tensor> ks(L), vs(L);
       const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         ks[layer] = k;
@@ -165,13 +167,19 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
       std::vector<at::Tensor> outputs = {chunk_loss * loss_scale};
       std::vector<at::Tensor> grads = {at::ones({}, chunk_loss.options())};
       // Gradients that later chunks left in this chunk's pages (none for the last chunk).
-      if (it != chunks.rbegin()) {
+      if (index != last) {
         for (int64_t l = 0; l < L; ++l) {
           auto [dk, dv] = cache.ReadGrad(l, c.begin, c.end);
-          outputs.push_back(ks[l]);
-          grads.push_back(dk.to(ks[l].scalar_type()));
-          outputs.push_back(vs[l]);
-          grads.push_back(dv.to(vs[l].scalar_type()));
+          // K or V of a layer needs no gradient when nothing trainable lies below it (layer
+          // 0's K without a LoRA on k_proj): then there is nothing to inject.
+          if (ks[l].requires_grad()) {
+            outputs.push_back(ks[l]);
+            grads.push_back(dk.to(ks[l].scalar_type()));
+          }
+          if (vs[l].requires_grad()) {
+            outputs.push_back(vs[l]);
+            grads.push_back(dv.to(vs[l].scalar_type()));
+          }
         }
       }
       torch::autograd::backward(outputs, grads);

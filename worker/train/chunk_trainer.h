@@ -78,8 +78,12 @@ class ChunkTrainer {
     ChunkInput input;
     at::Tensor labels;  // [C]
   };
-  std::vector<Chunk> MakeChunks(const TokenSequence& seq, bool training, uint64_t dropout_seed) const;
-  absl::StatusOr<SequenceLoss> Forward(const std::vector<Chunk>& chunks, SequenceKvCache& cache);
+  int64_t NumChunks(const TokenSequence& seq) const;
+  // Chunk `index`'s tensors, made when the chunk runs (not for the whole sequence up front:
+  // that would be O(T) memory beside the pages).
+  Chunk MakeChunk(const TokenSequence& seq, int64_t index, bool training, uint64_t dropout_seed) const;
+  absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
+                                       SequenceKvCache& cache);
 
   const Transformer* model_;
   PagePool* kv_pool_;

@@ -1,0 +1,267 @@
+// Training-step benchmark of the chunk-recurrent trainer on one GPU (or the CPU), on a model
+// with random weights of a given architecture (memory and speed do not depend on the values).
+//
+// For each sequence length: one optimizer step (stage 1 + stage 2 + AdamW) after a warm-up step,
+// timed with device synchronisation; prints one JSON line per length:
+//   {"S", "s_per_step", "tok_s", "peak_bytes", "kv_bytes", "model_tflops", "mfu"} or {"S", "oom": true}
+// MFU = model FLOPs / step time / the bf16 matmul rate measured at the start of the same run,
+// with model FLOPs = 6 N T + 6 d L T^2 (N parameters of the base model, d = heads * head_dim,
+// L layers; causal attention; the recomputation is not counted).
+// --grad-check T: LoRA gradients of a bfloat16 run against a float32 run of the same weights
+// (the chunked trainer is exact, so the float32 run is the float32 reference), reported as
+// cosine similarity and relative error.
+//
+// Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
+//                    [--full] [--grad-check 65536] [--device cuda]
+#include <torch/cuda.h>
+#include <torch/optim/adamw.h>
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#if defined(OOMB_HAVE_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "worker/common/status.h"
+#include "worker/kv/page_pool.h"
+#include "worker/model/transformer.h"
+#include "worker/train/chunk_trainer.h"
+
+namespace oomb {
+namespace {
+
+ModelConfig Preset(const std::string& name) {
+  ModelConfig c;
+  c.model_type = "qwen2";
+  c.architecture = "Qwen2ForCausalLM";
+  c.qkv_bias = true;
+  c.rms_norm_eps = 1e-6;
+  c.rope.theta = 1e6;
+  c.max_position_embeddings = 1 << 23;
+  if (name == "qwen2.5-7b") {
+    c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944, c.num_layers = 28;
+    c.num_heads = 28, c.num_kv_heads = 4, c.tie_word_embeddings = false;
+  } else if (name == "qwen2.5-0.5b") {
+    c.vocab_size = 151936, c.hidden_size = 896, c.intermediate_size = 4864, c.num_layers = 24;
+    c.num_heads = 14, c.num_kv_heads = 2, c.tie_word_embeddings = true;
+  } else {  // tiny, for trying the benchmark on the CPU
+    c.vocab_size = 512, c.hidden_size = 128, c.intermediate_size = 256, c.num_layers = 2;
+    c.num_heads = 4, c.num_kv_heads = 2;
+  }
+  c.head_dim = c.hidden_size / c.num_heads;
+  return c;
+}
+
+void Sync(const at::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+}
+
+int64_t PeakBytes(const at::Device& d) {
+#if defined(OOMB_HAVE_CUDA)
+  if (d.is_cuda()) {
+    const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+    return s.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
+#endif
+  return 0;
+}
+
+void ResetPeak(const at::Device& d) {
+#if defined(OOMB_HAVE_CUDA)
+  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
+#endif
+}
+
+void EmptyCache(const at::Device& d) {
+#if defined(OOMB_HAVE_CUDA)
+  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+// bf16 matmul rate (TFLOP/s) on random 8192^3 products, median of 20.
+double MatmulTflops(const at::Device& d) {
+  const int64_t n = 8192;
+  const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(d);
+  const at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
+  for (int i = 0; i < 3; ++i) (void)at::matmul(a, b);
+  std::vector<double> t;
+  for (int i = 0; i < 20; ++i) {
+    Sync(d);
+    const auto s = std::chrono::steady_clock::now();
+    (void)at::matmul(a, b);
+    Sync(d);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
+  }
+  std::sort(t.begin(), t.end());
+  return 2.0 * n * n * n / t[t.size() / 2] / 1e12;
+}
+
+TokenSequence RandomSequence(int64_t T, int64_t vocab, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const at::Tensor ids = at::randint(0, vocab, {T}, gen, at::kLong);
+  return TokenSequence::FromDocument(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + T));
+}
+
+struct Pools {
+  std::unique_ptr<PagePool> kv, grad;
+};
+
+absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, int64_t page, at::Device d) {
+  const ModelConfig& c = m.config();
+  const int64_t pages = c.num_layers * ((T + page - 1) / page + 1);
+  const PageShape shape{c.num_kv_heads, page, c.head_dim};
+  Pools p;
+  OOMB_ASSIGN_OR_RETURN(p.kv, PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
+                                               at::TensorOptions().dtype(m.dtype()).device(d), pages));
+  OOMB_ASSIGN_OR_RETURN(p.grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
+                                                 at::TensorOptions().dtype(at::kFloat).device(d), pages));
+  return p;
+}
+
+// One optimizer step on a sequence of T tokens; returns seconds.
+absl::StatusOr<double> Step(Transformer& m, torch::optim::Optimizer& opt, int64_t T, int64_t chunk, int64_t page,
+                            at::Device d) {
+  OOMB_ASSIGN_OR_RETURN(Pools pools, MakePools(m, T, page, d));
+  ChunkTrainerOptions o;
+  o.chunk_tokens = chunk;
+  ChunkTrainer trainer(&m, pools.kv.get(), pools.grad.get(), o);
+  const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 1);
+  Sync(d);
+  const auto s = std::chrono::steady_clock::now();
+  auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
+  if (!loss.ok()) return loss.status();
+  opt.step();
+  opt.zero_grad(true);
+  Sync(d);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+}
+
+std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, int64_t chunk, int64_t page, at::Device d) {
+  std::map<std::string, at::Tensor> g;
+  auto pools = MakePools(m, T, page, d);
+  if (!pools.ok()) return g;
+  ChunkTrainerOptions o;
+  o.chunk_tokens = chunk;
+  ChunkTrainer trainer(&m, pools->kv.get(), pools->grad.get(), o);
+  const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 2);
+  auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
+  if (!loss.ok()) {
+    std::cerr << "grad check: " << loss.status() << "\n";
+    return g;
+  }
+  for (auto& [name, p] : m.TrainableParameters()) {
+    g[name] = p.grad().to(at::kCPU, at::kDouble);
+    p.mutable_grad().reset();
+  }
+  return g;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"oomb training-step benchmark"};
+  std::string model = "qwen2.5-7b", device = "cuda";
+  std::vector<int64_t> lengths = {16384};
+  int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0;
+  bool full = false;
+  app.add_option("--model", model, "qwen2.5-7b | qwen2.5-0.5b | tiny");
+  app.add_option("--lengths", lengths, "sequence lengths");
+  app.add_option("--chunk", chunk);
+  app.add_option("--page", page);
+  app.add_option("--lora-rank", rank);
+  app.add_flag("--full", full, "full fine-tuning instead of LoRA");
+  app.add_option("--grad-check", grad_check, "length of the bf16-vs-fp32 LoRA gradient check (0: none)");
+  app.add_option("--device", device, "cuda | cpu");
+  CLI11_PARSE(app, argc, argv);
+
+  const at::Device d = device == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
+  const ModelConfig config = Preset(model);
+  const double peak_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
+  std::cout
+      << nlohmann::json{{"model", model}, {"method", full ? "full" : "lora"},  {"chunk", chunk},
+                        {"page", page},   {"matmul_bf16_tflops", peak_tflops}, {"device", d.is_cuda() ? "cuda" : "cpu"}}
+             .dump()
+      << std::endl;
+  {
+    auto m = Transformer::Random(config, at::kBFloat16, d, 0, 0.02);
+    if (full) {
+      m->EnableFullFineTuning();
+    } else {
+      LoraOptions lora;
+      lora.rank = rank;
+      if (!m->AddLora(lora, 0).ok()) return 1;
+    }
+    std::vector<at::Tensor> params;
+    for (auto& [n, p] : m->TrainableParameters()) params.push_back(p);
+    torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-5));
+    const double N = static_cast<double>(config.ParameterCount());
+    const double dl = static_cast<double>(config.q_dim() * config.num_layers);
+    for (int64_t T : lengths) {
+      nlohmann::json r = {{"S", T}};
+      try {
+        EmptyCache(d);
+        auto warm = Step(*m, opt, std::min<int64_t>(T, chunk), chunk, page, d);  // kernels, allocator
+        if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
+        ResetPeak(d);
+        auto s = Step(*m, opt, T, chunk, page, d);
+        if (!s.ok()) throw std::runtime_error(std::string(s.status().message()));
+        const double flops = 6 * N * T + 6 * dl * static_cast<double>(T) * T;
+        r["s_per_step"] = *s;
+        r["tok_s"] = T / *s;
+        r["peak_bytes"] = PeakBytes(d);
+        r["kv_pool_bytes"] =
+            2 * 3 * config.num_layers * ((T + page - 1) / page + 1) * config.num_kv_heads * page * config.head_dim * 2;
+        r["model_tflops"] = flops / *s / 1e12;
+        if (peak_tflops > 0) r["mfu"] = flops / *s / 1e12 / peak_tflops;
+      } catch (const std::exception& e) {
+        r["oom"] = true;
+        r["error"] = std::string(e.what()).substr(0, 300);
+        opt.zero_grad(true);
+      }
+      std::cout << r.dump() << std::endl;
+    }
+  }
+  if (grad_check > 0 && !full) {
+    EmptyCache(d);
+    // The same bfloat16 weights in both runs (the float32 model is the bfloat16 one upcast), so
+    // the difference is the computation's precision alone.
+    auto m16 = Transformer::Random(config, at::kBFloat16, d, 1, 0.02);
+    LoraOptions lora;
+    lora.rank = rank;
+    if (!m16->AddLora(lora, 1).ok()) return 1;
+    {
+      at::NoGradGuard ng;
+      for (auto& [n, p] : m16->TrainableParameters()) {
+        if (n.find("lora_B") != std::string::npos) p.normal_(0, 0.02);  // PEFT's B = 0 gives dA = 0
+      }
+    }
+    const std::map<std::string, at::Tensor> g16 = LoraGrads(*m16, grad_check, chunk, page, d);
+    auto m32 = m16->CastTo(at::kFloat);
+    m16.reset();
+    EmptyCache(d);
+    const auto g32 = LoraGrads(*m32, grad_check, chunk, page, d);
+    double dot = 0, n16 = 0, n32 = 0, diff = 0;
+    for (const auto& [name, a] : g32) {
+      if (!g16.count(name)) continue;
+      const at::Tensor& b = g16.at(name);
+      dot += (a * b).sum().item<double>();
+      n16 += (b * b).sum().item<double>();
+      n32 += (a * a).sum().item<double>();
+      diff += ((a - b) * (a - b)).sum().item<double>();
+    }
+    std::cout << nlohmann::json{{"grad_check_S", grad_check},
+                                {"parameters", g32.size()},
+                                {"cosine", dot / std::sqrt(n16 * n32)},
+                                {"relative_error", std::sqrt(diff / n32)}}
+                     .dump()
+              << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace oomb
+
+int main(int argc, char** argv) { return oomb::Main(argc, argv); }

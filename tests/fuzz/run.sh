@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan + UBSan; tests/fuzz/CMakeLists.txt) and runs each
+# for a bounded time. Exit status non-zero on any crash, leak, UB report or timeout.
+# Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET (default 60)] [BUILD_DIR (default build-fuzz)]
+# Findings (crash-*, leak-*, timeout-*) are left in BUILD_DIR/findings/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+seconds="${1:-60}"
+build="${2:-build-fuzz}"
+CXX="${CXX:-clang++}"
+command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
+CC="${CC:-clang}" CXX="$CXX" cmake -S tests/fuzz -B "$build" -G Ninja >/dev/null
+ninja -C "$build" -j"${FUZZ_JOBS:-1}" fuzz_jsonl_dataset fuzz_safetensors >/dev/null
+
+# Seed corpora: the checked-in JSONL seeds, and a small valid safetensors file made here (two
+# tensors, metadata) so the fuzzer starts from the accepted format.
+work="$build/corpus"
+mkdir -p "$work/jsonl" "$work/safetensors"
+cp tests/fuzz/corpus/jsonl/* "$work/jsonl/"
+python3 - "$work/safetensors/seed.safetensors" <<'PY'
+import json, struct, sys
+header = {"__metadata__": {"format": "pt"},
+          "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+          "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]}}
+h = json.dumps(header).encode()
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + bytes(range(22)))
+PY
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+status=0
+for target in fuzz_jsonl_dataset fuzz_safetensors; do
+  corpus="$work/${target#fuzz_}"
+  [ "$target" = fuzz_jsonl_dataset ] && corpus="$work/jsonl" dict=tests/fuzz/jsonl.dict
+  [ "$target" = fuzz_safetensors ] && corpus="$work/safetensors" dict=tests/fuzz/safetensors.dict
+  findings="$build/findings/$target"
+  mkdir -p "$findings"
+  echo "fuzz: $target for ${seconds}s" >&2
+  if ! "$build/$target" "$corpus" -dict="$dict" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -max_len=4096 -artifact_prefix="$findings/" -print_final_stats=1 >"$findings/log.txt" 2>&1; then
+    echo "fuzz: $target FAILED; see $findings/log.txt" >&2
+    tail -40 "$findings/log.txt" >&2
+    status=1
+  else
+    grep -E '^(stat::number_of_executed_units|Done)' "$findings/log.txt" | tail -2 >&2 || true
+  fi
+done
+exit $status

@@ -1,0 +1,61 @@
+// GPU checks of kernels/ against their CPU references on random inputs (never zeros): the page
+// copy kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
+// against dense float64 attention. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <torch/cuda.h>
+
+#include "kernels/torch/page_ops.h"
+#include "tests/kernels/paged_attention_check.h"
+
+namespace oomb {
+namespace {
+
+class KernelsGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(KernelsGpuTest, PageCopiesMatchCpuReference) {
+  at::manual_seed(5);
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    const at::Tensor arena = at::randn({300, 2, 4, 128, 128}).to(dtype);
+    const at::Tensor slots = at::randperm(300, at::kInt).slice(0, 0, 97);
+    at::Tensor garena = arena.cuda();
+    const at::Tensor gslots = slots.cuda();
+    auto [gk, gv] = kernels::GatherPages(garena, gslots);
+    auto [ck, cv] = kernels::GatherPages(arena, slots);
+    EXPECT_TRUE(at::equal(gk.cpu(), ck) && at::equal(gv.cpu(), cv));
+    // Scatter back permuted data and compare arenas.
+    at::Tensor carena = arena.clone();
+    const at::Tensor nk = at::randn(ck.sizes()).to(dtype), nv = at::randn(cv.sizes()).to(dtype);
+    kernels::ScatterPages(garena, gslots, nk.cuda(), nv.cuda());
+    kernels::ScatterPages(carena, slots, nk, nv);
+    EXPECT_TRUE(at::equal(garena.cpu(), carena));
+  }
+  // Accumulation into float32 gradient pages.
+  at::Tensor grad = at::randn({64, 2, 2, 128, 64});
+  at::Tensor ggrad = grad.cuda();
+  const at::Tensor slots = at::randperm(64, at::kInt).slice(0, 0, 20);
+  const at::Tensor dk = at::randn({2, 20 * 128, 64}), dv = at::randn({2, 20 * 128, 64});
+  kernels::ScatterAddPages(grad, slots, dk, dv);
+  kernels::ScatterAddPages(ggrad, slots.cuda(), dk.cuda(), dv.cuda());
+  EXPECT_LE((ggrad.cpu() - grad).abs().max().item<float>(), 1e-6);
+}
+
+TEST_F(KernelsGpuTest, PagedAttentionFloat32) {
+  const auto e = testing::CheckPagedAttention(at::kCUDA, at::kFloat, 4096, 1024, 28, 4, 128, {0, 3000}, 1024, 6);
+  // TF32 is off by default for LibTorch matmuls: float32 arithmetic, errors far below 1e-4.
+  EXPECT_LE(e.max(), 1e-4) << "out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past;
+}
+
+TEST_F(KernelsGpuTest, PagedAttentionBfloat16) {
+  const auto e = testing::CheckPagedAttention(at::kCUDA, at::kBFloat16, 4096, 1024, 28, 4, 128, {0}, 1024, 7);
+  // bf16 operands: the output and gradients land between 1e-3 and 1e-2 of float64.
+  EXPECT_LE(e.max(), 2e-2) << "out " << e.out << " dq " << e.dq << " dk " << e.dk << " dk_past " << e.dk_past;
+}
+
+}  // namespace
+}  // namespace oomb

@@ -1,0 +1,94 @@
+// Shared checks of the attention over KV pages, run on the CPU (unit) and on CUDA (gpu): the
+// paged autograd function against plain dense attention, forward and backward, with a past held
+// in a tensor-backed PastKv, packed documents, GQA and key blocks that straddle the chunk.
+#ifndef OOMB_TESTS_KERNELS_PAGED_ATTENTION_CHECK_H_
+#define OOMB_TESTS_KERNELS_PAGED_ATTENTION_CHECK_H_
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+#include "kernels/torch/paged_attention.h"
+
+namespace oomb::testing {
+
+// A past held in plain tensors [kv_heads, S, D]; gradients accumulate into dk/dv.
+class TensorPast final : public kernels::PastKv {
+ public:
+  TensorPast(at::Tensor k, at::Tensor v) : k_(std::move(k)), v_(std::move(v)) {
+    const auto acc = k_.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    dk_ = at::zeros(k_.sizes(), k_.options().dtype(acc));
+    dv_ = at::zeros_like(dk_);
+  }
+  int64_t past_tokens() const override { return k_.size(1); }
+  std::pair<at::Tensor, at::Tensor> Read(int64_t b, int64_t e) override {
+    ++reads_;
+    return {k_.slice(1, b, e), v_.slice(1, b, e)};
+  }
+  void AccumulateGrad(int64_t b, const at::Tensor& dk, const at::Tensor& dv) override {
+    dk_.slice(1, b, b + dk.size(1)).add_(dk);
+    dv_.slice(1, b, b + dv.size(1)).add_(dv);
+  }
+  at::Tensor dk_, dv_;
+  int reads_ = 0;
+
+ private:
+  at::Tensor k_, v_;
+};
+
+struct AttentionErrors {
+  double out = 0, dq = 0, dk = 0, dv = 0, dk_past = 0, dv_past = 0;
+  double max() const { return std::max({out, dq, dk, dv, dk_past, dv_past}); }
+};
+
+inline double RelErr(const at::Tensor& got, const at::Tensor& want) {
+  return ((got.to(at::kDouble).cpu() - want.to(at::kDouble).cpu()).norm() / want.to(at::kDouble).norm().cpu())
+      .item<double>();
+}
+
+// Chunk of C queries at start S (past of S tokens), Hq query heads over Hkv KV heads, head dim
+// D; documents start at the given global indices. Inputs are drawn in float64 on the CPU (never
+// zeros), the paged function runs in `dtype` on `device`; both are compared to the dense
+// float64 reference over the whole S + C sequence.
+inline AttentionErrors CheckPagedAttention(at::Device device, at::ScalarType dtype, int64_t S, int64_t C, int64_t Hq,
+                                           int64_t Hkv, int64_t D, std::vector<int64_t> doc_starts, int64_t key_block,
+                                           uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const int64_t T = S + C;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor q = at::randn({T, Hq, D}, gen, f64), k = at::randn({T, Hkv, D}, gen, f64),
+                   v = at::randn({T, Hkv, D}, gen, f64), dout = at::randn({T, Hq, D}, gen, f64);
+  at::Tensor doc_start = at::zeros({T}, at::kLong);
+  for (int64_t s : doc_starts) doc_start.slice(0, s).fill_(s);
+
+  // Reference: dense attention over all T tokens in float64; gradients of the chunk's outputs.
+  const at::Tensor rq = q.clone().requires_grad_(true), rk = k.clone().requires_grad_(true),
+                   rv = v.clone().requires_grad_(true);
+  const at::Tensor rout = kernels::DenseAttentionReference(rq, rk, rv, doc_start);
+  (rout.slice(0, S) * dout.slice(0, S)).sum().backward();
+
+  auto past = std::make_shared<TensorPast>(k.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype),
+                                           v.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype));
+  const at::Tensor cq = q.slice(0, S).to(device, dtype).requires_grad_(true);
+  const at::Tensor ck = k.slice(0, S).to(device, dtype).requires_grad_(true);
+  const at::Tensor cv = v.slice(0, S).to(device, dtype).requires_grad_(true);
+  const at::Tensor out =
+      kernels::PagedAttention(cq, ck, cv, doc_start.slice(0, S).to(device), S > 0 ? past : nullptr, key_block);
+  (out * dout.slice(0, S).to(device, dtype)).sum().backward();
+
+  AttentionErrors e;
+  e.out = RelErr(out, rout.slice(0, S));
+  e.dq = RelErr(cq.grad(), rq.grad().slice(0, S));
+  e.dk = RelErr(ck.grad(), rk.grad().slice(0, S));
+  e.dv = RelErr(cv.grad(), rv.grad().slice(0, S));
+  if (S > 0) {
+    e.dk_past = RelErr(past->dk_.permute({1, 0, 2}), rk.grad().slice(0, 0, S));
+    e.dv_past = RelErr(past->dv_.permute({1, 0, 2}), rv.grad().slice(0, 0, S));
+  }
+  return e;
+}
+
+}  // namespace oomb::testing
+
+#endif  // OOMB_TESTS_KERNELS_PAGED_ATTENTION_CHECK_H_

@@ -1,0 +1,234 @@
+// Integration tests of `oombd serve` with the real trainer on the tiny test model: a crash
+// (kill -9) in the middle of a job and the restart on the same data dir, and bad datasets
+// refused at CreateJob naming the line (or, when found only while the job runs, carried in
+// JobError.message) while the daemon keeps serving.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+
+#include "tests/client/daemon_harness.h"
+
+namespace oomb::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(TinyLlama() / "config.json")) {
+      GTEST_SKIP() << "no test models under " << DataDir() << " (run scripts/fetch_test_data.sh)";
+    }
+    tmp_ = std::make_unique<TempDir>();
+    daemon_ = std::make_unique<Daemon>(tmp_->path() / "data", DaemonOptions());
+    ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+  }
+  void TearDown() override {
+    daemon_.reset();
+    tmp_.reset();
+  }
+
+  std::string endpoint() const { return daemon_->tcp_endpoint(); }
+  const fs::path& dir() const { return tmp_->path(); }
+
+  fs::path WriteJob(const std::string& name, const std::string& yaml) {
+    const fs::path p = dir() / (name + ".yaml");
+    WriteFile(p, yaml);
+    return p;
+  }
+
+  std::unique_ptr<TempDir> tmp_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+// Steps of the STEP events (in order) and the losses by step.
+std::map<int64_t, double> LossesByStep(const std::vector<json>& events) {
+  std::map<int64_t, double> losses;
+  for (const json& e : events) {
+    if (e["type"] == "STEP") {
+      losses[std::stoll(e["progress"]["step"].get<std::string>())] = e["progress"]["loss"].get<double>();
+    }
+  }
+  return losses;
+}
+
+TEST_F(DaemonTest, KillNineMidJobThenRestartResumesFromTheLastCheckpoint) {
+  constexpr int kSteps = 60;
+  WriteIdsJsonl(dir() / "ids.jsonl", 8, 120);
+  const fs::path spec = WriteJob("job", TinyJobYaml((dir() / "ids.jsonl").string(), kSteps));
+  const std::string job = OombJson(endpoint(), "submit " + spec.string() + " --job-id crash", dir()).value("name", "");
+  ASSERT_EQ(job, "jobs/crash");
+  // A second job queued behind it must survive the crash too.
+  const json queued = OombJson(endpoint(), "submit " + spec.string() + " --job-id after-crash", dir());
+  ASSERT_EQ(queued.value("state", ""), "QUEUED");
+
+  // Follow the job with `oomb watch -o json`; kill -9 the daemon once a client has seen two
+  // checkpoints while the job still runs. Every event read here was acknowledged to a client.
+  FILE* watch = ::popen((OombCli() + " --endpoint " + endpoint() + " watch crash -o json 2>/dev/null").c_str(), "r");
+  ASSERT_NE(watch, nullptr);
+  std::vector<json> seen;
+  int checkpoints_seen = 0;
+  bool still_running = false;
+  char buf[1 << 16];
+  while (std::fgets(buf, sizeof buf, watch) != nullptr) {
+    const json r = json::parse(buf, nullptr, /*allow_exceptions=*/false);
+    if (!r.contains("event")) continue;
+    seen.push_back(r["event"]);
+    if (r["event"]["type"] == "CHECKPOINT_SAVED" && !r["event"]["checkpoint"].value("final", false) &&
+        ++checkpoints_seen == 2) {
+      daemon_->Kill();
+      still_running = true;
+      break;
+    }
+    if (r["event"]["type"] == "STATE_CHANGED" && r["event"]["state"] == "SUCCEEDED") break;
+  }
+  ::pclose(watch);
+  ASSERT_TRUE(still_running) << "the job ended before the kill; make it longer";
+  const int64_t last_seen = Seq(seen.back());
+
+  daemon_->Start();
+  ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+  // Recovered jobs: the crashed one resumes, the queued one is still there.
+  const Result w = Oomb(endpoint(), "watch crash", dir());
+  EXPECT_EQ(w.rc, 0) << w.out << w.err << daemon_->log();
+  const std::vector<json> events = AllEvents(endpoint(), "crash", dir());
+  ASSERT_GT(events.size(), seen.size());
+  for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(Seq(events[i]), static_cast<int64_t>(i + 1));
+  // No acknowledged event is lost or renumbered: the store's first events are those seen.
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(events[i], seen[i]) << "event " << i;
+
+  // After the kill: RECOVERING -> QUEUED -> RUNNING, a resume from the newest checkpoint, and
+  // steps continuing right after it up to the end.
+  std::vector<std::string> states_after;
+  int64_t resumed_at = -1, first_step_after = -1, last_checkpoint_before_restart = 0;
+  for (const json& e : events) {
+    const bool after = Seq(e) > last_seen;
+    if (e["type"] == "CHECKPOINT_SAVED" && !after) {
+      last_checkpoint_before_restart = std::stoll(e["checkpoint"]["step"].get<std::string>());
+    }
+    if (!after) continue;
+    if (e["type"] == "STATE_CHANGED") states_after.push_back(e["state"]);
+    if (e["type"] == "WARNING" && e["message"].get<std::string>().find("resumed from ") != std::string::npos) {
+      const std::string m = e["message"];
+      resumed_at = std::stoll(m.substr(m.rfind("at step ") + 8));
+    }
+    if (e["type"] == "STEP" && first_step_after < 0) {
+      first_step_after = std::stoll(e["progress"]["step"].get<std::string>());
+    }
+  }
+  EXPECT_THAT(states_after, ::testing::IsSupersetOf({"RECOVERING", "QUEUED", "RUNNING", "SUCCEEDED"}));
+  ASSERT_GE(states_after.size(), 4u);
+  EXPECT_EQ(std::vector<std::string>(states_after.begin(), states_after.begin() + 3),
+            (std::vector<std::string>{"RECOVERING", "QUEUED", "RUNNING"}));
+  EXPECT_EQ(states_after.back(), "SUCCEEDED");
+  // The newest durable checkpoint: at least the last one a client saw, and ahead of step 1.
+  EXPECT_GE(resumed_at, last_checkpoint_before_restart);
+  EXPECT_EQ(first_step_after, resumed_at + 1);
+  const json final_job = OombJson(endpoint(), "get crash", dir());
+  EXPECT_EQ(final_job["state"], "SUCCEEDED");
+  EXPECT_EQ(final_job["attempt"], 2);
+  EXPECT_EQ(final_job["progress"]["step"], std::to_string(kSteps));
+  const json cps = OombJson(endpoint(), "checkpoints crash", dir());
+  ASSERT_TRUE(cps.contains("checkpoints"));
+  EXPECT_EQ(cps["checkpoints"].back().value("final", false), true);
+
+  // The resumed run computes what an uninterrupted one does: the queued twin ran start to
+  // finish with the same spec after the restart.
+  EXPECT_EQ(Oomb(endpoint(), "watch after-crash", dir()).rc, 0);
+  const auto resumed = LossesByStep(events);
+  const auto uninterrupted = LossesByStep(AllEvents(endpoint(), "after-crash", dir()));
+  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
+  for (const auto& [step, loss] : resumed) {
+    ASSERT_TRUE(uninterrupted.count(step));
+    EXPECT_NEAR(loss, uninterrupted.at(step), 1e-5 * std::max(1.0, std::abs(loss))) << "step " << step;
+  }
+}
+
+TEST_F(DaemonTest, BadDatasetsAreInvalidArgumentNamingTheLineAndTheDaemonKeepsServing) {
+  WriteIdsJsonl(dir() / "good.jsonl", 2, 50);
+  const std::string good = Slurp(dir() / "good.jsonl");
+  struct Case {
+    std::string name;
+    std::string content;  // empty with missing: the file does not exist
+    bool missing = false;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"missing", "", true, "data.train: " + (dir() / "missing.jsonl").string() + ": No such file"},
+      {"json", good + "{\"input_ids\": [5, 6,\n", false, "bad_json.jsonl:3: invalid JSON"},
+      {"empty", "", false, "empty.jsonl: no samples"},
+      {"utf8", good + "{\"input_ids\": [5, 6], \"note\": \"caf\xC3\x28\"}\n", false,
+       "bad_utf8.jsonl:3: invalid UTF-8 at byte"},
+      {"too_long", good + json{{"input_ids", std::vector<int>(200, 7)}}.dump() + "\n", false,
+       "bad_too_long.jsonl:3: sample of 200 tokens is longer than data.max_seq_len (128)"},
+      {"vocab", good + "{\"input_ids\": [5, 256]}\n", false, "bad_vocab.jsonl:3: input_ids[1] = 256"},
+      {"text_without_tokenizer", good + "{\"text\": \"hello\"}\n", false,
+       "bad_text_without_tokenizer.jsonl:3: this sample needs the model's tokenizer"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path data = c.missing           ? dir() / "missing.jsonl"
+                          : c.name == "empty" ? dir() / "empty.jsonl"
+                                              : dir() / ("bad_" + c.name + ".jsonl");
+    if (!c.missing) WriteFile(data, c.content);
+    const fs::path spec = WriteJob(c.name, TinyJobYaml(data.string(), 1, 1, "error"));
+    const Result r = Oomb(endpoint(), "submit " + spec.string(), dir());
+    EXPECT_EQ(r.rc, 1) << r.out;
+    EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: spec: data.train: "));
+    EXPECT_THAT(r.err, HasSubstr(c.expected));
+    // --validate-only answers the same.
+    const Result v = Oomb(endpoint(), "submit --validate-only " + spec.string(), dir());
+    EXPECT_EQ(v.rc, 1);
+    EXPECT_THAT(v.err, HasSubstr(c.expected));
+  }
+  // Nothing was created, and the daemon serves and trains.
+  EXPECT_EQ(OombJson(endpoint(), "list", dir()).count("jobs"), 0u);
+  EXPECT_EQ(Oomb(endpoint(), "health", dir()).out, "SERVING\n");
+  const fs::path spec = WriteJob("good", TinyJobYaml((dir() / "good.jsonl").string(), 2));
+  const Result ok = Oomb(endpoint(), "submit " + spec.string() + " --watch", dir());
+  EXPECT_EQ(ok.rc, 0) << ok.out << ok.err << daemon_->log();
+  EXPECT_THAT(ok.out, HasSubstr("state SUCCEEDED"));
+}
+
+TEST_F(DaemonTest, TextTooLongWithTheRealTokenizerIsRefusedAtCreate) {
+  if (!fs::exists(SmolLm2() / "tokenizer.json")) GTEST_SKIP() << "no SmolLM2 under " << DataDir();
+  std::string words;
+  for (int i = 0; i < 300; ++i) words += " word";
+  WriteFile(dir() / "text.jsonl", json{{"text", "short"}}.dump() + "\n" + json{{"text", words}}.dump() + "\n");
+  WriteFile(dir() / "job.yaml", "model: {path: " + SmolLm2().string() +
+                                    "}\ndata: {train: " + (dir() / "text.jsonl").string() +
+                                    ", max_seq_len: 256, too_long: error}\nresources: {device: cpu}\n");
+  const Result r = Oomb(endpoint(), "submit " + (dir() / "job.yaml").string(), dir());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: spec: data.train: " + (dir() / "text.jsonl").string() +
+                               ":2: sample of 300 tokens is longer than data.max_seq_len (256)"));
+}
+
+// A dataset that goes bad after CreateJob checked it (here: rewritten while the job waits in
+// the queue) fails the job when it runs, with the line in JobError.message; the daemon goes on.
+TEST_F(DaemonTest, DataFoundBadWhileRunningFailsTheJobNamingTheLine) {
+  WriteIdsJsonl(dir() / "ids.jsonl", 4, 100);
+  WriteIdsJsonl(dir() / "later.jsonl", 2, 50);
+  const fs::path blocker = WriteJob("blocker", TinyJobYaml((dir() / "ids.jsonl").string(), 100000));
+  const fs::path later = WriteJob("later", TinyJobYaml((dir() / "later.jsonl").string(), 1));
+  ASSERT_EQ(OombJson(endpoint(), "submit " + blocker.string() + " --job-id blocker", dir()).value("name", ""),
+            "jobs/blocker");
+  ASSERT_EQ(OombJson(endpoint(), "submit " + later.string() + " --job-id later", dir()).value("state", ""), "QUEUED");
+  WriteFile(dir() / "later.jsonl", Slurp(dir() / "later.jsonl") + "not json\n");
+  EXPECT_EQ(OombJson(endpoint(), "cancel blocker", dir()).value("state", ""), "CANCELLING");
+  const Result w = Oomb(endpoint(), "watch later", dir());
+  EXPECT_EQ(w.rc, 6) << w.out << w.err;  // the watched job FAILED
+  EXPECT_THAT(w.err, HasSubstr("later.jsonl:3: invalid JSON"));
+  const json job = OombJson(endpoint(), "get later", dir());
+  EXPECT_EQ(job["state"], "FAILED");
+  EXPECT_EQ(job["error"]["code"], "INVALID_ARGUMENT");
+  EXPECT_THAT(job["error"]["message"].get<std::string>(),
+              HasSubstr("data.train: " + (dir() / "later.jsonl").string() + ":3: invalid JSON"));
+  EXPECT_EQ(OombJson(endpoint(), "get blocker", dir()).value("state", ""), "CANCELLED");
+  EXPECT_EQ(Oomb(endpoint(), "health", dir()).out, "SERVING\n");
+}
+
+}  // namespace
+}  // namespace oomb::testing
