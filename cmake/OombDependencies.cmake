@@ -14,12 +14,16 @@ if(OOMB_BUILD_SERVICE)
   pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)
 endif()
 
-# LibTorch from the PyPI wheel torch==2.11.0 in the setup script's virtual environment.
+# LibTorch from the PyPI wheel torch==2.11.0 in the setup script's virtual environment, whose
+# python (with transformers, peft, ...) also runs the Python reference tests.
+set(OOMB_VENV "$ENV{OOMB_VENV}")
+if(NOT OOMB_VENV)
+  set(OOMB_VENV "$ENV{HOME}/.cache/oomb/venv")
+endif()
+if(EXISTS "${OOMB_VENV}/bin/python")
+  set(OOMB_PYTHON "${OOMB_VENV}/bin/python")
+endif()
 if(NOT Torch_DIR)
-  set(OOMB_VENV "$ENV{OOMB_VENV}")
-  if(NOT OOMB_VENV)
-    set(OOMB_VENV "$ENV{HOME}/.cache/oomb/venv")
-  endif()
   foreach(py "${OOMB_VENV}/bin/python" python3)
     execute_process(COMMAND ${py} -c "import torch, os; print(os.path.join(torch.utils.cmake_prefix_path, 'Torch'))"
                     OUTPUT_VARIABLE _torch_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET

@@ -60,6 +60,28 @@ void RegisterModelCommands(CLI::App& app) {
     std::cout << nlohmann::json{{"loss", r->mean_loss}, {"tokens", r->tokens}, {"samples", r->samples}}.dump() << "\n";
   });
 
+  struct GenerateFlags {
+    std::string model, prompt;
+    int64_t max_new_tokens = 16;
+  };
+  auto gen = std::make_shared<GenerateFlags>();
+  auto* generate = model->add_subcommand("generate", "Greedy continuation of a prompt (for checking the model)")
+                       ->footer(
+                           "Prints {\"prompt_ids\", \"new_ids\", \"text\"}.\nExample:\n"
+                           "  oombd model generate --model DIR --prompt 'The capital of France is'");
+  generate->add_option("--model", gen->model, "model directory")->required();
+  generate->add_option("--prompt", gen->prompt, "UTF-8 prompt")->required();
+  generate->add_option("--max-new-tokens", gen->max_new_tokens, "tokens to generate");
+  generate->callback([gen] {
+    auto r = GreedyGenerate(gen->model, gen->prompt, gen->max_new_tokens);
+    if (!r.ok()) {
+      std::cerr << "oombd model generate: " << r.status().message() << "\n";
+      throw CLI::RuntimeError(1);
+    }
+    std::cout << nlohmann::json{{"prompt_ids", r->prompt_ids}, {"new_ids", r->new_ids}, {"text", r->text}}.dump()
+              << "\n";
+  });
+
   struct TokenizeFlags {
     std::string model;
     bool decode = false, special = false;

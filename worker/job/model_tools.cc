@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/torch/paged_attention.h"
 #include "worker/common/files.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
@@ -123,6 +124,39 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
     return r;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("evaluation: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<GenerateResult> GreedyGenerate(const std::string& model_dir, const std::string& prompt,
+                                              int64_t max_new_tokens) {
+  try {
+    const at::Device device = torch::cuda::is_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    OOMB_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromModelDir(model_dir));
+    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(model_dir, at::kFloat, device));
+    GenerateResult r;
+    OOMB_ASSIGN_OR_RETURN(r.prompt_ids, tokenizer->EncodeChecked(prompt));
+    std::vector<int64_t> ids(r.prompt_ids.begin(), r.prompt_ids.end());
+    at::NoGradGuard no_grad;
+    for (int64_t step = 0; step < max_new_tokens; ++step) {
+      const int64_t T = static_cast<int64_t>(ids.size());
+      ChunkInput in;
+      in.ids = at::tensor(ids, at::kLong).to(device);
+      in.positions = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device));
+      in.doc_start = at::zeros({T}, at::TensorOptions().dtype(at::kLong).device(device));
+      in.rope_seq_len = T;
+      const at::Tensor hidden =
+          model->Hidden(in, [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+            return kernels::PagedAttention(q, k, v, in.doc_start, nullptr);
+          });
+      const int64_t next = at::matmul(hidden[T - 1], model->lm_head().t()).argmax().item<int64_t>();
+      r.new_ids.push_back(static_cast<int32_t>(next));
+      ids.push_back(next);
+      if (tokenizer->eos_id().has_value() && next == *tokenizer->eos_id()) break;
+    }
+    OOMB_ASSIGN_OR_RETURN(r.text, tokenizer->Decode(r.new_ids));
+    return r;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("generation: ", e.what_without_backtrace()));
   }
 }
 

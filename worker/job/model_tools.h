@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -33,6 +34,18 @@ struct EvalResult {
 
 // Scores every sample separately (no packing) with the chunked forward.
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& options);
+
+struct GenerateResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> new_ids;  // greedy continuation (argmax at every step)
+  std::string text;              // the decoded continuation
+};
+
+// Greedy decoding of `max_new_tokens` tokens after `prompt` (float32 on the CPU unless a GPU is
+// present), stopping early at the tokenizer's end-of-sequence token. A full forward per token:
+// meant for checking the model against transformers, not for serving.
+absl::StatusOr<GenerateResult> GreedyGenerate(const std::string& model_dir, const std::string& prompt,
+                                              int64_t max_new_tokens);
 
 }  // namespace oomb
 

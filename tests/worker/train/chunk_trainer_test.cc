@@ -13,9 +13,14 @@
 
 #include "kernels/torch/chunked_cross_entropy.h"
 #include "kernels/torch/paged_attention.h"
+#include "tests/worker/train/tiny_model.h"
 
 namespace oomb {
 namespace {
+
+using testing::Grads;
+using testing::MaxRelativeError;
+using testing::TakeGrads;
 
 ModelConfig TinyConfig(const std::string& family) {
   ModelConfig c;
@@ -40,18 +45,6 @@ std::vector<int64_t> RandomIds(int64_t n, int64_t vocab, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const at::Tensor t = at::randint(0, vocab, {n}, gen, at::kLong);
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + n);
-}
-
-using Grads = std::map<std::string, at::Tensor>;
-
-Grads TakeGrads(const Transformer& model) {
-  Grads g;
-  for (auto& [name, p] : model.TrainableParameters()) {
-    EXPECT_TRUE(p.grad().defined()) << name;
-    if (p.grad().defined()) g[name] = p.grad().clone();
-    p.mutable_grad().reset();
-  }
-  return g;
 }
 
 // Ordinary full-sequence backpropagation: one forward over all T tokens with dense attention.
@@ -84,23 +77,6 @@ Pools MakePools(const ModelConfig& c, int64_t page_tokens, int64_t tokens, at::S
   p.kv = *PagePool::Create(PageKind::kKv, Tier::kDevice, shape, at::TensorOptions().dtype(dtype), pages);
   p.grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(grad_dtype), pages);
   return p;
-}
-
-double MaxRelativeError(const Grads& got, const Grads& want, std::string* worst) {
-  double max_err = 0;
-  for (const auto& [name, w] : want) {
-    const auto it = got.find(name);
-    if (it == got.end()) {
-      *worst = name + " missing";
-      return 1e300;
-    }
-    const double err = ((it->second - w).norm() / w.norm().clamp_min(1e-300)).item<double>();
-    if (err > max_err) {
-      max_err = err;
-      *worst = name;
-    }
-  }
-  return max_err;
 }
 
 struct Case {

@@ -19,33 +19,9 @@
 namespace oomb {
 namespace {
 
-using Grads = std::map<std::string, at::Tensor>;
-
-Grads TakeGrads(const Transformer& model) {
-  Grads g;
-  for (auto& [name, p] : model.TrainableParameters()) {
-    if (p.grad().defined()) g[name] = p.grad().clone();
-    p.mutable_grad().reset();
-  }
-  return g;
-}
-
-double MaxRelativeError(const Grads& got, const Grads& want, std::string* worst) {
-  double max_err = 0;
-  for (const auto& [name, w] : want) {
-    const auto it = got.find(name);
-    if (it == got.end()) {
-      *worst = name + " missing";
-      return 1e300;
-    }
-    const double err = ((it->second - w).norm() / w.norm().clamp_min(1e-300)).item<double>();
-    if (err > max_err) {
-      max_err = err;
-      *worst = name;
-    }
-  }
-  return max_err;
-}
+using testing::Grads;
+using testing::MaxRelativeError;
+using testing::TakeGrads;
 
 struct TrainRig {
   std::unique_ptr<Transformer> model;

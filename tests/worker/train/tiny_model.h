@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -96,6 +97,37 @@ inline std::string FreshDir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// Parameter gradients by name, taken from the model's trainable parameters (and reset there).
+using Grads = std::map<std::string, at::Tensor>;
+
+inline Grads TakeGrads(const Transformer& model) {
+  Grads g;
+  for (auto& [name, p] : model.TrainableParameters()) {
+    if (p.grad().defined()) g[name] = p.grad().clone();
+    p.mutable_grad().reset();
+  }
+  return g;
+}
+
+// The largest per-tensor relative error ||got - want|| / ||want|| (1e300 when a tensor of
+// `want` is missing from `got`); `worst` names that tensor.
+inline double MaxRelativeError(const Grads& got, const Grads& want, std::string* worst) {
+  double max_err = 0;
+  for (const auto& [name, w] : want) {
+    const auto it = got.find(name);
+    if (it == got.end()) {
+      *worst = name + " missing";
+      return 1e300;
+    }
+    const double err = ((it->second - w).norm() / w.norm().clamp_min(1e-300)).item<double>();
+    if (err > max_err) {
+      max_err = err;
+      *worst = name;
+    }
+  }
+  return max_err;
 }
 
 }  // namespace oomb::testing
