@@ -83,9 +83,9 @@ std::vector<Segment> Segments(const Geometry& g) {
   return out;
 }
 
-// Query rows [i0, i1) and the smallest document start among them.
+// Query rows [i0, i1) and the smallest and largest document start among them.
 struct QueryBlock {
-  int64_t i0, i1, min_doc;
+  int64_t i0, i1, min_doc, max_doc;
   int64_t rows(const Geometry& g) const { return g.G * (i1 - i0); }
 };
 
@@ -94,7 +94,7 @@ std::vector<QueryBlock> QueryBlocks(const Geometry& g, const at::Tensor& doc_sta
   const int64_t* ds = doc_start_cpu.data_ptr<int64_t>();
   for (int64_t i0 = 0; i0 < g.C; i0 += g.QueryBlockRows()) {
     const int64_t i1 = std::min(g.C, i0 + g.QueryBlockRows());
-    out.push_back({i0, i1, *std::min_element(ds + i0, ds + i1)});
+    out.push_back({i0, i1, *std::min_element(ds + i0, ds + i1), *std::max_element(ds + i0, ds + i1)});
   }
   return out;
 }
@@ -109,6 +109,9 @@ at::Tensor Scores(const Geometry& g, const QueryBlock& b, const Segment& s, cons
                   const at::Tensor& keys, const at::Tensor& doc_start) {
   const int64_t B = b.i1 - b.i0, K = s.end - s.begin;
   at::Tensor scores = at::matmul(qb, keys.transpose(1, 2)).mul_(g.scale);
+  // Every query of the block sees every key of the segment (a past segment inside all their
+  // documents): no mask to build or apply.
+  if (s.end - 1 <= g.S + b.i0 && s.begin >= b.max_doc) return scores;
   const at::Tensor j = at::arange(s.begin, s.end, doc_start.options());
   const at::Tensor qi = at::arange(g.S + b.i0, g.S + b.i1, doc_start.options());
   const at::Tensor ds = doc_start.slice(0, b.i0, b.i1);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `oombd run` fine-tunes the real SmolLM2-135M-Instruct on one 16K-token Austen sample (chunks
-# of 2048, pages of 128: the sequence is 8 chunks) on the CPU for 2 steps of the same sequence:
-# the loss goes down, metrics.jsonl has a line a step, and the final adapter loads in PEFT and
-# changes the model's loss. Exit 77 (skipped) without the test data.
+# of 2048, pages of 128: the sequence is 8 chunks) on the CPU for one optimizer step (about ten
+# minutes on 2 cores: dense attention over 16K tokens dominates): metrics.jsonl has the step,
+# and the final adapter loads in PEFT and lowers the loss on its training text. Exit 77
+# (skipped) without the test data.
 # Usage: real_model_run_test.sh OOMBD PYTHON
 set -euo pipefail
 oombd=$1
@@ -19,7 +20,7 @@ display_name: austen-16k
 model: {path: $model, dtype: float32}
 method: {type: lora, lora: {rank: 8, alpha: 16}}
 data: {train: $work/austen.jsonl, max_seq_len: 16384}
-training: {max_steps: 2, learning_rate: 2.0e-3, warmup_steps: 0, lr_schedule: constant}
+training: {max_steps: 1, learning_rate: 2.0e-3, warmup_steps: 0, lr_schedule: constant}
 memory: {chunk_tokens: 2048, page_tokens: 128}
 checkpoint: {every_steps: 0}
 resources: {device: cpu}
@@ -30,11 +31,10 @@ import json, os, sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 out, model_dir, data = sys.argv[1:4]
 steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
-assert len(steps) == 2, steps
+assert len(steps) == 1, steps
 tokens = steps[0]["tokens"]
-print("tokens per step", tokens, "losses", [s["loss"] for s in steps])
+print("tokens", tokens, "loss", steps[0]["loss"], "seconds", steps[0]["seconds"])
 assert tokens >= 16000, f"sequence of {tokens} tokens, expected about 16K"
-assert steps[1]["loss"] < steps[0]["loss"], "the loss did not go down"
 import torch, transformers, peft
 tok = transformers.AutoTokenizer.from_pretrained(model_dir)
 base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
