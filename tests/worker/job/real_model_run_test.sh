@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `oombd run` fine-tunes the real SmolLM2-135M-Instruct on one 16K-token Austen sample (chunks
-# of 2048, pages of 128: the sequence is 8 chunks) on the CPU for one optimizer step (10-15
+# of 2048, pages of 128: the sequence is 8 chunks) on the CPU for one optimizer step (15-20
 # minutes on 2 cores: dense attention over 16K tokens dominates): metrics.jsonl has the step,
 # and the final adapter loads in PEFT and lowers the loss on its training text. Exit 77
 # (skipped) without the test data.
