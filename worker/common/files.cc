@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace oomb {
-namespace {
 
 absl::Status ErrnoStatus(int err, const char* what, const std::string& path) {
   const std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
@@ -22,8 +21,6 @@ absl::Status ErrnoStatus(int err, const char* what, const std::string& path) {
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
   return absl::InternalError(msg);
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -11,6 +11,10 @@
 
 namespace oomb {
 
+// The status for a failed system call on `path`: "<what> <path>: <strerror>", coded NOT_FOUND
+// (ENOENT), RESOURCE_EXHAUSTED (ENOSPC, EDQUOT), PERMISSION_DENIED (EACCES, EPERM) or INTERNAL.
+absl::Status ErrnoStatus(int err, const char* what, const std::string& path);
+
 // NOT_FOUND when the file does not exist; INTERNAL (with errno's text) for other failures.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 

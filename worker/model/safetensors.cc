@@ -82,14 +82,6 @@ absl::StatusOr<Json> ParseJsonStrict(std::string_view text, const std::string& w
   return j;
 }
 
-absl::Status ErrnoStatus(int err, const char* what, const std::string& path) {
-  const std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  return absl::InternalError(msg);
-}
-
 absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
