@@ -650,12 +650,20 @@ int Main(int argc, char** argv) {
     const grpc::Status s = C().jobs().EstimateJob(ctx.get(), req, &resp);
     if (!s.ok()) return Fail(s);
     if (!PrintStructured(g, resp)) {
-      std::cout << fmt::format("fits: {} on {}\npeak device: {} of {}\npeak host: {} of {}\n",
-                               resp.fits() ? "yes" : "no", resp.device(), Bytes(resp.peak_device_bytes()),
-                               Bytes(resp.device_capacity_bytes()), Bytes(resp.peak_host_bytes()),
-                               Bytes(resp.host_capacity_bytes()));
-      std::cout << fmt::format("placement: {}\nlongest context that fits: {}\n", resp.placement(),
-                               resp.max_seq_len_that_fits());
+      std::cout << fmt::format("device              {}\n", resp.device())
+                << fmt::format("fits                {}\n", resp.fits() ? "yes" : "no")
+                << fmt::format("sequence length     {} tokens\n", resp.seq_len())
+                << fmt::format("peak device memory  {} of {} usable\n", Bytes(resp.peak_device_bytes()),
+                               Bytes(resp.device_capacity_bytes()))
+                << fmt::format("  weights           {}\n", Bytes(resp.weights_bytes()))
+                << fmt::format("  trainable state   {}\n", Bytes(resp.trainable_state_bytes()))
+                << fmt::format("  KV pages          {} ({} bytes per token)\n", Bytes(resp.kv_bytes()),
+                               resp.kv_bytes_per_token())
+                << fmt::format("  activations       {}\n", Bytes(resp.activation_bytes()))
+                << fmt::format("peak host memory    {} of {}\n", Bytes(resp.peak_host_bytes()),
+                               Bytes(resp.host_capacity_bytes()))
+                << fmt::format("placement           {}\n", resp.placement())
+                << fmt::format("longest context     {} tokens\n", resp.max_seq_len_that_fits());
       if (!resp.fits()) std::cout << "limit: " << resp.limit() << "\n";
     }
     return resp.fits() ? 0 : int{kError};

@@ -46,6 +46,7 @@ const std::vector<Key>& Keys() {
       {"tls.client_ca_file", &ServerConfig::tls_client_ca_file},
       {"scheduler.devices", &ServerConfig::devices},
       {"scheduler.hold", &ServerConfig::hold},
+      {"scheduler.validate_inline_max_bytes", &ServerConfig::validate_inline_max_bytes},
       {"log.level", &ServerConfig::log_level},
   };
   return *kKeys;
@@ -179,6 +180,10 @@ absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
   }
   if (config.listen.empty() && !config.unix_socket) {
     return absl::InvalidArgumentError("server.listen: empty and no unix socket: nothing to listen on");
+  }
+  if (config.validate_inline_max_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler.validate_inline_max_bytes: must be >= 0, got ", config.validate_inline_max_bytes));
   }
   static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error"};
   if (std::find(std::begin(kLevels), std::end(kLevels), config.log_level) == std::end(kLevels)) {

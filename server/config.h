@@ -23,6 +23,9 @@
 //   scheduler:
 //     devices: auto                   # auto (every CUDA device, else cpu) or a list "cuda:0,cuda:1"
 //     hold: false                     # queue jobs but start none
+//     validate_inline_max_bytes: 16777216  # datasets up to this size are scanned inside
+//                                     # CreateJob (errors returned at once); larger ones in
+//                                     # the VALIDATING state
 //   log:
 //     level: info                     # trace | debug | info | warn | error
 #ifndef OOMB_SERVER_CONFIG_H_
@@ -53,6 +56,7 @@ struct ServerConfig {
   std::string tls_client_ca_file;
   std::string devices = "auto";
   bool hold = false;
+  int64_t validate_inline_max_bytes = int64_t{16} << 20;
   std::string log_level = "info";
 };
 

@@ -244,19 +244,36 @@ absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* fi
 JobServiceImpl::JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* hub, JobServiceOptions options)
     : store_(store), scheduler_(scheduler), hub_(hub), options_(std::move(options)) {}
 
-absl::Status JobServiceImpl::ValidateData(const JobSpec& spec) const {
-  if (!options_.validate_data) return absl::OkStatus();
+absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const JobSpec& spec) const {
+  if (!options_.validate_data) return std::nullopt;
   std::error_code ec;
   uintmax_t bytes = std::filesystem::file_size(spec.data.train, ec);
   if (!ec && !spec.data.validation.empty()) bytes += std::filesystem::file_size(spec.data.validation, ec);
   if (ec || bytes > static_cast<uintmax_t>(options_.validate_data_max_bytes)) {
-    return absl::OkStatus();  // read when the job runs
+    return std::nullopt;  // scanned in the VALIDATING state
   }
-  absl::Status s = options_.validate_data(spec);
-  if (s.code() == absl::StatusCode::kNotFound) {  // e.g. removed since CheckJobFiles
-    return absl::InvalidArgumentError(s.message());
+  absl::StatusOr<DataSummary> summary = options_.validate_data(spec);
+  if (summary.status().code() == absl::StatusCode::kNotFound) {  // e.g. removed since CheckJobFiles
+    return absl::InvalidArgumentError(summary.status().message());
   }
-  return s;
+  if (!summary.ok()) return summary.status();
+  return DatasetSummaryToProto(*summary);
+}
+
+absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobSpec& spec) const {
+  OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(spec.model.path));
+  const int64_t host = options_.server_info.host_memory_bytes();
+  std::optional<MemoryPlan> best;
+  for (const std::string& device : scheduler_->EligibleDevices(spec)) {
+    PlanTarget target{.device = device, .device_bytes = device == "cpu" ? host : 0, .host_bytes = host};
+    for (const v1::ServerInfo::Device& d : options_.server_info.devices()) {
+      if (d.name() == device) target.device_bytes = d.memory_bytes();
+    }
+    OOMB_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config, spec, target));
+    if (!best || plan.device_capacity_bytes > best->device_capacity_bytes) best = std::move(plan);
+  }
+  if (!best) return Annotate(scheduler_->CheckPlacement(spec), "spec");
+  return *std::move(best);
 }
 
 absl::Status JobServiceImpl::CheckAuth(const grpc::CallbackServerContext* ctx) const {
@@ -289,14 +306,21 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
     if (!spec.ok()) return Annotate(spec.status(), "spec");
     OOMB_RETURN_IF_ERROR(Annotate(CheckJobFiles(*spec), "spec"));
     OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
-    OOMB_RETURN_IF_ERROR(Annotate(ValidateData(*spec), "spec"));
+    // Admission: a job that cannot fit is refused now, naming the limit and the longest context
+    // that would fit, rather than failing later with an out-of-memory error.
+    absl::StatusOr<MemoryPlan> plan = Plan(*spec);
+    if (!plan.ok()) return Annotate(plan.status(), "spec");
+    if (!plan->fits) return absl::ResourceExhaustedError(plan->limit);
+    absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(*spec);
+    if (!summary.ok()) return Annotate(summary.status(), "spec");
     if (req->validate_only()) {
       *resp->mutable_spec() = JobSpecToProto(*spec);
       if (!req->job_id().empty()) resp->set_name(JobName(req->job_id()));
       return absl::OkStatus();
     }
     bool created = false;
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(*spec, req->job_id(), req->request_id(), &created));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(*spec, req->job_id(), req->request_id(), &created,
+                                                    summary->has_value() ? &**summary : nullptr));
     if (created) spdlog::info("created {}", resp->name());
     scheduler_->FillQueuePosition(resp);
     return absl::OkStatus();
@@ -418,14 +442,16 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerCo
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContext* ctx,
-                                                      const v1::EstimateJobRequest* req, v1::EstimateJobResponse*) {
+                                                      const v1::EstimateJobRequest* req,
+                                                      v1::EstimateJobResponse* resp) {
   return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
     absl::StatusOr<JobSpec> spec = JobSpecFromProto(req->spec());
     if (!spec.ok()) return Annotate(spec.status(), "spec");
-    // The memory planner (worker/train/planner.h) is not built into this server yet; the answer
-    // will come from it, never from guesses.
-    return absl::UnimplementedError(
-        "EstimateJob: the memory planner is not available in this build of oombd yet (the spec itself is valid)");
+    OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
+    absl::StatusOr<MemoryPlan> plan = Plan(*spec);
+    if (!plan.ok()) return Annotate(plan.status(), "spec");
+    *resp = MemoryPlanToProto(*plan);
+    return absl::OkStatus();
   });
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -24,6 +25,7 @@
 #include "server/scheduler.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
+#include "worker/plan/memory_planner.h"
 
 namespace oomb::server {
 
@@ -31,10 +33,12 @@ struct JobServiceOptions {
   std::string auth_token;  // empty: no authentication
   // CreateJob reads and checks the datasets with this (production: oomb::ValidateJobData)
   // when they are at most `validate_data_max_bytes` together, so a bad line is
-  // INVALID_ARGUMENT naming the file and the line before anything is queued. The scan runs on
-  // the handler's thread (tokenizing ~16 MiB takes seconds). Larger datasets, or none set, are
-  // read when the job runs: a bad line then FAILs the job with the line in JobError.message.
-  std::function<absl::Status(const JobSpec&)> validate_data;
+  // INVALID_ARGUMENT naming the file and the line before anything is queued, and the job is
+  // created QUEUED with its dataset summary. The scan runs on the handler's thread (tokenizing
+  // ~16 MiB takes seconds). Larger datasets are scanned in the VALIDATING state by the
+  // scheduler (SchedulerOptions::validator): a bad line then FAILs the job with the line in
+  // JobError.message.
+  std::function<absl::StatusOr<DataSummary>(const JobSpec&)> validate_data;
   int64_t validate_data_max_bytes = int64_t{16} << 20;
   // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
   // filled per call.
@@ -72,8 +76,12 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
  private:
   absl::Status CheckAuth(const grpc::CallbackServerContext* ctx) const;
-  // options_.validate_data for datasets within the size limit; OK otherwise.
-  absl::Status ValidateData(const JobSpec& spec) const;
+  // options_.validate_data's summary for datasets within the size limit; nullopt otherwise.
+  absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const JobSpec& spec) const;
+  // The memory plan of `spec` on the eligible device of this server with the most memory
+  // (admission and EstimateJob). Errors name the field (model.path's config.json, or what
+  // the engine cannot run yet).
+  absl::StatusOr<MemoryPlan> Plan(const JobSpec& spec) const;
 
   JobStore* const store_;
   Scheduler* const scheduler_;

@@ -97,15 +97,17 @@ absl::Status Scheduler::Start() {
                                              v1::Job::RECOVERING, v1::Job::VALIDATING}));
   for (const v1::Job& job : stale) {
     const std::string id = job.name().substr(5);
-    absl::StatusOr<UpdateResult> r = store_->Update(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+    absl::StatusOr<UpdateResult> r = store_->Update(id, [this](v1::Job* j, std::vector<v1::JobEvent>* events) {
       switch (j->state()) {
         case v1::Job::RUNNING:
           SetState(j, v1::Job::RECOVERING, "the server stopped while the job ran", events);
           SetState(j, v1::Job::QUEUED, "queued to resume from its last checkpoint", events);
           break;
         case v1::Job::RECOVERING:
-        case v1::Job::VALIDATING:
           SetState(j, v1::Job::QUEUED, "queued again after a server restart", events);
+          break;
+        case v1::Job::VALIDATING:
+          if (!options_.validator) SetState(j, v1::Job::QUEUED, "queued again after a server restart", events);
           break;
         case v1::Job::PAUSING:
           SetState(j, v1::Job::PAUSED, "paused (the server stopped while pausing)", events);
@@ -122,11 +124,14 @@ absl::Status Scheduler::Start() {
     spdlog::info("recovered {}: now {}", job.name(), v1::Job::State_Name(r->job.state()));
   }
   OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> queued, store_->ListByState({v1::Job::QUEUED}));
+  OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> validating, store_->ListByState({v1::Job::VALIDATING}));
   {
     absl::MutexLock lock(&mu_);
     for (const v1::Job& job : queued) EnqueueLocked(job);
-    active_threads_ = options_.hold ? 0 : static_cast<int>(options_.devices.size());
+    for (const v1::Job& job : validating) validating_.push_back(job.name().substr(5));
+    active_threads_ = (options_.hold ? 0 : static_cast<int>(options_.devices.size())) + (options_.validator ? 1 : 0);
   }
+  if (options_.validator) threads_.emplace_back([this] { ValidatorLoop(); });
   if (options_.hold) spdlog::warn("scheduler: hold is set; jobs are queued but none is started");
   for (const std::string& device : options_.devices) {
     if (options_.hold) break;
@@ -152,6 +157,14 @@ absl::Status Scheduler::CheckPlacement(const JobSpec& spec) const {
   for (const std::string& d : options_.devices) absl::StrAppend(&devices, devices.empty() ? "" : ", ", d);
   return absl::InvalidArgumentError(absl::StrCat("resources.device: '", spec.resources.device,
                                                  "' is not available on this server (devices: ", devices, ")"));
+}
+
+std::vector<std::string> Scheduler::EligibleDevices(const JobSpec& spec) const {
+  std::vector<std::string> out;
+  for (const std::string& d : options_.devices) {
+    if (Eligible(spec.resources.device, d)) out.push_back(d);
+  }
+  return out;
 }
 
 std::string Scheduler::CheckpointDir(const std::string& id, const JobSpec& spec) const {
@@ -185,7 +198,7 @@ void Scheduler::RemoveQueuedLocked(const std::string& id) {
 }
 
 absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
-                                          bool* created) {
+                                          bool* created, const v1::DatasetSummary* dataset) {
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   OOMB_RETURN_IF_ERROR(CheckPlacement(spec));
   absl::MutexLock lock(&mu_);
@@ -200,17 +213,27 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string
     v1::Job job;
     job.set_name(JobName(id));
     *job.mutable_spec() = JobSpecToProto(spec);
-    job.set_state(v1::Job::QUEUED);
+    const bool validate = dataset == nullptr && options_.validator;
+    job.set_state(validate ? v1::Job::VALIDATING : v1::Job::QUEUED);
+    if (dataset != nullptr) *job.mutable_dataset() = *dataset;
     *job.mutable_create_time() = TimeUtil::GetCurrentTime();
     job.mutable_labels()->insert(spec.labels.begin(), spec.labels.end());
     job.set_priority(spec.resources.priority);
     job.set_checkpoint_dir(CheckpointDir(id, spec));
     job.mutable_progress()->set_total_steps(spec.training.max_steps);
-    absl::StatusOr<CreateResult> r = store_->Create(job, request_id, {StateEvent(v1::Job::QUEUED, "queued")});
+    absl::StatusOr<CreateResult> r =
+        store_->Create(job, request_id,
+                       {validate ? StateEvent(v1::Job::VALIDATING, "validating: reading and checking the datasets")
+                                 : StateEvent(v1::Job::QUEUED, "queued")});
     if (!r.ok() && r.status().code() == absl::StatusCode::kAlreadyExists && job_id.empty() && attempt < 5) continue;
     if (!r.ok()) return r.status();
     if (created != nullptr) *created = r->created;
-    if (r->created) EnqueueLocked(r->job);
+    if (r->created && validate) {
+      validating_.push_back(id);
+      cv_.SignalAll();
+    } else if (r->created) {
+      EnqueueLocked(r->job);
+    }
     v1::Job out = r->job;
     return out;
   }
@@ -233,7 +256,8 @@ absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& id) {
                             case v1::Job::CANCELLING:
                               return absl::OkStatus();  // already on its way
                             default:
-                              return IllegalTransition(*j, "cancel", "QUEUED, RUNNING, PAUSING, PAUSED, RECOVERING");
+                              return IllegalTransition(*j, "cancel",
+                                                       "VALIDATING, QUEUED, RUNNING, PAUSING, PAUSED, RECOVERING");
                           }
                         }));
   if (job.state() == v1::Job::CANCELLED) RemoveQueuedLocked(id);
@@ -341,6 +365,66 @@ void Scheduler::WorkerLoop(const std::string& device) {
     }
     RunOne(job, device, stop);
   }
+}
+
+void Scheduler::ValidatorLoop() {
+  for (;;) {
+    std::string id;
+    {
+      absl::MutexLock lock(&mu_);
+      while (validating_.empty() && !stopping_ && !draining_) cv_.Wait(&mu_);
+      if (stopping_ || draining_) {  // what is left stays VALIDATING and is scanned on restart
+        --active_threads_;
+        cv_.SignalAll();
+        return;
+      }
+      id = validating_.front();
+      validating_.pop_front();
+    }
+    Validate(id);
+  }
+}
+
+void Scheduler::Validate(const std::string& id) {
+  absl::StatusOr<v1::Job> job = store_->Get(id);
+  if (!job.ok() || job->state() != v1::Job::VALIDATING) return;  // deleted or cancelled meanwhile
+  spdlog::info("{}: validating the datasets", job->name());
+  absl::StatusOr<v1::DatasetSummary> summary;
+  absl::StatusOr<JobSpec> spec = JobSpecFromProto(job->spec());
+  if (!spec.ok()) {
+    summary = spec.status();
+  } else {
+    try {
+      summary = options_.validator(*spec);
+    } catch (const std::exception& e) {  // the validator's contract is not to throw; be safe anyway
+      summary = absl::InternalError(absl::StrCat("reading the datasets threw: ", e.what()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::Job> done = TransitionLocked(id, [&](v1::Job* j, std::vector<v1::JobEvent>* events) {
+    if (j->state() != v1::Job::VALIDATING) return absl::OkStatus();  // cancelled while scanning
+    if (summary.ok()) {
+      *j->mutable_dataset() = *summary;
+      SetState(j, v1::Job::QUEUED,
+               absl::StrCat("validated: ", summary->samples(), " samples, ", summary->tokens(), " tokens, ",
+                            summary->sequences(), " sequences per epoch; queued"),
+               events);
+      return absl::OkStatus();
+    }
+    const absl::Status& s = summary.status();
+    j->mutable_error()->set_code(absl::StatusCodeToString(s.code()));
+    j->mutable_error()->set_reason(s.code() == absl::StatusCode::kInvalidArgument ? "BAD_DATA" : ReasonOf(s));
+    j->mutable_error()->set_message(std::string(s.message()));
+    SetState(j, v1::Job::FAILED, std::string(s.message()), events);
+    *events->back().mutable_error() = j->error();
+    return absl::OkStatus();
+  });
+  if (!done.ok()) {
+    spdlog::error("{}: recording the validation: {}", id, done.status().ToString());
+    return;
+  }
+  spdlog::info("{}: {}", done->name(), v1::Job::State_Name(done->state()));
+  if (done->state() == v1::Job::QUEUED) EnqueueLocked(*done);
 }
 
 void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::shared_ptr<std::atomic<int>> stop) {

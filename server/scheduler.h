@@ -5,13 +5,18 @@
 // States and transitions (every one an event, durable in the JobStore before it is returned or
 // published):
 //
-//   Submit            -> QUEUED
+//   Submit            -> VALIDATING   the full dataset scan runs on the validator thread
+//                                     (SchedulerOptions::validator); QUEUED at once when the
+//                                     caller already scanned it (CreateJob, small datasets) or
+//                                     no validator is set
+//   VALIDATING        -> QUEUED       with Job.dataset, the summary | FAILED (bad data, naming
+//                                     the file and line; reason BAD_DATA)
 //   QUEUED            -> RUNNING      a device thread claims the job (attempt + 1)
 //   RUNNING           -> SUCCEEDED | FAILED | CANCELLED | PAUSED   the runner's outcome
 //   RUNNING (error)   -> QUEUED       retry while retries < resources.max_retries and the error
 //                                     is transient (INTERNAL, UNKNOWN, UNAVAILABLE, ABORTED,
 //                                     DATA_LOSS, DEADLINE_EXCEEDED; not "[NAN_LOSS]")
-//   Cancel: QUEUED | PAUSED | RECOVERING -> CANCELLED;  RUNNING | PAUSING -> CANCELLING
+//   Cancel: VALIDATING | QUEUED | PAUSED | RECOVERING -> CANCELLED;  RUNNING | PAUSING -> CANCELLING
 //   Pause:  QUEUED -> PAUSED;  RUNNING -> PAUSING (checkpoint, then PAUSED)
 //   Resume: PAUSED -> QUEUED (the run resumes from the newest checkpoint)
 //   Delete: SUCCEEDED | FAILED | CANCELLED only
@@ -19,8 +24,8 @@
 //
 // Runs resume (RunOptions::resume) whenever the job has a recorded checkpoint. On Start(), jobs
 // the previous process left RUNNING go RECOVERING -> QUEUED, PAUSING -> PAUSED, CANCELLING ->
-// CANCELLED. Drain() (SIGTERM) asks running jobs to checkpoint and stop (kPause) and leaves
-// them QUEUED, so they resume when the daemon restarts.
+// CANCELLED, and VALIDATING jobs are scanned again. Drain() (SIGTERM) asks running jobs to checkpoint and stop (kPause)
+// and leaves them QUEUED, so they resume when the daemon restarts.
 //
 // Thread-safety: every public method may be called from any thread. State transitions are
 // serialised by one mutex; progress events (steps, checkpoints, warnings) are not.
@@ -28,6 +33,7 @@
 #define OOMB_SERVER_SCHEDULER_H_
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -48,6 +54,8 @@
 namespace oomb::server {
 
 using JobRunner = std::function<absl::StatusOr<RunResult>(const JobSpec&, const RunOptions&)>;
+// The full scan of a job's datasets (production: oomb::ValidateJobData, converted).
+using DataValidator = std::function<absl::StatusOr<v1::DatasetSummary>(const JobSpec&)>;
 
 struct SchedulerOptions {
   // Checkpoints of jobs without checkpoint.dir go to <data_dir>/jobs/<id>/checkpoints.
@@ -55,6 +63,9 @@ struct SchedulerOptions {
   // One worker thread per entry: "cpu" or "cuda:N". Must not be empty.
   std::vector<std::string> devices;
   JobRunner runner;
+  // Scans datasets in the VALIDATING state, one job at a time on its own thread. Null: jobs
+  // skip VALIDATING (tests of the queue).
+  DataValidator validator;
   // Accept and queue jobs but start none (maintenance, tests of the queue).
   bool hold = false;
 };
@@ -72,11 +83,15 @@ class Scheduler {
   // INVALID_ARGUMENT when no device of this server can run `spec` (resources.device, gpus).
   absl::Status CheckPlacement(const JobSpec& spec) const;
 
-  // Stores and queues a validated spec. `job_id` empty: one is generated. See
-  // JobStore::Create for `request_id`; `created` tells whether this call created the job.
-  // UNAVAILABLE while draining.
+  // The devices of this server that may run `spec` (resources.device), in the server's order.
+  std::vector<std::string> EligibleDevices(const JobSpec& spec) const;
+
+  // Stores a validated spec: VALIDATING, or QUEUED when `dataset` (the caller's scan of the
+  // datasets) is given. `job_id` empty: one is generated. See JobStore::Create for
+  // `request_id`; `created` tells whether this call created the job. UNAVAILABLE while
+  // draining.
   absl::StatusOr<v1::Job> Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
-                                 bool* created = nullptr);
+                                 bool* created = nullptr, const v1::DatasetSummary* dataset = nullptr);
 
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   absl::StatusOr<v1::Job> Pause(const std::string& job_id);
@@ -113,6 +128,8 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Job> Append(const std::string& id, const JobMutation& mutate);
   void WorkerLoop(const std::string& device);
+  void ValidatorLoop();
+  void Validate(const std::string& id);
   void RunOne(const v1::Job& job, const std::string& device, std::shared_ptr<std::atomic<int>> stop);
   std::string CheckpointDir(const std::string& id, const JobSpec& spec) const;
 
@@ -123,6 +140,7 @@ class Scheduler {
   absl::Mutex mu_;
   absl::CondVar cv_;  // queue, running set or stopping_ changed
   std::vector<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> validating_ ABSL_GUARDED_BY(mu_);  // ids in VALIDATING, oldest first
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

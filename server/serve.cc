@@ -22,6 +22,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/job_service.h"
+#include "server/spec_convert.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
 #include "worker/common/files.h"
@@ -83,6 +84,12 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
     }
   }
   sopts.runner = env.runner;
+  if (env.validate_data) {
+    sopts.validator = [validate = env.validate_data](const JobSpec& spec) -> absl::StatusOr<v1::DatasetSummary> {
+      OOMB_ASSIGN_OR_RETURN(DataSummary summary, validate(spec));
+      return DatasetSummaryToProto(summary);
+    };
+  }
   sopts.hold = config.hold;
   WatchHub hub;
   Scheduler scheduler(store->get(), &hub, sopts);
@@ -91,6 +98,7 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   JobServiceOptions jopts;
   jopts.auth_token = token;
   jopts.validate_data = env.validate_data;
+  jopts.validate_data_max_bytes = config.validate_inline_max_bytes;
   jopts.server_info = env.server_info;
   *jopts.server_info.mutable_start_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   JobServiceImpl service(store->get(), &scheduler, &hub, jopts);

@@ -25,8 +25,9 @@ namespace oomb::server {
 struct ServeEnvironment {
   std::vector<std::string> devices;  // used when config.devices == "auto"
   JobRunner runner;
-  // CreateJob's dataset check (JobServiceOptions::validate_data); empty: none.
-  std::function<absl::Status(const JobSpec&)> validate_data;
+  // The dataset scan: CreateJob's for small datasets (JobServiceOptions::validate_data) and
+  // the VALIDATING state's (SchedulerOptions::validator); empty: none.
+  std::function<absl::StatusOr<DataSummary>(const JobSpec&)> validate_data;
   v1::ServerInfo server_info;  // versions and devices; start time and draining are filled in
 };
 

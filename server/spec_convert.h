@@ -5,7 +5,10 @@
 
 #include "absl/status/statusor.h"
 #include "oomb/v1/job_spec.pb.h"
+#include "oomb/v1/jobs.pb.h"
+#include "worker/job/executor.h"
 #include "worker/job/job_spec.h"
+#include "worker/plan/memory_planner.h"
 
 namespace oomb::server {
 
@@ -16,6 +19,12 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& proto);
 // Every field set (optional scalars included), so clients see the effective values.
 // JobSpecFromProto(JobSpecToProto(s)) == s.
 v1::JobSpec JobSpecToProto(const JobSpec& spec);
+
+// The dataset summary stored on the job (Job.dataset).
+v1::DatasetSummary DatasetSummaryToProto(const DataSummary& summary);
+
+// The memory planner's answer as EstimateJob returns it.
+v1::EstimateJobResponse MemoryPlanToProto(const MemoryPlan& plan);
 
 }  // namespace oomb::server
 

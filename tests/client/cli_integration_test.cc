@@ -84,8 +84,12 @@ class CliTest : public ::testing::Test {
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "model");
-    // CreateJob reads the dataset: pre-tokenized ids need no tokenizer.json, only vocab_size.
-    std::ofstream(dir_ / "model" / "config.json") << "{\"vocab_size\": 256}";
+    // CreateJob reads the dataset (pre-tokenized ids need no tokenizer.json) and plans the
+    // job's memory from config.json; no weights are needed while the scheduler holds jobs.
+    std::ofstream(dir_ / "model" / "config.json")
+        << R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0})";
     std::ofstream(dir_ / "train.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";
     std::ofstream(dir_ / "job.yaml") << "display_name: t\nlabels: {team: nlp}\nmodel:\n  path: "
                                      << (dir_ / "model").string()
@@ -250,9 +254,75 @@ TEST_F(CliTest, BadSpecsAreInvalidArgumentNamingTheFieldAndTheDaemonKeepsServing
   EXPECT_EQ(type.rc, 1);
   EXPECT_THAT(type.err, HasSubstr("training.max_steps: expected an integer"));
   EXPECT_EQ(Oomb("health").rc, 0);
-  Result est = Oomb("estimate " + job_);
-  EXPECT_EQ(est.rc, 1);
-  EXPECT_THAT(est.err, HasSubstr("UNIMPLEMENTED"));
+  Result sparse = Oomb("estimate " + job_ + " --set attention.mode=sparse");
+  EXPECT_EQ(sparse.rc, 1);
+  EXPECT_THAT(sparse.err, HasSubstr("UNIMPLEMENTED: spec: attention.mode"));
+}
+
+TEST_F(CliTest, EstimateAndAdmissionByTheMemoryPlanner) {
+  StartDaemon();
+  // Fits: the plan's parts add up, and the longest context is beyond the spec's.
+  json fit = OombJson("estimate " + job_ + " --set data.max_seq_len=4096");
+  EXPECT_EQ(fit["fits"], true);
+  EXPECT_EQ(fit["device"], "cpu");
+  EXPECT_EQ(fit["seq_len"], "4096");
+  const auto num = [](const json& j, const char* k) { return j.contains(k) ? std::stoll(j[k].get<std::string>()) : 0; };
+  EXPECT_EQ(num(fit, "peak_device_bytes"), num(fit, "weights_bytes") + num(fit, "trainable_state_bytes") +
+                                               num(fit, "kv_bytes") + num(fit, "activation_bytes"));
+  // 2 layers, K and V of 2 heads x 8 dims: bfloat16 pages and float32 gradient pages.
+  EXPECT_EQ(num(fit, "kv_bytes_per_token"), 2 * 2 * 16 * (2 + 4));
+  EXPECT_GT(num(fit, "max_seq_len_that_fits"), 4096);
+  Result table = Oomb("estimate " + job_);
+  EXPECT_EQ(table.rc, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("longest context"));
+
+  // Does not fit: the estimate says why (exit 1), and CreateJob refuses the job with
+  // RESOURCE_EXHAUSTED naming the limit and the longest context that fits; nothing is created.
+  Result no = Oomb("estimate " + job_ + " --set data.max_seq_len=2147483648 -o json");
+  EXPECT_EQ(no.rc, 1);
+  const json big = json::parse(no.out);
+  EXPECT_EQ(big.value("fits", false), false);
+  const std::string longest = big["max_seq_len_that_fits"];
+  EXPECT_THAT(big["limit"].get<std::string>(), HasSubstr("the longest context that fits is " + longest));
+  Result refused = Oomb("submit " + job_ + " --set data.max_seq_len=2147483648");
+  EXPECT_EQ(refused.rc, 1);
+  EXPECT_THAT(refused.err, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(refused.err, HasSubstr("cpu memory"));
+  EXPECT_THAT(refused.err, HasSubstr("the longest context that fits is " + longest + " tokens"));
+  EXPECT_TRUE(OombJson("list")["jobs"].empty());
+  // The longest context the server named is accepted.
+  EXPECT_EQ(Oomb("submit " + job_ + " --set data.max_seq_len=" + longest).rc, 0);
+}
+
+TEST_F(CliTest, LargeDatasetsAreScannedInTheValidatingState) {
+  // Every dataset goes through VALIDATING (nothing is scanned inside CreateJob).
+  StartDaemon({"--set", "scheduler.validate_inline_max_bytes=0"});
+  const std::string good = Submit();
+  json job;
+  for (int i = 0; i < 200; ++i) {
+    job = OombJson("get " + good);
+    if (job["state"] != "VALIDATING") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(job["state"], "QUEUED");  // the scheduler holds jobs
+  EXPECT_EQ(job["dataset"]["samples"], "1");
+  EXPECT_EQ(job["dataset"]["tokens"], "3");
+  EXPECT_EQ(job["dataset"]["sequences"], "1");
+  const json events = OombJson("events " + good)["events"];
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[0]["state"], "VALIDATING");
+  EXPECT_EQ(events[1]["state"], "QUEUED");
+  EXPECT_THAT(events[1]["message"].get<std::string>(), HasSubstr("validated: 1 samples, 3 tokens"));
+
+  // A bad line is found after CreateJob returned: the job FAILS naming the file and the line.
+  std::ofstream(dir_ / "bad.jsonl") << "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1, 999]}\n";
+  const std::string bad = Submit("--set data.train=" + (dir_ / "bad.jsonl").string());
+  Result watch = Oomb("watch " + bad);
+  EXPECT_EQ(watch.rc, 6) << watch.out << watch.err;
+  job = OombJson("get " + bad);
+  EXPECT_EQ(job["state"], "FAILED");
+  EXPECT_EQ(job["error"]["reason"], "BAD_DATA");
+  EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("bad.jsonl:2"));
 }
 
 TEST_F(CliTest, ExitCodes) {

@@ -428,9 +428,14 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options)
   }
 }
 
-absl::Status ValidateJobData(const JobSpec& spec) {
+absl::StatusOr<DataSummary> ValidateJobData(const JobSpec& spec) {
   try {
-    return ReadJobData(spec).status();
+    OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec));
+    DataSummary summary;
+    summary.train = data.stats;
+    summary.sequences = static_cast<int64_t>(
+        PackDocuments(data.train, spec.data.max_seq_len, spec.data.packing, spec.data.shuffle_seed).size());
+    return summary;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("[INTERNAL] reading the datasets: ", e.what()));
   }

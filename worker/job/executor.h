@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/data/dataset.h"
 #include "worker/job/job_spec.h"
 
 namespace oomb {
@@ -76,14 +77,22 @@ struct RunResult {
 // starts with a stable reason tag in brackets, e.g. "[NAN_LOSS] loss is nan at step 7".
 absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options);
 
+// What a job's training data amounts to: the reader's summary of data.train (samples, tokens,
+// dropped, truncated, length histogram) and the sequences of one epoch after packing.
+struct DataSummary {
+  DatasetStats train;
+  int64_t sequences = 0;
+};
+
 // Reads and checks the job's datasets exactly as RunJob does (tokenizing, data.too_long),
 // without loading the model: INVALID_ARGUMENT naming the field, the file and the line, as
 // "data.train: /d/a.jsonl:12: invalid JSON: ...". Takes about as long as tokenizing the files;
-// the daemon calls it from CreateJob for small datasets. The tokenizer is loaded only when a
+// the daemon calls it from CreateJob for small datasets and in the VALIDATING state for the
+// rest. The tokenizer is loaded only when a
 // sample needs one: a model without tokenizer.json trains on pre-tokenized {"input_ids"} data
 // (ids checked against config.json's vocab_size), and a text sample is then an error naming
 // its line.
-absl::Status ValidateJobData(const JobSpec& spec);
+absl::StatusOr<DataSummary> ValidateJobData(const JobSpec& spec);
 
 }  // namespace oomb
 

@@ -1,0 +1,208 @@
+#include "worker/plan/memory_planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace oomb {
+namespace {
+
+constexpr int64_t kF32 = 4;
+
+// What the engine's kernels use (kernels/torch/paged_attention.cc, worker/train/chunk_trainer.h).
+constexpr int64_t kCeRowsPerBlock = 1024;         // ChunkTrainerOptions::ce_rows_per_block
+constexpr int64_t kCpuKeyBlock = 2048;            // ChunkTrainerOptions::attention_key_block
+constexpr int64_t kCpuBlockScoreElems = 1 << 22;  // score elements of one attention block, CPU
+constexpr int64_t kGpuKeyBlock = 16384;
+constexpr int64_t kGpuBlockScoreElems = int64_t{1} << 27;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool Targeted(const LoraSpec& lora, const char* module) {
+  return std::find(lora.target_modules.begin(), lora.target_modules.end(), module) != lora.target_modules.end();
+}
+
+// The model's linear layers: name, input and output features.
+struct LinearShape {
+  const char* name;
+  int64_t in, out;
+};
+
+std::vector<LinearShape> Linears(const ModelConfig& c) {
+  return {{"q_proj", c.hidden_size, c.q_dim()},
+          {"k_proj", c.hidden_size, c.kv_dim()},
+          {"v_proj", c.hidden_size, c.kv_dim()},
+          {"o_proj", c.q_dim(), c.hidden_size},
+          {"gate_proj", c.hidden_size, c.intermediate_size},
+          {"up_proj", c.hidden_size, c.intermediate_size},
+          {"down_proj", c.intermediate_size, c.hidden_size}};
+}
+
+// Everything that depends on the sequence length T, for a fixed model and spec.
+class Model {
+ public:
+  Model(const ModelConfig& c, const JobSpec& spec, bool cuda) : c_(c), spec_(spec), cuda_(cuda) {
+    e_ = spec.model.dtype == "float32" ? 4 : 2;
+    const bool lora = spec.method.type == "lora";
+    weights_ = c.ParameterCount() * e_;
+    if (lora) {
+      int64_t lora_params = 0;
+      for (const LinearShape& l : Linears(c)) {
+        if (Targeted(spec.method.lora, l.name)) lora_params += spec.method.lora.rank * (l.in + l.out);
+      }
+      lora_params *= c.num_layers;
+      // float32 masters, their gradients, AdamW's exp_avg and exp_avg_sq.
+      trainable_ = lora_params * kF32 * 4;
+    } else {
+      // Parameters in model.dtype are the weights themselves: gradients and two moments more.
+      trainable_ = c.ParameterCount() * e_ * 3;
+    }
+  }
+
+  int64_t weights() const { return weights_; }
+  int64_t trainable() const { return trainable_; }
+
+  // KV pages (model.dtype) and KV-gradient pages (float32) for a sequence of T tokens: the
+  // executor's pools, layers * (ceil(T / P) + 1) pages each.
+  int64_t KvBytes(int64_t T) const {
+    const int64_t P = spec_.memory.page_tokens;
+    const int64_t pages = c_.num_layers * (CeilDiv(T, P) + 1);
+    return pages * 2 * c_.kv_dim() * P * (e_ + kF32);
+  }
+
+  // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden):
+  //   two RMSNorms: the float32 upcast of the input and the normalised output (dtype)
+  //   q, k before RoPE and their rotate_half (RoPE's multiplications save both)
+  //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
+  //   the MLP's gate, silu(gate), up and silu(gate) * up
+  //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
+  //   mask and the dropped input
+  // and, once, the final norm.
+  int64_t GraphBytes(int64_t C) const {
+    const int64_t H = c_.hidden_size, Q = c_.q_dim(), KV = c_.kv_dim(), I = c_.intermediate_size;
+    int64_t per_token = 2 * (kF32 + e_) * H;
+    per_token += 2 * e_ * (Q + KV);
+    per_token += e_ * (2 * Q + 2 * KV) + kF32 * c_.num_heads;
+    per_token += 4 * e_ * I;
+    if (spec_.method.type == "lora") {
+      for (const LinearShape& l : Linears(c_)) {
+        if (!Targeted(spec_.method.lora, l.name)) continue;
+        per_token += e_ * spec_.method.lora.rank;
+        if (spec_.method.lora.dropout > 0) per_token += (kF32 + e_) * l.in;
+      }
+    }
+    return C * (per_token * c_.num_layers + (kF32 + e_) * H);
+  }
+
+  // The largest transient on top of the graph. T: tokens up to and including the chunk.
+  int64_t WorkspaceBytes(int64_t C, int64_t T) const {
+    const int64_t H = c_.hidden_size, KV = c_.kv_dim(), I = c_.intermediate_size;
+    // LM head + cross-entropy: one block of logits in dtype, its float32 softmax and gradient.
+    const int64_t ce = std::min(C, kCeRowsPerBlock) * c_.vocab_size * (e_ + 2 * kF32);
+    // One layer's backward: gradients of the MLP's intermediates and of the residual stream.
+    const int64_t layer_backward = C * (3 * I + 4 * H) * e_;
+    // Attention. Blockwise path: the float32 scores of one block of queries against one block
+    // of keys, and what is made from them (probabilities, their gradient, temporaries): 3.5
+    // blocks, the most measured on the CPU (tests/worker/train/memory_planner_test.cc).
+    const int64_t key_block = cuda_ ? kGpuKeyBlock : kCpuKeyBlock;
+    const int64_t block_elems =
+        std::min(cuda_ ? kGpuBlockScoreElems : kCpuBlockScoreElems, c_.num_heads * C * std::min(T, key_block));
+    int64_t attention = 7 * kF32 * block_elems / 2;
+    if (cuda_ && e_ == 2) {
+      // Fused path: the past gathered contiguous (read, then concatenated with the chunk), and
+      // in backward its dK/dV from the kernel (dtype) and converted to float32.
+      attention = std::max(attention, T * KV * (4 * e_ + 2 * kF32));
+    }
+    return std::max({ce, layer_backward, attention});
+  }
+
+  int64_t DevicePeak(int64_t T) const {
+    const int64_t C = std::min(T, spec_.memory.chunk_tokens);
+    return weights_ + trainable_ + KvBytes(T) + GraphBytes(C) + WorkspaceBytes(C, T);
+  }
+
+ private:
+  const ModelConfig& c_;
+  const JobSpec& spec_;
+  const bool cuda_;
+  int64_t e_ = 2;
+  int64_t weights_ = 0;
+  int64_t trainable_ = 0;
+};
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target) {
+  if (spec.attention.mode != "dense") {
+    return absl::UnimplementedError("attention.mode: sparse attention is not implemented yet; use dense");
+  }
+  if (spec.backward.chunk_fraction != 1.0) {
+    return absl::UnimplementedError("backward.chunk_fraction: SpaCO (< 1.0) is not implemented yet; use 1.0");
+  }
+  if (spec.memory.kv_offload == "host") {
+    return absl::UnimplementedError(
+        "memory.kv_offload: the host tier for KV pages is not implemented yet; use auto or none");
+  }
+  if (spec.memory.kv_grad_dtype != "float32") {
+    return absl::UnimplementedError("memory.kv_grad_dtype: only float32 gradient pages are implemented");
+  }
+  const bool cuda = target.device != "cpu";
+  const Model m(config, spec, cuda);
+
+  MemoryPlan plan;
+  plan.device = target.device;
+  plan.seq_len = spec.data.max_seq_len;
+  plan.weights_bytes = m.weights();
+  plan.trainable_state_bytes = m.trainable();
+  const int64_t T = plan.seq_len;
+  const int64_t C = std::min(T, spec.memory.chunk_tokens);
+  plan.activation_bytes = m.GraphBytes(C) + m.WorkspaceBytes(C, T);
+  plan.kv_bytes = m.KvBytes(T);
+  plan.kv_device_bytes = plan.kv_bytes;
+  plan.kv_bytes_per_token = (m.KvBytes(1 << 20) - m.KvBytes(0)) >> 20;
+  plan.peak_device_bytes = m.DevicePeak(T);
+  plan.peak_host_bytes = cuda ? 0 : plan.peak_device_bytes;
+  plan.device_capacity_bytes = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
+  plan.host_capacity_bytes = std::max<int64_t>(0, target.host_bytes - kDeviceReserveBytes);
+  plan.placement = absl::StrCat("KV and KV-gradient pages on ", target.device, cuda ? " (no host tier yet)" : "");
+
+  // The longest T whose peak fits (DevicePeak does not decrease with T).
+  int64_t lo = 0, hi = int64_t{1} << 31;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (m.DevicePeak(mid) <= plan.device_capacity_bytes) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  plan.max_seq_len_that_fits = lo;
+  plan.fits = plan.peak_device_bytes <= plan.device_capacity_bytes;
+  if (!plan.fits) {
+    plan.limit = absl::StrCat(
+        target.device, " memory: the job needs ", FormatBytes(plan.peak_device_bytes), " at data.max_seq_len ", T,
+        " (weights ", FormatBytes(plan.weights_bytes), ", KV pages ", FormatBytes(plan.kv_bytes), ", activations ",
+        FormatBytes(plan.activation_bytes), ") and ", FormatBytes(plan.device_capacity_bytes), " is usable (",
+        FormatBytes(target.device_bytes), " less ", FormatBytes(kDeviceReserveBytes), " reserved); ",
+        lo > 0 ? absl::StrCat("the longest context that fits is ", lo, " tokens")
+               : std::string("not even one token fits"));
+  }
+  return plan;
+}
+
+}  // namespace oomb

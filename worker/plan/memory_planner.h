@@ -1,0 +1,88 @@
+// The memory planner (ARCHITECTURE.md §4): what a job needs on its device and on the host,
+// and the longest context that fits, computed from the model's config.json and the job spec
+// without running anything. Used by admission (CreateJob), EstimateJob / `oomb estimate` and
+// `oombd model plan`. Torch-free.
+//
+// The model of the engine as it is built (worker/train/chunk_trainer.h, worker/job/executor.cc):
+//
+//   device peak = weights                       base weights in model.dtype
+//               + trainable state               parameters, gradients and AdamW's two moments
+//                                               (LoRA: float32 masters; full: model.dtype)
+//               + page pools                    KV (model.dtype) and KV-gradient (float32)
+//                                               pages for the whole sequence, allocated up
+//                                               front: layers * (ceil(T / P) + 1) pages each
+//               + one chunk's graph             what autograd keeps of one chunk's recomputed
+//                                               forward through every layer (stage 2)
+//               + workspace                     the largest transient: the LM head's logits
+//                                               block, the backward of one layer, and the
+//                                               attention's working set (CUDA: the past
+//                                               gathered contiguous with its gradient; CPU:
+//                                               one key block's scores)
+//
+// Every term is a function of T (the sequence length, data.max_seq_len) that does not
+// decrease, so the longest context that fits is found by bisection. The per-token activation
+// terms count the tensors autograd saves in Transformer::Hidden (see the .cc). Checked against
+// measurement: on the CPU, weights, trainable state and pools to the byte and activations as an
+// upper bound (tests/worker/train/memory_planner_test.cc); on the GPU, the whole peak within
+// 10% (bench/bench_train.cc prints both; results under bench/results).
+//
+// Not modelled (the engine does not do them yet): a host tier for KV pages (memory.kv_offload:
+// host is UNIMPLEMENTED), sparse attention and SpaCO (UNIMPLEMENTED, as in the executor).
+#ifndef OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
+#define OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/job/job_spec.h"
+#include "worker/model/model_config.h"
+
+namespace oomb {
+
+// Where a job would run: the device's memory and the host's.
+struct PlanTarget {
+  std::string device = "cpu";  // "cpu" | "cuda:N"
+  int64_t device_bytes = 0;    // total memory of the device (for "cpu": the host's RAM)
+  int64_t host_bytes = 0;      // the host's RAM
+};
+
+struct MemoryPlan {
+  std::string device;
+  int64_t seq_len = 0;  // the sequence length planned for (data.max_seq_len)
+
+  int64_t weights_bytes = 0;          // base weights
+  int64_t trainable_state_bytes = 0;  // trainable parameters + gradients + optimizer moments
+  int64_t activation_bytes = 0;       // one chunk's graph + workspace
+  int64_t kv_bytes = 0;               // KV + KV-gradient page pools at seq_len
+  int64_t kv_device_bytes = 0;
+  int64_t kv_host_bytes = 0;
+  int64_t kv_bytes_per_token = 0;  // KV + KV-gradient bytes per token of context (all layers)
+
+  int64_t peak_device_bytes = 0;
+  int64_t peak_host_bytes = 0;        // what the plan places in host memory (for "cpu": everything)
+  int64_t device_capacity_bytes = 0;  // usable: the device's memory less a fixed reserve
+  int64_t host_capacity_bytes = 0;
+
+  bool fits = false;
+  std::string limit;                  // when !fits: which limit, in words, with the numbers
+  int64_t max_seq_len_that_fits = 0;  // 0 when not even one token fits
+  std::string placement;              // where the KV pages live, in words
+};
+
+// Memory kept back from a device's total for what the plan does not count: the CUDA context,
+// cuBLAS / cuDNN workspaces and the caching allocator's fragmentation (CPU: the OS and the
+// process's code and libraries).
+inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
+
+// The plan of `spec` on `target`, for the model `config` (the spec's model.path's
+// config.json). UNIMPLEMENTED for what the engine cannot run yet (sparse attention, SpaCO,
+// memory.kv_offload: host, bfloat16 KV-gradient pages), naming the field.
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target);
+
+// Bytes in words: "12.3 GiB".
+std::string FormatBytes(int64_t bytes);
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
