@@ -182,6 +182,8 @@ class Daemon {
   std::string unix_endpoint() const { return "unix:" + (dir_ / "oombd.sock").string(); }
   std::string log() const { return Slurp(dir_ / "oombd.log"); }
   const fs::path& data_dir() const { return dir_; }
+  // How the last Stop or Kill ended: the exit code, or 128 + N when killed by signal N.
+  int exit_code() const { return exit_code_; }
 
  private:
   void Signal(int sig) {
@@ -189,6 +191,7 @@ class Daemon {
     ::kill(pid_, sig);
     int status = 0;
     ::waitpid(pid_, &status, 0);
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
     pid_ = -1;
     port_ = 0;
   }
@@ -197,6 +200,7 @@ class Daemon {
   DaemonOptions options_;
   pid_t pid_ = -1;
   int port_ = 0;
+  int exit_code_ = -1;
 };
 
 // The oomb CLI against `endpoint`.

@@ -1,10 +1,12 @@
 // Integration tests of `oombd serve` with the real trainer on the tiny test model: a crash
-// (kill -9) in the middle of a job and the restart on the same data dir, and bad datasets
-// refused at CreateJob naming the line (or, when found only while the job runs, carried in
-// JobError.message) while the daemon keeps serving.
+// (kill -9) in the middle of a job and the restart on the same data dir; a clean shutdown
+// (SIGTERM) that checkpoints the running job and exits in bounded time; bad datasets refused
+// at CreateJob naming the line (or, when found only while the job runs, carried in
+// JobError.message) while the daemon keeps serving; TLS and mTLS with generated certificates.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <map>
 
@@ -228,6 +230,111 @@ TEST_F(DaemonTest, DataFoundBadWhileRunningFailsTheJobNamingTheLine) {
               HasSubstr("data.train: " + (dir() / "later.jsonl").string() + ":3: invalid JSON"));
   EXPECT_EQ(OombJson(endpoint(), "get blocker", dir()).value("state", ""), "CANCELLED");
   EXPECT_EQ(Oomb(endpoint(), "health", dir()).out, "SERVING\n");
+}
+
+TEST_F(DaemonTest, SigtermCheckpointsTheRunningJobExitsCleanlyAndTheJobResumesAfterRestart) {
+  constexpr int kSteps = 400;
+  WriteIdsJsonl(dir() / "ids.jsonl", 8, 120);
+  // Only a final checkpoint of its own: any other checkpoint is the shutdown's.
+  const fs::path spec = WriteJob("job", TinyJobYaml((dir() / "ids.jsonl").string(), kSteps, /*every_steps=*/0));
+  ASSERT_EQ(OombJson(endpoint(), "submit " + spec.string() + " --job-id drain", dir()).value("name", ""), "jobs/drain");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json j = OombJson(endpoint(), "get drain", dir());
+        return j.contains("progress") && std::stoll(j["progress"].value("step", "0")) >= 3;
+      },
+      std::chrono::seconds(60)));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  daemon_->Stop();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(daemon_->exit_code(), 0) << daemon_->log();
+  EXPECT_LT(seconds, 30.0) << "shutdown_grace_seconds is 60 but a tiny job checkpoints in well under a second";
+
+  daemon_->Start();
+  ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+  EXPECT_EQ(Oomb(endpoint(), "watch drain", dir()).rc, 0);
+  const std::vector<json> events = AllEvents(endpoint(), "drain", dir());
+  int64_t drain_checkpoint = -1, resumed_at = -1, queued_for_shutdown = -1;
+  std::vector<std::string> states;
+  for (const json& e : events) {
+    if (e["type"] == "STATE_CHANGED") states.push_back(e["state"]);
+    if (e["type"] == "CHECKPOINT_SAVED" && !e["checkpoint"].value("final", false)) {
+      drain_checkpoint = std::stoll(e["checkpoint"]["step"].get<std::string>());
+    }
+    if (e["type"] == "STATE_CHANGED" && e["state"] == "QUEUED" &&
+        e["message"].get<std::string>().find("server shutdown") != std::string::npos) {
+      queued_for_shutdown = Seq(e);
+    }
+    if (e["type"] == "WARNING" && e["message"].get<std::string>().find("resumed from ") != std::string::npos) {
+      const std::string m = e["message"];
+      resumed_at = std::stoll(m.substr(m.rfind("at step ") + 8));
+    }
+  }
+  // RUNNING -> (checkpoint) -> QUEUED at shutdown, then RUNNING again from that checkpoint.
+  EXPECT_GE(drain_checkpoint, 3);
+  EXPECT_GT(queued_for_shutdown, 0);
+  EXPECT_EQ(resumed_at, drain_checkpoint);
+  EXPECT_EQ(states, (std::vector<std::string>{"QUEUED", "RUNNING", "QUEUED", "RUNNING", "SUCCEEDED"}));
+  EXPECT_EQ(OombJson(endpoint(), "get drain", dir())["progress"]["step"], std::to_string(kSteps));
+}
+
+// Certificates made with the openssl command: a CA, a server certificate for 127.0.0.1 and a
+// client certificate, both signed by the CA.
+void MakeCertificates(const fs::path& d) {
+  const std::string cmd =
+      "cd " + d.string() +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=oomb-test-ca"
+      " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1"
+      " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext"
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2"
+      " -extfile san.ext"
+      " && openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=oomb-client"
+      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2";
+  const Result r = Shell(cmd, d);
+  ASSERT_EQ(r.rc, 0) << r.err;
+}
+
+TEST(DaemonTlsTest, TlsAndMutualTlsWithGeneratedCertificates) {
+  if (Shell("openssl version", fs::temp_directory_path()).rc != 0) GTEST_SKIP() << "no openssl command";
+  TempDir tmp;
+  const fs::path d = tmp.path();
+  MakeCertificates(d);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::string ca = " --ca " + (d / "ca.pem").string();
+  const std::string client = " --cert " + (d / "client.pem").string() + " --key " + (d / "client.key").string();
+
+  {  // TLS: the server proves itself; a plaintext client cannot talk to it.
+    DaemonOptions o;
+    o.extra = {"--set", "tls.cert_file=" + (d / "server.pem").string(), "--set",
+               "tls.key_file=" + (d / "server.key").string()};
+    Daemon daemon(d / "tls", o);
+    ASSERT_GT(daemon.port(), 0) << daemon.log();
+    const std::string ep = daemon.tcp_endpoint();
+    EXPECT_EQ(Oomb(ep, ca + " list", d).rc, 0);
+    EXPECT_EQ(Oomb(ep, ca + " health", d).rc, 0);
+    EXPECT_EQ(Oomb(ep, "list", d).rc, 5);  // UNAVAILABLE: no TLS handshake
+  }
+  {  // mTLS: the client must present a certificate from the CA.
+    DaemonOptions o;
+    o.extra = {"--set", "tls.cert_file=" + (d / "server.pem").string(),
+               "--set", "tls.key_file=" + (d / "server.key").string(),
+               "--set", "tls.client_ca_file=" + (d / "ca.pem").string()};
+    Daemon daemon(d / "mtls", o);
+    ASSERT_GT(daemon.port(), 0) << daemon.log();
+    const std::string ep = daemon.tcp_endpoint();
+    EXPECT_EQ(Oomb(ep, ca + client + " list", d).rc, 0);
+    EXPECT_NE(Oomb(ep, ca + " list", d).rc, 0);  // no client certificate
+    // A certificate from another CA is refused too.
+    const Result other = Shell(
+        "cd " + d.string() +
+            " && openssl req -x509 -newkey rsa:2048 -nodes -keyout rogue.key -out rogue.pem -days 2 -subj /CN=rogue",
+        d);
+    ASSERT_EQ(other.rc, 0) << other.err;
+    EXPECT_NE(
+        Oomb(ep, ca + " --cert " + (d / "rogue.pem").string() + " --key " + (d / "rogue.key").string() + " list", d).rc,
+        0);
+  }
 }
 
 }  // namespace
