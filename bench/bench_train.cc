@@ -3,7 +3,10 @@
 //
 // For each sequence length: one optimizer step (stage 1 + stage 2 + AdamW) after a warm-up step,
 // timed with device synchronisation; prints one JSON line per length:
-//   {"S", "s_per_step", "tok_s", "peak_bytes", "kv_bytes", "model_tflops", "mfu"} or {"S", "oom": true}
+//   {"S", "s_per_step", "tok_s", "peak_bytes", "kv_bytes", "model_tflops", "mfu", "planned_peak_bytes",
+//    "planned_over_measured"} or {"S", "oom": true}
+// planned_peak_bytes is the memory planner's prediction (worker/plan/memory_planner.h) for the
+// same model, method, chunk, page and length: the check of its 10% promise.
 // MFU = model FLOPs / step time / the bf16 matmul rate measured at the start of the same run,
 // with model FLOPs = 6 N T + 6 d L T^2 (N parameters of the base model, d = heads * head_dim,
 // L layers; causal attention; the recomputation is not counted).
@@ -29,6 +32,7 @@
 #include "worker/common/status.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
+#include "worker/plan/memory_planner.h"
 #include "worker/train/chunk_trainer.h"
 
 namespace oomb {
@@ -214,6 +218,19 @@ int Main(int argc, char** argv) {
         r["kv_pool_bytes"] =
             2 * 3 * config.num_layers * ((T + page - 1) / page + 1) * config.num_kv_heads * page * config.head_dim * 2;
         r["model_tflops"] = flops / *s / 1e12;
+        JobSpec spec;
+        spec.model.dtype = "bfloat16";
+        spec.method.type = full ? "full" : "lora";
+        spec.method.lora.rank = static_cast<int32_t>(rank);
+        spec.memory.chunk_tokens = chunk;
+        spec.memory.page_tokens = page;
+        spec.data.max_seq_len = T;
+        const PlanTarget target{.device = d.is_cuda() ? "cuda:0" : "cpu", .device_bytes = int64_t{1} << 50,
+                                .host_bytes = int64_t{1} << 50};
+        if (auto plan = PlanMemory(config, spec, target); plan.ok()) {
+          r["planned_peak_bytes"] = plan->peak_device_bytes;
+          r["planned_over_measured"] = static_cast<double>(plan->peak_device_bytes) / PeakBytes(d);
+        }
         if (peak_tflops > 0) r["mfu"] = flops / *s / 1e12 / peak_tflops;
       } catch (const std::exception& e) {
         r["oom"] = true;
