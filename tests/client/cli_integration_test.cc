@@ -308,6 +308,10 @@ TEST_F(CliTest, LargeDatasetsAreScannedInTheValidatingState) {
   EXPECT_EQ(job["dataset"]["samples"], "1");
   EXPECT_EQ(job["dataset"]["tokens"], "3");
   EXPECT_EQ(job["dataset"]["sequences"], "1");
+  // The length histogram: the one 3-token sample in the first bucket, [0, 128).
+  ASSERT_TRUE(job["dataset"].contains("length_counts"));
+  EXPECT_EQ(job["dataset"]["length_bounds"][0], "128");
+  EXPECT_EQ(job["dataset"]["length_counts"][0], "1");
   const json events = OombJson("events " + good)["events"];
   ASSERT_GE(events.size(), 2u);
   EXPECT_EQ(events[0]["state"], "VALIDATING");
