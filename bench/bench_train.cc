@@ -225,8 +225,8 @@ int Main(int argc, char** argv) {
         spec.memory.chunk_tokens = chunk;
         spec.memory.page_tokens = page;
         spec.data.max_seq_len = T;
-        const PlanTarget target{.device = d.is_cuda() ? "cuda:0" : "cpu", .device_bytes = int64_t{1} << 50,
-                                .host_bytes = int64_t{1} << 50};
+        const PlanTarget target{
+            .device = d.is_cuda() ? "cuda:0" : "cpu", .device_bytes = int64_t{1} << 50, .host_bytes = int64_t{1} << 50};
         if (auto plan = PlanMemory(config, spec, target); plan.ok()) {
           r["planned_peak_bytes"] = plan->peak_device_bytes;
           r["planned_over_measured"] = static_cast<double>(plan->peak_device_bytes) / PeakBytes(d);

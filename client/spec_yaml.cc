@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <yaml-cpp/yaml.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -136,6 +137,36 @@ void ApplyOverride(YAML::Node root, const std::string& kv) {
   chain.back()[parts.back()] = value;
 }
 
+// The spec's filesystem paths. The daemon reads them as absolute paths (its working directory
+// is not the user's), so relative ones are made absolute here.
+constexpr const char* kPathFields[][2] = {
+    {"model", "path"}, {"data", "train"}, {"data", "validation"}, {"checkpoint", "dir"}};
+
+std::string Absolute(const std::filesystem::path& base, const std::string& p) {
+  if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (std::filesystem::absolute(base) / p).lexically_normal().string();
+}
+
+// Relative paths in the file are relative to the file's directory.
+void ResolvePaths(YAML::Node root, const std::filesystem::path& base) {
+  for (const auto& [section, key] : kPathFields) {
+    if (!root.IsMap() || !root[section] || !root[section].IsMap()) continue;
+    YAML::Node v = root[section][key];
+    if (v && v.IsScalar()) v = Absolute(base, v.as<std::string>());
+  }
+}
+
+// Relative paths given with --set are relative to the current directory.
+std::string ResolveOverride(const std::string& kv) {
+  const size_t eq = kv.find('=');
+  if (eq == std::string::npos) return kv;
+  const std::string key = kv.substr(0, eq);
+  for (const auto& [section, field] : kPathFields) {
+    if (key == std::string(section) + "." + field) return key + "=" + Absolute(".", kv.substr(eq + 1));
+  }
+  return kv;
+}
+
 }  // namespace
 
 bool LoadJobSpec(const std::string& path, const std::vector<std::string>& overrides, v1::JobSpec* spec,
@@ -152,7 +183,8 @@ bool LoadJobSpec(const std::string& path, const std::vector<std::string>& overri
       throw Error{fmt::format("{}:{}: YAML syntax error: {}", path, e.mark.line + 1, e.msg)};
     }
     if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-    for (const std::string& o : overrides) ApplyOverride(root, o);
+    ResolvePaths(root, std::filesystem::path(path).parent_path());
+    for (const std::string& o : overrides) ApplyOverride(root, ResolveOverride(o));
     const json j = Convert(root, v1::JobSpec::descriptor(), path, "");
     google::protobuf::util::JsonParseOptions opts;
     opts.ignore_unknown_fields = false;

@@ -2,7 +2,9 @@
 // the oomb.v1.JobSpec message. The YAML tree is converted to JSON guided by the message's
 // descriptor (so `display_name: 123` is a string and `max_steps: "5"` is rejected by name),
 // then parsed with google::protobuf::util::JsonStringToMessage with unknown fields rejected.
-// Defaults and range checks are the server's job (one source of truth).
+// Defaults and range checks are the server's job (one source of truth). Relative paths
+// (model.path, data.train, data.validation, checkpoint.dir) are made absolute: those in the
+// file against the file's directory, those given with --set against the current directory.
 #ifndef OOMB_CLIENT_SPEC_YAML_H_
 #define OOMB_CLIENT_SPEC_YAML_H_
 

@@ -47,6 +47,7 @@ const std::vector<Key>& Keys() {
       {"scheduler.devices", &ServerConfig::devices},
       {"scheduler.hold", &ServerConfig::hold},
       {"scheduler.validate_inline_max_bytes", &ServerConfig::validate_inline_max_bytes},
+      {"paths.allowed_roots", &ServerConfig::allowed_roots},
       {"log.level", &ServerConfig::log_level},
   };
   return *kKeys;
@@ -170,6 +171,10 @@ absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
       auto home = sources.env.find("HOME");
       config.data_dir = absl::StrCat(home != sources.env.end() ? home->second : "", "/.local/share/oomb");
     }
+  }
+  if (config.allowed_roots.empty()) {
+    auto home = sources.env.find("HOME");
+    config.allowed_roots = home != sources.env.end() && !home->second.empty() ? home->second + ",/tmp" : "/tmp";
   }
   if (config.unix_socket && config.unix_socket_path.empty()) config.unix_socket_path = config.data_dir + "/oombd.sock";
   if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {

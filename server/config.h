@@ -26,6 +26,11 @@
 //     validate_inline_max_bytes: 16777216  # datasets up to this size are scanned inside
 //                                     # CreateJob (errors returned at once); larger ones in
 //                                     # the VALIDATING state
+//   paths:
+//     allowed_roots: ""               # comma-separated directories a job's model, data and
+//                                     # checkpoint paths must lie in (symlinks resolved);
+//                                     # default: the daemon user's home and /tmp. The data dir
+//                                     # is always allowed.
 //   log:
 //     level: info                     # trace | debug | info | warn | error
 #ifndef OOMB_SERVER_CONFIG_H_
@@ -57,6 +62,7 @@ struct ServerConfig {
   std::string devices = "auto";
   bool hold = false;
   int64_t validate_inline_max_bytes = int64_t{16} << 20;
+  std::string allowed_roots;  // filled with "$HOME,/tmp" when unset
   std::string log_level = "info";
 };
 

@@ -304,6 +304,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
     }
     absl::StatusOr<JobSpec> spec = JobSpecFromProto(req->spec());
     if (!spec.ok()) return Annotate(spec.status(), "spec");
+    if (options_.paths) OOMB_RETURN_IF_ERROR(Annotate(options_.paths->Check(*spec), "spec"));
     OOMB_RETURN_IF_ERROR(Annotate(CheckJobFiles(*spec), "spec"));
     OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
     // Admission: a job that cannot fit is refused now, naming the limit and the longest context
@@ -447,6 +448,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContex
   return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
     absl::StatusOr<JobSpec> spec = JobSpecFromProto(req->spec());
     if (!spec.ok()) return Annotate(spec.status(), "spec");
+    if (options_.paths) OOMB_RETURN_IF_ERROR(Annotate(options_.paths->Check(*spec), "spec"));
     OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
     absl::StatusOr<MemoryPlan> plan = Plan(*spec);
     if (!plan.ok()) return Annotate(plan.status(), "spec");

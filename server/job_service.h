@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "oomb/v1/jobs.grpc.pb.h"
+#include "server/path_policy.h"
 #include "server/scheduler.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
@@ -40,6 +41,9 @@ struct JobServiceOptions {
   // JobError.message.
   std::function<absl::StatusOr<DataSummary>(const JobSpec&)> validate_data;
   int64_t validate_data_max_bytes = int64_t{16} << 20;
+  // Where a job's paths may point (CreateJob and EstimateJob check before touching them);
+  // unset: anywhere (tests of the service alone).
+  std::optional<PathPolicy> paths;
   // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
   // filled per call.
   v1::ServerInfo server_info;

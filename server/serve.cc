@@ -18,6 +18,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/time_util.h"
@@ -63,6 +64,9 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   if (absl::Status s = MakeDirs(config.data_dir, 0700); !s.ok()) return Fail(s);
+  absl::StatusOr<PathPolicy> paths = PathPolicy::Create(config.allowed_roots, config.data_dir);
+  if (!paths.ok()) return Fail(paths.status());
+  spdlog::info("job paths confined to {}", absl::StrJoin(paths->roots(), ", "));
   std::string token = config.auth_token;
   if (!config.auth_token_file.empty()) {
     absl::StatusOr<std::string> t = ReadSecretFile(config.auth_token_file, "auth.token_file");
@@ -96,6 +100,7 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail(s);
 
   JobServiceOptions jopts;
+  jopts.paths = *std::move(paths);
   jopts.auth_token = token;
   jopts.validate_data = env.validate_data;
   jopts.validate_data_max_bytes = config.validate_inline_max_bytes;

@@ -241,9 +241,10 @@ TEST_F(CliTest, BadSpecsAreInvalidArgumentNamingTheFieldAndTheDaemonKeepsServing
   Result lr = Oomb("submit " + job_ + " --set training.learning_rate=-1");
   EXPECT_EQ(lr.rc, 1);
   EXPECT_THAT(lr.err, HasSubstr("INVALID_ARGUMENT: spec: training.learning_rate: must be > 0, got -1"));
-  Result file = Oomb("submit " + job_ + " --set data.train=/nonexistent.jsonl");
+  const std::string missing = (dir_ / "nonexistent.jsonl").string();
+  Result file = Oomb("submit " + job_ + " --set data.train=" + missing);
   EXPECT_EQ(file.rc, 1);
-  EXPECT_THAT(file.err, HasSubstr("data.train: /nonexistent.jsonl"));
+  EXPECT_THAT(file.err, HasSubstr("data.train: " + missing));
   Result dev = Oomb("submit " + job_ + " --set resources.device=cuda:7");
   EXPECT_EQ(dev.rc, 1);
   EXPECT_THAT(dev.err, HasSubstr("resources.device"));
@@ -327,6 +328,41 @@ TEST_F(CliTest, LargeDatasetsAreScannedInTheValidatingState) {
   EXPECT_EQ(job["state"], "FAILED");
   EXPECT_EQ(job["error"]["reason"], "BAD_DATA");
   EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("bad.jsonl:2"));
+}
+
+TEST_F(CliTest, JobPathsAreConfinedToTheAllowedRoots) {
+  StartDaemon({"--set", "paths.allowed_roots=" + dir_.string()});
+  Result shadow = Oomb("submit " + job_ + " --set data.train=/etc/shadow");
+  EXPECT_EQ(shadow.rc, 4);
+  EXPECT_THAT(shadow.err, HasSubstr("PERMISSION_DENIED: spec: data.train: /etc/shadow is outside the directories"));
+  // ".." that climbs out, from the current directory (the CLI makes it absolute).
+  Result up = Oomb("submit " + job_ + " --set data.train=../../../../../../../../etc/passwd");
+  EXPECT_EQ(up.rc, 4);
+  EXPECT_THAT(up.err, HasSubstr("data.train: /etc/passwd is outside"));
+  // A symlink inside the root that points out of it.
+  fs::create_directory_symlink("/etc", dir_ / "etc-link");
+  Result link = Oomb("submit " + job_ + " --set model.path=" + (dir_ / "etc-link").string());
+  EXPECT_EQ(link.rc, 4);
+  EXPECT_THAT(link.err, HasSubstr("model.path:"));
+  Result ckpt = Oomb("submit " + job_ + " --set checkpoint.dir=/usr/local/bin/oomb-ckpt");
+  EXPECT_EQ(ckpt.rc, 4);
+  EXPECT_THAT(ckpt.err, HasSubstr("checkpoint.dir: /usr/local/bin/oomb-ckpt is outside"));
+  Result est = Oomb("estimate " + job_ + " --set data.train=/etc/shadow");
+  EXPECT_EQ(est.rc, 4);
+  // Relative paths in the spec file are relative to the file's directory.
+  fs::create_directories(dir_ / "specs");
+  std::ofstream(dir_ / "specs" / "rel.yaml") << "model: {path: ../model}\ndata: {train: ../train.jsonl}\n";
+  const json rel = OombJson("submit " + (dir_ / "specs" / "rel.yaml").string());
+  EXPECT_EQ(rel["spec"]["data"]["train"], (dir_ / "train.jsonl").string());
+  EXPECT_EQ(rel["spec"]["model"]["path"], (dir_ / "model").string());
+  // The daemon refuses to start on a root that does not exist.
+  const std::string bin = BinaryDir() + "/server/oombd";
+  const int status =
+      std::system((bin + " serve --listen 127.0.0.1:0 --data-dir " + (dir_ / "d2").string() +
+                   " --set paths.allowed_roots=/nonexistent-root >" + (dir_ / "d2.log").string() + " 2>&1")
+                      .c_str());
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_THAT(Slurp(dir_ / "d2.log"), HasSubstr("paths.allowed_roots: /nonexistent-root"));
 }
 
 TEST_F(CliTest, ExitCodes) {
