@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <random>
+#include <thread>
 
 #include "tests/client/daemon_harness.h"
 
@@ -230,6 +232,59 @@ TEST_F(DaemonTest, DataFoundBadWhileRunningFailsTheJobNamingTheLine) {
               HasSubstr("data.train: " + (dir() / "later.jsonl").string() + ":3: invalid JSON"));
   EXPECT_EQ(OombJson(endpoint(), "get blocker", dir()).value("state", ""), "CANCELLED");
   EXPECT_EQ(Oomb(endpoint(), "health", dir()).out, "SERVING\n");
+}
+
+TEST_F(DaemonTest, TwentyKillNinesAtRandomPointsLoseNothingAndDuplicateNothing) {
+  // kill -9 at seeded random moments of a job's life (during steps, checkpoint writes, state
+  // transitions, the restart's recovery), 20 times; then let it finish.
+  constexpr int kSteps = 800, kKills = 20;
+  WriteIdsJsonl(dir() / "ids.jsonl", 8, 120);
+  const fs::path spec = WriteJob("job", TinyJobYaml((dir() / "ids.jsonl").string(), kSteps, /*every_steps=*/10));
+  ASSERT_EQ(OombJson(endpoint(), "submit " + spec.string() + " --job-id loop", dir()).value("name", ""), "jobs/loop");
+  ASSERT_EQ(OombJson(endpoint(), "submit " + spec.string() + " --job-id behind", dir()).value("name", ""),
+            "jobs/behind");
+  std::mt19937 rng(20261121);
+  for (int k = 0; k < kKills; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 1400));
+    daemon_->Kill();
+    daemon_->Start();
+    ASSERT_GT(daemon_->port(), 0) << "restart " << k << ": " << daemon_->log();
+  }
+  const json before_end = OombJson(endpoint(), "get loop", dir());
+  EXPECT_NE(before_end["state"], "SUCCEEDED") << "the job ended before the last kill; make it longer";
+  EXPECT_EQ(Oomb(endpoint(), "watch loop", dir()).rc, 0) << daemon_->log();
+  EXPECT_EQ(Oomb(endpoint(), "watch behind", dir()).rc, 0) << daemon_->log();
+
+  // Nothing lost or duplicated: the two jobs, each SUCCEEDED exactly once, every step done.
+  const json list = OombJson(endpoint(), "list", dir());
+  ASSERT_EQ(list["jobs"].size(), 2u);
+  for (const char* id : {"loop", "behind"}) {
+    const std::vector<json> events = AllEvents(endpoint(), id, dir());
+    for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(Seq(events[i]), static_cast<int64_t>(i + 1)) << id;
+    int succeeded = 0;
+    std::map<int64_t, double> first_loss;
+    for (const json& e : events) {
+      if (e["type"] == "STATE_CHANGED" && e["state"] == "SUCCEEDED") ++succeeded;
+      if (e["type"] != "STEP") continue;
+      // A step redone after a kill (it ran after the newest checkpoint) computes the same loss.
+      const int64_t step = std::stoll(e["progress"]["step"].get<std::string>());
+      const double loss = e["progress"]["loss"].get<double>();
+      auto [it, fresh] = first_loss.emplace(step, loss);
+      if (!fresh) {
+        EXPECT_NEAR(loss, it->second, 1e-6 * std::max(1.0, std::abs(loss))) << id << " step " << step;
+      }
+    }
+    EXPECT_EQ(succeeded, 1) << id;
+    EXPECT_EQ(first_loss.size(), static_cast<size_t>(kSteps)) << id;
+    EXPECT_EQ(OombJson(endpoint(), "get " + std::string(id), dir())["progress"]["step"], std::to_string(kSteps));
+  }
+  // The store is intact.
+  daemon_->Stop();
+  const Result check = Shell("python3 -c \"import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("
+                             "'PRAGMA integrity_check').fetchone()[0])\" " +
+                                 (daemon_->data_dir() / "oombd.db").string(),
+                             dir());
+  EXPECT_EQ(check.out, "ok\n") << check.err;
 }
 
 TEST_F(DaemonTest, SigtermCheckpointsTheRunningJobExitsCleanlyAndTheJobResumesAfterRestart) {
