@@ -120,6 +120,10 @@ struct DaemonOptions {
   bool tcp = true;                 // listen on 127.0.0.1:0 (the port is read from <data_dir>/oombd.port)
   bool unix_socket = false;        // also (or only) <data_dir>/oombd.sock
   std::vector<std::string> extra;  // more flags, e.g. {"--set", "scheduler.hold=true"}
+  std::vector<std::string> env;    // "NAME=value" set in the daemon's environment
+  // A command the daemon runs under: argv before oombd's own (which follow as "$0" "$@" of a
+  // `sh -c` prefix), e.g. {"/usr/bin/unshare", "-Urm", "sh", "-c", "mount ... && exec \"$0\" \"$@\""}.
+  std::vector<std::string> prefix;
 
   static DaemonOptions UnixSocketOnly() {
     DaemonOptions o;
@@ -142,7 +146,8 @@ class Daemon {
   // Starts the process (again, after Kill or Stop) on the same data dir; waits until it serves.
   void Start() {
     fs::remove(dir_ / "oombd.port");
-    std::vector<std::string> args = {Oombd(), "serve", "--data-dir", dir_.string()};
+    std::vector<std::string> args = options_.prefix;
+    args.insert(args.end(), {Oombd(), "serve", "--data-dir", dir_.string()});
     if (options_.tcp) {
       args.insert(args.end(), {"--listen", "127.0.0.1:0"});
     } else {
@@ -155,6 +160,7 @@ class Daemon {
     pid_ = ::fork();
     if (pid_ == 0) {
       if (std::freopen(log.c_str(), "a", stderr) == nullptr) ::_exit(126);
+      for (const std::string& e : options_.env) ::putenv(const_cast<char*>(e.c_str()));
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);

@@ -280,10 +280,11 @@ TEST_F(DaemonTest, TwentyKillNinesAtRandomPointsLoseNothingAndDuplicateNothing) 
   }
   // The store is intact.
   daemon_->Stop();
-  const Result check = Shell("python3 -c \"import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("
-                             "'PRAGMA integrity_check').fetchone()[0])\" " +
-                                 (daemon_->data_dir() / "oombd.db").string(),
-                             dir());
+  const Result check = Shell(
+      "python3 -c \"import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("
+      "'PRAGMA integrity_check').fetchone()[0])\" " +
+          (daemon_->data_dir() / "oombd.db").string(),
+      dir());
   EXPECT_EQ(check.out, "ok\n") << check.err;
 }
 
@@ -332,6 +333,77 @@ TEST_F(DaemonTest, SigtermCheckpointsTheRunningJobExitsCleanlyAndTheJobResumesAf
   EXPECT_EQ(resumed_at, drain_checkpoint);
   EXPECT_EQ(states, (std::vector<std::string>{"QUEUED", "RUNNING", "QUEUED", "RUNNING", "SUCCEEDED"}));
   EXPECT_EQ(OombJson(endpoint(), "get drain", dir())["progress"]["step"], std::to_string(kSteps));
+}
+
+// `yaml` with its top-level `key:` line replaced by `line`.
+std::string WithLine(const std::string& yaml, const std::string& key, const std::string& line) {
+  const size_t at = yaml.find(key + ":");
+  return yaml.substr(0, at) + line + "\n" + yaml.substr(yaml.find('\n', at) + 1);
+}
+
+// A job's own out-of-memory error (a failpoint throws the c10::OutOfMemoryError an exhausted
+// allocator throws) fails that job with RESOURCE_EXHAUSTED; the daemon keeps serving and the
+// next job succeeds.
+TEST(DaemonFaultTest, AnOutOfMemoryErrorFailsOnlyThatJob) {
+  if (!fs::exists(TinyLlama() / "config.json")) GTEST_SKIP() << "no test models under " << DataDir();
+  TempDir tmp;
+  DaemonOptions o;
+  o.env = {"OOMB_FAILPOINTS=1"};
+  Daemon daemon(tmp.path() / "data", o);
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  const std::string ep = daemon.tcp_endpoint();
+  WriteIdsJsonl(tmp.path() / "ids.jsonl", 4, 100);
+  WriteFile(tmp.path() / "oom.yaml", WithLine(TinyJobYaml((tmp.path() / "ids.jsonl").string(), 6), "labels",
+                                              "labels: {failpoint: oom-at-step-3}"));
+  WriteFile(tmp.path() / "ok.yaml", TinyJobYaml((tmp.path() / "ids.jsonl").string(), 6));
+  ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "oom.yaml").string() + " --job-id oom", tmp.path())["name"],
+            "jobs/oom");
+  EXPECT_EQ(Oomb(ep, "watch oom", tmp.path()).rc, 6);  // FAILED
+  const json failed = OombJson(ep, "get oom", tmp.path());
+  EXPECT_EQ(failed["error"]["code"], "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(failed["error"]["reason"], "OUT_OF_MEMORY");
+  EXPECT_THAT(failed["error"]["message"].get<std::string>(), HasSubstr("oom-at-step-3"));
+  EXPECT_EQ(failed["progress"]["step"], "2");
+  ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "ok.yaml").string() + " --job-id ok", tmp.path())["name"],
+            "jobs/ok");
+  EXPECT_EQ(Oomb(ep, "watch ok", tmp.path()).rc, 0) << daemon.log();
+  EXPECT_EQ(Oomb(ep, "health", tmp.path()).rc, 0);
+}
+
+// A full disk under the checkpoint directory (a 256 KiB tmpfs mounted in the daemon's own mount
+// namespace) fails the job with RESOURCE_EXHAUSTED naming the path and the system's reason; the
+// daemon keeps serving and a job checkpointing elsewhere succeeds.
+TEST(DaemonFaultTest, AFullDiskFailsTheJobWithAClearReasonAndTheDaemonKeepsServing) {
+  if (!fs::exists(TinyLlama() / "config.json")) GTEST_SKIP() << "no test models under " << DataDir();
+  TempDir tmp;
+  const fs::path full = tmp.path() / "full";
+  fs::create_directories(full);
+  if (Shell("unshare -Urm sh -c 'mount -t tmpfs -o size=256k tmpfs " + full.string() + "'", tmp.path()).rc != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs in a user and mount namespace here (unshare -Urm)";
+  }
+  DaemonOptions o;
+  o.prefix = {"/usr/bin/unshare", "-Urm", "sh", "-c",
+              "mount -t tmpfs -o size=256k tmpfs " + full.string() + " && exec \"$0\" \"$@\""};
+  Daemon daemon(tmp.path() / "data", o);
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  const std::string ep = daemon.tcp_endpoint();
+  WriteIdsJsonl(tmp.path() / "ids.jsonl", 4, 100);
+  // Full fine-tuning of the tiny model: its checkpoint (weights and optimizer) is ~1.3 MB.
+  const std::string yaml = WithLine(TinyJobYaml((tmp.path() / "ids.jsonl").string(), 4, /*every_steps=*/2), "method",
+                                    "method: {type: full}");
+  WriteFile(tmp.path() / "full.yaml",
+            WithLine(yaml, "checkpoint", "checkpoint: {every_steps: 2, dir: " + (full / "ckpt").string() + "}"));
+  WriteFile(tmp.path() / "ok.yaml", yaml);
+  ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "full.yaml").string() + " --job-id disk", tmp.path())["name"],
+            "jobs/disk");
+  EXPECT_EQ(Oomb(ep, "watch disk", tmp.path()).rc, 6);
+  const json failed = OombJson(ep, "get disk", tmp.path());
+  EXPECT_EQ(failed["error"]["code"], "RESOURCE_EXHAUSTED") << failed.dump();
+  EXPECT_THAT(failed["error"]["message"].get<std::string>(), HasSubstr("No space left on device"));
+  EXPECT_THAT(failed["error"]["message"].get<std::string>(), HasSubstr((full / "ckpt").string()));
+  ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "ok.yaml").string() + " --job-id fine", tmp.path())["name"],
+            "jobs/fine");
+  EXPECT_EQ(Oomb(ep, "watch fine", tmp.path()).rc, 0) << daemon.log();
 }
 
 // Certificates made with the openssl command: a CA, a server certificate for 127.0.0.1 and a

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,7 +18,9 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "worker/common/files.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
@@ -95,6 +98,18 @@ absl::StatusOr<int64_t> ModelVocabSize(const std::string& model_dir) {
   return it->get<int64_t>();
 }
 
+// Failpoints for the reliability tests (RELIABILITY.md): only when the process runs with
+// OOMB_FAILPOINTS=1, a job labelled `failpoint: oom-at-step-N` gets a real
+// c10::OutOfMemoryError at the start of step N, as an exhausted allocator would throw it.
+int64_t OomFailpointStep(const JobSpec& spec) {
+  const char* enabled = std::getenv("OOMB_FAILPOINTS");
+  if (enabled == nullptr || std::string(enabled) != "1") return 0;
+  auto it = spec.labels.find("failpoint");
+  int64_t step = 0;
+  if (it == spec.labels.end() || !absl::SimpleAtoi(absl::StripPrefix(it->second, "oom-at-step-"), &step)) return 0;
+  return step;
+}
+
 // The datasets of a job, read and checked, with the tokenizer that read them (null when every
 // sample was pre-tokenized).
 struct JobData {
@@ -166,6 +181,7 @@ class Run {
     if (spec_.resources.gpus != 1) {
       return absl::UnimplementedError("resources.gpus: data parallelism is not implemented yet; use 1");
     }
+    oom_failpoint_step_ = OomFailpointStep(spec_);
     OOMB_ASSIGN_OR_RETURN(ModelConfig base_config, LoadModelConfig(spec_.model.path));
     OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec_));
     tokenizer_ = std::move(data.tokenizer);
@@ -306,6 +322,10 @@ class Run {
         label_tokens += s->label_tokens();
         tokens += s->size();
       }
+      if (state_.step + 1 == oom_failpoint_step_) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "injected by the failpoint label 'failpoint: oom-at-step-",
+                         oom_failpoint_step_, "' (OOMB_FAILPOINTS=1)");
+      }
       const double lr = LearningRate(spec_.training, state_.step, total_steps_);
       for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
       double loss_sum = 0;
@@ -399,6 +419,7 @@ class Run {
   std::vector<Document> docs_;
   DatasetStats stats_;
   std::vector<TokenSequence> validation_;
+  int64_t oom_failpoint_step_ = 0;  // > 0: a failpoint throws an out-of-memory error at this step
   std::vector<TokenSequence> epoch_sequences_;
   int64_t packed_epoch_ = -1;
   int64_t sequences_per_epoch_ = 0;
