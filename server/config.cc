@@ -47,6 +47,7 @@ const std::vector<Key>& Keys() {
       {"scheduler.devices", &ServerConfig::devices},
       {"scheduler.hold", &ServerConfig::hold},
       {"scheduler.validate_inline_max_bytes", &ServerConfig::validate_inline_max_bytes},
+      {"scheduler.max_queued_jobs_per_client", &ServerConfig::max_queued_jobs_per_client},
       {"paths.allowed_roots", &ServerConfig::allowed_roots},
       {"log.level", &ServerConfig::log_level},
   };
@@ -185,6 +186,10 @@ absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
   }
   if (config.listen.empty() && !config.unix_socket) {
     return absl::InvalidArgumentError("server.listen: empty and no unix socket: nothing to listen on");
+  }
+  if (config.max_queued_jobs_per_client < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler.max_queued_jobs_per_client: must be >= 0, got ", config.max_queued_jobs_per_client));
   }
   if (config.validate_inline_max_bytes < 0) {
     return absl::InvalidArgumentError(

@@ -23,6 +23,8 @@
 //   scheduler:
 //     devices: auto                   # auto (every CUDA device, else cpu) or a list "cuda:0,cuda:1"
 //     hold: false                     # queue jobs but start none
+//     max_queued_jobs_per_client: 1000  # VALIDATING/QUEUED/PAUSED jobs one client (Job.creator)
+//                                     # may have; more: RESOURCE_EXHAUSTED; 0: no limit
 //     validate_inline_max_bytes: 16777216  # datasets up to this size are scanned inside
 //                                     # CreateJob (errors returned at once); larger ones in
 //                                     # the VALIDATING state
@@ -62,6 +64,7 @@ struct ServerConfig {
   std::string devices = "auto";
   bool hold = false;
   int64_t validate_inline_max_bytes = int64_t{16} << 20;
+  int64_t max_queued_jobs_per_client = 1000;
   std::string allowed_roots;  // filled with "$HOME,/tmp" when unset
   std::string log_level = "info";
 };

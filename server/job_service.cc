@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -224,6 +225,17 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
 
 }  // namespace
 
+std::string ClientIdentity(const grpc::CallbackServerContext* ctx) {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& id : auth->GetPeerIdentity()) return "cert:" + std::string(id.data(), id.size());
+  }
+  const std::string peer = ctx->peer();  // "ipv4:127.0.0.1:41234", "ipv6:[::1]:41234", "unix:..."
+  if (absl::StartsWith(peer, "unix:")) return "unix";
+  const size_t colon = peer.rfind(':');
+  return colon != std::string::npos && colon > peer.find(':') ? peer.substr(0, colon) : peer;
+}
+
 bool ValidJobId(const std::string& id) {
   if (id.empty() || id.size() > 63) return false;
   for (size_t i = 0; i < id.size(); ++i) {
@@ -321,7 +333,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
     }
     bool created = false;
     OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(*spec, req->job_id(), req->request_id(), &created,
-                                                    summary->has_value() ? &**summary : nullptr));
+                                                    summary->has_value() ? &**summary : nullptr, ClientIdentity(ctx)));
     if (created) spdlog::info("created {}", resp->name());
     scheduler_->FillQueuePosition(resp);
     return absl::OkStatus();

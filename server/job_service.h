@@ -96,6 +96,10 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 // "jobs/{id}" -> id; INVALID_ARGUMENT naming the field otherwise.
 absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* field = "name");
 
+// Who is calling: "cert:<identity>" for an authenticated mTLS peer, else the peer address
+// without its port ("ipv4:127.0.0.1"), or "unix" for the Unix socket. Recorded as Job.creator.
+std::string ClientIdentity(const grpc::CallbackServerContext* ctx);
+
 // Job ids: [a-z0-9][a-z0-9-]{0,62}.
 bool ValidJobId(const std::string& id);
 

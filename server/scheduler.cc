@@ -198,10 +198,22 @@ void Scheduler::RemoveQueuedLocked(const std::string& id) {
 }
 
 absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
-                                          bool* created, const v1::DatasetSummary* dataset) {
+                                          bool* created, const v1::DatasetSummary* dataset,
+                                          const std::string& creator) {
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   OOMB_RETURN_IF_ERROR(CheckPlacement(spec));
   absl::MutexLock lock(&mu_);
+  if (options_.max_queued_per_client > 0 && !creator.empty()) {
+    OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> waiting,
+                          store_->ListByState({v1::Job::VALIDATING, v1::Job::QUEUED, v1::Job::PAUSED}));
+    const int64_t mine =
+        std::count_if(waiting.begin(), waiting.end(), [&](const v1::Job& j) { return j.creator() == creator; });
+    if (mine >= options_.max_queued_per_client) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(creator, " already has ", mine, " jobs waiting (scheduler.max_queued_jobs_per_client: ",
+                       options_.max_queued_per_client, "); submit more when some have started or ended"));
+    }
+  }
   for (int attempt = 0;; ++attempt) {
     std::string id = job_id;
     if (id.empty()) {
@@ -219,6 +231,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string
     *job.mutable_create_time() = TimeUtil::GetCurrentTime();
     job.mutable_labels()->insert(spec.labels.begin(), spec.labels.end());
     job.set_priority(spec.resources.priority);
+    job.set_creator(creator);
     job.set_checkpoint_dir(CheckpointDir(id, spec));
     job.mutable_progress()->set_total_steps(spec.training.max_steps);
     absl::StatusOr<CreateResult> r =

@@ -68,6 +68,8 @@ struct SchedulerOptions {
   DataValidator validator;
   // Accept and queue jobs but start none (maintenance, tests of the queue).
   bool hold = false;
+  // The most VALIDATING, QUEUED or PAUSED jobs one creator may have; 0: no limit.
+  int64_t max_queued_per_client = 0;
 };
 
 class Scheduler {
@@ -88,10 +90,12 @@ class Scheduler {
 
   // Stores a validated spec: VALIDATING, or QUEUED when `dataset` (the caller's scan of the
   // datasets) is given. `job_id` empty: one is generated. See JobStore::Create for
-  // `request_id`; `created` tells whether this call created the job. UNAVAILABLE while
-  // draining.
+  // `request_id`; `created` tells whether this call created the job. `creator` is recorded
+  // on the job (Job.creator). UNAVAILABLE while draining; RESOURCE_EXHAUSTED when `creator`
+  // already has max_queued_per_client jobs waiting.
   absl::StatusOr<v1::Job> Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
-                                 bool* created = nullptr, const v1::DatasetSummary* dataset = nullptr);
+                                 bool* created = nullptr, const v1::DatasetSummary* dataset = nullptr,
+                                 const std::string& creator = "");
 
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   absl::StatusOr<v1::Job> Pause(const std::string& job_id);

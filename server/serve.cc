@@ -95,6 +95,7 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
     };
   }
   sopts.hold = config.hold;
+  sopts.max_queued_per_client = config.max_queued_jobs_per_client;
   WatchHub hub;
   Scheduler scheduler(store->get(), &hub, sopts);
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail(s);

@@ -28,7 +28,8 @@ cat > "$tmp/spec.json" <<JSON
  "memory": {"chunk_tokens": 32, "page_tokens": 16},
  "checkpoint": {"every_steps": 0}, "resources": {"device": "cpu"}}
 JSON
-"$build/server/oombd" serve --listen 127.0.0.1:0 --data-dir "$tmp/data" 2>"$out/oombd.log" &
+"$build/server/oombd" serve --listen 127.0.0.1:0 --data-dir "$tmp/data" \
+  --set scheduler.max_queued_jobs_per_client=0 2>"$out/oombd.log" &
 pid=$!
 for _ in $(seq 100); do [ -s "$tmp/data/oombd.port" ] && break; sleep 0.1; done
 "$python" bench/load/load_test.py --endpoint "127.0.0.1:$(cat "$tmp/data/oombd.port")" --proto-dir proto \

@@ -365,6 +365,19 @@ TEST_F(CliTest, JobPathsAreConfinedToTheAllowedRoots) {
   EXPECT_THAT(Slurp(dir_ / "d2.log"), HasSubstr("paths.allowed_roots: /nonexistent-root"));
 }
 
+TEST_F(CliTest, QueuedJobsPerClientAreLimited) {
+  StartDaemon({"--set", "scheduler.max_queued_jobs_per_client=3"});
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) names.push_back(Submit());
+  EXPECT_EQ(OombJson("get " + names[0])["creator"], "ipv4:127.0.0.1");
+  Result fourth = Oomb("submit " + job_);
+  EXPECT_EQ(fourth.rc, 1);
+  EXPECT_THAT(fourth.err, HasSubstr("RESOURCE_EXHAUSTED: ipv4:127.0.0.1 already has 3 jobs waiting"));
+  // A job that ends frees its place.
+  EXPECT_EQ(Oomb("cancel " + names[0]).rc, 0);
+  EXPECT_EQ(Oomb("submit " + job_).rc, 0);
+}
+
 TEST_F(CliTest, ExitCodes) {
   Result unavailable = Oomb("list");  // no server on 127.0.0.1:1
   EXPECT_EQ(unavailable.rc, 5);
