@@ -53,8 +53,8 @@ struct StepProgress {
   // Seconds of each chunk of this step, stage 1 (forward without a graph) and stage 2
   // (recompute + backward), in the order they ran; on a GPU, device time between chunk
   // boundaries (CUDA events).
-  std::vector<double> forward_chunk_seconds;
-  std::vector<double> backward_chunk_seconds;
+  std::vector<double> forward_chunk_seconds = {};
+  std::vector<double> backward_chunk_seconds = {};
 };
 
 struct CheckpointInfo {
