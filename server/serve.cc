@@ -167,7 +167,8 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   if (config.unix_socket) ::chmod(config.unix_socket_path.c_str(), 0600);
   const std::string metrics_port_file = config.data_dir + "/oombd.metrics.port";
   if (metrics != nullptr) {
-    const std::string host = config.metrics_listen.substr(0, config.metrics_listen.rfind(':'));
+    const size_t colon = config.metrics_listen.rfind(':');  // a bare port listens on every address
+    const std::string host = colon == std::string::npos ? "0.0.0.0" : config.metrics_listen.substr(0, colon);
     std::cerr << "oombd: metrics on http://" << host << ":" << metrics->port() << "/metrics" << std::endl;
     if (absl::Status s = WriteFileAtomic(metrics_port_file, absl::StrCat(metrics->port(), "\n")); !s.ok()) {
       return Fail(s);
