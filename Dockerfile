@@ -3,8 +3,10 @@
 # with only the binaries and the shared libraries they load (found with ldd, as
 # scripts/gpu_pack.sh does for the GPU machine).
 #
-#   docker build -t oomb .
-#   docker run --gpus all -p 7070:7070 -v oomb-data:/var/lib/oomb oomb
+#   docker build --build-arg OOMB_GIT_SHA=$(git rev-parse --short=12 HEAD) -t oomb .
+#   docker run --gpus all -p 7070:7070 -p 7071:7071 -v oomb-data:/var/lib/oomb oomb
+#
+# gRPC on 7070, Prometheus /metrics on 7071 (docs/metrics.md).
 #
 # Not built on the developer machines (no Docker engine there); kept consistent with
 # scripts/setup.sh, which is the tested path.
@@ -12,6 +14,8 @@
 ARG CUDA_VERSION=13.0.1
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-devel-ubuntu24.04 AS build
 ENV DEBIAN_FRONTEND=noninteractive OOMB_VENV=/opt/venv
+# oomb_build_info's git_sha when the build context has no .git (cmake/GitSha.cmake).
+ARG OOMB_GIT_SHA=
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv sudo && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY scripts/setup.sh scripts/setup.sh
@@ -35,8 +39,8 @@ COPY --from=build /opt/oomb /opt/oomb
 ENV PATH=/opt/oomb/bin:$PATH LD_LIBRARY_PATH=/opt/oomb/lib OOMB_DATA_HOME=/var/lib/oomb
 USER oomb
 VOLUME /var/lib/oomb
-EXPOSE 7070
+EXPOSE 7070 7071
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s CMD ["oomb", "--endpoint", "127.0.0.1:7070", "health"]
 ENTRYPOINT ["oombd"]
-CMD ["serve", "--listen", "0.0.0.0:7070"]
+CMD ["serve", "--listen", "0.0.0.0:7070", "--metrics-listen", "0.0.0.0:7071"]

@@ -15,9 +15,11 @@ build="${1:-build}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
-# Binaries: daemon, CLI, benchmarks, the gpu-labelled tests and the CPU references they rest on
-# (OOMB_GPU_PACK_TESTS adds more test binaries by name).
-wanted="oombd oomb bench_train link_smoke_gpu_test kernels_gpu_test paged_attention_test chunk_trainer_test ${OOMB_GPU_PACK_TESTS:-}"
+# Binaries: daemon, CLI, benchmarks, the gpu-labelled tests and the CPU references they rest on,
+# the metrics tests (NVML is only there on the GPU machine) (OOMB_GPU_PACK_TESTS adds more test
+# binaries by name).
+wanted="oombd oomb bench_train link_smoke_gpu_test kernels_gpu_test paged_attention_test chunk_trainer_test
+  metrics_sources_test metrics_test ${OOMB_GPU_PACK_TESTS:-}"
 for name in $wanted; do
   f=$(find "$build" -type f -executable -name "$name" -not -path '*/CMakeFiles/*' | head -n 1)
   [ -n "$f" ] || { echo "gpu_pack: $name not built" >&2; exit 1; }

@@ -9,7 +9,6 @@
 //                                     # <data_dir>/oombd.port); "" disables TCP
 //     unix_socket: false              # also listen on a Unix socket (mode 0600)
 //     unix_socket_path: ""            # default <data_dir>/oombd.sock
-//     metrics_listen: ""              # reserved for /metrics (not served yet)
 //     reflection: true                # gRPC reflection (off whenever auth is on)
 //     shutdown_grace_seconds: 60      # SIGTERM: time for running jobs to checkpoint
 //     keepalive_seconds: 60           # HTTP/2 pings that keep idle WatchJob streams alive
@@ -20,6 +19,10 @@
 //     cert_file: ""                   # server certificate (PEM); with key_file enables TLS on `listen`
 //     key_file: ""
 //     client_ca_file: ""              # set: mTLS, clients must present a certificate from this CA
+//   metrics:
+//     listen: 127.0.0.1:7071          # Prometheus /metrics over HTTP (docs/metrics.md), host:port;
+//                                     # port 0 picks one (printed, and written to
+//                                     # <data_dir>/oombd.metrics.port); "" disables it
 //   scheduler:
 //     devices: auto                   # auto (every CUDA device, else cpu) or a list "cuda:0,cuda:1"
 //     hold: false                     # queue jobs but start none
@@ -52,7 +55,7 @@ struct ServerConfig {
   std::string listen = "127.0.0.1:7070";
   bool unix_socket = false;
   std::string unix_socket_path;
-  std::string metrics_listen;
+  std::string metrics_listen = "127.0.0.1:7071";
   bool reflection = true;
   int64_t shutdown_grace_seconds = 60;
   int64_t keepalive_seconds = 60;

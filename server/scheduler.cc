@@ -121,6 +121,7 @@ absl::Status Scheduler::Start() {
       return absl::OkStatus();
     });
     if (!r.ok()) return r.status();
+    Committed(id, r->events);
     spdlog::info("recovered {}: now {}", job.name(), v1::Job::State_Name(r->job.state()));
   }
   OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> queued, store_->ListByState({v1::Job::QUEUED}));
@@ -174,22 +175,31 @@ std::string Scheduler::CheckpointDir(const std::string& id, const JobSpec& spec)
 
 absl::StatusOr<v1::Job> Scheduler::TransitionLocked(const std::string& id, const JobMutation& mutate) {
   OOMB_ASSIGN_OR_RETURN(UpdateResult r, store_->Update(id, mutate));
-  hub_->Publish(id, r.events);
+  Committed(id, r.events);
   cv_.SignalAll();
   return r.job;
 }
 
 absl::StatusOr<v1::Job> Scheduler::Append(const std::string& id, const JobMutation& mutate) {
   OOMB_ASSIGN_OR_RETURN(UpdateResult r, store_->Update(id, mutate));
-  hub_->Publish(id, r.events);
+  Committed(id, r.events);
   return r.job;
+}
+
+void Scheduler::Committed(const std::string& id, const std::vector<v1::JobEvent>& events) {
+  hub_->Publish(id, events);
+  if (options_.metrics == nullptr) return;
+  for (const v1::JobEvent& e : events) {
+    if (e.type() == v1::JobEvent::STATE_CHANGED) options_.metrics->StateEntered(e.state());
+  }
 }
 
 void Scheduler::EnqueueLocked(const v1::Job& job) {
   queue_.push_back(Queued{.id = job.name().substr(5),
                           .priority = job.spec().resources().priority(),
                           .order = next_order_++,
-                          .device = job.spec().resources().device()});
+                          .device = job.spec().resources().device(),
+                          .since = absl::Now()});
   cv_.SignalAll();
 }
 
@@ -241,6 +251,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string
     if (!r.ok() && r.status().code() == absl::StatusCode::kAlreadyExists && job_id.empty() && attempt < 5) continue;
     if (!r.ok()) return r.status();
     if (created != nullptr) *created = r->created;
+    if (r->created && options_.metrics != nullptr) options_.metrics->StateEntered(r->job.state());
     if (r->created && validate) {
       validating_.push_back(id);
       cv_.SignalAll();
@@ -341,6 +352,7 @@ void Scheduler::WorkerLoop(const std::string& device) {
   for (;;) {
     v1::Job job;
     auto stop = std::make_shared<std::atomic<int>>(kNoStop);
+    absl::Duration queue_wait;
     {
       absl::MutexLock lock(&mu_);
       const Queued* best = nullptr;
@@ -362,6 +374,7 @@ void Scheduler::WorkerLoop(const std::string& device) {
         cv_.Wait(&mu_);
       }
       const std::string id = best->id;
+      queue_wait = absl::Now() - best->since;
       RemoveQueuedLocked(id);
       absl::StatusOr<v1::Job> claimed = TransitionLocked(id, [&device](v1::Job* j, std::vector<v1::JobEvent>* events) {
         if (j->state() != v1::Job::QUEUED) return IllegalTransition(*j, "start", "QUEUED");
@@ -378,7 +391,9 @@ void Scheduler::WorkerLoop(const std::string& device) {
       job = *std::move(claimed);
       running_[id] = Running{.device = device, .stop = stop, .drain_pause = false};
     }
+    if (options_.metrics != nullptr) options_.metrics->RunStarted(device, job, queue_wait);
     RunOne(job, device, stop);
+    if (options_.metrics != nullptr) options_.metrics->RunStopped(device);
   }
 }
 
@@ -455,7 +470,8 @@ void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::share
     o.device = device;
     absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
     o.resume = checkpoints.ok() && !checkpoints->empty();
-    o.on_step = [this, &id](const StepProgress& p) {
+    o.kv_stats = options_.kv_stats;
+    o.on_step = [this, &id, &device](const StepProgress& p) {
       absl::StatusOr<v1::Job> r = Append(id, [&p](v1::Job* j, std::vector<v1::JobEvent>* events) {
         FillProgress(p, j->mutable_progress());
         v1::JobEvent e;
@@ -465,8 +481,9 @@ void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::share
         return absl::OkStatus();
       });
       if (!r.ok()) spdlog::error("{}: recording step {}: {}", id, p.step, r.status().ToString());
+      if (options_.metrics != nullptr) options_.metrics->Step(device, p);
     };
-    o.on_checkpoint = [this, &id](const CheckpointInfo& c) {
+    o.on_checkpoint = [this, &id, &device](const CheckpointInfo& c) {
       absl::StatusOr<v1::Job> r = Append(id, [&c](v1::Job*, std::vector<v1::JobEvent>* events) {
         v1::JobEvent e;
         e.set_type(v1::JobEvent::CHECKPOINT_SAVED);
@@ -479,6 +496,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::share
         return absl::OkStatus();
       });
       if (!r.ok()) spdlog::error("{}: recording checkpoint {}: {}", id, c.path, r.status().ToString());
+      if (options_.metrics != nullptr) options_.metrics->CheckpointSaved(device, c);
     };
     o.on_warning = [this, &id](const std::string& message) {
       absl::StatusOr<v1::Job> r = Append(id, [&message](v1::Job*, std::vector<v1::JobEvent>* events) {

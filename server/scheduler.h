@@ -27,6 +27,10 @@
 // CANCELLED, and VALIDATING jobs are scanned again. Drain() (SIGTERM) asks running jobs to checkpoint and stop (kPause)
 // and leaves them QUEUED, so they resume when the daemon restarts.
 //
+// Metrics: with SchedulerOptions::metrics set, every committed state change, run start and stop,
+// step and checkpoint is also reported to that MetricsSink (server/metrics/metrics_sink.h),
+// after the store committed it.
+//
 // Thread-safety: every public method may be called from any thread. State transitions are
 // serialised by one mutex; progress events (steps, checkpoints, warnings) are not.
 #ifndef OOMB_SERVER_SCHEDULER_H_
@@ -46,6 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "oomb/v1/jobs.pb.h"
+#include "server/metrics/metrics_sink.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
 #include "worker/job/executor.h"
@@ -70,6 +75,12 @@ struct SchedulerOptions {
   bool hold = false;
   // The most VALIDATING, QUEUED or PAUSED jobs one creator may have; 0: no limit.
   int64_t max_queued_per_client = 0;
+  // Where runs, steps, checkpoints and state changes are reported; null: nowhere. Must outlive
+  // the scheduler.
+  MetricsSink* metrics = nullptr;
+  // Passed to every run (RunOptions::kv_stats): its KV page pools publish their page counts
+  // there. Null: nowhere. Must outlive the scheduler.
+  KvStatsRegistry* kv_stats = nullptr;
 };
 
 class Scheduler {
@@ -117,6 +128,7 @@ class Scheduler {
     int priority = 0;
     int64_t order = 0;   // enqueue order within a priority
     std::string device;  // the spec's resources.device
+    absl::Time since;    // when it entered this process's queue
   };
   enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2 };
   struct Running {
@@ -131,6 +143,8 @@ class Scheduler {
   absl::StatusOr<v1::Job> TransitionLocked(const std::string& id, const JobMutation& mutate)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Job> Append(const std::string& id, const JobMutation& mutate);
+  // Publishes committed events to watchers and reports their state changes to the metrics.
+  void Committed(const std::string& id, const std::vector<v1::JobEvent>& events);
   void WorkerLoop(const std::string& device);
   void ValidatorLoop();
   void Validate(const std::string& id);

@@ -23,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/job_service.h"
+#include "server/metrics/exporter.h"
 #include "server/spec_convert.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
@@ -96,6 +97,27 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   }
   sopts.hold = config.hold;
   sopts.max_queued_per_client = config.max_queued_jobs_per_client;
+
+  // /metrics first, so the recovery's state changes are counted; it outlives the scheduler
+  // and the gRPC server (declared before them).
+  KvStatsRegistry kv_stats;
+  std::unique_ptr<MetricsExporter> metrics;
+  if (!config.metrics_listen.empty()) {
+    MetricsExporterOptions mopts;
+    mopts.listen = config.metrics_listen;
+    mopts.slots = sopts.devices;
+    mopts.build = env.build;
+    mopts.kv_stats = &kv_stats;
+    JobStore* const job_store = store->get();
+    mopts.count_jobs = [job_store] { return job_store->CountByState(); };
+    mopts.device_memory = env.device_memory;
+    mopts.pinned_host_bytes = env.pinned_host_bytes;
+    absl::StatusOr<std::unique_ptr<MetricsExporter>> m = MetricsExporter::Start(std::move(mopts));
+    if (!m.ok()) return Fail(m.status());
+    metrics = *std::move(m);
+    sopts.metrics = metrics.get();
+    sopts.kv_stats = &kv_stats;
+  }
   WatchHub hub;
   Scheduler scheduler(store->get(), &hub, sopts);
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail(s);
@@ -143,6 +165,11 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.RegisterService(&service);
+  if (metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(metrics->NewInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   const mode_t old_umask = ::umask(0177);  // the Unix socket is created 0600
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ::umask(old_umask);
@@ -152,6 +179,15 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
                                                     config.unix_socket ? " " + config.unix_socket_path : "")));
   }
   if (config.unix_socket) ::chmod(config.unix_socket_path.c_str(), 0600);
+  const std::string metrics_port_file = config.data_dir + "/oombd.metrics.port";
+  if (metrics != nullptr) {
+    const size_t colon = config.metrics_listen.rfind(':');  // a bare port listens on every address
+    const std::string host = colon == std::string::npos ? "0.0.0.0" : config.metrics_listen.substr(0, colon);
+    std::cerr << "oombd: metrics on http://" << host << ":" << metrics->port() << "/metrics" << std::endl;
+    if (absl::Status s = WriteFileAtomic(metrics_port_file, absl::StrCat(metrics->port(), "\n")); !s.ok()) {
+      return Fail(s);
+    }
+  }
   const std::string port_file = config.data_dir + "/oombd.port";
   if (!config.listen.empty()) {
     const std::string host = config.listen.substr(0, config.listen.rfind(':'));
@@ -172,6 +208,7 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   hub.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   ::unlink(port_file.c_str());
+  if (metrics != nullptr) ::unlink(metrics_port_file.c_str());
   if (config.unix_socket) ::unlink(config.unix_socket_path.c_str());
   std::cerr << "oombd: stopped" << std::endl;
   if (!stopped) {

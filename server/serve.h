@@ -7,7 +7,9 @@
 //   4. grpc::Server::Shutdown(deadline).
 // Readiness: after the store is recovered and every port is bound, prints
 // "oombd: listening on HOST:PORT" on stderr, writes the port to <data_dir>/oombd.port and sends
-// sd_notify READY=1 when NOTIFY_SOCKET is set.
+// sd_notify READY=1 when NOTIFY_SOCKET is set. With metrics.listen set, /metrics is served
+// (server/metrics/exporter.h) and "oombd: metrics on http://HOST:PORT/metrics" printed and the
+// port written to <data_dir>/oombd.metrics.port first.
 #ifndef OOMB_SERVER_SERVE_H_
 #define OOMB_SERVER_SERVE_H_
 
@@ -18,6 +20,7 @@
 #include "oomb/v1/jobs.pb.h"
 #include "server/config.h"
 #include "server/scheduler.h"
+#include "worker/job/build_info.h"
 
 namespace oomb::server {
 
@@ -29,6 +32,11 @@ struct ServeEnvironment {
   // the VALIDATING state's (SchedulerOptions::validator); empty: none.
   std::function<absl::StatusOr<DataSummary>(const JobSpec&)> validate_data;
   v1::ServerInfo server_info;  // versions and devices; start time and draining are filled in
+  // For /metrics: oomb_build_info's labels, and values read at scrape time (production:
+  // GetDeviceMemoryStats and GetPinnedHostBytes from worker/job/build_info.h); unset: absent.
+  BuildInfo build;
+  std::function<std::vector<DeviceMemoryStats>()> device_memory;
+  std::function<int64_t()> pinned_host_bytes;
 };
 
 // Returns the process exit code: 0 after a clean shutdown, 1 on a startup error (printed).

@@ -16,6 +16,7 @@ struct ConfigFlags {
   std::string file;
   std::string data_dir;
   std::string listen;
+  std::string metrics_listen;
   std::string token_file;
   bool unix_socket = false;
   std::vector<std::string> sets;
@@ -25,6 +26,8 @@ void AddConfigFlags(CLI::App* cmd, ConfigFlags* f) {
   cmd->add_option("-c,--config", f->file, "YAML configuration file (see `oombd config print`)");
   cmd->add_option("--data-dir", f->data_dir, "server.data_dir: job store, checkpoints, port file");
   cmd->add_option("--listen", f->listen, "server.listen: TCP host:port (port 0: any free port)");
+  cmd->add_option("--metrics-listen", f->metrics_listen,
+                  "metrics.listen: /metrics host:port (port 0: any free port; off: --set metrics.listen=)");
   cmd->add_flag("--unix-socket", f->unix_socket, "server.unix_socket: also listen on <data_dir>/oombd.sock");
   cmd->add_option("--token-file", f->token_file, "auth.token_file: require this bearer token");
   cmd->add_option("--set", f->sets, "section.key=value, any configuration key (repeatable)");
@@ -37,6 +40,7 @@ ServerConfig LoadOrExit(const ConfigFlags& f) {
   sources.overrides = f.sets;
   if (!f.data_dir.empty()) sources.overrides.push_back("server.data_dir=" + f.data_dir);
   if (!f.listen.empty()) sources.overrides.push_back("server.listen=" + f.listen);
+  if (!f.metrics_listen.empty()) sources.overrides.push_back("metrics.listen=" + f.metrics_listen);
   if (f.unix_socket) sources.overrides.push_back("server.unix_socket=true");
   if (!f.token_file.empty()) sources.overrides.push_back("auth.token_file=" + f.token_file);
   absl::StatusOr<ServerConfig> config = LoadServerConfig(sources);
@@ -55,6 +59,9 @@ ServeEnvironment ProductionEnvironment() {
   env.server_info.set_version(info.version);
   env.server_info.set_torch_version(info.torch_version);
   env.server_info.set_cuda_version(info.cuda_version);
+  env.build = info;
+  env.device_memory = GetDeviceMemoryStats;
+  env.pinned_host_bytes = GetPinnedHostBytes;
   for (const DeviceInfo& d : info.devices) {
     v1::ServerInfo::Device* out = env.server_info.add_devices();
     out->set_name(d.name);
@@ -90,7 +97,7 @@ void RegisterServeCommands(CLI::App& app) {
   CLI::App* version = app.add_subcommand("version", "Print the versions oombd was built with and the devices it sees");
   version->callback([] {
     const BuildInfo info = GetBuildInfo();
-    std::cout << "oombd " << info.version << " (torch " << info.torch_version << ", cuda "
+    std::cout << "oombd " << info.version << " (" << info.git_sha << ", torch " << info.torch_version << ", cuda "
               << (info.cuda_compiled ? info.cuda_version : "none") << ")\n";
     for (const auto& d : info.devices)
       std::cout << "  " << d.name << " " << d.model << " " << d.memory_bytes << " bytes\n";

@@ -83,6 +83,9 @@ class JobStore {
   // Jobs in any of `states`, oldest first (the scheduler's recovery and queue rebuild).
   virtual absl::StatusOr<std::vector<v1::Job>> ListByState(const std::vector<v1::Job::State>& states) = 0;
 
+  // How many jobs are in each state now (states without jobs are absent). For /metrics.
+  virtual absl::StatusOr<std::map<v1::Job::State, int64_t>> CountByState() = 0;
+
   // Read-modify-write of one job in one transaction (see JobMutation). A CHECKPOINT_SAVED
   // event also records its checkpoint for ListCheckpoints.
   virtual absl::StatusOr<UpdateResult> Update(const std::string& job_id, const JobMutation& mutate) = 0;

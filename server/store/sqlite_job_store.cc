@@ -179,6 +179,18 @@ class SqliteJobStore : public JobStore {
     });
   }
 
+  absl::StatusOr<std::map<v1::Job::State, int64_t>> CountByState() override {
+    absl::MutexLock lock(&mu_);
+    return Guard("count jobs by state", [&]() -> absl::StatusOr<std::map<v1::Job::State, int64_t>> {
+      std::map<v1::Job::State, int64_t> out;
+      SQLite::Statement q(*db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+      while (q.executeStep()) {
+        out[static_cast<v1::Job::State>(q.getColumn(0).getInt())] = q.getColumn(1).getInt64();
+      }
+      return out;
+    });
+  }
+
   absl::StatusOr<UpdateResult> Update(const std::string& job_id, const JobMutation& mutate) override {
     absl::MutexLock lock(&mu_);
     return Guard("update job", [&]() -> absl::StatusOr<UpdateResult> {

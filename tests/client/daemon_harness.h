@@ -115,7 +115,9 @@ inline Result Shell(const std::string& command, const fs::path& scratch) {
   return r;
 }
 
-// `oombd serve` in a child process, its stderr in <data_dir>/oombd.log.
+// `oombd serve` in a child process, its stderr in <data_dir>/oombd.log; /metrics on
+// 127.0.0.1:0 (the port is read from <data_dir>/oombd.metrics.port), so daemons of tests
+// running in parallel never compete for metrics.listen's default port.
 struct DaemonOptions {
   bool tcp = true;                 // listen on 127.0.0.1:0 (the port is read from <data_dir>/oombd.port)
   bool unix_socket = false;        // also (or only) <data_dir>/oombd.sock
@@ -146,8 +148,9 @@ class Daemon {
   // Starts the process (again, after Kill or Stop) on the same data dir; waits until it serves.
   void Start() {
     fs::remove(dir_ / "oombd.port");
+    fs::remove(dir_ / "oombd.metrics.port");
     std::vector<std::string> args = options_.prefix;
-    args.insert(args.end(), {Oombd(), "serve", "--data-dir", dir_.string()});
+    args.insert(args.end(), {Oombd(), "serve", "--data-dir", dir_.string(), "--metrics-listen", "127.0.0.1:0"});
     if (options_.tcp) {
       args.insert(args.end(), {"--listen", "127.0.0.1:0"});
     } else {
@@ -175,6 +178,9 @@ class Daemon {
         },
         std::chrono::seconds(30));
     if (options_.tcp && fs::exists(dir_ / "oombd.port")) port_ = std::atoi(Slurp(dir_ / "oombd.port").c_str());
+    if (fs::exists(dir_ / "oombd.metrics.port")) {
+      metrics_port_ = std::atoi(Slurp(dir_ / "oombd.metrics.port").c_str());
+    }
   }
 
   // SIGTERM and wait (a clean shutdown).
@@ -184,6 +190,7 @@ class Daemon {
 
   bool Alive() const { return pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
   int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
   std::string tcp_endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string unix_endpoint() const { return "unix:" + (dir_ / "oombd.sock").string(); }
   std::string log() const { return Slurp(dir_ / "oombd.log"); }
@@ -200,6 +207,7 @@ class Daemon {
     exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
     pid_ = -1;
     port_ = 0;
+    metrics_port_ = 0;
   }
 
   fs::path dir_;
@@ -207,6 +215,7 @@ class Daemon {
   pid_t pid_ = -1;
   int port_ = 0;
   int exit_code_ = -1;
+  int metrics_port_ = 0;
 };
 
 // The oomb CLI against `endpoint`.

@@ -2,19 +2,53 @@
 
 #include <unistd.h>
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <cstdio>
+
 #if defined(OOMB_HAVE_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #endif
 
 namespace oomb {
+namespace {
+
+#if defined(OOMB_HAVE_CUDA)
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", NVML's spelling of the device's UUID.
+std::string FormatUuid(const cudaUUID_t& uuid) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  char out[64];
+  std::snprintf(out, sizeof out, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return out;
+}
+
+// The UUIDs of the visible CUDA devices, by CUDA index; read once (cudaGetDeviceProperties
+// takes milliseconds).
+const std::vector<std::string>& CudaUuids() {
+  static const std::vector<std::string>* const kUuids = [] {
+    auto* uuids = new std::vector<std::string>();
+    const int n = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+    for (int i = 0; i < n; ++i) {
+      cudaDeviceProp prop{};
+      uuids->push_back(cudaGetDeviceProperties(&prop, i) == cudaSuccess ? FormatUuid(prop.uuid) : "");
+    }
+    return uuids;
+  }();
+  return *kUuids;
+}
+#endif
+
+}  // namespace
 
 BuildInfo GetBuildInfo() {
   BuildInfo info;
   info.version = "0.1.0";
+  info.git_sha = BuildGitSha();
   info.torch_version = TORCH_VERSION;
   DeviceInfo cpu;
   cpu.name = "cpu";
@@ -31,10 +65,55 @@ BuildInfo GetBuildInfo() {
     d.name = "cuda:" + std::to_string(i);
     d.model = prop.name;
     d.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+    d.uuid = FormatUuid(prop.uuid);
     info.devices.push_back(d);
   }
 #endif
   return info;
+}
+
+std::vector<DeviceMemoryStats> GetDeviceMemoryStats() {
+  std::vector<DeviceMemoryStats> out;
+#if defined(OOMB_HAVE_CUDA)
+  const std::vector<std::string>& uuids = CudaUuids();
+  namespace alloc = c10::cuda::CUDACachingAllocator;
+  // Before the first CUDA allocation the allocator has no per-device state (and getDeviceStats
+  // would throw): nothing is allocated or reserved then.
+  const bool initialized = !uuids.empty() && alloc::get()->initialized();
+  constexpr auto kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  for (size_t i = 0; i < uuids.size(); ++i) {
+    DeviceMemoryStats s;
+    s.index = static_cast<int>(i);
+    s.uuid = uuids[i];
+    if (initialized) {
+      try {
+        const auto stats = alloc::getDeviceStats(static_cast<c10::DeviceIndex>(i));
+        s.allocated_bytes = stats.allocated_bytes[kAll].current;
+        s.reserved_bytes = stats.reserved_bytes[kAll].current;
+        s.peak_allocated_bytes = stats.allocated_bytes[kAll].peak;
+        s.alloc_retries = stats.num_alloc_retries;
+        s.ooms = stats.num_ooms;
+      } catch (const c10::Error&) {
+        // The device has no allocator state yet: the zeros above are its truth.
+      }
+    }
+    out.push_back(s);
+  }
+#endif
+  return out;
+}
+
+int64_t GetPinnedHostBytes() {
+#if defined(OOMB_HAVE_CUDA)
+  if (!torch::cuda::is_available()) return 0;
+  try {
+    return at::getHostAllocator(at::kCUDA)->get_stats().allocated_bytes.current;
+  } catch (const c10::Error&) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
 }
 
 }  // namespace oomb

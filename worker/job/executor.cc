@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #if defined(OOMB_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -25,6 +26,7 @@
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/kv/page_pool.h"
+#include "worker/metrics/flops.h"
 #include "worker/model/chat_template.h"
 #include "worker/model/tokenizer.h"
 #include "worker/model/transformer.h"
@@ -86,6 +88,14 @@ void ResetPeak(const at::Device& device) {
 #if defined(OOMB_HAVE_CUDA)
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 #endif
+}
+
+// The device's datasheet BF16 peak for MFU; 0 on the CPU and unlisted GPUs.
+double PeakFlops(const at::Device& device) {
+#if defined(OOMB_HAVE_CUDA)
+  if (device.is_cuda()) return PeakDenseBf16Flops(at::cuda::getDeviceProperties(device.index())->name);
+#endif
+  return 0;
 }
 
 // config.json's vocab_size: the bound of pre-tokenized ids (the model's embedding rows); 0
@@ -230,6 +240,14 @@ class Run {
                                                      at::TensorOptions().dtype(dtype_).device(device_), pages));
     OOMB_ASSIGN_OR_RETURN(grad_pool_, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
                                                        at::TensorOptions().dtype(at::kFloat).device(device_), pages));
+    if (options_.kv_stats != nullptr) {
+      const std::string slot = options_.device.empty() ? device_.str() : options_.device;
+      for (PagePool* pool : {kv_pool_.get(), grad_pool_.get()}) {
+        const PoolStats ps = pool->stats();
+        pool->AttachCounters(options_.kv_stats->AddPool(slot, ps.tier, ps.kind, ps.capacity_pages, ps.bytes_per_page));
+      }
+    }
+    peak_flops_ = PeakFlops(device_);
     ChunkTrainerOptions trainer_options;
     trainer_options.chunk_tokens = spec_.memory.chunk_tokens;
     trainer_options.should_stop = [this] { return PollStop(); };
@@ -280,9 +298,11 @@ class Run {
     if (!model_->has_lora()) {
       OOMB_ASSIGN_OR_RETURN(w.config_json, ReadFile(spec_.model.path + "/config.json"));
     }
+    const auto started = Clock::now();
     OOMB_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(dir, *model_, *optimizer_, state_, w));
     PruneCheckpoints(options_.checkpoint_dir, spec_.checkpoint.keep_last);
-    CheckpointInfo info{state_.step, dir, bytes, final};
+    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    CheckpointInfo info{state_.step, dir, bytes, final, seconds};
     if (options_.on_checkpoint) options_.on_checkpoint(info);
     return info;
   }
@@ -330,6 +350,7 @@ class Run {
       for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
       double loss_sum = 0;
       TrainerMemory peak;
+      StepProgress p;
       for (size_t i = 0; i < batch.size(); ++i) {
         const uint64_t dropout_seed =
             static_cast<uint64_t>(spec_.training.seed) * 1000003u + static_cast<uint64_t>(state_.step) * 131u + i;
@@ -337,6 +358,11 @@ class Run {
         if (absl::IsCancelled(l.status())) return Stopped();
         if (!l.ok()) return l.status();
         loss_sum += l->loss_sum;
+        const ChunkTimes& times = trainer_->chunk_times();
+        p.forward_chunk_seconds.insert(p.forward_chunk_seconds.end(), times.forward.begin(), times.forward.end());
+        p.backward_chunk_seconds.insert(p.backward_chunk_seconds.end(), times.backward.begin(), times.backward.end());
+        const ModelConfig& c = model_->config();
+        p.model_flops += SequenceTrainingFlops(c.ParameterCount(), c.q_dim(), c.num_layers, batch[i]->size());
         const TrainerMemory& m = trainer_->memory();
         peak.activation_peak_bytes = std::max(peak.activation_peak_bytes, m.activation_peak_bytes);
         peak.kv_peak_bytes = std::max(peak.kv_peak_bytes, m.kv_peak_bytes);
@@ -357,14 +383,15 @@ class Run {
       state_.tokens += tokens;
       state_.loss = loss;
 
-      StepProgress p;
       p.step = state_.step;
       p.total_steps = total_steps_;
       p.tokens = state_.tokens;
+      p.step_tokens = tokens;
       p.loss = loss;
       p.learning_rate = lr;
       p.step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
       p.tokens_per_second = p.step_seconds > 0 ? tokens / p.step_seconds : 0;
+      if (peak_flops_ > 0 && p.step_seconds > 0) p.mfu = p.model_flops / p.step_seconds / peak_flops_;
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
       p.eta_seconds = elapsed / static_cast<double>(state_.step - first_step) * (total_steps_ - state_.step);
       p.peak_device_bytes = PeakDeviceBytes(device_, peak);
@@ -428,6 +455,7 @@ class Run {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<PagePool> kv_pool_, grad_pool_;
   std::unique_ptr<ChunkTrainer> trainer_;
+  double peak_flops_ = 0;  // the device's, for MFU; 0: unknown
   TrainerState state_;
   StopRequest stop_ = StopRequest::kNone;
 };

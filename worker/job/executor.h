@@ -21,10 +21,13 @@
 #include <functional>
 #include <string>
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/data/dataset.h"
 #include "worker/job/job_spec.h"
+#include "worker/metrics/kv_stats.h"
 
 namespace oomb {
 
@@ -42,7 +45,17 @@ struct StepProgress {
   int64_t host_kv_bytes = 0;      // KV + KV-grad bytes in the host tier at the step's peak
   int64_t pcie_h2d_bytes = 0;     // cumulative copy-engine traffic
   int64_t pcie_d2h_bytes = 0;
-  double eval_loss = 0;  // > 0 when an eval ran at this step
+  double eval_loss = 0;     // > 0 when an eval ran at this step
+  int64_t step_tokens = 0;  // tokens of this step (`tokens` is the running total)
+  // Model FLOPs of this step and their rate against the device's datasheet peak
+  // (worker/metrics/flops.h); mfu is 0 where the peak is unknown (the CPU, unlisted GPUs).
+  double model_flops = 0;
+  double mfu = 0;
+  // Seconds of each chunk of this step, stage 1 (forward without a graph) and stage 2
+  // (recompute + backward), in the order they ran; on a GPU, device time between chunk
+  // boundaries (CUDA events).
+  std::vector<double> forward_chunk_seconds = {};
+  std::vector<double> backward_chunk_seconds = {};
 };
 
 struct CheckpointInfo {
@@ -50,6 +63,7 @@ struct CheckpointInfo {
   std::string path;  // directory, loadable by HF / PEFT
   int64_t bytes = 0;
   bool final = false;
+  double seconds = 0;  // writing it, fsyncs included
 };
 
 enum class StopRequest { kNone, kCancel, kPause };
@@ -62,6 +76,9 @@ struct RunOptions {
   std::function<void(const CheckpointInfo&)> on_checkpoint;
   std::function<void(const std::string&)> on_warning;
   std::function<StopRequest()> poll_stop;
+  // Where the run's KV page pools publish their live page counts (for /metrics), under the
+  // slot `device`; null: nowhere. Must outlive the run.
+  KvStatsRegistry* kv_stats = nullptr;
 };
 
 enum class RunOutcome { kSucceeded, kCancelled, kPaused };

@@ -10,9 +10,6 @@
 
 namespace oomb {
 
-const char* TierName(Tier t) { return t == Tier::kHost ? "host" : "gpu"; }
-const char* KindName(PageKind k) { return k == PageKind::kKvGrad ? "kv_grad" : "kv"; }
-
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PageKind kind, Tier tier, PageShape shape,
                                                            at::TensorOptions options, int64_t capacity_pages) {
   if (shape.kv_heads <= 0 || shape.page_tokens <= 0 || shape.head_dim <= 0 || capacity_pages < 0) {
@@ -48,6 +45,7 @@ absl::StatusOr<PageId> PagePool::Allocate() {
   in_use_[slot] = true;
   ++used_;
   peak_used_ = std::max(peak_used_, used_);
+  Publish();
   const PageId id(tier_, slot);
   Page(id).zero_();
   return id;
@@ -59,6 +57,7 @@ void PagePool::Free(PageId id) {
   in_use_[id.slot()] = false;
   free_.push_back(id.slot());
   --used_;
+  Publish();
 }
 
 at::Tensor PagePool::Page(PageId id) const { return arena_[id.slot()]; }

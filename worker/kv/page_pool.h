@@ -18,18 +18,15 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/kv/tier.h"
+#include "worker/metrics/kv_stats.h"
 
 namespace oomb {
-
-enum class Tier : uint8_t { kDevice = 0, kHost = 1 };
-enum class PageKind : uint8_t { kKv = 0, kKvGrad = 1 };
-
-const char* TierName(Tier t);      // "gpu" | "host" (metric label values)
-const char* KindName(PageKind k);  // "kv" | "kv_grad"
 
 class PageId {
  public:
@@ -91,10 +88,22 @@ class PagePool {
   at::Tensor Page(PageId id) const;
   const PageShape& shape() const { return shape_; }
   PoolStats stats() const;
-  void ResetPeak() { peak_used_ = used_; }
+  void ResetPeak() {
+    peak_used_ = used_;
+    Publish();
+  }
+  // From now on, mirrors the used and peak page counts into `counters` (for /metrics; see
+  // worker/metrics/kv_stats.h), which the pool keeps alive. Null: stops.
+  void AttachCounters(std::shared_ptr<PoolCounters> counters) {
+    counters_ = std::move(counters);
+    Publish();
+  }
 
  private:
   PagePool(PageKind kind, Tier tier, PageShape shape, at::Tensor arena);
+  void Publish() {
+    if (counters_ != nullptr) counters_->Set(used_, peak_used_);
+  }
 
   PageKind kind_;
   Tier tier_;
@@ -104,6 +113,7 @@ class PagePool {
   std::vector<bool> in_use_;
   int64_t used_ = 0;
   int64_t peak_used_ = 0;
+  std::shared_ptr<PoolCounters> counters_;
 };
 
 // The KV and KV-gradient pages of one training sequence, per layer: the page table is one

@@ -7,7 +7,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
+
+#if defined(OOMB_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "kernels/torch/chunked_cross_entropy.h"
@@ -75,6 +81,57 @@ absl::Status Guarded(const char* what, Fn fn) {
 
 }  // namespace
 
+// Laps between chunk boundaries (see ChunkTimes). On CUDA the launches of a chunk return long
+// before its kernels finish, so host time would measure launching, not the chunk.
+class ChunkTrainer::ChunkClock {
+ public:
+  explicit ChunkClock(const at::Device& device) : cuda_(device.is_cuda()), device_index_(device.index()) { Mark(); }
+
+  // Ends the current lap; its seconds go to `out` (once Finish() ran, on CUDA).
+  void Lap(std::vector<double>* out) {
+    if (!cuda_) {
+      const auto now = std::chrono::steady_clock::now();
+      out->push_back(std::chrono::duration<double>(now - last_).count());
+      last_ = now;
+      return;
+    }
+    Mark();
+    laps_.push_back(out);
+  }
+
+  // Resolves the laps taken on CUDA (waits for the last boundary's event).
+  void Finish() {
+#if defined(OOMB_HAVE_CUDA)
+    if (!cuda_ || events_.empty()) return;
+    events_.back().synchronize();
+    for (size_t i = 0; i < laps_.size(); ++i) {
+      laps_[i]->push_back(static_cast<double>(events_[i].elapsed_time(events_[i + 1])) / 1000.0);
+    }
+    laps_.clear();
+#endif
+  }
+
+ private:
+  void Mark() {
+    if (!cuda_) {
+      last_ = std::chrono::steady_clock::now();
+      return;
+    }
+#if defined(OOMB_HAVE_CUDA)
+    events_.emplace_back(cudaEventDefault);
+    events_.back().record(at::cuda::getCurrentCUDAStream(device_index_));
+#endif
+  }
+
+  const bool cuda_;
+  const c10::DeviceIndex device_index_;
+  std::chrono::steady_clock::time_point last_;
+  std::vector<std::vector<double>*> laps_;  // CUDA: lap i ends at events_[i + 1]
+#if defined(OOMB_HAVE_CUDA)
+  std::vector<at::cuda::CUDAEvent> events_;
+#endif
+};
+
 ChunkTrainer::ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool,
                            ChunkTrainerOptions options)
     : model_(model), kv_pool_(kv_pool), grad_pool_(grad_pool), options_(options) {}
@@ -101,7 +158,7 @@ ChunkTrainer::Chunk ChunkTrainer::MakeChunk(const TokenSequence& seq, int64_t in
 }
 
 absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
-                                                   SequenceKvCache& cache) {
+                                                   SequenceKvCache& cache, ChunkClock* clock) {
   SequenceLoss loss;
   at::NoGradGuard no_grad;
   for (int64_t index = 0; index < NumChunks(seq); ++index) {
@@ -119,6 +176,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, boo
     loss.loss_sum += kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block)
                          .item<double>();
     loss.label_tokens += c.labels.ne(kernels::kIgnoreIndex).sum().item<int64_t>();
+    if (clock != nullptr) clock->Lap(&chunk_times_.forward);
     if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
   }
   return loss;
@@ -128,7 +186,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq
   SequenceLoss loss;
   const absl::Status s = Guarded("evaluation", [&]() -> absl::Status {
     SequenceKvCache cache(kv_pool_, grad_pool_, model_->config().num_layers);
-    auto r = Forward(seq, /*training=*/false, 0, cache);
+    auto r = Forward(seq, /*training=*/false, 0, cache, nullptr);
     if (!r.ok()) return r.status();
     loss = *r;
     return absl::OkStatus();
@@ -144,9 +202,11 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
   kv_pool_->ResetPeak();
   grad_pool_->ResetPeak();
   SequenceLoss loss;
+  chunk_times_ = ChunkTimes();
   const absl::Status s = Guarded("training step", [&]() -> absl::Status {
+    ChunkClock clock(model_->device());
     SequenceKvCache cache(kv_pool_, grad_pool_, model_->config().num_layers);
-    auto forward = Forward(seq, /*training=*/true, dropout_seed, cache);
+    auto forward = Forward(seq, /*training=*/true, dropout_seed, cache, &clock);
     if (!forward.ok()) return forward.status();
     loss = *forward;
     const int64_t L = model_->config().num_layers;
@@ -184,8 +244,10 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
       }
       torch::autograd::backward(outputs, grads);
       cache.ReleaseFrom(c.begin);
+      clock.Lap(&chunk_times_.backward);
       if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
     }
+    clock.Finish();
     return absl::OkStatus();
   });
   memory_.activation_peak_bytes = tracker->peak();

@@ -48,6 +48,14 @@ struct SequenceLoss {
   int64_t label_tokens = 0;  // tokens that carried a label
 };
 
+// Seconds of each chunk of the last TrainSequence, in the order the chunks ran: wall clock on
+// the CPU; on a CUDA device, device time between CUDA events recorded at the chunk boundaries
+// on the current stream, read once when the sequence ends (no synchronisation per chunk).
+struct ChunkTimes {
+  std::vector<double> forward;   // stage 1
+  std::vector<double> backward;  // stage 2 (recompute + backward)
+};
+
 // Peak bytes seen during the last TrainSequence: what the memory test and metrics report.
 struct TrainerMemory {
   int64_t activation_peak_bytes = 0;  // tracked tensor allocations (graph, temporaries); no KV
@@ -71,6 +79,7 @@ class ChunkTrainer {
   absl::StatusOr<SequenceLoss> EvalSequence(const TokenSequence& seq);
 
   const TrainerMemory& memory() const { return memory_; }
+  const ChunkTimes& chunk_times() const { return chunk_times_; }
 
  private:
   struct Chunk {
@@ -82,14 +91,17 @@ class ChunkTrainer {
   // Chunk `index`'s tensors, made when the chunk runs (not for the whole sequence up front:
   // that would be O(T) memory beside the pages).
   Chunk MakeChunk(const TokenSequence& seq, int64_t index, bool training, uint64_t dropout_seed) const;
+  class ChunkClock;
+  // `clock`, when set, takes a lap after every chunk.
   absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
-                                       SequenceKvCache& cache);
+                                       SequenceKvCache& cache, ChunkClock* clock);
 
   const Transformer* model_;
   PagePool* kv_pool_;
   PagePool* grad_pool_;
   ChunkTrainerOptions options_;
   TrainerMemory memory_;
+  ChunkTimes chunk_times_;
 };
 
 }  // namespace oomb

@@ -1,0 +1,411 @@
+#include "server/metrics/exporter.h"
+
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/support/interceptor.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <chrono>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "grpc/health/v1/health.pb.h"
+#include "server/metrics/scrape_collector.h"
+
+namespace oomb::server {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+// Bucket upper bounds, seconds. Steps run from milliseconds (tiny models on the CPU) to many
+// minutes (a million tokens on one GPU); chunks from a millisecond to minutes.
+const Histogram::BucketBoundaries kStepBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,    2.5,  5,
+                                                  10,   25,    50,   100, 250,  500, 1000, 2500, 5000};
+const Histogram::BucketBoundaries kChunkBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                   0.5,   1,      2.5,   5,    10,    25,   50,  100};
+const Histogram::BucketBoundaries kQueueBuckets = {0.1, 1,    5,    15,   30,    60,    300,
+                                                   900, 1800, 3600, 7200, 14400, 43200, 86400};
+const Histogram::BucketBoundaries kCheckpointBuckets = {0.01, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
+                                                        5,    10,   30,  60,   120, 300, 600};
+const Histogram::BucketBoundaries kRpcBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                 0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+
+// "models/Qwen2.5-7B/" -> "Qwen2.5-7B": the job_info label names the model, not the path.
+std::string ModelName(const std::string& path) {
+  absl::string_view p = path;
+  while (absl::ConsumeSuffix(&p, "/")) {
+  }
+  const size_t slash = p.rfind('/');
+  return std::string(slash == absl::string_view::npos ? p : p.substr(slash + 1));
+}
+
+// gRPC's canonical code names, as grpc-go and grpc_health_probe print them.
+const char* CodeName(int code) {
+  static constexpr const char* kNames[] = {
+      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
+  return code >= 0 && code < static_cast<int>(std::size(kNames)) ? kNames[code] : "UNKNOWN";
+}
+
+// "/oomb.v1.JobService/GetJob" -> {"oomb.v1.JobService", "GetJob"} when the method is one of
+// the linked services' (the only ones the server registers); anything else is "unknown", so a
+// client cannot create series by calling made-up methods.
+std::pair<std::string, std::string> ServiceAndMethod(const std::string& full_method) {
+  std::vector<std::string> parts = absl::StrSplit(full_method, '/');
+  if (parts.size() == 3 && parts[0].empty() &&
+      google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(absl::StrCat(parts[1], ".", parts[2])) !=
+          nullptr) {
+    return {parts[1], parts[2]};
+  }
+  return {"unknown", "unknown"};
+}
+
+class RpcInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  RpcInterceptor(MetricsExporter* exporter, grpc::experimental::ServerRpcInfo* info)
+      : exporter_(exporter),
+        method_(info->method() != nullptr ? info->method() : ""),
+        unary_(info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const double seconds =
+          unary_ ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() : -1;
+      exporter_->RpcFinished(method_, static_cast<int>(methods->GetSendStatus().error_code()), seconds);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  MetricsExporter* const exporter_;
+  const std::string method_;
+  const bool unary_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
+class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RpcInterceptorFactory(MetricsExporter* exporter) : exporter_(exporter) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new RpcInterceptor(exporter_, info);
+  }
+
+ private:
+  MetricsExporter* const exporter_;
+};
+
+}  // namespace
+
+// The families whose series the exporter updates as events happen (the scrape-time ones are
+// ScrapeCollector's). Help texts match docs/metrics.md.
+struct MetricsExporter::Families {
+  explicit Families(prometheus::Registry& r)
+      : build_info(prometheus::BuildGauge()
+                       .Name("oomb_build_info")
+                       .Help("Always 1; the labels say what this daemon was built from.")
+                       .Register(r)),
+        start_time(prometheus::BuildGauge()
+                       .Name("oomb_start_time_seconds")
+                       .Help("When this daemon started, in seconds since the Unix epoch.")
+                       .Register(r)),
+        transitions(prometheus::BuildCounter()
+                        .Name("oomb_job_transitions_total")
+                        .Help("Times a job entered each state.")
+                        .Register(r)),
+        queue_wait(prometheus::BuildHistogram()
+                       .Name("oomb_queue_wait_seconds")
+                       .Help("Time a job waited in the queue before a device started it.")
+                       .Register(r)),
+        slot_busy(prometheus::BuildGauge()
+                      .Name("oomb_slot_busy")
+                      .Help("1 while a job runs on the slot (a scheduler device), else 0.")
+                      .Register(r)),
+        tokens(prometheus::BuildCounter()
+                   .Name("oomb_tokens_total")
+                   .Help("Tokens trained (every token of every sequence of every finished step).")
+                   .Register(r)),
+        steps(prometheus::BuildCounter().Name("oomb_steps_total").Help("Optimizer steps finished.").Register(r)),
+        model_flops(prometheus::BuildCounter()
+                        .Name("oomb_model_flops_total")
+                        .Help("Model FLOPs of the finished steps (6 N T + 6 d L T^2 per sequence).")
+                        .Register(r)),
+        step_seconds(prometheus::BuildHistogram()
+                         .Name("oomb_step_duration_seconds")
+                         .Help("Duration of an optimizer step.")
+                         .Register(r)),
+        chunk_seconds(prometheus::BuildHistogram()
+                          .Name("oomb_chunk_duration_seconds")
+                          .Help("Duration of one chunk of the chunk-recurrent trainer, by stage "
+                                "(forward: stage 1 without a graph; backward: stage 2, recompute and backward).")
+                          .Register(r)),
+        checkpoints(prometheus::BuildCounter()
+                        .Name("oomb_checkpoints_total")
+                        .Help("Checkpoints written (durable).")
+                        .Register(r)),
+        checkpoint_bytes(prometheus::BuildCounter()
+                             .Name("oomb_checkpoint_bytes_total")
+                             .Help("Bytes of the checkpoints written.")
+                             .Register(r)),
+        checkpoint_seconds(prometheus::BuildHistogram()
+                               .Name("oomb_checkpoint_duration_seconds")
+                               .Help("Time to write a checkpoint, fsyncs included.")
+                               .Register(r)),
+        job_info(prometheus::BuildGauge()
+                     .Name("oomb_job_info")
+                     .Help("1 for the job running on a slot; join on slot for its job_id and model.")
+                     .Register(r)),
+        job_step(prometheus::BuildGauge()
+                     .Name("oomb_job_step")
+                     .Help("Optimizer steps the running job has finished.")
+                     .Register(r)),
+        job_total_steps(prometheus::BuildGauge()
+                            .Name("oomb_job_total_steps")
+                            .Help("Optimizer steps the running job will take in all.")
+                            .Register(r)),
+        job_loss(prometheus::BuildGauge()
+                     .Name("oomb_job_loss")
+                     .Help("Mean training loss of the running job's last step.")
+                     .Register(r)),
+        job_eval_loss(prometheus::BuildGauge()
+                          .Name("oomb_job_eval_loss")
+                          .Help("The running job's last validation loss.")
+                          .Register(r)),
+        job_learning_rate(prometheus::BuildGauge()
+                              .Name("oomb_job_learning_rate")
+                              .Help("Learning rate of the running job's last step.")
+                              .Register(r)),
+        job_tokens_per_second(prometheus::BuildGauge()
+                                  .Name("oomb_job_tokens_per_second")
+                                  .Help("Tokens per second of the running job's last step.")
+                                  .Register(r)),
+        job_eta(prometheus::BuildGauge()
+                    .Name("oomb_job_eta_seconds")
+                    .Help("Estimated seconds until the running job finishes.")
+                    .Register(r)),
+        job_mfu(prometheus::BuildGauge()
+                    .Name("oomb_job_mfu_ratio")
+                    .Help("Model FLOPs utilisation of the running job's last step against the device's "
+                          "datasheet dense BF16 peak (0-1; GPUs with a known peak only).")
+                    .Register(r)),
+        rpc_handled(prometheus::BuildCounter()
+                        .Name("oomb_grpc_server_handled_total")
+                        .Help("RPCs the gRPC server finished, by service, method and status code.")
+                        .Register(r)),
+        rpc_seconds(prometheus::BuildHistogram()
+                        .Name("oomb_grpc_server_handling_seconds")
+                        .Help("Time from receiving a unary RPC to sending its status.")
+                        .Register(r)) {}
+
+  Family<Gauge>& build_info;
+  Family<Gauge>& start_time;
+  Family<Counter>& transitions;
+  Family<Histogram>& queue_wait;
+  Family<Gauge>& slot_busy;
+  Family<Counter>& tokens;
+  Family<Counter>& steps;
+  Family<Counter>& model_flops;
+  Family<Histogram>& step_seconds;
+  Family<Histogram>& chunk_seconds;
+  Family<Counter>& checkpoints;
+  Family<Counter>& checkpoint_bytes;
+  Family<Histogram>& checkpoint_seconds;
+  Family<Gauge>& job_info;
+  Family<Gauge>& job_step;
+  Family<Gauge>& job_total_steps;
+  Family<Gauge>& job_loss;
+  Family<Gauge>& job_eval_loss;
+  Family<Gauge>& job_learning_rate;
+  Family<Gauge>& job_tokens_per_second;
+  Family<Gauge>& job_eta;
+  Family<Gauge>& job_mfu;
+  Family<Counter>& rpc_handled;
+  Family<Histogram>& rpc_seconds;
+  Histogram* queue_wait_all = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(MetricsExporterOptions options) {
+  std::unique_ptr<MetricsExporter> e(new MetricsExporter(std::move(options)));
+  if (e->options_.listen.empty()) return e;
+  try {
+    e->exposer_ = std::make_unique<prometheus::Exposer>(e->options_.listen, /*num_threads=*/2);
+  } catch (const std::exception& ex) {
+    return absl::UnavailableError(absl::StrCat("metrics.listen: cannot listen on ", e->options_.listen, ": ", ex.what(),
+                                               " (choose another address, or \"\" to disable)"));
+  }
+  const std::vector<int> ports = e->exposer_->GetListeningPorts();
+  if (ports.empty() || ports[0] <= 0) {
+    return absl::UnavailableError(absl::StrCat("metrics.listen: cannot listen on ", e->options_.listen));
+  }
+  e->port_ = ports[0];
+  e->exposer_->RegisterCollectable(e->registry_);
+  e->exposer_->RegisterCollectable(e->collector_);
+  return e;
+}
+
+MetricsExporter::MetricsExporter(MetricsExporterOptions options)
+    : options_(std::move(options)),
+      registry_(std::make_shared<prometheus::Registry>()),
+      f_(std::make_unique<Families>(*registry_)),
+      collector_(std::make_shared<ScrapeCollector>(options_)) {
+  // Links grpc.health.v1's descriptors, so ServiceAndMethod() knows the health service.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+  f_->build_info
+      .Add({{"version", options_.build.version},
+            {"git_sha", options_.build.git_sha},
+            {"torch", options_.build.torch_version},
+            {"cuda", options_.build.cuda_version}})
+      .Set(1);
+  f_->start_time.Add({}).Set(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  const google::protobuf::EnumDescriptor* states = v1::Job::State_descriptor();
+  for (int i = 0; i < states->value_count(); ++i) {
+    if (states->value(i)->number() == v1::Job::STATE_UNSPECIFIED) continue;
+    f_->transitions.Add({{"state", states->value(i)->name()}});
+  }
+  f_->queue_wait_all = &f_->queue_wait.Add({}, kQueueBuckets);
+  absl::MutexLock lock(&mu_);
+  for (const std::string& slot : options_.slots) SlotLocked(slot);
+}
+
+MetricsExporter::~MetricsExporter() {
+  if (exposer_ != nullptr) {
+    exposer_->RemoveCollectable(collector_);
+    exposer_->RemoveCollectable(registry_);
+  }
+}
+
+MetricsExporter::SlotSeries& MetricsExporter::SlotLocked(const std::string& slot) {
+  auto [it, inserted] = slots_.try_emplace(slot);
+  SlotSeries& s = it->second;
+  if (!inserted) return s;
+  const prometheus::Labels l = {{"slot", slot}};
+  s.busy = &f_->slot_busy.Add(l);
+  s.tokens = &f_->tokens.Add(l);
+  s.steps = &f_->steps.Add(l);
+  s.model_flops = &f_->model_flops.Add(l);
+  s.checkpoints = &f_->checkpoints.Add(l);
+  s.checkpoint_bytes = &f_->checkpoint_bytes.Add(l);
+  s.step_seconds = &f_->step_seconds.Add(l, kStepBuckets);
+  s.forward_chunk_seconds = &f_->chunk_seconds.Add({{"slot", slot}, {"stage", "forward"}}, kChunkBuckets);
+  s.backward_chunk_seconds = &f_->chunk_seconds.Add({{"slot", slot}, {"stage", "backward"}}, kChunkBuckets);
+  s.checkpoint_seconds = &f_->checkpoint_seconds.Add(l, kCheckpointBuckets);
+  return s;
+}
+
+void MetricsExporter::RemoveJobLocked(SlotSeries& s) {
+  if (!s.has_job) return;
+  JobSeries& j = s.job;
+  f_->job_info.Remove(j.info);
+  f_->job_step.Remove(j.step);
+  f_->job_total_steps.Remove(j.total_steps);
+  f_->job_loss.Remove(j.loss);
+  f_->job_learning_rate.Remove(j.learning_rate);
+  f_->job_tokens_per_second.Remove(j.tokens_per_second);
+  f_->job_eta.Remove(j.eta);
+  if (j.eval_loss != nullptr) f_->job_eval_loss.Remove(j.eval_loss);
+  if (j.mfu != nullptr) f_->job_mfu.Remove(j.mfu);
+  s.job = JobSeries();
+  s.has_job = false;
+}
+
+void MetricsExporter::RunStarted(const std::string& slot, const v1::Job& job, absl::Duration queue_wait) {
+  f_->queue_wait_all->Observe(absl::ToDoubleSeconds(queue_wait));
+  absl::MutexLock lock(&mu_);
+  SlotSeries& s = SlotLocked(slot);
+  RemoveJobLocked(s);  // a run that never reported its stop
+  const prometheus::Labels l = {{"slot", slot}};
+  const std::string job_id(absl::StripPrefix(job.name(), "jobs/"));
+  s.job.info = &f_->job_info.Add({{"slot", slot}, {"job_id", job_id}, {"model", ModelName(job.spec().model().path())}});
+  s.job.info->Set(1);
+  s.job.step = &f_->job_step.Add(l);
+  s.job.step->Set(static_cast<double>(job.progress().step()));
+  s.job.total_steps = &f_->job_total_steps.Add(l);
+  s.job.total_steps->Set(static_cast<double>(job.progress().total_steps()));
+  s.job.loss = &f_->job_loss.Add(l);
+  s.job.learning_rate = &f_->job_learning_rate.Add(l);
+  s.job.tokens_per_second = &f_->job_tokens_per_second.Add(l);
+  s.job.eta = &f_->job_eta.Add(l);
+  s.has_job = true;
+  s.busy->Set(1);
+}
+
+void MetricsExporter::Step(const std::string& slot, const StepProgress& p) {
+  absl::MutexLock lock(&mu_);
+  SlotSeries& s = SlotLocked(slot);
+  s.tokens->Increment(static_cast<double>(p.step_tokens));
+  s.steps->Increment();
+  s.model_flops->Increment(p.model_flops);
+  s.step_seconds->Observe(p.step_seconds);
+  for (double t : p.forward_chunk_seconds) s.forward_chunk_seconds->Observe(t);
+  for (double t : p.backward_chunk_seconds) s.backward_chunk_seconds->Observe(t);
+  if (!s.has_job) return;
+  JobSeries& j = s.job;
+  j.step->Set(static_cast<double>(p.step));
+  j.total_steps->Set(static_cast<double>(p.total_steps));
+  j.loss->Set(p.loss);
+  j.learning_rate->Set(p.learning_rate);
+  j.tokens_per_second->Set(p.tokens_per_second);
+  j.eta->Set(p.eta_seconds);
+  const prometheus::Labels l = {{"slot", slot}};
+  if (p.eval_loss > 0) {
+    if (j.eval_loss == nullptr) j.eval_loss = &f_->job_eval_loss.Add(l);
+    j.eval_loss->Set(p.eval_loss);
+  }
+  if (p.mfu > 0) {
+    if (j.mfu == nullptr) j.mfu = &f_->job_mfu.Add(l);
+    j.mfu->Set(p.mfu);
+  }
+}
+
+void MetricsExporter::CheckpointSaved(const std::string& slot, const CheckpointInfo& c) {
+  absl::MutexLock lock(&mu_);
+  SlotSeries& s = SlotLocked(slot);
+  s.checkpoints->Increment();
+  s.checkpoint_bytes->Increment(static_cast<double>(c.bytes));
+  s.checkpoint_seconds->Observe(c.seconds);
+}
+
+void MetricsExporter::RunStopped(const std::string& slot) {
+  absl::MutexLock lock(&mu_);
+  SlotSeries& s = SlotLocked(slot);
+  RemoveJobLocked(s);
+  s.busy->Set(0);
+}
+
+void MetricsExporter::StateEntered(v1::Job::State state) {
+  f_->transitions.Add({{"state", v1::Job::State_Name(state)}}).Increment();
+}
+
+void MetricsExporter::RpcFinished(const std::string& full_method, int code, double seconds) {
+  auto [service, method] = ServiceAndMethod(full_method);
+  const prometheus::Labels l = {{"service", service}, {"method", method}, {"code", CodeName(code)}};
+  f_->rpc_handled.Add(l).Increment();
+  if (seconds >= 0) f_->rpc_seconds.Add(l, kRpcBuckets).Observe(seconds);
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MetricsExporter::NewInterceptorFactory() {
+  return std::make_unique<RpcInterceptorFactory>(this);
+}
+
+std::string MetricsExporter::Scrape() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : collector_->Collect()) families.push_back(std::move(f));
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, families);
+  return out.str();
+}
+
+}  // namespace oomb::server

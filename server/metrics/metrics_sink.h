@@ -1,0 +1,41 @@
+// What the scheduler reports to the metrics exporter: job runs starting and stopping on a slot,
+// their steps and checkpoints, and every state a job enters. The Prometheus implementation is
+// MetricsExporter (server/metrics/exporter.h); tests record the calls.
+//
+// A slot is one of the scheduler's devices ("cpu", "cuda:0"): it runs one job at a time, so
+// per-job series labelled by slot stay bounded by the number of devices.
+//
+// Thread-safety: called concurrently from the scheduler's device threads and RPC threads,
+// sometimes with the scheduler's lock held: implementations must be thread-safe, quick, and
+// must not call back into the scheduler.
+#ifndef OOMB_SERVER_METRICS_METRICS_SINK_H_
+#define OOMB_SERVER_METRICS_METRICS_SINK_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "oomb/v1/jobs.pb.h"
+#include "worker/job/executor.h"
+
+namespace oomb::server {
+
+class MetricsSink {
+ public:
+  virtual ~MetricsSink() = default;
+
+  // A device thread claimed `job` (now RUNNING) after it waited `queue_wait` in this process's
+  // queue.
+  virtual void RunStarted(const std::string& slot, const v1::Job& job, absl::Duration queue_wait) = 0;
+  // An optimizer step of the run on `slot` finished.
+  virtual void Step(const std::string& slot, const StepProgress& progress) = 0;
+  // The run on `slot` wrote a checkpoint (it is durable).
+  virtual void CheckpointSaved(const std::string& slot, const CheckpointInfo& checkpoint) = 0;
+  // The run on `slot` returned, whatever its outcome; the slot is idle.
+  virtual void RunStopped(const std::string& slot) = 0;
+  // A job entered `state` (one call per committed STATE_CHANGED event).
+  virtual void StateEntered(v1::Job::State state) = 0;
+};
+
+}  // namespace oomb::server
+
+#endif  // OOMB_SERVER_METRICS_METRICS_SINK_H_

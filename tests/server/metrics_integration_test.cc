@@ -1,0 +1,483 @@
+// /metrics end to end: the real oombd (real trainer, tiny model, CPU) scraped every second by a
+// real Prometheus (Debian's /usr/bin/prometheus) on loopback, loaded with
+// deploy/prometheus/alerts.yml. While a job runs, every expression of the Grafana dashboard
+// (deploy/grafana/dashboards/oomb.json) must return data; afterwards Prometheus' numbers must
+// agree with the daemon's own job records and events, per-job series must be gone, and every
+// metric named by the dashboard, the alerts and the exposition must be in docs/metrics.md.
+//
+// Dashboard targets whose refId starts with GPU_ (need a CUDA device and NVML), DCGM_ (need
+// dcgm-exporter) or OFFLOAD_ (need the host KV tier, which does not exist yet) may return no
+// data; their metric names are still checked. OOMB_METRICS_REQUIRE_GPU=1 (on a GPU machine)
+// makes GPU_ targets required too.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "tests/client/daemon_harness.h"
+#include "tests/server/http_get.h"
+
+namespace oomb::testing {
+namespace {
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+
+// A port nothing listens on now (bound, read, released).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// /usr/bin/prometheus scraping one target every second, with the project's alert rules.
+class Prometheus {
+ public:
+  Prometheus(const fs::path& dir, int target_port) : dir_(dir) {
+    fs::create_directories(dir_ / "tsdb");
+    WriteFile(dir_ / "prometheus.yml",
+              "global:\n"
+              "  scrape_interval: 1s\n"
+              "  evaluation_interval: 1s\n"
+              "rule_files:\n"
+              "  - " +
+                  SourceDir() +
+                  "/deploy/prometheus/alerts.yml\n"
+                  "scrape_configs:\n"
+                  "  - job_name: oomb\n"
+                  "    static_configs:\n"
+                  "      - targets: ['127.0.0.1:" +
+                  std::to_string(target_port) + "']\n");
+    for (int attempt = 0; attempt < 3 && port_ == 0; ++attempt) Start();
+  }
+  ~Prometheus() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Prometheus(const Prometheus&) = delete;
+  Prometheus& operator=(const Prometheus&) = delete;
+
+  int port() const { return port_; }
+  std::string log() const { return Slurp(dir_ / "prometheus.log"); }
+
+  // GET /api/v1/PATH?QUERY and its "data", or null (with a test failure) on an error.
+  json Api(const std::string& path, const std::map<std::string, std::string>& params) const {
+    std::string q;
+    for (const auto& [k, v] : params) q += (q.empty() ? "?" : "&") + k + "=" + UrlEncode(v);
+    const HttpResponse r = HttpGet(port_, "/api/v1/" + path + q);
+    const json body = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+    if (r.status != 200 || !body.is_object() || body.value("status", "") != "success") {
+      ADD_FAILURE() << "Prometheus /api/v1/" << path << " " << (params.count("query") ? params.at("query") : "")
+                    << ": HTTP " << r.status << " " << r.body.substr(0, 500);
+      return json();
+    }
+    return body["data"];
+  }
+  json Query(const std::string& expr) const { return Api("query", {{"query", expr}}); }
+  json QueryRange(const std::string& expr, double start, double end) const {
+    return Api("query_range",
+               {{"query", expr}, {"start", std::to_string(start)}, {"end", std::to_string(end)}, {"step", "1"}});
+  }
+  // The value of an instant query that returns one series; NaN otherwise.
+  double Scalar(const std::string& expr) const {
+    const json d = Query(expr);
+    if (!d.is_object() || d["result"].size() != 1) return std::nan("");
+    return std::stod(d["result"][0]["value"][1].get<std::string>());
+  }
+
+ private:
+  void Start() {
+    const int port = FreePort();
+    const std::string log = (dir_ / "prometheus.log").string();
+    std::vector<std::string> args = {kPrometheus, "--config.file=" + (dir_ / "prometheus.yml").string(),
+                                     "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
+                                     "--web.listen-address=127.0.0.1:" + std::to_string(port), "--log.level=warn"};
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      if (std::freopen(log.c_str(), "a", stderr) == nullptr || std::freopen(log.c_str(), "a", stdout) == nullptr) {
+        ::_exit(126);
+      }
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    const bool ready =
+        WaitFor([&] { return ::waitpid(pid_, nullptr, WNOHANG) != 0 || HttpGet(port, "/-/ready", 2).status == 200; },
+                std::chrono::seconds(30), std::chrono::milliseconds(100));
+    if (ready && HttpGet(port, "/-/ready", 2).status == 200) {
+      port_ = port;
+    } else {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+
+  fs::path dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+double Now() { return static_cast<double>(std::time(nullptr)); }
+
+// Every sample value of a range-query result (all series).
+std::vector<double> Values(const json& data) {
+  std::vector<double> out;
+  if (!data.is_object()) return out;
+  for (const json& series : data["result"]) {
+    for (const json& v : series["values"]) out.push_back(std::stod(v[1].get<std::string>()));
+  }
+  return out;
+}
+
+struct Target {
+  std::string panel, ref, expr;
+};
+
+void CollectTargets(const json& panels, std::vector<Target>* out) {
+  for (const json& p : panels) {
+    for (const json& t : p.value("targets", json::array())) {
+      if (t.contains("expr")) out->push_back({p.value("title", ""), t.value("refId", ""), t["expr"]});
+    }
+    if (p.contains("panels")) CollectTargets(p["panels"], out);  // collapsed rows
+  }
+}
+
+// The dashboard's variables as the test sets them: every daemon, every slot; rate windows of
+// five scrapes.
+std::string Substitute(std::string expr) {
+  static const std::vector<std::pair<std::string, std::string>> kVars = {
+      {"$__rate_interval", "5s"}, {"$__interval", "5s"}, {"$__range", "5m"}, {"${instance}", ".*"},
+      {"$instance", ".*"},        {"${slot}", ".*"},     {"$slot", ".*"}};
+  for (const auto& [var, value] : kVars) {
+    for (size_t at; (at = expr.find(var)) != std::string::npos;) expr.replace(at, var.size(), value);
+  }
+  return expr;
+}
+
+bool Optional(const std::string& ref) {
+  const char* require_gpu = std::getenv("OOMB_METRICS_REQUIRE_GPU");
+  const bool gpu_required = require_gpu != nullptr && std::string(require_gpu) == "1";
+  return (!gpu_required && ref.rfind("GPU_", 0) == 0) || ref.rfind("DCGM_", 0) == 0 || ref.rfind("OFFLOAD_", 0) == 0;
+}
+
+// oomb_* names in a PromQL expression, histogram suffixes removed.
+std::set<std::string> MetricNames(const std::string& expr) {
+  std::set<std::string> out;
+  static const std::regex kName(R"(\boomb_[a-z0-9_]+)");
+  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), kName); it != std::sregex_iterator(); ++it) {
+    std::string n = it->str();
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string s = suffix;
+      if (n.size() > s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0) n.resize(n.size() - s.size());
+    }
+    out.insert(n);
+  }
+  return out;
+}
+
+// The metrics docs/metrics.md documents: its table rows "| `oomb_...` |".
+std::set<std::string> DocumentedMetrics() {
+  std::set<std::string> out;
+  std::istringstream in(Slurp(SourceDir() + "/docs/metrics.md"));
+  static const std::regex kRow(R"(^\| `(oomb_[a-z0-9_]+)`)");
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (std::regex_search(line, m, kRow)) out.insert(m[1]);
+  }
+  return out;
+}
+
+std::string JobYaml(const std::string& name, const fs::path& dir, int steps, int checkpoint_every) {
+  std::ostringstream y;
+  y << "display_name: " << name << "\n"
+    << "model: {path: " << TinyLlama().string() << ", dtype: float32}\n"
+    << "method: {type: lora, lora: {rank: 4, alpha: 8, target_modules: [q_proj, k_proj, v_proj, o_proj]}}\n"
+    << "data: {train: " << (dir / "train.jsonl").string() << ", validation: " << (dir / "val.jsonl").string()
+    << ", max_seq_len: 128, too_long: truncate, packing: false}\n"
+    << "training: {max_steps: " << steps
+    << ", learning_rate: 1.0e-3, warmup_steps: 0, lr_schedule: constant, seed: 7, eval_every_steps: 4}\n"
+    << "memory: {chunk_tokens: 32, page_tokens: 16}\n"
+    << "checkpoint: {every_steps: " << checkpoint_every << ", keep_last: 1}\n"
+    << "resources: {device: cpu, max_retries: 0}\n";
+  return y.str();
+}
+
+int64_t Int(const json& j, const char* key) {
+  return j.contains(key) ? std::stoll(j[key].get<std::string>()) : 0;  // int64 is a string in proto JSON
+}
+
+class MetricsIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(TinyLlama() / "config.json")) {
+      GTEST_SKIP() << "no test models under " << DataDir() << " (run scripts/fetch_test_data.sh)";
+    }
+    if (!fs::exists(kPrometheus)) GTEST_SKIP() << "no " << kPrometheus << " (apt-get install prometheus)";
+    tmp_ = std::make_unique<TempDir>();
+  }
+  void TearDown() override {
+    prometheus_.reset();
+    daemon_.reset();
+    tmp_.reset();
+  }
+
+  std::unique_ptr<TempDir> tmp_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<Prometheus> prometheus_;
+};
+
+TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbers) {
+  const fs::path dir = tmp_->path();
+  daemon_ = std::make_unique<Daemon>(dir / "data", DaemonOptions());
+  ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+  ASSERT_GT(daemon_->metrics_port(), 0) << daemon_->log();
+  EXPECT_THAT(daemon_->log(), ::testing::HasSubstr("oombd: metrics on http://127.0.0.1:"));
+  const std::string endpoint = daemon_->tcp_endpoint();
+
+  prometheus_ = std::make_unique<Prometheus>(dir / "prometheus", daemon_->metrics_port());
+  ASSERT_GT(prometheus_->port(), 0) << prometheus_->log();
+  const Prometheus& prom = *prometheus_;
+  const double t0 = Now() - 1;
+  // Counters and histograms start at 0 in the first scrape, so their first increments show in
+  // increase() and rate().
+  ASSERT_TRUE(WaitFor([&] { return prom.Scalar(R"(up{job="oomb"})") == 1; }, std::chrono::seconds(20))) << prom.log();
+
+  // Job a trains until cancelled; job b (8 steps) waits in the queue behind it.
+  WriteIdsJsonl(dir / "train.jsonl", 8, 120);
+  WriteIdsJsonl(dir / "val.jsonl", 2, 60, 256, /*seed=*/2);
+  WriteFile(dir / "a.yaml", JobYaml("metrics-a", dir, 100000, 10));
+  WriteFile(dir / "b.yaml", JobYaml("metrics-b", dir, 8, 100));
+  ASSERT_EQ(OombJson(endpoint, "submit " + (dir / "a.yaml").string() + " --job-id metrics-a", dir).value("name", ""),
+            "jobs/metrics-a");
+  ASSERT_EQ(OombJson(endpoint, "submit " + (dir / "b.yaml").string() + " --job-id metrics-b", dir).value("state", ""),
+            "QUEUED");
+  EXPECT_EQ(Oomb(endpoint, "get no-such-job", dir).rc, 3);  // a NOT_FOUND for the gRPC panels
+
+  // Wait until Prometheus has seen job a running for 8 scrapes, with an evaluation and a
+  // checkpoint behind it (the client's polling is gRPC traffic for the service panels).
+  const bool running = WaitFor(
+      [&] {
+        Oomb(endpoint, "get metrics-a", dir);
+        return prom.Scalar(R"(count_over_time(oomb_job_info{job_id="metrics-a"}[1m]))") >= 8 &&
+               prom.Scalar("sum(oomb_checkpoints_total)") >= 1 && prom.Scalar("count(oomb_job_eval_loss)") == 1;
+      },
+      std::chrono::seconds(90), std::chrono::milliseconds(500));
+  ASSERT_TRUE(running) << "Prometheus never saw job metrics-a running\n" << daemon_->log() << prom.log();
+
+  // The exposition while a job runs: every family of the reference is declared (those without
+  // samples here too, e.g. GPU memory on the CPU) but MFU, which exists only where the GPU's
+  // peak is known.
+  const HttpResponse scrape = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_EQ(scrape.status, 200);
+  std::set<std::string> exposed;
+  static const std::regex kHelp(R"(^# HELP (oomb_[a-z0-9_]+) )");
+  std::istringstream scraped(scrape.body);
+  std::smatch help;
+  for (std::string line; std::getline(scraped, line);) {
+    if (std::regex_search(line, help, kHelp)) exposed.insert(help[1]);
+  }
+  const std::set<std::string> documented = DocumentedMetrics();
+  for (const std::string& n : exposed)
+    EXPECT_TRUE(documented.count(n)) << n << " is exported but not in docs/metrics.md";
+  for (const std::string& n : documented) {
+    if (n == "oomb_job_mfu_ratio") continue;
+    EXPECT_TRUE(exposed.count(n)) << n << " is in docs/metrics.md but not exported";
+  }
+
+  // Every dashboard expression, as Grafana would send it over the test's time range.
+  const json dashboard = json::parse(Slurp(SourceDir() + "/deploy/grafana/dashboards/oomb.json"));
+  std::vector<Target> targets;
+  CollectTargets(dashboard["panels"], &targets);
+  ASSERT_GT(targets.size(), 30u);
+  std::vector<std::string> no_data;
+  std::set<std::string> named;
+  int required = 0;
+  for (const Target& t : targets) {
+    const std::set<std::string> names = MetricNames(t.expr);
+    named.insert(names.begin(), names.end());
+    const json data = prom.QueryRange(Substitute(t.expr), t0, Now());
+    ASSERT_TRUE(data.is_object()) << t.panel << " " << t.ref << ": " << t.expr;  // a PromQL error
+    if (Optional(t.ref)) continue;
+    ++required;
+    const std::vector<double> values = Values(data);
+    if (std::none_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); })) {
+      no_data.push_back(t.panel + " / " + t.ref + ": " + t.expr);
+    }
+  }
+  EXPECT_THAT(no_data, ::testing::IsEmpty()) << "dashboard expressions without data";
+  EXPECT_GT(required, 25);
+  // The variables' queries.
+  for (const json& v : dashboard["templating"]["list"]) {
+    if (v.value("type", "") != "query") continue;
+    static const std::regex kLabelValues(R"(label_values\((.*),\s*(\w+)\)$)");
+    std::smatch m;
+    const std::string q = v["definition"];
+    ASSERT_TRUE(std::regex_search(q, m, kLabelValues)) << q;
+    EXPECT_FALSE(Values(prom.QueryRange(Substitute(m[1]), t0, Now())).empty()) << q;
+  }
+
+  // The alert rules evaluate without errors on real series, and none fires.
+  bool evaluated = WaitFor(
+      [&] {
+        const json rules = prom.Api("rules", {});
+        int ok = 0, all = 0;
+        for (const json& g : rules["groups"]) {
+          for (const json& r : g["rules"]) {
+            ++all;
+            ok += r.value("health", "") == "ok";
+          }
+        }
+        return all >= 6 && ok == all;
+      },
+      std::chrono::seconds(10));
+  EXPECT_TRUE(evaluated) << prom.Api("rules", {}).dump(1);
+  EXPECT_THAT(prom.Api("alerts", {})["alerts"], ::testing::IsEmpty());
+  for (const auto& g : YAML::LoadFile(SourceDir() + "/deploy/prometheus/alerts.yml")["groups"]) {
+    for (const auto& r : g["rules"]) {
+      const std::set<std::string> names = MetricNames(r["expr"].as<std::string>());
+      named.insert(names.begin(), names.end());
+    }
+  }
+
+  // KV pages while the job runs: the arenas exist, pages were used; nothing on the host tier.
+  const json capacity_during = prom.QueryRange(R"(sum(oomb_kv_capacity_bytes{tier="gpu"}))", t0, Now());
+  const json peak_during = prom.QueryRange(R"(sum(oomb_kv_peak_bytes{tier="gpu"}))", t0, Now());
+
+  // Cancel a; b runs to the end.
+  EXPECT_EQ(OombJson(endpoint, "cancel metrics-a", dir).value("state", ""), "CANCELLING");
+  const Result watched = Oomb(endpoint, "watch metrics-b", dir);
+  EXPECT_EQ(watched.rc, 0) << watched.out << watched.err << daemon_->log();
+  const json a = OombJson(endpoint, "get metrics-a", dir);
+  const json b = OombJson(endpoint, "get metrics-b", dir);
+  ASSERT_EQ(a.value("state", ""), "CANCELLED");
+  ASSERT_EQ(b.value("state", ""), "SUCCEEDED");
+  const int64_t tokens = Int(a["progress"], "tokens") + Int(b["progress"], "tokens");
+  const int64_t steps = Int(a["progress"], "step") + Int(b["progress"], "step");
+  EXPECT_EQ(Int(b["progress"], "step"), 8);
+  EXPECT_GT(Int(a["progress"], "step"), 8);
+
+  const std::vector<json> events_a = AllEvents(endpoint, "metrics-a", dir);
+  const std::vector<json> events_b = AllEvents(endpoint, "metrics-b", dir);
+  int checkpoints = 0;
+  std::vector<double> losses_a;
+  for (const json& e : events_a) {
+    checkpoints += e["type"] == "CHECKPOINT_SAVED";
+    if (e["type"] == "STEP") losses_a.push_back(e["progress"]["loss"].get<double>());
+  }
+  for (const json& e : events_b) checkpoints += e["type"] == "CHECKPOINT_SAVED";
+  ASSERT_GE(checkpoints, 2);
+
+  // Prometheus' numbers once it has scraped the end: the daemon's own records.
+  const bool settled = WaitFor(
+      [&] {
+        return prom.Scalar("sum(oomb_tokens_total)") == static_cast<double>(tokens) &&
+               prom.Scalar(R"(oomb_jobs{state="SUCCEEDED"})") == 1 && prom.Query("oomb_job_info")["result"].empty();
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(250));
+  EXPECT_TRUE(settled);
+  EXPECT_EQ(prom.Scalar("sum(oomb_tokens_total)"), static_cast<double>(tokens));
+  EXPECT_EQ(prom.Scalar("sum(oomb_steps_total)"), static_cast<double>(steps));
+  EXPECT_EQ(prom.Scalar(R"(sum(oomb_step_duration_seconds_count))"), static_cast<double>(steps));
+  EXPECT_EQ(prom.Scalar("sum(oomb_checkpoints_total)"), static_cast<double>(checkpoints));
+  EXPECT_EQ(prom.Scalar(R"(oomb_jobs{state="CANCELLED"})"), 1);
+  EXPECT_EQ(prom.Scalar(R"(oomb_jobs{state="QUEUED"})"), 0);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="QUEUED"})"), 2);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="RUNNING"})"), 2);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="CANCELLING"})"), 1);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="CANCELLED"})"), 1);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="SUCCEEDED"})"), 1);
+  EXPECT_EQ(prom.Scalar("oomb_queue_wait_seconds_count"), 2);
+  EXPECT_GT(prom.Scalar("oomb_queue_wait_seconds_sum"), 5);  // b waited while a ran 8+ scrapes
+  EXPECT_EQ(prom.Scalar(R"(oomb_slot_busy{slot="cpu"})"), 0);
+  // Per-job series went with their runs.
+  for (const char* gone : {"oomb_job_info", "oomb_job_loss", "oomb_job_step", "oomb_job_eval_loss"}) {
+    EXPECT_THAT(prom.Query(gone)["result"], ::testing::IsEmpty()) << gone;
+  }
+
+  // The token counter moved step by step, never backwards.
+  // (The range ends in the future so that its last point is the newest sample.)
+  const std::vector<double> token_curve = Values(prom.QueryRange("sum(oomb_tokens_total)", t0, Now() + 2));
+  ASSERT_FALSE(token_curve.empty());
+  std::set<double> distinct(token_curve.begin(), token_curve.end());
+  EXPECT_GE(distinct.size(), 4u);
+  EXPECT_TRUE(std::is_sorted(token_curve.begin(), token_curve.end()));
+  EXPECT_EQ(token_curve.back(), static_cast<double>(tokens));
+
+  // Every loss Prometheus saw for job a is one of a's STEP events' losses.
+  const std::vector<double> prom_losses =
+      Values(prom.QueryRange(R"(oomb_job_loss and on (slot) oomb_job_info{job_id="metrics-a"})", t0, Now()));
+  ASSERT_FALSE(prom_losses.empty());
+  for (double l : prom_losses) {
+    EXPECT_TRUE(
+        std::any_of(losses_a.begin(), losses_a.end(), [&](double e) { return std::abs(e - l) <= 1e-9 * std::abs(e); }))
+        << "loss " << l << " is not a STEP event's loss of metrics-a";
+  }
+
+  // Memory: the arenas existed while a ran and are gone now; pages were used; no host tier.
+  const std::vector<double> capacity = Values(capacity_during);
+  ASSERT_FALSE(capacity.empty());
+  EXPECT_GT(*std::max_element(capacity.begin(), capacity.end()), 0);
+  const std::vector<double> peak = Values(peak_during);
+  ASSERT_FALSE(peak.empty());
+  EXPECT_GT(*std::max_element(peak.begin(), peak.end()), 0);
+  EXPECT_EQ(prom.Scalar(R"(sum(oomb_kv_capacity_bytes{tier="gpu"}))"), 0);
+  const std::vector<double> host = Values(prom.QueryRange(R"(sum(oomb_kv_bytes{tier="host"}))", t0, Now()));
+  ASSERT_FALSE(host.empty());
+  EXPECT_THAT(host, ::testing::Each(0.0));
+  EXPECT_GT(prom.Scalar(R"(sum(increase(oomb_model_flops_total[10m])))"), 0);
+  EXPECT_GT(prom.Scalar(R"(sum(oomb_chunk_duration_seconds_count{stage="backward"}))"), 0);
+
+  // Every metric the dashboard and the alerts use is in the reference.
+  for (const std::string& n : named) EXPECT_TRUE(documented.count(n)) << n << " is used but not in docs/metrics.md";
+}
+
+// The provisioning files point Grafana at a Prometheus datasource and at the dashboards, and
+// every panel queries through the dashboard's datasource variable.
+TEST(GrafanaProvisioningTest, DatasourceAndDashboardProvidersAreWellFormed) {
+  const YAML::Node ds = YAML::LoadFile(SourceDir() + "/deploy/grafana/provisioning/datasources/prometheus.yml");
+  EXPECT_EQ(ds["apiVersion"].as<int>(), 1);
+  ASSERT_EQ(ds["datasources"].size(), 1u);
+  EXPECT_EQ(ds["datasources"][0]["type"].as<std::string>(), "prometheus");
+  const YAML::Node dash = YAML::LoadFile(SourceDir() + "/deploy/grafana/provisioning/dashboards/oomb.yml");
+  ASSERT_EQ(dash["providers"].size(), 1u);
+  EXPECT_EQ(dash["providers"][0]["type"].as<std::string>(), "file");
+
+  const json d = json::parse(Slurp(SourceDir() + "/deploy/grafana/dashboards/oomb.json"));
+  EXPECT_EQ(d["uid"], "oomb-overview");
+  std::vector<std::string> rows;
+  std::set<int> ids;
+  for (const json& p : d["panels"]) {
+    EXPECT_TRUE(ids.insert(p["id"].get<int>()).second) << "duplicate panel id " << p["id"];
+    if (p["type"] == "row") {
+      rows.push_back(p["title"]);
+      continue;
+    }
+    EXPECT_EQ(p["datasource"]["uid"], "${datasource}") << p["title"];
+    for (const json& t : p["targets"]) EXPECT_EQ(t["datasource"]["uid"], "${datasource}") << p["title"];
+  }
+  EXPECT_THAT(rows, ::testing::ElementsAre("Fleet and queue", "Job progress", "GPU memory", "PCIe and offload",
+                                           "Service health"));
+  EXPECT_EQ(d["templating"]["list"][0]["type"], "datasource");
+  EXPECT_EQ(d["templating"]["list"][0]["query"], "prometheus");
+}
+
+}  // namespace
+}  // namespace oomb::testing

@@ -1,0 +1,115 @@
+// The torch-free metric sources: the KV stats registry, MFU arithmetic, PCIe line rates, and
+// NVML's graceful absence (CPU machines) or presence (GPU machines).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "worker/metrics/flops.h"
+#include "worker/metrics/kv_stats.h"
+#include "worker/metrics/nvml.h"
+
+namespace oomb {
+namespace {
+
+TEST(KvStatsRegistryTest, PoolsAreLiveWhileTheirCountersLive) {
+  KvStatsRegistry r;
+  std::shared_ptr<PoolCounters> kv = r.AddPool("cuda:0", Tier::kDevice, PageKind::kKv, 100, 4096);
+  std::shared_ptr<PoolCounters> grad = r.AddPool("cuda:0", Tier::kDevice, PageKind::kKvGrad, 100, 8192);
+  kv->Set(/*used_pages=*/30, /*peak_pages=*/40);
+  grad->Set(5, 7);
+  std::vector<PoolSample> pools = r.Pools();
+  ASSERT_EQ(pools.size(), 2u);
+  EXPECT_EQ(pools[0].slot, "cuda:0");
+  EXPECT_EQ(pools[0].kind, PageKind::kKv);
+  EXPECT_EQ(pools[0].capacity_pages, 100);
+  EXPECT_EQ(pools[0].used_pages, 30);
+  EXPECT_EQ(pools[0].peak_pages, 40);
+  EXPECT_EQ(pools[0].bytes_per_page, 4096);
+  EXPECT_EQ(pools[1].kind, PageKind::kKvGrad);
+  EXPECT_EQ(pools[1].peak_pages, 7);
+  kv.reset();  // the pool (and its job) ended
+  pools = r.Pools();
+  ASSERT_EQ(pools.size(), 1u);
+  EXPECT_EQ(pools[0].kind, PageKind::kKvGrad);
+}
+
+TEST(KvStatsRegistryTest, CountersAreWrittenAndReadFromDifferentThreads) {
+  KvStatsRegistry r;
+  std::shared_ptr<PoolCounters> c = r.AddPool("cpu", Tier::kDevice, PageKind::kKv, 1000, 1);
+  std::thread writer([&] {
+    for (int i = 0; i <= 1000; ++i) c->Set(i, i);
+  });
+  for (int i = 0; i < 100; ++i) {
+    for (const PoolSample& p : r.Pools()) EXPECT_LE(p.used_pages, 1000);
+  }
+  writer.join();
+  EXPECT_EQ(r.Pools()[0].used_pages, 1000);
+}
+
+TEST(KvStatsRegistryTest, TransfersAccumulateIntoCumulativeBuckets) {
+  KvStatsRegistry r;
+  EXPECT_TRUE(r.Transfers().empty());
+  r.RecordTransfer("cuda:0", TransferDirection::kDeviceToHost, PageKind::kKv, 65536, 3e-6);
+  r.RecordTransfer("cuda:0", TransferDirection::kDeviceToHost, PageKind::kKv, 65536, 0.3);
+  r.RecordTransfer("cuda:0", TransferDirection::kHostToDevice, PageKind::kKvGrad, 100, 10.0);
+  const std::vector<TransferSample> t = r.Transfers();
+  ASSERT_EQ(t.size(), 2u);
+  const TransferSample& d2h = t[0].direction == TransferDirection::kDeviceToHost ? t[0] : t[1];
+  const TransferSample& h2d = t[0].direction == TransferDirection::kDeviceToHost ? t[1] : t[0];
+  EXPECT_EQ(d2h.bytes, 131072);
+  EXPECT_EQ(d2h.count, 2);
+  EXPECT_DOUBLE_EQ(d2h.seconds_sum, 0.300003);
+  ASSERT_EQ(d2h.le.size(), std::size(KvStatsRegistry::kTransferBuckets));
+  // 3 us falls in the 5 us bucket and every larger one; 0.3 s from the 0.5 s bucket on.
+  EXPECT_THAT(d2h.le, ::testing::ElementsAre(0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2));
+  EXPECT_EQ(h2d.kind, PageKind::kKvGrad);
+  EXPECT_EQ(h2d.count, 1);
+  EXPECT_THAT(h2d.le, ::testing::Each(0));  // slower than the largest bound: only in +Inf (count)
+  EXPECT_STREQ(DirectionName(TransferDirection::kHostToDevice), "h2d");
+  EXPECT_STREQ(DirectionName(TransferDirection::kDeviceToHost), "d2h");
+}
+
+TEST(FlopsTest, SequenceTrainingFlopsIsSixNTPlusSixDLTSquared) {
+  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(1000, 64, 2, 10), 6.0 * 1000 * 10 + 6.0 * 64 * 2 * 100);
+  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(7'000'000'000, 3584, 28, 0), 0);
+}
+
+TEST(FlopsTest, PeaksOfKnownDevicesAndNoneForOthers) {
+  EXPECT_DOUBLE_EQ(PeakDenseBf16Flops("NVIDIA H100 80GB HBM3"), 989.4e12);
+  EXPECT_DOUBLE_EQ(PeakDenseBf16Flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_DOUBLE_EQ(PeakDenseBf16Flops("NVIDIA H200"), 989.4e12);
+  EXPECT_DOUBLE_EQ(PeakDenseBf16Flops("NVIDIA H200 NVL"), 835e12);
+  EXPECT_DOUBLE_EQ(PeakDenseBf16Flops("NVIDIA GH200 480GB"), 989.4e12);
+  EXPECT_DOUBLE_EQ(PeakDenseBf16Flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(PeakDenseBf16Flops("NVIDIA GeForce RTX 4090"), 0);
+  EXPECT_EQ(PeakDenseBf16Flops(""), 0);
+}
+
+TEST(NvmlTest, PcieLineRates) {
+  EXPECT_EQ(PcieLinkBytesPerSecond(5, 16), 63015384615);  // 32 GT/s * 128/130 / 8 * 16
+  EXPECT_EQ(PcieLinkBytesPerSecond(4, 16), 31507692307);
+  EXPECT_EQ(PcieLinkBytesPerSecond(3, 8), 7876923076);
+  EXPECT_EQ(PcieLinkBytesPerSecond(1, 1), 250000000);
+  EXPECT_EQ(PcieLinkBytesPerSecond(9, 16), -1);
+  EXPECT_EQ(PcieLinkBytesPerSecond(5, 0), -1);
+}
+
+// Without the NVIDIA driver (CPU machines) NVML is UNAVAILABLE and nothing else breaks; with
+// it, every device has an NVML UUID and memory numbers.
+TEST(NvmlTest, OpensWhereTheDriverIsAndFailsCleanlyElsewhere) {
+  absl::StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::Open();
+  if (!nvml.ok()) {
+    EXPECT_EQ(nvml.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(std::string(nvml.status().message()), ::testing::HasSubstr("NVML"));
+    return;
+  }
+  for (const NvmlDeviceSample& s : (*nvml)->Sample()) {
+    EXPECT_THAT(s.uuid, ::testing::StartsWith("GPU-"));
+    EXPECT_GT(s.memory_total_bytes, 0);
+    EXPECT_GE(s.memory_used_bytes, 0);
+  }
+}
+
+}  // namespace
+}  // namespace oomb
