@@ -10,13 +10,14 @@ build="${2:-build-fuzz}"
 CXX="${CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
 CC="${CC:-clang}" CXX="$CXX" cmake -S tests/fuzz -B "$build" -G Ninja >/dev/null
-ninja -C "$build" -j"${FUZZ_JOBS:-1}" fuzz_jsonl_dataset fuzz_safetensors >/dev/null
+ninja -C "$build" -j"${FUZZ_JOBS:-1}" fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec >/dev/null
 
 # Seed corpora: the checked-in JSONL seeds, and a small valid safetensors file made here (two
 # tensors, metadata) so the fuzzer starts from the accepted format.
 work="$build/corpus"
-mkdir -p "$work/jsonl" "$work/safetensors"
+mkdir -p "$work/jsonl" "$work/safetensors" "$work/job_spec"
 cp tests/fuzz/corpus/jsonl/* "$work/jsonl/"
+cp tests/fuzz/corpus/job_spec/* "$work/job_spec/"
 python3 - "$work/safetensors/seed.safetensors" <<'PY'
 import json, struct, sys
 header = {"__metadata__": {"format": "pt"},
@@ -30,10 +31,11 @@ PY
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 status=0
-for target in fuzz_jsonl_dataset fuzz_safetensors; do
+for target in fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec; do
   corpus="$work/${target#fuzz_}"
   [ "$target" = fuzz_jsonl_dataset ] && corpus="$work/jsonl" dict=tests/fuzz/jsonl.dict
   [ "$target" = fuzz_safetensors ] && corpus="$work/safetensors" dict=tests/fuzz/safetensors.dict
+  [ "$target" = fuzz_job_spec ] && corpus="$work/job_spec" dict=tests/fuzz/job_spec.dict
   findings="$build/findings/$target"
   mkdir -p "$findings"
   echo "fuzz: $target for ${seconds}s" >&2

@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "worker/common/status.h"
+#include "worker/model/unicode.h"
 
 namespace oomb {
 namespace {
@@ -417,12 +418,26 @@ bool ValidDevice(const std::string& d) {
 }
 
 // The field's own constraints: allowed values and ranges (not `required`).
+// Text fields are UTF-8 without control characters: they become protobuf strings, file
+// paths, label values and log lines.
+absl::Status CheckText(const Origin& origin, absl::string_view path, const std::string& s) {
+  size_t bad = 0;
+  if (!IsValidUtf8(s, &bad)) return Error(origin, path, absl::StrCat("is not valid UTF-8 (at byte ", bad, ")"));
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f)
+      return Error(origin, path, absl::StrCat("contains a control character (at byte ", i, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckField(const Field& f, const JobSpec& spec, const Origin& origin) {
   const void* p = f.get(const_cast<JobSpec*>(&spec), false);
   if (p == nullptr) return absl::OkStatus();
   switch (f.kind) {
     case Kind::kString: {
       const auto& s = *static_cast<const std::string*>(p);
+      OOMB_RETURN_IF_ERROR(CheckText(origin, f.path, s));
       if (!f.allowed.empty() && !s.empty() && std::find(f.allowed.begin(), f.allowed.end(), s) == f.allowed.end()) {
         return Error(origin, f.path,
                      absl::StrCat("must be one of ", absl::StrJoin(f.allowed, ", "), "; got '", s, "'"));
@@ -454,12 +469,15 @@ absl::Status CheckField(const Field& f, const JobSpec& spec, const Origin& origi
       if (list.empty()) return Error(origin, f.path, "must not be empty");
       for (const std::string& s : list) {
         if (s.empty()) return Error(origin, f.path, "must not contain empty names");
+        OOMB_RETURN_IF_ERROR(CheckText(origin, f.path, s));
       }
       return absl::OkStatus();
     }
     case Kind::kStringMap: {
       for (const auto& [k, v] : *static_cast<const std::map<std::string, std::string>*>(p)) {
         if (k.empty()) return Error(origin, f.path, "keys must not be empty");
+        OOMB_RETURN_IF_ERROR(CheckText(origin, f.path, k));
+        OOMB_RETURN_IF_ERROR(CheckText(origin, f.path, v));
       }
       return absl::OkStatus();
     }

@@ -145,6 +145,28 @@ resources: {device: "cuda:1", gpus: 1, priority: -5, max_retries: 0, max_runtime
   EXPECT_EQ(s.resources.priority, -5);
 }
 
+// Found by tests/fuzz/fuzz_job_spec: a path with bytes that are not UTF-8 was accepted, and
+// could not round-trip (nor become a protobuf string).
+TEST(JobSpecTest, TextFieldsAreUtf8WithoutControlCharacters) {
+  EXPECT_THAT(ParseError("model: {path: \"/m\\x01\"}\ndata: {train: /t.jsonl}\n"),
+              HasSubstr("model.path: contains a control character (at byte 2)"));
+  EXPECT_THAT(ParseError(std::string(kMinimal) + "display_name: a\xff" + "b\n"),
+              HasSubstr("display_name: is not valid UTF-8"));
+  EXPECT_THAT(ParseError(std::string(kMinimal) + "labels: {team: \"x\\ty\"}\n"),
+              HasSubstr("labels: contains a control character"));
+  EXPECT_EQ(ParseOk(std::string(kMinimal) + "display_name: \"Émile — 長文\"\n").display_name, "Émile — 長文");
+}
+
+// Absurd values are refused naming the field and the allowed range (issue 11).
+TEST(JobSpecTest, AbsurdValuesAreRefusedNamingTheField) {
+  EXPECT_THAT(ParseError("model: {path: /m}\ndata: {train: /t.jsonl, max_seq_len: 1000000000000}\n"),
+              HasSubstr("data.max_seq_len"));
+  EXPECT_THAT(ParseError(std::string(kMinimal) + "method: {lora: {rank: 0}}\n"), HasSubstr("method.lora.rank"));
+  EXPECT_THAT(ParseError(std::string(kMinimal) + "training: {learning_rate: -0.1}\n"),
+              HasSubstr("training.learning_rate: must be > 0"));
+  EXPECT_THAT(ParseError(std::string(kMinimal) + "memory: {chunk_tokens: -4096}\n"), HasSubstr("memory.chunk_tokens"));
+}
+
 TEST(JobSpecTest, EpochsReplaceDefaultMaxSteps) {
   const JobSpec s = ParseOk(std::string(kMinimal) + "training: {epochs: 2}\n");
   EXPECT_EQ(s.training.epochs, 2);
