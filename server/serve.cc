@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <iostream>
 
@@ -65,6 +66,14 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   if (absl::Status s = MakeDirs(config.data_dir, 0700); !s.ok()) return Fail(s);
+  // The job store, checkpoints and the socket live here: only this user may enter, also when
+  // the directory existed before with a wider mode.
+  if (struct stat st; ::stat(config.data_dir.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    if (::chmod(config.data_dir.c_str(), 0700) != 0) {
+      return Fail(ErrnoStatus(errno, "chmod 0700", config.data_dir));
+    }
+    spdlog::warn("data dir {} was mode {:o}; now 0700", config.data_dir, st.st_mode & 0777);
+  }
   absl::StatusOr<PathPolicy> paths = PathPolicy::Create(config.allowed_roots, config.data_dir);
   if (!paths.ok()) return Fail(paths.status());
   spdlog::info("job paths confined to {}", absl::StrJoin(paths->roots(), ", "));

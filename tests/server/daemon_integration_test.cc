@@ -406,6 +406,31 @@ TEST(DaemonFaultTest, AFullDiskFailsTheJobWithAClearReasonAndTheDaemonKeepsServi
   EXPECT_EQ(Oomb(ep, "watch fine", tmp.path()).rc, 0) << daemon.log();
 }
 
+// Malformed and oversized gRPC messages and absurd values (tests/python/grpc_bad_messages.py),
+// and the permissions of what the daemon creates: its data dir 0700, its Unix socket 0600.
+TEST(DaemonBadInput, MalformedAndOversizedMessagesAndRestrictivePermissions) {
+  if (!fs::exists(TinyLlama() / "config.json")) GTEST_SKIP() << "no test models under " << DataDir();
+  if (!fs::exists(VenvPython())) GTEST_SKIP() << "no Python venv at " << VenvPython() << " (scripts/setup.sh)";
+  TempDir tmp;
+  DaemonOptions o;
+  o.unix_socket = true;
+  o.extra = {"--set", "scheduler.hold=true"};
+  Daemon daemon(tmp.path() / "data", o);
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  const auto mode = [](const fs::path& p) { return fs::status(p).permissions() & fs::perms::all; };
+  EXPECT_EQ(mode(daemon.data_dir()), fs::perms::owner_all);
+  EXPECT_EQ(mode(daemon.data_dir() / "oombd.sock"), fs::perms::owner_read | fs::perms::owner_write);
+  WriteIdsJsonl(tmp.path() / "ids.jsonl", 1, 50);
+  const Result r = Shell(VenvPython().string() + " " + SourceDir() + "/tests/python/grpc_bad_messages.py --endpoint " +
+                             daemon.tcp_endpoint() + " --proto-dir " + SourceDir() + "/proto --model " +
+                             TinyLlama().string() + " --train " + (tmp.path() / "ids.jsonl").string(),
+                         tmp.path());
+  if (r.rc == 77) GTEST_SKIP() << r.out << r.err;
+  EXPECT_EQ(r.rc, 0) << r.out << r.err << daemon.log();
+  EXPECT_THAT(r.out, HasSubstr("grpc_bad_messages: ok"));
+  EXPECT_TRUE(daemon.Alive());
+}
+
 // Certificates made with the openssl command: a CA, a server certificate for 127.0.0.1 and a
 // client certificate, both signed by the CA.
 void MakeCertificates(const fs::path& d) {
