@@ -234,6 +234,29 @@ TEST_F(DaemonTest, DataFoundBadWhileRunningFailsTheJobNamingTheLine) {
   EXPECT_EQ(Oomb(endpoint(), "health", dir()).out, "SERVING\n");
 }
 
+// Watchers that stop reading (their HTTP/2 window full) do not hold back the job, and catch up
+// from the store without gaps afterwards (tests/python/grpc_slow_watcher.py).
+TEST_F(DaemonTest, StalledWatchersDoNotHoldBackTraining) {
+  if (!fs::exists(VenvPython())) GTEST_SKIP() << "no Python venv at " << VenvPython() << " (scripts/setup.sh)";
+  WriteIdsJsonl(dir() / "ids.jsonl", 8, 100);
+  const json spec = {{"model", {{"path", TinyLlama().string()}, {"dtype", "float32"}}},
+                     {"method", {{"type", "lora"}, {"lora", {{"rank", 4}, {"alpha", 8}}}}},
+                     {"data", {{"train", (dir() / "ids.jsonl").string()}, {"max_seq_len", 128}, {"packing", false}}},
+                     {"training", {{"max_steps", 300}, {"learning_rate", 1e-3}}},
+                     {"memory", {{"chunk_tokens", 32}, {"page_tokens", 16}}},
+                     {"checkpoint", {{"every_steps", 0}}},
+                     {"resources", {{"device", "cpu"}}}};
+  WriteFile(dir() / "spec.json", spec.dump());
+  const Result r =
+      Shell(VenvPython().string() + " " + SourceDir() + "/tests/python/grpc_slow_watcher.py --endpoint " + endpoint() +
+                " --proto-dir " + SourceDir() + "/proto --spec-json " + (dir() / "spec.json").string(),
+            dir());
+  if (r.rc == 77) GTEST_SKIP() << r.out << r.err;
+  EXPECT_EQ(r.rc, 0) << r.out << r.err << daemon_->log();
+  EXPECT_THAT(r.out, HasSubstr("caught up"));
+  std::cout << r.out;
+}
+
 TEST_F(DaemonTest, TwentyKillNinesAtRandomPointsLoseNothingAndDuplicateNothing) {
   // kill -9 at seeded random moments of a job's life (during steps, checkpoint writes, state
   // transitions, the restart's recovery), 20 times; then let it finish.
