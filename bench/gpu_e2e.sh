@@ -8,19 +8,7 @@ set -euo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 work=/tmp/oomb-e2e
 rm -rf "$work" && mkdir -p "$work"
-python3 - "$work" <<'PY'
-import json, sys, torch, transformers
-work = sys.argv[1]
-cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                               num_attention_heads=14, num_key_value_heads=2, rope_theta=1e6,
-                               max_position_embeddings=32768, tie_word_embeddings=True)
-torch.manual_seed(0)
-transformers.Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(work + "/model")
-g = torch.Generator().manual_seed(0)
-with open(work + "/train.jsonl", "w") as f:
-    for _ in range(4):
-        f.write(json.dumps({"input_ids": torch.randint(0, 151000, (16384,), generator=g).tolist()}) + "\n")
-PY
+python3 "$(dirname "$0")/make_random_qwen.py" "$work" 16384
 cat >"$work/job.yaml" <<YAML
 display_name: gpu-e2e
 model: {path: $work/model, dtype: bfloat16}

@@ -19,28 +19,16 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
 
 try:
     import grpc
-    from grpc_tools import protoc
     from google.protobuf import json_format
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "python"))
+    import oomb_stubs
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"load_test: skipped: {e}")
     sys.exit(77)
-
-
-def generate_stubs(proto_dir, out_dir):
-    protos = [os.path.join("oomb", "v1", f) for f in ("job_spec.proto", "jobs.proto")]
-    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-    rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{include}", f"--python_out={out_dir}",
-                      f"--grpc_python_out={out_dir}"] + protos)
-    if rc != 0:
-        sys.exit(f"load_test: grpc_tools.protoc failed ({rc})")
-    sys.path.insert(0, out_dir)
-    from oomb.v1 import jobs_pb2, jobs_pb2_grpc  # noqa: E402  (generated just now)
-    return jobs_pb2, jobs_pb2_grpc
 
 
 def percentile(sorted_values, q):
@@ -113,8 +101,8 @@ async def watcher(stub, pb, rec, deadline, name):
 
 
 async def main_async(args):
-    pb, pb_grpc = generate_stubs(args.proto_dir, tempfile.mkdtemp(prefix="oomb_load_"))
-    from oomb.v1 import job_spec_pb2  # noqa: E402  (generated with the others)
+    api = oomb_stubs.generate(args.proto_dir)
+    pb, pb_grpc, job_spec_pb2 = api.jobs, api.grpc, api.spec
     with open(args.spec_json) as f:
         spec = json_format.Parse(f.read(), job_spec_pb2.JobSpec())
     rec = Recorder()

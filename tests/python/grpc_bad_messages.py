@@ -14,11 +14,10 @@ Exit status: 0 ok, 1 a check failed, 77 grpcio missing (the test skips).
 import argparse
 import os
 import sys
-import tempfile
 
 try:
     import grpc
-    from grpc_tools import protoc
+    import oomb_stubs
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"grpc_bad_messages: skipped: {e}")
     sys.exit(77)
@@ -28,29 +27,6 @@ def check(cond, msg):
     if not cond:
         print(f"grpc_bad_messages: FAILED: {msg}", file=sys.stderr)
         sys.exit(1)
-
-
-HEALTH_PROTO_DIR = "/usr/share/grpc-proto"  # Debian's grpc-proto (scripts/setup.sh)
-
-
-def stubs(proto_dir):
-    out = tempfile.mkdtemp(prefix="oomb_bad_")
-    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-    # health.proto compiled from a copy at the top level: module health_pb2 (its path under
-    # grpc/ would shadow the grpc package); the service keeps its name, grpc.health.v1.Health.
-    health_dir = os.path.join(out, "health_src")
-    os.makedirs(health_dir)
-    with open(os.path.join(HEALTH_PROTO_DIR, "grpc", "health", "v1", "health.proto")) as src, \
-            open(os.path.join(health_dir, "health.proto"), "w") as dst:
-        dst.write(src.read())
-    for root, protos in ((proto_dir, [os.path.join("oomb", "v1", f) for f in ("job_spec.proto", "jobs.proto")]),
-                         (health_dir, ["health.proto"])):
-        check(protoc.main(["protoc", f"-I{root}", f"-I{include}", f"--python_out={out}",
-                           f"--grpc_python_out={out}"] + protos) == 0, f"protoc {protos}")
-    sys.path.insert(0, out)
-    from oomb.v1 import job_spec_pb2, jobs_pb2, jobs_pb2_grpc  # noqa: E402
-    import health_pb2, health_pb2_grpc  # noqa: E402
-    return job_spec_pb2, jobs_pb2, jobs_pb2_grpc, health_pb2, health_pb2_grpc
 
 
 def code_of(call):
@@ -68,7 +44,8 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--train", required=True)
     a = p.parse_args()
-    spec_pb, pb, pb_grpc, health_pb2, health_pb2_grpc = stubs(a.proto_dir)
+    api = oomb_stubs.generate(a.proto_dir, health=True)
+    spec_pb, pb, pb_grpc, health_pb2, health_pb2_grpc = api.spec, api.jobs, api.grpc, api.health, api.health_grpc
     channel = grpc.insecure_channel(a.endpoint, options=[("grpc.max_send_message_length", 64 << 20)])
     stub = pb_grpc.JobServiceStub(channel)
     health = health_pb2_grpc.HealthStub(channel)

@@ -20,11 +20,10 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 
 try:
     import grpc
-    from grpc_tools import protoc
+    import oomb_stubs
     import torch
     from google.protobuf import json_format
     from peft import PeftModel
@@ -40,17 +39,6 @@ def check(cond, msg):
     if not cond:
         print(f"grpc_lifecycle: FAILED: {msg}", file=sys.stderr)
         sys.exit(1)
-
-
-def generate_stubs(proto_dir, out_dir):
-    protos = [os.path.join("oomb", "v1", f) for f in ("job_spec.proto", "jobs.proto")]
-    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")  # well-known types
-    rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{include}", f"--python_out={out_dir}",
-                      f"--grpc_python_out={out_dir}"] + protos)
-    check(rc == 0, f"grpc_tools.protoc failed ({rc})")
-    sys.path.insert(0, out_dir)
-    from oomb.v1 import jobs_pb2, jobs_pb2_grpc  # noqa: E402  (generated just now)
-    return jobs_pb2, jobs_pb2_grpc
 
 
 def austen_text(model_dir, words):
@@ -79,71 +67,71 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
-    with tempfile.TemporaryDirectory(dir=a.workdir) as stubs:
-        jobs_pb2, jobs_pb2_grpc = generate_stubs(a.proto_dir, stubs)
-        channel = grpc.insecure_channel(a.endpoint)
-        grpc.channel_ready_future(channel).result(timeout=30)
-        stub = jobs_pb2_grpc.JobServiceStub(channel)
+    api = oomb_stubs.generate(a.proto_dir)
+    jobs_pb2, jobs_pb2_grpc = api.jobs, api.grpc
+    channel = grpc.insecure_channel(a.endpoint)
+    grpc.channel_ready_future(channel).result(timeout=30)
+    stub = jobs_pb2_grpc.JobServiceStub(channel)
 
-        train = os.path.join(a.workdir, "py_train.jsonl")
-        with open(train, "w", encoding="utf-8") as f:
-            f.write(json.dumps({"text": austen_text(a.model, 250)}) + "\n")
-        spec = {
-            "display_name": "python-client",
-            "labels": {"client": "python"},
-            "model": {"path": a.model, "dtype": "float32"},
-            "method": {"type": "lora", "lora": {"rank": 8, "alpha": 16, "target_modules": [
-                "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}},
-            "data": {"train": train, "max_seq_len": 256},
-            "training": {"max_steps": 2, "learning_rate": 5e-3, "lr_schedule": "constant", "warmup_steps": 0},
-            "memory": {"chunk_tokens": 128},
-            "checkpoint": {"every_steps": 1},
-            "resources": {"device": "cpu"},
-        }
-        req = jobs_pb2.CreateJobRequest(job_id="py-job", request_id="py-req-1")
-        json_format.ParseDict(spec, req.spec)
-        job = stub.CreateJob(req, timeout=60)
-        check(job.name == "jobs/py-job", f"CreateJob returned {job.name}")
-        again = stub.CreateJob(req, timeout=60)  # the same request_id: the same job, not a new one
-        check(again.name == job.name, "a retried CreateJob with the same request_id made another job")
+    train = os.path.join(a.workdir, "py_train.jsonl")
+    with open(train, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"text": austen_text(a.model, 250)}) + "\n")
+    spec = {
+        "display_name": "python-client",
+        "labels": {"client": "python"},
+        "model": {"path": a.model, "dtype": "float32"},
+        "method": {"type": "lora", "lora": {"rank": 8, "alpha": 16, "target_modules": [
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}},
+        "data": {"train": train, "max_seq_len": 256},
+        "training": {"max_steps": 2, "learning_rate": 5e-3, "lr_schedule": "constant", "warmup_steps": 0},
+        "memory": {"chunk_tokens": 128},
+        "checkpoint": {"every_steps": 1},
+        "resources": {"device": "cpu"},
+    }
+    req = jobs_pb2.CreateJobRequest(job_id="py-job", request_id="py-req-1")
+    json_format.ParseDict(spec, req.spec)
+    job = stub.CreateJob(req, timeout=60)
+    check(job.name == "jobs/py-job", f"CreateJob returned {job.name}")
+    again = stub.CreateJob(req, timeout=60)  # the same request_id: the same job, not a new one
+    check(again.name == job.name, "a retried CreateJob with the same request_id made another job")
 
-        # Watch until the job ends: a snapshot, then events with increasing sequence.
-        responses = list(stub.WatchJob(jobs_pb2.WatchJobRequest(name=job.name), timeout=300))
-        check(responses and responses[0].HasField("snapshot"), "WatchJob did not start with a snapshot")
-        watched = [r.event for r in responses[1:]]
-        check(all(r.HasField("event") for r in responses[1:]), "WatchJob sent a second snapshot")
-        seqs = [e.sequence for e in watched]
-        check(seqs == list(range(1, len(seqs) + 1)), f"watched sequences are not 1..n: {seqs}")
-        states = [jobs_pb2.Job.State.Name(e.state) for e in watched if e.type == jobs_pb2.JobEvent.STATE_CHANGED]
-        check(states == ["QUEUED", "RUNNING", "SUCCEEDED"], f"states {states}")
-        steps = [e.progress.step for e in watched if e.type == jobs_pb2.JobEvent.STEP]
-        check(steps == [1, 2], f"STEP events {steps}")
-        check(all(math.isfinite(e.progress.loss) and e.progress.loss > 0 for e in watched
-                  if e.type == jobs_pb2.JobEvent.STEP), "a step loss is not a positive number")
+    # Watch until the job ends: a snapshot, then events with increasing sequence.
+    responses = list(stub.WatchJob(jobs_pb2.WatchJobRequest(name=job.name), timeout=300))
+    check(responses and responses[0].HasField("snapshot"), "WatchJob did not start with a snapshot")
+    watched = [r.event for r in responses[1:]]
+    check(all(r.HasField("event") for r in responses[1:]), "WatchJob sent a second snapshot")
+    seqs = [e.sequence for e in watched]
+    check(seqs == list(range(1, len(seqs) + 1)), f"watched sequences are not 1..n: {seqs}")
+    states = [jobs_pb2.Job.State.Name(e.state) for e in watched if e.type == jobs_pb2.JobEvent.STATE_CHANGED]
+    check(states == ["QUEUED", "RUNNING", "SUCCEEDED"], f"states {states}")
+    steps = [e.progress.step for e in watched if e.type == jobs_pb2.JobEvent.STEP]
+    check(steps == [1, 2], f"STEP events {steps}")
+    check(all(math.isfinite(e.progress.loss) and e.progress.loss > 0 for e in watched
+              if e.type == jobs_pb2.JobEvent.STEP), "a step loss is not a positive number")
 
-        listed = list(stub.ListJobEvents(jobs_pb2.ListJobEventsRequest(name=job.name), timeout=30).events)
-        check(listed == watched, "ListJobEvents differs from the watched events")
+    listed = list(stub.ListJobEvents(jobs_pb2.ListJobEventsRequest(name=job.name), timeout=30).events)
+    check(listed == watched, "ListJobEvents differs from the watched events")
 
-        # A watch resumed after a sequence replays only what follows it.
-        k = len(watched) // 2
-        rest = list(stub.WatchJob(jobs_pb2.WatchJobRequest(name=job.name, after_sequence=k), timeout=60))
-        check(rest[0].HasField("snapshot") and rest[0].snapshot.state == jobs_pb2.Job.SUCCEEDED,
-              "the resumed watch's snapshot is not the SUCCEEDED job")
-        check([r.event for r in rest[1:]] == watched[k:], "the resumed watch did not replay exactly the rest")
+    # A watch resumed after a sequence replays only what follows it.
+    k = len(watched) // 2
+    rest = list(stub.WatchJob(jobs_pb2.WatchJobRequest(name=job.name, after_sequence=k), timeout=60))
+    check(rest[0].HasField("snapshot") and rest[0].snapshot.state == jobs_pb2.Job.SUCCEEDED,
+          "the resumed watch's snapshot is not the SUCCEEDED job")
+    check([r.event for r in rest[1:]] == watched[k:], "the resumed watch did not replay exactly the rest")
 
-        got = stub.GetJob(jobs_pb2.GetJobRequest(name=job.name), timeout=30)
-        check(got.state == jobs_pb2.Job.SUCCEEDED and got.progress.step == 2, f"GetJob: {got.state} {got.progress}")
-        try:
-            stub.GetJob(jobs_pb2.GetJobRequest(name="jobs/no-such-job"), timeout=30)
-            check(False, "GetJob of a missing job succeeded")
-        except grpc.RpcError as e:
-            check(e.code() == grpc.StatusCode.NOT_FOUND, f"GetJob of a missing job: {e.code()}")
+    got = stub.GetJob(jobs_pb2.GetJobRequest(name=job.name), timeout=30)
+    check(got.state == jobs_pb2.Job.SUCCEEDED and got.progress.step == 2, f"GetJob: {got.state} {got.progress}")
+    try:
+        stub.GetJob(jobs_pb2.GetJobRequest(name="jobs/no-such-job"), timeout=30)
+        check(False, "GetJob of a missing job succeeded")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.NOT_FOUND, f"GetJob of a missing job: {e.code()}")
 
-        cps = stub.ListCheckpoints(jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=30).checkpoints
-        final = [c for c in cps if c.final]
-        check(len(final) == 1 and final[0].step == 2, f"checkpoints {cps}")
-        adapter = final[0].path
-        print(f"grpc_lifecycle: {job.name} SUCCEEDED, {len(watched)} events, adapter {adapter}")
+    cps = stub.ListCheckpoints(jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=30).checkpoints
+    final = [c for c in cps if c.final]
+    check(len(final) == 1 and final[0].step == 2, f"checkpoints {cps}")
+    adapter = final[0].path
+    print(f"grpc_lifecycle: {job.name} SUCCEEDED, {len(watched)} events, adapter {adapter}")
 
     # The adapter in PEFT against oomb's own evaluation, on a fixed token sequence.
     tokenizer = AutoTokenizer.from_pretrained(a.model)

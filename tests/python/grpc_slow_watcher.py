@@ -11,15 +11,13 @@ gaps, ending with SUCCEEDED — the watcher fell back to the store instead of ho
 Exit status: 0 ok, 1 a check failed, 77 grpcio missing (the test skips).
 """
 import argparse
-import os
 import sys
-import tempfile
 import time
 
 try:
     import grpc
-    from grpc_tools import protoc
     from google.protobuf import json_format
+    import oomb_stubs
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"grpc_slow_watcher: skipped: {e}")
     sys.exit(77)
@@ -39,13 +37,8 @@ def main():
     p.add_argument("--watchers", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300)
     a = p.parse_args()
-    out = tempfile.mkdtemp(prefix="oomb_slow_")
-    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-    protos = [os.path.join("oomb", "v1", f) for f in ("job_spec.proto", "jobs.proto")]
-    check(protoc.main(["protoc", f"-I{a.proto_dir}", f"-I{include}", f"--python_out={out}",
-                       f"--grpc_python_out={out}"] + protos) == 0, "protoc")
-    sys.path.insert(0, out)
-    from oomb.v1 import job_spec_pb2, jobs_pb2 as pb, jobs_pb2_grpc as pb_grpc  # noqa: E402
+    api = oomb_stubs.generate(a.proto_dir)
+    job_spec_pb2, pb, pb_grpc = api.spec, api.jobs, api.grpc
 
     with open(a.spec_json) as f:
         spec = json_format.Parse(f.read(), job_spec_pb2.JobSpec())
