@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "worker/common/files.h"
 #include "worker/common/status.h"
 
 namespace oomb {
@@ -361,6 +362,38 @@ std::vector<TokenSequence> PackDocuments(const std::vector<Document>& docs, int6
   }
   if (cur.size() > 0) out.push_back(std::move(cur));
   return out;
+}
+
+ModelTokenizer::ModelTokenizer(std::string model_dir, std::string model_field)
+    : model_dir_(std::move(model_dir)), model_field_(std::move(model_field)) {}
+
+TokenizerLoader ModelTokenizer::Loader() {
+  return [this]() -> absl::StatusOr<TextTokenizer> {
+    if (tokenizer_ == nullptr) {
+      if (!load_error_.ok()) return load_error_;
+      auto tokenizer = Tokenizer::FromModelDir(model_dir_);
+      if (!tokenizer.ok()) {
+        load_error_ = absl::InvalidArgumentError(absl::StrCat(
+            "this sample needs the model's tokenizer (or use pre-tokenized {\"input_ids\": [...]} samples): ",
+            model_field_, ": ", tokenizer.status().message()));
+        return load_error_;
+      }
+      tokenizer_ = *std::move(tokenizer);
+      if (!tokenizer_->chat_template().empty()) {
+        auto chat = ChatTemplate::FromJinja(tokenizer_->chat_template());
+        if (chat.ok()) chat_ = *chat;
+      }
+    }
+    return TextTokenizer{tokenizer_.get(), chat_ ? &*chat_ : nullptr};
+  };
+}
+
+absl::StatusOr<int64_t> ModelVocabSize(const std::string& model_dir) {
+  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(model_dir + "/config.json"));
+  const auto config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto it = config.is_object() ? config.find("vocab_size") : config.end();
+  if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return 0;
+  return it->get<int64_t>();
 }
 
 }  // namespace oomb

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,30 @@ struct TextTokenizer {
 // the read. Its error fails the read, with its code and its message prefixed by the field, the
 // file and the line of that sample ("data.train: /d/a.jsonl:3: " + message).
 using TokenizerLoader = std::function<absl::StatusOr<TextTokenizer>()>;
+
+// A model directory's tokenizer and chat template, loaded on the first sample that holds text:
+// a model without tokenizer.json (e.g. a test model) reads pre-tokenized {"input_ids"} data,
+// and a text sample is then an error naming its line. `model_field` names the directory in
+// that error ("model.path", "--model").
+class ModelTokenizer {
+ public:
+  ModelTokenizer(std::string model_dir, std::string model_field);
+  // For ReadJsonlDataset; valid while this object lives.
+  TokenizerLoader Loader();
+  // What was loaded (null / nullopt when no sample needed it); the object gives them up.
+  std::unique_ptr<Tokenizer> TakeTokenizer() { return std::move(tokenizer_); }
+  std::optional<ChatTemplate> TakeChat() { return std::move(chat_); }
+
+ private:
+  std::string model_dir_, model_field_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> chat_;
+  absl::Status load_error_;
+};
+
+// config.json's vocab_size in `model_dir`: the bound of pre-tokenized ids (the model's
+// embedding rows, DatasetOptions::vocab_size); 0 when it has none.
+absl::StatusOr<int64_t> ModelVocabSize(const std::string& model_dir);
 
 // Reads every sample. INVALID_ARGUMENT for the first bad line (naming it); NOT_FOUND when the
 // file does not exist; INVALID_ARGUMENT when it holds no sample; FAILED_PRECONDITION for a

@@ -98,16 +98,6 @@ double PeakFlops(const at::Device& device) {
   return 0;
 }
 
-// config.json's vocab_size: the bound of pre-tokenized ids (the model's embedding rows); 0
-// when it has none (the reader then takes the tokenizer's; loading the model reports it).
-absl::StatusOr<int64_t> ModelVocabSize(const std::string& model_dir) {
-  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(model_dir + "/config.json"));
-  const auto config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  const auto it = config.is_object() ? config.find("vocab_size") : config.end();
-  if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return 0;
-  return it->get<int64_t>();
-}
-
 // Failpoints for the reliability tests (RELIABILITY.md): only when the process runs with
 // OOMB_FAILPOINTS=1, a job labelled `failpoint: oom-at-step-N` gets a real
 // c10::OutOfMemoryError at the start of step N, as an exhausted allocator would throw it.
@@ -130,30 +120,11 @@ struct JobData {
   std::vector<Document> validation;
 };
 
-// The tokenizer is loaded lazily, on the first sample that holds text: a model directory
-// without tokenizer.json (e.g. a test model) trains on pre-tokenized {"input_ids"} data, and a
-// text sample is then an error naming its line.
+// The tokenizer is loaded lazily (ModelTokenizer): pre-tokenized data needs no tokenizer.json.
 absl::StatusOr<JobData> ReadJobData(const JobSpec& spec) {
   JobData data;
-  absl::Status load_error;
-  const TokenizerLoader loader = [&]() -> absl::StatusOr<TextTokenizer> {
-    if (data.tokenizer == nullptr) {
-      if (!load_error.ok()) return load_error;
-      auto tokenizer = Tokenizer::FromModelDir(spec.model.path);
-      if (!tokenizer.ok()) {
-        load_error = absl::InvalidArgumentError(absl::StrCat(
-            "this sample needs the model's tokenizer (or use pre-tokenized {\"input_ids\": [...]} samples): ",
-            "model.path: ", tokenizer.status().message()));
-        return load_error;
-      }
-      data.tokenizer = *std::move(tokenizer);
-      if (!data.tokenizer->chat_template().empty()) {
-        auto chat = ChatTemplate::FromJinja(data.tokenizer->chat_template());
-        if (chat.ok()) data.chat = *chat;
-      }
-    }
-    return TextTokenizer{data.tokenizer.get(), data.chat ? &*data.chat : nullptr};
-  };
+  ModelTokenizer model_tokenizer(spec.model.path, "model.path");
+  const TokenizerLoader loader = model_tokenizer.Loader();
   DatasetOptions options;
   options.max_seq_len = spec.data.max_seq_len;
   options.too_long = spec.data.too_long;
@@ -163,6 +134,8 @@ absl::StatusOr<JobData> ReadJobData(const JobSpec& spec) {
     options.field = "data.validation";
     OOMB_ASSIGN_OR_RETURN(data.validation, ReadJsonlDataset(spec.data.validation, loader, options, nullptr));
   }
+  data.tokenizer = model_tokenizer.TakeTokenizer();
+  data.chat = model_tokenizer.TakeChat();
   return data;
 }
 
@@ -326,17 +299,21 @@ class Run {
     while (state_.step < total_steps_) {
       const auto step_start = Clock::now();
       ResetPeak(device_);
-      // The step's sequences and the loss normaliser: every label token of the step.
-      std::vector<const TokenSequence*> batch;
+      // The step's sequences and the loss normaliser: every label token of the step. Held by
+      // value: a batch that crosses into the next epoch re-packs the epoch's sequences, which
+      // would leave pointers into the previous epoch dangling.
+      std::vector<TokenSequence> batch_storage;
       TrainerState next = state_;
       for (int64_t i = 0; i < spec_.training.batch_sequences; ++i) {
         const auto& seqs = EpochSequences(next.epoch);
-        batch.push_back(&seqs[next.cursor]);
+        batch_storage.push_back(seqs[next.cursor]);
         if (++next.cursor == static_cast<int64_t>(seqs.size())) {
           next.cursor = 0;
           ++next.epoch;
         }
       }
+      std::vector<const TokenSequence*> batch;
+      for (const TokenSequence& s : batch_storage) batch.push_back(&s);
       int64_t label_tokens = 0, tokens = 0;
       for (const TokenSequence* s : batch) {
         label_tokens += s->label_tokens();

@@ -64,17 +64,13 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
     const at::Device device =
         o.device == "cpu" || (o.device == "auto" && !cuda) ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
     const at::ScalarType dtype = o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    OOMB_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromModelDir(o.model_dir));
-    std::optional<ChatTemplate> chat;
-    if (!tokenizer->chat_template().empty()) {
-      auto t = ChatTemplate::FromJinja(tokenizer->chat_template());
-      if (t.ok()) chat = *t;
-    }
+    // Pre-tokenized data needs no tokenizer.json (ModelTokenizer loads it for text only).
+    ModelTokenizer tokenizer(o.model_dir, "--model");
     DatasetOptions d;
     d.field = "--data";
     d.max_seq_len = int64_t{1} << 31;
-    OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs,
-                          ReadJsonlDataset(o.data_path, *tokenizer, chat ? &*chat : nullptr, d, nullptr));
+    OOMB_ASSIGN_OR_RETURN(d.vocab_size, ModelVocabSize(o.model_dir));
+    OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadJsonlDataset(o.data_path, tokenizer.Loader(), d, nullptr));
     OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(o.model_dir, dtype, device));
     if (!o.adapter_dir.empty()) {
       OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(o.adapter_dir + "/adapter_config.json"));

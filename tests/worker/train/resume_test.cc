@@ -20,6 +20,7 @@
 
 #include "tests/worker/train/tiny_model.h"
 #include "worker/job/executor.h"
+#include "worker/job/model_tools.h"
 
 namespace oomb {
 namespace {
@@ -191,6 +192,44 @@ TEST(ResumeTest, TornCheckpointIsSkipped) {
   EXPECT_TRUE(skipped) << "no warning naming the torn checkpoint and its checksum";
   EXPECT_TRUE(resumed_at_4) << "did not resume from checkpoint-4";
   ExpectSameLosses(second.losses, full.losses, 5);
+}
+
+// The periodic eval loss of a job with a validation set (training.eval_every_steps) is the loss
+// `oombd model eval` computes on the validation file with the adapter of that step. (Without
+// packing, 7 sequences an epoch and batches of 2: step 4's batch crosses into epoch 1, which
+// once left the batch pointing into the re-packed previous epoch.)
+TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
+  const Fixture f = MakeFixture("eval");
+  JobSpec spec = MakeSpec(f);
+  const std::string root = fs::path(f.model_dir).parent_path().string();
+  spec.data.validation = root + "/val.jsonl";
+  spec.data.packing = false;  // one sample a sequence, as the evaluation scores them
+  testing::WriteInputIdsJsonl(spec.data.validation, testing::RandomDocs(3, 12, 30, 61, 99));
+  spec.training.max_steps = 4;
+  spec.training.eval_every_steps = 2;
+  std::vector<std::pair<int64_t, double>> evals;
+  RunOptions options;
+  options.checkpoint_dir = root + "/ckpt";
+  options.device = "cpu";
+  options.on_step = [&](const StepProgress& p) {
+    if (p.eval_loss > 0) evals.emplace_back(p.step, p.eval_loss);
+  };
+  auto r = RunJob(spec, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(evals.size(), 2u);
+  for (const auto& [step, loss] : evals) {
+    EvalOptions e;
+    e.model_dir = f.model_dir;
+    e.data_path = spec.data.validation;
+    e.adapter_dir =
+        root + "/ckpt/" + (step == spec.training.max_steps ? "final" : "checkpoint-" + std::to_string(step));
+    e.chunk_tokens = spec.memory.chunk_tokens;
+    e.device = "cpu";
+    auto want = EvaluateModel(e);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_NEAR(loss, want->mean_loss, 1e-5 * want->mean_loss) << "step " << step;
+  }
+  EXPECT_NE(evals[0].second, evals[1].second);  // the adapter moved between the evaluations
 }
 
 }  // namespace
