@@ -284,11 +284,13 @@ TEST_F(DaemonTest, TwentyKillNinesAtRandomPointsLoseNothingAndDuplicateNothing) 
   for (const char* id : {"loop", "behind"}) {
     const std::vector<json> events = AllEvents(endpoint(), id, dir());
     for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(Seq(events[i]), static_cast<int64_t>(i + 1)) << id;
-    int succeeded = 0;
+    int succeeded = 0, recoveries = 0, step_events = 0;
     std::map<int64_t, double> first_loss;
     for (const json& e : events) {
       if (e["type"] == "STATE_CHANGED" && e["state"] == "SUCCEEDED") ++succeeded;
+      if (e["type"] == "STATE_CHANGED" && e["state"] == "RECOVERING") ++recoveries;
       if (e["type"] != "STEP") continue;
+      ++step_events;
       // A step redone after a kill (it ran after the newest checkpoint) computes the same loss.
       const int64_t step = std::stoll(e["progress"]["step"].get<std::string>());
       const double loss = e["progress"]["loss"].get<double>();
@@ -299,6 +301,11 @@ TEST_F(DaemonTest, TwentyKillNinesAtRandomPointsLoseNothingAndDuplicateNothing) 
     }
     EXPECT_EQ(succeeded, 1) << id;
     EXPECT_EQ(first_loss.size(), static_cast<size_t>(kSteps)) << id;
+    // The figures bench/results/*-kill-loop records.
+    std::cout << "kill-loop: job " << id << ": " << events.size() << " events, " << recoveries
+              << " recoveries (RUNNING at a kill), " << step_events << " STEP events for " << kSteps << " steps ("
+              << step_events - kSteps << " redone after kills, all with equal losses), SUCCEEDED " << succeeded
+              << " time(s)\n";
     EXPECT_EQ(OombJson(endpoint(), "get " + std::string(id), dir())["progress"]["step"], std::to_string(kSteps));
   }
   // The store is intact.
