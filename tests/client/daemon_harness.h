@@ -187,6 +187,15 @@ class Daemon {
   void Stop() { Signal(SIGTERM); }
   // SIGKILL and wait (a crash).
   void Kill() { Signal(SIGKILL); }
+  // SIGTERM without waiting: the daemon drains while the test watches; then WaitExit().
+  void BeginStop() const {
+    if (pid_ > 0) ::kill(pid_, SIGTERM);
+  }
+  // Waits for the process to end; returns exit_code().
+  int WaitExit() {
+    Signal(0);
+    return exit_code_;
+  }
 
   bool Alive() const { return pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
   int port() const { return port_; }
@@ -199,9 +208,9 @@ class Daemon {
   int exit_code() const { return exit_code_; }
 
  private:
-  void Signal(int sig) {
+  void Signal(int sig) {  // 0: only wait
     if (pid_ <= 0) return;
-    ::kill(pid_, sig);
+    if (sig != 0) ::kill(pid_, sig);
     int status = 0;
     ::waitpid(pid_, &status, 0);
     exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;

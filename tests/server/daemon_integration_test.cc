@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -459,6 +460,58 @@ TEST(DaemonBadInput, MalformedAndOversizedMessagesAndRestrictivePermissions) {
   EXPECT_EQ(r.rc, 0) << r.out << r.err << daemon.log();
   EXPECT_THAT(r.out, HasSubstr("grpc_bad_messages: ok"));
   EXPECT_TRUE(daemon.Alive());
+}
+
+// While the daemon drains after SIGTERM (here: the validator finishing the scan of an ~80 MB text
+// dataset), its health is NOT_SERVING and new jobs are refused with UNAVAILABLE; it then exits
+// cleanly, and the job, still VALIDATING, is scanned again after the restart.
+TEST(DaemonDrainTest, DrainingDaemonIsNotServingAndRefusesNewJobs) {
+  if (!fs::exists(SmolLm2() / "tokenizer.json")) GTEST_SKIP() << "no SmolLM2 under " << DataDir();
+  TempDir tmp;
+  DaemonOptions o;
+  o.extra = {"--set", "scheduler.hold=true", "--set", "scheduler.validate_inline_max_bytes=0"};
+  Daemon daemon(tmp.path() / "data", o);
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  const std::string ep = daemon.tcp_endpoint();
+  std::string text;
+  for (const auto& book : fs::directory_iterator(DataDir() / "texts/austen")) text += Slurp(book.path());
+  ASSERT_GT(text.size(), 1000000u);
+  {
+    std::ofstream out(tmp.path() / "books.jsonl");
+    for (int copy = 0; copy < 20; ++copy) {
+      for (size_t at = 0; at < text.size(); at += 100000) out << json{{"text", text.substr(at, 100000)}}.dump() << "\n";
+    }
+  }
+  WriteFile(tmp.path() / "job.yaml", "model: {path: " + SmolLm2().string() + "}\ndata: {train: " +
+                                         (tmp.path() / "books.jsonl").string() + "}\ntraining: {max_steps: 1}\n");
+  const json job = OombJson(ep, "submit " + (tmp.path() / "job.yaml").string() + " --job-id books", tmp.path());
+  ASSERT_EQ(job.value("state", ""), "VALIDATING");
+  daemon.BeginStop();
+  Result health;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        health = Oomb(ep, "health", tmp.path());
+        return health.out.find("NOT_SERVING") != std::string::npos;
+      },
+      std::chrono::seconds(10)))
+      << "health: rc " << health.rc << " " << health.out << health.err;
+  EXPECT_EQ(health.rc, 5);
+  const Result refused = Oomb(ep, "submit " + (tmp.path() / "job.yaml").string(), tmp.path());
+  EXPECT_EQ(refused.rc, 5) << refused.out << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("UNAVAILABLE: the server is shutting down"));
+  EXPECT_EQ(daemon.WaitExit(), 0) << daemon.log();
+
+  daemon.Start();
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  json after;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        after = OombJson(daemon.tcp_endpoint(), "get books", tmp.path());
+        return after.value("state", "") != "VALIDATING";
+      },
+      std::chrono::seconds(120)));
+  EXPECT_EQ(after["state"], "QUEUED");  // the scheduler holds jobs
+  EXPECT_GT(std::stoll(after["dataset"]["tokens"].get<std::string>()), 10000000);
 }
 
 // Certificates made with the openssl command: a CA, a server certificate for 127.0.0.1 and a
