@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/spec_convert.h"
 #include "worker/common/status.h"
@@ -131,12 +132,12 @@ absl::Status Scheduler::Start() {
     for (const v1::Job& job : queued) EnqueueLocked(job);
     for (const v1::Job& job : validating) validating_.push_back(job.name().substr(5));
     active_threads_ = (options_.hold ? 0 : static_cast<int>(options_.devices.size())) + (options_.validator ? 1 : 0);
+    busy_.assign(options_.devices.size(), false);
   }
   if (options_.validator) threads_.emplace_back([this] { ValidatorLoop(); });
   if (options_.hold) spdlog::warn("scheduler: hold is set; jobs are queued but none is started");
-  for (const std::string& device : options_.devices) {
-    if (options_.hold) break;
-    threads_.emplace_back([this, device] { WorkerLoop(device); });
+  for (size_t slot = 0; slot < options_.devices.size() && !options_.hold; ++slot) {
+    threads_.emplace_back([this, slot] { WorkerLoop(slot); });
   }
   return absl::OkStatus();
 }
@@ -147,17 +148,17 @@ bool Scheduler::Eligible(const std::string& requested, const std::string& device
 }
 
 absl::Status Scheduler::CheckPlacement(const JobSpec& spec) const {
-  if (spec.resources.gpus != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resources.gpus: this server runs a job on one device; got ", spec.resources.gpus));
-  }
-  for (const std::string& d : options_.devices) {
-    if (Eligible(spec.resources.device, d)) return absl::OkStatus();
-  }
+  const size_t eligible = EligibleDevices(spec).size();
+  if (eligible >= static_cast<size_t>(spec.resources.gpus)) return absl::OkStatus();
   std::string devices;
   for (const std::string& d : options_.devices) absl::StrAppend(&devices, devices.empty() ? "" : ", ", d);
-  return absl::InvalidArgumentError(absl::StrCat("resources.device: '", spec.resources.device,
-                                                 "' is not available on this server (devices: ", devices, ")"));
+  if (eligible == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("resources.device: '", spec.resources.device,
+                                                   "' is not available on this server (devices: ", devices, ")"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("resources.gpus: ", spec.resources.gpus, " devices asked for, but ",
+                                                 eligible, " of this server's may run the job (resources.device '",
+                                                 spec.resources.device, "'; devices: ", devices, ")"));
 }
 
 std::vector<std::string> Scheduler::EligibleDevices(const JobSpec& spec) const {
@@ -199,6 +200,7 @@ void Scheduler::EnqueueLocked(const v1::Job& job) {
                           .priority = job.spec().resources().priority(),
                           .order = next_order_++,
                           .device = job.spec().resources().device(),
+                          .gpus = std::max(1, job.spec().resources().gpus()),
                           .since = absl::Now()});
   cv_.SignalAll();
 }
@@ -348,11 +350,14 @@ void Scheduler::FillQueuePosition(v1::Job* job) {
   job->set_queue_position(ahead + 1);
 }
 
-void Scheduler::WorkerLoop(const std::string& device) {
+void Scheduler::WorkerLoop(size_t slot) {
+  const std::string& device = options_.devices[slot];
   for (;;) {
     v1::Job job;
     auto stop = std::make_shared<std::atomic<int>>(kNoStop);
     absl::Duration queue_wait;
+    std::vector<std::string> devices;  // the run's, this thread's first
+    std::vector<size_t> slots;
     {
       absl::MutexLock lock(&mu_);
       const Queued* best = nullptr;
@@ -363,25 +368,38 @@ void Scheduler::WorkerLoop(const std::string& device) {
           return;
         }
         best = nullptr;
-        for (const Queued& q : queue_) {
-          if (!Eligible(q.device, device)) continue;
-          if (best == nullptr || q.priority > best->priority ||
-              (q.priority == best->priority && q.order < best->order)) {
-            best = &q;
+        slots.clear();
+        if (!busy_[slot]) {  // not reserved by another thread's run
+          for (const Queued& q : queue_) {
+            if (!Eligible(q.device, device)) continue;
+            if (best == nullptr || q.priority > best->priority ||
+                (q.priority == best->priority && q.order < best->order)) {
+              best = &q;
+            }
           }
         }
-        if (best != nullptr) break;
+        if (best != nullptr) {
+          slots.push_back(slot);
+          for (size_t other = 0; other < busy_.size() && static_cast<int>(slots.size()) < best->gpus; ++other) {
+            if (other != slot && !busy_[other] && Eligible(best->device, options_.devices[other])) {
+              slots.push_back(other);
+            }
+          }
+          if (static_cast<int>(slots.size()) == best->gpus) break;
+        }
         cv_.Wait(&mu_);
       }
       const std::string id = best->id;
       queue_wait = absl::Now() - best->since;
+      for (size_t s : slots) devices.push_back(options_.devices[s]);
+      const std::string on = absl::StrJoin(devices, ",");
       RemoveQueuedLocked(id);
-      absl::StatusOr<v1::Job> claimed = TransitionLocked(id, [&device](v1::Job* j, std::vector<v1::JobEvent>* events) {
+      absl::StatusOr<v1::Job> claimed = TransitionLocked(id, [&on](v1::Job* j, std::vector<v1::JobEvent>* events) {
         if (j->state() != v1::Job::QUEUED) return IllegalTransition(*j, "start", "QUEUED");
         j->set_attempt(j->attempt() + 1);
         if (!j->has_start_time()) *j->mutable_start_time() = TimeUtil::GetCurrentTime();
         j->clear_error();
-        SetState(j, v1::Job::RUNNING, absl::StrCat("running on ", device, " (attempt ", j->attempt(), ")"), events);
+        SetState(j, v1::Job::RUNNING, absl::StrCat("running on ", on, " (attempt ", j->attempt(), ")"), events);
         return absl::OkStatus();
       });
       if (!claimed.ok()) {
@@ -389,11 +407,15 @@ void Scheduler::WorkerLoop(const std::string& device) {
         continue;
       }
       job = *std::move(claimed);
-      running_[id] = Running{.device = device, .stop = stop, .drain_pause = false};
+      for (size_t s : slots) busy_[s] = true;
+      running_[id] = Running{.device = on, .stop = stop, .drain_pause = false};
     }
     if (options_.metrics != nullptr) options_.metrics->RunStarted(device, job, queue_wait);
-    RunOne(job, device, stop);
+    RunOne(job, devices, stop);
     if (options_.metrics != nullptr) options_.metrics->RunStopped(device);
+    absl::MutexLock lock(&mu_);
+    for (size_t s : slots) busy_[s] = false;
+    cv_.SignalAll();
   }
 }
 
@@ -457,8 +479,10 @@ void Scheduler::Validate(const std::string& id) {
   if (done->state() == v1::Job::QUEUED) EnqueueLocked(*done);
 }
 
-void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::shared_ptr<std::atomic<int>> stop) {
+void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devices,
+                       std::shared_ptr<std::atomic<int>> stop) {
   const std::string id = job.name().substr(5);
+  const std::string& device = devices.front();  // the slot its steps and checkpoints are reported under
   absl::StatusOr<RunResult> result;
   bool timed_out = false;
   absl::StatusOr<JobSpec> spec = JobSpecFromProto(job.spec());
@@ -467,7 +491,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::share
   } else {
     RunOptions o;
     o.checkpoint_dir = job.checkpoint_dir();
-    o.device = device;
+    o.devices = devices;
     absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
     o.resume = checkpoints.ok() && !checkpoints->empty();
     o.kv_stats = options_.kv_stats;
@@ -520,7 +544,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::share
       }
       return StopRequest::kNone;
     };
-    spdlog::info("{}: running on {} (resume={})", job.name(), device, o.resume);
+    spdlog::info("{}: running on {} (resume={})", job.name(), absl::StrJoin(devices, ","), o.resume);
     try {
       result = options_.runner(*spec, o);
     } catch (const std::exception& e) {  // the runner's contract is not to throw; be safe anyway

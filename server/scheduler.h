@@ -11,7 +11,11 @@
 //                                     no validator is set
 //   VALIDATING        -> QUEUED       with Job.dataset, the summary | FAILED (bad data, naming
 //                                     the file and line; reason BAD_DATA)
-//   QUEUED            -> RUNNING      a device thread claims the job (attempt + 1)
+//   QUEUED            -> RUNNING      a device thread claims the job (attempt + 1); a job with
+//                                     resources.gpus = k takes k idle eligible devices at once
+//                                     (the claiming thread's and k-1 others, which stay
+//                                     reserved until the run ends); the queue's head waits for
+//                                     them rather than being overtaken
 //   RUNNING           -> SUCCEEDED | FAILED | CANCELLED | PAUSED   the runner's outcome
 //   RUNNING (error)   -> QUEUED       retry while retries < resources.max_retries and the error
 //                                     is transient (INTERNAL, UNKNOWN, UNAVAILABLE, ABORTED,
@@ -93,7 +97,8 @@ class Scheduler {
   // Recovers the previous process's jobs, rebuilds the queue, starts the device threads.
   absl::Status Start();
 
-  // INVALID_ARGUMENT when no device of this server can run `spec` (resources.device, gpus).
+  // INVALID_ARGUMENT when this server has fewer than resources.gpus devices that may run
+  // `spec` (resources.device).
   absl::Status CheckPlacement(const JobSpec& spec) const;
 
   // The devices of this server that may run `spec` (resources.device), in the server's order.
@@ -128,11 +133,12 @@ class Scheduler {
     int priority = 0;
     int64_t order = 0;   // enqueue order within a priority
     std::string device;  // the spec's resources.device
+    int gpus = 1;        // the spec's resources.gpus: devices the run takes at once
     absl::Time since;    // when it entered this process's queue
   };
   enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2 };
   struct Running {
-    std::string device;
+    std::string device;  // the devices, comma-separated
     std::shared_ptr<std::atomic<int>> stop;
     bool drain_pause = false;  // the pause was the daemon's (drain), not the user's
   };
@@ -145,10 +151,12 @@ class Scheduler {
   absl::StatusOr<v1::Job> Append(const std::string& id, const JobMutation& mutate);
   // Publishes committed events to watchers and reports their state changes to the metrics.
   void Committed(const std::string& id, const std::vector<v1::JobEvent>& events);
-  void WorkerLoop(const std::string& device);
+  // The thread of options_.devices[slot].
+  void WorkerLoop(size_t slot);
   void ValidatorLoop();
   void Validate(const std::string& id);
-  void RunOne(const v1::Job& job, const std::string& device, std::shared_ptr<std::atomic<int>> stop);
+  // Runs `job` on `devices` (rank 0's first), from the thread of devices[0].
+  void RunOne(const v1::Job& job, const std::vector<std::string>& devices, std::shared_ptr<std::atomic<int>> stop);
   std::string CheckpointDir(const std::string& id, const JobSpec& spec) const;
 
   JobStore* const store_;
@@ -161,6 +169,7 @@ class Scheduler {
   std::deque<std::string> validating_ ABSL_GUARDED_BY(mu_);  // ids in VALIDATING, oldest first
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> busy_ ABSL_GUARDED_BY(mu_);  // per options_.devices slot: running or reserved
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> draining_{false};
   std::vector<std::thread> threads_;
