@@ -12,12 +12,13 @@ set -euo pipefail
 gpus=${1:?GPUS}
 steps=${2:?STEPS}
 OUT="${OUT:-/tmp/oomb-out}"
-work="${OOMB_DP_WORK:-$PWD/.bench-work/dp}"  # kept between calls while the machine stays warm
-seq=131072
+seq="${OOMB_DP_SEQ:-131072}"
+size="${OOMB_DP_SIZE:-7b}"  # 0.5b: a quick check of the path
+work="${OOMB_DP_WORK:-$PWD/.bench-work/dp-$size-$seq}"  # kept between calls while the machine stays warm
 if [ ! -f "$work/model/config.json" ]; then
   mkdir -p "$work"
   start=$(date +%s)
-  python3 "$(dirname "$0")/make_random_qwen.py" "$work" "$seq" 4 7b
+  python3 "$(dirname "$0")/make_random_qwen.py" "$work" "$seq" 4 "$size"
   echo "model written in $(( $(date +%s) - start )) s" | tee -a "$OUT/dp-gpus$gpus.log"
 fi
 cat >"$work/job-$gpus.yaml" <<YAML
@@ -32,5 +33,6 @@ resources: {device: cuda, gpus: $gpus}
 YAML
 rm -rf "$work/run-$gpus"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$OUT/dp-gpus$gpus.log"
-oombd run "$work/job-$gpus.yaml" --checkpoint-dir "$work/run-$gpus" 2>&1 | tee -a "$OUT/dp-gpus$gpus.log"
+timeout "${OOMB_DP_TIMEOUT:-600}" oombd run "$work/job-$gpus.yaml" --checkpoint-dir "$work/run-$gpus" 2>&1 |
+  tee -a "$OUT/dp-gpus$gpus.log"
 cp "$work/run-$gpus/metrics.jsonl" "$OUT/metrics-gpus$gpus.jsonl"

@@ -4,6 +4,7 @@
 # skipping), then the optional benchmark command. Everything goes under $OUT:
 #   env.txt (nvidia-smi, versions), tests.log + <test>.xml, bench.log.
 # Usage: bash scripts/gpu_run.sh [BENCH_COMMAND...]
+#        OOMB_GPU_SKIP_TESTS=1 skips the test binaries (a benchmark-only call).
 set -uo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 mkdir -p "$OUT"
@@ -19,6 +20,7 @@ export PATH="$PWD/.carry/bin:$PATH"
 } 2>&1 | tee "$OUT/env.txt"
 status=0
 for t in .carry/bin/*_test; do
+  [ "${OOMB_GPU_SKIP_TESTS:-0}" = 1 ] && break
   name=$(basename "$t")
   echo "=== $name" | tee -a "$OUT/tests.log"
   "$t" --gtest_output="xml:$OUT/$name.xml" >>"$OUT/tests.log" 2>&1 || { status=1; echo "FAILED: $name" | tee -a "$OUT/tests.log"; }

@@ -3,8 +3,10 @@
 #include <CLI/CLI.hpp>
 
 #include "server/commands.h"
+#include "worker/job/executor.h"
 
 int main(int argc, char** argv) {
+  oomb::InitExecutorProcess();  // before any thread starts
   CLI::App app{"oombd: long-context LLM fine-tuning daemon"};
   app.require_subcommand(1);
   oomb::server::RegisterServeCommands(app);

@@ -600,6 +600,8 @@ class Run {
 
 }  // namespace
 
+void InitExecutorProcess() { DisableFlightRecorder(); }
+
 absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options) {
   absl::StatusOr<std::vector<at::Device>> devices;
   OOMB_RETURN_IF_ERROR(Guarded([&] {

@@ -96,6 +96,10 @@ struct RunResult {
   CheckpointInfo final_checkpoint;  // the last checkpoint written (final one on success)
 };
 
+// Process-wide settings runs need, made from main() before any other thread starts: LibTorch's
+// c10d flight recorder off (worker/train/data_parallel.h). Idempotent.
+void InitExecutorProcess();
+
 // Runs the job. Errors: INVALID_ARGUMENT (spec or data, naming the field or file:line),
 // RESOURCE_EXHAUSTED (out of memory; the message says what did not fit), INTERNAL (NaN/Inf
 // loss, with the step), FAILED_PRECONDITION (resume found no checkpoint). The status message

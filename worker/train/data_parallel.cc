@@ -10,6 +10,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -22,19 +24,27 @@ namespace {
 // LibTorch 2.11's c10d FlightRecorder (a process-wide singleton every process group records its
 // collectives in) inserts a new group's status into a std::map before taking its own lock, so
 // two groups of one process starting collectives at the same time can corrupt that map (seen:
-// a crash in std::_Rb_tree_insert_and_rebalance under recordWithResetEnabled, with two ranks
-// as threads). Every collective of this file is started under this lock; waiting for it is not.
+// a crash in std::_Rb_tree_insert_and_rebalance under recordWithResetEnabled, with two Gloo
+// ranks as threads). Gloo collectives therefore start under this lock (starting one only
+// queues it). NCCL collectives must not: the first one on a communicator connects to the
+// peers inside the call (NCCL's runtime connect), so a rank holding the lock would wait for a
+// peer that waits for the lock (seen on 2 H200s). For NCCL the recorder is off instead:
+// oombd's main() sets TORCH_FR_BUFFER_SIZE=0 before any thread starts (DisableFlightRecorder).
 std::mutex& EnqueueMutex() {
   static std::mutex mu;
   return mu;
 }
 
-c10::intrusive_ptr<c10d::Work> StartAllReduce(c10d::Backend& backend, std::vector<at::Tensor>& tensors) {
+c10::intrusive_ptr<c10d::Work> StartAllReduce(c10d::Backend& backend, bool serialise,
+                                              std::vector<at::Tensor>& tensors) {
+  if (!serialise) return backend.allreduce(tensors);
   std::lock_guard<std::mutex> lock(EnqueueMutex());
   return backend.allreduce(tensors);
 }
 
 }  // namespace
+
+void DisableFlightRecorder() { ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0); }
 
 struct Rendezvous::Store {
   c10::intrusive_ptr<c10d::Store> store;
@@ -58,6 +68,16 @@ DataParallelGroup::DataParallelGroup(int rank, int world_size, std::unique_ptr<I
 
 DataParallelGroup::~DataParallelGroup() = default;
 
+// OOMB_DP_TRACE=1: each rank prints where it is (joining, connected, each collective) to
+// stderr, for diagnosing a group that does not make progress.
+static void Trace(int rank, const std::string& what) {
+  static const bool on = [] {
+    const char* v = std::getenv("OOMB_DP_TRACE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (on) std::fprintf(stderr, "[dp rank %d] %s\n", rank, what.c_str());
+}
+
 absl::StatusOr<std::unique_ptr<DataParallelGroup>> DataParallelGroup::Join(const Rendezvous& rendezvous, int rank,
                                                                            int world_size, at::Device device,
                                                                            absl::Duration timeout) {
@@ -73,9 +93,14 @@ absl::StatusOr<std::unique_ptr<DataParallelGroup>> DataParallelGroup::Join(const
     if (device.is_cuda()) {
 #ifdef OOMB_HAVE_NCCL
       c10::cuda::set_device(device.index());
+      Trace(rank, "creating the NCCL process group on " + device.str());
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout_ms;
       impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(rendezvous.store->store, rank, world_size, options);
+      // The communicator now, every rank joining at once, rather than inside the first
+      // collective.
+      impl->backend->eagerConnectSingleDevice(device);
+      Trace(rank, "NCCL communicator connected");
 #else
       return absl::UnimplementedError("data parallel on CUDA devices: this build has no NCCL");
 #endif
@@ -122,8 +147,9 @@ absl::Status DataParallelGroup::AllReduceGradients(const std::vector<at::Tensor>
       for (const at::Tensor& g : b.grads) flat_parts.push_back(g.reshape({-1}));
       b.flat = at::cat(flat_parts);
       std::vector<at::Tensor> tensors{b.flat};
-      b.work = StartAllReduce(*impl_->backend, tensors);
+      b.work = StartAllReduce(*impl_->backend, impl_->device.is_cpu(), tensors);
     }
+    Trace(rank_, absl::StrCat("gradients: ", buckets.size(), " buckets started"));
     for (Bucket& b : buckets) {
       b.work->wait();
       int64_t offset = 0;
@@ -143,8 +169,10 @@ absl::StatusOr<std::vector<double>> DataParallelGroup::SumAcrossRanks(const std:
   try {
     at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(impl_->device);
     std::vector<at::Tensor> tensors{t};
-    StartAllReduce(*impl_->backend, tensors)->wait();
+    Trace(rank_, absl::StrCat("sum of ", values.size(), " values: start"));
+    StartAllReduce(*impl_->backend, impl_->device.is_cpu(), tensors)->wait();
     t = t.cpu();
+    Trace(rank_, "sum: done");
     return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("data parallel: all-reduce of the step's values: ", e.what()));

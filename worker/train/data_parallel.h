@@ -21,7 +21,9 @@
 // every rank then stops at the same point (executor.cc). A rank that dies without that (the
 // process crashed) takes its peers with it; collectives time out after `timeout`.
 //
-// Thread-safety: a group is used by the one thread of its rank.
+// Thread-safety: a group is used by the one thread of its rank. Ranks of one process on CUDA
+// devices need LibTorch's flight recorder off (DisableFlightRecorder) before any thread
+// starts: see data_parallel.cc.
 #ifndef OOMB_WORKER_TRAIN_DATA_PARALLEL_H_
 #define OOMB_WORKER_TRAIN_DATA_PARALLEL_H_
 
@@ -49,6 +51,10 @@ class Rendezvous {
   struct Store;  // c10d::Store, hidden from this header
   std::shared_ptr<Store> store;
 };
+
+// Sets TORCH_FR_BUFFER_SIZE=0 unless the environment already sets it. Call from main() before
+// any other thread exists (it changes the environment).
+void DisableFlightRecorder();
 
 class DataParallelGroup {
  public:
