@@ -139,7 +139,7 @@ class JobStore {
   // are created concurrently.
   virtual absl::StatusOr<ListResult> List(const ListQuery& query) = 0;
 
-  // Jobs in any of `states`, oldest first (the scheduler's recovery and queue rebuild).
+  // Jobs in any of `states`, oldest first (rescans of VALIDATING jobs, per-client limits).
   virtual absl::StatusOr<std::vector<v1::Job>> ListByState(const std::vector<v1::Job::State>& states) = 0;
 
   // How many jobs are in each state now (states without jobs are absent). For /metrics.
@@ -172,7 +172,8 @@ class JobStore {
   // transaction. Concurrent claims, from this or other store objects and processes, never take
   // the same job (PostgreSQL: SELECT ... FOR UPDATE SKIP LOCKED). nullopt when no job is
   // eligible. The result's job carries Job.daemon = owner. A refusing `start` aborts the claim
-  // and its status is returned (the job stays QUEUED).
+  // and its status is returned (the job stays QUEUED). INVALID_ARGUMENT for an empty owner or
+  // device list or a lease that is not positive.
   virtual absl::StatusOr<std::optional<ClaimResult>> Claim(const ClaimRequest& request, const JobMutation& start) = 0;
 
   // Renews the lease of every active job of `owner` to now + `lease`, and returns those jobs
@@ -188,11 +189,12 @@ class JobStore {
   virtual absl::StatusOr<std::vector<UpdateResult>> Reap(const ReapRequest& request, const JobMutation& recover) = 0;
 
   // Blocks until changes committed through other store objects (other daemons) arrive, or
-  // `timeout` passes, and returns them (empty on timeout; a job changed several times may be
-  // reported once or several times). A store nobody else shares (SQLite) reports nothing: it
-  // waits `timeout` and returns an empty list. Changes are only reported while somebody waits:
-  // a change committed while nobody waited may be missed (PostgreSQL: after a lost connection),
-  // so callers also poll (Claim, Heartbeat) now and then.
+  // `timeout` passes, and returns them: those since the previous call, or since the store was
+  // opened (empty on timeout; a job changed several times may be reported once or several
+  // times). A store nobody else shares (SQLite) reports nothing: it waits `timeout` and
+  // returns an empty list. Changes made while the store had lost its connection to the
+  // database are missed (UNAVAILABLE is returned while it cannot reconnect), so callers also
+  // poll (Claim, Heartbeat) now and then.
   virtual absl::StatusOr<std::vector<JobChange>> WaitForChanges(absl::Duration timeout) = 0;
 };
 
@@ -205,7 +207,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& 
 // between daemons starting at once by an advisory lock). Two connections: one for queries,
 // serialised by a mutex, one that LISTENs for WaitForChanges(). A lost connection is reopened
 // on the next call. UNAVAILABLE when the server cannot be reached; INTERNAL when the schema
-// cannot be created. Error messages never contain the URL (it may hold a password).
+// cannot be created; FAILED_PRECONDITION when a newer oombd made it. Error messages never
+// contain the URL's password.
 absl::StatusOr<std::unique_ptr<JobStore>> OpenPostgresJobStore(const std::string& url);
 
 }  // namespace oomb::server

@@ -110,6 +110,35 @@ std::string StateList() {
   return out;
 }
 
+// The password of a libpq URI ("postgresql://user:PASSWORD@host/db") or key-value string
+// ("... password=PASSWORD ..."); empty when it has none.
+std::string PasswordOf(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme != std::string::npos) {
+    const size_t start = scheme + 3;
+    const size_t at = url.find('@', start);
+    const size_t colon = url.find(':', start);
+    if (at != std::string::npos && colon != std::string::npos && colon < at)
+      return url.substr(colon + 1, at - colon - 1);
+    return "";
+  }
+  const size_t key = url.find("password=");
+  if (key == std::string::npos) return "";
+  const size_t start = key + 9;
+  return url.substr(start, url.find(' ', start) - start);
+}
+
+// `message` (libpq's, which may quote the connection string) without the URL's password.
+std::string Scrub(std::string message, const std::string& url) {
+  const std::string password = PasswordOf(url);
+  if (password.empty()) return message;
+  for (size_t at = message.find(password); at != std::string::npos; at = message.find(password, at)) {
+    message.replace(at, password.size(), "<redacted>");
+    at += 10;
+  }
+  return message;
+}
+
 bool ShouldReap(const ReapRequest& r, const std::string& owner, bool expired) {
   if (r.all) return true;
   if (std::find(r.dead_owners.begin(), r.dead_owners.end(), owner) != r.dead_owners.end()) return true;
@@ -436,7 +465,7 @@ class PostgresJobStore : public JobStore {
     } catch (const std::exception& e) {
       receiver_.reset();
       listen_conn_.reset();  // reconnect on the next call
-      return absl::UnavailableError(absl::StrCat("job store: waiting for changes: ", e.what()));
+      return absl::UnavailableError(absl::StrCat("job store: waiting for changes: ", Scrub(e.what(), url_)));
     }
   }
 
@@ -470,14 +499,14 @@ class PostgresJobStore : public JobStore {
             absl::StrCat("job store: ", what, ": the connection broke while committing; the outcome is unknown"));
       } catch (const pqxx::broken_connection& e) {
         conn_.reset();
-        if (last) return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", e.what()));
+        if (last) return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", Scrub(e.what(), url_)));
         std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
       } catch (const pqxx::unique_violation& e) {
-        return absl::AbortedError(absl::StrCat("job store: ", what, ": ", e.what()));
+        return absl::AbortedError(absl::StrCat("job store: ", what, ": ", Scrub(e.what(), url_)));
       } catch (const pqxx::transaction_rollback& e) {  // deadlock, serialisation failure
-        if (last) return absl::InternalError(absl::StrCat("job store: ", what, ": ", e.what()));
+        if (last) return absl::InternalError(absl::StrCat("job store: ", what, ": ", Scrub(e.what(), url_)));
       } catch (const std::exception& e) {
-        return absl::InternalError(absl::StrCat("job store: ", what, ": ", e.what()));
+        return absl::InternalError(absl::StrCat("job store: ", what, ": ", Scrub(e.what(), url_)));
       }
     }
   }
@@ -490,7 +519,7 @@ class PostgresJobStore : public JobStore {
     } catch (const std::exception& e) {
       receiver_.reset();
       listen_conn_.reset();
-      return absl::UnavailableError(absl::StrCat("job store: listening for changes: ", e.what()));
+      return absl::UnavailableError(absl::StrCat("job store: listening for changes: ", Scrub(e.what(), url_)));
     }
   }
 
@@ -580,7 +609,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenPostgresJobStore(const std::string
   try {
     conn = std::make_unique<pqxx::connection>(url);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to the PostgreSQL job store: ", e.what()));
+    return absl::UnavailableError(absl::StrCat("cannot connect to the PostgreSQL job store: ", Scrub(e.what(), url)));
   }
   try {
     pqxx::work tx(*conn);
@@ -596,7 +625,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenPostgresJobStore(const std::string
     if (version < kSchemaVersion) tx.exec_params("INSERT INTO oomb_schema (version) VALUES ($1)", kSchemaVersion);
     tx.commit();
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("cannot create the PostgreSQL job store's tables: ", e.what()));
+    return absl::InternalError(absl::StrCat("cannot create the PostgreSQL job store's tables: ", Scrub(e.what(), url)));
   }
   return std::unique_ptr<JobStore>(new PostgresJobStore(url, std::move(conn)));
 }

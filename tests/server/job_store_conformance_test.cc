@@ -585,5 +585,17 @@ TEST(SqliteJobStoreTest, MigratesAFileWithoutTheQueueColumns) {
   fs::remove(path);
 }
 
+// An unreachable or malformed PostgreSQL URL is UNAVAILABLE, and its password never appears.
+TEST(PostgresJobStoreTest, ConnectionErrorsAreUnavailableAndHideThePassword) {
+  for (const std::string url : {"postgresql://oomb:s3cret-pw@127.0.0.1:1/oomb?connect_timeout=2",
+                                "host=127.0.0.1 port=1 password=s3cret-pw connect_timeout=2 bogus"}) {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = OpenPostgresJobStore(url);
+    ASSERT_FALSE(store.ok()) << url;
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
+    EXPECT_THAT(std::string(store.status().message()), ::testing::Not(HasSubstr("s3cret-pw")));
+    EXPECT_THAT(std::string(store.status().message()), HasSubstr("cannot connect to the PostgreSQL job store"));
+  }
+}
+
 }  // namespace
 }  // namespace oomb::server
