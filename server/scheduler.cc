@@ -589,7 +589,10 @@ void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::share
               break;
             case RunOutcome::kPaused:
               if (drain_pause && j->state() != v1::Job::PAUSING) {
-                SetState(j, v1::Job::QUEUED, "stopped for a server shutdown; resumes from its checkpoint on restart",
+                SetState(j, v1::Job::QUEUED,
+                         options_.shared_store
+                             ? "stopped for a server shutdown; queued to resume from its checkpoint on any daemon"
+                             : "stopped for a server shutdown; resumes from its checkpoint on restart",
                          events);
               } else {
                 SetState(j, v1::Job::PAUSED, "paused", events);

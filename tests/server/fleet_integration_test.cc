@@ -2,7 +2,8 @@
 // sharing a real PostgreSQL on loopback (postgres_harness.h), with the real trainer on the tiny
 // test model. Ten jobs submitted to either daemon each run exactly once; a kill -9 of the daemon
 // running a job hands the job to the other daemon once its lease (3 s here) expires, and it
-// resumes from its checkpoint and succeeds; a cancel through the other daemon stops a run.
+// resumes from its checkpoint and succeeds; a SIGTERM hands the running job over at once; a
+// cancel or pause through the other daemon stops a run.
 // Skips without the test models, or when PostgreSQL is not installed.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -67,13 +68,15 @@ class FleetTest : public ::testing::Test {
     return p;
   }
 
-  // The daemon a job is leased to (Job.daemon), once it runs.
-  std::string RunningOn(const std::string& job, const std::string& ask) {
+  // The daemon a job is leased to (Job.daemon), once it runs (on `want`, when given), asking
+  // daemon `ask`; empty if that does not happen within a minute.
+  std::string RunningOn(const std::string& job, const std::string& ask, const std::string& want = "") {
     std::string on;
     WaitFor(
         [&] {
           const json j = OombJson(endpoint(ask), "get " + job, dir());
           on = j.value("state", "") == "RUNNING" ? j.value("daemon", "") : "";
+          if (!want.empty() && on != want) on.clear();
           return !on.empty();
         },
         std::chrono::seconds(60), std::chrono::milliseconds(20));
@@ -238,6 +241,34 @@ TEST_F(FleetTest, KillNineOfTheDaemonRunningAJobHandsItToTheOtherAfterTheLease) 
   ASSERT_GT(daemon(victim).port(), 0) << daemon(victim).log();
   EXPECT_EQ(OombJson(endpoint(victim), "get crash", dir()).value("state", ""), "SUCCEEDED");
   EXPECT_EQ(AllEvents(endpoint(victim), "crash", dir()).size(), events.size());
+}
+
+TEST_F(FleetTest, SigtermHandsTheRunningJobToTheOtherDaemonAtOnce) {
+  constexpr int kSteps = 60;
+  const fs::path spec = WriteJob("drain", kSteps, 1);
+  ASSERT_EQ(OombJson(endpoint("b"), "submit " + spec.string() + " --job-id d", dir()).value("name", ""), "jobs/d");
+  const std::string stopping = RunningOn("d", "b");
+  ASSERT_FALSE(stopping.empty()) << logs();
+  const std::string taker = other(stopping);
+  const auto stop_at = std::chrono::steady_clock::now();
+  daemon(stopping).BeginStop();
+  // The drain checkpoints the job and queues it: the other daemon claims it at once, not after
+  // a lease.
+  ASSERT_EQ(RunningOn("d", taker, taker), taker) << logs();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_at).count(), kLeaseSeconds - 1.0);
+  EXPECT_EQ(daemon(stopping).WaitExit(), 0) << daemon(stopping).log();
+  const Result w = Oomb(endpoint(taker), "watch d", dir());
+  EXPECT_EQ(w.rc, 0) << w.out << w.err << logs();
+  const std::vector<json> events = AllEvents(endpoint(taker), "d", dir());
+  EXPECT_EQ(States(events), (std::vector<std::string>{"QUEUED", "RUNNING", "QUEUED", "RUNNING", "SUCCEEDED"}));
+  bool resumed = false;
+  for (const json& e : events) {
+    resumed |= e["type"] == "WARNING" && e["message"].get<std::string>().find("resumed from ") != std::string::npos;
+  }
+  EXPECT_TRUE(resumed);
+  const json final_job = OombJson(endpoint(taker), "get d", dir());
+  EXPECT_EQ(final_job["attempt"], 2);
+  EXPECT_EQ(final_job["progress"]["step"], std::to_string(kSteps));
 }
 
 TEST_F(FleetTest, CancelAndPauseThroughTheOtherDaemonStopTheRun) {
