@@ -22,6 +22,8 @@ APT_PACKAGES=(
   libabsl-dev prometheus-cpp-dev libyaml-cpp-dev libsqlite3-dev libsqlitecpp-dev
   nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
   libpqxx-dev libsystemd-dev zlib1g-dev libssl-dev
+  # engine: Gloo's headers for LibTorch's c10d ProcessGroupGloo (data parallelism on the CPU)
+  libgloo-dev
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev prometheus postgresql tmux openssl
   python3-venv

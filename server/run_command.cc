@@ -73,7 +73,7 @@ int RunMain(const RunFlags& f) {
                                ? spec->checkpoint.dir
                                : "oomb-run-" + (spec->display_name.empty() ? std::string("job") : spec->display_name);
   options.checkpoint_dir = std::filesystem::absolute(options.checkpoint_dir).string();
-  options.device = f.device;
+  if (!f.device.empty()) spec->resources.device = f.device;  // rank 0's; more ranks: the next CUDA devices
   options.resume = f.resume;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   options.on_step = [tty](const StepProgress& p) {
@@ -138,7 +138,8 @@ void RegisterRunCommands(CLI::App& app) {
   run->add_option("spec", f->spec_path, "job spec (YAML, JOBSPEC.md)")->required();
   run->add_option("--set", f->sets, "field=value override, e.g. training.max_steps=5 (repeatable)");
   run->add_option("--checkpoint-dir", f->checkpoint_dir, "default: checkpoint.dir, else ./oomb-run-<display_name>");
-  run->add_option("--device", f->device, "cpu | cuda | cuda:N (default: resources.device)");
+  run->add_option("--device", f->device,
+                  "cpu | cuda | cuda:N (default: resources.device); with resources.gpus k > 1, the first of k");
   run->add_flag("--resume", f->resume, "continue from the newest valid checkpoint in the checkpoint directory");
   run->callback([f] {
     const int rc = RunMain(*f);

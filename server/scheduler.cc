@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/spec_convert.h"
 #include "worker/common/status.h"
@@ -120,12 +121,12 @@ absl::Status Scheduler::Start() {
     absl::MutexLock lock(&mu_);
     for (std::string& id : to_scan) validating_.push_back(std::move(id));
     active_threads_ = (options_.hold ? 0 : static_cast<int>(options_.devices.size())) + (options_.validator ? 1 : 0);
+    busy_.assign(options_.devices.size(), false);
   }
   if (options_.validator) threads_.emplace_back([this] { ValidatorLoop(); });
   if (options_.hold) spdlog::warn("scheduler: hold is set; jobs are queued but none is started");
-  for (const std::string& device : options_.devices) {
-    if (options_.hold) break;
-    threads_.emplace_back([this, device] { WorkerLoop(device); });
+  for (size_t slot = 0; slot < options_.devices.size() && !options_.hold; ++slot) {
+    threads_.emplace_back([this, slot] { WorkerLoop(slot); });
   }
   fleet_thread_ = std::thread([this] { FleetLoop(); });
   return absl::OkStatus();
@@ -180,17 +181,17 @@ bool Scheduler::Eligible(const std::string& requested, const std::string& device
 }
 
 absl::Status Scheduler::CheckPlacement(const JobSpec& spec) const {
-  if (spec.resources.gpus != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resources.gpus: this server runs a job on one device; got ", spec.resources.gpus));
-  }
-  for (const std::string& d : options_.devices) {
-    if (Eligible(spec.resources.device, d)) return absl::OkStatus();
-  }
+  const size_t eligible = EligibleDevices(spec).size();
+  if (eligible >= static_cast<size_t>(spec.resources.gpus)) return absl::OkStatus();
   std::string devices;
   for (const std::string& d : options_.devices) absl::StrAppend(&devices, devices.empty() ? "" : ", ", d);
-  return absl::InvalidArgumentError(absl::StrCat("resources.device: '", spec.resources.device,
-                                                 "' is not available on this server (devices: ", devices, ")"));
+  if (eligible == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("resources.device: '", spec.resources.device,
+                                                   "' is not available on this server (devices: ", devices, ")"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("resources.gpus: ", spec.resources.gpus, " devices asked for, but ",
+                                                 eligible, " of this server's may run the job (resources.device '",
+                                                 spec.resources.device, "'; devices: ", devices, ")"));
 }
 
 std::vector<std::string> Scheduler::EligibleDevices(const JobSpec& spec) const {
@@ -359,39 +360,73 @@ void Scheduler::FillQueuePosition(v1::Job* job) {
   if (position.ok()) job->set_queue_position(*position);
 }
 
-std::vector<std::string> Scheduler::ClaimableDevices(const std::string& device) const {
-  std::vector<std::string> out = {"", "auto", device};
-  if (absl::StartsWith(device, "cuda") && device != "cuda") out.push_back("cuda");
+std::map<std::string, int32_t> Scheduler::ClaimableDevices(size_t slot) const {
+  const std::string& device = options_.devices[slot];
+  std::vector<std::string> values = {"", "auto", device};
+  if (absl::StartsWith(device, "cuda") && device != "cuda") values.push_back("cuda");
+  std::map<std::string, int32_t> out;
+  for (const std::string& v : values) {
+    int32_t n = 0;
+    for (const std::string& d : options_.devices) n += Eligible(v, d);
+    out[v] = n;
+  }
   return out;
 }
 
-absl::StatusOr<std::optional<ClaimResult>> Scheduler::ClaimNextLocked(const std::string& device) {
+absl::StatusOr<std::optional<ClaimResult>> Scheduler::ClaimNextLocked(size_t slot, std::vector<size_t>* slots) {
+  slots->clear();
+  if (busy_[slot]) return std::optional<ClaimResult>();  // reserved by another thread's run
   ClaimRequest request;
   request.owner = options_.daemon_id;
-  request.devices = ClaimableDevices(device);
+  request.devices = ClaimableDevices(slot);
   request.lease = options_.lease;
-  const std::string where =
-      options_.shared_store ? absl::StrCat(device, " of ", options_.daemon_id) : std::string(device);
-  OOMB_ASSIGN_OR_RETURN(std::optional<ClaimResult> claimed,
-                        store_->Claim(request, [&where](v1::Job* j, std::vector<v1::JobEvent>* events) {
-                          if (j->state() != v1::Job::QUEUED) return IllegalTransition(*j, "start", "QUEUED");
-                          j->set_attempt(j->attempt() + 1);
-                          if (!j->has_start_time()) *j->mutable_start_time() = TimeUtil::GetCurrentTime();
-                          j->clear_error();
-                          SetState(j, v1::Job::RUNNING,
-                                   absl::StrCat("running on ", where, " (attempt ", j->attempt(), ")"), events);
-                          return absl::OkStatus();
-                        }));
-  if (claimed) Committed(claimed->update.job.name().substr(5), claimed->update.events);
+  std::string on;
+  // Runs inside the store's transaction, with mu_ held (busy_ cannot change meanwhile).
+  absl::StatusOr<std::optional<ClaimResult>> claimed =
+      store_->Claim(request, [&](v1::Job* j, std::vector<v1::JobEvent>* events) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (j->state() != v1::Job::QUEUED) return IllegalTransition(*j, "start", "QUEUED");
+        const int gpus = std::max(1, j->spec().resources().gpus());
+        slots->assign(1, slot);
+        for (size_t other = 0; other < busy_.size() && static_cast<int>(slots->size()) < gpus; ++other) {
+          if (other != slot && !busy_[other] && Eligible(j->spec().resources().device(), options_.devices[other])) {
+            slots->push_back(other);
+          }
+        }
+        if (static_cast<int>(slots->size()) < gpus) {  // the head of the queue waits for its devices
+          return absl::ResourceExhaustedError(absl::StrCat(j->name(), " waits for ", gpus, " idle devices"));
+        }
+        std::vector<std::string> devices;
+        for (size_t s : *slots) devices.push_back(options_.devices[s]);
+        on = absl::StrJoin(devices, ",");
+        if (options_.shared_store) absl::StrAppend(&on, " of ", options_.daemon_id);
+        j->set_attempt(j->attempt() + 1);
+        if (!j->has_start_time()) *j->mutable_start_time() = TimeUtil::GetCurrentTime();
+        j->clear_error();
+        SetState(j, v1::Job::RUNNING, absl::StrCat("running on ", on, " (attempt ", j->attempt(), ")"), events);
+        return absl::OkStatus();
+      });
+  if (!claimed.ok() && claimed.status().code() == absl::StatusCode::kResourceExhausted) {
+    slots->clear();
+    return std::optional<ClaimResult>();
+  }
+  if (!claimed.ok() || !claimed->has_value()) {
+    slots->clear();
+    return claimed;
+  }
+  for (size_t s : *slots) busy_[s] = true;
+  Committed((*claimed)->update.job.name().substr(5), (*claimed)->update.events);
   return claimed;
 }
 
-void Scheduler::WorkerLoop(const std::string& device) {
+void Scheduler::WorkerLoop(size_t slot) {
+  const std::string& device = options_.devices[slot];
   std::string last_error;
   for (;;) {
     v1::Job job;
     auto stop = std::make_shared<std::atomic<int>>(kNoStop);
     absl::Duration queue_wait;
+    std::vector<std::string> devices;  // the run's, this thread's first
+    std::vector<size_t> slots;
     {
       absl::MutexLock lock(&mu_);
       for (;;) {
@@ -400,7 +435,7 @@ void Scheduler::WorkerLoop(const std::string& device) {
           cv_.SignalAll();
           return;
         }
-        absl::StatusOr<std::optional<ClaimResult>> claimed = ClaimNextLocked(device);
+        absl::StatusOr<std::optional<ClaimResult>> claimed = ClaimNextLocked(slot, &slots);
         if (claimed.ok() && claimed->has_value()) {
           job = std::move((*claimed)->update.job);
           queue_wait = (*claimed)->queued;
@@ -411,15 +446,20 @@ void Scheduler::WorkerLoop(const std::string& device) {
           last_error = claimed.status().ToString();
           spdlog::warn("{}: cannot claim a job: {}", device, last_error);
         }
-        // Woken when a job is queued here or (through the fleet thread) elsewhere; the timeout
-        // polls in case a change notice was lost.
+        // Woken when a job is queued here or (through the fleet thread) elsewhere, or devices
+        // free up; the timeout polls in case a change notice was lost.
         cv_.WaitWithTimeout(&mu_, options_.heartbeat);
       }
-      running_[job.name().substr(5)] = Running{.device = device, .stop = stop, .drain_pause = false};
+      for (size_t s : slots) devices.push_back(options_.devices[s]);
+      running_[job.name().substr(5)] =
+          Running{.device = absl::StrJoin(devices, ","), .stop = stop, .drain_pause = false};
     }
     if (options_.metrics != nullptr) options_.metrics->RunStarted(device, job, queue_wait);
-    RunOne(job, device, stop);
+    RunOne(job, devices, stop);
     if (options_.metrics != nullptr) options_.metrics->RunStopped(device);
+    absl::MutexLock lock(&mu_);
+    for (size_t s : slots) busy_[s] = false;
+    cv_.SignalAll();
   }
 }
 
@@ -483,8 +523,10 @@ void Scheduler::Validate(const std::string& id) {
   if (done->state() == v1::Job::QUEUED) WakeWorkersLocked();
 }
 
-void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::shared_ptr<std::atomic<int>> stop) {
+void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devices,
+                       std::shared_ptr<std::atomic<int>> stop) {
   const std::string id = job.name().substr(5);
+  const std::string& device = devices.front();  // the slot its steps and checkpoints are reported under
   absl::StatusOr<RunResult> result;
   bool timed_out = false;
   absl::StatusOr<JobSpec> spec = JobSpecFromProto(job.spec());
@@ -493,7 +535,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::share
   } else {
     RunOptions o;
     o.checkpoint_dir = job.checkpoint_dir();
-    o.device = device;
+    o.devices = devices;
     absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
     o.resume = checkpoints.ok() && !checkpoints->empty();
     o.kv_stats = options_.kv_stats;
@@ -546,7 +588,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::string& device, std::share
       }
       return StopRequest::kNone;
     };
-    spdlog::info("{}: running on {} (resume={})", job.name(), device, o.resume);
+    spdlog::info("{}: running on {} (resume={})", job.name(), absl::StrJoin(devices, ","), o.resume);
     try {
       result = options_.runner(*spec, o);
     } catch (const std::exception& e) {  // the runner's contract is not to throw; be safe anyway

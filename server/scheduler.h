@@ -11,8 +11,14 @@
 //                                     no validator is set
 //   VALIDATING        -> QUEUED       with Job.dataset, the summary | FAILED (bad data, naming
 //                                     the file and line; reason BAD_DATA)
-//   QUEUED            -> RUNNING      a device thread claims the job (attempt + 1) and holds
-//                                     its lease (Job.daemon = SchedulerOptions::daemon_id)
+//   QUEUED            -> RUNNING      a device thread claims the job from the store's queue
+//                                     (attempt + 1) and holds its lease (Job.daemon =
+//                                     SchedulerOptions::daemon_id); a job with resources.gpus = k
+//                                     takes k idle eligible devices at once (the claiming
+//                                     thread's and k-1 others, which stay reserved until the run
+//                                     ends); the queue's head waits for them rather than being
+//                                     overtaken (a daemon with fewer eligible devices than k
+//                                     passes over it)
 //   RUNNING           -> SUCCEEDED | FAILED | CANCELLED | PAUSED   the runner's outcome
 //   RUNNING (error)   -> QUEUED       retry while retries < resources.max_retries and the error
 //                                     is transient (INTERNAL, UNKNOWN, UNAVAILABLE, ABORTED,
@@ -124,7 +130,8 @@ class Scheduler {
   // Recovers the previous process's jobs, rebuilds the queue, starts the device threads.
   absl::Status Start();
 
-  // INVALID_ARGUMENT when no device of this server can run `spec` (resources.device, gpus).
+  // INVALID_ARGUMENT when this server has fewer than resources.gpus devices that may run
+  // `spec` (resources.device).
   absl::Status CheckPlacement(const JobSpec& spec) const;
 
   // The devices of this server that may run `spec` (resources.device), in the server's order.
@@ -158,7 +165,7 @@ class Scheduler {
  private:
   enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2 };
   struct Running {
-    std::string device;
+    std::string device;  // the devices, comma-separated
     std::shared_ptr<std::atomic<int>> stop;
     bool drain_pause = false;  // the pause was the daemon's (drain), not the user's
     bool lease_lost = false;   // another daemon reaped the job: record nothing more
@@ -167,10 +174,14 @@ class Scheduler {
   bool Eligible(const std::string& requested, const std::string& device) const;
   // A job was queued: idle device threads try to claim.
   void WakeWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The values of spec.resources.device that `device` may run.
-  std::vector<std::string> ClaimableDevices(const std::string& device) const;
-  // Claims the best queued job `device` may run (QUEUED -> RUNNING, leased to this daemon).
-  absl::StatusOr<std::optional<ClaimResult>> ClaimNextLocked(const std::string& device)
+  // The jobs the thread of options_.devices[slot] may claim: each value of spec.resources.device
+  // it may run, with the most devices (resources.gpus) this server has for it.
+  std::map<std::string, int32_t> ClaimableDevices(size_t slot) const;
+  // Claims for the thread of options_.devices[slot] the best queued job it may run
+  // (JobStore::Claim: QUEUED -> RUNNING, leased to this daemon), with the idle devices its
+  // resources.gpus asks for: `slots`, this one first, then marked busy. nullopt when no job is
+  // eligible, or when the best one waits for devices to free up.
+  absl::StatusOr<std::optional<ClaimResult>> ClaimNextLocked(size_t slot, std::vector<size_t>* slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The transitions of a job whose daemon is gone (Start()'s recovery and the reaper).
   absl::Status Recover(v1::Job* job, std::vector<v1::JobEvent>* events, bool at_start) const;
@@ -187,10 +198,12 @@ class Scheduler {
   absl::StatusOr<v1::Job> Append(const std::string& id, const JobMutation& mutate);
   // Publishes committed events to watchers and reports their state changes to the metrics.
   void Committed(const std::string& id, const std::vector<v1::JobEvent>& events);
-  void WorkerLoop(const std::string& device);
+  // The thread of options_.devices[slot].
+  void WorkerLoop(size_t slot);
   void ValidatorLoop();
   void Validate(const std::string& id);
-  void RunOne(const v1::Job& job, const std::string& device, std::shared_ptr<std::atomic<int>> stop);
+  // Runs `job` on `devices` (rank 0's first), from the thread of devices[0].
+  void RunOne(const v1::Job& job, const std::vector<std::string>& devices, std::shared_ptr<std::atomic<int>> stop);
   std::string CheckpointDir(const std::string& id, const JobSpec& spec) const;
 
   JobStore* const store_;
@@ -201,6 +214,7 @@ class Scheduler {
   absl::CondVar cv_;                                         // a job was queued, the running set or stopping_ changed
   std::deque<std::string> validating_ ABSL_GUARDED_BY(mu_);  // ids in VALIDATING, oldest first
   std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> busy_ ABSL_GUARDED_BY(mu_);  // per options_.devices slot: running or reserved
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> draining_{false};
   std::vector<std::thread> threads_;

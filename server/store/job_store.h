@@ -80,9 +80,11 @@ struct UpdateResult {
 // Which QUEUED jobs a device may take, and for whom.
 struct ClaimRequest {
   std::string owner;  // the claiming daemon's id (store.daemon_id); not empty
-  // The values of spec.resources.device this device may run, e.g. {"", "auto", "cuda",
-  // "cuda:1"} for cuda:1. Not empty.
-  std::vector<std::string> devices;
+  // The jobs this device may take: each value of spec.resources.device it may run, with the
+  // most devices (spec.resources.gpus, stored as at least 1) the daemon has for such a job, e.g.
+  // {"": 4, "auto": 4, "cuda": 4, "cuda:1": 1} for cuda:1 of a 4-GPU daemon. Jobs asking for
+  // more are passed over. Not empty.
+  std::map<std::string, int32_t> devices;
   absl::Duration lease = absl::Seconds(30);  // > 0; the claimed job's lease is now + lease
 };
 
@@ -172,8 +174,9 @@ class JobStore {
   // transaction. Concurrent claims, from this or other store objects and processes, never take
   // the same job (PostgreSQL: SELECT ... FOR UPDATE SKIP LOCKED). nullopt when no job is
   // eligible. The result's job carries Job.daemon = owner. A refusing `start` aborts the claim
-  // and its status is returned (the job stays QUEUED). INVALID_ARGUMENT for an empty owner or
-  // device list or a lease that is not positive.
+  // and its status is returned (the job stays QUEUED, and no other job is tried in its place:
+  // the scheduler refuses a job whose devices are busy, so the head of the queue waits for
+  // them). INVALID_ARGUMENT for an empty owner or device list or a lease that is not positive.
   virtual absl::StatusOr<std::optional<ClaimResult>> Claim(const ClaimRequest& request, const JobMutation& start) = 0;
 
   // Renews the lease of every active job of `owner` to now + `lease`, and returns those jobs

@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   state INTEGER NOT NULL,
   priority INTEGER NOT NULL DEFAULT 0,
   device TEXT NOT NULL DEFAULT '',
+  gpus INTEGER NOT NULL DEFAULT 1,
   last_sequence BIGINT NOT NULL DEFAULT 0,
   owner TEXT,
   lease_expires TIMESTAMPTZ,
@@ -199,11 +200,12 @@ class PostgresJobStore : public JobStore {
         stored.clear_daemon();  // only Claim() leases
         std::vector<v1::JobEvent> evs = events;
         tx.exec_params(
-            "INSERT INTO jobs (id, state, priority, device, last_sequence, queued_at, job) "
-            "VALUES ($1, $2::integer, $3::integer, $4, $5::bigint, CASE WHEN $2::integer = $6::integer THEN now() END, "
-            "$7)",
+            "INSERT INTO jobs (id, state, priority, device, gpus, last_sequence, queued_at, job) "
+            "VALUES ($1, $2::integer, $3::integer, $4, $5::integer, $6::bigint, "
+            "CASE WHEN $2::integer = $7::integer THEN now() END, $8)",
             id, static_cast<int>(stored.state()), stored.priority(), stored.spec().resources().device(),
-            static_cast<int64_t>(evs.size()), static_cast<int>(v1::Job::QUEUED), Bytes(stored));
+            std::max(1, stored.spec().resources().gpus()), static_cast<int64_t>(evs.size()),
+            static_cast<int>(v1::Job::QUEUED), Bytes(stored));
         if (!request_id.empty()) {
           tx.exec_params("INSERT INTO idempotency_keys (request_id, job_id) VALUES ($1, $2)", request_id, id);
         }
@@ -362,12 +364,20 @@ class PostgresJobStore : public JobStore {
       return absl::InvalidArgumentError("claim: owner, devices and a positive lease are required");
     }
     return Run("claim a job", [&](pqxx::work& tx) -> absl::StatusOr<std::optional<ClaimResult>> {
+      std::string eligible;
+      std::vector<std::string> params;
+      for (const auto& [device, max_gpus] : request.devices) {
+        const int n = static_cast<int>(params.size()) + 2;
+        absl::StrAppend(&eligible, eligible.empty() ? "" : " OR ", "(device = $", n, " AND gpus <= $", n + 1,
+                        "::integer)");
+        params.push_back(device);
+        params.push_back(std::to_string(max_gpus));
+      }
       const pqxx::result r = tx.exec_params(
           absl::StrCat("SELECT id, job, last_sequence, COALESCE(EXTRACT(EPOCH FROM now() - queued_at), 0) "
-                       "FROM jobs WHERE state = $1 AND device IN (",
-                       Placeholders(2, request.devices.size()),
-                       ") ORDER BY priority DESC, position ASC LIMIT 1 FOR UPDATE SKIP LOCKED"),
-          static_cast<int>(v1::Job::QUEUED), pqxx::prepare::make_dynamic_params(request.devices));
+                       "FROM jobs WHERE state = $1 AND (",
+                       eligible, ") ORDER BY priority DESC, position ASC LIMIT 1 FOR UPDATE SKIP LOCKED"),
+          static_cast<int>(v1::Job::QUEUED), pqxx::prepare::make_dynamic_params(params));
       if (r.empty()) return std::optional<ClaimResult>();
       Row row;
       row.id = r[0][0].as<std::string>();

@@ -64,6 +64,7 @@ struct AddedColumn {
 constexpr AddedColumn kQueueColumns[] = {
     {"priority", "INTEGER NOT NULL DEFAULT 0"},  // spec.resources.priority
     {"device", "TEXT NOT NULL DEFAULT ''"},      // spec.resources.device
+    {"gpus", "INTEGER NOT NULL DEFAULT 1"},      // max(1, spec.resources.gpus)
     {"owner", "TEXT"},                           // the daemon holding the lease
     {"lease_expires", "INTEGER"},                // microseconds since the epoch
     {"queued_at", "INTEGER"},                    // when the job last entered QUEUED, microseconds
@@ -125,18 +126,19 @@ class SqliteJobStore : public JobStore {
       }
       v1::Job stored = job;
       stored.clear_daemon();  // only Claim() leases
-      SQLite::Statement ins(*db_,
-                            "INSERT INTO jobs (id, state, job, priority, device, queued_at) VALUES (?, ?, ?, ?, ?, ?)");
+      SQLite::Statement ins(
+          *db_, "INSERT INTO jobs (id, state, job, priority, device, gpus, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?)");
       ins.bind(1, id);
       ins.bind(2, static_cast<int>(stored.state()));
       const std::string blob = Blob(stored);
       ins.bind(3, blob.data(), static_cast<int>(blob.size()));
       ins.bind(4, stored.priority());
       ins.bind(5, stored.spec().resources().device());
+      ins.bind(6, std::max(1, stored.spec().resources().gpus()));
       if (stored.state() == v1::Job::QUEUED) {
-        ins.bind(6, NowMicros());
+        ins.bind(7, NowMicros());
       } else {
-        ins.bind(6);
+        ins.bind(7);
       }
       ins.exec();
       if (!request_id.empty()) {
@@ -323,12 +325,17 @@ class SqliteJobStore : public JobStore {
     absl::MutexLock lock(&mu_);
     return Guard("claim a job", [&]() -> absl::StatusOr<std::optional<ClaimResult>> {
       WriteTransaction tx(*db_);
-      std::string sql = "SELECT id FROM jobs WHERE state = ? AND device IN (";
-      for (size_t i = 0; i < request.devices.size(); ++i) sql += i ? ",?" : "?";
+      std::string sql = "SELECT id FROM jobs WHERE state = ? AND (";
+      for (size_t i = 0; i < request.devices.size(); ++i)
+        sql += i ? " OR (device = ? AND gpus <= ?)" : "(device = ? AND gpus <= ?)";
       sql += ") ORDER BY priority DESC, position ASC LIMIT 1";
       SQLite::Statement q(*db_, sql);
       q.bind(1, static_cast<int>(v1::Job::QUEUED));
-      for (size_t i = 0; i < request.devices.size(); ++i) q.bind(static_cast<int>(i + 2), request.devices[i]);
+      int param = 2;
+      for (const auto& [device, max_gpus] : request.devices) {
+        q.bind(param++, device);
+        q.bind(param++, max_gpus);
+      }
       if (!q.executeStep()) return std::optional<ClaimResult>();
       const std::string id = q.getColumn(0).getString();
       q.reset();
@@ -553,10 +560,11 @@ void MigrateQueueColumns(SQLite::Database& db) {
       if (j.ok()) jobs.emplace_back(q.getColumn(0).getString(), *std::move(j));
     }
     for (const auto& [id, job] : jobs) {
-      SQLite::Statement up(db, "UPDATE jobs SET priority = ?, device = ? WHERE id = ?");
+      SQLite::Statement up(db, "UPDATE jobs SET priority = ?, device = ?, gpus = ? WHERE id = ?");
       up.bind(1, job.priority());
       up.bind(2, job.spec().resources().device());
-      up.bind(3, id);
+      up.bind(3, std::max(1, job.spec().resources().gpus()));
+      up.bind(4, id);
       up.exec();
     }
   }

@@ -27,13 +27,14 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 v1::Job NewJob(const std::string& id, v1::Job::State state = v1::Job::QUEUED, int priority = 0,
-               const std::string& device = "") {
+               const std::string& device = "", int gpus = 1) {
   v1::Job j;
   j.set_name(JobName(id));
   j.set_state(state);
   j.set_priority(priority);
   j.mutable_spec()->mutable_resources()->set_priority(priority);
   j.mutable_spec()->mutable_resources()->set_device(device);
+  j.mutable_spec()->mutable_resources()->set_gpus(gpus);
   return j;
 }
 
@@ -80,7 +81,7 @@ JobMutation Recover() {
 }
 
 ClaimRequest Request(const std::string& owner, absl::Duration lease = absl::Seconds(30),
-                     std::vector<std::string> devices = {"", "auto", "cpu"}) {
+                     std::map<std::string, int32_t> devices = {{"", 1}, {"auto", 1}, {"cpu", 1}}) {
   ClaimRequest r;
   r.owner = owner;
   r.devices = std::move(devices);
@@ -160,8 +161,8 @@ class JobStoreTest : public ::testing::TestWithParam<std::string> {
   }
 
   void Add(const std::string& id, v1::Job::State state = v1::Job::QUEUED, int priority = 0,
-           const std::string& device = "") {
-    absl::StatusOr<CreateResult> r = store_->Create(NewJob(id, state, priority, device), "", {StateEvent(state)});
+           const std::string& device = "", int gpus = 1) {
+    absl::StatusOr<CreateResult> r = store_->Create(NewJob(id, state, priority, device, gpus), "", {StateEvent(state)});
     ASSERT_TRUE(r.ok()) << r.status();
   }
 
@@ -342,11 +343,28 @@ TEST_P(JobStoreTest, ClaimTakesTheHighestPriorityThenTheOldestEligibleJobAndLeas
   // cpu takes neither the paused job nor the one asking for cuda.
   EXPECT_THAT(order, ElementsAre("jobs/high", "jobs/low-old", "jobs/low-new"));
   EXPECT_EQ(*store_->QueuePosition("gpu"), 1);
-  absl::StatusOr<std::optional<ClaimResult>> gpu =
-      store_->Claim(Request("daemon-a", absl::Seconds(30), {"", "auto", "cuda", "cuda:0"}), Start());
+  absl::StatusOr<std::optional<ClaimResult>> gpu = store_->Claim(
+      Request("daemon-a", absl::Seconds(30), {{"", 2}, {"auto", 2}, {"cuda", 2}, {"cuda:0", 1}}), Start());
   ASSERT_TRUE(gpu.ok() && gpu->has_value());
   EXPECT_EQ((*gpu)->update.job.name(), "jobs/gpu");
   EXPECT_EQ(*store_->QueuePosition("gpu"), 0);
+
+  // A job asking for more devices (resources.gpus) than the claimer has for it is passed over.
+  Add("four-gpus", v1::Job::QUEUED, 7, "cuda", 4);
+  Add("two-gpus", v1::Job::QUEUED, 6, "cuda", 2);
+  Add("one-gpu", v1::Job::QUEUED, 5, "cuda", 1);
+  const std::map<std::string, int32_t> two_cudas = {{"", 2}, {"auto", 2}, {"cuda", 2}, {"cuda:1", 1}};
+  absl::StatusOr<std::optional<ClaimResult>> two =
+      store_->Claim(Request("daemon-a", absl::Seconds(30), two_cudas), Start());
+  ASSERT_TRUE(two.ok() && two->has_value());
+  EXPECT_EQ((*two)->update.job.name(), "jobs/two-gpus");
+  // A start that refuses the best job (its devices are busy) takes no other in its place.
+  absl::StatusOr<std::optional<ClaimResult>> busy =
+      store_->Claim(Request("daemon-a", absl::Seconds(30), two_cudas),
+                    [](v1::Job*, std::vector<v1::JobEvent>*) { return absl::ResourceExhaustedError("busy"); });
+  EXPECT_EQ(busy.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_->Get("one-gpu")->state(), v1::Job::QUEUED);
+  EXPECT_EQ(*store_->QueuePosition("four-gpus"), 1);
 
   // A refusing start leaves the job QUEUED.
   Add("refused");

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "server/job_service.h"
 #include "server/scheduler.h"
@@ -31,10 +32,27 @@ struct ScriptedRunner {
   std::atomic<int> calls{0};
   std::atomic<bool> last_resume{false};
   std::atomic<int> step_delay_ms{0};
+  // Devices of the runs in the order they started, and the most devices in use at once.
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, std::vector<std::string>>> runs;
+  int devices_in_use = 0, max_devices_in_use = 0;
 
   absl::StatusOr<RunResult> operator()(const JobSpec& spec, const RunOptions& o) {
     ++calls;
     last_resume = o.resume;
+    {
+      absl::MutexLock lock(&mu);
+      runs.emplace_back(spec.display_name, o.devices);
+      devices_in_use += static_cast<int>(o.devices.size());
+      max_devices_in_use = std::max(max_devices_in_use, devices_in_use);
+    }
+    absl::StatusOr<RunResult> r = Script(o);
+    absl::MutexLock lock(&mu);
+    devices_in_use -= static_cast<int>(o.devices.size());
+    return r;
+  }
+
+  absl::StatusOr<RunResult> Script(const RunOptions& o) {
     for (int s = 1; s <= steps; ++s) {
       const StopRequest stop = o.poll_stop();
       if (stop == StopRequest::kCancel) return RunResult{.outcome = RunOutcome::kCancelled, .final_checkpoint = {}};
@@ -72,10 +90,10 @@ class SchedulerTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  void StartScheduler(bool hold = false) {
+  void StartScheduler(bool hold = false, std::vector<std::string> devices = {"cpu"}) {
     SchedulerOptions o;
     o.data_dir = dir_.string();
-    o.devices = {"cpu"};
+    o.devices = std::move(devices);
     o.runner = [this](const JobSpec& s, const RunOptions& r) { return runner_(s, r); };
     o.hold = hold;
     scheduler_ = std::make_unique<Scheduler>(store_.get(), &hub_, o);
@@ -125,6 +143,38 @@ TEST_F(SchedulerTest, RunsToSuccessWithStepsAndCheckpoints) {
   EXPECT_EQ(events.back().state(), v1::Job::SUCCEEDED);
   EXPECT_EQ(store_->ListCheckpoints("a")->size(), 1u);
   EXPECT_FALSE(runner_.last_resume);
+}
+
+// resources.gpus = 2 takes both devices at once; the queue's head waits for them (a later
+// one-device job does not overtake it); a job asking for more devices than exist is refused.
+TEST_F(SchedulerTest, DataParallelJobTakesItsDevicesTogether) {
+  runner_.step_delay_ms = 100;
+  StartScheduler(/*hold=*/false, {"cpu", "cpu"});
+  JobSpec three = spec_;
+  three.resources.gpus = 3;
+  EXPECT_THAT(std::string(scheduler_->CheckPlacement(three).message()),
+              HasSubstr("resources.gpus: 3 devices asked for, but 2 of this server's may run the job"));
+  JobSpec one = spec_, dp = spec_, later = spec_;
+  one.display_name = "one";
+  dp.display_name = "dp";
+  dp.resources.gpus = 2;
+  dp.training.batch_sequences = 2;
+  later.display_name = "later";
+  ASSERT_TRUE(scheduler_->Submit(one, "one", "").ok());
+  WaitFor("one", v1::Job::RUNNING);
+  ASSERT_TRUE(scheduler_->Submit(dp, "dp", "").ok());
+  ASSERT_TRUE(scheduler_->Submit(later, "later", "").ok());
+  for (const char* id : {"one", "dp", "later"}) WaitFor(id, v1::Job::SUCCEEDED);
+  absl::MutexLock lock(&runner_.mu);
+  ASSERT_EQ(runner_.runs.size(), 3u);
+  EXPECT_EQ(runner_.runs[0].first, "one");
+  EXPECT_EQ(runner_.runs[1].first, "dp");
+  EXPECT_THAT(runner_.runs[1].second, ::testing::ElementsAre("cpu", "cpu"));
+  EXPECT_EQ(runner_.runs[2].first, "later");
+  EXPECT_EQ(runner_.max_devices_in_use, 2);
+  bool said = false;
+  for (const v1::JobEvent& e : Events("dp")) said |= e.message().find("running on cpu,cpu") != std::string::npos;
+  EXPECT_TRUE(said);
 }
 
 TEST_F(SchedulerTest, IdempotentCreateAndAlreadyExists) {

@@ -7,18 +7,21 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #if defined(OOMB_HAVE_CUDA)
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -32,6 +35,7 @@
 #include "worker/model/transformer.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/chunk_trainer.h"
+#include "worker/train/data_parallel.h"
 #include "worker/train/lr_schedule.h"
 
 namespace oomb {
@@ -56,6 +60,80 @@ absl::StatusOr<at::Device> ResolveDevice(const std::string& requested) {
   }
   return absl::InvalidArgumentError(absl::StrCat("resources.device: '", d, "' is not auto, cpu, cuda or cuda:N"));
 }
+
+// The devices of the run's ranks: RunOptions::devices, or derived from the spec (see
+// executor.h). All CPU or all distinct CUDA devices.
+absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobSpec& spec, const std::vector<std::string>& given) {
+  const auto k = static_cast<size_t>(spec.resources.gpus);
+  std::vector<at::Device> devices;
+  if (!given.empty()) {
+    if (given.size() != k) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resources.gpus: ", k, " but the run was given ", given.size(), " devices"));
+    }
+    for (const std::string& d : given) {
+      OOMB_ASSIGN_OR_RETURN(at::Device device, ResolveDevice(d));
+      devices.push_back(device);
+    }
+  } else {
+    OOMB_ASSIGN_OR_RETURN(at::Device first, ResolveDevice(spec.resources.device));
+    for (size_t r = 0; r < k; ++r) {
+      devices.push_back(first.is_cpu() ? first
+                                       : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(first.index() + r)));
+    }
+    if (first.is_cuda() && first.index() + static_cast<int64_t>(k) > torch::cuda::device_count()) {
+      return absl::FailedPreconditionError(absl::StrCat("resources.gpus: ", k, " from ", first.str(), " but only ",
+                                                        torch::cuda::device_count(), " CUDA devices"));
+    }
+  }
+  for (size_t r = 1; r < devices.size(); ++r) {
+    if (devices[r].type() != devices[0].type()) {
+      return absl::InvalidArgumentError("resources.gpus: the ranks' devices must all be CUDA or all the CPU");
+    }
+    for (size_t q = 0; devices[r].is_cuda() && q < r; ++q) {
+      if (devices[q] == devices[r]) {
+        return absl::InvalidArgumentError(absl::StrCat("resources.gpus: device ", devices[r].str(), " given twice"));
+      }
+    }
+  }
+  return devices;
+}
+
+// The status of a LibTorch or C++ exception, with the reason tags of executor.h.
+absl::Status StatusOfException(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("[OUT_OF_MEMORY] ", e.what_without_backtrace()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("[TORCH_ERROR] ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("[OUT_OF_MEMORY] host allocation failed");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("[INTERNAL] ", e.what()));
+  }
+}
+
+// `f()`, with exceptions turned into their status.
+template <typename F>
+absl::Status Guarded(F&& f) {
+  try {
+    return f();
+  } catch (...) {
+    return StatusOfException(std::current_exception());
+  }
+}
+
+// What a run's status says when another rank failed (this rank was fine).
+constexpr char kPeerFailed[] = "[PEER_FAILED]";
+
+// One rank of a run: which, of how many, and what the ranks of a data-parallel run share.
+struct Rank {
+  int index = 0;
+  int world = 1;
+  const Rendezvous* rendezvous = nullptr;  // world > 1
+  std::atomic<int>* stop = nullptr;        // world > 1: rank 0's StopRequest, read by the others
+};
 
 std::optional<RopeConfig> RopeOverride(const JobSpec& spec, const ModelConfig& base) {
   if (!spec.model.rope_scaling.has_value()) return std::nullopt;
@@ -141,16 +219,44 @@ absl::StatusOr<JobData> ReadJobData(const JobSpec& spec) {
 
 class Run {
  public:
-  Run(const JobSpec& spec, const RunOptions& options) : spec_(spec), options_(options) {}
+  Run(const JobSpec& spec, const RunOptions& options, at::Device device, Rank rank)
+      : spec_(spec), options_(options), device_(device), rank_(rank) {}
 
   absl::StatusOr<RunResult> Execute() {
-    OOMB_RETURN_IF_ERROR(Setup());
+    if (rank_.world > 1) {
+      OOMB_ASSIGN_OR_RETURN(group_, DataParallelGroup::Join(*rank_.rendezvous, rank_.index, rank_.world, device_));
+    }
+    OOMB_RETURN_IF_ERROR(Agree(Guarded([this] { return Setup(); })));
     return Train();
   }
 
  private:
+  bool lead() const { return rank_.index == 0; }
+
+  // Data parallel: every rank learns, at the same point of the run, whether any rank failed or
+  // was asked to stop (one small collective). Returns this rank's own error, or ABORTED
+  // [PEER_FAILED] when only another rank failed. `extra` values are summed over the ranks on
+  // the way (in place). One device: returns `mine`.
+  absl::Status Agree(const absl::Status& mine, std::vector<double>* extra = nullptr) {
+    if (group_ == nullptr) return mine;
+    std::vector<double> values = {mine.ok() ? 0.0 : 1.0, stop_ == StopRequest::kPause ? 1.0 : 0.0,
+                                  stop_ == StopRequest::kCancel ? 1.0 : 0.0};
+    if (extra != nullptr) values.insert(values.end(), extra->begin(), extra->end());
+    OOMB_ASSIGN_OR_RETURN(std::vector<double> sums, group_->SumAcrossRanks(values));
+    if (sums[0] > 0) {
+      return mine.ok() ? absl::AbortedError(absl::StrCat(kPeerFailed, " another rank of the data-parallel run failed"))
+                       : mine;
+    }
+    if (sums[2] > 0) {
+      stop_ = StopRequest::kCancel;
+    } else if (sums[1] > 0) {
+      stop_ = StopRequest::kPause;
+    }
+    if (extra != nullptr) std::copy(sums.begin() + 3, sums.end(), extra->begin());
+    return absl::OkStatus();
+  }
+
   absl::Status Setup() {
-    OOMB_ASSIGN_OR_RETURN(device_, ResolveDevice(options_.device.empty() ? spec_.resources.device : options_.device));
     dtype_ = spec_.model.dtype == "float32" ? at::kFloat : at::kBFloat16;
     if (spec_.memory.kv_grad_dtype != "float32") {
       return absl::UnimplementedError("memory.kv_grad_dtype: only float32 gradient pages are implemented");
@@ -160,9 +266,6 @@ class Run {
     }
     if (spec_.backward.chunk_fraction != 1.0) {
       return absl::UnimplementedError("backward.chunk_fraction: SpaCO (< 1.0) is not implemented yet; use 1.0");
-    }
-    if (spec_.resources.gpus != 1) {
-      return absl::UnimplementedError("resources.gpus: data parallelism is not implemented yet; use 1");
     }
     oom_failpoint_step_ = OomFailpointStep(spec_);
     OOMB_ASSIGN_OR_RETURN(ModelConfig base_config, LoadModelConfig(spec_.model.path));
@@ -193,13 +296,12 @@ class Run {
     } else {
       model_->EnableFullFineTuning();
     }
-    std::vector<at::Tensor> params;
-    for (auto& [name, p] : model_->TrainableParameters()) params.push_back(p);
+    for (auto& [name, p] : model_->TrainableParameters()) params_.push_back(p);
     torch::optim::AdamWOptions adam(spec_.training.learning_rate);
     adam.betas({spec_.training.adam.beta1, spec_.training.adam.beta2});
     adam.eps(spec_.training.adam.eps);
     adam.weight_decay(spec_.training.weight_decay);
-    optimizer_ = std::make_unique<torch::optim::AdamW>(params, adam);
+    optimizer_ = std::make_unique<torch::optim::AdamW>(params_, adam);
 
     // KV and KV-gradient pages for the longest sequence (plus one straddling page a layer).
     int64_t longest = 1;
@@ -214,7 +316,7 @@ class Run {
     OOMB_ASSIGN_OR_RETURN(grad_pool_, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
                                                        at::TensorOptions().dtype(at::kFloat).device(device_), pages));
     if (options_.kv_stats != nullptr) {
-      const std::string slot = options_.device.empty() ? device_.str() : options_.device;
+      const std::string slot = options_.devices.empty() ? device_.str() : options_.devices[rank_.index];
       for (PagePool* pool : {kv_pool_.get(), grad_pool_.get()}) {
         const PoolStats ps = pool->stats();
         pool->AttachCounters(options_.kv_stats->AddPool(slot, ps.tier, ps.kind, ps.capacity_pages, ps.bytes_per_page));
@@ -245,13 +347,21 @@ class Run {
     return absl::OkStatus();
   }
 
+  // Rank 0 asks poll_stop and passes the answer on to the other ranks (Rank::stop); the ranks
+  // act on it together (Agree).
   bool PollStop() {
-    if (stop_ == StopRequest::kNone && options_.poll_stop) stop_ = options_.poll_stop();
+    if (stop_ == StopRequest::kNone) {
+      if (lead() && options_.poll_stop) stop_ = options_.poll_stop();
+      if (rank_.stop != nullptr) {
+        if (lead() && stop_ != StopRequest::kNone) rank_.stop->store(static_cast<int>(stop_));
+        if (!lead()) stop_ = static_cast<StopRequest>(rank_.stop->load());
+      }
+    }
     return stop_ != StopRequest::kNone;
   }
 
   void Warn(const std::string& msg) {
-    if (options_.on_warning) options_.on_warning(msg);
+    if (lead() && options_.on_warning) options_.on_warning(msg);
   }
 
   const std::vector<TokenSequence>& EpochSequences(int64_t epoch) {
@@ -280,134 +390,182 @@ class Run {
     return info;
   }
 
-  absl::StatusOr<double> Evaluate() {
-    double sum = 0;
-    int64_t n = 0;
-    for (const TokenSequence& s : validation_) {
-      OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer_->EvalSequence(s));
-      sum += l.loss_sum;
-      n += l.label_tokens;
+  // The mean loss over the validation sequences; data parallel: each rank evaluates its share
+  // and the sums are combined (Agree, with this rank's status so far as `mine`).
+  absl::StatusOr<double> Evaluate(const absl::Status& mine) {
+    std::vector<double> sums = {0, 0};
+    absl::Status local = mine;
+    if (local.ok()) {
+      local = Guarded([&]() -> absl::Status {
+        for (size_t i = 0; i < validation_.size(); ++i) {
+          if (group_ != nullptr && !group_->Owns(static_cast<int64_t>(i))) continue;
+          OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer_->EvalSequence(validation_[i]));
+          sums[0] += l.loss_sum;
+          sums[1] += static_cast<double>(l.label_tokens);
+        }
+        return absl::OkStatus();
+      });
     }
-    return n > 0 ? sum / static_cast<double>(n) : 0.0;
+    OOMB_RETURN_IF_ERROR(Agree(local, &sums));
+    return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   }
 
+  // The global batch of the step after `state_`: training.batch_sequences sequences, and the
+  // state after them. Held by value: a batch that crosses into the next epoch re-packs the
+  // epoch's sequences, which would leave pointers into the previous epoch dangling.
+  std::vector<TokenSequence> NextBatch(TrainerState* next) {
+    std::vector<TokenSequence> batch;
+    *next = state_;
+    for (int64_t i = 0; i < spec_.training.batch_sequences; ++i) {
+      const auto& seqs = EpochSequences(next->epoch);
+      batch.push_back(seqs[next->cursor]);
+      if (++next->cursor == static_cast<int64_t>(seqs.size())) {
+        next->cursor = 0;
+        ++next->epoch;
+      }
+    }
+    return batch;
+  }
+
+  // This rank's sequences of the batch: forward and backward, gradients accumulated (not yet
+  // summed over ranks). CANCELLED when asked to stop mid-sequence.
+  absl::Status TrainLocal(const std::vector<TokenSequence>& batch, int64_t label_tokens, double* loss_sum,
+                          StepProgress* p, TrainerMemory* peak) {
+    if (state_.step + 1 == oom_failpoint_step_) {  // this step
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "injected by the failpoint label 'failpoint: oom-at-step-",
+                       oom_failpoint_step_, "' (OOMB_FAILPOINTS=1)");
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (group_ != nullptr && !group_->Owns(static_cast<int64_t>(i))) continue;
+      const uint64_t dropout_seed =
+          static_cast<uint64_t>(spec_.training.seed) * 1000003u + static_cast<uint64_t>(state_.step) * 131u + i;
+      OOMB_ASSIGN_OR_RETURN(
+          SequenceLoss l, trainer_->TrainSequence(batch[i], label_tokens > 0 ? 1.0 / label_tokens : 0.0, dropout_seed));
+      *loss_sum += l.loss_sum;
+      const ChunkTimes& times = trainer_->chunk_times();
+      p->forward_chunk_seconds.insert(p->forward_chunk_seconds.end(), times.forward.begin(), times.forward.end());
+      p->backward_chunk_seconds.insert(p->backward_chunk_seconds.end(), times.backward.begin(), times.backward.end());
+      const TrainerMemory& m = trainer_->memory();
+      peak->activation_peak_bytes = std::max(peak->activation_peak_bytes, m.activation_peak_bytes);
+      peak->kv_peak_bytes = std::max(peak->kv_peak_bytes, m.kv_peak_bytes);
+      peak->kv_grad_peak_bytes = std::max(peak->kv_grad_peak_bytes, m.kv_grad_peak_bytes);
+    }
+    return absl::OkStatus();
+  }
+
+  // One step's collectives and the points where the ranks agree (data parallel): after the
+  // local sequences (losses summed, stop or failure seen by all), after the optimizer step and
+  // eval, and after rank 0's reporting and checkpoint. One device: the same code, no
+  // collectives.
   absl::StatusOr<RunResult> Train() {
     RunResult result;
-    std::ofstream metrics(options_.checkpoint_dir + "/metrics.jsonl", std::ios::app);
+    std::ofstream metrics;
+    if (lead()) metrics.open(options_.checkpoint_dir + "/metrics.jsonl", std::ios::app);
     const auto start = Clock::now();
     const int64_t first_step = state_.step;
+    const ModelConfig& c = model_->config();
     while (state_.step < total_steps_) {
       const auto step_start = Clock::now();
+      const int64_t this_step = state_.step + 1;
       ResetPeak(device_);
-      // The step's sequences and the loss normaliser: every label token of the step. Held by
-      // value: a batch that crosses into the next epoch re-packs the epoch's sequences, which
-      // would leave pointers into the previous epoch dangling.
-      std::vector<TokenSequence> batch_storage;
-      TrainerState next = state_;
-      for (int64_t i = 0; i < spec_.training.batch_sequences; ++i) {
-        const auto& seqs = EpochSequences(next.epoch);
-        batch_storage.push_back(seqs[next.cursor]);
-        if (++next.cursor == static_cast<int64_t>(seqs.size())) {
-          next.cursor = 0;
-          ++next.epoch;
-        }
-      }
-      std::vector<const TokenSequence*> batch;
-      for (const TokenSequence& s : batch_storage) batch.push_back(&s);
+      TrainerState next;
+      const std::vector<TokenSequence> batch = NextBatch(&next);
       int64_t label_tokens = 0, tokens = 0;
-      for (const TokenSequence* s : batch) {
-        label_tokens += s->label_tokens();
-        tokens += s->size();
-      }
-      if (state_.step + 1 == oom_failpoint_step_) {
-        TORCH_CHECK_WITH(OutOfMemoryError, false, "injected by the failpoint label 'failpoint: oom-at-step-",
-                         oom_failpoint_step_, "' (OOMB_FAILPOINTS=1)");
+      StepProgress p;
+      for (const TokenSequence& s : batch) {
+        label_tokens += s.label_tokens();
+        tokens += s.size();
+        p.model_flops += SequenceTrainingFlops(c.ParameterCount(), c.q_dim(), c.num_layers, s.size());
       }
       const double lr = LearningRate(spec_.training, state_.step, total_steps_);
       for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-      double loss_sum = 0;
+
+      std::vector<double> loss_sum = {0};
       TrainerMemory peak;
-      StepProgress p;
-      for (size_t i = 0; i < batch.size(); ++i) {
-        const uint64_t dropout_seed =
-            static_cast<uint64_t>(spec_.training.seed) * 1000003u + static_cast<uint64_t>(state_.step) * 131u + i;
-        auto l = trainer_->TrainSequence(*batch[i], label_tokens > 0 ? 1.0 / label_tokens : 0.0, dropout_seed);
-        if (absl::IsCancelled(l.status())) return Stopped();
-        if (!l.ok()) return l.status();
-        loss_sum += l->loss_sum;
-        const ChunkTimes& times = trainer_->chunk_times();
-        p.forward_chunk_seconds.insert(p.forward_chunk_seconds.end(), times.forward.begin(), times.forward.end());
-        p.backward_chunk_seconds.insert(p.backward_chunk_seconds.end(), times.backward.begin(), times.backward.end());
-        const ModelConfig& c = model_->config();
-        p.model_flops += SequenceTrainingFlops(c.ParameterCount(), c.q_dim(), c.num_layers, batch[i]->size());
-        const TrainerMemory& m = trainer_->memory();
-        peak.activation_peak_bytes = std::max(peak.activation_peak_bytes, m.activation_peak_bytes);
-        peak.kv_peak_bytes = std::max(peak.kv_peak_bytes, m.kv_peak_bytes);
-        peak.kv_grad_peak_bytes = std::max(peak.kv_grad_peak_bytes, m.kv_grad_peak_bytes);
-      }
-      const double loss = label_tokens > 0 ? loss_sum / label_tokens : 0.0;
+      absl::Status local = Guarded([&] { return TrainLocal(batch, label_tokens, &loss_sum[0], &p, &peak); });
+      if (absl::IsCancelled(local)) local = absl::OkStatus();  // stop_ is set: Agree passes it on
+      OOMB_RETURN_IF_ERROR(Agree(local, &loss_sum));
+      if (stop_ != StopRequest::kNone) return Stopped();
+      if (group_ != nullptr) OOMB_RETURN_IF_ERROR(group_->AllReduceGradients(params_));
+
+      const double loss = label_tokens > 0 ? loss_sum[0] / label_tokens : 0.0;
       if (!std::isfinite(loss)) {
         return absl::InternalError(absl::StrCat("[NAN_LOSS] loss is ", loss, " at step ", state_.step + 1));
       }
-      if (spec_.training.max_grad_norm > 0) {
-        torch::nn::utils::clip_grad_norm_(optimizer_->param_groups()[0].params(), spec_.training.max_grad_norm);
+      absl::Status stepped = Guarded([&] {
+        if (spec_.training.max_grad_norm > 0) {
+          torch::nn::utils::clip_grad_norm_(optimizer_->param_groups()[0].params(), spec_.training.max_grad_norm);
+        }
+        optimizer_->step();
+        optimizer_->zero_grad(/*set_to_none=*/true);
+        return absl::OkStatus();
+      });
+      if (stepped.ok()) {
+        state_.step += 1;
+        state_.epoch = next.epoch;
+        state_.cursor = next.cursor;
+        state_.tokens += tokens;
+        state_.loss = loss;
       }
-      optimizer_->step();
-      optimizer_->zero_grad(/*set_to_none=*/true);
-      state_.step += 1;
-      state_.epoch = next.epoch;
-      state_.cursor = next.cursor;
-      state_.tokens += tokens;
-      state_.loss = loss;
-
-      p.step = state_.step;
-      p.total_steps = total_steps_;
-      p.tokens = state_.tokens;
-      p.step_tokens = tokens;
-      p.loss = loss;
-      p.learning_rate = lr;
-      p.step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-      p.tokens_per_second = p.step_seconds > 0 ? tokens / p.step_seconds : 0;
-      if (peak_flops_ > 0 && p.step_seconds > 0) p.mfu = p.model_flops / p.step_seconds / peak_flops_;
-      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      p.eta_seconds = elapsed / static_cast<double>(state_.step - first_step) * (total_steps_ - state_.step);
-      p.peak_device_bytes = PeakDeviceBytes(device_, peak);
+      // Decided on the step's number, which every rank knows even if its optimizer step failed.
       if (!validation_.empty() && spec_.training.eval_every_steps > 0 &&
-          state_.step % spec_.training.eval_every_steps == 0) {
-        OOMB_ASSIGN_OR_RETURN(p.eval_loss, Evaluate());
+          this_step % spec_.training.eval_every_steps == 0) {
+        OOMB_ASSIGN_OR_RETURN(p.eval_loss, Evaluate(stepped));
       }
-      nlohmann::json line = {{"step", p.step},
-                             {"loss", p.loss},
-                             {"lr", p.learning_rate},
-                             {"tokens", p.tokens},
-                             {"seconds", p.step_seconds},
-                             {"tokens_per_second", p.tokens_per_second},
-                             {"peak_device_bytes", p.peak_device_bytes},
-                             {"peak_host_bytes", p.host_kv_bytes},
-                             {"pcie_h2d_bytes", p.pcie_h2d_bytes},
-                             {"pcie_d2h_bytes", p.pcie_d2h_bytes}};
-      if (p.eval_loss > 0) line["eval_loss"] = p.eval_loss;
-      metrics << line.dump() << "\n" << std::flush;
-      if (options_.on_step) options_.on_step(p);
 
       const bool last = state_.step == total_steps_;
-      if (!last && spec_.checkpoint.every_steps > 0 && state_.step % spec_.checkpoint.every_steps == 0) {
-        OOMB_ASSIGN_OR_RETURN(result.final_checkpoint, Checkpoint(false));
+      absl::Status reported = stepped;
+      if (reported.ok() && lead()) {
+        p.step = state_.step;
+        p.total_steps = total_steps_;
+        p.tokens = state_.tokens;
+        p.step_tokens = tokens;
+        p.loss = loss;
+        p.learning_rate = lr;
+        p.step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+        p.tokens_per_second = p.step_seconds > 0 ? tokens / p.step_seconds : 0;
+        if (peak_flops_ > 0 && p.step_seconds > 0) p.mfu = p.model_flops / p.step_seconds / (peak_flops_ * rank_.world);
+        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        p.eta_seconds = elapsed / static_cast<double>(state_.step - first_step) * (total_steps_ - state_.step);
+        p.peak_device_bytes = PeakDeviceBytes(device_, peak);
+        nlohmann::json line = {{"step", p.step},
+                               {"loss", p.loss},
+                               {"lr", p.learning_rate},
+                               {"tokens", p.tokens},
+                               {"seconds", p.step_seconds},
+                               {"tokens_per_second", p.tokens_per_second},
+                               {"peak_device_bytes", p.peak_device_bytes},
+                               {"peak_host_bytes", p.host_kv_bytes},
+                               {"pcie_h2d_bytes", p.pcie_h2d_bytes},
+                               {"pcie_d2h_bytes", p.pcie_d2h_bytes}};
+        if (p.eval_loss > 0) line["eval_loss"] = p.eval_loss;
+        metrics << line.dump() << "\n" << std::flush;
+        if (options_.on_step) options_.on_step(p);
+        if (!last && spec_.checkpoint.every_steps > 0 && state_.step % spec_.checkpoint.every_steps == 0) {
+          absl::StatusOr<CheckpointInfo> saved = Checkpoint(false);
+          reported = saved.status();
+          if (saved.ok()) result.final_checkpoint = *saved;
+        }
       }
-      if (!last && PollStop()) return Stopped();
+      if (!last) PollStop();
+      OOMB_RETURN_IF_ERROR(Agree(reported));
+      if (!last && stop_ != StopRequest::kNone) return Stopped();
     }
-    OOMB_ASSIGN_OR_RETURN(result.final_checkpoint, Checkpoint(true));
+    if (lead()) {
+      OOMB_ASSIGN_OR_RETURN(result.final_checkpoint, Checkpoint(true));
+    }
     result.outcome = RunOutcome::kSucceeded;
     return result;
   }
 
-  // Cancel: nothing more is written. Pause: a checkpoint of the last completed step.
+  // Cancel: nothing more is written. Pause: a checkpoint of the last completed step (rank 0).
   absl::StatusOr<RunResult> Stopped() {
     RunResult r;
     optimizer_->zero_grad(/*set_to_none=*/true);
     if (stop_ == StopRequest::kPause) {
-      OOMB_ASSIGN_OR_RETURN(r.final_checkpoint, Checkpoint(false));
       r.outcome = RunOutcome::kPaused;
+      if (!lead()) return r;
+      OOMB_ASSIGN_OR_RETURN(r.final_checkpoint, Checkpoint(false));
     } else {
       r.outcome = RunOutcome::kCancelled;
     }
@@ -416,7 +574,10 @@ class Run {
 
   const JobSpec& spec_;
   const RunOptions& options_;
-  at::Device device_ = at::kCPU;
+  const at::Device device_;
+  const Rank rank_;
+  std::unique_ptr<DataParallelGroup> group_;  // world > 1
+  std::vector<at::Tensor> params_;            // the trainable parameters, in the optimizer's order
   at::ScalarType dtype_ = at::kBFloat16;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_;
@@ -440,18 +601,40 @@ class Run {
 }  // namespace
 
 absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options) {
-  try {
-    Run run(spec, options);
-    return run.Execute();
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(absl::StrCat("[OUT_OF_MEMORY] ", e.what_without_backtrace()));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("[TORCH_ERROR] ", e.what_without_backtrace()));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("[OUT_OF_MEMORY] host allocation failed");
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("[INTERNAL] ", e.what()));
+  absl::StatusOr<std::vector<at::Device>> devices;
+  OOMB_RETURN_IF_ERROR(Guarded([&] {
+    devices = ResolveDevices(spec, options.devices);
+    return devices.status();
+  }));
+  const int world = static_cast<int>(devices->size());
+  if (world == 1) {
+    absl::StatusOr<RunResult> result;
+    OOMB_RETURN_IF_ERROR(Guarded([&] {
+      result = Run(spec, options, devices->front(), Rank{}).Execute();
+      return absl::OkStatus();
+    }));
+    return result;
   }
+  // Data parallel: one thread per rank; the run's outcome is rank 0's, unless a rank failed.
+  const Rendezvous rendezvous = Rendezvous::InProcess();
+  std::atomic<int> stop{static_cast<int>(StopRequest::kNone)};
+  std::vector<absl::StatusOr<RunResult>> results(world, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      const Rank rank{.index = r, .world = world, .rendezvous = &rendezvous, .stop = &stop};
+      absl::Status thrown = Guarded([&] {
+        results[r] = Run(spec, options, (*devices)[r], rank).Execute();
+        return absl::OkStatus();
+      });
+      if (!thrown.ok()) results[r] = thrown;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& result : results) {
+    if (!result.ok() && !absl::StartsWith(result.status().message(), kPeerFailed)) return result.status();
+  }
+  return results[0];
 }
 
 absl::StatusOr<DataSummary> ValidateJobData(const JobSpec& spec) {

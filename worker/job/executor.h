@@ -1,6 +1,6 @@
-// The job executor: runs one fine-tuning job on one device, start to finish, in the calling
-// thread. The daemon (server/) owns the threads, the queue and the store; `oombd run` calls
-// the executor directly. Torch-free header (see worker/CMakeLists.txt).
+// The job executor: runs one fine-tuning job, start to finish, from the calling thread. The
+// daemon (server/) owns the threads, the queue and the store; `oombd run` calls the executor
+// directly. Torch-free header (see worker/CMakeLists.txt).
 //
 // Contract:
 //   - Run() validates the spec against the filesystem (model directory, dataset), builds the
@@ -14,13 +14,18 @@
 //     exactly as an uninterrupted run would.
 //   - Failures of the job itself (NaN loss, bad data found late, out of memory) come back as a
 //     status with a reason in `RunResult`; Run() never throws and never aborts the process.
+//   - resources.gpus = k > 1: data parallel over k devices (worker/train/data_parallel.h), one
+//     thread per device started by Run(); each step's global batch of
+//     training.batch_sequences sequences is split between them and the result is that of one
+//     device with the same global batch (to float rounding). The callbacks come from the
+//     thread of rank 0, which alone writes checkpoints and metrics.jsonl; a failure of any
+//     rank fails the run with that rank's error.
 #ifndef OOMB_WORKER_JOB_EXECUTOR_H_
 #define OOMB_WORKER_JOB_EXECUTOR_H_
 
 #include <cstdint>
 #include <functional>
 #include <string>
-
 #include <vector>
 
 #include "absl/status/status.h"
@@ -70,14 +75,17 @@ enum class StopRequest { kNone, kCancel, kPause };
 
 struct RunOptions {
   std::string checkpoint_dir;  // where checkpoints go; created if missing
-  std::string device;          // "cpu", "cuda:0"; from the scheduler
-  bool resume = false;         // continue from the newest valid checkpoint in checkpoint_dir
+  // One device per data-parallel rank ("cpu", "cuda:0"), resources.gpus of them; from the
+  // scheduler. Empty: derived from the spec: resources.device for rank 0 and the next CUDA
+  // devices for the other ranks (the CPU: every rank on the CPU).
+  std::vector<std::string> devices;
+  bool resume = false;  // continue from the newest valid checkpoint in checkpoint_dir
   std::function<void(const StepProgress&)> on_step;
   std::function<void(const CheckpointInfo&)> on_checkpoint;
   std::function<void(const std::string&)> on_warning;
   std::function<StopRequest()> poll_stop;
   // Where the run's KV page pools publish their live page counts (for /metrics), under the
-  // slot `device`; null: nowhere. Must outlive the run.
+  // slot of each rank's device; null: nowhere. Must outlive the run.
   KvStatsRegistry* kv_stats = nullptr;
 };
 

@@ -503,6 +503,12 @@ absl::Status CheckCrossField(const JobSpec& spec, const Origin& origin) {
     return Error(o, "model.rope_scaling.type",
                  "is required when model.rope_scaling is set (one of linear, dynamic, yarn, llama3)");
   }
+  if (t.batch_sequences < spec.resources.gpus) {
+    return Error(
+        origin, "training.batch_sequences",
+        absl::StrCat("must be >= resources.gpus (", spec.resources.gpus,
+                     "): each data-parallel rank trains whole sequences of the global batch; got ", t.batch_sequences));
+  }
   const SparseAttentionSpec& sp = spec.attention.sparse;
   if (sp.sink_pages + sp.local_pages > sp.page_budget) {
     return Error(origin, "attention.sparse.page_budget",

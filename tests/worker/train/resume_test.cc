@@ -87,7 +87,7 @@ Outcome RunOnce(const JobSpec& spec, const std::string& ckpt, bool resume, int64
   int polls_after = 0;
   RunOptions options;
   options.checkpoint_dir = ckpt;
-  options.device = "cpu";
+  options.devices = {"cpu"};
   options.resume = resume;
   options.on_step = [&](const StepProgress& p) {
     o.losses.emplace_back(p.step, p.loss);
@@ -210,7 +210,7 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   std::vector<std::pair<int64_t, double>> evals;
   RunOptions options;
   options.checkpoint_dir = root + "/ckpt";
-  options.device = "cpu";
+  options.devices = {"cpu"};
   options.on_step = [&](const StepProgress& p) {
     if (p.eval_loss > 0) evals.emplace_back(p.step, p.eval_loss);
   };
