@@ -252,6 +252,7 @@ void PrintJobDetail(const v1::Job& j) {
   std::cout << fmt::format("name:        {}\n", j.name());
   std::cout << fmt::format("state:       {}\n", StateName(j.state()));
   if (j.queue_position() > 0) std::cout << fmt::format("queue:       position {}\n", j.queue_position());
+  if (!j.daemon().empty()) std::cout << fmt::format("daemon:      {}\n", j.daemon());
   if (!j.spec().display_name().empty()) std::cout << fmt::format("display:     {}\n", j.spec().display_name());
   std::cout << fmt::format("model:       {}\n", j.spec().model().path());
   std::cout << fmt::format("data:        {}\n", j.spec().data().train());

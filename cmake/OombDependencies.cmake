@@ -12,6 +12,7 @@ if(OOMB_BUILD_SERVICE)
   find_package(SQLiteCpp REQUIRED)
   find_package(CLI11 CONFIG REQUIRED)
   pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)
+  pkg_check_modules(PQXX REQUIRED IMPORTED_TARGET libpqxx)  # store.backend: postgres (fleet mode)
 endif()
 
 # LibTorch from the PyPI wheel torch==2.11.0 in the setup script's virtual environment, whose

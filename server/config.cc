@@ -48,6 +48,12 @@ const std::vector<Key>& Keys() {
       {"scheduler.hold", &ServerConfig::hold},
       {"scheduler.validate_inline_max_bytes", &ServerConfig::validate_inline_max_bytes},
       {"scheduler.max_queued_jobs_per_client", &ServerConfig::max_queued_jobs_per_client},
+      {"store.backend", &ServerConfig::store_backend},
+      {"store.postgres_url_file", &ServerConfig::postgres_url_file},
+      {"store.postgres_url", &ServerConfig::postgres_url, true},
+      {"store.daemon_id", &ServerConfig::daemon_id},
+      {"store.lease_seconds", &ServerConfig::lease_seconds},
+      {"store.heartbeat_seconds", &ServerConfig::heartbeat_seconds},
       {"paths.allowed_roots", &ServerConfig::allowed_roots},
       {"log.level", &ServerConfig::log_level},
   };
@@ -194,6 +200,30 @@ absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
   if (config.validate_inline_max_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("scheduler.validate_inline_max_bytes: must be >= 0, got ", config.validate_inline_max_bytes));
+  }
+  if (config.store_backend != "sqlite" && config.store_backend != "postgres") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store.backend: must be sqlite or postgres; got '", config.store_backend, "'"));
+  }
+  const bool has_url = !config.postgres_url.empty() || !config.postgres_url_file.empty();
+  if (config.store_backend == "postgres" && !has_url) {
+    return absl::InvalidArgumentError("store.backend: postgres needs store.postgres_url_file (or store.postgres_url)");
+  }
+  if (config.store_backend == "sqlite" && has_url) {
+    return absl::InvalidArgumentError(
+        "store.postgres_url_file / store.postgres_url: set, but store.backend is sqlite (set store.backend: postgres)");
+  }
+  if (!config.postgres_url.empty() && !config.postgres_url_file.empty()) {
+    return absl::InvalidArgumentError("store.postgres_url and store.postgres_url_file: set one, not both");
+  }
+  if (config.heartbeat_seconds < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store.heartbeat_seconds: must be >= 1, got ", config.heartbeat_seconds));
+  }
+  if (config.lease_seconds <= config.heartbeat_seconds) {
+    return absl::InvalidArgumentError(absl::StrCat("store.lease_seconds: must be longer than store.heartbeat_seconds (",
+                                                   config.heartbeat_seconds, "), got ", config.lease_seconds,
+                                                   "; two or three heartbeats per lease ride out a slow one"));
   }
   static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error"};
   if (std::find(std::begin(kLevels), std::end(kLevels), config.log_level) == std::end(kLevels)) {

@@ -1,7 +1,7 @@
 // oombd's configuration: embedded defaults < YAML file < environment (OOMB_SECTION__KEY) <
 // flags (CONVENTIONS.md §4). Unknown keys are errors at every level. Secrets come by file
-// path; the one inline secret (auth.token, for environments that inject secrets as variables)
-// is redacted when printed.
+// path; the inline secrets (auth.token and store.postgres_url, for environments that inject
+// secrets as variables) are redacted when printed.
 //
 //   server:
 //     data_dir: ~/.local/share/oomb   # or $OOMB_DATA_HOME; the job store, checkpoints, port file
@@ -31,6 +31,18 @@
 //     validate_inline_max_bytes: 16777216  # datasets up to this size are scanned inside
 //                                     # CreateJob (errors returned at once); larger ones in
 //                                     # the VALIDATING state
+//   store:                          # the job store (docs/fleet.md)
+//     backend: sqlite                 # sqlite: <data_dir>/oombd.db, one daemon; postgres: a fleet
+//                                     # of daemons sharing one queue
+//     postgres_url_file: ""           # file holding the libpq URL, e.g.
+//                                     # postgresql://oomb:secret@db:5432/oomb (secret)
+//     postgres_url: ""                # the URL itself (secret; prefer postgres_url_file)
+//     daemon_id: ""                   # this daemon's id on the jobs it runs (Job.daemon); unique
+//                                     # among live daemons; default <hostname>:<pid>. Stable ids
+//                                     # let a restarted daemon take its jobs back at once
+//     lease_seconds: 30               # a running job's lease; a daemon silent this long loses its
+//                                     # jobs to the others (they resume from their checkpoints)
+//     heartbeat_seconds: 10           # lease renewal and reaper period; < lease_seconds
 //   paths:
 //     allowed_roots: ""               # comma-separated directories a job's model, data and
 //                                     # checkpoint paths must lie in (symlinks resolved);
@@ -68,6 +80,12 @@ struct ServerConfig {
   bool hold = false;
   int64_t validate_inline_max_bytes = int64_t{16} << 20;
   int64_t max_queued_jobs_per_client = 1000;
+  std::string store_backend = "sqlite";
+  std::string postgres_url_file;
+  std::string postgres_url;  // secret
+  std::string daemon_id;     // empty: <hostname>:<pid>, filled at start
+  int64_t lease_seconds = 30;
+  int64_t heartbeat_seconds = 10;
   std::string allowed_roots;  // filled with "$HOME,/tmp" when unset
   std::string log_level = "info";
 };

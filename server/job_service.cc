@@ -109,6 +109,14 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
     Pump();
   }
 
+  void OnChangedElsewhere() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finish_status_) reread_ = true;
+    }
+    Pump();
+  }
+
   void OnShutdown() override {
     {
       absl::MutexLock lock(&mu_);

@@ -92,45 +92,34 @@ Scheduler::~Scheduler() { Drain(absl::InfiniteDuration()); }
 
 absl::Status Scheduler::Start() {
   if (options_.devices.empty()) return absl::InvalidArgumentError("scheduler: no devices to run jobs on");
-  // Recover what the previous process left behind.
-  OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> stale,
-                        store_->ListByState({v1::Job::RUNNING, v1::Job::PAUSING, v1::Job::CANCELLING,
-                                             v1::Job::RECOVERING, v1::Job::VALIDATING}));
-  for (const v1::Job& job : stale) {
+  if (options_.daemon_id.empty()) return absl::InvalidArgumentError("scheduler: empty daemon id");
+  if (options_.heartbeat <= absl::ZeroDuration() || options_.lease <= options_.heartbeat) {
+    return absl::InvalidArgumentError("scheduler: the lease must be longer than the heartbeat period");
+  }
+  // Recover what the previous process left behind: with a store of its own, every active job;
+  // in a fleet, those of this daemon id (the other daemons' are reaped as their leases expire).
+  OOMB_RETURN_IF_ERROR(
+      ReapLeases(ReapRequest{.keep_owner = "", .dead_owners = {options_.daemon_id}, .all = !options_.shared_store},
+                 /*at_start=*/true));
+  OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> validating, store_->ListByState({v1::Job::VALIDATING}));
+  std::vector<std::string> to_scan;
+  for (const v1::Job& job : validating) {
     const std::string id = job.name().substr(5);
-    absl::StatusOr<UpdateResult> r = store_->Update(id, [this](v1::Job* j, std::vector<v1::JobEvent>* events) {
-      switch (j->state()) {
-        case v1::Job::RUNNING:
-          SetState(j, v1::Job::RECOVERING, "the server stopped while the job ran", events);
-          SetState(j, v1::Job::QUEUED, "queued to resume from its last checkpoint", events);
-          break;
-        case v1::Job::RECOVERING:
-          SetState(j, v1::Job::QUEUED, "queued again after a server restart", events);
-          break;
-        case v1::Job::VALIDATING:
-          if (!options_.validator) SetState(j, v1::Job::QUEUED, "queued again after a server restart", events);
-          break;
-        case v1::Job::PAUSING:
-          SetState(j, v1::Job::PAUSED, "paused (the server stopped while pausing)", events);
-          break;
-        case v1::Job::CANCELLING:
-          SetState(j, v1::Job::CANCELLED, "cancelled (the server stopped while cancelling)", events);
-          break;
-        default:
-          break;
-      }
+    if (options_.validator) {
+      to_scan.push_back(id);
+      continue;
+    }
+    absl::StatusOr<UpdateResult> r = store_->Update(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+      if (j->state() == v1::Job::VALIDATING)
+        SetState(j, v1::Job::QUEUED, "queued again after a server restart", events);
       return absl::OkStatus();
     });
     if (!r.ok()) return r.status();
     Committed(id, r->events);
-    spdlog::info("recovered {}: now {}", job.name(), v1::Job::State_Name(r->job.state()));
   }
-  OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> queued, store_->ListByState({v1::Job::QUEUED}));
-  OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> validating, store_->ListByState({v1::Job::VALIDATING}));
   {
     absl::MutexLock lock(&mu_);
-    for (const v1::Job& job : queued) EnqueueLocked(job);
-    for (const v1::Job& job : validating) validating_.push_back(job.name().substr(5));
+    for (std::string& id : to_scan) validating_.push_back(std::move(id));
     active_threads_ = (options_.hold ? 0 : static_cast<int>(options_.devices.size())) + (options_.validator ? 1 : 0);
     busy_.assign(options_.devices.size(), false);
   }
@@ -138,6 +127,50 @@ absl::Status Scheduler::Start() {
   if (options_.hold) spdlog::warn("scheduler: hold is set; jobs are queued but none is started");
   for (size_t slot = 0; slot < options_.devices.size() && !options_.hold; ++slot) {
     threads_.emplace_back([this, slot] { WorkerLoop(slot); });
+  }
+  fleet_thread_ = std::thread([this] { FleetLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Recover(v1::Job* j, std::vector<v1::JobEvent>* events, bool at_start) const {
+  const std::string why =
+      at_start ? "the server stopped"
+               : absl::StrCat("the lease of daemon ", j->daemon(), " expired (it stopped, or lost the job store)");
+  switch (j->state()) {
+    case v1::Job::RUNNING:
+      SetState(j, v1::Job::RECOVERING, at_start ? why + " while the job ran" : why, events);
+      SetState(j, v1::Job::QUEUED, "queued to resume from its last checkpoint", events);
+      break;
+    case v1::Job::RECOVERING:
+      SetState(j, v1::Job::QUEUED, "queued again after a server restart", events);
+      break;
+    case v1::Job::PAUSING:
+      SetState(j, v1::Job::PAUSED, absl::StrCat("paused (", why, " while pausing)"), events);
+      break;
+    case v1::Job::CANCELLING:
+      SetState(j, v1::Job::CANCELLED, absl::StrCat("cancelled (", why, " while cancelling)"), events);
+      break;
+    default:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::ReapLeases(const ReapRequest& request, bool at_start) {
+  OOMB_ASSIGN_OR_RETURN(std::vector<UpdateResult> reaped,
+                        store_->Reap(request, [this, at_start](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                          return Recover(j, events, at_start);
+                        }));
+  bool queued = false;
+  for (const UpdateResult& r : reaped) {
+    const std::string id = r.job.name().substr(5);
+    Committed(id, r.events);
+    queued |= r.job.state() == v1::Job::QUEUED;
+    spdlog::info("recovered {}: now {}", r.job.name(), v1::Job::State_Name(r.job.state()));
+  }
+  if (queued) {
+    absl::MutexLock lock(&mu_);
+    WakeWorkersLocked();
   }
   return absl::OkStatus();
 }
@@ -195,19 +228,7 @@ void Scheduler::Committed(const std::string& id, const std::vector<v1::JobEvent>
   }
 }
 
-void Scheduler::EnqueueLocked(const v1::Job& job) {
-  queue_.push_back(Queued{.id = job.name().substr(5),
-                          .priority = job.spec().resources().priority(),
-                          .order = next_order_++,
-                          .device = job.spec().resources().device(),
-                          .gpus = std::max(1, job.spec().resources().gpus()),
-                          .since = absl::Now()});
-  cv_.SignalAll();
-}
-
-void Scheduler::RemoveQueuedLocked(const std::string& id) {
-  queue_.erase(std::remove_if(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.id == id; }), queue_.end());
-}
+void Scheduler::WakeWorkersLocked() { cv_.SignalAll(); }
 
 absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
                                           bool* created, const v1::DatasetSummary* dataset,
@@ -258,7 +279,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string
       validating_.push_back(id);
       cv_.SignalAll();
     } else if (r->created) {
-      EnqueueLocked(r->job);
+      WakeWorkersLocked();
     }
     v1::Job out = r->job;
     return out;
@@ -286,7 +307,6 @@ absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& id) {
                                                        "VALIDATING, QUEUED, RUNNING, PAUSING, PAUSED, RECOVERING");
                           }
                         }));
-  if (job.state() == v1::Job::CANCELLED) RemoveQueuedLocked(id);
   if (auto it = running_.find(id); it != running_.end()) it->second.stop->store(kStopCancel);
   return job;
 }
@@ -305,7 +325,6 @@ absl::StatusOr<v1::Job> Scheduler::Pause(const std::string& id) {
                               return IllegalTransition(*j, "pause", "QUEUED, RUNNING");
                           }
                         }));
-  if (job.state() == v1::Job::PAUSED) RemoveQueuedLocked(id);
   if (auto it = running_.find(id); it != running_.end()) {
     int expected = kNoStop;
     it->second.stop->compare_exchange_strong(expected, kStopPause);
@@ -322,7 +341,7 @@ absl::StatusOr<v1::Job> Scheduler::Resume(const std::string& id) {
                           SetState(j, v1::Job::QUEUED, "resumed: queued to continue from its last checkpoint", events);
                           return absl::OkStatus();
                         }));
-  EnqueueLocked(job);
+  WakeWorkersLocked();
   return job;
 }
 
@@ -337,21 +356,71 @@ absl::Status Scheduler::Delete(const std::string& id) {
 void Scheduler::FillQueuePosition(v1::Job* job) {
   job->set_queue_position(0);
   if (job->state() != v1::Job::QUEUED) return;
-  const std::string id = job->name().substr(5);
-  absl::MutexLock lock(&mu_);
-  const auto self = std::find_if(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.id == id; });
-  if (self == queue_.end()) return;
-  // 1 + the queued jobs that run before it: higher priority, or the same and queued earlier.
-  // One pass, no sort: GetJob and ListJobs call this under load with thousands queued.
-  int32_t ahead = 0;
-  for (const Queued& q : queue_) {
-    ahead += q.priority > self->priority || (q.priority == self->priority && q.order < self->order);
+  absl::StatusOr<int32_t> position = store_->QueuePosition(job->name().substr(5));
+  if (position.ok()) job->set_queue_position(*position);
+}
+
+std::map<std::string, int32_t> Scheduler::ClaimableDevices(size_t slot) const {
+  const std::string& device = options_.devices[slot];
+  std::vector<std::string> values = {"", "auto", device};
+  if (absl::StartsWith(device, "cuda") && device != "cuda") values.push_back("cuda");
+  std::map<std::string, int32_t> out;
+  for (const std::string& v : values) {
+    int32_t n = 0;
+    for (const std::string& d : options_.devices) n += Eligible(v, d);
+    out[v] = n;
   }
-  job->set_queue_position(ahead + 1);
+  return out;
+}
+
+absl::StatusOr<std::optional<ClaimResult>> Scheduler::ClaimNextLocked(size_t slot, std::vector<size_t>* slots) {
+  slots->clear();
+  if (busy_[slot]) return std::optional<ClaimResult>();  // reserved by another thread's run
+  ClaimRequest request;
+  request.owner = options_.daemon_id;
+  request.devices = ClaimableDevices(slot);
+  request.lease = options_.lease;
+  std::string on;
+  // Runs inside the store's transaction, with mu_ held (busy_ cannot change meanwhile).
+  absl::StatusOr<std::optional<ClaimResult>> claimed =
+      store_->Claim(request, [&](v1::Job* j, std::vector<v1::JobEvent>* events) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (j->state() != v1::Job::QUEUED) return IllegalTransition(*j, "start", "QUEUED");
+        const int gpus = std::max(1, j->spec().resources().gpus());
+        slots->assign(1, slot);
+        for (size_t other = 0; other < busy_.size() && static_cast<int>(slots->size()) < gpus; ++other) {
+          if (other != slot && !busy_[other] && Eligible(j->spec().resources().device(), options_.devices[other])) {
+            slots->push_back(other);
+          }
+        }
+        if (static_cast<int>(slots->size()) < gpus) {  // the head of the queue waits for its devices
+          return absl::ResourceExhaustedError(absl::StrCat(j->name(), " waits for ", gpus, " idle devices"));
+        }
+        std::vector<std::string> devices;
+        for (size_t s : *slots) devices.push_back(options_.devices[s]);
+        on = absl::StrJoin(devices, ",");
+        if (options_.shared_store) absl::StrAppend(&on, " of ", options_.daemon_id);
+        j->set_attempt(j->attempt() + 1);
+        if (!j->has_start_time()) *j->mutable_start_time() = TimeUtil::GetCurrentTime();
+        j->clear_error();
+        SetState(j, v1::Job::RUNNING, absl::StrCat("running on ", on, " (attempt ", j->attempt(), ")"), events);
+        return absl::OkStatus();
+      });
+  if (!claimed.ok() && claimed.status().code() == absl::StatusCode::kResourceExhausted) {
+    slots->clear();
+    return std::optional<ClaimResult>();
+  }
+  if (!claimed.ok() || !claimed->has_value()) {
+    slots->clear();
+    return claimed;
+  }
+  for (size_t s : *slots) busy_[s] = true;
+  Committed((*claimed)->update.job.name().substr(5), (*claimed)->update.events);
+  return claimed;
 }
 
 void Scheduler::WorkerLoop(size_t slot) {
   const std::string& device = options_.devices[slot];
+  std::string last_error;
   for (;;) {
     v1::Job job;
     auto stop = std::make_shared<std::atomic<int>>(kNoStop);
@@ -360,55 +429,30 @@ void Scheduler::WorkerLoop(size_t slot) {
     std::vector<size_t> slots;
     {
       absl::MutexLock lock(&mu_);
-      const Queued* best = nullptr;
       for (;;) {
         if (stopping_ || draining_) {
           --active_threads_;
           cv_.SignalAll();
           return;
         }
-        best = nullptr;
-        slots.clear();
-        if (!busy_[slot]) {  // not reserved by another thread's run
-          for (const Queued& q : queue_) {
-            if (!Eligible(q.device, device)) continue;
-            if (best == nullptr || q.priority > best->priority ||
-                (q.priority == best->priority && q.order < best->order)) {
-              best = &q;
-            }
-          }
+        absl::StatusOr<std::optional<ClaimResult>> claimed = ClaimNextLocked(slot, &slots);
+        if (claimed.ok() && claimed->has_value()) {
+          job = std::move((*claimed)->update.job);
+          queue_wait = (*claimed)->queued;
+          last_error.clear();
+          break;
         }
-        if (best != nullptr) {
-          slots.push_back(slot);
-          for (size_t other = 0; other < busy_.size() && static_cast<int>(slots.size()) < best->gpus; ++other) {
-            if (other != slot && !busy_[other] && Eligible(best->device, options_.devices[other])) {
-              slots.push_back(other);
-            }
-          }
-          if (static_cast<int>(slots.size()) == best->gpus) break;
+        if (!claimed.ok() && claimed.status().ToString() != last_error) {  // say it once, not every poll
+          last_error = claimed.status().ToString();
+          spdlog::warn("{}: cannot claim a job: {}", device, last_error);
         }
-        cv_.Wait(&mu_);
+        // Woken when a job is queued here or (through the fleet thread) elsewhere, or devices
+        // free up; the timeout polls in case a change notice was lost.
+        cv_.WaitWithTimeout(&mu_, options_.heartbeat);
       }
-      const std::string id = best->id;
-      queue_wait = absl::Now() - best->since;
       for (size_t s : slots) devices.push_back(options_.devices[s]);
-      const std::string on = absl::StrJoin(devices, ",");
-      RemoveQueuedLocked(id);
-      absl::StatusOr<v1::Job> claimed = TransitionLocked(id, [&on](v1::Job* j, std::vector<v1::JobEvent>* events) {
-        if (j->state() != v1::Job::QUEUED) return IllegalTransition(*j, "start", "QUEUED");
-        j->set_attempt(j->attempt() + 1);
-        if (!j->has_start_time()) *j->mutable_start_time() = TimeUtil::GetCurrentTime();
-        j->clear_error();
-        SetState(j, v1::Job::RUNNING, absl::StrCat("running on ", on, " (attempt ", j->attempt(), ")"), events);
-        return absl::OkStatus();
-      });
-      if (!claimed.ok()) {
-        spdlog::warn("{}: cannot start job {}: {}", device, id, claimed.status().ToString());
-        continue;
-      }
-      job = *std::move(claimed);
-      for (size_t s : slots) busy_[s] = true;
-      running_[id] = Running{.device = on, .stop = stop, .drain_pause = false};
+      running_[job.name().substr(5)] =
+          Running{.device = absl::StrJoin(devices, ","), .stop = stop, .drain_pause = false};
     }
     if (options_.metrics != nullptr) options_.metrics->RunStarted(device, job, queue_wait);
     RunOne(job, devices, stop);
@@ -476,7 +520,7 @@ void Scheduler::Validate(const std::string& id) {
     return;
   }
   spdlog::info("{}: {}", done->name(), v1::Job::State_Name(done->state()));
-  if (done->state() == v1::Job::QUEUED) EnqueueLocked(*done);
+  if (done->state() == v1::Job::QUEUED) WakeWorkersLocked();
 }
 
 void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devices,
@@ -496,40 +540,40 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
     o.resume = checkpoints.ok() && !checkpoints->empty();
     o.kv_stats = options_.kv_stats;
     o.on_step = [this, &id, &device](const StepProgress& p) {
-      absl::StatusOr<v1::Job> r = Append(id, [&p](v1::Job* j, std::vector<v1::JobEvent>* events) {
-        FillProgress(p, j->mutable_progress());
-        v1::JobEvent e;
-        e.set_type(v1::JobEvent::STEP);
-        *e.mutable_progress() = j->progress();
-        events->push_back(std::move(e));
-        return absl::OkStatus();
-      });
+      absl::StatusOr<v1::Job> r = Append(id, IfStillOurs([&p](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                                           FillProgress(p, j->mutable_progress());
+                                           v1::JobEvent e;
+                                           e.set_type(v1::JobEvent::STEP);
+                                           *e.mutable_progress() = j->progress();
+                                           events->push_back(std::move(e));
+                                           return absl::OkStatus();
+                                         }));
       if (!r.ok()) spdlog::error("{}: recording step {}: {}", id, p.step, r.status().ToString());
       if (options_.metrics != nullptr) options_.metrics->Step(device, p);
     };
     o.on_checkpoint = [this, &id, &device](const CheckpointInfo& c) {
-      absl::StatusOr<v1::Job> r = Append(id, [&c](v1::Job*, std::vector<v1::JobEvent>* events) {
-        v1::JobEvent e;
-        e.set_type(v1::JobEvent::CHECKPOINT_SAVED);
-        e.mutable_checkpoint()->set_step(c.step);
-        e.mutable_checkpoint()->set_path(c.path);
-        e.mutable_checkpoint()->set_bytes(c.bytes);
-        e.mutable_checkpoint()->set_final(c.final);
-        e.set_message(absl::StrCat("checkpoint at step ", c.step, ": ", c.path));
-        events->push_back(std::move(e));
-        return absl::OkStatus();
-      });
+      absl::StatusOr<v1::Job> r = Append(id, IfStillOurs([&c](v1::Job*, std::vector<v1::JobEvent>* events) {
+                                           v1::JobEvent e;
+                                           e.set_type(v1::JobEvent::CHECKPOINT_SAVED);
+                                           e.mutable_checkpoint()->set_step(c.step);
+                                           e.mutable_checkpoint()->set_path(c.path);
+                                           e.mutable_checkpoint()->set_bytes(c.bytes);
+                                           e.mutable_checkpoint()->set_final(c.final);
+                                           e.set_message(absl::StrCat("checkpoint at step ", c.step, ": ", c.path));
+                                           events->push_back(std::move(e));
+                                           return absl::OkStatus();
+                                         }));
       if (!r.ok()) spdlog::error("{}: recording checkpoint {}: {}", id, c.path, r.status().ToString());
       if (options_.metrics != nullptr) options_.metrics->CheckpointSaved(device, c);
     };
     o.on_warning = [this, &id](const std::string& message) {
-      absl::StatusOr<v1::Job> r = Append(id, [&message](v1::Job*, std::vector<v1::JobEvent>* events) {
-        v1::JobEvent e;
-        e.set_type(v1::JobEvent::WARNING);
-        e.set_message(message);
-        events->push_back(std::move(e));
-        return absl::OkStatus();
-      });
+      absl::StatusOr<v1::Job> r = Append(id, IfStillOurs([&message](v1::Job*, std::vector<v1::JobEvent>* events) {
+                                           v1::JobEvent e;
+                                           e.set_type(v1::JobEvent::WARNING);
+                                           e.set_message(message);
+                                           events->push_back(std::move(e));
+                                           return absl::OkStatus();
+                                         }));
       if (!r.ok()) spdlog::error("{}: recording a warning: {}", id, r.status().ToString());
     };
     const auto started = std::chrono::steady_clock::now();
@@ -554,66 +598,153 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
 
   absl::MutexLock lock(&mu_);
   bool drain_pause = false;
+  bool lease_lost = false;
   if (auto it = running_.find(id); it != running_.end()) {
     drain_pause = it->second.drain_pause;
+    lease_lost = it->second.lease_lost;
     running_.erase(it);
+  }
+  if (lease_lost) {
+    spdlog::warn("{}: stopped; its lease was taken by another daemon, which now runs it", job.name());
+    return;
   }
   bool requeue = false;
   const int max_retries = job.spec().resources().max_retries();
-  absl::StatusOr<v1::Job> done = TransitionLocked(id, [&](v1::Job* j, std::vector<v1::JobEvent>* events) {
-    if (result.ok()) {
-      switch (result->outcome) {
-        case RunOutcome::kSucceeded:
-          SetState(j, v1::Job::SUCCEEDED, "succeeded", events);
-          break;
-        case RunOutcome::kCancelled:
-          if (timed_out) {
-            j->mutable_error()->set_code("DEADLINE_EXCEEDED");
-            j->mutable_error()->set_reason("MAX_RUNTIME");
-            j->mutable_error()->set_message(absl::StrCat("the job ran longer than resources.max_runtime_seconds (",
-                                                         j->spec().resources().max_runtime_seconds(), " s)"));
-            SetState(j, v1::Job::FAILED, j->error().message(), events);
-            *events->back().mutable_error() = j->error();
-          } else {
-            SetState(j, v1::Job::CANCELLED, "cancelled", events);
+  absl::StatusOr<v1::Job> done = TransitionLocked(
+      id, IfStillOurs([&](v1::Job* j, std::vector<v1::JobEvent>* events) {
+        if (result.ok()) {
+          switch (result->outcome) {
+            case RunOutcome::kSucceeded:
+              SetState(j, v1::Job::SUCCEEDED, "succeeded", events);
+              break;
+            case RunOutcome::kCancelled:
+              if (timed_out) {
+                j->mutable_error()->set_code("DEADLINE_EXCEEDED");
+                j->mutable_error()->set_reason("MAX_RUNTIME");
+                j->mutable_error()->set_message(absl::StrCat("the job ran longer than resources.max_runtime_seconds (",
+                                                             j->spec().resources().max_runtime_seconds(), " s)"));
+                SetState(j, v1::Job::FAILED, j->error().message(), events);
+                *events->back().mutable_error() = j->error();
+              } else {
+                SetState(j, v1::Job::CANCELLED, "cancelled", events);
+              }
+              break;
+            case RunOutcome::kPaused:
+              if (drain_pause && j->state() != v1::Job::PAUSING) {
+                SetState(j, v1::Job::QUEUED,
+                         options_.shared_store
+                             ? "stopped for a server shutdown; queued to resume from its checkpoint on any daemon"
+                             : "stopped for a server shutdown; resumes from its checkpoint on restart",
+                         events);
+              } else {
+                SetState(j, v1::Job::PAUSED, "paused", events);
+              }
+              break;
           }
-          break;
-        case RunOutcome::kPaused:
-          if (drain_pause && j->state() != v1::Job::PAUSING) {
-            SetState(j, v1::Job::QUEUED, "stopped for a server shutdown; resumes from its checkpoint on restart",
-                     events);
-          } else {
-            SetState(j, v1::Job::PAUSED, "paused", events);
-          }
-          break;
-      }
-      return absl::OkStatus();
-    }
-    const absl::Status& s = result.status();
-    if (Retryable(s) && j->retries() < max_retries && j->state() == v1::Job::RUNNING) {
-      j->set_retries(j->retries() + 1);
-      v1::JobEvent w;
-      w.set_type(v1::JobEvent::WARNING);
-      w.set_message(absl::StrCat("attempt ", j->attempt(), " failed: ", s.ToString(), "; retrying (retry ",
-                                 j->retries(), " of ", max_retries, ")"));
-      events->push_back(std::move(w));
-      SetState(j, v1::Job::QUEUED, "queued for a retry from its last checkpoint", events);
-      requeue = !draining_;
-      return absl::OkStatus();
-    }
-    j->mutable_error()->set_code(absl::StatusCodeToString(s.code()));
-    j->mutable_error()->set_reason(ReasonOf(s));
-    j->mutable_error()->set_message(std::string(s.message()));
-    SetState(j, v1::Job::FAILED, std::string(s.message()), events);
-    *events->back().mutable_error() = j->error();
-    return absl::OkStatus();
-  });
+          return absl::OkStatus();
+        }
+        const absl::Status& s = result.status();
+        if (Retryable(s) && j->retries() < max_retries && j->state() == v1::Job::RUNNING) {
+          j->set_retries(j->retries() + 1);
+          v1::JobEvent w;
+          w.set_type(v1::JobEvent::WARNING);
+          w.set_message(absl::StrCat("attempt ", j->attempt(), " failed: ", s.ToString(), "; retrying (retry ",
+                                     j->retries(), " of ", max_retries, ")"));
+          events->push_back(std::move(w));
+          SetState(j, v1::Job::QUEUED, "queued for a retry from its last checkpoint", events);
+          requeue = !draining_;
+          return absl::OkStatus();
+        }
+        j->mutable_error()->set_code(absl::StatusCodeToString(s.code()));
+        j->mutable_error()->set_reason(ReasonOf(s));
+        j->mutable_error()->set_message(std::string(s.message()));
+        SetState(j, v1::Job::FAILED, std::string(s.message()), events);
+        *events->back().mutable_error() = j->error();
+        return absl::OkStatus();
+      }));
   if (!done.ok()) {
     spdlog::error("{}: recording the end of the run: {}", job.name(), done.status().ToString());
     return;
   }
   spdlog::info("{}: {}", job.name(), v1::Job::State_Name(done->state()));
-  if (requeue) EnqueueLocked(*done);
+  if (requeue) WakeWorkersLocked();
+}
+
+JobMutation Scheduler::IfStillOurs(JobMutation mutate) const {
+  return [this, mutate = std::move(mutate)](v1::Job* j, std::vector<v1::JobEvent>* events) {
+    if (j->daemon() != options_.daemon_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(j->name(), " is no longer leased to this daemon (", options_.daemon_id, "); it is ",
+                       v1::Job::State_Name(j->state()), j->daemon().empty() ? "" : " on " + j->daemon()));
+    }
+    return mutate(j, events);
+  };
+}
+
+void Scheduler::HeartbeatOnce() {
+  absl::MutexLock lock(&mu_);  // against claims: a job claimed now is in running_ and the store
+  absl::StatusOr<std::vector<LeasedJob>> leased = store_->Heartbeat(options_.daemon_id, options_.lease);
+  if (!leased.ok()) {
+    spdlog::warn("heartbeat: {} (jobs here lose their leases after {})", leased.status().ToString(),
+                 absl::FormatDuration(options_.lease));
+    return;
+  }
+  std::map<std::string, v1::Job::State> states;
+  for (const LeasedJob& l : *leased) states[l.job_id] = l.state;
+  for (auto& [id, r] : running_) {
+    auto it = states.find(id);
+    if (it == states.end()) {
+      if (!r.lease_lost) spdlog::warn("jobs/{}: the lease was lost to another daemon; stopping the run here", id);
+      r.lease_lost = true;
+      r.stop->store(kStopCancel);
+    } else if (it->second == v1::Job::CANCELLING) {
+      r.stop->store(kStopCancel);
+    } else if (it->second == v1::Job::PAUSING) {
+      int expected = kNoStop;
+      if (r.stop->compare_exchange_strong(expected, kStopPause)) r.drain_pause = false;
+    }
+  }
+}
+
+void Scheduler::OnRemoteChanges(const std::vector<JobChange>& changes) {
+  for (const JobChange& c : changes) hub_->Changed(c.job_id);
+  absl::MutexLock lock(&mu_);
+  for (const JobChange& c : changes) {
+    if (c.state == v1::Job::QUEUED) WakeWorkersLocked();
+    auto it = running_.find(c.job_id);
+    if (it == running_.end()) continue;
+    if (c.state == v1::Job::CANCELLING) {
+      it->second.stop->store(kStopCancel);
+    } else if (c.state == v1::Job::PAUSING) {
+      int expected = kNoStop;
+      if (it->second.stop->compare_exchange_strong(expected, kStopPause)) it->second.drain_pause = false;
+    }
+  }
+}
+
+void Scheduler::FleetLoop() {
+  // Short waits: Drain() stops this thread within one of them.
+  constexpr absl::Duration kMaxWait = absl::Milliseconds(250);
+  absl::Time next_beat = absl::Now() + options_.heartbeat;
+  std::string last_error;
+  while (!fleet_stop_) {
+    const absl::Duration wait = std::clamp(next_beat - absl::Now(), absl::ZeroDuration(), kMaxWait);
+    absl::StatusOr<std::vector<JobChange>> changes = store_->WaitForChanges(wait);
+    if (changes.ok()) {
+      if (!changes->empty()) OnRemoteChanges(*changes);
+    } else if (changes.status().ToString() != last_error) {
+      last_error = changes.status().ToString();
+      spdlog::warn("waiting for other daemons' changes: {}", last_error);
+    }
+    if (absl::Now() < next_beat) continue;
+    next_beat = absl::Now() + options_.heartbeat;
+    HeartbeatOnce();
+    if (absl::Status s = ReapLeases(ReapRequest{.keep_owner = options_.daemon_id, .dead_owners = {}, .all = false},
+                                    /*at_start=*/false);
+        !s.ok()) {
+      spdlog::warn("reaping expired leases: {}", s.ToString());
+    }
+  }
 }
 
 bool Scheduler::Drain(absl::Duration timeout) {
@@ -633,6 +764,8 @@ bool Scheduler::Drain(absl::Duration timeout) {
     }
     all_stopped = active_threads_ == 0;
   }
+  fleet_stop_ = true;  // after the device threads: it renewed their jobs' leases while they stopped
+  if (fleet_thread_.joinable()) fleet_thread_.join();
   for (std::thread& t : threads_) {
     if (!t.joinable()) continue;
     if (all_stopped) {

@@ -1,6 +1,6 @@
-// The scheduler: the job state machine, a priority queue, and one worker thread per device
-// running one job at a time through an injected runner (production: oomb::RunJob from
-// worker/job/executor.h).
+// The scheduler: the job state machine, and one worker thread per device claiming jobs from the
+// store's queue (JobStore::Claim: highest priority, then oldest) and running one at a time
+// through an injected runner (production: oomb::RunJob from worker/job/executor.h).
 //
 // States and transitions (every one an event, durable in the JobStore before it is returned or
 // published):
@@ -11,11 +11,14 @@
 //                                     no validator is set
 //   VALIDATING        -> QUEUED       with Job.dataset, the summary | FAILED (bad data, naming
 //                                     the file and line; reason BAD_DATA)
-//   QUEUED            -> RUNNING      a device thread claims the job (attempt + 1); a job with
-//                                     resources.gpus = k takes k idle eligible devices at once
-//                                     (the claiming thread's and k-1 others, which stay
-//                                     reserved until the run ends); the queue's head waits for
-//                                     them rather than being overtaken
+//   QUEUED            -> RUNNING      a device thread claims the job from the store's queue
+//                                     (attempt + 1) and holds its lease (Job.daemon =
+//                                     SchedulerOptions::daemon_id); a job with resources.gpus = k
+//                                     takes k idle eligible devices at once (the claiming
+//                                     thread's and k-1 others, which stay reserved until the run
+//                                     ends); the queue's head waits for them rather than being
+//                                     overtaken (a daemon with fewer eligible devices than k
+//                                     passes over it)
 //   RUNNING           -> SUCCEEDED | FAILED | CANCELLED | PAUSED   the runner's outcome
 //   RUNNING (error)   -> QUEUED       retry while retries < resources.max_retries and the error
 //                                     is transient (INTERNAL, UNKNOWN, UNAVAILABLE, ABORTED,
@@ -28,8 +31,23 @@
 //
 // Runs resume (RunOptions::resume) whenever the job has a recorded checkpoint. On Start(), jobs
 // the previous process left RUNNING go RECOVERING -> QUEUED, PAUSING -> PAUSED, CANCELLING ->
-// CANCELLED, and VALIDATING jobs are scanned again. Drain() (SIGTERM) asks running jobs to checkpoint and stop (kPause)
-// and leaves them QUEUED, so they resume when the daemon restarts.
+// CANCELLED, and VALIDATING jobs are scanned again. Drain() (SIGTERM) asks running jobs to
+// checkpoint and stop (kPause) and leaves them QUEUED, so they resume when the daemon restarts
+// (or, in a fleet, at once on another daemon).
+//
+// Fleet mode (SchedulerOptions::shared_store: daemons sharing a PostgreSQL store). A "fleet"
+// thread renews the leases of this daemon's running jobs every `heartbeat` (JobStore::Heartbeat)
+// and reaps other daemons' expired leases (JobStore::Reap) with the same transitions as Start()'s
+// recovery, so a job whose daemon died (kill -9, lost host) is queued again `lease` after its
+// last heartbeat and resumes from its checkpoint on whichever daemon claims it. Between
+// heartbeats it waits for other daemons' changes (JobStore::WaitForChanges): a job queued
+// elsewhere wakes idle devices; a cancel or pause of one of this daemon's jobs, asked through
+// another daemon, stops it (also seen by the next heartbeat); WatchJob streams here re-read the
+// events another daemon committed. A job this daemon runs whose lease was taken (it lost the
+// database for longer than the lease) is stopped without recording anything more: every
+// change a run records checks that Job.daemon is still this daemon. At Start() only the jobs
+// of this daemon id (its previous process) are recovered at once; with a store nobody shares
+// (SQLite), every active job is. The same code runs in both modes.
 //
 // Metrics: with SchedulerOptions::metrics set, every committed state change, run start and stop,
 // step and checkpoint is also reported to that MetricsSink (server/metrics/metrics_sink.h),
@@ -45,6 +63,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +104,20 @@ struct SchedulerOptions {
   // Passed to every run (RunOptions::kv_stats): its KV page pools publish their page counts
   // there. Null: nowhere. Must outlive the scheduler.
   KvStatsRegistry* kv_stats = nullptr;
+
+  // Fleet mode (store.*, see the file comment). The id this daemon's claims are leased under;
+  // unique among live daemons, and best stable across restarts (a restart then takes its jobs
+  // back at once instead of after `lease`).
+  std::string daemon_id = "local";
+  // How long a claim or heartbeat keeps a job leased; > heartbeat. Longer: a dead daemon's job
+  // waits longer; shorter: a daemon cut off from the database for that long loses its jobs.
+  absl::Duration lease = absl::Seconds(30);
+  // How often leases are renewed, expired ones reaped, and (as a fallback to the store's change
+  // notices) the queue polled.
+  absl::Duration heartbeat = absl::Seconds(10);
+  // Other daemons share the store (PostgreSQL). False (SQLite): at Start() every active job
+  // belongs to a process that is gone and is recovered at once.
+  bool shared_store = false;
 };
 
 class Scheduler {
@@ -118,34 +151,48 @@ class Scheduler {
   absl::StatusOr<v1::Job> Resume(const std::string& job_id);  // UNAVAILABLE while draining
   absl::Status Delete(const std::string& job_id);
 
-  // Sets queue_position (1-based while QUEUED, else 0).
+  // Sets queue_position (1-based while QUEUED, else 0): the store's queue order, across the
+  // fleet.
   void FillQueuePosition(v1::Job* job);
 
   // Stops taking jobs, asks running jobs to checkpoint and stop, waits up to `timeout` for them
-  // (the threads of jobs still running then are detached; their jobs recover on restart).
-  // Returns whether every device thread stopped in time.
+  // (the threads of jobs still running then are detached; their jobs recover on restart, or
+  // when their leases expire), then stops the fleet thread, which renewed their leases until
+  // then. Returns whether every device thread stopped in time.
   bool Drain(absl::Duration timeout);
   bool draining() const { return draining_.load(); }
 
  private:
-  struct Queued {
-    std::string id;
-    int priority = 0;
-    int64_t order = 0;   // enqueue order within a priority
-    std::string device;  // the spec's resources.device
-    int gpus = 1;        // the spec's resources.gpus: devices the run takes at once
-    absl::Time since;    // when it entered this process's queue
-  };
   enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2 };
   struct Running {
     std::string device;  // the devices, comma-separated
     std::shared_ptr<std::atomic<int>> stop;
     bool drain_pause = false;  // the pause was the daemon's (drain), not the user's
+    bool lease_lost = false;   // another daemon reaped the job: record nothing more
   };
 
   bool Eligible(const std::string& requested, const std::string& device) const;
-  void EnqueueLocked(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveQueuedLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job was queued: idle device threads try to claim.
+  void WakeWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The jobs the thread of options_.devices[slot] may claim: each value of spec.resources.device
+  // it may run, with the most devices (resources.gpus) this server has for it.
+  std::map<std::string, int32_t> ClaimableDevices(size_t slot) const;
+  // Claims for the thread of options_.devices[slot] the best queued job it may run
+  // (JobStore::Claim: QUEUED -> RUNNING, leased to this daemon), with the idle devices its
+  // resources.gpus asks for: `slots`, this one first, then marked busy. nullopt when no job is
+  // eligible, or when the best one waits for devices to free up.
+  absl::StatusOr<std::optional<ClaimResult>> ClaimNextLocked(size_t slot, std::vector<size_t>* slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The transitions of a job whose daemon is gone (Start()'s recovery and the reaper).
+  absl::Status Recover(v1::Job* job, std::vector<v1::JobEvent>* events, bool at_start) const;
+  absl::Status ReapLeases(const ReapRequest& request, bool at_start);
+  // `mutate`, refused (FAILED_PRECONDITION) when the job is no longer leased to this daemon.
+  JobMutation IfStillOurs(JobMutation mutate) const;
+  // Renews leases, stops this daemon's jobs that were cancelled, paused or taken elsewhere.
+  void HeartbeatOnce();
+  // Acts on changes other daemons committed.
+  void OnRemoteChanges(const std::vector<JobChange>& changes);
+  void FleetLoop();
   absl::StatusOr<v1::Job> TransitionLocked(const std::string& id, const JobMutation& mutate)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Job> Append(const std::string& id, const JobMutation& mutate);
@@ -164,16 +211,16 @@ class Scheduler {
   const SchedulerOptions options_;
 
   absl::Mutex mu_;
-  absl::CondVar cv_;  // queue, running set or stopping_ changed
-  std::vector<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar cv_;                                         // a job was queued, the running set or stopping_ changed
   std::deque<std::string> validating_ ABSL_GUARDED_BY(mu_);  // ids in VALIDATING, oldest first
-  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> busy_ ABSL_GUARDED_BY(mu_);  // per options_.devices slot: running or reserved
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> draining_{false};
   std::vector<std::thread> threads_;
   int active_threads_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread fleet_thread_;
+  std::atomic<bool> fleet_stop_{false};
 };
 
 // Whether `state` is SUCCEEDED, FAILED or CANCELLED.

@@ -85,8 +85,31 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
     if (token.empty()) return Fail(absl::InvalidArgumentError("auth.token_file: the file is empty"));
   }
 
-  absl::StatusOr<std::unique_ptr<JobStore>> store = OpenSqliteJobStore(config.data_dir + "/oombd.db");
+  const bool fleet = config.store_backend == "postgres";
+  absl::StatusOr<std::unique_ptr<JobStore>> store;
+  if (fleet) {
+    std::string url = config.postgres_url;
+    if (!config.postgres_url_file.empty()) {
+      absl::StatusOr<std::string> u = ReadSecretFile(config.postgres_url_file, "store.postgres_url_file");
+      if (!u.ok()) return Fail(u.status());
+      url = *u;
+      if (url.empty()) return Fail(absl::InvalidArgumentError("store.postgres_url_file: the file is empty"));
+    }
+    store = OpenPostgresJobStore(url);
+  } else {
+    store = OpenSqliteJobStore(config.data_dir + "/oombd.db");
+  }
   if (!store.ok()) return Fail(store.status());
+  std::string daemon_id = config.daemon_id;
+  if (daemon_id.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "localhost");
+    daemon_id = absl::StrCat(host, ":", ::getpid());
+  }
+  if (fleet) {
+    spdlog::info("fleet mode: PostgreSQL job store; daemon id {}, lease {} s, heartbeat {} s", daemon_id,
+                 config.lease_seconds, config.heartbeat_seconds);
+  }
 
   SchedulerOptions sopts;
   sopts.data_dir = config.data_dir;
@@ -106,6 +129,10 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   }
   sopts.hold = config.hold;
   sopts.max_queued_per_client = config.max_queued_jobs_per_client;
+  sopts.daemon_id = daemon_id;
+  sopts.lease = absl::Seconds(config.lease_seconds);
+  sopts.heartbeat = absl::Seconds(config.heartbeat_seconds);
+  sopts.shared_store = fleet;
 
   // /metrics first, so the recovery's state changes are counted; it outlives the scheduler
   // and the gRPC server (declared before them).

@@ -24,6 +24,13 @@ void WatchHub::Publish(const std::string& job_id, const std::vector<v1::JobEvent
   for (WatchSubscriber* s : it->second) s->OnEvents(events);
 }
 
+void WatchHub::Changed(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = subscribers_.find(job_id);
+  if (it == subscribers_.end()) return;
+  for (WatchSubscriber* s : it->second) s->OnChangedElsewhere();
+}
+
 void WatchHub::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;

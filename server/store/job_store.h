@@ -1,20 +1,37 @@
-// The durable job store: jobs, their events, their checkpoints and idempotency keys.
+// The durable job store: jobs, their events, their checkpoints and idempotency keys, and the
+// queue the daemons' devices claim jobs from.
 //
-// One interface, several backends (SQLite embedded today; PostgreSQL for a shared queue later,
-// run against the same conformance tests). Jobs are stored as whole oomb.v1.Job messages plus
-// the columns needed to query them; events carry a per-job `sequence` from 1 without gaps,
-// which powers WatchJob's replay.
+// One interface, two backends run against the same conformance tests
+// (tests/server/job_store_conformance_test.cc): SQLite, embedded, for one daemon; PostgreSQL for
+// a fleet of daemons sharing one queue. Jobs are stored as whole oomb.v1.Job messages plus the
+// columns needed to query them; events carry a per-job `sequence` from 1 without gaps, which
+// powers WatchJob's replay.
 //
 // Durability: every method that changes state returns only after the change is durable
-// (SQLite: one BEGIN IMMEDIATE transaction with synchronous=FULL). Callers acknowledge a
+// (SQLite: one BEGIN IMMEDIATE transaction with synchronous=FULL; PostgreSQL: one transaction,
+// synchronous_commit as the server is configured, `on` by default). Callers acknowledge a
 // transition to clients only after the store returned OK, so nothing a client was told is lost
 // on a crash.
 //
-// Thread-safety: every method may be called from any thread.
+// Fleet mode (the queue, leases and heartbeats). A job in an active state (RUNNING, PAUSING,
+// CANCELLING) is leased to the daemon running it: Claim() records the daemon's id (the
+// owner, also in Job.daemon) and a lease expiry; Heartbeat() renews the leases of all of an
+// owner's jobs; Reap() takes the jobs whose lease expired (their daemon died, or lost the
+// database) back to the queue. Lease times are the database's clock (PostgreSQL's now()), so
+// daemons' clocks need not agree. The owner is the store's to keep: Update() keeps it while the
+// job stays active and clears it (and Job.daemon) when the job leaves the active states;
+// mutations cannot change it. WaitForChanges() tells a daemon what other daemons changed
+// (PostgreSQL: LISTEN/NOTIFY), so idle devices wake when work is queued elsewhere and watchers
+// see events committed elsewhere.
+//
+// Thread-safety: every method may be called from any thread; WaitForChanges() by one thread at
+// a time.
 //
 // Errors: NOT_FOUND (no such job), ALREADY_EXISTS (job id taken), FAILED_PRECONDITION (a
-// `mutate` or `precondition` callback refused), INTERNAL (the database failed; the message
-// names the operation).
+// `mutate` or `precondition` callback refused; the callback's status is returned as is),
+// UNAVAILABLE (PostgreSQL cannot be reached; the operation changed nothing or, for a commit
+// whose outcome is unknown, says so), INTERNAL (the database failed; the message names the
+// operation).
 #ifndef OOMB_SERVER_STORE_JOB_STORE_H_
 #define OOMB_SERVER_STORE_JOB_STORE_H_
 
@@ -22,11 +39,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "oomb/v1/jobs.pb.h"
 
 namespace oomb::server {
@@ -58,6 +77,48 @@ struct UpdateResult {
   std::vector<v1::JobEvent> events;
 };
 
+// Which QUEUED jobs a device may take, and for whom.
+struct ClaimRequest {
+  std::string owner;  // the claiming daemon's id (store.daemon_id); not empty
+  // The jobs this device may take: each value of spec.resources.device it may run, with the
+  // most devices (spec.resources.gpus, stored as at least 1) the daemon has for such a job, e.g.
+  // {"": 4, "auto": 4, "cuda": 4, "cuda:1": 1} for cuda:1 of a 4-GPU daemon. Jobs asking for
+  // more are passed over. Not empty.
+  std::map<std::string, int32_t> devices;
+  absl::Duration lease = absl::Seconds(30);  // > 0; the claimed job's lease is now + lease
+};
+
+struct ClaimResult {
+  UpdateResult update;    // the job after `start`, leased, and the events `start` appended
+  absl::Duration queued;  // how long the job waited in QUEUED since it last entered it
+};
+
+// One of an owner's active jobs (Heartbeat()).
+struct LeasedJob {
+  std::string job_id;
+  v1::Job::State state = v1::Job::STATE_UNSPECIFIED;  // RUNNING, PAUSING or CANCELLING
+};
+
+// Which active jobs Reap() takes back.
+struct ReapRequest {
+  // The caller's daemon id: its jobs are left alone (it renews their leases itself) unless
+  // listed in `dead_owners`.
+  std::string keep_owner;
+  // Owners known to be gone, whose jobs are reaped whatever their lease (a daemon starting with
+  // the id of its previous process).
+  std::vector<std::string> dead_owners;
+  // Every active job is reaped whatever its lease and owner (a daemon starting on a store no
+  // other daemon uses: SQLite). Otherwise only expired leases, jobs without a lease and
+  // `dead_owners`' jobs.
+  bool all = false;
+};
+
+// A change another daemon committed (WaitForChanges()).
+struct JobChange {
+  std::string job_id;
+  v1::Job::State state = v1::Job::STATE_UNSPECIFIED;  // after the change; unspecified: deleted
+};
+
 // Changes a job inside the store's transaction: edit `job` and append events (their `job`,
 // `sequence` and `time` are filled in by the store). Return a non-OK status to abort without
 // changing anything (e.g. FAILED_PRECONDITION for an illegal transition).
@@ -80,7 +141,7 @@ class JobStore {
   // are created concurrently.
   virtual absl::StatusOr<ListResult> List(const ListQuery& query) = 0;
 
-  // Jobs in any of `states`, oldest first (the scheduler's recovery and queue rebuild).
+  // Jobs in any of `states`, oldest first (rescans of VALIDATING jobs, per-client limits).
   virtual absl::StatusOr<std::vector<v1::Job>> ListByState(const std::vector<v1::Job::State>& states) = 0;
 
   // How many jobs are in each state now (states without jobs are absent). For /metrics.
@@ -101,11 +162,57 @@ class JobStore {
 
   // Checkpoints in step order.
   virtual absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(const std::string& job_id) = 0;
+
+  // --- The queue and fleet primitives (see the file comment) ---
+
+  // 1 + the number of QUEUED jobs Claim() takes before `job_id` (higher priority, or the same
+  // priority and created earlier); 0 when the job is not QUEUED. NOT_FOUND for no such job.
+  virtual absl::StatusOr<int32_t> QueuePosition(const std::string& job_id) = 0;
+
+  // Takes the best QUEUED job that `request` may run (highest priority, then oldest), applies
+  // `start` to it (the QUEUED -> RUNNING transition) and leases it to request.owner, all in one
+  // transaction. Concurrent claims, from this or other store objects and processes, never take
+  // the same job (PostgreSQL: SELECT ... FOR UPDATE SKIP LOCKED). nullopt when no job is
+  // eligible. The result's job carries Job.daemon = owner. A refusing `start` aborts the claim
+  // and its status is returned (the job stays QUEUED, and no other job is tried in its place:
+  // the scheduler refuses a job whose devices are busy, so the head of the queue waits for
+  // them). INVALID_ARGUMENT for an empty owner or device list or a lease that is not positive.
+  virtual absl::StatusOr<std::optional<ClaimResult>> Claim(const ClaimRequest& request, const JobMutation& start) = 0;
+
+  // Renews the lease of every active job of `owner` to now + `lease`, and returns those jobs
+  // with their states: a job of the owner's in CANCELLING or PAUSING was asked (perhaps through
+  // another daemon) to stop; a job the owner runs but that is absent was taken from it (its lease
+  // had expired and another daemon reaped it): the owner must stop it without recording more.
+  virtual absl::StatusOr<std::vector<LeasedJob>> Heartbeat(const std::string& owner, absl::Duration lease) = 0;
+
+  // Applies `recover` to every active job that request selects (see ReapRequest), each in its
+  // own transaction, clearing its owner; jobs another store object is changing right now are
+  // skipped (PostgreSQL: SKIP LOCKED) and reaped on a later call if still expired. A job
+  // `recover` refuses is left as it was. Returns what it changed.
+  virtual absl::StatusOr<std::vector<UpdateResult>> Reap(const ReapRequest& request, const JobMutation& recover) = 0;
+
+  // Blocks until changes committed through other store objects (other daemons) arrive, or
+  // `timeout` passes, and returns them: those since the previous call, or since the store was
+  // opened (empty on timeout; a job changed several times may be reported once or several
+  // times). A store nobody else shares (SQLite) reports nothing: it waits `timeout` and
+  // returns an empty list. Changes made while the store had lost its connection to the
+  // database are missed (UNAVAILABLE is returned while it cannot reconnect), so callers also
+  // poll (Claim, Heartbeat) now and then.
+  virtual absl::StatusOr<std::vector<JobChange>> WaitForChanges(absl::Duration timeout) = 0;
 };
 
 // Opens (creating if needed) the SQLite store at `path`: WAL journal, busy_timeout, synchronous
 // = FULL, BEGIN IMMEDIATE for writers. INTERNAL when the file cannot be opened or migrated.
 absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& path);
+
+// Connects to PostgreSQL at `url` (a libpq connection string or URI, e.g.
+// "postgresql://oomb@db.internal:5432/oomb") and creates or migrates the schema (serialised
+// between daemons starting at once by an advisory lock). Two connections: one for queries,
+// serialised by a mutex, one that LISTENs for WaitForChanges(). A lost connection is reopened
+// on the next call. UNAVAILABLE when the server cannot be reached; INTERNAL when the schema
+// cannot be created; FAILED_PRECONDITION when a newer oombd made it. Error messages never
+// contain the URL's password.
+absl::StatusOr<std::unique_ptr<JobStore>> OpenPostgresJobStore(const std::string& url);
 
 }  // namespace oomb::server
 

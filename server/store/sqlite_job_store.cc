@@ -1,15 +1,19 @@
 // The SQLite JobStore. One connection, serialised by a mutex: the daemon is the only writer
 // and every write is a short transaction. WAL lets outside readers (sqlite3, backups) read
-// while the daemon writes.
+// while the daemon writes. The queue and leases follow the interface with the process clock
+// (one daemon per file); WaitForChanges() has nobody else to hear from.
 #include <SQLiteCpp/SQLiteCpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "google/protobuf/util/time_util.h"
 #include "server/store/job_store.h"
+#include "server/store/store_internal.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -17,6 +21,12 @@ namespace oomb::server {
 std::string JobName(const std::string& job_id) { return "jobs/" + job_id; }
 
 namespace {
+
+using store_internal::IdOf;
+using store_internal::IsLeased;
+
+// Times in the lease and queue columns: microseconds since the Unix epoch.
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
@@ -45,6 +55,20 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
   job_id TEXT NOT NULL
 );
 )sql";
+
+// Columns added for the queue and leases (fleet mode), to files made before them.
+struct AddedColumn {
+  const char* name;
+  const char* definition;
+};
+constexpr AddedColumn kQueueColumns[] = {
+    {"priority", "INTEGER NOT NULL DEFAULT 0"},  // spec.resources.priority
+    {"device", "TEXT NOT NULL DEFAULT ''"},      // spec.resources.device
+    {"gpus", "INTEGER NOT NULL DEFAULT 1"},      // max(1, spec.resources.gpus)
+    {"owner", "TEXT"},                           // the daemon holding the lease
+    {"lease_expires", "INTEGER"},                // microseconds since the epoch
+    {"queued_at", "INTEGER"},                    // when the job last entered QUEUED, microseconds
+};
 
 // BEGIN IMMEDIATE ... COMMIT, rolled back unless committed.
 class WriteTransaction {
@@ -100,11 +124,22 @@ class SqliteJobStore : public JobStore {
         q.bind(1, id);
         if (q.executeStep()) return absl::AlreadyExistsError(absl::StrCat("job ", id, " already exists"));
       }
-      SQLite::Statement ins(*db_, "INSERT INTO jobs (id, state, job) VALUES (?, ?, ?)");
+      v1::Job stored = job;
+      stored.clear_daemon();  // only Claim() leases
+      SQLite::Statement ins(
+          *db_, "INSERT INTO jobs (id, state, job, priority, device, gpus, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?)");
       ins.bind(1, id);
-      ins.bind(2, static_cast<int>(job.state()));
-      const std::string blob = Blob(job);
+      ins.bind(2, static_cast<int>(stored.state()));
+      const std::string blob = Blob(stored);
       ins.bind(3, blob.data(), static_cast<int>(blob.size()));
+      ins.bind(4, stored.priority());
+      ins.bind(5, stored.spec().resources().device());
+      ins.bind(6, std::max(1, stored.spec().resources().gpus()));
+      if (stored.state() == v1::Job::QUEUED) {
+        ins.bind(7, NowMicros());
+      } else {
+        ins.bind(7);
+      }
       ins.exec();
       if (!request_id.empty()) {
         SQLite::Statement k(*db_, "INSERT INTO idempotency_keys (request_id, job_id) VALUES (?, ?)");
@@ -115,7 +150,7 @@ class SqliteJobStore : public JobStore {
       AppendEventsLocked(id, 0, &events);
       SetLastSequenceLocked(id, static_cast<int64_t>(events.size()));
       tx.Commit();
-      return CreateResult{job, true};
+      return CreateResult{stored, true};
     });
   }
 
@@ -195,25 +230,9 @@ class SqliteJobStore : public JobStore {
     absl::MutexLock lock(&mu_);
     return Guard("update job", [&]() -> absl::StatusOr<UpdateResult> {
       WriteTransaction tx(*db_);
-      SQLite::Statement q(*db_, "SELECT job, last_sequence FROM jobs WHERE id = ?");
-      q.bind(1, job_id);
-      if (!q.executeStep()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-      OOMB_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.getColumn(0)));
-      const int64_t last_sequence = q.getColumn(1).getInt64();
-      q.reset();
-      UpdateResult result;
-      const absl::Status s = mutate(&job, &result.events);
-      if (!s.ok()) return s;
-      SQLite::Statement up(*db_, "UPDATE jobs SET state = ?, job = ?, last_sequence = ? WHERE id = ?");
-      up.bind(1, static_cast<int>(job.state()));
-      const std::string blob = Blob(job);
-      up.bind(2, blob.data(), static_cast<int>(blob.size()));
-      up.bind(3, last_sequence + static_cast<int64_t>(result.events.size()));
-      up.bind(4, job_id);
-      up.exec();
-      AppendEventsLocked(job_id, last_sequence, &result.events);
+      OOMB_ASSIGN_OR_RETURN(Row row, ReadRowLocked(job_id));
+      OOMB_ASSIGN_OR_RETURN(UpdateResult result, ApplyLocked(row, mutate, row.owner));
       tx.Commit();
-      result.job = std::move(job);
       return result;
     });
   }
@@ -279,7 +298,193 @@ class SqliteJobStore : public JobStore {
     });
   }
 
+  absl::StatusOr<int32_t> QueuePosition(const std::string& job_id) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("queue position", [&]() -> absl::StatusOr<int32_t> {
+      SQLite::Statement q(*db_, "SELECT state, priority, position FROM jobs WHERE id = ?");
+      q.bind(1, job_id);
+      if (!q.executeStep()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+      if (q.getColumn(0).getInt() != v1::Job::QUEUED) return 0;
+      const int priority = q.getColumn(1).getInt();
+      const int64_t position = q.getColumn(2).getInt64();
+      SQLite::Statement c(
+          *db_, "SELECT COUNT(*) FROM jobs WHERE state = ? AND (priority > ? OR (priority = ? AND position < ?))");
+      c.bind(1, static_cast<int>(v1::Job::QUEUED));
+      c.bind(2, priority);
+      c.bind(3, priority);
+      c.bind(4, position);
+      c.executeStep();
+      return static_cast<int32_t>(c.getColumn(0).getInt64() + 1);
+    });
+  }
+
+  absl::StatusOr<std::optional<ClaimResult>> Claim(const ClaimRequest& request, const JobMutation& start) override {
+    if (request.owner.empty() || request.devices.empty() || request.lease <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("claim: owner, devices and a positive lease are required");
+    }
+    absl::MutexLock lock(&mu_);
+    return Guard("claim a job", [&]() -> absl::StatusOr<std::optional<ClaimResult>> {
+      WriteTransaction tx(*db_);
+      std::string sql = "SELECT id FROM jobs WHERE state = ? AND (";
+      for (size_t i = 0; i < request.devices.size(); ++i)
+        sql += i ? " OR (device = ? AND gpus <= ?)" : "(device = ? AND gpus <= ?)";
+      sql += ") ORDER BY priority DESC, position ASC LIMIT 1";
+      SQLite::Statement q(*db_, sql);
+      q.bind(1, static_cast<int>(v1::Job::QUEUED));
+      int param = 2;
+      for (const auto& [device, max_gpus] : request.devices) {
+        q.bind(param++, device);
+        q.bind(param++, max_gpus);
+      }
+      if (!q.executeStep()) return std::optional<ClaimResult>();
+      const std::string id = q.getColumn(0).getString();
+      q.reset();
+      OOMB_ASSIGN_OR_RETURN(Row row, ReadRowLocked(id));
+      const int64_t now = NowMicros();
+      ClaimResult out;
+      out.queued = row.queued_at > 0 ? absl::Microseconds(now - row.queued_at) : absl::ZeroDuration();
+      OOMB_ASSIGN_OR_RETURN(out.update, ApplyLocked(row, start, request.owner));
+      if (IsLeased(out.update.job.state())) {
+        SQLite::Statement up(*db_, "UPDATE jobs SET lease_expires = ? WHERE id = ?");
+        up.bind(1, now + absl::ToInt64Microseconds(request.lease));
+        up.bind(2, id);
+        up.exec();
+      }
+      tx.Commit();
+      return std::optional<ClaimResult>(std::move(out));
+    });
+  }
+
+  absl::StatusOr<std::vector<LeasedJob>> Heartbeat(const std::string& owner, absl::Duration lease) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("heartbeat", [&]() -> absl::StatusOr<std::vector<LeasedJob>> {
+      WriteTransaction tx(*db_);
+      SQLite::Statement up(*db_, "UPDATE jobs SET lease_expires = ? WHERE owner = ? AND state IN (?, ?, ?)");
+      up.bind(1, NowMicros() + absl::ToInt64Microseconds(lease));
+      up.bind(2, owner);
+      up.bind(3, static_cast<int>(v1::Job::RUNNING));
+      up.bind(4, static_cast<int>(v1::Job::PAUSING));
+      up.bind(5, static_cast<int>(v1::Job::CANCELLING));
+      up.exec();
+      SQLite::Statement q(*db_, "SELECT id, state FROM jobs WHERE owner = ? AND state IN (?, ?, ?) ORDER BY position");
+      q.bind(1, owner);
+      q.bind(2, static_cast<int>(v1::Job::RUNNING));
+      q.bind(3, static_cast<int>(v1::Job::PAUSING));
+      q.bind(4, static_cast<int>(v1::Job::CANCELLING));
+      std::vector<LeasedJob> out;
+      while (q.executeStep()) {
+        out.push_back(LeasedJob{q.getColumn(0).getString(), static_cast<v1::Job::State>(q.getColumn(1).getInt())});
+      }
+      q.reset();
+      tx.Commit();
+      return out;
+    });
+  }
+
+  absl::StatusOr<std::vector<UpdateResult>> Reap(const ReapRequest& request, const JobMutation& recover) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("reap expired leases", [&]() -> absl::StatusOr<std::vector<UpdateResult>> {
+      std::vector<std::string> ids;
+      {
+        const std::vector<v1::Job::State> states = store_internal::ReapableStates();
+        std::string sql = "SELECT id, owner, lease_expires FROM jobs WHERE state IN (";
+        for (size_t i = 0; i < states.size(); ++i) sql += i ? ",?" : "?";
+        sql += ") ORDER BY position";
+        SQLite::Statement q(*db_, sql);
+        for (size_t i = 0; i < states.size(); ++i) q.bind(static_cast<int>(i + 1), static_cast<int>(states[i]));
+        const int64_t now = NowMicros();
+        while (q.executeStep()) {
+          const std::string owner = q.getColumn(1).isNull() ? "" : q.getColumn(1).getString();
+          const bool no_lease = q.getColumn(2).isNull();
+          const bool dead =
+              std::find(request.dead_owners.begin(), request.dead_owners.end(), owner) != request.dead_owners.end();
+          const bool kept = !request.keep_owner.empty() && owner == request.keep_owner;
+          const bool expired = no_lease || q.getColumn(2).getInt64() < now;
+          if (request.all || dead || (!kept && expired)) ids.push_back(q.getColumn(0).getString());
+        }
+      }
+      std::vector<UpdateResult> out;
+      for (const std::string& id : ids) {
+        WriteTransaction tx(*db_);
+        OOMB_ASSIGN_OR_RETURN(Row row, ReadRowLocked(id));
+        absl::StatusOr<UpdateResult> r = ApplyLocked(row, recover, "");
+        if (!r.ok()) continue;  // `recover` refused: leave the job as it is
+        tx.Commit();
+        out.push_back(*std::move(r));
+      }
+      return out;
+    });
+  }
+
+  absl::StatusOr<std::vector<JobChange>> WaitForChanges(absl::Duration timeout) override {
+    // Nobody else writes this file (one daemon per SQLite store): there is nothing to hear.
+    absl::SleepFor(timeout);
+    return std::vector<JobChange>();
+  }
+
  private:
+  // A job's row, as read inside a write transaction.
+  struct Row {
+    std::string id;
+    v1::Job job;
+    int64_t last_sequence = 0;
+    std::string owner;      // empty: none
+    int64_t queued_at = 0;  // 0: never queued (or before the column existed)
+  };
+
+  absl::StatusOr<Row> ReadRowLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SQLite::Statement q(*db_, "SELECT job, last_sequence, owner, queued_at FROM jobs WHERE id = ?");
+    q.bind(1, job_id);
+    if (!q.executeStep()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+    Row row;
+    row.id = job_id;
+    OOMB_ASSIGN_OR_RETURN(row.job, Parse<v1::Job>(q.getColumn(0)));
+    row.last_sequence = q.getColumn(1).getInt64();
+    row.owner = q.getColumn(2).isNull() ? "" : q.getColumn(2).getString();
+    row.queued_at = q.getColumn(3).isNull() ? 0 : q.getColumn(3).getInt64();
+    return row;
+  }
+
+  // Applies `mutate` to `row` and writes the result inside the caller's transaction: the job
+  // keeps `owner` while it stays leased and loses it (and the lease) when it leaves the leased
+  // states; entering QUEUED starts its queue wait.
+  absl::StatusOr<UpdateResult> ApplyLocked(const Row& row, const JobMutation& mutate, const std::string& owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    UpdateResult result;
+    result.job = row.job;
+    const v1::Job::State before = row.job.state();
+    OOMB_RETURN_IF_ERROR(mutate(&result.job, &result.events));
+    const bool leased = IsLeased(result.job.state()) && !owner.empty();
+    if (leased) {
+      result.job.set_daemon(owner);
+    } else {
+      result.job.clear_daemon();
+    }
+    SQLite::Statement up(*db_,
+                         "UPDATE jobs SET state = ?, job = ?, last_sequence = ?, owner = ?, "
+                         "lease_expires = CASE WHEN ? THEN lease_expires ELSE NULL END, queued_at = ? WHERE id = ?");
+    up.bind(1, static_cast<int>(result.job.state()));
+    const std::string blob = Blob(result.job);
+    up.bind(2, blob.data(), static_cast<int>(blob.size()));
+    up.bind(3, row.last_sequence + static_cast<int64_t>(result.events.size()));
+    if (leased) {
+      up.bind(4, owner);
+    } else {
+      up.bind(4);
+    }
+    up.bind(5, leased && owner == row.owner ? 1 : 0);
+    const bool enters_queue = store_internal::EntersQueue(before, result.job.state());
+    if (enters_queue || row.queued_at > 0) {
+      up.bind(6, enters_queue ? NowMicros() : row.queued_at);
+    } else {
+      up.bind(6);
+    }
+    up.bind(7, row.id);
+    up.exec();
+    AppendEventsLocked(row.id, row.last_sequence, &result.events);
+    return result;
+  }
+
   // Runs `fn`, turning SQLite exceptions into INTERNAL statuses that name the operation.
   template <typename Fn>
   auto Guard(const char* what, Fn&& fn) -> decltype(fn()) {
@@ -288,11 +493,6 @@ class SqliteJobStore : public JobStore {
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("job store: ", what, ": ", e.what()));
     }
-  }
-
-  static std::string IdOf(const v1::Job& job) {
-    const std::string& name = job.name();
-    return name.rfind("jobs/", 0) == 0 ? name.substr(5) : name;
   }
 
   absl::StatusOr<v1::Job> GetLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -313,15 +513,8 @@ class SqliteJobStore : public JobStore {
   // records for CHECKPOINT_SAVED events).
   void AppendEventsLocked(const std::string& job_id, int64_t last_sequence, std::vector<v1::JobEvent>* events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
+    store_internal::StampEvents(job_id, last_sequence, events);
     for (v1::JobEvent& e : *events) {
-      e.set_job(JobName(job_id));
-      e.set_sequence(++last_sequence);
-      if (!e.has_time()) *e.mutable_time() = now;
-      // Stamped before the event is stored, so a replay from the store equals the live event.
-      if (e.type() == v1::JobEvent::CHECKPOINT_SAVED && !e.checkpoint().has_create_time()) {
-        *e.mutable_checkpoint()->mutable_create_time() = e.time();
-      }
       SQLite::Statement ins(*db_, "INSERT INTO job_events (job_id, sequence, event) VALUES (?, ?, ?)");
       ins.bind(1, job_id);
       ins.bind(2, e.sequence());
@@ -345,6 +538,39 @@ class SqliteJobStore : public JobStore {
   std::unique_ptr<SQLite::Database> db_ ABSL_GUARDED_BY(mu_);
 };
 
+// Adds the queue columns to a file made before them (filling priority and device from the
+// stored jobs) and the queue's index.
+void MigrateQueueColumns(SQLite::Database& db) {
+  std::vector<std::string> have;
+  {
+    SQLite::Statement q(db, "PRAGMA table_info(jobs)");
+    while (q.executeStep()) have.push_back(q.getColumn(1).getString());
+  }
+  bool added = false;
+  for (const AddedColumn& c : kQueueColumns) {
+    if (std::find(have.begin(), have.end(), c.name) != have.end()) continue;
+    db.exec(absl::StrCat("ALTER TABLE jobs ADD COLUMN ", c.name, " ", c.definition));
+    added = true;
+  }
+  if (added) {
+    std::vector<std::pair<std::string, v1::Job>> jobs;
+    SQLite::Statement q(db, "SELECT id, job FROM jobs");
+    while (q.executeStep()) {
+      absl::StatusOr<v1::Job> j = Parse<v1::Job>(q.getColumn(1));
+      if (j.ok()) jobs.emplace_back(q.getColumn(0).getString(), *std::move(j));
+    }
+    for (const auto& [id, job] : jobs) {
+      SQLite::Statement up(db, "UPDATE jobs SET priority = ?, device = ?, gpus = ? WHERE id = ?");
+      up.bind(1, job.priority());
+      up.bind(2, job.spec().resources().device());
+      up.bind(3, std::max(1, job.spec().resources().gpus()));
+      up.bind(4, id);
+      up.exec();
+    }
+  }
+  db.exec("CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, priority DESC, position)");
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& path) {
@@ -354,7 +580,12 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& 
     db->exec("PRAGMA journal_mode=WAL");
     db->exec("PRAGMA synchronous=FULL");
     db->exec("PRAGMA foreign_keys=ON");
-    db->exec(kSchema);
+    {
+      WriteTransaction tx(*db);
+      db->exec(kSchema);
+      MigrateQueueColumns(*db);
+      tx.Commit();
+    }
     return std::unique_ptr<JobStore>(new SqliteJobStore(std::move(db)));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("cannot open the job store ", path, ": ", e.what()));

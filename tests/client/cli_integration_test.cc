@@ -417,6 +417,27 @@ TEST_F(CliTest, ConfigPrintRedactsAndRejectsUnknownKeys) {
   status = std::system(("OOMB_SERVER__LISSTEN=x " + bin + " config print > " + out.string() + " 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_THAT(Slurp(out), HasSubstr("environment OOMB_SERVER__LISSTEN: server.lissten: unknown key"));
+  // The store section: the PostgreSQL URL (it may hold a password) is redacted; environment
+  // variables reach it; bad combinations are refused naming the key.
+  status = std::system(("OOMB_STORE__BACKEND=postgres OOMB_STORE__LEASE_SECONDS=45 " + bin +
+                        " config print --set store.postgres_url=postgresql://oomb:pa55word@db/oomb > " + out.string() +
+                        " 2>&1")
+                           .c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 0) << Slurp(out);
+  EXPECT_THAT(Slurp(out), HasSubstr("backend: \"postgres\""));
+  EXPECT_THAT(Slurp(out), HasSubstr("postgres_url: <redacted>"));
+  EXPECT_THAT(Slurp(out), HasSubstr("lease_seconds: 45"));
+  EXPECT_THAT(Slurp(out), ::testing::Not(HasSubstr("pa55word")));
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--set store.backend=postgres", "store.backend: postgres needs store.postgres_url_file"},
+           {"--set store.backend=mysql", "store.backend: must be sqlite or postgres; got 'mysql'"},
+           {"--set store.postgres_url=x", "set, but store.backend is sqlite"},
+           {"--set store.lease_seconds=10", "store.lease_seconds: must be longer than store.heartbeat_seconds (10)"},
+           {"--set store.leese_seconds=10", "store.leese_seconds: unknown key"}}) {
+    status = std::system((bin + " config print " + flags + " > " + out.string() + " 2>&1").c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 2) << flags;
+    EXPECT_THAT(Slurp(out), HasSubstr(message)) << flags;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// The job store and the scheduler's state machine, with a ScriptedRunner in place of the
-// trainer (it emits a few steps and a checkpoint; it tests the service, not training), and the
-// JobService over a real in-process gRPC server on port 0.
+// The scheduler's state machine with a ScriptedRunner in place of the trainer (it emits a few
+// steps and a checkpoint; it tests the service, not training), and the JobService over a real
+// in-process gRPC server on port 0. The job store's own contract: job_store_conformance_test.cc.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -311,40 +311,6 @@ TEST(SpecConvertTest, RoundTripAndDefaults) {
   EXPECT_EQ(JobSpecFromProto(p)->training.max_steps, 100);
   p.mutable_training()->set_learning_rate(-1);
   EXPECT_EQ(JobSpecFromProto(p).status().message(), "training.learning_rate: must be > 0, got -1");
-}
-
-TEST(StoreTest, ListPaginationIsStableUnderInserts) {
-  const std::string path = std::filesystem::temp_directory_path() / ("oomb_store_test_" + std::to_string(::getpid()));
-  std::filesystem::remove(path);
-  auto store = *OpenSqliteJobStore(path);
-  auto add = [&](const std::string& id, const std::string& team) {
-    v1::Job j;
-    j.set_name(JobName(id));
-    j.set_state(v1::Job::QUEUED);
-    (*j.mutable_labels())["team"] = team;
-    ASSERT_TRUE(store->Create(j, "", {}).ok());
-  };
-  for (int i = 0; i < 5; ++i) add("j" + std::to_string(i), i % 2 ? "odd" : "even");
-  ListQuery q;
-  q.page_size = 2;
-  ListResult p1 = *store->List(q);
-  ASSERT_EQ(p1.jobs.size(), 2u);
-  EXPECT_EQ(p1.jobs[0].name(), "jobs/j4");
-  add("j5", "odd");  // inserted between pages: does not shift the next page
-  q.before_position = p1.next_position;
-  ListResult p2 = *store->List(q);
-  ASSERT_EQ(p2.jobs.size(), 2u);
-  EXPECT_EQ(p2.jobs[0].name(), "jobs/j2");
-  q.before_position = p2.next_position;
-  ListResult p3 = *store->List(q);
-  ASSERT_EQ(p3.jobs.size(), 1u);
-  EXPECT_EQ(p3.jobs[0].name(), "jobs/j0");
-  EXPECT_EQ(p3.next_position, 0);
-  ListQuery odd;
-  odd.labels = {{"team", "odd"}};
-  EXPECT_EQ(store->List(odd)->jobs.size(), 3u);
-  store.reset();
-  std::filesystem::remove(path);
 }
 
 }  // namespace

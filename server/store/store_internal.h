@@ -1,0 +1,53 @@
+// What the JobStore backends share (server/store/*_job_store.cc); not part of the interface.
+#ifndef OOMB_SERVER_STORE_STORE_INTERNAL_H_
+#define OOMB_SERVER_STORE_STORE_INTERNAL_H_
+
+#include <string>
+#include <vector>
+
+#include "google/protobuf/util/time_util.h"
+#include "oomb/v1/jobs.pb.h"
+#include "server/store/job_store.h"
+
+namespace oomb::server::store_internal {
+
+// The states in which a job is leased to the daemon running it.
+inline bool IsLeased(v1::Job::State s) {
+  return s == v1::Job::RUNNING || s == v1::Job::PAUSING || s == v1::Job::CANCELLING;
+}
+
+// The states Reap() looks at: the leased ones, and RECOVERING (never left standing by the
+// scheduler, which goes on to QUEUED in the same transaction; older versions did).
+inline std::vector<v1::Job::State> ReapableStates() {
+  return {v1::Job::RUNNING, v1::Job::PAUSING, v1::Job::CANCELLING, v1::Job::RECOVERING};
+}
+
+// "jobs/a" -> "a".
+inline std::string IdOf(const v1::Job& job) {
+  const std::string& name = job.name();
+  return name.rfind("jobs/", 0) == 0 ? name.substr(5) : name;
+}
+
+// Numbers `events` after `last_sequence` and stamps them: job name, time (when unset), and the
+// checkpoint's create time for CHECKPOINT_SAVED, before they are stored, so that a replay from
+// the store equals the live event.
+inline void StampEvents(const std::string& job_id, int64_t last_sequence, std::vector<v1::JobEvent>* events) {
+  const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
+  for (v1::JobEvent& e : *events) {
+    e.set_job(JobName(job_id));
+    e.set_sequence(++last_sequence);
+    if (!e.has_time()) *e.mutable_time() = now;
+    if (e.type() == v1::JobEvent::CHECKPOINT_SAVED && !e.checkpoint().has_create_time()) {
+      *e.mutable_checkpoint()->mutable_create_time() = e.time();
+    }
+  }
+}
+
+// Whether a change from `before` to `after` puts the job (back) in the queue: its wait starts.
+inline bool EntersQueue(v1::Job::State before, v1::Job::State after) {
+  return after == v1::Job::QUEUED && before != v1::Job::QUEUED;
+}
+
+}  // namespace oomb::server::store_internal
+
+#endif  // OOMB_SERVER_STORE_STORE_INTERNAL_H_
