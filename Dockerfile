@@ -6,7 +6,9 @@
 #   docker build --build-arg OOMB_GIT_SHA=$(git rev-parse --short=12 HEAD) -t oomb .
 #   docker run --gpus all -p 7070:7070 -p 7071:7071 -v oomb-data:/var/lib/oomb oomb
 #
-# gRPC on 7070, Prometheus /metrics on 7071 (docs/metrics.md).
+# gRPC on 7070, Prometheus /metrics on 7071 (docs/metrics.md); the plaintext health port 7072
+# when server.health_listen sets it. Kubernetes and systemd: docs/DEPLOY.md (deploy/k8s uses
+# this image's user, uid and gid 10001).
 #
 # Not built on the developer machines (no Docker engine there); kept consistent with
 # scripts/setup.sh, which is the tested path.
@@ -34,12 +36,13 @@ RUN mkdir -p /opt/oomb/bin /opt/oomb/lib \
 
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-ubuntu24.04
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --create-home --home-dir /var/lib/oomb oomb
+ && groupadd --system --gid 10001 oomb \
+ && useradd --system --uid 10001 --gid oomb --create-home --home-dir /var/lib/oomb oomb
 COPY --from=build /opt/oomb /opt/oomb
 ENV PATH=/opt/oomb/bin:$PATH LD_LIBRARY_PATH=/opt/oomb/lib OOMB_DATA_HOME=/var/lib/oomb
 USER oomb
 VOLUME /var/lib/oomb
-EXPOSE 7070 7071
+EXPOSE 7070 7071 7072
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s CMD ["oomb", "--endpoint", "127.0.0.1:7070", "health"]
 ENTRYPOINT ["oombd"]

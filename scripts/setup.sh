@@ -51,10 +51,11 @@ else
 fi
 
 # Python environment: LibTorch (the PyPI wheel, with its CUDA runtime wheels as dependencies, so
-# libtorch_cuda.so links and loads on a machine without a GPU) and the reference-parity stack.
+# libtorch_cuda.so links and loads on a machine without a GPU), the reference-parity stack, and
+# kubernetes-validate (the Kubernetes schemas, bundled, for tests/deploy/check_k8s.py).
 PY_PACKAGES=(
   "torch==${TORCH_VERSION}" "numpy<3" "transformers==5.*" "tokenizers" "safetensors" "peft"
-  "gguf" "grpcio" "grpcio-tools" "protobuf" "pyyaml" "matplotlib"
+  "gguf" "grpcio" "grpcio-tools" "protobuf" "pyyaml" "matplotlib" "kubernetes-validate"
 )
 stamp="$OOMB_VENV/.oomb-setup-$(printf '%s\n' "${PY_PACKAGES[@]}" | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then

@@ -33,6 +33,7 @@ const std::vector<Key>& Keys() {
   static const std::vector<Key>* const kKeys = new std::vector<Key>{
       {"server.data_dir", &ServerConfig::data_dir},
       {"server.listen", &ServerConfig::listen},
+      {"server.health_listen", &ServerConfig::health_listen},
       {"server.unix_socket", &ServerConfig::unix_socket},
       {"server.unix_socket_path", &ServerConfig::unix_socket_path},
       {"server.reflection", &ServerConfig::reflection},

@@ -7,6 +7,11 @@
 //     data_dir: ~/.local/share/oomb   # or $OOMB_DATA_HOME; the job store, checkpoints, port file
 //     listen: 127.0.0.1:7070          # TCP host:port; port 0 picks one (printed, and written to
 //                                     # <data_dir>/oombd.port); "" disables TCP
+//     health_listen: ""               # plaintext grpc.health.v1 only (no auth, no TLS), for
+//                                     # probes that cannot do TLS (Kubernetes); host:port, port 0
+//                                     # picks one (<data_dir>/oombd.health.port). Off by default:
+//                                     # `listen` already answers health, and a fixed second port
+//                                     # would collide between daemons on one host
 //     unix_socket: false              # also listen on a Unix socket (mode 0600)
 //     unix_socket_path: ""            # default <data_dir>/oombd.sock
 //     reflection: true                # gRPC reflection (off whenever auth is on)
@@ -65,6 +70,7 @@ namespace oomb::server {
 struct ServerConfig {
   std::string data_dir;  // filled from OOMB_DATA_HOME or ~/.local/share/oomb when unset
   std::string listen = "127.0.0.1:7070";
+  std::string health_listen;
   bool unix_socket = false;
   std::string unix_socket_path;
   std::string metrics_listen = "127.0.0.1:7071";

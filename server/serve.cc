@@ -7,9 +7,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -18,10 +21,12 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/job_service.h"
 #include "server/metrics/exporter.h"
@@ -34,18 +39,89 @@
 namespace oomb::server {
 namespace {
 
-void Notify(const char* state) {
+// sd_notify(3): > 0 when sent, 0 when NOTIFY_SOCKET is unset (or built without libsystemd).
+int Notify(const std::string& state) {
 #ifdef OOMB_HAVE_SYSTEMD
-  sd_notify(0, state);
+  return sd_notify(0, state.c_str());
 #else
   (void)state;
+  return 0;
 #endif
+}
+
+// The unit's WatchdogSec= (WATCHDOG_USEC for this process); zero when none.
+absl::Duration WatchdogInterval() {
+#ifdef OOMB_HAVE_SYSTEMD
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(0, &usec) > 0) return absl::Microseconds(static_cast<int64_t>(usec));
+#endif
+  return absl::ZeroDuration();
+}
+
+// systemd's side of the daemon's life (Type=notify): READY=1 once it serves, STOPPING=1 when
+// the drain begins, and in between a thread that refreshes STATUS= every few seconds and,
+// under WatchdogSec=, sends WATCHDOG=1 at half that interval. The ping follows a query of the
+// job store (the status line's job counts), so a daemon whose store hangs is restarted.
+class SystemdNotifier {
+ public:
+  explicit SystemdNotifier(std::function<std::string()> status) : status_(std::move(status)) {}
+  ~SystemdNotifier() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  SystemdNotifier(const SystemdNotifier&) = delete;
+  SystemdNotifier& operator=(const SystemdNotifier&) = delete;
+
+  // READY=1 with the current status; starts the thread when a notify socket took the message.
+  void Ready() {
+    if (Notify("READY=1\nSTATUS=" + status_()) <= 0) return;
+    const absl::Duration watchdog = WatchdogInterval();
+    const absl::Duration period =
+        watchdog > absl::ZeroDuration() ? std::min(watchdog / 2, kStatusPeriod) : kStatusPeriod;
+    thread_ = std::thread([this, period, ping = watchdog > absl::ZeroDuration()] {
+      for (;;) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) return;
+        }
+        Notify(absl::StrCat(ping ? "WATCHDOG=1\n" : "", "STATUS=", status_()));
+      }
+    });
+  }
+  void Stopping() { Notify("STOPPING=1\nSTATUS=" + status_()); }
+
+ private:
+  static constexpr absl::Duration kStatusPeriod = absl::Seconds(5);
+  const std::function<std::string()> status_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// "jobs 2 running, 1 queued" from the store's counts ("no jobs" when empty).
+std::string JobCounts(JobStore* store) {
+  absl::StatusOr<std::map<v1::Job::State, int64_t>> counts = store->CountByState();
+  if (!counts.ok()) return absl::StrCat("job store: ", counts.status().message());
+  std::vector<std::string> parts;
+  for (const auto& [state, n] : *counts) {
+    parts.push_back(absl::StrCat(n, " ", absl::AsciiStrToLower(v1::Job::State_Name(state))));
+  }
+  return parts.empty() ? "no jobs" : absl::StrCat("jobs ", absl::StrJoin(parts, ", "));
 }
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* field) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", text.status().message()));
   return std::string(absl::StripAsciiWhitespace(*text));
+}
+
+// The address a listener bound: `listen`'s host (every address for a bare port) and `port`.
+std::string BoundAddress(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  return absl::StrCat(colon == std::string::npos ? "0.0.0.0" : listen.substr(0, colon), ":", port);
 }
 
 int Fail(const absl::Status& s) {
@@ -215,6 +291,27 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
                                                     config.unix_socket ? " " + config.unix_socket_path : "")));
   }
   if (config.unix_socket) ::chmod(config.unix_socket_path.c_str(), 0600);
+  // The plaintext health port (CONVENTIONS.md §2: Kubernetes' gRPC probes cannot do TLS): a
+  // server of its own whose only service is the default grpc.health.v1 one (every server built
+  // while EnableDefaultHealthCheckService is on has it), so no job method is reachable there
+  // without TLS or a token. Its status follows the main server's.
+  std::unique_ptr<grpc::Server> health_server;
+  int health_port = 0;
+  if (!config.health_listen.empty()) {
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(config.health_listen, grpc::InsecureServerCredentials(), &health_port);
+    health_server = health_builder.BuildAndStart();
+    if (health_server == nullptr || health_port == 0) {
+      scheduler.Drain(absl::ZeroDuration());
+      server->Shutdown();
+      return Fail(
+          absl::UnavailableError(absl::StrCat("server.health_listen: cannot listen on ", config.health_listen)));
+    }
+  }
+  const auto set_serving = [&](bool serving) {
+    server->GetHealthCheckService()->SetServingStatus(serving);
+    if (health_server != nullptr) health_server->GetHealthCheckService()->SetServingStatus(serving);
+  };
   const std::string metrics_port_file = config.data_dir + "/oombd.metrics.port";
   if (metrics != nullptr) {
     const size_t colon = config.metrics_listen.rfind(':');  // a bare port listens on every address
@@ -231,18 +328,45 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
     if (absl::Status s = WriteFileAtomic(port_file, absl::StrCat(port, "\n")); !s.ok()) return Fail(s);
   }
   if (config.unix_socket) std::cerr << "oombd: listening on unix:" << config.unix_socket_path << std::endl;
-  server->GetHealthCheckService()->SetServingStatus(true);
-  Notify("READY=1");
+  const std::string health_port_file = config.data_dir + "/oombd.health.port";
+  if (health_server != nullptr) {
+    std::cerr << "oombd: health (plaintext grpc.health.v1) on " << BoundAddress(config.health_listen, health_port)
+              << std::endl;
+    if (absl::Status s = WriteFileAtomic(health_port_file, absl::StrCat(health_port, "\n")); !s.ok()) return Fail(s);
+  }
+  set_serving(true);
+
+  // What systemd shows (`systemctl status oombd`): the addresses, then the store's job counts.
+  std::vector<std::string> addresses;
+  if (!config.listen.empty()) addresses.push_back(BoundAddress(config.listen, port));
+  if (config.unix_socket) addresses.push_back("unix:" + config.unix_socket_path);
+  if (health_server != nullptr) addresses.push_back("health " + BoundAddress(config.health_listen, health_port));
+  if (metrics != nullptr) addresses.push_back("metrics " + BoundAddress(config.metrics_listen, metrics->port()));
+  const std::string serving_on = absl::StrCat("serving on ", absl::StrJoin(addresses, ", "));
+  JobStore* const status_store = store->get();
+  std::atomic<bool> draining{false};
+  const auto status = [&draining, status_store, serving_on, grace = config.shutdown_grace_seconds] {
+    const std::string jobs = JobCounts(status_store);
+    if (!draining.load()) return absl::StrCat(serving_on, "; ", jobs);
+    return absl::StrCat("draining: running jobs checkpoint (at most ", grace, " s); ", jobs);
+  };
+  SystemdNotifier systemd(status);
+  systemd.Ready();
 
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
-  Notify("STOPPING=1");
-  server->GetHealthCheckService()->SetServingStatus(false);
+  draining.store(true);
+  set_serving(false);
+  systemd.Stopping();
   const bool stopped = scheduler.Drain(absl::Seconds(config.shutdown_grace_seconds));
   if (!stopped) spdlog::warn("jobs still running after {} s; they resume on restart", config.shutdown_grace_seconds);
   hub.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (health_server != nullptr) {  // last: probes see NOT_SERVING until the main server is down
+    health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    ::unlink(health_port_file.c_str());
+  }
   ::unlink(port_file.c_str());
   if (metrics != nullptr) ::unlink(metrics_port_file.c_str());
   if (config.unix_socket) ::unlink(config.unix_socket_path.c_str());

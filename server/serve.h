@@ -9,7 +9,13 @@
 // "oombd: listening on HOST:PORT" on stderr, writes the port to <data_dir>/oombd.port and sends
 // sd_notify READY=1 when NOTIFY_SOCKET is set. With metrics.listen set, /metrics is served
 // (server/metrics/exporter.h) and "oombd: metrics on http://HOST:PORT/metrics" printed and the
-// port written to <data_dir>/oombd.metrics.port first.
+// port written to <data_dir>/oombd.metrics.port first. With server.health_listen set, a second,
+// plaintext gRPC server answers grpc.health.v1 only (for Kubernetes probes, which cannot do
+// TLS), with the same status as the main one; "oombd: health (plaintext grpc.health.v1) on
+// HOST:PORT" is printed and the port written to <data_dir>/oombd.health.port.
+// systemd (Type=notify, sd_notify(3)): READY=1 as above; STATUS= with the addresses and the
+// store's job counts, refreshed every 5 s; WATCHDOG=1 at half of WatchdogSec= when the unit
+// sets it; STOPPING=1 (health NOT_SERVING already) when the drain begins.
 #ifndef OOMB_SERVER_SERVE_H_
 #define OOMB_SERVER_SERVE_H_
 

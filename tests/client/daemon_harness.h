@@ -149,6 +149,7 @@ class Daemon {
   void Start() {
     fs::remove(dir_ / "oombd.port");
     fs::remove(dir_ / "oombd.metrics.port");
+    fs::remove(dir_ / "oombd.health.port");
     std::vector<std::string> args = options_.prefix;
     args.insert(args.end(), {Oombd(), "serve", "--data-dir", dir_.string(), "--metrics-listen", "127.0.0.1:0"});
     if (options_.tcp) {
@@ -181,6 +182,7 @@ class Daemon {
     if (fs::exists(dir_ / "oombd.metrics.port")) {
       metrics_port_ = std::atoi(Slurp(dir_ / "oombd.metrics.port").c_str());
     }
+    if (fs::exists(dir_ / "oombd.health.port")) health_port_ = std::atoi(Slurp(dir_ / "oombd.health.port").c_str());
   }
 
   // SIGTERM and wait (a clean shutdown).
@@ -200,6 +202,8 @@ class Daemon {
   bool Alive() const { return pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  // The plaintext health port (with --set server.health_listen=127.0.0.1:0); 0 when off.
+  int health_port() const { return health_port_; }
   std::string tcp_endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string unix_endpoint() const { return "unix:" + (dir_ / "oombd.sock").string(); }
   std::string log() const { return Slurp(dir_ / "oombd.log"); }
@@ -217,6 +221,7 @@ class Daemon {
     pid_ = -1;
     port_ = 0;
     metrics_port_ = 0;
+    health_port_ = 0;
   }
 
   fs::path dir_;
@@ -225,7 +230,25 @@ class Daemon {
   int port_ = 0;
   int exit_code_ = -1;
   int metrics_port_ = 0;
+  int health_port_ = 0;
 };
+
+// Certificates made with the openssl command in `d`: a CA (ca.pem), a server certificate for
+// 127.0.0.1 (server.pem, server.key) and a client certificate (client.pem, client.key), both
+// signed by the CA. A failure is a fatal test failure.
+inline void MakeCertificates(const fs::path& d) {
+  const std::string cmd =
+      "cd " + d.string() +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=oomb-test-ca"
+      " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1"
+      " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext"
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2"
+      " -extfile san.ext"
+      " && openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=oomb-client"
+      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2";
+  const Result r = Shell(cmd, d);
+  ASSERT_EQ(r.rc, 0) << r.err;
+}
 
 // The oomb CLI against `endpoint`.
 inline Result Oomb(const std::string& endpoint, const std::string& args, const fs::path& scratch) {

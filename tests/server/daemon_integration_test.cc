@@ -529,22 +529,6 @@ TEST(DaemonDrainTest, DrainingDaemonIsNotServingAndRefusesNewJobs) {
   EXPECT_GT(std::stoll(after["dataset"]["tokens"].get<std::string>()), 10000000);
 }
 
-// Certificates made with the openssl command: a CA, a server certificate for 127.0.0.1 and a
-// client certificate, both signed by the CA.
-void MakeCertificates(const fs::path& d) {
-  const std::string cmd =
-      "cd " + d.string() +
-      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=oomb-test-ca"
-      " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1"
-      " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext"
-      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2"
-      " -extfile san.ext"
-      " && openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=oomb-client"
-      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2";
-  const Result r = Shell(cmd, d);
-  ASSERT_EQ(r.rc, 0) << r.err;
-}
-
 TEST(DaemonTlsTest, TlsAndMutualTlsWithGeneratedCertificates) {
   if (Shell("openssl version", fs::temp_directory_path()).rc != 0) GTEST_SKIP() << "no openssl command";
   TempDir tmp;
