@@ -559,16 +559,9 @@ class PostgresJobStore : public JobStore {
   absl::StatusOr<UpdateResult> Apply(pqxx::work& tx, const Row& row, const JobMutation& mutate,
                                      const std::string& owner, int64_t lease_us) {
     UpdateResult result;
-    result.job = row.job;
     const v1::Job::State before = row.job.state();
-    OOMB_RETURN_IF_ERROR(mutate(&result.job, &result.events));
-    const bool leased = IsLeased(result.job.state()) && !owner.empty();
-    if (leased) {
-      result.job.set_daemon(owner);
-    } else {
-      result.job.clear_daemon();
-      lease_us = kNoLease;
-    }
+    OOMB_ASSIGN_OR_RETURN(const bool leased, store_internal::MutateRecordingLease(row.job, mutate, owner, &result));
+    if (!leased) lease_us = kNoLease;
     tx.exec_params(
         "UPDATE jobs SET state = $2::integer, job = $3, last_sequence = $4::bigint, owner = NULLIF($5::text, ''), "
         "lease_expires = CASE WHEN $6::bigint >= 0 THEN now() + $6::bigint * interval '1 microsecond' "

@@ -451,15 +451,8 @@ class SqliteJobStore : public JobStore {
   absl::StatusOr<UpdateResult> ApplyLocked(const Row& row, const JobMutation& mutate, const std::string& owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     UpdateResult result;
-    result.job = row.job;
     const v1::Job::State before = row.job.state();
-    OOMB_RETURN_IF_ERROR(mutate(&result.job, &result.events));
-    const bool leased = IsLeased(result.job.state()) && !owner.empty();
-    if (leased) {
-      result.job.set_daemon(owner);
-    } else {
-      result.job.clear_daemon();
-    }
+    OOMB_ASSIGN_OR_RETURN(const bool leased, store_internal::MutateRecordingLease(row.job, mutate, owner, &result));
     SQLite::Statement up(*db_,
                          "UPDATE jobs SET state = ?, job = ?, last_sequence = ?, owner = ?, "
                          "lease_expires = CASE WHEN ? THEN lease_expires ELSE NULL END, queued_at = ? WHERE id = ?");

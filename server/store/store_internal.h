@@ -43,6 +43,22 @@ inline void StampEvents(const std::string& job_id, int64_t last_sequence, std::v
   }
 }
 
+// Runs `mutate` on a copy of `job` into `result` (Update's read-modify-write) and records the
+// lease holder on it: Job.daemon is `owner` while the job stays in a leased state (and `owner`
+// is set), and cleared otherwise. Returns whether the job is leased after the change.
+inline absl::StatusOr<bool> MutateRecordingLease(const v1::Job& job, const JobMutation& mutate,
+                                                 const std::string& owner, UpdateResult* result) {
+  result->job = job;
+  if (absl::Status s = mutate(&result->job, &result->events); !s.ok()) return s;
+  const bool leased = IsLeased(result->job.state()) && !owner.empty();
+  if (leased) {
+    result->job.set_daemon(owner);
+  } else {
+    result->job.clear_daemon();
+  }
+  return leased;
+}
+
 // Whether a change from `before` to `after` puts the job (back) in the queue: its wait starts.
 inline bool EntersQueue(v1::Job::State before, v1::Job::State after) {
   return after == v1::Job::QUEUED && before != v1::Job::QUEUED;

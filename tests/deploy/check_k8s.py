@@ -29,7 +29,7 @@ import tempfile
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oombd_config import ConfigError, effective_config, known_sections, port_of  # noqa: E402
+from oombd_config import ConfigError, effective_config, port_of  # noqa: E402
 
 try:
     import kubernetes_validate
@@ -44,9 +44,6 @@ K8S_VERSIONS = ["1.27.0", kubernetes_validate.utils.latest_version()]
 GRACE_MARGIN_SECONDS = 15
 # The Secrets the manifests mount, created outside them (docs/DEPLOY.md), and their keys.
 SECRETS = {"oomb-token": {"token"}, "oomb-tls": {"tls.crt", "tls.key", "ca.crt"}, "oomb-postgres": {"url"}}
-# The store keys the fleet configuration uses (server/config.h), checked by name while this
-# oombd has no store section to check them itself.
-STORE_KEYS = {"backend", "postgres_url_file", "lease_seconds", "heartbeat_seconds"}
 
 problems = []
 
@@ -148,7 +145,7 @@ def check_podmonitor(pm, pod_labels, container_ports, where):
         check(jobs == ["oomb"], f"{where}: the job label must be oomb (deploy/prometheus/alerts.yml), got {jobs}")
 
 
-def check_overlay(name, oombd, repo, dockerfile_uid, store_supported):
+def check_overlay(name, oombd, repo, dockerfile_uid):
     overlay = os.path.join(repo, "deploy/k8s", name)
     docs = render(overlay)
     if not docs:
@@ -209,8 +206,6 @@ def check_overlay(name, oombd, repo, dockerfile_uid, store_supported):
     if name == "fleet":
         check(isinstance(store, dict) and store.get("backend") == "postgres",
               f"{where}: the fleet needs store.backend: postgres")
-        check(isinstance(store, dict) and set(store) <= STORE_KEYS,
-              f"{where}: store keys {store and sorted(set(store) - STORE_KEYS)} are not oombd's")
     else:
         check(store is None or store.get("backend", "sqlite") == "sqlite", f"{where}: single uses SQLite")
     # The effective configuration in two pods of the workload: the file, then the container's
@@ -219,13 +214,7 @@ def check_overlay(name, oombd, repo, dockerfile_uid, store_supported):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "config.yaml")
         with open(path, "w") as f:
-            if store is not None and not store_supported:
-                # This oombd predates the store section: everything else goes through it; the
-                # store keys' names are checked above.
-                print(f"check_k8s: note: this oombd has no store section; {where}'s store.* checked by name only")
-                yaml.safe_dump({k: v for k, v in file_config.items() if k != "store"}, f)
-            else:
-                f.write(text)  # as shipped, so that oombd's file:line errors point into it
+            f.write(text)  # as shipped, so that oombd's file:line errors point into it
         for pod_name in (w["metadata"]["name"] + "-0", w["metadata"]["name"] + "-1"):
             env = container_env(c, pod_name)
             check(not any("$(" in v for v in env.values()), f"{where}: an env $(VAR) names no earlier variable: {env}")
@@ -235,8 +224,6 @@ def check_overlay(name, oombd, repo, dockerfile_uid, store_supported):
                 problems.append(f"{where}: config.yaml with the container's environment refused by oombd: {e}")
                 return
     config = configs[0]
-    if store is not None and not store_supported:
-        config["store"] = store
     server = config["server"]
 
     # Ports: the config opens what the pod declares, on every address (the kubelet and
@@ -382,9 +369,8 @@ def main():
     check(uid and gid, "Dockerfile: no useradd --uid or groupadd --gid")
     dockerfile_uid = (int(uid.group(1)), int(gid.group(1))) if uid and gid else None
     self_test(oombd, repo)
-    store_supported = "store" in known_sections(oombd)
     for overlay in ("single", "fleet"):
-        check_overlay(overlay, oombd, repo, dockerfile_uid, store_supported)
+        check_overlay(overlay, oombd, repo, dockerfile_uid)
     with open(os.path.join(repo, "docs/DEPLOY.md")) as f:
         doc = f.read()
     for secret, keys in SECRETS.items():

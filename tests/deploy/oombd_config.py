@@ -25,13 +25,6 @@ def effective_config(oombd, path, env=None):
     return yaml.safe_load(r.stdout)
 
 
-def known_sections(oombd):
-    """The configuration sections this oombd knows (from its defaults)."""
-    r = subprocess.run([oombd, "config", "print"], capture_output=True, text=True, check=True,
-                       env={k: v for k, v in os.environ.items() if not k.startswith("OOMB_")})
-    return set(yaml.safe_load(r.stdout))
-
-
 def port_of(listen):
     """The port of a host:port listen address."""
     return int(listen.rsplit(":", 1)[1])

@@ -264,9 +264,6 @@ class Run {
     if (spec_.attention.mode != "dense") {
       return absl::UnimplementedError("attention.mode: sparse attention is not implemented yet; use dense");
     }
-    if (spec_.backward.chunk_fraction != 1.0) {
-      return absl::UnimplementedError("backward.chunk_fraction: SpaCO (< 1.0) is not implemented yet; use 1.0");
-    }
     oom_failpoint_step_ = OomFailpointStep(spec_);
     OOMB_ASSIGN_OR_RETURN(ModelConfig base_config, LoadModelConfig(spec_.model.path));
     OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec_));
@@ -325,6 +322,7 @@ class Run {
     peak_flops_ = PeakFlops(device_);
     ChunkTrainerOptions trainer_options;
     trainer_options.chunk_tokens = spec_.memory.chunk_tokens;
+    trainer_options.chunk_fraction = spec_.backward.chunk_fraction;
     trainer_options.should_stop = [this] { return PollStop(); };
     trainer_ = std::make_unique<ChunkTrainer>(model_.get(), kv_pool_.get(), grad_pool_.get(), trainer_options);
 
@@ -391,7 +389,9 @@ class Run {
   }
 
   // The mean loss over the validation sequences; data parallel: each rank evaluates its share
-  // and the sums are combined (Agree, with this rank's status so far as `mine`).
+  // and the sums are combined (Agree, with this rank's status so far as `mine`). 0 (no eval
+  // loss) when a stop was asked for during the evaluation: the step is reported without it,
+  // and the run stops at the step's end.
   absl::StatusOr<double> Evaluate(const absl::Status& mine) {
     std::vector<double> sums = {0, 0};
     absl::Status local = mine;
@@ -406,7 +406,9 @@ class Run {
         return absl::OkStatus();
       });
     }
+    if (absl::IsCancelled(local)) local = absl::OkStatus();  // stop_ is set: Agree passes it on
     OOMB_RETURN_IF_ERROR(Agree(local, &sums));
+    if (stop_ != StopRequest::kNone) return 0.0;
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   }
 

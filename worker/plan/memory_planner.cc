@@ -151,9 +151,6 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& 
   if (spec.attention.mode != "dense") {
     return absl::UnimplementedError("attention.mode: sparse attention is not implemented yet; use dense");
   }
-  if (spec.backward.chunk_fraction != 1.0) {
-    return absl::UnimplementedError("backward.chunk_fraction: SpaCO (< 1.0) is not implemented yet; use 1.0");
-  }
   if (spec.memory.kv_offload == "host") {
     return absl::UnimplementedError(
         "memory.kv_offload: the host tier for KV pages is not implemented yet; use auto or none");

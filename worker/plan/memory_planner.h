@@ -26,8 +26,11 @@
 // upper bound (tests/worker/train/memory_planner_test.cc); on the GPU, the whole peak within
 // 10% (bench/bench_train.cc prints both; results under bench/results).
 //
+// SpaCO (backward.chunk_fraction < 1) plans like the exact trainer: stage 1 keeps every page,
+// and a kept chunk of stage 2 needs what an exact one does.
+//
 // Not modelled (the engine does not do them yet): a host tier for KV pages (memory.kv_offload:
-// host is UNIMPLEMENTED), sparse attention and SpaCO (UNIMPLEMENTED, as in the executor).
+// host is UNIMPLEMENTED) and sparse attention (UNIMPLEMENTED, as in the executor).
 #ifndef OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
 #define OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
 
@@ -76,7 +79,7 @@ struct MemoryPlan {
 inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
 
 // The plan of `spec` on `target`, for the model `config` (the spec's model.path's
-// config.json). UNIMPLEMENTED for what the engine cannot run yet (sparse attention, SpaCO,
+// config.json). UNIMPLEMENTED for what the engine cannot run yet (sparse attention,
 // memory.kv_offload: host, bfloat16 KV-gradient pages), naming the field.
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target);
 

@@ -140,6 +140,20 @@ int64_t ChunkTrainer::NumChunks(const TokenSequence& seq) const {
   return (seq.size() + options_.chunk_tokens - 1) / options_.chunk_tokens;
 }
 
+bool ChunkTrainer::KeepChunk(int64_t index, uint64_t seed) const {
+  if (options_.keep_chunk) return options_.keep_chunk(index);
+  if (options_.chunk_fraction >= 1.0) return true;
+  // Output `index` of the SplitMix64 stream seeded with mix(seed): a uniform draw in [0, 1) per
+  // chunk, independent across chunks and sequences.
+  const auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  const uint64_t z = mix(mix(seed) + static_cast<uint64_t>(index + 1) * 0x9E3779B97F4A7C15ull);
+  return static_cast<double>(z >> 11) * 0x1.0p-53 < options_.chunk_fraction;
+}
+
 ChunkTrainer::Chunk ChunkTrainer::MakeChunk(const TokenSequence& seq, int64_t index, bool training,
                                             uint64_t dropout_seed) const {
   const int64_t rope_seq_len =
@@ -211,7 +225,14 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
     loss = *forward;
     const int64_t L = model_->config().num_layers;
     const int64_t last = NumChunks(seq) - 1;
+    const double p = options_.chunk_fraction;
     for (int64_t index = last; index >= 0; --index) {
+      if (!KeepChunk(index, dropout_seed)) {  // SpaCO: this chunk and what it would pass on are dropped
+        cache.ReleaseFrom(index * options_.chunk_tokens);
+        clock.Lap(&chunk_times_.backward);
+        if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
+        continue;
+      }
       const Chunk c = MakeChunk(seq, index, /*training=*/true, dropout_seed);
       std::vector<at::Tensor> ks(L), vs(L);
       const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -225,7 +246,8 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
       const at::Tensor chunk_loss =
           kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block);
       std::vector<at::Tensor> outputs = {chunk_loss * loss_scale};
-      std::vector<at::Tensor> grads = {at::ones({}, chunk_loss.options())};
+      // 1/p: SpaCO's weight of a kept chunk (1 for the exact trainer).
+      std::vector<at::Tensor> grads = {at::full({}, 1.0 / p, chunk_loss.options())};
       // Gradients that later chunks left in this chunk's pages (none for the last chunk).
       if (index != last) {
         for (int64_t l = 0; l < L; ++l) {
@@ -234,11 +256,11 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
           // 0's K without a LoRA on k_proj): then there is nothing to inject.
           if (ks[l].requires_grad()) {
             outputs.push_back(ks[l]);
-            grads.push_back(dk.to(ks[l].scalar_type()));
+            grads.push_back(p == 1.0 ? dk.to(ks[l].scalar_type()) : (dk / p).to(ks[l].scalar_type()));
           }
           if (vs[l].requires_grad()) {
             outputs.push_back(vs[l]);
-            grads.push_back(dv.to(vs[l].scalar_type()));
+            grads.push_back(p == 1.0 ? dv.to(vs[l].scalar_type()) : (dv / p).to(vs[l].scalar_type()));
           }
         }
       }

@@ -13,6 +13,19 @@
 // overwritten) equal those of ordinary full-sequence backpropagation of
 // loss_scale * sum(CE over label tokens) to rounding, for any chunk and page size.
 //
+// SpaCO (backward.chunk_fraction = p < 1): stage 2 backpropagates only a sample of the chunks.
+// Chunk i is kept with probability p, independently of the others (z_i ~ Bernoulli(p), drawn
+// from the sequence's seed and i, so a resumed step draws the same); a kept chunk
+// backpropagates (1/p) * (loss_i * loss_scale + sum_l <dK_i, K_i> + <dV_i, V_i>), with the dK_i,
+// dV_i that the kept later chunks left; a dropped chunk does nothing (no recompute, nothing
+// added to its past's gradient pages). The estimate
+//   g~ = sum_i (z_i / p) J_i^T u~_i,   u~_i = dloss_i + sum_{k > i} (z_k / p) A_ki^T u~_k
+// (J_i: chunk i's Jacobian in the parameters, A_ki: chunk k's in chunk i's K and V, both at the
+// stage-1 point) is unbiased: backpropagation is linear in u, z_i is independent of u~_i (which
+// depends on the later draws only), so E[g~] = sum_i J_i^T E[u~_i] and E[u~_i] = u_i by
+// induction from the last chunk. p = 1 is the exact trainer. Stage 2 then costs about p of the
+// exact one; the variance grows as p falls.
+//
 // Labels: `labels[t]` is the target of position t (already shifted: the token at t+1), or
 // kIgnoreIndex. The data pipeline shifts over the whole sequence before chunking, so the last
 // token of chunk i predicts the first token of chunk i+1.
@@ -38,6 +51,10 @@ struct ChunkTrainerOptions {
   int64_t chunk_tokens = 4096;
   int64_t ce_rows_per_block = 1024;    // sub-chunk of the fused LM head + cross-entropy
   int64_t attention_key_block = 2048;  // past tokens read at once by the attention
+  double chunk_fraction = 1.0;         // SpaCO's p, in (0, 1] (see above)
+  // Tests: which chunks stage 2 keeps (overrides the Bernoulli draws; the kept ones are still
+  // weighted 1/chunk_fraction), to enumerate every selection.
+  std::function<bool(int64_t chunk)> keep_chunk;
   // Asked after every chunk of either stage; when it returns true the sequence stops and
   // TrainSequence returns CANCELLED (gradients of the partial sequence must be discarded).
   std::function<bool()> should_stop;
@@ -70,7 +87,8 @@ class ChunkTrainer {
   ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool, ChunkTrainerOptions options);
 
   // Stages 1 and 2 over the sequence; accumulates gradients of loss_scale * sum(CE) into the
-  // trainable parameters' .grad. `dropout_seed` makes LoRA dropout masks reproducible.
+  // trainable parameters' .grad (with chunk_fraction < 1: SpaCO's unbiased estimate of it).
+  // `dropout_seed` makes LoRA dropout masks and SpaCO's draws reproducible.
   // Errors: RESOURCE_EXHAUSTED when the KV pages do not fit; CANCELLED when should_stop
   // asked; INTERNAL when LibTorch fails (the message carries its error).
   absl::StatusOr<SequenceLoss> TrainSequence(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed);
@@ -88,6 +106,8 @@ class ChunkTrainer {
     at::Tensor labels;  // [C]
   };
   int64_t NumChunks(const TokenSequence& seq) const;
+  // SpaCO: whether stage 2 backpropagates chunk `index` (always, at chunk_fraction 1).
+  bool KeepChunk(int64_t index, uint64_t seed) const;
   // Chunk `index`'s tensors, made when the chunk runs (not for the whole sequence up front:
   // that would be O(T) memory beside the pages).
   Chunk MakeChunk(const TokenSequence& seq, int64_t index, bool training, uint64_t dropout_seed) const;

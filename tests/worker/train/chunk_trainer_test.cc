@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 #include <iostream>
@@ -192,6 +194,92 @@ TEST(ChunkTrainerTest, EvalLossMatchesFullSequence) {
           .item<double>();
   EXPECT_NEAR(loss->loss_sum, want, 1e-10 * std::abs(want));
   EXPECT_EQ(loss->label_tokens, 39);
+}
+
+// SpaCO (chunk_trainer.h): the gradient of one run over `seq` with `options`, taken from the
+// model's trainable parameters.
+Grads SpacoGrads(Transformer& model, const TokenSequence& seq, ChunkTrainerOptions options, uint64_t seed) {
+  Pools pools = MakePools(model.config(), 4, seq.size(), at::kDouble);
+  ChunkTrainer trainer(&model, pools.kv.get(), pools.grad.get(), options);
+  auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), seed);
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(pools.kv->stats().used_pages, 0);
+  EXPECT_EQ(pools.grad->stats().used_pages, 0);
+  return TakeGrads(model);
+}
+
+// The exact expectation of SpaCO's estimate, summed over all 2^5 selections of 5 chunks with
+// their probabilities, is the exact gradient (float64, to 1e-10): the estimator is unbiased by
+// construction, not only in the mean of a sample. At chunk_fraction 1 it is the exact trainer.
+TEST(SpacoTest, ExpectationOverEverySelectionIsTheExactGradient) {
+  const Case c{"qwen2", false, at::kDouble, false};
+  auto model = MakeModel(c, at::kDouble);
+  const TokenSequence seq = TokenSequence::FromDocument(RandomIds(40, 61, 9));
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 8;  // 5 chunks
+  const Grads exact = SpacoGrads(*model, seq, options, 0);
+  std::string worst;
+  EXPECT_EQ(MaxRelativeError(SpacoGrads(*model, seq, options, 123), exact, &worst), 0.0) << worst;
+
+  const double p = 0.6;
+  options.chunk_fraction = p;
+  Grads expectation;
+  for (int mask = 0; mask < 32; ++mask) {
+    options.keep_chunk = [mask](int64_t chunk) { return ((mask >> chunk) & 1) != 0; };
+    const int kept = __builtin_popcount(mask);
+    const double probability = std::pow(p, kept) * std::pow(1 - p, 5 - kept);
+    for (const auto& [name, g] : SpacoGrads(*model, seq, options, 0)) {
+      expectation[name] = expectation.count(name) ? expectation[name] + probability * g : probability * g;
+    }
+  }
+  EXPECT_LE(MaxRelativeError(expectation, exact, &worst), 1e-10) << worst;
+  // A single selection is not the exact gradient (the test can tell them apart).
+  options.keep_chunk = [](int64_t chunk) { return chunk % 2 == 0; };
+  EXPECT_GT(MaxRelativeError(SpacoGrads(*model, seq, options, 0), exact, &worst), 1e-2);
+}
+
+// The statistical check: 400 estimates with their own random draws (p = 0.5), projected on
+// three directions (the exact gradient's and two random ones, all tensors flattened together):
+// each projection's sample mean is within 4 standard errors of the exact gradient's projection
+// (a t-test; the draws are seeded, so the outcome is fixed). The same check rejects a biased
+// estimate: SpaCO's times p, whose mean is p times the gradient.
+TEST(SpacoTest, MeanOfRandomEstimatesIsUnbiased) {
+  const Case c{"llama", false, at::kDouble, false};
+  auto model = MakeModel(c, at::kDouble);
+  const TokenSequence seq = TokenSequence::FromDocument(RandomIds(32, 61, 4));
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 8;          // 4 chunks
+  auto flat = [&](const Grads& g) {  // every parameter, zeros where no chunk was kept
+    std::vector<at::Tensor> parts;
+    for (const auto& [name, p] : model->TrainableParameters()) {
+      parts.push_back(g.count(name) ? g.at(name).reshape({-1}) : at::zeros({p.numel()}, p.options()));
+    }
+    return at::cat(parts);
+  };
+  const at::Tensor exact = flat(SpacoGrads(*model, seq, options, 0));
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  const std::vector<at::Tensor> directions = {exact / exact.norm(), at::randn(exact.sizes(), gen, at::kDouble),
+                                              at::randn(exact.sizes(), gen, at::kDouble)};
+  options.chunk_fraction = 0.5;
+  const int n = 400;
+  std::vector<at::Tensor> estimates;
+  for (int i = 0; i < n; ++i)
+    estimates.push_back(flat(SpacoGrads(*model, seq, options, 1000 + static_cast<uint64_t>(i))));
+  const at::Tensor samples = at::stack(estimates);  // [n, parameters]
+  auto t_statistics = [&](double weight) {
+    std::vector<double> ts;
+    for (const at::Tensor& v : directions) {
+      const at::Tensor s = at::matmul(samples * weight, v);
+      const double want = at::dot(exact, v).item<double>();
+      ts.push_back((s.mean().item<double>() - want) / (s.std().item<double>() / std::sqrt(n)));
+    }
+    return ts;
+  };
+  for (const double t : t_statistics(1.0)) {
+    std::cout << "SpaCO t statistic: " << t << "\n";
+    EXPECT_LT(std::abs(t), 4.0);
+  }
+  EXPECT_GT(std::abs(t_statistics(0.5)[0]), 10.0);
 }
 
 // A recycled page is zero: nothing stale reaches a gradient accumulator.

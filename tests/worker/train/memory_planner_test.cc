@@ -153,9 +153,19 @@ TEST(MemoryPlannerTest, WhatTheEngineCannotRunIsUnimplementedNamingTheField) {
   spec = JobSpec();
   spec.memory.kv_offload = "host";
   EXPECT_NE(PlanMemory(c, spec, target).status().message().find("memory.kv_offload"), std::string::npos);
-  spec = JobSpec();
+}
+
+// SpaCO drops chunks from stage 2 but keeps every page of stage 1: the same plan as exact.
+TEST(MemoryPlannerTest, SpacoPlansLikeTheExactTrainer) {
+  const ModelConfig c = testing::TinyLlamaConfig();
+  PlanTarget target;
+  target.device_bytes = target.host_bytes = int64_t{8} << 30;
+  JobSpec spec;
+  const auto exact = PlanMemory(c, spec, target);
   spec.backward.chunk_fraction = 0.5;
-  EXPECT_EQ(PlanMemory(c, spec, target).status().code(), absl::StatusCode::kUnimplemented);
+  const auto spaco = PlanMemory(c, spec, target);
+  ASSERT_TRUE(exact.ok() && spaco.ok()) << spaco.status();
+  EXPECT_EQ(spaco->peak_device_bytes, exact->peak_device_bytes);
 }
 
 }  // namespace

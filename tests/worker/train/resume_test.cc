@@ -167,6 +167,27 @@ INSTANTIATE_TEST_SUITE_P(PausePoints, ResumeTest, ::testing::Values(1, 4),
 
 // A torn newest checkpoint (a file cut short, as a crash during a non-atomic copy would leave
 // it) fails its checksum; resume warns, takes the one before, and the losses still match.
+// SpaCO (backward.chunk_fraction 0.5) through the executor: its chunk draws follow the step, so
+// a run paused inside a step and resumed equals the uninterrupted one bit for bit; and it is
+// not the exact run (some chunks were dropped).
+TEST(ResumeTest, SpacoRunResumesExactly) {
+  const Fixture f = MakeFixture("resume_spaco");
+  JobSpec spec = MakeSpec(f);
+  const std::string root = fs::path(f.model_dir).parent_path().string();
+  const Outcome exact = RunOnce(spec, root + "/exact", false);
+  spec.backward.chunk_fraction = 0.5;
+  const Outcome full = RunOnce(spec, root + "/full", false);
+  ASSERT_EQ(full.outcome, RunOutcome::kSucceeded);
+  const Outcome first = RunOnce(spec, root + "/split", false, /*pause_after_step=*/3, /*pause_at_poll=*/4);
+  ASSERT_EQ(first.outcome, RunOutcome::kPaused);
+  const Outcome second = RunOnce(spec, root + "/split", true);
+  ASSERT_EQ(second.outcome, RunOutcome::kSucceeded);
+  ExpectSameLosses(second.losses, full.losses, 4);
+  EXPECT_TRUE(ReadBytes(root + "/full/final/adapter_model.safetensors") ==
+              ReadBytes(root + "/split/final/adapter_model.safetensors"));
+  EXPECT_NE(exact.losses.back().second, full.losses.back().second);
+}
+
 TEST(ResumeTest, TornCheckpointIsSkipped) {
   const Fixture f = MakeFixture("torn");
   const JobSpec spec = MakeSpec(f);
@@ -230,6 +251,47 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
     EXPECT_NEAR(loss, want->mean_loss, 1e-5 * want->mean_loss) << "step " << step;
   }
   EXPECT_NE(evals[0].second, evals[1].second);  // the adapter moved between the evaluations
+}
+
+// A pause asked for while the step's evaluation runs (at one of its chunk boundaries) stops the
+// run cleanly at the end of that step: the step is reported without an eval loss and its
+// checkpoint written, rather than the evaluation's CANCELLED failing the run.
+TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
+  const Fixture f = MakeFixture("eval_pause");
+  JobSpec spec = MakeSpec(f);
+  const std::string root = fs::path(f.model_dir).parent_path().string();
+  testing::WriteInputIdsJsonl(root + "/val.jsonl", testing::RandomDocs(3, 30, 40, 61, 23));
+  spec.data.validation = root + "/val.jsonl";
+  spec.training.eval_every_steps = 2;
+  // Step 2's polls, counted from step 1's report: its training chunks, then its evaluation's;
+  // step 2's report comes after both. A first run counts them; the second pauses at the last.
+  auto run = [&](const std::string& dir, int pause_at) {
+    int64_t reported = 0;
+    int polls = 0;
+    std::vector<double> eval_losses;
+    RunOptions options;
+    options.checkpoint_dir = dir;
+    options.devices = {"cpu"};
+    options.on_step = [&](const StepProgress& p) {
+      reported = p.step;
+      eval_losses.push_back(p.eval_loss);
+    };
+    options.poll_stop = [&] {
+      if (reported == 1) ++polls;
+      return reported == 1 && polls == pause_at ? StopRequest::kPause : StopRequest::kNone;
+    };
+    auto r = RunJob(spec, options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return std::make_tuple(r.ok() ? r->outcome : RunOutcome::kCancelled, polls, eval_losses);
+  };
+  const auto [outcome, step2_polls, evals] = run(root + "/count", 0);
+  ASSERT_EQ(outcome, RunOutcome::kSucceeded);
+  ASSERT_GT(evals.at(1), 0);  // step 2 evaluated
+  const auto [paused, polls, reported_evals] = run(root + "/ckpt", step2_polls);
+  EXPECT_EQ(paused, RunOutcome::kPaused);
+  ASSERT_EQ(reported_evals.size(), 2u);
+  EXPECT_EQ(reported_evals[1], 0);  // step 2 reported, without the interrupted evaluation
+  EXPECT_TRUE(fs::exists(root + "/ckpt/checkpoint-2"));
 }
 
 }  // namespace
