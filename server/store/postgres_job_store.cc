@@ -240,12 +240,7 @@ class PostgresJobStore : public JobStore {
         for (const pqxx::row& row : rows) {
           before = row[0].as<int64_t>();
           OOMB_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(row[1]));
-          bool match = true;
-          for (const auto& [k, v] : query.labels) {
-            auto it = job.labels().find(k);
-            if (it == job.labels().end() || it->second != v) match = false;
-          }
-          if (!match) continue;
+          if (!store_internal::MatchesLabels(job, query.labels)) continue;
           if (static_cast<int>(out.jobs.size()) == query.page_size) {
             out.next_position = last_position;  // one more match exists
             return out;

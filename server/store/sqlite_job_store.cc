@@ -178,12 +178,7 @@ class SqliteJobStore : public JobStore {
       while (q.executeStep()) {
         const int64_t position = q.getColumn(0).getInt64();
         OOMB_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.getColumn(1)));
-        bool match = true;
-        for (const auto& [k, v] : query.labels) {
-          auto it = job.labels().find(k);
-          if (it == job.labels().end() || it->second != v) match = false;
-        }
-        if (!match) continue;
+        if (!store_internal::MatchesLabels(job, query.labels)) continue;
         if (static_cast<int>(out.jobs.size()) == query.page_size) {
           // One more match exists: the next page starts at the last job returned.
           out.next_position = last_position;

@@ -2,6 +2,7 @@
 #ifndef OOMB_SERVER_STORE_STORE_INTERNAL_H_
 #define OOMB_SERVER_STORE_STORE_INTERNAL_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,15 @@ inline absl::StatusOr<bool> MutateRecordingLease(const v1::Job& job, const JobMu
     result->job.clear_daemon();
   }
   return leased;
+}
+
+// Whether `job` carries every label of `labels` with the same value (ListQuery::labels).
+inline bool MatchesLabels(const v1::Job& job, const std::map<std::string, std::string>& labels) {
+  for (const auto& [k, v] : labels) {
+    auto it = job.labels().find(k);
+    if (it == job.labels().end() || it->second != v) return false;
+  }
+  return true;
 }
 
 // Whether a change from `before` to `after` puts the job (back) in the queue: its wait starts.
