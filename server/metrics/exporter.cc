@@ -200,6 +200,11 @@ struct MetricsExporter::Families {
                     .Help("Model FLOPs utilisation of the running job's last step against the device's "
                           "datasheet dense BF16 peak (0-1; GPUs with a known peak only).")
                     .Register(r)),
+        job_attention_density(prometheus::BuildGauge()
+                                  .Name("oomb_job_attention_density_ratio")
+                                  .Help("Sparse attention: past KV pages attended / past KV pages there were, over "
+                                        "the running job's last step (0-1; jobs with attention.mode: sparse only).")
+                                  .Register(r)),
         rpc_handled(prometheus::BuildCounter()
                         .Name("oomb_grpc_server_handled_total")
                         .Help("RPCs the gRPC server finished, by service, method and status code.")
@@ -231,6 +236,7 @@ struct MetricsExporter::Families {
   Family<Gauge>& job_tokens_per_second;
   Family<Gauge>& job_eta;
   Family<Gauge>& job_mfu;
+  Family<Gauge>& job_attention_density;
   Family<Counter>& rpc_handled;
   Family<Histogram>& rpc_seconds;
   Histogram* queue_wait_all = nullptr;
@@ -317,6 +323,7 @@ void MetricsExporter::RemoveJobLocked(SlotSeries& s) {
   f_->job_eta.Remove(j.eta);
   if (j.eval_loss != nullptr) f_->job_eval_loss.Remove(j.eval_loss);
   if (j.mfu != nullptr) f_->job_mfu.Remove(j.mfu);
+  if (j.attention_density != nullptr) f_->job_attention_density.Remove(j.attention_density);
   s.job = JobSeries();
   s.has_job = false;
 }
@@ -367,6 +374,10 @@ void MetricsExporter::Step(const std::string& slot, const StepProgress& p) {
   if (p.mfu > 0) {
     if (j.mfu == nullptr) j.mfu = &f_->job_mfu.Add(l);
     j.mfu->Set(p.mfu);
+  }
+  if (p.attention_density > 0) {
+    if (j.attention_density == nullptr) j.attention_density = &f_->job_attention_density.Add(l);
+    j.attention_density->Set(p.attention_density);
   }
 }
 

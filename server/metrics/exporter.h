@@ -110,6 +110,7 @@ class MetricsExporter final : public MetricsSink {
     prometheus::Gauge* eta = nullptr;
     prometheus::Gauge* eval_loss = nullptr;  // after the first evaluation
     prometheus::Gauge* mfu = nullptr;        // where the device's peak is known
+    prometheus::Gauge* attention_density = nullptr;  // sparse attention only
   };
   struct SlotSeries {
     prometheus::Gauge* busy = nullptr;

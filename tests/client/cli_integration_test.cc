@@ -256,9 +256,14 @@ TEST_F(CliTest, BadSpecsAreInvalidArgumentNamingTheFieldAndTheDaemonKeepsServing
   EXPECT_EQ(type.rc, 1);
   EXPECT_THAT(type.err, HasSubstr("training.max_steps: expected an integer"));
   EXPECT_EQ(Oomb("health").rc, 0);
-  Result sparse = Oomb("estimate " + job_ + " --set attention.mode=sparse");
-  EXPECT_EQ(sparse.rc, 1);
-  EXPECT_THAT(sparse.err, HasSubstr("UNIMPLEMENTED: spec: attention.mode"));
+  Result offload = Oomb("estimate " + job_ + " --set memory.kv_offload=host");
+  EXPECT_EQ(offload.rc, 1);
+  EXPECT_THAT(offload.err, HasSubstr("UNIMPLEMENTED: spec: memory.kv_offload"));
+  // Sparse attention is planned: the same pools, its own working set and page summaries.
+  const json sparse = OombJson("estimate " + job_ + " --set attention.mode=sparse");
+  const json dense = OombJson("estimate " + job_);
+  EXPECT_EQ(sparse["kv_bytes"], dense["kv_bytes"]);
+  EXPECT_NE(sparse["activation_bytes"], dense["activation_bytes"]);
 }
 
 TEST_F(CliTest, EstimateAndAdmissionByTheMemoryPlanner) {

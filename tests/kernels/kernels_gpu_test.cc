@@ -7,6 +7,7 @@
 
 #include "kernels/torch/page_ops.h"
 #include "tests/kernels/paged_attention_check.h"
+#include "tests/kernels/sparse_attention_check.h"
 
 namespace oomb {
 namespace {
@@ -55,6 +56,30 @@ TEST_F(KernelsGpuTest, PagedAttentionBfloat16) {
   const auto e = testing::CheckPagedAttention(at::kCUDA, at::kBFloat16, 4096, 1024, 28, 4, 128, {0}, 1024, 7);
   // bf16 operands: the output and gradients land between 1e-3 and 1e-2 of float64.
   EXPECT_LE(e.max(), 2e-2) << "out " << e.out << " dq " << e.dq << " dk " << e.dk << " dk_past " << e.dk_past;
+}
+
+// Sparse attention on CUDA against float64 attention masked to the same selection (made on the
+// GPU from the bf16 / float32 keys): Qwen2.5-7B's head layout, 32 past pages of 128, 8 selected.
+kernels::PageSelectOptions SevenBSelection() {
+  kernels::PageSelectOptions o;
+  o.page_tokens = 128;
+  o.page_budget = 8;
+  o.sink_pages = 1;
+  o.local_pages = 2;
+  return o;
+}
+
+TEST_F(KernelsGpuTest, SparseAttentionBfloat16Fused) {
+  // One document from token 0: the fused path (flash attention over packed (tile, head) sequences).
+  const auto e = testing::CheckSparseAttention(at::kCUDA, at::kBFloat16, 4096, 512, 28, 4, 128, {0}, SevenBSelection(), 9);
+  EXPECT_LE(e.max(), 2e-2) << "out " << e.out << " dq " << e.dq << " dk " << e.dk << " dk_past " << e.dk_past;
+}
+
+TEST_F(KernelsGpuTest, SparseAttentionFloat32PackedReferencePath) {
+  auto o = SevenBSelection();
+  o.summary = kernels::PageSummary::kMinMax;
+  const auto e = testing::CheckSparseAttention(at::kCUDA, at::kFloat, 4096, 512, 28, 4, 128, {0, 1000}, o, 10);
+  EXPECT_LE(e.max(), 1e-4) << "out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past;
 }
 
 }  // namespace

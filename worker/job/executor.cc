@@ -150,6 +150,17 @@ std::optional<RopeConfig> RopeOverride(const JobSpec& spec, const ModelConfig& b
   return c;
 }
 
+kernels::PageSelectOptions PageSelection(const JobSpec& spec) {
+  const SparseAttentionSpec& sp = spec.attention.sparse;
+  kernels::PageSelectOptions o;
+  o.page_tokens = spec.memory.page_tokens;
+  o.page_budget = sp.page_budget;
+  o.sink_pages = sp.sink_pages;
+  o.local_pages = sp.local_pages;
+  o.summary = sp.selection == "min_max" ? kernels::PageSummary::kMinMax : kernels::PageSummary::kMeanKey;
+  return o;
+}
+
 // Peak device memory of the last step: the CUDA caching allocator's peak on a GPU; on the CPU
 // the trainer's tracked allocations plus the KV pages in use.
 int64_t PeakDeviceBytes(const at::Device& device, const TrainerMemory& m) {
@@ -261,9 +272,6 @@ class Run {
     if (spec_.memory.kv_grad_dtype != "float32") {
       return absl::UnimplementedError("memory.kv_grad_dtype: only float32 gradient pages are implemented");
     }
-    if (spec_.attention.mode != "dense") {
-      return absl::UnimplementedError("attention.mode: sparse attention is not implemented yet; use dense");
-    }
     oom_failpoint_step_ = OomFailpointStep(spec_);
     OOMB_ASSIGN_OR_RETURN(ModelConfig base_config, LoadModelConfig(spec_.model.path));
     OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec_));
@@ -323,6 +331,7 @@ class Run {
     ChunkTrainerOptions trainer_options;
     trainer_options.chunk_tokens = spec_.memory.chunk_tokens;
     trainer_options.chunk_fraction = spec_.backward.chunk_fraction;
+    if (spec_.attention.mode == "sparse") trainer_options.sparse = PageSelection(spec_);
     trainer_options.should_stop = [this] { return PollStop(); };
     trainer_ = std::make_unique<ChunkTrainer>(model_.get(), kv_pool_.get(), grad_pool_.get(), trainer_options);
 
@@ -432,7 +441,7 @@ class Run {
   // This rank's sequences of the batch: forward and backward, gradients accumulated (not yet
   // summed over ranks). CANCELLED when asked to stop mid-sequence.
   absl::Status TrainLocal(const std::vector<TokenSequence>& batch, int64_t label_tokens, double* loss_sum,
-                          StepProgress* p, TrainerMemory* peak) {
+                          StepProgress* p, TrainerMemory* peak, SparseStats* sparse) {
     if (state_.step + 1 == oom_failpoint_step_) {  // this step
       TORCH_CHECK_WITH(OutOfMemoryError, false, "injected by the failpoint label 'failpoint: oom-at-step-",
                        oom_failpoint_step_, "' (OOMB_FAILPOINTS=1)");
@@ -451,6 +460,12 @@ class Run {
       peak->activation_peak_bytes = std::max(peak->activation_peak_bytes, m.activation_peak_bytes);
       peak->kv_peak_bytes = std::max(peak->kv_peak_bytes, m.kv_peak_bytes);
       peak->kv_grad_peak_bytes = std::max(peak->kv_grad_peak_bytes, m.kv_grad_peak_bytes);
+      if (spec_.attention.mode == "sparse") {
+        const SparseStats& st = trainer_->sparse_stats();
+        sparse->selected_pages += st.selected_pages;
+        sparse->past_pages += st.past_pages;
+        sparse->attended_pairs += st.attended_pairs;
+      }
     }
     return absl::OkStatus();
   }
@@ -482,11 +497,23 @@ class Run {
       const double lr = LearningRate(spec_.training, state_.step, total_steps_);
       for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
 
-      std::vector<double> loss_sum = {0};
+      // Summed over ranks: the loss, and sparse attention's selected pages, past pages and
+      // attended query-key pairs.
+      std::vector<double> loss_sum = {0, 0, 0, 0};
       TrainerMemory peak;
-      absl::Status local = Guarded([&] { return TrainLocal(batch, label_tokens, &loss_sum[0], &p, &peak); });
+      SparseStats sparse;
+      absl::Status local =
+          Guarded([&] { return TrainLocal(batch, label_tokens, &loss_sum[0], &p, &peak, &sparse); });
       if (absl::IsCancelled(local)) local = absl::OkStatus();  // stop_ is set: Agree passes it on
+      loss_sum[1] = static_cast<double>(sparse.selected_pages);
+      loss_sum[2] = static_cast<double>(sparse.past_pages);
+      loss_sum[3] = sparse.attended_pairs;
       OOMB_RETURN_IF_ERROR(Agree(local, &loss_sum));
+      if (spec_.attention.mode == "sparse") {
+        p.attention_density = loss_sum[2] > 0 ? loss_sum[1] / loss_sum[2] : 1.0;
+        p.model_flops = 6.0 * static_cast<double>(c.ParameterCount()) * static_cast<double>(tokens) +
+                        12.0 * static_cast<double>(c.head_dim) * loss_sum[3];
+      }
       if (stop_ != StopRequest::kNone) return Stopped();
       if (group_ != nullptr) OOMB_RETURN_IF_ERROR(group_->AllReduceGradients(params_));
 
@@ -541,6 +568,7 @@ class Run {
                                {"pcie_h2d_bytes", p.pcie_h2d_bytes},
                                {"pcie_d2h_bytes", p.pcie_d2h_bytes}};
         if (p.eval_loss > 0) line["eval_loss"] = p.eval_loss;
+        if (p.attention_density > 0) line["attention_density"] = p.attention_density;
         metrics << line.dump() << "\n" << std::flush;
         if (options_.on_step) options_.on_step(p);
         if (!last && spec_.checkpoint.every_steps > 0 && state_.step % spec_.checkpoint.every_steps == 0) {

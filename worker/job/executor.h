@@ -56,6 +56,10 @@ struct StepProgress {
   // (worker/metrics/flops.h); mfu is 0 where the peak is unknown (the CPU, unlisted GPUs).
   double model_flops = 0;
   double mfu = 0;
+  // Sparse attention: past pages attended / past pages there were, over the step's chunks,
+  // layers, query tiles and KV heads (ChunkTrainer::sparse_stats); 0 for dense attention.
+  // Sparse steps count the attention's model FLOPs of the query-key pairs attended.
+  double attention_density = 0;
   // Seconds of each chunk of this step, stage 1 (forward without a graph) and stage 2
   // (recompute + backward), in the order they ran; on a GPU, device time between chunk
   // boundaries (CUDA events).

@@ -510,6 +510,12 @@ absl::Status CheckCrossField(const JobSpec& spec, const Origin& origin) {
                      "): each data-parallel rank trains whole sequences of the global batch; got ", t.batch_sequences));
   }
   const SparseAttentionSpec& sp = spec.attention.sparse;
+  if (spec.attention.mode == "sparse" && spec.memory.chunk_tokens % spec.memory.page_tokens != 0) {
+    return Error(origin, "memory.chunk_tokens",
+                 absl::StrCat("must be a multiple of memory.page_tokens (", spec.memory.page_tokens,
+                              ") with attention.mode: sparse (chunks start on page boundaries), got ",
+                              spec.memory.chunk_tokens));
+  }
   if (sp.sink_pages + sp.local_pages > sp.page_budget) {
     return Error(origin, "attention.sparse.page_budget",
                  absl::StrCat("must be >= sink_pages + local_pages (", sp.sink_pages + sp.local_pages, "), got ",

@@ -171,6 +171,62 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::ReadGrad(int64_t layer, int64
   return {dk, dv};
 }
 
+namespace {
+
+// The rows holding head h's K (or V) of each selected page, in an arena viewed as
+// [slots * 2 * kv_heads, page_tokens, head_dim]: slot * 2 * kv_heads + (V ? kv_heads : 0) + h.
+// slots: [pages] int64, the layer's slot of each page; selection: [n_tiles, kv_heads, n]
+// (-1 entries give the row of page 0's slot: the caller masks or filters them).
+at::Tensor ArenaRows(const at::Tensor& slots, const at::Tensor& selection, bool values) {
+  const int64_t kv_heads = selection.size(1);
+  const at::Tensor slot = slots.index_select(0, selection.clamp_min(0).flatten()).view(selection.sizes());
+  return slot * (2 * kv_heads) + (values ? kv_heads : 0) + at::arange(kv_heads, selection.options()).view({1, -1, 1});
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, const at::Tensor& selection) const {
+  const PageShape& s = kv_->shape();
+  const auto& pages = kv_pages_[layer];
+  const at::Tensor slots = SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()).to(at::kLong);
+  const at::Tensor rows = kv_->arena().view({-1, s.page_tokens, s.head_dim});
+  const int64_t n_tiles = selection.size(0), n = selection.size(2);
+  const at::Tensor none = (selection < 0).view({n_tiles, s.kv_heads, n, 1, 1});
+  const auto take = [&](bool values) {
+    return rows.index_select(0, ArenaRows(slots, selection, values).flatten())
+        .view({n_tiles, s.kv_heads, n, s.page_tokens, s.head_dim})
+        .masked_fill_(none, 0)
+        .view({n_tiles, s.kv_heads, n * s.page_tokens, s.head_dim});
+  };
+  return {take(false), take(true)};
+}
+
+absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& dk,
+                                                 const at::Tensor& dv) {
+  const PageShape& s = grad_->shape();
+  auto& gpages = grad_pages_[layer];
+  if (gpages.size() < kv_pages_[layer].size()) gpages.resize(kv_pages_[layer].size());
+  const at::Tensor selected = selection.to(at::kCPU).contiguous();
+  const int64_t* page = selected.data_ptr<int64_t>();
+  for (int64_t i = 0; i < selected.numel(); ++i) {
+    if (page[i] < 0 || gpages[page[i]].valid()) continue;
+    auto id = grad_->Allocate();
+    if (!id.ok()) return id.status();
+    gpages[page[i]] = *id;
+  }
+  const at::Tensor slots =
+      SlotTensor(gpages, 0, static_cast<int64_t>(gpages.size()), selection.device()).to(at::kLong);
+  const at::Tensor keep = (selection >= 0).flatten().nonzero().squeeze(1);
+  at::Tensor rows = grad_->arena().view({-1, s.page_tokens, s.head_dim});
+  const auto dtype = grad_->arena().scalar_type();
+  for (const bool values : {false, true}) {
+    const at::Tensor& d = values ? dv : dk;
+    rows.index_add_(0, ArenaRows(slots, selection, values).flatten().index_select(0, keep),
+                    d.reshape({-1, s.page_tokens, s.head_dim}).index_select(0, keep).to(dtype));
+  }
+  return absl::OkStatus();
+}
+
 void SequenceKvCache::ReleaseFrom(int64_t token) {
   const int64_t first_page = (token + page_tokens_ - 1) / page_tokens_;
   for (size_t layer = 0; layer < kv_pages_.size(); ++layer) {

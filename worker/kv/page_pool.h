@@ -143,6 +143,17 @@ class SequenceKvCache {
   // the gradient pool's dtype: zero where no page has received a contribution.
   std::pair<at::Tensor, at::Tensor> ReadGrad(int64_t layer, int64_t begin, int64_t end) const;
 
+  // Sparse attention (kernels/torch/sparse_attention.h): keys and values of the layer's pages
+  // selection [n_tiles, kv_heads, n] (page indices below tokens(layer) / page_tokens, -1:
+  // none) -> [n_tiles, kv_heads, n * page_tokens, head_dim] each, zeros where -1: one batched
+  // gather per call.
+  std::pair<at::Tensor, at::Tensor> GatherPages(int64_t layer, const at::Tensor& selection) const;
+  // Adds dK, dV [n_tiles, kv_heads, n * page_tokens, head_dim] of the selected pages into their
+  // gradient pages (allocated, zeroed, on a page's first selection: pages no chunk selects
+  // never get one). Entries of -1 are skipped; repeated pages receive every contribution.
+  absl::Status AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& dk,
+                                  const at::Tensor& dv);
+
   // Frees, in every layer, the KV and gradient pages whose first token is >= `token`: after
   // chunk i's backward nothing reads them again.
   void ReleaseFrom(int64_t token);

@@ -110,7 +110,9 @@ class Model {
     const int64_t block_elems =
         std::min(cuda_ ? kGpuBlockScoreElems : kCpuBlockScoreElems, c_.num_heads * C * std::min(T, key_block));
     int64_t attention = 7 * kF32 * block_elems / 2;
-    if (cuda_ && e_ == 2) {
+    if (sparse()) {
+      attention = SparseAttentionBytes(C, T);
+    } else if (cuda_ && e_ == 2) {
       // Fused path: the past gathered contiguous (read, then concatenated with the chunk), and
       // in backward its dK/dV from the kernel (dtype) and converted to float32.
       attention = std::max(attention, T * KV * (4 * e_ + 2 * kF32));
@@ -118,9 +120,46 @@ class Model {
     return std::max({ce, layer_backward, attention});
   }
 
+  bool sparse() const { return spec_.attention.mode == "sparse"; }
+
+  // Sparse attention (kernels/torch/sparse_attention.cc) of a chunk of C tokens ending at T:
+  // the selected pages gathered per (query tile, KV head), keys and values, G elements each;
+  // in backward also their float32 gradients and the copy AccumulatePageGrad makes. CUDA: the
+  // packed (tile, head) key sequences (pages + the chunk's prefix) and their gradients, K
+  // elements each way; CPU: one tile's float32 scores and what is made from them (3.5x).
+  int64_t SparseAttentionBytes(int64_t C, int64_t T) const {
+    const int64_t P = spec_.memory.page_tokens, D = c_.head_dim, Hkv = c_.num_kv_heads;
+    const int64_t tiles = CeilDiv(C, P);
+    const int64_t selected = std::min(CeilDiv(T, P), spec_.attention.sparse.page_budget);
+    const int64_t gathered = tiles * Hkv * selected * P * D;
+    if (cuda_ && e_ == 2) {
+      const int64_t packed = Hkv * D * (tiles * selected * P + tiles * (C + P) / 2);
+      return gathered * (2 * e_ + 3 * kF32) + packed * 4 * e_;
+    }
+    const int64_t tile_scores = c_.num_heads * P * (selected * P + C);
+    return gathered * 5 * kF32 + 7 * kF32 * tile_scores / 2;
+  }
+
+  // Sparse attention's page summaries: every layer, every page, (min and max or mean) per KV
+  // head, in the KV pages' dtype.
+  int64_t SummaryBytes(int64_t T) const {
+    if (!sparse()) return 0;
+    const int64_t per = spec_.attention.sparse.selection == "min_max" ? 2 : 1;
+    return c_.num_layers * CeilDiv(T, spec_.memory.page_tokens) * per * c_.kv_dim() * e_;
+  }
+
+  // Sparse attention's selections, kept on the host from stage 1 to stage 2 (int32).
+  int64_t SelectionHostBytes(int64_t T) const {
+    if (!sparse()) return 0;
+    const int64_t P = spec_.memory.page_tokens, C = std::min(T, spec_.memory.chunk_tokens);
+    const int64_t per_chunk = CeilDiv(C, P) * c_.num_kv_heads *
+                              std::min(CeilDiv(T, P), spec_.attention.sparse.page_budget) * kF32;
+    return CeilDiv(T, C) * c_.num_layers * per_chunk;
+  }
+
   int64_t DevicePeak(int64_t T) const {
     const int64_t C = std::min(T, spec_.memory.chunk_tokens);
-    return weights_ + trainable_ + KvBytes(T) + GraphBytes(C) + WorkspaceBytes(C, T);
+    return weights_ + trainable_ + KvBytes(T) + SummaryBytes(T) + GraphBytes(C) + WorkspaceBytes(C, T);
   }
 
  private:
@@ -148,9 +187,6 @@ std::string FormatBytes(int64_t bytes) {
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target) {
-  if (spec.attention.mode != "dense") {
-    return absl::UnimplementedError("attention.mode: sparse attention is not implemented yet; use dense");
-  }
   if (spec.memory.kv_offload == "host") {
     return absl::UnimplementedError(
         "memory.kv_offload: the host tier for KV pages is not implemented yet; use auto or none");
@@ -168,12 +204,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& 
   plan.trainable_state_bytes = m.trainable();
   const int64_t T = plan.seq_len;
   const int64_t C = std::min(T, spec.memory.chunk_tokens);
-  plan.activation_bytes = m.GraphBytes(C) + m.WorkspaceBytes(C, T);
+  plan.activation_bytes = m.GraphBytes(C) + m.WorkspaceBytes(C, T) + m.SummaryBytes(T);
   plan.kv_bytes = m.KvBytes(T);
   plan.kv_device_bytes = plan.kv_bytes;
   plan.kv_bytes_per_token = (m.KvBytes(1 << 20) - m.KvBytes(0)) >> 20;
   plan.peak_device_bytes = m.DevicePeak(T);
-  plan.peak_host_bytes = cuda ? 0 : plan.peak_device_bytes;
+  plan.peak_host_bytes = cuda ? m.SelectionHostBytes(T) : plan.peak_device_bytes + m.SelectionHostBytes(T);
   plan.device_capacity_bytes = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
   plan.host_capacity_bytes = std::max<int64_t>(0, target.host_bytes - kDeviceReserveBytes);
   plan.placement = absl::StrCat("KV and KV-gradient pages on ", target.device, cuda ? " (no host tier yet)" : "");

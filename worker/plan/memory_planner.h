@@ -29,8 +29,14 @@
 // SpaCO (backward.chunk_fraction < 1) plans like the exact trainer: stage 1 keeps every page,
 // and a kept chunk of stage 2 needs what an exact one does.
 //
-// Not modelled (the engine does not do them yet): a host tier for KV pages (memory.kv_offload:
-// host is UNIMPLEMENTED) and sparse attention (UNIMPLEMENTED, as in the executor).
+// Sparse attention (attention.mode: sparse) keeps the same page pools (any page may be
+// selected), adds the page summaries (counted with the activations), replaces the attention's
+// working set by that of the selected pages (which does not grow with T: the past's pages
+// attended per tile are bounded by page_budget), and keeps the selections on the host
+// (peak_host_bytes).
+//
+// Not modelled (the engine does not do it yet): a host tier for KV pages (memory.kv_offload:
+// host is UNIMPLEMENTED).
 #ifndef OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
 #define OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
 
@@ -79,8 +85,8 @@ struct MemoryPlan {
 inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
 
 // The plan of `spec` on `target`, for the model `config` (the spec's model.path's
-// config.json). UNIMPLEMENTED for what the engine cannot run yet (sparse attention,
-// memory.kv_offload: host, bfloat16 KV-gradient pages), naming the field.
+// config.json). UNIMPLEMENTED for what the engine cannot run yet (memory.kv_offload: host,
+// bfloat16 KV-gradient pages), naming the field.
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target);
 
 // Bytes in words: "12.3 GiB".

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/torch/chunked_cross_entropy.h"
 #include "kernels/torch/paged_attention.h"
+#include "kernels/torch/sparse_attention.h"
 
 namespace oomb {
 namespace {
@@ -52,6 +53,26 @@ class LayerPast final : public kernels::PastKv {
   }
   void AccumulateGrad(int64_t begin, const at::Tensor& dk, const at::Tensor& dv) override {
     const absl::Status s = cache_->AccumulateGrad(layer_, begin, dk, dv);
+    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+  }
+
+ private:
+  SequenceKvCache* cache_;
+  int64_t layer_;
+  int64_t past_tokens_;
+};
+
+// The selected past pages of one layer for one chunk (sparse attention).
+class LayerSparsePast final : public kernels::SparsePast {
+ public:
+  LayerSparsePast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens)
+      : cache_(cache), layer_(layer), past_tokens_(past_tokens) {}
+  int64_t past_tokens() const override { return past_tokens_; }
+  std::pair<at::Tensor, at::Tensor> GatherPages(const at::Tensor& selection) override {
+    return cache_->GatherPages(layer_, selection);
+  }
+  void AccumulatePageGrad(const at::Tensor& selection, const at::Tensor& dk, const at::Tensor& dv) override {
+    const absl::Status s = cache_->AccumulatePageGrad(layer_, selection, dk, dv);
     TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
   }
 
@@ -171,14 +192,66 @@ ChunkTrainer::Chunk ChunkTrainer::MakeChunk(const TokenSequence& seq, int64_t in
   return c;
 }
 
+at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q,
+                                         const at::Tensor& k, const at::Tensor& v, SequenceKvCache& cache,
+                                         at::Tensor* summaries, bool training, absl::Status* append_status) {
+  kernels::PageSelectOptions select = *options_.sparse;
+  select.page_tokens = kv_pool_->shape().page_tokens;
+  const int64_t P = select.page_tokens, L = model_->config().num_layers;
+  TORCH_CHECK(c.begin % P == 0, "sparse attention: chunk_tokens (", options_.chunk_tokens,
+              ") must be a multiple of page_tokens (", P, ")");
+  std::shared_ptr<kernels::SparsePast> past;
+  if (c.begin > 0) past = std::make_shared<LayerSparsePast>(&cache, layer, c.begin);
+  if (summaries == nullptr) {  // stage 2: the selection stage 1 made
+    const at::Tensor selection = selections_[index * L + layer].to(q.device(), at::kLong);
+    return kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P);
+  }
+  at::Tensor layer_summaries = (*summaries)[layer];
+  const at::Tensor selection =
+      kernels::SelectPages(q, layer_summaries.slice(0, 0, c.begin / P), c.input.doc_start, c.begin, select);
+  if (options_.on_selection) options_.on_selection(index, layer, selection);
+  const at::Tensor host = selection.to(at::kCPU, at::kInt);
+  {
+    const int64_t C = c.end - c.begin, G = q.size(1) / k.size(1);
+    const at::Tensor per_tile = host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
+    const at::Tensor rows = (C - at::arange(0, C, P, at::kLong)).clamp_max(P).to(at::kDouble);
+    sparse_stats_.selected_pages += host.ge(0).sum().item<int64_t>();
+    sparse_stats_.past_pages += selection.size(0) * selection.size(1) * (c.begin / P);
+    sparse_stats_.attended_pairs += static_cast<double>(G * P) * (per_tile * rows).sum().item<double>() +
+                                    static_cast<double>(q.size(1)) * C * (C + 1) / 2;
+  }
+  if (training) selections_[index * L + layer] = host;
+  at::Tensor out = kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P);
+  if (append_status->ok()) *append_status = cache.Append(layer, k, v);
+  const at::ScalarType summary_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor chunk_summaries = kernels::SummarizePages(k.to(summary_type), P, select.summary);
+  layer_summaries.slice(0, c.begin / P, c.begin / P + chunk_summaries.size(0)).copy_(chunk_summaries);
+  return out;
+}
+
 absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
                                                    SequenceKvCache& cache, ChunkClock* clock) {
   SequenceLoss loss;
   at::NoGradGuard no_grad;
+  const int64_t L = model_->config().num_layers;
+  at::Tensor summaries;  // sparse: the page summaries of every layer, [L, pages, (2,) kv_heads, D]
+  sparse_stats_ = SparseStats();
+  selections_.clear();
+  if (options_.sparse.has_value()) {
+    const PageShape& ps = kv_pool_->shape();
+    const int64_t pages = (seq.size() + ps.page_tokens - 1) / ps.page_tokens;
+    std::vector<int64_t> shape = {L, pages, ps.kv_heads, ps.head_dim};
+    if (options_.sparse->summary == kernels::PageSummary::kMinMax) shape.insert(shape.begin() + 2, 2);
+    summaries = at::empty(shape, kv_pool_->arena().options());
+    if (training) selections_.resize(NumChunks(seq) * L);
+  }
   for (int64_t index = 0; index < NumChunks(seq); ++index) {
     const Chunk c = MakeChunk(seq, index, training, dropout_seed);
     absl::Status append_status;
     const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      if (summaries.defined()) {
+        return SparseAttention(c, index, layer, q, k, v, cache, &summaries, training, &append_status);
+      }
       std::shared_ptr<kernels::PastKv> past;
       if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin);
       at::Tensor out = kernels::PagedAttention(q, k, v, c.input.doc_start, past, options_.attention_key_block);
@@ -238,6 +311,9 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
       const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         ks[layer] = k;
         vs[layer] = v;
+        if (options_.sparse.has_value()) {
+          return SparseAttention(c, index, layer, q, k, v, cache, nullptr, /*training=*/true, nullptr);
+        }
         std::shared_ptr<kernels::PastKv> past;
         if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin);
         return kernels::PagedAttention(q, k, v, c.input.doc_start, past, options_.attention_key_block);

@@ -26,6 +26,14 @@
 // induction from the last chunk. p = 1 is the exact trainer. Stage 2 then costs about p of the
 // exact one; the variance grows as p falls.
 //
+// Sparse attention (options.sparse set; ARCHITECTURE.md §5): stage 1 keeps a summary of every
+// page it writes (kernels/torch/page_select.h) and, for each chunk and layer, selects the past
+// pages each query tile attends to; stage 2 recomputes the chunk with that same selection
+// (kept on the host, int32), so the contract above holds for the sparse model: the gradients
+// are those of full-sequence backpropagation through attention restricted to the selected
+// pages (the selection itself is piecewise constant, without gradient). KV-gradient pages are
+// allocated only for pages some chunk selected.
+//
 // Labels: `labels[t]` is the target of position t (already shifted: the token at t+1), or
 // kIgnoreIndex. The data pipeline shifts over the whole sequence before chunking, so the last
 // token of chunk i predicts the first token of chunk i+1.
@@ -38,9 +46,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/torch/page_select.h"
 #include "worker/data/sequence.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
@@ -52,6 +62,11 @@ struct ChunkTrainerOptions {
   int64_t ce_rows_per_block = 1024;    // sub-chunk of the fused LM head + cross-entropy
   int64_t attention_key_block = 2048;  // past tokens read at once by the attention
   double chunk_fraction = 1.0;         // SpaCO's p, in (0, 1] (see above)
+  // Sparse attention (see above); unset: dense. page_tokens is the pools' (ignored here), and
+  // chunk_tokens must be a multiple of it.
+  std::optional<kernels::PageSelectOptions> sparse;
+  // Tests: called with every selection stage 1 makes, [n_tiles, kv_heads, n] int64.
+  std::function<void(int64_t chunk, int64_t layer, const at::Tensor& selection)> on_selection;
   // Tests: which chunks stage 2 keeps (overrides the Bernoulli draws; the kept ones are still
   // weighted 1/chunk_fraction), to enumerate every selection.
   std::function<bool(int64_t chunk)> keep_chunk;
@@ -71,6 +86,17 @@ struct SequenceLoss {
 struct ChunkTimes {
   std::vector<double> forward;   // stage 1
   std::vector<double> backward;  // stage 2 (recompute + backward)
+};
+
+// Sparse attention over the last sequence (TrainSequence or EvalSequence), summed over chunks,
+// layers, query tiles and KV heads: the past pages attended, and the past pages there were.
+// selected / past is the attention's density (1 for dense).
+struct SparseStats {
+  int64_t selected_pages = 0;
+  int64_t past_pages = 0;
+  // Query-key pairs attended, over layers and query heads (the chunks' own causal pairs
+  // included): the attention's model FLOPs are 12 * head_dim * attended_pairs.
+  double attended_pairs = 0;
 };
 
 // Peak bytes seen during the last TrainSequence: what the memory test and metrics report.
@@ -98,6 +124,7 @@ class ChunkTrainer {
 
   const TrainerMemory& memory() const { return memory_; }
   const ChunkTimes& chunk_times() const { return chunk_times_; }
+  const SparseStats& sparse_stats() const { return sparse_stats_; }
 
  private:
   struct Chunk {
@@ -112,6 +139,13 @@ class ChunkTrainer {
   // that would be O(T) memory beside the pages).
   Chunk MakeChunk(const TokenSequence& seq, int64_t index, bool training, uint64_t dropout_seed) const;
   class ChunkClock;
+  // Sparse attention of chunk `c` (number `index`) at `layer`. Stage 1 (`summaries` set, the
+  // sequence's page summaries of every layer): selects the pages, records the selection when
+  // `training`, attends, appends the chunk's KV and its pages' summaries. Stage 2 (`summaries`
+  // null): attends with the recorded selection.
+  at::Tensor SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, SequenceKvCache& cache, at::Tensor* summaries, bool training,
+                             absl::Status* append_status);
   // `clock`, when set, takes a lap after every chunk.
   absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
                                        SequenceKvCache& cache, ChunkClock* clock);
@@ -122,6 +156,8 @@ class ChunkTrainer {
   ChunkTrainerOptions options_;
   TrainerMemory memory_;
   ChunkTimes chunk_times_;
+  SparseStats sparse_stats_;
+  std::vector<at::Tensor> selections_;  // sparse, training: [chunk * layers + layer], host int32
 };
 
 }  // namespace oomb

@@ -119,7 +119,7 @@ training:
   max_grad_norm: 0
   seed: 1
   eval_every_steps: 5
-memory: {chunk_tokens: 1000, page_tokens: 128, kv_offload: host, kv_grad_dtype: bfloat16}
+memory: {chunk_tokens: 1024, page_tokens: 128, kv_offload: host, kv_grad_dtype: bfloat16}
 attention:
   mode: sparse
   sparse: {page_budget: 8, sink_pages: 1, local_pages: 7, selection: min_max}
@@ -137,7 +137,7 @@ resources: {device: "cuda:1", gpus: 1, priority: -5, max_retries: 0, max_runtime
   EXPECT_EQ(s.data.max_seq_len, int64_t{1} << 31);
   EXPECT_FALSE(s.data.packing);
   EXPECT_EQ(s.data.shuffle_seed, -3);
-  EXPECT_EQ(s.memory.chunk_tokens, 1000);  // page_tokens need not divide chunk_tokens
+  EXPECT_EQ(s.memory.chunk_tokens, 1024);
   EXPECT_EQ(s.attention.sparse.selection, "min_max");
   EXPECT_EQ(s.backward.chunk_fraction, 0.5);
   EXPECT_EQ(s.checkpoint.dir, "/ckpt");
@@ -241,6 +241,9 @@ TEST(JobSpecTest, OutOfRangeValuesNameLineAndPath) {
       {"training:\n  adam: {beta2: 1.0}\n", "job.yaml:6: training.adam.beta2: must be in [0, 1), got 1"},
       {"attention:\n  sparse: {page_budget: 4, sink_pages: 1, local_pages: 4}\n",
        "job.yaml:6: attention.sparse.page_budget: must be >= sink_pages + local_pages (5), got 4"},
+      // Dense mode takes any chunk size; sparse needs chunks that start on page boundaries.
+      {"memory: {chunk_tokens: 1000}\nattention: {mode: sparse}\n",
+       "memory.chunk_tokens: must be a multiple of memory.page_tokens (128) with attention.mode: sparse, got 1000"},
   };
   for (const Case& c : cases) {
     EXPECT_THAT(ParseError(std::string(kMinimal) + c.yaml), HasSubstr(c.want)) << c.yaml;
@@ -348,7 +351,7 @@ TEST(JobSpecTest, RoundTripDefaultsAndEverythingSet) {
   b.training.max_steps = 0;
   b.training.learning_rate = 3.3e-5;
   b.training.adam.eps = 1e-12;
-  b.memory.chunk_tokens = 1000;
+  b.memory.chunk_tokens = 1024;
   b.attention.mode = "sparse";
   b.backward.chunk_fraction = 0.25;
   b.checkpoint.dir = "/c: d";

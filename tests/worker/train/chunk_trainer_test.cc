@@ -10,11 +10,15 @@
 #include <ATen/ATen.h>
 
 #include <iostream>
+#include <limits>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "kernels/torch/chunked_cross_entropy.h"
 #include "kernels/torch/paged_attention.h"
+#include "tests/kernels/sparse_attention_check.h"
 #include "tests/worker/train/tiny_model.h"
 
 namespace oomb {
@@ -281,6 +285,134 @@ TEST(SpacoTest, MeanOfRandomEstimatesIsUnbiased) {
   }
   EXPECT_GT(std::abs(t_statistics(0.5)[0]), 10.0);
 }
+
+// ---- Sparse attention (chunk_trainer.h) ---------------------------------------------------
+
+using Selections = std::map<std::pair<int64_t, int64_t>, at::Tensor>;  // (chunk, layer) -> selection
+
+// Full-sequence backpropagation through attention masked to the selections the chunked run
+// made: chunk i's queries see the pages selection (i, layer) names and their own chunk
+// causally (tests/kernels/sparse_attention_check.h's SelectionMask).
+Grads MaskedReferenceGrads(const Transformer& model, const TokenSequence& seq, double scale,
+                           const Selections& selections, int64_t chunk, int64_t page) {
+  ChunkInput in;
+  in.ids = at::tensor(seq.ids, at::kLong);
+  in.positions = at::tensor(seq.positions, at::kLong);
+  in.doc_start = at::tensor(seq.doc_start, at::kLong);
+  in.rope_seq_len = *std::max_element(seq.positions.begin(), seq.positions.end()) + 1;
+  const int64_t T = seq.size(), Hq = model.config().num_heads, Hkv = model.config().num_kv_heads;
+  const at::Tensor hidden =
+      model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        at::Tensor allowed = at::zeros({Hq, T, T}, at::kBool);
+        for (int64_t begin = 0, i = 0; begin < T; begin += chunk, ++i) {
+          const int64_t C = std::min(chunk, T - begin);
+          allowed.slice(1, begin, begin + C)
+              .slice(2, 0, begin + C)
+              .copy_(testing::SelectionMask(selections.at({i, layer}), in.doc_start, begin, C, Hq, page));
+        }
+        const at::Tensor kk = k.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
+        const at::Tensor vv = v.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
+        const at::Tensor scores = (at::matmul(q.permute({1, 0, 2}), kk.transpose(1, 2)) /
+                                   std::sqrt(static_cast<double>(q.size(2))))
+                                      .masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+        return at::matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
+      });
+  const at::Tensor logits = at::matmul(hidden, model.lm_head().t());
+  const at::Tensor loss =
+      at::cross_entropy_loss(logits, at::tensor(seq.labels, at::kLong), {}, at::Reduction::Sum, kernels::kIgnoreIndex);
+  (loss * scale).backward();
+  return TakeGrads(model);
+}
+
+struct SparseCase {
+  const char* name;
+  kernels::PageSummary summary;
+  bool packed;
+};
+
+class SparseTrainerTest : public ::testing::TestWithParam<SparseCase> {};
+
+// Chunked sparse training gives the gradients of full-sequence training through attention
+// restricted to the selected pages (float64, 1e-9), the same loss, and allocates gradient
+// pages only for pages some chunk selected.
+TEST_P(SparseTrainerTest, ChunkedGradientsEqualFullSequenceOverTheSelectedPages) {
+  const SparseCase sc = GetParam();
+  const Case c{"qwen2", false, at::kDouble, sc.packed};
+  auto model = MakeModel(c, at::kDouble);
+  const TokenSequence seq =
+      sc.packed ? TokenSequence::Pack({RandomIds(30, 61, 1), RandomIds(41, 61, 2), RandomIds(25, 61, 3)})
+                : TokenSequence::FromDocument(RandomIds(96, 61, 1));
+  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+  const int64_t page = 4, chunk = 8, L = model->config().num_layers;
+  Pools pools = MakePools(model->config(), page, seq.size(), at::kDouble);
+  ChunkTrainerOptions options;
+  options.chunk_tokens = chunk;
+  options.sparse = kernels::PageSelectOptions{.page_budget = 3, .sink_pages = 1, .local_pages = 1,
+                                              .summary = sc.summary};
+  Selections selections;
+  options.on_selection = [&](int64_t i, int64_t layer, const at::Tensor& s) { selections[{i, layer}] = s.clone(); };
+  ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
+  auto loss = trainer.TrainSequence(seq, scale, 0);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  const Grads got = TakeGrads(*model);
+  ASSERT_EQ(static_cast<int64_t>(selections.size()), 12 * L);
+  EXPECT_EQ(pools.kv->stats().used_pages, 0);
+  EXPECT_EQ(pools.grad->stats().used_pages, 0);
+
+  std::string worst;
+  EXPECT_LE(MaxRelativeError(got, MaskedReferenceGrads(*model, seq, scale, selections, chunk, page), &worst), 1e-9)
+      << worst;
+  // The sparse model is not the dense one: the test can tell them apart.
+  EXPECT_GT(MaxRelativeError(got, ReferenceGrads(*model, seq, scale), &worst), 1e-3);
+
+  // Gradient pages: at most the pages some later chunk selected, fewer than all of them.
+  int64_t selected = 0;
+  for (int64_t layer = 0; layer < L; ++layer) {
+    std::set<int64_t> pages;
+    for (const auto& [key, s] : selections) {
+      if (key.second != layer) continue;
+      for (int64_t j = 0; j < s.numel(); ++j) {
+        if (s.flatten()[j].item<int64_t>() >= 0) pages.insert(s.flatten()[j].item<int64_t>());
+      }
+    }
+    selected += static_cast<int64_t>(pages.size());
+  }
+  EXPECT_LE(pools.grad->stats().peak_used_pages, selected);
+  EXPECT_LT(selected, L * 24);
+  const SparseStats& st = trainer.sparse_stats();
+  EXPECT_GT(st.past_pages, st.selected_pages);
+  EXPECT_GT(st.selected_pages, 0);
+}
+
+// With a budget covering every page, sparse training is dense training (float64, 1e-9).
+TEST_P(SparseTrainerTest, FullBudgetEqualsDenseTraining) {
+  const SparseCase sc = GetParam();
+  const Case c{"llama", false, at::kDouble, sc.packed};
+  auto model = MakeModel(c, at::kDouble);
+  const TokenSequence seq = sc.packed ? TokenSequence::Pack({RandomIds(19, 61, 4), RandomIds(31, 61, 5)})
+                                      : TokenSequence::FromDocument(RandomIds(50, 61, 4));
+  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+  const Grads want = ReferenceGrads(*model, seq, scale);
+  Pools pools = MakePools(model->config(), 4, seq.size(), at::kDouble);
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 12;
+  options.sparse = kernels::PageSelectOptions{.page_budget = 13, .sink_pages = 1, .local_pages = 2,
+                                              .summary = sc.summary};
+  ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
+  auto loss = trainer.TrainSequence(seq, scale, 0);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  std::string worst;
+  EXPECT_LE(MaxRelativeError(TakeGrads(*model), want, &worst), 1e-9) << worst;
+  if (!sc.packed) {
+    EXPECT_EQ(trainer.sparse_stats().selected_pages, trainer.sparse_stats().past_pages);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, SparseTrainerTest,
+                         ::testing::Values(SparseCase{"mean_key", kernels::PageSummary::kMeanKey, false},
+                                           SparseCase{"min_max", kernels::PageSummary::kMinMax, false},
+                                           SparseCase{"mean_key_packed", kernels::PageSummary::kMeanKey, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // A recycled page is zero: nothing stale reaches a gradient accumulator.
 TEST(PagePoolTest, RecycledPagesAreZeroed) {

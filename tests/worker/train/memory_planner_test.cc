@@ -26,6 +26,7 @@ struct Case {
   std::string method;  // lora | full
   double dropout;
   int64_t chunk, tokens;
+  bool sparse = false;  // attention.mode: sparse, page_budget 8 of pages of 64
 };
 
 int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -44,6 +45,10 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   spec.memory.chunk_tokens = k.chunk;
   spec.memory.page_tokens = 64;
   spec.data.max_seq_len = k.tokens;
+  if (k.sparse) {
+    spec.attention.mode = "sparse";
+    spec.attention.sparse.page_budget = 8;
+  }
   PlanTarget target;
   target.device = "cpu";
   target.device_bytes = target.host_bytes = int64_t{64} << 30;
@@ -73,6 +78,7 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
 
   ChunkTrainerOptions options;
   options.chunk_tokens = k.chunk;
+  if (k.sparse) options.sparse = kernels::PageSelectOptions{.page_budget = 8};
   ChunkTrainer trainer(model.get(), kv.get(), grad.get(), options);
   const auto docs = testing::RandomDocs(1, k.tokens, k.tokens, c.vocab_size, 7);
   // Twice: the first sequence also allocates the parameters' .grad, which the plan counts as
@@ -109,7 +115,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, PlannerVsTrainer,
                          ::testing::Values(Case{"lora_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024},
                                            Case{"lora_drop", 256, 2, 4, 2, 512, "lora", 0.1, 256, 1024},
                                            Case{"full_c128", 192, 3, 6, 2, 384, "full", 0.0, 128, 768},
-                                           Case{"lora_c512", 256, 2, 8, 8, 512, "lora", 0.0, 512, 1536}),
+                                           Case{"lora_c512", 256, 2, 8, 8, 512, "lora", 0.0, 512, 1536},
+                                           Case{"sparse_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 2048, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(MemoryPlannerTest, LongestContextThatFitsAndTheLimitInWords) {
@@ -148,9 +155,6 @@ TEST(MemoryPlannerTest, WhatTheEngineCannotRunIsUnimplementedNamingTheField) {
   PlanTarget target;
   target.device_bytes = target.host_bytes = int64_t{8} << 30;
   JobSpec spec;
-  spec.attention.mode = "sparse";
-  EXPECT_NE(PlanMemory(c, spec, target).status().message().find("attention.mode"), std::string::npos);
-  spec = JobSpec();
   spec.memory.kv_offload = "host";
   EXPECT_NE(PlanMemory(c, spec, target).status().message().find("memory.kv_offload"), std::string::npos);
 }
