@@ -14,8 +14,12 @@
 // (the chunked trainer is exact, so the float32 run is the float32 reference), reported as
 // cosine similarity and relative error.
 //
+// --sparse-budget B: page-level sparse attention (page_budget B, sink 1, local 4, --selection
+// mean_key | min_max); model FLOPs then count the attention's query-key pairs attended, and the
+// line carries the attention's density (pages attended / past pages).
+//
 // Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
-//                    [--full] [--grad-check 65536] [--device cuda]
+//                    [--full] [--grad-check 65536] [--sparse-budget 64] [--device cuda]
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 #include <CLI/CLI.hpp>
@@ -24,6 +28,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #if defined(OOMB_HAVE_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -126,12 +131,18 @@ absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, int64_t page, a
   return p;
 }
 
-// One optimizer step on a sequence of T tokens; returns seconds.
-absl::StatusOr<double> Step(Transformer& m, torch::optim::Optimizer& opt, int64_t T, int64_t chunk, int64_t page,
-                            at::Device d) {
+struct StepResult {
+  double seconds = 0;
+  SparseStats sparse;
+};
+
+// One optimizer step on a sequence of T tokens (`sparse`: page-level sparse attention).
+absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, int64_t T, int64_t chunk, int64_t page,
+                                at::Device d, const std::optional<kernels::PageSelectOptions>& sparse) {
   OOMB_ASSIGN_OR_RETURN(Pools pools, MakePools(m, T, page, d));
   ChunkTrainerOptions o;
   o.chunk_tokens = chunk;
+  o.sparse = sparse;
   ChunkTrainer trainer(&m, pools.kv.get(), pools.grad.get(), o);
   const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 1);
   Sync(d);
@@ -141,7 +152,8 @@ absl::StatusOr<double> Step(Transformer& m, torch::optim::Optimizer& opt, int64_
   opt.step();
   opt.zero_grad(true);
   Sync(d);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+  return StepResult{std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count(),
+                    trainer.sparse_stats()};
 }
 
 std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, int64_t chunk, int64_t page, at::Device d) {
@@ -170,7 +182,11 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> lengths = {16384};
   int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0;
   bool full = false;
+  int64_t sparse_budget = 0;
+  std::string selection = "mean_key";
   app.add_option("--model", model, "qwen2.5-7b | qwen2.5-0.5b | tiny");
+  app.add_option("--sparse-budget", sparse_budget, "page-level sparse attention with this page_budget (0: dense)");
+  app.add_option("--selection", selection, "sparse page summaries: mean_key | min_max");
   app.add_option("--lengths", lengths, "sequence lengths");
   app.add_option("--chunk", chunk);
   app.add_option("--page", page);
@@ -182,12 +198,27 @@ int Main(int argc, char** argv) {
 
   const at::Device d = device == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
   const ModelConfig config = Preset(model);
+  std::optional<kernels::PageSelectOptions> sparse;
+  if (sparse_budget > 0) {
+    sparse = kernels::PageSelectOptions{
+        .page_tokens = page,
+        .page_budget = sparse_budget,
+        .sink_pages = 1,
+        .local_pages = 4,
+        .summary = selection == "min_max" ? kernels::PageSummary::kMinMax : kernels::PageSummary::kMeanKey};
+  }
   const double peak_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
-  std::cout
-      << nlohmann::json{{"model", model}, {"method", full ? "full" : "lora"},  {"chunk", chunk},
-                        {"page", page},   {"matmul_bf16_tflops", peak_tflops}, {"device", d.is_cuda() ? "cuda" : "cpu"}}
-             .dump()
-      << std::endl;
+  std::cout << nlohmann::json{{"model", model},
+                              {"method", full ? "full" : "lora"},
+                              {"chunk", chunk},
+                              {"page", page},
+                              {"matmul_bf16_tflops", peak_tflops},
+                              {"device", d.is_cuda() ? "cuda" : "cpu"},
+                              {"attention", sparse ? "sparse" : "dense"},
+                              {"page_budget", sparse_budget},
+                              {"selection", sparse ? selection : ""}}
+                   .dump()
+            << std::endl;
   {
     auto m = Transformer::Random(config, at::kBFloat16, d, 0, 0.02);
     if (full) {
@@ -206,14 +237,21 @@ int Main(int argc, char** argv) {
       nlohmann::json r = {{"S", T}};
       try {
         EmptyCache(d);
-        auto warm = Step(*m, opt, std::min<int64_t>(T, chunk), chunk, page, d);  // kernels, allocator
+        auto warm = Step(*m, opt, std::min<int64_t>(T, chunk), chunk, page, d, sparse);  // kernels, allocator
         if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
         ResetPeak(d);
-        auto s = Step(*m, opt, T, chunk, page, d);
-        if (!s.ok()) throw std::runtime_error(std::string(s.status().message()));
-        const double flops = 6 * N * T + 6 * dl * static_cast<double>(T) * T;
+        auto step = Step(*m, opt, T, chunk, page, d, sparse);
+        if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
+        const double* s = &step->seconds;
+        // Sparse: the attention's model FLOPs are those of the query-key pairs attended.
+        const double flops = sparse ? 6 * N * T + 12.0 * config.head_dim * step->sparse.attended_pairs
+                                    : 6 * N * T + 6 * dl * static_cast<double>(T) * T;
         r["s_per_step"] = *s;
         r["tok_s"] = T / *s;
+        if (sparse && step->sparse.past_pages > 0) {
+          r["attention_density"] =
+              static_cast<double>(step->sparse.selected_pages) / static_cast<double>(step->sparse.past_pages);
+        }
         r["peak_bytes"] = PeakBytes(d);
         r["kv_pool_bytes"] =
             2 * 3 * config.num_layers * ((T + page - 1) / page + 1) * config.num_kv_heads * page * config.head_dim * 2;
@@ -225,6 +263,11 @@ int Main(int argc, char** argv) {
         spec.memory.chunk_tokens = chunk;
         spec.memory.page_tokens = page;
         spec.data.max_seq_len = T;
+        if (sparse) {
+          spec.attention.mode = "sparse";
+          spec.attention.sparse.page_budget = sparse_budget;
+          spec.attention.sparse.selection = selection;
+        }
         const PlanTarget target{
             .device = d.is_cuda() ? "cuda:0" : "cpu", .device_bytes = int64_t{1} << 50, .host_bytes = int64_t{1} << 50};
         if (auto plan = PlanMemory(config, spec, target); plan.ok()) {

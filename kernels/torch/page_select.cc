@@ -41,12 +41,12 @@ at::Tensor SummarizePages(const at::Tensor& keys, int64_t page_tokens, PageSumma
 at::Tensor SelectPages(const at::Tensor& q, const at::Tensor& summaries, const at::Tensor& doc_start,
                        int64_t past_tokens, const PageSelectOptions& o) {
   TORCH_CHECK(q.dim() == 3 && q.size(0) > 0, "q: expected [C > 0, num_heads, head_dim], got ", q.sizes());
-  TORCH_CHECK(o.page_tokens > 0 && past_tokens >= 0 && past_tokens % o.page_tokens == 0, "past_tokens (",
-              past_tokens, ") must be a multiple of page_tokens (", o.page_tokens, ")");
-  TORCH_CHECK(o.page_budget > 0 && o.sink_pages >= 0 && o.local_pages >= 0 &&
-                  o.sink_pages + o.local_pages <= o.page_budget,
-              "page selection options: need page_budget > 0 and 0 <= sink_pages + local_pages <= page_budget, got ",
-              o.page_budget, ", ", o.sink_pages, ", ", o.local_pages);
+  TORCH_CHECK(o.page_tokens > 0 && past_tokens >= 0 && past_tokens % o.page_tokens == 0, "past_tokens (", past_tokens,
+              ") must be a multiple of page_tokens (", o.page_tokens, ")");
+  TORCH_CHECK(
+      o.page_budget > 0 && o.sink_pages >= 0 && o.local_pages >= 0 && o.sink_pages + o.local_pages <= o.page_budget,
+      "page selection options: need page_budget > 0 and 0 <= sink_pages + local_pages <= page_budget, got ",
+      o.page_budget, ", ", o.sink_pages, ", ", o.local_pages);
   const bool min_max = o.summary == PageSummary::kMinMax;
   const int64_t C = q.size(0), Hq = q.size(1), D = q.size(2), P = o.page_tokens;
   const int64_t n_past = past_tokens / P, n_tiles = (C + P - 1) / P;

@@ -123,9 +123,9 @@ at::Tensor TileKeys(const Geometry& g, int64_t t, const at::Tensor& paged, const
 // ---- Fused (flash attention, variable-length batch of (tile, KV head) sequences) -----------
 
 struct Packed {
-  at::Tensor q;      // [sum_t Hkv * B_t, G, D]
-  at::Tensor k, v;   // [sum_t Hkv * (n_sel * P + End(t)), 1, D]
-  at::Tensor cu_q;   // [n_tiles * Hkv + 1] int32
+  at::Tensor q;     // [sum_t Hkv * B_t, G, D]
+  at::Tensor k, v;  // [sum_t Hkv * (n_sel * P + End(t)), 1, D]
+  at::Tensor cu_q;  // [n_tiles * Hkv + 1] int32
   at::Tensor cu_k;
   int64_t max_q = 0, max_k = 0;
 };
@@ -146,8 +146,10 @@ at::Tensor UnpackQueries(const Geometry& g, const at::Tensor& packed) {
   int64_t offset = 0;
   for (int64_t t = 0; t < g.n_tiles; ++t) {
     const int64_t B = g.End(t) - g.Begin(t);
-    parts.push_back(
-        packed.slice(0, offset, offset + g.Hkv * B).view({g.Hkv, B, g.G, g.D}).permute({1, 0, 2, 3}).reshape({B, g.Hq, g.D}));
+    parts.push_back(packed.slice(0, offset, offset + g.Hkv * B)
+                        .view({g.Hkv, B, g.G, g.D})
+                        .permute({1, 0, 2, 3})
+                        .reshape({B, g.Hq, g.D}));
     offset += g.Hkv * B;
   }
   return at::cat(parts, 0);
@@ -189,8 +191,9 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     if (Fused(q, doc_start.cpu())) {
       auto [kp, vp] = Gather(g, past.get(), selection, q.options());
       const Packed p = Pack(g, q, kp, vp, k, v);
-      auto [out, lse, rng, unused, mask] = at::_flash_attention_forward(
-          p.q, p.k, p.v, p.cu_q, p.cu_k, p.max_q, p.max_k, 0.0, /*is_causal=*/true, /*return_debug_mask=*/false, g.scale);
+      auto [out, lse, rng, unused, mask] =
+          at::_flash_attention_forward(p.q, p.k, p.v, p.cu_q, p.cu_k, p.max_q, p.max_k, 0.0, /*is_causal=*/true,
+                                       /*return_debug_mask=*/false, g.scale);
       ctx->save_for_backward({q, k, v, doc_start, selection, out, lse, rng, unused});
       ctx->saved_data["fused"] = true;
       return UnpackQueries(g, out);
@@ -225,9 +228,9 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     if (ctx->saved_data.count("fused")) {
       auto [kp, vp] = Gather(g, past, selection, q.options());
       const Packed p = Pack(g, q, kp, vp, k, v);
-      auto [dqp, dkpk, dvpk] = at::_flash_attention_backward(
-          PackQueries(g, grad_outputs[0].contiguous()), p.q, p.k, p.v, out, lse, p.cu_q, p.cu_k, p.max_q, p.max_k,
-          0.0, /*is_causal=*/true, saved[7], saved[8], g.scale);
+      auto [dqp, dkpk, dvpk] =
+          at::_flash_attention_backward(PackQueries(g, grad_outputs[0].contiguous()), p.q, p.k, p.v, out, lse, p.cu_q,
+                                        p.cu_k, p.max_q, p.max_k, 0.0, /*is_causal=*/true, saved[7], saved[8], g.scale);
       dq = UnpackQueries(g, dqp);
       // Split each tile's key gradients into its pages' and the chunk prefix's.
       dkp = at::empty({g.n_tiles, g.Hkv, g.PastKeys(), g.D}, q.options().dtype(acc));
@@ -264,7 +267,8 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
         const at::Tensor keys = TileKeys(g, t, kp, kc), values = TileKeys(g, t, vp, vc);
         const at::Tensor p =
             at::exp(TileScores(g, t, qb, keys, selection, doc_start) - lse.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
-        const at::Tensor ds = p * (at::matmul(dob, values.transpose(1, 2)) - di.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
+        const at::Tensor ds =
+            p * (at::matmul(dob, values.transpose(1, 2)) - di.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
         dqg.slice(2, i0, i1).copy_(at::matmul(ds, keys).mul_(g.scale).view({g.Hkv, g.G, B, g.D}));
         const at::Tensor dkeys = at::matmul(ds.transpose(1, 2), qb).mul_(g.scale);
         const at::Tensor dvalues = at::matmul(p.transpose(1, 2), dob);

@@ -108,8 +108,8 @@ class MetricsExporter final : public MetricsSink {
     prometheus::Gauge* learning_rate = nullptr;
     prometheus::Gauge* tokens_per_second = nullptr;
     prometheus::Gauge* eta = nullptr;
-    prometheus::Gauge* eval_loss = nullptr;  // after the first evaluation
-    prometheus::Gauge* mfu = nullptr;        // where the device's peak is known
+    prometheus::Gauge* eval_loss = nullptr;          // after the first evaluation
+    prometheus::Gauge* mfu = nullptr;                // where the device's peak is known
     prometheus::Gauge* attention_density = nullptr;  // sparse attention only
   };
   struct SlotSeries {

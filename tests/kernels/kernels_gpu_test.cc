@@ -71,7 +71,8 @@ kernels::PageSelectOptions SevenBSelection() {
 
 TEST_F(KernelsGpuTest, SparseAttentionBfloat16Fused) {
   // One document from token 0: the fused path (flash attention over packed (tile, head) sequences).
-  const auto e = testing::CheckSparseAttention(at::kCUDA, at::kBFloat16, 4096, 512, 28, 4, 128, {0}, SevenBSelection(), 9);
+  const auto e =
+      testing::CheckSparseAttention(at::kCUDA, at::kBFloat16, 4096, 512, 28, 4, 128, {0}, SevenBSelection(), 9);
   EXPECT_LE(e.max(), 2e-2) << "out " << e.out << " dq " << e.dq << " dk " << e.dk << " dk_past " << e.dk_past;
 }
 

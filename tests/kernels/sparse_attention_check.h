@@ -21,7 +21,8 @@ namespace oomb::testing {
 // dk_ / dv_ (float32, or float64 for float64 pages), and the pages ever selected are counted.
 class TensorSparsePast final : public kernels::SparsePast {
  public:
-  TensorSparsePast(at::Tensor k, at::Tensor v, int64_t page_tokens) : k_(std::move(k)), v_(std::move(v)), P_(page_tokens) {
+  TensorSparsePast(at::Tensor k, at::Tensor v, int64_t page_tokens)
+      : k_(std::move(k)), v_(std::move(v)), P_(page_tokens) {
     const auto acc = k_.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     dk_ = at::zeros(k_.sizes(), k_.options().dtype(acc));
     dv_ = at::zeros_like(dk_);
@@ -128,8 +129,7 @@ inline SparseErrors CheckSparseAttention(at::Device device, at::ScalarType dtype
   if (selection_out != nullptr) *selection_out = selection.cpu();
   auto past = std::make_shared<TensorSparsePast>(k.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype),
                                                  v.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype), P);
-  const at::Tensor out =
-      kernels::SparsePagedAttention(cq, ck, cv, chunk_doc, S > 0 ? past : nullptr, selection, P);
+  const at::Tensor out = kernels::SparsePagedAttention(cq, ck, cv, chunk_doc, S > 0 ? past : nullptr, selection, P);
   (out * dout.slice(0, S).to(device, dtype)).sum().backward();
 
   // Reference: float64 attention of the chunk's queries over all T keys, masked to the selection.

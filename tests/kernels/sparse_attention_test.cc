@@ -70,8 +70,8 @@ TEST_P(PageSelectTest, MatchesBruteForceScoring) {
   const at::Tensor k = at::randn({S, Hkv, D}, gen, at::kDouble) +
                        at::randn({S / 4, 1, Hkv, D}, gen, at::kDouble).repeat_interleave(4, 0).view({S, Hkv, D}) * 2;
   const at::Tensor q = at::randn({C, Hq, D}, gen, at::kDouble);
-  const at::Tensor sel = kernels::SelectPages(q, kernels::SummarizePages(k, 4, GetParam()), at::zeros({C}, at::kLong),
-                                              S, o);
+  const at::Tensor sel =
+      kernels::SelectPages(q, kernels::SummarizePages(k, 4, GetParam()), at::zeros({C}, at::kLong), S, o);
   ASSERT_EQ(sel.sizes(), at::IntArrayRef({3, Hkv, 7}));  // tiles of 4, 4 and 2 rows
   for (int64_t t = 0; t < 3; ++t) {
     for (int64_t h = 0; h < Hkv; ++h) {
@@ -130,8 +130,8 @@ TEST_P(SparseAttentionTest, EqualsAttentionMaskedToTheSelection) {
   o.local_pages = c.local;
   o.summary = c.summary;
   at::Tensor selection;
-  const auto e = testing::CheckSparseAttention(at::kCPU, at::kDouble, c.S, c.C, c.Hq, c.Hkv, c.D, c.docs, o, 5,
-                                               &selection);
+  const auto e =
+      testing::CheckSparseAttention(at::kCPU, at::kDouble, c.S, c.C, c.Hq, c.Hkv, c.D, c.docs, o, 5, &selection);
   EXPECT_LE(e.max(), 1e-12) << "out " << e.out << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv << " dk_past "
                             << e.dk_past << " dv_past " << e.dv_past;
   if (c.S > 0 && c.budget < c.S / c.page) {
@@ -169,8 +169,8 @@ TEST(SparseAttentionTest, FullBudgetEqualsDenseAttention) {
   o.page_budget = S / P;
   const at::Tensor cq = q.slice(0, S).clone().requires_grad_(true), ck = k.slice(0, S).clone().requires_grad_(true),
                    cv = v.slice(0, S).clone().requires_grad_(true);
-  const at::Tensor sel = kernels::SelectPages(cq.detach(), kernels::SummarizePages(k.slice(0, 0, S), P, o.summary),
-                                              doc.slice(0, S), S, o);
+  const at::Tensor sel =
+      kernels::SelectPages(cq.detach(), kernels::SummarizePages(k.slice(0, 0, S), P, o.summary), doc.slice(0, S), S, o);
   auto past = std::make_shared<testing::TensorSparsePast>(k.slice(0, 0, S).permute({1, 0, 2}).contiguous(),
                                                           v.slice(0, 0, S).permute({1, 0, 2}).contiguous(), P);
   const at::Tensor out = kernels::SparsePagedAttention(cq, ck, cv, doc.slice(0, S), past, sel, P);

@@ -502,8 +502,7 @@ class Run {
       std::vector<double> loss_sum = {0, 0, 0, 0};
       TrainerMemory peak;
       SparseStats sparse;
-      absl::Status local =
-          Guarded([&] { return TrainLocal(batch, label_tokens, &loss_sum[0], &p, &peak, &sparse); });
+      absl::Status local = Guarded([&] { return TrainLocal(batch, label_tokens, &loss_sum[0], &p, &peak, &sparse); });
       if (absl::IsCancelled(local)) local = absl::OkStatus();  // stop_ is set: Agree passes it on
       loss_sum[1] = static_cast<double>(sparse.selected_pages);
       loss_sum[2] = static_cast<double>(sparse.past_pages);

@@ -214,8 +214,7 @@ absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor
     if (!id.ok()) return id.status();
     gpages[page[i]] = *id;
   }
-  const at::Tensor slots =
-      SlotTensor(gpages, 0, static_cast<int64_t>(gpages.size()), selection.device()).to(at::kLong);
+  const at::Tensor slots = SlotTensor(gpages, 0, static_cast<int64_t>(gpages.size()), selection.device()).to(at::kLong);
   const at::Tensor keep = (selection >= 0).flatten().nonzero().squeeze(1);
   at::Tensor rows = grad_->arena().view({-1, s.page_tokens, s.head_dim});
   const auto dtype = grad_->arena().scalar_type();

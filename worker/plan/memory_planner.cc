@@ -152,8 +152,8 @@ class Model {
   int64_t SelectionHostBytes(int64_t T) const {
     if (!sparse()) return 0;
     const int64_t P = spec_.memory.page_tokens, C = std::min(T, spec_.memory.chunk_tokens);
-    const int64_t per_chunk = CeilDiv(C, P) * c_.num_kv_heads *
-                              std::min(CeilDiv(T, P), spec_.attention.sparse.page_budget) * kF32;
+    const int64_t per_chunk =
+        CeilDiv(C, P) * c_.num_kv_heads * std::min(CeilDiv(T, P), spec_.attention.sparse.page_budget) * kF32;
     return CeilDiv(T, C) * c_.num_layers * per_chunk;
   }
 

@@ -312,9 +312,9 @@ Grads MaskedReferenceGrads(const Transformer& model, const TokenSequence& seq, d
         }
         const at::Tensor kk = k.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
         const at::Tensor vv = v.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
-        const at::Tensor scores = (at::matmul(q.permute({1, 0, 2}), kk.transpose(1, 2)) /
-                                   std::sqrt(static_cast<double>(q.size(2))))
-                                      .masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+        const at::Tensor scores =
+            (at::matmul(q.permute({1, 0, 2}), kk.transpose(1, 2)) / std::sqrt(static_cast<double>(q.size(2))))
+                .masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
         return at::matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
       });
   const at::Tensor logits = at::matmul(hidden, model.lm_head().t());
@@ -347,8 +347,8 @@ TEST_P(SparseTrainerTest, ChunkedGradientsEqualFullSequenceOverTheSelectedPages)
   Pools pools = MakePools(model->config(), page, seq.size(), at::kDouble);
   ChunkTrainerOptions options;
   options.chunk_tokens = chunk;
-  options.sparse = kernels::PageSelectOptions{.page_budget = 3, .sink_pages = 1, .local_pages = 1,
-                                              .summary = sc.summary};
+  options.sparse =
+      kernels::PageSelectOptions{.page_budget = 3, .sink_pages = 1, .local_pages = 1, .summary = sc.summary};
   Selections selections;
   options.on_selection = [&](int64_t i, int64_t layer, const at::Tensor& s) { selections[{i, layer}] = s.clone(); };
   ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
@@ -396,8 +396,8 @@ TEST_P(SparseTrainerTest, FullBudgetEqualsDenseTraining) {
   Pools pools = MakePools(model->config(), 4, seq.size(), at::kDouble);
   ChunkTrainerOptions options;
   options.chunk_tokens = 12;
-  options.sparse = kernels::PageSelectOptions{.page_budget = 13, .sink_pages = 1, .local_pages = 2,
-                                              .summary = sc.summary};
+  options.sparse =
+      kernels::PageSelectOptions{.page_budget = 13, .sink_pages = 1, .local_pages = 2, .summary = sc.summary};
   ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
   auto loss = trainer.TrainSequence(seq, scale, 0);
   ASSERT_TRUE(loss.ok()) << loss.status();
