@@ -3,6 +3,8 @@
 // against dense float64 attention. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include <torch/cuda.h>
 
 #include "kernels/torch/page_ops.h"
@@ -74,6 +76,22 @@ TEST_F(KernelsGpuTest, SparseAttentionBfloat16Fused) {
   const auto e =
       testing::CheckSparseAttention(at::kCUDA, at::kBFloat16, 4096, 512, 28, 4, 128, {0}, SevenBSelection(), 9);
   EXPECT_LE(e.max(), 2e-2) << "out " << e.out << " dq " << e.dq << " dk " << e.dk << " dk_past " << e.dk_past;
+}
+
+// A budget covering all 32 past pages: every tile and head selects every page, and the fused
+// sparse path lands as close to float64 dense attention as the dense paged path does on the
+// same inputs (the same seed draws the same q, k, v and output gradient).
+TEST_F(KernelsGpuTest, SparseAttentionFullBudgetIsDenseBfloat16) {
+  auto o = SevenBSelection();
+  o.page_budget = 32;
+  at::Tensor selection;
+  const auto sparse =
+      testing::CheckSparseAttention(at::kCUDA, at::kBFloat16, 4096, 512, 28, 4, 128, {0}, o, 11, &selection);
+  EXPECT_EQ(selection.ge(0).sum().item<int64_t>(), selection.numel());
+  const auto dense = testing::CheckPagedAttention(at::kCUDA, at::kBFloat16, 4096, 512, 28, 4, 128, {0}, 1024, 11);
+  std::cout << "relative to float64 dense: sparse " << sparse.max() << ", dense paged " << dense.max() << "\n";
+  EXPECT_LE(sparse.max(), 2e-2);
+  EXPECT_LE(sparse.max(), 1.5 * dense.max());
 }
 
 TEST_F(KernelsGpuTest, SparseAttentionFloat32PackedReferencePath) {
