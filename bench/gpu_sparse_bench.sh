@@ -4,16 +4,20 @@
 # of pages of 128 (sink 1, local 4, mean key), one training step per length after a warm-up,
 # and the dense step at the first length for comparison. KV and KV-gradient pages are all on the
 # GPU (no host tier yet, issue #5), so the page pools bound the longest context.
-# Usage: bash bench/gpu_sparse_bench.sh "LENGTHS" ["DENSE_LENGTHS"]
-# Output: $OUT/sparse_bench.jsonl, $OUT/dense_bench.jsonl
+# Usage: bash bench/gpu_sparse_bench.sh "LENGTHS" ["DENSE_LENGTHS" | -]   (-: no dense run)
+#        OOMB_SPARSE_SELECTION=min_max: Quest's min/max summaries instead of the mean key
+# Output: $OUT/sparse_bench[_min_max].jsonl, $OUT/dense_bench.jsonl
 set -uo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 lengths=${1:-"131072 524288"}
 dense_lengths=${2:-"131072"}
+selection=${OOMB_SPARSE_SELECTION:-mean_key}
+out="$OUT/sparse_bench.jsonl"
+[ "$selection" = mean_key ] || out="$OUT/sparse_bench_$selection.jsonl"
 # shellcheck disable=SC2086
-.carry/bin/bench_train --model qwen2.5-7b --sparse-budget 64 --lengths $lengths | tee "$OUT/sparse_bench.jsonl"
-if [ -n "$dense_lengths" ]; then
+.carry/bin/bench_train --model qwen2.5-7b --sparse-budget 64 --selection "$selection" --lengths $lengths | tee "$out"
+if [ "$dense_lengths" != - ]; then
   # shellcheck disable=SC2086
   .carry/bin/bench_train --model qwen2.5-7b --lengths $dense_lengths | tee "$OUT/dense_bench.jsonl"
 fi

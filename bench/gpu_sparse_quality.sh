@@ -10,10 +10,13 @@
 # copied to /tmp/stage/ (see bench/results/*-sparse/README.md for the exact calls); this script
 # joins, checks and converts it (scripts/gguf_to_hf.py, the gguf wheel carried in .qdata/).
 # Texts: .qdata/*.txt (Debian r-cran-janeaustenr, as scripts/fetch_test_data.sh extracts them).
-# Output: $OUT/quality_{dense,sparse}.jsonl (each run's metrics.jsonl), $OUT/quality.log.
+# Output: $OUT/quality_{dense,sparse}.jsonl (each run's metrics.jsonl; quality_sparse_min_max.jsonl
+# with OOMB_QUALITY_SELECTION=min_max), $OUT/quality.log. OOMB_QUALITY_MODES picks the runs.
 set -euo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 STEPS="${OOMB_QUALITY_STEPS:-20}"
+MODES="${OOMB_QUALITY_MODES:-dense sparse}"            # which runs
+SELECTION="${OOMB_QUALITY_SELECTION:-mean_key}"        # sparse page summaries: mean_key | min_max
 work=/tmp/oomb-quality
 mkdir -p "$work"
 log="$OUT/quality.log"
@@ -42,7 +45,9 @@ with open(work / "val.jsonl", "w") as f:
     f.write(json.dumps({"text": samples("persuasion.txt")[0]}) + "\n")
 print(f"{len(train)} training samples, 1 validation sample, {size} characters each")
 PY
-for mode in dense sparse; do
+for mode in $MODES; do
+  tag=$mode
+  [ "$mode" = sparse ] && [ "$SELECTION" != mean_key ] && tag="sparse_$SELECTION"
   cat >"$work/$mode.yaml" <<YAML
 display_name: austen-64k-$mode
 model:
@@ -55,12 +60,12 @@ training: {max_steps: $STEPS, learning_rate: 2.0e-4, warmup_steps: 2, eval_every
 memory: {chunk_tokens: 4096, page_tokens: 128}
 attention:
   mode: $mode
-  sparse: {page_budget: 64, sink_pages: 1, local_pages: 4, selection: mean_key}
+  sparse: {page_budget: 64, sink_pages: 1, local_pages: 4, selection: $SELECTION}
 checkpoint: {every_steps: 0}
 resources: {device: cuda}
 YAML
   echo "== oombd run ($mode)" | tee -a "$log"
   rm -rf "$work/run-$mode"
   oombd run "$work/$mode.yaml" --checkpoint-dir "$work/run-$mode" 2>&1 | tail -n 30 | tee -a "$log"
-  cp "$work/run-$mode/metrics.jsonl" "$OUT/quality_$mode.jsonl"
+  cp "$work/run-$mode/metrics.jsonl" "$OUT/quality_$tag.jsonl"
 done

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Plots the dense-vs-sparse quality run of bench/gpu_sparse_quality.sh: training loss per step
-and validation loss at each evaluation, both runs side by side, and prints the eval-loss gap.
+"""Plots the dense-vs-sparse quality runs of bench/gpu_sparse_quality.sh: training loss per step
+and validation loss at each evaluation, the runs side by side, and prints each run's eval losses
+and its final gap to the first (dense) run.
 
-Usage: plot_sparse_quality.py quality_dense.jsonl quality_sparse.jsonl out.png
+Usage: plot_sparse_quality.py out.png LABEL=metrics.jsonl [LABEL=metrics.jsonl ...]
 """
 import json
 import sys
@@ -18,9 +19,10 @@ def load(path):
 
 
 def main():
-    dense, sparse, dst = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
+    dst = sys.argv[1]
+    runs = [(arg.split("=", 1)[0], load(arg.split("=", 1)[1])) for arg in sys.argv[2:]]
     fig, (train_ax, eval_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for rows, name, style in ((dense, "dense", "-o"), (sparse, "sparse (64 pages of 128)", "-s")):
+    for (name, rows), style in zip(runs, ("-o", "-s", "-^", "-v")):
         train_ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], style, label=name, markersize=3)
         ev = [r for r in rows if "eval_loss" in r]
         eval_ax.plot([r["step"] for r in ev], [r["eval_loss"] for r in ev], style, label=name)
@@ -32,9 +34,9 @@ def main():
     fig.suptitle("SmolLM2-135M-Instruct, YaRN x8, LoRA r=16, H200")
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
-    d = [r["eval_loss"] for r in dense if "eval_loss" in r]
-    s = [r["eval_loss"] for r in sparse if "eval_loss" in r]
-    print(json.dumps({"dense_eval_loss": d, "sparse_eval_loss": s, "final_gap_sparse_minus_dense": s[-1] - d[-1]}))
+    evals = {name: [r["eval_loss"] for r in rows if "eval_loss" in r] for name, rows in runs}
+    first = evals[runs[0][0]][-1]
+    print(json.dumps({"eval_loss": evals, "final_gap_to_" + runs[0][0]: {n: e[-1] - first for n, e in evals.items()}}))
 
 
 if __name__ == "__main__":
