@@ -75,7 +75,7 @@ JobSpec MakeSpec(const Fixture& f) {
 struct Outcome {
   RunOutcome outcome = RunOutcome::kSucceeded;
   std::vector<std::pair<int64_t, double>> losses;  // (step, loss) from on_step
-  std::vector<double> densities;                    // StepProgress::attention_density
+  std::vector<double> densities;                   // StepProgress::attention_density
   std::vector<std::string> warnings;
 };
 
