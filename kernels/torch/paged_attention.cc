@@ -8,6 +8,8 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/torch/attention_inputs.h"
+
 namespace oomb::kernels {
 namespace {
 
@@ -19,8 +21,6 @@ using torch::autograd::variable_list;
 constexpr int64_t kCpuBlockScoreElems = int64_t{1} << 22;
 constexpr int64_t kGpuBlockScoreElems = int64_t{1} << 27;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-at::ScalarType ComputeType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 struct PastHolder : torch::CustomClassHolder {
   PastHolder(std::shared_ptr<PastKv> p, int64_t block) : past(std::move(p)), key_block(block) {}
@@ -46,15 +46,7 @@ struct Geometry {
 
 Geometry Check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
                const PastKv* past, int64_t key_block) {
-  TORCH_CHECK(q.dim() == 3, "q: expected [C, num_heads, head_dim], got ", q.sizes());
-  TORCH_CHECK(k.dim() == 3 && k.size(0) == q.size(0) && k.size(2) == q.size(2),
-              "k: expected [C, kv_heads, head_dim] matching q ", q.sizes(), ", got ", k.sizes());
-  TORCH_CHECK(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
-  TORCH_CHECK(q.size(1) % k.size(1) == 0, "num_heads (", q.size(1), ") must be a multiple of kv_heads (", k.size(1),
-              ")");
-  TORCH_CHECK(doc_start.dim() == 1 && doc_start.size(0) == q.size(0) && doc_start.scalar_type() == at::kLong,
-              "doc_start: expected int64 [", q.size(0), "], got ", doc_start.scalar_type(), " ", doc_start.sizes());
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v: dtypes differ");
+  CheckChunkAttentionInputs(q, k, v, doc_start);
   TORCH_CHECK(key_block > 0, "key_block_tokens must be > 0, got ", key_block);
   Geometry g;
   g.C = q.size(0);
@@ -168,7 +160,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
       return out.squeeze(0);
     }
-    const at::ScalarType ct = ComputeType(q.scalar_type());
+    const at::ScalarType ct = AttentionComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
     at::Tensor out = at::empty({g.Hkv, g.G, g.C, g.D}, qg.options());
@@ -207,7 +199,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     PastKv* past = holder->past.get();
     const Geometry g = Check(q, k, v, doc_start, past, holder->key_block);
     if (ctx->saved_data.count("flash_s0")) return FlashBackward(ctx, g, past, grad_outputs[0]);
-    const at::ScalarType ct = ComputeType(q.scalar_type());
+    const at::ScalarType ct = AttentionComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
     const at::Tensor dog = g.ToGrouped(grad_outputs[0].to(ct));

@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/torch/attention_inputs.h"
+
 namespace oomb::kernels {
 namespace {
 
@@ -16,8 +18,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-at::ScalarType ComputeType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 struct PastHolder : torch::CustomClassHolder {
   explicit PastHolder(std::shared_ptr<SparsePast> p) : past(std::move(p)) {}
@@ -41,15 +41,7 @@ struct Geometry {
 
 Geometry Check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
                const SparsePast* past, const at::Tensor& selection, int64_t page_tokens) {
-  TORCH_CHECK(q.dim() == 3, "q: expected [C, num_heads, head_dim], got ", q.sizes());
-  TORCH_CHECK(k.dim() == 3 && k.size(0) == q.size(0) && k.size(2) == q.size(2),
-              "k: expected [C, kv_heads, head_dim] matching q ", q.sizes(), ", got ", k.sizes());
-  TORCH_CHECK(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
-  TORCH_CHECK(q.size(1) % k.size(1) == 0, "num_heads (", q.size(1), ") must be a multiple of kv_heads (", k.size(1),
-              ")");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v: dtypes differ");
-  TORCH_CHECK(doc_start.dim() == 1 && doc_start.size(0) == q.size(0) && doc_start.scalar_type() == at::kLong,
-              "doc_start: expected int64 [", q.size(0), "], got ", doc_start.scalar_type(), " ", doc_start.sizes());
+  CheckChunkAttentionInputs(q, k, v, doc_start);
   TORCH_CHECK(page_tokens > 0, "page_tokens: must be > 0, got ", page_tokens);
   Geometry g;
   g.C = q.size(0);
@@ -198,7 +190,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       ctx->saved_data["fused"] = true;
       return UnpackQueries(g, out);
     }
-    const at::ScalarType ct = ComputeType(q.scalar_type());
+    const at::ScalarType ct = AttentionComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}), vc = v.to(ct).permute({1, 0, 2});  // [Hkv, C, D]
     auto [kp, vp] = Gather(g, past.get(), selection, qg.options());
@@ -223,7 +215,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     auto holder = c10::static_intrusive_pointer_cast<PastHolder>(ctx->saved_data["past"].toCapsule());
     SparsePast* past = holder->past.get();
     const Geometry g = Check(q, k, v, doc_start, past, selection, ctx->saved_data["page_tokens"].toInt());
-    const at::ScalarType acc = ComputeType(q.scalar_type());
+    const at::ScalarType acc = AttentionComputeType(q.scalar_type());
     at::Tensor dq, dk, dv, dkp, dvp;
     if (ctx->saved_data.count("fused")) {
       auto [kp, vp] = Gather(g, past, selection, q.options());
@@ -250,7 +242,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
       dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
     } else {
-      const at::ScalarType ct = ComputeType(q.scalar_type());
+      const at::ScalarType ct = AttentionComputeType(q.scalar_type());
       const at::Tensor qg = g.ToGrouped(q.to(ct));
       const at::Tensor kc = k.to(ct).permute({1, 0, 2}), vc = v.to(ct).permute({1, 0, 2});
       auto [kp, vp] = Gather(g, past, selection, qg.options());

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -53,22 +54,35 @@ std::vector<int64_t> RandomIds(int64_t n, int64_t vocab, uint64_t seed) {
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + n);
 }
 
-// Ordinary full-sequence backpropagation: one forward over all T tokens with dense attention.
-Grads ReferenceGrads(const Transformer& model, const TokenSequence& seq, double scale) {
+// Full-sequence backpropagation: one forward over all T tokens, attention by `attention`
+// (layer, q, k, v, doc_start [T]), gradients of scale * sum(CE).
+using FullAttention = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& v, const at::Tensor& doc_start)>;
+Grads FullSequenceGrads(const Transformer& model, const TokenSequence& seq, double scale,
+                        const FullAttention& attention) {
   ChunkInput in;
   in.ids = at::tensor(seq.ids, at::kLong);
   in.positions = at::tensor(seq.positions, at::kLong);
   in.doc_start = at::tensor(seq.doc_start, at::kLong);
   in.rope_seq_len = *std::max_element(seq.positions.begin(), seq.positions.end()) + 1;
   const at::Tensor hidden =
-      model.Hidden(in, [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        return kernels::DenseAttentionReference(q, k, v, in.doc_start);
+      model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return attention(layer, q, k, v, in.doc_start);
       });
   const at::Tensor logits = at::matmul(hidden, model.lm_head().t());
   const at::Tensor loss =
       at::cross_entropy_loss(logits, at::tensor(seq.labels, at::kLong), {}, at::Reduction::Sum, kernels::kIgnoreIndex);
   (loss * scale).backward();
   return TakeGrads(model);
+}
+
+// Ordinary full-sequence backpropagation, with dense attention.
+Grads ReferenceGrads(const Transformer& model, const TokenSequence& seq, double scale) {
+  return FullSequenceGrads(
+      model, seq, scale,
+      [](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
+        return kernels::DenseAttentionReference(q, k, v, doc_start);
+      });
 }
 
 struct Pools {
@@ -295,20 +309,16 @@ using Selections = std::map<std::pair<int64_t, int64_t>, at::Tensor>;  // (chunk
 // causally (tests/kernels/sparse_attention_check.h's SelectionMask).
 Grads MaskedReferenceGrads(const Transformer& model, const TokenSequence& seq, double scale,
                            const Selections& selections, int64_t chunk, int64_t page) {
-  ChunkInput in;
-  in.ids = at::tensor(seq.ids, at::kLong);
-  in.positions = at::tensor(seq.positions, at::kLong);
-  in.doc_start = at::tensor(seq.doc_start, at::kLong);
-  in.rope_seq_len = *std::max_element(seq.positions.begin(), seq.positions.end()) + 1;
   const int64_t T = seq.size(), Hq = model.config().num_heads, Hkv = model.config().num_kv_heads;
-  const at::Tensor hidden =
-      model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return FullSequenceGrads(
+      model, seq, scale,
+      [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
         at::Tensor allowed = at::zeros({Hq, T, T}, at::kBool);
         for (int64_t begin = 0, i = 0; begin < T; begin += chunk, ++i) {
           const int64_t C = std::min(chunk, T - begin);
           allowed.slice(1, begin, begin + C)
               .slice(2, 0, begin + C)
-              .copy_(testing::SelectionMask(selections.at({i, layer}), in.doc_start, begin, C, Hq, page));
+              .copy_(testing::SelectionMask(selections.at({i, layer}), doc_start, begin, C, Hq, page));
         }
         const at::Tensor kk = k.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
         const at::Tensor vv = v.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
@@ -317,11 +327,6 @@ Grads MaskedReferenceGrads(const Transformer& model, const TokenSequence& seq, d
                 .masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
         return at::matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
       });
-  const at::Tensor logits = at::matmul(hidden, model.lm_head().t());
-  const at::Tensor loss =
-      at::cross_entropy_loss(logits, at::tensor(seq.labels, at::kLong), {}, at::Reduction::Sum, kernels::kIgnoreIndex);
-  (loss * scale).backward();
-  return TakeGrads(model);
 }
 
 struct SparseCase {

@@ -168,8 +168,22 @@ TEST_P(ResumeTest, ResumedLossesEqualUninterruptedRun) {
 INSTANTIATE_TEST_SUITE_P(PausePoints, ResumeTest, ::testing::Values(1, 4),
                          [](const auto& info) { return info.param == 1 ? "AtStepBoundary" : "InsideAStep"; });
 
-// A torn newest checkpoint (a file cut short, as a crash during a non-atomic copy would leave
-// it) fails its checksum; resume warns, takes the one before, and the losses still match.
+// Runs `spec` uninterrupted under root/full, and under root/split paused inside step 4 (at a
+// chunk boundary) then resumed; expects the same losses and the same final adapter bytes.
+// Returns the uninterrupted run.
+Outcome ExpectPauseInsideAStepResumesExactly(const JobSpec& spec, const std::string& root) {
+  const Outcome full = RunOnce(spec, root + "/full", false);
+  EXPECT_EQ(full.outcome, RunOutcome::kSucceeded);
+  const Outcome first = RunOnce(spec, root + "/split", false, /*pause_after_step=*/3, /*pause_at_poll=*/4);
+  EXPECT_EQ(first.outcome, RunOutcome::kPaused);
+  const Outcome second = RunOnce(spec, root + "/split", true);
+  EXPECT_EQ(second.outcome, RunOutcome::kSucceeded);
+  ExpectSameLosses(second.losses, full.losses, 4);
+  EXPECT_TRUE(ReadBytes(root + "/full/final/adapter_model.safetensors") ==
+              ReadBytes(root + "/split/final/adapter_model.safetensors"));
+  return full;
+}
+
 // SpaCO (backward.chunk_fraction 0.5) through the executor: its chunk draws follow the step, so
 // a run paused inside a step and resumed equals the uninterrupted one bit for bit; and it is
 // not the exact run (some chunks were dropped).
@@ -179,15 +193,7 @@ TEST(ResumeTest, SpacoRunResumesExactly) {
   const std::string root = fs::path(f.model_dir).parent_path().string();
   const Outcome exact = RunOnce(spec, root + "/exact", false);
   spec.backward.chunk_fraction = 0.5;
-  const Outcome full = RunOnce(spec, root + "/full", false);
-  ASSERT_EQ(full.outcome, RunOutcome::kSucceeded);
-  const Outcome first = RunOnce(spec, root + "/split", false, /*pause_after_step=*/3, /*pause_at_poll=*/4);
-  ASSERT_EQ(first.outcome, RunOutcome::kPaused);
-  const Outcome second = RunOnce(spec, root + "/split", true);
-  ASSERT_EQ(second.outcome, RunOutcome::kSucceeded);
-  ExpectSameLosses(second.losses, full.losses, 4);
-  EXPECT_TRUE(ReadBytes(root + "/full/final/adapter_model.safetensors") ==
-              ReadBytes(root + "/split/final/adapter_model.safetensors"));
+  const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
   EXPECT_NE(exact.losses.back().second, full.losses.back().second);
 }
 
@@ -203,15 +209,7 @@ TEST(ResumeTest, SparseRunResumesExactly) {
   spec.attention.sparse.page_budget = 2;
   spec.attention.sparse.sink_pages = 1;
   spec.attention.sparse.local_pages = 0;
-  const Outcome full = RunOnce(spec, root + "/full", false);
-  ASSERT_EQ(full.outcome, RunOutcome::kSucceeded);
-  const Outcome first = RunOnce(spec, root + "/split", false, /*pause_after_step=*/3, /*pause_at_poll=*/4);
-  ASSERT_EQ(first.outcome, RunOutcome::kPaused);
-  const Outcome second = RunOnce(spec, root + "/split", true);
-  ASSERT_EQ(second.outcome, RunOutcome::kSucceeded);
-  ExpectSameLosses(second.losses, full.losses, 4);
-  EXPECT_TRUE(ReadBytes(root + "/full/final/adapter_model.safetensors") ==
-              ReadBytes(root + "/split/final/adapter_model.safetensors"));
+  const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
   EXPECT_NE(dense.losses.back().second, full.losses.back().second);
   // Short sequences have no more past pages than the budget: density 1 on those steps.
   for (double d : full.densities) {
@@ -222,6 +220,8 @@ TEST(ResumeTest, SparseRunResumesExactly) {
   for (double d : dense.densities) EXPECT_EQ(d, 0.0);
 }
 
+// A torn newest checkpoint (a file cut short, as a crash during a non-atomic copy would leave
+// it) fails its checksum; resume warns, takes the one before, and the losses still match.
 TEST(ResumeTest, TornCheckpointIsSkipped) {
   const Fixture f = MakeFixture("torn");
   const JobSpec spec = MakeSpec(f);

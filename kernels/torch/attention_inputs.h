@@ -1,0 +1,32 @@
+// What the attention functions of this folder (paged_attention.cc, sparse_attention.cc) share:
+// the checks of one chunk's q, k, v and document starts, and the type they compute in. Internal
+// to kernels/torch.
+#ifndef OOMB_KERNELS_TORCH_ATTENTION_INPUTS_H_
+#define OOMB_KERNELS_TORCH_ATTENTION_INPUTS_H_
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace oomb::kernels {
+
+// float64 inputs are computed in float64; everything else (float32, bf16, fp16) in float32.
+inline at::ScalarType AttentionComputeType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// q [C, num_heads, D], k and v [C, kv_heads, D] of one dtype with num_heads a multiple of
+// kv_heads, doc_start int64 [C]; c10::Error naming the argument otherwise.
+inline void CheckChunkAttentionInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& doc_start) {
+  TORCH_CHECK(q.dim() == 3, "q: expected [C, num_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(k.dim() == 3 && k.size(0) == q.size(0) && k.size(2) == q.size(2),
+              "k: expected [C, kv_heads, head_dim] matching q ", q.sizes(), ", got ", k.sizes());
+  TORCH_CHECK(v.sizes() == k.sizes(), "v: expected the shape of k ", k.sizes(), ", got ", v.sizes());
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "num_heads (", q.size(1), ") must be a multiple of kv_heads (", k.size(1),
+              ")");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v: dtypes differ");
+  TORCH_CHECK(doc_start.dim() == 1 && doc_start.size(0) == q.size(0) && doc_start.scalar_type() == at::kLong,
+              "doc_start: expected int64 [", q.size(0), "], got ", doc_start.scalar_type(), " ", doc_start.sizes());
+}
+
+}  // namespace oomb::kernels
+
+#endif  // OOMB_KERNELS_TORCH_ATTENTION_INPUTS_H_
