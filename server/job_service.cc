@@ -457,7 +457,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerCo
   return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
     OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
     OOMB_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(id));
-    for (v1::Checkpoint& c : cps) *resp->add_checkpoints() = std::move(c);
+    // The store keeps every CHECKPOINT_SAVED event; checkpoint.keep_last has since deleted all
+    // but the newest directories, and only those can be loaded or resumed from.
+    for (v1::Checkpoint& c : cps) {
+      std::error_code ec;
+      if (std::filesystem::is_directory(c.path(), ec)) *resp->add_checkpoints() = std::move(c);
+    }
     return absl::OkStatus();
   });
 }

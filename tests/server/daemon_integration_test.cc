@@ -138,6 +138,9 @@ TEST_F(DaemonTest, KillNineMidJobThenRestartResumesFromTheLastCheckpoint) {
   const json cps = OombJson(endpoint(), "checkpoints crash", dir());
   ASSERT_TRUE(cps.contains("checkpoints"));
   EXPECT_EQ(cps["checkpoints"].back().value("final", false), true);
+  // 60 checkpoints were saved, keep_last 2 kept the newest: only what is on disk is listed.
+  EXPECT_LE(cps["checkpoints"].size(), 3u);
+  for (const json& c : cps["checkpoints"]) EXPECT_TRUE(fs::is_directory(c.value("path", ""))) << c.dump();
 
   // The resumed run computes what an uninterrupted one does: the queued twin ran start to
   // finish with the same spec after the restart.
