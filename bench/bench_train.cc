@@ -18,8 +18,17 @@
 // mean_key | min_max); model FLOPs then count the attention's query-key pairs attended, and the
 // line carries the attention's density (pages attended / past pages).
 //
+// --kv-grad-dtype float32 | bfloat16: the KV-gradient pages' storage (the grad check's float32
+// reference keeps float32 pages).
+// --kv-offload none | auto | host: where the pages go, as the job spec's memory.kv_offload, placed
+// by the memory planner for this machine (device and host memory). The line then carries the
+// pages on each tier, the pinned host bytes, the bytes the copy engine moved each way in the
+// step, the planner's host peak and its longest context, and how long the step waited for the
+// host slabs to be pinned after the warm-up (not part of the step).
+//
 // Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
-//                    [--full] [--grad-check 65536] [--sparse-budget 64] [--device cuda]
+//                    [--full] [--grad-check 65536] [--sparse-budget 64] [--kv-offload auto]
+//                    [--device cuda]
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 #include <CLI/CLI.hpp>
@@ -29,12 +38,15 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #if defined(OOMB_HAVE_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 #include "worker/common/status.h"
+#include "worker/job/build_info.h"
+#include "worker/kv/copy_engine.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/memory_planner.h"
@@ -115,35 +127,93 @@ TokenSequence RandomSequence(int64_t T, int64_t vocab, uint64_t seed) {
   return TokenSequence::FromDocument(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + T));
 }
 
+// The page pools of one length: device pools, and with the host tier host pools (pinned, in
+// slabs pinned by their own threads) and the copy engine. `plan` placed them.
 struct Pools {
-  std::unique_ptr<PagePool> kv, grad;
+  std::unique_ptr<PagePool> kv, grad, kv_host, grad_host;
+  std::unique_ptr<CopyEngine> copies;
+  MemoryPlan plan;
+  KvPools pools() const { return {kv.get(), grad.get(), kv_host.get(), grad_host.get(), copies.get()}; }
+  // Waits until the host slabs are pinned; the seconds waited.
+  double WaitForHost() const {
+    const auto start = std::chrono::steady_clock::now();
+    for (const PagePool* p : {kv_host.get(), grad_host.get()}) {
+      while (p != nullptr && p->ready_pages() < p->stats().capacity_pages) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
 };
 
-absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, int64_t page, at::Device d) {
+// The job spec the benchmark's configuration amounts to, for the memory planner.
+struct BenchSpec {
+  bool full = false;
+  int64_t rank = 16, chunk = 4096, page = 128, sparse_budget = 0;
+  std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32";
+  JobSpec At(int64_t T) const {
+    JobSpec spec;
+    spec.model.dtype = "bfloat16";
+    spec.method.type = full ? "full" : "lora";
+    spec.method.lora.rank = static_cast<int32_t>(rank);
+    spec.memory.chunk_tokens = chunk;
+    spec.memory.page_tokens = page;
+    spec.memory.kv_offload = offload;
+    spec.memory.kv_grad_dtype = kv_grad_dtype;
+    spec.data.max_seq_len = T;
+    if (sparse_budget > 0) {
+      spec.attention.mode = "sparse";
+      spec.attention.sparse.page_budget = sparse_budget;
+      spec.attention.sparse.selection = selection;
+    }
+    return spec;
+  }
+};
+
+// This machine as the planner sees it: the device's and the host's memory.
+PlanTarget Machine(const at::Device& d) {
+  PlanTarget target{.device = d.is_cuda() ? "cuda:0" : "cpu"};
+  for (const DeviceInfo& info : GetBuildInfo().devices) {
+    if (info.name == "cpu") target.host_bytes = info.memory_bytes;
+    if (info.name == target.device) target.device_bytes = info.memory_bytes;
+  }
+  return target;
+}
+
+absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, const BenchSpec& b, at::Device d) {
   const ModelConfig& c = m.config();
-  const int64_t pages = c.num_layers * ((T + page - 1) / page + 1);
-  const PageShape shape{c.num_kv_heads, page, c.head_dim};
   Pools p;
+  OOMB_ASSIGN_OR_RETURN(p.plan, PlanMemory(c, b.At(T), Machine(d)));
+  // bfloat16 gradient pages only under a bfloat16 model (the float32 reference keeps float32).
+  const at::ScalarType grad_dtype =
+      b.kv_grad_dtype == "bfloat16" && m.dtype() == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  const PageShape shape{c.num_kv_heads, b.page, c.head_dim};
   OOMB_ASSIGN_OR_RETURN(p.kv, PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
-                                               at::TensorOptions().dtype(m.dtype()).device(d), pages));
-  OOMB_ASSIGN_OR_RETURN(p.grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
-                                                 at::TensorOptions().dtype(at::kFloat).device(d), pages));
+                                               at::TensorOptions().dtype(m.dtype()).device(d), p.plan.device_kv_pages));
+  OOMB_ASSIGN_OR_RETURN(
+      p.grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(grad_dtype).device(d),
+                               p.plan.device_kv_pages));
+  if (p.plan.host_kv_pages > 0) {
+    p.kv_host = PagePool::CreateHost(PageKind::kKv, shape, m.dtype(), p.plan.host_kv_pages, d.is_cuda());
+    p.grad_host = PagePool::CreateHost(PageKind::kKvGrad, shape, grad_dtype, p.plan.host_kv_pages, d.is_cuda());
+    p.copies = std::make_unique<CopyEngine>(d);
+  }
   return p;
 }
 
 struct StepResult {
   double seconds = 0;
   SparseStats sparse;
+  TrainerMemory memory;
 };
 
 // One optimizer step on a sequence of T tokens (`sparse`: page-level sparse attention).
-absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, int64_t T, int64_t chunk, int64_t page,
-                                at::Device d, const std::optional<kernels::PageSelectOptions>& sparse) {
-  OOMB_ASSIGN_OR_RETURN(Pools pools, MakePools(m, T, page, d));
+absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, const Pools& pools, int64_t T,
+                                int64_t chunk, at::Device d, const std::optional<kernels::PageSelectOptions>& sparse) {
   ChunkTrainerOptions o;
   o.chunk_tokens = chunk;
   o.sparse = sparse;
-  ChunkTrainer trainer(&m, pools.kv.get(), pools.grad.get(), o);
+  ChunkTrainer trainer(&m, pools.pools(), o);
   const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 1);
   Sync(d);
   const auto s = std::chrono::steady_clock::now();
@@ -152,17 +222,17 @@ absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, in
   opt.step();
   opt.zero_grad(true);
   Sync(d);
-  return StepResult{std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count(),
-                    trainer.sparse_stats()};
+  return StepResult{std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count(), trainer.sparse_stats(),
+                    trainer.memory()};
 }
 
-std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, int64_t chunk, int64_t page, at::Device d) {
+std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, const BenchSpec& b, at::Device d) {
   std::map<std::string, at::Tensor> g;
-  auto pools = MakePools(m, T, page, d);
+  auto pools = MakePools(m, T, b, d);
   if (!pools.ok()) return g;
   ChunkTrainerOptions o;
-  o.chunk_tokens = chunk;
-  ChunkTrainer trainer(&m, pools->kv.get(), pools->grad.get(), o);
+  o.chunk_tokens = b.chunk;
+  ChunkTrainer trainer(&m, pools->pools(), o);
   const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 2);
   auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
   if (!loss.ok()) {
@@ -183,10 +253,14 @@ int Main(int argc, char** argv) {
   int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0;
   bool full = false;
   int64_t sparse_budget = 0;
-  std::string selection = "mean_key";
+  std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32";
   app.add_option("--model", model, "qwen2.5-7b | qwen2.5-0.5b | tiny");
   app.add_option("--sparse-budget", sparse_budget, "page-level sparse attention with this page_budget (0: dense)");
   app.add_option("--selection", selection, "sparse page summaries: mean_key | min_max");
+  app.add_option("--kv-offload", offload,
+                 "page placement, as memory.kv_offload: none (every page on the device) | auto (what fits on "
+                 "the device, the rest in pinned host memory) | host (every page in pinned host memory)");
+  app.add_option("--kv-grad-dtype", kv_grad_dtype, "KV-gradient page storage: float32 | bfloat16");
   app.add_option("--lengths", lengths, "sequence lengths");
   app.add_option("--chunk", chunk);
   app.add_option("--page", page);
@@ -198,6 +272,14 @@ int Main(int argc, char** argv) {
 
   const at::Device d = device == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
   const ModelConfig config = Preset(model);
+  const BenchSpec bench{.full = full,
+                        .rank = rank,
+                        .chunk = chunk,
+                        .page = page,
+                        .sparse_budget = sparse_budget,
+                        .selection = selection,
+                        .offload = offload,
+                        .kv_grad_dtype = kv_grad_dtype};
   std::optional<kernels::PageSelectOptions> sparse;
   if (sparse_budget > 0) {
     sparse = kernels::PageSelectOptions{
@@ -216,6 +298,8 @@ int Main(int argc, char** argv) {
                               {"device", d.is_cuda() ? "cuda" : "cpu"},
                               {"attention", sparse ? "sparse" : "dense"},
                               {"page_budget", sparse_budget},
+                              {"kv_offload", offload},
+                              {"kv_grad_dtype", kv_grad_dtype},
                               {"selection", sparse ? selection : ""}}
                    .dump()
             << std::endl;
@@ -237,10 +321,13 @@ int Main(int argc, char** argv) {
       nlohmann::json r = {{"S", T}};
       try {
         EmptyCache(d);
-        auto warm = Step(*m, opt, std::min<int64_t>(T, chunk), chunk, page, d, sparse);  // kernels, allocator
+        auto pools = MakePools(*m, T, bench, d);
+        if (!pools.ok()) throw std::runtime_error(std::string(pools.status().message()));
+        auto warm = Step(*m, opt, *pools, std::min<int64_t>(T, chunk), chunk, d, sparse);  // kernels, allocator
         if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
+        r["host_pin_wait_s"] = pools->WaitForHost();  // pinning is not part of a step
         ResetPeak(d);
-        auto step = Step(*m, opt, T, chunk, page, d, sparse);
+        auto step = Step(*m, opt, *pools, T, chunk, d, sparse);
         if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
         const double* s = &step->seconds;
         // Sparse: the attention's model FLOPs are those of the query-key pairs attended.
@@ -253,27 +340,19 @@ int Main(int argc, char** argv) {
               static_cast<double>(step->sparse.selected_pages) / static_cast<double>(step->sparse.past_pages);
         }
         r["peak_bytes"] = PeakBytes(d);
-        r["kv_pool_bytes"] =
-            2 * 3 * config.num_layers * ((T + page - 1) / page + 1) * config.num_kv_heads * page * config.head_dim * 2;
+        const MemoryPlan& plan = pools->plan;
+        r["kv_pool_bytes"] = plan.kv_device_bytes;
+        r["kv_device_pages"] = plan.device_kv_pages;
+        r["kv_host_pages"] = plan.host_kv_pages;
+        r["host_pinned_bytes"] = plan.kv_host_bytes;
+        r["host_kv_peak_bytes"] = step->memory.host_kv_peak_bytes;
+        r["h2d_bytes"] = step->memory.bytes_to_device;
+        r["d2h_bytes"] = step->memory.bytes_to_host;
         r["model_tflops"] = flops / *s / 1e12;
-        JobSpec spec;
-        spec.model.dtype = "bfloat16";
-        spec.method.type = full ? "full" : "lora";
-        spec.method.lora.rank = static_cast<int32_t>(rank);
-        spec.memory.chunk_tokens = chunk;
-        spec.memory.page_tokens = page;
-        spec.data.max_seq_len = T;
-        if (sparse) {
-          spec.attention.mode = "sparse";
-          spec.attention.sparse.page_budget = sparse_budget;
-          spec.attention.sparse.selection = selection;
-        }
-        const PlanTarget target{
-            .device = d.is_cuda() ? "cuda:0" : "cpu", .device_bytes = int64_t{1} << 50, .host_bytes = int64_t{1} << 50};
-        if (auto plan = PlanMemory(config, spec, target); plan.ok()) {
-          r["planned_peak_bytes"] = plan->peak_device_bytes;
-          r["planned_over_measured"] = static_cast<double>(plan->peak_device_bytes) / PeakBytes(d);
-        }
+        r["planned_peak_bytes"] = plan.peak_device_bytes;
+        r["planned_over_measured"] = static_cast<double>(plan.peak_device_bytes) / PeakBytes(d);
+        r["planned_host_bytes"] = plan.peak_host_bytes;
+        r["planned_max_seq_len"] = plan.max_seq_len_that_fits;
         if (peak_tflops > 0) r["mfu"] = flops / *s / 1e12 / peak_tflops;
       } catch (const std::exception& e) {
         r["oom"] = true;
@@ -297,11 +376,11 @@ int Main(int argc, char** argv) {
         if (n.find("lora_B") != std::string::npos) p.normal_(0, 0.02);  // PEFT's B = 0 gives dA = 0
       }
     }
-    const std::map<std::string, at::Tensor> g16 = LoraGrads(*m16, grad_check, chunk, page, d);
+    const std::map<std::string, at::Tensor> g16 = LoraGrads(*m16, grad_check, bench, d);
     auto m32 = m16->CastTo(at::kFloat);
     m16.reset();
     EmptyCache(d);
-    const auto g32 = LoraGrads(*m32, grad_check, chunk, page, d);
+    const auto g32 = LoraGrads(*m32, grad_check, bench, d);
     double dot = 0, n16 = 0, n32 = 0, diff = 0;
     for (const auto& [name, a] : g32) {
       if (!g16.count(name)) continue;

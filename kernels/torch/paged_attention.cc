@@ -123,10 +123,8 @@ std::pair<at::Tensor, at::Tensor> SegmentKv(const Segment& s, PastKv* past, cons
 }
 
 // The fused path on a GPU: bf16/fp16 inputs, one document for the whole chunk (all doc_start
-// equal), head_dim a multiple of 8 up to 256. The past is gathered once per layer visit into a
-// contiguous [keys, kv_heads, D] buffer after the chunk's document start, and LibTorch's flash
-// attention runs with a bottom-right-aligned causal mask (query i sees keys <= S + i); its
-// backward gives dK/dV of past and chunk together.
+// equal), head_dim a multiple of 8 up to 256 (see the header). Returns the document's start, or
+// -1 when the path does not apply.
 int64_t FlashDocStart(const at::Tensor& q, const at::Tensor& doc_start_cpu) {
   if (!q.is_cuda() || (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)) return -1;
   if (q.size(2) % 8 != 0 || q.size(2) > 256) return -1;
@@ -135,13 +133,26 @@ int64_t FlashDocStart(const at::Tensor& q, const at::Tensor& doc_start_cpu) {
   return std::all_of(ds, ds + n, [&](int64_t x) { return x == ds[0]; }) ? ds[0] : -1;
 }
 
-// Keys and values of [s0, S + C) as [1, keys, kv_heads, D] (the flash layout).
-std::pair<at::Tensor, at::Tensor> FlashKeys(const Geometry& g, PastKv* past, int64_t s0, const at::Tensor& k,
-                                            const at::Tensor& v) {
-  if (s0 >= g.S) return {k.unsqueeze(0), v.unsqueeze(0)};
-  auto [pk, pv] = past->Read(s0, g.S);  // [Hkv, n, D]
-  return {at::cat({pk.to(k.scalar_type()).permute({1, 0, 2}), k}, 0).unsqueeze(0),
-          at::cat({pv.to(v.scalar_type()).permute({1, 0, 2}), v}, 0).unsqueeze(0)};
+// The fused path's key blocks: the past from the document's start s0 in blocks of
+// `key_block` tokens, then the chunk (the only causal block).
+std::vector<Segment> FlashBlocks(const Geometry& g, int64_t s0, int64_t key_block) {
+  std::vector<Segment> out;
+  for (int64_t b = std::max<int64_t>(s0, 0); b < g.S; b += key_block) {
+    out.push_back({b, std::min(g.S, b + key_block), true});
+  }
+  out.push_back({g.S, g.S + g.C, false});
+  return out;
+}
+
+// Keys and values of one block in the flash layout [1, keys, kv_heads, D]; prefetches the
+// next block's.
+std::pair<at::Tensor, at::Tensor> FlashBlockKv(const std::vector<Segment>& blocks, size_t i, PastKv* past,
+                                               const at::Tensor& k, const at::Tensor& v) {
+  if (i + 1 < blocks.size() && blocks[i + 1].past) past->Prefetch(blocks[i + 1].begin, blocks[i + 1].end);
+  if (!blocks[i].past) return {k.unsqueeze(0), v.unsqueeze(0)};
+  auto [pk, pv] = past->Read(blocks[i].begin, blocks[i].end);  // [Hkv, n, D]
+  return {pk.to(k.scalar_type()).permute({1, 0, 2}).contiguous().unsqueeze(0),
+          pv.to(v.scalar_type()).permute({1, 0, 2}).contiguous().unsqueeze(0)};
 }
 
 class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
@@ -151,10 +162,29 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     const Geometry g = Check(q, k, v, doc_start, past.get(), key_block);
     const at::Tensor doc_cpu = doc_start.cpu().contiguous();
     if (const int64_t s0 = FlashDocStart(q, doc_cpu); s0 >= 0) {
-      auto [keys, values] = FlashKeys(g, past.get(), s0, k, v);
-      auto [out, lse, rng, unused, mask] = at::_flash_attention_forward(
-          q.unsqueeze(0), keys, values, std::nullopt, std::nullopt, g.C, keys.size(1), 0.0, /*is_causal=*/true,
-          /*return_debug_mask=*/false, g.scale);
+      // Blocks merged by log-sum-exp: out = sum_b exp(lse_b - lse) out_b, lse = logsumexp_b lse_b.
+      const std::vector<Segment> blocks = FlashBlocks(g, s0, key_block);
+      at::Tensor out, lse;  // float32 [1, C, Hq, D], [1, Hq, C]
+      at::Tensor rng, unused;
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        auto [keys, values] = FlashBlockKv(blocks, i, past.get(), k, v);
+        auto [out_b, lse_b, rng_b, unused_b, mask] = at::_flash_attention_forward(
+            q.unsqueeze(0), keys, values, std::nullopt, std::nullopt, g.C, keys.size(1), 0.0,
+            /*is_causal=*/!blocks[i].past, /*return_debug_mask=*/false, g.scale);
+        rng = rng_b;
+        unused = unused_b;
+        if (!out.defined()) {
+          out = out_b.to(at::kFloat);
+          lse = lse_b;
+          continue;
+        }
+        const at::Tensor merged = at::logaddexp(lse, lse_b);
+        const at::Tensor w = at::exp(lse - merged).transpose(1, 2).unsqueeze(-1);  // [1, C, Hq, 1]
+        const at::Tensor w_b = at::exp(lse_b - merged).transpose(1, 2).unsqueeze(-1);
+        out = out * w + out_b.to(at::kFloat) * w_b;
+        lse = merged;
+      }
+      out = out.to(q.scalar_type());
       ctx->save_for_backward({q, k, v, doc_start, out, lse, rng, unused});
       ctx->saved_data["flash_s0"] = s0;
       ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
@@ -243,21 +273,27 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[4], &lse = saved[5], &rng = saved[6],
                      &unused = saved[7];
     const int64_t s0 = ctx->saved_data["flash_s0"].toInt();
-    auto [keys, values] = FlashKeys(g, past, s0, k, v);
-    auto [dq, dkeys, dvalues] = at::_flash_attention_backward(
-        dout.unsqueeze(0).contiguous(), q.unsqueeze(0), keys, values, out, lse, at::Tensor(), at::Tensor(), g.C,
-        keys.size(1), 0.0, /*is_causal=*/true, rng, unused, g.scale);
-    const int64_t n_past = std::max<int64_t>(0, g.S - s0);
-    if (n_past > 0) {
-      past->AccumulateGrad(s0, dkeys[0].slice(0, 0, n_past).permute({1, 0, 2}).to(at::kFloat).contiguous(),
-                           dvalues[0].slice(0, 0, n_past).permute({1, 0, 2}).to(at::kFloat).contiguous());
+    const int64_t key_block =
+        c10::static_intrusive_pointer_cast<PastHolder>(ctx->saved_data["past"].toCapsule())->key_block;
+    const std::vector<Segment> blocks = FlashBlocks(g, s0, key_block);
+    const at::Tensor dout4 = dout.unsqueeze(0).contiguous();
+    at::Tensor dq = at::zeros(q.unsqueeze(0).sizes(), q.options().dtype(at::kFloat));
+    at::Tensor dk, dv;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      auto [keys, values] = FlashBlockKv(blocks, i, past, k, v);
+      auto [dq_b, dkeys, dvalues] = at::_flash_attention_backward(dout4, q.unsqueeze(0), keys, values, out, lse,
+                                                                  at::Tensor(), at::Tensor(), g.C, keys.size(1), 0.0,
+                                                                  /*is_causal=*/!blocks[i].past, rng, unused, g.scale);
+      dq.add_(dq_b);
+      if (blocks[i].past) {
+        past->AccumulateGrad(blocks[i].begin, dkeys[0].permute({1, 0, 2}).to(at::kFloat).contiguous(),
+                             dvalues[0].permute({1, 0, 2}).to(at::kFloat).contiguous());
+      } else {
+        dk = dkeys[0];
+        dv = dvalues[0];
+      }
     }
-    return {dq.squeeze(0),
-            dkeys[0].slice(0, n_past).contiguous(),
-            dvalues[0].slice(0, n_past).contiguous(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor()};
+    return {dq.squeeze(0).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

@@ -48,11 +48,23 @@ class PastKv {
   // Adds gradients of past tokens [begin, begin + n), [kv_heads, n, head_dim] each, float32
   // (float64 for float64 inputs), into the gradient store.
   virtual void AccumulateGrad(int64_t begin, const at::Tensor& dk, const at::Tensor& dv) = 0;
+  // A hint: Read(begin, end) comes next, after the work queued now; an implementation may start
+  // bringing the range in (host pages) so the copy overlaps that work.
+  virtual void Prefetch(int64_t begin, int64_t end) {}
 };
 
 // Differentiable in q, k and v. `past` may be null when the chunk has no past (S == 0).
 // Raises c10::Error (TORCH_CHECK) for shape, dtype or device mismatches, naming the argument.
-// `key_block_tokens` sets how many past tokens are read at once.
+// `key_block_tokens` sets how many past tokens are read at once (the blockwise CPU path: at
+// least 16384 on a GPU).
+//
+// The fused GPU path (bf16/fp16, one document per chunk, head_dim % 8 == 0 and <= 256) runs
+// LibTorch's flash attention once per key block of the past (non-causal: every query sees every
+// past key) and once over the chunk (causal), and merges the blocks' outputs by their
+// log-sum-exp; its backward runs flash's backward per block against the merged output and
+// log-sum-exp, which gives each block's exact share of dq and its dK/dV. The next block is
+// prefetched (PastKv::Prefetch) before the current one computes. Memory: one block, whatever
+// the past's length.
 at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
                           std::shared_ptr<PastKv> past, int64_t key_block_tokens = 2048);
 

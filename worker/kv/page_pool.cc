@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/torch/page_ops.h"
+#include "worker/kv/copy_engine.h"
 
 namespace oomb {
 
@@ -26,21 +27,91 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PageKind kind, Tier t
                      capacity_pages * shape.elems() * static_cast<int64_t>(options.dtype().itemsize()), " bytes) on ",
                      TierName(tier), ": ", e.what_without_backtrace()));
   }
-  return std::unique_ptr<PagePool>(new PagePool(kind, tier, shape, std::move(arena)));
+  std::unique_ptr<PagePool> pool(
+      new PagePool(kind, tier, shape, arena.options(), capacity_pages, std::max<int64_t>(1, capacity_pages)));
+  pool->slabs_.push_back(std::move(arena));
+  pool->ready_slabs_ = 1;
+  return pool;
 }
 
-PagePool::PagePool(PageKind kind, Tier tier, PageShape shape, at::Tensor arena)
-    : kind_(kind), tier_(tier), shape_(shape), arena_(std::move(arena)), in_use_(arena_.size(0), false) {
-  for (int64_t i = 0; i < arena_.size(0); ++i) free_.push_back(static_cast<uint32_t>(i));
+std::unique_ptr<PagePool> PagePool::CreateHost(PageKind kind, PageShape shape, at::ScalarType dtype,
+                                               int64_t capacity_pages, bool pinned, int64_t slab_bytes) {
+  const int64_t page_bytes = shape.elems() * static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t slab_pages = std::max<int64_t>(1, slab_bytes / std::max<int64_t>(1, page_bytes));
+  std::unique_ptr<PagePool> pool(new PagePool(kind, Tier::kHost, shape, at::TensorOptions().dtype(dtype),
+                                              std::max<int64_t>(0, capacity_pages), slab_pages));
+  pool->slabs_.resize((pool->capacity_ + slab_pages - 1) / slab_pages);
+  PagePool* raw = pool.get();
+  pool->slab_thread_ = std::thread([raw, pinned] { raw->AllocateSlabs(pinned); });
+  return pool;
+}
+
+PagePool::PagePool(PageKind kind, Tier tier, PageShape shape, at::TensorOptions options, int64_t capacity_pages,
+                   int64_t slab_pages)
+    : kind_(kind),
+      tier_(tier),
+      shape_(shape),
+      options_(options),
+      capacity_(capacity_pages),
+      slab_pages_(slab_pages),
+      in_use_(capacity_pages, false) {
+  for (int64_t i = 0; i < capacity_pages; ++i) free_.push_back(static_cast<uint32_t>(i));
+}
+
+PagePool::~PagePool() {
+  stop_ = true;
+  if (slab_thread_.joinable()) slab_thread_.join();
+}
+
+void PagePool::AllocateSlabs(bool pinned) {
+  for (size_t i = 0; i < slabs_.size() && !stop_; ++i) {
+    const int64_t pages = std::min<int64_t>(slab_pages_, capacity_ - static_cast<int64_t>(i) * slab_pages_);
+    try {
+      slabs_[i] =
+          at::empty({pages, 2, shape_.kv_heads, shape_.page_tokens, shape_.head_dim}, options_.pinned_memory(pinned));
+    } catch (const c10::Error& e) {
+      const std::lock_guard<std::mutex> lock(slab_mu_);
+      slab_error_ = absl::StrCat("cannot allocate ", pinned ? "pinned " : "", "host memory for ", KindName(kind_),
+                                 " pages (slab ", i, " of ", slabs_.size(), ", ",
+                                 pages * shape_.elems() * static_cast<int64_t>(options_.dtype().itemsize()),
+                                 " bytes): ", e.what_without_backtrace());
+      slab_cv_.notify_all();
+      return;
+    }
+    const std::lock_guard<std::mutex> lock(slab_mu_);
+    ready_slabs_.store(static_cast<int64_t>(i) + 1, std::memory_order_release);
+    slab_cv_.notify_all();
+  }
+}
+
+absl::Status PagePool::WaitForSlab(uint32_t slot) {
+  const int64_t slab = slot / slab_pages_;
+  if (ready_slabs_.load(std::memory_order_acquire) > slab) return absl::OkStatus();
+  std::unique_lock<std::mutex> lock(slab_mu_);
+  slab_cv_.wait(lock, [&] { return ready_slabs_.load(std::memory_order_acquire) > slab || !slab_error_.empty(); });
+  if (ready_slabs_.load(std::memory_order_acquire) > slab) return absl::OkStatus();
+  return absl::ResourceExhaustedError(slab_error_);
+}
+
+int64_t PagePool::ready_pages() const {
+  return std::min(capacity_, ready_slabs_.load(std::memory_order_acquire) * slab_pages_);
+}
+
+at::Tensor& PagePool::arena() {
+  TORCH_INTERNAL_ASSERT(tier_ == Tier::kDevice, "PagePool::arena: a host pool's arena is slabs");
+  return slabs_[0];
 }
 
 absl::StatusOr<PageId> PagePool::Allocate() {
   if (free_.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat(KindName(kind_), " page pool on ", TierName(tier_), " is full (",
-                                                     arena_.size(0), " pages of ",
-                                                     shape_.elems() * arena_.element_size(), " bytes)"));
+                                                     capacity_, " pages of ",
+                                                     shape_.elems() * options_.dtype().itemsize(), " bytes)"));
   }
   const uint32_t slot = free_.front();
+  if (tier_ == Tier::kHost) {
+    if (absl::Status s = WaitForSlab(slot); !s.ok()) return s;
+  }
   free_.pop_front();
   in_use_[slot] = true;
   ++used_;
@@ -60,55 +131,40 @@ void PagePool::Free(PageId id) {
   Publish();
 }
 
-at::Tensor PagePool::Page(PageId id) const { return arena_[id.slot()]; }
+at::Tensor PagePool::Page(PageId id) const { return slabs_[id.slot() / slab_pages_][id.slot() % slab_pages_]; }
 
 PoolStats PagePool::stats() const {
   PoolStats s;
   s.kind = kind_;
   s.tier = tier_;
-  s.capacity_pages = arena_.size(0);
+  s.capacity_pages = capacity_;
   s.used_pages = used_;
   s.peak_used_pages = peak_used_;
-  s.bytes_per_page = shape_.elems() * static_cast<int64_t>(arena_.element_size());
+  s.bytes_per_page = shape_.elems() * static_cast<int64_t>(options_.dtype().itemsize());
   return s;
 }
 
-SequenceKvCache::SequenceKvCache(PagePool* kv_pool, PagePool* grad_pool, int64_t num_layers)
-    : kv_(kv_pool),
-      grad_(grad_pool),
-      page_tokens_(kv_pool->shape().page_tokens),
+SequenceKvCache::SequenceKvCache(KvPools pools, int64_t num_layers)
+    : pools_(pools),
+      page_tokens_(pools.kv->shape().page_tokens),
       kv_pages_(num_layers),
       grad_pages_(num_layers),
-      tokens_(num_layers, 0) {}
+      tokens_(num_layers, 0) {
+  TORCH_INTERNAL_ASSERT(!has_host() || pools_.copies != nullptr, "SequenceKvCache: host pools need a copy engine");
+}
 
 SequenceKvCache::~SequenceKvCache() { ReleaseFrom(0); }
 
-absl::Status SequenceKvCache::Append(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t n = k.size(0);
-  auto& pages = kv_pages_[layer];
-  const int64_t needed = (tokens_[layer] + n + page_tokens_ - 1) / page_tokens_ - static_cast<int64_t>(pages.size());
-  if (!kv_->CanAllocate(needed)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV pages: ", needed, " more needed at layer ", layer, ", ", kv_->stats().free_pages(), " free"));
-  }
-  const at::Tensor kt = k.to(kv_->arena().scalar_type()).permute({1, 0, 2});  // [H, n, D]
-  const at::Tensor vt = v.to(kv_->arena().scalar_type()).permute({1, 0, 2});
-  for (int64_t done = 0; done < n;) {
-    const int64_t pos = tokens_[layer] + done;
-    const int64_t page = pos / page_tokens_, offset = pos % page_tokens_;
-    if (page == static_cast<int64_t>(pages.size())) {
-      auto id = kv_->Allocate();
-      if (!id.ok()) return id.status();
-      pages.push_back(*id);
-    }
-    const int64_t take = std::min(n - done, page_tokens_ - offset);
-    at::Tensor slot = kv_->Page(pages[page]);  // [2, H, P, D]
-    slot[0].slice(1, offset, offset + take).copy_(kt.slice(1, done, done + take));
-    slot[1].slice(1, offset, offset + take).copy_(vt.slice(1, done, done + take));
-    done += take;
-  }
-  tokens_[layer] += n;
-  return absl::OkStatus();
+PagePool* SequenceKvCache::Pool(PageKind kind, Tier tier) const {
+  if (kind == PageKind::kKv) return tier == Tier::kHost ? pools_.kv_host : pools_.kv;
+  return tier == Tier::kHost ? pools_.grad_host : pools_.grad;
+}
+
+absl::StatusOr<PageId> SequenceKvCache::AllocatePage(PageKind kind) {
+  PagePool* device = Pool(kind, Tier::kDevice);
+  PagePool* host = Pool(kind, Tier::kHost);
+  if (host != nullptr && !device->CanAllocate(1)) return host->Allocate();
+  return device->Allocate();
 }
 
 namespace {
@@ -119,15 +175,155 @@ at::Tensor SlotTensor(const std::vector<PageId>& pages, int64_t first, int64_t l
   return at::tensor(slots, at::TensorOptions().dtype(at::kInt)).to(device);
 }
 
+at::Tensor Positions(const std::vector<int64_t>& v, const at::Device& device) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
+// What gradient pages of `storage` dtype accumulate in: float32 for bfloat16 / float16 pages.
+at::ScalarType AccumulationType(at::ScalarType storage) {
+  return storage == at::kBFloat16 || storage == at::kHalf ? at::kFloat : storage;
+}
+
+bool AllOnDevice(const std::vector<PageId>& ids) {
+  return std::all_of(ids.begin(), ids.end(), [](PageId id) { return !id.valid() || id.tier() == Tier::kDevice; });
+}
+
+// [n, 2, H, P, D] page images -> K and V of their tokens, [n * P, H, D] each.
+std::pair<at::Tensor, at::Tensor> TokenMajor(const at::Tensor& images) {
+  const auto flat = [&](int64_t kv) {
+    const at::Tensor x = images.select(1, kv);  // [n, H, P, D]
+    return x.permute({0, 2, 1, 3}).reshape({x.size(0) * x.size(2), x.size(1), x.size(3)});
+  };
+  return {flat(0), flat(1)};
+}
+
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> SequenceKvCache::Read(int64_t layer, int64_t begin, int64_t end) const {
+at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids) {
+  PagePool* device = Pool(kind, Tier::kDevice);
+  std::vector<int64_t> device_pos, host_pos;
+  std::vector<PageId> device_ids, host_ids;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto& pos = ids[i].tier() == Tier::kHost ? host_pos : device_pos;
+    auto& out = ids[i].tier() == Tier::kHost ? host_ids : device_ids;
+    pos.push_back(static_cast<int64_t>(i));
+    out.push_back(ids[i]);
+  }
+  const at::Device dev = device->options().device();
+  if (host_ids.empty()) {
+    return device->arena().index_select(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong));
+  }
+  at::Tensor host_images;
+  if (kind == PageKind::kKv && prefetch_ != nullptr && prefetch_ids_ == host_ids) {
+    host_images = pools_.copies->Await(prefetch_);
+  } else {
+    host_images = pools_.copies->FetchPages(*Pool(kind, Tier::kHost), host_ids);
+  }
+  prefetch_.reset();
+  prefetch_ids_.clear();
+  if (device_ids.empty()) return host_images;
+  at::Tensor images = at::empty({static_cast<int64_t>(ids.size()), 2, device->shape().kv_heads,
+                                 device->shape().page_tokens, device->shape().head_dim},
+                                device->options());
+  images.index_copy_(0, Positions(device_pos, dev),
+                     device->arena().index_select(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong)));
+  images.index_copy_(0, Positions(host_pos, dev), host_images);
+  return images;
+}
+
+void SequenceKvCache::StoreImages(PageKind kind, const std::vector<PageId>& ids, const at::Tensor& images) {
+  PagePool* device = Pool(kind, Tier::kDevice);
+  const at::Device dev = device->options().device();
+  std::vector<int64_t> device_pos, host_pos;
+  std::vector<PageId> device_ids, host_ids;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    (ids[i].tier() == Tier::kHost ? host_pos : device_pos).push_back(static_cast<int64_t>(i));
+    (ids[i].tier() == Tier::kHost ? host_ids : device_ids).push_back(ids[i]);
+  }
+  if (!device_ids.empty()) {
+    device->arena().index_copy_(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong),
+                                images.index_select(0, Positions(device_pos, dev)).to(device->options().dtype()));
+  }
+  if (!host_ids.empty()) {
+    pools_.copies->WritePages(
+        *Pool(kind, Tier::kHost), host_ids,
+        host_ids.size() == ids.size() ? images : images.index_select(0, Positions(host_pos, dev)));
+  }
+}
+
+absl::Status SequenceKvCache::Append(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t n = k.size(0);
+  auto& pages = kv_pages_[layer];
+  const int64_t last = (tokens_[layer] + n + page_tokens_ - 1) / page_tokens_;
+  const int64_t needed = last - static_cast<int64_t>(pages.size());
+  const int64_t free_pages =
+      pools_.kv->stats().free_pages() + (pools_.kv_host != nullptr ? pools_.kv_host->stats().free_pages() : 0);
+  if (needed > free_pages) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV pages: ", needed, " more needed at layer ", layer, ", ", free_pages, " free"));
+  }
+  while (static_cast<int64_t>(pages.size()) < last) {
+    auto id = AllocatePage(PageKind::kKv);
+    if (!id.ok()) return id.status();
+    pages.push_back(*id);
+  }
+  const at::ScalarType dtype = pools_.kv->options().dtype().toScalarType();
+  const at::Tensor kt = k.to(dtype).permute({1, 0, 2});  // [H, n, D]
+  const at::Tensor vt = v.to(dtype).permute({1, 0, 2});
+  // Host pages are written whole: their images are built on the device (a partly filled first
+  // page starts from its current contents) and written back in one batch.
+  std::vector<PageId> host_ids;
+  std::vector<at::Tensor> host_images;
+  for (int64_t done = 0; done < n;) {
+    const int64_t pos = tokens_[layer] + done;
+    const int64_t page = pos / page_tokens_, offset = pos % page_tokens_;
+    const int64_t take = std::min(n - done, page_tokens_ - offset);
+    at::Tensor slot;  // [2, H, P, D]
+    if (pages[page].tier() == Tier::kDevice) {
+      slot = pools_.kv->Page(pages[page]);
+    } else {
+      slot = offset > 0 ? Images(PageKind::kKv, {pages[page]})[0]
+                        : at::zeros({2, kt.size(0), page_tokens_, kt.size(2)}, kt.options());
+      host_ids.push_back(pages[page]);
+      host_images.push_back(slot);
+    }
+    slot[0].slice(1, offset, offset + take).copy_(kt.slice(1, done, done + take));
+    slot[1].slice(1, offset, offset + take).copy_(vt.slice(1, done, done + take));
+    done += take;
+  }
+  if (!host_ids.empty()) pools_.copies->WritePages(*pools_.kv_host, host_ids, at::stack(host_images));
+  tokens_[layer] += n;
+  return absl::OkStatus();
+}
+
+std::pair<at::Tensor, at::Tensor> SequenceKvCache::Read(int64_t layer, int64_t begin, int64_t end) {
   TORCH_INTERNAL_ASSERT(0 <= begin && begin <= end && end <= tokens_[layer], "Read [", begin, ", ", end,
                         ") beyond the ", tokens_[layer], " appended tokens");
   const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
-  auto [k, v] = kernels::GatherPages(kv_->arena(), SlotTensor(kv_pages_[layer], first, last, kv_->arena().device()));
+  const std::vector<PageId> ids(kv_pages_[layer].begin() + first, kv_pages_[layer].begin() + last);
   const int64_t off = begin - first * page_tokens_;
+  if (AllOnDevice(ids)) {
+    auto [k, v] = kernels::GatherPages(pools_.kv->arena(), SlotTensor(ids, 0, ids.size(), pools_.kv->arena().device()));
+    return {k.slice(1, off, off + end - begin), v.slice(1, off, off + end - begin)};
+  }
+  const at::Tensor images = Images(PageKind::kKv, ids);
+  const at::Tensor all = at::arange(static_cast<int64_t>(ids.size()), images.options().dtype(at::kInt));
+  auto [k, v] = kernels::GatherPages(images, all);
   return {k.slice(1, off, off + end - begin), v.slice(1, off, off + end - begin)};
+}
+
+void SequenceKvCache::Prefetch(int64_t layer, int64_t begin, int64_t end) {
+  if (pools_.kv_host == nullptr || layer >= static_cast<int64_t>(kv_pages_.size())) return;
+  end = std::min(end, tokens_[layer]);
+  if (begin >= end) return;
+  const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
+  std::vector<PageId> host_ids;
+  for (int64_t p = first; p < last; ++p) {
+    if (kv_pages_[layer][p].tier() == Tier::kHost) host_ids.push_back(kv_pages_[layer][p]);
+  }
+  if (host_ids.empty() || host_ids == prefetch_ids_) return;
+  prefetch_ = pools_.copies->StartFetch(*pools_.kv_host, host_ids);
+  prefetch_ids_ = std::move(host_ids);
 }
 
 absl::Status SequenceKvCache::AccumulateGrad(int64_t layer, int64_t begin, const at::Tensor& dk, const at::Tensor& dv) {
@@ -137,38 +333,50 @@ absl::Status SequenceKvCache::AccumulateGrad(int64_t layer, int64_t begin, const
   if (static_cast<int64_t>(gpages.size()) < last) gpages.resize(last);
   for (int64_t p = first; p < last; ++p) {
     if (gpages[p].valid()) continue;
-    auto id = grad_->Allocate();
+    auto id = AllocatePage(PageKind::kKvGrad);
     if (!id.ok()) return id.status();
     gpages[p] = *id;
   }
   const int64_t off = begin - first * page_tokens_, padded = (last - first) * page_tokens_;
-  const auto dtype = grad_->arena().scalar_type();
+  const at::ScalarType dtype = AccumulationType(pools_.grad->options().dtype().toScalarType());
   auto pad = [&](const at::Tensor& x) {
     if (off == 0 && x.size(1) == padded && x.scalar_type() == dtype) return x.contiguous();
     at::Tensor y = at::zeros({x.size(0), padded, x.size(2)}, x.options().dtype(dtype));
     y.slice(1, off, off + x.size(1)).copy_(x);
     return y;
   };
-  kernels::ScatterAddPages(grad_->arena(), SlotTensor(gpages, first, last, grad_->arena().device()), pad(dk), pad(dv));
+  const std::vector<PageId> ids(gpages.begin() + first, gpages.begin() + last);
+  if (AllOnDevice(ids) && pools_.grad->options().dtype() == dtype) {
+    kernels::ScatterAddPages(pools_.grad->arena(), SlotTensor(ids, 0, ids.size(), pools_.grad->arena().device()),
+                             pad(dk), pad(dv));
+    return absl::OkStatus();
+  }
+  // Host pages, or bfloat16 storage: the pages' images in the accumulation type, added to,
+  // stored back (rounded once per contribution).
+  at::Tensor images = Images(PageKind::kKvGrad, ids).to(dtype);
+  kernels::ScatterAddPages(images, at::arange(static_cast<int64_t>(ids.size()), images.options().dtype(at::kInt)),
+                           pad(dk), pad(dv));
+  StoreImages(PageKind::kKvGrad, ids, images);
   return absl::OkStatus();
 }
 
-std::pair<at::Tensor, at::Tensor> SequenceKvCache::ReadGrad(int64_t layer, int64_t begin, int64_t end) const {
-  const PageShape& s = grad_->shape();
-  at::Tensor dk = at::zeros({end - begin, s.kv_heads, s.head_dim}, grad_->arena().options());
-  at::Tensor dv = at::zeros_like(dk);
+std::pair<at::Tensor, at::Tensor> SequenceKvCache::ReadGrad(int64_t layer, int64_t begin, int64_t end) {
+  PagePool* grad = pools_.grad;
+  const PageShape& s = grad->shape();
+  const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
   const auto& gpages = grad_pages_[layer];
-  for (int64_t pos = begin; pos < end;) {
-    const int64_t page = pos / page_tokens_, offset = pos % page_tokens_;
-    const int64_t take = std::min(end - pos, page_tokens_ - offset);
-    if (page < static_cast<int64_t>(gpages.size()) && gpages[page].valid()) {
-      const at::Tensor slot = grad_->Page(gpages[page]);  // [2, H, P, D]
-      dk.slice(0, pos - begin, pos - begin + take).copy_(slot[0].slice(1, offset, offset + take).permute({1, 0, 2}));
-      dv.slice(0, pos - begin, pos - begin + take).copy_(slot[1].slice(1, offset, offset + take).permute({1, 0, 2}));
-    }
-    pos += take;
+  std::vector<PageId> ids;
+  std::vector<int64_t> pos;
+  for (int64_t p = first; p < std::min<int64_t>(last, gpages.size()); ++p) {
+    if (!gpages[p].valid()) continue;
+    ids.push_back(gpages[p]);
+    pos.push_back(p - first);
   }
-  return {dk, dv};
+  at::Tensor images = at::zeros({last - first, 2, s.kv_heads, s.page_tokens, s.head_dim}, grad->options());
+  if (!ids.empty()) images.index_copy_(0, Positions(pos, images.device()), Images(PageKind::kKvGrad, ids));
+  auto [dk, dv] = TokenMajor(images);
+  const int64_t off = begin - first * page_tokens_;
+  return {dk.slice(0, off, off + end - begin), dv.slice(0, off, off + end - begin)};
 }
 
 namespace {
@@ -185,14 +393,31 @@ at::Tensor ArenaRows(const at::Tensor& slots, const at::Tensor& selection, bool 
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, const at::Tensor& selection) const {
-  const PageShape& s = kv_->shape();
+std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, const at::Tensor& selection) {
+  const PageShape& s = pools_.kv->shape();
   const auto& pages = kv_pages_[layer];
-  const at::Tensor slots = SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()).to(at::kLong);
-  const at::Tensor rows = kv_->arena().view({-1, s.page_tokens, s.head_dim});
+  at::Tensor arena, slots;
+  if (AllOnDevice(pages)) {
+    arena = pools_.kv->arena();
+    slots = SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()).to(at::kLong);
+  } else {
+    const at::Tensor chosen = std::get<0>(at::_unique(selection.flatten().to(at::kCPU)));
+    std::vector<int64_t> index(pages.size(), 0);
+    std::vector<PageId> ids;
+    const int64_t* c = chosen.data_ptr<int64_t>();
+    for (int64_t i = 0; i < chosen.numel(); ++i) {
+      if (c[i] < 0) continue;
+      index[c[i]] = static_cast<int64_t>(ids.size());
+      ids.push_back(pages[c[i]]);
+    }
+    arena = Images(PageKind::kKv, ids);
+    slots = Positions(index, selection.device());
+  }
+  const at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
   const int64_t n_tiles = selection.size(0), n = selection.size(2);
   const at::Tensor none = (selection < 0).view({n_tiles, s.kv_heads, n, 1, 1});
   const auto take = [&](bool values) {
+    if (rows.size(0) == 0) return at::zeros({n_tiles, s.kv_heads, n * s.page_tokens, s.head_dim}, rows.options());
     return rows.index_select(0, ArenaRows(slots, selection, values).flatten())
         .view({n_tiles, s.kv_heads, n, s.page_tokens, s.head_dim})
         .masked_fill_(none, 0)
@@ -203,40 +428,56 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
 
 absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& dk,
                                                  const at::Tensor& dv) {
-  const PageShape& s = grad_->shape();
+  const PageShape& s = pools_.grad->shape();
   auto& gpages = grad_pages_[layer];
   if (gpages.size() < kv_pages_[layer].size()) gpages.resize(kv_pages_[layer].size());
-  const at::Tensor selected = selection.to(at::kCPU).contiguous();
+  const at::Tensor selected = std::get<0>(at::_unique(selection.flatten().to(at::kCPU)));
   const int64_t* page = selected.data_ptr<int64_t>();
+  std::vector<int64_t> index(gpages.size(), 0);
+  std::vector<PageId> ids;
   for (int64_t i = 0; i < selected.numel(); ++i) {
-    if (page[i] < 0 || gpages[page[i]].valid()) continue;
-    auto id = grad_->Allocate();
-    if (!id.ok()) return id.status();
-    gpages[page[i]] = *id;
+    if (page[i] < 0) continue;
+    if (!gpages[page[i]].valid()) {
+      auto id = AllocatePage(PageKind::kKvGrad);
+      if (!id.ok()) return id.status();
+      gpages[page[i]] = *id;
+    }
+    index[page[i]] = static_cast<int64_t>(ids.size());
+    ids.push_back(gpages[page[i]]);
   }
-  const at::Tensor slots = SlotTensor(gpages, 0, static_cast<int64_t>(gpages.size()), selection.device()).to(at::kLong);
+  const at::ScalarType storage = pools_.grad->options().dtype().toScalarType();
+  const bool on_device = AllOnDevice(gpages) && AccumulationType(storage) == storage;
+  at::Tensor arena = on_device ? pools_.grad->arena() : Images(PageKind::kKvGrad, ids).to(AccumulationType(storage));
+  const at::Tensor slots =
+      on_device ? SlotTensor(gpages, 0, static_cast<int64_t>(gpages.size()), selection.device()).to(at::kLong)
+                : Positions(index, selection.device());
   const at::Tensor keep = (selection >= 0).flatten().nonzero().squeeze(1);
-  at::Tensor rows = grad_->arena().view({-1, s.page_tokens, s.head_dim});
-  const auto dtype = grad_->arena().scalar_type();
+  at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
+  const auto dtype = arena.scalar_type();
   for (const bool values : {false, true}) {
     const at::Tensor& d = values ? dv : dk;
     rows.index_add_(0, ArenaRows(slots, selection, values).flatten().index_select(0, keep),
                     d.reshape({-1, s.page_tokens, s.head_dim}).index_select(0, keep).to(dtype));
   }
+  if (!on_device) StoreImages(PageKind::kKvGrad, ids, arena);
   return absl::OkStatus();
 }
 
 void SequenceKvCache::ReleaseFrom(int64_t token) {
   const int64_t first_page = (token + page_tokens_ - 1) / page_tokens_;
+  // No copy may still read or write a host page once it is freed (and zeroed on reuse).
+  if (has_host()) pools_.copies->Fence();
+  prefetch_.reset();
+  prefetch_ids_.clear();
   for (size_t layer = 0; layer < kv_pages_.size(); ++layer) {
     auto& pages = kv_pages_[layer];
     while (static_cast<int64_t>(pages.size()) > first_page) {
-      kv_->Free(pages.back());
+      Pool(PageKind::kKv, pages.back().tier())->Free(pages.back());
       pages.pop_back();
     }
     auto& gpages = grad_pages_[layer];
     while (static_cast<int64_t>(gpages.size()) > first_page) {
-      if (gpages.back().valid()) grad_->Free(gpages.back());
+      if (gpages.back().valid()) Pool(PageKind::kKvGrad, gpages.back().tier())->Free(gpages.back());
       gpages.pop_back();
     }
     tokens_[layer] = std::min(tokens_[layer], token);

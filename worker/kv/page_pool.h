@@ -1,4 +1,4 @@
-// Fixed-size KV pages in a preallocated arena, and the per-sequence KV / KV-gradient cache.
+// Fixed-size KV pages in preallocated arenas, and the per-sequence KV / KV-gradient cache.
 //
 // A page holds `page_tokens` tokens of one layer: K and V of every KV head,
 // [2, kv_heads, page_tokens, head_dim]. A PagePool is one arena of such slots of one kind (KV
@@ -7,18 +7,29 @@
 // zeroed first, so a recycled page never carries stale values (ARCHITECTURE.md §10: the
 // reference implementation's reused pinned blocks did).
 //
+// A device pool's arena is one tensor. A host pool's arena is a list of slabs (pinned host
+// memory when the model is on a GPU) that a background thread allocates one after another
+// from the pool's creation on: pinning runs at 1.5-2 GB/s, so it must not sit on a step's
+// critical path; Allocate waits only when it needs a slab that has not landed yet.
+//
 // A PageId carries its tier in the top bit (STYLE.md habit 7): the same 32-bit id says where
 // the page lives and which slot of that tier's arena holds it.
 //
-// Thread-safety: none; a pool and the caches using it belong to one training thread.
+// Thread-safety: none; a pool and the caches using it belong to one training thread (a host
+// pool's slab thread is internal).
 #ifndef OOMB_WORKER_KV_PAGE_POOL_H_
 #define OOMB_WORKER_KV_PAGE_POOL_H_
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -72,21 +83,37 @@ class PagePool {
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(PageKind kind, Tier tier, PageShape shape,
                                                           at::TensorOptions options, int64_t capacity_pages);
 
+  // A host-tier pool of `capacity_pages` pages of `dtype`, allocated in slabs of about
+  // `slab_bytes` by a background thread (pinned memory when `pinned`: needs a CUDA device).
+  // Returns at once; a slab that cannot be allocated makes the Allocate that needs it fail with
+  // RESOURCE_EXHAUSTED naming the bytes.
+  static std::unique_ptr<PagePool> CreateHost(PageKind kind, PageShape shape, at::ScalarType dtype,
+                                              int64_t capacity_pages, bool pinned,
+                                              int64_t slab_bytes = int64_t{1} << 30);
+
+  ~PagePool();
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 
   // A zeroed page. RESOURCE_EXHAUSTED when the pool is full (the message gives the capacity).
+  // Host tier: waits for the page's slab if it has not been allocated yet.
   absl::StatusOr<PageId> Allocate();
   // Returns the page to the free list. The id must come from this pool and be in use.
   void Free(PageId id);
   // Whether `n` more pages fit now. Changes nothing.
   bool CanAllocate(int64_t n) const { return n <= static_cast<int64_t>(free_.size()); }
 
-  // [capacity_pages, 2, kv_heads, page_tokens, head_dim]
-  at::Tensor& arena() { return arena_; }
+  // [capacity_pages, 2, kv_heads, page_tokens, head_dim]; device tier only (a host arena is
+  // slabs: reach its pages through Page or the copy engine).
+  at::Tensor& arena();
   // The page's slot: [2, kv_heads, page_tokens, head_dim], a view into the arena.
   at::Tensor Page(PageId id) const;
   const PageShape& shape() const { return shape_; }
+  Tier tier() const { return tier_; }
+  // The pages' dtype and device.
+  at::TensorOptions options() const { return options_; }
+  // Pages whose slabs have been allocated so far (the capacity, for a device pool).
+  int64_t ready_pages() const;
   PoolStats stats() const;
   void ResetPeak() {
     peak_used_ = used_;
@@ -100,15 +127,31 @@ class PagePool {
   }
 
  private:
-  PagePool(PageKind kind, Tier tier, PageShape shape, at::Tensor arena);
+  PagePool(PageKind kind, Tier tier, PageShape shape, at::TensorOptions options, int64_t capacity_pages,
+           int64_t slab_pages);
   void Publish() {
     if (counters_ != nullptr) counters_->Set(used_, peak_used_);
   }
+  // Host tier: allocates the slabs in order (the background thread).
+  void AllocateSlabs(bool pinned);
+  // Host tier: waits until the slab holding `slot` is allocated; its error when that failed.
+  absl::Status WaitForSlab(uint32_t slot);
 
   PageKind kind_;
   Tier tier_;
   PageShape shape_;
-  at::Tensor arena_;
+  at::TensorOptions options_;
+  int64_t capacity_;
+  int64_t slab_pages_;
+  // Slabs [slab_pages, 2, kv_heads, page_tokens, head_dim]: slabs_[i] is written once, by the
+  // slab thread, before ready_slabs_ passes i (release); read only after (acquire).
+  std::vector<at::Tensor> slabs_;
+  std::atomic<int64_t> ready_slabs_{0};
+  std::mutex slab_mu_;
+  std::condition_variable slab_cv_;
+  std::string slab_error_;  // guarded by slab_mu_: why the slab thread stopped early
+  std::atomic<bool> stop_{false};
+  std::thread slab_thread_;
   std::deque<uint32_t> free_;  // FIFO: the least recently freed slot is reused first
   std::vector<bool> in_use_;
   int64_t used_ = 0;
@@ -116,12 +159,30 @@ class PagePool {
   std::shared_ptr<PoolCounters> counters_;
 };
 
+class CopyEngine;
+class PendingFetch;
+
+// The pools a sequence's pages come from. Placement: a page goes to its device pool while that
+// has room, else to its host pool (ARCHITECTURE.md §4: what fits stays on the GPU). The host
+// pools are optional; with them, `copies` moves their pages (worker/kv/copy_engine.h).
+struct KvPools {
+  PagePool* kv = nullptr;
+  PagePool* grad = nullptr;
+  PagePool* kv_host = nullptr;
+  PagePool* grad_host = nullptr;
+  CopyEngine* copies = nullptr;
+};
+
 // The KV and KV-gradient pages of one training sequence, per layer: the page table is one
 // append-only list of page ids per layer (truncated from the end only when pages are
-// released, in reverse chunk order).
+// released, in reverse chunk order). Pages may live on either tier; every read returns device
+// tensors and every accumulation lands in the page wherever it lives (host pages: fetched,
+// added to on the device, written back).
 class SequenceKvCache {
  public:
-  SequenceKvCache(PagePool* kv_pool, PagePool* grad_pool, int64_t num_layers);
+  SequenceKvCache(KvPools pools, int64_t num_layers);
+  SequenceKvCache(PagePool* kv_pool, PagePool* grad_pool, int64_t num_layers)
+      : SequenceKvCache(KvPools{kv_pool, grad_pool}, num_layers) {}
   ~SequenceKvCache();
   SequenceKvCache(const SequenceKvCache&) = delete;
   SequenceKvCache& operator=(const SequenceKvCache&) = delete;
@@ -132,8 +193,12 @@ class SequenceKvCache {
   int64_t tokens(int64_t layer) const { return tokens_[layer]; }
 
   // Keys and values of tokens [begin, end) of the layer, [kv_heads, end - begin, head_dim]
-  // each: one batched gather of the pages covering the range.
-  std::pair<at::Tensor, at::Tensor> Read(int64_t layer, int64_t begin, int64_t end) const;
+  // each: one batched gather of the pages covering the range (host pages: one batched fetch).
+  std::pair<at::Tensor, at::Tensor> Read(int64_t layer, int64_t begin, int64_t end);
+  // Starts fetching the host pages a later Read(layer, begin, end) needs, so the copy overlaps
+  // what runs before that Read. Only the newest prefetch is kept; a Read of another range
+  // fetches for itself.
+  void Prefetch(int64_t layer, int64_t begin, int64_t end);
 
   // Adds dK, dV of tokens [begin, begin + n), [kv_heads, n, head_dim] each, into the layer's
   // gradient pages; a gradient page is allocated (zeroed) on its first contribution.
@@ -141,13 +206,13 @@ class SequenceKvCache {
 
   // The accumulated dK, dV of tokens [begin, end), [end - begin, kv_heads, head_dim] each, in
   // the gradient pool's dtype: zero where no page has received a contribution.
-  std::pair<at::Tensor, at::Tensor> ReadGrad(int64_t layer, int64_t begin, int64_t end) const;
+  std::pair<at::Tensor, at::Tensor> ReadGrad(int64_t layer, int64_t begin, int64_t end);
 
   // Sparse attention (kernels/torch/sparse_attention.h): keys and values of the layer's pages
   // selection [n_tiles, kv_heads, n] (page indices below tokens(layer) / page_tokens, -1:
   // none) -> [n_tiles, kv_heads, n * page_tokens, head_dim] each, zeros where -1: one batched
   // gather per call.
-  std::pair<at::Tensor, at::Tensor> GatherPages(int64_t layer, const at::Tensor& selection) const;
+  std::pair<at::Tensor, at::Tensor> GatherPages(int64_t layer, const at::Tensor& selection);
   // Adds dK, dV [n_tiles, kv_heads, n * page_tokens, head_dim] of the selected pages into their
   // gradient pages (allocated, zeroed, on a page's first selection: pages no chunk selects
   // never get one). Entries of -1 are skipped; repeated pages receive every contribution.
@@ -161,12 +226,25 @@ class SequenceKvCache {
   int64_t grad_pages_allocated() const;
 
  private:
-  PagePool* kv_;
-  PagePool* grad_;
+  // The device images [n, 2, kv_heads, page_tokens, head_dim] of `ids` (either tier, valid),
+  // in order: device pages read from their arena, host pages fetched (`prefetched`: the fetch
+  // of exactly these pages' host ones, if one was started).
+  at::Tensor Images(PageKind kind, const std::vector<PageId>& ids);
+  // Writes images of `ids` back where they live (device: index_copy_ into the arena; host:
+  // through the copy engine).
+  void StoreImages(PageKind kind, const std::vector<PageId>& ids, const at::Tensor& images);
+  absl::StatusOr<PageId> AllocatePage(PageKind kind);
+  PagePool* Pool(PageKind kind, Tier tier) const;
+  bool has_host() const { return pools_.kv_host != nullptr || pools_.grad_host != nullptr; }
+
+  KvPools pools_;
   int64_t page_tokens_;
   std::vector<std::vector<PageId>> kv_pages_;    // [layer][page]
   std::vector<std::vector<PageId>> grad_pages_;  // [layer][page]; invalid until first use
   std::vector<int64_t> tokens_;
+  // The newest prefetch: the host KV pages it fetches and the fetch.
+  std::vector<PageId> prefetch_ids_;
+  std::shared_ptr<PendingFetch> prefetch_;
 };
 
 }  // namespace oomb

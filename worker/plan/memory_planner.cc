@@ -17,6 +17,7 @@ constexpr int64_t kCpuKeyBlock = 2048;            // ChunkTrainerOptions::attent
 constexpr int64_t kCpuBlockScoreElems = 1 << 22;  // score elements of one attention block, CPU
 constexpr int64_t kGpuKeyBlock = 16384;
 constexpr int64_t kGpuBlockScoreElems = int64_t{1} << 27;
+constexpr int64_t kGpuFlashKeyBlock = 65536;  // ChunkTrainerOptions::gpu_attention_key_block
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -64,13 +65,15 @@ class Model {
   int64_t weights() const { return weights_; }
   int64_t trainable() const { return trainable_; }
 
-  // KV pages (model.dtype) and KV-gradient pages (float32) for a sequence of T tokens: the
-  // executor's pools, layers * (ceil(T / P) + 1) pages each.
-  int64_t KvBytes(int64_t T) const {
-    const int64_t P = spec_.memory.page_tokens;
-    const int64_t pages = c_.num_layers * (CeilDiv(T, P) + 1);
-    return pages * 2 * c_.kv_dim() * P * (e_ + kF32);
+  // KV pages (model.dtype) and KV-gradient pages (kv_grad_dtype) for a sequence of T tokens: the
+  // executor's pools, layers * (ceil(T / P) + 1) pages each, on the device and the host together.
+  int64_t Pages(int64_t T) const { return c_.num_layers * (CeilDiv(T, spec_.memory.page_tokens) + 1); }
+  // One KV page (model.dtype) and one KV-gradient page (memory.kv_grad_dtype).
+  int64_t PagePairBytes() const {
+    const int64_t g = spec_.memory.kv_grad_dtype == "bfloat16" ? 2 : kF32;
+    return 2 * c_.kv_dim() * spec_.memory.page_tokens * (e_ + g);
   }
+  int64_t KvBytes(int64_t T) const { return Pages(T) * PagePairBytes(); }
 
   // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden):
   //   two RMSNorms: the float32 upcast of the input and the normalised output (dtype)
@@ -113,9 +116,10 @@ class Model {
     if (sparse()) {
       attention = SparseAttentionBytes(C, T);
     } else if (cuda_ && e_ == 2) {
-      // Fused path: the past gathered contiguous (read, then concatenated with the chunk), and
-      // in backward its dK/dV from the kernel (dtype) and converted to float32.
-      attention = std::max(attention, T * KV * (4 * e_ + 2 * kF32));
+      // Fused path, one key block of the past at a time: its pages' images (host pages come in
+      // as images), the block gathered and laid out for flash, and in backward its dK/dV from
+      // the kernel (dtype) and converted to float32.
+      attention = std::max(attention, std::min(T, kGpuFlashKeyBlock) * KV * (6 * e_ + 2 * kF32));
     }
     return std::max({ce, layer_backward, attention});
   }
@@ -157,9 +161,10 @@ class Model {
     return CeilDiv(T, C) * c_.num_layers * per_chunk;
   }
 
-  int64_t DevicePeak(int64_t T) const {
+  // Everything on the device but the page pools.
+  int64_t DeviceFixed(int64_t T) const {
     const int64_t C = std::min(T, spec_.memory.chunk_tokens);
-    return weights_ + trainable_ + KvBytes(T) + SummaryBytes(T) + GraphBytes(C) + WorkspaceBytes(C, T);
+    return weights_ + trainable_ + SummaryBytes(T) + GraphBytes(C) + WorkspaceBytes(C, T);
   }
 
  private:
@@ -170,6 +175,36 @@ class Model {
   int64_t weights_ = 0;
   int64_t trainable_ = 0;
 };
+
+// Where the pages of a T-token sequence go, and the peaks that follow.
+struct Placement {
+  int64_t device_pages = 0;  // KV and KV-gradient pages each
+  int64_t host_pages = 0;
+  int64_t peak_device = 0;
+  int64_t peak_host = 0;
+  bool fits = false;
+};
+
+Placement Place(const Model& m, const JobSpec& spec, bool cuda, int64_t T, int64_t device_capacity,
+                int64_t host_capacity) {
+  Placement p;
+  const int64_t pages = m.Pages(T), fixed = m.DeviceFixed(T);
+  const std::string& offload = spec.memory.kv_offload;
+  if (offload == "host") {
+    p.device_pages = 0;
+  } else if (offload == "none" || !cuda) {
+    p.device_pages = pages;
+  } else {  // auto: what fits stays on the device
+    p.device_pages = std::clamp<int64_t>((device_capacity - fixed) / m.PagePairBytes(), 0, pages);
+  }
+  p.host_pages = pages - p.device_pages;
+  p.peak_device = fixed + p.device_pages * m.PagePairBytes();
+  p.peak_host = p.host_pages * m.PagePairBytes() + m.SelectionHostBytes(T);
+  // On the CPU the device is the host: one budget.
+  if (!cuda) p.peak_host += p.peak_device;
+  p.fits = p.peak_device <= device_capacity && (!cuda ? p.peak_host <= device_capacity : p.peak_host <= host_capacity);
+  return p;
+}
 
 }  // namespace
 
@@ -187,13 +222,6 @@ std::string FormatBytes(int64_t bytes) {
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target) {
-  if (spec.memory.kv_offload == "host") {
-    return absl::UnimplementedError(
-        "memory.kv_offload: the host tier for KV pages is not implemented yet; use auto or none");
-  }
-  if (spec.memory.kv_grad_dtype != "float32") {
-    return absl::UnimplementedError("memory.kv_grad_dtype: only float32 gradient pages are implemented");
-  }
   const bool cuda = target.device != "cpu";
   const Model m(config, spec, cuda);
 
@@ -206,34 +234,52 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& 
   const int64_t C = std::min(T, spec.memory.chunk_tokens);
   plan.activation_bytes = m.GraphBytes(C) + m.WorkspaceBytes(C, T) + m.SummaryBytes(T);
   plan.kv_bytes = m.KvBytes(T);
-  plan.kv_device_bytes = plan.kv_bytes;
   plan.kv_bytes_per_token = (m.KvBytes(1 << 20) - m.KvBytes(0)) >> 20;
-  plan.peak_device_bytes = m.DevicePeak(T);
-  plan.peak_host_bytes = cuda ? m.SelectionHostBytes(T) : plan.peak_device_bytes + m.SelectionHostBytes(T);
   plan.device_capacity_bytes = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
-  plan.host_capacity_bytes = std::max<int64_t>(0, target.host_bytes - kDeviceReserveBytes);
-  plan.placement = absl::StrCat("KV and KV-gradient pages on ", target.device, cuda ? " (no host tier yet)" : "");
+  plan.host_capacity_bytes = std::max<int64_t>(0, target.host_bytes - kHostReserveBytes);
+  const Placement p = Place(m, spec, cuda, T, plan.device_capacity_bytes, plan.host_capacity_bytes);
+  plan.kv_device_bytes = p.device_pages * m.PagePairBytes();
+  plan.kv_host_bytes = p.host_pages * m.PagePairBytes();
+  plan.device_kv_pages = p.device_pages;
+  plan.host_kv_pages = p.host_pages;
+  plan.peak_device_bytes = p.peak_device;
+  plan.peak_host_bytes = p.peak_host;
+  plan.placement =
+      p.host_pages == 0
+          ? absl::StrCat("KV and KV-gradient pages on ", target.device)
+          : absl::StrCat(p.device_pages, " KV and ", p.device_pages, " KV-gradient pages on ", target.device, ", ",
+                         p.host_pages, " of each in pinned host memory (", FormatBytes(plan.kv_host_bytes), ")");
 
-  // The longest T whose peak fits (DevicePeak does not decrease with T).
+  // The longest T that fits (neither peak decreases with T).
   int64_t lo = 0, hi = int64_t{1} << 31;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (m.DevicePeak(mid) <= plan.device_capacity_bytes) {
+    if (Place(m, spec, cuda, mid, plan.device_capacity_bytes, plan.host_capacity_bytes).fits) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
   plan.max_seq_len_that_fits = lo;
-  plan.fits = plan.peak_device_bytes <= plan.device_capacity_bytes;
+  plan.fits = p.fits;
   if (!plan.fits) {
-    plan.limit = absl::StrCat(
-        target.device, " memory: the job needs ", FormatBytes(plan.peak_device_bytes), " at data.max_seq_len ", T,
-        " (weights ", FormatBytes(plan.weights_bytes), ", KV pages ", FormatBytes(plan.kv_bytes), ", activations ",
-        FormatBytes(plan.activation_bytes), ") and ", FormatBytes(plan.device_capacity_bytes), " is usable (",
-        FormatBytes(target.device_bytes), " less ", FormatBytes(kDeviceReserveBytes), " reserved); ",
-        lo > 0 ? absl::StrCat("the longest context that fits is ", lo, " tokens")
-               : std::string("not even one token fits"));
+    const bool device_limit = p.peak_device > plan.device_capacity_bytes;
+    const std::string longest = lo > 0 ? absl::StrCat("the longest context that fits is ", lo, " tokens")
+                                       : std::string("not even one token fits");
+    if (device_limit) {
+      plan.limit = absl::StrCat(
+          target.device, " memory: the job needs ", FormatBytes(plan.peak_device_bytes), " at data.max_seq_len ", T,
+          " (weights ", FormatBytes(plan.weights_bytes), ", KV pages ", FormatBytes(plan.kv_device_bytes),
+          ", activations ", FormatBytes(plan.activation_bytes), ") and ", FormatBytes(plan.device_capacity_bytes),
+          " is usable (", FormatBytes(target.device_bytes), " less ", FormatBytes(kDeviceReserveBytes), " reserved); ",
+          longest, spec.memory.kv_offload == "none" ? " (memory.kv_offload: none keeps every page on the device)" : "");
+    } else {
+      plan.limit = absl::StrCat("host memory: the job needs ", FormatBytes(plan.peak_host_bytes),
+                                " of pinned host memory at data.max_seq_len ", T, " (", p.host_pages,
+                                " KV and KV-gradient pages each) and ", FormatBytes(plan.host_capacity_bytes),
+                                " is usable (", FormatBytes(target.host_bytes), " less ",
+                                FormatBytes(kHostReserveBytes), " reserved); ", longest);
+    }
   }
   return plan;
 }

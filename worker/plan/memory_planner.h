@@ -8,19 +8,32 @@
 //   device peak = weights                       base weights in model.dtype
 //               + trainable state               parameters, gradients and AdamW's two moments
 //                                               (LoRA: float32 masters; full: model.dtype)
-//               + page pools                    KV (model.dtype) and KV-gradient (float32)
-//                                               pages for the whole sequence, allocated up
-//                                               front: layers * (ceil(T / P) + 1) pages each
+//               + device page pools             KV (model.dtype) and KV-gradient
+//                                               (memory.kv_grad_dtype)
+//                                               pages, allocated up front: of the sequence's
+//                                               layers * (ceil(T / P) + 1) pages each, those
+//                                               placed on the device (below)
 //               + one chunk's graph             what autograd keeps of one chunk's recomputed
 //                                               forward through every layer (stage 2)
 //               + workspace                     the largest transient: the LM head's logits
 //                                               block, the backward of one layer, and the
-//                                               attention's working set (CUDA: the past
-//                                               gathered contiguous with its gradient; CPU:
-//                                               one key block's scores)
+//                                               attention's working set (CUDA: one key block
+//                                               of the past, gathered, with its gradient;
+//                                               CPU: one key block's scores)
+//
+//   host peak   = host page pools               the pages not placed on the device, pinned
+//               + sparse selections             (below)
+//
+// Placement (memory.kv_offload, ARCHITECTURE.md §4): none keeps every page on the device;
+// host puts every page in the host tier; auto (the default) keeps on the device as many pages
+// as fit beside everything else, the same number of KV and KV-gradient pages, and places the
+// rest on the host. The host's capacity is its RAM less kHostReserveBytes. On the CPU the
+// device is the host: one budget, and auto places everything in the device pools.
 //
 // Every term is a function of T (the sequence length, data.max_seq_len) that does not
-// decrease, so the longest context that fits is found by bisection. The per-token activation
+// decrease, so the longest context that fits is found by bisection. With the host tier the
+// device peak stops growing with T (only the sparse summaries do, a few bytes per page): the
+// host's memory sets the longest context. The per-token activation
 // terms count the tensors autograd saves in Transformer::Hidden (see the .cc). Checked against
 // measurement: on the CPU, weights, trainable state and pools to the byte and activations as an
 // upper bound (tests/worker/train/memory_planner_test.cc); on the GPU, the whole peak within
@@ -34,9 +47,7 @@
 // working set by that of the selected pages (which does not grow with T: the past's pages
 // attended per tile are bounded by page_budget), and keeps the selections on the host
 // (peak_host_bytes).
-//
-// Not modelled (the engine does not do it yet): a host tier for KV pages (memory.kv_offload:
-// host is UNIMPLEMENTED).
+
 #ifndef OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
 #define OOMB_WORKER_PLAN_MEMORY_PLANNER_H_
 
@@ -66,6 +77,8 @@ struct MemoryPlan {
   int64_t kv_bytes = 0;               // KV + KV-gradient page pools at seq_len
   int64_t kv_device_bytes = 0;
   int64_t kv_host_bytes = 0;
+  int64_t device_kv_pages = 0;     // KV pages placed on the device (as many KV-gradient pages)
+  int64_t host_kv_pages = 0;       // KV pages placed on the host (as many KV-gradient pages)
   int64_t kv_bytes_per_token = 0;  // KV + KV-gradient bytes per token of context (all layers)
 
   int64_t peak_device_bytes = 0;
@@ -83,10 +96,12 @@ struct MemoryPlan {
 // cuBLAS / cuDNN workspaces and the caching allocator's fragmentation (CPU: the OS and the
 // process's code and libraries).
 inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
+// Host memory kept back from pinning: the OS, the daemon, the model while it loads, the page
+// cache. (Measured: 112 GiB of a 128 GiB machine pinned, ARCHITECTURE.md §4.)
+inline constexpr int64_t kHostReserveBytes = int64_t{16} << 30;
 
 // The plan of `spec` on `target`, for the model `config` (the spec's model.path's
-// config.json). UNIMPLEMENTED for what the engine cannot run yet (memory.kv_offload: host,
-// bfloat16 KV-gradient pages), naming the field.
+// config.json).
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target);
 
 // Bytes in words: "12.3 GiB".

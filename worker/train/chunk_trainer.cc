@@ -19,6 +19,7 @@
 #include "kernels/torch/chunked_cross_entropy.h"
 #include "kernels/torch/paged_attention.h"
 #include "kernels/torch/sparse_attention.h"
+#include "worker/kv/copy_engine.h"
 
 namespace oomb {
 namespace {
@@ -55,6 +56,7 @@ class LayerPast final : public kernels::PastKv {
     const absl::Status s = cache_->AccumulateGrad(layer_, begin, dk, dv);
     TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
   }
+  void Prefetch(int64_t begin, int64_t end) override { cache_->Prefetch(layer_, begin, end); }
 
  private:
   SequenceKvCache* cache_;
@@ -153,9 +155,12 @@ class ChunkTrainer::ChunkClock {
 #endif
 };
 
-ChunkTrainer::ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool,
-                           ChunkTrainerOptions options)
-    : model_(model), kv_pool_(kv_pool), grad_pool_(grad_pool), options_(options) {}
+ChunkTrainer::ChunkTrainer(const Transformer* model, KvPools pools, ChunkTrainerOptions options)
+    : model_(model), pools_(pools), kv_pool_(pools.kv), options_(std::move(options)) {}
+
+int64_t ChunkTrainer::KeyBlock() const {
+  return model_->device().is_cuda() ? options_.gpu_attention_key_block : options_.attention_key_block;
+}
 
 int64_t ChunkTrainer::NumChunks(const TokenSequence& seq) const {
   return (seq.size() + options_.chunk_tokens - 1) / options_.chunk_tokens;
@@ -254,8 +259,10 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, boo
       }
       std::shared_ptr<kernels::PastKv> past;
       if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin);
-      at::Tensor out = kernels::PagedAttention(q, k, v, c.input.doc_start, past, options_.attention_key_block);
+      at::Tensor out = kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock());
       if (append_status.ok()) append_status = cache.Append(layer, k, v);
+      // The next layer's first key block comes in while the rest of this layer computes.
+      cache.Prefetch(layer + 1, 0, std::min(c.begin, KeyBlock()));
       return out;
     };
     const at::Tensor hidden = model_->Hidden(c.input, attention);
@@ -272,7 +279,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, boo
 absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq) {
   SequenceLoss loss;
   const absl::Status s = Guarded("evaluation", [&]() -> absl::Status {
-    SequenceKvCache cache(kv_pool_, grad_pool_, model_->config().num_layers);
+    SequenceKvCache cache(pools_, model_->config().num_layers);
     auto r = Forward(seq, /*training=*/false, 0, cache, nullptr);
     if (!r.ok()) return r.status();
     loss = *r;
@@ -286,13 +293,16 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
                                                          uint64_t dropout_seed) {
   auto tracker = std::make_shared<AllocationTracker>();
   c10::DebugInfoGuard track(c10::DebugInfoKind::PROFILER_STATE, tracker);
-  kv_pool_->ResetPeak();
-  grad_pool_->ResetPeak();
+  for (PagePool* pool : {pools_.kv, pools_.grad, pools_.kv_host, pools_.grad_host}) {
+    if (pool != nullptr) pool->ResetPeak();
+  }
+  const int64_t to_device = pools_.copies != nullptr ? pools_.copies->bytes_to_device() : 0;
+  const int64_t to_host = pools_.copies != nullptr ? pools_.copies->bytes_to_host() : 0;
   SequenceLoss loss;
   chunk_times_ = ChunkTimes();
   const absl::Status s = Guarded("training step", [&]() -> absl::Status {
     ChunkClock clock(model_->device());
-    SequenceKvCache cache(kv_pool_, grad_pool_, model_->config().num_layers);
+    SequenceKvCache cache(pools_, model_->config().num_layers);
     auto forward = Forward(seq, /*training=*/true, dropout_seed, cache, &clock);
     if (!forward.ok()) return forward.status();
     loss = *forward;
@@ -316,7 +326,9 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
         }
         std::shared_ptr<kernels::PastKv> past;
         if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin);
-        return kernels::PagedAttention(q, k, v, c.input.doc_start, past, options_.attention_key_block);
+        at::Tensor out = kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock());
+        cache.Prefetch(layer + 1, 0, std::min(c.begin, KeyBlock()));
+        return out;
       };
       const at::Tensor hidden = model_->Hidden(c.input, attention);
       const at::Tensor chunk_loss =
@@ -349,8 +361,16 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
     return absl::OkStatus();
   });
   memory_.activation_peak_bytes = tracker->peak();
-  memory_.kv_peak_bytes = kv_pool_->stats().peak_used_pages * kv_pool_->stats().bytes_per_page;
-  memory_.kv_grad_peak_bytes = grad_pool_->stats().peak_used_pages * grad_pool_->stats().bytes_per_page;
+  const auto peak = [](const PagePool* pool) {
+    return pool == nullptr ? 0 : pool->stats().peak_used_pages * pool->stats().bytes_per_page;
+  };
+  memory_.kv_peak_bytes = peak(pools_.kv);
+  memory_.kv_grad_peak_bytes = peak(pools_.grad);
+  memory_.host_kv_peak_bytes = peak(pools_.kv_host) + peak(pools_.grad_host);
+  if (pools_.copies != nullptr) {
+    memory_.bytes_to_device = pools_.copies->bytes_to_device() - to_device;
+    memory_.bytes_to_host = pools_.copies->bytes_to_host() - to_host;
+  }
   if (!s.ok()) return s;
   return loss;
 }

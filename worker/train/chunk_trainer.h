@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,7 +62,10 @@ struct ChunkTrainerOptions {
   int64_t chunk_tokens = 4096;
   int64_t ce_rows_per_block = 1024;    // sub-chunk of the fused LM head + cross-entropy
   int64_t attention_key_block = 2048;  // past tokens read at once by the attention
-  double chunk_fraction = 1.0;         // SpaCO's p, in (0, 1] (see above)
+  // The same on a GPU: the fused path's key blocks (kernels/torch/paged_attention.h), which
+  // bound the attention's memory whatever the context's length.
+  int64_t gpu_attention_key_block = 65536;
+  double chunk_fraction = 1.0;  // SpaCO's p, in (0, 1] (see above)
   // Sparse attention (see above); unset: dense. page_tokens is the pools' (ignored here), and
   // chunk_tokens must be a multiple of it.
   std::optional<kernels::PageSelectOptions> sparse;
@@ -102,15 +106,21 @@ struct SparseStats {
 // Peak bytes seen during the last TrainSequence: what the memory test and metrics report.
 struct TrainerMemory {
   int64_t activation_peak_bytes = 0;  // tracked tensor allocations (graph, temporaries); no KV
-  int64_t kv_peak_bytes = 0;          // KV pages in use at the peak
-  int64_t kv_grad_peak_bytes = 0;     // KV-gradient pages in use at the peak
+  int64_t kv_peak_bytes = 0;          // device KV pages in use at the peak
+  int64_t kv_grad_peak_bytes = 0;     // device KV-gradient pages in use at the peak
+  int64_t host_kv_peak_bytes = 0;     // host-tier KV and KV-gradient pages in use at the peak
+  int64_t bytes_to_device = 0;        // host pages copied to the device (PCIe, host to device)
+  int64_t bytes_to_host = 0;          // pages written back to the host (PCIe, device to host)
 };
 
 class ChunkTrainer {
  public:
   // The pools must have the model's page shape; they are shared by the sequences trained one
-  // after another and must hold a whole sequence's KV (layers * ceil(T / page) + layers pages).
-  ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool, ChunkTrainerOptions options);
+  // after another and must hold a whole sequence's KV (layers * ceil(T / page) + layers pages),
+  // on the device and the host together (placement: worker/kv/page_pool.h).
+  ChunkTrainer(const Transformer* model, KvPools pools, ChunkTrainerOptions options);
+  ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool, ChunkTrainerOptions options)
+      : ChunkTrainer(model, KvPools{kv_pool, grad_pool}, std::move(options)) {}
 
   // Stages 1 and 2 over the sequence; accumulates gradients of loss_scale * sum(CE) into the
   // trainable parameters' .grad (with chunk_fraction < 1: SpaCO's unbiased estimate of it).
@@ -150,9 +160,12 @@ class ChunkTrainer {
   absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
                                        SequenceKvCache& cache, ChunkClock* clock);
 
+  // The attention's key block on the model's device.
+  int64_t KeyBlock() const;
+
   const Transformer* model_;
-  PagePool* kv_pool_;
-  PagePool* grad_pool_;
+  KvPools pools_;
+  PagePool* kv_pool_;  // pools_.kv
   ChunkTrainerOptions options_;
   TrainerMemory memory_;
   ChunkTimes chunk_times_;

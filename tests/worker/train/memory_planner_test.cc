@@ -150,13 +150,80 @@ TEST(MemoryPlannerTest, LongestContextThatFitsAndTheLimitInWords) {
   EXPECT_EQ(plan->kv_bytes_per_token, c.num_layers * 2 * c.kv_dim() * (4 + 4));
 }
 
-TEST(MemoryPlannerTest, WhatTheEngineCannotRunIsUnimplementedNamingTheField) {
-  const ModelConfig c = testing::TinyLlamaConfig();
-  PlanTarget target;
-  target.device_bytes = target.host_bytes = int64_t{8} << 30;
+// Qwen2.5-7B's shapes (the GPU benchmarks' model).
+ModelConfig Qwen7B() {
+  ModelConfig c = testing::TinyLlamaConfig(152064, 3584, 28, 28, 4);
+  c.intermediate_size = 18944;
+  c.qkv_bias = true;
+  return c;
+}
+
+// Placement (memory.kv_offload) on an 80 GiB GPU with 128 GiB of host memory, LoRA in bf16:
+// none keeps every page on the GPU and runs out of it; auto keeps what fits there, the rest in
+// pinned host memory, with a GPU peak that no longer grows with the context; host moves every
+// page; the host's memory then sets the longest context, and the limit says so.
+TEST(MemoryPlannerTest, HostTierPlacement) {
+  const ModelConfig c = Qwen7B();
+  const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
   JobSpec spec;
+  spec.model.dtype = "bfloat16";
+  spec.memory.kv_grad_dtype = "bfloat16";
+  spec.data.max_seq_len = 1 << 20;
+
+  spec.memory.kv_offload = "none";
+  auto none = PlanMemory(c, spec, h100);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->fits);
+  EXPECT_EQ(none->host_kv_pages, 0);
+  EXPECT_NE(none->limit.find("memory.kv_offload: none"), std::string::npos) << none->limit;
+
+  spec.memory.kv_offload = "auto";
+  auto one_m = PlanMemory(c, spec, h100);
+  ASSERT_TRUE(one_m.ok());
+  EXPECT_TRUE(one_m->fits) << one_m->limit;
+  EXPECT_GT(one_m->device_kv_pages, 0);
+  EXPECT_GT(one_m->host_kv_pages, 0);
+  EXPECT_EQ(one_m->device_kv_pages + one_m->host_kv_pages, 28 * ((1 << 20) / 128 + 1));
+  EXPECT_LE(one_m->peak_device_bytes, one_m->device_capacity_bytes);
+  EXPECT_GE(one_m->max_seq_len_that_fits, 1 << 20);
+  EXPECT_NE(one_m->placement.find("pinned host memory"), std::string::npos) << one_m->placement;
+  // The GPU peak is flat in the context once pages spill to the host.
+  spec.data.max_seq_len = 1 << 19;
+  auto half_m = PlanMemory(c, spec, h100);
+  ASSERT_TRUE(half_m.ok());
+  EXPECT_EQ(half_m->peak_device_bytes, one_m->peak_device_bytes);
+  EXPECT_LT(half_m->peak_host_bytes, one_m->peak_host_bytes);
+  // A context that fits on the GPU stays there.
+  spec.data.max_seq_len = 1 << 16;
+  auto short_ctx = PlanMemory(c, spec, h100);
+  ASSERT_TRUE(short_ctx.ok());
+  EXPECT_EQ(short_ctx->host_kv_pages, 0);
+
+  // float32 gradient pages: 1.5x the page bytes, more than the host holds at 1M tokens.
+  spec.memory.kv_grad_dtype = "float32";
+  spec.data.max_seq_len = 1 << 20;
+  auto f32 = PlanMemory(c, spec, h100);
+  ASSERT_TRUE(f32.ok());
+  EXPECT_FALSE(f32->fits);
+  EXPECT_NE(f32->limit.find("host memory"), std::string::npos) << f32->limit;
+  EXPECT_LT(f32->max_seq_len_that_fits, one_m->max_seq_len_that_fits);
+  EXPECT_TRUE(PlanMemory(
+                  c,
+                  [&] {
+                    JobSpec s = spec;
+                    s.data.max_seq_len = f32->max_seq_len_that_fits;
+                    return s;
+                  }(),
+                  h100)
+                  ->fits);
+
   spec.memory.kv_offload = "host";
-  EXPECT_NE(PlanMemory(c, spec, target).status().message().find("memory.kv_offload"), std::string::npos);
+  spec.data.max_seq_len = 1 << 16;
+  auto host = PlanMemory(c, spec, h100);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->device_kv_pages, 0);
+  EXPECT_EQ(host->kv_device_bytes, 0);
+  EXPECT_EQ(host->kv_host_bytes, host->kv_bytes);
 }
 
 // SpaCO drops chunks from stage 2 but keeps every page of stage 1: the same plan as exact.

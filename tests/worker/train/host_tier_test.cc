@@ -1,0 +1,312 @@
+// The host tier of KV pages (ARCHITECTURE.md §4) on the CPU path: host pools allocated in slabs
+// by a background thread, placement (device pages first, the rest on the host), every cache
+// operation giving bit-identical results whichever tier a page lives on, the copy engine's
+// batching and accounting, and whole training steps, dense and sparse, bit-identical to
+// training with every page on the device.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/worker/train/tiny_model.h"
+#include "worker/kv/copy_engine.h"
+#include "worker/kv/page_pool.h"
+#include "worker/train/chunk_trainer.h"
+
+namespace oomb {
+namespace {
+
+using testing::Grads;
+using testing::TakeGrads;
+
+const PageShape kShape{2, 4, 8};  // kv_heads, page_tokens, head_dim
+
+// Where the "device" tier is and its dtypes: the CPU in float64, or a GPU (pinned host pools)
+// in float32, the dtype the CUDA gradient accumulation takes.
+struct Target {
+  at::Device device;
+  at::ScalarType dtype;
+  bool pinned() const { return device.is_cuda(); }
+};
+const Target kCpu{at::Device(at::kCPU), at::kDouble};
+const Target kCuda{at::Device(at::kCUDA, 0), at::kFloat};
+
+at::Tensor Random(std::vector<int64_t> sizes, uint64_t seed, const Target& t = kCpu) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return at::randn(sizes, gen, at::TensorOptions().dtype(at::kDouble)).to(t.device, t.dtype);
+}
+
+// Bit for bit, or (tolerance > 0) within tolerance of the largest magnitude of `want`.
+void ExpectSame(const at::Tensor& got, const at::Tensor& want, const std::string& what, double tolerance = 0) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double diff = (got - want).abs().max().item<double>();
+  if (tolerance == 0) {
+    EXPECT_TRUE(at::equal(got, want)) << what << ": max difference " << diff;
+  } else {
+    EXPECT_LE(diff, tolerance * want.abs().max().item<double>()) << what;
+  }
+}
+
+// Slabs land in the background; every page handed out is zeroed and distinct; a full pool says
+// so; capacity, ready pages and the page size are what was asked for.
+TEST(HostPoolTest, SlabsArriveInTheBackgroundAndPagesAreZeroed) {
+  const int64_t page_bytes = kShape.elems() * 8;
+  auto pool = PagePool::CreateHost(PageKind::kKvGrad, kShape, at::kDouble, 10, /*pinned=*/false,
+                                   /*slab_bytes=*/3 * page_bytes);
+  std::vector<PageId> ids;
+  for (int i = 0; i < 10; ++i) {
+    auto id = pool->Allocate();
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ(id->tier(), Tier::kHost);
+    EXPECT_EQ(pool->Page(*id).abs().sum().item<double>(), 0.0);
+    pool->Page(*id).fill_(i + 1);
+    ids.push_back(*id);
+  }
+  EXPECT_EQ(pool->ready_pages(), 10);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(pool->Page(ids[i]).mean().item<double>(), i + 1) << "page " << i;
+  EXPECT_EQ(pool->Allocate().status().code(), absl::StatusCode::kResourceExhausted);
+  pool->Free(ids[4]);
+  auto again = pool->Allocate();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->slot(), ids[4].slot());
+  EXPECT_EQ(pool->Page(*again).abs().sum().item<double>(), 0.0);
+  const PoolStats s = pool->stats();
+  EXPECT_EQ(s.tier, Tier::kHost);
+  EXPECT_EQ(s.capacity_pages, 10);
+  EXPECT_EQ(s.used_pages, 10);
+  EXPECT_EQ(s.bytes_per_page, page_bytes);
+}
+
+// One cache with every page on the device, one whose device pools hold only `device_pages`
+// pages and whose host pools hold the rest.
+struct Tiers {
+  std::unique_ptr<PagePool> kv, grad, kv_host, grad_host;
+  std::unique_ptr<CopyEngine> copies;
+  KvPools pools() const { return {kv.get(), grad.get(), kv_host.get(), grad_host.get(), copies.get()}; }
+};
+
+// `grad_dtype`: the gradient pages' storage (kUndefined: the target's dtype).
+Tiers MakeTiers(int64_t device_pages, int64_t host_pages, const Target& target = kCpu,
+                at::ScalarType grad_dtype = at::ScalarType::Undefined) {
+  Tiers t;
+  if (grad_dtype == at::ScalarType::Undefined) grad_dtype = target.dtype;
+  const auto options = at::TensorOptions().dtype(target.dtype).device(target.device);
+  t.kv = *PagePool::Create(PageKind::kKv, Tier::kDevice, kShape, options, device_pages);
+  t.grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, kShape, options.dtype(grad_dtype), device_pages);
+  if (host_pages > 0) {
+    const int64_t slab = 5 * kShape.elems() * 8;
+    t.kv_host = PagePool::CreateHost(PageKind::kKv, kShape, target.dtype, host_pages, target.pinned(), slab);
+    t.grad_host = PagePool::CreateHost(PageKind::kKvGrad, kShape, grad_dtype, host_pages, target.pinned(), slab);
+    t.copies = std::make_unique<CopyEngine>(target.device);
+  }
+  return t;
+}
+
+// Every cache operation, through both caches, on the same inputs: chunks of 6 tokens over pages
+// of 4 (so host pages are also written partly, twice), reads of ranges that straddle the tiers,
+// prefetched and not, gradients accumulated and read back, sparse gathers and page gradients,
+// and release in reverse chunk order.
+void CheckEveryCacheOperation(const Target& target) {
+  const int64_t layers = 2, chunk = 6, chunks = 5, T = chunk * chunks;
+  const int64_t pages = layers * (T / kShape.page_tokens + 1);
+  Tiers device_only = MakeTiers(pages, 0, target);
+  Tiers tiered = MakeTiers(5, pages, target);
+  SequenceKvCache a(device_only.pools(), layers), b(tiered.pools(), layers);
+  for (int64_t i = 0; i < chunks; ++i) {
+    for (int64_t l = 0; l < layers; ++l) {
+      const at::Tensor k = Random({chunk, kShape.kv_heads, kShape.head_dim}, 100 + 10 * i + l, target);
+      const at::Tensor v = Random({chunk, kShape.kv_heads, kShape.head_dim}, 200 + 10 * i + l, target);
+      ASSERT_TRUE(a.Append(l, k, v).ok());
+      ASSERT_TRUE(b.Append(l, k, v).ok());
+    }
+  }
+  EXPECT_EQ(tiered.kv->stats().used_pages, 5);
+  EXPECT_GT(tiered.kv_host->stats().used_pages, 0);
+  EXPECT_EQ(tiered.kv->stats().used_pages + tiered.kv_host->stats().used_pages, device_only.kv->stats().used_pages);
+
+  for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, T}, {3, 17}, {13, 29}, {20, 21}}) {
+    for (int64_t l = 0; l < layers; ++l) {
+      const std::string what =
+          "layer " + std::to_string(l) + " [" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+      auto [ka, va] = a.Read(l, begin, end);
+      b.Prefetch(l, begin, end);
+      auto [kb, vb] = b.Read(l, begin, end);
+      ExpectSame(kb, ka, "K " + what);
+      ExpectSame(vb, va, "V " + what);
+      auto [kc, vc] = b.Read(l, begin, end);  // no prefetch
+      ExpectSame(kc, ka, "K again " + what);
+    }
+  }
+
+  for (int64_t l = 0; l < layers; ++l) {
+    for (const auto& [begin, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 24}, {5, 11}, {0, 8}}) {
+      const at::Tensor dk = Random({kShape.kv_heads, n, kShape.head_dim}, 300 + begin + l, target);
+      const at::Tensor dv = Random({kShape.kv_heads, n, kShape.head_dim}, 400 + begin + l, target);
+      ASSERT_TRUE(a.AccumulateGrad(l, begin, dk, dv).ok());
+      ASSERT_TRUE(b.AccumulateGrad(l, begin, dk, dv).ok());
+    }
+    auto [ga, gva] = a.ReadGrad(l, 0, T);
+    auto [gb, gvb] = b.ReadGrad(l, 0, T);
+    ExpectSame(gb, ga, "dK layer " + std::to_string(l));
+    ExpectSame(gvb, gva, "dV layer " + std::to_string(l));
+  }
+
+  // Sparse: selections over the 7 full pages of a layer, with repeats and -1.
+  const at::Tensor selection =
+      at::tensor({0, 6, 3, -1, 2, 2, 5, 1, 4, -1, 6, 0}, at::kLong).view({3, 2, 2}).to(target.device);
+  for (int64_t l = 0; l < layers; ++l) {
+    auto [ka, va] = a.GatherPages(l, selection);
+    auto [kb, vb] = b.GatherPages(l, selection);
+    ExpectSame(kb, ka, "gathered K");
+    ExpectSame(vb, va, "gathered V");
+    const at::Tensor dk = Random(ka.sizes().vec(), 500 + l, target), dv = Random(ka.sizes().vec(), 600 + l, target);
+    ASSERT_TRUE(a.AccumulatePageGrad(l, selection, dk, dv).ok());
+    ASSERT_TRUE(b.AccumulatePageGrad(l, selection, dk, dv).ok());
+    auto [ga, gva] = a.ReadGrad(l, 0, T);
+    auto [gb, gvb] = b.ReadGrad(l, 0, T);
+    const double tolerance = target.device.is_cuda() ? 1e-6 : 0;
+    ExpectSame(gb, ga, "dK after page gradients", tolerance);
+    ExpectSame(gvb, gva, "dV after page gradients", tolerance);
+  }
+  EXPECT_GT(tiered.copies->bytes_to_device(), 0);
+  EXPECT_GT(tiered.copies->bytes_to_host(), 0);
+
+  for (int64_t i = chunks - 1; i >= 0; --i) {
+    a.ReleaseFrom(i * chunk);
+    b.ReleaseFrom(i * chunk);
+    for (int64_t l = 0; l < layers; ++l) {
+      if (i == 0) continue;
+      ExpectSame(b.Read(l, 0, i * chunk).first, a.Read(l, 0, i * chunk).first, "after release");
+    }
+  }
+  for (const PagePool* p : {tiered.kv.get(), tiered.grad.get(), tiered.kv_host.get(), tiered.grad_host.get()}) {
+    EXPECT_EQ(p->stats().used_pages, 0);
+  }
+}
+
+TEST(HostTierTest, EveryCacheOperationEqualsTheDeviceOnlyCache) { CheckEveryCacheOperation(kCpu); }
+
+// The same on a GPU with pinned host slabs and the copy engine's streams and events (gpu
+// label: skipped without a device). Index-add accumulation into gathered pages on the GPU
+// adds repeated pages in an unspecified order, so page gradients of a selection with repeats
+// may differ in the last bit: everything else is compared bit for bit.
+TEST(HostTierGpuTest, EveryCacheOperationEqualsTheDeviceOnlyCache) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  CheckEveryCacheOperation(kCuda);
+}
+
+// The copy engine moves a batch as runs of adjacent slots and counts every byte, each way.
+TEST(CopyEngineTest, BatchesRoundTripAndAreCounted) {
+  auto pool = PagePool::CreateHost(PageKind::kKv, kShape, at::kDouble, 8, false, 4 * kShape.elems() * 8);
+  std::vector<PageId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(*pool->Allocate());
+  CopyEngine copies{at::Device(at::kCPU)};
+  std::vector<std::pair<TransferDirection, int64_t>> seen;
+  copies.set_observer([&](TransferDirection d, PageKind kind, int64_t bytes, double seconds) {
+    EXPECT_EQ(kind, PageKind::kKv);
+    EXPECT_GE(seconds, 0);
+    seen.emplace_back(d, bytes);
+  });
+  const std::vector<PageId> order = {ids[5], ids[0], ids[1], ids[2], ids[4]};  // out of order, across slabs
+  const at::Tensor images = Random({5, 2, kShape.kv_heads, kShape.page_tokens, kShape.head_dim}, 9);
+  copies.WritePages(*pool, order, images);
+  for (int i = 0; i < 5; ++i) ExpectSame(pool->Page(order[i]), images[i], "host page " + std::to_string(i));
+  ExpectSame(copies.FetchPages(*pool, order), images, "fetched");
+  auto pending = copies.StartFetch(*pool, {ids[2], ids[0]});
+  ExpectSame(copies.Await(pending), at::stack({images[3], images[1]}), "prefetched");
+  const int64_t page_bytes = pool->stats().bytes_per_page;
+  EXPECT_EQ(copies.bytes_to_host(), 5 * page_bytes);
+  EXPECT_EQ(copies.bytes_to_device(), 7 * page_bytes);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0], std::make_pair(TransferDirection::kDeviceToHost, 5 * page_bytes));
+  EXPECT_EQ(seen[2], std::make_pair(TransferDirection::kHostToDevice, 2 * page_bytes));
+}
+
+std::unique_ptr<Transformer> LoraModel(at::ScalarType dtype = at::kDouble) {
+  auto model = Transformer::Random(testing::TinyLlamaConfig(), dtype, at::kCPU, /*seed=*/3, /*init_std=*/0.2);
+  LoraOptions lora;
+  lora.rank = 4;
+  EXPECT_TRUE(model->AddLora(lora, 5).ok());
+  at::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(13);
+  for (auto& [name, p] : model->TrainableParameters()) {
+    if (name.find("lora_B") != std::string::npos) p.copy_(at::normal(0, 0.2, p.sizes(), gen, at::kDouble));
+  }
+  return model;
+}
+
+TokenSequence SeventyTokens() {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 70; ++i) ids.push_back((i * 37 + 11) % 61);
+  return TokenSequence::FromDocument(ids);
+}
+
+// A whole training step with most pages in the host tier gives the same loss and gradients, bit
+// for bit, as with every page on the device, dense and sparse; the host tier was used both ways.
+TEST(HostTierTest, TrainingStepEqualsTheDeviceOnlyStep) {
+  for (const bool sparse : {false, true}) {
+    SCOPED_TRACE(sparse ? "sparse" : "dense");
+    const TokenSequence seq = SeventyTokens();
+    const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+    ChunkTrainerOptions options;
+    options.chunk_tokens = 8;
+    if (sparse) options.sparse = kernels::PageSelectOptions{.page_budget = 3, .sink_pages = 1, .local_pages = 1};
+    const int64_t pages = 2 * (70 / kShape.page_tokens + 2);
+
+    auto model = LoraModel();
+    Tiers device_only = MakeTiers(pages, 0);
+    ChunkTrainer reference(model.get(), device_only.pools(), options);
+    auto want_loss = reference.TrainSequence(seq, scale, 1);
+    ASSERT_TRUE(want_loss.ok()) << want_loss.status();
+    const Grads want = TakeGrads(*model);
+
+    Tiers tiered = MakeTiers(6, pages);
+    ChunkTrainer trainer(model.get(), tiered.pools(), options);
+    auto loss = trainer.TrainSequence(seq, scale, 1);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_EQ(loss->loss_sum, want_loss->loss_sum);
+    const Grads got = TakeGrads(*model);
+    for (const auto& [name, g] : want) ExpectSame(got.at(name), g, name);
+    EXPECT_GT(trainer.memory().host_kv_peak_bytes, 0);
+    EXPECT_GT(trainer.memory().bytes_to_device, 0);
+    EXPECT_GT(trainer.memory().bytes_to_host, 0);
+    EXPECT_EQ(tiered.kv_host->stats().used_pages, 0);
+  }
+}
+
+// memory.kv_grad_dtype: bfloat16 gradient pages (accumulated in float32, stored rounded after
+// each chunk's contribution) against float32 pages, float32 model: the LoRA gradients move by
+// the rounding and no more, and the host tier stores the same bf16 pages bit for bit.
+TEST(KvGradDtypeTest, Bfloat16PagesChangeTheGradientsByTheirRoundingOnly) {
+  const TokenSequence seq = SeventyTokens();
+  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 8;
+  const int64_t pages = 2 * (70 / kShape.page_tokens + 2);
+  const Target f32{at::Device(at::kCPU), at::kFloat};
+  auto model = LoraModel(at::kFloat);
+  const auto train = [&](const Tiers& tiers) {
+    ChunkTrainer trainer(model.get(), tiers.pools(), options);
+    EXPECT_TRUE(trainer.TrainSequence(seq, scale, 1).ok());
+    return TakeGrads(*model);
+  };
+  const Grads want = train(MakeTiers(pages, 0, f32));
+  const Grads bf16 = train(MakeTiers(pages, 0, f32, at::kBFloat16));
+  const Grads bf16_host = train(MakeTiers(6, pages, f32, at::kBFloat16));
+  std::string worst;
+  const double error = testing::MaxRelativeError(bf16, want, &worst);
+  std::cout << "bfloat16 gradient pages: largest relative error of a LoRA gradient " << error << " (" << worst << ")\n";
+  EXPECT_GT(error, 1e-6);  // the pages were bf16
+  EXPECT_LT(error, 2e-2);  // and only rounded
+  for (const auto& [name, g] : bf16) ExpectSame(bf16_host.at(name), g, name);
+}
+
+}  // namespace
+}  // namespace oomb

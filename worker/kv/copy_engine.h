@@ -1,0 +1,88 @@
+// The copy engine between the host tier of KV pages and the device (ARCHITECTURE.md §4).
+//
+// Host pages live in pinned host slabs (PagePool on Tier::kHost). The engine moves them in
+// batches: FetchPages brings a list of host pages into one new device tensor, WritePages writes
+// a device tensor of page images back into host pages. A batch is coalesced into runs of
+// adjacent slots (one cudaMemcpyAsync per run, not per page: pages written together are
+// allocated together, so a chunk's pages of one layer are one run).
+//
+// Ordering (CUDA), on two dedicated streams, one per direction:
+//   - a fetch starts after everything already queued on the caller's current stream (the
+//     destination's memory may have had earlier users there) and after every write-back queued
+//     before it (it may read a page just written); the current stream waits for the fetch's
+//     event before anything it queues next: no read before the copy lands;
+//   - a write-back starts after the current stream's queued work (which produced the images);
+//     the images stay allocated until it is done (recordStream);
+//   - Fence() waits for both streams: callers fence before a host page is freed or reused, so no
+//     copy still reads or writes a page the host zeroes or hands to someone else.
+// StartFetch lets a caller queue a fetch early (prefetch) and collect it later with Await: the
+// copy overlaps whatever the current stream does in between.
+//
+// On the CPU there is nothing to overlap: copies are done at once, and the "device" tensors are
+// CPU tensors. Counters of bytes moved each way feed the PCIe metrics; an observer, when set,
+// gets every batch with its duration (CUDA: between events around it on its stream, reported
+// at the next Fence, when they are known).
+//
+// Thread-safety: none; one engine per training thread.
+#ifndef OOMB_WORKER_KV_COPY_ENGINE_H_
+#define OOMB_WORKER_KV_COPY_ENGINE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "worker/kv/page_pool.h"
+#include "worker/metrics/kv_stats.h"
+
+namespace oomb {
+
+// A fetch in flight: its destination [n, 2, kv_heads, page_tokens, head_dim] and the event the
+// current stream must wait for before using it.
+class PendingFetch;
+struct CopyRun;
+
+class CopyEngine {
+ public:
+  // `device`: where the fetched pages go (the model's device).
+  explicit CopyEngine(at::Device device);
+  ~CopyEngine();
+  CopyEngine(const CopyEngine&) = delete;
+  CopyEngine& operator=(const CopyEngine&) = delete;
+
+  // Queues the copy of `ids` (host pages of `pool`) into a new device tensor.
+  std::shared_ptr<PendingFetch> StartFetch(const PagePool& pool, const std::vector<PageId>& ids);
+  // The fetched pages, [n, 2, kv_heads, page_tokens, head_dim] on the device, ready for the
+  // current stream.
+  at::Tensor Await(const std::shared_ptr<PendingFetch>& pending);
+  at::Tensor FetchPages(const PagePool& pool, const std::vector<PageId>& ids) { return Await(StartFetch(pool, ids)); }
+
+  // Queues the copy of `images` [n, 2, kv_heads, page_tokens, head_dim] (device, the pool's
+  // dtype) into the host pages `ids`.
+  void WritePages(PagePool& pool, const std::vector<PageId>& ids, const at::Tensor& images);
+
+  // Waits until every queued copy is done.
+  void Fence();
+
+  int64_t bytes_to_device() const { return bytes_to_device_; }
+  int64_t bytes_to_host() const { return bytes_to_host_; }
+
+  using Observer = std::function<void(TransferDirection, PageKind, int64_t bytes, double seconds)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+
+ private:
+  struct Streams;
+  // Queues `runs` on the direction's stream between two timing events (CUDA).
+  void Copy(TransferDirection direction, PageKind kind, const std::vector<CopyRun>& runs);
+  at::Device device_;
+  Observer observer_;
+  std::unique_ptr<Streams> streams_;  // CUDA only
+  int64_t bytes_to_device_ = 0;
+  int64_t bytes_to_host_ = 0;
+};
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_KV_COPY_ENGINE_H_
