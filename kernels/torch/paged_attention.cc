@@ -147,8 +147,8 @@ std::vector<Segment> FlashBlocks(const Geometry& g, int64_t s0, int64_t key_bloc
 // Keys and values of one block in the flash layout [1, keys, kv_heads, D]; prefetches the
 // next block's.
 std::pair<at::Tensor, at::Tensor> FlashBlockKv(const std::vector<Segment>& blocks, size_t i, PastKv* past,
-                                               const at::Tensor& k, const at::Tensor& v) {
-  if (i + 1 < blocks.size() && blocks[i + 1].past) past->Prefetch(blocks[i + 1].begin, blocks[i + 1].end);
+                                               const at::Tensor& k, const at::Tensor& v, bool backward) {
+  if (i + 1 < blocks.size() && blocks[i + 1].past) past->Prefetch(blocks[i + 1].begin, blocks[i + 1].end, backward);
   if (!blocks[i].past) return {k.unsqueeze(0), v.unsqueeze(0)};
   auto [pk, pv] = past->Read(blocks[i].begin, blocks[i].end);  // [Hkv, n, D]
   return {pk.to(k.scalar_type()).permute({1, 0, 2}).contiguous().unsqueeze(0),
@@ -167,7 +167,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       at::Tensor out, lse;  // float32 [1, C, Hq, D], [1, Hq, C]
       at::Tensor rng, unused;
       for (size_t i = 0; i < blocks.size(); ++i) {
-        auto [keys, values] = FlashBlockKv(blocks, i, past.get(), k, v);
+        auto [keys, values] = FlashBlockKv(blocks, i, past.get(), k, v, /*backward=*/false);
         auto [out_b, lse_b, rng_b, unused_b, mask] = at::_flash_attention_forward(
             q.unsqueeze(0), keys, values, std::nullopt, std::nullopt, g.C, keys.size(1), 0.0,
             /*is_causal=*/!blocks[i].past, /*return_debug_mask=*/false, g.scale);
@@ -185,6 +185,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
         lse = merged;
       }
       out = out.to(q.scalar_type());
+      if (past != nullptr) past->Finished(/*backward=*/false);
       ctx->save_for_backward({q, k, v, doc_start, out, lse, rng, unused});
       ctx->saved_data["flash_s0"] = s0;
       ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
@@ -216,6 +217,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       out.slice(2, b.i0, b.i1).copy_((acc / l).view({g.Hkv, g.G, B, g.D}));
       lse.slice(2, b.i0, b.i1).copy_((m + at::log(l)).view({g.Hkv, g.G, B}));
     }
+    if (past != nullptr) past->Finished(/*backward=*/false);
     ctx->save_for_backward({q, k, v, doc_start, out, lse});
     ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
     return g.FromGrouped(out).to(q.scalar_type());
@@ -261,6 +263,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       }
       dqg.slice(2, b.i0, b.i1).copy_(dqb.view({g.Hkv, g.G, B, g.D}));
     }
+    if (past != nullptr) past->Finished(/*backward=*/true);
     at::Tensor dq = g.FromGrouped(dqg).to(q.scalar_type());
     at::Tensor dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
     at::Tensor dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
@@ -280,7 +283,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     at::Tensor dq = at::zeros(q.unsqueeze(0).sizes(), q.options().dtype(at::kFloat));
     at::Tensor dk, dv;
     for (size_t i = 0; i < blocks.size(); ++i) {
-      auto [keys, values] = FlashBlockKv(blocks, i, past, k, v);
+      auto [keys, values] = FlashBlockKv(blocks, i, past, k, v, /*backward=*/true);
       auto [dq_b, dkeys, dvalues] = at::_flash_attention_backward(dout4, q.unsqueeze(0), keys, values, out, lse,
                                                                   at::Tensor(), at::Tensor(), g.C, keys.size(1), 0.0,
                                                                   /*is_causal=*/!blocks[i].past, rng, unused, g.scale);
@@ -293,6 +296,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
         dv = dvalues[0];
       }
     }
+    if (past != nullptr) past->Finished(/*backward=*/true);
     return {dq.squeeze(0).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -48,9 +48,11 @@ class PastKv {
   // Adds gradients of past tokens [begin, begin + n), [kv_heads, n, head_dim] each, float32
   // (float64 for float64 inputs), into the gradient store.
   virtual void AccumulateGrad(int64_t begin, const at::Tensor& dk, const at::Tensor& dv) = 0;
-  // A hint: Read(begin, end) comes next, after the work queued now; an implementation may start
-  // bringing the range in (host pages) so the copy overlaps that work.
-  virtual void Prefetch(int64_t begin, int64_t end) {}
+  // Hints, so copies of host pages overlap the work queued meanwhile: Read(begin, end) comes
+  // next (in backward also AccumulateGrad of that range); the attention is done with this past
+  // in forward or in backward (what the next layer reads may start coming in).
+  virtual void Prefetch(int64_t begin, int64_t end, bool backward) {}
+  virtual void Finished(bool backward) {}
 };
 
 // Differentiable in q, k and v. `past` may be null when the chunk has no past (S == 0).
@@ -65,6 +67,8 @@ class PastKv {
 // log-sum-exp, which gives each block's exact share of dq and its dK/dV. The next block is
 // prefetched (PastKv::Prefetch) before the current one computes. Memory: one block, whatever
 // the past's length.
+//
+// Every path calls PastKv::Finished when it is done with the past, in forward and backward.
 at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
                           std::shared_ptr<PastKv> past, int64_t key_block_tokens = 2048);
 

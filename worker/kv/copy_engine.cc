@@ -26,7 +26,8 @@ struct CopyRun {
 namespace {
 
 // The runs of copying pages `ids` of `pool` to / from the consecutive images at `device`:
-// adjacent slots of one slab merge.
+// adjacent slots of one slab merge. (A run across two slabs whose addresses meet is not one
+// pinned allocation: the driver refuses it with cudaErrorInvalidValue.)
 std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, char* device) {
   const int64_t page_bytes = pool.stats().bytes_per_page;
   std::vector<CopyRun> runs;
@@ -34,7 +35,7 @@ std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, 
     TORCH_INTERNAL_ASSERT(ids[i].tier() == Tier::kHost, "copy engine: page ", ids[i].raw(), " is not a host page");
     char* host = static_cast<char*>(pool.Page(ids[i]).data_ptr());
     char* dev = device + static_cast<int64_t>(i) * page_bytes;
-    if (!runs.empty() && runs.back().host + runs.back().bytes == host) {
+    if (i > 0 && pool.SlabOf(ids[i - 1]) == pool.SlabOf(ids[i]) && runs.back().host + runs.back().bytes == host) {
       runs.back().bytes += page_bytes;
     } else {
       runs.push_back({host, dev, page_bytes});

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/torch/page_ops.h"
+#include "worker/common/status.h"
 #include "worker/kv/copy_engine.h"
 
 namespace oomb {
@@ -214,13 +215,13 @@ at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids
     return device->arena().index_select(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong));
   }
   at::Tensor host_images;
-  if (kind == PageKind::kKv && prefetch_ != nullptr && prefetch_ids_ == host_ids) {
-    host_images = pools_.copies->Await(prefetch_);
+  Prefetched& pre = prefetched(kind);
+  if (pre.fetch != nullptr && pre.ids == host_ids) {
+    host_images = pools_.copies->Await(pre.fetch);
+    pre = Prefetched();
   } else {
     host_images = pools_.copies->FetchPages(*Pool(kind, Tier::kHost), host_ids);
   }
-  prefetch_.reset();
-  prefetch_ids_.clear();
   if (device_ids.empty()) return host_images;
   at::Tensor images = at::empty({static_cast<int64_t>(ids.size()), 2, device->shape().kv_heads,
                                  device->shape().page_tokens, device->shape().head_dim},
@@ -245,6 +246,7 @@ void SequenceKvCache::StoreImages(PageKind kind, const std::vector<PageId>& ids,
                                 images.index_select(0, Positions(device_pos, dev)).to(device->options().dtype()));
   }
   if (!host_ids.empty()) {
+    DropPrefetch(kind, host_ids);
     pools_.copies->WritePages(
         *Pool(kind, Tier::kHost), host_ids,
         host_ids.size() == ids.size() ? images : images.index_select(0, Positions(host_pos, dev)));
@@ -291,7 +293,10 @@ absl::Status SequenceKvCache::Append(int64_t layer, const at::Tensor& k, const a
     slot[1].slice(1, offset, offset + take).copy_(vt.slice(1, done, done + take));
     done += take;
   }
-  if (!host_ids.empty()) pools_.copies->WritePages(*pools_.kv_host, host_ids, at::stack(host_images));
+  if (!host_ids.empty()) {
+    DropPrefetch(PageKind::kKv, host_ids);
+    pools_.copies->WritePages(*pools_.kv_host, host_ids, at::stack(host_images));
+  }
   tokens_[layer] += n;
   return absl::OkStatus();
 }
@@ -312,23 +317,38 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::Read(int64_t layer, int64_t b
   return {k.slice(1, off, off + end - begin), v.slice(1, off, off + end - begin)};
 }
 
-void SequenceKvCache::Prefetch(int64_t layer, int64_t begin, int64_t end) {
-  if (pools_.kv_host == nullptr || layer >= static_cast<int64_t>(kv_pages_.size())) return;
+absl::Status SequenceKvCache::Prefetch(int64_t layer, int64_t begin, int64_t end, bool with_grads) {
+  if (!has_host() || layer >= static_cast<int64_t>(kv_pages_.size())) return absl::OkStatus();
   end = std::min(end, tokens_[layer]);
-  if (begin >= end) return;
+  if (begin >= end) return absl::OkStatus();
   const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
-  std::vector<PageId> host_ids;
-  for (int64_t p = first; p < last; ++p) {
-    if (kv_pages_[layer][p].tier() == Tier::kHost) host_ids.push_back(kv_pages_[layer][p]);
+  if (with_grads) OOMB_RETURN_IF_ERROR(EnsureGradPages(layer, first, last));
+  for (const PageKind kind : {PageKind::kKv, PageKind::kKvGrad}) {
+    if (kind == PageKind::kKvGrad && !with_grads) continue;
+    const auto& pages = kind == PageKind::kKv ? kv_pages_[layer] : grad_pages_[layer];
+    std::vector<PageId> host_ids;
+    for (int64_t p = first; p < last; ++p) {
+      if (pages[p].tier() == Tier::kHost) host_ids.push_back(pages[p]);
+    }
+    Prefetched& pre = prefetched(kind);
+    if (host_ids.empty() || host_ids == pre.ids) continue;
+    pre.fetch = pools_.copies->StartFetch(*Pool(kind, Tier::kHost), host_ids);
+    pre.ids = std::move(host_ids);
   }
-  if (host_ids.empty() || host_ids == prefetch_ids_) return;
-  prefetch_ = pools_.copies->StartFetch(*pools_.kv_host, host_ids);
-  prefetch_ids_ = std::move(host_ids);
+  return absl::OkStatus();
 }
 
-absl::Status SequenceKvCache::AccumulateGrad(int64_t layer, int64_t begin, const at::Tensor& dk, const at::Tensor& dv) {
-  const int64_t end = begin + dk.size(1);
-  const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
+void SequenceKvCache::DropPrefetch(PageKind kind, const std::vector<PageId>& ids) {
+  Prefetched& pre = prefetched(kind);
+  for (const PageId& id : ids) {
+    if (std::find(pre.ids.begin(), pre.ids.end(), id) != pre.ids.end()) {
+      pre = Prefetched();
+      return;
+    }
+  }
+}
+
+absl::Status SequenceKvCache::EnsureGradPages(int64_t layer, int64_t first, int64_t last) {
   auto& gpages = grad_pages_[layer];
   if (static_cast<int64_t>(gpages.size()) < last) gpages.resize(last);
   for (int64_t p = first; p < last; ++p) {
@@ -337,6 +357,14 @@ absl::Status SequenceKvCache::AccumulateGrad(int64_t layer, int64_t begin, const
     if (!id.ok()) return id.status();
     gpages[p] = *id;
   }
+  return absl::OkStatus();
+}
+
+absl::Status SequenceKvCache::AccumulateGrad(int64_t layer, int64_t begin, const at::Tensor& dk, const at::Tensor& dv) {
+  const int64_t end = begin + dk.size(1);
+  const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
+  OOMB_RETURN_IF_ERROR(EnsureGradPages(layer, first, last));
+  const auto& gpages = grad_pages_[layer];
   const int64_t off = begin - first * page_tokens_, padded = (last - first) * page_tokens_;
   const at::ScalarType dtype = AccumulationType(pools_.grad->options().dtype().toScalarType());
   auto pad = [&](const at::Tensor& x) {
@@ -467,8 +495,7 @@ void SequenceKvCache::ReleaseFrom(int64_t token) {
   const int64_t first_page = (token + page_tokens_ - 1) / page_tokens_;
   // No copy may still read or write a host page once it is freed (and zeroed on reuse).
   if (has_host()) pools_.copies->Fence();
-  prefetch_.reset();
-  prefetch_ids_.clear();
+  prefetched_[0] = prefetched_[1] = Prefetched();
   for (size_t layer = 0; layer < kv_pages_.size(); ++layer) {
     auto& pages = kv_pages_[layer];
     while (static_cast<int64_t>(pages.size()) > first_page) {

@@ -114,6 +114,9 @@ class PagePool {
   at::TensorOptions options() const { return options_; }
   // Pages whose slabs have been allocated so far (the capacity, for a device pool).
   int64_t ready_pages() const;
+  // The slab holding the page: one copy may span adjacent slots of one slab, never two slabs
+  // (separate allocations, even where their addresses happen to meet).
+  int64_t SlabOf(PageId id) const { return id.slot() / slab_pages_; }
   PoolStats stats() const;
   void ResetPeak() {
     peak_used_ = used_;
@@ -196,9 +199,11 @@ class SequenceKvCache {
   // each: one batched gather of the pages covering the range (host pages: one batched fetch).
   std::pair<at::Tensor, at::Tensor> Read(int64_t layer, int64_t begin, int64_t end);
   // Starts fetching the host pages a later Read(layer, begin, end) needs, so the copy overlaps
-  // what runs before that Read. Only the newest prefetch is kept; a Read of another range
-  // fetches for itself.
-  void Prefetch(int64_t layer, int64_t begin, int64_t end);
+  // what runs before that Read; `with_grads`: also the gradient pages of the range, for a later
+  // AccumulateGrad(layer, begin, ...) (allocating those not allocated yet). One prefetch per
+  // kind is kept, the newest; a read of other pages fetches for itself, and a write to a
+  // prefetched page drops the prefetch (never a stale image). Errors: as AccumulateGrad's.
+  absl::Status Prefetch(int64_t layer, int64_t begin, int64_t end, bool with_grads = false);
 
   // Adds dK, dV of tokens [begin, begin + n), [kv_heads, n, head_dim] each, into the layer's
   // gradient pages; a gradient page is allocated (zeroed) on its first contribution.
@@ -242,9 +247,17 @@ class SequenceKvCache {
   std::vector<std::vector<PageId>> kv_pages_;    // [layer][page]
   std::vector<std::vector<PageId>> grad_pages_;  // [layer][page]; invalid until first use
   std::vector<int64_t> tokens_;
-  // The newest prefetch: the host KV pages it fetches and the fetch.
-  std::vector<PageId> prefetch_ids_;
-  std::shared_ptr<PendingFetch> prefetch_;
+  // The newest prefetch of each kind: the host pages it fetches and the fetch.
+  struct Prefetched {
+    std::vector<PageId> ids;
+    std::shared_ptr<PendingFetch> fetch;
+  };
+  Prefetched& prefetched(PageKind kind) { return prefetched_[static_cast<int>(kind)]; }
+  // Drops the prefetch of `kind` if it holds one of `ids` (about to be written).
+  void DropPrefetch(PageKind kind, const std::vector<PageId>& ids);
+  // Allocates the layer's gradient pages [first, last) that have none yet.
+  absl::Status EnsureGradPages(int64_t layer, int64_t first, int64_t last);
+  Prefetched prefetched_[2];
 };
 
 }  // namespace oomb

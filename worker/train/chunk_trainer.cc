@@ -46,8 +46,9 @@ class AllocationTracker : public c10::MemoryReportingInfoBase {
 // The past of one layer for one chunk, read from and accumulated into the sequence's pages.
 class LayerPast final : public kernels::PastKv {
  public:
-  LayerPast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens)
-      : cache_(cache), layer_(layer), past_tokens_(past_tokens) {}
+  // `key_block`: the attention's key block (what a prefetch of the next layer brings in).
+  LayerPast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens, int64_t key_block)
+      : cache_(cache), layer_(layer), past_tokens_(past_tokens), key_block_(key_block) {}
   int64_t past_tokens() const override { return past_tokens_; }
   std::pair<at::Tensor, at::Tensor> Read(int64_t begin, int64_t end) override {
     return cache_->Read(layer_, begin, end);
@@ -56,12 +57,24 @@ class LayerPast final : public kernels::PastKv {
     const absl::Status s = cache_->AccumulateGrad(layer_, begin, dk, dv);
     TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
   }
-  void Prefetch(int64_t begin, int64_t end) override { cache_->Prefetch(layer_, begin, end); }
+  void Prefetch(int64_t begin, int64_t end, bool backward) override {
+    const absl::Status s = cache_->Prefetch(layer_, begin, end, backward);
+    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+  }
+  // Forward goes up the layers, backward down: the next layer's first key block comes in while
+  // the rest of this layer computes.
+  void Finished(bool backward) override {
+    const int64_t next = backward ? layer_ - 1 : layer_ + 1;
+    if (next < 0) return;
+    const absl::Status s = cache_->Prefetch(next, 0, std::min(past_tokens_, key_block_), backward);
+    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+  }
 
  private:
   SequenceKvCache* cache_;
   int64_t layer_;
   int64_t past_tokens_;
+  int64_t key_block_;
 };
 
 // The selected past pages of one layer for one chunk (sparse attention).
@@ -258,11 +271,9 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, boo
         return SparseAttention(c, index, layer, q, k, v, cache, &summaries, training, &append_status);
       }
       std::shared_ptr<kernels::PastKv> past;
-      if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin);
+      if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin, KeyBlock());
       at::Tensor out = kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock());
       if (append_status.ok()) append_status = cache.Append(layer, k, v);
-      // The next layer's first key block comes in while the rest of this layer computes.
-      cache.Prefetch(layer + 1, 0, std::min(c.begin, KeyBlock()));
       return out;
     };
     const at::Tensor hidden = model_->Hidden(c.input, attention);
@@ -325,10 +336,8 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
           return SparseAttention(c, index, layer, q, k, v, cache, nullptr, /*training=*/true, nullptr);
         }
         std::shared_ptr<kernels::PastKv> past;
-        if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin);
-        at::Tensor out = kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock());
-        cache.Prefetch(layer + 1, 0, std::min(c.begin, KeyBlock()));
-        return out;
+        if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin, KeyBlock());
+        return kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock());
       };
       const at::Tensor hidden = model_->Hidden(c.input, attention);
       const at::Tensor chunk_loss =
