@@ -151,7 +151,8 @@ void ScrapeCollector::CollectDevices(std::vector<MetricFamily>* out) const {
 
 void ScrapeCollector::CollectKv(std::vector<MetricFamily>* out) const {
   if (options_.kv_stats == nullptr) return;
-  // Every slot shows every tier and kind, at zero where no pool lives (the host tier today).
+  // Every slot shows every tier and kind, at zero where no pool lives (e.g. the host tier of a
+  // job whose pages all fit on the device).
   struct Pages {
     int64_t capacity = 0, used = 0, peak = 0, used_bytes = 0, capacity_bytes = 0, peak_bytes = 0;
   };

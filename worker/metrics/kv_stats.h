@@ -7,10 +7,10 @@
 // and free (two relaxed atomic stores). The registry holds the counters weakly: a pool's entry
 // disappears when the pool and its counters are gone (the job ended).
 //
-// Transfers: RecordTransfer() adds one page copy between tiers (bytes and duration) to
-// cumulative counters and a duration histogram by slot, direction and page kind. Nothing calls
-// it yet: the host tier and the copy engine that will (worker/kv) do not exist, so every
-// transfer counter reads 0 (docs/metrics.md says so).
+// Transfers: RecordTransfer() adds one batch of page copies between tiers (bytes and duration)
+// to cumulative counters and a duration histogram by slot, direction and page kind. The copy
+// engine (worker/kv/copy_engine.h) calls it through its observer, which the executor sets; on a
+// GPU the durations come from CUDA events and are reported at the next fence (once per chunk).
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef OOMB_WORKER_METRICS_KV_STATS_H_

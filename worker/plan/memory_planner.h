@@ -27,8 +27,9 @@
 // Placement (memory.kv_offload, ARCHITECTURE.md §4): none keeps every page on the device;
 // host puts every page in the host tier; auto (the default) keeps on the device as many pages
 // as fit beside everything else (less 1/16 of the device as a margin for the plan's error once
-// pages spill), the same number of KV and KV-gradient pages, and places the rest on the host. The host's capacity is its RAM less kHostReserveBytes. On the CPU the
-// device is the host: one budget, and auto places everything in the device pools.
+// pages spill), the same number of KV and KV-gradient pages, and places the rest on the host. The host's capacity is
+// its RAM less kHostReserveBytes. On the CPU the device is the host: one budget, and auto places everything in the
+// device pools.
 //
 // Every term is a function of T (the sequence length, data.max_seq_len) that does not
 // decrease, so the longest context that fits is found by bisection. With the host tier the

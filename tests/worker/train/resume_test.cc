@@ -220,6 +220,32 @@ TEST(ResumeTest, SparseRunResumesExactly) {
   for (double d : dense.densities) EXPECT_EQ(d, 0.0);
 }
 
+// The host tier through the executor (memory.kv_offload: host, every page in host pools moved by
+// the copy engine): the same losses, bit for bit, as the run with every page on the device; a
+// run paused inside a step and resumed equals the uninterrupted one; metrics.jsonl counts the
+// engine's bytes each way and the host-tier peak.
+TEST(ResumeTest, HostTierRunEqualsDeviceRunAndResumesExactly) {
+  const Fixture f = MakeFixture("resume_host_tier");
+  JobSpec spec = MakeSpec(f);
+  const std::string root = fs::path(f.model_dir).parent_path().string();
+  spec.memory.kv_offload = "none";
+  const Outcome device = RunOnce(spec, root + "/device", false);
+  spec.memory.kv_offload = "host";
+  const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
+  ExpectSameLosses(full.losses, device.losses, 1);
+  std::ifstream metrics(root + "/full/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_GT(j.at("pcie_h2d_bytes").get<int64_t>(), 0) << line;
+    EXPECT_GT(j.at("pcie_d2h_bytes").get<int64_t>(), 0) << line;
+    EXPECT_GT(j.at("peak_host_bytes").get<int64_t>(), 0) << line;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 8);
+}
+
 // A torn newest checkpoint (a file cut short, as a crash during a non-atomic copy would leave
 // it) fails its checksum; resume warns, takes the one before, and the losses still match.
 TEST(ResumeTest, TornCheckpointIsSkipped) {
