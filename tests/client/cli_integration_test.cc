@@ -256,9 +256,10 @@ TEST_F(CliTest, BadSpecsAreInvalidArgumentNamingTheFieldAndTheDaemonKeepsServing
   EXPECT_EQ(type.rc, 1);
   EXPECT_THAT(type.err, HasSubstr("training.max_steps: expected an integer"));
   EXPECT_EQ(Oomb("health").rc, 0);
-  Result offload = Oomb("estimate " + job_ + " --set memory.kv_offload=host");
-  EXPECT_EQ(offload.rc, 1);
-  EXPECT_THAT(offload.err, HasSubstr("UNIMPLEMENTED: spec: memory.kv_offload"));
+  // The host tier is planned: every page placed there, none in the device's pools.
+  const json offload = OombJson("estimate " + job_ + " --set memory.kv_offload=host");
+  EXPECT_EQ(offload["kv_host_bytes"], offload["kv_bytes"]);
+  EXPECT_THAT(offload["placement"].get<std::string>(), HasSubstr("in the host tier"));
   // Sparse attention is planned: the same pools, its own working set and page summaries.
   const json sparse = OombJson("estimate " + job_ + " --set attention.mode=sparse");
   const json dense = OombJson("estimate " + job_);
