@@ -251,11 +251,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& 
   plan.host_kv_pages = p.host_pages;
   plan.peak_device_bytes = p.peak_device;
   plan.peak_host_bytes = p.peak_host;
-  plan.placement =
-      p.host_pages == 0
-          ? absl::StrCat("KV and KV-gradient pages on ", target.device)
-          : absl::StrCat(p.device_pages, " KV and ", p.device_pages, " KV-gradient pages on ", target.device, ", ",
-                         p.host_pages, " of each in the host tier (", FormatBytes(plan.kv_host_bytes), cuda ? ", pinned)" : ")");
+  plan.placement = p.host_pages == 0
+                       ? absl::StrCat("KV and KV-gradient pages on ", target.device)
+                       : absl::StrCat(p.device_pages, " KV and ", p.device_pages, " KV-gradient pages on ",
+                                      target.device, ", ", p.host_pages, " of each in the host tier (",
+                                      FormatBytes(plan.kv_host_bytes), cuda ? ", pinned)" : ")");
 
   // The longest T that fits (neither peak decreases with T).
   int64_t lo = 0, hi = int64_t{1} << 31;
