@@ -46,8 +46,7 @@
 
 #include "worker/common/status.h"
 #include "worker/job/build_info.h"
-#include "worker/kv/copy_engine.h"
-#include "worker/kv/page_pool.h"
+#include "worker/kv/kv_pools.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/memory_planner.h"
 #include "worker/train/chunk_trainer.h"
@@ -127,18 +126,16 @@ TokenSequence RandomSequence(int64_t T, int64_t vocab, uint64_t seed) {
   return TokenSequence::FromDocument(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + T));
 }
 
-// The page pools of one length: device pools, and with the host tier host pools (pinned, in
-// slabs pinned by their own threads) and the copy engine. `plan` placed them.
+// The page pools of one length and the plan that placed them.
 struct Pools {
-  std::unique_ptr<PagePool> kv, grad, kv_host, grad_host;
-  std::unique_ptr<CopyEngine> copies;
+  OwnedKvPools owned;
   MemoryPlan plan;
-  KvPools pools() const { return {kv.get(), grad.get(), kv_host.get(), grad_host.get(), copies.get()}; }
+  KvPools pools() const { return owned.pools(); }
   // Waits until the host slabs are pinned; the seconds waited.
   double WaitForHost() const {
     const auto start = std::chrono::steady_clock::now();
-    for (const PagePool* p : {kv_host.get(), grad_host.get()}) {
-      while (p != nullptr && p->ready_pages() < p->stats().capacity_pages) {
+    for (const PagePool* p : owned.all()) {
+      while (p->ready_pages() < p->stats().capacity_pages) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
@@ -170,34 +167,14 @@ struct BenchSpec {
   }
 };
 
-// This machine as the planner sees it: the device's and the host's memory.
-PlanTarget Machine(const at::Device& d) {
-  PlanTarget target{.device = d.is_cuda() ? "cuda:0" : "cpu"};
-  for (const DeviceInfo& info : GetBuildInfo().devices) {
-    if (info.name == "cpu") target.host_bytes = info.memory_bytes;
-    if (info.name == target.device) target.device_bytes = info.memory_bytes;
-  }
-  return target;
-}
-
 absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, const BenchSpec& b, at::Device d) {
   const ModelConfig& c = m.config();
   Pools p;
-  OOMB_ASSIGN_OR_RETURN(p.plan, PlanMemory(c, b.At(T), Machine(d)));
-  // bfloat16 gradient pages only under a bfloat16 model (the float32 reference keeps float32).
-  const at::ScalarType grad_dtype =
-      b.kv_grad_dtype == "bfloat16" && m.dtype() == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
-  const PageShape shape{c.num_kv_heads, b.page, c.head_dim};
-  OOMB_ASSIGN_OR_RETURN(p.kv, PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
-                                               at::TensorOptions().dtype(m.dtype()).device(d), p.plan.device_kv_pages));
+  OOMB_ASSIGN_OR_RETURN(p.plan, PlanMemory(c, b.At(T), ThisMachine(d.is_cuda() ? "cuda:0" : "cpu")));
+  // bfloat16 gradient pages only under a bfloat16 model: the float32 reference keeps float32.
   OOMB_ASSIGN_OR_RETURN(
-      p.grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(grad_dtype).device(d),
-                               p.plan.device_kv_pages));
-  if (p.plan.host_kv_pages > 0) {
-    p.kv_host = PagePool::CreateHost(PageKind::kKv, shape, m.dtype(), p.plan.host_kv_pages, d.is_cuda());
-    p.grad_host = PagePool::CreateHost(PageKind::kKvGrad, shape, grad_dtype, p.plan.host_kv_pages, d.is_cuda());
-    p.copies = std::make_unique<CopyEngine>(d);
-  }
+      p.owned, MakeKvPools({c.num_kv_heads, b.page, c.head_dim}, m.dtype(), KvGradDtype(b.kv_grad_dtype, m.dtype()), d,
+                           p.plan.device_kv_pages, p.plan.host_kv_pages));
   return p;
 }
 

@@ -72,6 +72,15 @@ BuildInfo GetBuildInfo() {
   return info;
 }
 
+PlanTarget ThisMachine(const std::string& device) {
+  PlanTarget target{.device = device};
+  for (const DeviceInfo& d : GetBuildInfo().devices) {
+    if (d.name == "cpu") target.host_bytes = d.memory_bytes;
+    if (d.name == device) target.device_bytes = d.memory_bytes;
+  }
+  return target;
+}
+
 std::vector<DeviceMemoryStats> GetDeviceMemoryStats() {
   std::vector<DeviceMemoryStats> out;
 #if defined(OOMB_HAVE_CUDA)

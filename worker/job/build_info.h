@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/plan/memory_planner.h"
+
 namespace oomb {
 
 struct DeviceInfo {
@@ -29,6 +31,10 @@ struct BuildInfo {
 // Reads the versions and enumerates devices. Thread-safe. Does not initialise a CUDA context
 // beyond what device enumeration needs.
 BuildInfo GetBuildInfo();
+
+// This machine as the memory planner sees it for a job on `device` ("cpu", "cuda:0"): the
+// device's memory and the host's, from GetBuildInfo().
+PlanTarget ThisMachine(const std::string& device);
 
 // The commit this binary was built from (written at build time by cmake/GitSha.cmake).
 const char* BuildGitSha();

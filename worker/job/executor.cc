@@ -29,8 +29,7 @@
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/job/build_info.h"
-#include "worker/kv/copy_engine.h"
-#include "worker/kv/page_pool.h"
+#include "worker/kv/kv_pools.h"
 #include "worker/metrics/flops.h"
 #include "worker/model/chat_template.h"
 #include "worker/model/tokenizer.h"
@@ -314,38 +313,24 @@ class Run {
     for (const auto& s : first_epoch) longest = std::max(longest, s.size());
     for (const auto& s : validation_) longest = std::max(longest, s.size());
     const ModelConfig& c = model_->config();
-    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanPages(c, longest));
-    const PageShape shape{c.num_kv_heads, spec_.memory.page_tokens, c.head_dim};
-    OOMB_ASSIGN_OR_RETURN(kv_pool_,
-                          PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
-                                           at::TensorOptions().dtype(dtype_).device(device_), plan.device_kv_pages));
-    // Gradient pages: float32, or bfloat16 (accumulated in float32, stored rounded) when the
-    // job asks and the model is not float32.
-    const at::ScalarType grad_dtype =
-        spec_.memory.kv_grad_dtype == "bfloat16" && dtype_ == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
-    OOMB_ASSIGN_OR_RETURN(
-        grad_pool_, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
-                                     at::TensorOptions().dtype(grad_dtype).device(device_), plan.device_kv_pages));
-    KvPools pools{kv_pool_.get(), grad_pool_.get()};
-    if (plan.host_kv_pages > 0) {
-      // Pinned in slabs by the pools' own threads from now on, while the first chunks run on the
-      // device pages.
-      kv_host_pool_ = PagePool::CreateHost(PageKind::kKv, shape, dtype_, plan.host_kv_pages, device_.is_cuda());
-      grad_host_pool_ =
-          PagePool::CreateHost(PageKind::kKvGrad, shape, grad_dtype, plan.host_kv_pages, device_.is_cuda());
-      copies_ = std::make_unique<CopyEngine>(device_);
-      pools = KvPools{kv_pool_.get(), grad_pool_.get(), kv_host_pool_.get(), grad_host_pool_.get(), copies_.get()};
-    }
+    JobSpec planned = spec_;
+    planned.data.max_seq_len = longest;
+    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan,
+                          PlanMemory(c, planned, ThisMachine(device_.is_cuda() ? device_.str() : "cpu")));
+    // Host slabs are pinned by the pools' own threads from now on, while the first chunks run on
+    // the device pages.
+    OOMB_ASSIGN_OR_RETURN(kv_, MakeKvPools({c.num_kv_heads, spec_.memory.page_tokens, c.head_dim}, dtype_,
+                                           KvGradDtype(spec_.memory.kv_grad_dtype, dtype_), device_,
+                                           plan.device_kv_pages, plan.host_kv_pages));
     if (options_.kv_stats != nullptr) {
       const std::string slot = options_.devices.empty() ? device_.str() : options_.devices[rank_.index];
-      if (copies_ != nullptr) {
-        copies_->set_observer(
+      if (kv_.copies != nullptr) {
+        kv_.copies->set_observer(
             [registry = options_.kv_stats, slot](TransferDirection d, PageKind kind, int64_t bytes, double seconds) {
               registry->RecordTransfer(slot, d, kind, bytes, seconds);
             });
       }
-      for (PagePool* pool : {kv_pool_.get(), grad_pool_.get(), kv_host_pool_.get(), grad_host_pool_.get()}) {
-        if (pool == nullptr) continue;
+      for (PagePool* pool : kv_.all()) {
         const PoolStats ps = pool->stats();
         pool->AttachCounters(options_.kv_stats->AddPool(slot, ps.tier, ps.kind, ps.capacity_pages, ps.bytes_per_page));
       }
@@ -356,23 +341,11 @@ class Run {
     trainer_options.chunk_fraction = spec_.backward.chunk_fraction;
     if (spec_.attention.mode == "sparse") trainer_options.sparse = PageSelection(spec_);
     trainer_options.should_stop = [this] { return PollStop(); };
-    trainer_ = std::make_unique<ChunkTrainer>(model_.get(), pools, trainer_options);
+    trainer_ = std::make_unique<ChunkTrainer>(model_.get(), kv_.pools(), trainer_options);
 
     OOMB_RETURN_IF_ERROR(MakeDirs(options_.checkpoint_dir));
     if (options_.resume) OOMB_RETURN_IF_ERROR(Resume());
     return absl::OkStatus();
-  }
-
-  // The memory plan of a `longest`-token sequence of this job on its device: where the pages go.
-  absl::StatusOr<MemoryPlan> PlanPages(const ModelConfig& config, int64_t longest) const {
-    JobSpec spec = spec_;
-    spec.data.max_seq_len = longest;
-    PlanTarget target{.device = device_.is_cuda() ? device_.str() : "cpu"};
-    for (const DeviceInfo& d : GetBuildInfo().devices) {
-      if (d.name == "cpu") target.host_bytes = d.memory_bytes;
-      if (d.name == target.device) target.device_bytes = d.memory_bytes;
-    }
-    return PlanMemory(config, spec, target);
   }
 
   absl::Status Resume() {
@@ -593,9 +566,9 @@ class Run {
         p.eta_seconds = elapsed / static_cast<double>(state_.step - first_step) * (total_steps_ - state_.step);
         p.peak_device_bytes = PeakDeviceBytes(device_, peak);
         p.host_kv_bytes = peak.host_kv_peak_bytes;
-        if (copies_ != nullptr) {
-          p.pcie_h2d_bytes = copies_->bytes_to_device();
-          p.pcie_d2h_bytes = copies_->bytes_to_host();
+        if (kv_.copies != nullptr) {
+          p.pcie_h2d_bytes = kv_.copies->bytes_to_device();
+          p.pcie_d2h_bytes = kv_.copies->bytes_to_host();
         }
         nlohmann::json line = {{"step", p.step},
                                {"loss", p.loss},
@@ -661,9 +634,7 @@ class Run {
   int64_t total_steps_ = 0;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  std::unique_ptr<PagePool> kv_pool_, grad_pool_;
-  std::unique_ptr<PagePool> kv_host_pool_, grad_host_pool_;  // the host tier, when placed there
-  std::unique_ptr<CopyEngine> copies_;
+  OwnedKvPools kv_;  // the page pools, placed by the memory planner
   std::unique_ptr<ChunkTrainer> trainer_;
   double peak_flops_ = 0;  // the device's, for MFU; 0: unknown
   TrainerState state_;

@@ -189,6 +189,23 @@ bool AllOnDevice(const std::vector<PageId>& ids) {
   return std::all_of(ids.begin(), ids.end(), [](PageId id) { return !id.valid() || id.tier() == Tier::kDevice; });
 }
 
+// `ids` by tier: the positions in `ids` of the device pages and of the host pages, and their ids,
+// in order.
+struct TierSplit {
+  std::vector<int64_t> device_pos, host_pos;
+  std::vector<PageId> device_ids, host_ids;
+};
+
+TierSplit SplitByTier(const std::vector<PageId>& ids) {
+  TierSplit t;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const bool host = ids[i].tier() == Tier::kHost;
+    (host ? t.host_pos : t.device_pos).push_back(static_cast<int64_t>(i));
+    (host ? t.host_ids : t.device_ids).push_back(ids[i]);
+  }
+  return t;
+}
+
 // [n, 2, H, P, D] page images -> K and V of their tokens, [n * P, H, D] each.
 std::pair<at::Tensor, at::Tensor> TokenMajor(const at::Tensor& images) {
   const auto flat = [&](int64_t kv) {
@@ -202,14 +219,7 @@ std::pair<at::Tensor, at::Tensor> TokenMajor(const at::Tensor& images) {
 
 at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids) {
   PagePool* device = Pool(kind, Tier::kDevice);
-  std::vector<int64_t> device_pos, host_pos;
-  std::vector<PageId> device_ids, host_ids;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    auto& pos = ids[i].tier() == Tier::kHost ? host_pos : device_pos;
-    auto& out = ids[i].tier() == Tier::kHost ? host_ids : device_ids;
-    pos.push_back(static_cast<int64_t>(i));
-    out.push_back(ids[i]);
-  }
+  const auto [device_pos, host_pos, device_ids, host_ids] = SplitByTier(ids);
   const at::Device dev = device->options().device();
   if (host_ids.empty()) {
     return device->arena().index_select(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong));
@@ -235,12 +245,7 @@ at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids
 void SequenceKvCache::StoreImages(PageKind kind, const std::vector<PageId>& ids, const at::Tensor& images) {
   PagePool* device = Pool(kind, Tier::kDevice);
   const at::Device dev = device->options().device();
-  std::vector<int64_t> device_pos, host_pos;
-  std::vector<PageId> device_ids, host_ids;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    (ids[i].tier() == Tier::kHost ? host_pos : device_pos).push_back(static_cast<int64_t>(i));
-    (ids[i].tier() == Tier::kHost ? host_ids : device_ids).push_back(ids[i]);
-  }
+  const auto [device_pos, host_pos, device_ids, host_ids] = SplitByTier(ids);
   if (!device_ids.empty()) {
     device->arena().index_copy_(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong),
                                 images.index_select(0, Positions(device_pos, dev)).to(device->options().dtype()));

@@ -17,11 +17,11 @@ constexpr int64_t kCpuKeyBlock = 2048;            // ChunkTrainerOptions::attent
 constexpr int64_t kCpuBlockScoreElems = 1 << 22;  // score elements of one attention block, CPU
 constexpr int64_t kGpuKeyBlock = 16384;
 constexpr int64_t kGpuBlockScoreElems = int64_t{1} << 27;
-constexpr int64_t kGpuFlashKeyBlock = 65536;
+constexpr int64_t kGpuFlashKeyBlock = 65536;  // ChunkTrainerOptions::gpu_attention_key_block
 // kv_offload auto, when pages spill to the host, leaves 1/16 of the device's capacity unplanned:
 // the plan's error (measured within 4% of the GPU peak) must not turn into an out-of-memory
 // error at the step's peak.
-constexpr int64_t kAutoMarginDivisor = 16;  // ChunkTrainerOptions::gpu_attention_key_block
+constexpr int64_t kAutoMarginDivisor = 16;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -72,9 +72,10 @@ class Model {
   // KV pages (model.dtype) and KV-gradient pages (kv_grad_dtype) for a sequence of T tokens: the
   // executor's pools, layers * (ceil(T / P) + 1) pages each, on the device and the host together.
   int64_t Pages(int64_t T) const { return c_.num_layers * (CeilDiv(T, spec_.memory.page_tokens) + 1); }
-  // One KV page (model.dtype) and one KV-gradient page (memory.kv_grad_dtype).
+  // One KV page (model.dtype) and one KV-gradient page: bfloat16 when memory.kv_grad_dtype asks
+  // and the model is bfloat16, else float32 (worker/kv/kv_pools.h, KvGradDtype).
   int64_t PagePairBytes() const {
-    const int64_t g = spec_.memory.kv_grad_dtype == "bfloat16" ? 2 : kF32;
+    const int64_t g = spec_.memory.kv_grad_dtype == "bfloat16" && e_ == 2 ? 2 : kF32;
     return 2 * c_.kv_dim() * spec_.memory.page_tokens * (e_ + g);
   }
   int64_t KvBytes(int64_t T) const { return Pages(T) * PagePairBytes(); }

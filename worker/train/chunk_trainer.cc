@@ -169,7 +169,7 @@ class ChunkTrainer::ChunkClock {
 };
 
 ChunkTrainer::ChunkTrainer(const Transformer* model, KvPools pools, ChunkTrainerOptions options)
-    : model_(model), pools_(pools), kv_pool_(pools.kv), options_(std::move(options)) {}
+    : model_(model), pools_(pools), options_(std::move(options)) {}
 
 int64_t ChunkTrainer::KeyBlock() const {
   return model_->device().is_cuda() ? options_.gpu_attention_key_block : options_.attention_key_block;
@@ -214,7 +214,7 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
                                          const at::Tensor& k, const at::Tensor& v, SequenceKvCache& cache,
                                          at::Tensor* summaries, bool training, absl::Status* append_status) {
   kernels::PageSelectOptions select = *options_.sparse;
-  select.page_tokens = kv_pool_->shape().page_tokens;
+  select.page_tokens = pools_.kv->shape().page_tokens;
   const int64_t P = select.page_tokens, L = model_->config().num_layers;
   TORCH_CHECK(c.begin % P == 0, "sparse attention: chunk_tokens (", options_.chunk_tokens,
               ") must be a multiple of page_tokens (", P, ")");
@@ -256,11 +256,11 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, boo
   sparse_stats_ = SparseStats();
   selections_.clear();
   if (options_.sparse.has_value()) {
-    const PageShape& ps = kv_pool_->shape();
+    const PageShape& ps = pools_.kv->shape();
     const int64_t pages = (seq.size() + ps.page_tokens - 1) / ps.page_tokens;
     std::vector<int64_t> shape = {L, pages, ps.kv_heads, ps.head_dim};
     if (options_.sparse->summary == kernels::PageSummary::kMinMax) shape.insert(shape.begin() + 2, 2);
-    summaries = at::empty(shape, kv_pool_->arena().options());
+    summaries = at::empty(shape, pools_.kv->arena().options());
     if (training) selections_.resize(NumChunks(seq) * L);
   }
   for (int64_t index = 0; index < NumChunks(seq); ++index) {

@@ -165,7 +165,6 @@ class ChunkTrainer {
 
   const Transformer* model_;
   KvPools pools_;
-  PagePool* kv_pool_;  // pools_.kv
   ChunkTrainerOptions options_;
   TrainerMemory memory_;
   ChunkTimes chunk_times_;

@@ -117,12 +117,7 @@ std::unique_ptr<Transformer> MakeModel(const Case& c, at::ScalarType dtype) {
   LoraOptions lora;
   lora.rank = 4;
   EXPECT_TRUE(model->AddLora(lora, 11).ok());
-  // PEFT starts B at zero, which would make every dA zero: randomise B for the check.
-  at::NoGradGuard no_grad;
-  at::Generator gen = at::detail::createCPUGenerator(13);
-  for (auto& [name, p] : model->TrainableParameters()) {
-    if (name.find("lora_B") != std::string::npos) p.copy_(at::normal(0, 0.2, p.sizes(), gen, at::kDouble));
-  }
+  testing::RandomizeLoraB(*model, 13);
   return model;
 }
 

@@ -17,6 +17,7 @@
 
 #include "tests/worker/train/tiny_model.h"
 #include "worker/kv/copy_engine.h"
+#include "worker/kv/kv_pools.h"
 #include "worker/kv/page_pool.h"
 #include "worker/train/chunk_trainer.h"
 
@@ -33,7 +34,6 @@ const PageShape kShape{2, 4, 8};  // kv_heads, page_tokens, head_dim
 struct Target {
   at::Device device;
   at::ScalarType dtype;
-  bool pinned() const { return device.is_cuda(); }
 };
 const Target kCpu{at::Device(at::kCPU), at::kDouble};
 const Target kCuda{at::Device(at::kCUDA, 0), at::kFloat};
@@ -84,29 +84,16 @@ TEST(HostPoolTest, SlabsArriveInTheBackgroundAndPagesAreZeroed) {
   EXPECT_EQ(s.bytes_per_page, page_bytes);
 }
 
-// One cache with every page on the device, one whose device pools hold only `device_pages`
-// pages and whose host pools hold the rest.
-struct Tiers {
-  std::unique_ptr<PagePool> kv, grad, kv_host, grad_host;
-  std::unique_ptr<CopyEngine> copies;
-  KvPools pools() const { return {kv.get(), grad.get(), kv_host.get(), grad_host.get(), copies.get()}; }
-};
-
-// `grad_dtype`: the gradient pages' storage (kUndefined: the target's dtype).
-Tiers MakeTiers(int64_t device_pages, int64_t host_pages, const Target& target = kCpu,
-                at::ScalarType grad_dtype = at::ScalarType::Undefined) {
-  Tiers t;
+// Pools whose device tier holds `device_pages` pages and whose host tier (slabs of 5 pages, so a
+// sequence spans several) holds `host_pages`; `grad_dtype`: the gradient pages' storage
+// (Undefined: the target's dtype).
+OwnedKvPools MakeTiers(int64_t device_pages, int64_t host_pages, const Target& target = kCpu,
+                       at::ScalarType grad_dtype = at::ScalarType::Undefined) {
   if (grad_dtype == at::ScalarType::Undefined) grad_dtype = target.dtype;
-  const auto options = at::TensorOptions().dtype(target.dtype).device(target.device);
-  t.kv = *PagePool::Create(PageKind::kKv, Tier::kDevice, kShape, options, device_pages);
-  t.grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, kShape, options.dtype(grad_dtype), device_pages);
-  if (host_pages > 0) {
-    const int64_t slab = 5 * kShape.elems() * 8;
-    t.kv_host = PagePool::CreateHost(PageKind::kKv, kShape, target.dtype, host_pages, target.pinned(), slab);
-    t.grad_host = PagePool::CreateHost(PageKind::kKvGrad, kShape, grad_dtype, host_pages, target.pinned(), slab);
-    t.copies = std::make_unique<CopyEngine>(target.device);
-  }
-  return t;
+  auto pools = MakeKvPools(kShape, target.dtype, grad_dtype, target.device, device_pages, host_pages,
+                           /*host_slab_bytes=*/5 * kShape.elems() * 8);
+  EXPECT_TRUE(pools.ok()) << pools.status();
+  return *std::move(pools);
 }
 
 // Every cache operation, through both caches, on the same inputs: chunks of 6 tokens over pages
@@ -116,8 +103,8 @@ Tiers MakeTiers(int64_t device_pages, int64_t host_pages, const Target& target =
 void CheckEveryCacheOperation(const Target& target) {
   const int64_t layers = 2, chunk = 6, chunks = 5, T = chunk * chunks;
   const int64_t pages = layers * (T / kShape.page_tokens + 1);
-  Tiers device_only = MakeTiers(pages, 0, target);
-  Tiers tiered = MakeTiers(5, pages, target);
+  OwnedKvPools device_only = MakeTiers(pages, 0, target);
+  OwnedKvPools tiered = MakeTiers(5, pages, target);
   SequenceKvCache a(device_only.pools(), layers), b(tiered.pools(), layers);
   for (int64_t i = 0; i < chunks; ++i) {
     for (int64_t l = 0; l < layers; ++l) {
@@ -237,11 +224,7 @@ std::unique_ptr<Transformer> LoraModel(at::ScalarType dtype = at::kDouble) {
   LoraOptions lora;
   lora.rank = 4;
   EXPECT_TRUE(model->AddLora(lora, 5).ok());
-  at::NoGradGuard no_grad;
-  at::Generator gen = at::detail::createCPUGenerator(13);
-  for (auto& [name, p] : model->TrainableParameters()) {
-    if (name.find("lora_B") != std::string::npos) p.copy_(at::normal(0, 0.2, p.sizes(), gen, at::kDouble));
-  }
+  testing::RandomizeLoraB(*model, 13);
   return model;
 }
 
@@ -264,13 +247,13 @@ TEST(HostTierTest, TrainingStepEqualsTheDeviceOnlyStep) {
     const int64_t pages = 2 * (70 / kShape.page_tokens + 2);
 
     auto model = LoraModel();
-    Tiers device_only = MakeTiers(pages, 0);
+    OwnedKvPools device_only = MakeTiers(pages, 0);
     ChunkTrainer reference(model.get(), device_only.pools(), options);
     auto want_loss = reference.TrainSequence(seq, scale, 1);
     ASSERT_TRUE(want_loss.ok()) << want_loss.status();
     const Grads want = TakeGrads(*model);
 
-    Tiers tiered = MakeTiers(6, pages);
+    OwnedKvPools tiered = MakeTiers(6, pages);
     ChunkTrainer trainer(model.get(), tiered.pools(), options);
     auto loss = trainer.TrainSequence(seq, scale, 1);
     ASSERT_TRUE(loss.ok()) << loss.status();
@@ -295,7 +278,7 @@ TEST(KvGradDtypeTest, Bfloat16PagesChangeTheGradientsByTheirRoundingOnly) {
   const int64_t pages = 2 * (70 / kShape.page_tokens + 2);
   const Target f32{at::Device(at::kCPU), at::kFloat};
   auto model = LoraModel(at::kFloat);
-  const auto train = [&](const Tiers& tiers) {
+  const auto train = [&](const OwnedKvPools& tiers) {
     ChunkTrainer trainer(model.get(), tiers.pools(), options);
     EXPECT_TRUE(trainer.TrainSequence(seq, scale, 1).ok());
     return TakeGrads(*model);

@@ -38,11 +38,7 @@ TrainRig MakeRig(bool full, int64_t page_tokens, int64_t tokens) {
     LoraOptions lora;
     lora.rank = 4;
     EXPECT_TRUE(s.model->AddLora(lora, 3).ok());
-    at::NoGradGuard no_grad;  // PEFT's zero B would make every dA zero: randomise it
-    at::Generator gen = at::detail::createCPUGenerator(9);
-    for (auto& [name, p] : s.model->TrainableParameters()) {
-      if (name.find("lora_B") != std::string::npos) p.copy_(at::normal(0, 0.2, p.sizes(), gen, at::kDouble));
-    }
+    testing::RandomizeLoraB(*s.model, 9);
   }
   const PageShape shape{c.num_kv_heads, page_tokens, c.head_dim};
   const int64_t pages = c.num_layers * ((tokens + page_tokens - 1) / page_tokens + 1);

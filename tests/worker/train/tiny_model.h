@@ -99,6 +99,16 @@ inline std::string FreshDir(const std::string& name) {
   return dir;
 }
 
+// PEFT starts LoRA's B at zero, which would make every dA zero: gradient checks draw B from
+// N(0, 0.2^2) (float64 draws from the seeded generator, converted to the parameters' dtype).
+inline void RandomizeLoraB(const Transformer& model, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (auto& [name, p] : model.TrainableParameters()) {
+    if (name.find("lora_B") != std::string::npos) p.copy_(at::normal(0, 0.2, p.sizes(), gen, at::kDouble));
+  }
+}
+
 // Parameter gradients by name, taken from the model's trainable parameters (and reset there).
 using Grads = std::map<std::string, at::Tensor>;
 
