@@ -147,7 +147,22 @@ struct Pools {
 struct BenchSpec {
   bool full = false;
   int64_t rank = 16, chunk = 4096, page = 128, sparse_budget = 0;
-  std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32";
+  std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
+  ChunkTrainerOptions TrainerOptions() const {
+    ChunkTrainerOptions o;
+    o.chunk_tokens = chunk;
+    o.gpu_attention_kernel =
+        attention_kernel == "flash" ? kernels::GpuAttentionKernel::kFlash : kernels::GpuAttentionKernel::kCudnn;
+    if (sparse_budget > 0) {
+      o.sparse = kernels::PageSelectOptions{
+          .page_tokens = page,
+          .page_budget = sparse_budget,
+          .sink_pages = 1,
+          .local_pages = 4,
+          .summary = selection == "min_max" ? kernels::PageSummary::kMinMax : kernels::PageSummary::kMeanKey};
+    }
+    return o;
+  }
   JobSpec At(int64_t T) const {
     JobSpec spec;
     spec.model.dtype = "bfloat16";
@@ -184,12 +199,9 @@ struct StepResult {
   TrainerMemory memory;
 };
 
-// One optimizer step on a sequence of T tokens (`sparse`: page-level sparse attention).
+// One optimizer step on a sequence of T tokens.
 absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, const Pools& pools, int64_t T,
-                                int64_t chunk, at::Device d, const std::optional<kernels::PageSelectOptions>& sparse) {
-  ChunkTrainerOptions o;
-  o.chunk_tokens = chunk;
-  o.sparse = sparse;
+                                const ChunkTrainerOptions& o, at::Device d) {
   ChunkTrainer trainer(&m, pools.pools(), o);
   const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 1);
   Sync(d);
@@ -207,8 +219,8 @@ std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, const Ben
   std::map<std::string, at::Tensor> g;
   auto pools = MakePools(m, T, b, d);
   if (!pools.ok()) return g;
-  ChunkTrainerOptions o;
-  o.chunk_tokens = b.chunk;
+  ChunkTrainerOptions o = b.TrainerOptions();
+  o.sparse.reset();  // dense: the float32 reference has no fused path
   ChunkTrainer trainer(&m, pools->pools(), o);
   const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 2);
   auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
@@ -230,7 +242,7 @@ int Main(int argc, char** argv) {
   int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0;
   bool full = false;
   int64_t sparse_budget = 0;
-  std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32";
+  std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
   app.add_option("--model", model, "qwen2.5-7b | qwen2.5-0.5b | tiny");
   app.add_option("--sparse-budget", sparse_budget, "page-level sparse attention with this page_budget (0: dense)");
   app.add_option("--selection", selection, "sparse page summaries: mean_key | min_max");
@@ -238,6 +250,9 @@ int Main(int argc, char** argv) {
                  "page placement, as memory.kv_offload: none (every page on the device) | auto (what fits on "
                  "the device, the rest in pinned host memory) | host (every page in pinned host memory)");
   app.add_option("--kv-grad-dtype", kv_grad_dtype, "KV-gradient page storage: float32 | bfloat16");
+  app.add_option("--attention-kernel", attention_kernel,
+                 "the dense GPU attention's fused kernel: cudnn (flash where cuDNN's does not apply) | flash")
+      ->check(CLI::IsMember({"cudnn", "flash"}));
   app.add_option("--lengths", lengths, "sequence lengths");
   app.add_option("--chunk", chunk);
   app.add_option("--page", page);
@@ -256,16 +271,10 @@ int Main(int argc, char** argv) {
                         .sparse_budget = sparse_budget,
                         .selection = selection,
                         .offload = offload,
-                        .kv_grad_dtype = kv_grad_dtype};
-  std::optional<kernels::PageSelectOptions> sparse;
-  if (sparse_budget > 0) {
-    sparse = kernels::PageSelectOptions{
-        .page_tokens = page,
-        .page_budget = sparse_budget,
-        .sink_pages = 1,
-        .local_pages = 4,
-        .summary = selection == "min_max" ? kernels::PageSummary::kMinMax : kernels::PageSummary::kMeanKey};
-  }
+                        .kv_grad_dtype = kv_grad_dtype,
+                        .attention_kernel = attention_kernel};
+  const ChunkTrainerOptions trainer_options = bench.TrainerOptions();
+  const bool sparse = trainer_options.sparse.has_value();
   const double peak_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
   std::cout << nlohmann::json{{"model", model},
                               {"method", full ? "full" : "lora"},
@@ -277,6 +286,7 @@ int Main(int argc, char** argv) {
                               {"page_budget", sparse_budget},
                               {"kv_offload", offload},
                               {"kv_grad_dtype", kv_grad_dtype},
+                              {"attention_kernel", attention_kernel},
                               {"selection", sparse ? selection : ""}}
                    .dump()
             << std::endl;
@@ -300,11 +310,11 @@ int Main(int argc, char** argv) {
         EmptyCache(d);
         auto pools = MakePools(*m, T, bench, d);
         if (!pools.ok()) throw std::runtime_error(std::string(pools.status().message()));
-        auto warm = Step(*m, opt, *pools, std::min<int64_t>(T, chunk), chunk, d, sparse);  // kernels, allocator
+        auto warm = Step(*m, opt, *pools, std::min<int64_t>(T, chunk), trainer_options, d);  // kernels, allocator
         if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
         r["host_pin_wait_s"] = pools->WaitForHost();  // pinning is not part of a step
         ResetPeak(d);
-        auto step = Step(*m, opt, *pools, T, chunk, d, sparse);
+        auto step = Step(*m, opt, *pools, T, trainer_options, d);
         if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
         const double* s = &step->seconds;
         // Sparse: the attention's model FLOPs are those of the query-key pairs attended.

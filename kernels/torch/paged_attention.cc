@@ -1,10 +1,12 @@
 #include "kernels/torch/paged_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -125,7 +127,7 @@ std::pair<at::Tensor, at::Tensor> SegmentKv(const Segment& s, PastKv* past, cons
 // The fused path on a GPU: bf16/fp16 inputs, one document for the whole chunk (all doc_start
 // equal), head_dim a multiple of 8 up to 256 (see the header). Returns the document's start, or
 // -1 when the path does not apply.
-int64_t FlashDocStart(const at::Tensor& q, const at::Tensor& doc_start_cpu) {
+int64_t FusedDocStart(const at::Tensor& q, const at::Tensor& doc_start_cpu) {
   if (!q.is_cuda() || (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)) return -1;
   if (q.size(2) % 8 != 0 || q.size(2) > 256) return -1;
   const int64_t* ds = doc_start_cpu.data_ptr<int64_t>();
@@ -133,9 +135,19 @@ int64_t FlashDocStart(const at::Tensor& q, const at::Tensor& doc_start_cpu) {
   return std::all_of(ds, ds + n, [&](int64_t x) { return x == ds[0]; }) ? ds[0] : -1;
 }
 
+// The kernel the fused path runs: cuDNN where asked for and supported (a Hopper or newer GPU,
+// head_dim up to 128), else flash.
+GpuAttentionKernel FusedKernel(const at::Tensor& q, GpuAttentionKernel asked) {
+  if (asked != GpuAttentionKernel::kCudnn || q.size(2) > 128 || !at::globalContext().userEnabledCuDNN()) {
+    return GpuAttentionKernel::kFlash;
+  }
+  return at::cuda::getDeviceProperties(q.get_device())->major >= 9 ? GpuAttentionKernel::kCudnn
+                                                                   : GpuAttentionKernel::kFlash;
+}
+
 // The fused path's key blocks: the past from the document's start s0 in blocks of
 // `key_block` tokens, then the chunk (the only causal block).
-std::vector<Segment> FlashBlocks(const Geometry& g, int64_t s0, int64_t key_block) {
+std::vector<Segment> FusedBlocks(const Geometry& g, int64_t s0, int64_t key_block) {
   std::vector<Segment> out;
   for (int64_t b = std::max<int64_t>(s0, 0); b < g.S; b += key_block) {
     out.push_back({b, std::min(g.S, b + key_block), true});
@@ -144,50 +156,94 @@ std::vector<Segment> FlashBlocks(const Geometry& g, int64_t s0, int64_t key_bloc
   return out;
 }
 
-// Keys and values of one block in the flash layout [1, keys, kv_heads, D]; prefetches the
-// next block's.
-std::pair<at::Tensor, at::Tensor> FlashBlockKv(const std::vector<Segment>& blocks, size_t i, PastKv* past,
+// Keys and values of one block, [kv_heads, keys, D] (the chunk's: a view of k, v); prefetches
+// the next block's.
+std::pair<at::Tensor, at::Tensor> FusedBlockKv(const std::vector<Segment>& blocks, size_t i, PastKv* past,
                                                const at::Tensor& k, const at::Tensor& v, bool backward) {
   if (i + 1 < blocks.size() && blocks[i + 1].past) past->Prefetch(blocks[i + 1].begin, blocks[i + 1].end, backward);
-  if (!blocks[i].past) return {k.unsqueeze(0), v.unsqueeze(0)};
-  auto [pk, pv] = past->Read(blocks[i].begin, blocks[i].end);  // [Hkv, n, D]
-  return {pk.to(k.scalar_type()).permute({1, 0, 2}).contiguous().unsqueeze(0),
-          pv.to(v.scalar_type()).permute({1, 0, 2}).contiguous().unsqueeze(0)};
+  if (!blocks[i].past) return {k.permute({1, 0, 2}), v.permute({1, 0, 2})};
+  auto [pk, pv] = past->Read(blocks[i].begin, blocks[i].end);
+  return {pk.to(k.scalar_type()), pv.to(v.scalar_type())};
+}
+
+// One fused kernel call over one key block. q4 is [1, C, Hq, D]; keys and values [Hkv, n, D].
+// The output is [1, C, Hq, D] in q's dtype, the log-sum-exp float32 [1, Hq, C]; `aux` holds
+// what the kernel's backward takes besides (flash: its RNG state; cuDNN: its philox seed and
+// offset), unused without dropout but required.
+struct FusedBlock {
+  at::Tensor out, lse;
+  std::array<at::Tensor, 2> aux;
+};
+
+FusedBlock FusedBlockForward(GpuAttentionKernel kernel, const Geometry& g, const at::Tensor& q4, const at::Tensor& keys,
+                             const at::Tensor& values, bool causal) {
+  if (kernel == GpuAttentionKernel::kCudnn) {
+    // cuDNN takes [B, H, S, D] views of any strides and gives its output in q's layout.
+    auto r = at::_scaled_dot_product_cudnn_attention(q4.transpose(1, 2), keys.unsqueeze(0), values.unsqueeze(0),
+                                                     std::nullopt, /*compute_log_sumexp=*/true, 0.0, causal,
+                                                     /*return_debug_mask=*/false, g.scale);
+    return {std::get<0>(r).transpose(1, 2), std::get<1>(r).reshape({1, g.Hq, g.C}), {std::get<6>(r), std::get<7>(r)}};
+  }
+  auto r = at::_flash_attention_forward(q4, keys.permute({1, 0, 2}).contiguous().unsqueeze(0),
+                                        values.permute({1, 0, 2}).contiguous().unsqueeze(0), std::nullopt, std::nullopt,
+                                        g.C, keys.size(1), 0.0, causal,
+                                        /*return_debug_mask=*/false, g.scale);
+  return {std::get<0>(r), std::get<1>(r), {std::get<2>(r), std::get<3>(r)}};
+}
+
+// The block's share of dq [1, C, Hq, D], and its dK, dV [Hkv, n, D], given the merged output
+// and log-sum-exp of all blocks.
+std::array<at::Tensor, 3> FusedBlockBackward(GpuAttentionKernel kernel, const Geometry& g, const at::Tensor& dout4,
+                                             const at::Tensor& q4, const at::Tensor& keys, const at::Tensor& values,
+                                             const at::Tensor& out, const at::Tensor& lse, bool causal,
+                                             const std::array<at::Tensor, 2>& aux) {
+  const int64_t n = keys.size(1);
+  if (kernel == GpuAttentionKernel::kCudnn) {
+    auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
+        dout4.transpose(1, 2), q4.transpose(1, 2), keys.unsqueeze(0), values.unsqueeze(0), out.transpose(1, 2),
+        lse.unsqueeze(-1), aux[0], aux[1], at::Tensor(), at::Tensor(), at::Tensor(), g.C, n, 0.0, causal, g.scale);
+    return {dq.transpose(1, 2), dk[0], dv[0]};
+  }
+  auto [dq, dk, dv] = at::_flash_attention_backward(
+      dout4, q4, keys.permute({1, 0, 2}).contiguous().unsqueeze(0), values.permute({1, 0, 2}).contiguous().unsqueeze(0),
+      out, lse, at::Tensor(), at::Tensor(), g.C, n, 0.0, causal, aux[0], aux[1], g.scale);
+  return {dq, dk[0].permute({1, 0, 2}), dv[0].permute({1, 0, 2})};
 }
 
 class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& doc_start, std::shared_ptr<PastKv> past, int64_t key_block) {
+                            const at::Tensor& doc_start, std::shared_ptr<PastKv> past, int64_t key_block,
+                            GpuAttentionKernel kernel) {
     const Geometry g = Check(q, k, v, doc_start, past.get(), key_block);
     const at::Tensor doc_cpu = doc_start.cpu().contiguous();
-    if (const int64_t s0 = FlashDocStart(q, doc_cpu); s0 >= 0) {
+    if (const int64_t s0 = FusedDocStart(q, doc_cpu); s0 >= 0) {
       // Blocks merged by log-sum-exp: out = sum_b exp(lse_b - lse) out_b, lse = logsumexp_b lse_b.
-      const std::vector<Segment> blocks = FlashBlocks(g, s0, key_block);
+      const GpuAttentionKernel fused = FusedKernel(q, kernel);
+      const std::vector<Segment> blocks = FusedBlocks(g, s0, key_block);
+      const at::Tensor q4 = q.unsqueeze(0);
       at::Tensor out, lse;  // float32 [1, C, Hq, D], [1, Hq, C]
-      at::Tensor rng, unused;
+      std::array<at::Tensor, 2> aux;
       for (size_t i = 0; i < blocks.size(); ++i) {
-        auto [keys, values] = FlashBlockKv(blocks, i, past.get(), k, v, /*backward=*/false);
-        auto [out_b, lse_b, rng_b, unused_b, mask] = at::_flash_attention_forward(
-            q.unsqueeze(0), keys, values, std::nullopt, std::nullopt, g.C, keys.size(1), 0.0,
-            /*is_causal=*/!blocks[i].past, /*return_debug_mask=*/false, g.scale);
-        rng = rng_b;
-        unused = unused_b;
+        auto [keys, values] = FusedBlockKv(blocks, i, past.get(), k, v, /*backward=*/false);
+        FusedBlock r = FusedBlockForward(fused, g, q4, keys, values, /*causal=*/!blocks[i].past);
+        aux = r.aux;
         if (!out.defined()) {
-          out = out_b.to(at::kFloat);
-          lse = lse_b;
+          out = r.out.to(at::kFloat);
+          lse = r.lse;
           continue;
         }
-        const at::Tensor merged = at::logaddexp(lse, lse_b);
+        const at::Tensor merged = at::logaddexp(lse, r.lse);
         const at::Tensor w = at::exp(lse - merged).transpose(1, 2).unsqueeze(-1);  // [1, C, Hq, 1]
-        const at::Tensor w_b = at::exp(lse_b - merged).transpose(1, 2).unsqueeze(-1);
-        out = out * w + out_b.to(at::kFloat) * w_b;
+        const at::Tensor w_b = at::exp(r.lse - merged).transpose(1, 2).unsqueeze(-1);
+        out = out * w + r.out.to(at::kFloat) * w_b;
         lse = merged;
       }
       out = out.to(q.scalar_type());
       if (past != nullptr) past->Finished(/*backward=*/false);
-      ctx->save_for_backward({q, k, v, doc_start, out, lse, rng, unused});
-      ctx->saved_data["flash_s0"] = s0;
+      ctx->save_for_backward({q, k, v, doc_start, out, lse, aux[0], aux[1]});
+      ctx->saved_data["fused_s0"] = s0;
+      ctx->saved_data["fused_kernel"] = static_cast<int64_t>(fused);
       ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
       return out.squeeze(0);
     }
@@ -230,7 +286,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     auto holder = c10::static_intrusive_pointer_cast<PastHolder>(ctx->saved_data["past"].toCapsule());
     PastKv* past = holder->past.get();
     const Geometry g = Check(q, k, v, doc_start, past, holder->key_block);
-    if (ctx->saved_data.count("flash_s0")) return FlashBackward(ctx, g, past, grad_outputs[0]);
+    if (ctx->saved_data.count("fused_s0")) return FusedBackward(ctx, g, past, grad_outputs[0]);
     const at::ScalarType ct = AttentionComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
@@ -267,45 +323,44 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     at::Tensor dq = g.FromGrouped(dqg).to(q.scalar_type());
     at::Tensor dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
     at::Tensor dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
  private:
-  static variable_list FlashBackward(AutogradContext* ctx, const Geometry& g, PastKv* past, const at::Tensor& dout) {
+  static variable_list FusedBackward(AutogradContext* ctx, const Geometry& g, PastKv* past, const at::Tensor& dout) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[4], &lse = saved[5], &rng = saved[6],
-                     &unused = saved[7];
-    const int64_t s0 = ctx->saved_data["flash_s0"].toInt();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[4], &lse = saved[5];
+    const std::array<at::Tensor, 2> aux = {saved[6], saved[7]};
+    const int64_t s0 = ctx->saved_data["fused_s0"].toInt();
+    const auto fused = static_cast<GpuAttentionKernel>(ctx->saved_data["fused_kernel"].toInt());
     const int64_t key_block =
         c10::static_intrusive_pointer_cast<PastHolder>(ctx->saved_data["past"].toCapsule())->key_block;
-    const std::vector<Segment> blocks = FlashBlocks(g, s0, key_block);
-    const at::Tensor dout4 = dout.unsqueeze(0).contiguous();
-    at::Tensor dq = at::zeros(q.unsqueeze(0).sizes(), q.options().dtype(at::kFloat));
+    const std::vector<Segment> blocks = FusedBlocks(g, s0, key_block);
+    const at::Tensor dout4 = dout.unsqueeze(0).contiguous(), q4 = q.unsqueeze(0);
+    at::Tensor dq = at::zeros(q4.sizes(), q.options().dtype(at::kFloat));
     at::Tensor dk, dv;
     for (size_t i = 0; i < blocks.size(); ++i) {
-      auto [keys, values] = FlashBlockKv(blocks, i, past, k, v, /*backward=*/true);
-      auto [dq_b, dkeys, dvalues] = at::_flash_attention_backward(dout4, q.unsqueeze(0), keys, values, out, lse,
-                                                                  at::Tensor(), at::Tensor(), g.C, keys.size(1), 0.0,
-                                                                  /*is_causal=*/!blocks[i].past, rng, unused, g.scale);
+      auto [keys, values] = FusedBlockKv(blocks, i, past, k, v, /*backward=*/true);
+      auto [dq_b, dkeys, dvalues] =
+          FusedBlockBackward(fused, g, dout4, q4, keys, values, out, lse, /*causal=*/!blocks[i].past, aux);
       dq.add_(dq_b);
       if (blocks[i].past) {
-        past->AccumulateGrad(blocks[i].begin, dkeys[0].permute({1, 0, 2}).to(at::kFloat).contiguous(),
-                             dvalues[0].permute({1, 0, 2}).to(at::kFloat).contiguous());
+        past->AccumulateGrad(blocks[i].begin, dkeys.to(at::kFloat).contiguous(), dvalues.to(at::kFloat).contiguous());
       } else {
-        dk = dkeys[0];
-        dv = dvalues[0];
+        dk = dkeys.permute({1, 0, 2}).contiguous();
+        dv = dvalues.permute({1, 0, 2}).contiguous();
       }
     }
     if (past != nullptr) past->Finished(/*backward=*/true);
-    return {dq.squeeze(0).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq.squeeze(0).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
-                          std::shared_ptr<PastKv> past, int64_t key_block_tokens) {
-  return PagedAttentionFn::apply(q, k, v, doc_start, std::move(past), key_block_tokens);
+                          std::shared_ptr<PastKv> past, int64_t key_block_tokens, GpuAttentionKernel kernel) {
+  return PagedAttentionFn::apply(q, k, v, doc_start, std::move(past), key_block_tokens, kernel);
 }
 
 at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -54,10 +54,22 @@ TEST_F(KernelsGpuTest, PagedAttentionFloat32) {
   EXPECT_LE(e.max(), 1e-4) << "out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past;
 }
 
+// The fused path with each kernel: four past blocks of 1024 merged by log-sum-exp, then the
+// chunk; and a chunk whose document starts inside the past (blocks from token 1000 on, the
+// keys before it masked by leaving them out).
 TEST_F(KernelsGpuTest, PagedAttentionBfloat16) {
-  const auto e = testing::CheckPagedAttention(at::kCUDA, at::kBFloat16, 4096, 1024, 28, 4, 128, {0}, 1024, 7);
-  // bf16 operands: the output and gradients land between 1e-3 and 1e-2 of float64.
-  EXPECT_LE(e.max(), 2e-2) << "out " << e.out << " dq " << e.dq << " dk " << e.dk << " dk_past " << e.dk_past;
+  for (const auto kernel : {kernels::GpuAttentionKernel::kCudnn, kernels::GpuAttentionKernel::kFlash}) {
+    for (const std::vector<int64_t>& docs : {std::vector<int64_t>{0}, std::vector<int64_t>{0, 1000}}) {
+      const auto e =
+          testing::CheckPagedAttention(at::kCUDA, at::kBFloat16, 4096, 1024, 28, 4, 128, docs, 1024, 7, kernel);
+      // bf16 operands: the output and gradients land between 1e-3 and 1e-2 of float64.
+      EXPECT_LE(e.max(), 2e-2) << (kernel == kernels::GpuAttentionKernel::kCudnn ? "cudnn" : "flash") << " docs "
+                               << docs.size() << ": out " << e.out << " dq " << e.dq << " dk " << e.dk << " dk_past "
+                               << e.dk_past;
+      std::cout << (kernel == kernels::GpuAttentionKernel::kCudnn ? "cudnn" : "flash") << " docs " << docs.size()
+                << ": max relative error " << e.max() << "\n";
+    }
+  }
 }
 
 // Sparse attention on CUDA against float64 attention masked to the same selection (made on the

@@ -49,11 +49,12 @@ inline double RelErr(const at::Tensor& got, const at::Tensor& want) {
 
 // Chunk of C queries at start S (past of S tokens), Hq query heads over Hkv KV heads, head dim
 // D; documents start at the given global indices. Inputs are drawn in float64 on the CPU (never
-// zeros), the paged function runs in `dtype` on `device`; both are compared to the dense
-// float64 reference over the whole S + C sequence.
+// zeros), the paged function runs in `dtype` on `device` (its fused GPU path with `kernel`);
+// both are compared to the dense float64 reference over the whole S + C sequence.
 inline AttentionErrors CheckPagedAttention(at::Device device, at::ScalarType dtype, int64_t S, int64_t C, int64_t Hq,
                                            int64_t Hkv, int64_t D, std::vector<int64_t> doc_starts, int64_t key_block,
-                                           uint64_t seed) {
+                                           uint64_t seed,
+                                           kernels::GpuAttentionKernel kernel = kernels::GpuAttentionKernel::kCudnn) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const int64_t T = S + C;
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
@@ -74,7 +75,7 @@ inline AttentionErrors CheckPagedAttention(at::Device device, at::ScalarType dty
   const at::Tensor ck = k.slice(0, S).to(device, dtype).requires_grad_(true);
   const at::Tensor cv = v.slice(0, S).to(device, dtype).requires_grad_(true);
   const at::Tensor out =
-      kernels::PagedAttention(cq, ck, cv, doc_start.slice(0, S).to(device), S > 0 ? past : nullptr, key_block);
+      kernels::PagedAttention(cq, ck, cv, doc_start.slice(0, S).to(device), S > 0 ? past : nullptr, key_block, kernel);
   (out * dout.slice(0, S).to(device, dtype)).sum().backward();
 
   AttentionErrors e;

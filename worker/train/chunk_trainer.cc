@@ -272,7 +272,8 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, boo
       }
       std::shared_ptr<kernels::PastKv> past;
       if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin, KeyBlock());
-      at::Tensor out = kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock());
+      at::Tensor out =
+          kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock(), options_.gpu_attention_kernel);
       if (append_status.ok()) append_status = cache.Append(layer, k, v);
       return out;
     };
@@ -337,7 +338,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
         }
         std::shared_ptr<kernels::PastKv> past;
         if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin, KeyBlock());
-        return kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock());
+        return kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock(), options_.gpu_attention_kernel);
       };
       const at::Tensor hidden = model_->Hidden(c.input, attention);
       const at::Tensor chunk_loss =

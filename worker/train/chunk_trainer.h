@@ -52,6 +52,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/torch/page_select.h"
+#include "kernels/torch/paged_attention.h"
 #include "worker/data/sequence.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
@@ -65,6 +66,7 @@ struct ChunkTrainerOptions {
   // The same on a GPU: the fused path's key blocks (kernels/torch/paged_attention.h), which
   // bound the attention's memory whatever the context's length.
   int64_t gpu_attention_key_block = 65536;
+  kernels::GpuAttentionKernel gpu_attention_kernel = kernels::GpuAttentionKernel::kCudnn;
   double chunk_fraction = 1.0;  // SpaCO's p, in (0, 1] (see above)
   // Sparse attention (see above); unset: dense. page_tokens is the pools' (ignored here), and
   // chunk_tokens must be a multiple of it.
