@@ -247,8 +247,9 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
   return out;
 }
 
-absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
-                                                   SequenceKvCache& cache, ChunkClock* clock) {
+absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int64_t chunks, bool with_loss,
+                                                   bool training, uint64_t dropout_seed, SequenceKvCache& cache,
+                                                   ChunkClock* clock) {
   SequenceLoss loss;
   at::NoGradGuard no_grad;
   const int64_t L = model_->config().num_layers;
@@ -263,7 +264,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, boo
     summaries = at::empty(shape, pools_.kv->arena().options());
     if (training) selections_.resize(NumChunks(seq) * L);
   }
-  for (int64_t index = 0; index < NumChunks(seq); ++index) {
+  for (int64_t index = 0; index < chunks; ++index) {
     const Chunk c = MakeChunk(seq, index, training, dropout_seed);
     absl::Status append_status;
     const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -279,9 +280,12 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, boo
     };
     const at::Tensor hidden = model_->Hidden(c.input, attention);
     if (!append_status.ok()) return append_status;
-    loss.loss_sum += kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block)
-                         .item<double>();
-    loss.label_tokens += c.labels.ne(kernels::kIgnoreIndex).sum().item<int64_t>();
+    if (with_loss) {
+      loss.loss_sum +=
+          kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block)
+              .item<double>();
+      loss.label_tokens += c.labels.ne(kernels::kIgnoreIndex).sum().item<int64_t>();
+    }
     if (clock != nullptr) clock->Lap(&chunk_times_.forward);
     if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
   }
@@ -292,7 +296,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq
   SequenceLoss loss;
   const absl::Status s = Guarded("evaluation", [&]() -> absl::Status {
     SequenceKvCache cache(pools_, model_->config().num_layers);
-    auto r = Forward(seq, /*training=*/false, 0, cache, nullptr);
+    auto r = Forward(seq, NumChunks(seq), /*with_loss=*/true, /*training=*/false, 0, cache, nullptr);
     if (!r.ok()) return r.status();
     loss = *r;
     return absl::OkStatus();
@@ -315,12 +319,17 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
   const absl::Status s = Guarded("training step", [&]() -> absl::Status {
     ChunkClock clock(model_->device());
     SequenceKvCache cache(pools_, model_->config().num_layers);
-    auto forward = Forward(seq, /*training=*/true, dropout_seed, cache, &clock);
-    if (!forward.ok()) return forward.status();
-    loss = *forward;
-    const int64_t L = model_->config().num_layers;
     const int64_t last = NumChunks(seq) - 1;
     const double p = options_.chunk_fraction;
+    // Exact dense training: stage 2 gives every chunk's loss, and chunk N-1's KV is never read
+    // (see the header).
+    const bool trimmed = !options_.sparse.has_value() && p == 1.0;
+    auto forward =
+        Forward(seq, trimmed ? last : last + 1, /*with_loss=*/!trimmed, /*training=*/true, dropout_seed, cache, &clock);
+    if (!forward.ok()) return forward.status();
+    loss = *forward;
+    at::Tensor stage2_loss_sum, stage2_label_tokens;  // trimmed: summed on the device, read once
+    const int64_t L = model_->config().num_layers;
     for (int64_t index = last; index >= 0; --index) {
       if (!KeepChunk(index, dropout_seed)) {  // SpaCO: this chunk and what it would pass on are dropped
         cache.ReleaseFrom(index * options_.chunk_tokens);
@@ -343,6 +352,11 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
       const at::Tensor hidden = model_->Hidden(c.input, attention);
       const at::Tensor chunk_loss =
           kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block);
+      if (trimmed) {
+        const at::Tensor labelled = c.labels.ne(kernels::kIgnoreIndex).sum();
+        stage2_loss_sum = index == last ? chunk_loss.detach().to(at::kDouble) : stage2_loss_sum + chunk_loss.detach();
+        stage2_label_tokens = index == last ? labelled : stage2_label_tokens + labelled;
+      }
       std::vector<at::Tensor> outputs = {chunk_loss * loss_scale};
       // 1/p: SpaCO's weight of a kept chunk (1 for the exact trainer).
       std::vector<at::Tensor> grads = {at::full({}, 1.0 / p, chunk_loss.options())};
@@ -368,6 +382,10 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
       if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
     }
     clock.Finish();
+    if (trimmed) {
+      loss.loss_sum = stage2_loss_sum.item<double>();
+      loss.label_tokens = stage2_label_tokens.item<int64_t>();
+    }
     return absl::OkStatus();
   });
   memory_.activation_peak_bytes = tracker->peak();

@@ -38,6 +38,10 @@
 // kIgnoreIndex. The data pipeline shifts over the whole sequence before chunking, so the last
 // token of chunk i predicts the first token of chunk i+1.
 //
+// Exact dense training (no sparse attention, chunk_fraction 1) trims stage 1 to what stage 2
+// reads: stage 2 recomputes every chunk with its loss, so stage 1 runs chunks 0..N-2 only (no
+// later chunk reads chunk N-1's KV) and skips the LM head; the losses are those of stage 2.
+//
 // Thread-safety: one trainer per training thread.
 #ifndef OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
 #define OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
@@ -158,9 +162,10 @@ class ChunkTrainer {
   at::Tensor SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& v, SequenceKvCache& cache, at::Tensor* summaries, bool training,
                              absl::Status* append_status);
-  // `clock`, when set, takes a lap after every chunk.
-  absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, bool training, uint64_t dropout_seed,
-                                       SequenceKvCache& cache, ChunkClock* clock);
+  // Stage 1 over chunks [0, chunks); the loss only `with_loss` (else zero). `clock`, when set,
+  // takes a lap after every chunk.
+  absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
+                                       uint64_t dropout_seed, SequenceKvCache& cache, ChunkClock* clock);
 
   // The attention's key block on the model's device.
   int64_t KeyBlock() const;

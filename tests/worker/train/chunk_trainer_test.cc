@@ -158,6 +158,11 @@ TEST_P(ChunkTrainerExactnessTest, ChunkedGradientsEqualFullSequenceGradients) {
       auto loss = trainer.TrainSequence(seq, scale, 0);
       ASSERT_TRUE(loss.ok()) << loss.status();
       EXPECT_EQ(loss->label_tokens, seq.label_tokens());
+      // Training takes the losses from stage 2 (the trimmed stage 1 has no LM head): they are
+      // the evaluation's.
+      auto eval = trainer.EvalSequence(seq);
+      ASSERT_TRUE(eval.ok()) << eval.status();
+      EXPECT_NEAR(loss->loss_sum, eval->loss_sum, (c.dtype == at::kDouble ? 1e-10 : 1e-5) * std::abs(eval->loss_sum));
       std::string worst;
       const double err = MaxRelativeError(TakeGrads(*model), want, &worst);
       EXPECT_LE(err, tolerance) << "chunk " << chunk << " page " << page << ": worst " << worst;
