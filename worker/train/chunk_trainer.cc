@@ -247,6 +247,13 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
   return out;
 }
 
+at::Tensor ChunkTrainer::DenseAttention(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, SequenceKvCache& cache) const {
+  std::shared_ptr<kernels::PastKv> past;
+  if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin, KeyBlock());
+  return kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock(), options_.gpu_attention_kernel);
+}
+
 absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int64_t chunks, bool with_loss,
                                                    bool training, uint64_t dropout_seed, SequenceKvCache& cache,
                                                    ChunkClock* clock) {
@@ -271,10 +278,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int
       if (summaries.defined()) {
         return SparseAttention(c, index, layer, q, k, v, cache, &summaries, training, &append_status);
       }
-      std::shared_ptr<kernels::PastKv> past;
-      if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin, KeyBlock());
-      at::Tensor out =
-          kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock(), options_.gpu_attention_kernel);
+      at::Tensor out = DenseAttention(c, layer, q, k, v, cache);
       if (append_status.ok()) append_status = cache.Append(layer, k, v);
       return out;
     };
@@ -328,7 +332,10 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
         Forward(seq, trimmed ? last : last + 1, /*with_loss=*/!trimmed, /*training=*/true, dropout_seed, cache, &clock);
     if (!forward.ok()) return forward.status();
     loss = *forward;
-    at::Tensor stage2_loss_sum, stage2_label_tokens;  // trimmed: summed on the device, read once
+    // Trimmed: stage 2's losses, summed on the device and read once.
+    const at::Device device = model_->device();
+    at::Tensor stage2_loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+    at::Tensor stage2_label_tokens = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
     const int64_t L = model_->config().num_layers;
     for (int64_t index = last; index >= 0; --index) {
       if (!KeepChunk(index, dropout_seed)) {  // SpaCO: this chunk and what it would pass on are dropped
@@ -345,17 +352,14 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
         if (options_.sparse.has_value()) {
           return SparseAttention(c, index, layer, q, k, v, cache, nullptr, /*training=*/true, nullptr);
         }
-        std::shared_ptr<kernels::PastKv> past;
-        if (c.begin > 0) past = std::make_shared<LayerPast>(&cache, layer, c.begin, KeyBlock());
-        return kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock(), options_.gpu_attention_kernel);
+        return DenseAttention(c, layer, q, k, v, cache);
       };
       const at::Tensor hidden = model_->Hidden(c.input, attention);
       const at::Tensor chunk_loss =
           kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block);
       if (trimmed) {
-        const at::Tensor labelled = c.labels.ne(kernels::kIgnoreIndex).sum();
-        stage2_loss_sum = index == last ? chunk_loss.detach().to(at::kDouble) : stage2_loss_sum + chunk_loss.detach();
-        stage2_label_tokens = index == last ? labelled : stage2_label_tokens + labelled;
+        stage2_loss_sum.add_(chunk_loss.detach());
+        stage2_label_tokens.add_(c.labels.ne(kernels::kIgnoreIndex).sum());
       }
       std::vector<at::Tensor> outputs = {chunk_loss * loss_scale};
       // 1/p: SpaCO's weight of a kept chunk (1 for the exact trainer).

@@ -162,6 +162,10 @@ class ChunkTrainer {
   at::Tensor SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& v, SequenceKvCache& cache, at::Tensor* summaries, bool training,
                              absl::Status* append_status);
+  // Dense attention of chunk `c` at `layer` over its past in `cache` (the fused GPU kernel
+  // options_ name).
+  at::Tensor DenseAttention(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, SequenceKvCache& cache) const;
   // Stage 1 over chunks [0, chunks); the loss only `with_loss` (else zero). `clock`, when set,
   // takes a lap after every chunk.
   absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
