@@ -25,10 +25,12 @@
 // pages on each tier, the pinned host bytes, the bytes the copy engine moved each way in the
 // step, the planner's host peak and its longest context, and how long the step waited for the
 // host slabs to be pinned after the warm-up (not part of the step).
+// --attention-kernel cudnn | flash: the dense GPU attention's fused kernel
+// (kernels/torch/paged_attention.h, GpuAttentionKernel).
 //
 // Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
 //                    [--full] [--grad-check 65536] [--sparse-budget 64] [--kv-offload auto]
-//                    [--device cuda]
+//                    [--attention-kernel cudnn] [--device cuda]
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 #include <CLI/CLI.hpp>
