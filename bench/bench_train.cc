@@ -25,8 +25,8 @@
 // pages on each tier, the pinned host bytes, the bytes the copy engine moved each way in the
 // step, the planner's host peak and its longest context, and how long the step waited for the
 // host slabs to be pinned after the warm-up (not part of the step).
-// --attention-kernel cudnn | flash: the dense GPU attention's fused kernel
-// (kernels/torch/paged_attention.h, GpuAttentionKernel).
+// --attention-kernel cudnn | flash: the GPU attention's fused kernel, dense and sparse
+// (kernels/torch/fused_attention.h, GpuAttentionKernel).
 //
 // Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
 //                    [--full] [--grad-check 65536] [--sparse-budget 64] [--kv-offload auto]
@@ -253,7 +253,7 @@ int Main(int argc, char** argv) {
                  "the device, the rest in pinned host memory) | host (every page in pinned host memory)");
   app.add_option("--kv-grad-dtype", kv_grad_dtype, "KV-gradient page storage: float32 | bfloat16");
   app.add_option("--attention-kernel", attention_kernel,
-                 "the dense GPU attention's fused kernel: cudnn (flash where cuDNN's does not apply) | flash")
+                 "the GPU attention's fused kernel: cudnn (flash where cuDNN's does not apply) | flash")
       ->check(CLI::IsMember({"cudnn", "flash"}));
   app.add_option("--lengths", lengths, "sequence lengths");
   app.add_option("--chunk", chunk);

@@ -1,7 +1,6 @@
 #include "kernels/torch/paged_attention.h"
 
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -11,6 +10,7 @@
 #include <limits>
 
 #include "kernels/torch/attention_inputs.h"
+#include "kernels/torch/fused_attention.h"
 
 namespace oomb::kernels {
 namespace {
@@ -135,16 +135,6 @@ int64_t FusedDocStart(const at::Tensor& q, const at::Tensor& doc_start_cpu) {
   return std::all_of(ds, ds + n, [&](int64_t x) { return x == ds[0]; }) ? ds[0] : -1;
 }
 
-// The kernel the fused path runs: cuDNN where asked for and supported (a Hopper or newer GPU,
-// head_dim up to 128), else flash.
-GpuAttentionKernel FusedKernel(const at::Tensor& q, GpuAttentionKernel asked) {
-  if (asked != GpuAttentionKernel::kCudnn || q.size(2) > 128 || !at::globalContext().userEnabledCuDNN()) {
-    return GpuAttentionKernel::kFlash;
-  }
-  return at::cuda::getDeviceProperties(q.get_device())->major >= 9 ? GpuAttentionKernel::kCudnn
-                                                                   : GpuAttentionKernel::kFlash;
-}
-
 // The fused path's key blocks: the past from the document's start s0 in blocks of
 // `key_block` tokens, then the chunk (the only causal block).
 std::vector<Segment> FusedBlocks(const Geometry& g, int64_t s0, int64_t key_block) {
@@ -166,50 +156,6 @@ std::pair<at::Tensor, at::Tensor> FusedBlockKv(const std::vector<Segment>& block
   return {pk.to(k.scalar_type()), pv.to(v.scalar_type())};
 }
 
-// One fused kernel call over one key block. q4 is [1, C, Hq, D]; keys and values [Hkv, n, D].
-// The output is [1, C, Hq, D] in q's dtype, the log-sum-exp float32 [1, Hq, C]; `aux` holds
-// what the kernel's backward takes besides (flash: its RNG state; cuDNN: its philox seed and
-// offset), unused without dropout but required.
-struct FusedBlock {
-  at::Tensor out, lse;
-  std::array<at::Tensor, 2> aux;
-};
-
-FusedBlock FusedBlockForward(GpuAttentionKernel kernel, const Geometry& g, const at::Tensor& q4, const at::Tensor& keys,
-                             const at::Tensor& values, bool causal) {
-  if (kernel == GpuAttentionKernel::kCudnn) {
-    // cuDNN takes [B, H, S, D] views of any strides and gives its output in q's layout.
-    auto r = at::_scaled_dot_product_cudnn_attention(q4.transpose(1, 2), keys.unsqueeze(0), values.unsqueeze(0),
-                                                     std::nullopt, /*compute_log_sumexp=*/true, 0.0, causal,
-                                                     /*return_debug_mask=*/false, g.scale);
-    return {std::get<0>(r).transpose(1, 2), std::get<1>(r).reshape({1, g.Hq, g.C}), {std::get<6>(r), std::get<7>(r)}};
-  }
-  auto r = at::_flash_attention_forward(q4, keys.permute({1, 0, 2}).contiguous().unsqueeze(0),
-                                        values.permute({1, 0, 2}).contiguous().unsqueeze(0), std::nullopt, std::nullopt,
-                                        g.C, keys.size(1), 0.0, causal,
-                                        /*return_debug_mask=*/false, g.scale);
-  return {std::get<0>(r), std::get<1>(r), {std::get<2>(r), std::get<3>(r)}};
-}
-
-// The block's share of dq [1, C, Hq, D], and its dK, dV [Hkv, n, D], given the merged output
-// and log-sum-exp of all blocks.
-std::array<at::Tensor, 3> FusedBlockBackward(GpuAttentionKernel kernel, const Geometry& g, const at::Tensor& dout4,
-                                             const at::Tensor& q4, const at::Tensor& keys, const at::Tensor& values,
-                                             const at::Tensor& out, const at::Tensor& lse, bool causal,
-                                             const std::array<at::Tensor, 2>& aux) {
-  const int64_t n = keys.size(1);
-  if (kernel == GpuAttentionKernel::kCudnn) {
-    auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
-        dout4.transpose(1, 2), q4.transpose(1, 2), keys.unsqueeze(0), values.unsqueeze(0), out.transpose(1, 2),
-        lse.unsqueeze(-1), aux[0], aux[1], at::Tensor(), at::Tensor(), at::Tensor(), g.C, n, 0.0, causal, g.scale);
-    return {dq.transpose(1, 2), dk[0], dv[0]};
-  }
-  auto [dq, dk, dv] = at::_flash_attention_backward(
-      dout4, q4, keys.permute({1, 0, 2}).contiguous().unsqueeze(0), values.permute({1, 0, 2}).contiguous().unsqueeze(0),
-      out, lse, at::Tensor(), at::Tensor(), g.C, n, 0.0, causal, aux[0], aux[1], g.scale);
-  return {dq, dk[0].permute({1, 0, 2}), dv[0].permute({1, 0, 2})};
-}
-
 class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -226,18 +172,10 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       std::array<at::Tensor, 2> aux;
       for (size_t i = 0; i < blocks.size(); ++i) {
         auto [keys, values] = FusedBlockKv(blocks, i, past.get(), k, v, /*backward=*/false);
-        FusedBlock r = FusedBlockForward(fused, g, q4, keys, values, /*causal=*/!blocks[i].past);
+        FusedBlock r =
+            FusedBlockForward(fused, q4, keys.unsqueeze(0), values.unsqueeze(0), /*causal=*/!blocks[i].past, g.scale);
         aux = r.aux;
-        if (!out.defined()) {
-          out = r.out.to(at::kFloat);
-          lse = r.lse;
-          continue;
-        }
-        const at::Tensor merged = at::logaddexp(lse, r.lse);
-        const at::Tensor w = at::exp(lse - merged).transpose(1, 2).unsqueeze(-1);  // [1, C, Hq, 1]
-        const at::Tensor w_b = at::exp(r.lse - merged).transpose(1, 2).unsqueeze(-1);
-        out = out * w + r.out.to(at::kFloat) * w_b;
-        lse = merged;
+        MergeFusedBlock(&out, &lse, r.out, r.lse);
       }
       out = out.to(q.scalar_type());
       if (past != nullptr) past->Finished(/*backward=*/false);
@@ -341,14 +279,15 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     at::Tensor dk, dv;
     for (size_t i = 0; i < blocks.size(); ++i) {
       auto [keys, values] = FusedBlockKv(blocks, i, past, k, v, /*backward=*/true);
-      auto [dq_b, dkeys, dvalues] =
-          FusedBlockBackward(fused, g, dout4, q4, keys, values, out, lse, /*causal=*/!blocks[i].past, aux);
+      auto [dq_b, dkeys, dvalues] = FusedBlockBackward(fused, dout4, q4, keys.unsqueeze(0), values.unsqueeze(0), out,
+                                                       lse, /*causal=*/!blocks[i].past, aux, g.scale);
       dq.add_(dq_b);
       if (blocks[i].past) {
-        past->AccumulateGrad(blocks[i].begin, dkeys.to(at::kFloat).contiguous(), dvalues.to(at::kFloat).contiguous());
+        past->AccumulateGrad(blocks[i].begin, dkeys[0].to(at::kFloat).contiguous(),
+                             dvalues[0].to(at::kFloat).contiguous());
       } else {
-        dk = dkeys.permute({1, 0, 2}).contiguous();
-        dv = dvalues.permute({1, 0, 2}).contiguous();
+        dk = dkeys[0].permute({1, 0, 2}).contiguous();
+        dv = dvalues[0].permute({1, 0, 2}).contiguous();
       }
     }
     if (past != nullptr) past->Finished(/*backward=*/true);

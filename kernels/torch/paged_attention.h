@@ -32,6 +32,8 @@
 #include <memory>
 #include <utility>
 
+#include "kernels/torch/fused_attention.h"
+
 namespace oomb::kernels {
 
 // The past of one layer of one sequence, as the attention sees it. Implemented by the KV
@@ -55,22 +57,15 @@ class PastKv {
   virtual void Finished(bool backward) {}
 };
 
-// The kernel of the fused GPU path. cuDNN's (9.x) fused attention runs Hopper-specific
-// kernels: on the H100 at 128K context about 1.7x the rate of LibTorch's flash attention in
-// both directions (bench/results/2026-11-22-h100-attention-kernels). kCudnn falls back to
-// flash where cuDNN's path does not apply (before Hopper, head_dim over 128, cuDNN disabled).
-enum class GpuAttentionKernel { kCudnn, kFlash };
-
 // Differentiable in q, k and v. `past` may be null when the chunk has no past (S == 0).
 // Raises c10::Error (TORCH_CHECK) for shape, dtype or device mismatches, naming the argument.
 // `key_block_tokens` sets how many past tokens are read at once (the blockwise CPU path: at
 // least 16384 on a GPU).
 //
 // The fused GPU path (bf16/fp16, one document per chunk, head_dim % 8 == 0 and <= 256) runs
-// the fused kernel (`kernel`, above) once per key block of the past (non-causal: every query sees every
-// past key) and once over the chunk (causal), and merges the blocks' outputs by their
-// log-sum-exp; its backward runs the kernel's backward per block against the merged output and
-// log-sum-exp, which gives each block's exact share of dq and its dK/dV. The next block is
+// the fused kernel (`kernel`, fused_attention.h) once per key block of the past (non-causal:
+// every query sees every past key) and once over the chunk (causal), and merges the blocks by
+// log-sum-exp, forward and backward as fused_attention.h describes. The next block is
 // prefetched (PastKv::Prefetch) before the current one computes. Memory: one block, whatever
 // the past's length.
 //

@@ -5,11 +5,13 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "kernels/torch/attention_inputs.h"
+#include "kernels/torch/fused_attention.h"
 
 namespace oomb::kernels {
 namespace {
@@ -112,83 +114,66 @@ at::Tensor TileKeys(const Geometry& g, int64_t t, const at::Tensor& paged, const
   return at::cat({paged[t], chunk.slice(1, 0, g.End(t))}, 1);
 }
 
-// ---- Fused (flash attention, variable-length batch of (tile, KV head) sequences) -----------
+// ---- Fused (the kernels of fused_attention.h) -----------------------------------------------
+//
+// Two key blocks merged by log-sum-exp: the past, as a batch of the n_tiles query tiles
+// [P, Hq, D], each against its own selected pages [Hkv, n_sel * P, D] (every query of a tile
+// sees every selected key), and the chunk, its queries against its own keys (causal).
 
-struct Packed {
-  at::Tensor q;     // [sum_t Hkv * B_t, G, D]
-  at::Tensor k, v;  // [sum_t Hkv * (n_sel * P + End(t)), 1, D]
-  at::Tensor cu_q;  // [n_tiles * Hkv + 1] int32
-  at::Tensor cu_k;
-  int64_t max_q = 0, max_k = 0;
-};
-
-// [C, Hq, D] -> [sum_t Hkv * B_t, G, D]: tile by tile, KV head by KV head.
-at::Tensor PackQueries(const Geometry& g, const at::Tensor& x) {
-  std::vector<at::Tensor> parts;
-  const at::Tensor x4 = x.reshape({g.C, g.Hkv, g.G, g.D});
-  for (int64_t t = 0; t < g.n_tiles; ++t) {
-    parts.push_back(x4.slice(0, g.Begin(t), g.End(t)).permute({1, 0, 2, 3}).reshape({-1, g.G, g.D}));
-  }
-  return at::cat(parts, 0);
+// [C, ...] -> [n_tiles, P, ...], the rows past C zero (they add nothing to dK / dV: their
+// dout is zero too).
+at::Tensor ToTiles(const Geometry& g, const at::Tensor& x) {
+  std::vector<int64_t> tiled = x.sizes().vec();
+  tiled[0] = g.P;
+  tiled.insert(tiled.begin(), g.n_tiles);
+  if (g.n_tiles * g.P == g.C) return x.reshape(tiled);
+  std::vector<int64_t> padded = x.sizes().vec();
+  padded[0] = g.n_tiles * g.P;
+  at::Tensor y = at::zeros(padded, x.options());
+  y.slice(0, 0, g.C).copy_(x);
+  return y.view(tiled);
 }
 
-// The inverse of PackQueries.
-at::Tensor UnpackQueries(const Geometry& g, const at::Tensor& packed) {
-  std::vector<at::Tensor> parts;
-  int64_t offset = 0;
-  for (int64_t t = 0; t < g.n_tiles; ++t) {
-    const int64_t B = g.End(t) - g.Begin(t);
-    parts.push_back(packed.slice(0, offset, offset + g.Hkv * B)
-                        .view({g.Hkv, B, g.G, g.D})
-                        .permute({1, 0, 2, 3})
-                        .reshape({B, g.Hq, g.D}));
-    offset += g.Hkv * B;
-  }
-  return at::cat(parts, 0);
+// [n_tiles, P, ...] -> [C, ...]
+at::Tensor FromTiles(const Geometry& g, const at::Tensor& x) { return x.flatten(0, 1).slice(0, 0, g.C); }
+
+// The chunk's log-sum-exp [1, Hq, C] -> per tile [n_tiles, Hq, P] (zero past C), and back.
+at::Tensor LseToTiles(const Geometry& g, const at::Tensor& lse) {
+  at::Tensor padded = at::zeros({g.Hq, g.n_tiles * g.P}, lse.options());
+  padded.slice(1, 0, g.C).copy_(lse[0]);
+  return padded.view({g.Hq, g.n_tiles, g.P}).permute({1, 0, 2}).contiguous();
+}
+at::Tensor LseFromTiles(const Geometry& g, const at::Tensor& lse) {
+  return lse.permute({1, 0, 2}).reshape({g.Hq, g.n_tiles * g.P}).slice(1, 0, g.C).unsqueeze(0);
 }
 
-Packed Pack(const Geometry& g, const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& k,
-            const at::Tensor& v) {
-  Packed p;
-  p.q = PackQueries(g, q);
-  const at::Tensor kc = k.permute({1, 0, 2}), vc = v.permute({1, 0, 2});  // [Hkv, C, D]
-  std::vector<at::Tensor> ks, vs;
-  std::vector<int32_t> cu_q = {0}, cu_k = {0};
-  for (int64_t t = 0; t < g.n_tiles; ++t) {
-    const int64_t keys = g.PastKeys() + g.End(t);
-    ks.push_back(TileKeys(g, t, kp, kc).reshape({g.Hkv * keys, 1, g.D}));
-    vs.push_back(TileKeys(g, t, vp, vc).reshape({g.Hkv * keys, 1, g.D}));
-    for (int64_t h = 0; h < g.Hkv; ++h) {
-      cu_q.push_back(cu_q.back() + static_cast<int32_t>(g.End(t) - g.Begin(t)));
-      cu_k.push_back(cu_k.back() + static_cast<int32_t>(keys));
-    }
-    p.max_q = std::max(p.max_q, g.End(t) - g.Begin(t));
-    p.max_k = std::max(p.max_k, keys);
-  }
-  p.k = at::cat(ks, 0);
-  p.v = at::cat(vs, 0);
-  p.cu_q = at::tensor(cu_q, at::kInt).to(q.device());
-  p.cu_k = at::tensor(cu_k, at::kInt).to(q.device());
-  return p;
-}
+// The chunk's own keys or values [C, Hkv, D] as one block [1, Hkv, C, D].
+at::Tensor ChunkBlock(const at::Tensor& x) { return x.permute({1, 0, 2}).unsqueeze(0); }
 
 class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& doc_start, std::shared_ptr<SparsePast> past, const at::Tensor& selection,
-                            int64_t page_tokens) {
+                            int64_t page_tokens, GpuAttentionKernel kernel) {
     const Geometry g = Check(q, k, v, doc_start, past.get(), selection, page_tokens);
     ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(past));
     ctx->saved_data["page_tokens"] = page_tokens;
     if (Fused(q, doc_start.cpu())) {
-      auto [kp, vp] = Gather(g, past.get(), selection, q.options());
-      const Packed p = Pack(g, q, kp, vp, k, v);
-      auto [out, lse, rng, unused, mask] =
-          at::_flash_attention_forward(p.q, p.k, p.v, p.cu_q, p.cu_k, p.max_q, p.max_k, 0.0, /*is_causal=*/true,
-                                       /*return_debug_mask=*/false, g.scale);
-      ctx->save_for_backward({q, k, v, doc_start, selection, out, lse, rng, unused});
-      ctx->saved_data["fused"] = true;
-      return UnpackQueries(g, out);
+      const GpuAttentionKernel fused = FusedKernel(q, kernel);
+      at::Tensor out, lse;  // float32 [1, C, Hq, D], [1, Hq, C]
+      if (g.n_sel > 0) {
+        auto [kp, vp] = Gather(g, past.get(), selection, q.options());
+        const FusedBlock r = FusedBlockForward(fused, ToTiles(g, q), kp, vp, /*causal=*/false, g.scale);
+        MergeFusedBlock(&out, &lse, FromTiles(g, r.out).unsqueeze(0), LseFromTiles(g, r.lse));
+      }
+      const FusedBlock chunk =
+          FusedBlockForward(fused, q.unsqueeze(0), ChunkBlock(k), ChunkBlock(v), /*causal=*/true, g.scale);
+      MergeFusedBlock(&out, &lse, chunk.out, chunk.lse);
+      out = out.to(q.scalar_type());
+      ctx->save_for_backward({q, k, v, doc_start, selection, out, lse, chunk.aux[0], chunk.aux[1]});
+      ctx->saved_data["fused_kernel"] = static_cast<int64_t>(fused);
+      if (past != nullptr) past->Finished(/*backward=*/false);
+      return out.squeeze(0);
     }
     const at::ScalarType ct = AttentionComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
@@ -205,6 +190,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       lse.slice(2, i0, i1).copy_(lb.view({g.Hkv, g.G, B}));
     }
     ctx->save_for_backward({q, k, v, doc_start, selection, out, lse});
+    if (past != nullptr) past->Finished(/*backward=*/false);
     return g.FromGrouped(out).to(q.scalar_type());
   }
 
@@ -215,32 +201,26 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     auto holder = c10::static_intrusive_pointer_cast<PastHolder>(ctx->saved_data["past"].toCapsule());
     SparsePast* past = holder->past.get();
     const Geometry g = Check(q, k, v, doc_start, past, selection, ctx->saved_data["page_tokens"].toInt());
-    const at::ScalarType acc = AttentionComputeType(q.scalar_type());
     at::Tensor dq, dk, dv, dkp, dvp;
-    if (ctx->saved_data.count("fused")) {
-      auto [kp, vp] = Gather(g, past, selection, q.options());
-      const Packed p = Pack(g, q, kp, vp, k, v);
-      auto [dqp, dkpk, dvpk] =
-          at::_flash_attention_backward(PackQueries(g, grad_outputs[0].contiguous()), p.q, p.k, p.v, out, lse, p.cu_q,
-                                        p.cu_k, p.max_q, p.max_k, 0.0, /*is_causal=*/true, saved[7], saved[8], g.scale);
-      dq = UnpackQueries(g, dqp);
-      // Split each tile's key gradients into its pages' and the chunk prefix's.
-      dkp = at::empty({g.n_tiles, g.Hkv, g.PastKeys(), g.D}, q.options().dtype(acc));
-      dvp = at::empty_like(dkp);
-      at::Tensor dkc = at::zeros({g.Hkv, g.C, g.D}, q.options().dtype(acc)), dvc = at::zeros_like(dkc);
-      int64_t offset = 0;
-      for (int64_t t = 0; t < g.n_tiles; ++t) {
-        const int64_t keys = g.PastKeys() + g.End(t);
-        const at::Tensor kt = dkpk.slice(0, offset, offset + g.Hkv * keys).view({g.Hkv, keys, g.D});
-        const at::Tensor vt = dvpk.slice(0, offset, offset + g.Hkv * keys).view({g.Hkv, keys, g.D});
-        dkp[t].copy_(kt.slice(1, 0, g.PastKeys()));
-        dvp[t].copy_(vt.slice(1, 0, g.PastKeys()));
-        dkc.slice(1, 0, g.End(t)).add_(kt.slice(1, g.PastKeys()));
-        dvc.slice(1, 0, g.End(t)).add_(vt.slice(1, g.PastKeys()));
-        offset += g.Hkv * keys;
+    if (ctx->saved_data.count("fused_kernel")) {
+      const auto fused = static_cast<GpuAttentionKernel>(ctx->saved_data["fused_kernel"].toInt());
+      const std::array<at::Tensor, 2> aux = {saved[7], saved[8]};
+      const at::Tensor dout = grad_outputs[0].contiguous();
+      auto [dq_chunk, dk_chunk, dv_chunk] = FusedBlockBackward(fused, dout.unsqueeze(0), q.unsqueeze(0), ChunkBlock(k),
+                                                               ChunkBlock(v), out, lse, /*causal=*/true, aux, g.scale);
+      dq = dq_chunk[0].to(at::kFloat);
+      dk = dk_chunk[0].permute({1, 0, 2}).contiguous();
+      dv = dv_chunk[0].permute({1, 0, 2}).contiguous();
+      if (g.n_sel > 0) {
+        auto [kp, vp] = Gather(g, past, selection, q.options());
+        auto [dq_past, dk_past, dv_past] =
+            FusedBlockBackward(fused, ToTiles(g, dout), ToTiles(g, q), kp, vp, ToTiles(g, out[0]), LseToTiles(g, lse),
+                               /*causal=*/false, aux, g.scale);
+        dq.add_(FromTiles(g, dq_past));
+        dkp = std::move(dk_past);
+        dvp = std::move(dv_past);
       }
-      dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
-      dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
+      dq = dq.to(q.scalar_type());
     } else {
       const at::ScalarType ct = AttentionComputeType(q.scalar_type());
       const at::Tensor qg = g.ToGrouped(q.to(ct));
@@ -273,8 +253,9 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
       dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
     }
-    if (g.n_sel > 0) past->AccumulatePageGrad(selection, dkp.to(acc), dvp.to(acc));
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (g.n_sel > 0) past->AccumulatePageGrad(selection, dkp, dvp);
+    if (past != nullptr) past->Finished(/*backward=*/true);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -282,8 +263,8 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
 
 at::Tensor SparsePagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& doc_start, std::shared_ptr<SparsePast> past,
-                                const at::Tensor& selection, int64_t page_tokens) {
-  return SparseAttentionFn::apply(q, k, v, doc_start, std::move(past), selection, page_tokens);
+                                const at::Tensor& selection, int64_t page_tokens, GpuAttentionKernel kernel) {
+  return SparseAttentionFn::apply(q, k, v, doc_start, std::move(past), selection, page_tokens, kernel);
 }
 
 }  // namespace oomb::kernels

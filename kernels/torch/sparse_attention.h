@@ -25,12 +25,13 @@
 //     tile's G * P query rows of a KV head against that head's gathered pages and the chunk's
 //     prefix, masked softmax in float32 (float64 for float64 inputs); it is the oracle.
 //   - fused (CUDA, bf16 / fp16, head_dim a multiple of 8 up to 256, every query's document
-//     starting at token 0): each (tile, KV head) is one sequence of a variable-length batch
-//     for LibTorch's flash attention: the tile's queries with G heads against one KV head of
-//     [selected pages, chunk tokens 0 .. tile end); flash's bottom-right causal mask is then
-//     exactly the chunk's causal mask. dK/dV of the gathered keys come back per (tile, head) and
-//     are added into the pages in float32.
-// Precision: bf16 / fp16 computed in float32 (flash: float32 accumulation), dK/dV of the past
+//     starting at token 0): the kernels of fused_attention.h (cuDNN's on Hopper, else flash's)
+//     over two key blocks merged by log-sum-exp: the past as one batched call, each query tile
+//     [P, num_heads, D] against its own selected pages [kv_heads, n * P, D] (GQA in the kernel,
+//     no repeated heads), and the chunk against itself, causal. Backward runs both blocks'
+//     kernel backward against the merged output; dK/dV of the selected pages come back per
+//     (tile, head) and are added into the pages.
+// Precision: bf16 / fp16 computed in float32 (the kernels' accumulation), dK/dV of the past
 // accumulated in float32 (float64 for float64 inputs).
 #ifndef OOMB_KERNELS_TORCH_SPARSE_ATTENTION_H_
 #define OOMB_KERNELS_TORCH_SPARSE_ATTENTION_H_
@@ -39,6 +40,8 @@
 
 #include <memory>
 #include <utility>
+
+#include "kernels/torch/fused_attention.h"
 
 namespace oomb::kernels {
 
@@ -53,18 +56,24 @@ class SparsePast {
   // none) -> [n_tiles, kv_heads, n * P, head_dim] each, zeros where -1, on the selection's
   // device, in the pages' dtype.
   virtual std::pair<at::Tensor, at::Tensor> GatherPages(const at::Tensor& selection) = 0;
-  // Adds dK, dV of the selected pages, [n_tiles, kv_heads, n * P, head_dim] each, float32
-  // (float64 for float64 inputs), into the pages' gradients; entries of -1 are skipped, pages
-  // selected more than once receive every contribution.
+  // Adds dK, dV of the selected pages, [n_tiles, kv_heads, n * P, head_dim] each (the fused
+  // path's in the attention's dtype, the reference's in float32 or float64), into the pages'
+  // gradients, accumulating in float32 (float64 for float64 pages); entries of -1 are skipped,
+  // pages selected more than once receive every contribution.
   virtual void AccumulatePageGrad(const at::Tensor& selection, const at::Tensor& dk, const at::Tensor& dv) = 0;
+  // A hint: the attention is done with this past in forward or in backward (what is read next
+  // may start coming in). Every path calls it, in forward and backward.
+  virtual void Finished(bool backward) {}
 };
 
 // Differentiable in q, k and v. `past` may be null when the chunk has no past (S == 0, the
-// selection [n_tiles, kv_heads, 0]). `page_tokens` is P (also the query tile's rows).
+// selection [n_tiles, kv_heads, 0]). `page_tokens` is P (also the query tile's rows). `kernel`:
+// the fused path's (fused_attention.h).
 // Raises c10::Error (TORCH_CHECK) for shape, dtype or device mismatches, naming the argument.
 at::Tensor SparsePagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& doc_start, std::shared_ptr<SparsePast> past,
-                                const at::Tensor& selection, int64_t page_tokens);
+                                const at::Tensor& selection, int64_t page_tokens,
+                                GpuAttentionKernel kernel = GpuAttentionKernel::kCudnn);
 
 }  // namespace oomb::kernels
 

@@ -102,12 +102,14 @@ inline at::Tensor SelectionMask(const at::Tensor& selection, const at::Tensor& d
 
 // Chunk of C queries at S (S / P past pages), the selection made by SelectPages with `options`
 // from the past's summaries (or covering every page when page_budget >= S / P). Inputs are
-// drawn in float64 on the CPU (never zeros); sparse attention runs in `dtype` on `device`; both
-// are compared with masked float64 attention over the whole S + C sequence.
+// drawn in float64 on the CPU (never zeros); sparse attention runs in `dtype` on `device` (the
+// fused path with `kernel`); both are compared with masked float64 attention over the whole
+// S + C sequence.
 inline SparseErrors CheckSparseAttention(at::Device device, at::ScalarType dtype, int64_t S, int64_t C, int64_t Hq,
                                          int64_t Hkv, int64_t D, std::vector<int64_t> doc_starts,
                                          kernels::PageSelectOptions options, uint64_t seed,
-                                         at::Tensor* selection_out = nullptr) {
+                                         at::Tensor* selection_out = nullptr,
+                                         kernels::GpuAttentionKernel kernel = kernels::GpuAttentionKernel::kCudnn) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const int64_t T = S + C, P = options.page_tokens;
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
@@ -129,7 +131,8 @@ inline SparseErrors CheckSparseAttention(at::Device device, at::ScalarType dtype
   if (selection_out != nullptr) *selection_out = selection.cpu();
   auto past = std::make_shared<TensorSparsePast>(k.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype),
                                                  v.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype), P);
-  const at::Tensor out = kernels::SparsePagedAttention(cq, ck, cv, chunk_doc, S > 0 ? past : nullptr, selection, P);
+  const at::Tensor out =
+      kernels::SparsePagedAttention(cq, ck, cv, chunk_doc, S > 0 ? past : nullptr, selection, P, kernel);
   (out * dout.slice(0, S).to(device, dtype)).sum().backward();
 
   // Reference: float64 attention of the chunk's queries over all T keys, masked to the selection.

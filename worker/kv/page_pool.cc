@@ -215,6 +215,17 @@ std::pair<at::Tensor, at::Tensor> TokenMajor(const at::Tensor& images) {
   return {flat(0), flat(1)};
 }
 
+// The pages a sparse selection (page indices, -1: none; any device) names, once each, ascending.
+std::vector<int64_t> SelectedPages(const at::Tensor& selection) {
+  const at::Tensor chosen = std::get<0>(at::_unique(selection.flatten().to(at::kCPU, at::kLong)));
+  const int64_t* c = chosen.data_ptr<int64_t>();
+  std::vector<int64_t> pages;
+  for (int64_t i = 0; i < chosen.numel(); ++i) {
+    if (c[i] >= 0) pages.push_back(c[i]);
+  }
+  return pages;
+}
+
 }  // namespace
 
 at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids) {
@@ -335,12 +346,16 @@ absl::Status SequenceKvCache::Prefetch(int64_t layer, int64_t begin, int64_t end
     for (int64_t p = first; p < last; ++p) {
       if (pages[p].tier() == Tier::kHost) host_ids.push_back(pages[p]);
     }
-    Prefetched& pre = prefetched(kind);
-    if (host_ids.empty() || host_ids == pre.ids) continue;
-    pre.fetch = pools_.copies->StartFetch(*Pool(kind, Tier::kHost), host_ids);
-    pre.ids = std::move(host_ids);
+    StartPrefetch(kind, std::move(host_ids));
   }
   return absl::OkStatus();
+}
+
+void SequenceKvCache::StartPrefetch(PageKind kind, std::vector<PageId> host_ids) {
+  Prefetched& pre = prefetched(kind);
+  if (host_ids.empty() || host_ids == pre.ids) return;
+  pre.fetch = pools_.copies->StartFetch(*Pool(kind, Tier::kHost), host_ids);
+  pre.ids = std::move(host_ids);
 }
 
 void SequenceKvCache::DropPrefetch(PageKind kind, const std::vector<PageId>& ids) {
@@ -426,6 +441,34 @@ at::Tensor ArenaRows(const at::Tensor& slots, const at::Tensor& selection, bool 
 
 }  // namespace
 
+absl::Status SequenceKvCache::EnsureSelectedGradPages(int64_t layer, const std::vector<int64_t>& pages) {
+  auto& gpages = grad_pages_[layer];
+  if (gpages.size() < kv_pages_[layer].size()) gpages.resize(kv_pages_[layer].size());
+  for (const int64_t page : pages) {
+    if (gpages[page].valid()) continue;
+    auto id = AllocatePage(PageKind::kKvGrad);
+    if (!id.ok()) return id.status();
+    gpages[page] = *id;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& selection, bool with_grads) {
+  if (!has_host() || layer >= static_cast<int64_t>(kv_pages_.size())) return absl::OkStatus();
+  const std::vector<int64_t> selected = SelectedPages(selection);
+  if (with_grads) OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected));
+  for (const PageKind kind : {PageKind::kKv, PageKind::kKvGrad}) {
+    if (kind == PageKind::kKvGrad && !with_grads) continue;
+    const auto& pages = kind == PageKind::kKv ? kv_pages_[layer] : grad_pages_[layer];
+    std::vector<PageId> host_ids;
+    for (const int64_t page : selected) {
+      if (pages[page].tier() == Tier::kHost) host_ids.push_back(pages[page]);
+    }
+    StartPrefetch(kind, std::move(host_ids));
+  }
+  return absl::OkStatus();
+}
+
 std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, const at::Tensor& selection) {
   const PageShape& s = pools_.kv->shape();
   const auto& pages = kv_pages_[layer];
@@ -434,14 +477,11 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
     arena = pools_.kv->arena();
     slots = SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()).to(at::kLong);
   } else {
-    const at::Tensor chosen = std::get<0>(at::_unique(selection.flatten().to(at::kCPU)));
     std::vector<int64_t> index(pages.size(), 0);
     std::vector<PageId> ids;
-    const int64_t* c = chosen.data_ptr<int64_t>();
-    for (int64_t i = 0; i < chosen.numel(); ++i) {
-      if (c[i] < 0) continue;
-      index[c[i]] = static_cast<int64_t>(ids.size());
-      ids.push_back(pages[c[i]]);
+    for (const int64_t page : SelectedPages(selection)) {
+      index[page] = static_cast<int64_t>(ids.size());
+      ids.push_back(pages[page]);
     }
     arena = Images(PageKind::kKv, ids);
     slots = Positions(index, selection.device());
@@ -463,20 +503,13 @@ absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor
                                                  const at::Tensor& dv) {
   const PageShape& s = pools_.grad->shape();
   auto& gpages = grad_pages_[layer];
-  if (gpages.size() < kv_pages_[layer].size()) gpages.resize(kv_pages_[layer].size());
-  const at::Tensor selected = std::get<0>(at::_unique(selection.flatten().to(at::kCPU)));
-  const int64_t* page = selected.data_ptr<int64_t>();
+  const std::vector<int64_t> selected = SelectedPages(selection);
+  OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected));
   std::vector<int64_t> index(gpages.size(), 0);
   std::vector<PageId> ids;
-  for (int64_t i = 0; i < selected.numel(); ++i) {
-    if (page[i] < 0) continue;
-    if (!gpages[page[i]].valid()) {
-      auto id = AllocatePage(PageKind::kKvGrad);
-      if (!id.ok()) return id.status();
-      gpages[page[i]] = *id;
-    }
-    index[page[i]] = static_cast<int64_t>(ids.size());
-    ids.push_back(gpages[page[i]]);
+  for (const int64_t page : selected) {
+    index[page] = static_cast<int64_t>(ids.size());
+    ids.push_back(gpages[page]);
   }
   const at::ScalarType storage = pools_.grad->options().dtype().toScalarType();
   const bool on_device = AllOnDevice(gpages) && AccumulationType(storage) == storage;

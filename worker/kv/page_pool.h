@@ -223,6 +223,11 @@ class SequenceKvCache {
   // never get one). Entries of -1 are skipped; repeated pages receive every contribution.
   absl::Status AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& dk,
                                   const at::Tensor& dv);
+  // Starts fetching the host pages a later GatherPages(layer, selection) reads (`with_grads`:
+  // also the gradient pages a later AccumulatePageGrad(layer, selection, ...) adds into,
+  // allocating those not allocated yet), as Prefetch does for a range. Errors: as
+  // AccumulatePageGrad's.
+  absl::Status PrefetchPages(int64_t layer, const at::Tensor& selection, bool with_grads);
 
   // Frees, in every layer, the KV and gradient pages whose first token is >= `token`: after
   // chunk i's backward nothing reads them again.
@@ -255,8 +260,11 @@ class SequenceKvCache {
   Prefetched& prefetched(PageKind kind) { return prefetched_[static_cast<int>(kind)]; }
   // Drops the prefetch of `kind` if it holds one of `ids` (about to be written).
   void DropPrefetch(PageKind kind, const std::vector<PageId>& ids);
-  // Allocates the layer's gradient pages [first, last) that have none yet.
+  // Allocates the layer's gradient pages [first, last), or `pages`, that have none yet.
   absl::Status EnsureGradPages(int64_t layer, int64_t first, int64_t last);
+  absl::Status EnsureSelectedGradPages(int64_t layer, const std::vector<int64_t>& pages);
+  // Starts fetching `host_ids` as the newest prefetch of `kind` (none if empty or the same).
+  void StartPrefetch(PageKind kind, std::vector<PageId> host_ids);
   Prefetched prefetched_[2];
 };
 

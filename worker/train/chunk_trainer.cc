@@ -16,6 +16,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "kernels/torch/chunked_cross_entropy.h"
 #include "kernels/torch/paged_attention.h"
 #include "kernels/torch/sparse_attention.h"
@@ -77,11 +78,15 @@ class LayerPast final : public kernels::PastKv {
   int64_t key_block_;
 };
 
-// The selected past pages of one layer for one chunk (sparse attention).
+// The selected past pages of one layer for one chunk (sparse attention). In stage 2, given the
+// chunk's selections of every layer (stage 1's), it prefetches what the next attention reads:
+// the recompute goes up the layers, the backward comes down, and the top layer's backward
+// follows its recompute.
 class LayerSparsePast final : public kernels::SparsePast {
  public:
-  LayerSparsePast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens)
-      : cache_(cache), layer_(layer), past_tokens_(past_tokens) {}
+  // `selections`: empty (stage 1), or the chunk's host selections, one per layer.
+  LayerSparsePast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens, absl::Span<const at::Tensor> selections)
+      : cache_(cache), layer_(layer), past_tokens_(past_tokens), selections_(selections) {}
   int64_t past_tokens() const override { return past_tokens_; }
   std::pair<at::Tensor, at::Tensor> GatherPages(const at::Tensor& selection) override {
     return cache_->GatherPages(layer_, selection);
@@ -90,11 +95,22 @@ class LayerSparsePast final : public kernels::SparsePast {
     const absl::Status s = cache_->AccumulatePageGrad(layer_, selection, dk, dv);
     TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
   }
+  void Finished(bool backward) override {
+    if (selections_.empty()) return;
+    const int64_t layers = static_cast<int64_t>(selections_.size());
+    int64_t next = backward ? layer_ - 1 : layer_ + 1;
+    if (!backward && next == layers) next = layer_;  // the top layer's backward comes next
+    if (next < 0) return;
+    const bool with_grads = backward || next == layer_;
+    const absl::Status s = cache_->PrefetchPages(next, selections_[next], with_grads);
+    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+  }
 
  private:
   SequenceKvCache* cache_;
   int64_t layer_;
   int64_t past_tokens_;
+  absl::Span<const at::Tensor> selections_;
 };
 
 at::Tensor I64(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
@@ -218,17 +234,27 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
   const int64_t P = select.page_tokens, L = model_->config().num_layers;
   TORCH_CHECK(c.begin % P == 0, "sparse attention: chunk_tokens (", options_.chunk_tokens,
               ") must be a multiple of page_tokens (", P, ")");
+  const bool stage2 = summaries == nullptr;  // stage 2 uses the selection stage 1 made
   std::shared_ptr<kernels::SparsePast> past;
-  if (c.begin > 0) past = std::make_shared<LayerSparsePast>(&cache, layer, c.begin);
-  if (summaries == nullptr) {  // stage 2: the selection stage 1 made
-    const at::Tensor selection = selections_[index * L + layer].to(q.device(), at::kLong);
-    return kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P);
+  if (c.begin > 0) {
+    past = std::make_shared<LayerSparsePast>(
+        &cache, layer, c.begin,
+        stage2 ? absl::MakeConstSpan(selections_).subspan(index * L, L) : absl::Span<const at::Tensor>());
+  }
+  if (stage2) {
+    // From pinned memory, so the copy queues behind the work before it instead of waiting.
+    const at::Tensor selection =
+        selections_[index * L + layer].to(q.device(), at::kInt, /*non_blocking=*/true).to(at::kLong);
+    return kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
   }
   at::Tensor layer_summaries = (*summaries)[layer];
   const at::Tensor selection =
       kernels::SelectPages(q, layer_summaries.slice(0, 0, c.begin / P), c.input.doc_start, c.begin, select);
   if (options_.on_selection) options_.on_selection(index, layer, selection);
-  const at::Tensor host = selection.to(at::kCPU, at::kInt);
+  // The statistics below read it now; stage 2 copies it back (pinned: without a wait).
+  const at::Tensor host =
+      at::empty(selection.sizes(), at::TensorOptions().dtype(at::kInt).pinned_memory(selection.is_cuda()));
+  host.copy_(selection);
   {
     const int64_t C = c.end - c.begin, G = q.size(1) / k.size(1);
     const at::Tensor per_tile = host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
@@ -239,7 +265,8 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
                                     static_cast<double>(q.size(1)) * C * (C + 1) / 2;
   }
   if (training) selections_[index * L + layer] = host;
-  at::Tensor out = kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P);
+  at::Tensor out =
+      kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
   if (append_status->ok()) *append_status = cache.Append(layer, k, v);
   const at::ScalarType summary_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor chunk_summaries = kernels::SummarizePages(k.to(summary_type), P, select.summary);

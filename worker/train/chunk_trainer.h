@@ -70,6 +70,7 @@ struct ChunkTrainerOptions {
   // The same on a GPU: the fused path's key blocks (kernels/torch/paged_attention.h), which
   // bound the attention's memory whatever the context's length.
   int64_t gpu_attention_key_block = 65536;
+  // The fused GPU attention kernel, dense and sparse (kernels/torch/fused_attention.h).
   kernels::GpuAttentionKernel gpu_attention_kernel = kernels::GpuAttentionKernel::kCudnn;
   double chunk_fraction = 1.0;  // SpaCO's p, in (0, 1] (see above)
   // Sparse attention (see above); unset: dense. page_tokens is the pools' (ignored here), and

@@ -98,8 +98,8 @@ OwnedKvPools MakeTiers(int64_t device_pages, int64_t host_pages, const Target& t
 
 // Every cache operation, through both caches, on the same inputs: chunks of 6 tokens over pages
 // of 4 (so host pages are also written partly, twice), reads of ranges that straddle the tiers,
-// prefetched and not, gradients accumulated and read back, sparse gathers and page gradients,
-// and release in reverse chunk order.
+// prefetched and not, gradients accumulated and read back, sparse gathers and page gradients
+// (prefetched and not, and a prefetch overtaken by a write), and release in reverse chunk order.
 void CheckEveryCacheOperation(const Target& target) {
   const int64_t layers = 2, chunk = 6, chunks = 5, T = chunk * chunks;
   const int64_t pages = layers * (T / kShape.page_tokens + 1);
@@ -152,13 +152,26 @@ void CheckEveryCacheOperation(const Target& target) {
   const at::Tensor selection =
       at::tensor({0, 6, 3, -1, 2, 2, 5, 1, 4, -1, 6, 0}, at::kLong).view({3, 2, 2}).to(target.device);
   for (int64_t l = 0; l < layers; ++l) {
+    // Layer 0 prefetched (pages and their gradients), layer 1 not.
+    if (l == 0) {
+      ASSERT_TRUE(b.PrefetchPages(l, selection, /*with_grads=*/true).ok());
+    }
     auto [ka, va] = a.GatherPages(l, selection);
     auto [kb, vb] = b.GatherPages(l, selection);
     ExpectSame(kb, ka, "gathered K");
     ExpectSame(vb, va, "gathered V");
+    // A write to the prefetched gradient pages overtakes the prefetch: the page gradients that
+    // follow must add into the written pages, not into the stale prefetched images.
+    const at::Tensor dk_range = Random({kShape.kv_heads, 16, kShape.head_dim}, 700 + l, target);
+    ASSERT_TRUE(a.AccumulateGrad(l, 4, dk_range, dk_range).ok());
+    ASSERT_TRUE(b.AccumulateGrad(l, 4, dk_range, dk_range).ok());
     const at::Tensor dk = Random(ka.sizes().vec(), 500 + l, target), dv = Random(ka.sizes().vec(), 600 + l, target);
     ASSERT_TRUE(a.AccumulatePageGrad(l, selection, dk, dv).ok());
     ASSERT_TRUE(b.AccumulatePageGrad(l, selection, dk, dv).ok());
+    // Prefetched and consumed as it is.
+    ASSERT_TRUE(b.PrefetchPages(l, selection, /*with_grads=*/true).ok());
+    ASSERT_TRUE(a.AccumulatePageGrad(l, selection, dv, dk).ok());
+    ASSERT_TRUE(b.AccumulatePageGrad(l, selection, dv, dk).ok());
     auto [ga, gva] = a.ReadGrad(l, 0, T);
     auto [gb, gvb] = b.ReadGrad(l, 0, T);
     const double tolerance = target.device.is_cuda() ? 1e-6 : 0;

@@ -1,0 +1,69 @@
+#include "kernels/torch/fused_attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/util/Exception.h>
+
+namespace oomb::kernels {
+
+GpuAttentionKernel FusedKernel(const at::Tensor& q, GpuAttentionKernel asked) {
+  if (asked != GpuAttentionKernel::kCudnn || q.size(-1) > 128 || !at::globalContext().userEnabledCuDNN()) {
+    return GpuAttentionKernel::kFlash;
+  }
+  return at::cuda::getDeviceProperties(q.get_device())->major >= 9 ? GpuAttentionKernel::kCudnn
+                                                                   : GpuAttentionKernel::kFlash;
+}
+
+FusedBlock FusedBlockForward(GpuAttentionKernel kernel, const at::Tensor& q, const at::Tensor& keys,
+                             const at::Tensor& values, bool causal, double scale) {
+  TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.sizes() == keys.sizes() && keys.size(0) == q.size(0),
+              "fused attention: expected q [B, Cq, H, D] and keys, values [B, Hkv, n, D], got ", q.sizes(), ", ",
+              keys.sizes(), ", ", values.sizes());
+  const int64_t B = q.size(0), Cq = q.size(1), Hq = q.size(2), n = keys.size(2);
+  TORCH_CHECK(!causal || n == Cq, "fused attention: a causal block needs as many keys as queries, got ", n, " and ",
+              Cq);
+  if (kernel == GpuAttentionKernel::kCudnn) {
+    // cuDNN takes [B, H, S, D] views of any strides and gives its output in q's layout.
+    auto r = at::_scaled_dot_product_cudnn_attention(q.transpose(1, 2), keys, values, std::nullopt,
+                                                     /*compute_log_sumexp=*/true, 0.0, causal,
+                                                     /*return_debug_mask=*/false, scale);
+    return {std::get<0>(r).transpose(1, 2), std::get<1>(r).reshape({B, Hq, Cq}), {std::get<6>(r), std::get<7>(r)}};
+  }
+  auto r = at::_flash_attention_forward(q.contiguous(), keys.permute({0, 2, 1, 3}).contiguous(),
+                                        values.permute({0, 2, 1, 3}).contiguous(), std::nullopt, std::nullopt, Cq, n,
+                                        0.0, causal, /*return_debug_mask=*/false, scale);
+  return {std::get<0>(r), std::get<1>(r), {std::get<2>(r), std::get<3>(r)}};
+}
+
+std::array<at::Tensor, 3> FusedBlockBackward(GpuAttentionKernel kernel, const at::Tensor& dout, const at::Tensor& q,
+                                             const at::Tensor& keys, const at::Tensor& values, const at::Tensor& out,
+                                             const at::Tensor& lse, bool causal, const std::array<at::Tensor, 2>& aux,
+                                             double scale) {
+  const int64_t Cq = q.size(1), n = keys.size(2);
+  if (kernel == GpuAttentionKernel::kCudnn) {
+    auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
+        dout.transpose(1, 2), q.transpose(1, 2), keys, values, out.transpose(1, 2), lse.unsqueeze(-1), aux[0], aux[1],
+        at::Tensor(), at::Tensor(), at::Tensor(), Cq, n, 0.0, causal, scale);
+    return {dq.transpose(1, 2), dk, dv};
+  }
+  auto [dq, dk, dv] =
+      at::_flash_attention_backward(dout.contiguous(), q.contiguous(), keys.permute({0, 2, 1, 3}).contiguous(),
+                                    values.permute({0, 2, 1, 3}).contiguous(), out.contiguous(), lse.contiguous(),
+                                    at::Tensor(), at::Tensor(), Cq, n, 0.0, causal, aux[0], aux[1], scale);
+  return {dq, dk.permute({0, 2, 1, 3}), dv.permute({0, 2, 1, 3})};
+}
+
+void MergeFusedBlock(at::Tensor* out, at::Tensor* lse, const at::Tensor& block_out, const at::Tensor& block_lse) {
+  if (!out->defined()) {
+    *out = block_out.to(at::kFloat);
+    *lse = block_lse;
+    return;
+  }
+  const at::Tensor merged = at::logaddexp(*lse, block_lse);
+  const at::Tensor w = at::exp(*lse - merged).transpose(1, 2).unsqueeze(-1);  // [B, Cq, H, 1]
+  const at::Tensor w_b = at::exp(block_lse - merged).transpose(1, 2).unsqueeze(-1);
+  *out = *out * w + block_out.to(at::kFloat) * w_b;
+  *lse = merged;
+}
+
+}  // namespace oomb::kernels

@@ -1,0 +1,58 @@
+// The fused GPU attention kernels that dense (paged_attention.h) and sparse
+// (sparse_attention.h) attention run, and the merge of key blocks by log-sum-exp.
+//
+// Both attention functions split a chunk's keys into blocks, run one fused kernel call per
+// block (a batch of query blocks against their own keys at once), and merge the blocks'
+// outputs by their log-sum-exp:
+//   out = sum_b exp(lse_b - lse) out_b,   lse = logsumexp_b lse_b.
+// Backward runs each block's kernel backward against the merged output and log-sum-exp, which
+// gives each block's exact share of dq and its dK, dV.
+#ifndef OOMB_KERNELS_TORCH_FUSED_ATTENTION_H_
+#define OOMB_KERNELS_TORCH_FUSED_ATTENTION_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+
+namespace oomb::kernels {
+
+// The kernel of the fused GPU paths. cuDNN's (9.x) fused attention runs Hopper-specific
+// kernels: on the H100 at 128K context about 1.7x the rate of LibTorch's flash attention in
+// both directions (bench/results/2026-11-22-h100-attention-kernels). kCudnn falls back to
+// flash where cuDNN's path does not apply (before Hopper, head_dim over 128, cuDNN disabled).
+enum class GpuAttentionKernel { kCudnn, kFlash };
+
+// The kernel a fused call on q's device runs when `asked` is asked for (see above).
+GpuAttentionKernel FusedKernel(const at::Tensor& q, GpuAttentionKernel asked);
+
+// One fused kernel call (bf16 / fp16 on a GPU, head_dim a multiple of 8 up to 256):
+//   q:              [B, Cq, num_heads, D]
+//   keys, values:   [B, kv_heads, n, D]    any strides (cuDNN reads them in place; flash
+//                                          copies them to its layout); GQA as in the header of
+//                                          paged_attention.h
+//   causal:         query i sees key j iff j <= i (then n == Cq); otherwise every key.
+// out [B, Cq, num_heads, D] in q's dtype; lse float32 [B, num_heads, Cq]; `aux` holds what the
+// kernel's backward takes besides (flash: its RNG state; cuDNN: its philox seed and offset),
+// unused without dropout but required.
+struct FusedBlock {
+  at::Tensor out, lse;
+  std::array<at::Tensor, 2> aux;
+};
+FusedBlock FusedBlockForward(GpuAttentionKernel kernel, const at::Tensor& q, const at::Tensor& keys,
+                             const at::Tensor& values, bool causal, double scale);
+
+// The block's share of dq [B, Cq, num_heads, D] (float32 accumulation, q's dtype) and its dK,
+// dV [B, kv_heads, n, D] in the keys' dtype, given dout, the merged output (q's dtype, q's
+// layout) and the merged log-sum-exp [B, num_heads, Cq] of all blocks.
+std::array<at::Tensor, 3> FusedBlockBackward(GpuAttentionKernel kernel, const at::Tensor& dout, const at::Tensor& q,
+                                             const at::Tensor& keys, const at::Tensor& values, const at::Tensor& out,
+                                             const at::Tensor& lse, bool causal, const std::array<at::Tensor, 2>& aux,
+                                             double scale);
+
+// Merges block `b` (out [B, Cq, num_heads, D], lse [B, num_heads, Cq]) into the running
+// float32 output and log-sum-exp of the same shapes (undefined before the first block).
+void MergeFusedBlock(at::Tensor* out, at::Tensor* lse, const at::Tensor& block_out, const at::Tensor& block_lse);
+
+}  // namespace oomb::kernels
+
+#endif  // OOMB_KERNELS_TORCH_FUSED_ATTENTION_H_
