@@ -242,19 +242,14 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
         stage2 ? absl::MakeConstSpan(selections_).subspan(index * L, L) : absl::Span<const at::Tensor>());
   }
   if (stage2) {
-    // From pinned memory, so the copy queues behind the work before it instead of waiting.
-    const at::Tensor selection =
-        selections_[index * L + layer].to(q.device(), at::kInt, /*non_blocking=*/true).to(at::kLong);
+    const at::Tensor selection = selections_[index * L + layer].to(q.device(), at::kLong);
     return kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
   }
   at::Tensor layer_summaries = (*summaries)[layer];
   const at::Tensor selection =
       kernels::SelectPages(q, layer_summaries.slice(0, 0, c.begin / P), c.input.doc_start, c.begin, select);
   if (options_.on_selection) options_.on_selection(index, layer, selection);
-  // The statistics below read it now; stage 2 copies it back (pinned: without a wait).
-  const at::Tensor host =
-      at::empty(selection.sizes(), at::TensorOptions().dtype(at::kInt).pinned_memory(selection.is_cuda()));
-  host.copy_(selection);
+  const at::Tensor host = selection.to(at::kCPU, at::kInt);
   {
     const int64_t C = c.end - c.begin, G = q.size(1) / k.size(1);
     const at::Tensor per_tile = host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
