@@ -321,6 +321,13 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
       return Fail(s);
     }
   }
+  // oombd.port is written last: whoever waits for it finds the other port files already there.
+  const std::string health_port_file = config.data_dir + "/oombd.health.port";
+  if (health_server != nullptr) {
+    std::cerr << "oombd: health (plaintext grpc.health.v1) on " << BoundAddress(config.health_listen, health_port)
+              << std::endl;
+    if (absl::Status s = WriteFileAtomic(health_port_file, absl::StrCat(health_port, "\n")); !s.ok()) return Fail(s);
+  }
   const std::string port_file = config.data_dir + "/oombd.port";
   if (!config.listen.empty()) {
     const std::string host = config.listen.substr(0, config.listen.rfind(':'));
@@ -328,12 +335,6 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
     if (absl::Status s = WriteFileAtomic(port_file, absl::StrCat(port, "\n")); !s.ok()) return Fail(s);
   }
   if (config.unix_socket) std::cerr << "oombd: listening on unix:" << config.unix_socket_path << std::endl;
-  const std::string health_port_file = config.data_dir + "/oombd.health.port";
-  if (health_server != nullptr) {
-    std::cerr << "oombd: health (plaintext grpc.health.v1) on " << BoundAddress(config.health_listen, health_port)
-              << std::endl;
-    if (absl::Status s = WriteFileAtomic(health_port_file, absl::StrCat(health_port, "\n")); !s.ok()) return Fail(s);
-  }
   set_serving(true);
 
   // What systemd shows (`systemctl status oombd`): the addresses, then the store's job counts.
