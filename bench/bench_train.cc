@@ -25,6 +25,9 @@
 // pages on each tier, the pinned host bytes, the bytes the copy engine moved each way in the
 // step, the planner's host peak and its longest context, and how long the step waited for the
 // host slabs to be pinned after the warm-up (not part of the step).
+// --sections: the measured step's GPU time split by section ("sections_s": the sparse
+// attention's gather, kernels, merge, gradient accumulation, selection, ...; "model" is the
+// rest), from events on the stream (kernels/torch/gpu_timeline.h); the events cost a little.
 // --attention-kernel cudnn | flash: the GPU attention's fused kernel, dense and sparse
 // (kernels/torch/fused_attention.h, GpuAttentionKernel).
 //
@@ -46,6 +49,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "kernels/torch/gpu_timeline.h"
 #include "worker/common/status.h"
 #include "worker/job/build_info.h"
 #include "worker/kv/kv_pools.h"
@@ -199,22 +203,28 @@ struct StepResult {
   double seconds = 0;
   SparseStats sparse;
   TrainerMemory memory;
+  std::map<std::string, double> sections;  // --sections: GPU seconds per section
 };
 
-// One optimizer step on a sequence of T tokens.
+// One optimizer step on a sequence of T tokens (`sections`: its GPU timeline by section).
 absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, const Pools& pools, int64_t T,
-                                const ChunkTrainerOptions& o, at::Device d) {
+                                const ChunkTrainerOptions& o, at::Device d, bool sections = false) {
   ChunkTrainer trainer(&m, pools.pools(), o);
   const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 1);
   Sync(d);
+  kernels::timeline::Enable(sections);
   const auto s = std::chrono::steady_clock::now();
+  kernels::timeline::Mark("model");
   auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
   if (!loss.ok()) return loss.status();
+  kernels::timeline::Mark("optimizer");
   opt.step();
   opt.zero_grad(true);
   Sync(d);
-  return StepResult{std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count(), trainer.sparse_stats(),
-                    trainer.memory()};
+  StepResult r{std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count(), trainer.sparse_stats(),
+               trainer.memory(), kernels::timeline::Collect()};
+  kernels::timeline::Enable(false);
+  return r;
 }
 
 std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, const BenchSpec& b, at::Device d) {
@@ -243,6 +253,7 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> lengths = {16384};
   int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0;
   bool full = false;
+  bool sections = false;
   int64_t sparse_budget = 0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
   app.add_option("--model", model, "qwen2.5-7b | qwen2.5-0.5b | tiny");
@@ -260,6 +271,7 @@ int Main(int argc, char** argv) {
   app.add_option("--page", page);
   app.add_option("--lora-rank", rank);
   app.add_flag("--full", full, "full fine-tuning instead of LoRA");
+  app.add_flag("--sections", sections, "also the measured step's GPU time by section (kernels/torch/gpu_timeline.h)");
   app.add_option("--grad-check", grad_check, "length of the bf16-vs-fp32 LoRA gradient check (0: none)");
   app.add_option("--device", device, "cuda | cpu");
   CLI11_PARSE(app, argc, argv);
@@ -316,13 +328,14 @@ int Main(int argc, char** argv) {
         if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
         r["host_pin_wait_s"] = pools->WaitForHost();  // pinning is not part of a step
         ResetPeak(d);
-        auto step = Step(*m, opt, *pools, T, trainer_options, d);
+        auto step = Step(*m, opt, *pools, T, trainer_options, d, sections);
         if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
         const double* s = &step->seconds;
         // Sparse: the attention's model FLOPs are those of the query-key pairs attended.
         const double flops = sparse ? 6 * N * T + 12.0 * config.head_dim * step->sparse.attended_pairs
                                     : 6 * N * T + 6 * dl * static_cast<double>(T) * T;
         r["s_per_step"] = *s;
+        if (sections) r["sections_s"] = step->sections;
         r["tok_s"] = T / *s;
         if (sparse && step->sparse.past_pages > 0) {
           r["attention_density"] =

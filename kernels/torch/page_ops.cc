@@ -3,8 +3,12 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "kernels/page_copy.h"
 #include "kernels/reference/page_copy_ref.h"
+#include "kernels/selected_pages.h"
 
 #if defined(OOMB_HAVE_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -66,7 +70,135 @@ void Run(const at::Tensor& arena, const PageCopyParams& p, CpuFn cpu, CudaFn cud
 #endif
 }
 
+// ---- Selected pages ---------------------------------------------------------------------
+
+struct Selected {
+  int64_t n_tiles, kv_heads, n, page_tokens, head_dim;
+  std::vector<int64_t> Shape() const { return {n_tiles, kv_heads, n * page_tokens, head_dim}; }
+};
+
+Selected CheckSelected(const at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection) {
+  TORCH_CHECK(arena.dim() == 5 && arena.size(1) == 2 && arena.is_contiguous(),
+              "arena: expected contiguous [num_slots, 2, kv_heads, page_tokens, head_dim], got ", arena.sizes());
+  TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kInt && slots.device() == arena.device(),
+              "slots: expected 1-D int32 on ", arena.device(), ", got ", slots.sizes(), " ", slots.scalar_type(),
+              " on ", slots.device());
+  TORCH_CHECK(selection.dim() == 3 && selection.size(1) == arena.size(2) && selection.scalar_type() == at::kLong &&
+                  selection.device() == arena.device(),
+              "selection: expected int64 [n_tiles, ", arena.size(2), ", n] on ", arena.device(), ", got ",
+              selection.scalar_type(), " ", selection.sizes(), " on ", selection.device());
+  return {selection.size(0), arena.size(2), selection.size(2), arena.size(3), arena.size(4)};
+}
+
+// The arena's rows [num_slots * 2 * kv_heads, page_tokens, head_dim] holding each selection
+// entry's page and head, K or V (-1 entries: page 0's, for the caller to mask or drop).
+at::Tensor ArenaRows(const at::Tensor& slots, const at::Tensor& selection, bool values) {
+  const int64_t kv_heads = selection.size(1);
+  const at::Tensor slot = slots.to(at::kLong).index_select(0, selection.clamp_min(0).flatten()).view(selection.sizes());
+  return (slot * (2 * kv_heads) + (values ? kv_heads : 0) + at::arange(kv_heads, selection.options()).view({1, -1, 1}))
+      .flatten();
+}
+
+#if defined(OOMB_HAVE_CUDA)
+PageDtype ToPageDtype(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, what,
+              ": the CUDA kernels take bfloat16 or float32, got ", t.scalar_type());
+  return t.scalar_type() == at::kFloat ? PageDtype::kFloat32 : PageDtype::kBFloat16;
+}
+
+SelectedPagesParams MakeSelectedParams(const at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection,
+                                       const at::Tensor& k, const at::Tensor& v, const Selected& s) {
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                "k/v: must be contiguous and 16-byte aligned");
+  }
+  SelectedPagesParams p;
+  p.arena = arena.data_ptr();
+  p.slots = slots.data_ptr<int32_t>();
+  p.selection = selection.data_ptr<int64_t>();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.entries = selection.numel();
+  p.n = s.n;
+  p.num_pages = slots.size(0);
+  p.kv_heads = s.kv_heads;
+  p.page_tokens = s.page_tokens;
+  p.head_dim = s.head_dim;
+  p.arena_dtype = ToPageDtype(arena, "arena");
+  p.buffer_dtype = ToPageDtype(k, "k/v");
+  return p;
+}
+
+void Launch(const at::Tensor& arena, cudaError_t (*launch)(const SelectedPagesParams&, cudaStream_t),
+            const SelectedPagesParams& p) {
+  const c10::cuda::CUDAGuard guard(arena.device());
+  const cudaError_t err = launch(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "selected pages kernel: ", cudaGetErrorString(err));
+}
+#endif
+
 }  // namespace
+
+std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, const at::Tensor& slots,
+                                                      const at::Tensor& selection) {
+  const Selected s = CheckSelected(arena, slots, selection);
+  if (s.n == 0 || s.n_tiles == 0) {
+    const at::Tensor none = at::zeros(s.Shape(), arena.options());
+    return {none, none};
+  }
+#if defined(OOMB_HAVE_CUDA)
+  if (arena.is_cuda()) {
+    at::Tensor k = at::empty(s.Shape(), arena.options()), v = at::empty_like(k);
+    const at::Tensor sel = selection.contiguous();
+    Launch(arena, LaunchGatherSelectedPages, MakeSelectedParams(arena, slots, sel, k, v, s));
+    return {k, v};
+  }
+#endif
+  const at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
+  const at::Tensor none = (selection < 0).view({s.n_tiles, s.kv_heads, s.n, 1, 1});
+  const auto take = [&](bool values) {
+    return rows.index_select(0, ArenaRows(slots, selection, values))
+        .view({s.n_tiles, s.kv_heads, s.n, s.page_tokens, s.head_dim})
+        .masked_fill_(none, 0)
+        .view(s.Shape());
+  };
+  return {take(false), take(true)};
+}
+
+void AccumulateSelectedPages(at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection,
+                             const at::Tensor& k, const at::Tensor& v) {
+  const Selected s = CheckSelected(arena, slots, selection);
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->sizes() == at::IntArrayRef(s.Shape()) && t->device() == arena.device(), "k/v: expected ",
+                at::IntArrayRef(s.Shape()), " on ", arena.device(), ", got ", t->sizes(), " on ", t->device());
+  }
+  if (selection.numel() == 0) return;
+#if defined(OOMB_HAVE_CUDA)
+  if (arena.is_cuda()) {
+    // Entries sorted by (head, page); -1 entries get the largest key and sort last.
+    const int64_t num_pages = slots.size(0);
+    const at::Tensor head = at::arange(s.kv_heads, selection.options()).view({1, -1, 1});
+    const at::Tensor key = at::where(selection >= 0, head * num_pages + selection, num_pages * s.kv_heads).flatten();
+    auto [sorted_key, order] = at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+    const at::Tensor kc = k.contiguous(), vc = v.contiguous();
+    SelectedPagesParams p = MakeSelectedParams(arena, slots, selection.contiguous(), kc, vc, s);
+    p.order = order.data_ptr<int64_t>();
+    p.sorted_key = sorted_key.data_ptr<int64_t>();
+    Launch(arena, LaunchAccumulateSelectedPages, p);
+    return;
+  }
+#endif
+  const at::ScalarType acc = arena.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor sums = arena.scalar_type() == acc ? arena : arena.to(acc);
+  const at::Tensor keep = (selection >= 0).flatten().nonzero().squeeze(1);
+  at::Tensor rows = sums.view({-1, s.page_tokens, s.head_dim});
+  for (const bool values : {false, true}) {
+    const at::Tensor& d = values ? v : k;
+    rows.index_add_(0, ArenaRows(slots, selection, values).index_select(0, keep),
+                    d.reshape({-1, s.page_tokens, s.head_dim}).index_select(0, keep).to(acc));
+  }
+  if (!sums.is_same(arena)) arena.copy_(sums);
+}
 
 std::pair<at::Tensor, at::Tensor> GatherPages(const at::Tensor& arena, const at::Tensor& slots) {
   const int64_t n = slots.size(0);

@@ -23,6 +23,22 @@ void ScatterPages(at::Tensor& arena, const at::Tensor& slots, const at::Tensor& 
 // arena[slots] += (k, v); arena float32 or float64 (CPU), k, v of the arena's dtype.
 void ScatterAddPages(at::Tensor& arena, const at::Tensor& slots, const at::Tensor& k, const at::Tensor& v);
 
+// Sparse attention's page copies (kernels/selected_pages.h), per (query tile, KV head):
+//   slots:      [num_pages] int32, the slot of each past page, on the arena's device
+//   selection:  [n_tiles, kv_heads, n] int64 page indices (-1: none), on the arena's device
+//   k, v:       [n_tiles, kv_heads, n * page_tokens, head_dim]
+// CUDA runs the kernels (bfloat16 or float32 arenas); the CPU runs the reference, ATen's
+// index_select / index_add_, which the GPU tests compare against.
+//
+// Returns the selected pages' (k, v), zeros where -1, in the arena's dtype.
+std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, const at::Tensor& slots,
+                                                      const at::Tensor& selection);
+// Adds (k, v) into the selected pages (-1 skipped; a page selected by several tiles gets every
+// contribution): summed per page in float32 (float64 for a float64 arena), then added to the
+// page once, rounded to its dtype.
+void AccumulateSelectedPages(at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection,
+                             const at::Tensor& k, const at::Tensor& v);
+
 }  // namespace oomb::kernels
 
 #endif  // OOMB_KERNELS_TORCH_PAGE_OPS_H_

@@ -12,6 +12,7 @@
 
 #include "kernels/torch/attention_inputs.h"
 #include "kernels/torch/fused_attention.h"
+#include "kernels/torch/gpu_timeline.h"
 
 namespace oomb::kernels {
 namespace {
@@ -162,17 +163,24 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       const GpuAttentionKernel fused = FusedKernel(q, kernel);
       at::Tensor out, lse;  // float32 [1, C, Hq, D], [1, Hq, C]
       if (g.n_sel > 0) {
+        timeline::Mark("sparse.gather");
         auto [kp, vp] = Gather(g, past.get(), selection, q.options());
+        timeline::Mark("sparse.past_kernel_fwd");
         const FusedBlock r = FusedBlockForward(fused, ToTiles(g, q), kp, vp, /*causal=*/false, g.scale);
+        timeline::Mark("sparse.merge");
         MergeFusedBlock(&out, &lse, FromTiles(g, r.out).unsqueeze(0), LseFromTiles(g, r.lse));
       }
+      timeline::Mark("sparse.chunk_kernel_fwd");
       const FusedBlock chunk =
           FusedBlockForward(fused, q.unsqueeze(0), ChunkBlock(k), ChunkBlock(v), /*causal=*/true, g.scale);
+      timeline::Mark("sparse.merge");
       MergeFusedBlock(&out, &lse, chunk.out, chunk.lse);
       out = out.to(q.scalar_type());
       ctx->save_for_backward({q, k, v, doc_start, selection, out, lse, chunk.aux[0], chunk.aux[1]});
       ctx->saved_data["fused_kernel"] = static_cast<int64_t>(fused);
+      timeline::Mark("sparse.prefetch");
       if (past != nullptr) past->Finished(/*backward=*/false);
+      timeline::Mark("model");
       return out.squeeze(0);
     }
     const at::ScalarType ct = AttentionComputeType(q.scalar_type());
@@ -205,6 +213,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     if (ctx->saved_data.count("fused_kernel")) {
       const auto fused = static_cast<GpuAttentionKernel>(ctx->saved_data["fused_kernel"].toInt());
       const std::array<at::Tensor, 2> aux = {saved[7], saved[8]};
+      timeline::Mark("sparse.chunk_kernel_bwd");
       const at::Tensor dout = grad_outputs[0].contiguous();
       auto [dq_chunk, dk_chunk, dv_chunk] = FusedBlockBackward(fused, dout.unsqueeze(0), q.unsqueeze(0), ChunkBlock(k),
                                                                ChunkBlock(v), out, lse, /*causal=*/true, aux, g.scale);
@@ -212,7 +221,9 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       dk = dk_chunk[0].permute({1, 0, 2}).contiguous();
       dv = dv_chunk[0].permute({1, 0, 2}).contiguous();
       if (g.n_sel > 0) {
+        timeline::Mark("sparse.gather");
         auto [kp, vp] = Gather(g, past, selection, q.options());
+        timeline::Mark("sparse.past_kernel_bwd");
         auto [dq_past, dk_past, dv_past] =
             FusedBlockBackward(fused, ToTiles(g, dout), ToTiles(g, q), kp, vp, ToTiles(g, out[0]), LseToTiles(g, lse),
                                /*causal=*/false, aux, g.scale);
@@ -253,8 +264,11 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
       dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
     }
+    timeline::Mark("sparse.grad_accumulate");
     if (g.n_sel > 0) past->AccumulatePageGrad(selection, dkp, dvp);
+    timeline::Mark("sparse.prefetch");
     if (past != nullptr) past->Finished(/*backward=*/true);
+    timeline::Mark("model");
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -1,14 +1,18 @@
 // GPU checks of kernels/ against their CPU references on random inputs (never zeros): the page
 // copy kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
-// against dense float64 attention. Skips without a CUDA device.
+// against dense float64 attention; the GPU timeline's sections. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <iostream>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/cuda.h>
 
+#include "kernels/torch/gpu_timeline.h"
 #include "kernels/torch/page_ops.h"
 #include "tests/kernels/paged_attention_check.h"
 #include "tests/kernels/sparse_attention_check.h"
@@ -48,6 +52,38 @@ TEST_F(KernelsGpuTest, PageCopiesMatchCpuReference) {
   kernels::ScatterAddPages(grad, slots, dk, dv);
   kernels::ScatterAddPages(ggrad, slots.cuda(), dk.cuda(), dv.cuda());
   EXPECT_LE((ggrad.cpu() - grad).abs().max().item<float>(), 1e-6);
+}
+
+// Sparse attention's page copies (kernels/selected_pages.h) against the CPU reference: the
+// gather bit-exact, the accumulation within float32 summation order (bfloat16 pages: one
+// rounding). The selection repeats pages across tiles (a sink page in every tile) and has -1
+// entries, which the gather fills with zeros and the accumulation skips.
+TEST_F(KernelsGpuTest, SelectedPagesMatchCpuReference) {
+  at::manual_seed(6);
+  const int64_t n_tiles = 5, kv_heads = 4, n = 7, pages = 97, P = 128, D = 128;
+  at::Tensor selection = at::randint(1, pages, {n_tiles, kv_heads, n}, at::kLong);
+  selection.select(2, 0).fill_(0);        // every tile selects page 0
+  selection[3].slice(1, 0, 2).fill_(-1);  // fewer pages visible to tile 3
+  const at::Tensor slots = at::randperm(300, at::kInt).slice(0, 0, pages);
+  for (const auto arena_dtype : {at::kBFloat16, at::kFloat}) {
+    const at::Tensor arena = at::randn({300, 2, kv_heads, P, D}).to(arena_dtype);
+    auto [k, v] = kernels::GatherSelectedPages(arena, slots, selection);
+    auto [gk, gv] = kernels::GatherSelectedPages(arena.cuda(), slots.cuda(), selection.cuda());
+    EXPECT_TRUE(at::equal(gk.cpu(), k)) << arena_dtype;
+    EXPECT_TRUE(at::equal(gv.cpu(), v)) << arena_dtype;
+    EXPECT_EQ(k[3][0].slice(0, 0, 2 * P).abs().sum().item<double>(), 0.0);  // the -1 entries
+    for (const auto grad_dtype : {at::kBFloat16, at::kFloat}) {
+      const at::Tensor dk = at::randn(k.sizes()).to(grad_dtype), dv = at::randn(k.sizes()).to(grad_dtype);
+      at::Tensor want = arena.clone(), got = arena.cuda();
+      kernels::AccumulateSelectedPages(want, slots, selection, dk, dv);
+      kernels::AccumulateSelectedPages(got, slots.cuda(), selection.cuda(), dk.cuda(), dv.cuda());
+      const double tol = arena_dtype == at::kFloat ? 1e-5 : 2e-2;
+      EXPECT_TRUE(at::allclose(got.cpu().to(at::kFloat), want.to(at::kFloat), tol, tol))
+          << arena_dtype << " pages, " << grad_dtype << " gradients: max diff "
+          << (got.cpu().to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+      EXPECT_GT((want.to(at::kFloat) - arena.to(at::kFloat)).abs().sum().item<double>(), 0.0);
+    }
+  }
 }
 
 TEST_F(KernelsGpuTest, PagedAttentionFloat32) {
@@ -120,6 +156,34 @@ TEST_F(KernelsGpuTest, SparseAttentionFloat32PackedReferencePath) {
   o.summary = kernels::PageSummary::kMinMax;
   const auto e = testing::CheckSparseAttention(at::kCUDA, at::kFloat, 4096, 512, 28, 4, 128, {0, 1000}, o, 10);
   EXPECT_LE(e.max(), 1e-4) << "out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past;
+}
+
+// The timeline gives each section the GPU time up to the next mark: a section holding 20
+// large products outweighs one holding a small copy, and the sections add up to the wall
+// time around them (the marks sit on the stream that ran the work).
+TEST_F(KernelsGpuTest, TimelineSplitsTheStreamBySection) {
+  namespace timeline = kernels::timeline;
+  const at::Tensor a = at::randn({4096, 4096}, at::device(at::kCUDA).dtype(at::kBFloat16));
+  torch::cuda::synchronize();
+  timeline::Mark("dropped");  // before Enable: ignored
+  timeline::Enable(true);
+  const auto start = std::chrono::steady_clock::now();
+  timeline::Mark("products");
+  for (int i = 0; i < 20; ++i) (void)at::matmul(a, a);
+  timeline::Mark("copy");
+  (void)a.slice(0, 0, 16).clone();
+  timeline::Mark("products");
+  (void)at::matmul(a, a);
+  const std::map<std::string, double> s = timeline::Collect();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  timeline::Enable(false);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_GT(s.at("products"), 10 * s.at("copy"));
+  EXPECT_GT(s.at("copy"), 0);
+  EXPECT_LE(s.at("products") + s.at("copy"), wall);
+  EXPECT_GT(s.at("products") + s.at("copy"), 0.5 * wall);
+  timeline::Mark("off");
+  EXPECT_TRUE(timeline::Collect().empty());
 }
 
 }  // namespace

@@ -427,20 +427,6 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::ReadGrad(int64_t layer, int64
   return {dk.slice(0, off, off + end - begin), dv.slice(0, off, off + end - begin)};
 }
 
-namespace {
-
-// The rows holding head h's K (or V) of each selected page, in an arena viewed as
-// [slots * 2 * kv_heads, page_tokens, head_dim]: slot * 2 * kv_heads + (V ? kv_heads : 0) + h.
-// slots: [pages] int64, the layer's slot of each page; selection: [n_tiles, kv_heads, n]
-// (-1 entries give the row of page 0's slot: the caller masks or filters them).
-at::Tensor ArenaRows(const at::Tensor& slots, const at::Tensor& selection, bool values) {
-  const int64_t kv_heads = selection.size(1);
-  const at::Tensor slot = slots.index_select(0, selection.clamp_min(0).flatten()).view(selection.sizes());
-  return slot * (2 * kv_heads) + (values ? kv_heads : 0) + at::arange(kv_heads, selection.options()).view({1, -1, 1});
-}
-
-}  // namespace
-
 absl::Status SequenceKvCache::EnsureSelectedGradPages(int64_t layer, const std::vector<int64_t>& pages) {
   auto& gpages = grad_pages_[layer];
   if (gpages.size() < kv_pages_[layer].size()) gpages.resize(kv_pages_[layer].size());
@@ -470,62 +456,43 @@ absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& sel
 }
 
 std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, const at::Tensor& selection) {
-  const PageShape& s = pools_.kv->shape();
   const auto& pages = kv_pages_[layer];
-  at::Tensor arena, slots;
   if (AllOnDevice(pages)) {
-    arena = pools_.kv->arena();
-    slots = SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()).to(at::kLong);
-  } else {
-    std::vector<int64_t> index(pages.size(), 0);
-    std::vector<PageId> ids;
-    for (const int64_t page : SelectedPages(selection)) {
-      index[page] = static_cast<int64_t>(ids.size());
-      ids.push_back(pages[page]);
-    }
-    arena = Images(PageKind::kKv, ids);
-    slots = Positions(index, selection.device());
+    return kernels::GatherSelectedPages(
+        pools_.kv->arena(), SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()), selection);
   }
-  const at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
-  const int64_t n_tiles = selection.size(0), n = selection.size(2);
-  const at::Tensor none = (selection < 0).view({n_tiles, s.kv_heads, n, 1, 1});
-  const auto take = [&](bool values) {
-    if (rows.size(0) == 0) return at::zeros({n_tiles, s.kv_heads, n * s.page_tokens, s.head_dim}, rows.options());
-    return rows.index_select(0, ArenaRows(slots, selection, values).flatten())
-        .view({n_tiles, s.kv_heads, n, s.page_tokens, s.head_dim})
-        .masked_fill_(none, 0)
-        .view({n_tiles, s.kv_heads, n * s.page_tokens, s.head_dim});
-  };
-  return {take(false), take(true)};
+  // Some pages on the host: the selected ones as images, the slots their positions there.
+  std::vector<int64_t> index(pages.size(), 0);
+  std::vector<PageId> ids;
+  for (const int64_t page : SelectedPages(selection)) {
+    index[page] = static_cast<int64_t>(ids.size());
+    ids.push_back(pages[page]);
+  }
+  return kernels::GatherSelectedPages(Images(PageKind::kKv, ids), Positions(index, selection.device()).to(at::kInt),
+                                      selection);
 }
 
 absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& dk,
                                                  const at::Tensor& dv) {
-  const PageShape& s = pools_.grad->shape();
   auto& gpages = grad_pages_[layer];
   const std::vector<int64_t> selected = SelectedPages(selection);
   OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected));
+  if (AllOnDevice(gpages)) {
+    kernels::AccumulateSelectedPages(pools_.grad->arena(),
+                                     SlotTensor(gpages, 0, static_cast<int64_t>(gpages.size()), selection.device()),
+                                     selection, dk, dv);
+    return absl::OkStatus();
+  }
+  // Some pages on the host: added into the selected pages' images, which are stored back.
   std::vector<int64_t> index(gpages.size(), 0);
   std::vector<PageId> ids;
   for (const int64_t page : selected) {
     index[page] = static_cast<int64_t>(ids.size());
     ids.push_back(gpages[page]);
   }
-  const at::ScalarType storage = pools_.grad->options().dtype().toScalarType();
-  const bool on_device = AllOnDevice(gpages) && AccumulationType(storage) == storage;
-  at::Tensor arena = on_device ? pools_.grad->arena() : Images(PageKind::kKvGrad, ids).to(AccumulationType(storage));
-  const at::Tensor slots =
-      on_device ? SlotTensor(gpages, 0, static_cast<int64_t>(gpages.size()), selection.device()).to(at::kLong)
-                : Positions(index, selection.device());
-  const at::Tensor keep = (selection >= 0).flatten().nonzero().squeeze(1);
-  at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
-  const auto dtype = arena.scalar_type();
-  for (const bool values : {false, true}) {
-    const at::Tensor& d = values ? dv : dk;
-    rows.index_add_(0, ArenaRows(slots, selection, values).flatten().index_select(0, keep),
-                    d.reshape({-1, s.page_tokens, s.head_dim}).index_select(0, keep).to(dtype));
-  }
-  if (!on_device) StoreImages(PageKind::kKvGrad, ids, arena);
+  at::Tensor images = Images(PageKind::kKvGrad, ids);
+  kernels::AccumulateSelectedPages(images, Positions(index, selection.device()).to(at::kInt), selection, dk, dv);
+  StoreImages(PageKind::kKvGrad, ids, images);
   return absl::OkStatus();
 }
 

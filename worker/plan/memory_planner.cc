@@ -133,16 +133,15 @@ class Model {
 
   // Sparse attention (kernels/torch/sparse_attention.cc) of a chunk of C tokens ending at T:
   // the selected pages gathered per (query tile, KV head), keys and values, G elements each.
-  // CUDA: in backward those and their dK/dV from the kernel (dtype), then, one of dK / dV at a
-  // time, the copy AccumulatePageGrad makes and its float32 conversion; the gathered pages are
-  // freed by then (2 e + 2 e, or 2 e + e + 4 per element). CPU: also their float32 gradients,
+  // CUDA: in backward those and their dK/dV from the kernel (dtype), which AccumulatePageGrad
+  // adds into the pages in place (2 e + 2 e per element). CPU: also their float32 gradients,
   // and one tile's float32 scores and what is made from them (3.5x).
   int64_t SparseAttentionBytes(int64_t C, int64_t T) const {
     const int64_t P = spec_.memory.page_tokens, D = c_.head_dim, Hkv = c_.num_kv_heads;
     const int64_t tiles = CeilDiv(C, P);
     const int64_t selected = std::min(CeilDiv(T, P), spec_.attention.sparse.page_budget);
     const int64_t gathered = tiles * Hkv * selected * P * D;
-    if (cuda_ && e_ == 2) return gathered * std::max(4 * e_, 3 * e_ + kF32);
+    if (cuda_ && e_ == 2) return gathered * 4 * e_;
     const int64_t tile_scores = c_.num_heads * P * (selected * P + C);
     return gathered * 5 * kF32 + 7 * kF32 * tile_scores / 2;
   }

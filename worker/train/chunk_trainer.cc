@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/torch/chunked_cross_entropy.h"
+#include "kernels/torch/gpu_timeline.h"
 #include "kernels/torch/paged_attention.h"
 #include "kernels/torch/sparse_attention.h"
 #include "worker/kv/copy_engine.h"
@@ -242,9 +243,11 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
         stage2 ? absl::MakeConstSpan(selections_).subspan(index * L, L) : absl::Span<const at::Tensor>());
   }
   if (stage2) {
+    kernels::timeline::Mark("sparse.selection_upload");
     const at::Tensor selection = selections_[index * L + layer].to(q.device(), at::kLong);
     return kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
   }
+  kernels::timeline::Mark("sparse.select");
   at::Tensor layer_summaries = (*summaries)[layer];
   const at::Tensor selection =
       kernels::SelectPages(q, layer_summaries.slice(0, 0, c.begin / P), c.input.doc_start, c.begin, select);
@@ -262,10 +265,12 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
   if (training) selections_[index * L + layer] = host;
   at::Tensor out =
       kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
+  kernels::timeline::Mark("sparse.append_summarize");
   if (append_status->ok()) *append_status = cache.Append(layer, k, v);
   const at::ScalarType summary_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor chunk_summaries = kernels::SummarizePages(k.to(summary_type), P, select.summary);
   layer_summaries.slice(0, c.begin / P, c.begin / P + chunk_summaries.size(0)).copy_(chunk_summaries);
+  kernels::timeline::Mark("model");
   return out;
 }
 

@@ -1,0 +1,58 @@
+// Page copies for sparse attention: the pages a selection names, gathered per (query tile, KV
+// head), and their gradients added back into the pages.
+//
+// Layouts (kernels/page_copy.h for the arena):
+//   arena:      [num_slots, 2, kv_heads, page_tokens, head_dim]   (dim 1: 0 = K, 1 = V)
+//   slots:      [num_pages] int32: the arena slot of past page i
+//   selection:  [n_tiles, kv_heads, n] int64: page indices, -1 = none
+//   k, v:       [n_tiles, kv_heads, n * page_tokens, head_dim]: entry e = (t * kv_heads + h) * n + i
+//               of the selection owns the run k[e * page_tokens * head_dim ...] of one page and head
+//
+// Gather writes each entry's run from its page (zeros for -1): one pass over the bytes, where
+// index_select + masked_fill made three (bench/results/2026-11-22-h100-sparse-sections).
+//
+// Accumulate adds dK / dV into the pages' runs without atomics: the entries are sorted by (head,
+// page) beforehand (`order`, `sorted_key`: the entries in that order and their keys
+// h * num_pages + page, num_pages * kv_heads for -1, which sorts last and is skipped); the
+// thread blocks of a run's first entry sum the run's contributions in float32 registers and add
+// them into the page once, in its storage type (float32 or bfloat16: rounded once per call).
+//
+// The launchers take plain pointers (no torch types); kernels/torch/page_ops.h is the binding
+// that validates tensors, sorts the entries, and has the CPU reference (ATen ops).
+#ifndef OOMB_KERNELS_SELECTED_PAGES_H_
+#define OOMB_KERNELS_SELECTED_PAGES_H_
+
+#include <cstdint>
+
+#include "kernels/cuda_types.h"
+
+namespace oomb::kernels {
+
+enum class PageDtype { kBFloat16, kFloat32 };
+
+struct SelectedPagesParams {
+  void* arena = nullptr;                // arena_dtype
+  const int32_t* slots = nullptr;       // [num_pages]
+  const int64_t* selection = nullptr;   // [entries], -1 = none (gather)
+  const int64_t* order = nullptr;       // [entries] (accumulate)
+  const int64_t* sorted_key = nullptr;  // [entries] (accumulate)
+  void* k = nullptr;                    // [entries, page_tokens * head_dim], buffer_dtype
+  void* v = nullptr;
+  int64_t entries = 0;  // n_tiles * kv_heads * n
+  int64_t n = 0;        // pages per (tile, head)
+  int64_t num_pages = 0;
+  int64_t kv_heads = 0;
+  int64_t page_tokens = 0;
+  int64_t head_dim = 0;
+  PageDtype arena_dtype = PageDtype::kBFloat16;
+  PageDtype buffer_dtype = PageDtype::kBFloat16;
+};
+
+// k, v <- the selected pages (arena and buffers of one dtype). page_tokens * head_dim % 8 == 0.
+cudaError_t LaunchGatherSelectedPages(const SelectedPagesParams& p, cudaStream_t stream);
+// pages += k, v (any mix of the two dtypes), each run summed in float32 first.
+cudaError_t LaunchAccumulateSelectedPages(const SelectedPagesParams& p, cudaStream_t stream);
+
+}  // namespace oomb::kernels
+
+#endif  // OOMB_KERNELS_SELECTED_PAGES_H_

@@ -1,0 +1,81 @@
+#include "kernels/torch/gpu_timeline.h"
+
+#include <atomic>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#if defined(OOMB_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace oomb::kernels::timeline {
+namespace {
+
+std::atomic<bool> enabled{false};
+
+#if defined(OOMB_HAVE_CUDA)
+struct Marks {
+  std::mutex mu;
+  int device = -1;  // the first mark's
+  std::vector<std::pair<const char*, at::cuda::CUDAEvent>> events;
+};
+
+Marks& State() {
+  static Marks* marks = new Marks();  // never destroyed: events outlive static destruction order
+  return *marks;
+}
+#endif
+
+}  // namespace
+
+void Enable(bool on) {
+  enabled = on;
+#if defined(OOMB_HAVE_CUDA)
+  Marks& m = State();
+  const std::lock_guard<std::mutex> lock(m.mu);
+  m.events.clear();
+  m.device = -1;
+#endif
+}
+
+bool Enabled() { return enabled; }
+
+void Mark(const char* name) {
+  if (!enabled) return;
+#if defined(OOMB_HAVE_CUDA)
+  if (c10::cuda::device_count() == 0) return;
+  const int device = c10::cuda::current_device();
+  Marks& m = State();
+  const std::lock_guard<std::mutex> lock(m.mu);
+  if (m.device < 0) m.device = device;
+  if (device != m.device) return;
+  m.events.emplace_back(name, at::cuda::CUDAEvent(cudaEventDefault));
+  m.events.back().second.record(at::cuda::getCurrentCUDAStream(device));
+#else
+  (void)name;
+#endif
+}
+
+std::map<std::string, double> Collect() {
+  std::map<std::string, double> seconds;
+#if defined(OOMB_HAVE_CUDA)
+  Marks& m = State();
+  const std::lock_guard<std::mutex> lock(m.mu);
+  if (m.events.empty()) return seconds;
+  at::cuda::CUDAEvent end(cudaEventDefault);
+  end.record(at::cuda::getCurrentCUDAStream(m.device));
+  end.synchronize();
+  for (size_t i = 0; i < m.events.size(); ++i) {
+    const at::cuda::CUDAEvent& next = i + 1 < m.events.size() ? m.events[i + 1].second : end;
+    seconds[m.events[i].first] += static_cast<double>(m.events[i].second.elapsed_time(next)) / 1000.0;
+  }
+  m.events.clear();
+  m.device = -1;
+#endif
+  return seconds;
+}
+
+}  // namespace oomb::kernels::timeline

@@ -1,0 +1,33 @@
+// Opt-in attribution of a training step's GPU time to named sections, for benchmarks
+// (bench_train --sections). Off unless enabled; costs one flag test per mark when off.
+//
+// Mark(name) records an event on the current CUDA stream. The GPU time from one mark to the
+// next goes to the earlier mark's name, including the time the GPU sat idle waiting for the
+// host (a blocking copy, a launch-bound stretch): the sections partition the timeline, so they
+// add up to the step. Marks on the CPU, or on another device than the first mark's, are ignored.
+//
+//   timeline::Enable(true);
+//   timeline::Mark("model");   ...   timeline::Mark("sparse.gather");   ...
+//   std::map<std::string, double> seconds = timeline::Collect();  // waits for the GPU
+#ifndef OOMB_KERNELS_TORCH_GPU_TIMELINE_H_
+#define OOMB_KERNELS_TORCH_GPU_TIMELINE_H_
+
+#include <map>
+#include <string>
+
+namespace oomb::kernels::timeline {
+
+// Turns marking on or off (off drops any marks not collected).
+void Enable(bool on);
+bool Enabled();
+
+// Starts section `name` (a string literal: kept by pointer) on the current CUDA stream.
+void Mark(const char* name);
+
+// Closes the last section, waits for it, and returns the seconds of each section name summed
+// over the marks since the last Collect (or Enable); then starts over.
+std::map<std::string, double> Collect();
+
+}  // namespace oomb::kernels::timeline
+
+#endif  // OOMB_KERNELS_TORCH_GPU_TIMELINE_H_
