@@ -99,10 +99,16 @@ at::Tensor ArenaRows(const at::Tensor& slots, const at::Tensor& selection, bool 
       .flatten();
 }
 
+// Whether the CUDA kernels take these tensors (else the reference runs, on their device).
+bool KernelTakes(const at::Tensor& arena, const at::Tensor& buffer) {
+  const auto takes = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat;
+  };
+  return arena.is_cuda() && takes(arena) && takes(buffer);
+}
+
 #if defined(OOMB_HAVE_CUDA)
-PageDtype ToPageDtype(const at::Tensor& t, const char* what) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, what,
-              ": the CUDA kernels take bfloat16 or float32, got ", t.scalar_type());
+PageDtype ToPageDtype(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat ? PageDtype::kFloat32 : PageDtype::kBFloat16;
 }
 
@@ -124,8 +130,8 @@ SelectedPagesParams MakeSelectedParams(const at::Tensor& arena, const at::Tensor
   p.kv_heads = s.kv_heads;
   p.page_tokens = s.page_tokens;
   p.head_dim = s.head_dim;
-  p.arena_dtype = ToPageDtype(arena, "arena");
-  p.buffer_dtype = ToPageDtype(k, "k/v");
+  p.arena_dtype = ToPageDtype(arena);
+  p.buffer_dtype = ToPageDtype(k);
   return p;
 }
 
@@ -144,16 +150,20 @@ std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, c
   const Selected s = CheckSelected(arena, slots, selection);
   if (s.n == 0 || s.n_tiles == 0) {
     const at::Tensor none = at::zeros(s.Shape(), arena.options());
-    return {none, none};
+    return {none, none.clone()};
   }
 #if defined(OOMB_HAVE_CUDA)
-  if (arena.is_cuda()) {
+  if (KernelTakes(arena, arena)) {
     at::Tensor k = at::empty(s.Shape(), arena.options()), v = at::empty_like(k);
     const at::Tensor sel = selection.contiguous();
     Launch(arena, LaunchGatherSelectedPages, MakeSelectedParams(arena, slots, sel, k, v, s));
     return {k, v};
   }
 #endif
+  if (arena.size(0) == 0) {  // every entry -1: no page to read
+    const at::Tensor none = at::zeros(s.Shape(), arena.options());
+    return {none, none.clone()};
+  }
   const at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
   const at::Tensor none = (selection < 0).view({s.n_tiles, s.kv_heads, s.n, 1, 1});
   const auto take = [&](bool values) {
@@ -174,7 +184,7 @@ void AccumulateSelectedPages(at::Tensor& arena, const at::Tensor& slots, const a
   }
   if (selection.numel() == 0) return;
 #if defined(OOMB_HAVE_CUDA)
-  if (arena.is_cuda()) {
+  if (KernelTakes(arena, k) && v.scalar_type() == k.scalar_type()) {
     // Entries sorted by (head, page); -1 entries get the largest key and sort last.
     const int64_t num_pages = slots.size(0);
     const at::Tensor head = at::arange(s.kv_heads, selection.options()).view({1, -1, 1});

@@ -27,8 +27,9 @@ void ScatterAddPages(at::Tensor& arena, const at::Tensor& slots, const at::Tenso
 //   slots:      [num_pages] int32, the slot of each past page, on the arena's device
 //   selection:  [n_tiles, kv_heads, n] int64 page indices (-1: none), on the arena's device
 //   k, v:       [n_tiles, kv_heads, n * page_tokens, head_dim]
-// CUDA runs the kernels (bfloat16 or float32 arenas); the CPU runs the reference, ATen's
-// index_select / index_add_, which the GPU tests compare against.
+// CUDA runs the kernels (bfloat16 or float32 arenas and buffers); the CPU, and CUDA for other
+// dtypes, run the reference, ATen's index_select / index_add_, which the GPU tests compare
+// against.
 //
 // Returns the selected pages' (k, v), zeros where -1, in the arena's dtype.
 std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, const at::Tensor& slots,
