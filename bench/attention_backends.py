@@ -12,38 +12,13 @@ import argparse
 import json
 import torch
 
+from gpu_timing import add_shape_args, matmul_tflops, timed
+
 ap = argparse.ArgumentParser()
-ap.add_argument("--past", type=int, default=131072)
-ap.add_argument("--chunk", type=int, default=4096)
-ap.add_argument("--hq", type=int, default=28)
-ap.add_argument("--hkv", type=int, default=4)
-ap.add_argument("--dim", type=int, default=128)
-ap.add_argument("--iters", type=int, default=10)
+add_shape_args(ap)
 args = ap.parse_args()
 dev = torch.device("cuda")
 torch.manual_seed(0)
-
-
-def timed(fn, iters):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def matmul_tflops():
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    return 2 * 8192**3 / timed(lambda: a @ b, 20) / 1e12
 
 
 C, S, Hq, Hkv, D = args.chunk, args.past, args.hq, args.hkv, args.dim
@@ -88,7 +63,7 @@ def cudnn_bwd(k_, v_, out, lse, causal, r):
 
 res = {"chunk": C, "past": S, "hq": Hq, "hkv": Hkv, "dim": D, "device": torch.cuda.get_device_name(),
        "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
-res["matmul_bf16_tflops"] = matmul_tflops()
+res["matmul_bf16_tflops"] = matmul_tflops(dev)
 fl_past = 4 * C * S * Hq * D
 fl_chunk = 2 * C * C * Hq * D
 

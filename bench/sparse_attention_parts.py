@@ -20,16 +20,13 @@ import argparse
 import json
 import torch
 
+from gpu_timing import add_shape_args, matmul_tflops, timed
+
 ap = argparse.ArgumentParser()
-ap.add_argument("--past", type=int, default=131072)
-ap.add_argument("--chunk", type=int, default=4096)
+add_shape_args(ap)
 ap.add_argument("--page", type=int, default=128)
 ap.add_argument("--budget", type=int, default=64)
 ap.add_argument("--tiles", type=int, nargs="+", default=[128, 256, 512])
-ap.add_argument("--hq", type=int, default=28)
-ap.add_argument("--hkv", type=int, default=4)
-ap.add_argument("--dim", type=int, default=128)
-ap.add_argument("--iters", type=int, default=10)
 args = ap.parse_args()
 dev = torch.device("cuda")
 torch.manual_seed(0)
@@ -37,31 +34,17 @@ ops = torch.ops.aten
 bf16 = torch.bfloat16
 
 
-def timed(fn):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(args.iters):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]  # ms
+def timed_ms(fn):
+    return timed(fn, args.iters) * 1e3
 
 
 C, S, P, Hq, Hkv, D, n_sel = args.chunk, args.past, args.page, args.hq, args.hkv, args.dim, args.budget
 scale = D**-0.5
 n_pages = S // P
 keys_past = n_sel * P
-a = torch.randn(8192, 8192, device=dev, dtype=bf16)
 res = {"chunk": C, "past": S, "page": P, "budget": n_sel, "hq": Hq, "hkv": Hkv, "dim": D,
        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-       "matmul_bf16_tflops": 2 * 8192**3 / timed(lambda: a @ a) / 1e9}
-del a
+       "matmul_bf16_tflops": matmul_tflops(dev)}
 
 
 def cudnn_fwd(q, k, v, causal):  # q [B, T, H, D], k/v [B, Hkv, n, D], as FusedBlockForward
@@ -78,8 +61,8 @@ def cudnn_bwd(dout, q, k, v, r, causal):
 def fwd_bwd(q, k, v, causal, flops, key):
     dout = torch.randn_like(q)
     r = cudnn_fwd(q, k, v, causal)
-    tf = timed(lambda: cudnn_fwd(q, k, v, causal))
-    tb = timed(lambda: cudnn_bwd(dout, q, k, v, r, causal))
+    tf = timed_ms(lambda: cudnn_fwd(q, k, v, causal))
+    tb = timed_ms(lambda: cudnn_bwd(dout, q, k, v, r, causal))
     res[key] = {"fwd_ms": tf, "bwd_ms": tb, "fwd_tflops": flops / tf / 1e9, "bwd_tflops": 2.5 * flops / tb / 1e9}
 
 
@@ -116,7 +99,7 @@ for T in args.tiles:
         return [rows.index_select(0, arena_rows(vals).flatten()).view(n_tiles, Hkv, n_sel, P, D)
                 .masked_fill_(none, 0).view(n_tiles, Hkv, keys_past, D) for vals in (False, True)]
 
-    part = {"gather_ms": timed(gather)}
+    part = {"gather_ms": timed_ms(gather)}
     kp, vp = gather()
     qt = q.view(n_tiles, T, Hq, D)
     fwd_bwd(qt, kp, vp, False, 4 * C * keys_past * Hq * D, f"past_T{T}")
@@ -129,7 +112,7 @@ for T in args.tiles:
         w = torch.exp(lse_a - merged).transpose(1, 2).unsqueeze(-1)
         return out_a.float() * w + out_a.float() * w, merged
 
-    part["merge_ms"] = timed(merge)
+    part["merge_ms"] = timed_ms(merge)
     dkp = torch.randn(n_tiles, Hkv, keys_past, D, device=dev, dtype=bf16)
     keep = (sel >= 0).flatten().nonzero().squeeze(1)
     union = sel.flatten().unique()
@@ -151,8 +134,8 @@ for T in args.tiles:
             g_rows.index_add_(0, arena_rows(vals).flatten().index_select(0, keep),
                               dkp.reshape(-1, P, D).index_select(0, keep).float())
 
-    part["grad_bf16_pages_ms"] = timed(grad_bf16)
-    part["grad_f32_pages_ms"] = timed(grad_f32)
+    part["grad_bf16_pages_ms"] = timed_ms(grad_bf16)
+    part["grad_f32_pages_ms"] = timed_ms(grad_f32)
     res[f"tile_{T}"] = part
     del kp, vp, dkp
 

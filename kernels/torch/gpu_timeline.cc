@@ -41,8 +41,6 @@ void Enable(bool on) {
 #endif
 }
 
-bool Enabled() { return enabled; }
-
 void Mark(const char* name) {
   if (!enabled) return;
 #if defined(OOMB_HAVE_CUDA)

@@ -19,7 +19,6 @@ namespace oomb::kernels::timeline {
 
 // Turns marking on or off (off drops any marks not collected).
 void Enable(bool on);
-bool Enabled();
 
 // Starts section `name` (a string literal: kept by pointer) on the current CUDA stream.
 void Mark(const char* name);
