@@ -46,6 +46,21 @@ cudaError_t LaunchPageScatter(const PageCopyParams& p, cudaStream_t stream);
 // arena[slots] += k, v, all float32 (elem_bytes == 4). Slots must be distinct.
 cudaError_t LaunchPageScatterAddF32(const PageCopyParams& p, cudaStream_t stream);
 
+// One contiguous copy of a batch (the copy engine's runs of adjacent pages, worker/kv/copy_engine.h).
+struct CopyRunDesc {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t bytes = 0;
+};
+
+// Copies every run of a batch in one launch: runs[i].bytes from runs[i].src to runs[i].dst.
+// Either side may be pinned host memory, which the kernel's threads read or write through
+// unified addressing (PCIe): a batch of scattered host pages moves in one launch, where one
+// cudaMemcpyAsync per page ran at 9.2 GB/s (ARCHITECTURE.md §10). `runs`: `num_runs`
+// descriptors in device memory; every address and size a multiple of 16; runs do not overlap.
+// `blocks`: how many thread blocks (so SMs, at most) the copy occupies while it runs.
+cudaError_t LaunchCopyRuns(const CopyRunDesc* runs, int64_t num_runs, int blocks, cudaStream_t stream);
+
 }  // namespace oomb::kernels
 
 #endif  // OOMB_KERNELS_PAGE_COPY_H_

@@ -18,7 +18,7 @@ rm -rf .carry && mkdir -p .carry/bin .carry/lib
 # Binaries: daemon, CLI, benchmarks, the gpu-labelled tests and the CPU references they rest on,
 # the metrics tests (NVML is only there on the GPU machine) (OOMB_GPU_PACK_TESTS adds more test
 # binaries by name).
-wanted="oombd oomb bench_train link_smoke_gpu_test kernels_gpu_test paged_attention_test chunk_trainer_test
+wanted="oombd oomb bench_train bench_copy_paths link_smoke_gpu_test kernels_gpu_test paged_attention_test chunk_trainer_test
   metrics_sources_test metrics_test ${OOMB_GPU_PACK_TESTS:-}"
 for name in $wanted; do
   f=$(find "$build" -type f -executable -name "$name" -not -path '*/CMakeFiles/*' | head -n 1)

@@ -3,8 +3,14 @@
 // Host pages live in pinned host slabs (PagePool on Tier::kHost). The engine moves them in
 // batches: FetchPages brings a list of host pages into one new device tensor, WritePages writes
 // a device tensor of page images back into host pages. A batch is coalesced into runs of
-// adjacent slots (one cudaMemcpyAsync per run, not per page: pages written together are
-// allocated together, so a chunk's pages of one layer are one run).
+// adjacent slots (pages written together are allocated together, so a chunk's pages of one
+// layer are one run). How a batch moves (CUDA; bench/results/2026-11-22-h100-copy-paths):
+//   - a fetch of several runs is one copy kernel (kernels/page_copy.h LaunchCopyRuns) on 8
+//     thread blocks, reading the pinned pages through unified addressing: scattered 256 KiB
+//     pages came in at 50 GB/s, against 35 GB/s and 4 ms of host time per 600 pages for one
+//     cudaMemcpyAsync per run, and it slowed a concurrent matmul by 4%;
+//   - a write-back, and a fetch of one run, is one cudaMemcpyAsync per run (DMA): a copy kernel
+//     writing to the host slowed a concurrent matmul by 20-60%, DMA by nothing.
 //
 // Ordering (CUDA), on two dedicated streams, one per direction:
 //   - a fetch starts after everything already queued on the caller's current stream (the

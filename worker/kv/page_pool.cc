@@ -170,15 +170,23 @@ absl::StatusOr<PageId> SequenceKvCache::AllocatePage(PageKind kind) {
 
 namespace {
 
+// `values` on `device`. To a GPU through pinned memory, without waiting for the device: the
+// caching host allocator keeps the pinned copy until the upload is done. (A pageable upload
+// would wait for everything queued before it, and the GPU would idle while the host caught up.)
+template <typename T>
+at::Tensor Upload(const std::vector<T>& values, const at::Device& device) {
+  const at::Tensor host = at::tensor(at::ArrayRef<T>(values));
+  if (!device.is_cuda()) return host;
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 at::Tensor SlotTensor(const std::vector<PageId>& pages, int64_t first, int64_t last, const at::Device& device) {
   std::vector<int32_t> slots;
   for (int64_t p = first; p < last; ++p) slots.push_back(static_cast<int32_t>(pages[p].slot()));
-  return at::tensor(slots, at::TensorOptions().dtype(at::kInt)).to(device);
+  return Upload(slots, device);
 }
 
-at::Tensor Positions(const std::vector<int64_t>& v, const at::Device& device) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
-}
+at::Tensor Positions(const std::vector<int64_t>& v, const at::Device& device) { return Upload(v, device); }
 
 // What gradient pages of `storage` dtype accumulate in: float32 for bfloat16 / float16 pages.
 at::ScalarType AccumulationType(at::ScalarType storage) {
@@ -215,9 +223,11 @@ std::pair<at::Tensor, at::Tensor> TokenMajor(const at::Tensor& images) {
   return {flat(0), flat(1)};
 }
 
-// The pages a sparse selection (page indices, -1: none; any device) names, once each, ascending.
-std::vector<int64_t> SelectedPages(const at::Tensor& selection) {
-  const at::Tensor chosen = std::get<0>(at::_unique(selection.flatten().to(at::kCPU, at::kLong)));
+// The pages a sparse selection on the host (page indices, -1: none) names, once each, ascending.
+std::vector<int64_t> SelectedPages(const at::Tensor& host_selection) {
+  TORCH_CHECK(host_selection.device().is_cpu(), "host_selection: expected a CPU tensor, got one on ",
+              host_selection.device());
+  const at::Tensor chosen = std::get<0>(at::_unique(host_selection.flatten().to(at::kLong)));
   const int64_t* c = chosen.data_ptr<int64_t>();
   std::vector<int64_t> pages;
   for (int64_t i = 0; i < chosen.numel(); ++i) {
@@ -439,9 +449,9 @@ absl::Status SequenceKvCache::EnsureSelectedGradPages(int64_t layer, const std::
   return absl::OkStatus();
 }
 
-absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& selection, bool with_grads) {
+absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& host_selection, bool with_grads) {
   if (!has_host() || layer >= static_cast<int64_t>(kv_pages_.size())) return absl::OkStatus();
-  const std::vector<int64_t> selected = SelectedPages(selection);
+  const std::vector<int64_t> selected = SelectedPages(host_selection);
   if (with_grads) OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected));
   for (const PageKind kind : {PageKind::kKv, PageKind::kKvGrad}) {
     if (kind == PageKind::kKvGrad && !with_grads) continue;
@@ -455,7 +465,8 @@ absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& sel
   return absl::OkStatus();
 }
 
-std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, const at::Tensor& selection) {
+std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, const at::Tensor& selection,
+                                                               const at::Tensor& host_selection) {
   const auto& pages = kv_pages_[layer];
   if (AllOnDevice(pages)) {
     return kernels::GatherSelectedPages(
@@ -464,7 +475,7 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
   // Some pages on the host: the selected ones as images, the slots their positions there.
   std::vector<int64_t> index(pages.size(), 0);
   std::vector<PageId> ids;
-  for (const int64_t page : SelectedPages(selection)) {
+  for (const int64_t page : SelectedPages(host_selection)) {
     index[page] = static_cast<int64_t>(ids.size());
     ids.push_back(pages[page]);
   }
@@ -472,10 +483,11 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
                                       selection);
 }
 
-absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& dk,
+absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor& selection,
+                                                 const at::Tensor& host_selection, const at::Tensor& dk,
                                                  const at::Tensor& dv) {
   auto& gpages = grad_pages_[layer];
-  const std::vector<int64_t> selected = SelectedPages(selection);
+  const std::vector<int64_t> selected = SelectedPages(host_selection);
   OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected));
   if (AllOnDevice(gpages)) {
     kernels::AccumulateSelectedPages(pools_.grad->arena(),

@@ -215,19 +215,21 @@ class SequenceKvCache {
 
   // Sparse attention (kernels/torch/sparse_attention.h): keys and values of the layer's pages
   // selection [n_tiles, kv_heads, n] (page indices below tokens(layer) / page_tokens, -1:
-  // none) -> [n_tiles, kv_heads, n * page_tokens, head_dim] each, zeros where -1: one batched
-  // gather per call.
-  std::pair<at::Tensor, at::Tensor> GatherPages(int64_t layer, const at::Tensor& selection);
+  // none; on the pages' device) -> [n_tiles, kv_heads, n * page_tokens, head_dim] each, zeros
+  // where -1: one batched gather per call. `host_selection` is the same selection on the CPU
+  // (any integer dtype): which pages to fetch or allocate is read from it, so no call here
+  // waits for the device.
+  std::pair<at::Tensor, at::Tensor> GatherPages(int64_t layer, const at::Tensor& selection,
+                                                const at::Tensor& host_selection);
   // Adds dK, dV [n_tiles, kv_heads, n * page_tokens, head_dim] of the selected pages into their
   // gradient pages (allocated, zeroed, on a page's first selection: pages no chunk selects
   // never get one). Entries of -1 are skipped; repeated pages receive every contribution.
-  absl::Status AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& dk,
-                                  const at::Tensor& dv);
-  // Starts fetching the host pages a later GatherPages(layer, selection) reads (`with_grads`:
-  // also the gradient pages a later AccumulatePageGrad(layer, selection, ...) adds into,
-  // allocating those not allocated yet), as Prefetch does for a range. Errors: as
-  // AccumulatePageGrad's.
-  absl::Status PrefetchPages(int64_t layer, const at::Tensor& selection, bool with_grads);
+  absl::Status AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& host_selection,
+                                  const at::Tensor& dk, const at::Tensor& dv);
+  // Starts fetching the host pages a later GatherPages(layer, selection, host_selection) reads
+  // (`with_grads`: also the gradient pages a later AccumulatePageGrad adds into, allocating
+  // those not allocated yet), as Prefetch does for a range. Errors: as AccumulatePageGrad's.
+  absl::Status PrefetchPages(int64_t layer, const at::Tensor& host_selection, bool with_grads);
 
   // Frees, in every layer, the KV and gradient pages whose first token is >= `token`: after
   // chunk i's backward nothing reads them again.

@@ -85,15 +85,22 @@ class LayerPast final : public kernels::PastKv {
 // follows its recompute.
 class LayerSparsePast final : public kernels::SparsePast {
  public:
-  // `selections`: empty (stage 1), or the chunk's host selections, one per layer.
-  LayerSparsePast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens, absl::Span<const at::Tensor> selections)
-      : cache_(cache), layer_(layer), past_tokens_(past_tokens), selections_(selections) {}
+  // `host_selection`: the layer's selection on the CPU (the cache reads which pages to fetch
+  // from it, not from the device's copy). `selections`: empty (stage 1), or the chunk's host
+  // selections, one per layer.
+  LayerSparsePast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens, at::Tensor host_selection,
+                  absl::Span<const at::Tensor> selections)
+      : cache_(cache),
+        layer_(layer),
+        past_tokens_(past_tokens),
+        host_selection_(std::move(host_selection)),
+        selections_(selections) {}
   int64_t past_tokens() const override { return past_tokens_; }
   std::pair<at::Tensor, at::Tensor> GatherPages(const at::Tensor& selection) override {
-    return cache_->GatherPages(layer_, selection);
+    return cache_->GatherPages(layer_, selection, host_selection_);
   }
   void AccumulatePageGrad(const at::Tensor& selection, const at::Tensor& dk, const at::Tensor& dv) override {
-    const absl::Status s = cache_->AccumulatePageGrad(layer_, selection, dk, dv);
+    const absl::Status s = cache_->AccumulatePageGrad(layer_, selection, host_selection_, dk, dv);
     TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
   }
   void Finished(bool backward) override {
@@ -111,6 +118,7 @@ class LayerSparsePast final : public kernels::SparsePast {
   SequenceKvCache* cache_;
   int64_t layer_;
   int64_t past_tokens_;
+  at::Tensor host_selection_;
   absl::Span<const at::Tensor> selections_;
 };
 
@@ -236,15 +244,16 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
   TORCH_CHECK(c.begin % P == 0, "sparse attention: chunk_tokens (", options_.chunk_tokens,
               ") must be a multiple of page_tokens (", P, ")");
   const bool stage2 = summaries == nullptr;  // stage 2 uses the selection stage 1 made
-  std::shared_ptr<kernels::SparsePast> past;
-  if (c.begin > 0) {
-    past = std::make_shared<LayerSparsePast>(
-        &cache, layer, c.begin,
-        stage2 ? absl::MakeConstSpan(selections_).subspan(index * L, L) : absl::Span<const at::Tensor>());
-  }
   if (stage2) {
     kernels::timeline::Mark("sparse.selection_upload");
-    const at::Tensor selection = selections_[index * L + layer].to(q.device(), at::kLong);
+    const at::Tensor& host = selections_[index * L + layer];
+    // Pinned: the upload does not wait for the device.
+    const at::Tensor selection = host.to(q.device(), /*non_blocking=*/true).to(at::kLong);
+    std::shared_ptr<kernels::SparsePast> past;
+    if (c.begin > 0) {
+      past = std::make_shared<LayerSparsePast>(&cache, layer, c.begin, host,
+                                               absl::MakeConstSpan(selections_).subspan(index * L, L));
+    }
     return kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
   }
   kernels::timeline::Mark("sparse.select");
@@ -252,7 +261,11 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
   const at::Tensor selection =
       kernels::SelectPages(q, layer_summaries.slice(0, 0, c.begin / P), c.input.doc_start, c.begin, select);
   if (options_.on_selection) options_.on_selection(index, layer, selection);
-  const at::Tensor host = selection.to(at::kCPU, at::kInt);
+  // The host copy (which pages to fetch, and stage 2's selection): pinned on a GPU, so that
+  // stage 2 uploads it without waiting for the device.
+  at::Tensor host =
+      at::empty(selection.sizes(), at::TensorOptions().dtype(at::kInt).pinned_memory(selection.is_cuda()));
+  host.copy_(selection);
   {
     const int64_t C = c.end - c.begin, G = q.size(1) / k.size(1);
     const at::Tensor per_tile = host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
@@ -263,6 +276,9 @@ at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t 
                                     static_cast<double>(q.size(1)) * C * (C + 1) / 2;
   }
   if (training) selections_[index * L + layer] = host;
+  std::shared_ptr<kernels::SparsePast> past;
+  if (c.begin > 0)
+    past = std::make_shared<LayerSparsePast>(&cache, layer, c.begin, host, absl::Span<const at::Tensor>());
   at::Tensor out =
       kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
   kernels::timeline::Mark("sparse.append_summarize");

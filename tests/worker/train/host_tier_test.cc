@@ -151,13 +151,14 @@ void CheckEveryCacheOperation(const Target& target) {
   // Sparse: selections over the 7 full pages of a layer, with repeats and -1.
   const at::Tensor selection =
       at::tensor({0, 6, 3, -1, 2, 2, 5, 1, 4, -1, 6, 0}, at::kLong).view({3, 2, 2}).to(target.device);
+  const at::Tensor host_selection = selection.cpu().to(at::kInt);
   for (int64_t l = 0; l < layers; ++l) {
     // Layer 0 prefetched (pages and their gradients), layer 1 not.
     if (l == 0) {
-      ASSERT_TRUE(b.PrefetchPages(l, selection, /*with_grads=*/true).ok());
+      ASSERT_TRUE(b.PrefetchPages(l, host_selection, /*with_grads=*/true).ok());
     }
-    auto [ka, va] = a.GatherPages(l, selection);
-    auto [kb, vb] = b.GatherPages(l, selection);
+    auto [ka, va] = a.GatherPages(l, selection, host_selection);
+    auto [kb, vb] = b.GatherPages(l, selection, host_selection);
     ExpectSame(kb, ka, "gathered K");
     ExpectSame(vb, va, "gathered V");
     // A write to the prefetched gradient pages overtakes the prefetch: the page gradients that
@@ -166,12 +167,12 @@ void CheckEveryCacheOperation(const Target& target) {
     ASSERT_TRUE(a.AccumulateGrad(l, 4, dk_range, dk_range).ok());
     ASSERT_TRUE(b.AccumulateGrad(l, 4, dk_range, dk_range).ok());
     const at::Tensor dk = Random(ka.sizes().vec(), 500 + l, target), dv = Random(ka.sizes().vec(), 600 + l, target);
-    ASSERT_TRUE(a.AccumulatePageGrad(l, selection, dk, dv).ok());
-    ASSERT_TRUE(b.AccumulatePageGrad(l, selection, dk, dv).ok());
+    ASSERT_TRUE(a.AccumulatePageGrad(l, selection, host_selection, dk, dv).ok());
+    ASSERT_TRUE(b.AccumulatePageGrad(l, selection, host_selection, dk, dv).ok());
     // Prefetched and consumed as it is.
-    ASSERT_TRUE(b.PrefetchPages(l, selection, /*with_grads=*/true).ok());
-    ASSERT_TRUE(a.AccumulatePageGrad(l, selection, dv, dk).ok());
-    ASSERT_TRUE(b.AccumulatePageGrad(l, selection, dv, dk).ok());
+    ASSERT_TRUE(b.PrefetchPages(l, host_selection, /*with_grads=*/true).ok());
+    ASSERT_TRUE(a.AccumulatePageGrad(l, selection, host_selection, dv, dk).ok());
+    ASSERT_TRUE(b.AccumulatePageGrad(l, selection, host_selection, dv, dk).ok());
     auto [ga, gva] = a.ReadGrad(l, 0, T);
     auto [gb, gvb] = b.ReadGrad(l, 0, T);
     const double tolerance = target.device.is_cuda() ? 1e-6 : 0;
@@ -205,31 +206,45 @@ TEST(HostTierGpuTest, EveryCacheOperationEqualsTheDeviceOnlyCache) {
   CheckEveryCacheOperation(kCuda);
 }
 
-// The copy engine moves a batch as runs of adjacent slots and counts every byte, each way.
-TEST(CopyEngineTest, BatchesRoundTripAndAreCounted) {
-  auto pool = PagePool::CreateHost(PageKind::kKv, kShape, at::kDouble, 8, false, 4 * kShape.elems() * 8);
+// The copy engine moves a batch as runs of adjacent slots and counts every byte, each way. On a
+// GPU (pinned slabs) a batch of several runs is one copy kernel's launch, a batch of one run a
+// cudaMemcpyAsync: both are here, each way.
+void CheckBatchesRoundTrip(const Target& target) {
+  const int64_t page_bytes = kShape.elems() * at::elementSize(target.dtype);
+  auto pool = PagePool::CreateHost(PageKind::kKv, kShape, target.dtype, 8, /*pinned=*/target.device.is_cuda(),
+                                   /*slab_bytes=*/4 * page_bytes);
   std::vector<PageId> ids;
   for (int i = 0; i < 6; ++i) ids.push_back(*pool->Allocate());
-  CopyEngine copies{at::Device(at::kCPU)};
+  CopyEngine copies{target.device};
   std::vector<std::pair<TransferDirection, int64_t>> seen;
   copies.set_observer([&](TransferDirection d, PageKind kind, int64_t bytes, double seconds) {
     EXPECT_EQ(kind, PageKind::kKv);
     EXPECT_GE(seconds, 0);
     seen.emplace_back(d, bytes);
   });
-  const std::vector<PageId> order = {ids[5], ids[0], ids[1], ids[2], ids[4]};  // out of order, across slabs
-  const at::Tensor images = Random({5, 2, kShape.kv_heads, kShape.page_tokens, kShape.head_dim}, 9);
+  // Out of order and across slabs: three runs.
+  const std::vector<PageId> order = {ids[5], ids[0], ids[1], ids[2], ids[4]};
+  const at::Tensor images = Random({5, 2, kShape.kv_heads, kShape.page_tokens, kShape.head_dim}, 9, target);
   copies.WritePages(*pool, order, images);
-  for (int i = 0; i < 5; ++i) ExpectSame(pool->Page(order[i]), images[i], "host page " + std::to_string(i));
+  copies.Fence();
+  for (int i = 0; i < 5; ++i) ExpectSame(pool->Page(order[i]), images[i].cpu(), "host page " + std::to_string(i));
   ExpectSame(copies.FetchPages(*pool, order), images, "fetched");
   auto pending = copies.StartFetch(*pool, {ids[2], ids[0]});
   ExpectSame(copies.Await(pending), at::stack({images[3], images[1]}), "prefetched");
-  const int64_t page_bytes = pool->stats().bytes_per_page;
+  ExpectSame(copies.FetchPages(*pool, {ids[1], ids[2]}), images.slice(0, 2, 4), "one run");
+  copies.Fence();
   EXPECT_EQ(copies.bytes_to_host(), 5 * page_bytes);
-  EXPECT_EQ(copies.bytes_to_device(), 7 * page_bytes);
-  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(copies.bytes_to_device(), 9 * page_bytes);
+  ASSERT_EQ(seen.size(), 4u);
   EXPECT_EQ(seen[0], std::make_pair(TransferDirection::kDeviceToHost, 5 * page_bytes));
   EXPECT_EQ(seen[2], std::make_pair(TransferDirection::kHostToDevice, 2 * page_bytes));
+}
+
+TEST(CopyEngineTest, BatchesRoundTripAndAreCounted) { CheckBatchesRoundTrip(kCpu); }
+
+TEST(CopyEngineGpuTest, BatchesRoundTripAndAreCounted) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  CheckBatchesRoundTrip(kCuda);
 }
 
 std::unique_ptr<Transformer> LoraModel(at::ScalarType dtype = at::kDouble) {
