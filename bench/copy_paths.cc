@@ -12,7 +12,9 @@
 // GB/s alone, the host time to issue a batch, and, with the matmul running: the copy's GB/s and
 // the matmul's TFLOP/s against the matmul alone.
 //
-// Usage: bench_copy_paths [--pages 8192] [--select 600] [--blocks 8 16 32 64] [--iters 20]
+// --heads K: of each page only the K and V of K of its 4 KV heads (runs of 32 KiB).
+//
+// Usage: bench_copy_paths [--pages 8192] [--select 600] [--blocks 8 16 32 64] [--iters 20] [--heads 1]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -40,20 +42,35 @@ struct Batch {
   int64_t bytes = 0;
 };
 
-Batch MakeBatch(const at::Tensor& host, const at::Tensor& images, const std::vector<int64_t>& pages, bool to_device) {
-  const int64_t page_bytes = host.size(1);
+// The runs of a batch of `pages`: whole pages, or (heads > 0) the K and V of the first `heads`
+// of a page's 4 KV heads (what the sparse cache fetches of a page some heads selected).
+Batch MakeBatch(const at::Tensor& host, const at::Tensor& images, const std::vector<int64_t>& pages, bool to_device,
+                int64_t heads) {
+  const int64_t page_bytes = host.size(1), kv_heads = 4, head_bytes = page_bytes / (2 * kv_heads);
   Batch b;
+  auto add = [&](char* h, char* d, int64_t bytes) {
+    const char* last_h =
+        b.runs.empty() ? nullptr : static_cast<const char*>(to_device ? b.runs.back().src : b.runs.back().dst);
+    if (last_h != nullptr && last_h + b.runs.back().bytes == h) {
+      b.runs.back().bytes += bytes;
+    } else {
+      b.runs.push_back(to_device ? kernels::CopyRunDesc{h, d, bytes} : kernels::CopyRunDesc{d, h, bytes});
+    }
+    b.bytes += bytes;
+  };
   for (size_t i = 0; i < pages.size(); ++i) {
     char* h = static_cast<char*>(host.data_ptr()) + pages[i] * page_bytes;
     char* d = static_cast<char*>(images.data_ptr()) + static_cast<int64_t>(i) * page_bytes;
-    const char* last_h =
-        b.runs.empty() ? nullptr : static_cast<const char*>(to_device ? b.runs.back().src : b.runs.back().dst);
-    if (i > 0 && last_h + b.runs.back().bytes == h) {
-      b.runs.back().bytes += page_bytes;
-    } else {
-      b.runs.push_back(to_device ? kernels::CopyRunDesc{h, d, page_bytes} : kernels::CopyRunDesc{d, h, page_bytes});
+    if (heads == 0) {
+      add(h, d, page_bytes);
+      continue;
     }
-    b.bytes += page_bytes;
+    for (int64_t kv = 0; kv < 2; ++kv) {
+      for (int64_t head = 0; head < heads; ++head) {
+        const int64_t offset = (kv * kv_heads + head) * head_bytes;
+        add(h + offset, d + offset, head_bytes);
+      }
+    }
   }
   const int64_t n = static_cast<int64_t>(b.runs.size() * sizeof(kernels::CopyRunDesc));
   b.device_runs = at::from_blob(b.runs.data(), {n}, at::kByte).to(images.device());
@@ -84,7 +101,7 @@ double Seconds(at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& end) {
 int main(int argc, char** argv) {
   using namespace oomb;
   CLI::App app{"bench_copy_paths: scattered page copies, per-run DMA against one kernel"};
-  int64_t pages = 8192, select = 600, page_bytes = 262144, iters = 20, matmul = 8192;
+  int64_t pages = 8192, select = 600, page_bytes = 262144, iters = 20, matmul = 8192, heads = 0;
   std::vector<int> blocks = {8, 16, 32, 64};
   app.add_option("--pages", pages, "pinned host pages");
   app.add_option("--select", select, "pages in a batch");
@@ -92,6 +109,7 @@ int main(int argc, char** argv) {
   app.add_option("--blocks", blocks, "thread blocks of the kernel ways");
   app.add_option("--iters", iters, "batches per measurement");
   app.add_option("--matmul", matmul, "the side of the square bf16 matmul run beside the copies");
+  app.add_option("--heads", heads, "KV heads of a page to copy (of 4; 0: whole pages)")->check(CLI::Range(0, 4));
   CLI11_PARSE(app, argc, argv);
 
   const at::Device dev(at::kCUDA, 0);
@@ -132,7 +150,7 @@ int main(int argc, char** argv) {
             << std::endl;
 
   for (const bool to_device : {true, false}) {
-    const Batch batch = MakeBatch(host, images, chosen, to_device);
+    const Batch batch = MakeBatch(host, images, chosen, to_device, heads);
     std::vector<int> ways = {0};
     ways.insert(ways.end(), blocks.begin(), blocks.end());
     for (const int way : ways) {
@@ -158,6 +176,7 @@ int main(int argc, char** argv) {
       std::cout << nlohmann::json{{"direction", to_device ? "h2d" : "d2h"},
                                   {"way", way == 0 ? std::string("dma") : "kernel " + std::to_string(way)},
                                   {"pages", select},
+                                  {"heads", heads},
                                   {"runs", batch.runs.size()},
                                   {"batch_bytes", batch.bytes},
                                   {"gbps_alone", batch.bytes / alone / 1e9},

@@ -71,32 +71,38 @@ cudaError_t CheckParams(const PageCopyParams& p) {
   return cudaSuccess;
 }
 
-// Each run is copied by the whole grid: thread i moves vectors i, i + T, ... (T threads in all),
-// kCopyUnroll of them loaded before any is stored, so enough 16-byte reads are in flight to
-// cover PCIe's latency.
+// The runs are cut into segments of kSegmentBytes, numbered across the batch; block b copies
+// segments b, b + B, ... (B blocks), so small runs (one KV head of a page, 32 KiB) and large
+// ones (many adjacent pages) spread over every block alike. In a segment, each thread loads
+// kCopyUnroll 16-byte vectors before storing any: with 8 blocks, 512 KiB are in flight, enough
+// to cover PCIe's latency.
 constexpr int kCopyThreads = 512;
-constexpr int kCopyUnroll = 4;
+constexpr int kCopyUnroll = 8;
+constexpr int64_t kSegmentBytes = int64_t{kCopyThreads} * kCopyUnroll * 16;
 
 __global__ void CopyRunsKernel(const CopyRunDesc* runs, int64_t num_runs) {
-  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t blocks = gridDim.x;
+  int64_t first_segment = 0;  // the batch-wide number of the run's first segment
   for (int64_t r = 0; r < num_runs; ++r) {
+    const int64_t bytes = runs[r].bytes, segments = (bytes + kSegmentBytes - 1) / kSegmentBytes;
     const uint4* src = static_cast<const uint4*>(runs[r].src);
     uint4* dst = static_cast<uint4*>(runs[r].dst);
-    const int64_t n = runs[r].bytes / 16;
-    for (int64_t base = first; base < n; base += threads * kCopyUnroll) {
+    const int64_t n = bytes / 16;
+    for (int64_t s = ((blockIdx.x - first_segment) % blocks + blocks) % blocks; s < segments; s += blocks) {
+      const int64_t base = s * (kSegmentBytes / 16) + threadIdx.x;
       uint4 v[kCopyUnroll];
 #pragma unroll
       for (int u = 0; u < kCopyUnroll; ++u) {
-        const int64_t i = base + u * threads;
+        const int64_t i = base + u * kCopyThreads;
         if (i < n) v[u] = src[i];
       }
 #pragma unroll
       for (int u = 0; u < kCopyUnroll; ++u) {
-        const int64_t i = base + u * threads;
+        const int64_t i = base + u * kCopyThreads;
         if (i < n) dst[i] = v[u];
       }
     }
+    first_segment += segments;
   }
 }
 

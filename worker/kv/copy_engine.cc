@@ -33,20 +33,40 @@ namespace {
 // (16: 13%); see the copy engine's header.
 constexpr int kCopyBlocks = 8;
 
-// The runs of copying pages `ids` of `pool` to / from the consecutive images at `device`:
-// adjacent slots of one slab merge. (A run across two slabs whose addresses meet is not one
-// pinned allocation: the driver refuses it with cudaErrorInvalidValue.)
-std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, char* device) {
-  const int64_t page_bytes = pool.stats().bytes_per_page;
+// The runs of copying pages `ids` of `pool` to / from the consecutive images at `device`: the
+// whole pages, or (`heads` given) the K and V of the KV heads set in heads[i] only. Runs
+// adjacent on both sides merge within one slab. (A run across two slabs whose addresses meet
+// is not one pinned allocation: the driver refuses it with cudaErrorInvalidValue.)
+std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, char* device,
+                          const std::vector<uint64_t>* heads = nullptr) {
+  const int64_t page_bytes = pool.stats().bytes_per_page, kv_heads = pool.shape().kv_heads;
+  const int64_t head_bytes = page_bytes / (2 * kv_heads);
   std::vector<CopyRun> runs;
+  auto add = [&](char* host, char* dev, int64_t bytes, bool same_slab) {
+    if (same_slab && !runs.empty() && runs.back().host + runs.back().bytes == host &&
+        runs.back().device + runs.back().bytes == dev) {
+      runs.back().bytes += bytes;
+    } else {
+      runs.push_back({host, dev, bytes});
+    }
+  };
   for (size_t i = 0; i < ids.size(); ++i) {
     TORCH_INTERNAL_ASSERT(ids[i].tier() == Tier::kHost, "copy engine: page ", ids[i].raw(), " is not a host page");
     char* host = static_cast<char*>(pool.Page(ids[i]).data_ptr());
     char* dev = device + static_cast<int64_t>(i) * page_bytes;
-    if (i > 0 && pool.SlabOf(ids[i - 1]) == pool.SlabOf(ids[i]) && runs.back().host + runs.back().bytes == host) {
-      runs.back().bytes += page_bytes;
-    } else {
-      runs.push_back({host, dev, page_bytes});
+    const bool same_slab = i > 0 && pool.SlabOf(ids[i - 1]) == pool.SlabOf(ids[i]);
+    if (heads == nullptr) {
+      add(host, dev, page_bytes, same_slab);
+      continue;
+    }
+    bool first = true;
+    for (int64_t kv = 0; kv < 2; ++kv) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        if (((*heads)[i] >> h & 1) == 0) continue;
+        const int64_t offset = (kv * kv_heads + h) * head_bytes;
+        add(host + offset, dev + offset, head_bytes, same_slab || !first);
+        first = false;
+      }
     }
   }
   return runs;
@@ -99,12 +119,15 @@ CopyEngine::~CopyEngine() {
   }
 }
 
-std::shared_ptr<PendingFetch> CopyEngine::StartFetch(const PagePool& pool, const std::vector<PageId>& ids) {
+std::shared_ptr<PendingFetch> CopyEngine::StartFetch(const PagePool& pool, const std::vector<PageId>& ids,
+                                                     const std::vector<uint64_t>* heads) {
   const PageShape& s = pool.shape();
   auto pending = std::make_shared<PendingFetch>();
   pending->pages = at::empty({static_cast<int64_t>(ids.size()), 2, s.kv_heads, s.page_tokens, s.head_dim},
                              pool.options().device(device_).pinned_memory(false));
-  const std::vector<CopyRun> runs = Runs(pool, ids, static_cast<char*>(pending->pages.data_ptr()));
+  TORCH_INTERNAL_ASSERT(heads == nullptr || heads->size() == ids.size(), "StartFetch: ", ids.size(), " pages, ",
+                        heads == nullptr ? 0 : heads->size(), " head sets");
+  const std::vector<CopyRun> runs = Runs(pool, ids, static_cast<char*>(pending->pages.data_ptr()), heads);
   for (const CopyRun& r : runs) bytes_to_device_ += r.bytes;
   if (!device_.is_cuda()) {
     Copy(TransferDirection::kHostToDevice, pool.stats().kind, runs);

@@ -11,6 +11,8 @@
 //     cudaMemcpyAsync per run, and it slowed a concurrent matmul by 4%;
 //   - a write-back, and a fetch of one run, is one cudaMemcpyAsync per run (DMA): a copy kernel
 //     writing to the host slowed a concurrent matmul by 20-60%, DMA by nothing.
+// A fetch may bring only some KV heads of each page (sparse attention's selections are per
+// head): its runs are then the K and V of those heads, 32 KiB each for Qwen2.5-7B.
 //
 // Ordering (CUDA), on two dedicated streams, one per direction:
 //   - a fetch starts after everything already queued on the caller's current stream (the
@@ -58,12 +60,18 @@ class CopyEngine {
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
 
-  // Queues the copy of `ids` (host pages of `pool`) into a new device tensor.
-  std::shared_ptr<PendingFetch> StartFetch(const PagePool& pool, const std::vector<PageId>& ids);
+  // Queues the copy of `ids` (host pages of `pool`) into a new device tensor. `heads`: for
+  // each page, a bitmask of the KV heads whose K and V to bring (the rest of its image is left
+  // unset: sparse attention reads only the heads that selected the page); null: whole pages.
+  std::shared_ptr<PendingFetch> StartFetch(const PagePool& pool, const std::vector<PageId>& ids,
+                                           const std::vector<uint64_t>* heads = nullptr);
   // The fetched pages, [n, 2, kv_heads, page_tokens, head_dim] on the device, ready for the
   // current stream.
   at::Tensor Await(const std::shared_ptr<PendingFetch>& pending);
-  at::Tensor FetchPages(const PagePool& pool, const std::vector<PageId>& ids) { return Await(StartFetch(pool, ids)); }
+  at::Tensor FetchPages(const PagePool& pool, const std::vector<PageId>& ids,
+                        const std::vector<uint64_t>* heads = nullptr) {
+    return Await(StartFetch(pool, ids, heads));
+  }
 
   // Queues the copy of `images` [n, 2, kv_heads, page_tokens, head_dim] (device, the pool's
   // dtype) into the host pages `ids`.

@@ -223,35 +223,56 @@ std::pair<at::Tensor, at::Tensor> TokenMajor(const at::Tensor& images) {
   return {flat(0), flat(1)};
 }
 
-// The pages a sparse selection on the host (page indices, -1: none) names, once each, ascending.
-std::vector<int64_t> SelectedPages(const at::Tensor& host_selection) {
-  TORCH_CHECK(host_selection.device().is_cpu(), "host_selection: expected a CPU tensor, got one on ",
-              host_selection.device());
-  const at::Tensor chosen = std::get<0>(at::_unique(host_selection.flatten().to(at::kLong)));
-  const int64_t* c = chosen.data_ptr<int64_t>();
+// The pages a sparse selection on the host ([n_tiles, kv_heads, n] page indices, -1: none)
+// names, once each, ascending, and for each the KV heads whose lists name it (bit h: head h).
+struct Selected {
   std::vector<int64_t> pages;
-  for (int64_t i = 0; i < chosen.numel(); ++i) {
-    if (c[i] >= 0) pages.push_back(c[i]);
+  std::vector<uint64_t> heads;
+};
+
+Selected SelectedPages(const at::Tensor& host_selection, int64_t num_pages) {
+  TORCH_CHECK(host_selection.device().is_cpu() && host_selection.dim() == 3, "host_selection: expected a CPU tensor ",
+              "[n_tiles, kv_heads, n], got ", host_selection.sizes(), " on ", host_selection.device());
+  const int64_t kv_heads = host_selection.size(1), n = host_selection.size(2);
+  TORCH_CHECK(kv_heads <= 64, "sparse page selection: at most 64 KV heads, got ", kv_heads);
+  const at::Tensor flat = host_selection.to(at::kLong).contiguous();
+  const int64_t* e = flat.data_ptr<int64_t>();
+  std::vector<uint64_t> heads(num_pages, 0);
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    if (e[i] < 0) continue;
+    TORCH_CHECK(e[i] < num_pages, "host_selection: page ", e[i], " of ", num_pages);
+    heads[e[i]] |= uint64_t{1} << ((i / n) % kv_heads);
   }
-  return pages;
+  Selected s;
+  for (int64_t page = 0; page < num_pages; ++page) {
+    if (heads[page] == 0) continue;
+    s.pages.push_back(page);
+    s.heads.push_back(heads[page]);
+  }
+  return s;
 }
 
 }  // namespace
 
-at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids) {
+at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads) {
   PagePool* device = Pool(kind, Tier::kDevice);
   const auto [device_pos, host_pos, device_ids, host_ids] = SplitByTier(ids);
   const at::Device dev = device->options().device();
   if (host_ids.empty()) {
     return device->arena().index_select(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong));
   }
+  std::vector<uint64_t> host_heads;
+  if (heads != nullptr) {
+    for (const int64_t pos : host_pos) host_heads.push_back((*heads)[pos]);
+  }
   at::Tensor host_images;
   Prefetched& pre = prefetched(kind);
-  if (pre.fetch != nullptr && pre.ids == host_ids) {
+  if (pre.fetch != nullptr && pre.ids == host_ids && pre.heads == host_heads) {
     host_images = pools_.copies->Await(pre.fetch);
     pre = Prefetched();
   } else {
-    host_images = pools_.copies->FetchPages(*Pool(kind, Tier::kHost), host_ids);
+    host_images =
+        pools_.copies->FetchPages(*Pool(kind, Tier::kHost), host_ids, heads != nullptr ? &host_heads : nullptr);
   }
   if (device_ids.empty()) return host_images;
   at::Tensor images = at::empty({static_cast<int64_t>(ids.size()), 2, device->shape().kv_heads,
@@ -361,11 +382,12 @@ absl::Status SequenceKvCache::Prefetch(int64_t layer, int64_t begin, int64_t end
   return absl::OkStatus();
 }
 
-void SequenceKvCache::StartPrefetch(PageKind kind, std::vector<PageId> host_ids) {
+void SequenceKvCache::StartPrefetch(PageKind kind, std::vector<PageId> host_ids, std::vector<uint64_t> host_heads) {
   Prefetched& pre = prefetched(kind);
-  if (host_ids.empty() || host_ids == pre.ids) return;
-  pre.fetch = pools_.copies->StartFetch(*Pool(kind, Tier::kHost), host_ids);
+  if (host_ids.empty() || (host_ids == pre.ids && host_heads == pre.heads)) return;
+  pre.fetch = pools_.copies->StartFetch(*Pool(kind, Tier::kHost), host_ids, host_heads.empty() ? nullptr : &host_heads);
   pre.ids = std::move(host_ids);
+  pre.heads = std::move(host_heads);
 }
 
 void SequenceKvCache::DropPrefetch(PageKind kind, const std::vector<PageId>& ids) {
@@ -451,17 +473,25 @@ absl::Status SequenceKvCache::EnsureSelectedGradPages(int64_t layer, const std::
 
 absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& host_selection, bool with_grads) {
   if (!has_host() || layer >= static_cast<int64_t>(kv_pages_.size())) return absl::OkStatus();
-  const std::vector<int64_t> selected = SelectedPages(host_selection);
-  if (with_grads) OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected));
-  for (const PageKind kind : {PageKind::kKv, PageKind::kKvGrad}) {
-    if (kind == PageKind::kKvGrad && !with_grads) continue;
-    const auto& pages = kind == PageKind::kKv ? kv_pages_[layer] : grad_pages_[layer];
-    std::vector<PageId> host_ids;
-    for (const int64_t page : selected) {
-      if (pages[page].tier() == Tier::kHost) host_ids.push_back(pages[page]);
-    }
-    StartPrefetch(kind, std::move(host_ids));
+  const Selected selected = SelectedPages(host_selection, static_cast<int64_t>(kv_pages_[layer].size()));
+  if (with_grads) OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected.pages));
+  // KV pages: the selecting heads only (as GatherPages fetches them); gradient pages: whole
+  // (AccumulatePageGrad writes them back whole).
+  std::vector<PageId> host_ids;
+  std::vector<uint64_t> host_heads;
+  for (size_t i = 0; i < selected.pages.size(); ++i) {
+    const PageId id = kv_pages_[layer][selected.pages[i]];
+    if (id.tier() != Tier::kHost) continue;
+    host_ids.push_back(id);
+    host_heads.push_back(selected.heads[i]);
   }
+  StartPrefetch(PageKind::kKv, std::move(host_ids), std::move(host_heads));
+  if (!with_grads) return absl::OkStatus();
+  std::vector<PageId> host_grads;
+  for (const int64_t page : selected.pages) {
+    if (grad_pages_[layer][page].tier() == Tier::kHost) host_grads.push_back(grad_pages_[layer][page]);
+  }
+  StartPrefetch(PageKind::kKvGrad, std::move(host_grads));
   return absl::OkStatus();
 }
 
@@ -472,22 +502,25 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
     return kernels::GatherSelectedPages(
         pools_.kv->arena(), SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()), selection);
   }
-  // Some pages on the host: the selected ones as images, the slots their positions there.
+  // Some pages on the host: the selected ones as images (of host pages, only the heads that
+  // select them come over), the slots their positions there.
+  const Selected selected = SelectedPages(host_selection, static_cast<int64_t>(pages.size()));
   std::vector<int64_t> index(pages.size(), 0);
   std::vector<PageId> ids;
-  for (const int64_t page : SelectedPages(host_selection)) {
+  for (const int64_t page : selected.pages) {
     index[page] = static_cast<int64_t>(ids.size());
     ids.push_back(pages[page]);
   }
-  return kernels::GatherSelectedPages(Images(PageKind::kKv, ids), Positions(index, selection.device()).to(at::kInt),
-                                      selection);
+  return kernels::GatherSelectedPages(Images(PageKind::kKv, ids, &selected.heads),
+                                      Positions(index, selection.device()).to(at::kInt), selection);
 }
 
 absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor& selection,
                                                  const at::Tensor& host_selection, const at::Tensor& dk,
                                                  const at::Tensor& dv) {
   auto& gpages = grad_pages_[layer];
-  const std::vector<int64_t> selected = SelectedPages(host_selection);
+  const std::vector<int64_t> selected =
+      SelectedPages(host_selection, static_cast<int64_t>(kv_pages_[layer].size())).pages;
   OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected));
   if (AllOnDevice(gpages)) {
     kernels::AccumulateSelectedPages(pools_.grad->arena(),

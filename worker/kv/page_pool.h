@@ -218,7 +218,8 @@ class SequenceKvCache {
   // none; on the pages' device) -> [n_tiles, kv_heads, n * page_tokens, head_dim] each, zeros
   // where -1: one batched gather per call. `host_selection` is the same selection on the CPU
   // (any integer dtype): which pages to fetch or allocate is read from it, so no call here
-  // waits for the device.
+  // waits for the device. Of a host page, only the K and V of the heads that select it are
+  // fetched.
   std::pair<at::Tensor, at::Tensor> GatherPages(int64_t layer, const at::Tensor& selection,
                                                 const at::Tensor& host_selection);
   // Adds dK, dV [n_tiles, kv_heads, n * page_tokens, head_dim] of the selected pages into their
@@ -239,9 +240,10 @@ class SequenceKvCache {
 
  private:
   // The device images [n, 2, kv_heads, page_tokens, head_dim] of `ids` (either tier, valid),
-  // in order: device pages read from their arena, host pages fetched (`prefetched`: the fetch
-  // of exactly these pages' host ones, if one was started).
-  at::Tensor Images(PageKind kind, const std::vector<PageId>& ids);
+  // in order: device pages read from their arena, host pages fetched (the prefetch of exactly
+  // these pages' host ones, if one was started). `heads` (per id, a bitmask of KV heads): of a
+  // host page only those heads are fetched, the rest of its image is unset; null: whole pages.
+  at::Tensor Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads = nullptr);
   // Writes images of `ids` back where they live (device: index_copy_ into the arena; host:
   // through the copy engine).
   void StoreImages(PageKind kind, const std::vector<PageId>& ids, const at::Tensor& images);
@@ -257,6 +259,7 @@ class SequenceKvCache {
   // The newest prefetch of each kind: the host pages it fetches and the fetch.
   struct Prefetched {
     std::vector<PageId> ids;
+    std::vector<uint64_t> heads;  // per id, the KV heads fetched; empty: whole pages
     std::shared_ptr<PendingFetch> fetch;
   };
   Prefetched& prefetched(PageKind kind) { return prefetched_[static_cast<int>(kind)]; }
@@ -266,7 +269,7 @@ class SequenceKvCache {
   absl::Status EnsureGradPages(int64_t layer, int64_t first, int64_t last);
   absl::Status EnsureSelectedGradPages(int64_t layer, const std::vector<int64_t>& pages);
   // Starts fetching `host_ids` as the newest prefetch of `kind` (none if empty or the same).
-  void StartPrefetch(PageKind kind, std::vector<PageId> host_ids);
+  void StartPrefetch(PageKind kind, std::vector<PageId> host_ids, std::vector<uint64_t> host_heads = {});
   Prefetched prefetched_[2];
 };
 

@@ -158,9 +158,18 @@ void CheckEveryCacheOperation(const Target& target) {
       ASSERT_TRUE(b.PrefetchPages(l, host_selection, /*with_grads=*/true).ok());
     }
     auto [ka, va] = a.GatherPages(l, selection, host_selection);
+    const int64_t fetched_before = tiered.copies->bytes_to_device();
     auto [kb, vb] = b.GatherPages(l, selection, host_selection);
     ExpectSame(kb, ka, "gathered K");
     ExpectSame(vb, va, "gathered V");
+    if (l == 1) {
+      // Of a host page, only the K and V of the heads that select it come over. Layer 1's
+      // pages 0 and 1 are on the device (the device pool's 5 pages went to layer 0's pages
+      // 0-2 and layer 1's 0-1); of its host pages, page 6 is selected by both heads and pages
+      // 2, 3, 4 and 5 by one: 6 heads' K and V, not 5 whole pages.
+      const int64_t head_bytes = kShape.page_tokens * kShape.head_dim * at::elementSize(target.dtype);
+      EXPECT_EQ(tiered.copies->bytes_to_device() - fetched_before, 6 * 2 * head_bytes);
+    }
     // A write to the prefetched gradient pages overtakes the prefetch: the page gradients that
     // follow must add into the written pages, not into the stale prefetched images.
     const at::Tensor dk_range = Random({kShape.kv_heads, 16, kShape.head_dim}, 700 + l, target);
