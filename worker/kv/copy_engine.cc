@@ -29,8 +29,8 @@ struct CopyRun {
 namespace {
 
 // Thread blocks (so SMs, at most) a fetch's copy kernel occupies beside the trainer's compute:
-// on the H100, 8 blocks copy scattered pages at 50 GB/s alone and slow a concurrent matmul by 4%
-// (16: 13%); see the copy engine's header.
+// on the H100, 8 blocks copy scattered pages at 50 GB/s alone and slowed a concurrent matmul by
+// 4-9% (16 blocks: 11-13%); see the copy engine's header.
 constexpr int kCopyBlocks = 8;
 
 // The runs of copying pages `ids` of `pool` to / from the consecutive images at `device`: the
