@@ -52,6 +52,7 @@
 #include "kernels/torch/gpu_timeline.h"
 #include "worker/common/status.h"
 #include "worker/job/build_info.h"
+#include "worker/kv/copy_engine.h"
 #include "worker/kv/kv_pools.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/memory_planner.h"
@@ -328,6 +329,9 @@ int Main(int argc, char** argv) {
         if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
         r["host_pin_wait_s"] = pools->WaitForHost();  // pinning is not part of a step
         ResetPeak(d);
+        const CopyEngine* copies = pools->owned.copies.get();
+        const double add_s = copies != nullptr ? copies->host_add_seconds() : 0;
+        const double wait_s = copies != nullptr ? copies->staging_wait_seconds() : 0;
         auto step = Step(*m, opt, *pools, T, trainer_options, d, sections);
         if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
         const double* s = &step->seconds;
@@ -350,6 +354,10 @@ int Main(int argc, char** argv) {
         r["host_kv_peak_bytes"] = step->memory.host_kv_peak_bytes;
         r["h2d_bytes"] = step->memory.bytes_to_device;
         r["d2h_bytes"] = step->memory.bytes_to_host;
+        if (copies != nullptr) {
+          r["host_add_s"] = copies->host_add_seconds() - add_s;
+          r["host_add_wait_s"] = copies->staging_wait_seconds() - wait_s;
+        }
         r["model_tflops"] = flops / *s / 1e12;
         r["planned_peak_bytes"] = plan.peak_device_bytes;
         r["planned_over_measured"] = static_cast<double>(plan.peak_device_bytes) / PeakBytes(d);

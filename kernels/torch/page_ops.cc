@@ -198,16 +198,20 @@ void AccumulateSelectedPages(at::Tensor& arena, const at::Tensor& slots, const a
     return;
   }
 #endif
+  // As the kernel: each run's contributions summed first, then added to the run once (so adding
+  // into a zeroed image and that image into the page later gives the same page).
   const at::ScalarType acc = arena.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor sums = arena.scalar_type() == acc ? arena : arena.to(acc);
   const at::Tensor keep = (selection >= 0).flatten().nonzero().squeeze(1);
-  at::Tensor rows = sums.view({-1, s.page_tokens, s.head_dim});
+  at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
   for (const bool values : {false, true}) {
     const at::Tensor& d = values ? v : k;
-    rows.index_add_(0, ArenaRows(slots, selection, values).index_select(0, keep),
-                    d.reshape({-1, s.page_tokens, s.head_dim}).index_select(0, keep).to(acc));
+    const auto [runs, inverse, counts] =
+        at::_unique2(ArenaRows(slots, selection, values).index_select(0, keep), /*sorted=*/true,
+                     /*return_inverse=*/true, /*return_counts=*/false);
+    at::Tensor sums = at::zeros({runs.size(0), s.page_tokens, s.head_dim}, d.options().dtype(acc));
+    sums.index_add_(0, inverse, d.reshape({-1, s.page_tokens, s.head_dim}).index_select(0, keep).to(acc));
+    rows.index_copy_(0, runs, (rows.index_select(0, runs).to(acc) + sums).to(arena.scalar_type()));
   }
-  if (!sums.is_same(arena)) arena.copy_(sums);
 }
 
 std::pair<at::Tensor, at::Tensor> GatherPages(const at::Tensor& arena, const at::Tensor& slots) {

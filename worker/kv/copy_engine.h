@@ -15,15 +15,26 @@
 // head): its runs are then the K and V of those heads, 32 KiB each for Qwen2.5-7B (34 GB/s by
 // the kernel, 9.5 GB/s by one cudaMemcpyAsync per run).
 //
+// AddToPages adds into host pages instead of overwriting them, and moves only some heads of
+// each: the runs are packed on the device into one buffer, copied to a pinned staging buffer in
+// one cudaMemcpyAsync (a DMA at full rate, where head-sized runs went at 11 GB/s), and host
+// threads add them into the pages, in a host function on the write-back stream. Sparse
+// backward adds each chunk's page gradients this way, so a gradient page on the host is never
+// fetched to be added to: it crosses the bus once per contribution, one way, and only the heads
+// that selected it. The staging buffers (tier.h) are a ring; a batch waits for a buffer whose
+// additions are done, so the host falls behind the device by at most the ring.
+//
 // Ordering (CUDA), on two dedicated streams, one per direction:
 //   - a fetch starts after everything already queued on the caller's current stream (the
-//     destination's memory may have had earlier users there) and after every write-back queued
-//     before it (it may read a page just written); the current stream waits for the fetch's
-//     event before anything it queues next: no read before the copy lands;
-//   - a write-back starts after the current stream's queued work (which produced the images);
-//     the images stay allocated until it is done (recordStream);
-//   - Fence() waits for both streams: callers fence before a host page is freed or reused, so no
-//     copy still reads or writes a page the host zeroes or hands to someone else.
+//     destination's memory may have had earlier users there) and after the newest write-back or
+//     addition queued into any of its pages (only those: a fetch of other pages does not wait
+//     for the host's additions); the current stream waits for the fetch's event before anything
+//     it queues next: no read before the copy lands;
+//   - a write-back or addition starts after the current stream's queued work (which produced
+//     the images); the images stay allocated until it is done (recordStream);
+//   - Fence() waits for every stream, FencePages for the copies touching some pages: callers
+//     fence before a host page is freed or reused, so no copy still reads or writes a page the
+//     host zeroes or hands to someone else.
 // StartFetch lets a caller queue a fetch early (prefetch) and collect it later with Await: the
 // copy overlaps whatever the current stream does in between.
 //
@@ -38,6 +49,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -78,12 +90,28 @@ class CopyEngine {
   // dtype) into the host pages `ids`.
   void WritePages(PagePool& pool, const std::vector<PageId>& ids, const at::Tensor& images);
 
+  // Queues adding, into the host pages `ids` of `pool`, the K and V of the KV heads set in
+  // heads[i] of image i of `images` [n, 2, kv_heads, page_tokens, head_dim] (device, the pool's
+  // dtype; the rest of each image is ignored). Host threads add them (bfloat16 pages: in
+  // float32, rounded once per addition); a later fetch of these pages sees the sums.
+  void AddToPages(PagePool& pool, const std::vector<PageId>& ids, const std::vector<uint64_t>& heads,
+                  const at::Tensor& images);
+
   // Waits until every queued copy is done.
   void Fence();
+  // Waits until no queued copy reads or writes any of `ids` (host pages of `pool`): every fetch
+  // queued so far, and the newest write-back or addition into them. Before freeing pages, this
+  // lets additions into other pages run on behind the caller.
+  void FencePages(const PagePool& pool, const std::vector<PageId>& ids);
 
   int64_t bytes_to_device() const { return bytes_to_device_; }
   int64_t bytes_to_host() const { return bytes_to_host_; }
+  // Seconds the host spent adding into host pages (summed over its threads' batches), and
+  // seconds AddToPages' callers waited for a staging buffer (the host behind the device).
+  double host_add_seconds() const { return static_cast<double>(host_add_ns_.load()) * 1e-9; }
+  double staging_wait_seconds() const { return static_cast<double>(staging_wait_ns_) * 1e-9; }
 
+  // Durations are reported when known: at Fence, or at a FencePages after the batch ended.
   using Observer = std::function<void(TransferDirection, PageKind, int64_t bytes, double seconds)>;
   void set_observer(Observer observer) { observer_ = std::move(observer); }
 
@@ -96,6 +124,8 @@ class CopyEngine {
   std::unique_ptr<Streams> streams_;  // CUDA only
   int64_t bytes_to_device_ = 0;
   int64_t bytes_to_host_ = 0;
+  std::atomic<int64_t> host_add_ns_{0};  // added to by the additions' host functions
+  int64_t staging_wait_ns_ = 0;
 };
 
 }  // namespace oomb

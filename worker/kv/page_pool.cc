@@ -319,6 +319,17 @@ absl::Status SequenceKvCache::Append(int64_t layer, const at::Tensor& k, const a
   const at::ScalarType dtype = pools_.kv->options().dtype().toScalarType();
   const at::Tensor kt = k.to(dtype).permute({1, 0, 2});  // [H, n, D]
   const at::Tensor vt = v.to(dtype).permute({1, 0, 2});
+  if (tokens_[layer] % page_tokens_ == 0) {
+    // From a page's start (a chunk of whole pages): every page's image at once, zeros past the
+    // last token, stored to whichever tier each page is on.
+    const int64_t first = tokens_[layer] / page_tokens_, m = last - first;
+    const at::Tensor kv = at::constant_pad_nd(at::stack({kt, vt}), {0, 0, 0, m * page_tokens_ - n});
+    const at::Tensor images =
+        kv.view({2, kt.size(0), m, page_tokens_, kt.size(2)}).permute({2, 0, 1, 3, 4}).contiguous();
+    StoreImages(PageKind::kKv, std::vector<PageId>(pages.begin() + first, pages.begin() + last), images);
+    tokens_[layer] += n;
+    return absl::OkStatus();
+  }
   // Host pages are written whole: their images are built on the device (a partly filled first
   // page starts from its current contents) and written back in one batch.
   std::vector<PageId> host_ids;
@@ -474,9 +485,9 @@ absl::Status SequenceKvCache::EnsureSelectedGradPages(int64_t layer, const std::
 absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& host_selection, bool with_grads) {
   if (!has_host() || layer >= static_cast<int64_t>(kv_pages_.size())) return absl::OkStatus();
   const Selected selected = SelectedPages(host_selection, static_cast<int64_t>(kv_pages_[layer].size()));
+  // Gradient pages are allocated, not fetched: AccumulatePageGrad adds into host ones on the
+  // host. KV pages: the selecting heads only, as GatherPages fetches them.
   if (with_grads) OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected.pages));
-  // KV pages: the selecting heads only (as GatherPages fetches them); gradient pages: whole
-  // (AccumulatePageGrad writes them back whole).
   std::vector<PageId> host_ids;
   std::vector<uint64_t> host_heads;
   for (size_t i = 0; i < selected.pages.size(); ++i) {
@@ -486,12 +497,6 @@ absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& hos
     host_heads.push_back(selected.heads[i]);
   }
   StartPrefetch(PageKind::kKv, std::move(host_ids), std::move(host_heads));
-  if (!with_grads) return absl::OkStatus();
-  std::vector<PageId> host_grads;
-  for (const int64_t page : selected.pages) {
-    if (grad_pages_[layer][page].tier() == Tier::kHost) host_grads.push_back(grad_pages_[layer][page]);
-  }
-  StartPrefetch(PageKind::kKvGrad, std::move(host_grads));
   return absl::OkStatus();
 }
 
@@ -519,32 +524,65 @@ absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor
                                                  const at::Tensor& host_selection, const at::Tensor& dk,
                                                  const at::Tensor& dv) {
   auto& gpages = grad_pages_[layer];
-  const std::vector<int64_t> selected =
-      SelectedPages(host_selection, static_cast<int64_t>(kv_pages_[layer].size())).pages;
-  OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected));
+  const auto num_pages = static_cast<int64_t>(kv_pages_[layer].size());
+  const Selected selected = SelectedPages(host_selection, num_pages);
+  OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected.pages));
+  const at::Device dev = selection.device();
   if (AllOnDevice(gpages)) {
-    kernels::AccumulateSelectedPages(pools_.grad->arena(),
-                                     SlotTensor(gpages, 0, static_cast<int64_t>(gpages.size()), selection.device()),
-                                     selection, dk, dv);
+    kernels::AccumulateSelectedPages(pools_.grad->arena(), SlotTensor(gpages, 0, num_pages, dev), selection, dk, dv);
     return absl::OkStatus();
   }
-  // Some pages on the host: added into the selected pages' images, which are stored back.
-  std::vector<int64_t> index(gpages.size(), 0);
-  std::vector<PageId> ids;
-  for (const int64_t page : selected) {
-    index[page] = static_cast<int64_t>(ids.size());
-    ids.push_back(gpages[page]);
+  // Some pages on the host. The selection splits in two: device pages add into the arena in
+  // place; host pages' contributions are summed into zeroed images, and of those only the
+  // selecting heads go to the host, to be added there (never fetched to be added to).
+  std::vector<int64_t> index(num_pages, 0);
+  std::vector<PageId> host_ids;
+  std::vector<uint64_t> host_heads;
+  for (size_t i = 0; i < selected.pages.size(); ++i) {
+    const PageId id = gpages[selected.pages[i]];
+    if (id.tier() != Tier::kHost) continue;
+    index[selected.pages[i]] = static_cast<int64_t>(host_ids.size());
+    host_ids.push_back(id);
+    host_heads.push_back(selected.heads[i]);
   }
-  at::Tensor images = Images(PageKind::kKvGrad, ids);
-  kernels::AccumulateSelectedPages(images, Positions(index, selection.device()).to(at::kInt), selection, dk, dv);
-  StoreImages(PageKind::kKvGrad, ids, images);
+  const at::Tensor flat = host_selection.to(at::kLong).contiguous();
+  std::vector<int64_t> on_device(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
+  std::vector<int64_t> on_host = on_device;
+  for (size_t e = 0; e < on_device.size(); ++e) {
+    if (on_device[e] < 0) continue;
+    (gpages[on_device[e]].tier() == Tier::kHost ? on_device : on_host)[e] = -1;
+  }
+  const int64_t device_pages = static_cast<int64_t>(selected.pages.size() - host_ids.size());
+  if (device_pages > 0) {
+    kernels::AccumulateSelectedPages(pools_.grad->arena(), SlotTensor(gpages, 0, num_pages, dev),
+                                     Positions(on_device, dev).view(selection.sizes()), dk, dv);
+  }
+  if (host_ids.empty()) return absl::OkStatus();
+  const PageShape& s = pools_.grad->shape();
+  at::Tensor images = at::zeros({static_cast<int64_t>(host_ids.size()), 2, s.kv_heads, s.page_tokens, s.head_dim},
+                                pools_.grad->options());
+  kernels::AccumulateSelectedPages(images, Positions(index, dev).to(at::kInt),
+                                   Positions(on_host, dev).view(selection.sizes()), dk, dv);
+  DropPrefetch(PageKind::kKvGrad, host_ids);
+  pools_.copies->AddToPages(*pools_.grad_host, host_ids, host_heads, images);
   return absl::OkStatus();
 }
 
 void SequenceKvCache::ReleaseFrom(int64_t token) {
   const int64_t first_page = (token + page_tokens_ - 1) / page_tokens_;
-  // No copy may still read or write a host page once it is freed (and zeroed on reuse).
-  if (has_host()) pools_.copies->Fence();
+  // No copy may still read or write a host page once it is freed (and zeroed on reuse); the
+  // additions into earlier pages go on.
+  if (has_host()) {
+    for (const PageKind kind : {PageKind::kKv, PageKind::kKvGrad}) {
+      std::vector<PageId> freed;
+      for (const auto& layer : kind == PageKind::kKv ? kv_pages_ : grad_pages_) {
+        for (auto p = static_cast<int64_t>(layer.size()) - 1; p >= first_page; --p) {
+          if (layer[p].valid() && layer[p].tier() == Tier::kHost) freed.push_back(layer[p]);
+        }
+      }
+      if (!freed.empty()) pools_.copies->FencePages(*Pool(kind, Tier::kHost), freed);
+    }
+  }
   prefetched_[0] = prefetched_[1] = Prefetched();
   for (size_t layer = 0; layer < kv_pages_.size(); ++layer) {
     auto& pages = kv_pages_[layer];

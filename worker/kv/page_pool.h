@@ -180,7 +180,7 @@ struct KvPools {
 // append-only list of page ids per layer (truncated from the end only when pages are
 // released, in reverse chunk order). Pages may live on either tier; every read returns device
 // tensors and every accumulation lands in the page wherever it lives (host pages: fetched,
-// added to on the device, written back).
+// added to on the device, written back; or, for sparse page gradients, added to on the host).
 class SequenceKvCache {
  public:
   SequenceKvCache(KvPools pools, int64_t num_layers);
@@ -224,12 +224,15 @@ class SequenceKvCache {
                                                 const at::Tensor& host_selection);
   // Adds dK, dV [n_tiles, kv_heads, n * page_tokens, head_dim] of the selected pages into their
   // gradient pages (allocated, zeroed, on a page's first selection: pages no chunk selects
-  // never get one). Entries of -1 are skipped; repeated pages receive every contribution.
+  // never get one). Entries of -1 are skipped; repeated pages receive every contribution,
+  // summed first and added to the page once. Host pages are not fetched: their contributions
+  // are summed on the device and the selecting heads' go to the host, which adds them
+  // (CopyEngine::AddToPages); a bfloat16 page is then rounded twice, the sum and the page.
   absl::Status AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& host_selection,
                                   const at::Tensor& dk, const at::Tensor& dv);
-  // Starts fetching the host pages a later GatherPages(layer, selection, host_selection) reads
-  // (`with_grads`: also the gradient pages a later AccumulatePageGrad adds into, allocating
-  // those not allocated yet), as Prefetch does for a range. Errors: as AccumulatePageGrad's.
+  // Starts fetching the host pages a later GatherPages(layer, selection, host_selection) reads,
+  // as Prefetch does for a range (`with_grads`: also allocates the gradient pages a later
+  // AccumulatePageGrad adds into, which need no fetch). Errors: as AccumulatePageGrad's.
   absl::Status PrefetchPages(int64_t layer, const at::Tensor& host_selection, bool with_grads);
 
   // Frees, in every layer, the KV and gradient pages whose first token is >= `token`: after

@@ -15,6 +15,11 @@ enum class PageKind : uint8_t { kKv = 0, kKvGrad = 1 };
 inline const char* TierName(Tier t) { return t == Tier::kHost ? "host" : "gpu"; }
 inline const char* KindName(PageKind k) { return k == PageKind::kKvGrad ? "kv_grad" : "kv"; }
 
+// Pinned host memory the copy engine stages additions into host pages through (CUDA, when
+// pages live on the host): kHostAddStagingBuffers buffers of kHostAddStagingBytes each.
+inline constexpr int64_t kHostAddStagingBytes = int64_t{64} << 20;
+inline constexpr int kHostAddStagingBuffers = 16;
+
 }  // namespace oomb
 
 #endif  // OOMB_WORKER_KV_TIER_H_

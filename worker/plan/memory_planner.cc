@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/kv/tier.h"
 
 namespace oomb {
 namespace {
@@ -205,6 +206,8 @@ Placement Place(const Model& m, const JobSpec& spec, bool cuda, int64_t T, int64
   p.host_pages = pages - p.device_pages;
   p.peak_device = fixed + p.device_pages * m.PagePairBytes();
   p.peak_host = p.host_pages * m.PagePairBytes() + m.SelectionHostBytes(T);
+  // The copy engine's staging ring for additions into host pages (worker/kv/copy_engine.h).
+  if (cuda && p.host_pages > 0) p.peak_host += kHostAddStagingBuffers * kHostAddStagingBytes;
   // On the CPU the device is the host: one budget.
   if (!cuda) p.peak_host += p.peak_device;
   p.fits = p.peak_device <= device_capacity && (!cuda ? p.peak_host <= device_capacity : p.peak_host <= host_capacity);

@@ -177,7 +177,18 @@ void CheckEveryCacheOperation(const Target& target) {
     ASSERT_TRUE(b.AccumulateGrad(l, 4, dk_range, dk_range).ok());
     const at::Tensor dk = Random(ka.sizes().vec(), 500 + l, target), dv = Random(ka.sizes().vec(), 600 + l, target);
     ASSERT_TRUE(a.AccumulatePageGrad(l, selection, host_selection, dk, dv).ok());
+    const int64_t to_device_before = tiered.copies->bytes_to_device();
+    const int64_t to_host_before = tiered.copies->bytes_to_host();
     ASSERT_TRUE(b.AccumulatePageGrad(l, selection, host_selection, dk, dv).ok());
+    // Host gradient pages are added to on the host, never fetched for it, and only the heads
+    // that select a page send it theirs. Layer 1's gradient pages are all on the host (the
+    // device pool's 5 went to layer 0's); head 0 selects pages 0, 2, 4, 6 and head 1 pages
+    // 0, 1, 3, 5, 6: 9 heads' dK and dV.
+    EXPECT_EQ(tiered.copies->bytes_to_device(), to_device_before);
+    if (l == 1) {
+      const int64_t head_bytes = kShape.page_tokens * kShape.head_dim * at::elementSize(target.dtype);
+      EXPECT_EQ(tiered.copies->bytes_to_host() - to_host_before, 9 * 2 * head_bytes);
+    }
     // Prefetched and consumed as it is.
     ASSERT_TRUE(b.PrefetchPages(l, host_selection, /*with_grads=*/true).ok());
     ASSERT_TRUE(a.AccumulatePageGrad(l, selection, host_selection, dv, dk).ok());
@@ -250,6 +261,51 @@ void CheckBatchesRoundTrip(const Target& target) {
 }
 
 TEST(CopyEngineTest, BatchesRoundTripAndAreCounted) { CheckBatchesRoundTrip(kCpu); }
+
+// AddToPages adds the K and V of the given heads of each image into host pages (bfloat16 pages:
+// in float32, rounded as torch rounds), leaves the other heads as they were, counts the bytes
+// of the heads sent, and a fetch queued right after (no fence) sees every sum. On a GPU the
+// additions run on the host behind the write-back stream, through the staging ring.
+void CheckAdditions(const Target& target) {
+  for (const at::ScalarType dtype : {target.dtype, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const int64_t page_bytes = kShape.elems() * at::elementSize(dtype);
+    auto pool = PagePool::CreateHost(PageKind::kKvGrad, kShape, dtype, 8, /*pinned=*/target.device.is_cuda(),
+                                     /*slab_bytes=*/4 * page_bytes);
+    std::vector<PageId> ids;
+    for (int i = 0; i < 5; ++i) ids.push_back(*pool->Allocate());
+    CopyEngine copies{target.device};
+    const std::vector<int64_t> shape = {5, 2, kShape.kv_heads, kShape.page_tokens, kShape.head_dim};
+    const at::Tensor base = Random(shape, 21, target).to(dtype), images = Random(shape, 22, target).to(dtype);
+    const at::Tensor more = Random(shape, 23, target).to(dtype).slice(0, 0, 1);
+    copies.WritePages(*pool, ids, base);
+    const std::vector<uint64_t> heads = {1, 2, 3, 0, 1};  // page 3: no head
+    copies.AddToPages(*pool, ids, heads, images);
+    copies.AddToPages(*pool, {ids[0]}, {3}, more);  // page 0 again, both heads
+    const at::Tensor got = copies.FetchPages(*pool, ids).cpu();
+    at::Tensor want = base.cpu().clone();
+    const auto add = [&](int64_t i, uint64_t mask, const at::Tensor& x) {
+      for (int64_t h = 0; h < kShape.kv_heads; ++h) {
+        if ((mask >> h & 1) == 0) continue;
+        at::Tensor w = want[i].select(1, h);
+        const at::ScalarType sum = dtype == at::kBFloat16 ? at::kFloat : dtype;
+        w.copy_((w.to(sum) + x.cpu().select(1, h).to(sum)).to(dtype));
+      }
+    };
+    for (int64_t i = 0; i < 5; ++i) add(i, heads[i], images[i]);
+    add(0, 3, more[0]);
+    ExpectSame(got, want, "pages after additions");
+    const int64_t head_bytes = page_bytes / (2 * kShape.kv_heads);
+    EXPECT_EQ(copies.bytes_to_host(), 5 * page_bytes + (1 + 1 + 2 + 0 + 1 + 2) * 2 * head_bytes);
+  }
+}
+
+TEST(CopyEngineTest, AdditionsLandInTheSelectedHeads) { CheckAdditions(kCpu); }
+
+TEST(CopyEngineGpuTest, AdditionsLandInTheSelectedHeads) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  CheckAdditions(kCuda);
+}
 
 TEST(CopyEngineGpuTest, BatchesRoundTripAndAreCounted) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
