@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -132,14 +133,18 @@ void RunHostAdd(const HostAdd& a) {
         return AddRows<uint16_t>(a, begin, end);
       case at::kFloat:
         return AddRows<float>(a, begin, end);
-      case at::kDouble:
+      default:  // at::kDouble (AddToPages admits no other dtype)
         return AddRows<double>(a, begin, end);
-      default:
-        TORCH_CHECK(false, "AddToPages: pages of ", a.dtype, " are not supported");
     }
   };
   std::vector<std::thread> workers;
-  for (size_t t = 1; t < threads; ++t) workers.emplace_back(range, t);
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      workers.emplace_back(range, t);
+    } catch (const std::system_error&) {  // no thread to be had: this one does that part
+      range(t);
+    }
+  }
   range(0);
   for (std::thread& w : workers) w.join();
   *a.seconds_ns +=
@@ -342,6 +347,9 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
                   images.numel() == n * s.elems() && images.scalar_type() == dtype,
               "AddToPages: expected ", n, " page images of ", dtype, " and head sets, got ", images.sizes(), " of ",
               images.scalar_type(), " and ", heads.size(), " head sets");
+  // Checked here: the host function that adds must not throw.
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble, "AddToPages: pages of ", dtype,
+              " are not supported");
   const int64_t row_elems = s.page_tokens * s.head_dim;
   const int64_t row_bytes = row_elems * static_cast<int64_t>(c10::elementSize(dtype));
   // The rows of `images` viewed as [n * 2 * kv_heads, row_elems] to add, and where each goes.
