@@ -18,13 +18,14 @@
 // AddToPages adds into host pages instead of overwriting them, and moves only some heads of
 // each: the runs are packed on the device into one buffer, copied to a pinned staging buffer in
 // one cudaMemcpyAsync (a DMA at full rate, where head-sized runs went at 11 GB/s), and host
-// threads add them into the pages, in a host function on the write-back stream. Sparse
+// threads (12) add them into the pages, in host functions queued in order on a third stream
+// (each after its piece's copy; the write-back stream goes on to the next piece). Sparse
 // backward adds each chunk's page gradients this way, so a gradient page on the host is never
 // fetched to be added to: it crosses the bus once per contribution, one way, and only the heads
 // that selected it. The staging buffers (tier.h) are a ring; a batch waits for a buffer whose
 // additions are done, so the host falls behind the device by at most the ring.
 //
-// Ordering (CUDA), on two dedicated streams, one per direction:
+// Ordering (CUDA), on dedicated streams, one per direction (and the additions' third):
 //   - a fetch starts after everything already queued on the caller's current stream (the
 //     destination's memory may have had earlier users there) and after the newest write-back or
 //     addition queued into any of its pages (only those: a fetch of other pages does not wait
