@@ -159,12 +159,6 @@ void CUDART_CB RunHostAddCallback(void* add) {
 }
 #endif
 
-// `values` on `device`, through pinned memory without waiting (as SequenceKvCache uploads).
-at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device) {
-  const at::Tensor host = at::tensor(at::ArrayRef<int64_t>(values));
-  return device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host;
-}
-
 }  // namespace
 
 #if defined(OOMB_HAVE_CUDA)

@@ -170,15 +170,19 @@ absl::StatusOr<PageId> SequenceKvCache::AllocatePage(PageKind kind) {
 
 namespace {
 
-// `values` on `device`. To a GPU through pinned memory, without waiting for the device: the
-// caching host allocator keeps the pinned copy until the upload is done. (A pageable upload
-// would wait for everything queued before it, and the GPU would idle while the host caught up.)
 template <typename T>
-at::Tensor Upload(const std::vector<T>& values, const at::Device& device) {
+at::Tensor UploadValues(const std::vector<T>& values, const at::Device& device) {
   const at::Tensor host = at::tensor(at::ArrayRef<T>(values));
   if (!device.is_cuda()) return host;
   return host.pin_memory().to(device, /*non_blocking=*/true);
 }
+
+}  // namespace
+
+at::Tensor Upload(const std::vector<int32_t>& values, const at::Device& device) { return UploadValues(values, device); }
+at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device) { return UploadValues(values, device); }
+
+namespace {
 
 at::Tensor SlotTensor(const std::vector<PageId>& pages, int64_t first, int64_t last, const at::Device& device) {
   std::vector<int32_t> slots;

@@ -162,6 +162,12 @@ class PagePool {
   std::shared_ptr<PoolCounters> counters_;
 };
 
+// `values` on `device`. To a GPU through pinned memory, without waiting for the device: the
+// caching host allocator keeps the pinned copy until the upload is done. (A pageable upload
+// would wait for everything queued before it, and the GPU would idle while the host caught up.)
+at::Tensor Upload(const std::vector<int32_t>& values, const at::Device& device);
+at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device);
+
 class CopyEngine;
 class PendingFetch;
 
