@@ -30,6 +30,9 @@
 // rest), from events on the stream (kernels/torch/gpu_timeline.h); the events cost a little.
 // --attention-kernel cudnn | flash: the GPU attention's fused kernel, dense and sparse
 // (kernels/torch/fused_attention.h, GpuAttentionKernel).
+// --chunk-fraction p: SpaCO (backward.chunk_fraction; worker/train/chunk_trainer.h): stage 2
+// backpropagates each chunk with probability p. The line then carries the chunks kept, and model
+// FLOPs count the backward of the kept tokens only: (2 T + 4 T_kept) / (6 T) of the exact count.
 //
 // Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
 //                    [--full] [--grad-check 65536] [--sparse-budget 64] [--kv-offload auto]
@@ -154,10 +157,12 @@ struct Pools {
 struct BenchSpec {
   bool full = false;
   int64_t rank = 16, chunk = 4096, page = 128, sparse_budget = 0;
+  double chunk_fraction = 1.0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
   ChunkTrainerOptions TrainerOptions() const {
     ChunkTrainerOptions o;
     o.chunk_tokens = chunk;
+    o.chunk_fraction = chunk_fraction;
     o.gpu_attention_kernel =
         attention_kernel == "flash" ? kernels::GpuAttentionKernel::kFlash : kernels::GpuAttentionKernel::kCudnn;
     if (sparse_budget > 0) {
@@ -180,6 +185,7 @@ struct BenchSpec {
     spec.memory.kv_offload = offload;
     spec.memory.kv_grad_dtype = kv_grad_dtype;
     spec.data.max_seq_len = T;
+    spec.backward.chunk_fraction = chunk_fraction;
     if (sparse_budget > 0) {
       spec.attention.mode = "sparse";
       spec.attention.sparse.page_budget = sparse_budget;
@@ -194,14 +200,15 @@ absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, const BenchSpec
   Pools p;
   OOMB_ASSIGN_OR_RETURN(p.plan, PlanMemory(c, b.At(T), ThisMachine(d.is_cuda() ? "cuda:0" : "cpu")));
   // bfloat16 gradient pages only under a bfloat16 model: the float32 reference keeps float32.
-  OOMB_ASSIGN_OR_RETURN(
-      p.owned, MakeKvPools({c.num_kv_heads, b.page, c.head_dim}, m.dtype(), KvGradDtype(b.kv_grad_dtype, m.dtype()), d,
-                           p.plan.device_kv_pages, p.plan.host_kv_pages));
+  OOMB_ASSIGN_OR_RETURN(p.owned, MakeKvPools({c.num_kv_heads, b.page, c.head_dim}, m.dtype(),
+                                             KvGradDtype(b.kv_grad_dtype, m.dtype()), d, PoolSizes(p.plan)));
   return p;
 }
 
 struct StepResult {
   double seconds = 0;
+  int64_t chunks = 0, chunks_kept = 0;  // stage 2's (SpaCO)
+  int64_t tokens_kept = 0;
   SparseStats sparse;
   TrainerMemory memory;
   std::map<std::string, double> sections;  // --sections: GPU seconds per section
@@ -222,9 +229,17 @@ absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, co
   opt.step();
   opt.zero_grad(true);
   Sync(d);
-  StepResult r{std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count(), trainer.sparse_stats(),
-               trainer.memory(), kernels::timeline::Collect()};
+  StepResult r{.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count(),
+               .sparse = trainer.sparse_stats(),
+               .memory = trainer.memory(),
+               .sections = kernels::timeline::Collect()};
   kernels::timeline::Enable(false);
+  r.chunks = trainer.NumChunks(seq);
+  for (int64_t i = 0; i < r.chunks; ++i) {
+    if (!trainer.KeepChunk(i, 0)) continue;
+    ++r.chunks_kept;
+    r.tokens_kept += std::min(T, (i + 1) * o.chunk_tokens) - i * o.chunk_tokens;
+  }
   return r;
 }
 
@@ -253,6 +268,7 @@ int Main(int argc, char** argv) {
   std::string model = "qwen2.5-7b", device = "cuda";
   std::vector<int64_t> lengths = {16384};
   int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0;
+  double chunk_fraction = 1.0;
   bool full = false;
   bool sections = false;
   int64_t sparse_budget = 0;
@@ -268,6 +284,8 @@ int Main(int argc, char** argv) {
                  "the GPU attention's fused kernel: cudnn (flash where cuDNN's does not apply) | flash")
       ->check(CLI::IsMember({"cudnn", "flash"}));
   app.add_option("--lengths", lengths, "sequence lengths");
+  app.add_option("--chunk-fraction", chunk_fraction, "SpaCO: stage 2 backpropagates each chunk with this probability")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--chunk", chunk);
   app.add_option("--page", page);
   app.add_option("--lora-rank", rank);
@@ -284,6 +302,7 @@ int Main(int argc, char** argv) {
                         .chunk = chunk,
                         .page = page,
                         .sparse_budget = sparse_budget,
+                        .chunk_fraction = chunk_fraction,
                         .selection = selection,
                         .offload = offload,
                         .kv_grad_dtype = kv_grad_dtype,
@@ -299,6 +318,7 @@ int Main(int argc, char** argv) {
                               {"device", d.is_cuda() ? "cuda" : "cpu"},
                               {"attention", sparse ? "sparse" : "dense"},
                               {"page_budget", sparse_budget},
+                              {"chunk_fraction", chunk_fraction},
                               {"kv_offload", offload},
                               {"kv_grad_dtype", kv_grad_dtype},
                               {"attention_kernel", attention_kernel},
@@ -336,11 +356,17 @@ int Main(int argc, char** argv) {
         if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
         const double* s = &step->seconds;
         // Sparse: the attention's model FLOPs are those of the query-key pairs attended.
-        const double flops = sparse ? 6 * N * T + 12.0 * config.head_dim * step->sparse.attended_pairs
-                                    : 6 * N * T + 6 * dl * static_cast<double>(T) * T;
+        // SpaCO: the backward (4 of the 6) of the kept tokens only.
+        const double kept = (2.0 + 4.0 * static_cast<double>(step->tokens_kept) / static_cast<double>(T)) / 6.0;
+        const double flops = kept * (sparse ? 6 * N * T + 12.0 * config.head_dim * step->sparse.attended_pairs
+                                            : 6 * N * T + 6 * dl * static_cast<double>(T) * T);
         r["s_per_step"] = *s;
         if (sections) r["sections_s"] = step->sections;
         r["tok_s"] = T / *s;
+        if (chunk_fraction < 1) {
+          r["chunks"] = step->chunks;
+          r["chunks_kept"] = step->chunks_kept;
+        }
         if (sparse && step->sparse.past_pages > 0) {
           r["attention_density"] =
               static_cast<double>(step->sparse.selected_pages) / static_cast<double>(step->sparse.past_pages);
@@ -350,6 +376,8 @@ int Main(int argc, char** argv) {
         r["kv_pool_bytes"] = plan.kv_device_bytes;
         r["kv_device_pages"] = plan.device_kv_pages;
         r["kv_host_pages"] = plan.host_kv_pages;
+        r["kv_grad_device_pages"] = plan.device_grad_pages;
+        r["kv_grad_host_pages"] = plan.host_grad_pages;
         r["host_pinned_bytes"] = plan.kv_host_bytes;
         r["host_kv_peak_bytes"] = step->memory.host_kv_peak_bytes;
         r["h2d_bytes"] = step->memory.bytes_to_device;

@@ -320,8 +320,7 @@ class Run {
     // Host slabs are pinned by the pools' own threads from now on, while the first chunks run on
     // the device pages.
     OOMB_ASSIGN_OR_RETURN(kv_, MakeKvPools({c.num_kv_heads, spec_.memory.page_tokens, c.head_dim}, dtype_,
-                                           KvGradDtype(spec_.memory.kv_grad_dtype, dtype_), device_,
-                                           plan.device_kv_pages, plan.host_kv_pages));
+                                           KvGradDtype(spec_.memory.kv_grad_dtype, dtype_), device_, PoolSizes(plan)));
     if (options_.kv_stats != nullptr) {
       const std::string slot = options_.devices.empty() ? device_.str() : options_.devices[rank_.index];
       if (kv_.copies != nullptr) {

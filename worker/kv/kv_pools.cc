@@ -20,20 +20,21 @@ at::ScalarType KvGradDtype(const std::string& kv_grad_dtype, at::ScalarType mode
 }
 
 absl::StatusOr<OwnedKvPools> MakeKvPools(PageShape shape, at::ScalarType kv_dtype, at::ScalarType grad_dtype,
-                                         at::Device device, int64_t device_pages, int64_t host_pages,
-                                         int64_t host_slab_bytes) {
+                                         at::Device device, KvPoolSizes sizes, int64_t host_slab_bytes) {
   OwnedKvPools p;
   const auto on_device = at::TensorOptions().device(device);
-  OOMB_ASSIGN_OR_RETURN(p.kv,
-                        PagePool::Create(PageKind::kKv, Tier::kDevice, shape, on_device.dtype(kv_dtype), device_pages));
   OOMB_ASSIGN_OR_RETURN(
-      p.grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, on_device.dtype(grad_dtype), device_pages));
-  if (host_pages > 0) {
-    const bool pinned = device.is_cuda();
-    p.kv_host = PagePool::CreateHost(PageKind::kKv, shape, kv_dtype, host_pages, pinned, host_slab_bytes);
-    p.grad_host = PagePool::CreateHost(PageKind::kKvGrad, shape, grad_dtype, host_pages, pinned, host_slab_bytes);
-    p.copies = std::make_unique<CopyEngine>(device);
+      p.kv, PagePool::Create(PageKind::kKv, Tier::kDevice, shape, on_device.dtype(kv_dtype), sizes.device_kv));
+  OOMB_ASSIGN_OR_RETURN(p.grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, on_device.dtype(grad_dtype),
+                                                 sizes.device_grad));
+  const bool pinned = device.is_cuda();
+  if (sizes.host_kv > 0) {
+    p.kv_host = PagePool::CreateHost(PageKind::kKv, shape, kv_dtype, sizes.host_kv, pinned, host_slab_bytes);
   }
+  if (sizes.host_grad > 0) {
+    p.grad_host = PagePool::CreateHost(PageKind::kKvGrad, shape, grad_dtype, sizes.host_grad, pinned, host_slab_bytes);
+  }
+  if (p.kv_host != nullptr || p.grad_host != nullptr) p.copies = std::make_unique<CopyEngine>(device);
   return p;
 }
 

@@ -34,11 +34,11 @@ struct OwnedKvPools {
 // bfloat16; float32 otherwise (float64 under a float64 model: the exactness tests).
 at::ScalarType KvGradDtype(const std::string& kv_grad_dtype, at::ScalarType model_dtype);
 
-// `device_pages` KV and as many gradient pages on `device`, `host_pages` of each on the host
-// (slabs of `host_slab_bytes`, pinned when `device` is a GPU; their threads start pinning now).
-// RESOURCE_EXHAUSTED when a device arena cannot be allocated.
+// The pools of `sizes`, on `device` and the host (slabs of `host_slab_bytes`, pinned when
+// `device` is a GPU; their threads start pinning now). RESOURCE_EXHAUSTED when a device arena
+// cannot be allocated.
 absl::StatusOr<OwnedKvPools> MakeKvPools(PageShape shape, at::ScalarType kv_dtype, at::ScalarType grad_dtype,
-                                         at::Device device, int64_t device_pages, int64_t host_pages,
+                                         at::Device device, KvPoolSizes sizes,
                                          int64_t host_slab_bytes = int64_t{1} << 30);
 
 }  // namespace oomb

@@ -390,7 +390,7 @@ absl::Status SequenceKvCache::Prefetch(int64_t layer, int64_t begin, int64_t end
     const auto& pages = kind == PageKind::kKv ? kv_pages_[layer] : grad_pages_[layer];
     std::vector<PageId> host_ids;
     for (int64_t p = first; p < last; ++p) {
-      if (pages[p].tier() == Tier::kHost) host_ids.push_back(pages[p]);
+      if (pages[p].valid() && pages[p].tier() == Tier::kHost) host_ids.push_back(pages[p]);
     }
     StartPrefetch(kind, std::move(host_ids));
   }
@@ -419,7 +419,7 @@ absl::Status SequenceKvCache::EnsureGradPages(int64_t layer, int64_t first, int6
   auto& gpages = grad_pages_[layer];
   if (static_cast<int64_t>(gpages.size()) < last) gpages.resize(last);
   for (int64_t p = first; p < last; ++p) {
-    if (gpages[p].valid()) continue;
+    if (gpages[p].valid() || GradDropped(p)) continue;
     auto id = AllocatePage(PageKind::kKvGrad);
     if (!id.ok()) return id.status();
     gpages[p] = *id;
@@ -440,17 +440,32 @@ absl::Status SequenceKvCache::AccumulateGrad(int64_t layer, int64_t begin, const
     y.slice(1, off, off + x.size(1)).copy_(x);
     return y;
   };
-  const std::vector<PageId> ids(gpages.begin() + first, gpages.begin() + last);
+  std::vector<PageId> ids;
+  std::vector<int64_t> kept;  // positions in [first, last) of the pages that keep gradients
+  for (int64_t p = first; p < last; ++p) {
+    if (!gpages[p].valid()) continue;  // dropped (DropGradients)
+    ids.push_back(gpages[p]);
+    kept.push_back(p - first);
+  }
+  if (ids.empty()) return absl::OkStatus();
+  // [H, padded, D] -> the kept pages' tokens, [H, kept * P, D].
+  auto rows = [&](const at::Tensor& x) {
+    const at::Tensor padded_x = pad(x);
+    if (static_cast<int64_t>(kept.size()) == last - first) return padded_x;
+    return padded_x.view({x.size(0), last - first, page_tokens_, x.size(2)})
+        .index_select(1, Positions(kept, x.device()))
+        .view({x.size(0), -1, x.size(2)});
+  };
   if (AllOnDevice(ids) && pools_.grad->options().dtype() == dtype) {
     kernels::ScatterAddPages(pools_.grad->arena(), SlotTensor(ids, 0, ids.size(), pools_.grad->arena().device()),
-                             pad(dk), pad(dv));
+                             rows(dk), rows(dv));
     return absl::OkStatus();
   }
   // Host pages, or bfloat16 storage: the pages' images in the accumulation type, added to,
   // stored back (rounded once per contribution).
   at::Tensor images = Images(PageKind::kKvGrad, ids).to(dtype);
   kernels::ScatterAddPages(images, at::arange(static_cast<int64_t>(ids.size()), images.options().dtype(at::kInt)),
-                           pad(dk), pad(dv));
+                           rows(dk), rows(dv));
   StoreImages(PageKind::kKvGrad, ids, images);
   return absl::OkStatus();
 }
@@ -478,7 +493,7 @@ absl::Status SequenceKvCache::EnsureSelectedGradPages(int64_t layer, const std::
   auto& gpages = grad_pages_[layer];
   if (gpages.size() < kv_pages_[layer].size()) gpages.resize(kv_pages_[layer].size());
   for (const int64_t page : pages) {
-    if (gpages[page].valid()) continue;
+    if (gpages[page].valid() || GradDropped(page)) continue;
     auto id = AllocatePage(PageKind::kKvGrad);
     if (!id.ok()) return id.status();
     gpages[page] = *id;
@@ -529,11 +544,24 @@ absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor
                                                  const at::Tensor& dv) {
   auto& gpages = grad_pages_[layer];
   const auto num_pages = static_cast<int64_t>(kv_pages_[layer].size());
-  const Selected selected = SelectedPages(host_selection, num_pages);
+  Selected selected = SelectedPages(host_selection, num_pages);
   OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected.pages));
   const at::Device dev = selection.device();
+  const at::Tensor flat = host_selection.to(at::kLong).contiguous();
+  std::vector<int64_t> entries(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
+  at::Tensor kept_selection = selection;
+  if (std::any_of(selected.pages.begin(), selected.pages.end(), [&](int64_t page) { return !gpages[page].valid(); })) {
+    // SpaCO: what the selection adds to pages whose gradients are dropped is left out.
+    for (int64_t& e : entries) {
+      if (e >= 0 && !gpages[e].valid()) e = -1;
+    }
+    kept_selection = Positions(entries, dev).view(selection.sizes());
+    selected = SelectedPages(at::from_blob(entries.data(), selection.sizes(), at::kLong), num_pages);
+    if (selected.pages.empty()) return absl::OkStatus();
+  }
   if (AllOnDevice(gpages)) {
-    kernels::AccumulateSelectedPages(pools_.grad->arena(), SlotTensor(gpages, 0, num_pages, dev), selection, dk, dv);
+    kernels::AccumulateSelectedPages(pools_.grad->arena(), SlotTensor(gpages, 0, num_pages, dev), kept_selection, dk,
+                                     dv);
     return absl::OkStatus();
   }
   // Some pages on the host. The selection splits in two: device pages add into the arena in
@@ -549,9 +577,7 @@ absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor
     host_ids.push_back(id);
     host_heads.push_back(selected.heads[i]);
   }
-  const at::Tensor flat = host_selection.to(at::kLong).contiguous();
-  std::vector<int64_t> on_device(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
-  std::vector<int64_t> on_host = on_device;
+  std::vector<int64_t> on_device = entries, on_host = entries;
   for (size_t e = 0; e < on_device.size(); ++e) {
     if (on_device[e] < 0) continue;
     (gpages[on_device[e]].tier() == Tier::kHost ? on_device : on_host)[e] = -1;
@@ -570,6 +596,26 @@ absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor
   DropPrefetch(PageKind::kKvGrad, host_ids);
   pools_.copies->AddToPages(*pools_.grad_host, host_ids, host_heads, images);
   return absl::OkStatus();
+}
+
+void SequenceKvCache::DropGradients(int64_t begin, int64_t end) {
+  if (begin >= end) return;
+  if (static_cast<int64_t>(token_grad_dropped_.size()) < end) token_grad_dropped_.resize(end, false);
+  std::fill(token_grad_dropped_.begin() + begin, token_grad_dropped_.begin() + end, true);
+  const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
+  if (static_cast<int64_t>(page_grad_dropped_.size()) < last) page_grad_dropped_.resize(last, false);
+  for (int64_t p = first; p < last; ++p) {
+    const int64_t page_end = (p + 1) * page_tokens_;
+    page_grad_dropped_[p] = page_end <= static_cast<int64_t>(token_grad_dropped_.size()) &&
+                            std::all_of(token_grad_dropped_.begin() + p * page_tokens_,
+                                        token_grad_dropped_.begin() + page_end, [](bool dropped) { return dropped; });
+  }
+}
+
+int64_t SequenceKvCache::GradPagesKept(int64_t tokens) const {
+  int64_t kept = 0;
+  for (int64_t p = 0; p < (tokens + page_tokens_ - 1) / page_tokens_; ++p) kept += GradDropped(p) ? 0 : 1;
+  return kept;
 }
 
 void SequenceKvCache::ReleaseFrom(int64_t token) {

@@ -212,7 +212,8 @@ class SequenceKvCache {
   absl::Status Prefetch(int64_t layer, int64_t begin, int64_t end, bool with_grads = false);
 
   // Adds dK, dV of tokens [begin, begin + n), [kv_heads, n, head_dim] each, into the layer's
-  // gradient pages; a gradient page is allocated (zeroed) on its first contribution.
+  // gradient pages; a gradient page is allocated (zeroed) on its first contribution. What
+  // falls in pages whose gradients are dropped (DropGradients) is not added.
   absl::Status AccumulateGrad(int64_t layer, int64_t begin, const at::Tensor& dk, const at::Tensor& dv);
 
   // The accumulated dK, dV of tokens [begin, end), [end - begin, kv_heads, head_dim] each, in
@@ -230,7 +231,8 @@ class SequenceKvCache {
                                                 const at::Tensor& host_selection);
   // Adds dK, dV [n_tiles, kv_heads, n * page_tokens, head_dim] of the selected pages into their
   // gradient pages (allocated, zeroed, on a page's first selection: pages no chunk selects
-  // never get one). Entries of -1 are skipped; repeated pages receive every contribution,
+  // never get one). Entries of -1, and of pages whose gradients are dropped (DropGradients),
+  // are skipped; repeated pages receive every contribution,
   // summed first and added to the page once. Host pages are not fetched: their contributions
   // are summed on the device and the selecting heads' go to the host, which adds them
   // (CopyEngine::AddToPages); a bfloat16 page is then rounded twice, the sum and the page.
@@ -244,6 +246,15 @@ class SequenceKvCache {
   // Frees, in every layer, the KV and gradient pages whose first token is >= `token`: after
   // chunk i's backward nothing reads them again.
   void ReleaseFrom(int64_t token);
+
+  // SpaCO (worker/train/chunk_trainer.h): the gradients of tokens [begin, end) will never be
+  // read, their chunk not being backpropagated. A page all of whose tokens are such (in every
+  // layer) never gets a gradient page: AccumulateGrad and AccumulatePageGrad drop what they
+  // would add to it, and the prefetches allocate none. Calls add up; tokens never named keep
+  // their gradients (so does a page that runs past the last token named).
+  void DropGradients(int64_t begin, int64_t end);
+  // Of the pages of tokens [0, tokens), how many keep their gradients (in each layer).
+  int64_t GradPagesKept(int64_t tokens) const;
 
   int64_t grad_pages_allocated() const;
 
@@ -265,6 +276,8 @@ class SequenceKvCache {
   std::vector<std::vector<PageId>> kv_pages_;    // [layer][page]
   std::vector<std::vector<PageId>> grad_pages_;  // [layer][page]; invalid until first use
   std::vector<int64_t> tokens_;
+  std::vector<bool> token_grad_dropped_;  // DropGradients, per token
+  std::vector<bool> page_grad_dropped_;   // per page: every token of it dropped
   // The newest prefetch of each kind: the host pages it fetches and the fetch.
   struct Prefetched {
     std::vector<PageId> ids;
@@ -274,7 +287,12 @@ class SequenceKvCache {
   Prefetched& prefetched(PageKind kind) { return prefetched_[static_cast<int>(kind)]; }
   // Drops the prefetch of `kind` if it holds one of `ids` (about to be written).
   void DropPrefetch(PageKind kind, const std::vector<PageId>& ids);
-  // Allocates the layer's gradient pages [first, last), or `pages`, that have none yet.
+  // Whether page `page`'s gradients are dropped (DropGradients).
+  bool GradDropped(int64_t page) const {
+    return page < static_cast<int64_t>(page_grad_dropped_.size()) && page_grad_dropped_[page];
+  }
+  // Allocates the layer's gradient pages [first, last), or `pages`, that have none yet and are
+  // not dropped.
   absl::Status EnsureGradPages(int64_t layer, int64_t first, int64_t last);
   absl::Status EnsureSelectedGradPages(int64_t layer, const std::vector<int64_t>& pages);
   // Starts fetching `host_ids` as the newest prefetch of `kind` (none if empty or the same).

@@ -1,6 +1,7 @@
 #include "worker/plan/memory_planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -70,16 +71,28 @@ class Model {
   int64_t weights() const { return weights_; }
   int64_t trainable() const { return trainable_; }
 
-  // KV pages (model.dtype) and KV-gradient pages (kv_grad_dtype) for a sequence of T tokens: the
-  // executor's pools, layers * (ceil(T / P) + 1) pages each, on the device and the host together.
-  int64_t Pages(int64_t T) const { return c_.num_layers * (CeilDiv(T, spec_.memory.page_tokens) + 1); }
-  // One KV page (model.dtype) and one KV-gradient page: bfloat16 when memory.kv_grad_dtype asks
-  // and the model is bfloat16, else float32 (worker/kv/kv_pools.h, KvGradDtype).
-  int64_t PagePairBytes() const {
-    const int64_t g = spec_.memory.kv_grad_dtype == "bfloat16" && e_ == 2 ? 2 : kF32;
-    return 2 * c_.kv_dim() * spec_.memory.page_tokens * (e_ + g);
+  // KV pages (model.dtype) for a sequence of T tokens: the executor's pools, layers *
+  // (ceil(T / P) + 1) pages, on the device and the host together.
+  int64_t KvPages(int64_t T) const { return c_.num_layers * (CeilDiv(T, spec_.memory.page_tokens) + 1); }
+  // KV-gradient pages: as many, but under SpaCO (backward.chunk_fraction p < 1) only the pages
+  // of the chunks stage 2 keeps get them (ChunkTrainer::DropUnreadGradients), and the plan
+  // makes room for SpacoKeptChunksBound of the sequence's chunks.
+  int64_t GradPages(int64_t T) const {
+    const double p = spec_.backward.chunk_fraction;
+    if (p >= 1) return KvPages(T);
+    const int64_t C = spec_.memory.chunk_tokens, P = spec_.memory.page_tokens;
+    const int64_t per_chunk = C % P == 0 ? C / P : C / P + 2;  // the pages a chunk's tokens touch
+    const int64_t kept = SpacoKeptChunksBound(CeilDiv(T, C), p);
+    return std::min(KvPages(T), c_.num_layers * (kept * per_chunk + 1));
   }
-  int64_t KvBytes(int64_t T) const { return Pages(T) * PagePairBytes(); }
+  // One KV page (model.dtype), one KV-gradient page: bfloat16 when memory.kv_grad_dtype asks
+  // and the model is bfloat16, else float32 (worker/kv/kv_pools.h, KvGradDtype).
+  int64_t KvPageBytes() const { return 2 * c_.kv_dim() * spec_.memory.page_tokens * e_; }
+  int64_t GradPageBytes() const {
+    const int64_t g = spec_.memory.kv_grad_dtype == "bfloat16" && e_ == 2 ? 2 : kF32;
+    return 2 * c_.kv_dim() * spec_.memory.page_tokens * g;
+  }
+  int64_t KvBytes(int64_t T) const { return KvPages(T) * KvPageBytes() + GradPages(T) * GradPageBytes(); }
 
   // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden):
   //   two RMSNorms: the float32 upcast of the input and the normalised output (dtype)
@@ -181,8 +194,9 @@ class Model {
 
 // Where the pages of a T-token sequence go, and the peaks that follow.
 struct Placement {
-  int64_t device_pages = 0;  // KV and KV-gradient pages each
-  int64_t host_pages = 0;
+  int64_t device_pages = 0, device_grad_pages = 0;  // KV pages, KV-gradient pages
+  int64_t host_pages = 0, host_grad_pages = 0;
+  int64_t device_page_bytes = 0, host_page_bytes = 0;
   int64_t peak_device = 0;
   int64_t peak_host = 0;
   bool fits = false;
@@ -191,21 +205,26 @@ struct Placement {
 Placement Place(const Model& m, const JobSpec& spec, bool cuda, int64_t T, int64_t device_capacity,
                 int64_t host_capacity) {
   Placement p;
-  const int64_t pages = m.Pages(T), fixed = m.DeviceFixed(T);
+  const int64_t pages = m.KvPages(T), grad_pages = m.GradPages(T), fixed = m.DeviceFixed(T);
   const std::string& offload = spec.memory.kv_offload;
+  // The share of both kinds of pages kept on the device.
+  double on_device = 1;
   if (offload == "host") {
-    p.device_pages = 0;
-  } else if (offload == "none" || !cuda) {
-    p.device_pages = pages;
-  } else if (fixed + pages * m.PagePairBytes() <= device_capacity) {  // auto, and everything fits
-    p.device_pages = pages;
-  } else {  // auto: what fits stays on the device, less a margin for the plan's own error
+    on_device = 0;
+  } else if (offload == "auto" && cuda && fixed + m.KvBytes(T) > device_capacity) {
+    // What fits stays on the device, less a margin for the plan's own error.
     const int64_t margin = device_capacity / kAutoMarginDivisor;
-    p.device_pages = std::clamp<int64_t>((device_capacity - fixed - margin) / m.PagePairBytes(), 0, pages);
+    on_device =
+        std::clamp(static_cast<double>(device_capacity - fixed - margin) / static_cast<double>(m.KvBytes(T)), 0.0, 1.0);
   }
+  p.device_pages = static_cast<int64_t>(on_device * static_cast<double>(pages));
+  p.device_grad_pages = static_cast<int64_t>(on_device * static_cast<double>(grad_pages));
   p.host_pages = pages - p.device_pages;
-  p.peak_device = fixed + p.device_pages * m.PagePairBytes();
-  p.peak_host = p.host_pages * m.PagePairBytes() + m.SelectionHostBytes(T);
+  p.host_grad_pages = grad_pages - p.device_grad_pages;
+  p.device_page_bytes = p.device_pages * m.KvPageBytes() + p.device_grad_pages * m.GradPageBytes();
+  p.host_page_bytes = p.host_pages * m.KvPageBytes() + p.host_grad_pages * m.GradPageBytes();
+  p.peak_device = fixed + p.device_page_bytes;
+  p.peak_host = p.host_page_bytes + m.SelectionHostBytes(T);
   // The copy engine's staging ring for additions into host pages (worker/kv/copy_engine.h).
   if (cuda && p.host_pages > 0) p.peak_host += kHostAddStagingBuffers * kHostAddStagingBytes;
   // On the CPU the device is the host: one budget.
@@ -215,6 +234,25 @@ Placement Place(const Model& m, const JobSpec& spec, bool cuda, int64_t T, int64
 }
 
 }  // namespace
+
+int64_t SpacoKeptChunksBound(int64_t chunks, double p) {
+  if (p >= 1 || chunks <= 0) return std::max<int64_t>(chunks, 0);
+  // Walk the upper tail down from mean + 20 sd + 40, beyond which the binomial's mass is below
+  // 1e-26 (Bernstein's inequality), until it reaches kSpacoDrawTail.
+  const double n = static_cast<double>(chunks), sd = std::sqrt(n * p * (1 - p));
+  const int64_t top = std::min<int64_t>(chunks, static_cast<int64_t>(std::ceil(n * p + 20 * sd + 40)));
+  const auto log_pmf = [&](int64_t j) {
+    const double k = static_cast<double>(j);
+    return std::lgamma(n + 1) - std::lgamma(k + 1) - std::lgamma(n - k + 1) + k * std::log(p) +
+           (n - k) * std::log1p(-p);
+  };
+  double tail = 0;  // P(j < K <= top)
+  for (int64_t j = top; j > 0; --j) {
+    tail += std::exp(log_pmf(j));
+    if (tail > kSpacoDrawTail) return j;
+  }
+  return 0;
+}
 
 std::string FormatBytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -246,17 +284,26 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& 
   plan.device_capacity_bytes = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
   plan.host_capacity_bytes = std::max<int64_t>(0, target.host_bytes - kHostReserveBytes);
   const Placement p = Place(m, spec, cuda, T, plan.device_capacity_bytes, plan.host_capacity_bytes);
-  plan.kv_device_bytes = p.device_pages * m.PagePairBytes();
-  plan.kv_host_bytes = p.host_pages * m.PagePairBytes();
+  plan.kv_device_bytes = p.device_page_bytes;
+  plan.kv_host_bytes = p.host_page_bytes;
   plan.device_kv_pages = p.device_pages;
   plan.host_kv_pages = p.host_pages;
+  plan.device_grad_pages = p.device_grad_pages;
+  plan.host_grad_pages = p.host_grad_pages;
   plan.peak_device_bytes = p.peak_device;
   plan.peak_host_bytes = p.peak_host;
-  plan.placement = p.host_pages == 0
-                       ? absl::StrCat("KV and KV-gradient pages on ", target.device)
-                       : absl::StrCat(p.device_pages, " KV and ", p.device_pages, " KV-gradient pages on ",
-                                      target.device, ", ", p.host_pages, " of each in the host tier (",
-                                      FormatBytes(plan.kv_host_bytes), cuda ? ", pinned)" : ")");
+  plan.placement =
+      p.host_pages == 0
+          ? absl::StrCat("KV and KV-gradient pages on ", target.device)
+          : absl::StrCat(p.device_pages, " KV and ", p.device_grad_pages, " KV-gradient pages on ", target.device, ", ",
+                         p.host_pages, " KV and ", p.host_grad_pages, " KV-gradient pages in the host tier (",
+                         FormatBytes(plan.kv_host_bytes), cuda ? ", pinned)" : ")");
+  if (spec.backward.chunk_fraction < 1) {
+    absl::StrAppend(&plan.placement, "; KV-gradient pages for ",
+                    SpacoKeptChunksBound(CeilDiv(T, spec.memory.chunk_tokens), spec.backward.chunk_fraction), " of ",
+                    CeilDiv(T, spec.memory.chunk_tokens), " chunks (backward.chunk_fraction ",
+                    spec.backward.chunk_fraction, ")");
+  }
 
   // The longest T that fits (neither peak decreases with T).
   int64_t lo = 0, hi = int64_t{1} << 31;
@@ -283,8 +330,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& 
           longest, spec.memory.kv_offload == "none" ? " (memory.kv_offload: none keeps every page on the device)" : "");
     } else {
       plan.limit = absl::StrCat("host memory: the job needs ", FormatBytes(plan.peak_host_bytes),
-                                " of pinned host memory at data.max_seq_len ", T, " (", p.host_pages,
-                                " KV and KV-gradient pages each) and ", FormatBytes(plan.host_capacity_bytes),
+                                " of pinned host memory at data.max_seq_len ", T, " (", p.host_pages, " KV and ",
+                                p.host_grad_pages, " KV-gradient pages) and ", FormatBytes(plan.host_capacity_bytes),
                                 " is usable (", FormatBytes(target.host_bytes), " less ",
                                 FormatBytes(kHostReserveBytes), " reserved); ", longest);
     }

@@ -40,8 +40,12 @@
 // upper bound (tests/worker/train/memory_planner_test.cc); on the GPU, the whole peak within
 // 10% (bench/bench_train.cc prints both; results under bench/results).
 //
-// SpaCO (backward.chunk_fraction < 1) plans like the exact trainer: stage 1 keeps every page,
-// and a kept chunk of stage 2 needs what an exact one does.
+// SpaCO (backward.chunk_fraction p < 1): stage 1 keeps every KV page and a kept chunk of stage
+// 2 needs what an exact one does, but only the kept chunks' pages get KV-gradient pages
+// (ChunkTrainer::DropUnreadGradients). How many chunks a sequence keeps is drawn (each with
+// probability p); the plan makes room for the gradient pages of SpacoKeptChunksBound of them,
+// and a draw beyond that (probability at most kSpacoDrawTail) is refused before its step does
+// any work.
 //
 // Sparse attention (attention.mode: sparse) keeps the same page pools (any page may be
 // selected), adds the page summaries (counted with the activations), replaces the attention's
@@ -57,6 +61,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/job/job_spec.h"
+#include "worker/kv/tier.h"
 #include "worker/model/model_config.h"
 
 namespace oomb {
@@ -78,8 +83,10 @@ struct MemoryPlan {
   int64_t kv_bytes = 0;               // KV + KV-gradient page pools at seq_len
   int64_t kv_device_bytes = 0;
   int64_t kv_host_bytes = 0;
-  int64_t device_kv_pages = 0;     // KV pages placed on the device (as many KV-gradient pages)
-  int64_t host_kv_pages = 0;       // KV pages placed on the host (as many KV-gradient pages)
+  int64_t device_kv_pages = 0;     // KV pages placed on the device
+  int64_t host_kv_pages = 0;       // KV pages placed on the host
+  int64_t device_grad_pages = 0;   // KV-gradient pages placed on the device (as many as KV pages but under SpaCO)
+  int64_t host_grad_pages = 0;     // KV-gradient pages placed on the host
   int64_t kv_bytes_per_token = 0;  // KV + KV-gradient bytes per token of context (all layers)
 
   int64_t peak_device_bytes = 0;
@@ -104,6 +111,17 @@ inline constexpr int64_t kHostReserveBytes = int64_t{16} << 30;
 // The plan of `spec` on `target`, for the model `config` (the spec's model.path's
 // config.json).
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target);
+
+// SpaCO: the number of kept chunks the plan makes room for when each of `chunks` chunks is
+// kept with probability p: the smallest k with P(Binomial(chunks, p) > k) <= kSpacoDrawTail
+// (`chunks` when p >= 1).
+inline constexpr double kSpacoDrawTail = 1e-9;
+int64_t SpacoKeptChunksBound(int64_t chunks, double p);
+
+// The page pools `plan` places (worker/kv/kv_pools.h).
+inline KvPoolSizes PoolSizes(const MemoryPlan& plan) {
+  return {plan.device_kv_pages, plan.device_grad_pages, plan.host_kv_pages, plan.host_grad_pages};
+}
 
 // Bytes in words: "12.3 GiB".
 std::string FormatBytes(int64_t bytes);

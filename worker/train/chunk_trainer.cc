@@ -21,6 +21,7 @@
 #include "kernels/torch/gpu_timeline.h"
 #include "kernels/torch/paged_attention.h"
 #include "kernels/torch/sparse_attention.h"
+#include "worker/common/status.h"
 #include "worker/kv/copy_engine.h"
 
 namespace oomb {
@@ -218,6 +219,30 @@ bool ChunkTrainer::KeepChunk(int64_t index, uint64_t seed) const {
   return static_cast<double>(z >> 11) * 0x1.0p-53 < options_.chunk_fraction;
 }
 
+absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_t seed, SequenceKvCache& cache) const {
+  const int64_t n = NumChunks(seq), C = options_.chunk_tokens, T = seq.size();
+  int64_t kept = 0;
+  for (int64_t index = 0; index < n; ++index) {
+    if (KeepChunk(index, seed)) {
+      ++kept;
+    } else {
+      cache.DropGradients(index * C, std::min(T, (index + 1) * C));
+    }
+  }
+  if (kept == n) return absl::OkStatus();
+  // The plan makes room for all but the unlikeliest draws (worker/plan/memory_planner.h); this
+  // one is checked before any work.
+  const int64_t needed = cache.GradPagesKept(T) * model_->config().num_layers;
+  int64_t free_pages = pools_.grad->stats().free_pages();
+  if (pools_.grad_host != nullptr) free_pages += pools_.grad_host->stats().free_pages();
+  if (needed > free_pages) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "backward.chunk_fraction ", options_.chunk_fraction, ": this sequence's draw backpropagates ", kept, " of its ",
+        n, " chunks, whose KV-gradient pages (up to ", needed, ") exceed the ", free_pages, " free in the pools"));
+  }
+  return absl::OkStatus();
+}
+
 ChunkTrainer::Chunk ChunkTrainer::MakeChunk(const TokenSequence& seq, int64_t index, bool training,
                                             uint64_t dropout_seed) const {
   const int64_t rope_seq_len =
@@ -368,6 +393,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
     SequenceKvCache cache(pools_, model_->config().num_layers);
     const int64_t last = NumChunks(seq) - 1;
     const double p = options_.chunk_fraction;
+    OOMB_RETURN_IF_ERROR(DropUnreadGradients(seq, dropout_seed, cache));
     // Exact dense training: stage 2 gives every chunk's loss, and chunk N-1's KV is never read
     // (see the header).
     const bool trimmed = !options_.sparse.has_value() && p == 1.0;

@@ -18,7 +18,9 @@
 // from the sequence's seed and i, so a resumed step draws the same); a kept chunk
 // backpropagates (1/p) * (loss_i * loss_scale + sum_l <dK_i, K_i> + <dV_i, V_i>), with the dK_i,
 // dV_i that the kept later chunks left; a dropped chunk does nothing (no recompute, nothing
-// added to its past's gradient pages). The estimate
+// added to its past's gradient pages) and its own pages get no gradient pages (what kept chunks
+// would add there is never read), so gradient memory is about p of the exact trainer's. The
+// estimate
 //   g~ = sum_i (z_i / p) J_i^T u~_i,   u~_i = dloss_i + sum_{k > i} (z_k / p) A_ki^T u~_k
 // (J_i: chunk i's Jacobian in the parameters, A_ki: chunk k's in chunk i's K and V, both at the
 // stage-1 point) is unbiased: backpropagation is linear in u, z_i is independent of u~_i (which
@@ -124,7 +126,8 @@ class ChunkTrainer {
  public:
   // The pools must have the model's page shape; they are shared by the sequences trained one
   // after another and must hold a whole sequence's KV (layers * ceil(T / page) + layers pages),
-  // on the device and the host together (placement: worker/kv/page_pool.h).
+  // on the device and the host together (placement: worker/kv/page_pool.h), and as many
+  // gradient pages (SpaCO: those of the kept chunks' pages).
   ChunkTrainer(const Transformer* model, KvPools pools, ChunkTrainerOptions options);
   ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool, ChunkTrainerOptions options)
       : ChunkTrainer(model, KvPools{kv_pool, grad_pool}, std::move(options)) {}
@@ -143,15 +146,21 @@ class ChunkTrainer {
   const ChunkTimes& chunk_times() const { return chunk_times_; }
   const SparseStats& sparse_stats() const { return sparse_stats_; }
 
+  // The sequence's chunks, and SpaCO's draw: whether stage 2 backpropagates chunk `index` under
+  // `dropout_seed` (always, at chunk_fraction 1).
+  int64_t NumChunks(const TokenSequence& seq) const;
+  bool KeepChunk(int64_t index, uint64_t dropout_seed) const;
+
  private:
   struct Chunk {
     int64_t begin, end;
     ChunkInput input;
     at::Tensor labels;  // [C]
   };
-  int64_t NumChunks(const TokenSequence& seq) const;
-  // SpaCO: whether stage 2 backpropagates chunk `index` (always, at chunk_fraction 1).
-  bool KeepChunk(int64_t index, uint64_t seed) const;
+  // SpaCO: marks the gradients of the chunks stage 2 drops as never read (no gradient pages
+  // for them, SequenceKvCache::DropGradients), and checks that the pools hold those of the kept
+  // ones (RESOURCE_EXHAUSTED if not, before any work).
+  absl::Status DropUnreadGradients(const TokenSequence& seq, uint64_t seed, SequenceKvCache& cache) const;
   // Chunk `index`'s tensors, made when the chunk runs (not for the whole sequence up front:
   // that would be O(T) memory beside the pages).
   Chunk MakeChunk(const TokenSequence& seq, int64_t index, bool training, uint64_t dropout_seed) const;

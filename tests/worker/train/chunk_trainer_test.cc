@@ -300,6 +300,51 @@ TEST(SpacoTest, MeanOfRandomEstimatesIsUnbiased) {
   EXPECT_GT(std::abs(t_statistics(0.5)[0]), 10.0);
 }
 
+// SpaCO's dropped chunks get no gradient pages. Keeping chunks 0, 2 and 4 of 5 (chunks of 8,
+// pages of 4), only chunks 0 and 2 get gradient pages (the last chunk's receive nothing), where
+// the exact trainer gives every earlier chunk's pages some. Sparse attention with a budget
+// covering every page leaves out the same contributions as dense attention: the same gradients.
+// A draw whose gradient pages the pools cannot hold is refused before any work.
+TEST(SpacoTest, DroppedChunksGetNoGradientPages) {
+  const Case c{"qwen2", false, at::kDouble, false};
+  auto model = MakeModel(c, at::kDouble);
+  const TokenSequence seq = TokenSequence::FromDocument(RandomIds(40, 61, 9));
+  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+  const int64_t L = model->config().num_layers;
+  const auto run = [&](const ChunkTrainerOptions& o, int64_t* grad_peak) {
+    Pools pools = MakePools(model->config(), 4, seq.size(), at::kDouble);
+    ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), o);
+    auto loss = trainer.TrainSequence(seq, scale, 0);
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    *grad_peak = pools.grad->stats().peak_used_pages;
+    return TakeGrads(*model);
+  };
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 8;
+  int64_t exact_peak = 0, dense_peak = 0, sparse_peak = 0;
+  run(options, &exact_peak);
+  EXPECT_EQ(exact_peak, 8 * L);
+  options.chunk_fraction = 0.6;
+  options.keep_chunk = [](int64_t chunk) { return chunk % 2 == 0; };
+  const Grads dense = run(options, &dense_peak);
+  EXPECT_EQ(dense_peak, 4 * L);
+  options.sparse = kernels::PageSelectOptions{.page_budget = 10, .sink_pages = 1, .local_pages = 2};
+  const Grads sparse = run(options, &sparse_peak);
+  EXPECT_LE(sparse_peak, 4 * L);
+  std::string worst;
+  EXPECT_LE(MaxRelativeError(sparse, dense, &worst), 1e-9) << worst;
+
+  // Chunks 0, 2 and 4 touch 6 pages per layer; a gradient pool of 5 per layer is refused.
+  Pools small = MakePools(model->config(), 4, seq.size(), at::kDouble);
+  small.grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, small.grad->shape(),
+                                 at::TensorOptions().dtype(at::kDouble), 5 * L);
+  ChunkTrainer trainer(model.get(), small.kv.get(), small.grad.get(), options);
+  auto refused = trainer.TrainSequence(seq, scale, 0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("backward.chunk_fraction"), std::string::npos) << refused.status();
+  EXPECT_EQ(small.kv->stats().peak_used_pages, 0);
+}
+
 // ---- Sparse attention (chunk_trainer.h) ---------------------------------------------------
 
 using Selections = std::map<std::pair<int64_t, int64_t>, at::Tensor>;  // (chunk, layer) -> selection

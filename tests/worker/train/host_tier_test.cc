@@ -90,8 +90,9 @@ TEST(HostPoolTest, SlabsArriveInTheBackgroundAndPagesAreZeroed) {
 OwnedKvPools MakeTiers(int64_t device_pages, int64_t host_pages, const Target& target = kCpu,
                        at::ScalarType grad_dtype = at::ScalarType::Undefined) {
   if (grad_dtype == at::ScalarType::Undefined) grad_dtype = target.dtype;
-  auto pools = MakeKvPools(kShape, target.dtype, grad_dtype, target.device, device_pages, host_pages,
-                           /*host_slab_bytes=*/5 * kShape.elems() * 8);
+  auto pools =
+      MakeKvPools(kShape, target.dtype, grad_dtype, target.device, KvPoolSizes::Pairs(device_pages, host_pages),
+                  /*host_slab_bytes=*/5 * kShape.elems() * 8);
   EXPECT_TRUE(pools.ok()) << pools.status();
   return *std::move(pools);
 }
@@ -224,6 +225,69 @@ TEST(HostTierTest, EveryCacheOperationEqualsTheDeviceOnlyCache) { CheckEveryCach
 TEST(HostTierGpuTest, EveryCacheOperationEqualsTheDeviceOnlyCache) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   CheckEveryCacheOperation(kCuda);
+}
+
+// SequenceKvCache::DropGradients (SpaCO): a page all of whose tokens are dropped gets no
+// gradient page and keeps nothing AccumulateGrad and AccumulatePageGrad add (dense ranges and
+// sparse selections, including one naming only dropped pages); every other page gets what it
+// gets without the drop. Ranges add up (two adjacent ones drop the page across them) and a page
+// only partly dropped keeps its gradients; on the device tier and with most pages on the host.
+void CheckDroppedGradients(const Target& target) {
+  const int64_t T = 28;  // pages 0..6 of 4 tokens
+  OwnedKvPools reference_pools = MakeTiers(16, 0, target), device_pools = MakeTiers(16, 0, target),
+               tiered_pools = MakeTiers(2, 16, target);
+  SequenceKvCache reference(reference_pools.pools(), 1), device(device_pools.pools(), 1),
+      tiered(tiered_pools.pools(), 1);
+  const at::Tensor k = Random({T, kShape.kv_heads, kShape.head_dim}, 800, target);
+  for (SequenceKvCache* c : {&reference, &device, &tiered}) ASSERT_TRUE(c->Append(0, k, k * 2).ok());
+  for (SequenceKvCache* c : {&device, &tiered}) {
+    c->DropGradients(8, 10);
+    c->DropGradients(10, 16);  // with the call before: pages 2 and 3
+    c->DropGradients(17, 24);  // page 4 only partly (kept), page 5 whole
+    EXPECT_EQ(c->GradPagesKept(T), 4);
+  }
+  const at::Tensor dk = Random({kShape.kv_heads, T - 2, kShape.head_dim}, 801, target);
+  const at::Tensor dv = Random({kShape.kv_heads, T - 2, kShape.head_dim}, 802, target);
+  // Pages 0..6 with repeats and -1; then only dropped pages.
+  const at::Tensor selection =
+      at::tensor({0, 2, 3, -1, 5, 1, 6, 4, 2, -1, 6, 0}, at::kLong).view({3, 2, 2}).to(target.device);
+  const at::Tensor only_dropped = at::tensor({2, 3, 5, -1}, at::kLong).view({1, 2, 2}).to(target.device);
+  const auto page_grads = [&](const at::Tensor& sel, uint64_t seed) {
+    const std::vector<int64_t> sizes = {sel.size(0), kShape.kv_heads, sel.size(2) * kShape.page_tokens,
+                                        kShape.head_dim};
+    return std::pair{Random(sizes, seed, target), Random(sizes, seed + 1, target)};
+  };
+  const auto [pk, pv] = page_grads(selection, 803);
+  const auto [ok, ov] = page_grads(only_dropped, 805);
+  for (SequenceKvCache* c : {&reference, &device, &tiered}) {
+    ASSERT_TRUE(c->AccumulateGrad(0, 1, dk, dv).ok());
+    ASSERT_TRUE(c->AccumulatePageGrad(0, selection, selection.cpu().to(at::kInt), pk, pv).ok());
+    ASSERT_TRUE(c->PrefetchPages(0, only_dropped.cpu(), /*with_grads=*/true).ok());
+    ASSERT_TRUE(c->AccumulatePageGrad(0, only_dropped, only_dropped.cpu(), ok, ov).ok());
+  }
+  EXPECT_EQ(reference.grad_pages_allocated(), 7);
+  auto [want_k, want_v] = reference.ReadGrad(0, 0, T);
+  for (at::Tensor* w : {&want_k, &want_v}) {
+    *w = w->clone();
+    w->slice(0, 8, 16).zero_();
+    w->slice(0, 20, 24).zero_();
+  }
+  const double tolerance = target.device.is_cuda() ? 1e-6 : 0;
+  for (SequenceKvCache* c : {&device, &tiered}) {
+    const std::string what = c == &device ? "device" : "tiered";
+    EXPECT_EQ(c->grad_pages_allocated(), 4) << what;
+    auto [got_k, got_v] = c->ReadGrad(0, 0, T);
+    ExpectSame(got_k, want_k, "dK " + what, tolerance);
+    ExpectSame(got_v, want_v, "dV " + what, tolerance);
+  }
+  EXPECT_GT(tiered_pools.grad_host->stats().used_pages, 0);
+}
+
+TEST(HostTierTest, DroppedGradientsAreNeitherAllocatedNorAdded) { CheckDroppedGradients(kCpu); }
+
+TEST(HostTierGpuTest, DroppedGradientsAreNeitherAllocatedNorAdded) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  CheckDroppedGradients(kCuda);
 }
 
 // The copy engine moves a batch as runs of adjacent slots and counts every byte, each way. On a

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -226,17 +227,82 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
   EXPECT_EQ(host->kv_host_bytes, host->kv_bytes);
 }
 
-// SpaCO drops chunks from stage 2 but keeps every page of stage 1: the same plan as exact.
-TEST(MemoryPlannerTest, SpacoPlansLikeTheExactTrainer) {
-  const ModelConfig c = testing::TinyLlamaConfig();
+// SpaCO's bound on the kept chunks is the binomial quantile it states: P(K > k) <= 1e-9 <
+// P(K > k - 1), with the tail summed here term by term from the top (pmf by recurrence).
+TEST(MemoryPlannerTest, SpacoKeptChunksBoundIsTheBinomialQuantile) {
+  EXPECT_EQ(SpacoKeptChunksBound(17, 1.0), 17);
+  EXPECT_EQ(SpacoKeptChunksBound(0, 0.5), 0);
+  for (const int64_t n : {1, 5, 40, 300, 2000}) {
+    for (const double p : {0.01, 0.125, 0.25, 0.5, 0.9}) {
+      SCOPED_TRACE(std::to_string(n) + " chunks, p " + std::to_string(p));
+      // pmf(j) for every j, from pmf(0) = (1 - p)^n in logs.
+      std::vector<long double> pmf(n + 1);
+      long double log_pmf = n * std::log1p(-static_cast<long double>(p));
+      for (int64_t j = 0; j <= n; ++j) {
+        pmf[j] = std::exp(log_pmf);
+        log_pmf += std::log(static_cast<long double>(n - j)) - std::log(static_cast<long double>(j + 1)) +
+                   std::log(static_cast<long double>(p)) - std::log1p(-static_cast<long double>(p));
+      }
+      const auto tail_above = [&](int64_t k) {  // P(K > k)
+        long double t = 0;
+        for (int64_t j = n; j > k; --j) t += pmf[j];
+        return t;
+      };
+      const int64_t k = SpacoKeptChunksBound(n, p);
+      EXPECT_LE(tail_above(k), 1e-9);
+      if (k > 0) {
+        EXPECT_GT(tail_above(k - 1), 1e-9) << "bound " << k;
+      }
+    }
+  }
+  // Long sequences keep about p of their chunks: 2M tokens in chunks of 4096 at p = 0.25.
+  EXPECT_LT(SpacoKeptChunksBound(489, 0.25), 190);
+}
+
+// SpaCO keeps every KV page of stage 1 but gradient pages only for the chunks it keeps: the plan
+// holds the same KV pages as exact training, and gradient pages for SpacoKeptChunksBound chunks.
+// On an 80 GiB GPU with 128 GiB of host memory this takes Qwen2.5-7B LoRA past 2M tokens
+// (sparse, p = 0.125), where exact training stops near 1.3M.
+TEST(MemoryPlannerTest, SpacoPlansGradientPagesForTheKeptChunks) {
+  const ModelConfig tiny = testing::TinyLlamaConfig();
   PlanTarget target;
   target.device_bytes = target.host_bytes = int64_t{8} << 30;
   JobSpec spec;
-  const auto exact = PlanMemory(c, spec, target);
+  spec.data.max_seq_len = 40960;  // 10 chunks of 4096
+  const auto exact = PlanMemory(tiny, spec, target);
   spec.backward.chunk_fraction = 0.5;
-  const auto spaco = PlanMemory(c, spec, target);
+  const auto spaco = PlanMemory(tiny, spec, target);
   ASSERT_TRUE(exact.ok() && spaco.ok()) << spaco.status();
-  EXPECT_EQ(spaco->peak_device_bytes, exact->peak_device_bytes);
+  EXPECT_EQ(spaco->device_kv_pages, exact->device_kv_pages);
+  EXPECT_EQ(exact->device_grad_pages, exact->device_kv_pages);
+  const int64_t pages_per_chunk = 4096 / spec.memory.page_tokens;
+  EXPECT_EQ(spaco->device_grad_pages,
+            std::min(exact->device_kv_pages, tiny.num_layers * (SpacoKeptChunksBound(10, 0.5) * pages_per_chunk + 1)));
+  // 400 chunks at p = 0.25: room for 153 (the mean is 100).
+  spec.data.max_seq_len = 4096 * 400;
+  spec.backward.chunk_fraction = 0.25;
+  const auto long_spaco = PlanMemory(tiny, spec, target);
+  ASSERT_TRUE(long_spaco.ok());
+  EXPECT_LT(long_spaco->device_grad_pages, long_spaco->device_kv_pages * 4 / 10);
+  EXPECT_NE(long_spaco->placement.find("backward.chunk_fraction 0.25"), std::string::npos) << long_spaco->placement;
+
+  const ModelConfig c = Qwen7B();
+  const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
+  JobSpec qwen;
+  qwen.model.dtype = "bfloat16";
+  qwen.memory.kv_grad_dtype = "bfloat16";
+  qwen.memory.kv_offload = "auto";
+  qwen.attention.mode = "sparse";
+  qwen.data.max_seq_len = 2'000'000;
+  const auto exact_2m = PlanMemory(c, qwen, h100);
+  qwen.backward.chunk_fraction = 0.125;
+  const auto spaco_2m = PlanMemory(c, qwen, h100);
+  ASSERT_TRUE(exact_2m.ok() && spaco_2m.ok());
+  EXPECT_FALSE(exact_2m->fits);
+  EXPECT_LT(exact_2m->max_seq_len_that_fits, 1'400'000);
+  EXPECT_TRUE(spaco_2m->fits) << spaco_2m->limit;
+  EXPECT_GT(spaco_2m->host_grad_pages, 0);
+  EXPECT_LT(spaco_2m->host_grad_pages, spaco_2m->host_kv_pages / 3);
 }
 
 }  // namespace
