@@ -258,7 +258,8 @@ Selected SelectedPages(const at::Tensor& host_selection, int64_t num_pages) {
 
 }  // namespace
 
-at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads) {
+at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads,
+                                   PagesInFlight* started) {
   PagePool* device = Pool(kind, Tier::kDevice);
   const auto [device_pos, host_pos, device_ids, host_ids] = SplitByTier(ids);
   const at::Device dev = device->options().device();
@@ -271,7 +272,13 @@ at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids
   }
   at::Tensor host_images;
   Prefetched& pre = prefetched(kind);
-  if (pre.fetch != nullptr && pre.ids == host_ids && pre.heads == host_heads) {
+  const auto fetches_these = [&](const PagesInFlight& f) {
+    return f.fetch != nullptr && f.ids == host_ids && f.heads == host_heads;
+  };
+  if (started != nullptr && fetches_these(*started)) {
+    host_images = pools_.copies->Await(started->fetch);
+    *started = PagesInFlight();
+  } else if (fetches_these(pre)) {
     host_images = pools_.copies->Await(pre.fetch);
     pre = Prefetched();
   } else {
@@ -507,20 +514,34 @@ absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& hos
   // Gradient pages are allocated, not fetched: AccumulatePageGrad adds into host ones on the
   // host. KV pages: the selecting heads only, as GatherPages fetches them.
   if (with_grads) OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected.pages));
-  std::vector<PageId> host_ids;
-  std::vector<uint64_t> host_heads;
-  for (size_t i = 0; i < selected.pages.size(); ++i) {
-    const PageId id = kv_pages_[layer][selected.pages[i]];
-    if (id.tier() != Tier::kHost) continue;
-    host_ids.push_back(id);
-    host_heads.push_back(selected.heads[i]);
-  }
-  StartPrefetch(PageKind::kKv, std::move(host_ids), std::move(host_heads));
+  PagesInFlight host = SelectedHostPages(layer, selected.pages, selected.heads);
+  StartPrefetch(PageKind::kKv, std::move(host.ids), std::move(host.heads));
   return absl::OkStatus();
 }
 
+SequenceKvCache::PagesInFlight SequenceKvCache::StartGather(int64_t layer, const at::Tensor& host_selection) {
+  if (!has_host()) return PagesInFlight();
+  const Selected selected = SelectedPages(host_selection, static_cast<int64_t>(kv_pages_[layer].size()));
+  PagesInFlight host = SelectedHostPages(layer, selected.pages, selected.heads);
+  if (!host.ids.empty()) host.fetch = pools_.copies->StartFetch(*pools_.kv_host, host.ids, &host.heads);
+  return host;
+}
+
+SequenceKvCache::PagesInFlight SequenceKvCache::SelectedHostPages(int64_t layer, const std::vector<int64_t>& pages,
+                                                                  const std::vector<uint64_t>& heads) const {
+  PagesInFlight host;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const PageId id = kv_pages_[layer][pages[i]];
+    if (id.tier() != Tier::kHost) continue;
+    host.ids.push_back(id);
+    host.heads.push_back(heads[i]);
+  }
+  return host;
+}
+
 std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, const at::Tensor& selection,
-                                                               const at::Tensor& host_selection) {
+                                                               const at::Tensor& host_selection,
+                                                               PagesInFlight* started) {
   const auto& pages = kv_pages_[layer];
   if (AllOnDevice(pages)) {
     return kernels::GatherSelectedPages(
@@ -535,7 +556,7 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
     index[page] = static_cast<int64_t>(ids.size());
     ids.push_back(pages[page]);
   }
-  return kernels::GatherSelectedPages(Images(PageKind::kKv, ids, &selected.heads),
+  return kernels::GatherSelectedPages(Images(PageKind::kKv, ids, &selected.heads, started),
                                       Positions(index, selection.device()).to(at::kInt), selection);
 }
 

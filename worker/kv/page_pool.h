@@ -189,6 +189,14 @@ struct KvPools {
 // added to on the device, written back; or, for sparse page gradients, added to on the host).
 class SequenceKvCache {
  public:
+  // Host pages being fetched ahead of the read that uses them: which pages, which KV heads of
+  // each (empty: whole pages), and the fetch (null: nothing to fetch).
+  struct PagesInFlight {
+    std::vector<PageId> ids;
+    std::vector<uint64_t> heads;
+    std::shared_ptr<PendingFetch> fetch;
+  };
+
   SequenceKvCache(KvPools pools, int64_t num_layers);
   SequenceKvCache(PagePool* kv_pool, PagePool* grad_pool, int64_t num_layers)
       : SequenceKvCache(KvPools{kv_pool, grad_pool}, num_layers) {}
@@ -227,8 +235,16 @@ class SequenceKvCache {
   // (any integer dtype): which pages to fetch or allocate is read from it, so no call here
   // waits for the device. Of a host page, only the K and V of the heads that select it are
   // fetched.
+  // `started`: a StartGather of this layer and selection, whose fetch this call collects
+  // (one started for another selection is left alone, and the pages fetched here).
   std::pair<at::Tensor, at::Tensor> GatherPages(int64_t layer, const at::Tensor& selection,
-                                                const at::Tensor& host_selection);
+                                                const at::Tensor& host_selection, PagesInFlight* started = nullptr);
+  // Starts fetching the host pages GatherPages(layer, selection, host_selection) reads, for
+  // the caller to hand to that call. The cache does not keep it (unlike PrefetchPages), so any
+  // number may be in flight: stage 1 of sparse training starts one chunk's next layer while
+  // the other chunk in flight computes. The pages must not be written before the gather
+  // (stage 1 writes only new pages).
+  PagesInFlight StartGather(int64_t layer, const at::Tensor& host_selection);
   // Adds dK, dV [n_tiles, kv_heads, n * page_tokens, head_dim] of the selected pages into their
   // gradient pages (allocated, zeroed, on a page's first selection: pages no chunk selects
   // never get one). Entries of -1, and of pages whose gradients are dropped (DropGradients),
@@ -260,10 +276,16 @@ class SequenceKvCache {
 
  private:
   // The device images [n, 2, kv_heads, page_tokens, head_dim] of `ids` (either tier, valid),
-  // in order: device pages read from their arena, host pages fetched (the prefetch of exactly
-  // these pages' host ones, if one was started). `heads` (per id, a bitmask of KV heads): of a
-  // host page only those heads are fetched, the rest of its image is unset; null: whole pages.
-  at::Tensor Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads = nullptr);
+  // in order: device pages read from their arena, host pages fetched (`started`, or else the
+  // prefetch, if it fetches exactly these pages' host ones). `heads` (per id, a bitmask of KV
+  // heads): of a host page only those heads are fetched, the rest of its image is unset; null:
+  // whole pages.
+  at::Tensor Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads = nullptr,
+                    PagesInFlight* started = nullptr);
+  // The layer's host KV pages that `selected` (a selection's pages, ascending, and the heads
+  // selecting each) names, with those heads: what a gather of the selection fetches.
+  PagesInFlight SelectedHostPages(int64_t layer, const std::vector<int64_t>& pages,
+                                  const std::vector<uint64_t>& heads) const;
   // Writes images of `ids` back where they live (device: index_copy_ into the arena; host:
   // through the copy engine).
   void StoreImages(PageKind kind, const std::vector<PageId>& ids, const at::Tensor& images);
@@ -278,12 +300,8 @@ class SequenceKvCache {
   std::vector<int64_t> tokens_;
   std::vector<bool> token_grad_dropped_;  // DropGradients, per token
   std::vector<bool> page_grad_dropped_;   // per page: every token of it dropped
-  // The newest prefetch of each kind: the host pages it fetches and the fetch.
-  struct Prefetched {
-    std::vector<PageId> ids;
-    std::vector<uint64_t> heads;  // per id, the KV heads fetched; empty: whole pages
-    std::shared_ptr<PendingFetch> fetch;
-  };
+  // The newest prefetch of each kind.
+  using Prefetched = PagesInFlight;
   Prefetched& prefetched(PageKind kind) { return prefetched_[static_cast<int>(kind)]; }
   // Drops the prefetch of `kind` if it holds one of `ids` (about to be written).
   void DropPrefetch(PageKind kind, const std::vector<PageId>& ids);

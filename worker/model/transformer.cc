@@ -367,8 +367,14 @@ at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::
         at::bernoulli(at::full(x.sizes(), 1.0 - l.lora_dropout, x.options().dtype(at::kFloat)), *gen);
     xin = x * keep.to(x.scalar_type()) / (1.0 - l.lora_dropout);
   }
-  const at::Tensor a = l.lora_a.to(x.scalar_type()), b = l.lora_b.to(x.scalar_type());
-  return y + at::linear(at::linear(xin, a), b) * l.lora_scaling;
+  // y + scaling * (xin A^T) B^T, the addition in the second product's epilogue (in place: the
+  // base product's output is not saved for backward) and the scaling folded into B, so neither
+  // costs a pass over the [C, out] output, forward or backward.
+  const at::Tensor a = l.lora_a.to(x.scalar_type());
+  const at::Tensor b = (l.lora_b * l.lora_scaling).to(x.scalar_type());
+  const at::Tensor down = at::linear(xin, a);
+  y.view({-1, y.size(-1)}).addmm_(down.view({-1, down.size(-1)}), b.t());
+  return y;
 }
 
 at::Tensor Transformer::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
@@ -438,29 +444,50 @@ std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const at::Tensor& posi
   return {(emb.cos() * attention_factor).to(dtype_), (emb.sin() * attention_factor).to(dtype_)};
 }
 
-at::Tensor Transformer::Hidden(const ChunkInput& input, const AttentionFn& attention) const {
-  const int64_t C = input.ids.size(0);
-  const int64_t H = config_.num_heads, Hkv = config_.num_kv_heads, D = config_.head_dim;
-  at::Generator gen = at::detail::createCPUGenerator(input.dropout_seed);
+Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
+  Cursor cursor;
+  cursor.gen = at::detail::createCPUGenerator(input.dropout_seed);
   auto [cos, sin] = RopeTables(input.positions, input.rope_seq_len);
-  const at::Tensor cos3 = cos.unsqueeze(1), sin3 = sin.unsqueeze(1);  // [C, 1, D]
-  at::Tensor h = at::embedding(embed_, input.ids);
-  for (int64_t i = 0; i < config_.num_layers; ++i) {
-    const DecoderLayer& l = layers_[i];
-    const at::Tensor x = RmsNorm(h, l.input_norm);
-    at::Tensor q = LinearForward(l.q, x, &gen, input.training).view({C, H, D});
-    at::Tensor k = LinearForward(l.k, x, &gen, input.training).view({C, Hkv, D});
-    const at::Tensor v = LinearForward(l.v, x, &gen, input.training).view({C, Hkv, D});
-    q = q * cos3 + RotateHalf(q) * sin3;
-    k = k * cos3 + RotateHalf(k) * sin3;
-    const at::Tensor attn = attention(i, q, k, v).reshape({C, H * D});
-    h = h + LinearForward(l.o, attn, &gen, input.training);
-    const at::Tensor y = RmsNorm(h, l.post_norm);
-    const at::Tensor act =
-        at::silu(LinearForward(l.gate, y, &gen, input.training)) * LinearForward(l.up, y, &gen, input.training);
-    h = h + LinearForward(l.down, act, &gen, input.training);
+  cursor.cos = cos.unsqueeze(1);  // [C, 1, D]
+  cursor.sin = sin.unsqueeze(1);
+  cursor.h = at::embedding(embed_, input.ids);
+  cursor.training = input.training;
+  return cursor;
+}
+
+std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
+  const int64_t C = cursor.h.size(0);
+  const int64_t H = config_.num_heads, Hkv = config_.num_kv_heads, D = config_.head_dim;
+  const DecoderLayer& l = layers_[cursor.layer];
+  const at::Tensor x = RmsNorm(cursor.h, l.input_norm);
+  at::Tensor q = LinearForward(l.q, x, &cursor.gen, cursor.training).view({C, H, D});
+  at::Tensor k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
+  const at::Tensor v = LinearForward(l.v, x, &cursor.gen, cursor.training).view({C, Hkv, D});
+  q = q * cursor.cos + RotateHalf(q) * cursor.sin;
+  k = k * cursor.cos + RotateHalf(k) * cursor.sin;
+  return {q, k, v};
+}
+
+void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const {
+  const DecoderLayer& l = layers_[cursor.layer];
+  const at::Tensor attn = attention.reshape({cursor.h.size(0), config_.num_heads * config_.head_dim});
+  at::Tensor h = cursor.h + LinearForward(l.o, attn, &cursor.gen, cursor.training);
+  const at::Tensor y = RmsNorm(h, l.post_norm);
+  const at::Tensor act = at::silu(LinearForward(l.gate, y, &cursor.gen, cursor.training)) *
+                         LinearForward(l.up, y, &cursor.gen, cursor.training);
+  cursor.h = h + LinearForward(l.down, act, &cursor.gen, cursor.training);
+  ++cursor.layer;
+}
+
+at::Tensor Transformer::End(const Cursor& cursor) const { return RmsNorm(cursor.h, final_norm_); }
+
+at::Tensor Transformer::Hidden(const ChunkInput& input, const AttentionFn& attention) const {
+  Cursor cursor = Begin(input);
+  while (cursor.layer < config_.num_layers) {
+    const auto [q, k, v] = AttentionInputs(cursor);
+    FinishLayer(cursor, attention(cursor.layer, q, k, v));
   }
-  return RmsNorm(h, final_norm_);
+  return End(cursor);
 }
 
 }  // namespace oomb

@@ -20,6 +20,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -117,6 +118,28 @@ class Transformer {
 
   // The final-norm hidden states of the chunk, [C, hidden].
   at::Tensor Hidden(const ChunkInput& input, const AttentionFn& attention) const;
+
+  // The same forward one layer at a time, for schedules that interleave chunks (stage 1 of
+  // ChunkTrainer runs two chunks a layer apart, so one chunk's page fetch overlaps the other's
+  // compute). Hidden is exactly: cursor = Begin(input); per layer, [q, k, v] =
+  // AttentionInputs(cursor), FinishLayer(cursor, attention(cursor.layer, q, k, v)); End(cursor).
+  // The operations, and the draws of LoRA dropout, are the same in the same order, so a chunk
+  // computed either way gives the same values.
+  struct Cursor {
+    int64_t layer = 0;  // the next layer to run
+    at::Tensor h;       // the residual stream [C, hidden]
+    at::Tensor cos, sin;
+    at::Generator gen;
+    bool training = false;
+  };
+  Cursor Begin(const ChunkInput& input) const;
+  // q [C, heads, D], k and v [C, kv_heads, D] of layer cursor.layer, q and k after RoPE.
+  std::array<at::Tensor, 3> AttentionInputs(Cursor& cursor) const;
+  // Layer cursor.layer's output projection and MLP over the attention's output [C, heads, D];
+  // advances the cursor.
+  void FinishLayer(Cursor& cursor, const at::Tensor& attention) const;
+  // The final-norm hidden states, once every layer ran.
+  at::Tensor End(const Cursor& cursor) const;
   // The LM head weight [vocab, hidden] (the embedding when tied).
   const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_ : lm_head_; }
 

@@ -6,9 +6,12 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
+#include <optional>
 
 #if defined(OOMB_HAVE_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -88,17 +91,18 @@ class LayerSparsePast final : public kernels::SparsePast {
  public:
   // `host_selection`: the layer's selection on the CPU (the cache reads which pages to fetch
   // from it, not from the device's copy). `selections`: empty (stage 1), or the chunk's host
-  // selections, one per layer.
+  // selections, one per layer. `started`: stage 1's fetch of the selection's host pages.
   LayerSparsePast(SequenceKvCache* cache, int64_t layer, int64_t past_tokens, at::Tensor host_selection,
-                  absl::Span<const at::Tensor> selections)
+                  absl::Span<const at::Tensor> selections, SequenceKvCache::PagesInFlight* started = nullptr)
       : cache_(cache),
         layer_(layer),
         past_tokens_(past_tokens),
         host_selection_(std::move(host_selection)),
-        selections_(selections) {}
+        selections_(selections),
+        started_(started) {}
   int64_t past_tokens() const override { return past_tokens_; }
   std::pair<at::Tensor, at::Tensor> GatherPages(const at::Tensor& selection) override {
-    return cache_->GatherPages(layer_, selection, host_selection_);
+    return cache_->GatherPages(layer_, selection, host_selection_, started_);
   }
   void AccumulatePageGrad(const at::Tensor& selection, const at::Tensor& dk, const at::Tensor& dv) override {
     const absl::Status s = cache_->AccumulatePageGrad(layer_, selection, host_selection_, dk, dv);
@@ -121,6 +125,7 @@ class LayerSparsePast final : public kernels::SparsePast {
   int64_t past_tokens_;
   at::Tensor host_selection_;
   absl::Span<const at::Tensor> selections_;
+  SequenceKvCache::PagesInFlight* started_;
 };
 
 at::Tensor I64(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
@@ -260,57 +265,66 @@ ChunkTrainer::Chunk ChunkTrainer::MakeChunk(const TokenSequence& seq, int64_t in
   return c;
 }
 
-at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q,
-                                         const at::Tensor& k, const at::Tensor& v, SequenceKvCache& cache,
-                                         at::Tensor* summaries, bool training, absl::Status* append_status) {
+ChunkTrainer::LayerSelection ChunkTrainer::SelectPages(const Chunk& c, int64_t index, int64_t layer,
+                                                       const at::Tensor& q, SequenceKvCache& cache,
+                                                       const at::Tensor& summaries, bool training) {
   kernels::PageSelectOptions select = *options_.sparse;
   select.page_tokens = pools_.kv->shape().page_tokens;
   const int64_t P = select.page_tokens, L = model_->config().num_layers;
   TORCH_CHECK(c.begin % P == 0, "sparse attention: chunk_tokens (", options_.chunk_tokens,
               ") must be a multiple of page_tokens (", P, ")");
-  const bool stage2 = summaries == nullptr;  // stage 2 uses the selection stage 1 made
-  if (stage2) {
+  kernels::timeline::Mark("sparse.select");
+  LayerSelection s;
+  s.device = kernels::SelectPages(q, summaries[layer].slice(0, 0, c.begin / P), c.input.doc_start, c.begin, select);
+  if (options_.on_selection) options_.on_selection(index, layer, s.device);
+  // The host copy (which pages to fetch, and stage 2's selection): pinned on a GPU, so that
+  // stage 2 uploads it without waiting for the device.
+  s.host = at::empty(s.device.sizes(), at::TensorOptions().dtype(at::kInt).pinned_memory(s.device.is_cuda()));
+  s.host.copy_(s.device);
+  {
+    const int64_t C = c.end - c.begin, G = q.size(1) / model_->config().num_kv_heads;
+    const at::Tensor per_tile = s.host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
+    const at::Tensor rows = (C - at::arange(0, C, P, at::kLong)).clamp_max(P).to(at::kDouble);
+    sparse_stats_.selected_pages += s.host.ge(0).sum().item<int64_t>();
+    sparse_stats_.past_pages += s.device.size(0) * s.device.size(1) * (c.begin / P);
+    sparse_stats_.attended_pairs += static_cast<double>(G * P) * (per_tile * rows).sum().item<double>() +
+                                    static_cast<double>(q.size(1)) * C * (C + 1) / 2;
+  }
+  if (training) selections_[index * L + layer] = s.host;
+  if (c.begin > 0) s.pages = cache.StartGather(layer, s.host);
+  kernels::timeline::Mark("model");
+  return s;
+}
+
+at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q,
+                                         const at::Tensor& k, const at::Tensor& v, SequenceKvCache& cache,
+                                         LayerSelection* selection, at::Tensor* summaries,
+                                         absl::Status* append_status) {
+  const int64_t P = pools_.kv->shape().page_tokens, L = model_->config().num_layers;
+  if (selection == nullptr) {  // stage 2: the selection stage 1 made
     kernels::timeline::Mark("sparse.selection_upload");
     const at::Tensor& host = selections_[index * L + layer];
     // Pinned: the upload does not wait for the device.
-    const at::Tensor selection = host.to(q.device(), /*non_blocking=*/true).to(at::kLong);
+    const at::Tensor device = host.to(q.device(), /*non_blocking=*/true).to(at::kLong);
     std::shared_ptr<kernels::SparsePast> past;
     if (c.begin > 0) {
       past = std::make_shared<LayerSparsePast>(&cache, layer, c.begin, host,
                                                absl::MakeConstSpan(selections_).subspan(index * L, L));
     }
-    return kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
+    return kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, device, P, options_.gpu_attention_kernel);
   }
-  kernels::timeline::Mark("sparse.select");
-  at::Tensor layer_summaries = (*summaries)[layer];
-  const at::Tensor selection =
-      kernels::SelectPages(q, layer_summaries.slice(0, 0, c.begin / P), c.input.doc_start, c.begin, select);
-  if (options_.on_selection) options_.on_selection(index, layer, selection);
-  // The host copy (which pages to fetch, and stage 2's selection): pinned on a GPU, so that
-  // stage 2 uploads it without waiting for the device.
-  at::Tensor host =
-      at::empty(selection.sizes(), at::TensorOptions().dtype(at::kInt).pinned_memory(selection.is_cuda()));
-  host.copy_(selection);
-  {
-    const int64_t C = c.end - c.begin, G = q.size(1) / k.size(1);
-    const at::Tensor per_tile = host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
-    const at::Tensor rows = (C - at::arange(0, C, P, at::kLong)).clamp_max(P).to(at::kDouble);
-    sparse_stats_.selected_pages += host.ge(0).sum().item<int64_t>();
-    sparse_stats_.past_pages += selection.size(0) * selection.size(1) * (c.begin / P);
-    sparse_stats_.attended_pairs += static_cast<double>(G * P) * (per_tile * rows).sum().item<double>() +
-                                    static_cast<double>(q.size(1)) * C * (C + 1) / 2;
-  }
-  if (training) selections_[index * L + layer] = host;
   std::shared_ptr<kernels::SparsePast> past;
-  if (c.begin > 0)
-    past = std::make_shared<LayerSparsePast>(&cache, layer, c.begin, host, absl::Span<const at::Tensor>());
-  at::Tensor out =
-      kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection, P, options_.gpu_attention_kernel);
+  if (c.begin > 0) {
+    past = std::make_shared<LayerSparsePast>(&cache, layer, c.begin, selection->host, absl::Span<const at::Tensor>(),
+                                             &selection->pages);
+  }
+  at::Tensor out = kernels::SparsePagedAttention(q, k, v, c.input.doc_start, past, selection->device, P,
+                                                 options_.gpu_attention_kernel);
   kernels::timeline::Mark("sparse.append_summarize");
   if (append_status->ok()) *append_status = cache.Append(layer, k, v);
   const at::ScalarType summary_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor chunk_summaries = kernels::SummarizePages(k.to(summary_type), P, select.summary);
-  layer_summaries.slice(0, c.begin / P, c.begin / P + chunk_summaries.size(0)).copy_(chunk_summaries);
+  const at::Tensor chunk_summaries = kernels::SummarizePages(k.to(summary_type), P, options_.sparse->summary);
+  (*summaries)[layer].slice(0, c.begin / P, c.begin / P + chunk_summaries.size(0)).copy_(chunk_summaries);
   kernels::timeline::Mark("model");
   return out;
 }
@@ -322,6 +336,27 @@ at::Tensor ChunkTrainer::DenseAttention(const Chunk& c, int64_t layer, const at:
   return kernels::PagedAttention(q, k, v, c.input.doc_start, past, KeyBlock(), options_.gpu_attention_kernel);
 }
 
+// A chunk in flight in stage 1: its forward so far, the attention inputs of its next layer
+// and, sparse, that layer's selection once made.
+struct ChunkTrainer::Lane {
+  int64_t index;
+  Chunk c;
+  Transformer::Cursor cursor;
+  std::array<at::Tensor, 3> qkv;
+  std::optional<LayerSelection> selection;
+  absl::Status append_status;
+};
+
+// Stage 1's schedule. Chunk i at layer l reads what chunks before it wrote at layer l (their
+// KV pages and, sparse, the summaries its selection scores), and nothing else of theirs. So
+// with sparse attention two chunks run at once: chunk i + 1 selects its pages at layer l as
+// soon as chunk i has written layer l, which starts the fetch of the host pages it selected,
+// and the chunk whose selection is oldest runs its layer next. Each layer's fetch then comes
+// in while the other chunk computes a layer, where one chunk alone would wait for it (its
+// selection needs the layer's queries, so it cannot be fetched earlier). Each chunk's own
+// operations run in the same order as alone (Transformer::Cursor), so its values, its
+// selections and what it writes are the same. Dense attention knows what it reads in advance
+// (the cache prefetches it) and runs one chunk at a time.
 absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int64_t chunks, bool with_loss,
                                                    bool training, uint64_t dropout_seed, SequenceKvCache& cache,
                                                    ChunkClock* clock) {
@@ -339,27 +374,69 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int
     summaries = at::empty(shape, pools_.kv->arena().options());
     if (training) selections_.resize(NumChunks(seq) * L);
   }
-  for (int64_t index = 0; index < chunks; ++index) {
-    const Chunk c = MakeChunk(seq, index, training, dropout_seed);
-    absl::Status append_status;
-    const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-      if (summaries.defined()) {
-        return SparseAttention(c, index, layer, q, k, v, cache, &summaries, training, &append_status);
-      }
-      at::Tensor out = DenseAttention(c, layer, q, k, v, cache);
-      if (append_status.ok()) append_status = cache.Append(layer, k, v);
-      return out;
-    };
-    const at::Tensor hidden = model_->Hidden(c.input, attention);
-    if (!append_status.ok()) return append_status;
-    if (with_loss) {
-      loss.loss_sum +=
-          kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block)
-              .item<double>();
-      loss.label_tokens += c.labels.ne(kernels::kIgnoreIndex).sum().item<int64_t>();
+  const bool sparse = summaries.defined();
+  const size_t max_lanes = sparse ? 2 : 1;
+  std::deque<std::unique_ptr<Lane>> lanes;  // in chunk order
+  std::deque<Lane*> ready;                  // lanes whose next layer is selected, oldest selection first
+  int64_t next = 0;
+  const auto start_lanes = [&] {
+    while (lanes.size() < max_lanes && next < chunks) {
+      auto lane = std::make_unique<Lane>();
+      lane->index = next++;
+      lane->c = MakeChunk(seq, lane->index, training, dropout_seed);
+      lane->cursor = model_->Begin(lane->c.input);
+      lane->qkv = model_->AttentionInputs(lane->cursor);
+      lanes.push_back(std::move(lane));
     }
-    if (clock != nullptr) clock->Lap(&chunk_times_.forward);
-    if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
+  };
+  // Selects every layer that can be: the lane's next one, once the chunk before has written it.
+  const auto select_ready = [&] {
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      Lane& lane = *lanes[i];
+      if (lane.cursor.layer == L || std::find(ready.begin(), ready.end(), &lane) != ready.end()) continue;
+      if (i > 0 && lanes[i - 1]->cursor.layer <= lane.cursor.layer) continue;
+      if (sparse) {
+        lane.selection = SelectPages(lane.c, lane.index, lane.cursor.layer, lane.qkv[0], cache, summaries, training);
+      }
+      ready.push_back(&lane);
+    }
+  };
+  start_lanes();
+  select_ready();
+  while (!ready.empty()) {
+    Lane& lane = *ready.front();
+    ready.pop_front();
+    const int64_t layer = lane.cursor.layer;
+    const auto& [q, k, v] = lane.qkv;
+    at::Tensor out;
+    if (sparse) {
+      out =
+          SparseAttention(lane.c, lane.index, layer, q, k, v, cache, &*lane.selection, &summaries, &lane.append_status);
+      lane.selection.reset();
+    } else {
+      out = DenseAttention(lane.c, layer, q, k, v, cache);
+      if (lane.append_status.ok()) lane.append_status = cache.Append(layer, k, v);
+    }
+    if (!lane.append_status.ok()) return lane.append_status;
+    model_->FinishLayer(lane.cursor, out);
+    if (lane.cursor.layer < L) {
+      lane.qkv = model_->AttentionInputs(lane.cursor);
+    } else {
+      // The chunk is done. Chunks finish in order: a later one never passes an earlier one's layer.
+      TORCH_INTERNAL_ASSERT(&lane == lanes.front().get(), "stage 1: chunk ", lane.index, " finished out of order");
+      if (with_loss) {
+        const at::Tensor hidden = model_->End(lane.cursor);
+        loss.loss_sum +=
+            kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), lane.c.labels, options_.ce_rows_per_block)
+                .item<double>();
+        loss.label_tokens += lane.c.labels.ne(kernels::kIgnoreIndex).sum().item<int64_t>();
+      }
+      lanes.pop_front();
+      if (clock != nullptr) clock->Lap(&chunk_times_.forward);
+      if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
+      start_lanes();
+    }
+    select_ready();
   }
   return loss;
 }
@@ -394,14 +471,15 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
     const int64_t last = NumChunks(seq) - 1;
     const double p = options_.chunk_fraction;
     OOMB_RETURN_IF_ERROR(DropUnreadGradients(seq, dropout_seed, cache));
-    // Exact dense training: stage 2 gives every chunk's loss, and chunk N-1's KV is never read
+    // Exact training: stage 2 gives every chunk's loss; dense, chunk N-1's KV is never read
     // (see the header).
-    const bool trimmed = !options_.sparse.has_value() && p == 1.0;
-    auto forward =
-        Forward(seq, trimmed ? last : last + 1, /*with_loss=*/!trimmed, /*training=*/true, dropout_seed, cache, &clock);
+    const bool stage2_losses = p == 1.0;
+    const bool trimmed = stage2_losses && !options_.sparse.has_value();
+    auto forward = Forward(seq, trimmed ? last : last + 1, /*with_loss=*/!stage2_losses, /*training=*/true,
+                           dropout_seed, cache, &clock);
     if (!forward.ok()) return forward.status();
     loss = *forward;
-    // Trimmed: stage 2's losses, summed on the device and read once.
+    // Stage 2's losses, summed on the device and read once.
     const at::Device device = model_->device();
     at::Tensor stage2_loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
     at::Tensor stage2_label_tokens = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
@@ -419,14 +497,14 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
         ks[layer] = k;
         vs[layer] = v;
         if (options_.sparse.has_value()) {
-          return SparseAttention(c, index, layer, q, k, v, cache, nullptr, /*training=*/true, nullptr);
+          return SparseAttention(c, index, layer, q, k, v, cache, nullptr, nullptr, nullptr);
         }
         return DenseAttention(c, layer, q, k, v, cache);
       };
       const at::Tensor hidden = model_->Hidden(c.input, attention);
       const at::Tensor chunk_loss =
           kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels, options_.ce_rows_per_block);
-      if (trimmed) {
+      if (stage2_losses) {
         stage2_loss_sum.add_(chunk_loss.detach());
         stage2_label_tokens.add_(c.labels.ne(kernels::kIgnoreIndex).sum());
       }
@@ -455,7 +533,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
       if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
     }
     clock.Finish();
-    if (trimmed) {
+    if (stage2_losses) {
       loss.loss_sum = stage2_loss_sum.item<double>();
       loss.label_tokens = stage2_label_tokens.item<int64_t>();
     }

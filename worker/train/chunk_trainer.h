@@ -40,9 +40,10 @@
 // kIgnoreIndex. The data pipeline shifts over the whole sequence before chunking, so the last
 // token of chunk i predicts the first token of chunk i+1.
 //
-// Exact dense training (no sparse attention, chunk_fraction 1) trims stage 1 to what stage 2
-// reads: stage 2 recomputes every chunk with its loss, so stage 1 runs chunks 0..N-2 only (no
-// later chunk reads chunk N-1's KV) and skips the LM head; the losses are those of stage 2.
+// Exact training (chunk_fraction 1) trims stage 1 to what stage 2 reads: stage 2 recomputes
+// every chunk with its loss, so stage 1 skips the LM head (the losses are those of stage 2),
+// and with dense attention it runs chunks 0..N-2 only (no later chunk reads chunk N-1's KV;
+// sparse stage 2 needs the selections stage 1 makes for every chunk).
 //
 // Thread-safety: one trainer per training thread.
 #ifndef OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
@@ -165,19 +166,33 @@ class ChunkTrainer {
   // that would be O(T) memory beside the pages).
   Chunk MakeChunk(const TokenSequence& seq, int64_t index, bool training, uint64_t dropout_seed) const;
   class ChunkClock;
-  // Sparse attention of chunk `c` (number `index`) at `layer`. Stage 1 (`summaries` set, the
-  // sequence's page summaries of every layer): selects the pages, records the selection when
-  // `training`, attends, appends the chunk's KV and its pages' summaries. Stage 2 (`summaries`
-  // null): attends with the recorded selection.
+  struct Lane;
+  // Stage 1's sparse selection of chunk `index`'s pages at one layer: on the device, its host
+  // copy (pinned on a GPU), and the fetch of the host pages it names, started when it was made.
+  struct LayerSelection {
+    at::Tensor device, host;
+    SequenceKvCache::PagesInFlight pages;
+  };
+  // Stage 1: selects the past pages chunk `c` (number `index`) attends at `layer` from the
+  // page summaries of every layer ([L, pages, ...]), records the selection when `training`,
+  // and starts fetching its host pages.
+  LayerSelection SelectPages(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q, SequenceKvCache& cache,
+                             const at::Tensor& summaries, bool training);
+  // Sparse attention of chunk `c` (number `index`) at `layer`. Stage 1 (`selection` and
+  // `summaries` set): attends with SelectPages' selection, appends the chunk's KV and its pages'
+  // summaries. Stage 2 (both null): attends with the recorded selection.
   at::Tensor SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q, const at::Tensor& k,
-                             const at::Tensor& v, SequenceKvCache& cache, at::Tensor* summaries, bool training,
-                             absl::Status* append_status);
+                             const at::Tensor& v, SequenceKvCache& cache, LayerSelection* selection,
+                             at::Tensor* summaries, absl::Status* append_status);
   // Dense attention of chunk `c` at `layer` over its past in `cache` (the fused GPU kernel
   // options_ name).
   at::Tensor DenseAttention(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, SequenceKvCache& cache) const;
   // Stage 1 over chunks [0, chunks); the loss only `with_loss` (else zero). `clock`, when set,
-  // takes a lap after every chunk.
+  // takes a lap after every chunk. Sparse: two chunks in flight, the later one a layer or more
+  // behind; a layer's selection is made (and its host pages start coming in) as soon as the
+  // chunk before has written that layer's pages, and the chunk whose selection is oldest runs
+  // next, so each chunk's fetch overlaps the other's compute (see the .cc).
   absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
                                        uint64_t dropout_seed, SequenceKvCache& cache, ChunkClock* clock);
 

@@ -400,12 +400,31 @@ TEST_P(SparseTrainerTest, ChunkedGradientsEqualFullSequenceOverTheSelectedPages)
   options.sparse =
       kernels::PageSelectOptions{.page_budget = 3, .sink_pages = 1, .local_pages = 1, .summary = sc.summary};
   Selections selections;
-  options.on_selection = [&](int64_t i, int64_t layer, const at::Tensor& s) { selections[{i, layer}] = s.clone(); };
+  // (chunk, layer) as stage 1 selected them, and (-1, n) when the n-th chunk of either stage ended.
+  std::vector<std::pair<int64_t, int64_t>> order;
+  options.on_selection = [&](int64_t i, int64_t layer, const at::Tensor& s) {
+    selections[{i, layer}] = s.clone();
+    order.emplace_back(i, layer);
+  };
+  int64_t ended = 0;
+  options.should_stop = [&] {
+    order.emplace_back(-1, ended++);
+    return false;
+  };
   ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
   auto loss = trainer.TrainSequence(seq, scale, 0);
   ASSERT_TRUE(loss.ok()) << loss.status();
   const Grads got = TakeGrads(*model);
   ASSERT_EQ(static_cast<int64_t>(selections.size()), 12 * L);
+  // Stage 1 ran two chunks at once: chunk 1 selected its first layer before chunk 0 ended, and
+  // no chunk selected a layer before the chunk before it.
+  const auto when = [&](int64_t i, int64_t layer) {
+    return std::find(order.begin(), order.end(), std::make_pair(i, layer)) - order.begin();
+  };
+  EXPECT_LT(when(1, 0), when(-1, 0));
+  for (int64_t i = 1; i < 12; ++i) {
+    for (int64_t layer = 0; layer < L; ++layer) EXPECT_LT(when(i - 1, layer), when(i, layer));
+  }
   EXPECT_EQ(pools.kv->stats().used_pages, 0);
   EXPECT_EQ(pools.grad->stats().used_pages, 0);
 

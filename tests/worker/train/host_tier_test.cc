@@ -153,6 +153,28 @@ void CheckEveryCacheOperation(const Target& target) {
   const at::Tensor selection =
       at::tensor({0, 6, 3, -1, 2, 2, 5, 1, 4, -1, 6, 0}, at::kLong).view({3, 2, 2}).to(target.device);
   const at::Tensor host_selection = selection.cpu().to(at::kInt);
+  {
+    // Two gathers started at once (stage 1's two chunks in flight), collected in the other
+    // order: each collects its own fetch, and nothing more comes over. One handed to another
+    // layer's gather is left alone, and that gather fetches for itself.
+    SequenceKvCache::PagesInFlight started[2] = {b.StartGather(0, host_selection), b.StartGather(1, host_selection)};
+    EXPECT_NE(started[0].fetch, nullptr);
+    EXPECT_NE(started[1].fetch, nullptr);
+    const int64_t fetched = tiered.copies->bytes_to_device();
+    for (const int64_t l : {1, 0}) {
+      auto [ka, va] = a.GatherPages(l, selection, host_selection);
+      auto [kb, vb] = b.GatherPages(l, selection, host_selection, &started[l]);
+      ExpectSame(kb, ka, "K, gather started early");
+      ExpectSame(vb, va, "V, gather started early");
+      EXPECT_EQ(started[l].fetch, nullptr);
+    }
+    EXPECT_EQ(tiered.copies->bytes_to_device(), fetched);
+    SequenceKvCache::PagesInFlight other = b.StartGather(0, host_selection);
+    ExpectSame(b.GatherPages(1, selection, host_selection, &other).first,
+               a.GatherPages(1, selection, host_selection).first, "K, another layer's gather handed in");
+    EXPECT_NE(other.fetch, nullptr);
+    EXPECT_GT(tiered.copies->bytes_to_device(), fetched);
+  }
   for (int64_t l = 0; l < layers; ++l) {
     // Layer 0 prefetched (pages and their gradients), layer 1 not.
     if (l == 0) {
