@@ -282,8 +282,8 @@ class SequenceKvCache {
   // whole pages.
   at::Tensor Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads = nullptr,
                     PagesInFlight* started = nullptr);
-  // The layer's host KV pages that `selected` (a selection's pages, ascending, and the heads
-  // selecting each) names, with those heads: what a gather of the selection fetches.
+  // Of the layer's KV pages `pages` (a selection's, ascending) and the heads selecting each
+  // (`heads`), those on the host, with their heads: what a gather of the selection fetches.
   PagesInFlight SelectedHostPages(int64_t layer, const std::vector<int64_t>& pages,
                                   const std::vector<uint64_t>& heads) const;
   // Writes images of `ids` back where they live (device: index_copy_ into the arena; host:

@@ -98,7 +98,7 @@ struct SequenceLoss {
 // the CPU; on a CUDA device, device time between CUDA events recorded at the chunk boundaries
 // on the current stream, read once when the sequence ends (no synchronisation per chunk).
 struct ChunkTimes {
-  std::vector<double> forward;   // stage 1
+  std::vector<double> forward;   // stage 1 (sparse: two chunks overlap, so from one chunk's end to the next's)
   std::vector<double> backward;  // stage 2 (recompute + backward)
 };
 
