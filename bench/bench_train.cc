@@ -28,6 +28,10 @@
 // --sections: the measured step's GPU time split by section ("sections_s": the sparse
 // attention's gather, kernels, merge, gradient accumulation, selection, ...; "model" is the
 // rest), from events on the stream (kernels/torch/gpu_timeline.h); the events cost a little.
+// --kernel-profile N: the measured step under LibTorch's profiler (Kineto, CUPTI): "gpu_busy_s",
+// the time some GPU kernel or copy ran (the union of their intervals over every stream), and
+// "gpu_kernels", the N kernels with the most GPU time, by name (total seconds, launches). The
+// tracing costs some host time a launch.
 // --attention-kernel cudnn | flash: the GPU attention's fused kernel, dense and sparse
 // (kernels/torch/fused_attention.h, GpuAttentionKernel).
 // --chunk-fraction p: SpaCO (backward.chunk_fraction; worker/train/chunk_trainer.h): stage 2
@@ -37,10 +41,12 @@
 // Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
 //                    [--full] [--grad-check 65536] [--sparse-budget 64] [--kv-offload auto]
 //                    [--attention-kernel cudnn] [--device cuda]
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <map>
@@ -205,6 +211,48 @@ absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, const BenchSpec
   return p;
 }
 
+// --kernel-profile: the GPU side of a profiled run (see the header).
+nlohmann::json GpuProfile(const torch::autograd::profiler::ProfilerResult& result, size_t top) {
+  std::map<std::string, std::pair<double, int64_t>> by_name;  // seconds, launches
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (const auto& e : result.events()) {
+    if (e.deviceType() != c10::DeviceType::CUDA || e.endNs() <= e.startNs()) continue;
+    auto& [sec, n] = by_name[e.name().substr(0, 160)];
+    sec += static_cast<double>(e.durationNs()) * 1e-9;
+    ++n;
+    spans.emplace_back(e.startNs(), e.endNs());
+  }
+  std::sort(spans.begin(), spans.end());
+  uint64_t busy = 0, end = 0;
+  for (const auto& [b, e] : spans) {
+    if (e <= end) continue;
+    busy += e - std::max(b, end);
+    end = e;
+  }
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(by_name.begin(), by_name.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  nlohmann::json kernels = nlohmann::json::array();
+  double total = 0;
+  for (const auto& r : rows) total += r.second.first;
+  for (size_t i = 0; i < std::min(top, rows.size()); ++i) {
+    kernels.push_back({{"name", rows[i].first}, {"s", rows[i].second.first}, {"launches", rows[i].second.second}});
+  }
+  return {{"gpu_busy_s", static_cast<double>(busy) * 1e-9}, {"gpu_kernel_sum_s", total}, {"gpu_kernels", kernels}};
+}
+
+// Runs `step` under the profiler (CUDA activities) and returns its GPU side.
+template <typename Fn>
+nlohmann::json Profiled(Fn step, size_t top) {
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+  const std::set<ActivityType> activities = {ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  step();
+  return GpuProfile(*prof::disableProfiler(), top);
+}
+
 struct StepResult {
   double seconds = 0;
   int64_t chunks = 0, chunks_kept = 0;  // stage 2's (SpaCO)
@@ -267,7 +315,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"oomb training-step benchmark"};
   std::string model = "qwen2.5-7b", device = "cuda";
   std::vector<int64_t> lengths = {16384};
-  int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0;
+  int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0, kernel_profile = 0;
   double chunk_fraction = 1.0;
   bool full = false;
   bool sections = false;
@@ -293,6 +341,8 @@ int Main(int argc, char** argv) {
   app.add_flag("--sections", sections, "also the measured step's GPU time by section (kernels/torch/gpu_timeline.h)");
   app.add_option("--grad-check", grad_check, "length of the bf16-vs-fp32 LoRA gradient check (0: none)");
   app.add_option("--device", device, "cuda | cpu");
+  app.add_option("--kernel-profile", kernel_profile,
+                 "also the measured step's GPU busy time and its N costliest kernels (profiled)");
   CLI11_PARSE(app, argc, argv);
 
   const at::Device d = device == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
@@ -352,7 +402,13 @@ int Main(int argc, char** argv) {
         const CopyEngine* copies = pools->owned.copies.get();
         const double add_s = copies != nullptr ? copies->host_add_seconds() : 0;
         const double wait_s = copies != nullptr ? copies->staging_wait_seconds() : 0;
-        auto step = Step(*m, opt, *pools, T, trainer_options, d, sections);
+        absl::StatusOr<StepResult> step;
+        const auto run = [&] { step = Step(*m, opt, *pools, T, trainer_options, d, sections); };
+        if (kernel_profile > 0) {
+          r.update(Profiled(run, static_cast<size_t>(kernel_profile)));
+        } else {
+          run();
+        }
         if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
         const double* s = &step->seconds;
         // Sparse: the attention's model FLOPs are those of the query-key pairs attended.

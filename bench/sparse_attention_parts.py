@@ -10,7 +10,8 @@ do per chunk and layer when every page is on the GPU, with the same ATen calls:
   - grad (bf16 pages): the union of selected gradient pages read into float32 images, the
     tiles' dK / dV index_add_-ed in, stored back in bf16 (the path of --kv-grad-dtype bfloat16);
   - grad (f32 pages): the same added straight into a float32 arena.
-Also "ideal past": the same FLOPs as one query block against one shared key block (what the
+"stacked": the past with each KV head's G query heads stacked as G * T rows of one head, as
+sparse_attention.cc runs it. Also "ideal past": the same FLOPs as one query block against one shared key block (what the
 kernel does when nothing is tiled). FLOPs as in attention_backends.py: forward 4*C*K*Hq*D,
 backward 2.5x. Tile rows T other than the page size show what coarser selection would buy.
 
@@ -104,6 +105,11 @@ for T in args.tiles:
     qt = q.view(n_tiles, T, Hq, D)
     fwd_bwd(qt, kp, vp, False, 4 * C * keys_past * Hq * D, f"past_T{T}")
     part.update(res.pop(f"past_T{T}"))
+    # The G query heads of each KV head stacked as G * T rows (sparse_attention.cc, StackGroups).
+    G = Hq // Hkv
+    qs = qt.view(n_tiles, T, Hkv, G, D).permute(0, 3, 1, 2, 4).reshape(n_tiles, G * T, Hkv, D)
+    fwd_bwd(qs, kp, vp, False, 4 * C * keys_past * Hq * D, f"past_T{T}_stacked")
+    part["stacked"] = res.pop(f"past_T{T}_stacked")
     lse_a = torch.randn(1, Hq, C, device=dev)
     out_a = torch.randn(1, C, Hq, D, device=dev, dtype=bf16)
 

@@ -28,9 +28,10 @@
 //     starting at token 0): the kernels of fused_attention.h (cuDNN's on Hopper, else flash's)
 //     over two key blocks merged by log-sum-exp: the past as one batched call, each query tile
 //     [P, num_heads, D] against its own selected pages [kv_heads, n * P, D] (GQA in the kernel,
-//     no repeated heads), and the chunk against itself, causal. Backward runs both blocks'
-//     kernel backward against the merged output; dK/dV of the selected pages come back per
-//     (tile, head) and are added into the pages.
+//     no repeated heads; in backward the G query heads of a KV head stacked as G * P rows of
+//     one head, which the kernel runs at twice the rate), and the chunk against itself, causal. Backward runs both
+//     blocks' kernel backward against the merged output; dK/dV of the selected pages come back per (tile, head) and are
+//     added into the pages.
 // Precision: bf16 / fp16 computed in float32 (the kernels' accumulation), dK/dV of the past
 // accumulated in float32 (float64 for float64 inputs).
 #ifndef OOMB_KERNELS_TORCH_SPARSE_ATTENTION_H_

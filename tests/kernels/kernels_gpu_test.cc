@@ -1,6 +1,7 @@
 // GPU checks of kernels/ against their CPU references on random inputs (never zeros): the page
 // copy kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
-// against dense float64 attention; the GPU timeline's sections. Skips without a CUDA device.
+// against dense float64 attention; the fused layer ops (RMSNorm, RoPE, SwiGLU) against their
+// composite ATen forms; the GPU timeline's sections. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <torch/cuda.h>
 
 #include "kernels/torch/gpu_timeline.h"
+#include "kernels/torch/layer_ops.h"
 #include "kernels/torch/page_ops.h"
 #include "tests/kernels/paged_attention_check.h"
 #include "tests/kernels/sparse_attention_check.h"
@@ -156,6 +158,77 @@ TEST_F(KernelsGpuTest, SparseAttentionFloat32PackedReferencePath) {
   o.summary = kernels::PageSummary::kMinMax;
   const auto e = testing::CheckSparseAttention(at::kCUDA, at::kFloat, 4096, 512, 28, 4, 128, {0, 1000}, o, 10);
   EXPECT_LE(e.max(), 1e-4) << "out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past;
+}
+
+// ---- Fused layer ops (kernels/torch/layer_ops.h) against the composite ops ----------------
+
+// The output and the input gradients of `op` on leaves made from `inputs` for upstream `dy`.
+template <typename Op>
+std::vector<at::Tensor> OutputAndGrads(Op op, const std::vector<at::Tensor>& inputs, const at::Tensor& dy) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& t : inputs) leaves.push_back(t.detach().clone().requires_grad_(true));
+  const at::Tensor y = op(leaves);
+  y.backward(dy);
+  std::vector<at::Tensor> r = {y.detach()};
+  for (const at::Tensor& l : leaves) r.push_back(l.grad());
+  return r;
+}
+
+// RoPE and SwiGLU: the kernels equal the composite ops bit for bit, forward and backward, in
+// bfloat16 and float16, at sizes that are no multiple of the block.
+TEST_F(KernelsGpuTest, RopeAndSwiGluEqualTheCompositeOpsBitForBit) {
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dt));
+    const auto o = at::device(at::kCUDA).dtype(dt);
+    for (const int64_t D : {64, 128}) {
+      const int64_t rows = 257, heads = 3;
+      const at::Tensor x = at::randn({rows, heads, D}, o) * 3;
+      const at::Tensor angle = at::rand({rows, 1, D}, o.dtype(at::kFloat)) * 100;
+      const at::Tensor cos = angle.cos().to(dt), sin = angle.sin().to(dt);
+      const at::Tensor dy = at::randn({rows, heads, D}, o);
+      const auto fused = OutputAndGrads([&](const auto& in) { return kernels::ApplyRope(in[0], cos, sin); }, {x}, dy);
+      const auto ref =
+          OutputAndGrads([&](const auto& in) { return kernels::ApplyRopeComposite(in[0], cos, sin); }, {x}, dy);
+      for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(at::equal(fused[i], ref[i])) << "rope D " << D << " " << i;
+    }
+    const at::Tensor gate = at::randn({513, 77}, o) * 4, up = at::randn({513, 77}, o), dy = at::randn({513, 77}, o);
+    const auto fused = OutputAndGrads([](const auto& in) { return kernels::SwiGlu(in[0], in[1]); }, {gate, up}, dy);
+    const auto ref =
+        OutputAndGrads([](const auto& in) { return kernels::SwiGluComposite(in[0], in[1]); }, {gate, up}, dy);
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(at::equal(fused[i], ref[i])) << "swiglu " << i;
+  }
+}
+
+// RMSNorm: the kernel sums in another order than ATen, so it is checked against float64: its
+// output and input gradient are as close to it as the composite's (within a rounding step of
+// the dtype), in bfloat16 and float16. A weight that needs a gradient takes the composite path.
+TEST_F(KernelsGpuTest, RmsNormMatchesFloat64AsCloselyAsTheCompositeOps) {
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dt));
+    const auto o = at::device(at::kCUDA).dtype(dt);
+    for (const int64_t cols : {1000, 3584}) {
+      const at::Tensor x = at::randn({301, cols}, o) * 2, w = at::rand({cols}, o) + 0.5, dy = at::randn({301, cols}, o);
+      const double eps = 1e-6;
+      const auto fused = OutputAndGrads([&](const auto& in) { return kernels::RmsNorm(in[0], w, eps); }, {x}, dy);
+      const auto comp =
+          OutputAndGrads([&](const auto& in) { return kernels::RmsNormComposite(in[0], w, eps); }, {x}, dy);
+      const auto exact =
+          OutputAndGrads([&](const auto& in) { return kernels::RmsNormComposite(in[0], w.to(at::kDouble), eps); },
+                         {x.to(at::kDouble)}, dy.to(at::kDouble));
+      const double step = dt == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // a rounding step at 1
+      for (size_t i = 0; i < 2; ++i) {
+        const double scale = exact[i].abs().max().item<double>();
+        const double e_fused = (fused[i].to(at::kDouble) - exact[i]).abs().max().item<double>() / scale;
+        const double e_comp = (comp[i].to(at::kDouble) - exact[i]).abs().max().item<double>() / scale;
+        EXPECT_LE(e_fused, e_comp + step) << "cols " << cols << (i == 0 ? " output" : " dx");
+        EXPECT_LE(e_fused, 2 * step) << "cols " << cols << (i == 0 ? " output" : " dx");
+      }
+    }
+  }
+  const auto o = at::device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor x = at::randn({8, 64}, o), w = (at::rand({64}, o) + 0.5).requires_grad_(true);
+  kernels::RmsNorm(x, w, 1e-6).sum().backward();
+  EXPECT_TRUE(w.grad().defined());
 }
 
 // The timeline gives each section the GPU time up to the next mark: a section holding 20

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/torch/layer_ops.h"
 #include "worker/common/files.h"
 #include "worker/common/status.h"
 #include "worker/model/safetensors.h"
@@ -84,11 +85,6 @@ absl::Status SaveTensors(const std::string& path, const std::vector<std::pair<st
     views.push_back(std::move(v));
   }
   return WriteSafetensors(path, views, metadata);
-}
-
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
 }
 
 }  // namespace
@@ -373,14 +369,18 @@ at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::
   const at::Tensor a = l.lora_a.to(x.scalar_type());
   const at::Tensor b = (l.lora_b * l.lora_scaling).to(x.scalar_type());
   const at::Tensor down = at::linear(xin, a);
-  y.view({-1, y.size(-1)}).addmm_(down.view({-1, down.size(-1)}), b.t());
+  // On y itself where it is 2-D: an in-place op on a view would make autograd copy the whole
+  // gradient of y in backward (CopySlices).
+  if (y.dim() == 2) {
+    y.addmm_(down, b.t());
+  } else {
+    y.view({-1, y.size(-1)}).addmm_(down.view({-1, down.size(-1)}), b.t());
+  }
   return y;
 }
 
 at::Tensor Transformer::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
-  const at::Tensor h = x.to(MasterType(x.scalar_type()));
-  const at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (h * at::rsqrt(var + config_.rms_norm_eps)).to(x.scalar_type());
+  return kernels::RmsNorm(x, weight, config_.rms_norm_eps);
 }
 
 at::Tensor Transformer::InvFreq(int64_t rope_seq_len) const {
@@ -463,8 +463,8 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
   at::Tensor q = LinearForward(l.q, x, &cursor.gen, cursor.training).view({C, H, D});
   at::Tensor k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
   const at::Tensor v = LinearForward(l.v, x, &cursor.gen, cursor.training).view({C, Hkv, D});
-  q = q * cursor.cos + RotateHalf(q) * cursor.sin;
-  k = k * cursor.cos + RotateHalf(k) * cursor.sin;
+  q = kernels::ApplyRope(q, cursor.cos, cursor.sin);
+  k = kernels::ApplyRope(k, cursor.cos, cursor.sin);
   return {q, k, v};
 }
 
@@ -473,8 +473,8 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
   const at::Tensor attn = attention.reshape({cursor.h.size(0), config_.num_heads * config_.head_dim});
   at::Tensor h = cursor.h + LinearForward(l.o, attn, &cursor.gen, cursor.training);
   const at::Tensor y = RmsNorm(h, l.post_norm);
-  const at::Tensor act = at::silu(LinearForward(l.gate, y, &cursor.gen, cursor.training)) *
-                         LinearForward(l.up, y, &cursor.gen, cursor.training);
+  const at::Tensor act = kernels::SwiGlu(LinearForward(l.gate, y, &cursor.gen, cursor.training),
+                                         LinearForward(l.up, y, &cursor.gen, cursor.training));
   cursor.h = h + LinearForward(l.down, act, &cursor.gen, cursor.training);
   ++cursor.layer;
 }

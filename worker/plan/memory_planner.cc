@@ -94,20 +94,29 @@ class Model {
   }
   int64_t KvBytes(int64_t T) const { return KvPages(T) * KvPageBytes() + GradPages(T) * GradPageBytes(); }
 
-  // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden):
+  // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden).
+  // With the composite ops (CPU, float32):
   //   two RMSNorms: the float32 upcast of the input and the normalised output (dtype)
   //   q, k before RoPE and their rotate_half (RoPE's multiplications save both)
-  //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
   //   the MLP's gate, silu(gate), up and silu(gate) * up
+  // with the fused kernels (kernels/torch/layer_ops.h: a bfloat16 / float16 model on a GPU; the
+  // RMSNorms only when their weights are frozen):
+  //   two RMSNorms: the input and the normalised output (dtype) and a float32 rstd a row
+  //   nothing of RoPE's
+  //   the MLP's gate, up and silu(gate) * up
+  // and either way:
+  //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
   //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
   //   mask and the dropped input
   // and, once, the final norm.
   int64_t GraphBytes(int64_t C) const {
     const int64_t H = c_.hidden_size, Q = c_.q_dim(), KV = c_.kv_dim(), I = c_.intermediate_size;
-    int64_t per_token = 2 * (kF32 + e_) * H;
-    per_token += 2 * e_ * (Q + KV);
+    const bool fused = cuda_ && e_ == 2, fused_norms = fused && spec_.method.type != "full";
+    const int64_t norm = fused_norms ? 2 * e_ * H + kF32 : (kF32 + e_) * H;
+    int64_t per_token = 2 * norm;
+    if (!fused) per_token += 2 * e_ * (Q + KV);
     per_token += e_ * (2 * Q + 2 * KV) + kF32 * c_.num_heads;
-    per_token += 4 * e_ * I;
+    per_token += (fused ? 3 : 4) * e_ * I;
     if (spec_.method.type == "lora") {
       for (const LinearShape& l : Linears(c_)) {
         if (!Targeted(spec_.method.lora, l.name)) continue;
@@ -115,7 +124,7 @@ class Model {
         if (spec_.method.lora.dropout > 0) per_token += (kF32 + e_) * l.in;
       }
     }
-    return C * (per_token * c_.num_layers + (kF32 + e_) * H);
+    return C * (per_token * c_.num_layers + norm);
   }
 
   // The largest transient on top of the graph. T: tokens up to and including the chunk.

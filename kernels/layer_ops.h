@@ -1,0 +1,71 @@
+// Fused elementwise parts of a decoder layer (RMSNorm, rotary embedding, SwiGLU), forward and
+// backward, one kernel each, for bfloat16 / float16 tensors. Each does in one pass over memory
+// what the composite ATen ops of worker/model/transformer.cc did in several (bench/results/
+// 2026-11-23-h100-fused-layer-ops: 8 to 10 kernels for an RMSNorm, 5 for a rotary embedding).
+//
+// Numerics (x: the stored dtype, f(): float32, r(): rounding to the stored dtype):
+//   RmsNorm    y = r(w * r(x * rstd)),  rstd = 1 / sqrt(mean(f(x)^2) + eps), as Hugging Face's
+//              Qwen2 / Llama RMSNorm (weight times the normalised input cast back); the float32
+//              rstd [rows] is kept for backward. Backward: dx = rstd * (g - xhat * mean(g * xhat))
+//              with g = dy * w and xhat = x * rstd, in float32 (the composite rounds g to the
+//              stored dtype first), rounded once. Not the weight's gradient.
+//   Rope       y = r(r(x * cos) + r(rotate_half(x) * sin)), rotate_half(x) = [-x2, x1] over the
+//              last dim; backward dx = r(r(dy * cos) + rotate_half^T(r(dy * sin))). Both equal
+//              the composite ops bit for bit.
+//   SwiGlu     y = r(r(silu(gate)) * up); backward d_up = r(dy * r(silu(gate))) and
+//              d_gate = r(silu'(gate) * r(dy * up)), silu and silu' as ATen computes them in
+//              float32: bit for bit the composite's.
+//
+// The launchers take plain pointers of contiguous tensors (no torch types);
+// kernels/torch/layer_ops.h is the binding that validates tensors, and its composite path (ATen
+// ops) is the CPU path and the reference.
+#ifndef OOMB_KERNELS_LAYER_OPS_H_
+#define OOMB_KERNELS_LAYER_OPS_H_
+
+#include <cstdint>
+
+#include "kernels/cuda_types.h"
+
+namespace oomb::kernels {
+
+enum class HalfDtype { kBFloat16, kFloat16 };
+
+struct RmsNormParams {
+  const void* x = nullptr;       // [rows, cols]
+  const void* weight = nullptr;  // [cols]
+  const void* dy = nullptr;      // [rows, cols] (backward)
+  void* out = nullptr;           // y (forward) or dx (backward), [rows, cols]
+  float* rstd = nullptr;         // [rows]: written forward, read backward
+  int64_t rows = 0, cols = 0;
+  float eps = 0;
+  HalfDtype dtype = HalfDtype::kBFloat16;
+};
+cudaError_t LaunchRmsNormForward(const RmsNormParams& p, cudaStream_t stream);
+cudaError_t LaunchRmsNormBackward(const RmsNormParams& p, cudaStream_t stream);
+
+struct RopeParams {
+  const void* x = nullptr;                    // [rows, heads, head_dim] (dy in backward)
+  const void* cos = nullptr;                  // [rows, head_dim]
+  const void* sin = nullptr;                  // [rows, head_dim]
+  void* out = nullptr;                        // [rows, heads, head_dim]
+  int64_t rows = 0, heads = 0, head_dim = 0;  // head_dim even
+  bool backward = false;
+  HalfDtype dtype = HalfDtype::kBFloat16;
+};
+cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
+
+struct SwiGluParams {
+  const void* gate = nullptr;  // [n]
+  const void* up = nullptr;    // [n]
+  const void* dy = nullptr;    // [n] (backward)
+  void* out = nullptr;         // y (forward) or d_gate (backward)
+  void* d_up = nullptr;        // backward
+  int64_t n = 0;
+  HalfDtype dtype = HalfDtype::kBFloat16;
+};
+cudaError_t LaunchSwiGluForward(const SwiGluParams& p, cudaStream_t stream);
+cudaError_t LaunchSwiGluBackward(const SwiGluParams& p, cudaStream_t stream);
+
+}  // namespace oomb::kernels
+
+#endif  // OOMB_KERNELS_LAYER_OPS_H_

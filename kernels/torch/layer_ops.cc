@@ -1,0 +1,197 @@
+#include "kernels/torch/layer_ops.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "kernels/layer_ops.h"
+
+#if defined(OOMB_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace oomb::kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Whether the kernels take these tensors: on one GPU, all bfloat16 or all float16.
+bool Fusable(std::initializer_list<const at::Tensor*> ts) {
+#if defined(OOMB_HAVE_CUDA)
+  const at::Tensor& first = **ts.begin();
+  if (!first.is_cuda() || (first.scalar_type() != at::kBFloat16 && first.scalar_type() != at::kHalf)) return false;
+  for (const at::Tensor* t : ts) {
+    if (t->scalar_type() != first.scalar_type() || t->device() != first.device()) return false;
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
+HalfDtype DtypeOf(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? HalfDtype::kBFloat16 : HalfDtype::kFloat16;
+}
+
+// Runs a launcher on x's device and current stream.
+template <typename Params>
+void Run(const at::Tensor& x, cudaError_t (*launch)(const Params&, cudaStream_t), const Params& p, const char* what) {
+#if defined(OOMB_HAVE_CUDA)
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = launch(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, what, " kernel: ", cudaGetErrorString(err));
+#else
+  TORCH_CHECK(false, what, " kernel: built without CUDA");
+#endif
+}
+
+class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+    const at::Tensor x = x_in.contiguous();
+    const int64_t cols = x.size(-1);
+    at::Tensor y = at::empty_like(x);
+    at::Tensor rstd = at::empty({x.numel() / cols}, x.options().dtype(at::kFloat));
+    RmsNormParams p;
+    p.x = x.data_ptr();
+    p.weight = weight.data_ptr();
+    p.out = y.data_ptr();
+    p.rstd = rstd.data_ptr<float>();
+    p.rows = rstd.numel();
+    p.cols = cols;
+    p.eps = static_cast<float>(eps);
+    p.dtype = DtypeOf(x);
+    Run(x, LaunchRmsNormForward, p, "RMSNorm forward");
+    ctx->save_for_backward({x, weight, rstd});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const at::Tensor dy = grad_outputs[0].contiguous();
+    at::Tensor dx = at::empty_like(x);
+    RmsNormParams p;
+    p.x = x.data_ptr();
+    p.weight = weight.data_ptr();
+    p.dy = dy.data_ptr();
+    p.out = dx.data_ptr();
+    p.rstd = rstd.data_ptr<float>();
+    p.rows = rstd.numel();
+    p.cols = x.size(-1);
+    p.dtype = DtypeOf(x);
+    Run(x, LaunchRmsNormBackward, p, "RMSNorm backward");
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
+// Rope forward (dy = x) or backward (x = dy) through one kernel.
+at::Tensor RopeKernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
+  at::Tensor out = at::empty_like(x);
+  RopeParams p;
+  p.x = x.data_ptr();
+  p.cos = cos.data_ptr();
+  p.sin = sin.data_ptr();
+  p.out = out.data_ptr();
+  p.rows = x.size(0);
+  p.heads = x.size(1);
+  p.head_dim = x.size(2);
+  p.backward = backward;
+  p.dtype = DtypeOf(x);
+  Run(x, LaunchRope, p, "rotary embedding");
+  return out;
+}
+
+class RopeFn : public torch::autograd::Function<RopeFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return RopeKernel(x.contiguous(), cos, sin, /*backward=*/false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    return {RopeKernel(grad_outputs[0].contiguous(), saved[0], saved[1], /*backward=*/true), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+class SwiGluFn : public torch::autograd::Function<SwiGluFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
+    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+    at::Tensor y = at::empty_like(gate);
+    SwiGluParams p;
+    p.gate = gate.data_ptr();
+    p.up = up.data_ptr();
+    p.out = y.data_ptr();
+    p.n = gate.numel();
+    p.dtype = DtypeOf(gate);
+    Run(gate, LaunchSwiGluForward, p, "SwiGLU forward");
+    ctx->save_for_backward({gate, up});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &up = saved[1];
+    const at::Tensor dy = grad_outputs[0].contiguous();
+    at::Tensor d_gate = at::empty_like(gate), d_up = at::empty_like(up);
+    SwiGluParams p;
+    p.gate = gate.data_ptr();
+    p.up = up.data_ptr();
+    p.dy = dy.data_ptr();
+    p.out = d_gate.data_ptr();
+    p.d_up = d_up.data_ptr();
+    p.n = gate.numel();
+    p.dtype = DtypeOf(gate);
+    Run(gate, LaunchSwiGluBackward, p, "SwiGLU backward");
+    return {d_gate, d_up};
+  }
+};
+
+}  // namespace
+
+at::Tensor RmsNormComposite(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor h = x.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  const at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (h * at::rsqrt(var + eps)).to(x.scalar_type());
+}
+
+at::Tensor ApplyRopeComposite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+at::Tensor SwiGluComposite(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "RmsNorm: weight [", x.size(-1), "] expected, got ",
+              weight.sizes());
+  if (!Fusable({&x, &weight}) || weight.requires_grad() || !weight.is_contiguous()) {
+    return RmsNormComposite(x, weight, eps);
+  }
+  return RmsNormFn::apply(x, weight, eps);
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0, "ApplyRope: x [rows, heads, head_dim] (head_dim even) expected, got ",
+              x.sizes());
+  const std::vector<int64_t> table = {x.size(0), 1, x.size(2)};
+  TORCH_CHECK(cos.sizes() == at::IntArrayRef(table) && sin.sizes() == cos.sizes(), "ApplyRope: cos and sin [",
+              x.size(0), ", 1, ", x.size(2), "] expected, got ", cos.sizes(), " and ", sin.sizes());
+  if (!Fusable({&x, &cos, &sin}) || cos.requires_grad() || sin.requires_grad() || !cos.is_contiguous() ||
+      !sin.is_contiguous()) {
+    return ApplyRopeComposite(x, cos, sin);
+  }
+  return RopeFn::apply(x, cos, sin);
+}
+
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes(), "SwiGlu: gate ", gate.sizes(), " and up ", up.sizes(), " differ");
+  if (!Fusable({&gate, &up})) return SwiGluComposite(gate, up);
+  return SwiGluFn::apply(gate, up);
+}
+
+}  // namespace oomb::kernels
