@@ -1,12 +1,14 @@
 // CUDA RMSNorm, rotary embedding and SwiGLU. Contract: kernels/layer_ops.h.
 //
 // RMSNorm: one block of 256 threads a row, the row's sum of squares (or dot product) reduced
-// through warp shuffles, then a second pass over the row (from L1 / L2). Rope and SwiGlu: one
-// thread an element.
+// through warp shuffles, then a second pass over the row (from L1 / L2). Rope: a thread a pair
+// of elements (x1, x2) of one head. SwiGlu: a thread an element. Each takes 8 elements at a time
+// (16-byte loads) where the sizes and pointers allow, else one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/layer_ops.h"
 
@@ -46,62 +48,85 @@ __device__ float BlockSum(float v) {
   return v;
 }
 
-template <typename T>
+// V consecutive elements, loaded and stored at once (V = 8: 16 bytes).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> Load(const void* base, int64_t i) {
+  return *reinterpret_cast<const Pack<T, V>*>(static_cast<const T*>(base) + i);
+}
+template <typename T, int V>
+__device__ __forceinline__ void Store(void* base, int64_t i, const Pack<T, V>& x) {
+  *reinterpret_cast<Pack<T, V>*>(static_cast<T*>(base) + i) = x;
+}
+
+template <typename T, int V>
 __global__ void RmsNormForwardKernel(RmsNormParams p) {
-  const int64_t row = blockIdx.x;
-  const T* x = static_cast<const T*>(p.x) + row * p.cols;
-  const T* w = static_cast<const T*>(p.weight);
-  T* y = static_cast<T*>(p.out) + row * p.cols;
+  const int64_t row = blockIdx.x * p.cols;
   float sq = 0;
-  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
-    const float v = ToFloat(x[i]);
-    sq += v * v;
+  for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
+    const Pack<T, V> x = Load<T, V>(p.x, row + i);
+    for (int k = 0; k < V; ++k) sq += ToFloat(x.v[k]) * ToFloat(x.v[k]);
   }
   const float rstd = rsqrtf(BlockSum(sq) / static_cast<float>(p.cols) + p.eps);
-  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
-    y[i] = FromFloat<T>(ToFloat(w[i]) * Round<T>(ToFloat(x[i]) * rstd));
+  for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
+    const Pack<T, V> x = Load<T, V>(p.x, row + i), w = Load<T, V>(p.weight, i);
+    Pack<T, V> y;
+    for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(ToFloat(w.v[k]) * Round<T>(ToFloat(x.v[k]) * rstd));
+    Store<T, V>(p.out, row + i, y);
   }
-  if (threadIdx.x == 0) p.rstd[row] = rstd;
+  if (threadIdx.x == 0) p.rstd[blockIdx.x] = rstd;
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void RmsNormBackwardKernel(RmsNormParams p) {
-  const int64_t row = blockIdx.x;
-  const T* x = static_cast<const T*>(p.x) + row * p.cols;
-  const T* dy = static_cast<const T*>(p.dy) + row * p.cols;
-  const T* w = static_cast<const T*>(p.weight);
-  T* dx = static_cast<T*>(p.out) + row * p.cols;
-  const float rstd = p.rstd[row];
+  const int64_t row = blockIdx.x * p.cols;
+  const float rstd = p.rstd[blockIdx.x];
   float dot = 0;
-  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
-    dot += ToFloat(dy[i]) * ToFloat(w[i]) * (ToFloat(x[i]) * rstd);
+  for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
+    const Pack<T, V> x = Load<T, V>(p.x, row + i), dy = Load<T, V>(p.dy, row + i), w = Load<T, V>(p.weight, i);
+    for (int k = 0; k < V; ++k) dot += ToFloat(dy.v[k]) * ToFloat(w.v[k]) * (ToFloat(x.v[k]) * rstd);
   }
   const float mean = BlockSum(dot) / static_cast<float>(p.cols);
-  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
-    const float g = ToFloat(dy[i]) * ToFloat(w[i]), xhat = ToFloat(x[i]) * rstd;
-    dx[i] = FromFloat<T>(rstd * (g - xhat * mean));
+  for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
+    const Pack<T, V> x = Load<T, V>(p.x, row + i), dy = Load<T, V>(p.dy, row + i), w = Load<T, V>(p.weight, i);
+    Pack<T, V> dx;
+    for (int k = 0; k < V; ++k) {
+      const float g = ToFloat(dy.v[k]) * ToFloat(w.v[k]), xhat = ToFloat(x.v[k]) * rstd;
+      dx.v[k] = FromFloat<T>(rstd * (g - xhat * mean));
+    }
+    Store<T, V>(p.out, row + i, dx);
   }
 }
 
-template <typename T>
+// A thread takes V elements j.. of the first half of one (row, head) and their partners j +
+// head_dim / 2 in the second: rotate_half(x) = [-x2, x1] pairs exactly those.
+template <typename T, int V>
 __global__ void RopeKernel(RopeParams p) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= p.rows * p.heads * p.head_dim) return;
-  const int64_t half = p.head_dim / 2, d = idx % p.head_dim, row = idx / (p.heads * p.head_dim);
-  const T* x = static_cast<const T*>(p.x);
-  const float c = ToFloat(static_cast<const T*>(p.cos)[row * p.head_dim + d]);
-  const T* sin = static_cast<const T*>(p.sin) + row * p.head_dim;
-  const bool first = d < half;
-  const int64_t partner = first ? idx + half : idx - half, dp = first ? d + half : d - half;
-  float rotated;
-  if (!p.backward) {  // rotate_half(x)[d] * sin[d]
-    const float r = ToFloat(x[partner]);
-    rotated = Round<T>((first ? -r : r) * ToFloat(sin[d]));
-  } else {  // rotate_half^T(dy * sin)[d]
-    const float r = Round<T>(ToFloat(x[partner]) * ToFloat(sin[dp]));
-    rotated = first ? r : -r;
+  const int64_t half = p.head_dim / 2, groups = half / V;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= p.rows * p.heads * groups) return;
+  const int64_t j = (t % groups) * V, vec = t / groups, row = vec / p.heads;
+  const int64_t x1 = vec * p.head_dim + j, x2 = x1 + half, t1 = row * p.head_dim + j, t2 = t1 + half;
+  const Pack<T, V> a = Load<T, V>(p.x, x1), b = Load<T, V>(p.x, x2);
+  const Pack<T, V> c1 = Load<T, V>(p.cos, t1), c2 = Load<T, V>(p.cos, t2);
+  const Pack<T, V> s1 = Load<T, V>(p.sin, t1), s2 = Load<T, V>(p.sin, t2);
+  Pack<T, V> y1, y2;
+  for (int k = 0; k < V; ++k) {
+    const float u = ToFloat(a.v[k]), w = ToFloat(b.v[k]);
+    const float uc = Round<T>(u * ToFloat(c1.v[k])), wc = Round<T>(w * ToFloat(c2.v[k]));
+    if (!p.backward) {  // y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2
+      y1.v[k] = FromFloat<T>(uc - Round<T>(w * ToFloat(s1.v[k])));
+      y2.v[k] = FromFloat<T>(wc + Round<T>(u * ToFloat(s2.v[k])));
+    } else {  // dx1 = dy1 cos1 + dy2 sin2, dx2 = dy2 cos2 - dy1 sin1
+      y1.v[k] = FromFloat<T>(uc + Round<T>(w * ToFloat(s2.v[k])));
+      y2.v[k] = FromFloat<T>(wc - Round<T>(u * ToFloat(s1.v[k])));
+    }
   }
-  static_cast<T*>(p.out)[idx] = FromFloat<T>(Round<T>(ToFloat(x[idx]) * c) + rotated);
+  Store<T, V>(p.out, x1, y1);
+  Store<T, V>(p.out, x2, y2);
 }
 
 // silu as ATen's kernel computes it (ActivationSiluKernel.cu), and its derivative.
@@ -111,32 +136,57 @@ __device__ __forceinline__ float SiluBackward(float dy, float x) {
   return dy * s * (1.f + x * (1.f - s));
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void SwiGluForwardKernel(SwiGluParams p) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
   if (i >= p.n) return;
-  const float s = Round<T>(Silu(ToFloat(static_cast<const T*>(p.gate)[i])));
-  static_cast<T*>(p.out)[i] = FromFloat<T>(s * ToFloat(static_cast<const T*>(p.up)[i]));
+  const Pack<T, V> g = Load<T, V>(p.gate, i), u = Load<T, V>(p.up, i);
+  Pack<T, V> y;
+  for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(Round<T>(Silu(ToFloat(g.v[k]))) * ToFloat(u.v[k]));
+  Store<T, V>(p.out, i, y);
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void SwiGluBackwardKernel(SwiGluParams p) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
   if (i >= p.n) return;
-  const float g = ToFloat(static_cast<const T*>(p.gate)[i]), dy = ToFloat(static_cast<const T*>(p.dy)[i]);
-  const float s = Round<T>(Silu(g));
-  static_cast<T*>(p.d_up)[i] = FromFloat<T>(dy * s);
-  const float ds = Round<T>(dy * ToFloat(static_cast<const T*>(p.up)[i]));
-  static_cast<T*>(p.out)[i] = FromFloat<T>(SiluBackward(ds, g));
+  const Pack<T, V> g = Load<T, V>(p.gate, i), u = Load<T, V>(p.up, i), dy = Load<T, V>(p.dy, i);
+  Pack<T, V> d_gate, d_up;
+  for (int k = 0; k < V; ++k) {
+    const float gk = ToFloat(g.v[k]), dk = ToFloat(dy.v[k]);
+    d_up.v[k] = FromFloat<T>(dk * Round<T>(Silu(gk)));
+    d_gate.v[k] = FromFloat<T>(SiluBackward(Round<T>(dk * ToFloat(u.v[k])), gk));
+  }
+  Store<T, V>(p.out, i, d_gate);
+  Store<T, V>(p.d_up, i, d_up);
 }
 
-unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+unsigned Blocks(int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
 
-// One launch of the kernel for p's dtype.
+// Whether every pointer allows loads of 16 bytes.
+bool Aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* q : ptrs) {
+    if (q != nullptr && reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// A kernel's four instances: bfloat16 / float16, one element or 8 at a time.
 template <typename Params>
-cudaError_t Launch(const Params& p, unsigned blocks, cudaStream_t stream, void (*bf16)(Params), void (*f16)(Params)) {
+struct Kernels {
+  void (*bf16)(Params);
+  void (*bf16_x8)(Params);
+  void (*f16)(Params);
+  void (*f16_x8)(Params);
+};
+#define OOMB_LAYER_KERNELS(K) \
+  { K<__nv_bfloat16, 1>, K<__nv_bfloat16, 8>, K<__half, 1>, K<__half, 8> }
+
+// One launch of the instance for p's dtype, 8 elements at a time where `x8`.
+template <typename Params>
+cudaError_t Launch(const Params& p, const Kernels<Params>& k, bool x8, unsigned blocks, cudaStream_t stream) {
   if (blocks == 0) return cudaSuccess;
-  void (*kernel)(Params) = p.dtype == HalfDtype::kBFloat16 ? bf16 : f16;
+  void (*kernel)(Params) = p.dtype == HalfDtype::kBFloat16 ? (x8 ? k.bf16_x8 : k.bf16) : (x8 ? k.f16_x8 : k.f16);
   kernel<<<blocks, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -144,21 +194,25 @@ cudaError_t Launch(const Params& p, unsigned blocks, cudaStream_t stream, void (
 }  // namespace
 
 cudaError_t LaunchRmsNormForward(const RmsNormParams& p, cudaStream_t stream) {
-  return Launch(p, static_cast<unsigned>(p.rows), stream, RmsNormForwardKernel<__nv_bfloat16>,
-                RmsNormForwardKernel<__half>);
+  const bool x8 = p.cols % 8 == 0 && Aligned16({p.x, p.weight, p.out});
+  return Launch<RmsNormParams>(p, OOMB_LAYER_KERNELS(RmsNormForwardKernel), x8, static_cast<unsigned>(p.rows), stream);
 }
 cudaError_t LaunchRmsNormBackward(const RmsNormParams& p, cudaStream_t stream) {
-  return Launch(p, static_cast<unsigned>(p.rows), stream, RmsNormBackwardKernel<__nv_bfloat16>,
-                RmsNormBackwardKernel<__half>);
+  const bool x8 = p.cols % 8 == 0 && Aligned16({p.x, p.weight, p.dy, p.out});
+  return Launch<RmsNormParams>(p, OOMB_LAYER_KERNELS(RmsNormBackwardKernel), x8, static_cast<unsigned>(p.rows), stream);
 }
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
-  return Launch(p, Blocks(p.rows * p.heads * p.head_dim), stream, RopeKernel<__nv_bfloat16>, RopeKernel<__half>);
+  const bool x8 = (p.head_dim / 2) % 8 == 0 && Aligned16({p.x, p.cos, p.sin, p.out});
+  return Launch<RopeParams>(p, OOMB_LAYER_KERNELS(RopeKernel), x8,
+                            Blocks(p.rows * p.heads * p.head_dim / 2 / (x8 ? 8 : 1)), stream);
 }
 cudaError_t LaunchSwiGluForward(const SwiGluParams& p, cudaStream_t stream) {
-  return Launch(p, Blocks(p.n), stream, SwiGluForwardKernel<__nv_bfloat16>, SwiGluForwardKernel<__half>);
+  const bool x8 = p.n % 8 == 0 && Aligned16({p.gate, p.up, p.out});
+  return Launch<SwiGluParams>(p, OOMB_LAYER_KERNELS(SwiGluForwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
 }
 cudaError_t LaunchSwiGluBackward(const SwiGluParams& p, cudaStream_t stream) {
-  return Launch(p, Blocks(p.n), stream, SwiGluBackwardKernel<__nv_bfloat16>, SwiGluBackwardKernel<__half>);
+  const bool x8 = p.n % 8 == 0 && Aligned16({p.gate, p.up, p.dy, p.out, p.d_up});
+  return Launch<SwiGluParams>(p, OOMB_LAYER_KERNELS(SwiGluBackwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
 }
 
 }  // namespace oomb::kernels

@@ -175,12 +175,13 @@ std::vector<at::Tensor> OutputAndGrads(Op op, const std::vector<at::Tensor>& inp
 }
 
 // RoPE and SwiGLU: the kernels equal the composite ops bit for bit, forward and backward, in
-// bfloat16 and float16, at sizes that are no multiple of the block.
+// bfloat16 and float16, at sizes that are no multiple of the block, 8 elements a thread (16-byte
+// loads) and one (sizes not divisible by 8).
 TEST_F(KernelsGpuTest, RopeAndSwiGluEqualTheCompositeOpsBitForBit) {
   for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
     SCOPED_TRACE(c10::toString(dt));
     const auto o = at::device(at::kCUDA).dtype(dt);
-    for (const int64_t D : {64, 128}) {
+    for (const int64_t D : {12, 64, 128}) {
       const int64_t rows = 257, heads = 3;
       const at::Tensor x = at::randn({rows, heads, D}, o) * 3;
       const at::Tensor angle = at::rand({rows, 1, D}, o.dtype(at::kFloat)) * 100;
@@ -191,22 +192,26 @@ TEST_F(KernelsGpuTest, RopeAndSwiGluEqualTheCompositeOpsBitForBit) {
           OutputAndGrads([&](const auto& in) { return kernels::ApplyRopeComposite(in[0], cos, sin); }, {x}, dy);
       for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(at::equal(fused[i], ref[i])) << "rope D " << D << " " << i;
     }
-    const at::Tensor gate = at::randn({513, 77}, o) * 4, up = at::randn({513, 77}, o), dy = at::randn({513, 77}, o);
-    const auto fused = OutputAndGrads([](const auto& in) { return kernels::SwiGlu(in[0], in[1]); }, {gate, up}, dy);
-    const auto ref =
-        OutputAndGrads([](const auto& in) { return kernels::SwiGluComposite(in[0], in[1]); }, {gate, up}, dy);
-    for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(at::equal(fused[i], ref[i])) << "swiglu " << i;
+    for (const int64_t cols : {77, 1024}) {
+      const at::Tensor gate = at::randn({513, cols}, o) * 4, up = at::randn({513, cols}, o);
+      const at::Tensor dy = at::randn({513, cols}, o);
+      const auto fused = OutputAndGrads([](const auto& in) { return kernels::SwiGlu(in[0], in[1]); }, {gate, up}, dy);
+      const auto ref =
+          OutputAndGrads([](const auto& in) { return kernels::SwiGluComposite(in[0], in[1]); }, {gate, up}, dy);
+      for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(at::equal(fused[i], ref[i])) << "swiglu " << cols << " " << i;
+    }
   }
 }
 
 // RMSNorm: the kernel sums in another order than ATen, so it is checked against float64: its
 // output and input gradient are as close to it as the composite's (within a rounding step of
-// the dtype), in bfloat16 and float16. A weight that needs a gradient takes the composite path.
+// the dtype), in bfloat16 and float16, 8 elements a thread and one (999 columns). A weight that needs a gradient takes
+// the composite path.
 TEST_F(KernelsGpuTest, RmsNormMatchesFloat64AsCloselyAsTheCompositeOps) {
   for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
     SCOPED_TRACE(c10::toString(dt));
     const auto o = at::device(at::kCUDA).dtype(dt);
-    for (const int64_t cols : {1000, 3584}) {
+    for (const int64_t cols : {999, 1000, 3584}) {
       const at::Tensor x = at::randn({301, cols}, o) * 2, w = at::rand({cols}, o) + 0.5, dy = at::randn({301, cols}, o);
       const double eps = 1e-6;
       const auto fused = OutputAndGrads([&](const auto& in) { return kernels::RmsNorm(in[0], w, eps); }, {x}, dy);
