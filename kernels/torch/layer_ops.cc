@@ -49,20 +49,26 @@ void Run(const at::Tensor& x, cudaError_t (*launch)(const Params&, cudaStream_t)
 
 class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
  public:
+  // What forward and backward share: x [rows, cols], weight, rstd [rows], out (y or dx).
+  static RmsNormParams Params(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& rstd, at::Tensor& out) {
+    RmsNormParams p;
+    p.x = x.data_ptr();
+    p.weight = weight.data_ptr();
+    p.out = out.data_ptr();
+    p.rstd = rstd.data_ptr<float>();
+    p.rows = rstd.numel();
+    p.cols = x.size(-1);
+    p.dtype = DtypeOf(x);
+    return p;
+  }
+
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight, double eps) {
     const at::Tensor x = x_in.contiguous();
     const int64_t cols = x.size(-1);
     at::Tensor y = at::empty_like(x);
     at::Tensor rstd = at::empty({x.numel() / cols}, x.options().dtype(at::kFloat));
-    RmsNormParams p;
-    p.x = x.data_ptr();
-    p.weight = weight.data_ptr();
-    p.out = y.data_ptr();
-    p.rstd = rstd.data_ptr<float>();
-    p.rows = rstd.numel();
-    p.cols = cols;
+    RmsNormParams p = Params(x, weight, rstd, y);
     p.eps = static_cast<float>(eps);
-    p.dtype = DtypeOf(x);
     Run(x, LaunchRmsNormForward, p, "RMSNorm forward");
     ctx->save_for_backward({x, weight, rstd});
     return y;
@@ -73,15 +79,8 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const at::Tensor &x = saved[0], &weight = saved[1], &rstd = saved[2];
     const at::Tensor dy = grad_outputs[0].contiguous();
     at::Tensor dx = at::empty_like(x);
-    RmsNormParams p;
-    p.x = x.data_ptr();
-    p.weight = weight.data_ptr();
+    RmsNormParams p = Params(x, weight, rstd, dx);
     p.dy = dy.data_ptr();
-    p.out = dx.data_ptr();
-    p.rstd = rstd.data_ptr<float>();
-    p.rows = rstd.numel();
-    p.cols = x.size(-1);
-    p.dtype = DtypeOf(x);
     Run(x, LaunchRmsNormBackward, p, "RMSNorm backward");
     return {dx, at::Tensor(), at::Tensor()};
   }
@@ -119,16 +118,21 @@ class RopeFn : public torch::autograd::Function<RopeFn> {
 
 class SwiGluFn : public torch::autograd::Function<SwiGluFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
-    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
-    at::Tensor y = at::empty_like(gate);
+  // What forward and backward share; out: y or d_gate.
+  static SwiGluParams Params(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
     SwiGluParams p;
     p.gate = gate.data_ptr();
     p.up = up.data_ptr();
-    p.out = y.data_ptr();
+    p.out = out.data_ptr();
     p.n = gate.numel();
     p.dtype = DtypeOf(gate);
-    Run(gate, LaunchSwiGluForward, p, "SwiGLU forward");
+    return p;
+  }
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
+    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+    at::Tensor y = at::empty_like(gate);
+    Run(gate, LaunchSwiGluForward, Params(gate, up, y), "SwiGLU forward");
     ctx->save_for_backward({gate, up});
     return y;
   }
@@ -137,14 +141,9 @@ class SwiGluFn : public torch::autograd::Function<SwiGluFn> {
     const at::Tensor &gate = saved[0], &up = saved[1];
     const at::Tensor dy = grad_outputs[0].contiguous();
     at::Tensor d_gate = at::empty_like(gate), d_up = at::empty_like(up);
-    SwiGluParams p;
-    p.gate = gate.data_ptr();
-    p.up = up.data_ptr();
+    SwiGluParams p = Params(gate, up, d_gate);
     p.dy = dy.data_ptr();
-    p.out = d_gate.data_ptr();
     p.d_up = d_up.data_ptr();
-    p.n = gate.numel();
-    p.dtype = DtypeOf(gate);
     Run(gate, LaunchSwiGluBackward, p, "SwiGLU backward");
     return {d_gate, d_up};
   }
