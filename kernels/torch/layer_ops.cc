@@ -4,6 +4,9 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <initializer_list>
+#include <vector>
+
 #include "kernels/layer_ops.h"
 
 #if defined(OOMB_HAVE_CUDA)
