@@ -1,8 +1,12 @@
 // Training-step benchmark of the chunk-recurrent trainer on one GPU (or the CPU), on a model
 // with random weights of a given architecture (memory and speed do not depend on the values).
 //
-// For each sequence length: one optimizer step (stage 1 + stage 2 + AdamW) after a warm-up step,
-// timed with device synchronisation; prints one JSON line per length:
+// For each sequence length: one optimizer step (stage 1 + stage 2 + AdamW) after a warm-up step
+// on the first three chunks, timed with device synchronisation. Three chunks, so that the past's
+// attention kernels run in the warm-up at the sparse budget's full width (64 pages of 128 after
+// 8192 tokens): on a freshly started machine their first use compiles them, which took about
+// 1.7 s inside the measured step when the warm-up was one chunk (no past). Prints one JSON line
+// per length:
 //   {"S", "s_per_step", "tok_s", "peak_bytes", "kv_bytes", "model_tflops", "mfu", "planned_peak_bytes",
 //    "planned_over_measured"} or {"S", "oom": true}
 // planned_peak_bytes is the memory planner's prediction (worker/plan/memory_planner.h) for the
@@ -28,6 +32,7 @@
 // --sections: the measured step's GPU time split by section ("sections_s": the sparse
 // attention's gather, kernels, merge, gradient accumulation, selection, ...; "model" is the
 // rest), from events on the stream (kernels/torch/gpu_timeline.h); the events cost a little.
+// Each section also appears per stage of the trainer, as "stage1/<section>" and "stage2/<section>".
 // --kernel-profile N: the measured step under LibTorch's profiler (Kineto, CUPTI): "gpu_busy_s",
 // the time some GPU kernel or copy ran (the union of their intervals over every stream), and
 // "gpu_kernels", the N kernels with the most GPU time, by name (total seconds, launches). The
@@ -395,7 +400,7 @@ int Main(int argc, char** argv) {
         EmptyCache(d);
         auto pools = MakePools(*m, T, bench, d);
         if (!pools.ok()) throw std::runtime_error(std::string(pools.status().message()));
-        auto warm = Step(*m, opt, *pools, std::min<int64_t>(T, chunk), trainer_options, d);  // kernels, allocator
+        auto warm = Step(*m, opt, *pools, std::min<int64_t>(T, 3 * chunk), trainer_options, d);  // kernels, allocator
         if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
         r["host_pin_wait_s"] = pools->WaitForHost();  // pinning is not part of a step
         ResetPeak(d);

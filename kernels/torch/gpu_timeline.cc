@@ -15,12 +15,18 @@ namespace oomb::kernels::timeline {
 namespace {
 
 std::atomic<bool> enabled{false};
+std::atomic<const char*> current_stage{nullptr};
 
 #if defined(OOMB_HAVE_CUDA)
 struct Marks {
   std::mutex mu;
   int device = -1;  // the first mark's
-  std::vector<std::pair<const char*, at::cuda::CUDAEvent>> events;
+  struct Event {
+    const char* stage;  // null: none
+    const char* name;
+    at::cuda::CUDAEvent event;
+  };
+  std::vector<Event> events;
 };
 
 Marks& State() {
@@ -50,12 +56,14 @@ void Mark(const char* name) {
   const std::lock_guard<std::mutex> lock(m.mu);
   if (m.device < 0) m.device = device;
   if (device != m.device) return;
-  m.events.emplace_back(name, at::cuda::CUDAEvent(cudaEventDefault));
-  m.events.back().second.record(at::cuda::getCurrentCUDAStream(device));
+  m.events.push_back({current_stage.load(), name, at::cuda::CUDAEvent(cudaEventDefault)});
+  m.events.back().event.record(at::cuda::getCurrentCUDAStream(device));
 #else
   (void)name;
 #endif
 }
+
+void Stage(const char* stage) { current_stage = stage; }
 
 std::map<std::string, double> Collect() {
   std::map<std::string, double> seconds;
@@ -67,8 +75,10 @@ std::map<std::string, double> Collect() {
   end.record(at::cuda::getCurrentCUDAStream(m.device));
   end.synchronize();
   for (size_t i = 0; i < m.events.size(); ++i) {
-    const at::cuda::CUDAEvent& next = i + 1 < m.events.size() ? m.events[i + 1].second : end;
-    seconds[m.events[i].first] += static_cast<double>(m.events[i].second.elapsed_time(next)) / 1000.0;
+    const at::cuda::CUDAEvent& next = i + 1 < m.events.size() ? m.events[i + 1].event : end;
+    const double s = static_cast<double>(m.events[i].event.elapsed_time(next)) / 1000.0;
+    seconds[m.events[i].name] += s;
+    if (m.events[i].stage != nullptr) seconds[std::string(m.events[i].stage) + "/" + m.events[i].name] += s;
   }
   m.events.clear();
   m.device = -1;

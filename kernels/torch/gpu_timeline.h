@@ -23,8 +23,13 @@ void Enable(bool on);
 // Starts section `name` (a string literal: kept by pointer) on the current CUDA stream.
 void Mark(const char* name);
 
+// Names the stage (a string literal, or null for none) that the following marks fall in: the
+// trainer's "stage1" and "stage2".
+void Stage(const char* stage);
+
 // Closes the last section, waits for it, and returns the seconds of each section name summed
-// over the marks since the last Collect (or Enable); then starts over.
+// over the marks since the last Collect (or Enable), and of each section marked in a stage
+// as "<stage>/<name>" too; then starts over.
 std::map<std::string, double> Collect();
 
 }  // namespace oomb::kernels::timeline

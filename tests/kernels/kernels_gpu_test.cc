@@ -238,7 +238,8 @@ TEST_F(KernelsGpuTest, RmsNormMatchesFloat64AsCloselyAsTheCompositeOps) {
 
 // The timeline gives each section the GPU time up to the next mark: a section holding 20
 // large products outweighs one holding a small copy, and the sections add up to the wall
-// time around them (the marks sit on the stream that ran the work).
+// time around them (the marks sit on the stream that ran the work). A section marked in a
+// stage is also reported under "<stage>/<name>", with its own time only.
 TEST_F(KernelsGpuTest, TimelineSplitsTheStreamBySection) {
   namespace timeline = kernels::timeline;
   const at::Tensor a = at::randn({4096, 4096}, at::device(at::kCUDA).dtype(at::kBFloat16));
@@ -250,12 +251,16 @@ TEST_F(KernelsGpuTest, TimelineSplitsTheStreamBySection) {
   for (int i = 0; i < 20; ++i) (void)at::matmul(a, a);
   timeline::Mark("copy");
   (void)a.slice(0, 0, 16).clone();
+  timeline::Stage("late");
   timeline::Mark("products");
   (void)at::matmul(a, a);
   const std::map<std::string, double> s = timeline::Collect();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  timeline::Stage(nullptr);
   timeline::Enable(false);
-  ASSERT_EQ(s.size(), 2u);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_GT(s.at("late/products"), 0);
+  EXPECT_LT(s.at("late/products"), 0.5 * s.at("products"));  // one product of 21
   EXPECT_GT(s.at("products"), 10 * s.at("copy"));
   EXPECT_GT(s.at("copy"), 0);
   EXPECT_LE(s.at("products") + s.at("copy"), wall);

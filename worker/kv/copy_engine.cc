@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -273,6 +274,12 @@ std::shared_ptr<PendingFetch> CopyEngine::StartFetch(const PagePool& pool, const
                                                      const std::vector<uint64_t>* heads) {
   const PageShape& s = pool.shape();
   auto pending = std::make_shared<PendingFetch>();
+#if defined(OOMB_HAVE_CUDA)
+  // The destination is allocated on the fetch stream: its earlier users were fetches, ordered
+  // before this one on that stream, so the copy waits for nothing the caller queued.
+  std::optional<c10::cuda::CUDAStreamGuard> on_fetch_stream;
+  if (device_.is_cuda()) on_fetch_stream.emplace(streams_->to_device);
+#endif
   pending->pages = at::empty({static_cast<int64_t>(ids.size()), 2, s.kv_heads, s.page_tokens, s.head_dim},
                              pool.options().device(device_).pinned_memory(false));
   TORCH_INTERNAL_ASSERT(heads == nullptr || heads->size() == ids.size(), "StartFetch: ", ids.size(), " pages, ",
@@ -285,16 +292,10 @@ std::shared_ptr<PendingFetch> CopyEngine::StartFetch(const PagePool& pool, const
   }
 #if defined(OOMB_HAVE_CUDA)
   const c10::cuda::CUDAGuard guard(device_);
-  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
-  at::cuda::CUDAEvent ready;
-  ready.record(current);
-  ready.block(streams_->to_device);
   streams_->WaitForWrites(pool, ids, streams_->to_device);
   Copy(TransferDirection::kHostToDevice, pool.stats().kind, runs);
   pending->done = std::make_unique<at::cuda::CUDAEvent>();
   pending->done->record(streams_->to_device);
-  // Freed on the current stream once the caller is done: not before the copy into it ends.
-  c10::cuda::CUDACachingAllocator::recordStream(pending->pages.storage().data_ptr(), streams_->to_device);
 #endif
   return pending;
 }
@@ -302,8 +303,11 @@ std::shared_ptr<PendingFetch> CopyEngine::StartFetch(const PagePool& pool, const
 at::Tensor CopyEngine::Await(const std::shared_ptr<PendingFetch>& pending) {
 #if defined(OOMB_HAVE_CUDA)
   if (pending->done != nullptr) {
-    pending->done->block(c10::cuda::getCurrentCUDAStream(device_.index()));
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
+    pending->done->block(current);
     pending->done.reset();
+    // Allocated on the fetch stream, used on this one: not reused before this stream is done.
+    c10::cuda::CUDACachingAllocator::recordStream(pending->pages.storage().data_ptr(), current);
   }
 #endif
   return pending->pages;

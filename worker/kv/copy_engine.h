@@ -26,11 +26,13 @@
 // additions are done, so the host falls behind the device by at most the ring.
 //
 // Ordering (CUDA), on dedicated streams, one per direction (and the additions' third):
-//   - a fetch starts after everything already queued on the caller's current stream (the
-//     destination's memory may have had earlier users there) and after the newest write-back or
-//     addition queued into any of its pages (only those: a fetch of other pages does not wait
-//     for the host's additions); the current stream waits for the fetch's event before anything
-//     it queues next: no read before the copy lands;
+//   - a fetch starts after the earlier fetches and after the newest write-back or addition
+//     queued into any of its pages (only those: a fetch of other pages does not wait for the
+//     host's additions), not after the caller's queued work: its destination is allocated on
+//     the fetch stream, whose earlier users of that memory were fetches. So a fetch started
+//     while the device is busy comes in at once. Await makes the current stream wait for the
+//     fetch's event before anything it queues next (no read before the copy lands), and keeps
+//     the destination from reuse until that stream is done with it;
 //   - a write-back or addition starts after the current stream's queued work (which produced
 //     the images); the images stay allocated until it is done (recordStream);
 //   - Fence() waits for every stream, FencePages for the copies touching some pages: callers

@@ -103,7 +103,7 @@ at::Tensor& PagePool::arena() {
   return slabs_[0];
 }
 
-absl::StatusOr<PageId> PagePool::Allocate() {
+absl::StatusOr<PageId> PagePool::Allocate(bool zero) {
   if (free_.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat(KindName(kind_), " page pool on ", TierName(tier_), " is full (",
                                                      capacity_, " pages of ",
@@ -119,7 +119,7 @@ absl::StatusOr<PageId> PagePool::Allocate() {
   peak_used_ = std::max(peak_used_, used_);
   Publish();
   const PageId id(tier_, slot);
-  Page(id).zero_();
+  if (zero) Page(id).zero_();
   return id;
 }
 
@@ -164,7 +164,10 @@ PagePool* SequenceKvCache::Pool(PageKind kind, Tier tier) const {
 absl::StatusOr<PageId> SequenceKvCache::AllocatePage(PageKind kind) {
   PagePool* device = Pool(kind, Tier::kDevice);
   PagePool* host = Pool(kind, Tier::kHost);
-  if (host != nullptr && !device->CanAllocate(1)) return host->Allocate();
+  // Append writes a host KV page whole before anything reads it (its image is built on the
+  // device), so it is not zeroed: at the longest contexts that would be tens of GB of memset
+  // on the training thread.
+  if (host != nullptr && !device->CanAllocate(1)) return host->Allocate(/*zero=*/kind != PageKind::kKv);
   return device->Allocate();
 }
 

@@ -95,9 +95,11 @@ class PagePool {
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 
-  // A zeroed page. RESOURCE_EXHAUSTED when the pool is full (the message gives the capacity).
-  // Host tier: waits for the page's slab if it has not been allocated yet.
-  absl::StatusOr<PageId> Allocate();
+  // A page, zeroed unless `zero` is false (for a caller that writes the whole page before any
+  // read: zeroing a host page is a memset on the calling thread). RESOURCE_EXHAUSTED when the
+  // pool is full (the message gives the capacity). Host tier: waits for the page's slab if it
+  // has not been allocated yet.
+  absl::StatusOr<PageId> Allocate(bool zero = true);
   // Returns the page to the free list. The id must come from this pool and be in use.
   void Free(PageId id);
   // Whether `n` more pages fit now. Changes nothing.

@@ -1,6 +1,7 @@
 #include "worker/train/chunk_trainer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -18,6 +19,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #endif
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/torch/chunked_cross_entropy.h"
@@ -266,8 +268,8 @@ ChunkTrainer::Chunk ChunkTrainer::MakeChunk(const TokenSequence& seq, int64_t in
 }
 
 ChunkTrainer::LayerSelection ChunkTrainer::SelectPages(const Chunk& c, int64_t index, int64_t layer,
-                                                       const at::Tensor& q, SequenceKvCache& cache,
-                                                       const at::Tensor& summaries, bool training) {
+                                                       const at::Tensor& q, const at::Tensor& summaries,
+                                                       bool training) {
   kernels::PageSelectOptions select = *options_.sparse;
   select.page_tokens = pools_.kv->shape().page_tokens;
   const int64_t P = select.page_tokens, L = model_->config().num_layers;
@@ -278,22 +280,32 @@ ChunkTrainer::LayerSelection ChunkTrainer::SelectPages(const Chunk& c, int64_t i
   s.device = kernels::SelectPages(q, summaries[layer].slice(0, 0, c.begin / P), c.input.doc_start, c.begin, select);
   if (options_.on_selection) options_.on_selection(index, layer, s.device);
   // The host copy (which pages to fetch, and stage 2's selection): pinned on a GPU, so that
-  // stage 2 uploads it without waiting for the device.
-  s.host = at::empty(s.device.sizes(), at::TensorOptions().dtype(at::kInt).pinned_memory(s.device.is_cuda()));
-  s.host.copy_(s.device);
-  {
-    const int64_t C = c.end - c.begin, G = q.size(1) / model_->config().num_kv_heads;
-    const at::Tensor per_tile = s.host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
-    const at::Tensor rows = (C - at::arange(0, C, P, at::kLong)).clamp_max(P).to(at::kDouble);
-    sparse_stats_.selected_pages += s.host.ge(0).sum().item<int64_t>();
-    sparse_stats_.past_pages += s.device.size(0) * s.device.size(1) * (c.begin / P);
-    sparse_stats_.attended_pairs += static_cast<double>(G * P) * (per_tile * rows).sum().item<double>() +
-                                    static_cast<double>(q.size(1)) * C * (C + 1) / 2;
+  // the copy does not wait here and stage 2 uploads it without waiting for the device.
+  const bool gpu = s.device.is_cuda();
+  s.host = at::empty(s.device.sizes(), at::TensorOptions().dtype(at::kInt).pinned_memory(gpu));
+  s.host.copy_(s.device, /*non_blocking=*/gpu);
+  if (gpu) {
+    s.copied.emplace(s.device.device().type());
+    s.copied->record(at::accelerator::getCurrentStream(s.device.device().index()));
   }
   if (training) selections_[index * L + layer] = s.host;
-  if (c.begin > 0) s.pages = cache.StartGather(layer, s.host);
   kernels::timeline::Mark("model");
   return s;
+}
+
+void ChunkTrainer::StartFetch(const Chunk& c, int64_t layer, LayerSelection& s, SequenceKvCache& cache) {
+  if (s.fetching) return;
+  s.fetching = true;
+  if (s.copied.has_value()) s.copied->synchronize();
+  const int64_t P = pools_.kv->shape().page_tokens, C = c.end - c.begin;
+  const int64_t H = model_->config().num_heads, G = H / model_->config().num_kv_heads;
+  const at::Tensor per_tile = s.host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
+  const at::Tensor rows = (C - at::arange(0, C, P, at::kLong)).clamp_max(P).to(at::kDouble);
+  sparse_stats_.selected_pages += s.host.ge(0).sum().item<int64_t>();
+  sparse_stats_.past_pages += s.host.size(0) * s.host.size(1) * (c.begin / P);
+  sparse_stats_.attended_pairs +=
+      static_cast<double>(G * P) * (per_tile * rows).sum().item<double>() + static_cast<double>(H) * C * (C + 1) / 2;
+  if (c.begin > 0) s.pages = cache.StartGather(layer, s.host);
 }
 
 at::Tensor ChunkTrainer::SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q,
@@ -350,10 +362,13 @@ struct ChunkTrainer::Lane {
 // Stage 1's schedule. Chunk i at layer l reads what chunks before it wrote at layer l (their
 // KV pages and, sparse, the summaries its selection scores), and nothing else of theirs. So
 // with sparse attention two chunks run at once: chunk i + 1 selects its pages at layer l as
-// soon as chunk i has written layer l, which starts the fetch of the host pages it selected,
-// and the chunk whose selection is oldest runs its layer next. Each layer's fetch then comes
-// in while the other chunk computes a layer, where one chunk alone would wait for it (its
-// selection needs the layer's queries, so it cannot be fetched earlier). Each chunk's own
+// soon as chunk i has written layer l, and the chunk whose selection is oldest runs its layer
+// next. Which host pages to fetch is known only once the selection reaches the host, so a
+// selection is queued, the other chunk's layer is queued behind it, and only then does the
+// host wait for the selection and start the fetch (StartFetch): the device computes the other
+// chunk's layer meanwhile, and the fetch comes in under it, where one chunk alone would wait
+// for both (its selection needs the layer's queries, so it cannot be fetched earlier). Only
+// the first layer of each pair of chunks waits with the device idle. Each chunk's own
 // operations run in the same order as alone (Transformer::Cursor), so its values, its
 // selections and what it writes are the same. Dense attention knows what it reads in advance
 // (the cache prefetches it) and runs one chunk at a time.
@@ -395,11 +410,15 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int
       Lane& lane = *lanes[i];
       if (lane.cursor.layer == L || std::find(ready.begin(), ready.end(), &lane) != ready.end()) continue;
       if (i > 0 && lanes[i - 1]->cursor.layer <= lane.cursor.layer) continue;
-      if (sparse) {
-        lane.selection = SelectPages(lane.c, lane.index, lane.cursor.layer, lane.qkv[0], cache, summaries, training);
-      }
+      if (sparse) lane.selection = SelectPages(lane.c, lane.index, lane.cursor.layer, lane.qkv[0], summaries, training);
       ready.push_back(&lane);
     }
+  };
+  // Starts the fetches of the first `n` ready lanes' selections (those queued before the
+  // device's newest work).
+  const auto start_fetches = [&](size_t n) {
+    if (!sparse) return;
+    for (size_t i = 0; i < n; ++i) StartFetch(ready[i]->c, ready[i]->cursor.layer, *ready[i]->selection, cache);
   };
   start_lanes();
   select_ready();
@@ -407,6 +426,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int
     Lane& lane = *ready.front();
     ready.pop_front();
     const int64_t layer = lane.cursor.layer;
+    if (sparse) StartFetch(lane.c, layer, *lane.selection, cache);  // a no-op unless selected just before
     const auto& [q, k, v] = lane.qkv;
     at::Tensor out;
     if (sparse) {
@@ -436,7 +456,9 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int
       if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
       start_lanes();
     }
+    const size_t queued_before = ready.size();
     select_ready();
+    start_fetches(queued_before);
   }
   return loss;
 }
@@ -475,9 +497,13 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
     // (see the header).
     const bool stage2_losses = p == 1.0;
     const bool trimmed = stage2_losses && !options_.sparse.has_value();
+    kernels::timeline::Stage("stage1");
+    const absl::Cleanup no_stage = [] { kernels::timeline::Stage(nullptr); };
     auto forward = Forward(seq, trimmed ? last : last + 1, /*with_loss=*/!stage2_losses, /*training=*/true,
                            dropout_seed, cache, &clock);
     if (!forward.ok()) return forward.status();
+    kernels::timeline::Stage("stage2");
+    kernels::timeline::Mark("model");
     loss = *forward;
     // Stage 2's losses, summed on the device and read once.
     const at::Device device = model_->device();

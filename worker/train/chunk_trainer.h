@@ -50,6 +50,7 @@
 #define OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <functional>
@@ -168,16 +169,23 @@ class ChunkTrainer {
   class ChunkClock;
   struct Lane;
   // Stage 1's sparse selection of chunk `index`'s pages at one layer: on the device, its host
-  // copy (pinned on a GPU), and the fetch of the host pages it names, started when it was made.
+  // copy (pinned on a GPU, where it arrives asynchronously: `copied` is its end), and, once
+  // StartFetch ran, the fetch of the host pages it names.
   struct LayerSelection {
     at::Tensor device, host;
+    std::optional<c10::Event> copied;  // GPU only
+    bool fetching = false;             // StartFetch ran
     SequenceKvCache::PagesInFlight pages;
   };
   // Stage 1: selects the past pages chunk `c` (number `index`) attends at `layer` from the
-  // page summaries of every layer ([L, pages, ...]), records the selection when `training`,
-  // and starts fetching its host pages.
-  LayerSelection SelectPages(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q, SequenceKvCache& cache,
+  // page summaries of every layer ([L, pages, ...]), and records the selection when
+  // `training`. It queues the copy of the selection to the host without waiting for it.
+  LayerSelection SelectPages(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q,
                              const at::Tensor& summaries, bool training);
+  // Waits for the selection's host copy (GPU), counts it in sparse_stats_, and starts fetching
+  // its host pages. Forward calls this once the device has other work queued behind the
+  // selection, so that waiting leaves the device busy.
+  void StartFetch(const Chunk& c, int64_t layer, LayerSelection& s, SequenceKvCache& cache);
   // Sparse attention of chunk `c` (number `index`) at `layer`. Stage 1 (`selection` and
   // `summaries` set): attends with SelectPages' selection, appends the chunk's KV and its pages'
   // summaries. Stage 2 (both null): attends with the recorded selection.
@@ -190,9 +198,10 @@ class ChunkTrainer {
                             const at::Tensor& v, SequenceKvCache& cache) const;
   // Stage 1 over chunks [0, chunks); the loss only `with_loss` (else zero). `clock`, when set,
   // takes a lap after every chunk. Sparse: two chunks in flight, the later one a layer or more
-  // behind; a layer's selection is made (and its host pages start coming in) as soon as the
-  // chunk before has written that layer's pages, and the chunk whose selection is oldest runs
-  // next, so each chunk's fetch overlaps the other's compute (see the .cc).
+  // behind; a layer's selection is queued as soon as the chunk before has written that layer's
+  // pages, its host pages start coming in once the other chunk's next layer is queued behind
+  // it, and the chunk whose selection is oldest runs next, so each chunk's fetch overlaps the
+  // other's compute (see the .cc).
   absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
                                        uint64_t dropout_seed, SequenceKvCache& cache, ChunkClock* clock);
 
