@@ -361,17 +361,24 @@ struct ChunkTrainer::Lane {
 
 // Stage 1's schedule. Chunk i at layer l reads what chunks before it wrote at layer l (their
 // KV pages and, sparse, the summaries its selection scores), and nothing else of theirs. So
-// with sparse attention two chunks run at once: chunk i + 1 selects its pages at layer l as
-// soon as chunk i has written layer l, and the chunk whose selection is oldest runs its layer
-// next. Which host pages to fetch is known only once the selection reaches the host, so a
-// selection is queued, the other chunk's layer is queued behind it, and only then does the
+// with sparse attention kSparseLanes chunks run at once: chunk i + 1 selects its pages at
+// layer l as soon as chunk i has written layer l, and the chunk whose selection is oldest runs
+// its layer next. Which host pages to fetch is known only once the selection reaches the host,
+// so a selection is queued, another chunk's layer is queued behind it, and only then does the
 // host wait for the selection and start the fetch (StartFetch): the device computes the other
-// chunk's layer meanwhile, and the fetch comes in under it, where one chunk alone would wait
-// for both (its selection needs the layer's queries, so it cannot be fetched earlier). Only
-// the first layer of each pair of chunks waits with the device idle. Each chunk's own
-// operations run in the same order as alone (Transformer::Cursor), so its values, its
-// selections and what it writes are the same. Dense attention knows what it reads in advance
-// (the cache prefetches it) and runs one chunk at a time.
+// chunks' layers meanwhile, and the fetch comes in under them, where one chunk alone would wait
+// for both (its selection needs the layer's queries, so it cannot be fetched earlier). The
+// device idles only when every ready selection was queued after the newest layer (at the
+// start, and at times when a chunk ends). Each chunk's own operations run in the same order as
+// alone (Transformer::Cursor), so its values, its selections and what it writes are the same.
+// Dense attention knows what it reads in advance (the cache prefetches it) and runs one chunk
+// at a time.
+//
+// Three chunks, not two: at 1,370,752 tokens on an H100, stage 1 waited 17 s for selected host
+// pages against 24-29 s with two, for the same GPU peak (the stage-2 graph sets it)
+// (bench/results/2026-11-23-h100-deferred-selection).
+constexpr size_t kSparseLanes = 3;
+
 absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int64_t chunks, bool with_loss,
                                                    bool training, uint64_t dropout_seed, SequenceKvCache& cache,
                                                    ChunkClock* clock) {
@@ -390,7 +397,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int
     if (training) selections_.resize(NumChunks(seq) * L);
   }
   const bool sparse = summaries.defined();
-  const size_t max_lanes = sparse ? 2 : 1;
+  const size_t max_lanes = sparse ? kSparseLanes : 1;
   std::deque<std::unique_ptr<Lane>> lanes;  // in chunk order
   std::deque<Lane*> ready;                  // lanes whose next layer is selected, oldest selection first
   int64_t next = 0;

@@ -99,7 +99,7 @@ struct SequenceLoss {
 // the CPU; on a CUDA device, device time between CUDA events recorded at the chunk boundaries
 // on the current stream, read once when the sequence ends (no synchronisation per chunk).
 struct ChunkTimes {
-  std::vector<double> forward;   // stage 1 (sparse: two chunks overlap, so from one chunk's end to the next's)
+  std::vector<double> forward;   // stage 1 (sparse: chunks overlap, so from one chunk's end to the next's)
   std::vector<double> backward;  // stage 2 (recompute + backward)
 };
 
@@ -197,11 +197,11 @@ class ChunkTrainer {
   at::Tensor DenseAttention(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, SequenceKvCache& cache) const;
   // Stage 1 over chunks [0, chunks); the loss only `with_loss` (else zero). `clock`, when set,
-  // takes a lap after every chunk. Sparse: two chunks in flight, the later one a layer or more
-  // behind; a layer's selection is queued as soon as the chunk before has written that layer's
-  // pages, its host pages start coming in once the other chunk's next layer is queued behind
-  // it, and the chunk whose selection is oldest runs next, so each chunk's fetch overlaps the
-  // other's compute (see the .cc).
+  // takes a lap after every chunk. Sparse: three chunks in flight, each a layer or more behind
+  // the one before; a layer's selection is queued as soon as the chunk before has written that
+  // layer's pages, its host pages start coming in once another chunk's layer is queued behind
+  // it, and the chunk whose selection is oldest runs next, so each chunk's fetches overlap the
+  // others' compute (see the .cc).
   absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
                                        uint64_t dropout_seed, SequenceKvCache& cache, ChunkClock* clock);
 

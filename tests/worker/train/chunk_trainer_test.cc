@@ -416,8 +416,8 @@ TEST_P(SparseTrainerTest, ChunkedGradientsEqualFullSequenceOverTheSelectedPages)
   ASSERT_TRUE(loss.ok()) << loss.status();
   const Grads got = TakeGrads(*model);
   ASSERT_EQ(static_cast<int64_t>(selections.size()), 12 * L);
-  // Stage 1 ran two chunks at once: chunk 1 selected its first layer before chunk 0 ended, and
-  // no chunk selected a layer before the chunk before it.
+  // Stage 1 ran chunks at once: chunk 1 selected its first layer before chunk 0 ended, and no
+  // chunk selected a layer before the chunk before it (three at once: SparseStageOneTest).
   const auto when = [&](int64_t i, int64_t layer) {
     return std::find(order.begin(), order.end(), std::make_pair(i, layer)) - order.begin();
   };
@@ -451,6 +451,39 @@ TEST_P(SparseTrainerTest, ChunkedGradientsEqualFullSequenceOverTheSelectedPages)
   const SparseStats& st = trainer.sparse_stats();
   EXPECT_GT(st.past_pages, st.selected_pages);
   EXPECT_GT(st.selected_pages, 0);
+}
+
+// Sparse stage 1 keeps three chunks in flight: with four layers, chunk 2 selects its first
+// layer before chunk 0 has finished (two in flight would start chunk 2 only after), and every
+// chunk still selects a layer only after the chunk before it has written that layer.
+TEST(SparseStageOneTest, RunsThreeChunksAtOnce) {
+  auto model = Transformer::Random(testing::TinyLlamaConfig(61, 32, /*layers=*/4), at::kDouble, at::kCPU, 7, 0.2);
+  LoraOptions lora;
+  lora.rank = 4;
+  ASSERT_TRUE(model->AddLora(lora, 11).ok());
+  const TokenSequence seq = TokenSequence::FromDocument(RandomIds(64, 61, 1));
+  const int64_t L = model->config().num_layers;
+  Pools pools = MakePools(model->config(), 4, seq.size(), at::kDouble);
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 8;
+  options.sparse = kernels::PageSelectOptions{.page_budget = 3, .sink_pages = 1, .local_pages = 1};
+  std::vector<std::pair<int64_t, int64_t>> order;  // (chunk, layer) selected; (-1, n): the n-th chunk ended
+  options.on_selection = [&](int64_t i, int64_t layer, const at::Tensor&) { order.emplace_back(i, layer); };
+  int64_t ended = 0;
+  options.should_stop = [&] {
+    order.emplace_back(-1, ended++);
+    return false;
+  };
+  ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
+  auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  const auto when = [&](int64_t i, int64_t layer) {
+    return std::find(order.begin(), order.end(), std::make_pair(i, layer)) - order.begin();
+  };
+  EXPECT_LT(when(2, 0), when(-1, 0));
+  for (int64_t i = 1; i < 8; ++i) {
+    for (int64_t layer = 0; layer < L; ++layer) EXPECT_LT(when(i - 1, layer), when(i, layer));
+  }
 }
 
 // With a budget covering every page, sparse training is dense training (float64, 1e-9).
