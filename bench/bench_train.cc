@@ -4,9 +4,10 @@
 // For each sequence length: one optimizer step (stage 1 + stage 2 + AdamW) after a warm-up step
 // on the first three chunks, timed with device synchronisation. Three chunks, so that the past's
 // attention kernels run in the warm-up at the sparse budget's full width (64 pages of 128 after
-// 8192 tokens): on a freshly started machine their first use compiles them, which took about
-// 1.7 s inside the measured step when the warm-up was one chunk (no past). Prints one JSON line
-// per length:
+// 8192 tokens): on a freshly started machine their first use took about 1.7 s more (likely
+// one-time compilation, not shown directly), inside the measured step when the warm-up was one
+// chunk (no past; bench/results/2026-11-23-h100-deferred-selection). Prints one JSON line per
+// length:
 //   {"S", "s_per_step", "tok_s", "peak_bytes", "kv_bytes", "model_tflops", "mfu", "planned_peak_bytes",
 //    "planned_over_measured"} or {"S", "oom": true}
 // planned_peak_bytes is the memory planner's prediction (worker/plan/memory_planner.h) for the
