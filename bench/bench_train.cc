@@ -34,6 +34,8 @@
 // attention's gather, kernels, merge, gradient accumulation, selection, ...; "model" is the
 // rest), from events on the stream (kernels/torch/gpu_timeline.h); the events cost a little.
 // Each section also appears per stage of the trainer, as "stage1/<section>" and "stage2/<section>".
+// "sections_host_s" splits the host's wall clock between the same marks: a section whose host
+// time is about its GPU time is set by the host; one much longer had the host waiting.
 // --kernel-profile N: the measured step under LibTorch's profiler (Kineto, CUPTI): "gpu_busy_s",
 // the time some GPU kernel or copy ran (the union of their intervals over every stream), and
 // "gpu_kernels", the N kernels with the most GPU time, by name (total seconds, launches). The
@@ -265,7 +267,8 @@ struct StepResult {
   int64_t tokens_kept = 0;
   SparseStats sparse;
   TrainerMemory memory;
-  std::map<std::string, double> sections;  // --sections: GPU seconds per section
+  std::map<std::string, double> sections;       // --sections: GPU seconds per section
+  std::map<std::string, double> host_sections;  // and host seconds between the same marks
 };
 
 // One optimizer step on a sequence of T tokens (`sections`: its GPU timeline by section).
@@ -283,10 +286,11 @@ absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, co
   opt.step();
   opt.zero_grad(true);
   Sync(d);
-  StepResult r{.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count(),
-               .sparse = trainer.sparse_stats(),
-               .memory = trainer.memory(),
-               .sections = kernels::timeline::Collect()};
+  StepResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+  r.sparse = trainer.sparse_stats();
+  r.memory = trainer.memory();
+  r.sections = kernels::timeline::Collect(&r.host_sections);
   kernels::timeline::Enable(false);
   r.chunks = trainer.NumChunks(seq);
   for (int64_t i = 0; i < r.chunks; ++i) {
@@ -423,7 +427,10 @@ int Main(int argc, char** argv) {
         const double flops = kept * (sparse ? 6 * N * T + 12.0 * config.head_dim * step->sparse.attended_pairs
                                             : 6 * N * T + 6 * dl * static_cast<double>(T) * T);
         r["s_per_step"] = *s;
-        if (sections) r["sections_s"] = step->sections;
+        if (sections) {
+          r["sections_s"] = step->sections;
+          r["sections_host_s"] = step->host_sections;
+        }
         r["tok_s"] = T / *s;
         if (chunk_fraction < 1) {
           r["chunks"] = step->chunks;

@@ -13,8 +13,10 @@
 // the matmul's TFLOP/s against the matmul alone.
 //
 // --heads K: of each page only the K and V of K of its 4 KV heads (runs of 32 KiB).
+// --high-priority: the copies on a high-priority stream (as the copy engine's fetches).
 //
 // Usage: bench_copy_paths [--pages 8192] [--select 600] [--blocks 8 16 32 64] [--iters 20] [--heads 1]
+//                         [--high-priority]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -38,7 +40,8 @@ namespace {
 
 struct Batch {
   std::vector<kernels::CopyRunDesc> runs;
-  at::Tensor device_runs;  // the descriptors, for the kernel
+  at::Tensor device_runs;  // the runs cut into the kernel's descriptors (kernels::CopySegments)
+  int64_t segments = 0;
   int64_t bytes = 0;
 };
 
@@ -72,8 +75,10 @@ Batch MakeBatch(const at::Tensor& host, const at::Tensor& images, const std::vec
       }
     }
   }
-  const int64_t n = static_cast<int64_t>(b.runs.size() * sizeof(kernels::CopyRunDesc));
-  b.device_runs = at::from_blob(b.runs.data(), {n}, at::kByte).to(images.device());
+  std::vector<kernels::CopyRunDesc> segments = kernels::CopySegments(b.runs);
+  b.segments = static_cast<int64_t>(segments.size());
+  const int64_t n = static_cast<int64_t>(segments.size() * sizeof(kernels::CopyRunDesc));
+  b.device_runs = at::from_blob(segments.data(), {n}, at::kByte).to(images.device());
   return b;
 }
 
@@ -86,8 +91,8 @@ void Queue(const Batch& b, int blocks, bool to_device, cudaStream_t stream) {
     }
     return;
   }
-  C10_CUDA_CHECK(kernels::LaunchCopyRuns(static_cast<const kernels::CopyRunDesc*>(b.device_runs.data_ptr()),
-                                         static_cast<int64_t>(b.runs.size()), blocks, stream));
+  C10_CUDA_CHECK(kernels::LaunchCopyRuns(static_cast<const kernels::CopyRunDesc*>(b.device_runs.data_ptr()), b.segments,
+                                         blocks, stream));
 }
 
 double Seconds(at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& end) {
@@ -110,6 +115,8 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "batches per measurement");
   app.add_option("--matmul", matmul, "the side of the square bf16 matmul run beside the copies");
   app.add_option("--heads", heads, "KV heads of a page to copy (of 4; 0: whole pages)")->check(CLI::Range(0, 4));
+  bool high_priority = false;
+  app.add_flag("--high-priority", high_priority, "copies on a high-priority stream");
   CLI11_PARSE(app, argc, argv);
 
   const at::Device dev(at::kCUDA, 0);
@@ -126,7 +133,7 @@ int main(int argc, char** argv) {
   const at::Tensor a = at::randn({matmul, matmul}, at::TensorOptions().dtype(at::kBFloat16).device(dev));
   const at::Tensor bm = at::randn({matmul, matmul}, a.options());
   const c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, 0);
-  const c10::cuda::CUDAStream copies = c10::cuda::getStreamFromPool(false, 0);
+  const c10::cuda::CUDAStream copies = c10::cuda::getStreamFromPool(high_priority, 0);
   const double flops = 2.0 * matmul * matmul * matmul;
   // `reps` matmuls on the compute stream; seconds per matmul.
   auto run_matmuls = [&](int64_t reps, at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& end) {
@@ -177,6 +184,7 @@ int main(int argc, char** argv) {
                                   {"way", way == 0 ? std::string("dma") : "kernel " + std::to_string(way)},
                                   {"pages", select},
                                   {"heads", heads},
+                                  {"high_priority", high_priority},
                                   {"runs", batch.runs.size()},
                                   {"batch_bytes", batch.bytes},
                                   {"gbps_alone", batch.bytes / alone / 1e9},

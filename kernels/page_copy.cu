@@ -4,6 +4,7 @@
 // arena and in the per-head buffer, so a copy is one contiguous run per block: one CUDA block
 // per run, 16-byte vector accesses across the block's threads.
 #include <cstdint>
+#include <vector>
 
 #include "kernels/page_copy.h"
 
@@ -71,42 +72,50 @@ cudaError_t CheckParams(const PageCopyParams& p) {
   return cudaSuccess;
 }
 
-// The runs are cut into segments of kSegmentBytes, numbered across the batch; block b copies
-// segments b, b + B, ... (B blocks), so small runs (one KV head of a page, 32 KiB) and large
-// ones (many adjacent pages) spread over every block alike. In a segment, each thread loads
-// kCopyUnroll 16-byte vectors before storing any: with 8 blocks, 512 KiB are in flight, enough
-// to cover PCIe's latency.
+// Block b copies descriptors b, b + B, ... (B blocks), two at a time: each thread loads its
+// kCopyVecs 16-byte vectors of both before storing any, so 64 KiB a block are in flight. The
+// descriptors are cut on the host (CopySegments), so no block walks the batch's runs to find
+// its share (before, every block read every run's descriptor in turn: thousands a fetch of
+// head-sized runs).
 constexpr int kCopyThreads = 512;
-constexpr int kCopyUnroll = 8;
-constexpr int64_t kSegmentBytes = int64_t{kCopyThreads} * kCopyUnroll * 16;
+constexpr int kCopyVecs = static_cast<int>(kCopySegmentBytes / 16 / kCopyThreads);
+static_assert(kCopyVecs * kCopyThreads * 16 == kCopySegmentBytes);
 
 __global__ void CopyRunsKernel(const CopyRunDesc* runs, int64_t num_runs) {
-  const int64_t blocks = gridDim.x;
-  int64_t first_segment = 0;  // the batch-wide number of the run's first segment
-  for (int64_t r = 0; r < num_runs; ++r) {
-    const int64_t bytes = runs[r].bytes, segments = (bytes + kSegmentBytes - 1) / kSegmentBytes;
-    const uint4* src = static_cast<const uint4*>(runs[r].src);
-    uint4* dst = static_cast<uint4*>(runs[r].dst);
-    const int64_t n = bytes / 16;
-    for (int64_t s = ((blockIdx.x - first_segment) % blocks + blocks) % blocks; s < segments; s += blocks) {
-      const int64_t base = s * (kSegmentBytes / 16) + threadIdx.x;
-      uint4 v[kCopyUnroll];
+  const int64_t stride = gridDim.x;
+  for (int64_t r = blockIdx.x; r < num_runs; r += 2 * stride) {
+    const CopyRunDesc a = runs[r];
+    const CopyRunDesc b = r + stride < num_runs ? runs[r + stride] : CopyRunDesc{};
+    const int64_t na = a.bytes / 16, nb = b.bytes / 16;
+    uint4 va[kCopyVecs], vb[kCopyVecs];
 #pragma unroll
-      for (int u = 0; u < kCopyUnroll; ++u) {
-        const int64_t i = base + u * kCopyThreads;
-        if (i < n) v[u] = src[i];
-      }
-#pragma unroll
-      for (int u = 0; u < kCopyUnroll; ++u) {
-        const int64_t i = base + u * kCopyThreads;
-        if (i < n) dst[i] = v[u];
-      }
+    for (int u = 0; u < kCopyVecs; ++u) {
+      const int64_t i = threadIdx.x + u * kCopyThreads;
+      if (i < na) va[u] = static_cast<const uint4*>(a.src)[i];
+      if (i < nb) vb[u] = static_cast<const uint4*>(b.src)[i];
     }
-    first_segment += segments;
+#pragma unroll
+    for (int u = 0; u < kCopyVecs; ++u) {
+      const int64_t i = threadIdx.x + u * kCopyThreads;
+      if (i < na) static_cast<uint4*>(a.dst)[i] = va[u];
+      if (i < nb) static_cast<uint4*>(b.dst)[i] = vb[u];
+    }
   }
 }
 
 }  // namespace
+
+std::vector<CopyRunDesc> CopySegments(const std::vector<CopyRunDesc>& runs) {
+  std::vector<CopyRunDesc> segments;
+  segments.reserve(runs.size());
+  for (const CopyRunDesc& r : runs) {
+    for (int64_t done = 0; done < r.bytes; done += kCopySegmentBytes) {
+      segments.push_back(CopyRunDesc{static_cast<const char*>(r.src) + done, static_cast<char*>(r.dst) + done,
+                                     r.bytes - done < kCopySegmentBytes ? r.bytes - done : kCopySegmentBytes});
+    }
+  }
+  return segments;
+}
 
 cudaError_t LaunchCopyRuns(const CopyRunDesc* runs, int64_t num_runs, int blocks, cudaStream_t stream) {
   if (num_runs < 0 || blocks <= 0) return cudaErrorInvalidValue;

@@ -22,6 +22,7 @@
 #define OOMB_KERNELS_PAGE_COPY_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda_types.h"
 
@@ -53,12 +54,22 @@ struct CopyRunDesc {
   int64_t bytes = 0;
 };
 
+// The most bytes one descriptor of LaunchCopyRuns moves: what a thread block loads at once
+// (512 threads, four 16-byte vectors each); one KV head's K (or V) of a Qwen2.5-7B page.
+inline constexpr int64_t kCopySegmentBytes = int64_t{32} << 10;
+
+// `runs` cut into descriptors of at most kCopySegmentBytes each, in order: what LaunchCopyRuns
+// takes.
+std::vector<CopyRunDesc> CopySegments(const std::vector<CopyRunDesc>& runs);
+
 // Copies every run of a batch in one launch: runs[i].bytes from runs[i].src to runs[i].dst.
 // Either side may be pinned host memory, which the kernel's threads read or write through
 // unified addressing (PCIe): a batch of scattered host pages moves in one launch, where one
 // cudaMemcpyAsync per page ran at 9.2 GB/s (ARCHITECTURE.md §10). `runs`: `num_runs`
-// descriptors in device memory; every address and size a multiple of 16; runs do not overlap.
-// `blocks`: how many thread blocks (so SMs, at most) the copy occupies while it runs.
+// descriptors in device memory (CopySegments'), each of at most kCopySegmentBytes; every
+// address and size a multiple of 16; runs do not overlap. `blocks`: how many thread blocks (so
+// SMs, at most) the copy occupies while it runs; block b copies descriptors b, b + blocks, ...,
+// two at a time (64 KiB in flight a block, enough over 8 blocks to cover PCIe's latency).
 cudaError_t LaunchCopyRuns(const CopyRunDesc* runs, int64_t num_runs, int blocks, cudaStream_t stream);
 
 }  // namespace oomb::kernels

@@ -13,7 +13,8 @@ namespace oomb::kernels {
 inline at::ScalarType AttentionComputeType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // q [C, num_heads, D], k and v [C, kv_heads, D] of one dtype with num_heads a multiple of
-// kv_heads, doc_start int64 [C]; c10::Error naming the argument otherwise.
+// kv_heads, doc_start int64 [C] on q's device or the CPU; c10::Error naming the argument
+// otherwise.
 inline void CheckChunkAttentionInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& doc_start) {
   TORCH_CHECK(q.dim() == 3, "q: expected [C, num_heads, head_dim], got ", q.sizes());
@@ -25,6 +26,8 @@ inline void CheckChunkAttentionInputs(const at::Tensor& q, const at::Tensor& k, 
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v: dtypes differ");
   TORCH_CHECK(doc_start.dim() == 1 && doc_start.size(0) == q.size(0) && doc_start.scalar_type() == at::kLong,
               "doc_start: expected int64 [", q.size(0), "], got ", doc_start.scalar_type(), " ", doc_start.sizes());
+  TORCH_CHECK(doc_start.is_cpu() || doc_start.device() == q.device(), "doc_start: expected on ", q.device(),
+              " or the CPU, got ", doc_start.device());
 }
 
 }  // namespace oomb::kernels

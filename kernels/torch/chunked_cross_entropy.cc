@@ -5,6 +5,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <vector>
+
+#include "kernels/torch/upload.h"
 
 namespace oomb::kernels {
 namespace {
@@ -13,6 +16,19 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 at::ScalarType ComputeType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Whether each block of rows_per_block rows has a label, from the labels on the CPU (a copy of
+// device labels waits for the device).
+std::vector<bool> BlocksWithLabels(const at::Tensor& labels_cpu, int64_t rows_per_block) {
+  const at::Tensor l = labels_cpu.contiguous();
+  const int64_t* x = l.data_ptr<int64_t>();
+  std::vector<bool> out;
+  for (int64_t r0 = 0; r0 < l.size(0); r0 += rows_per_block) {
+    const int64_t r1 = std::min(l.size(0), r0 + rows_per_block);
+    out.push_back(std::any_of(x + r0, x + r1, [](int64_t label) { return label != kIgnoreIndex; }));
+  }
+  return out;
+}
 
 class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntropyFn> {
  public:
@@ -23,21 +39,28 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
     TORCH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0) && labels.scalar_type() == at::kLong,
                 "labels: expected int64 [", hidden.size(0), "], got ", labels.scalar_type(), " ", labels.sizes());
     TORCH_CHECK(rows_per_block > 0, "rows_per_block must be > 0, got ", rows_per_block);
+    TORCH_CHECK(labels.is_cpu() || labels.device() == hidden.device(), "labels: expected on ", hidden.device(),
+                " or the CPU, got ", labels.device());
     const at::ScalarType ct = ComputeType(hidden.scalar_type());
     const at::Tensor w = weight.to(hidden.scalar_type());
+    const std::vector<bool> labelled = BlocksWithLabels(labels.cpu(), rows_per_block);
+    const at::Tensor labels_on_device = Upload(labels, hidden.device());
     at::Tensor total = at::zeros({}, hidden.options().dtype(ct));
     for (int64_t r0 = 0; r0 < hidden.size(0); r0 += rows_per_block) {
       const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
-      const at::Tensor lab = labels.slice(0, r0, r1);
+      if (!labelled[r0 / rows_per_block]) continue;
+      const at::Tensor lab = labels_on_device.slice(0, r0, r1);
       const at::Tensor valid = lab.ne(kIgnoreIndex);
-      if (!valid.any().item<bool>()) continue;
       const at::Tensor logits = at::matmul(hidden.slice(0, r0, r1), w.t()).to(ct);  // [B, vocab]
       const at::Tensor lse = at::logsumexp(logits, -1);
       const at::Tensor picked = logits.gather(1, lab.clamp_min(0).unsqueeze(1)).squeeze(1);
       total.add_(((lse - picked) * valid.to(ct)).sum());
     }
-    ctx->save_for_backward({hidden, weight, labels});
+    ctx->save_for_backward({hidden, weight, labels_on_device});
     ctx->saved_data["rows_per_block"] = rows_per_block;
+    c10::List<bool> saved_labelled;
+    for (const bool b : labelled) saved_labelled.push_back(b);
+    ctx->saved_data["labelled"] = std::move(saved_labelled);
     return total.to(hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   }
 
@@ -50,13 +73,14 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
     const at::Tensor w = weight.to(mt);
     const at::Tensor g = grad_outputs[0].to(ct);
     const bool want_weight = ctx->needs_input_grad(1);
+    const c10::List<bool> labelled = ctx->saved_data["labelled"].toBoolList();
     at::Tensor dhidden = at::zeros(hidden.sizes(), hidden.options().dtype(ct));
     at::Tensor dweight = want_weight ? at::zeros(weight.sizes(), weight.options().dtype(ct)) : at::Tensor();
     for (int64_t r0 = 0; r0 < hidden.size(0); r0 += rows_per_block) {
       const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
+      if (!labelled[r0 / rows_per_block]) continue;
       const at::Tensor lab = labels.slice(0, r0, r1);
       const at::Tensor valid = lab.ne(kIgnoreIndex);
-      if (!valid.any().item<bool>()) continue;
       const at::Tensor h = hidden.slice(0, r0, r1);
       at::Tensor dlogits = at::softmax(at::matmul(h, w.t()).to(ct), -1);  // [B, vocab]
       dlogits.scatter_add_(1, lab.clamp_min(0).unsqueeze(1), at::full({r1 - r0, 1}, -1.0, dlogits.options()));

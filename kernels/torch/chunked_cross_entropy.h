@@ -2,7 +2,9 @@
 //
 //   hidden:  [N, hidden_size]    final-norm outputs of N tokens
 //   weight:  [vocab, hidden_size] the LM head (tied or not)
-//   labels:  [N] int64            target token per row; kIgnoreIndex rows contribute nothing
+//   labels:  [N] int64            target token per row; kIgnoreIndex rows contribute nothing.
+//                                 On hidden's device or the CPU: from the CPU, which blocks
+//                                 have a label is known without waiting for the device.
 //   returns: scalar, the SUM over rows of -log softmax(hidden @ weight^T)[label]
 //
 // Logits are computed `rows_per_block` rows at a time and never kept: forward saves only its

@@ -29,8 +29,10 @@ void Stage(const char* stage);
 
 // Closes the last section, waits for it, and returns the seconds of each section name summed
 // over the marks since the last Collect (or Enable), and of each section marked in a stage
-// as "<stage>/<name>" too; then starts over.
-std::map<std::string, double> Collect();
+// as "<stage>/<name>" too; then starts over. `host_seconds`, when given, gets the same for the
+// host's wall clock between the marks (the last section ends at this call): where the host
+// spends about as long as the GPU, the host sets the pace; where much longer, it waited.
+std::map<std::string, double> Collect(std::map<std::string, double>* host_seconds = nullptr);
 
 }  // namespace oomb::kernels::timeline
 

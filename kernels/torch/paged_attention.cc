@@ -11,6 +11,7 @@
 
 #include "kernels/torch/attention_inputs.h"
 #include "kernels/torch/fused_attention.h"
+#include "kernels/torch/upload.h"
 
 namespace oomb::kernels {
 namespace {
@@ -162,7 +163,8 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
                             const at::Tensor& doc_start, std::shared_ptr<PastKv> past, int64_t key_block,
                             GpuAttentionKernel kernel) {
     const Geometry g = Check(q, k, v, doc_start, past.get(), key_block);
-    const at::Tensor doc_cpu = doc_start.cpu().contiguous();
+    const at::Tensor doc_cpu = doc_start.cpu().contiguous();  // no wait for a CPU doc_start
+    ctx->saved_data["doc_start_cpu"] = doc_cpu;
     if (const int64_t s0 = FusedDocStart(q, doc_cpu); s0 >= 0) {
       // Blocks merged by log-sum-exp: out = sum_b exp(lse_b - lse) out_b, lse = logsumexp_b lse_b.
       const GpuAttentionKernel fused = FusedKernel(q, kernel);
@@ -188,6 +190,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     const at::ScalarType ct = AttentionComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
+    const at::Tensor doc = Upload(doc_start, q.device());
     at::Tensor out = at::empty({g.Hkv, g.G, g.C, g.D}, qg.options());
     at::Tensor lse = at::empty({g.Hkv, g.G, g.C}, qg.options());
     for (const QueryBlock& b : QueryBlocks(g, doc_cpu)) {
@@ -199,7 +202,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       for (const Segment& s : Segments(g)) {
         if (!Visible(g, b, s)) continue;
         auto [ks, vs] = SegmentKv(s, past.get(), kc, vc, ct);
-        const at::Tensor scores = Scores(g, b, s, qb, ks, doc_start);
+        const at::Tensor scores = Scores(g, b, s, qb, ks, doc);
         const at::Tensor m_new = at::maximum(m, std::get<0>(scores.max(-1, /*keepdim=*/true)));
         const at::Tensor m_safe = at::where(at::isinf(m_new), at::zeros_like(m_new), m_new);
         const at::Tensor alpha = at::exp(m - m_safe);
@@ -212,7 +215,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       lse.slice(2, b.i0, b.i1).copy_((m + at::log(l)).view({g.Hkv, g.G, B}));
     }
     if (past != nullptr) past->Finished(/*backward=*/false);
-    ctx->save_for_backward({q, k, v, doc_start, out, lse});
+    ctx->save_for_backward({q, k, v, doc, out, lse});
     ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
     return g.FromGrouped(out).to(q.scalar_type());
   }
@@ -233,7 +236,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     at::Tensor dqg = at::zeros_like(qg);
     at::Tensor dkc = at::zeros_like(kc), dvc = at::zeros_like(vc);
     const at::ScalarType acc_type = ct == at::kDouble ? at::kDouble : at::kFloat;
-    for (const QueryBlock& b : QueryBlocks(g, doc_start.cpu().contiguous())) {
+    for (const QueryBlock& b : QueryBlocks(g, ctx->saved_data["doc_start_cpu"].toTensor())) {
       const int64_t B = b.i1 - b.i0, R = b.rows(g);
       const at::Tensor qb = qg.slice(2, b.i0, b.i1).reshape({g.Hkv, R, g.D});
       const at::Tensor dob = dog.slice(2, b.i0, b.i1).reshape({g.Hkv, R, g.D});

@@ -4,7 +4,9 @@
 //   q:          [C, num_heads, head_dim]      after RoPE
 //   k, v:       [C, kv_heads, head_dim]       the chunk's own keys (after RoPE) and values
 //   doc_start:  [C] int64                     global index of the first token of each query's
-//                                             document (0 without packing)
+//                                             document (0 without packing), on q's device or
+//                                             the CPU (the CPU's lets the path be chosen
+//                                             without waiting for the device)
 //   out:        [C, num_heads, head_dim]
 //
 // Query i (global index S + i) attends to key j (global index) iff doc_start[i] <= j <= S + i:

@@ -13,6 +13,7 @@
 #include "kernels/torch/attention_inputs.h"
 #include "kernels/torch/fused_attention.h"
 #include "kernels/torch/gpu_timeline.h"
+#include "kernels/torch/upload.h"
 
 namespace oomb::kernels {
 namespace {
@@ -177,7 +178,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     const Geometry g = Check(q, k, v, doc_start, past.get(), selection, page_tokens);
     ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(past));
     ctx->saved_data["page_tokens"] = page_tokens;
-    if (Fused(q, doc_start.cpu())) {
+    if (Fused(q, doc_start.cpu())) {  // no wait for a CPU doc_start
       const GpuAttentionKernel fused = FusedKernel(q, kernel);
       at::Tensor out, lse;  // float32 [1, C, Hq, D], [1, Hq, C]
       if (g.n_sel > 0) {
@@ -204,18 +205,19 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     const at::ScalarType ct = AttentionComputeType(q.scalar_type());
     const at::Tensor qg = g.ToGrouped(q.to(ct));
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}), vc = v.to(ct).permute({1, 0, 2});  // [Hkv, C, D]
+    const at::Tensor doc = Upload(doc_start, q.device());
     auto [kp, vp] = Gather(g, past.get(), selection, qg.options());
     at::Tensor out = at::empty({g.Hkv, g.G, g.C, g.D}, qg.options());
     at::Tensor lse = at::empty({g.Hkv, g.G, g.C}, qg.options());
     for (int64_t t = 0; t < g.n_tiles; ++t) {
       const int64_t i0 = g.Begin(t), i1 = g.End(t), B = i1 - i0;
       const at::Tensor qb = qg.slice(2, i0, i1).reshape({g.Hkv, g.G * B, g.D});
-      const at::Tensor scores = TileScores(g, t, qb, TileKeys(g, t, kp, kc), selection, doc_start);
+      const at::Tensor scores = TileScores(g, t, qb, TileKeys(g, t, kp, kc), selection, doc);
       const at::Tensor lb = at::logsumexp(scores, -1, /*keepdim=*/true);
       out.slice(2, i0, i1).copy_(at::matmul(at::exp(scores - lb), TileKeys(g, t, vp, vc)).view({g.Hkv, g.G, B, g.D}));
       lse.slice(2, i0, i1).copy_(lb.view({g.Hkv, g.G, B}));
     }
-    ctx->save_for_backward({q, k, v, doc_start, selection, out, lse});
+    ctx->save_for_backward({q, k, v, doc, selection, out, lse});
     if (past != nullptr) past->Finished(/*backward=*/false);
     return g.FromGrouped(out).to(q.scalar_type());
   }

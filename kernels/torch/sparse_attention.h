@@ -4,7 +4,9 @@
 // Shapes (one sequence, one layer; C = chunk tokens, S = past tokens, a multiple of P):
 //   q:          [C, num_heads, head_dim]      after RoPE
 //   k, v:       [C, kv_heads, head_dim]       the chunk's own keys (after RoPE) and values
-//   doc_start:  [C] int64                     global index of each query's document start
+//   doc_start:  [C] int64                     global index of each query's document start, on
+//                                             q's device or the CPU (the CPU's lets the fused
+//                                             path be chosen without waiting for the device)
 //   selection:  [n_tiles, kv_heads, n] int64  past pages per query tile of P rows and KV head
 //                                             (kernels/torch/page_select.h; -1: none)
 //   out:        [C, num_heads, head_dim]

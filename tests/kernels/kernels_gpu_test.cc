@@ -8,11 +8,13 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <torch/cuda.h>
 
+#include "kernels/page_copy.h"
 #include "kernels/torch/gpu_timeline.h"
 #include "kernels/torch/layer_ops.h"
 #include "kernels/torch/page_ops.h"
@@ -54,6 +56,43 @@ TEST_F(KernelsGpuTest, PageCopiesMatchCpuReference) {
   kernels::ScatterAddPages(grad, slots, dk, dv);
   kernels::ScatterAddPages(ggrad, slots.cuda(), dk.cuda(), dv.cuda());
   EXPECT_LE((ggrad.cpu() - grad).abs().max().item<float>(), 1e-6);
+}
+
+// The copy kernel of the copy engine's fetches (kernels/page_copy.h LaunchCopyRuns): runs of
+// every size around its 32 KiB descriptors (one 16-byte vector, one descriptor, one and a bit,
+// many), from pinned host memory to scattered device offsets, land byte for byte; with 3 blocks
+// and an odd number of descriptors, so blocks take pairs and a lone last one.
+TEST_F(KernelsGpuTest, CopyRunsMoveEveryByteOfEveryRun) {
+  at::manual_seed(6);
+  const int64_t host_bytes = int64_t{4} << 20;
+  const at::Tensor host = at::randint(0, 256, {host_bytes}, at::kByte).pin_memory();
+  const std::vector<int64_t> sizes = {16,         4096, kernels::kCopySegmentBytes,     kernels::kCopySegmentBytes + 16,
+                                      300 * 1024, 48,   2 * kernels::kCopySegmentBytes, 1 << 20,
+                                      32};
+  at::Tensor device = at::zeros({host_bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  at::Tensor want = at::zeros({host_bytes}, at::kByte);
+  std::vector<kernels::CopyRunDesc> runs;
+  int64_t src = 0, dst = host_bytes;
+  for (const int64_t bytes : sizes) {  // sources ascending, destinations descending
+    dst -= bytes + 1024;
+    runs.push_back(
+        {static_cast<const char*>(host.data_ptr()) + src, static_cast<char*>(device.data_ptr()) + dst, bytes});
+    want.slice(0, dst, dst + bytes).copy_(host.slice(0, src, src + bytes));
+    src += bytes + 512;
+  }
+  const std::vector<kernels::CopyRunDesc> segments = kernels::CopySegments(runs);
+  int64_t total = 0;
+  for (const kernels::CopyRunDesc& s : segments) {
+    ASSERT_LE(s.bytes, kernels::kCopySegmentBytes);
+    total += s.bytes;
+  }
+  ASSERT_EQ(segments.size() % 2, 1u);
+  const auto n = static_cast<int64_t>(segments.size() * sizeof(kernels::CopyRunDesc));
+  const at::Tensor descs = at::from_blob(const_cast<kernels::CopyRunDesc*>(segments.data()), {n}, at::kByte).cuda();
+  ASSERT_EQ(kernels::LaunchCopyRuns(static_cast<const kernels::CopyRunDesc*>(descs.data_ptr()),
+                                    static_cast<int64_t>(segments.size()), 3, nullptr),
+            cudaSuccess);
+  EXPECT_TRUE(at::equal(device.cpu(), want)) << segments.size() << " descriptors, " << total << " bytes";
 }
 
 // Sparse attention's page copies (kernels/selected_pages.h) against the CPU reference: the
@@ -239,7 +278,8 @@ TEST_F(KernelsGpuTest, RmsNormMatchesFloat64AsCloselyAsTheCompositeOps) {
 // The timeline gives each section the GPU time up to the next mark: a section holding 20
 // large products outweighs one holding a small copy, and the sections add up to the wall
 // time around them (the marks sit on the stream that ran the work). A section marked in a
-// stage is also reported under "<stage>/<name>", with its own time only.
+// stage is also reported under "<stage>/<name>", with its own time only. The host's time
+// between the marks is split alike: a host sleep lands in its section.
 TEST_F(KernelsGpuTest, TimelineSplitsTheStreamBySection) {
   namespace timeline = kernels::timeline;
   const at::Tensor a = at::randn({4096, 4096}, at::device(at::kCUDA).dtype(at::kBFloat16));
@@ -249,12 +289,14 @@ TEST_F(KernelsGpuTest, TimelineSplitsTheStreamBySection) {
   const auto start = std::chrono::steady_clock::now();
   timeline::Mark("products");
   for (int i = 0; i < 20; ++i) (void)at::matmul(a, a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the host's, while the GPU multiplies
   timeline::Mark("copy");
   (void)a.slice(0, 0, 16).clone();
   timeline::Stage("late");
   timeline::Mark("products");
   (void)at::matmul(a, a);
-  const std::map<std::string, double> s = timeline::Collect();
+  std::map<std::string, double> host;
+  const std::map<std::string, double> s = timeline::Collect(&host);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   timeline::Stage(nullptr);
   timeline::Enable(false);
@@ -265,6 +307,12 @@ TEST_F(KernelsGpuTest, TimelineSplitsTheStreamBySection) {
   EXPECT_GT(s.at("copy"), 0);
   EXPECT_LE(s.at("products") + s.at("copy"), wall);
   EXPECT_GT(s.at("products") + s.at("copy"), 0.5 * wall);
+  // The host: the sleep in "products", the three sections within the wall clock.
+  ASSERT_EQ(host.size(), 3u);
+  EXPECT_GE(host.at("products"), 0.03);
+  EXPECT_LT(host.at("copy"), 0.03);
+  EXPECT_LE(host.at("products") + host.at("copy"), wall);
+  EXPECT_GT(host.at("late/products"), 0);
   timeline::Mark("off");
   EXPECT_TRUE(timeline::Collect().empty());
 }

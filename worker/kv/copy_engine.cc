@@ -58,7 +58,7 @@ std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, 
   };
   for (size_t i = 0; i < ids.size(); ++i) {
     TORCH_INTERNAL_ASSERT(ids[i].tier() == Tier::kHost, "copy engine: page ", ids[i].raw(), " is not a host page");
-    char* host = static_cast<char*>(pool.Page(ids[i]).data_ptr());
+    char* host = pool.PageData(ids[i]);
     char* dev = device + static_cast<int64_t>(i) * page_bytes;
     const bool same_slab = i > 0 && pool.SlabOf(ids[i - 1]) == pool.SlabOf(ids[i]);
     if (heads == nullptr) {
@@ -165,7 +165,7 @@ void CUDART_CB RunHostAddCallback(void* add) {
 #if defined(OOMB_HAVE_CUDA)
 struct CopyEngine::Streams {
   explicit Streams(c10::DeviceIndex index)
-      : to_device(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)),
+      : to_device(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index)),
         to_host(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)),
         adds(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)) {}
   c10::cuda::CUDAStream& stream(TransferDirection d) {
@@ -355,7 +355,7 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
   HostAdd add{.dst = {}, .src = nullptr, .row_elems = row_elems, .dtype = dtype, .seconds_ns = &host_add_ns_};
   for (int64_t i = 0; i < n; ++i) {
     TORCH_INTERNAL_ASSERT(ids[i].tier() == Tier::kHost, "AddToPages: page ", ids[i].raw(), " is not a host page");
-    char* page = static_cast<char*>(pool.Page(ids[i]).data_ptr());
+    char* page = pool.PageData(ids[i]);
     for (int64_t run = 0; run < 2 * s.kv_heads; ++run) {
       if ((heads[i] >> (run % s.kv_heads) & 1) == 0) continue;
       rows.push_back(i * 2 * s.kv_heads + run);
@@ -437,7 +437,9 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
 void CopyEngine::FencePages(const PagePool& pool, const std::vector<PageId>& ids) {
 #if defined(OOMB_HAVE_CUDA)
   if (streams_ == nullptr) return;
-  streams_->to_device.synchronize();
+  at::cuda::CUDAEvent fetched;  // the fetches queued so far (an event: nothing else waits)
+  fetched.record(streams_->to_device);
+  fetched.synchronize();
   if (at::cuda::CUDAEvent* end = streams_->NewestWrite(pool, ids)) end->synchronize();
   streams_->Trim();
   if (observer_) streams_->Report(observer_, /*wait=*/false);
@@ -476,14 +478,18 @@ void CopyEngine::Copy(TransferDirection direction, PageKind kind, const std::vec
     // Scattered runs to the device: one kernel launch, its descriptors uploaded on the same
     // stream (pinned, so without waiting; allocated on that stream, so not reused before the
     // kernel is done).
-    at::Tensor descriptors = at::empty({static_cast<int64_t>(runs.size() * sizeof(kernels::CopyRunDesc))},
+    std::vector<kernels::CopyRunDesc> descs;
+    descs.reserve(runs.size());
+    for (const CopyRun& r : runs) descs.push_back(kernels::CopyRunDesc{r.host, r.device, r.bytes});
+    const std::vector<kernels::CopyRunDesc> segments = kernels::CopySegments(descs);
+    const auto n = static_cast<int64_t>(segments.size());
+    at::Tensor descriptors = at::empty({n * static_cast<int64_t>(sizeof(kernels::CopyRunDesc))},
                                        at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-    auto* d = reinterpret_cast<kernels::CopyRunDesc*>(descriptors.data_ptr());
-    for (size_t i = 0; i < runs.size(); ++i) d[i] = kernels::CopyRunDesc{runs[i].host, runs[i].device, runs[i].bytes};
+    std::memcpy(descriptors.data_ptr(), segments.data(), n * sizeof(kernels::CopyRunDesc));
     const c10::cuda::CUDAStreamGuard on_copy_stream(stream);
     const at::Tensor on_device = descriptors.to(device_, /*non_blocking=*/true);
-    C10_CUDA_CHECK(kernels::LaunchCopyRuns(static_cast<const kernels::CopyRunDesc*>(on_device.data_ptr()),
-                                           static_cast<int64_t>(runs.size()), kCopyBlocks, stream));
+    C10_CUDA_CHECK(kernels::LaunchCopyRuns(static_cast<const kernels::CopyRunDesc*>(on_device.data_ptr()), n,
+                                           kCopyBlocks, stream));
   }
   if (observer_) {
     timed.end = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);

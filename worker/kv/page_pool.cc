@@ -4,9 +4,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/torch/page_ops.h"
+#include "kernels/torch/upload.h"
 #include "worker/common/status.h"
 #include "worker/kv/copy_engine.h"
 
@@ -43,6 +45,7 @@ std::unique_ptr<PagePool> PagePool::CreateHost(PageKind kind, PageShape shape, a
                                               std::max<int64_t>(0, capacity_pages), slab_pages));
   pool->slabs_.resize((pool->capacity_ + slab_pages - 1) / slab_pages);
   PagePool* raw = pool.get();
+  if (kind == PageKind::kKvGrad) pool->zero_thread_ = std::thread([raw] { raw->ZeroFreePages(); });
   pool->slab_thread_ = std::thread([raw, pinned] { raw->AllocateSlabs(pinned); });
   return pool;
 }
@@ -55,13 +58,38 @@ PagePool::PagePool(PageKind kind, Tier tier, PageShape shape, at::TensorOptions 
       options_(options),
       capacity_(capacity_pages),
       slab_pages_(slab_pages),
-      in_use_(capacity_pages, false) {
+      in_use_(capacity_pages, false),
+      zeroed_(capacity_pages, false) {
   for (int64_t i = 0; i < capacity_pages; ++i) free_.push_back(static_cast<uint32_t>(i));
 }
 
 PagePool::~PagePool() {
-  stop_ = true;
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  zero_cv_.notify_all();
   if (slab_thread_.joinable()) slab_thread_.join();
+  if (zero_thread_.joinable()) zero_thread_.join();
+}
+
+void PagePool::ZeroFreePages() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    zero_cv_.wait(lock, [&] { return stop_ || !to_zero_.empty(); });
+    if (stop_) return;
+    const uint32_t slot = to_zero_.front();
+    to_zero_.pop_front();
+    if (in_use_[slot] || zeroed_[slot]) continue;
+    zeroing_ = slot;
+    lock.unlock();
+    // The slab is there: its slots are queued only once it is (AllocateSlabs) or once freed.
+    std::memset(PageData(PageId(tier_, slot)), 0, page_bytes());
+    lock.lock();
+    zeroed_[slot] = true;
+    zeroing_ = -1;
+    zero_cv_.notify_all();
+  }
 }
 
 void PagePool::AllocateSlabs(bool pinned) {
@@ -79,9 +107,18 @@ void PagePool::AllocateSlabs(bool pinned) {
       slab_cv_.notify_all();
       return;
     }
-    const std::lock_guard<std::mutex> lock(slab_mu_);
-    ready_slabs_.store(static_cast<int64_t>(i) + 1, std::memory_order_release);
-    slab_cv_.notify_all();
+    {
+      const std::lock_guard<std::mutex> lock(slab_mu_);
+      ready_slabs_.store(static_cast<int64_t>(i) + 1, std::memory_order_release);
+      slab_cv_.notify_all();
+    }
+    if (zero_thread_.joinable()) {
+      const std::lock_guard<std::mutex> lock(mu_);
+      for (int64_t p = 0; p < pages; ++p) {
+        to_zero_.push_back(static_cast<uint32_t>(static_cast<int64_t>(i) * slab_pages_ + p));
+      }
+      zero_cv_.notify_all();
+    }
   }
 }
 
@@ -114,19 +151,33 @@ absl::StatusOr<PageId> PagePool::Allocate(bool zero) {
     if (absl::Status s = WaitForSlab(slot); !s.ok()) return s;
   }
   free_.pop_front();
-  in_use_[slot] = true;
+  bool zeroed = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    zero_cv_.wait(lock, [&] { return zeroing_ != slot; });
+    in_use_[slot] = true;
+    zeroed = zeroed_[slot];
+    zeroed_[slot] = false;
+  }
   ++used_;
   peak_used_ = std::max(peak_used_, used_);
   Publish();
   const PageId id(tier_, slot);
-  if (zero) Page(id).zero_();
+  if (zero && !zeroed) Page(id).zero_();
   return id;
 }
 
 void PagePool::Free(PageId id) {
-  TORCH_INTERNAL_ASSERT(id.valid() && id.tier() == tier_ && id.slot() < in_use_.size() && in_use_[id.slot()],
-                        "PagePool::Free: page ", id.raw(), " is not in use in this pool");
-  in_use_[id.slot()] = false;
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    TORCH_INTERNAL_ASSERT(id.valid() && id.tier() == tier_ && id.slot() < in_use_.size() && in_use_[id.slot()],
+                          "PagePool::Free: page ", id.raw(), " is not in use in this pool");
+    in_use_[id.slot()] = false;
+    if (zero_thread_.joinable()) {
+      to_zero_.push_back(id.slot());
+      zero_cv_.notify_all();
+    }
+  }
   free_.push_back(id.slot());
   --used_;
   Publish();
@@ -171,13 +222,24 @@ absl::StatusOr<PageId> SequenceKvCache::AllocatePage(PageKind kind) {
   return device->Allocate();
 }
 
+absl::StatusOr<PageId> SequenceKvCache::AllocateGradPage(int64_t layer, int64_t page) {
+  const auto& kv = kv_pages_[layer];
+  PagePool* host = Pool(PageKind::kKvGrad, Tier::kHost);
+  if (host == nullptr || page >= static_cast<int64_t>(kv.size()) || kv[page].tier() == Tier::kDevice) {
+    return AllocatePage(PageKind::kKvGrad);
+  }
+  // The KV page is on the host: so is its gradient page, while the host has room. The device's
+  // gradient pages are then those of the device's KV pages, the earliest: the pages the most
+  // later chunks can select, so the most contributions are added on the device.
+  if (host->CanAllocate(1)) return host->Allocate();
+  return Pool(PageKind::kKvGrad, Tier::kDevice)->Allocate();
+}
+
 namespace {
 
 template <typename T>
 at::Tensor UploadValues(const std::vector<T>& values, const at::Device& device) {
-  const at::Tensor host = at::tensor(at::ArrayRef<T>(values));
-  if (!device.is_cuda()) return host;
-  return host.pin_memory().to(device, /*non_blocking=*/true);
+  return kernels::Upload(at::tensor(at::ArrayRef<T>(values)), device);
 }
 
 }  // namespace
@@ -274,16 +336,17 @@ at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids
     for (const int64_t pos : host_pos) host_heads.push_back((*heads)[pos]);
   }
   at::Tensor host_images;
-  Prefetched& pre = prefetched(kind);
   const auto fetches_these = [&](const PagesInFlight& f) {
     return f.fetch != nullptr && f.ids == host_ids && f.heads == host_heads;
   };
+  const auto pre = std::find_if(prefetched_.begin(), prefetched_.end(),
+                                [&](const Prefetched& p) { return p.kind == kind && fetches_these(p.pages); });
   if (started != nullptr && fetches_these(*started)) {
     host_images = pools_.copies->Await(started->fetch);
     *started = PagesInFlight();
-  } else if (fetches_these(pre)) {
-    host_images = pools_.copies->Await(pre.fetch);
-    pre = Prefetched();
+  } else if (pre != prefetched_.end()) {
+    host_images = pools_.copies->Await(pre->pages.fetch);
+    prefetched_.erase(pre);
   } else {
     host_images =
         pools_.copies->FetchPages(*Pool(kind, Tier::kHost), host_ids, heads != nullptr ? &host_heads : nullptr);
@@ -408,21 +471,25 @@ absl::Status SequenceKvCache::Prefetch(int64_t layer, int64_t begin, int64_t end
 }
 
 void SequenceKvCache::StartPrefetch(PageKind kind, std::vector<PageId> host_ids, std::vector<uint64_t> host_heads) {
-  Prefetched& pre = prefetched(kind);
-  if (host_ids.empty() || (host_ids == pre.ids && host_heads == pre.heads)) return;
-  pre.fetch = pools_.copies->StartFetch(*Pool(kind, Tier::kHost), host_ids, host_heads.empty() ? nullptr : &host_heads);
-  pre.ids = std::move(host_ids);
-  pre.heads = std::move(host_heads);
+  if (host_ids.empty()) return;
+  for (const Prefetched& p : prefetched_) {
+    if (p.kind == kind && p.pages.ids == host_ids && p.pages.heads == host_heads) return;
+  }
+  Prefetched p{kind, {}};
+  p.pages.fetch =
+      pools_.copies->StartFetch(*Pool(kind, Tier::kHost), host_ids, host_heads.empty() ? nullptr : &host_heads);
+  p.pages.ids = std::move(host_ids);
+  p.pages.heads = std::move(host_heads);
+  prefetched_.push_back(std::move(p));
+  if (prefetched_.size() > kMaxPrefetches) prefetched_.pop_front();
 }
 
 void SequenceKvCache::DropPrefetch(PageKind kind, const std::vector<PageId>& ids) {
-  Prefetched& pre = prefetched(kind);
-  for (const PageId& id : ids) {
-    if (std::find(pre.ids.begin(), pre.ids.end(), id) != pre.ids.end()) {
-      pre = Prefetched();
-      return;
-    }
-  }
+  std::erase_if(prefetched_, [&](const Prefetched& p) {
+    return p.kind == kind && std::any_of(ids.begin(), ids.end(), [&](const PageId& id) {
+             return std::find(p.pages.ids.begin(), p.pages.ids.end(), id) != p.pages.ids.end();
+           });
+  });
 }
 
 absl::Status SequenceKvCache::EnsureGradPages(int64_t layer, int64_t first, int64_t last) {
@@ -430,7 +497,7 @@ absl::Status SequenceKvCache::EnsureGradPages(int64_t layer, int64_t first, int6
   if (static_cast<int64_t>(gpages.size()) < last) gpages.resize(last);
   for (int64_t p = first; p < last; ++p) {
     if (gpages[p].valid() || GradDropped(p)) continue;
-    auto id = AllocatePage(PageKind::kKvGrad);
+    auto id = AllocateGradPage(layer, p);
     if (!id.ok()) return id.status();
     gpages[p] = *id;
   }
@@ -480,18 +547,30 @@ absl::Status SequenceKvCache::AccumulateGrad(int64_t layer, int64_t begin, const
   return absl::OkStatus();
 }
 
+std::vector<PageId> SequenceKvCache::GradPagesIn(int64_t layer, int64_t begin, int64_t end,
+                                                 std::vector<int64_t>* pos) const {
+  const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
+  const auto& gpages = grad_pages_[layer];
+  std::vector<PageId> ids;
+  for (int64_t p = first; p < std::min<int64_t>(last, gpages.size()); ++p) {
+    if (!gpages[p].valid()) continue;
+    ids.push_back(gpages[p]);
+    if (pos != nullptr) pos->push_back(p - first);
+  }
+  return ids;
+}
+
+void SequenceKvCache::PrefetchGrad(int64_t layer, int64_t begin, int64_t end) {
+  if (!has_host() || layer < 0 || layer >= static_cast<int64_t>(grad_pages_.size())) return;
+  StartPrefetch(PageKind::kKvGrad, SplitByTier(GradPagesIn(layer, begin, end, nullptr)).host_ids);
+}
+
 std::pair<at::Tensor, at::Tensor> SequenceKvCache::ReadGrad(int64_t layer, int64_t begin, int64_t end) {
   PagePool* grad = pools_.grad;
   const PageShape& s = grad->shape();
   const int64_t first = begin / page_tokens_, last = (end + page_tokens_ - 1) / page_tokens_;
-  const auto& gpages = grad_pages_[layer];
-  std::vector<PageId> ids;
   std::vector<int64_t> pos;
-  for (int64_t p = first; p < std::min<int64_t>(last, gpages.size()); ++p) {
-    if (!gpages[p].valid()) continue;
-    ids.push_back(gpages[p]);
-    pos.push_back(p - first);
-  }
+  const std::vector<PageId> ids = GradPagesIn(layer, begin, end, &pos);
   at::Tensor images = at::zeros({last - first, 2, s.kv_heads, s.page_tokens, s.head_dim}, grad->options());
   if (!ids.empty()) images.index_copy_(0, Positions(pos, images.device()), Images(PageKind::kKvGrad, ids));
   auto [dk, dv] = TokenMajor(images);
@@ -504,7 +583,7 @@ absl::Status SequenceKvCache::EnsureSelectedGradPages(int64_t layer, const std::
   if (gpages.size() < kv_pages_[layer].size()) gpages.resize(kv_pages_[layer].size());
   for (const int64_t page : pages) {
     if (gpages[page].valid() || GradDropped(page)) continue;
-    auto id = AllocatePage(PageKind::kKvGrad);
+    auto id = AllocateGradPage(layer, page);
     if (!id.ok()) return id.status();
     gpages[page] = *id;
   }
@@ -657,7 +736,7 @@ void SequenceKvCache::ReleaseFrom(int64_t token) {
       if (!freed.empty()) pools_.copies->FencePages(*Pool(kind, Tier::kHost), freed);
     }
   }
-  prefetched_[0] = prefetched_[1] = Prefetched();
+  prefetched_.clear();
   for (size_t layer = 0; layer < kv_pages_.size(); ++layer) {
     auto& pages = kv_pages_[layer];
     while (static_cast<int64_t>(pages.size()) > first_page) {

@@ -12,11 +12,17 @@
 // from the pool's creation on: pinning runs at 1.5-2 GB/s, so it must not sit on a step's
 // critical path; Allocate waits only when it needs a slab that has not landed yet.
 //
+// A host pool of gradient pages also zeroes its free pages on a thread of its own: each new
+// slab's, and each page as it is freed (oldest first, the order Allocate reuses them). Sparse
+// backward allocates a host gradient page for nearly every host page, about 60 GB at 1.37M
+// tokens for Qwen2.5-7B, so Allocate finds them zeroed and does not memset on the training
+// thread. (Host KV pages need no zeroing: Append writes them whole.)
+//
 // A PageId carries its tier in the top bit (STYLE.md habit 7): the same 32-bit id says where
 // the page lives and which slot of that tier's arena holds it.
 //
 // Thread-safety: none; a pool and the caches using it belong to one training thread (a host
-// pool's slab thread is internal).
+// pool's slab and zeroing threads are internal).
 #ifndef OOMB_WORKER_KV_PAGE_POOL_H_
 #define OOMB_WORKER_KV_PAGE_POOL_H_
 
@@ -110,6 +116,12 @@ class PagePool {
   at::Tensor& arena();
   // The page's slot: [2, kv_heads, page_tokens, head_dim], a view into the arena.
   at::Tensor Page(PageId id) const;
+  // The address of the page's slot, for copies of many pages (making a view a page costs a
+  // few microseconds: a fetch of thousands of pages would spend milliseconds on them).
+  char* PageData(PageId id) const {
+    return static_cast<char*>(slabs_[id.slot() / slab_pages_].data_ptr()) +
+           static_cast<int64_t>(id.slot() % slab_pages_) * page_bytes();
+  }
   const PageShape& shape() const { return shape_; }
   Tier tier() const { return tier_; }
   // The pages' dtype and device.
@@ -141,6 +153,9 @@ class PagePool {
   void AllocateSlabs(bool pinned);
   // Host tier: waits until the slab holding `slot` is allocated; its error when that failed.
   absl::Status WaitForSlab(uint32_t slot);
+  // Host gradient pools: zeroes the free pages queued in to_zero_ (the zeroing thread).
+  void ZeroFreePages();
+  int64_t page_bytes() const { return shape_.elems() * static_cast<int64_t>(options_.dtype().itemsize()); }
 
   PageKind kind_;
   Tier tier_;
@@ -158,24 +173,30 @@ class PagePool {
   std::atomic<bool> stop_{false};
   std::thread slab_thread_;
   std::deque<uint32_t> free_;  // FIFO: the least recently freed slot is reused first
+  // Guards in_use_ and the zeroing state below, which the zeroing thread reads.
+  std::mutex mu_;
+  std::condition_variable zero_cv_;
   std::vector<bool> in_use_;
+  std::vector<bool> zeroed_;      // a free slot known to hold zeros
+  std::deque<uint32_t> to_zero_;  // free slots for the zeroing thread, oldest first
+  int64_t zeroing_ = -1;          // the slot the zeroing thread is zeroing now
+  std::thread zero_thread_;       // host gradient pools only
   int64_t used_ = 0;
   int64_t peak_used_ = 0;
   std::shared_ptr<PoolCounters> counters_;
 };
 
-// `values` on `device`. To a GPU through pinned memory, without waiting for the device: the
-// caching host allocator keeps the pinned copy until the upload is done. (A pageable upload
-// would wait for everything queued before it, and the GPU would idle while the host caught up.)
+// `values` on `device`, without waiting for the device (kernels/torch/upload.h).
 at::Tensor Upload(const std::vector<int32_t>& values, const at::Device& device);
 at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device);
 
 class CopyEngine;
 class PendingFetch;
 
-// The pools a sequence's pages come from. Placement: a page goes to its device pool while that
-// has room, else to its host pool (ARCHITECTURE.md §4: what fits stays on the GPU). The host
-// pools are optional; with them, `copies` moves their pages (worker/kv/copy_engine.h).
+// The pools a sequence's pages come from. Placement: a KV page goes to its device pool while
+// that has room, else to its host pool (ARCHITECTURE.md §4: what fits stays on the GPU); a
+// gradient page goes where its KV page is, while that pool has room, else to the other. The
+// host pools are optional; with them, `copies` moves their pages (worker/kv/copy_engine.h).
 struct KvPools {
   PagePool* kv = nullptr;
   PagePool* grad = nullptr;
@@ -216,10 +237,12 @@ class SequenceKvCache {
   std::pair<at::Tensor, at::Tensor> Read(int64_t layer, int64_t begin, int64_t end);
   // Starts fetching the host pages a later Read(layer, begin, end) needs, so the copy overlaps
   // what runs before that Read; `with_grads`: also the gradient pages of the range, for a later
-  // AccumulateGrad(layer, begin, ...) (allocating those not allocated yet). One prefetch per
-  // kind is kept, the newest; a read of other pages fetches for itself, and a write to a
-  // prefetched page drops the prefetch (never a stale image). Errors: as AccumulateGrad's.
+  // AccumulateGrad(layer, begin, ...) (allocating those not allocated yet). The cache keeps the
+  // newest kMaxPrefetches prefetches (of either kind, this one's and PrefetchGrad's and
+  // PrefetchPages'); a read of pages no prefetch holds exactly fetches for itself, and a write to
+  // a prefetched page drops the prefetch (never a stale image). Errors: as AccumulateGrad's.
   absl::Status Prefetch(int64_t layer, int64_t begin, int64_t end, bool with_grads = false);
+  static constexpr size_t kMaxPrefetches = 4;
 
   // Adds dK, dV of tokens [begin, begin + n), [kv_heads, n, head_dim] each, into the layer's
   // gradient pages; a gradient page is allocated (zeroed) on its first contribution. What
@@ -229,6 +252,9 @@ class SequenceKvCache {
   // The accumulated dK, dV of tokens [begin, end), [end - begin, kv_heads, head_dim] each, in
   // the gradient pool's dtype: zero where no page has received a contribution.
   std::pair<at::Tensor, at::Tensor> ReadGrad(int64_t layer, int64_t begin, int64_t end);
+  // Starts fetching the host gradient pages a later ReadGrad(layer, begin, end) reads (as
+  // Prefetch does). The copy waits for the additions queued into those pages, and nothing else.
+  void PrefetchGrad(int64_t layer, int64_t begin, int64_t end);
 
   // Sparse attention (kernels/torch/sparse_attention.h): keys and values of the layer's pages
   // selection [n_tiles, kv_heads, n] (page indices below tokens(layer) / page_tokens, -1:
@@ -292,6 +318,9 @@ class SequenceKvCache {
   // through the copy engine).
   void StoreImages(PageKind kind, const std::vector<PageId>& ids, const at::Tensor& images);
   absl::StatusOr<PageId> AllocatePage(PageKind kind);
+  // The gradient page of the layer's page `page`: on the tier of its KV page while that tier
+  // has room, else on the other.
+  absl::StatusOr<PageId> AllocateGradPage(int64_t layer, int64_t page);
   PagePool* Pool(PageKind kind, Tier tier) const;
   bool has_host() const { return pools_.kv_host != nullptr || pools_.grad_host != nullptr; }
 
@@ -302,11 +331,16 @@ class SequenceKvCache {
   std::vector<int64_t> tokens_;
   std::vector<bool> token_grad_dropped_;  // DropGradients, per token
   std::vector<bool> page_grad_dropped_;   // per page: every token of it dropped
-  // The newest prefetch of each kind.
-  using Prefetched = PagesInFlight;
-  Prefetched& prefetched(PageKind kind) { return prefetched_[static_cast<int>(kind)]; }
-  // Drops the prefetch of `kind` if it holds one of `ids` (about to be written).
+  // A prefetch: host pages of one kind in flight.
+  struct Prefetched {
+    PageKind kind;
+    PagesInFlight pages;
+  };
+  // Drops the prefetches of `kind` that hold one of `ids` (about to be written).
   void DropPrefetch(PageKind kind, const std::vector<PageId>& ids);
+  // The layer's valid gradient pages among those of tokens [begin, end), and their positions
+  // in the range's pages.
+  std::vector<PageId> GradPagesIn(int64_t layer, int64_t begin, int64_t end, std::vector<int64_t>* pos) const;
   // Whether page `page`'s gradients are dropped (DropGradients).
   bool GradDropped(int64_t page) const {
     return page < static_cast<int64_t>(page_grad_dropped_.size()) && page_grad_dropped_[page];
@@ -315,9 +349,10 @@ class SequenceKvCache {
   // not dropped.
   absl::Status EnsureGradPages(int64_t layer, int64_t first, int64_t last);
   absl::Status EnsureSelectedGradPages(int64_t layer, const std::vector<int64_t>& pages);
-  // Starts fetching `host_ids` as the newest prefetch of `kind` (none if empty or the same).
+  // Starts fetching `host_ids` as the newest prefetch of `kind` (none if empty or already in
+  // flight), dropping the oldest beyond kMaxPrefetches.
   void StartPrefetch(PageKind kind, std::vector<PageId> host_ids, std::vector<uint64_t> host_heads = {});
-  Prefetched prefetched_[2];
+  std::deque<Prefetched> prefetched_;  // oldest first
 };
 
 }  // namespace oomb

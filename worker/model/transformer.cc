@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/torch/layer_ops.h"
+#include "kernels/torch/upload.h"
 #include "worker/common/files.h"
 #include "worker/common/status.h"
 #include "worker/model/safetensors.h"
@@ -438,7 +439,7 @@ std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const at::Tensor& posi
                            ? mscale(r.factor, r.mscale) / mscale(r.factor, r.mscale_all_dim)
                            : mscale(r.factor, 1.0);
   }
-  const at::Tensor inv_freq = InvFreq(rope_seq_len).to(positions.device());
+  const at::Tensor inv_freq = kernels::Upload(InvFreq(rope_seq_len), positions.device());  // no wait
   const at::Tensor freqs = positions.to(inv_freq.scalar_type()).unsqueeze(1) * inv_freq.unsqueeze(0);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {(emb.cos() * attention_factor).to(dtype_), (emb.sin() * attention_factor).to(dtype_)};

@@ -5,9 +5,11 @@
 // chunks before it, append its K (after RoPE) and V to the pages, add its loss.
 // Stage 2, chunks N-1..0: recompute the chunk's forward with the autograd graph (reading the
 // same past pages), backpropagate loss_i * loss_scale + sum_l <dK_i^l, K_i^l> + <dV_i^l, V_i^l>
-// where dK_i, dV_i are what later chunks accumulated into chunk i's gradient pages; the
+// where dK_i, dV_i are what later chunks accumulated into chunk i's gradient pages (layer l's
+// read when the backward reaches layer l, so it waits only for what was added there); the
 // attention backward adds chunk i's contribution to the past's gradient pages in place; then
-// chunk i's KV and gradient pages are released.
+// chunk i's KV and gradient pages are released. No step waits for the device before the loss
+// is read at the end: what the host decides from (document starts, labels) stays on the host.
 //
 // Contract: parameter gradients (the model's trainable parameters' .grad, accumulated, not
 // overwritten) equal those of ordinary full-sequence backpropagation of
@@ -154,10 +156,15 @@ class ChunkTrainer {
   bool KeepChunk(int64_t index, uint64_t dropout_seed) const;
 
  private:
+  // A chunk's inputs, on the device (uploaded without waiting for it), and what the host
+  // decides from: its document starts (the attention's path) and labels (the loss's blocks),
+  // on the CPU, so that no step of either stage waits for the device.
   struct Chunk {
     int64_t begin, end;
     ChunkInput input;
-    at::Tensor labels;  // [C]
+    at::Tensor doc_start_host;  // [C] int64, CPU
+    at::Tensor labels_host;     // [C] int64, CPU
+    int64_t label_tokens = 0;   // labels that are not kIgnoreIndex
   };
   // SpaCO: marks the gradients of the chunks stage 2 drops as never read (no gradient pages
   // for them, SequenceKvCache::DropGradients), and checks that the pools hold those of the kept

@@ -6,13 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
+#include <chrono>
 #include <cmath>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -83,6 +87,35 @@ TEST(HostPoolTest, SlabsArriveInTheBackgroundAndPagesAreZeroed) {
   EXPECT_EQ(s.capacity_pages, 10);
   EXPECT_EQ(s.used_pages, 10);
   EXPECT_EQ(s.bytes_per_page, page_bytes);
+}
+
+// A host pool of gradient pages zeroes a freed page on its own thread, before anyone allocates
+// it again (so the training thread does not); a KV pool leaves it as it was.
+TEST(HostPoolTest, GradientPagesAreZeroedInTheBackgroundOnceFreed) {
+  for (const PageKind kind : {PageKind::kKvGrad, PageKind::kKv}) {
+    auto pool = PagePool::CreateHost(kind, kShape, at::kDouble, 4, /*pinned=*/false);
+    std::vector<PageId> ids;
+    for (int i = 0; i < 4; ++i) {
+      auto id = pool->Allocate();
+      ASSERT_TRUE(id.ok()) << id.status();
+      pool->Page(*id).fill_(i + 1);
+      ids.push_back(*id);
+    }
+    pool->Free(ids[2]);
+    const at::Tensor freed = pool->Page(ids[2]);  // still the slot's memory
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (kind == PageKind::kKvGrad && freed.abs().sum().item<double>() != 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(freed.abs().sum().item<double>(), kind == PageKind::kKvGrad ? 0.0 : 3.0 * kShape.elems())
+        << KindName(kind);
+    EXPECT_EQ(pool->Page(ids[1]).mean().item<double>(), 2.0) << "a page in use is left alone";
+    auto again = pool->Allocate();
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->slot(), ids[2].slot());
+    EXPECT_EQ(pool->Page(*again).abs().sum().item<double>(), 0.0) << KindName(kind);
+  }
 }
 
 // Pools whose device tier holds `device_pages` pages and whose host tier (slabs of 5 pages, so a
@@ -205,13 +238,13 @@ void CheckEveryCacheOperation(const Target& target) {
     const int64_t to_host_before = tiered.copies->bytes_to_host();
     ASSERT_TRUE(b.AccumulatePageGrad(l, selection, host_selection, dk, dv).ok());
     // Host gradient pages are added to on the host, never fetched for it, and only the heads
-    // that select a page send it theirs. Layer 1's gradient pages are all on the host (the
-    // device pool's 5 went to layer 0's); head 0 selects pages 0, 2, 4, 6 and head 1 pages
-    // 0, 1, 3, 5, 6: 9 heads' dK and dV.
+    // that select a page send it theirs. A gradient page is on its KV page's tier: layer 1's
+    // pages 0 and 1 on the device, the rest on the host. Head 0 selects pages 0, 2, 4, 6 and
+    // head 1 pages 0, 1, 3, 5, 6: of host pages, 6 heads' dK and dV.
     EXPECT_EQ(tiered.copies->bytes_to_device(), to_device_before);
     if (l == 1) {
       const int64_t head_bytes = kShape.page_tokens * kShape.head_dim * at::elementSize(target.dtype);
-      EXPECT_EQ(tiered.copies->bytes_to_host() - to_host_before, 9 * 2 * head_bytes);
+      EXPECT_EQ(tiered.copies->bytes_to_host() - to_host_before, 6 * 2 * head_bytes);
     }
     // Prefetched and consumed as it is.
     ASSERT_TRUE(b.PrefetchPages(l, host_selection, /*with_grads=*/true).ok());
@@ -311,6 +344,39 @@ TEST(HostTierTest, DroppedGradientsAreNeitherAllocatedNorAdded) { CheckDroppedGr
 TEST(HostTierGpuTest, DroppedGradientsAreNeitherAllocatedNorAdded) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   CheckDroppedGradients(kCuda);
+}
+
+// A gradient page goes where its KV page is while that pool has room, else to the other tier;
+// with both full, the allocation fails (and says so).
+TEST(HostTierTest, GradientPagesFollowTheirKvPages) {
+  const int64_t T = 8 * kShape.page_tokens;
+  auto owned = MakeKvPools(kShape, kCpu.dtype, kCpu.dtype, kCpu.device,
+                           KvPoolSizes{.device_kv = 3, .device_grad = 2, .host_kv = 5, .host_grad = 3},
+                           /*host_slab_bytes=*/5 * kShape.elems() * 8);
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  SequenceKvCache cache(owned->pools(), 1);
+  ASSERT_TRUE(cache
+                  .Append(0, Random({T, kShape.kv_heads, kShape.head_dim}, 900),
+                          Random({T, kShape.kv_heads, kShape.head_dim}, 901))
+                  .ok());
+  ASSERT_EQ(owned->kv->stats().used_pages, 3);  // KV pages 0..2 on the device, 3..7 on the host
+  const auto select = [&](std::vector<int64_t> pages) {
+    const auto n = static_cast<int64_t>(pages.size());
+    const at::Tensor selection = at::tensor(pages, at::kLong).view({1, 1, n}).expand({1, kShape.kv_heads, n});
+    const std::vector<int64_t> sizes = {1, kShape.kv_heads, n * kShape.page_tokens, kShape.head_dim};
+    return cache.AccumulatePageGrad(0, selection, selection, Random(sizes, 902), Random(sizes, 903));
+  };
+  using Used = std::pair<int64_t, int64_t>;  // gradient pages on the device, on the host
+  const auto used = [&] { return Used{owned->grad->stats().used_pages, owned->grad_host->stats().used_pages}; };
+  ASSERT_TRUE(select({6, 7}).ok());
+  EXPECT_EQ(used(), Used(0, 2)) << "host KV pages: host gradient pages";
+  ASSERT_TRUE(select({0}).ok());
+  EXPECT_EQ(used(), Used(1, 2)) << "a device KV page: a device gradient page";
+  ASSERT_TRUE(select({1, 2}).ok());
+  EXPECT_EQ(used(), Used(2, 3)) << "the device full: page 2's on the host";
+  const absl::Status full = select({5});
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_EQ(cache.grad_pages_allocated(), 5);
 }
 
 // The copy engine moves a batch as runs of adjacent slots and counts every byte, each way. On a
@@ -461,6 +527,59 @@ TEST(HostTierTest, TrainingStepEqualsTheDeviceOnlyStep) { CheckTrainingStep(kCpu
 TEST(HostTierGpuTest, TrainingStepEqualsTheDeviceOnlyStep) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   CheckTrainingStep(kCuda, 1e-5);
+}
+
+// Counts LibTorch's warnings of calls that wait for the device (its synchronisation debug
+// mode): reads of device values, blocking copies, stream synchronisations. Waits on CUDA events,
+// which the trainer and the copy engine make on purpose, are not among them.
+class DeviceWaits : public c10::WarningHandler {
+ public:
+  DeviceWaits() : previous_(c10::WarningUtils::get_warning_handler()) {
+    c10::WarningUtils::set_warning_handler(this);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+  }
+  ~DeviceWaits() override {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    c10::WarningUtils::set_warning_handler(previous_);
+  }
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("synchroniz") != std::string::npos) ++count_;
+  }
+  int count() const { return count_; }
+
+ private:
+  c10::WarningHandler* previous_;
+  int count_ = 0;
+};
+
+// A training step on the GPU in bfloat16 (the fused attention path), dense and sparse, with
+// pages on both tiers, waits for the device once: to read the loss at its end. No step of
+// either stage drains the device's queue while the host prepares the next work (a document
+// start or a label read back, a blocking upload, a stream synchronised), which would leave the
+// device idle meanwhile.
+TEST(HostTierGpuTest, TrainingStepWaitsForTheDeviceOnlyForItsLoss) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Target bf16{at::Device(at::kCUDA, 0), at::kBFloat16};
+  for (const bool sparse : {false, true}) {
+    SCOPED_TRACE(sparse ? "sparse" : "dense");
+    const TokenSequence seq = SeventyTokens();
+    ChunkTrainerOptions options;
+    options.chunk_tokens = 8;
+    if (sparse) options.sparse = kernels::PageSelectOptions{.page_budget = 3, .sink_pages = 1, .local_pages = 1};
+    auto model = LoraModel(bf16.dtype, bf16.device);
+    OwnedKvPools tiered = MakeTiers(6, 2 * (70 / kShape.page_tokens + 2), bf16, at::kFloat);
+    ChunkTrainer trainer(model.get(), tiered.pools(), options);
+    ASSERT_TRUE(trainer.TrainSequence(seq, 0.01, 1).ok());  // first use: cuDNN plans, allocations
+    int waits = 0;
+    {
+      DeviceWaits counter;
+      auto loss = trainer.TrainSequence(seq, 0.01, 1);
+      waits = counter.count();
+      ASSERT_TRUE(loss.ok()) << loss.status();
+    }
+    EXPECT_EQ(waits, 1);
+    EXPECT_GT(trainer.memory().bytes_to_device, 0);
+  }
 }
 
 // memory.kv_grad_dtype: bfloat16 gradient pages (accumulated in float32, stored rounded after
