@@ -116,8 +116,8 @@ class PagePool {
   at::Tensor& arena();
   // The page's slot: [2, kv_heads, page_tokens, head_dim], a view into the arena.
   at::Tensor Page(PageId id) const;
-  // The address of the page's slot, for copies of many pages (making a view a page costs a
-  // few microseconds: a fetch of thousands of pages would spend milliseconds on them).
+  // The address of the page's slot, for copies of many pages: Page makes and frees a tensor
+  // view, host time on the training thread for each of a fetch's thousands of pages.
   char* PageData(PageId id) const {
     return static_cast<char*>(slabs_[id.slot() / slab_pages_].data_ptr()) +
            static_cast<int64_t>(id.slot() % slab_pages_) * page_bytes();
