@@ -12,8 +12,11 @@
 //   - a write-back, and a fetch of one run, is one cudaMemcpyAsync per run (DMA): a copy kernel
 //     writing to the host slowed a concurrent matmul by 20-60%, DMA by nothing.
 // A fetch may bring only some KV heads of each page (sparse attention's selections are per
-// head): its runs are then the K and V of those heads, 32 KiB each for Qwen2.5-7B (34 GB/s by
-// the kernel, 9.5 GB/s by one cudaMemcpyAsync per run).
+// head): its runs are then the K and V of those heads, 32 KiB each for Qwen2.5-7B (50 GB/s by
+// the kernel, 9.5 GB/s by one cudaMemcpyAsync per run). Fetches run on a high-priority stream:
+// as SMs free up, the copy kernel's blocks go before the trainer's; beside a matmul, head-sized
+// runs came in at 33 GB/s and slowed it by 6%, against 26 GB/s and 20% at normal priority
+// (bench/results/2026-11-24-h100-no-device-waits).
 //
 // AddToPages adds into host pages instead of overwriting them, and moves only some heads of
 // each: the runs are packed on the device into one buffer, copied to a pinned staging buffer in
