@@ -410,8 +410,7 @@ int Main(int argc, char** argv) {
         r["host_pin_wait_s"] = pools->WaitForHost();  // pinning is not part of a step
         ResetPeak(d);
         const CopyEngine* copies = pools->owned.copies.get();
-        const double add_s = copies != nullptr ? copies->host_add_seconds() : 0;
-        const double wait_s = copies != nullptr ? copies->staging_wait_seconds() : 0;
+        const double add_wait_s = copies != nullptr ? copies->add_wait_seconds() : 0;
         absl::StatusOr<StepResult> step;
         const auto run = [&] { step = Step(*m, opt, *pools, T, trainer_options, d, sections); };
         if (kernel_profile > 0) {
@@ -452,8 +451,7 @@ int Main(int argc, char** argv) {
         r["h2d_bytes"] = step->memory.bytes_to_device;
         r["d2h_bytes"] = step->memory.bytes_to_host;
         if (copies != nullptr) {
-          r["host_add_s"] = copies->host_add_seconds() - add_s;
-          r["host_add_wait_s"] = copies->staging_wait_seconds() - wait_s;
+          r["add_wait_s"] = copies->add_wait_seconds() - add_wait_s;
         }
         r["model_tflops"] = flops / *s / 1e12;
         r["planned_peak_bytes"] = plan.peak_device_bytes;

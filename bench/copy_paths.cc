@@ -3,6 +3,8 @@
 // trainer's compute, which the copies are meant to overlap).
 //
 //   dma:       one cudaMemcpyAsync per run of adjacent pages (the copy engine until 2026-11-22)
+//   dma batch: one cudaMemcpyBatchAsync of every run (CUDA 12.8+: the driver's copy engines,
+//              no SMs, one API call)
 //   kernel B:  one launch of kernels/page_copy.h LaunchCopyRuns on B thread blocks, its threads
 //              reading (or writing) the host pages through unified addressing
 //
@@ -82,9 +84,30 @@ Batch MakeBatch(const at::Tensor& host, const at::Tensor& images, const std::vec
   return b;
 }
 
-// Queues one batch on `stream`: blocks 0 means one cudaMemcpyAsync per run.
-void Queue(const Batch& b, int blocks, bool to_device, cudaStream_t stream) {
-  if (blocks == 0) {
+// The ways a batch moves: kDmaPerRun, kDmaBatch, or a number of thread blocks for the kernel.
+constexpr int kDmaPerRun = 0;
+constexpr int kDmaBatch = -1;
+
+// Queues one batch on `stream` the way `way` says.
+void Queue(const Batch& b, int way, bool to_device, cudaStream_t stream) {
+  if (way == kDmaBatch) {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (const kernels::CopyRunDesc& r : b.runs) {
+      dsts.push_back(r.dst);
+      srcs.push_back(r.src);
+      sizes.push_back(static_cast<size_t>(r.bytes));
+    }
+    cudaMemcpyAttributes attrs{};
+    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t first = 0;
+    C10_CUDA_CHECK(
+        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attrs, &first, 1, stream));
+    return;
+  }
+  if (way == kDmaPerRun) {
     for (const kernels::CopyRunDesc& r : b.runs) {
       C10_CUDA_CHECK(
           cudaMemcpyAsync(r.dst, r.src, r.bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream));
@@ -92,7 +115,7 @@ void Queue(const Batch& b, int blocks, bool to_device, cudaStream_t stream) {
     return;
   }
   C10_CUDA_CHECK(kernels::LaunchCopyRuns(static_cast<const kernels::CopyRunDesc*>(b.device_runs.data_ptr()), b.segments,
-                                         blocks, stream));
+                                         way, stream));
 }
 
 double Seconds(at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& end) {
@@ -105,7 +128,7 @@ double Seconds(at::cuda::CUDAEvent& start, at::cuda::CUDAEvent& end) {
 
 int main(int argc, char** argv) {
   using namespace oomb;
-  CLI::App app{"bench_copy_paths: scattered page copies, per-run DMA against one kernel"};
+  CLI::App app{"bench_copy_paths: scattered page copies, per-run or batched DMA against one kernel"};
   int64_t pages = 8192, select = 600, page_bytes = 262144, iters = 20, matmul = 8192, heads = 0;
   std::vector<int> blocks = {8, 16, 32, 64};
   app.add_option("--pages", pages, "pinned host pages");
@@ -158,7 +181,7 @@ int main(int argc, char** argv) {
 
   for (const bool to_device : {true, false}) {
     const Batch batch = MakeBatch(host, images, chosen, to_device, heads);
-    std::vector<int> ways = {0};
+    std::vector<int> ways = {kDmaPerRun, kDmaBatch};
     ways.insert(ways.end(), blocks.begin(), blocks.end());
     for (const int way : ways) {
       Queue(batch, way, to_device, copies);  // warm-up
@@ -181,7 +204,9 @@ int main(int argc, char** argv) {
       const double with_matmul = Seconds(ms, me) / reps;
       const double copy_beside = Seconds(cs, ce) / batches;
       std::cout << nlohmann::json{{"direction", to_device ? "h2d" : "d2h"},
-                                  {"way", way == 0 ? std::string("dma") : "kernel " + std::to_string(way)},
+                                  {"way", way == kDmaPerRun  ? std::string("dma")
+                                          : way == kDmaBatch ? std::string("dma batch")
+                                                             : "kernel " + std::to_string(way)},
                                   {"pages", select},
                                   {"heads", heads},
                                   {"high_priority", high_priority},

@@ -3,6 +3,8 @@
 // Each (page, k|v, head) block of page_tokens * head_dim elements is contiguous both in the
 // arena and in the per-head buffer, so a copy is one contiguous run per block: one CUDA block
 // per run, 16-byte vector accesses across the block's threads.
+#include <cuda_bf16.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -103,6 +105,68 @@ __global__ void CopyRunsKernel(const CopyRunDesc* runs, int64_t num_runs) {
   }
 }
 
+// dst += src for one 16-byte vector of T (bfloat16: summed in float32, rounded to nearest even
+// once, as torch and the CPU's addition do).
+template <typename T>
+__device__ uint4 AddVec(uint4 dst, uint4 src);
+template <>
+__device__ uint4 AddVec<__nv_bfloat16>(uint4 dst, uint4 src) {
+  __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(&dst);
+  const __nv_bfloat162* s = reinterpret_cast<const __nv_bfloat162*>(&src);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(d[i]), b = __bfloat1622float2(s[i]);
+    d[i] = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
+  }
+  return dst;
+}
+template <>
+__device__ uint4 AddVec<float>(uint4 dst, uint4 src) {
+  float* d = reinterpret_cast<float*>(&dst);
+  const float* s = reinterpret_cast<const float*>(&src);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d[i] += s[i];
+  return dst;
+}
+template <>
+__device__ uint4 AddVec<double>(uint4 dst, uint4 src) {
+  double* d = reinterpret_cast<double*>(&dst);
+  const double* s = reinterpret_cast<const double*>(&src);
+  d[0] += s[0];
+  d[1] += s[1];
+  return dst;
+}
+
+// As CopyRunsKernel, but each run's dst += src.
+template <typename T>
+__global__ void AddRunsKernel(const CopyRunDesc* runs, int64_t num_runs) {
+  const int64_t stride = gridDim.x;
+  for (int64_t r = blockIdx.x; r < num_runs; r += 2 * stride) {
+    const CopyRunDesc a = runs[r];
+    const CopyRunDesc b = r + stride < num_runs ? runs[r + stride] : CopyRunDesc{};
+    const int64_t na = a.bytes / 16, nb = b.bytes / 16;
+    uint4 da[kCopyVecs], db[kCopyVecs], sa[kCopyVecs], sb[kCopyVecs];
+#pragma unroll
+    for (int u = 0; u < kCopyVecs; ++u) {
+      const int64_t i = threadIdx.x + u * kCopyThreads;
+      if (i < na) {
+        da[u] = static_cast<const uint4*>(a.dst)[i];
+        sa[u] = static_cast<const uint4*>(a.src)[i];
+      }
+      if (i < nb) {
+        db[u] = static_cast<const uint4*>(b.dst)[i];
+        sb[u] = static_cast<const uint4*>(b.src)[i];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyVecs; ++u) {
+      const int64_t i = threadIdx.x + u * kCopyThreads;
+      if (i < na) static_cast<uint4*>(a.dst)[i] = AddVec<T>(da[u], sa[u]);
+      if (i < nb) static_cast<uint4*>(b.dst)[i] = AddVec<T>(db[u], sb[u]);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<CopyRunDesc> CopySegments(const std::vector<CopyRunDesc>& runs) {
@@ -122,6 +186,23 @@ cudaError_t LaunchCopyRuns(const CopyRunDesc* runs, int64_t num_runs, int blocks
   if (num_runs == 0) return cudaSuccess;
   CopyRunsKernel<<<blocks, kCopyThreads, 0, stream>>>(runs, num_runs);
   return cudaGetLastError();
+}
+
+cudaError_t LaunchAddRuns(const CopyRunDesc* runs, int64_t num_runs, AddType type, int blocks, cudaStream_t stream) {
+  if (num_runs < 0 || blocks <= 0) return cudaErrorInvalidValue;
+  if (num_runs == 0) return cudaSuccess;
+  switch (type) {
+    case AddType::kBFloat16:
+      AddRunsKernel<__nv_bfloat16><<<blocks, kCopyThreads, 0, stream>>>(runs, num_runs);
+      return cudaGetLastError();
+    case AddType::kFloat32:
+      AddRunsKernel<float><<<blocks, kCopyThreads, 0, stream>>>(runs, num_runs);
+      return cudaGetLastError();
+    case AddType::kFloat64:
+      AddRunsKernel<double><<<blocks, kCopyThreads, 0, stream>>>(runs, num_runs);
+      return cudaGetLastError();
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchPageGather(const PageCopyParams& p, cudaStream_t stream) {

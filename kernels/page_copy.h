@@ -72,6 +72,15 @@ std::vector<CopyRunDesc> CopySegments(const std::vector<CopyRunDesc>& runs);
 // two at a time (64 KiB in flight a block, enough over 8 blocks to cover PCIe's latency).
 cudaError_t LaunchCopyRuns(const CopyRunDesc* runs, int64_t num_runs, int blocks, cudaStream_t stream);
 
+// The element types LaunchAddRuns adds.
+enum class AddType { kBFloat16, kFloat32, kFloat64 };
+
+// As LaunchCopyRuns, but adds: runs[i].dst += runs[i].src, elementwise in `type` (bfloat16:
+// summed in float32 and rounded to nearest even once, as torch adds bfloat16 tensors). The copy
+// engine adds page gradients into pinned host pages this way (dst on the host, read and
+// written through unified addressing, src on the device), with no host thread and no staging.
+cudaError_t LaunchAddRuns(const CopyRunDesc* runs, int64_t num_runs, AddType type, int blocks, cudaStream_t stream);
+
 }  // namespace oomb::kernels
 
 #endif  // OOMB_KERNELS_PAGE_COPY_H_

@@ -1,5 +1,5 @@
 // GPU checks of kernels/ against their CPU references on random inputs (never zeros): the page
-// copy kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
+// copy and addition kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
 // against dense float64 attention; the fused layer ops (RMSNorm, RoPE, SwiGLU) against their
 // composite ATen forms; the GPU timeline's sections. Skips without a CUDA device.
 #include <gtest/gtest.h>
@@ -93,6 +93,48 @@ TEST_F(KernelsGpuTest, CopyRunsMoveEveryByteOfEveryRun) {
                                     static_cast<int64_t>(segments.size()), 3, nullptr),
             cudaSuccess);
   EXPECT_TRUE(at::equal(device.cpu(), want)) << segments.size() << " descriptors, " << total << " bytes";
+}
+
+// The addition kernel of the copy engine's additions into host pages (kernels/page_copy.h
+// LaunchAddRuns): runs of every size around its 32 KiB descriptors, from device contributions
+// into pinned host memory, read, added and written back there; bit for bit what the CPU adds
+// (bfloat16: in float32, rounded once), every element outside the runs untouched. 3 blocks, an
+// odd number of descriptors.
+TEST_F(KernelsGpuTest, AddRunsAddIntoHostMemoryAsTheCpuAdds) {
+  at::manual_seed(7);
+  const std::vector<std::pair<at::ScalarType, kernels::AddType>> types = {{at::kBFloat16, kernels::AddType::kBFloat16},
+                                                                          {at::kFloat, kernels::AddType::kFloat32},
+                                                                          {at::kDouble, kernels::AddType::kFloat64}};
+  for (const auto& [dtype, type] : types) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype)), n = (int64_t{4} << 20) / elem;
+    const at::Tensor host = at::randn({n}).to(dtype).pin_memory();
+    const at::Tensor src = at::randn({n}).to(dtype);
+    const at::Tensor device_src = src.cuda();
+    at::Tensor want = host.clone();
+    const std::vector<int64_t> sizes = {
+        16, 4096, kernels::kCopySegmentBytes, kernels::kCopySegmentBytes + 16, 300 * 1024, 48, 1 << 20, 32};
+    std::vector<kernels::CopyRunDesc> runs;
+    int64_t at_src = 0, at_dst = n * elem;
+    for (const int64_t bytes : sizes) {  // sources ascending, destinations descending
+      at_dst -= bytes + 1024;
+      runs.push_back({static_cast<const char*>(device_src.data_ptr()) + at_src,
+                      static_cast<char*>(host.data_ptr()) + at_dst, bytes});
+      const at::Tensor w = want.slice(0, at_dst / elem, (at_dst + bytes) / elem);
+      w.copy_(at::add(w, src.slice(0, at_src / elem, (at_src + bytes) / elem)));
+      at_src += bytes + 512;
+    }
+    const std::vector<kernels::CopyRunDesc> segments = kernels::CopySegments(runs);
+    ASSERT_EQ(segments.size() % 2, 1u);
+    const auto bytes = static_cast<int64_t>(segments.size() * sizeof(kernels::CopyRunDesc));
+    const at::Tensor descs =
+        at::from_blob(const_cast<kernels::CopyRunDesc*>(segments.data()), {bytes}, at::kByte).cuda();
+    ASSERT_EQ(kernels::LaunchAddRuns(static_cast<const kernels::CopyRunDesc*>(descs.data_ptr()),
+                                     static_cast<int64_t>(segments.size()), type, 3, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(at::equal(host, want));
+  }
 }
 
 // Sparse attention's page copies (kernels/selected_pages.h) against the CPU reference: the

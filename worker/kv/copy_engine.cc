@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cstring>
@@ -38,6 +39,10 @@ namespace {
 // on the H100, 8 blocks copy scattered pages at 50 GB/s alone and slowed a concurrent matmul by
 // 4-9% (16 blocks: 11-13%); see the copy engine's header.
 constexpr int kCopyBlocks = 8;
+// Thread blocks of an addition into host pages (kernels/page_copy.h LaunchAddRuns): they read
+// and write the host's rows, and a kernel writing to the host slows the trainer's kernels
+// beside it more than one reading (see the header); a chunk's additions need a few GB/s.
+constexpr int kAddBlocks = 4;
 
 // The runs of copying pages `ids` of `pool` to / from the consecutive images at `device`: the
 // whole pages, or (`heads` given) the K and V of the KV heads set in heads[i] only. Runs
@@ -78,14 +83,13 @@ std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, 
   return runs;
 }
 
-// The host side of one addition into host pages: rows of `row_elems` elements packed at `src`,
-// row r added into the run at dst[r].
+// One addition into host pages on the CPU: rows of `row_elems` elements packed at `src`, row r
+// added into the run at dst[r].
 struct HostAdd {
   std::vector<char*> dst;
   const char* src = nullptr;
   int64_t row_elems = 0;
   at::ScalarType dtype = at::kFloat;
-  std::atomic<int64_t>* seconds_ns = nullptr;  // where the wall time of the addition is summed
 };
 
 // bfloat16 <-> float32 as c10::BFloat16 converts (round to nearest even, NaN kept), written on
@@ -114,14 +118,11 @@ void AddRows(const HostAdd& a, size_t begin, size_t end) {
   }
 }
 
-// Threads one addition is split over: a chunk's backward adds about 4 GB for Qwen2.5-7B at 1M
-// tokens, and 8 threads added 10 GB/s on the H100 machine's 16 cores.
+// Threads one addition on the CPU is split over, and below how many bytes it takes one.
 constexpr unsigned kHostAddThreads = 12;
-// Below this many bytes, one thread.
 constexpr int64_t kHostAddBytesPerThread = int64_t{4} << 20;
 
 void RunHostAdd(const HostAdd& a) {
-  const auto start = std::chrono::steady_clock::now();
   const size_t rows = a.dst.size();
   const int64_t bytes = static_cast<int64_t>(rows) * a.row_elems * static_cast<int64_t>(c10::elementSize(a.dtype));
   const size_t threads =
@@ -148,33 +149,82 @@ void RunHostAdd(const HostAdd& a) {
   }
   range(0);
   for (std::thread& w : workers) w.join();
-  *a.seconds_ns +=
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 }
-
-#if defined(OOMB_HAVE_CUDA)
-// cudaLaunchHostFunc's callback: runs the addition it owns (no CUDA calls may be made here).
-void CUDART_CB RunHostAddCallback(void* add) {
-  const std::unique_ptr<HostAdd> owned(static_cast<HostAdd*>(add));
-  RunHostAdd(*owned);
-}
-#endif
 
 }  // namespace
 
 #if defined(OOMB_HAVE_CUDA)
+namespace {
+
+// `descs` in device memory for a kernel on `stream`: uploaded on that stream from pinned memory,
+// so without waiting, and allocated on it, so not reused before the kernel is done. [bytes].
+at::Tensor UploadDescriptors(const std::vector<kernels::CopyRunDesc>& descs, at::Device device,
+                             const c10::cuda::CUDAStream& stream) {
+  const auto bytes = static_cast<int64_t>(descs.size() * sizeof(kernels::CopyRunDesc));
+  at::Tensor pinned = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  std::memcpy(pinned.data_ptr(), descs.data(), bytes);
+  const c10::cuda::CUDAStreamGuard on_stream(stream);
+  return pinned.to(device, /*non_blocking=*/true);
+}
+
+// Queues copying `runs` one way on `stream`: a single run is one cudaMemcpyAsync; several are
+// one copy kernel to the device, one batched DMA back (see the header).
+void QueueCopies(bool to_device, const std::vector<CopyRun>& runs, at::Device device,
+                 const c10::cuda::CUDAStream& stream) {
+  const auto aligned = [](const CopyRun& r) {
+    return (reinterpret_cast<uintptr_t>(r.host) | reinterpret_cast<uintptr_t>(r.device) | r.bytes) % 16 == 0;
+  };
+  if (runs.empty()) return;
+  if (runs.size() == 1) {
+    const CopyRun& r = runs[0];
+    C10_CUDA_CHECK(cudaMemcpyAsync(to_device ? r.device : r.host, to_device ? r.host : r.device, r.bytes,
+                                   to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream));
+  } else if (!to_device || !std::all_of(runs.begin(), runs.end(), aligned)) {
+    // Every run in one batched DMA: head-sized runs moved at 50 GB/s beside a matmul, without
+    // slowing it (one cudaMemcpyAsync per run: 11 GB/s, the host's calls the limit).
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    dsts.reserve(runs.size());
+    srcs.reserve(runs.size());
+    sizes.reserve(runs.size());
+    for (const CopyRun& r : runs) {
+      dsts.push_back(to_device ? r.device : r.host);
+      srcs.push_back(to_device ? r.host : r.device);
+      sizes.push_back(static_cast<size_t>(r.bytes));
+    }
+    cudaMemcpyAttributes attrs{};
+    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t first = 0;
+    C10_CUDA_CHECK(
+        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attrs, &first, 1, stream));
+  } else {
+    // Scattered runs to the device: one kernel launch.
+    std::vector<kernels::CopyRunDesc> descs;
+    descs.reserve(runs.size());
+    for (const CopyRun& r : runs) descs.push_back(kernels::CopyRunDesc{r.host, r.device, r.bytes});
+    const std::vector<kernels::CopyRunDesc> segments = kernels::CopySegments(descs);
+    const at::Tensor on_device = UploadDescriptors(segments, device, stream);
+    C10_CUDA_CHECK(kernels::LaunchCopyRuns(static_cast<const kernels::CopyRunDesc*>(on_device.data_ptr()),
+                                           static_cast<int64_t>(segments.size()), kCopyBlocks, stream));
+  }
+}
+
+}  // namespace
+
 struct CopyEngine::Streams {
   explicit Streams(c10::DeviceIndex index)
       : to_device(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index)),
         to_host(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)),
-        adds(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)) {}
+        adds(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index)) {}
   c10::cuda::CUDAStream& stream(TransferDirection d) {
     return d == TransferDirection::kHostToDevice ? to_device : to_host;
   }
   c10::cuda::CUDAStream to_device;
   c10::cuda::CUDAStream to_host;
-  // The host functions of additions, in order (so two never add into one page at once); each
-  // waits for its piece's copy on to_host, which meanwhile goes on to the next piece.
+  // Additions into host pages, in order (so two never add into one page at once), beside the
+  // fetches and write-backs; high priority, as the fetches.
   c10::cuda::CUDAStream adds;
   // Write batches (write-backs and additions) in queue order: `queued` so far, of which the
   // first `done` are known to have ended; ends[i] is the end of batch done + 1 + i. Per pool
@@ -182,11 +232,10 @@ struct CopyEngine::Streams {
   int64_t queued = 0, done = 0;
   std::deque<at::cuda::CUDAEvent> ends;
   std::unordered_map<const PagePool*, std::vector<int64_t>> newest;
-  // AddToPages' staging ring (allocated at its first use) and, per buffer, the end of the
-  // additions that read it.
-  std::vector<at::Tensor> staging;
-  std::vector<at::cuda::CUDAEvent> staging_free;
-  int next_staging = 0;
+  // Additions queued and not known to be done, oldest first: each one's end and bytes
+  // (AddToPages keeps at most kHostAddBytesInFlight of them).
+  std::deque<std::pair<at::cuda::CUDAEvent, int64_t>> adds_in_flight;
+  int64_t add_bytes_in_flight = 0;
 
   // Notes a write batch into `ids` just queued, ending on `stream`.
   void NoteWritten(const PagePool& pool, const std::vector<PageId>& ids, const c10::cuda::CUDAStream& stream) {
@@ -232,9 +281,15 @@ struct CopyEngine::Streams {
     }
     timed.erase(ended, timed.end());
   }
-  void Fenced() {
+  // Waits until every stream's work is done.
+  void Fence() {
+    to_device.synchronize();
+    to_host.synchronize();
+    adds.synchronize();
     done = queued;
     ends.clear();
+    adds_in_flight.clear();
+    add_bytes_in_flight = 0;
   }
   // Batches whose duration is not known yet (an observer is set).
   struct Timed {
@@ -266,7 +321,7 @@ CopyEngine::CopyEngine(at::Device device) : device_(device) {
 CopyEngine::~CopyEngine() {
   try {
     Fence();
-  } catch (const c10::Error&) {  // a failed device: nothing left to wait for
+  } catch (const std::exception&) {  // a failed device: nothing left to wait for
   }
 }
 
@@ -345,14 +400,16 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
                   images.numel() == n * s.elems() && images.scalar_type() == dtype,
               "AddToPages: expected ", n, " page images of ", dtype, " and head sets, got ", images.sizes(), " of ",
               images.scalar_type(), " and ", heads.size(), " head sets");
-  // Checked here: the host function that adds must not throw.
+  // Checked here, before anything is queued.
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble, "AddToPages: pages of ", dtype,
               " are not supported");
   const int64_t row_elems = s.page_tokens * s.head_dim;
   const int64_t row_bytes = row_elems * static_cast<int64_t>(c10::elementSize(dtype));
-  // The rows of `images` viewed as [n * 2 * kv_heads, row_elems] to add, and where each goes.
+  // The rows of `images` viewed as [n * 2 * kv_heads, row_elems] to add, where each goes, and
+  // the page of each.
   std::vector<int64_t> rows;
-  HostAdd add{.dst = {}, .src = nullptr, .row_elems = row_elems, .dtype = dtype, .seconds_ns = &host_add_ns_};
+  std::vector<size_t> page_of;
+  HostAdd add{.dst = {}, .src = nullptr, .row_elems = row_elems, .dtype = dtype};
   for (int64_t i = 0; i < n; ++i) {
     TORCH_INTERNAL_ASSERT(ids[i].tier() == Tier::kHost, "AddToPages: page ", ids[i].raw(), " is not a host page");
     char* page = pool.PageData(ids[i]);
@@ -360,6 +417,7 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
       if ((heads[i] >> (run % s.kv_heads) & 1) == 0) continue;
       rows.push_back(i * 2 * s.kv_heads + run);
       add.dst.push_back(page + run * row_bytes);
+      page_of.push_back(static_cast<size_t>(i));
     }
   }
   if (rows.empty()) return;
@@ -378,59 +436,69 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
     return;
   }
 #if defined(OOMB_HAVE_CUDA)
-  TORCH_CHECK(row_bytes <= kHostAddStagingBytes, "AddToPages: a head's run of ", row_bytes,
-              " bytes exceeds the staging buffer");
+  TORCH_CHECK(row_bytes % 16 == 0, "AddToPages on a GPU: a head's rows of a page (", s.page_tokens, " tokens x ",
+              s.head_dim, " x ", c10::elementSize(dtype), " bytes) must be a multiple of 16 bytes");
   const c10::cuda::CUDAGuard guard(device_);
   Streams& st = *streams_;
-  at::cuda::CUDAEvent ready;
-  ready.record(c10::cuda::getCurrentCUDAStream(device_.index()));
-  ready.block(st.to_host);
-  if (st.staging.empty()) {
-    for (int i = 0; i < kHostAddStagingBuffers; ++i) {
-      st.staging.push_back(at::empty({kHostAddStagingBytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
-    }
-    st.staging_free.resize(kHostAddStagingBuffers);
-  }
-  Streams::Timed timed{TransferDirection::kDeviceToHost, pool.stats().kind, bytes, nullptr, nullptr};
-  if (observer_) {
-    timed.start = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
-    timed.start->record(st.to_host);
-  }
-  // Piece by piece through the ring: a copy into a free buffer, then the host adds from it.
-  const auto per_buffer = static_cast<size_t>(kHostAddStagingBytes / row_bytes);
-  for (size_t begin = 0; begin < rows.size(); begin += per_buffer) {
-    const size_t end = std::min(rows.size(), begin + per_buffer);
-    const int b = st.next_staging;
-    st.next_staging = (b + 1) % kHostAddStagingBuffers;
-    if (st.staging_free[b].isCreated() && !st.staging_free[b].query()) {
+  // At most kHostAddBytesInFlight of additions queued: the device holds their contributions.
+  while (!st.adds_in_flight.empty() &&
+         (st.adds_in_flight.front().first.query() || st.add_bytes_in_flight + bytes > kHostAddBytesInFlight)) {
+    if (!st.adds_in_flight.front().first.query()) {
       const auto start = std::chrono::steady_clock::now();
-      st.staging_free[b].synchronize();
-      staging_wait_ns_ +=
+      st.adds_in_flight.front().first.synchronize();
+      add_wait_ns_ +=
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
     }
-    char* buffer = static_cast<char*>(st.staging[b].data_ptr());
-    C10_CUDA_CHECK(cudaMemcpyAsync(buffer, static_cast<const char*>(packed.data_ptr()) + begin * row_bytes,
-                                   (end - begin) * row_bytes, cudaMemcpyDeviceToHost, st.to_host));
-    at::cuda::CUDAEvent copied;
-    copied.record(st.to_host);
-    copied.block(st.adds);
-    auto piece =
-        std::make_unique<HostAdd>(HostAdd{.dst = std::vector<char*>(add.dst.begin() + begin, add.dst.begin() + end),
-                                          .src = buffer,
-                                          .row_elems = row_elems,
-                                          .dtype = dtype,
-                                          .seconds_ns = &host_add_ns_});
-    C10_CUDA_CHECK(cudaLaunchHostFunc(st.adds, RunHostAddCallback, piece.get()));
-    piece.release();  // the callback owns it now
-    st.staging_free[b].record(st.adds);
+    st.add_bytes_in_flight -= st.adds_in_flight.front().second;
+    st.adds_in_flight.pop_front();
   }
+  // One kernel on the additions' stream, once the current stream has made the contributions
+  // and after the newest write into the pages: each row of `packed` added into its host run.
+  at::cuda::CUDAEvent ready;
+  ready.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  ready.block(st.adds);
+  st.WaitForWrites(pool, ids, st.adds);
+  std::vector<kernels::CopyRunDesc> runs;
+  const char* src = static_cast<const char*>(packed.data_ptr());
+  for (size_t r = 0; r < add.dst.size(); ++r) {
+    if (r > 0 && page_of[r] == page_of[r - 1] &&
+        static_cast<const char*>(runs.back().dst) + runs.back().bytes == add.dst[r]) {
+      runs.back().bytes += row_bytes;  // the next head's row of the same page
+    } else {
+      runs.push_back({src + static_cast<int64_t>(r) * row_bytes, add.dst[r], row_bytes});
+    }
+  }
+  const kernels::AddType type = dtype == at::kBFloat16 ? kernels::AddType::kBFloat16
+                                : dtype == at::kFloat  ? kernels::AddType::kFloat32
+                                                       : kernels::AddType::kFloat64;
+  std::array<Streams::Timed, 2> timed;
   if (observer_) {
-    timed.end = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
-    timed.end->record(st.adds);
-    st.timed.push_back(std::move(timed));
+    for (Streams::Timed& t : timed) {
+      t.start = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
+      t.start->record(st.adds);
+    }
   }
-  c10::cuda::CUDACachingAllocator::recordStream(packed.storage().data_ptr(), st.to_host);
+  const std::vector<kernels::CopyRunDesc> segments = kernels::CopySegments(runs);
+  const at::Tensor descriptors = UploadDescriptors(segments, device_, st.adds);
+  C10_CUDA_CHECK(kernels::LaunchAddRuns(static_cast<const kernels::CopyRunDesc*>(descriptors.data_ptr()),
+                                        static_cast<int64_t>(segments.size()), type, kAddBlocks, st.adds));
+  if (observer_) {  // the rows come in and go back: both ways, over the same kernel
+    for (int way = 0; way < 2; ++way) {
+      timed[way].direction = way == 0 ? TransferDirection::kHostToDevice : TransferDirection::kDeviceToHost;
+      timed[way].kind = pool.stats().kind;
+      timed[way].bytes = bytes;
+      timed[way].end = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
+      timed[way].end->record(st.adds);
+      st.timed.push_back(std::move(timed[way]));
+    }
+  }
+  bytes_to_device_ += bytes;
+  c10::cuda::CUDACachingAllocator::recordStream(packed.storage().data_ptr(), st.adds);
   st.NoteWritten(pool, ids, st.adds);
+  st.adds_in_flight.emplace_back();
+  st.adds_in_flight.back().first.record(st.adds);
+  st.adds_in_flight.back().second = bytes;
+  st.add_bytes_in_flight += bytes;
 #endif
 }
 
@@ -466,31 +534,7 @@ void CopyEngine::Copy(TransferDirection direction, PageKind kind, const std::vec
     timed.start = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
     timed.start->record(stream);
   }
-  const auto aligned = [](const CopyRun& r) {
-    return (reinterpret_cast<uintptr_t>(r.host) | reinterpret_cast<uintptr_t>(r.device) | r.bytes) % 16 == 0;
-  };
-  if (!to_device || runs.size() <= 1 || !std::all_of(runs.begin(), runs.end(), aligned)) {
-    for (const CopyRun& r : runs) {
-      C10_CUDA_CHECK(cudaMemcpyAsync(to_device ? r.device : r.host, to_device ? r.host : r.device, r.bytes,
-                                     to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream));
-    }
-  } else {
-    // Scattered runs to the device: one kernel launch, its descriptors uploaded on the same
-    // stream (pinned, so without waiting; allocated on that stream, so not reused before the
-    // kernel is done).
-    std::vector<kernels::CopyRunDesc> descs;
-    descs.reserve(runs.size());
-    for (const CopyRun& r : runs) descs.push_back(kernels::CopyRunDesc{r.host, r.device, r.bytes});
-    const std::vector<kernels::CopyRunDesc> segments = kernels::CopySegments(descs);
-    const auto n = static_cast<int64_t>(segments.size());
-    at::Tensor descriptors = at::empty({n * static_cast<int64_t>(sizeof(kernels::CopyRunDesc))},
-                                       at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-    std::memcpy(descriptors.data_ptr(), segments.data(), n * sizeof(kernels::CopyRunDesc));
-    const c10::cuda::CUDAStreamGuard on_copy_stream(stream);
-    const at::Tensor on_device = descriptors.to(device_, /*non_blocking=*/true);
-    C10_CUDA_CHECK(kernels::LaunchCopyRuns(static_cast<const kernels::CopyRunDesc*>(on_device.data_ptr()), n,
-                                           kCopyBlocks, stream));
-  }
+  QueueCopies(to_device, runs, device_, stream);
   if (observer_) {
     timed.end = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
     timed.end->record(stream);
@@ -502,11 +546,8 @@ void CopyEngine::Copy(TransferDirection direction, PageKind kind, const std::vec
 void CopyEngine::Fence() {
 #if defined(OOMB_HAVE_CUDA)
   if (streams_ != nullptr) {
-    streams_->to_device.synchronize();
-    streams_->to_host.synchronize();
-    streams_->adds.synchronize();
+    streams_->Fence();
     if (observer_) streams_->Report(observer_, /*wait=*/true);
-    streams_->Fenced();
   }
 #endif
 }

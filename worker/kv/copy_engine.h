@@ -9,8 +9,11 @@
 //     thread blocks, reading the pinned pages through unified addressing: scattered 256 KiB
 //     pages came in at 50 GB/s, against 35 GB/s and 4 ms of host time per 600 pages for one
 //     cudaMemcpyAsync per run, and it slowed a concurrent matmul by 4-9%;
-//   - a write-back, and a fetch of one run, is one cudaMemcpyAsync per run (DMA): a copy kernel
-//     writing to the host slowed a concurrent matmul by 20-60%, DMA by nothing.
+//   - a write-back, and a fetch of one run, is DMA: one cudaMemcpyBatchAsync of every run (one
+//     cudaMemcpyAsync for a single run). A copy kernel writing to the host slowed a concurrent
+//     matmul by 34-60%, DMA by nothing; batched, head-sized runs went at 50 GB/s where one
+//     cudaMemcpyAsync per run reached 11 (the host's 3 us per call the limit)
+//     (bench/results/2026-11-24-h100-device-adds).
 // A fetch may bring only some KV heads of each page (sparse attention's selections are per
 // head): its runs are then the K and V of those heads, 32 KiB each for Qwen2.5-7B (50 GB/s by
 // the kernel, 9.5 GB/s by one cudaMemcpyAsync per run). Fetches run on a high-priority stream:
@@ -19,25 +22,34 @@
 // (bench/results/2026-11-24-h100-no-device-waits).
 //
 // AddToPages adds into host pages instead of overwriting them, and moves only some heads of
-// each: the runs are packed on the device into one buffer, copied to a pinned staging buffer in
-// one cudaMemcpyAsync (a DMA at full rate, where head-sized runs went at 11 GB/s), and host
-// threads (12) add them into the pages, in host functions queued in order on a third stream
-// (each after its piece's copy; the write-back stream goes on to the next piece). Sparse
-// backward adds each chunk's page gradients this way, so a gradient page on the host is never
-// fetched to be added to: it crosses the bus once per contribution, one way, and only the heads
-// that selected it. The staging buffers (tier.h) are a ring; a batch waits for a buffer whose
-// additions are done, so the host falls behind the device by at most the ring.
+// each: the selecting heads' rows. On the device (CUDA), on a third stream of high priority:
+// the contributions are packed into one buffer, and one addition kernel (kernels/page_copy.h
+// LaunchAddRuns, 4 thread blocks) reads each host row through unified addressing, adds the
+// contribution and writes the sum back. Sparse backward adds each chunk's page gradients this
+// way: a gradient page on the host crosses the bus twice per contribution, only the heads that
+// selected it, with no host thread, no staging buffer, and one launch per addition. At most
+// kHostAddBytesInFlight of additions are queued (tier.h); beyond, a call waits for the oldest.
+// On the CPU, AddToPages adds on the host, on up to 12 threads.
+//
+// Until 2026-11-24, host threads added the contributions on the GPU path too, from a 1 GiB
+// pinned staging ring that one DMA filled: four passes over host memory for each byte added,
+// 9-16 GB/s of additions, and the training thread waited whenever the ring was full. The
+// kernel did not make the longest contexts faster: at 1,370,752 tokens on an H100 one step
+// took 257 s, inside the host threads' spread of 253-283 s. Moving the rows by batched DMA
+// (cudaMemcpyBatchAsync), issued by the training thread or by a thread of its own, took
+// 268-273 s: the driver's time per run was the cost (bench/results/2026-11-24-h100-device-adds).
 //
 // Ordering (CUDA), on dedicated streams, one per direction (and the additions' third):
 //   - a fetch starts after the earlier fetches and after the newest write-back or addition
 //     queued into any of its pages (only those: a fetch of other pages does not wait for the
-//     host's additions), not after the caller's queued work: its destination is allocated on
+//     additions), not after the caller's queued work: its destination is allocated on
 //     the fetch stream, whose earlier users of that memory were fetches. So a fetch started
 //     while the device is busy comes in at once. Await makes the current stream wait for the
 //     fetch's event before anything it queues next (no read before the copy lands), and keeps
 //     the destination from reuse until that stream is done with it;
 //   - a write-back or addition starts after the current stream's queued work (which produced
-//     the images); the images stay allocated until it is done (recordStream);
+//     the images) and after the newest write-back or addition into its pages (an addition
+//     reads them); the images stay allocated until it is done (recordStream);
 //   - Fence() waits for every stream, FencePages for the copies touching some pages: callers
 //     fence before a host page is freed or reused, so no copy still reads or writes a page the
 //     host zeroes or hands to someone else.
@@ -55,7 +67,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -96,10 +107,11 @@ class CopyEngine {
   // dtype) into the host pages `ids`.
   void WritePages(PagePool& pool, const std::vector<PageId>& ids, const at::Tensor& images);
 
-  // Queues adding, into the host pages `ids` of `pool`, the K and V of the KV heads set in
-  // heads[i] of image i of `images` [n, 2, kv_heads, page_tokens, head_dim] (device, the pool's
-  // dtype; the rest of each image is ignored). Host threads add them (bfloat16 pages: in
-  // float32, rounded once per addition); a later fetch of these pages sees the sums.
+  // Queues adding, into the host pages `ids` (distinct) of `pool`, the K and V of the KV heads
+  // set in heads[i] of image i of `images` [n, 2, kv_heads, page_tokens, head_dim] (device, the
+  // pool's dtype; the rest of each image is ignored). bfloat16 pages are added in float32,
+  // rounded once per addition, the same on the device and on the host; a later fetch of these
+  // pages sees the sums.
   void AddToPages(PagePool& pool, const std::vector<PageId>& ids, const std::vector<uint64_t>& heads,
                   const at::Tensor& images);
 
@@ -112,10 +124,9 @@ class CopyEngine {
 
   int64_t bytes_to_device() const { return bytes_to_device_; }
   int64_t bytes_to_host() const { return bytes_to_host_; }
-  // Seconds the host spent adding into host pages (summed over its threads' batches), and
-  // seconds AddToPages' callers waited for a staging buffer (the host behind the device).
-  double host_add_seconds() const { return static_cast<double>(host_add_ns_.load()) * 1e-9; }
-  double staging_wait_seconds() const { return static_cast<double>(staging_wait_ns_) * 1e-9; }
+  // Seconds AddToPages' callers waited for earlier additions to finish (CUDA: more than
+  // kHostAddBytesInFlight of them queued).
+  double add_wait_seconds() const { return static_cast<double>(add_wait_ns_) * 1e-9; }
 
   // Durations are reported when known: at Fence, or at a FencePages after the batch ended.
   using Observer = std::function<void(TransferDirection, PageKind, int64_t bytes, double seconds)>;
@@ -123,15 +134,15 @@ class CopyEngine {
 
  private:
   struct Streams;
-  // Queues `runs` on the direction's stream between two timing events (CUDA).
+  // Queues `runs` on the direction's stream between two timing events (CUDA); on the CPU,
+  // copies them.
   void Copy(TransferDirection direction, PageKind kind, const std::vector<CopyRun>& runs);
   at::Device device_;
   Observer observer_;
   std::unique_ptr<Streams> streams_;  // CUDA only
   int64_t bytes_to_device_ = 0;
   int64_t bytes_to_host_ = 0;
-  std::atomic<int64_t> host_add_ns_{0};  // added to by the additions' host functions
-  int64_t staging_wait_ns_ = 0;
+  int64_t add_wait_ns_ = 0;
 };
 
 }  // namespace oomb

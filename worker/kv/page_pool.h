@@ -209,7 +209,8 @@ struct KvPools {
 // append-only list of page ids per layer (truncated from the end only when pages are
 // released, in reverse chunk order). Pages may live on either tier; every read returns device
 // tensors and every accumulation lands in the page wherever it lives (host pages: fetched,
-// added to on the device, written back; or, for sparse page gradients, added to on the host).
+// added to on the device, written back; or, for sparse page gradients, added into in place by
+// the copy engine, CopyEngine::AddToPages).
 class SequenceKvCache {
  public:
   // Host pages being fetched ahead of the read that uses them: which pages, which KV heads of
@@ -278,7 +279,7 @@ class SequenceKvCache {
   // never get one). Entries of -1, and of pages whose gradients are dropped (DropGradients),
   // are skipped; repeated pages receive every contribution,
   // summed first and added to the page once. Host pages are not fetched: their contributions
-  // are summed on the device and the selecting heads' go to the host, which adds them
+  // are summed on the device and the selecting heads' added into the host pages in place
   // (CopyEngine::AddToPages); a bfloat16 page is then rounded twice, the sum and the page.
   absl::Status AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& host_selection,
                                   const at::Tensor& dk, const at::Tensor& dv);

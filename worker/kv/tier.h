@@ -24,10 +24,9 @@ struct KvPoolSizes {
   static KvPoolSizes Pairs(int64_t device, int64_t host) { return {device, device, host, host}; }
 };
 
-// Pinned host memory the copy engine stages additions into host pages through (CUDA, when
-// pages live on the host): kHostAddStagingBuffers buffers of kHostAddStagingBytes each.
-inline constexpr int64_t kHostAddStagingBytes = int64_t{64} << 20;
-inline constexpr int kHostAddStagingBuffers = 16;
+// Bytes of additions into host pages the copy engine keeps queued (CUDA, when pages live on the
+// host; worker/kv/copy_engine.h): the device holds each one's contributions until added.
+inline constexpr int64_t kHostAddBytesInFlight = int64_t{512} << 20;
 
 }  // namespace oomb
 

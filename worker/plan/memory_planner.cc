@@ -24,6 +24,9 @@ constexpr int64_t kGpuFlashKeyBlock = 65536;  // ChunkTrainerOptions::gpu_attent
 // the plan's error (measured within 4% of the GPU peak) must not turn into an out-of-memory
 // error at the step's peak.
 constexpr int64_t kAutoMarginDivisor = 16;
+// What the copy engine's additions into host pages hold on the device at most: the contributions
+// queued (worker/kv/tier.h), and as much again for the page images they are packed from.
+constexpr int64_t kDeviceAddBytes = 2 * kHostAddBytesInFlight;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -221,10 +224,12 @@ Placement Place(const Model& m, const JobSpec& spec, bool cuda, int64_t T, int64
   if (offload == "host") {
     on_device = 0;
   } else if (offload == "auto" && cuda && fixed + m.KvBytes(T) > device_capacity) {
-    // What fits stays on the device, less a margin for the plan's own error.
+    // What fits stays on the device, less a margin for the plan's own error and the additions
+    // into host pages in flight.
     const int64_t margin = device_capacity / kAutoMarginDivisor;
-    on_device =
-        std::clamp(static_cast<double>(device_capacity - fixed - margin) / static_cast<double>(m.KvBytes(T)), 0.0, 1.0);
+    on_device = std::clamp(
+        static_cast<double>(device_capacity - fixed - kDeviceAddBytes - margin) / static_cast<double>(m.KvBytes(T)),
+        0.0, 1.0);
   }
   p.device_pages = static_cast<int64_t>(on_device * static_cast<double>(pages));
   p.device_grad_pages = static_cast<int64_t>(on_device * static_cast<double>(grad_pages));
@@ -233,9 +238,10 @@ Placement Place(const Model& m, const JobSpec& spec, bool cuda, int64_t T, int64
   p.device_page_bytes = p.device_pages * m.KvPageBytes() + p.device_grad_pages * m.GradPageBytes();
   p.host_page_bytes = p.host_pages * m.KvPageBytes() + p.host_grad_pages * m.GradPageBytes();
   p.peak_device = fixed + p.device_page_bytes;
+  // The copy engine's additions into host gradient pages in flight, summed on the device
+  // (worker/kv/copy_engine.h).
+  if (cuda && p.host_grad_pages > 0) p.peak_device += kDeviceAddBytes;
   p.peak_host = p.host_page_bytes + m.SelectionHostBytes(T);
-  // The copy engine's staging ring for additions into host pages (worker/kv/copy_engine.h).
-  if (cuda && p.host_pages > 0) p.peak_host += kHostAddStagingBuffers * kHostAddStagingBytes;
   // On the CPU the device is the host: one budget.
   if (!cuda) p.peak_host += p.peak_device;
   p.fits = p.peak_device <= device_capacity && (!cuda ? p.peak_host <= device_capacity : p.peak_host <= host_capacity);

@@ -237,14 +237,16 @@ void CheckEveryCacheOperation(const Target& target) {
     const int64_t to_device_before = tiered.copies->bytes_to_device();
     const int64_t to_host_before = tiered.copies->bytes_to_host();
     ASSERT_TRUE(b.AccumulatePageGrad(l, selection, host_selection, dk, dv).ok());
-    // Host gradient pages are added to on the host, never fetched for it, and only the heads
-    // that select a page send it theirs. A gradient page is on its KV page's tier: layer 1's
-    // pages 0 and 1 on the device, the rest on the host. Head 0 selects pages 0, 2, 4, 6 and
-    // head 1 pages 0, 1, 3, 5, 6: of host pages, 6 heads' dK and dV.
-    EXPECT_EQ(tiered.copies->bytes_to_device(), to_device_before);
+    // Only the heads that select a host gradient page add into it: on the GPU their rows of
+    // the page come in and go back, on the CPU the host adds them (nothing comes in). A
+    // gradient page is on its KV page's tier: layer 1's pages 0 and 1 on the device, the rest
+    // on the host. Head 0 selects pages 0, 2, 4, 6 and head 1 pages 0, 1, 3, 5, 6: of host
+    // pages, 6 heads' dK and dV.
+    const int64_t sent = tiered.copies->bytes_to_host() - to_host_before;
+    EXPECT_EQ(tiered.copies->bytes_to_device() - to_device_before, target.device.is_cuda() ? sent : 0);
     if (l == 1) {
       const int64_t head_bytes = kShape.page_tokens * kShape.head_dim * at::elementSize(target.dtype);
-      EXPECT_EQ(tiered.copies->bytes_to_host() - to_host_before, 6 * 2 * head_bytes);
+      EXPECT_EQ(sent, 6 * 2 * head_bytes);
     }
     // Prefetched and consumed as it is.
     ASSERT_TRUE(b.PrefetchPages(l, host_selection, /*with_grads=*/true).ok());
@@ -418,7 +420,8 @@ TEST(CopyEngineTest, BatchesRoundTripAndAreCounted) { CheckBatchesRoundTrip(kCpu
 // AddToPages adds the K and V of the given heads of each image into host pages (bfloat16 pages:
 // in float32, rounded as torch rounds), leaves the other heads as they were, counts the bytes
 // of the heads sent, and a fetch queued right after (no fence) sees every sum. On a GPU the
-// additions run on the host behind the write-back stream, through the staging ring.
+// device adds: the heads' rows come in, are added to and go back (counted both ways); on the
+// CPU the host adds.
 void CheckAdditions(const Target& target) {
   for (const at::ScalarType dtype : {target.dtype, at::kBFloat16}) {
     SCOPED_TRACE(c10::toString(dtype));
@@ -449,7 +452,9 @@ void CheckAdditions(const Target& target) {
     add(0, 3, more[0]);
     ExpectSame(got, want, "pages after additions");
     const int64_t head_bytes = page_bytes / (2 * kShape.kv_heads);
-    EXPECT_EQ(copies.bytes_to_host(), 5 * page_bytes + (1 + 1 + 2 + 0 + 1 + 2) * 2 * head_bytes);
+    const int64_t added = (1 + 1 + 2 + 0 + 1 + 2) * 2 * head_bytes;
+    EXPECT_EQ(copies.bytes_to_host(), 5 * page_bytes + added);
+    EXPECT_EQ(copies.bytes_to_device(), 5 * page_bytes + (target.device.is_cuda() ? added : 0));
   }
 }
 
