@@ -20,6 +20,9 @@
 //                                               attention's working set (CUDA: one key block
 //                                               of the past, gathered, with its gradient;
 //                                               CPU: one key block's scores)
+//               + additions in flight           CUDA, with gradient pages on the host: the
+//                                               copy engine's queued additions into them
+//                                               (twice kHostAddBytesInFlight, worker/kv/tier.h)
 //
 //   host peak   = host page pools               the pages not placed on the device, pinned
 //               + sparse selections             (below)
