@@ -114,6 +114,23 @@ int64_t PeakBytes(const at::Device& d) {
   return 0;
 }
 
+// The caching allocator's counts of what costs the host time (and, for retries and syncs of
+// every stream, the device's queue): retries after a failed allocation, which free cached
+// blocks, syncs of all streams, and segments mapped and unmapped.
+nlohmann::json AllocatorCounts(const at::Device& d) {
+  nlohmann::json j = nlohmann::json::object();
+#if defined(OOMB_HAVE_CUDA)
+  if (d.is_cuda()) {
+    const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+    j = {{"alloc_retries", s.num_alloc_retries},
+         {"sync_all_streams", s.num_sync_all_streams},
+         {"device_allocs", s.num_device_alloc},
+         {"device_frees", s.num_device_free}};
+  }
+#endif
+  return j;
+}
+
 void ResetPeak(const at::Device& d) {
 #if defined(OOMB_HAVE_CUDA)
   if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
@@ -409,8 +426,19 @@ int Main(int argc, char** argv) {
         if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
         r["host_pin_wait_s"] = pools->WaitForHost();  // pinning is not part of a step
         ResetPeak(d);
-        const CopyEngine* copies = pools->owned.copies.get();
+        CopyEngine* copies = pools->owned.copies.get();
+        // The copy engine's batches by way and kind: bytes, and the seconds their copies ran on
+        // their streams (CUDA events around each; queueing behind earlier batches excluded).
+        std::map<std::string, std::pair<int64_t, double>> transfers;
+        if (copies != nullptr) {
+          copies->set_observer([&transfers](TransferDirection dir, PageKind kind, int64_t bytes, double seconds) {
+            auto& [b, t] = transfers[std::string(DirectionName(dir)) + "_" + KindName(kind)];
+            b += bytes;
+            t += seconds;
+          });
+        }
         const double add_wait_s = copies != nullptr ? copies->add_wait_seconds() : 0;
+        const nlohmann::json allocator_before = AllocatorCounts(d);
         absl::StatusOr<StepResult> step;
         const auto run = [&] { step = Step(*m, opt, *pools, T, trainer_options, d, sections); };
         if (kernel_profile > 0) {
@@ -440,6 +468,10 @@ int Main(int argc, char** argv) {
               static_cast<double>(step->sparse.selected_pages) / static_cast<double>(step->sparse.past_pages);
         }
         r["peak_bytes"] = PeakBytes(d);
+        nlohmann::json allocator = AllocatorCounts(d);
+        for (auto& [name, count] : allocator.items())
+          count = count.get<int64_t>() - allocator_before[name].get<int64_t>();
+        if (!allocator.empty()) r["allocator"] = allocator;
         const MemoryPlan& plan = pools->plan;
         r["kv_pool_bytes"] = plan.kv_device_bytes;
         r["kv_device_pages"] = plan.device_kv_pages;
@@ -452,6 +484,11 @@ int Main(int argc, char** argv) {
         r["d2h_bytes"] = step->memory.bytes_to_host;
         if (copies != nullptr) {
           r["add_wait_s"] = copies->add_wait_seconds() - add_wait_s;
+          copies->Fence();  // the last batches' durations
+          copies->set_observer(nullptr);
+          for (const auto& [name, bt] : transfers) {
+            r["transfers"][name] = {{"bytes", bt.first}, {"busy_s", bt.second}, {"gb_s", bt.first / bt.second / 1e9}};
+          }
         }
         r["model_tflops"] = flops / *s / 1e12;
         r["planned_peak_bytes"] = plan.peak_device_bytes;

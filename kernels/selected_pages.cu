@@ -53,8 +53,12 @@ __device__ __forceinline__ void Store8<__nv_bfloat16>(__nv_bfloat16* p, const Ve
   *reinterpret_cast<uint4*>(p) = u;
 }
 
+__device__ __forceinline__ int64_t SlotRun(const SelectedPagesParams& p, int64_t slot, int64_t kv, int64_t head) {
+  return ((slot * 2 + kv) * p.kv_heads + head) * p.page_tokens * p.head_dim;
+}
+
 __device__ __forceinline__ int64_t ArenaRun(const SelectedPagesParams& p, int64_t page, int64_t kv, int64_t head) {
-  return ((static_cast<int64_t>(p.slots[page]) * 2 + kv) * p.kv_heads + head) * p.page_tokens * p.head_dim;
+  return SlotRun(p, p.slots[page], kv, head);
 }
 
 template <typename T>
@@ -62,7 +66,12 @@ __global__ void GatherSelectedKernel(SelectedPagesParams p) {
   const int64_t e = blockIdx.x, kv = blockIdx.y % 2, split = blockIdx.y / 2;
   const int64_t run = p.page_tokens * p.head_dim, page = p.selection[e], head = (e / p.n) % p.kv_heads;
   T* dst = static_cast<T*>(kv == 0 ? p.k : p.v) + e * run;
-  const T* src = page >= 0 ? static_cast<const T*>(p.arena) + ArenaRun(p, page, kv, head) : nullptr;
+  const T* src = nullptr;
+  if (page >= 0) {
+    const int64_t slot = p.slots[page];
+    src = slot >= 0 ? static_cast<const T*>(p.arena) + SlotRun(p, slot, kv, head)
+                    : static_cast<const T*>(p.second) + SlotRun(p, -slot - 1, kv, head);
+  }
   constexpr int kPerVec = 16 / sizeof(T);
   for (int64_t i = (split * kThreads + threadIdx.x) * kPerVec; i < run; i += kSplits * kThreads * kPerVec) {
     *reinterpret_cast<uint4*>(dst + i) = src != nullptr ? *reinterpret_cast<const uint4*>(src + i) : uint4{0, 0, 0, 0};

@@ -3,7 +3,8 @@
 //
 // Layouts (kernels/page_copy.h for the arena):
 //   arena:      [num_slots, 2, kv_heads, page_tokens, head_dim]   (dim 1: 0 = K, 1 = V)
-//   slots:      [num_pages] int32: the arena slot of past page i
+//   slots:      [num_pages] int32: the arena slot of past page i (gather: s < 0 names page
+//               -s - 1 of a second arena, `second`)
 //   selection:  [n_tiles, kv_heads, n] int64: page indices, -1 = none
 //   k, v:       [n_tiles, kv_heads, n * page_tokens, head_dim]: entry e = (t * kv_heads + h) * n + i
 //               of the selection owns the run k[e * page_tokens * head_dim ...] of one page and head
@@ -32,6 +33,7 @@ enum class PageDtype { kBFloat16, kFloat32 };
 
 struct SelectedPagesParams {
   void* arena = nullptr;                // arena_dtype
+  const void* second = nullptr;         // gather: a second arena, slot s < 0 its page -s - 1
   const int32_t* slots = nullptr;       // [num_pages]
   const int64_t* selection = nullptr;   // [entries], -1 = none (gather)
   const int64_t* order = nullptr;       // [entries] (accumulate)
@@ -48,7 +50,8 @@ struct SelectedPagesParams {
   PageDtype buffer_dtype = PageDtype::kBFloat16;
 };
 
-// k, v <- the selected pages (arena and buffers of one dtype). page_tokens * head_dim % 8 == 0.
+// k, v <- the selected pages (arena, second and buffers of one dtype; a negative slot reads
+// `second`). page_tokens * head_dim % 8 == 0.
 cudaError_t LaunchGatherSelectedPages(const SelectedPagesParams& p, cudaStream_t stream);
 // pages += k, v (any mix of the two dtypes), each run summed in float32 first.
 cudaError_t LaunchAccumulateSelectedPages(const SelectedPagesParams& p, cudaStream_t stream);

@@ -146,8 +146,15 @@ void Launch(const at::Tensor& arena, cudaError_t (*launch)(const SelectedPagesPa
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, const at::Tensor& slots,
-                                                      const at::Tensor& selection) {
+                                                      const at::Tensor& selection, const at::Tensor& second) {
   const Selected s = CheckSelected(arena, slots, selection);
+  if (second.defined()) {
+    TORCH_CHECK(second.dim() == 5 && second.sizes().slice(1) == arena.sizes().slice(1) &&
+                    second.scalar_type() == arena.scalar_type() && second.device() == arena.device() &&
+                    second.is_contiguous(),
+                "second: expected contiguous [m, ", arena.sizes().slice(1), "] of ", arena.scalar_type(), " on ",
+                arena.device(), ", got ", second.sizes(), " of ", second.scalar_type(), " on ", second.device());
+  }
   if (s.n == 0 || s.n_tiles == 0) {
     const at::Tensor none = at::zeros(s.Shape(), arena.options());
     return {none, none.clone()};
@@ -156,10 +163,16 @@ std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, c
   if (KernelTakes(arena, arena)) {
     at::Tensor k = at::empty(s.Shape(), arena.options()), v = at::empty_like(k);
     const at::Tensor sel = selection.contiguous();
-    Launch(arena, LaunchGatherSelectedPages, MakeSelectedParams(arena, slots, sel, k, v, s));
+    SelectedPagesParams p = MakeSelectedParams(arena, slots, sel, k, v, s);
+    if (second.defined()) p.second = second.data_ptr();
+    Launch(arena, LaunchGatherSelectedPages, p);
     return {k, v};
   }
 #endif
+  if (second.defined()) {  // the reference: one arena of both, slot s < 0 -> arena.size(0) - s - 1
+    const at::Tensor both_slots = at::where(slots >= 0, slots, arena.size(0) - slots - 1).to(at::kInt);
+    return GatherSelectedPages(at::cat({arena, second}), both_slots, selection);
+  }
   if (arena.size(0) == 0) {  // every entry -1: no page to read
     const at::Tensor none = at::zeros(s.Shape(), arena.options());
     return {none, none.clone()};

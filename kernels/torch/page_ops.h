@@ -31,9 +31,12 @@ void ScatterAddPages(at::Tensor& arena, const at::Tensor& slots, const at::Tenso
 // dtypes, run the reference, ATen's index_select / index_add_, which the GPU tests compare
 // against.
 //
-// Returns the selected pages' (k, v), zeros where -1, in the arena's dtype.
+// Returns the selected pages' (k, v), zeros where -1, in the arena's dtype. `second`, when
+// defined: more pages [m, 2, kv_heads, page_tokens, head_dim] (the arena's dtype and device),
+// page i's slot s < 0 naming second[-s - 1]: sparse attention's host pages, fetched, read
+// beside the device's arena without first copying both into one tensor.
 std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, const at::Tensor& slots,
-                                                      const at::Tensor& selection);
+                                                      const at::Tensor& selection, const at::Tensor& second = {});
 // Adds (k, v) into the selected pages (-1 skipped; a page selected by several tiles gets every
 // contribution): summed per page in float32 (float64 for a float64 arena), then added to the
 // page once, rounded to its dtype.

@@ -241,7 +241,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       dk = dk_chunk[0].permute({1, 0, 2}).contiguous();
       dv = dv_chunk[0].permute({1, 0, 2}).contiguous();
       if (g.n_sel > 0) {
-        timeline::Mark("sparse.gather");
+        timeline::Mark("sparse.gather_bwd");
         auto [kp, vp] = Gather(g, past, selection, q.options());
         timeline::Mark("sparse.past_kernel_bwd");
         const auto stacked = [&g](const at::Tensor& x) { return StackGroups(g, ToTiles(g, x)); };

@@ -10,6 +10,7 @@
 
 #include <set>
 
+#include "kernels/torch/page_ops.h"
 #include "kernels/torch/page_select.h"
 #include "kernels/torch/paged_attention.h"
 #include "tests/kernels/sparse_attention_check.h"
@@ -185,6 +186,21 @@ TEST(SparseAttentionTest, FullBudgetEqualsDenseAttention) {
   EXPECT_LE(SparseRelErr(cv.grad(), rv.grad().slice(0, S)), 1e-12);
   EXPECT_LE(SparseRelErr(past->dk_.permute({1, 0, 2}), rk.grad().slice(0, 0, S)), 1e-12);
   EXPECT_LE(SparseRelErr(past->dv_.permute({1, 0, 2}), rv.grad().slice(0, 0, S)), 1e-12);
+}
+
+// A gather from the arena and a second tensor of pages (slot -j - 1: its page j) equals the
+// gather from one arena holding both (kernels_gpu_test checks the kernel against this).
+TEST(SelectedPagesTest, TwoSourcesGatherAsOneArena) {
+  const at::Tensor arena = at::randn({6, 2, 2, 4, 8}, at::kDouble);
+  const at::Tensor selection = at::tensor({0, 3, 2, -1, 1, 1, 4, 0}, at::kLong).view({2, 2, 2});
+  const at::Tensor slots = at::tensor({5, 0, 2, 4, 1}, at::kInt);
+  auto [k, v] = kernels::GatherSelectedPages(arena, slots, selection);
+  // Pages 1 and 3 from the second tensor, as its pages 1 and 0.
+  const at::Tensor second = at::stack({arena[4], arena[0]});
+  auto [k2, v2] = kernels::GatherSelectedPages(arena, at::tensor({5, -2, 2, -1, 1}, at::kInt), selection, second);
+  EXPECT_TRUE(at::equal(k2, k));
+  EXPECT_TRUE(at::equal(v2, v));
+  EXPECT_GT(k.abs().sum().item<double>(), 0.0);
 }
 
 }  // namespace

@@ -323,6 +323,28 @@ Selected SelectedPages(const at::Tensor& host_selection, int64_t num_pages) {
 
 }  // namespace
 
+at::Tensor SequenceKvCache::HostImages(PageKind kind, const std::vector<PageId>& host_ids,
+                                       const std::vector<uint64_t>* host_heads, PagesInFlight* started) {
+  const std::vector<uint64_t> whole;
+  const std::vector<uint64_t>& heads = host_heads != nullptr ? *host_heads : whole;
+  const auto fetches_these = [&](const PagesInFlight& f) {
+    return f.fetch != nullptr && f.ids == host_ids && f.heads == heads;
+  };
+  const auto pre = std::find_if(prefetched_.begin(), prefetched_.end(),
+                                [&](const Prefetched& p) { return p.kind == kind && fetches_these(p.pages); });
+  at::Tensor images;
+  if (started != nullptr && fetches_these(*started)) {
+    images = pools_.copies->Await(started->fetch);
+    *started = PagesInFlight();
+  } else if (pre != prefetched_.end()) {
+    images = pools_.copies->Await(pre->pages.fetch);
+    prefetched_.erase(pre);
+  } else {
+    images = pools_.copies->FetchPages(*Pool(kind, Tier::kHost), host_ids, host_heads);
+  }
+  return images;
+}
+
 at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads,
                                    PagesInFlight* started) {
   PagePool* device = Pool(kind, Tier::kDevice);
@@ -335,22 +357,7 @@ at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids
   if (heads != nullptr) {
     for (const int64_t pos : host_pos) host_heads.push_back((*heads)[pos]);
   }
-  at::Tensor host_images;
-  const auto fetches_these = [&](const PagesInFlight& f) {
-    return f.fetch != nullptr && f.ids == host_ids && f.heads == host_heads;
-  };
-  const auto pre = std::find_if(prefetched_.begin(), prefetched_.end(),
-                                [&](const Prefetched& p) { return p.kind == kind && fetches_these(p.pages); });
-  if (started != nullptr && fetches_these(*started)) {
-    host_images = pools_.copies->Await(started->fetch);
-    *started = PagesInFlight();
-  } else if (pre != prefetched_.end()) {
-    host_images = pools_.copies->Await(pre->pages.fetch);
-    prefetched_.erase(pre);
-  } else {
-    host_images =
-        pools_.copies->FetchPages(*Pool(kind, Tier::kHost), host_ids, heads != nullptr ? &host_heads : nullptr);
-  }
+  const at::Tensor host_images = HostImages(kind, host_ids, heads != nullptr ? &host_heads : nullptr, started);
   if (device_ids.empty()) return host_images;
   at::Tensor images = at::empty({static_cast<int64_t>(ids.size()), 2, device->shape().kv_heads,
                                  device->shape().page_tokens, device->shape().head_dim},
@@ -629,9 +636,23 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
     return kernels::GatherSelectedPages(
         pools_.kv->arena(), SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()), selection);
   }
+  const Selected selected = SelectedPages(host_selection, static_cast<int64_t>(pages.size()));
+  if (selection.is_cuda()) {
+    // Some pages on the host, on a GPU: the selected host pages fetched (only the heads that
+    // select them), and one gather from both the arena and the fetched pages (slot -i - 1:
+    // fetched page i).
+    const PagesInFlight host = SelectedHostPages(layer, selected.pages, selected.heads);
+    std::vector<int32_t> slots(pages.size(), 0);
+    int32_t fetched = 0;
+    for (const int64_t page : selected.pages) {
+      slots[page] = pages[page].tier() == Tier::kHost ? -1 - fetched++ : static_cast<int32_t>(pages[page].slot());
+    }
+    const at::Tensor host_images =
+        host.ids.empty() ? at::Tensor() : HostImages(PageKind::kKv, host.ids, &host.heads, started);
+    return kernels::GatherSelectedPages(pools_.kv->arena(), Upload(slots, selection.device()), selection, host_images);
+  }
   // Some pages on the host: the selected ones as images (of host pages, only the heads that
   // select them come over), the slots their positions there.
-  const Selected selected = SelectedPages(host_selection, static_cast<int64_t>(pages.size()));
   std::vector<int64_t> index(pages.size(), 0);
   std::vector<PageId> ids;
   for (const int64_t page : selected.pages) {

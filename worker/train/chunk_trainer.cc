@@ -91,9 +91,11 @@ class LayerPast final : public kernels::PastKv {
 // The selected past pages of one layer for one chunk (sparse attention). In stage 2, given the
 // chunk's selections of every layer (stage 1's), it prefetches what the next attention reads:
 // the recompute goes up the layers, the backward comes down, and the top layer's backward
-// follows its recompute. The recompute prefetches two layers ahead: between one layer's
-// attention and the next, only the MLP and a projection run (about 2.5 ms for Qwen2.5-7B's
-// chunks of 4096 on an H100), about what a layer's selected host pages take to come in.
+// follows its recompute. The recompute prefetches kRecomputeLead (two) layers ahead: between
+// one layer's attention and the next, only the MLP and a projection run (about 2.5 ms for
+// Qwen2.5-7B's chunks of 4096 on an H100), about what a layer's selected host pages take to
+// come in; three ahead were no faster at 1,342,720 tokens, before gathers read two sources
+// (bench/results/2026-11-24-h100-two-source-gather).
 class LayerSparsePast final : public kernels::SparsePast {
  public:
   // `host_selection`: the layer's selection on the CPU (the cache reads which pages to fetch
@@ -118,17 +120,20 @@ class LayerSparsePast final : public kernels::SparsePast {
   void Finished(bool backward) override {
     if (selections_.empty()) return;
     const int64_t layers = static_cast<int64_t>(selections_.size());
-    int64_t next = backward ? layer_ - 1 : layer_ + 1;
-    if (!backward && next == layers) next = layer_;  // the top layer's backward comes next
-    if (next < 0) return;
-    const bool with_grads = backward || next == layer_;
-    absl::Status s = cache_->PrefetchPages(next, selections_[next], with_grads);
-    // The layer after (in flight already, unless this is the first), two ahead.
-    if (s.ok() && !backward && next > layer_ && next + 1 < layers) {
-      s = cache_->PrefetchPages(next + 1, selections_[next + 1], /*with_grads=*/false);
+    absl::Status s;
+    if (backward) {
+      if (layer_ > 0) s = cache_->PrefetchPages(layer_ - 1, selections_[layer_ - 1], /*with_grads=*/true);
+    } else if (layer_ + 1 == layers) {  // the top layer's backward comes next
+      s = cache_->PrefetchPages(layer_, selections_[layer_], /*with_grads=*/true);
+    } else if (layer_ + kRecomputeLead < layers) {
+      // The layers in between were prefetched by the layers below (the first ones before the
+      // chunk's recompute, by TrainSequence).
+      s = cache_->PrefetchPages(layer_ + kRecomputeLead, selections_[layer_ + kRecomputeLead], /*with_grads=*/false);
     }
     TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
   }
+  // How many layers ahead the recompute prefetches (SequenceKvCache::kMaxPrefetches at most).
+  static constexpr int64_t kRecomputeLead = 2;
 
  private:
   SequenceKvCache* cache_;
@@ -567,6 +572,12 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
         clock.Lap(&chunk_times_.backward);
         if (options_.should_stop && options_.should_stop()) return absl::CancelledError("stopped at a chunk boundary");
         continue;
+      }
+      // Sparse: the recompute's first layers read their pages before any layer could prefetch
+      // them (LayerSparsePast::Finished prefetches the ones after).
+      for (int64_t layer = 0; options_.sparse.has_value() && layer < std::min(LayerSparsePast::kRecomputeLead, L);
+           ++layer) {
+        OOMB_RETURN_IF_ERROR(cache.PrefetchPages(layer, selections_[index * L + layer], /*with_grads=*/false));
       }
       const Chunk c = MakeChunk(seq, index, /*training=*/true, dropout_seed);
       // Gradients that later chunks left in this chunk's pages (none for the last chunk), each
