@@ -42,6 +42,9 @@
 // tracing costs some host time a launch.
 // --attention-kernel cudnn | flash: the GPU attention's fused kernel, dense and sparse
 // (kernels/torch/fused_attention.h, GpuAttentionKernel).
+// --kernel-trace S:START:SECONDS (repeatable; CUDA): of the measured step at length S, every
+// kernel and copy that ran from START seconds after the step began, for SECONDS, written to
+// --kernel-trace-dir as trace_S.tsv (bench/kernel_trace.h; bench/kernel_trace.py summarizes).
 // --chunk-fraction p: SpaCO (backward.chunk_fraction; worker/train/chunk_trainer.h): stage 2
 // backpropagates each chunk with probability p. The line then carries the chunks kept, and model
 // FLOPs count the backward of the kept tokens only: (2 T + 4 T_kept) / (6 T) of the exact count.
@@ -56,6 +59,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -67,6 +71,9 @@
 #endif
 
 #include "kernels/torch/gpu_timeline.h"
+#if defined(OOMB_HAVE_CUDA)
+#include "bench/kernel_trace.h"
+#endif
 #include "worker/common/status.h"
 #include "worker/job/build_info.h"
 #include "worker/kv/copy_engine.h"
@@ -370,7 +377,27 @@ int Main(int argc, char** argv) {
   app.add_option("--device", device, "cuda | cpu");
   app.add_option("--kernel-profile", kernel_profile,
                  "also the measured step's GPU busy time and its N costliest kernels (profiled)");
+  std::vector<std::string> kernel_traces;
+  std::string kernel_trace_dir = ".";
+  app.add_option("--kernel-trace", kernel_traces,
+                 "S:START:SECONDS: the kernels and copies of the step at length S from START seconds into it, for "
+                 "SECONDS (CUDA)");
+  app.add_option("--kernel-trace-dir", kernel_trace_dir, "where --kernel-trace writes trace_S.tsv");
   CLI11_PARSE(app, argc, argv);
+  // --kernel-trace: length -> (start, seconds).
+  std::map<int64_t, std::pair<double, double>> trace_windows;
+  for (const std::string& t : kernel_traces) {
+    int64_t length = 0;
+    double start = 0, seconds = 0;
+    if (std::sscanf(t.c_str(), "%ld:%lf:%lf", &length, &start, &seconds) != 3 || seconds <= 0) {
+      std::cerr << "--kernel-trace " << t << ": expected LENGTH:START_SECONDS:SECONDS, e.g. 131072:10:2" << std::endl;
+      return 2;
+    }
+    trace_windows[length] = {start, seconds};
+  }
+#if defined(OOMB_HAVE_CUDA)
+  if (!trace_windows.empty() && !KernelTrace::Initialize()) return 1;
+#endif
 
   const at::Device d = device == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
   const ModelConfig config = Preset(model);
@@ -443,6 +470,14 @@ int Main(int argc, char** argv) {
         const auto run = [&] { step = Step(*m, opt, *pools, T, trainer_options, d, sections); };
         if (kernel_profile > 0) {
           r.update(Profiled(run, static_cast<size_t>(kernel_profile)));
+        } else if (const auto w = trace_windows.find(T); w != trace_windows.end()) {
+#if defined(OOMB_HAVE_CUDA)
+          const KernelTrace trace(kernel_trace_dir + "/trace_" + std::to_string(T) + ".tsv", w->second.first,
+                                  w->second.second);
+#else
+          std::cerr << "--kernel-trace: a CUDA build only" << std::endl;
+#endif
+          run();
         } else {
           run();
         }

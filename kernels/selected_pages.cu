@@ -68,9 +68,13 @@ __global__ void GatherSelectedKernel(SelectedPagesParams p) {
   T* dst = static_cast<T*>(kv == 0 ? p.k : p.v) + e * run;
   const T* src = nullptr;
   if (page >= 0) {
-    const int64_t slot = p.slots[page];
-    src = slot >= 0 ? static_cast<const T*>(p.arena) + SlotRun(p, slot, kv, head)
-                    : static_cast<const T*>(p.second) + SlotRun(p, -slot - 1, kv, head);
+    if (p.second == nullptr) {
+      src = static_cast<const T*>(p.arena) + SlotRun(p, p.slots[page], kv, head);
+    } else {  // a slot per entry; a negative one names a packed image of `second`
+      const int64_t slot = p.slots[e];
+      src = slot >= 0 ? static_cast<const T*>(p.arena) + SlotRun(p, slot, kv, head)
+                      : static_cast<const T*>(p.second) + ((-slot - 1) * 2 + kv) * run;
+    }
   }
   constexpr int kPerVec = 16 / sizeof(T);
   for (int64_t i = (split * kThreads + threadIdx.x) * kPerVec; i < run; i += kSplits * kThreads * kPerVec) {

@@ -3,8 +3,11 @@
 //
 // Layouts (kernels/page_copy.h for the arena):
 //   arena:      [num_slots, 2, kv_heads, page_tokens, head_dim]   (dim 1: 0 = K, 1 = V)
-//   slots:      [num_pages] int32: the arena slot of past page i (gather: s < 0 names page
-//               -s - 1 of a second arena, `second`)
+//   slots:      [num_pages] int32: the arena slot of past page i
+//   second:     gather only, optional: more images, packed one per (page, KV head),
+//               [m, 2, page_tokens, head_dim]; slots are then [entries], the slot of each
+//               selection entry's page, s < 0 naming second[-s - 1] (a host page's selecting
+//               heads, fetched: bench/results/2026-11-24-h100-packed-fetches)
 //   selection:  [n_tiles, kv_heads, n] int64: page indices, -1 = none
 //   k, v:       [n_tiles, kv_heads, n * page_tokens, head_dim]: entry e = (t * kv_heads + h) * n + i
 //               of the selection owns the run k[e * page_tokens * head_dim ...] of one page and head
@@ -33,8 +36,8 @@ enum class PageDtype { kBFloat16, kFloat32 };
 
 struct SelectedPagesParams {
   void* arena = nullptr;                // arena_dtype
-  const void* second = nullptr;         // gather: a second arena, slot s < 0 its page -s - 1
-  const int32_t* slots = nullptr;       // [num_pages]
+  const void* second = nullptr;         // gather: packed images, slot s < 0 its image -s - 1
+  const int32_t* slots = nullptr;       // [num_pages], or [entries] with `second`
   const int64_t* selection = nullptr;   // [entries], -1 = none (gather)
   const int64_t* order = nullptr;       // [entries] (accumulate)
   const int64_t* sorted_key = nullptr;  // [entries] (accumulate)
@@ -50,8 +53,8 @@ struct SelectedPagesParams {
   PageDtype buffer_dtype = PageDtype::kBFloat16;
 };
 
-// k, v <- the selected pages (arena, second and buffers of one dtype; a negative slot reads
-// `second`). page_tokens * head_dim % 8 == 0.
+// k, v <- the selected pages (arena, second and buffers of one dtype; with `second`, a slot per
+// entry, a negative one reading `second`). page_tokens * head_dim % 8 == 0.
 cudaError_t LaunchGatherSelectedPages(const SelectedPagesParams& p, cudaStream_t stream);
 // pages += k, v (any mix of the two dtypes), each run summed in float32 first.
 cudaError_t LaunchAccumulateSelectedPages(const SelectedPagesParams& p, cudaStream_t stream);

@@ -9,7 +9,9 @@ set -uo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 mkdir -p "$OUT"
 torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-export LD_LIBRARY_PATH="$PWD/.carry/lib:$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The wheel's CUDA libraries (torch finds them through its RUNPATH; bench_train's CUPTI here).
+cuda_lib=$(dirname "$torch_lib")/../nvidia/cu13/lib
+export LD_LIBRARY_PATH="$PWD/.carry/lib:$torch_lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$PWD/.carry/bin:$PATH"
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"

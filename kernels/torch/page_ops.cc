@@ -147,14 +147,16 @@ void Launch(const at::Tensor& arena, cudaError_t (*launch)(const SelectedPagesPa
 
 std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, const at::Tensor& slots,
                                                       const at::Tensor& selection, const at::Tensor& second) {
-  const Selected s = CheckSelected(arena, slots, selection);
   if (second.defined()) {
-    TORCH_CHECK(second.dim() == 5 && second.sizes().slice(1) == arena.sizes().slice(1) &&
-                    second.scalar_type() == arena.scalar_type() && second.device() == arena.device() &&
-                    second.is_contiguous(),
-                "second: expected contiguous [m, ", arena.sizes().slice(1), "] of ", arena.scalar_type(), " on ",
-                arena.device(), ", got ", second.sizes(), " of ", second.scalar_type(), " on ", second.device());
+    TORCH_CHECK(slots.sizes() == selection.sizes() && slots.is_contiguous(), "slots: with `second`, expected ",
+                "contiguous ", selection.sizes(), " (a slot per selection entry), got ", slots.sizes());
+    TORCH_CHECK(arena.dim() == 5 && second.dim() == 4 && second.size(1) == 2 && second.size(2) == arena.size(3) &&
+                    second.size(3) == arena.size(4) && second.scalar_type() == arena.scalar_type() &&
+                    second.device() == arena.device() && second.is_contiguous(),
+                "second: expected contiguous [m, 2, page_tokens, head_dim] of the arena's dtype and device, got ",
+                second.sizes(), " of ", second.scalar_type(), " on ", second.device());
   }
+  const Selected s = CheckSelected(arena, second.defined() ? slots.flatten() : slots, selection);
   if (s.n == 0 || s.n_tiles == 0) {
     const at::Tensor none = at::zeros(s.Shape(), arena.options());
     return {none, none.clone()};
@@ -169,9 +171,23 @@ std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, c
     return {k, v};
   }
 #endif
-  if (second.defined()) {  // the reference: one arena of both, slot s < 0 -> arena.size(0) - s - 1
-    const at::Tensor both_slots = at::where(slots >= 0, slots, arena.size(0) - slots - 1).to(at::kInt);
-    return GatherSelectedPages(at::cat({arena, second}), both_slots, selection);
+  if (second.defined()) {
+    // The reference: the rows of both, the second's after the arena's, and each entry's two.
+    const at::Tensor rows =
+        at::cat({arena.view({-1, s.page_tokens, s.head_dim}), second.view({-1, s.page_tokens, s.head_dim})});
+    const at::Tensor slot = slots.to(at::kLong), head = at::arange(s.kv_heads, slot.options()).view({1, -1, 1});
+    const at::Tensor none = (selection < 0).view({s.n_tiles, s.kv_heads, s.n, 1, 1});
+    const auto take = [&](int64_t kv) {
+      const at::Tensor index = at::where(slot >= 0, (slot * 2 + kv) * s.kv_heads + head,
+                                         arena.size(0) * 2 * s.kv_heads + (-slot - 1) * 2 + kv)
+                                   .masked_fill(selection < 0, 0)
+                                   .flatten();
+      return rows.index_select(0, index)
+          .view({s.n_tiles, s.kv_heads, s.n, s.page_tokens, s.head_dim})
+          .masked_fill_(none, 0)
+          .view(s.Shape());
+    };
+    return {take(0), take(1)};
   }
   if (arena.size(0) == 0) {  // every entry -1: no page to read
     const at::Tensor none = at::zeros(s.Shape(), arena.options());

@@ -32,9 +32,11 @@ void ScatterAddPages(at::Tensor& arena, const at::Tensor& slots, const at::Tenso
 // against.
 //
 // Returns the selected pages' (k, v), zeros where -1, in the arena's dtype. `second`, when
-// defined: more pages [m, 2, kv_heads, page_tokens, head_dim] (the arena's dtype and device),
-// page i's slot s < 0 naming second[-s - 1]: sparse attention's host pages, fetched, read
-// beside the device's arena without first copying both into one tensor.
+// defined: more images, packed one per (page, KV head), [m, 2, page_tokens, head_dim] (the
+// arena's dtype and device); slots are then int32 of the selection's shape, the slot of each
+// entry's page, s < 0 naming second[-s - 1]: sparse attention's host pages, only their
+// selecting heads fetched (CopyEngine::StartFetch), read beside the device's arena without
+// first copying both into one tensor.
 std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, const at::Tensor& slots,
                                                       const at::Tensor& selection, const at::Tensor& second = {});
 // Adds (k, v) into the selected pages (-1 skipped; a page selected by several tiles gets every

@@ -155,20 +155,14 @@ TEST_F(KernelsGpuTest, SelectedPagesMatchCpuReference) {
     EXPECT_TRUE(at::equal(gk.cpu(), k)) << arena_dtype;
     EXPECT_TRUE(at::equal(gv.cpu(), v)) << arena_dtype;
     EXPECT_EQ(k[3][0].slice(0, 0, 2 * P).abs().sum().item<double>(), 0.0);  // the -1 entries
-    // The odd pages moved to a second tensor (fetched host pages beside the arena), in reverse
-    // order: slot -j - 1 names its page j. The reference on the CPU, then the kernel.
-    std::vector<int32_t> both(slots.data_ptr<int32_t>(), slots.data_ptr<int32_t>() + pages);
-    std::vector<int64_t> moved;
-    for (int64_t page = pages - 1; page >= 0; --page) {
-      if (page % 2 == 0) continue;
-      both[page] = -1 - static_cast<int32_t>(moved.size());
-      moved.push_back(slots[page].item<int64_t>());
-    }
-    const at::Tensor second = arena.index_select(0, at::tensor(moved, at::kLong)).contiguous();
-    const at::Tensor both_slots = at::tensor(both, at::kInt);
-    auto [ck, cv] = kernels::GatherSelectedPages(arena, both_slots, selection, second);
+    // The odd pages' selecting heads moved to packed images (fetched host pages beside the
+    // arena). The reference on the CPU, then the kernel.
+    std::vector<bool> odd(pages);
+    for (int64_t page = 0; page < pages; ++page) odd[page] = page % 2 == 1;
+    const testing::TwoSources two = testing::MoveToSecond(arena, slots, selection, odd);
+    auto [ck, cv] = kernels::GatherSelectedPages(arena, two.slots, selection, two.second);
     EXPECT_TRUE(at::equal(ck, k) && at::equal(cv, v)) << arena_dtype << ", two sources, CPU";
-    auto [g2k, g2v] = kernels::GatherSelectedPages(arena.cuda(), both_slots.cuda(), selection.cuda(), second.cuda());
+    auto [g2k, g2v] = kernels::GatherSelectedPages(arena.cuda(), two.slots.cuda(), selection.cuda(), two.second.cuda());
     EXPECT_TRUE(at::equal(g2k.cpu(), k) && at::equal(g2v.cpu(), v)) << arena_dtype << ", two sources, CUDA";
     for (const auto grad_dtype : {at::kBFloat16, at::kFloat}) {
       const at::Tensor dk = at::randn(k.sizes()).to(grad_dtype), dv = at::randn(k.sizes()).to(grad_dtype);

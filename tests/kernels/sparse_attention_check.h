@@ -75,6 +75,37 @@ inline double SparseRelErr(const at::Tensor& got, const at::Tensor& want) {
   return norm > 0 ? diff / norm : diff;
 }
 
+// A sparse gather's two sources (kernels::GatherSelectedPages with `second`), made from one
+// arena: the pages `moved` names leave the arena as a host tier's fetch brings them, packed one
+// image [2, page_tokens, head_dim] per (page, KV head selecting it), last page first (any order
+// does: the slots name them). `slots`: [num_pages] int32, the arena's; returns the packed images
+// and the slot of each selection entry's page, s < 0 naming second[-s - 1].
+struct TwoSources {
+  at::Tensor second, slots;
+};
+inline TwoSources MoveToSecond(const at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection,
+                               const std::vector<bool>& moved) {
+  const int64_t pages = slots.size(0), kv_heads = arena.size(2);
+  const at::Tensor sel = selection.cpu().contiguous();
+  std::vector<int32_t> image(pages * kv_heads, 0);  // of a moved (page, head)
+  std::vector<at::Tensor> images;
+  for (int64_t page = pages - 1; page >= 0; --page) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      if (!moved[page] || !(sel.select(1, h) == page).any().item<bool>()) continue;
+      image[page * kv_heads + h] = static_cast<int32_t>(images.size());
+      images.push_back(arena[slots[page].item<int32_t>()].select(1, h));
+    }
+  }
+  const int64_t n = sel.size(2);
+  std::vector<int32_t> entry_slots(sel.numel(), 0);
+  for (int64_t e = 0; e < sel.numel(); ++e) {
+    const int64_t page = sel.data_ptr<int64_t>()[e], h = (e / n) % kv_heads;
+    if (page < 0) continue;
+    entry_slots[e] = moved[page] ? -1 - image[page * kv_heads + h] : slots[page].item<int32_t>();
+  }
+  return {at::stack(images).contiguous(), at::tensor(entry_slots, at::kInt).view(sel.sizes())};
+}
+
 // The mask of the chunk's queries over all S + C keys, [num_heads, C, S + C]: query i of tile
 // i / P, head h (KV head h / G) sees past key j iff j's page is in selection[i / P, h / G] and
 // j >= doc_start[S + i]; chunk key j iff doc_start[S + i] <= j <= S + i.

@@ -188,19 +188,24 @@ TEST(SparseAttentionTest, FullBudgetEqualsDenseAttention) {
   EXPECT_LE(SparseRelErr(past->dv_.permute({1, 0, 2}), rv.grad().slice(0, 0, S)), 1e-12);
 }
 
-// A gather from the arena and a second tensor of pages (slot -j - 1: its page j) equals the
-// gather from one arena holding both (kernels_gpu_test checks the kernel against this).
+// A gather from the arena and packed images of some pages' selecting heads (a host tier's
+// fetch; slot -j - 1: image j) equals the gather from the arena alone (kernels_gpu_test checks
+// the kernel against this).
 TEST(SelectedPagesTest, TwoSourcesGatherAsOneArena) {
   const at::Tensor arena = at::randn({6, 2, 2, 4, 8}, at::kDouble);
-  const at::Tensor selection = at::tensor({0, 3, 2, -1, 1, 1, 4, 0}, at::kLong).view({2, 2, 2});
+  const at::Tensor selection = at::tensor({0, 3, 2, -1, 1, 1, 4, 0, 3, 3, 1, 2}, at::kLong).view({3, 2, 2});
   const at::Tensor slots = at::tensor({5, 0, 2, 4, 1}, at::kInt);
   auto [k, v] = kernels::GatherSelectedPages(arena, slots, selection);
-  // Pages 1 and 3 from the second tensor, as its pages 1 and 0.
-  const at::Tensor second = at::stack({arena[4], arena[0]});
-  auto [k2, v2] = kernels::GatherSelectedPages(arena, at::tensor({5, -2, 2, -1, 1}, at::kInt), selection, second);
+  // Pages 1 and 3 (page 3 selected by head 0 only, page 1 by both) move.
+  const testing::TwoSources two = testing::MoveToSecond(arena, slots, selection, {false, true, false, true, false});
+  ASSERT_EQ(two.second.size(0), 3);
+  auto [k2, v2] = kernels::GatherSelectedPages(arena, two.slots, selection, two.second);
   EXPECT_TRUE(at::equal(k2, k));
   EXPECT_TRUE(at::equal(v2, v));
   EXPECT_GT(k.abs().sum().item<double>(), 0.0);
+  // A wrong packed image shows.
+  auto [k3, v3] = kernels::GatherSelectedPages(arena, two.slots, selection, two.second.flip(0).contiguous());
+  EXPECT_FALSE(at::equal(k3, k) && at::equal(v3, v));
 }
 
 }  // namespace

@@ -45,9 +45,10 @@ constexpr int kCopyBlocks = 8;
 constexpr int kAddBlocks = 4;
 
 // The runs of copying pages `ids` of `pool` to / from the consecutive images at `device`: the
-// whole pages, or (`heads` given) the K and V of the KV heads set in heads[i] only. Runs
-// adjacent on both sides merge within one slab. (A run across two slabs whose addresses meet
-// is not one pinned allocation: the driver refuses it with cudaErrorInvalidValue.)
+// whole pages, or (`heads` given) the K and V of the KV heads set in heads[i] only, packed one
+// [2, page_tokens, head_dim] image per (page, head), pages in order and each page's heads
+// ascending. Runs adjacent on both sides merge within one slab. (A run across two slabs whose
+// addresses meet is not one pinned allocation: the driver refuses it with cudaErrorInvalidValue.)
 std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, char* device,
                           const std::vector<uint64_t>* heads = nullptr) {
   const int64_t page_bytes = pool.stats().bytes_per_page, kv_heads = pool.shape().kv_heads;
@@ -61,23 +62,20 @@ std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, 
       runs.push_back({host, dev, bytes});
     }
   };
+  int64_t packed = 0;  // (page, head) images so far
   for (size_t i = 0; i < ids.size(); ++i) {
     TORCH_INTERNAL_ASSERT(ids[i].tier() == Tier::kHost, "copy engine: page ", ids[i].raw(), " is not a host page");
     char* host = pool.PageData(ids[i]);
-    char* dev = device + static_cast<int64_t>(i) * page_bytes;
     const bool same_slab = i > 0 && pool.SlabOf(ids[i - 1]) == pool.SlabOf(ids[i]);
     if (heads == nullptr) {
-      add(host, dev, page_bytes, same_slab);
+      add(host, device + static_cast<int64_t>(i) * page_bytes, page_bytes, same_slab);
       continue;
     }
-    bool first = true;
-    for (int64_t kv = 0; kv < 2; ++kv) {
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        if (((*heads)[i] >> h & 1) == 0) continue;
-        const int64_t offset = (kv * kv_heads + h) * head_bytes;
-        add(host + offset, dev + offset, head_bytes, same_slab || !first);
-        first = false;
-      }
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      if (((*heads)[i] >> h & 1) == 0) continue;
+      char* image = device + packed++ * 2 * head_bytes;
+      add(host + h * head_bytes, image, head_bytes, same_slab);                       // K
+      add(host + (kv_heads + h) * head_bytes, image + head_bytes, head_bytes, true);  // V, same page
     }
   }
   return runs;
@@ -335,10 +333,16 @@ std::shared_ptr<PendingFetch> CopyEngine::StartFetch(const PagePool& pool, const
   std::optional<c10::cuda::CUDAStreamGuard> on_fetch_stream;
   if (device_.is_cuda()) on_fetch_stream.emplace(streams_->to_device);
 #endif
-  pending->pages = at::empty({static_cast<int64_t>(ids.size()), 2, s.kv_heads, s.page_tokens, s.head_dim},
-                             pool.options().device(device_).pinned_memory(false));
   TORCH_INTERNAL_ASSERT(heads == nullptr || heads->size() == ids.size(), "StartFetch: ", ids.size(), " pages, ",
                         heads == nullptr ? 0 : heads->size(), " head sets");
+  const at::TensorOptions options = pool.options().device(device_).pinned_memory(false);
+  if (heads == nullptr) {
+    pending->pages = at::empty({static_cast<int64_t>(ids.size()), 2, s.kv_heads, s.page_tokens, s.head_dim}, options);
+  } else {
+    int64_t images = 0;
+    for (const uint64_t h : *heads) images += std::popcount(h);
+    pending->pages = at::empty({images, 2, s.page_tokens, s.head_dim}, options);
+  }
   const std::vector<CopyRun> runs = Runs(pool, ids, static_cast<char*>(pending->pages.data_ptr()), heads);
   for (const CopyRun& r : runs) bytes_to_device_ += r.bytes;
   if (!device_.is_cuda()) {

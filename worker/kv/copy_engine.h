@@ -16,7 +16,11 @@
 //     (bench/results/2026-11-24-h100-device-adds).
 // A fetch may bring only some KV heads of each page (sparse attention's selections are per
 // head): its runs are then the K and V of those heads, 32 KiB each for Qwen2.5-7B (50 GB/s by
-// the kernel, 9.5 GB/s by one cudaMemcpyAsync per run). Fetches run on a high-priority stream:
+// the kernel, 9.5 GB/s by one cudaMemcpyAsync per run), and its destination holds only them,
+// packed one image per (page, head). With whole page images, mostly unset, the caching
+// allocator mapped device memory 4,661-7,375 times in a step at 1,370,752 tokens on an H100 and
+// retried 60-89 allocations (each retry synchronizes every stream); packed, about 50 and none
+// (bench/results/2026-11-24-h100-packed-fetches). Fetches run on a high-priority stream:
 // as SMs free up, the copy kernel's blocks go before the trainer's; beside a matmul, head-sized
 // runs came in at 33 GB/s and slowed it by 6%, against 26 GB/s and 20% at normal priority
 // (bench/results/2026-11-24-h100-no-device-waits).
@@ -77,8 +81,8 @@
 
 namespace oomb {
 
-// A fetch in flight: its destination [n, 2, kv_heads, page_tokens, head_dim] and the event the
-// current stream must wait for before using it.
+// A fetch in flight: its destination (StartFetch) and the event the current stream must wait for
+// before using it.
 class PendingFetch;
 struct CopyRun;
 
@@ -90,13 +94,14 @@ class CopyEngine {
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
 
-  // Queues the copy of `ids` (host pages of `pool`) into a new device tensor. `heads`: for
-  // each page, a bitmask of the KV heads whose K and V to bring (the rest of its image is left
-  // unset: sparse attention reads only the heads that selected the page); null: whole pages.
+  // Queues the copy of `ids` (host pages of `pool`) into a new device tensor: the pages
+  // [n, 2, kv_heads, page_tokens, head_dim]; or, with `heads` (for each page, a bitmask of the
+  // KV heads whose K and V to bring: sparse attention reads only the heads that selected a
+  // page), one image per (page, head) set, [m, 2, page_tokens, head_dim], in order of page and
+  // then head.
   std::shared_ptr<PendingFetch> StartFetch(const PagePool& pool, const std::vector<PageId>& ids,
                                            const std::vector<uint64_t>* heads = nullptr);
-  // The fetched pages, [n, 2, kv_heads, page_tokens, head_dim] on the device, ready for the
-  // current stream.
+  // The fetched pages, as StartFetch lays them out, on the device, ready for the current stream.
   at::Tensor Await(const std::shared_ptr<PendingFetch>& pending);
   at::Tensor FetchPages(const PagePool& pool, const std::vector<PageId>& ids,
                         const std::vector<uint64_t>* heads = nullptr) {

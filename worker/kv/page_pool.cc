@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -345,19 +346,14 @@ at::Tensor SequenceKvCache::HostImages(PageKind kind, const std::vector<PageId>&
   return images;
 }
 
-at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads,
-                                   PagesInFlight* started) {
+at::Tensor SequenceKvCache::Images(PageKind kind, const std::vector<PageId>& ids) {
   PagePool* device = Pool(kind, Tier::kDevice);
   const auto [device_pos, host_pos, device_ids, host_ids] = SplitByTier(ids);
   const at::Device dev = device->options().device();
   if (host_ids.empty()) {
     return device->arena().index_select(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong));
   }
-  std::vector<uint64_t> host_heads;
-  if (heads != nullptr) {
-    for (const int64_t pos : host_pos) host_heads.push_back((*heads)[pos]);
-  }
-  const at::Tensor host_images = HostImages(kind, host_ids, heads != nullptr ? &host_heads : nullptr, started);
+  const at::Tensor host_images = HostImages(kind, host_ids, nullptr, nullptr);
   if (device_ids.empty()) return host_images;
   at::Tensor images = at::empty({static_cast<int64_t>(ids.size()), 2, device->shape().kv_heads,
                                  device->shape().page_tokens, device->shape().head_dim},
@@ -632,35 +628,42 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
                                                                const at::Tensor& host_selection,
                                                                PagesInFlight* started) {
   const auto& pages = kv_pages_[layer];
-  if (AllOnDevice(pages)) {
-    return kernels::GatherSelectedPages(
-        pools_.kv->arena(), SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), selection.device()), selection);
+  const at::Device dev = selection.device();
+  const Selected selected =
+      AllOnDevice(pages) ? Selected() : SelectedPages(host_selection, static_cast<int64_t>(pages.size()));
+  const PagesInFlight host = SelectedHostPages(layer, selected.pages, selected.heads);
+  if (host.ids.empty()) {  // every selected page on the device (a host page's slot is never read)
+    return kernels::GatherSelectedPages(pools_.kv->arena(),
+                                        SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), dev), selection);
   }
-  const Selected selected = SelectedPages(host_selection, static_cast<int64_t>(pages.size()));
-  if (selection.is_cuda()) {
-    // Some pages on the host, on a GPU: the selected host pages fetched (only the heads that
-    // select them), and one gather from both the arena and the fetched pages (slot -i - 1:
-    // fetched page i).
-    const PagesInFlight host = SelectedHostPages(layer, selected.pages, selected.heads);
-    std::vector<int32_t> slots(pages.size(), 0);
-    int32_t fetched = 0;
-    for (const int64_t page : selected.pages) {
-      slots[page] = pages[page].tier() == Tier::kHost ? -1 - fetched++ : static_cast<int32_t>(pages[page].slot());
-    }
-    const at::Tensor host_images =
-        host.ids.empty() ? at::Tensor() : HostImages(PageKind::kKv, host.ids, &host.heads, started);
-    return kernels::GatherSelectedPages(pools_.kv->arena(), Upload(slots, selection.device()), selection, host_images);
+  // Some selected pages on the host: their selecting heads are fetched (packed, one image per
+  // page and head, pages ascending), and one gather reads the arena and them, by a slot per
+  // selection entry (-i - 1: fetched image i).
+  std::vector<int32_t> first_image(pages.size(), 0);  // of a selected host page
+  std::vector<uint64_t> heads(pages.size(), 0);
+  int32_t fetched = 0;
+  for (size_t i = 0; i < selected.pages.size(); ++i) {
+    const int64_t page = selected.pages[i];
+    if (pages[page].tier() != Tier::kHost) continue;
+    first_image[page] = fetched;
+    heads[page] = selected.heads[i];
+    fetched += static_cast<int32_t>(std::popcount(selected.heads[i]));
   }
-  // Some pages on the host: the selected ones as images (of host pages, only the heads that
-  // select them come over), the slots their positions there.
-  std::vector<int64_t> index(pages.size(), 0);
-  std::vector<PageId> ids;
-  for (const int64_t page : selected.pages) {
-    index[page] = static_cast<int64_t>(ids.size());
-    ids.push_back(pages[page]);
+  const at::Tensor flat = host_selection.to(at::kLong).contiguous();
+  const int64_t* entry = flat.data_ptr<int64_t>();
+  const int64_t kv_heads = host_selection.size(1), n = host_selection.size(2);
+  std::vector<int32_t> slots(flat.numel(), 0);
+  for (int64_t e = 0; e < flat.numel(); ++e) {
+    if (entry[e] < 0) continue;
+    const PageId id = pages[entry[e]];
+    const uint64_t below = (uint64_t{1} << ((e / n) % kv_heads)) - 1;  // the heads before this entry's
+    slots[e] = id.tier() == Tier::kDevice
+                   ? static_cast<int32_t>(id.slot())
+                   : -1 - (first_image[entry[e]] + static_cast<int32_t>(std::popcount(heads[entry[e]] & below)));
   }
-  return kernels::GatherSelectedPages(Images(PageKind::kKv, ids, &selected.heads, started),
-                                      Positions(index, selection.device()).to(at::kInt), selection);
+  const at::Tensor host_images = HostImages(PageKind::kKv, host.ids, &host.heads, started);
+  return kernels::GatherSelectedPages(pools_.kv->arena(), Upload(slots, dev).view(selection.sizes()), selection,
+                                      host_images);
 }
 
 absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor& selection,

@@ -263,9 +263,10 @@ class SequenceKvCache {
   // where -1: one batched gather per call. `host_selection` is the same selection on the CPU
   // (any integer dtype): which pages to fetch or allocate is read from it, so no call here
   // waits for the device. Of a host page, only the K and V of the heads that select it are
-  // fetched. On a GPU the gather reads device pages from their arena and host pages from where
-  // they were fetched, in one kernel; copying both into one tensor first cost about 1 ms a
-  // gather at 1,342,720 tokens (bench/results/2026-11-24-h100-two-source-gather).
+  // fetched, packed one image per (page, head). The gather reads device pages from their arena
+  // and host pages from where they were fetched, in one kernel; copying both into one tensor
+  // first cost about 1 ms a gather at 1,342,720 tokens on an H100
+  // (bench/results/2026-11-24-h100-two-source-gather).
   // `started`: a StartGather of this layer and selection, whose fetch this call collects
   // (one started for another selection is left alone, and the pages fetched here).
   std::pair<at::Tensor, at::Tensor> GatherPages(int64_t layer, const at::Tensor& selection,
@@ -307,14 +308,12 @@ class SequenceKvCache {
 
  private:
   // The device images [n, 2, kv_heads, page_tokens, head_dim] of `ids` (either tier, valid),
-  // in order: device pages read from their arena, host pages fetched (`started`, or else the
-  // prefetch, if it fetches exactly these pages' host ones). `heads` (per id, a bitmask of KV
-  // heads): of a host page only those heads are fetched, the rest of its image is unset; null:
-  // whole pages.
-  at::Tensor Images(PageKind kind, const std::vector<PageId>& ids, const std::vector<uint64_t>* heads = nullptr,
-                    PagesInFlight* started = nullptr);
-  // The device images of host pages `host_ids` (`host_heads`: of each, the heads to bring;
-  // null: whole pages), as Images has them: started, prefetched or fetched now.
+  // in order: device pages read from their arena, host pages fetched (or the prefetch's, if it
+  // fetches exactly these pages' host ones).
+  at::Tensor Images(PageKind kind, const std::vector<PageId>& ids);
+  // The device images of host pages `host_ids` as CopyEngine::StartFetch lays them out
+  // (`host_heads`: of each page, the heads to bring, packed one image per page and head; null:
+  // whole pages): started, prefetched or fetched now.
   at::Tensor HostImages(PageKind kind, const std::vector<PageId>& host_ids, const std::vector<uint64_t>* host_heads,
                         PagesInFlight* started);
   // Of the layer's KV pages `pages` (a selection's, ascending) and the heads selecting each

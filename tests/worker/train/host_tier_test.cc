@@ -381,7 +381,8 @@ TEST(HostTierTest, GradientPagesFollowTheirKvPages) {
   EXPECT_EQ(cache.grad_pages_allocated(), 5);
 }
 
-// The copy engine moves a batch as runs of adjacent slots and counts every byte, each way. On a
+// The copy engine moves a batch as runs of adjacent slots (of some heads of each page, packed)
+// and counts every byte, each way. On a
 // GPU (pinned slabs) a batch of several runs is one copy kernel's launch, a batch of one run a
 // cudaMemcpyAsync: both are here, each way.
 void CheckBatchesRoundTrip(const Target& target) {
@@ -413,6 +414,17 @@ void CheckBatchesRoundTrip(const Target& target) {
   ASSERT_EQ(seen.size(), 4u);
   EXPECT_EQ(seen[0], std::make_pair(TransferDirection::kDeviceToHost, 5 * page_bytes));
   EXPECT_EQ(seen[2], std::make_pair(TransferDirection::kHostToDevice, 2 * page_bytes));
+  // Some heads of each page (sparse attention's fetches): packed, one image per (page, head), in
+  // order of page and then head, and only they counted.
+  const std::vector<uint64_t> heads = {2, 3, 1};
+  const at::Tensor some = copies.FetchPages(*pool, {ids[5], ids[1], ids[0]}, &heads);
+  ExpectSame(
+      some, at::stack({images[0].select(1, 1), images[2].select(1, 0), images[2].select(1, 1), images[1].select(1, 0)}),
+      "some heads");
+  copies.Fence();  // its duration reported while `seen` lives
+  EXPECT_EQ(copies.bytes_to_device(), 9 * page_bytes + 4 * page_bytes / kShape.kv_heads);
+  ASSERT_EQ(seen.size(), 5u);
+  EXPECT_EQ(seen[4], std::make_pair(TransferDirection::kHostToDevice, 4 * page_bytes / kShape.kv_heads));
 }
 
 TEST(CopyEngineTest, BatchesRoundTripAndAreCounted) { CheckBatchesRoundTrip(kCpu); }
