@@ -5,7 +5,8 @@
 // API every kernel, copy and memset that runs on the GPU for `duration_s`, and writes them to
 // `path` as tab-separated rows, sorted by start:
 //   kind  start_ns  end_ns  stream  grid  block  bytes  name
-// (kind: kernel | memcpy | memset; start and end relative to the first record; grid and block
+// (kind: kernel | memcpy | memset; start and end in nanoseconds less the earliest start, which
+// is 0 when CUPTI left a record without timestamps: bench/kernel_trace.py drops those; grid and block
 // the kernel's thread-block counts; bytes the copy's or memset's size; name the kernel's
 // mangled name, or the copy's kind, e.g. HtoD). bench/kernel_trace.py summarizes such files.
 //
