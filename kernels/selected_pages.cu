@@ -57,10 +57,6 @@ __device__ __forceinline__ int64_t SlotRun(const SelectedPagesParams& p, int64_t
   return ((slot * 2 + kv) * p.kv_heads + head) * p.page_tokens * p.head_dim;
 }
 
-__device__ __forceinline__ int64_t ArenaRun(const SelectedPagesParams& p, int64_t page, int64_t kv, int64_t head) {
-  return SlotRun(p, p.slots[page], kv, head);
-}
-
 template <typename T>
 __global__ void GatherSelectedKernel(SelectedPagesParams p) {
   const int64_t e = blockIdx.x, kv = blockIdx.y % 2, split = blockIdx.y / 2;
@@ -86,12 +82,17 @@ template <typename TArena, typename TBuffer>
 __global__ void AccumulateSelectedKernel(SelectedPagesParams p) {
   const int64_t first = blockIdx.x, kv = blockIdx.y % 2, split = blockIdx.y / 2;
   const int64_t key = p.sorted_key[first];
-  if (key >= p.num_pages * p.kv_heads || (first > 0 && p.sorted_key[first - 1] == key)) return;
-  const int64_t run = p.page_tokens * p.head_dim, head = key / p.num_pages, page = key % p.num_pages;
-  TArena* dst = static_cast<TArena*>(p.arena) + ArenaRun(p, page, kv, head);
+  if (first > 0 && p.sorted_key[first - 1] == key) return;  // not its run's first entry
+  const int64_t e = p.order[first], page = p.selection[e];
+  if (page < 0) return;  // the -1 entries, sorted together
+  const int64_t run = p.page_tokens * p.head_dim, head = (e / p.n) % p.kv_heads;
+  const int64_t slot = p.second == nullptr ? p.slots[page] : p.slots[e];
+  // An arena run is added to; a packed image of `second` is set to the sum.
+  TArena* dst = slot >= 0 ? static_cast<TArena*>(p.arena) + SlotRun(p, slot, kv, head)
+                          : static_cast<TArena*>(p.second) + ((-slot - 1) * 2 + kv) * run;
   const TBuffer* grads = static_cast<const TBuffer*>(kv == 0 ? p.k : p.v);
   for (int64_t i = (split * kThreads + threadIdx.x) * 8; i < run; i += kSplits * kThreads * 8) {
-    Vec8 sum = Load8(dst + i);
+    Vec8 sum = slot >= 0 ? Load8(dst + i) : Vec8{};
     for (int64_t j = first; j < p.entries && p.sorted_key[j] == key; ++j) {
       const Vec8 g = Load8(grads + p.order[j] * run + i);
       for (int c = 0; c < 8; ++c) sum.x[c] += g.x[c];

@@ -90,14 +90,53 @@ Selected CheckSelected(const at::Tensor& arena, const at::Tensor& slots, const a
   return {selection.size(0), arena.size(2), selection.size(2), arena.size(3), arena.size(4)};
 }
 
-// The arena's rows [num_slots * 2 * kv_heads, page_tokens, head_dim] holding each selection
-// entry's page and head, K or V (-1 entries: page 0's, for the caller to mask or drop).
-at::Tensor ArenaRows(const at::Tensor& slots, const at::Tensor& selection, bool values) {
-  const int64_t kv_heads = selection.size(1);
-  const at::Tensor slot = slots.to(at::kLong).index_select(0, selection.clamp_min(0).flatten()).view(selection.sizes());
-  return (slot * (2 * kv_heads) + (values ? kv_heads : 0) + at::arange(kv_heads, selection.options()).view({1, -1, 1}))
-      .flatten();
+// Checks `second` (defined) against the arena, and that the slots are one per selection entry.
+void CheckSecond(const at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection,
+                 const at::Tensor& second) {
+  TORCH_CHECK(slots.sizes() == selection.sizes() && slots.is_contiguous(), "slots: with `second`, expected ",
+              "contiguous ", selection.sizes(), " (a slot per selection entry), got ", slots.sizes());
+  TORCH_CHECK(arena.dim() == 5 && second.dim() == 4 && second.size(1) == 2 && second.size(2) == arena.size(3) &&
+                  second.size(3) == arena.size(4) && second.scalar_type() == arena.scalar_type() &&
+                  second.device() == arena.device() && second.is_contiguous(),
+              "second: expected contiguous [m, 2, page_tokens, head_dim] of the arena's dtype and device, got ",
+              second.sizes(), " of ", second.scalar_type(), " on ", second.device());
 }
+
+// The row holding each selection entry's page and head, K or V (`values`), flattened: of the
+// arena's rows [num_slots * 2 * kv_heads, page_tokens, head_dim], followed (`per_entry`: the
+// slots are a slot per entry, `second` given) by second's [m * 2, page_tokens, head_dim]; -1
+// entries: row 0, for the caller to mask or drop.
+at::Tensor EntryRows(int64_t num_slots, const at::Tensor& slots, const at::Tensor& selection, bool per_entry,
+                     bool values) {
+  const int64_t kv_heads = selection.size(1), kv = values ? 1 : 0;
+  const at::Tensor slot =
+      per_entry ? slots.to(at::kLong).view(selection.sizes())
+                : slots.to(at::kLong).index_select(0, selection.clamp_min(0).flatten()).view(selection.sizes());
+  const at::Tensor row = (slot * 2 + kv) * kv_heads + at::arange(kv_heads, selection.options()).view({1, -1, 1});
+  if (!per_entry) return row.masked_fill(selection < 0, 0).flatten();
+  const at::Tensor second_row = num_slots * 2 * kv_heads + (-slot - 1) * 2 + kv;
+  return at::where(slot >= 0, row, second_row).masked_fill(selection < 0, 0).flatten();
+}
+
+#if defined(OOMB_HAVE_CUDA)
+// The accumulation kernel's sort keys, flattened: entries adding into one run share a key, and
+// -1 entries all get one past every run's (few ops: each is a launch on the training thread).
+// Per page: h * num_pages + page; per entry (`second` given): slot * kv_heads + h for an arena
+// run, num_slots * kv_heads + i for image i of `second`.
+at::Tensor RunKeys(const at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection,
+                   const at::Tensor& second) {
+  const int64_t kv_heads = selection.size(1);
+  const at::Tensor head = at::arange(kv_heads, selection.options()).view({1, -1, 1});
+  if (!second.defined()) {
+    const int64_t num_pages = slots.size(0);
+    return at::where(selection >= 0, head * num_pages + selection, num_pages * kv_heads).flatten();
+  }
+  const int64_t images = arena.size(0) * kv_heads;  // the first image's key
+  const at::Tensor slot = slots.view(selection.sizes()).to(at::kLong);
+  const at::Tensor key = at::where(slot >= 0, slot * kv_heads + head, (images - 1) - slot);
+  return at::where(selection >= 0, key, images + second.size(0)).flatten();
+}
+#endif
 
 // Whether the CUDA kernels take these tensors (else the reference runs, on their device).
 bool KernelTakes(const at::Tensor& arena, const at::Tensor& buffer) {
@@ -147,17 +186,9 @@ void Launch(const at::Tensor& arena, cudaError_t (*launch)(const SelectedPagesPa
 
 std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, const at::Tensor& slots,
                                                       const at::Tensor& selection, const at::Tensor& second) {
-  if (second.defined()) {
-    TORCH_CHECK(slots.sizes() == selection.sizes() && slots.is_contiguous(), "slots: with `second`, expected ",
-                "contiguous ", selection.sizes(), " (a slot per selection entry), got ", slots.sizes());
-    TORCH_CHECK(arena.dim() == 5 && second.dim() == 4 && second.size(1) == 2 && second.size(2) == arena.size(3) &&
-                    second.size(3) == arena.size(4) && second.scalar_type() == arena.scalar_type() &&
-                    second.device() == arena.device() && second.is_contiguous(),
-                "second: expected contiguous [m, 2, page_tokens, head_dim] of the arena's dtype and device, got ",
-                second.sizes(), " of ", second.scalar_type(), " on ", second.device());
-  }
+  if (second.defined()) CheckSecond(arena, slots, selection, second);
   const Selected s = CheckSelected(arena, second.defined() ? slots.flatten() : slots, selection);
-  if (s.n == 0 || s.n_tiles == 0) {
+  if (s.n == 0 || s.n_tiles == 0 || (arena.size(0) == 0 && !second.defined())) {  // nothing to read
     const at::Tensor none = at::zeros(s.Shape(), arena.options());
     return {none, none.clone()};
   }
@@ -171,32 +202,14 @@ std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, c
     return {k, v};
   }
 #endif
-  if (second.defined()) {
-    // The reference: the rows of both, the second's after the arena's, and each entry's two.
-    const at::Tensor rows =
-        at::cat({arena.view({-1, s.page_tokens, s.head_dim}), second.view({-1, s.page_tokens, s.head_dim})});
-    const at::Tensor slot = slots.to(at::kLong), head = at::arange(s.kv_heads, slot.options()).view({1, -1, 1});
-    const at::Tensor none = (selection < 0).view({s.n_tiles, s.kv_heads, s.n, 1, 1});
-    const auto take = [&](int64_t kv) {
-      const at::Tensor index = at::where(slot >= 0, (slot * 2 + kv) * s.kv_heads + head,
-                                         arena.size(0) * 2 * s.kv_heads + (-slot - 1) * 2 + kv)
-                                   .masked_fill(selection < 0, 0)
-                                   .flatten();
-      return rows.index_select(0, index)
-          .view({s.n_tiles, s.kv_heads, s.n, s.page_tokens, s.head_dim})
-          .masked_fill_(none, 0)
-          .view(s.Shape());
-    };
-    return {take(0), take(1)};
-  }
-  if (arena.size(0) == 0) {  // every entry -1: no page to read
-    const at::Tensor none = at::zeros(s.Shape(), arena.options());
-    return {none, none.clone()};
-  }
-  const at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
+  // The reference: each entry's row of the arena's and the second's, zeros for -1.
+  const at::Tensor arena_rows = arena.view({arena.size(0) * 2 * s.kv_heads, s.page_tokens, s.head_dim});
+  const at::Tensor rows = second.defined()
+                              ? at::cat({arena_rows, second.view({second.size(0) * 2, s.page_tokens, s.head_dim})})
+                              : arena_rows;
   const at::Tensor none = (selection < 0).view({s.n_tiles, s.kv_heads, s.n, 1, 1});
   const auto take = [&](bool values) {
-    return rows.index_select(0, ArenaRows(slots, selection, values))
+    return rows.index_select(0, EntryRows(arena.size(0), slots, selection, second.defined(), values))
         .view({s.n_tiles, s.kv_heads, s.n, s.page_tokens, s.head_dim})
         .masked_fill_(none, 0)
         .view(s.Shape());
@@ -205,8 +218,9 @@ std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, c
 }
 
 void AccumulateSelectedPages(at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection,
-                             const at::Tensor& k, const at::Tensor& v) {
-  const Selected s = CheckSelected(arena, slots, selection);
+                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& second) {
+  if (second.defined()) CheckSecond(arena, slots, selection, second);
+  const Selected s = CheckSelected(arena, second.defined() ? slots.flatten() : slots, selection);
   for (const at::Tensor* t : {&k, &v}) {
     TORCH_CHECK(t->sizes() == at::IntArrayRef(s.Shape()) && t->device() == arena.device(), "k/v: expected ",
                 at::IntArrayRef(s.Shape()), " on ", arena.device(), ", got ", t->sizes(), " on ", t->device());
@@ -214,32 +228,41 @@ void AccumulateSelectedPages(at::Tensor& arena, const at::Tensor& slots, const a
   if (selection.numel() == 0) return;
 #if defined(OOMB_HAVE_CUDA)
   if (KernelTakes(arena, k) && v.scalar_type() == k.scalar_type()) {
-    // Entries sorted by (head, page); -1 entries get the largest key and sort last.
-    const int64_t num_pages = slots.size(0);
-    const at::Tensor head = at::arange(s.kv_heads, selection.options()).view({1, -1, 1});
-    const at::Tensor key = at::where(selection >= 0, head * num_pages + selection, num_pages * s.kv_heads).flatten();
+    // Entries sorted by the run they add into; -1 entries sort last.
+    const at::Tensor key = RunKeys(arena, slots, selection, second);
     auto [sorted_key, order] = at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false);
     const at::Tensor kc = k.contiguous(), vc = v.contiguous();
     SelectedPagesParams p = MakeSelectedParams(arena, slots, selection.contiguous(), kc, vc, s);
     p.order = order.data_ptr<int64_t>();
     p.sorted_key = sorted_key.data_ptr<int64_t>();
+    if (second.defined()) p.second = second.data_ptr();
     Launch(arena, LaunchAccumulateSelectedPages, p);
     return;
   }
 #endif
   // As the kernel: each run's contributions summed first, then added to the run once (so adding
-  // into a zeroed image and that image into the page later gives the same page).
+  // into a zeroed image and that image into the page later gives the same page); a run of
+  // `second` set to its sum.
   const at::ScalarType acc = arena.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor keep = (selection >= 0).flatten().nonzero().squeeze(1);
-  at::Tensor rows = arena.view({-1, s.page_tokens, s.head_dim});
+  const int64_t arena_rows = arena.size(0) * 2 * s.kv_heads;  // then the second's
+  at::Tensor rows = arena.view({arena_rows, s.page_tokens, s.head_dim});
   for (const bool values : {false, true}) {
     const at::Tensor& d = values ? v : k;
     const auto [runs, inverse, counts] =
-        at::_unique2(ArenaRows(slots, selection, values).index_select(0, keep), /*sorted=*/true,
-                     /*return_inverse=*/true, /*return_counts=*/false);
+        at::_unique2(EntryRows(arena.size(0), slots, selection, second.defined(), values).index_select(0, keep),
+                     /*sorted=*/true, /*return_inverse=*/true, /*return_counts=*/false);
     at::Tensor sums = at::zeros({runs.size(0), s.page_tokens, s.head_dim}, d.options().dtype(acc));
     sums.index_add_(0, inverse, d.reshape({-1, s.page_tokens, s.head_dim}).index_select(0, keep).to(acc));
-    rows.index_copy_(0, runs, (rows.index_select(0, runs).to(acc) + sums).to(arena.scalar_type()));
+    const at::Tensor in_arena = runs < arena_rows;
+    const at::Tensor a = in_arena.nonzero().squeeze(1), b = in_arena.logical_not().nonzero().squeeze(1);
+    const at::Tensor to_arena = runs.index_select(0, a);
+    rows.index_copy_(0, to_arena,
+                     (rows.index_select(0, to_arena).to(acc) + sums.index_select(0, a)).to(arena.scalar_type()));
+    if (b.numel() > 0) {
+      second.view({second.size(0) * 2, s.page_tokens, s.head_dim})
+          .index_copy_(0, runs.index_select(0, b) - arena_rows, sums.index_select(0, b).to(arena.scalar_type()));
+    }
   }
 }
 

@@ -41,9 +41,12 @@ std::pair<at::Tensor, at::Tensor> GatherSelectedPages(const at::Tensor& arena, c
                                                       const at::Tensor& selection, const at::Tensor& second = {});
 // Adds (k, v) into the selected pages (-1 skipped; a page selected by several tiles gets every
 // contribution): summed per page in float32 (float64 for a float64 arena), then added to the
-// page once, rounded to its dtype.
+// page once, rounded to its dtype. `second`, when defined, as GatherSelectedPages' (slots per
+// entry): each of its images some entry names is set to that (page, head)'s sum, the others
+// left as they are; sparse backward's host gradient pages, summed on the device for the copy
+// engine to add into the host (CopyEngine::AddToPages), in the same kernel as the arena's.
 void AccumulateSelectedPages(at::Tensor& arena, const at::Tensor& slots, const at::Tensor& selection,
-                             const at::Tensor& k, const at::Tensor& v);
+                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& second = {});
 
 }  // namespace oomb::kernels
 

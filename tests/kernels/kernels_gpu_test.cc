@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
@@ -174,6 +175,18 @@ TEST_F(KernelsGpuTest, SelectedPagesMatchCpuReference) {
           << arena_dtype << " pages, " << grad_dtype << " gradients: max diff "
           << (got.cpu().to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
       EXPECT_GT((want.to(at::kFloat) - arena.to(at::kFloat)).abs().sum().item<double>(), 0.0);
+      // The odd pages' sums into packed images instead (host gradient pages), on the CPU and
+      // with the kernel; every image is set.
+      at::Tensor want2 = arena.clone(), got2 = arena.cuda();
+      at::Tensor second_want = at::full_like(two.second, std::numeric_limits<float>::quiet_NaN());
+      at::Tensor second_got = second_want.cuda();
+      kernels::AccumulateSelectedPages(want2, two.slots, selection, dk, dv, second_want);
+      kernels::AccumulateSelectedPages(got2, two.slots.cuda(), selection.cuda(), dk.cuda(), dv.cuda(), second_got);
+      EXPECT_TRUE(at::allclose(got2.cpu().to(at::kFloat), want2.to(at::kFloat), tol, tol))
+          << arena_dtype << " pages, " << grad_dtype << " gradients, two targets: arena";
+      EXPECT_TRUE(at::allclose(second_got.cpu().to(at::kFloat), second_want.to(at::kFloat), tol, tol))
+          << arena_dtype << " pages, " << grad_dtype << " gradients, two targets: packed images";
+      EXPECT_FALSE(second_want.isnan().any().item<bool>());
     }
   }
 }

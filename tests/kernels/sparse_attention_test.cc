@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
 #include <set>
 
 #include "kernels/torch/page_ops.h"
@@ -206,6 +207,29 @@ TEST(SelectedPagesTest, TwoSourcesGatherAsOneArena) {
   // A wrong packed image shows.
   auto [k3, v3] = kernels::GatherSelectedPages(arena, two.slots, selection, two.second.flip(0).contiguous());
   EXPECT_FALSE(at::equal(k3, k) && at::equal(v3, v));
+}
+
+// An accumulation into the arena and packed images of some pages' selecting heads (a host
+// tier's gradient pages, summed on the device; slot -j - 1: image j) adds into the arena what
+// the arena alone gets, but for the moved pages, and sets each image to its (page, head)'s sum
+// (kernels_gpu_test checks the kernel against this).
+TEST(SelectedPagesTest, TwoTargetsAccumulateAsOneArena) {
+  const at::Tensor arena = at::randn({6, 2, 2, 4, 8}, at::kDouble);
+  const at::Tensor selection = at::tensor({0, 3, 2, -1, 1, 1, 4, 0, 3, 3, 1, 2}, at::kLong).view({3, 2, 2});
+  const at::Tensor slots = at::tensor({5, 0, 2, 4, 1}, at::kInt);
+  const at::Tensor dk = at::randn({3, 2, 2 * 4, 8}, at::kDouble), dv = at::randn_like(dk);
+  at::Tensor want = arena.clone(), sums = at::zeros_like(arena);
+  kernels::AccumulateSelectedPages(want, slots, selection, dk, dv);
+  kernels::AccumulateSelectedPages(sums, slots, selection, dk, dv);
+  // Pages 1 and 3 (page 3 selected by head 0 only, page 1 by both, page 3 twice) move.
+  const std::vector<bool> moved = {false, true, false, true, false};
+  const testing::TwoSources two = testing::MoveToSecond(arena, slots, selection, moved);
+  at::Tensor got = arena.clone(), second = at::full_like(two.second, std::numeric_limits<double>::quiet_NaN());
+  kernels::AccumulateSelectedPages(got, two.slots, selection, dk, dv, second);
+  for (const int64_t page : {1, 3}) want[slots[page].item<int32_t>()].copy_(arena[slots[page].item<int32_t>()]);
+  EXPECT_TRUE(at::equal(got, want));
+  EXPECT_TRUE(at::equal(second, testing::MoveToSecond(sums, slots, selection, moved).second));
+  EXPECT_GT(second.abs().sum().item<double>(), 0.0);
 }
 
 }  // namespace

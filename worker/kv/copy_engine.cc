@@ -81,12 +81,10 @@ std::vector<CopyRun> Runs(const PagePool& pool, const std::vector<PageId>& ids, 
   return runs;
 }
 
-// One addition into host pages on the CPU: rows of `row_elems` elements packed at `src`, row r
-// added into the run at dst[r].
+// One addition into host pages on the CPU: each run's `bytes` at `device` (here a CPU buffer)
+// added into its `host`, elements of `dtype`.
 struct HostAdd {
-  std::vector<char*> dst;
-  const char* src = nullptr;
-  int64_t row_elems = 0;
+  std::vector<CopyRun> runs;
   at::ScalarType dtype = at::kFloat;
 };
 
@@ -110,9 +108,11 @@ template <typename T>
 }
 
 template <typename T>
-void AddRows(const HostAdd& a, size_t begin, size_t end) {
+void AddRuns(const HostAdd& a, size_t begin, size_t end) {
   for (size_t r = begin; r < end; ++r) {
-    AddRun(reinterpret_cast<T*>(a.dst[r]), reinterpret_cast<const T*>(a.src) + r * a.row_elems, a.row_elems);
+    const CopyRun& run = a.runs[r];
+    AddRun(reinterpret_cast<T*>(run.host), reinterpret_cast<const T*>(run.device),
+           run.bytes / static_cast<int64_t>(sizeof(T)));
   }
 }
 
@@ -120,21 +120,20 @@ void AddRows(const HostAdd& a, size_t begin, size_t end) {
 constexpr unsigned kHostAddThreads = 12;
 constexpr int64_t kHostAddBytesPerThread = int64_t{4} << 20;
 
-void RunHostAdd(const HostAdd& a) {
-  const size_t rows = a.dst.size();
-  const int64_t bytes = static_cast<int64_t>(rows) * a.row_elems * static_cast<int64_t>(c10::elementSize(a.dtype));
+void RunHostAdd(const HostAdd& a, int64_t bytes) {
+  const size_t runs = a.runs.size();
   const size_t threads =
       std::clamp<size_t>(std::min<int64_t>(bytes / kHostAddBytesPerThread, kHostAddThreads), 1,
-                         std::max<size_t>(1, std::min(rows, size_t{std::thread::hardware_concurrency()})));
+                         std::max<size_t>(1, std::min(runs, size_t{std::thread::hardware_concurrency()})));
   const auto range = [&](size_t t) {
-    const size_t begin = rows * t / threads, end = rows * (t + 1) / threads;
+    const size_t begin = runs * t / threads, end = runs * (t + 1) / threads;
     switch (a.dtype) {
       case at::kBFloat16:
-        return AddRows<uint16_t>(a, begin, end);
+        return AddRuns<uint16_t>(a, begin, end);
       case at::kFloat:
-        return AddRows<float>(a, begin, end);
+        return AddRuns<float>(a, begin, end);
       default:  // at::kDouble (AddToPages admits no other dtype)
-        return AddRows<double>(a, begin, end);
+        return AddRuns<double>(a, begin, end);
     }
   };
   std::vector<std::thread> workers;
@@ -399,40 +398,26 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
                             const at::Tensor& images) {
   const PageShape& s = pool.shape();
   const at::ScalarType dtype = pool.options().dtype().toScalarType();
-  const auto n = static_cast<int64_t>(ids.size());
-  TORCH_CHECK(heads.size() == ids.size() && images.dim() == 5 && images.size(0) == n &&
-                  images.numel() == n * s.elems() && images.scalar_type() == dtype,
-              "AddToPages: expected ", n, " page images of ", dtype, " and head sets, got ", images.sizes(), " of ",
+  int64_t count = 0;
+  for (const uint64_t h : heads) count += std::popcount(h);
+  TORCH_CHECK(heads.size() == ids.size() && images.dim() == 4 && images.size(0) == count &&
+                  images.numel() == count * 2 * s.page_tokens * s.head_dim && images.scalar_type() == dtype &&
+                  images.is_contiguous(),
+              "AddToPages: expected ", count, " contiguous (page, head) images [", count, ", 2, ", s.page_tokens, ", ",
+              s.head_dim, "] of ", dtype, " for ", ids.size(), " pages, got ", images.sizes(), " of ",
               images.scalar_type(), " and ", heads.size(), " head sets");
   // Checked here, before anything is queued.
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble, "AddToPages: pages of ", dtype,
               " are not supported");
-  const int64_t row_elems = s.page_tokens * s.head_dim;
-  const int64_t row_bytes = row_elems * static_cast<int64_t>(c10::elementSize(dtype));
-  // The rows of `images` viewed as [n * 2 * kv_heads, row_elems] to add, where each goes, and
-  // the page of each.
-  std::vector<int64_t> rows;
-  std::vector<size_t> page_of;
-  HostAdd add{.dst = {}, .src = nullptr, .row_elems = row_elems, .dtype = dtype};
-  for (int64_t i = 0; i < n; ++i) {
-    TORCH_INTERNAL_ASSERT(ids[i].tier() == Tier::kHost, "AddToPages: page ", ids[i].raw(), " is not a host page");
-    char* page = pool.PageData(ids[i]);
-    for (int64_t run = 0; run < 2 * s.kv_heads; ++run) {
-      if ((heads[i] >> (run % s.kv_heads) & 1) == 0) continue;
-      rows.push_back(i * 2 * s.kv_heads + run);
-      add.dst.push_back(page + run * row_bytes);
-      page_of.push_back(static_cast<size_t>(i));
-    }
-  }
-  if (rows.empty()) return;
-  const at::Tensor packed =
-      images.contiguous().view({-1, row_elems}).index_select(0, Upload(rows, images.device())).contiguous();
-  const int64_t bytes = static_cast<int64_t>(rows.size()) * row_bytes;
+  if (count == 0) return;
+  // Each image's K and V rows into the page's runs of that head, as a fetch of those heads
+  // copies them the other way.
+  const HostAdd add{.runs = Runs(pool, ids, static_cast<char*>(images.data_ptr()), &heads), .dtype = dtype};
+  const int64_t bytes = images.numel() * static_cast<int64_t>(images.element_size());
   bytes_to_host_ += bytes;
   if (!images.is_cuda()) {
     const auto start = std::chrono::steady_clock::now();
-    add.src = static_cast<const char*>(packed.data_ptr());
-    RunHostAdd(add);
+    RunHostAdd(add, bytes);
     if (observer_) {
       observer_(TransferDirection::kDeviceToHost, pool.stats().kind, bytes,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -440,6 +425,7 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
     return;
   }
 #if defined(OOMB_HAVE_CUDA)
+  const int64_t row_bytes = s.page_tokens * s.head_dim * static_cast<int64_t>(c10::elementSize(dtype));
   TORCH_CHECK(row_bytes % 16 == 0, "AddToPages on a GPU: a head's rows of a page (", s.page_tokens, " tokens x ",
               s.head_dim, " x ", c10::elementSize(dtype), " bytes) must be a multiple of 16 bytes");
   const c10::cuda::CUDAGuard guard(device_);
@@ -457,21 +443,14 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
     st.adds_in_flight.pop_front();
   }
   // One kernel on the additions' stream, once the current stream has made the contributions
-  // and after the newest write into the pages: each row of `packed` added into its host run.
+  // and after the newest write into the pages: each run of `images` added into its host run.
   at::cuda::CUDAEvent ready;
   ready.record(c10::cuda::getCurrentCUDAStream(device_.index()));
   ready.block(st.adds);
   st.WaitForWrites(pool, ids, st.adds);
   std::vector<kernels::CopyRunDesc> runs;
-  const char* src = static_cast<const char*>(packed.data_ptr());
-  for (size_t r = 0; r < add.dst.size(); ++r) {
-    if (r > 0 && page_of[r] == page_of[r - 1] &&
-        static_cast<const char*>(runs.back().dst) + runs.back().bytes == add.dst[r]) {
-      runs.back().bytes += row_bytes;  // the next head's row of the same page
-    } else {
-      runs.push_back({src + static_cast<int64_t>(r) * row_bytes, add.dst[r], row_bytes});
-    }
-  }
+  runs.reserve(add.runs.size());
+  for (const CopyRun& r : add.runs) runs.push_back({r.device, r.host, r.bytes});
   const kernels::AddType type = dtype == at::kBFloat16 ? kernels::AddType::kBFloat16
                                 : dtype == at::kFloat  ? kernels::AddType::kFloat32
                                                        : kernels::AddType::kFloat64;
@@ -497,7 +476,7 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
     }
   }
   bytes_to_device_ += bytes;
-  c10::cuda::CUDACachingAllocator::recordStream(packed.storage().data_ptr(), st.adds);
+  c10::cuda::CUDACachingAllocator::recordStream(images.storage().data_ptr(), st.adds);
   st.NoteWritten(pool, ids, st.adds);
   st.adds_in_flight.emplace_back();
   st.adds_in_flight.back().first.record(st.adds);

@@ -27,13 +27,14 @@
 //
 // AddToPages adds into host pages instead of overwriting them, and moves only some heads of
 // each: the selecting heads' rows. On the device (CUDA), on a third stream of high priority:
-// the contributions are packed into one buffer, and one addition kernel (kernels/page_copy.h
-// LaunchAddRuns, 4 thread blocks) reads each host row through unified addressing, adds the
-// contribution and writes the sum back. Sparse backward adds each chunk's page gradients this
-// way: a gradient page on the host crosses the bus twice per contribution, only the heads that
-// selected it, with no host thread, no staging buffer, and one launch per addition. At most
-// kHostAddBytesInFlight of additions are queued (tier.h); beyond, a call waits for the oldest.
-// On the CPU, AddToPages adds on the host, on up to 12 threads.
+// the contributions come packed one image per (page, head), as a fetch of those heads packs
+// them, and one addition kernel (kernels/page_copy.h LaunchAddRuns, 4 thread blocks) reads
+// each host row through unified addressing, adds the contribution and writes the sum back.
+// Sparse backward adds each chunk's page gradients this way: a gradient page on the host
+// crosses the bus twice per contribution, only the heads that selected it, with no host
+// thread, no staging buffer, and one launch per addition. At most kHostAddBytesInFlight of
+// additions are queued (tier.h); beyond, a call waits for the oldest. On the CPU, AddToPages
+// adds on the host, on up to 12 threads.
 //
 // Until 2026-11-24, host threads added the contributions on the GPU path too, from a 1 GiB
 // pinned staging ring that one DMA filled: four passes over host memory for each byte added,
@@ -113,10 +114,10 @@ class CopyEngine {
   void WritePages(PagePool& pool, const std::vector<PageId>& ids, const at::Tensor& images);
 
   // Queues adding, into the host pages `ids` (distinct) of `pool`, the K and V of the KV heads
-  // set in heads[i] of image i of `images` [n, 2, kv_heads, page_tokens, head_dim] (device, the
-  // pool's dtype; the rest of each image is ignored). bfloat16 pages are added in float32,
-  // rounded once per addition, the same on the device and on the host; a later fetch of these
-  // pages sees the sums.
+  // set in heads[i]: `images` packed as StartFetch packs a fetch of those heads, one image per
+  // (page, head), [m, 2, page_tokens, head_dim], in order of page and then head (device, the
+  // pool's dtype, contiguous). bfloat16 pages are added in float32, rounded once per addition,
+  // the same on the device and on the host; a later fetch of these pages sees the sums.
   void AddToPages(PagePool& pool, const std::vector<PageId>& ids, const std::vector<uint64_t>& heads,
                   const at::Tensor& images);
 

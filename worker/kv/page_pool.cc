@@ -322,6 +322,51 @@ Selected SelectedPages(const at::Tensor& host_selection, int64_t num_pages) {
   return s;
 }
 
+// Of `pages` (a layer's page ids), the selected ones on the host, ascending, with the heads
+// selecting each: what a gather of the selection fetches, and what an accumulation of its
+// gradients adds into on the host.
+SequenceKvCache::PagesInFlight HostPagesOf(const std::vector<PageId>& pages, const Selected& selected) {
+  SequenceKvCache::PagesInFlight host;
+  for (size_t i = 0; i < selected.pages.size(); ++i) {
+    const PageId id = pages[selected.pages[i]];
+    if (id.tier() != Tier::kHost) continue;
+    host.ids.push_back(id);
+    host.heads.push_back(selected.heads[i]);
+  }
+  return host;
+}
+
+// The slot of each entry of `host_selection` (on the CPU, as SelectedPages reads it; `selected`
+// its pages) for the selected-pages kernels' second source (kernels/torch/page_ops.h): a device
+// page's arena slot, or -1 - i for image i of the packed images of the host pages' selecting
+// heads, one per (page, head) in HostPagesOf's order and each page's heads ascending.
+std::vector<int32_t> EntrySlots(const std::vector<PageId>& pages, const Selected& selected,
+                                const at::Tensor& host_selection) {
+  std::vector<int32_t> first_image(pages.size(), 0);  // of a selected host page
+  std::vector<uint64_t> heads(pages.size(), 0);
+  int32_t images = 0;
+  for (size_t i = 0; i < selected.pages.size(); ++i) {
+    const int64_t page = selected.pages[i];
+    if (pages[page].tier() != Tier::kHost) continue;
+    first_image[page] = images;
+    heads[page] = selected.heads[i];
+    images += static_cast<int32_t>(std::popcount(selected.heads[i]));
+  }
+  const at::Tensor flat = host_selection.to(at::kLong).contiguous();
+  const int64_t* entry = flat.data_ptr<int64_t>();
+  const int64_t kv_heads = host_selection.size(1), n = host_selection.size(2);
+  std::vector<int32_t> slots(flat.numel(), 0);
+  for (int64_t e = 0; e < flat.numel(); ++e) {
+    if (entry[e] < 0) continue;
+    const PageId id = pages[entry[e]];
+    const uint64_t below = (uint64_t{1} << ((e / n) % kv_heads)) - 1;  // the heads before this entry's
+    slots[e] = id.tier() == Tier::kDevice
+                   ? static_cast<int32_t>(id.slot())
+                   : -1 - (first_image[entry[e]] + static_cast<int32_t>(std::popcount(heads[entry[e]] & below)));
+  }
+  return slots;
+}
+
 }  // namespace
 
 at::Tensor SequenceKvCache::HostImages(PageKind kind, const std::vector<PageId>& host_ids,
@@ -599,7 +644,7 @@ absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& hos
   // Gradient pages are allocated, not fetched: AccumulatePageGrad adds into host ones on the
   // host. KV pages: the selecting heads only, as GatherPages fetches them.
   if (with_grads) OOMB_RETURN_IF_ERROR(EnsureSelectedGradPages(layer, selected.pages));
-  PagesInFlight host = SelectedHostPages(layer, selected.pages, selected.heads);
+  PagesInFlight host = HostPagesOf(kv_pages_[layer], selected);
   StartPrefetch(PageKind::kKv, std::move(host.ids), std::move(host.heads));
   return absl::OkStatus();
 }
@@ -607,20 +652,8 @@ absl::Status SequenceKvCache::PrefetchPages(int64_t layer, const at::Tensor& hos
 SequenceKvCache::PagesInFlight SequenceKvCache::StartGather(int64_t layer, const at::Tensor& host_selection) {
   if (!has_host()) return PagesInFlight();
   const Selected selected = SelectedPages(host_selection, static_cast<int64_t>(kv_pages_[layer].size()));
-  PagesInFlight host = SelectedHostPages(layer, selected.pages, selected.heads);
+  PagesInFlight host = HostPagesOf(kv_pages_[layer], selected);
   if (!host.ids.empty()) host.fetch = pools_.copies->StartFetch(*pools_.kv_host, host.ids, &host.heads);
-  return host;
-}
-
-SequenceKvCache::PagesInFlight SequenceKvCache::SelectedHostPages(int64_t layer, const std::vector<int64_t>& pages,
-                                                                  const std::vector<uint64_t>& heads) const {
-  PagesInFlight host;
-  for (size_t i = 0; i < pages.size(); ++i) {
-    const PageId id = kv_pages_[layer][pages[i]];
-    if (id.tier() != Tier::kHost) continue;
-    host.ids.push_back(id);
-    host.heads.push_back(heads[i]);
-  }
   return host;
 }
 
@@ -631,39 +664,16 @@ std::pair<at::Tensor, at::Tensor> SequenceKvCache::GatherPages(int64_t layer, co
   const at::Device dev = selection.device();
   const Selected selected =
       AllOnDevice(pages) ? Selected() : SelectedPages(host_selection, static_cast<int64_t>(pages.size()));
-  const PagesInFlight host = SelectedHostPages(layer, selected.pages, selected.heads);
+  const PagesInFlight host = HostPagesOf(pages, selected);
   if (host.ids.empty()) {  // every selected page on the device (a host page's slot is never read)
     return kernels::GatherSelectedPages(pools_.kv->arena(),
                                         SlotTensor(pages, 0, static_cast<int64_t>(pages.size()), dev), selection);
   }
   // Some selected pages on the host: their selecting heads are fetched (packed, one image per
-  // page and head, pages ascending), and one gather reads the arena and them, by a slot per
-  // selection entry (-i - 1: fetched image i).
-  std::vector<int32_t> first_image(pages.size(), 0);  // of a selected host page
-  std::vector<uint64_t> heads(pages.size(), 0);
-  int32_t fetched = 0;
-  for (size_t i = 0; i < selected.pages.size(); ++i) {
-    const int64_t page = selected.pages[i];
-    if (pages[page].tier() != Tier::kHost) continue;
-    first_image[page] = fetched;
-    heads[page] = selected.heads[i];
-    fetched += static_cast<int32_t>(std::popcount(selected.heads[i]));
-  }
-  const at::Tensor flat = host_selection.to(at::kLong).contiguous();
-  const int64_t* entry = flat.data_ptr<int64_t>();
-  const int64_t kv_heads = host_selection.size(1), n = host_selection.size(2);
-  std::vector<int32_t> slots(flat.numel(), 0);
-  for (int64_t e = 0; e < flat.numel(); ++e) {
-    if (entry[e] < 0) continue;
-    const PageId id = pages[entry[e]];
-    const uint64_t below = (uint64_t{1} << ((e / n) % kv_heads)) - 1;  // the heads before this entry's
-    slots[e] = id.tier() == Tier::kDevice
-                   ? static_cast<int32_t>(id.slot())
-                   : -1 - (first_image[entry[e]] + static_cast<int32_t>(std::popcount(heads[entry[e]] & below)));
-  }
-  const at::Tensor host_images = HostImages(PageKind::kKv, host.ids, &host.heads, started);
-  return kernels::GatherSelectedPages(pools_.kv->arena(), Upload(slots, dev).view(selection.sizes()), selection,
-                                      host_images);
+  // page and head), and one gather reads the arena and them, by a slot per selection entry.
+  const at::Tensor slots = Upload(EntrySlots(pages, selected, host_selection), dev).view(selection.sizes());
+  return kernels::GatherSelectedPages(pools_.kv->arena(), slots, selection,
+                                      HostImages(PageKind::kKv, host.ids, &host.heads, started));
 }
 
 absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor& selection,
@@ -686,42 +696,25 @@ absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor
     selected = SelectedPages(at::from_blob(entries.data(), selection.sizes(), at::kLong), num_pages);
     if (selected.pages.empty()) return absl::OkStatus();
   }
-  if (AllOnDevice(gpages)) {
+  const PagesInFlight host = AllOnDevice(gpages) ? PagesInFlight() : HostPagesOf(gpages, selected);
+  if (host.ids.empty()) {
     kernels::AccumulateSelectedPages(pools_.grad->arena(), SlotTensor(gpages, 0, num_pages, dev), kept_selection, dk,
                                      dv);
     return absl::OkStatus();
   }
-  // Some pages on the host. The selection splits in two: device pages add into the arena in
-  // place; host pages' contributions are summed into zeroed images, and of those only the
-  // selecting heads go to the host, to be added there (never fetched to be added to).
-  std::vector<int64_t> index(num_pages, 0);
-  std::vector<PageId> host_ids;
-  std::vector<uint64_t> host_heads;
-  for (size_t i = 0; i < selected.pages.size(); ++i) {
-    const PageId id = gpages[selected.pages[i]];
-    if (id.tier() != Tier::kHost) continue;
-    index[selected.pages[i]] = static_cast<int64_t>(host_ids.size());
-    host_ids.push_back(id);
-    host_heads.push_back(selected.heads[i]);
-  }
-  std::vector<int64_t> on_device = entries, on_host = entries;
-  for (size_t e = 0; e < on_device.size(); ++e) {
-    if (on_device[e] < 0) continue;
-    (gpages[on_device[e]].tier() == Tier::kHost ? on_device : on_host)[e] = -1;
-  }
-  const int64_t device_pages = static_cast<int64_t>(selected.pages.size() - host_ids.size());
-  if (device_pages > 0) {
-    kernels::AccumulateSelectedPages(pools_.grad->arena(), SlotTensor(gpages, 0, num_pages, dev),
-                                     Positions(on_device, dev).view(selection.sizes()), dk, dv);
-  }
-  if (host_ids.empty()) return absl::OkStatus();
+  // Some selected pages on the host. One kernel adds the device pages' contributions into the
+  // arena in place and sums the host pages' into packed images of their selecting heads (as a
+  // fetch packs them), which the copy engine adds into the host pages (never fetched to be
+  // added to).
+  const at::Tensor kept_host = at::from_blob(entries.data(), selection.sizes(), at::kLong);
+  const at::Tensor slots = Upload(EntrySlots(gpages, selected, kept_host), dev).view(selection.sizes());
+  int64_t count = 0;
+  for (const uint64_t h : host.heads) count += std::popcount(h);
   const PageShape& s = pools_.grad->shape();
-  at::Tensor images = at::zeros({static_cast<int64_t>(host_ids.size()), 2, s.kv_heads, s.page_tokens, s.head_dim},
-                                pools_.grad->options());
-  kernels::AccumulateSelectedPages(images, Positions(index, dev).to(at::kInt),
-                                   Positions(on_host, dev).view(selection.sizes()), dk, dv);
-  DropPrefetch(PageKind::kKvGrad, host_ids);
-  pools_.copies->AddToPages(*pools_.grad_host, host_ids, host_heads, images);
+  const at::Tensor images = at::empty({count, 2, s.page_tokens, s.head_dim}, pools_.grad->options());
+  kernels::AccumulateSelectedPages(pools_.grad->arena(), slots, kept_selection, dk, dv, images);
+  DropPrefetch(PageKind::kKvGrad, host.ids);
+  pools_.copies->AddToPages(*pools_.grad_host, host.ids, host.heads, images);
   return absl::OkStatus();
 }
 

@@ -281,9 +281,12 @@ class SequenceKvCache {
   // gradient pages (allocated, zeroed, on a page's first selection: pages no chunk selects
   // never get one). Entries of -1, and of pages whose gradients are dropped (DropGradients),
   // are skipped; repeated pages receive every contribution,
-  // summed first and added to the page once. Host pages are not fetched: their contributions
-  // are summed on the device and the selecting heads' added into the host pages in place
+  // summed first and added to the page once. Host pages are not fetched: one kernel adds into
+  // the device pages and sums the host pages' contributions into packed images of their
+  // selecting heads, which the copy engine adds into the host pages in place
   // (CopyEngine::AddToPages); a bfloat16 page is then rounded twice, the sum and the page.
+  // Zeroed whole-page images and a row gather before cost 3 s more GPU time a step at
+  // 1,370,752 tokens on an H100 (bench/results/2026-11-25-h100-packed-additions).
   absl::Status AccumulatePageGrad(int64_t layer, const at::Tensor& selection, const at::Tensor& host_selection,
                                   const at::Tensor& dk, const at::Tensor& dv);
   // Starts fetching the host pages a later GatherPages(layer, selection, host_selection) reads,
@@ -316,10 +319,6 @@ class SequenceKvCache {
   // whole pages): started, prefetched or fetched now.
   at::Tensor HostImages(PageKind kind, const std::vector<PageId>& host_ids, const std::vector<uint64_t>* host_heads,
                         PagesInFlight* started);
-  // Of the layer's KV pages `pages` (a selection's, ascending) and the heads selecting each
-  // (`heads`), those on the host, with their heads: what a gather of the selection fetches.
-  PagesInFlight SelectedHostPages(int64_t layer, const std::vector<int64_t>& pages,
-                                  const std::vector<uint64_t>& heads) const;
   // Writes images of `ids` back where they live (device: index_copy_ into the arena; host:
   // through the copy engine).
   void StoreImages(PageKind kind, const std::vector<PageId>& ids, const at::Tensor& images);

@@ -429,6 +429,18 @@ void CheckBatchesRoundTrip(const Target& target) {
 
 TEST(CopyEngineTest, BatchesRoundTripAndAreCounted) { CheckBatchesRoundTrip(kCpu); }
 
+// Of page images [n, 2, kv_heads, page_tokens, head_dim], the heads set in heads[i] of image i,
+// packed one [2, page_tokens, head_dim] per (page, head) as AddToPages takes them.
+at::Tensor PackHeads(const at::Tensor& images, const std::vector<uint64_t>& heads) {
+  std::vector<at::Tensor> packed;
+  for (size_t i = 0; i < heads.size(); ++i) {
+    for (int64_t h = 0; h < images.size(2); ++h) {
+      if ((heads[i] >> h & 1) != 0) packed.push_back(images[static_cast<int64_t>(i)].select(1, h));
+    }
+  }
+  return at::stack(packed).contiguous();
+}
+
 // AddToPages adds the K and V of the given heads of each image into host pages (bfloat16 pages:
 // in float32, rounded as torch rounds), leaves the other heads as they were, counts the bytes
 // of the heads sent, and a fetch queued right after (no fence) sees every sum. On a GPU the
@@ -448,8 +460,8 @@ void CheckAdditions(const Target& target) {
     const at::Tensor more = Random(shape, 23, target).to(dtype).slice(0, 0, 1);
     copies.WritePages(*pool, ids, base);
     const std::vector<uint64_t> heads = {1, 2, 3, 0, 1};  // page 3: no head
-    copies.AddToPages(*pool, ids, heads, images);
-    copies.AddToPages(*pool, {ids[0]}, {3}, more);  // page 0 again, both heads
+    copies.AddToPages(*pool, ids, heads, PackHeads(images, heads));
+    copies.AddToPages(*pool, {ids[0]}, {3}, PackHeads(more, {3}));  // page 0 again, both heads
     const at::Tensor got = copies.FetchPages(*pool, ids).cpu();
     at::Tensor want = base.cpu().clone();
     const auto add = [&](int64_t i, uint64_t mask, const at::Tensor& x) {
