@@ -221,7 +221,7 @@ TEST(SelectedPagesTest, TwoTargetsAccumulateAsOneArena) {
   at::Tensor want = arena.clone(), sums = at::zeros_like(arena);
   kernels::AccumulateSelectedPages(want, slots, selection, dk, dv);
   kernels::AccumulateSelectedPages(sums, slots, selection, dk, dv);
-  // Pages 1 and 3 (page 3 selected by head 0 only, page 1 by both, page 3 twice) move.
+  // Pages 1 and 3 move (page 3 selected by head 0 only, three times; page 1 by both heads).
   const std::vector<bool> moved = {false, true, false, true, false};
   const testing::TwoSources two = testing::MoveToSecond(arena, slots, selection, moved);
   at::Tensor got = arena.clone(), second = at::full_like(two.second, std::numeric_limits<double>::quiet_NaN());
