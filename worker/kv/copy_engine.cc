@@ -309,6 +309,12 @@ class PendingFetch {
 #endif
 };
 
+int64_t PackedImages(const std::vector<uint64_t>& heads) {
+  int64_t images = 0;
+  for (const uint64_t h : heads) images += std::popcount(h);
+  return images;
+}
+
 CopyEngine::CopyEngine(at::Device device) : device_(device) {
 #if defined(OOMB_HAVE_CUDA)
   if (device_.is_cuda()) streams_ = std::make_unique<Streams>(device_.index());
@@ -338,9 +344,7 @@ std::shared_ptr<PendingFetch> CopyEngine::StartFetch(const PagePool& pool, const
   if (heads == nullptr) {
     pending->pages = at::empty({static_cast<int64_t>(ids.size()), 2, s.kv_heads, s.page_tokens, s.head_dim}, options);
   } else {
-    int64_t images = 0;
-    for (const uint64_t h : *heads) images += std::popcount(h);
-    pending->pages = at::empty({images, 2, s.page_tokens, s.head_dim}, options);
+    pending->pages = at::empty({PackedImages(*heads), 2, s.page_tokens, s.head_dim}, options);
   }
   const std::vector<CopyRun> runs = Runs(pool, ids, static_cast<char*>(pending->pages.data_ptr()), heads);
   for (const CopyRun& r : runs) bytes_to_device_ += r.bytes;
@@ -398,8 +402,7 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
                             const at::Tensor& images) {
   const PageShape& s = pool.shape();
   const at::ScalarType dtype = pool.options().dtype().toScalarType();
-  int64_t count = 0;
-  for (const uint64_t h : heads) count += std::popcount(h);
+  const int64_t count = PackedImages(heads);
   TORCH_CHECK(heads.size() == ids.size() && images.dim() == 4 && images.size(0) == count &&
                   images.numel() == count * 2 * s.page_tokens * s.head_dim && images.scalar_type() == dtype &&
                   images.is_contiguous(),

@@ -82,6 +82,10 @@
 
 namespace oomb {
 
+// The images of a packed (page, head) layout (StartFetch with heads, AddToPages): one per KV
+// head set in each of `heads`.
+int64_t PackedImages(const std::vector<uint64_t>& heads);
+
 // A fetch in flight: its destination (StartFetch) and the event the current stream must wait for
 // before using it.
 class PendingFetch;

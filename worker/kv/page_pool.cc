@@ -708,10 +708,8 @@ absl::Status SequenceKvCache::AccumulatePageGrad(int64_t layer, const at::Tensor
   // added to).
   const at::Tensor kept_host = at::from_blob(entries.data(), selection.sizes(), at::kLong);
   const at::Tensor slots = Upload(EntrySlots(gpages, selected, kept_host), dev).view(selection.sizes());
-  int64_t count = 0;
-  for (const uint64_t h : host.heads) count += std::popcount(h);
   const PageShape& s = pools_.grad->shape();
-  const at::Tensor images = at::empty({count, 2, s.page_tokens, s.head_dim}, pools_.grad->options());
+  const at::Tensor images = at::empty({PackedImages(host.heads), 2, s.page_tokens, s.head_dim}, pools_.grad->options());
   kernels::AccumulateSelectedPages(pools_.grad->arena(), slots, kept_selection, dk, dv, images);
   DropPrefetch(PageKind::kKvGrad, host.ids);
   pools_.copies->AddToPages(*pools_.grad_host, host.ids, host.heads, images);
