@@ -43,6 +43,10 @@
 // took 257 s, inside the host threads' spread of 253-283 s. Moving the rows by batched DMA
 // (cudaMemcpyBatchAsync), issued by the training thread or by a thread of its own, took
 // 268-273 s: the driver's time per run was the cost (bench/results/2026-11-24-h100-device-adds).
+// Splitting the addition in two kernels, one reading the host rows into the images and one of
+// 1-2 blocks writing the sums back, took 232-237 s against 222-227 s; the one kernel on 2
+// blocks, or on a stream of normal priority, changed nothing measurable
+// (bench/results/2026-11-25-h100-split-additions).
 //
 // Ordering (CUDA), on dedicated streams, one per direction (and the additions' third):
 //   - a fetch starts after the earlier fetches and after the newest write-back or addition
