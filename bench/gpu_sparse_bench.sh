@@ -3,7 +3,8 @@
 # Qwen2.5-7B architecture, random bf16 weights, LoRA r=16 on every linear layer, page_budget 64
 # of pages of 128 (sink 1, local 4, mean key), one training step per length after a warm-up,
 # and the dense step at the first length for comparison. KV and KV-gradient pages are all on the
-# GPU (no host tier yet, issue #5), so the page pools bound the longest context.
+# GPU (bench_train's default --kv-offload none), so the page pools bound the longest context; the
+# host tier's runs (--kv-offload auto) are the bench_train commands in README.md.
 # Usage: bash bench/gpu_sparse_bench.sh "LENGTHS" ["DENSE_LENGTHS" | -]   (-: no dense run)
 #        OOMB_SPARSE_SELECTION=min_max: Quest's min/max summaries instead of the mean key
 # Output: $OUT/sparse_bench[_min_max].jsonl, $OUT/dense_bench.jsonl
