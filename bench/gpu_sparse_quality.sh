@@ -11,8 +11,8 @@
 # joins, checks and converts it (scripts/gguf_to_hf.py, the gguf wheel carried in .qdata/).
 # Texts: .qdata/*.txt (Debian r-cran-janeaustenr, as scripts/fetch_test_data.sh extracts them).
 # Output: $OUT/quality_{dense,sparse}.jsonl (each run's metrics.jsonl; quality_sparse_min_max.jsonl
-# with OOMB_QUALITY_SELECTION=min_max; quality_sparse_p256_b32.jsonl with OOMB_QUALITY_PAGE=256
-# OOMB_QUALITY_BUDGET=32), $OUT/quality.log. OOMB_QUALITY_MODES picks the runs.
+# with OOMB_QUALITY_SELECTION=min_max; quality_sparse_p256_b32.jsonl and quality_dense_p256.jsonl
+# with OOMB_QUALITY_PAGE=256 OOMB_QUALITY_BUDGET=32), $OUT/quality.log. OOMB_QUALITY_MODES picks the runs.
 set -euo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 STEPS="${OOMB_QUALITY_STEPS:-20}"
@@ -51,7 +51,8 @@ PY
 for mode in $MODES; do
   tag=$mode
   [ "$mode" = sparse ] && [ "$SELECTION" != mean_key ] && tag="sparse_$SELECTION"
-  { [ "$PAGE" != 128 ] || { [ "$mode" = sparse ] && [ "$BUDGET" != 64 ]; }; } && tag="${tag}_p${PAGE}_b${BUDGET}"
+  if [ "$PAGE" != 128 ]; then tag="${tag}_p$PAGE"; fi
+  if [ "$mode" = sparse ] && [ "$BUDGET" != 64 ]; then tag="${tag}_b$BUDGET"; fi
   cat >"$work/$mode.yaml" <<YAML
 display_name: austen-64k-$mode
 model:
