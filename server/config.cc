@@ -13,7 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "worker/common/files.h"
+#include "worker/common/file_access.h"
 #include "worker/common/status.h"
 
 extern char** environ;
@@ -102,7 +102,7 @@ absl::Status UnknownKey(const std::string& where, const std::string& path) {
 }
 
 absl::Status LoadFile(const std::string& file, ServerConfig* config) {
-  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(file));
+  OOMB_ASSIGN_OR_RETURN(std::string text, FileAccess::Unconfined()->ReadFile(file, int64_t{1} << 20));
   YAML::Node root;
   try {
     root = YAML::Load(text);

@@ -37,7 +37,12 @@ void RegisterDataCommands(CLI::App& app) {
   build->add_option("-o,--output", f->output, "output JSONL file")->required();
   build->add_option("inputs", f->inputs, "text files or directories of them")->required();
   build->callback([f] {
-    auto tok = Tokenizer::FromModelDir(f->model);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = absl::NotFoundError(f->model);
+    if (absl::StatusOr<Dir> dir = FileAccess::Unconfined()->OpenDir(f->model); dir.ok()) {
+      tok = Tokenizer::FromModelDir(*dir);
+    } else {
+      tok = dir.status();
+    }
     if (!tok.ok()) {
       std::cerr << "oombd data build: " << tok.status().message() << "\n";
       throw CLI::RuntimeError(1);

@@ -1,6 +1,8 @@
 // The one place where internal statuses become gRPC statuses (STYLE.md habit 2). absl and gRPC
 // share the canonical code numbering, so the code passes through unchanged; the message is
-// the internal message, which by convention names the field, file or state at fault.
+// the internal message, which by convention names the field, file or state at fault, cut to
+// kMaxMessageBytes (worker/common/status.h) so that no client ever receives more than that,
+// whatever input it sent.
 #ifndef OOMB_SERVER_GRPC_STATUS_H_
 #define OOMB_SERVER_GRPC_STATUS_H_
 
@@ -9,12 +11,13 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "worker/common/status.h"
 
 namespace oomb::server {
 
 inline grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), BoundedText(s.message()));
 }
 
 }  // namespace oomb::server

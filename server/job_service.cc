@@ -256,7 +256,7 @@ bool ValidJobId(const std::string& id) {
 
 absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* field) {
   if (name.rfind("jobs/", 0) != 0 || !ValidJobId(name.substr(5))) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": expected jobs/{job_id}, got '", name, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expected jobs/{job_id}, got '", Excerpt(name), "'"));
   }
   return name.substr(5);
 }
@@ -265,15 +265,17 @@ JobServiceImpl::JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* 
     : store_(store), scheduler_(scheduler), hub_(hub), options_(std::move(options)) {}
 
 absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const JobSpec& spec) const {
-  if (!options_.validate_data) return std::nullopt;
-  std::error_code ec;
-  uintmax_t bytes = std::filesystem::file_size(spec.data.train, ec);
-  if (!ec && !spec.data.validation.empty()) bytes += std::filesystem::file_size(spec.data.validation, ec);
-  if (ec || bytes > static_cast<uintmax_t>(options_.validate_data_max_bytes)) {
-    return std::nullopt;  // scanned in the VALIDATING state
+  if (!options_.validate_data || options_.files == nullptr) return std::nullopt;
+  int64_t bytes = 0;
+  for (const std::string* path : {&spec.data.train, &spec.data.validation}) {
+    if (path->empty()) continue;
+    absl::StatusOr<File> f = options_.files->inputs()->OpenFile(*path);
+    if (!f.ok()) return std::nullopt;  // the scan names the error, in the VALIDATING state
+    bytes += f->size();
   }
-  absl::StatusOr<DataSummary> summary = options_.validate_data(spec);
-  if (summary.status().code() == absl::StatusCode::kNotFound) {  // e.g. removed since CheckJobFiles
+  if (bytes > options_.validate_data_max_bytes) return std::nullopt;  // scanned in the VALIDATING state
+  absl::StatusOr<DataSummary> summary = options_.validate_data(spec, *options_.files->inputs());
+  if (summary.status().code() == absl::StatusCode::kNotFound) {  // e.g. removed since the checks
     return absl::InvalidArgumentError(summary.status().message());
   }
   if (!summary.ok()) return summary.status();
@@ -281,7 +283,10 @@ absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(c
 }
 
 absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobSpec& spec) const {
-  OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(spec.model.path));
+  const FileAccess& access = options_.files != nullptr ? *options_.files->inputs() : *FileAccess::Unconfined();
+  absl::StatusOr<Dir> model = access.OpenDir(spec.model.path);
+  if (!model.ok()) return Annotate(model.status(), "model.path");
+  OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(*model));
   const int64_t host = options_.server_info.host_memory_bytes();
   std::optional<MemoryPlan> best;
   for (const std::string& device : scheduler_->EligibleDevices(spec)) {
@@ -314,38 +319,55 @@ absl::Status JobServiceImpl::CheckAuth(const grpc::CallbackServerContext* ctx) c
 
 grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
                                                     v1::Job* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    if (scheduler_->draining()) {
-      return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
-    }
-    if (!req->job_id().empty() && !ValidJobId(req->job_id())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job_id: must match [a-z0-9][a-z0-9-]{0,62}, got '", req->job_id(), "'"));
-    }
-    absl::StatusOr<JobSpec> spec = JobSpecFromProto(req->spec());
-    if (!spec.ok()) return Annotate(spec.status(), "spec");
-    if (options_.paths) OOMB_RETURN_IF_ERROR(Annotate(options_.paths->Check(*spec), "spec"));
-    OOMB_RETURN_IF_ERROR(Annotate(CheckJobFiles(*spec), "spec"));
-    OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
-    // Admission: a job that cannot fit is refused now, naming the limit and the longest context
-    // that would fit, rather than failing later with an out-of-memory error.
-    absl::StatusOr<MemoryPlan> plan = Plan(*spec);
-    if (!plan.ok()) return Annotate(plan.status(), "spec");
-    if (!plan->fits) return absl::ResourceExhaustedError(plan->limit);
-    absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(*spec);
-    if (!summary.ok()) return Annotate(summary.status(), "spec");
-    if (req->validate_only()) {
-      *resp->mutable_spec() = JobSpecToProto(*spec);
-      if (!req->job_id().empty()) resp->set_name(JobName(req->job_id()));
-      return absl::OkStatus();
-    }
-    bool created = false;
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(*spec, req->job_id(), req->request_id(), &created,
-                                                    summary->has_value() ? &**summary : nullptr, ClientIdentity(ctx)));
-    if (created) spdlog::info("created {}", resp->name());
-    scheduler_->FillQueuePosition(resp);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Status auth = CheckAuth(ctx);
+  if (!auth.ok()) {
+    reactor->Finish(ToGrpcStatus(auth));
+    return reactor;
+  }
+  // `req` and `resp` live until the reactor finishes.
+  auto work = [this, reactor, req, resp, creator = ClientIdentity(ctx)] {
+    reactor->Finish(ToGrpcStatus(Create(*req, creator, resp)));
+  };
+  if (options_.work == nullptr) {
+    work();
+  } else if (!options_.work->TrySubmit(std::move(work))) {
+    reactor->Finish(ToGrpcStatus(
+        absl::ResourceExhaustedError("too many CreateJob requests are being checked at once; retry in a few seconds")));
+  }
+  return reactor;
+}
+
+absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::string& creator, v1::Job* resp) const {
+  if (scheduler_->draining()) {
+    return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
+  }
+  if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id: must match [a-z0-9][a-z0-9-]{0,62}, got '", Excerpt(req.job_id()), "'"));
+  }
+  absl::StatusOr<JobSpec> spec = JobSpecFromProto(req.spec());
+  if (!spec.ok()) return Annotate(spec.status(), "spec");
+  if (options_.files != nullptr) OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckSpec(*spec, req.job_id()), "spec"));
+  OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
+  // Admission: a job that cannot fit is refused now, naming the limit and the longest context
+  // that would fit, rather than failing later with an out-of-memory error.
+  absl::StatusOr<MemoryPlan> plan = Plan(*spec);
+  if (!plan.ok()) return Annotate(plan.status(), "spec");
+  if (!plan->fits) return absl::ResourceExhaustedError(plan->limit);
+  absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(*spec);
+  if (!summary.ok()) return Annotate(summary.status(), "spec");
+  if (req.validate_only()) {
+    *resp->mutable_spec() = JobSpecToProto(*spec);
+    if (!req.job_id().empty()) resp->set_name(JobName(req.job_id()));
     return absl::OkStatus();
-  });
+  }
+  bool created = false;
+  OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(*spec, req.job_id(), req.request_id(), &created,
+                                                  summary->has_value() ? &**summary : nullptr, creator));
+  if (created) spdlog::info("created {}", resp->name());
+  scheduler_->FillQueuePosition(resp);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
@@ -473,7 +495,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContex
   return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
     absl::StatusOr<JobSpec> spec = JobSpecFromProto(req->spec());
     if (!spec.ok()) return Annotate(spec.status(), "spec");
-    if (options_.paths) OOMB_RETURN_IF_ERROR(Annotate(options_.paths->Check(*spec), "spec"));
+    if (options_.files != nullptr) OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckPaths(*spec), "spec"));
     OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
     absl::StatusOr<MemoryPlan> plan = Plan(*spec);
     if (!plan.ok()) return Annotate(plan.status(), "spec");

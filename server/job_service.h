@@ -2,9 +2,10 @@
 //
 // Handlers are thin: authenticate, check and convert the request, call the Scheduler or the
 // JobStore, map the status with ToGrpcStatus(). Unary handlers finish inline (store calls are
-// short transactions). WatchJob streams through a reactor that takes live events from the
-// WatchHub into a bounded buffer and re-reads from the store when it falls behind, so a slow
-// client never blocks a training thread.
+// short transactions), but CreateJob, whose checks read the datasets, runs on a WorkPool and
+// finishes from there, so reads and health checks stay fast while datasets are scanned. WatchJob streams through a
+// reactor that takes live events from the WatchHub into a bounded buffer and re-reads from the store when it falls
+// behind, so a slow client never blocks a training thread.
 //
 // Auth: with a non-empty `auth_token`, every method requires the metadata
 // `authorization: Bearer <token>` (compared in constant time; tokens are never logged), else
@@ -22,10 +23,11 @@
 
 #include "absl/status/status.h"
 #include "oomb/v1/jobs.grpc.pb.h"
-#include "server/path_policy.h"
+#include "server/job_files.h"
 #include "server/scheduler.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
+#include "server/work_pool.h"
 #include "worker/plan/memory_planner.h"
 
 namespace oomb::server {
@@ -35,15 +37,16 @@ struct JobServiceOptions {
   // CreateJob reads and checks the datasets with this (production: oomb::ValidateJobData)
   // when they are at most `validate_data_max_bytes` together, so a bad line is
   // INVALID_ARGUMENT naming the file and the line before anything is queued, and the job is
-  // created QUEUED with its dataset summary. The scan runs on the handler's thread (tokenizing
-  // ~16 MiB takes seconds). Larger datasets are scanned in the VALIDATING state by the
-  // scheduler (SchedulerOptions::validator): a bad line then FAILs the job with the line in
-  // JobError.message.
-  std::function<absl::StatusOr<DataSummary>(const JobSpec&)> validate_data;
+  // created QUEUED with its dataset summary. Larger datasets are scanned in the VALIDATING
+  // state by the scheduler (SchedulerOptions::validator): a bad line then FAILs the job with the
+  // line in JobError.message.
+  std::function<absl::StatusOr<DataSummary>(const JobSpec&, const FileAccess&)> validate_data;
   int64_t validate_data_max_bytes = int64_t{16} << 20;
-  // Where a job's paths may point (CreateJob and EstimateJob check before touching them);
-  // unset: anywhere (tests of the service alone).
-  std::optional<PathPolicy> paths;
+  // Where a job's files are, and the checks CreateJob and EstimateJob make before touching them.
+  std::shared_ptr<const JobFiles> files;
+  // Where CreateJob's checks run (null: on the handler's thread, for tests of the service
+  // alone). A full pool answers RESOURCE_EXHAUSTED. Must outlive the service.
+  WorkPool* work = nullptr;
   // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
   // filled per call.
   v1::ServerInfo server_info;
@@ -80,6 +83,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
  private:
   absl::Status CheckAuth(const grpc::CallbackServerContext* ctx) const;
+  // CreateJob's work after authentication: checks, admission, dataset scan, Submit.
+  absl::Status Create(const v1::CreateJobRequest& req, const std::string& creator, v1::Job* resp) const;
   // options_.validate_data's summary for datasets within the size limit; nullopt otherwise.
   absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const JobSpec& spec) const;
   // The memory plan of `spec` on the eligible device of this server with the most memory

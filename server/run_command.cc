@@ -13,7 +13,9 @@
 #include <iostream>
 
 #include "server/commands.h"
-#include "worker/common/files.h"
+#include "server/job_files.h"
+#include "worker/common/file_access.h"
+#include "worker/job/checkpoint_dir.h"
 #include "worker/job/executor.h"
 #include "worker/job/job_spec.h"
 
@@ -21,6 +23,9 @@ namespace oomb::server {
 namespace {
 
 std::atomic<int> g_interrupts{0};
+
+// Who owns the checkpoint directories `oombd run` writes (a daemon's jobs are refused there).
+constexpr char kRunJobId[] = "oombd-run";
 
 void OnSigint(int) { g_interrupts.fetch_add(1); }
 
@@ -47,7 +52,7 @@ struct RunFlags {
 };
 
 int RunMain(const RunFlags& f) {
-  auto text = ReadFile(f.spec_path);
+  absl::StatusOr<std::string> text = FileAccess::Unconfined()->ReadFile(f.spec_path, int64_t{16} << 20);
   if (!text.ok()) {
     std::cerr << "oombd run: " << text.status().message() << "\n";
     return 2;
@@ -63,16 +68,25 @@ int RunMain(const RunFlags& f) {
       return 2;
     }
   }
-  if (absl::Status st = CheckJobFiles(*spec); !st.ok()) {
+  RunOptions options;
+  options.files = FileAccess::Unconfined();  // the user's own files, at the user's terminal
+  std::string checkpoint_dir =
+      !f.checkpoint_dir.empty() ? f.checkpoint_dir
+      : !spec->checkpoint.dir.empty()
+          ? spec->checkpoint.dir
+          : "oomb-run-" + (spec->display_name.empty() ? std::string("job") : spec->display_name);
+  checkpoint_dir = std::filesystem::absolute(checkpoint_dir).lexically_normal().string();
+  spec->checkpoint.dir = checkpoint_dir;
+  if (absl::Status st = server::JobFiles::Unconfined(".").CheckSpec(*spec, kRunJobId); !st.ok()) {
     std::cerr << "oombd run: " << st.message() << "\n";
     return 2;
   }
-  RunOptions options;
-  options.checkpoint_dir = !f.checkpoint_dir.empty() ? f.checkpoint_dir
-                           : !spec->checkpoint.dir.empty()
-                               ? spec->checkpoint.dir
-                               : "oomb-run-" + (spec->display_name.empty() ? std::string("job") : spec->display_name);
-  options.checkpoint_dir = std::filesystem::absolute(options.checkpoint_dir).string();
+  absl::StatusOr<Dir> claimed = ClaimCheckpointDir(*options.files, checkpoint_dir, kRunJobId);
+  if (!claimed.ok()) {
+    std::cerr << "oombd run: --checkpoint-dir: " << claimed.status().message() << "\n";
+    return 2;
+  }
+  options.checkpoint_dir = *std::move(claimed);
   if (!f.device.empty()) spec->resources.device = f.device;  // rank 0's; more ranks: the next CUDA devices
   options.resume = f.resume;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
@@ -101,7 +115,7 @@ int RunMain(const RunFlags& f) {
     return n == 0 ? StopRequest::kNone : n == 1 ? StopRequest::kPause : StopRequest::kCancel;
   };
   std::signal(SIGINT, OnSigint);
-  std::cerr << "oombd run: " << f.spec_path << " -> " << options.checkpoint_dir << "\n";
+  std::cerr << "oombd run: " << f.spec_path << " -> " << checkpoint_dir << "\n";
   auto result = RunJob(*spec, options);
   if (tty) std::cerr << "\n";
   if (!result.ok()) {

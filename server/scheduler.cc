@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -23,7 +24,7 @@ v1::JobEvent StateEvent(State state, const std::string& message) {
   v1::JobEvent e;
   e.set_type(v1::JobEvent::STATE_CHANGED);
   e.set_state(state);
-  e.set_message(message);
+  e.set_message(BoundedText(message));
   return e;
 }
 
@@ -38,29 +39,13 @@ absl::Status IllegalTransition(const v1::Job& job, const char* verb, const char*
                                                     v1::Job::State_Name(job.state()), " (allowed from ", allowed, ")"));
 }
 
-// "[NAN_LOSS] loss is nan at step 7" -> reason "NAN_LOSS".
-std::string ReasonOf(const absl::Status& s) {
-  const absl::string_view m = s.message();
-  if (absl::StartsWith(m, "[")) {
-    const size_t end = m.find(']');
-    if (end != absl::string_view::npos) return std::string(m.substr(1, end - 1));
-  }
-  return "";
-}
-
-bool Retryable(const absl::Status& s) {
-  if (ReasonOf(s) == "NAN_LOSS") return false;
-  switch (s.code()) {
-    case absl::StatusCode::kInternal:
-    case absl::StatusCode::kUnknown:
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kAborted:
-    case absl::StatusCode::kDataLoss:
-    case absl::StatusCode::kDeadlineExceeded:
-      return true;
-    default:
-      return false;
-  }
+// Records `s` as the job's error (code, reason, a bounded message) and fails the job with it.
+void Fail(v1::Job* j, const absl::Status& s, std::vector<v1::JobEvent>* events) {
+  j->mutable_error()->set_code(absl::StatusCodeToString(s.code()));
+  j->mutable_error()->set_reason(std::string(ReasonName(ReasonOrDefault(s))));
+  j->mutable_error()->set_message(BoundedText(s.message()));
+  SetState(j, v1::Job::FAILED, j->error().message(), events);
+  *events->back().mutable_error() = j->error();
 }
 
 void FillProgress(const StepProgress& p, v1::Progress* out) {
@@ -202,11 +187,6 @@ std::vector<std::string> Scheduler::EligibleDevices(const JobSpec& spec) const {
   return out;
 }
 
-std::string Scheduler::CheckpointDir(const std::string& id, const JobSpec& spec) const {
-  if (!spec.checkpoint.dir.empty()) return spec.checkpoint.dir;
-  return absl::StrCat(options_.data_dir, "/jobs/", id, "/checkpoints");
-}
-
 absl::StatusOr<v1::Job> Scheduler::TransitionLocked(const std::string& id, const JobMutation& mutate) {
   OOMB_ASSIGN_OR_RETURN(UpdateResult r, store_->Update(id, mutate));
   Committed(id, r.events);
@@ -247,6 +227,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string
                        options_.max_queued_per_client, "); submit more when some have started or ended"));
     }
   }
+  if (!spec.checkpoint.dir.empty()) OOMB_RETURN_IF_ERROR(CheckCheckpointDirUnusedLocked(spec, job_id, request_id));
   for (int attempt = 0;; ++attempt) {
     std::string id = job_id;
     if (id.empty()) {
@@ -265,7 +246,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string
     job.mutable_labels()->insert(spec.labels.begin(), spec.labels.end());
     job.set_priority(spec.resources.priority);
     job.set_creator(creator);
-    job.set_checkpoint_dir(CheckpointDir(id, spec));
+    job.set_checkpoint_dir(options_.files->CheckpointDir(id, spec));
     job.mutable_progress()->set_total_steps(spec.training.max_steps);
     absl::StatusOr<CreateResult> r =
         store_->Create(job, request_id,
@@ -283,6 +264,46 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string
     }
     v1::Job out = r->job;
     return out;
+  }
+}
+
+namespace {
+
+// Whether directory `a` is `b`, or one holds the other (component-wise, lexically).
+bool Overlap(const std::string& a, const std::string& b) {
+  const std::filesystem::path pa = std::filesystem::path(a).lexically_normal();
+  const std::filesystem::path pb = std::filesystem::path(b).lexically_normal();
+  auto ia = pa.begin(), ib = pb.begin();
+  for (; ia != pa.end() && ib != pb.end(); ++ia, ++ib) {
+    if (ia->empty() || ib->empty()) break;  // a trailing separator
+    if (*ia != *ib) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobSpec& spec, const std::string& job_id,
+                                                       const std::string& request_id) {
+  if (!request_id.empty()) {
+    OOMB_ASSIGN_OR_RETURN(std::optional<std::string> earlier, store_->JobOfRequest(request_id));
+    if (earlier.has_value()) return absl::OkStatus();  // a retry: Create returns that job
+  }
+  ListQuery q;
+  q.page_size = 500;
+  for (;;) {
+    OOMB_ASSIGN_OR_RETURN(ListResult page, store_->List(q));
+    for (const v1::Job& other : page.jobs) {
+      if (other.name() != JobName(job_id) && Overlap(other.checkpoint_dir(), spec.checkpoint.dir)) {
+        return WithReason(
+            absl::FailedPreconditionError(absl::StrCat(
+                "checkpoint.dir: ", spec.checkpoint.dir, " is or holds, or lies inside, ", other.checkpoint_dir(),
+                ", the checkpoint directory of ", other.name(), "; a checkpoint directory belongs to one job")),
+            Reason::kCheckpointDirTaken);
+      }
+    }
+    if (page.next_position == 0) return absl::OkStatus();
+    q.before_position = page.next_position;
   }
 }
 
@@ -491,7 +512,7 @@ void Scheduler::Validate(const std::string& id) {
     summary = spec.status();
   } else {
     try {
-      summary = options_.validator(*spec);
+      summary = options_.validator(*spec, *options_.files->inputs());
     } catch (const std::exception& e) {  // the validator's contract is not to throw; be safe anyway
       summary = absl::InternalError(absl::StrCat("reading the datasets threw: ", e.what()));
     }
@@ -508,11 +529,8 @@ void Scheduler::Validate(const std::string& id) {
       return absl::OkStatus();
     }
     const absl::Status& s = summary.status();
-    j->mutable_error()->set_code(absl::StatusCodeToString(s.code()));
-    j->mutable_error()->set_reason(s.code() == absl::StatusCode::kInvalidArgument ? "BAD_DATA" : ReasonOf(s));
-    j->mutable_error()->set_message(std::string(s.message()));
-    SetState(j, v1::Job::FAILED, std::string(s.message()), events);
-    *events->back().mutable_error() = j->error();
+    // What the scan finds wrong is the data's fault unless it says otherwise.
+    Fail(j, absl::IsInvalidArgument(s) && !ReasonOf(s).has_value() ? WithReason(s, Reason::kBadData) : s, events);
     return absl::OkStatus();
   });
   if (!done.ok()) {
@@ -534,7 +552,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
     result = spec.status();
   } else {
     RunOptions o;
-    o.checkpoint_dir = job.checkpoint_dir();
+    o.files = options_.files->inputs();
     o.devices = devices;
     absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
     o.resume = checkpoints.ok() && !checkpoints->empty();
@@ -570,7 +588,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
       absl::StatusOr<v1::Job> r = Append(id, IfStillOurs([&message](v1::Job*, std::vector<v1::JobEvent>* events) {
                                            v1::JobEvent e;
                                            e.set_type(v1::JobEvent::WARNING);
-                                           e.set_message(message);
+                                           e.set_message(BoundedText(message));
                                            events->push_back(std::move(e));
                                            return absl::OkStatus();
                                          }));
@@ -589,11 +607,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
       return StopRequest::kNone;
     };
     spdlog::info("{}: running on {} (resume={})", job.name(), absl::StrJoin(devices, ","), o.resume);
-    try {
-      result = options_.runner(*spec, o);
-    } catch (const std::exception& e) {  // the runner's contract is not to throw; be safe anyway
-      result = absl::InternalError(absl::StrCat("the trainer threw: ", e.what()));
-    }
+    result = Execute(id, job.checkpoint_dir(), *spec, std::move(o));
   }
 
   absl::MutexLock lock(&mu_);
@@ -619,12 +633,12 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
               break;
             case RunOutcome::kCancelled:
               if (timed_out) {
-                j->mutable_error()->set_code("DEADLINE_EXCEEDED");
-                j->mutable_error()->set_reason("MAX_RUNTIME");
-                j->mutable_error()->set_message(absl::StrCat("the job ran longer than resources.max_runtime_seconds (",
-                                                             j->spec().resources().max_runtime_seconds(), " s)"));
-                SetState(j, v1::Job::FAILED, j->error().message(), events);
-                *events->back().mutable_error() = j->error();
+                Fail(j,
+                     WithReason(absl::DeadlineExceededError(
+                                    absl::StrCat("the job ran longer than resources.max_runtime_seconds (",
+                                                 j->spec().resources().max_runtime_seconds(), " s)")),
+                                Reason::kMaxRuntime),
+                     events);
               } else {
                 SetState(j, v1::Job::CANCELLED, "cancelled", events);
               }
@@ -644,22 +658,19 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
           return absl::OkStatus();
         }
         const absl::Status& s = result.status();
-        if (Retryable(s) && j->retries() < max_retries && j->state() == v1::Job::RUNNING) {
+        if (IsRetryable(s) && j->retries() < max_retries && j->state() == v1::Job::RUNNING) {
           j->set_retries(j->retries() + 1);
           v1::JobEvent w;
           w.set_type(v1::JobEvent::WARNING);
-          w.set_message(absl::StrCat("attempt ", j->attempt(), " failed: ", s.ToString(), "; retrying (retry ",
-                                     j->retries(), " of ", max_retries, ")"));
+          w.set_message(
+              BoundedText(absl::StrCat("attempt ", j->attempt(), " failed: ", absl::StatusCodeToString(s.code()), ": ",
+                                       s.message(), "; retrying (retry ", j->retries(), " of ", max_retries, ")")));
           events->push_back(std::move(w));
           SetState(j, v1::Job::QUEUED, "queued for a retry from its last checkpoint", events);
           requeue = !draining_;
           return absl::OkStatus();
         }
-        j->mutable_error()->set_code(absl::StatusCodeToString(s.code()));
-        j->mutable_error()->set_reason(ReasonOf(s));
-        j->mutable_error()->set_message(std::string(s.message()));
-        SetState(j, v1::Job::FAILED, std::string(s.message()), events);
-        *events->back().mutable_error() = j->error();
+        Fail(j, s, events);
         return absl::OkStatus();
       }));
   if (!done.ok()) {
@@ -668,6 +679,18 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
   }
   spdlog::info("{}: {}", job.name(), v1::Job::State_Name(done->state()));
   if (requeue) WakeWorkersLocked();
+}
+
+absl::StatusOr<RunResult> Scheduler::Execute(const std::string& id, const std::string& checkpoint_dir,
+                                             const JobSpec& spec, RunOptions options) {
+  absl::StatusOr<Dir> dir = options_.files->ClaimCheckpointDir(id, checkpoint_dir);
+  if (!dir.ok()) return dir.status();
+  options.checkpoint_dir = *std::move(dir);
+  try {
+    return options_.runner(spec, options);
+  } catch (const std::exception& e) {  // the runner's contract is not to throw; be safe anyway
+    return WithReason(absl::InternalError(absl::StrCat("the trainer threw: ", e.what())), Reason::kInternal);
+  }
 }
 
 JobMutation Scheduler::IfStillOurs(JobMutation mutate) const {

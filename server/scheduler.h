@@ -21,8 +21,8 @@
 //                                     passes over it)
 //   RUNNING           -> SUCCEEDED | FAILED | CANCELLED | PAUSED   the runner's outcome
 //   RUNNING (error)   -> QUEUED       retry while retries < resources.max_retries and the error
-//                                     is transient (INTERNAL, UNKNOWN, UNAVAILABLE, ABORTED,
-//                                     DATA_LOSS, DEADLINE_EXCEEDED; not "[NAN_LOSS]")
+//                                     is transient (IsRetryable: by its Reason, e.g. CUDA_ERROR
+//                                     yes, NAN_LOSS and DOES_NOT_FIT no; else by its code)
 //   Cancel: VALIDATING | QUEUED | PAUSED | RECOVERING -> CANCELLED;  RUNNING | PAUSING -> CANCELLING
 //   Pause:  QUEUED -> PAUSED;  RUNNING -> PAUSING (checkpoint, then PAUSED)
 //   Resume: PAUSED -> QUEUED (the run resumes from the newest checkpoint)
@@ -73,6 +73,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "oomb/v1/jobs.pb.h"
+#include "server/job_files.h"
 #include "server/metrics/metrics_sink.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
@@ -83,11 +84,12 @@ namespace oomb::server {
 
 using JobRunner = std::function<absl::StatusOr<RunResult>(const JobSpec&, const RunOptions&)>;
 // The full scan of a job's datasets (production: oomb::ValidateJobData, converted).
-using DataValidator = std::function<absl::StatusOr<v1::DatasetSummary>(const JobSpec&)>;
+using DataValidator = std::function<absl::StatusOr<v1::DatasetSummary>(const JobSpec&, const FileAccess&)>;
 
 struct SchedulerOptions {
-  // Checkpoints of jobs without checkpoint.dir go to <data_dir>/jobs/<id>/checkpoints.
-  std::string data_dir;
+  // Where jobs' files are: inputs opened through it, checkpoint directories claimed through it
+  // (a run whose directory cannot be claimed fails with the reason). Required.
+  std::shared_ptr<const JobFiles> files;
   // One worker thread per entry: "cpu" or "cuda:N". Must not be empty.
   std::vector<std::string> devices;
   JobRunner runner;
@@ -204,7 +206,13 @@ class Scheduler {
   void Validate(const std::string& id);
   // Runs `job` on `devices` (rank 0's first), from the thread of devices[0].
   void RunOne(const v1::Job& job, const std::vector<std::string>& devices, std::shared_ptr<std::atomic<int>> stop);
-  std::string CheckpointDir(const std::string& id, const JobSpec& spec) const;
+  // FAILED_PRECONDITION (CHECKPOINT_DIR_TAKEN) when spec.checkpoint.dir is, holds or lies inside
+  // the checkpoint directory of a job in the store (not `job_id`, nor the job of `request_id`).
+  absl::Status CheckCheckpointDirUnusedLocked(const JobSpec& spec, const std::string& job_id,
+                                              const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The run's outcome: the runner's, once its checkpoint directory is claimed.
+  absl::StatusOr<RunResult> Execute(const std::string& id, const std::string& checkpoint_dir, const JobSpec& spec,
+                                    RunOptions options);
 
   JobStore* const store_;
   WatchHub* const hub_;

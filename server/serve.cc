@@ -28,12 +28,14 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/util/time_util.h"
+#include "server/data_dir_lock.h"
 #include "server/job_service.h"
 #include "server/metrics/exporter.h"
 #include "server/spec_convert.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
-#include "worker/common/files.h"
+#include "server/work_pool.h"
+#include "worker/common/file_access.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -113,7 +115,7 @@ std::string JobCounts(JobStore* store) {
 }
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* field) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = FileAccess::Unconfined()->ReadFile(path, 1 << 20);
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", text.status().message()));
   return std::string(absl::StripAsciiWhitespace(*text));
 }
@@ -141,7 +143,8 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  if (absl::Status s = MakeDirs(config.data_dir, 0700); !s.ok()) return Fail(s);
+  absl::StatusOr<Dir> data_dir = FileAccess::Unconfined()->MakeDirs(config.data_dir, 0700);
+  if (!data_dir.ok()) return Fail(data_dir.status());
   // The job store, checkpoints and the socket live here: only this user may enter, also when
   // the directory existed before with a wider mode.
   if (struct stat st; ::stat(config.data_dir.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
@@ -150,9 +153,14 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
     }
     spdlog::warn("data dir {} was mode {:o}; now 0700", config.data_dir, st.st_mode & 0777);
   }
-  absl::StatusOr<PathPolicy> paths = PathPolicy::Create(config.allowed_roots, config.data_dir);
-  if (!paths.ok()) return Fail(paths.status());
-  spdlog::info("job paths confined to {}", absl::StrJoin(paths->roots(), ", "));
+  // One daemon per data dir: a second one would recover and run the first one's jobs.
+  absl::StatusOr<DataDirLock> lock = DataDirLock::Acquire(config.data_dir);
+  if (!lock.ok()) return Fail(lock.status());
+  absl::StatusOr<JobFiles> job_files = JobFiles::Create(config.allowed_roots, config.data_dir);
+  if (!job_files.ok()) return Fail(job_files.status());
+  const auto files = std::make_shared<const JobFiles>(*std::move(job_files));
+  spdlog::info("job paths confined to {} (never the data dir {})", absl::StrJoin(files->roots(), ", "),
+               config.data_dir);
   std::string token = config.auth_token;
   if (!config.auth_token_file.empty()) {
     absl::StatusOr<std::string> t = ReadSecretFile(config.auth_token_file, "auth.token_file");
@@ -188,7 +196,7 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   }
 
   SchedulerOptions sopts;
-  sopts.data_dir = config.data_dir;
+  sopts.files = files;
   if (config.devices == "auto") {
     sopts.devices = env.devices;
   } else {
@@ -198,8 +206,9 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   }
   sopts.runner = env.runner;
   if (env.validate_data) {
-    sopts.validator = [validate = env.validate_data](const JobSpec& spec) -> absl::StatusOr<v1::DatasetSummary> {
-      OOMB_ASSIGN_OR_RETURN(DataSummary summary, validate(spec));
+    sopts.validator = [validate = env.validate_data](const JobSpec& spec,
+                                                     const FileAccess& access) -> absl::StatusOr<v1::DatasetSummary> {
+      OOMB_ASSIGN_OR_RETURN(DataSummary summary, validate(spec, access));
       return DatasetSummaryToProto(summary);
     };
   }
@@ -234,8 +243,12 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   Scheduler scheduler(store->get(), &hub, sopts);
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail(s);
 
+  // CreateJob's checks (dataset scans of up to validate_inline_max_bytes) run here, off gRPC's
+  // callback threads; declared before the server, which waits for them when it shuts down.
+  WorkPool create_pool(/*threads=*/2, /*max_queued=*/64);
   JobServiceOptions jopts;
-  jopts.paths = *std::move(paths);
+  jopts.files = files;
+  jopts.work = &create_pool;
   jopts.auth_token = token;
   jopts.validate_data = env.validate_data;
   jopts.validate_data_max_bytes = config.validate_inline_max_bytes;
@@ -246,16 +259,18 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   grpc::EnableDefaultHealthCheckService(true);
   if (config.reflection && token.empty()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // A port another process holds is an error, never shared (SO_REUSEPORT would split clients).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::shared_ptr<grpc::ServerCredentials> tcp_creds = grpc::InsecureServerCredentials();
   if (!config.tls_cert_file.empty()) {
     grpc::SslServerCredentialsOptions ssl;
-    absl::StatusOr<std::string> cert = ReadFile(config.tls_cert_file);
-    absl::StatusOr<std::string> key = ReadFile(config.tls_key_file);
+    absl::StatusOr<std::string> cert = FileAccess::Unconfined()->ReadFile(config.tls_cert_file, 1 << 20);
+    absl::StatusOr<std::string> key = FileAccess::Unconfined()->ReadFile(config.tls_key_file, 1 << 20);
     if (!cert.ok()) return Fail(Annotate(cert.status(), "tls.cert_file"));
     if (!key.ok()) return Fail(Annotate(key.status(), "tls.key_file"));
     ssl.pem_key_cert_pairs.push_back({*key, *cert});
     if (!config.tls_client_ca_file.empty()) {
-      absl::StatusOr<std::string> ca = ReadFile(config.tls_client_ca_file);
+      absl::StatusOr<std::string> ca = FileAccess::Unconfined()->ReadFile(config.tls_client_ca_file, 1 << 20);
       if (!ca.ok()) return Fail(Annotate(ca.status(), "tls.client_ca_file"));
       ssl.pem_root_certs = *ca;
       ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
@@ -299,6 +314,7 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   int health_port = 0;
   if (!config.health_listen.empty()) {
     grpc::ServerBuilder health_builder;
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     health_builder.AddListeningPort(config.health_listen, grpc::InsecureServerCredentials(), &health_port);
     health_server = health_builder.BuildAndStart();
     if (health_server == nullptr || health_port == 0) {
@@ -317,7 +333,8 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
     const size_t colon = config.metrics_listen.rfind(':');  // a bare port listens on every address
     const std::string host = colon == std::string::npos ? "0.0.0.0" : config.metrics_listen.substr(0, colon);
     std::cerr << "oombd: metrics on http://" << host << ":" << metrics->port() << "/metrics" << std::endl;
-    if (absl::Status s = WriteFileAtomic(metrics_port_file, absl::StrCat(metrics->port(), "\n")); !s.ok()) {
+    if (absl::Status s = data_dir->WriteFileAtomic("oombd.metrics.port", absl::StrCat(metrics->port(), "\n"));
+        !s.ok()) {
       return Fail(s);
     }
   }
@@ -326,13 +343,14 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   if (health_server != nullptr) {
     std::cerr << "oombd: health (plaintext grpc.health.v1) on " << BoundAddress(config.health_listen, health_port)
               << std::endl;
-    if (absl::Status s = WriteFileAtomic(health_port_file, absl::StrCat(health_port, "\n")); !s.ok()) return Fail(s);
+    if (absl::Status s = data_dir->WriteFileAtomic("oombd.health.port", absl::StrCat(health_port, "\n")); !s.ok())
+      return Fail(s);
   }
   const std::string port_file = config.data_dir + "/oombd.port";
   if (!config.listen.empty()) {
     const std::string host = config.listen.substr(0, config.listen.rfind(':'));
     std::cerr << "oombd: listening on " << host << ":" << port << std::endl;
-    if (absl::Status s = WriteFileAtomic(port_file, absl::StrCat(port, "\n")); !s.ok()) return Fail(s);
+    if (absl::Status s = data_dir->WriteFileAtomic("oombd.port", absl::StrCat(port, "\n")); !s.ok()) return Fail(s);
   }
   if (config.unix_socket) std::cerr << "oombd: listening on unix:" << config.unix_socket_path << std::endl;
   set_serving(true);

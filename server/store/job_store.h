@@ -137,6 +137,10 @@ class JobStore {
 
   virtual absl::StatusOr<v1::Job> Get(const std::string& job_id) = 0;
 
+  // The id of the job a Create with this non-empty `request_id` created; nullopt when none did
+  // (or that job was deleted).
+  virtual absl::StatusOr<std::optional<std::string>> JobOfRequest(const std::string& request_id) = 0;
+
   // Newest first; the position is the store's creation order, so pages are stable while jobs
   // are created concurrently.
   virtual absl::StatusOr<ListResult> List(const ListQuery& query) = 0;

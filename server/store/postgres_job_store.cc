@@ -222,6 +222,14 @@ class PostgresJobStore : public JobStore {
     return Run("get job", [&](pqxx::work& tx) { return GetIn(tx, job_id); });
   }
 
+  absl::StatusOr<std::optional<std::string>> JobOfRequest(const std::string& request_id) override {
+    return Run("find request", [&](pqxx::work& tx) -> absl::StatusOr<std::optional<std::string>> {
+      const pqxx::result k = tx.exec_params("SELECT job_id FROM idempotency_keys WHERE request_id = $1", request_id);
+      if (k.empty()) return std::nullopt;
+      return k[0][0].as<std::string>();
+    });
+  }
+
   absl::StatusOr<ListResult> List(const ListQuery& query) override {
     return Run("list jobs", [&](pqxx::work& tx) -> absl::StatusOr<ListResult> {
       std::vector<int> states;

@@ -159,6 +159,16 @@ class SqliteJobStore : public JobStore {
     return Guard("get job", [&]() { return GetLocked(job_id); });
   }
 
+  absl::StatusOr<std::optional<std::string>> JobOfRequest(const std::string& request_id) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("find request", [&]() -> absl::StatusOr<std::optional<std::string>> {
+      SQLite::Statement q(*db_, "SELECT job_id FROM idempotency_keys WHERE request_id = ?");
+      q.bind(1, request_id);
+      if (!q.executeStep()) return std::nullopt;
+      return q.getColumn(0).getString();
+    });
+  }
+
   absl::StatusOr<ListResult> List(const ListQuery& query) override {
     absl::MutexLock lock(&mu_);
     return Guard("list jobs", [&]() -> absl::StatusOr<ListResult> {

@@ -26,7 +26,7 @@ const oomb::ChatTemplate& Chat() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (Tok().vocab_size() <= 0) std::abort();
-  oomb::fuzz::MemFile file(data, size);
+  const oomb::File file = oomb::fuzz::MemFile(data, size);
   oomb::DatasetOptions options;
   // The first byte picks data.too_long and max_seq_len, so every branch is reached.
   const uint8_t knob = size > 0 ? data[0] : 0;
@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return oomb::TextTokenizer{&Tok(), &Chat()};
   };
   oomb::DatasetStats stats;
-  auto docs = oomb::ReadJsonlDataset(file.path(), loader, options, &stats);
+  auto docs = oomb::ReadJsonlDataset(file, loader, options, &stats);
   if (!docs.ok()) return 0;
   const int64_t vocab = options.vocab_size > 0 ? options.vocab_size : Tok().vocab_size();
   int64_t tokens = 0;

@@ -9,8 +9,8 @@
 #include "worker/model/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  oomb::fuzz::MemFile file(data, size);
-  auto f = oomb::SafetensorsFile::Open(file.path());
+  const oomb::File file = oomb::fuzz::MemFile(data, size);
+  auto f = oomb::SafetensorsFile::Open(file);
   if (!f.ok()) return 0;
   const uint8_t* prev_end = nullptr;
   volatile uint8_t sink = 0;

@@ -448,6 +448,7 @@ TEST(DaemonFaultTest, AFullDiskFailsTheJobWithAClearReasonAndTheDaemonKeepsServi
   EXPECT_EQ(Oomb(ep, "watch disk", tmp.path()).rc, 6);
   const json failed = OombJson(ep, "get disk", tmp.path());
   EXPECT_EQ(failed["error"]["code"], "RESOURCE_EXHAUSTED") << failed.dump();
+  EXPECT_EQ(failed["error"]["reason"], "DISK_FULL");
   EXPECT_THAT(failed["error"]["message"].get<std::string>(), HasSubstr("No space left on device"));
   EXPECT_THAT(failed["error"]["message"].get<std::string>(), HasSubstr((full / "ckpt").string()));
   ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "ok.yaml").string() + " --job-id fine", tmp.path())["name"],

@@ -191,6 +191,8 @@ TEST_P(JobStoreTest, CreateGetAndIdempotentRetries) {
   EXPECT_EQ(again->job.name(), "jobs/a");
   EXPECT_EQ(again->job.state(), v1::Job::PAUSED);
   EXPECT_EQ(store_->Get("other").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*store_->JobOfRequest("req-1"), std::optional<std::string>("a"));
+  EXPECT_EQ(*store_->JobOfRequest("req-unknown"), std::nullopt);
   // A taken id from another request.
   EXPECT_EQ(store_->Create(NewJob("a"), "req-2", {}).status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(store_->Create(NewJob("a"), "", {}).status().code(), absl::StatusCode::kAlreadyExists);
@@ -304,6 +306,7 @@ TEST_P(JobStoreTest, DeleteRemovesTheJobItsEventsCheckpointsAndRequestId) {
   EXPECT_TRUE(store_->Get("d").ok());
   EXPECT_TRUE(store_->Delete("d", [](const v1::Job&) { return absl::OkStatus(); }).ok());
   EXPECT_EQ(store_->Get("d").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*store_->JobOfRequest("req-d"), std::nullopt);
   EXPECT_EQ(store_->Delete("d", [](const v1::Job&) { return absl::OkStatus(); }).code(), absl::StatusCode::kNotFound);
   // The id and the request id are free again; the new job starts its sequence at 1.
   absl::StatusOr<CreateResult> again = store_->Create(NewJob("d"), "req-d", {StateEvent(v1::Job::QUEUED)});

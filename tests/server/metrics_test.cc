@@ -301,14 +301,14 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
   KvStatsRegistry kv;
   const KvStatsRegistry* seen_kv = nullptr;
   SchedulerOptions o;
-  o.data_dir = dir.string();
+  o.files = std::make_shared<const JobFiles>(JobFiles::Unconfined(dir.string()));
   o.devices = {"cpu"};
   o.metrics = &sink;
   o.kv_stats = &kv;
   o.runner = [&](const JobSpec&, const RunOptions& r) -> absl::StatusOr<RunResult> {
     seen_kv = r.kv_stats;
     r.on_step(StepProgress{.step = 1, .total_steps = 2, .tokens = 10});
-    r.on_checkpoint(CheckpointInfo{.step = 1, .path = r.checkpoint_dir + "/c", .bytes = 1});
+    r.on_checkpoint(CheckpointInfo{.step = 1, .path = r.checkpoint_dir->PathOf("c"), .bytes = 1});
     r.on_step(StepProgress{.step = 2, .total_steps = 2, .tokens = 20});
     return RunResult{};
   };

@@ -18,6 +18,7 @@
 #include "server/spec_convert.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
+#include "worker/common/status.h"
 
 namespace oomb::server {
 namespace {
@@ -57,18 +58,19 @@ struct ScriptedRunner {
       const StopRequest stop = o.poll_stop();
       if (stop == StopRequest::kCancel) return RunResult{.outcome = RunOutcome::kCancelled, .final_checkpoint = {}};
       if (stop == StopRequest::kPause) {
-        o.on_checkpoint(CheckpointInfo{.step = s - 1, .path = o.checkpoint_dir + "/pause", .bytes = 1, .final = false});
+        o.on_checkpoint(
+            CheckpointInfo{.step = s - 1, .path = o.checkpoint_dir->PathOf("pause"), .bytes = 1, .final = false});
         return RunResult{.outcome = RunOutcome::kPaused, .final_checkpoint = {}};
       }
       if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms.load()));
       o.on_step(StepProgress{.step = s, .total_steps = steps, .tokens = 100 * s, .loss = 2.0 / s});
-      if (s == 2) o.on_checkpoint(CheckpointInfo{.step = 2, .path = o.checkpoint_dir + "/step-2", .bytes = 10});
+      if (s == 2) o.on_checkpoint(CheckpointInfo{.step = 2, .path = o.checkpoint_dir->PathOf("step-2"), .bytes = 10});
     }
     if (!error.ok()) return error;
     o.on_warning("scripted warning");
     return RunResult{
         .outcome = RunOutcome::kSucceeded,
-        .final_checkpoint = {.step = steps, .path = o.checkpoint_dir + "/final", .bytes = 10, .final = true}};
+        .final_checkpoint = {.step = steps, .path = o.checkpoint_dir->PathOf("final"), .bytes = 10, .final = true}};
   }
 };
 
@@ -92,7 +94,7 @@ class SchedulerTest : public ::testing::Test {
 
   void StartScheduler(bool hold = false, std::vector<std::string> devices = {"cpu"}) {
     SchedulerOptions o;
-    o.data_dir = dir_.string();
+    o.files = std::make_shared<const JobFiles>(JobFiles::Unconfined(dir_.string()));
     o.devices = std::move(devices);
     o.runner = [this](const JobSpec& s, const RunOptions& r) { return runner_(s, r); };
     o.hold = hold;
@@ -236,7 +238,7 @@ TEST_F(SchedulerTest, CancelAndPauseWhileRunning) {
 }
 
 TEST_F(SchedulerTest, RetriesTransientErrorsThenFails) {
-  runner_.error = absl::InternalError("[CUDA_ERROR] device fell off the bus");
+  runner_.error = oomb::WithReason(absl::InternalError("device fell off the bus"), oomb::Reason::kCudaError);
   spec_.resources.max_retries = 1;
   StartScheduler();
   ASSERT_TRUE(scheduler_->Submit(spec_, "r", "").ok());
@@ -249,7 +251,7 @@ TEST_F(SchedulerTest, RetriesTransientErrorsThenFails) {
 }
 
 TEST_F(SchedulerTest, NonTransientErrorFailsAtOnce) {
-  runner_.error = absl::InternalError("[NAN_LOSS] loss is nan at step 3");
+  runner_.error = oomb::WithReason(absl::InternalError("loss is nan at step 3"), oomb::Reason::kNanLoss);
   StartScheduler();
   ASSERT_TRUE(scheduler_->Submit(spec_, "n", "").ok());
   const v1::Job failed = WaitFor("n", v1::Job::FAILED);

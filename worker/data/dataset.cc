@@ -1,15 +1,16 @@
 #include "worker/data/dataset.h"
 
 #include <simdjson.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "worker/common/files.h"
 #include "worker/common/status.h"
 
 namespace oomb {
@@ -21,10 +22,56 @@ class LineError {
  public:
   LineError(const DatasetOptions& o, const std::string& path, int64_t line)
       : prefix_(absl::StrCat(o.field, ": ", path, ":", line, ": ")) {}
-  absl::Status operator()(const std::string& msg) const { return absl::InvalidArgumentError(prefix_ + msg); }
+  // The message is cut short: a parser's message may quote the whole line.
+  absl::Status operator()(const std::string& msg) const {
+    return WithReason(absl::InvalidArgumentError(prefix_ + Excerpt(msg, kMaxDetailBytes)), Reason::kBadData);
+  }
+  static constexpr size_t kMaxDetailBytes = 300;
 
  private:
   std::string prefix_;
+};
+
+// Lines of a file, read in blocks (a line may be of any length; "\n"-terminated, the last one
+// possibly not).
+class LineReader {
+ public:
+  explicit LineReader(const File& file) : file_(file) {}
+  bool Next(std::string* line) {
+    line->clear();
+    for (;;) {
+      const size_t nl = buffer_.find('\n', pos_);
+      if (nl != std::string::npos) {
+        line->append(buffer_, pos_, nl - pos_);
+        pos_ = nl + 1;
+        return true;
+      }
+      line->append(buffer_, pos_, std::string::npos);
+      pos_ = buffer_.size();
+      if (!Fill()) return !line->empty();
+    }
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  bool Fill() {
+    buffer_.resize(kBlock);
+    pos_ = 0;
+    for (;;) {
+      const ssize_t n = ::pread(file_.fd(), buffer_.data(), kBlock, offset_);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) status_ = ErrnoStatus(errno, "read", file_.path());
+      buffer_.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      offset_ += n > 0 ? n : 0;
+      return n > 0;
+    }
+  }
+  static constexpr size_t kBlock = size_t{1} << 20;
+  const File& file_;
+  std::string buffer_;
+  size_t pos_ = 0;
+  off_t offset_ = 0;
+  absl::Status status_;
 };
 
 // Structural UTF-8 check (lead bytes and continuation bytes), for a message that names the
@@ -274,17 +321,17 @@ bool FastInputIds(simdjson::dom::parser& parser, const std::string& line, int64_
 
 }  // namespace
 
-absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, const Tokenizer& tokenizer,
+absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const Tokenizer& tokenizer,
                                                        const ChatTemplate* chat, const DatasetOptions& options,
                                                        DatasetStats* stats) {
   const TokenizerLoader load = [&]() -> absl::StatusOr<TextTokenizer> { return TextTokenizer{&tokenizer, chat}; };
-  return ReadJsonlDataset(path, load, options, stats);
+  return ReadJsonlDataset(file, load, options, stats);
 }
 
-absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, const TokenizerLoader& tokenizer,
+absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const TokenizerLoader& tokenizer,
                                                        const DatasetOptions& options, DatasetStats* stats) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(options.field, ": cannot open ", path));
+  const std::string& path = file.path();
+  LineReader in(file);
   std::vector<Document> docs;
   DatasetStats local;
   DatasetStats& st = stats != nullptr ? *stats : local;
@@ -292,7 +339,7 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, 
   LazyTokenizer lazy(tokenizer);
   simdjson::dom::parser parser;
   std::string line;
-  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+  for (int64_t line_no = 1; in.Next(&line); ++line_no) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const LineError err(options, path, line_no);
@@ -327,17 +374,20 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, 
     }
     ++st.samples;
     st.tokens += static_cast<int64_t>(d.ids.size());
+    // Shifted within the document (TokenSequence::Append): the first token predicts nothing.
+    for (size_t t = 1; t < d.labels.size(); ++t) st.label_tokens += d.labels[t] != kIgnoreLabel ? 1 : 0;
     const auto bucket =
         std::upper_bound(st.length_bounds.begin(), st.length_bounds.end(), static_cast<int64_t>(d.ids.size())) -
         st.length_bounds.begin();
     ++st.length_counts[bucket];
     docs.push_back(std::move(d));
   }
-  if (in.bad()) return absl::InternalError(absl::StrCat(options.field, ": error reading ", path));
+  if (!in.status().ok()) return Annotate(in.status(), options.field);
   if (docs.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(options.field, ": ", path, ": no samples",
-                     st.dropped > 0 ? " (every sample was longer than max_seq_len)" : ""));
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(options.field, ": ", path, ": no samples",
+                                                st.dropped > 0 ? " (every sample was longer than max_seq_len)" : "")),
+        Reason::kBadData);
   }
   return docs;
 }
@@ -364,7 +414,7 @@ std::vector<TokenSequence> PackDocuments(const std::vector<Document>& docs, int6
   return out;
 }
 
-ModelTokenizer::ModelTokenizer(std::string model_dir, std::string model_field)
+ModelTokenizer::ModelTokenizer(Dir model_dir, std::string model_field)
     : model_dir_(std::move(model_dir)), model_field_(std::move(model_field)) {}
 
 TokenizerLoader ModelTokenizer::Loader() {
@@ -373,9 +423,12 @@ TokenizerLoader ModelTokenizer::Loader() {
       if (!load_error_.ok()) return load_error_;
       auto tokenizer = Tokenizer::FromModelDir(model_dir_);
       if (!tokenizer.ok()) {
-        load_error_ = absl::InvalidArgumentError(absl::StrCat(
+        const std::string context = absl::StrCat(
             "this sample needs the model's tokenizer (or use pre-tokenized {\"input_ids\": [...]} samples): ",
-            model_field_, ": ", tokenizer.status().message()));
+            model_field_);
+        load_error_ = ReasonOf(tokenizer.status()) == Reason::kPathDenied
+                          ? Annotate(tokenizer.status(), context)
+                          : absl::InvalidArgumentError(absl::StrCat(context, ": ", tokenizer.status().message()));
         return load_error_;
       }
       tokenizer_ = *std::move(tokenizer);
@@ -388,8 +441,8 @@ TokenizerLoader ModelTokenizer::Loader() {
   };
 }
 
-absl::StatusOr<int64_t> ModelVocabSize(const std::string& model_dir) {
-  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(model_dir + "/config.json"));
+absl::StatusOr<int64_t> ModelVocabSize(const Dir& model_dir) {
+  OOMB_ASSIGN_OR_RETURN(std::string text, model_dir.ReadFile("config.json", int64_t{16} << 20));
   const auto config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   const auto it = config.is_object() ? config.find("vocab_size") : config.end();
   if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return 0;

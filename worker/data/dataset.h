@@ -53,8 +53,9 @@ struct DatasetOptions {
 };
 
 struct DatasetStats {
-  int64_t samples = 0;  // documents kept
-  int64_t tokens = 0;   // tokens kept
+  int64_t samples = 0;       // documents kept
+  int64_t tokens = 0;        // tokens kept
+  int64_t label_tokens = 0;  // tokens kept that carry a label (the loss is over these)
   int64_t dropped = 0;
   int64_t truncated = 0;
   // Histogram of kept sample lengths: counts[i] for [bounds[i-1], bounds[i]), the last bucket
@@ -81,7 +82,7 @@ using TokenizerLoader = std::function<absl::StatusOr<TextTokenizer>()>;
 // that error ("model.path", "--model").
 class ModelTokenizer {
  public:
-  ModelTokenizer(std::string model_dir, std::string model_field);
+  ModelTokenizer(Dir model_dir, std::string model_field);
   // For ReadJsonlDataset; valid while this object lives.
   TokenizerLoader Loader();
   // What was loaded (null / nullopt when no sample needed it); the object gives them up.
@@ -89,7 +90,8 @@ class ModelTokenizer {
   std::optional<ChatTemplate> TakeChat() { return std::move(chat_); }
 
  private:
-  std::string model_dir_, model_field_;
+  Dir model_dir_;
+  std::string model_field_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_;
   absl::Status load_error_;
@@ -97,18 +99,19 @@ class ModelTokenizer {
 
 // config.json's vocab_size in `model_dir`: the bound of pre-tokenized ids (the model's
 // embedding rows, DatasetOptions::vocab_size); 0 when it has none.
-absl::StatusOr<int64_t> ModelVocabSize(const std::string& model_dir);
+absl::StatusOr<int64_t> ModelVocabSize(const Dir& model_dir);
 
-// Reads every sample. INVALID_ARGUMENT for the first bad line (naming it); NOT_FOUND when the
-// file does not exist; INVALID_ARGUMENT when it holds no sample; FAILED_PRECONDITION for a
-// "messages" line when the model has no supported chat template; the loader's error (with the
-// line) when a sample needs a tokenizer that cannot be loaded.
-absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, const TokenizerLoader& tokenizer,
+// Reads every sample of `file`. INVALID_ARGUMENT with reason BAD_DATA for the first bad line
+// (naming it, with at most a short escaped excerpt of its content) and when the file holds no
+// sample;
+// FAILED_PRECONDITION for a "messages" line when the model has no supported chat template; the
+// loader's error (with the line) when a sample needs a tokenizer that cannot be loaded.
+absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const TokenizerLoader& tokenizer,
                                                        const DatasetOptions& options, DatasetStats* stats);
 // `stats` (optional) is overwritten with the read's summary.
 
 // As above with a tokenizer already loaded; `chat` may be null.
-absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const std::string& path, const Tokenizer& tokenizer,
+absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const Tokenizer& tokenizer,
                                                        const ChatTemplate* chat, const DatasetOptions& options,
                                                        DatasetStats* stats);
 

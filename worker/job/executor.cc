@@ -25,7 +25,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "worker/common/files.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/job/build_info.h"
@@ -39,6 +38,7 @@
 #include "worker/train/chunk_trainer.h"
 #include "worker/train/data_parallel.h"
 #include "worker/train/lr_schedule.h"
+#include "worker/train/torch_status.h"
 
 namespace oomb {
 namespace {
@@ -100,34 +100,6 @@ absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobSpec& spec, cons
   }
   return devices;
 }
-
-// The status of a LibTorch or C++ exception, with the reason tags of executor.h.
-absl::Status StatusOfException(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(absl::StrCat("[OUT_OF_MEMORY] ", e.what_without_backtrace()));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("[TORCH_ERROR] ", e.what_without_backtrace()));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("[OUT_OF_MEMORY] host allocation failed");
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("[INTERNAL] ", e.what()));
-  }
-}
-
-// `f()`, with exceptions turned into their status.
-template <typename F>
-absl::Status Guarded(F&& f) {
-  try {
-    return f();
-  } catch (...) {
-    return StatusOfException(std::current_exception());
-  }
-}
-
-// What a run's status says when another rank failed (this rank was fine).
-constexpr char kPeerFailed[] = "[PEER_FAILED]";
 
 // One rank of a run: which, of how many, and what the ranks of a data-parallel run share.
 struct Rank {
@@ -201,9 +173,10 @@ int64_t OomFailpointStep(const JobSpec& spec) {
   return step;
 }
 
-// The datasets of a job, read and checked, with the tokenizer that read them (null when every
-// sample was pre-tokenized).
+// The datasets of a job, read and checked, with the model directory and the tokenizer that
+// read them (null when every sample was pre-tokenized).
 struct JobData {
+  std::optional<Dir> model_dir;
   std::unique_ptr<Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat;
   std::vector<Document> train;
@@ -212,18 +185,34 @@ struct JobData {
 };
 
 // The tokenizer is loaded lazily (ModelTokenizer): pre-tokenized data needs no tokenizer.json.
-absl::StatusOr<JobData> ReadJobData(const JobSpec& spec) {
+absl::StatusOr<JobData> ReadJobData(const JobSpec& spec, const FileAccess& files) {
   JobData data;
-  ModelTokenizer model_tokenizer(spec.model.path, "model.path");
+  absl::StatusOr<Dir> model_dir = files.OpenDir(spec.model.path);
+  if (!model_dir.ok()) return Annotate(model_dir.status(), "model.path");
+  data.model_dir = *model_dir;
+  ModelTokenizer model_tokenizer(*model_dir, "model.path");
   const TokenizerLoader loader = model_tokenizer.Loader();
   DatasetOptions options;
   options.max_seq_len = spec.data.max_seq_len;
   options.too_long = spec.data.too_long;
-  OOMB_ASSIGN_OR_RETURN(options.vocab_size, ModelVocabSize(spec.model.path));
-  OOMB_ASSIGN_OR_RETURN(data.train, ReadJsonlDataset(spec.data.train, loader, options, &data.stats));
+  absl::StatusOr<int64_t> vocab = ModelVocabSize(*model_dir);
+  if (!vocab.ok()) return Annotate(vocab.status(), "model.path");
+  options.vocab_size = *vocab;
+  absl::StatusOr<File> train = files.OpenFile(spec.data.train);
+  if (!train.ok()) return Annotate(train.status(), "data.train");
+  OOMB_ASSIGN_OR_RETURN(data.train, ReadJsonlDataset(*train, loader, options, &data.stats));
+  if (data.stats.label_tokens == 0) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "data.train: ", spec.data.train,
+                          ": no token carries a label (every label is -100, or no sample has an assistant turn "
+                          "or more than one token): there is nothing to train on")),
+                      Reason::kBadData);
+  }
   if (!spec.data.validation.empty()) {
     options.field = "data.validation";
-    OOMB_ASSIGN_OR_RETURN(data.validation, ReadJsonlDataset(spec.data.validation, loader, options, nullptr));
+    absl::StatusOr<File> validation = files.OpenFile(spec.data.validation);
+    if (!validation.ok()) return Annotate(validation.status(), "data.validation");
+    OOMB_ASSIGN_OR_RETURN(data.validation, ReadJsonlDataset(*validation, loader, options, nullptr));
   }
   data.tokenizer = model_tokenizer.TakeTokenizer();
   data.chat = model_tokenizer.TakeChat();
@@ -248,7 +237,7 @@ class Run {
 
   // Data parallel: every rank learns, at the same point of the run, whether any rank failed or
   // was asked to stop (one small collective). Returns this rank's own error, or ABORTED
-  // [PEER_FAILED] when only another rank failed. `extra` values are summed over the ranks on
+  // with reason PEER_FAILED when only another rank failed. `extra` values are summed over the ranks on
   // the way (in place). One device: returns `mine`.
   absl::Status Agree(const absl::Status& mine, std::vector<double>* extra = nullptr) {
     if (group_ == nullptr) return mine;
@@ -257,8 +246,9 @@ class Run {
     if (extra != nullptr) values.insert(values.end(), extra->begin(), extra->end());
     OOMB_ASSIGN_OR_RETURN(std::vector<double> sums, group_->SumAcrossRanks(values));
     if (sums[0] > 0) {
-      return mine.ok() ? absl::AbortedError(absl::StrCat(kPeerFailed, " another rank of the data-parallel run failed"))
-                       : mine;
+      return mine.ok()
+                 ? WithReason(absl::AbortedError("another rank of the data-parallel run failed"), Reason::kPeerFailed)
+                 : mine;
     }
     if (sums[2] > 0) {
       stop_ = StopRequest::kCancel;
@@ -272,8 +262,11 @@ class Run {
   absl::Status Setup() {
     dtype_ = spec_.model.dtype == "float32" ? at::kFloat : at::kBFloat16;
     oom_failpoint_step_ = OomFailpointStep(spec_);
-    OOMB_ASSIGN_OR_RETURN(ModelConfig base_config, LoadModelConfig(spec_.model.path));
-    OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec_));
+    OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec_, *options_.files));
+    model_dir_ = data.model_dir;
+    absl::StatusOr<ModelConfig> base_config = LoadModelConfig(*model_dir_);
+    if (!base_config.ok()) return ModelError(base_config.status());
+    OOMB_RETURN_IF_ERROR(ReadBaseFiles());
     tokenizer_ = std::move(data.tokenizer);
     chat_ = std::move(data.chat);
     docs_ = std::move(data.train);
@@ -288,8 +281,10 @@ class Run {
                        : spec_.training.epochs * ((sequences_per_epoch_ + spec_.training.batch_sequences - 1) /
                                                   spec_.training.batch_sequences);
 
-    OOMB_ASSIGN_OR_RETURN(model_,
-                          Transformer::Load(spec_.model.path, dtype_, device_, RopeOverride(spec_, base_config)));
+    absl::StatusOr<std::unique_ptr<Transformer>> model =
+        Transformer::Load(*model_dir_, dtype_, device_, RopeOverride(spec_, *base_config));
+    if (!model.ok()) return ModelError(model.status());
+    model_ = *std::move(model);
     if (spec_.method.type == "lora") {
       LoraOptions lora;
       lora.rank = spec_.method.lora.rank;
@@ -342,20 +337,41 @@ class Run {
     trainer_options.should_stop = [this] { return PollStop(); };
     trainer_ = std::make_unique<ChunkTrainer>(model_.get(), kv_.pools(), trainer_options);
 
-    OOMB_RETURN_IF_ERROR(MakeDirs(options_.checkpoint_dir));
     if (options_.resume) OOMB_RETURN_IF_ERROR(Resume());
     return absl::OkStatus();
   }
 
+  // A failure to read the model's files: the model's fault unless the cause says otherwise.
+  static absl::Status ModelError(const absl::Status& s) {
+    const absl::Status named = Annotate(s, "model.path");
+    return ReasonOf(s).has_value() ? named : WithReason(named, Reason::kBadModel);
+  }
+
+  // The base model's files a checkpoint carries (the tokenizer's), read now: a file that cannot
+  // be read fails the job before any training.
+  absl::Status ReadBaseFiles() {
+    for (const char* name :
+         {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+      if (!model_dir_->Contains(name)) continue;
+      absl::StatusOr<std::string> contents = model_dir_->ReadFile(name, kMaxBaseFileBytes);
+      if (!contents.ok()) return Annotate(contents.status(), "model.path");
+      base_files_[name] = *std::move(contents);
+    }
+    return absl::OkStatus();
+  }
+  static constexpr int64_t kMaxBaseFileBytes = int64_t{256} << 20;
+
   absl::Status Resume() {
-    for (const std::string& dir : ListCheckpointDirs(options_.checkpoint_dir)) {
-      auto state = RestoreCheckpoint(dir, *model_, *optimizer_);
+    const Dir& root = *options_.checkpoint_dir;
+    for (const std::string& name : ListCheckpointDirs(root)) {
+      absl::StatusOr<Dir> dir = root.OpenDir(name);
+      auto state = dir.ok() ? RestoreCheckpoint(*dir, *model_, *optimizer_) : dir.status();
       if (state.ok()) {
         state_ = *state;
-        Warn(absl::StrCat("resumed from ", dir, " at step ", state_.step));
+        Warn(absl::StrCat("resumed from ", root.PathOf(name), " at step ", state_.step));
         return absl::OkStatus();
       }
-      Warn(absl::StrCat("skipping checkpoint ", dir, ": ", state.status().message()));
+      Warn(absl::StrCat("skipping checkpoint ", root.PathOf(name), ": ", state.status().message()));
     }
     if (state_.step == 0) Warn("no valid checkpoint to resume from: starting at step 0");
     return absl::OkStatus();
@@ -388,18 +404,19 @@ class Run {
   }
 
   absl::StatusOr<CheckpointInfo> Checkpoint(bool final) {
-    const std::string dir =
-        options_.checkpoint_dir + (final ? std::string("/final") : absl::StrCat("/checkpoint-", state_.step));
+    const Dir& root = *options_.checkpoint_dir;
+    const std::string name = final ? std::string("final") : absl::StrCat("checkpoint-", state_.step);
     CheckpointWriteOptions w;
-    w.base_model_dir = spec_.model.path;
+    w.base_model_path = spec_.model.path;
+    w.base_files = base_files_;
     if (!model_->has_lora()) {
-      OOMB_ASSIGN_OR_RETURN(w.config_json, ReadFile(spec_.model.path + "/config.json"));
+      OOMB_ASSIGN_OR_RETURN(w.config_json, model_dir_->ReadFile("config.json"));
     }
     const auto started = Clock::now();
-    OOMB_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(dir, *model_, *optimizer_, state_, w));
-    PruneCheckpoints(options_.checkpoint_dir, spec_.checkpoint.keep_last);
+    OOMB_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(root, name, *model_, *optimizer_, state_, w));
+    PruneCheckpoints(root, spec_.checkpoint.keep_last);
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-    CheckpointInfo info{state_.step, dir, bytes, final, seconds};
+    CheckpointInfo info{state_.step, root.PathOf(name), bytes, final, seconds};
     if (options_.on_checkpoint) options_.on_checkpoint(info);
     return info;
   }
@@ -484,8 +501,12 @@ class Run {
   // collectives.
   absl::StatusOr<RunResult> Train() {
     RunResult result;
-    std::ofstream metrics;
-    if (lead()) metrics.open(options_.checkpoint_dir + "/metrics.jsonl", std::ios::app);
+    UniqueFd metrics;
+    if (lead()) {
+      absl::StatusOr<UniqueFd> fd = options_.checkpoint_dir->OpenAppend("metrics.jsonl");
+      if (!fd.ok()) return fd.status();
+      metrics = *std::move(fd);
+    }
     const auto start = Clock::now();
     const int64_t first_step = state_.step;
     const ModelConfig& c = model_->config();
@@ -526,7 +547,8 @@ class Run {
 
       const double loss = label_tokens > 0 ? loss_sum[0] / label_tokens : 0.0;
       if (!std::isfinite(loss)) {
-        return absl::InternalError(absl::StrCat("[NAN_LOSS] loss is ", loss, " at step ", state_.step + 1));
+        return WithReason(absl::InternalError(absl::StrCat("loss is ", loss, " at step ", state_.step + 1)),
+                          Reason::kNanLoss);
       }
       absl::Status stepped = Guarded([&] {
         if (spec_.training.max_grad_norm > 0) {
@@ -581,9 +603,13 @@ class Run {
                                {"pcie_d2h_bytes", p.pcie_d2h_bytes}};
         if (p.eval_loss > 0) line["eval_loss"] = p.eval_loss;
         if (p.attention_density > 0) line["attention_density"] = p.attention_density;
-        metrics << line.dump() << "\n" << std::flush;
+        const std::string text = line.dump() + "\n";
+        if (::write(metrics.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+          reported = ErrnoStatus(errno, "write", options_.checkpoint_dir->PathOf("metrics.jsonl"));
+        }
         if (options_.on_step) options_.on_step(p);
-        if (!last && spec_.checkpoint.every_steps > 0 && state_.step % spec_.checkpoint.every_steps == 0) {
+        if (reported.ok() && !last && spec_.checkpoint.every_steps > 0 &&
+            state_.step % spec_.checkpoint.every_steps == 0) {
           absl::StatusOr<CheckpointInfo> saved = Checkpoint(false);
           reported = saved.status();
           if (saved.ok()) result.final_checkpoint = *saved;
@@ -621,6 +647,8 @@ class Run {
   std::unique_ptr<DataParallelGroup> group_;  // world > 1
   std::vector<at::Tensor> params_;            // the trainable parameters, in the optimizer's order
   at::ScalarType dtype_ = at::kBFloat16;
+  std::optional<Dir> model_dir_;
+  std::map<std::string, std::string> base_files_;  // copied into every checkpoint
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_;
   std::vector<Document> docs_;
@@ -640,11 +668,8 @@ class Run {
   StopRequest stop_ = StopRequest::kNone;
 };
 
-}  // namespace
-
-void InitExecutorProcess() { DisableFlightRecorder(); }
-
-absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options) {
+// The ranks of a run (one thread each beyond the first), and their outcome.
+absl::StatusOr<RunResult> RunRanks(const JobSpec& spec, const RunOptions& options) {
   absl::StatusOr<std::vector<at::Device>> devices;
   OOMB_RETURN_IF_ERROR(Guarded([&] {
     devices = ResolveDevices(spec, options.devices);
@@ -676,22 +701,37 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options)
   }
   for (std::thread& t : threads) t.join();
   for (const auto& result : results) {
-    if (!result.ok() && !absl::StartsWith(result.status().message(), kPeerFailed)) return result.status();
+    if (!result.ok() && ReasonOf(result.status()) != Reason::kPeerFailed) return result.status();
   }
   return results[0];
 }
 
-absl::StatusOr<DataSummary> ValidateJobData(const JobSpec& spec) {
-  try {
-    OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec));
-    DataSummary summary;
-    summary.train = data.stats;
-    summary.sequences = static_cast<int64_t>(
-        PackDocuments(data.train, spec.data.max_seq_len, spec.data.packing, spec.data.shuffle_seed).size());
-    return summary;
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("[INTERNAL] reading the datasets: ", e.what()));
+}  // namespace
+
+void InitExecutorProcess() { DisableFlightRecorder(); }
+
+absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options) {
+  if (options.files == nullptr || !options.checkpoint_dir.has_value()) {
+    return absl::InvalidArgumentError("RunJob: RunOptions::files and checkpoint_dir are required");
   }
+  OOMB_RETURN_IF_ERROR(RemovePartialCheckpoints(*options.checkpoint_dir));
+  absl::StatusOr<RunResult> result = RunRanks(spec, options);
+  if (!result.ok()) (void)RemovePartialCheckpoints(*options.checkpoint_dir);
+  return result;
+}
+
+absl::StatusOr<DataSummary> ValidateJobData(const JobSpec& spec, const FileAccess& files) {
+  DataSummary summary;
+  OOMB_RETURN_IF_ERROR(Guarded(
+      [&]() -> absl::Status {
+        OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec, files));
+        summary.train = data.stats;
+        summary.sequences = static_cast<int64_t>(
+            PackDocuments(data.train, spec.data.max_seq_len, spec.data.packing, spec.data.shuffle_seed).size());
+        return absl::OkStatus();
+      },
+      "reading the datasets"));
+  return summary;
 }
 
 }  // namespace oomb

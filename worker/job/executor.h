@@ -25,11 +25,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/common/file_access.h"
 #include "worker/data/dataset.h"
 #include "worker/job/job_spec.h"
 #include "worker/metrics/kv_stats.h"
@@ -78,7 +81,13 @@ struct CheckpointInfo {
 enum class StopRequest { kNone, kCancel, kPause };
 
 struct RunOptions {
-  std::string checkpoint_dir;  // where checkpoints go; created if missing
+  // Where the job's inputs are opened (model directory, datasets): the daemon's confinement
+  // (FileAccess::Create), or FileAccess::Unconfined() for a user's own run. Required.
+  std::shared_ptr<const FileAccess> files;
+  // The directory checkpoints and metrics.jsonl go to, opened and owned by this job
+  // (ClaimCheckpointDir, worker/job/checkpoint_dir.h). Required. Partial checkpoints left in it
+  // (a kill -9, a full disk) are removed when the run starts and when it fails.
+  std::optional<Dir> checkpoint_dir;
   // One device per data-parallel rank ("cpu", "cuda:0"), resources.gpus of them; from the
   // scheduler. Empty: derived from the spec: resources.device for rank 0 and the next CUDA
   // devices for the other ranks (the CPU: every rank on the CPU).
@@ -104,10 +113,11 @@ struct RunResult {
 // c10d flight recorder off (worker/train/data_parallel.h). Idempotent.
 void InitExecutorProcess();
 
-// Runs the job. Errors: INVALID_ARGUMENT (spec or data, naming the field or file:line),
-// RESOURCE_EXHAUSTED (out of memory; the message says what did not fit), INTERNAL (NaN/Inf
-// loss, with the step), FAILED_PRECONDITION (resume found no checkpoint). The status message
-// starts with a stable reason tag in brackets, e.g. "[NAN_LOSS] loss is nan at step 7".
+// Runs the job. Errors carry a Reason (worker/common/status.h) where the cause is known:
+// INVALID_ARGUMENT (spec or data, naming the field or file:line; BAD_DATA, BAD_SPEC),
+// PERMISSION_DENIED (a path refused by the confinement; PATH_DENIED), RESOURCE_EXHAUSTED (out of
+// memory, OUT_OF_MEMORY; pages exhausted, DOES_NOT_FIT; a full disk, DISK_FULL), INTERNAL (NaN
+// or infinite loss with the step, NAN_LOSS; LibTorch and CUDA errors, TORCH_ERROR, CUDA_ERROR).
 absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options);
 
 // What a job's training data amounts to: the reader's summary of data.train (samples, tokens,
@@ -125,7 +135,7 @@ struct DataSummary {
 // sample needs one: a model without tokenizer.json trains on pre-tokenized {"input_ids"} data
 // (ids checked against config.json's vocab_size), and a text sample is then an error naming
 // its line.
-absl::StatusOr<DataSummary> ValidateJobData(const JobSpec& spec);
+absl::StatusOr<DataSummary> ValidateJobData(const JobSpec& spec, const FileAccess& files);
 
 }  // namespace oomb
 

@@ -643,29 +643,6 @@ void EmitSection(absl::string_view section, const JobSpec& spec, YAML::Emitter& 
   }
 }
 
-absl::Status CheckReadableFile(const std::string& field, const std::string& path, bool want_dir) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(st)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", path, ": ", ec ? ec.message() : "No such file or directory"));
-  }
-  if (want_dir && !std::filesystem::is_directory(st)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": not a directory"));
-  }
-  if (!want_dir && !std::filesystem::is_regular_file(st)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": not a regular file"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckOpenable(const std::string& field, const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": ", std::strerror(errno)));
-  ::close(fd);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecYaml(const std::string& yaml, const std::string& source_name) {
@@ -764,23 +741,6 @@ std::string JobSpecToYaml(const JobSpec& spec) {
   EmitSection("", spec, out);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
-}
-
-absl::Status CheckJobFiles(const JobSpec& spec) {
-  OOMB_RETURN_IF_ERROR(CheckReadableFile("model.path", spec.model.path, /*want_dir=*/true));
-  const std::string config = (std::filesystem::path(spec.model.path) / "config.json").string();
-  if (!std::filesystem::exists(config)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.path: ", spec.model.path, ": no config.json (expected a Hugging Face model directory)"));
-  }
-  OOMB_RETURN_IF_ERROR(CheckOpenable("model.path", config));
-  OOMB_RETURN_IF_ERROR(CheckReadableFile("data.train", spec.data.train, /*want_dir=*/false));
-  OOMB_RETURN_IF_ERROR(CheckOpenable("data.train", spec.data.train));
-  if (!spec.data.validation.empty()) {
-    OOMB_RETURN_IF_ERROR(CheckReadableFile("data.validation", spec.data.validation, /*want_dir=*/false));
-    OOMB_RETURN_IF_ERROR(CheckOpenable("data.validation", spec.data.validation));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace oomb

@@ -194,12 +194,6 @@ absl::Status ValidateJobSpec(const JobSpec& spec);
 // order). ParseJobSpecYaml(JobSpecToYaml(s)) reproduces `s` exactly.
 std::string JobSpecToYaml(const JobSpec& spec);
 
-// Checks the files a spec names, as seen from this process: model.path is a directory with a
-// readable config.json; data.train (and data.validation when set) is a readable regular file.
-// INVALID_ARGUMENT naming the field and the path, e.g.
-// "data.train: /data/x.jsonl: No such file or directory".
-absl::Status CheckJobFiles(const JobSpec& spec);
-
 }  // namespace oomb
 
 #endif  // OOMB_WORKER_JOB_JOB_SPEC_H_

@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/torch/paged_attention.h"
-#include "worker/common/files.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/kv/page_pool.h"
@@ -21,8 +20,9 @@
 namespace oomb {
 
 absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
-  OOMB_ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model_dir));
-  OOMB_ASSIGN_OR_RETURN(auto weights, WeightSet::Open(model_dir));
+  OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(model_dir));
+  OOMB_ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(dir));
+  OOMB_ASSIGN_OR_RETURN(auto weights, WeightSet::Open(dir));
   std::set<std::string> dtypes;
   int64_t stored = 0;
   for (const std::string& n : weights->names()) {
@@ -49,7 +49,7 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
                       {"context_window", c.max_position_embeddings},
                       {"rope", {{"type", c.rope.type}, {"theta", c.rope.theta}, {"factor", c.rope.factor}}},
                       {"kv_bytes_per_token_bf16", 2 * c.num_layers * c.kv_dim() * 2}};
-  auto tok = Tokenizer::FromModelDir(model_dir);
+  auto tok = Tokenizer::FromModelDir(dir);
   if (tok.ok()) {
     j["tokenizer"] = {{"vocab_size", (*tok)->vocab_size()}, {"chat_template", !(*tok)->chat_template().empty()}};
   } else {
@@ -65,15 +65,19 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
         o.device == "cpu" || (o.device == "auto" && !cuda) ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
     const at::ScalarType dtype = o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
     // Pre-tokenized data needs no tokenizer.json (ModelTokenizer loads it for text only).
-    ModelTokenizer tokenizer(o.model_dir, "--model");
+    const std::shared_ptr<const FileAccess> files = FileAccess::Unconfined();
+    OOMB_ASSIGN_OR_RETURN(const Dir model_dir, files->OpenDir(o.model_dir));
+    ModelTokenizer tokenizer(model_dir, "--model");
     DatasetOptions d;
     d.field = "--data";
     d.max_seq_len = int64_t{1} << 31;
-    OOMB_ASSIGN_OR_RETURN(d.vocab_size, ModelVocabSize(o.model_dir));
-    OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadJsonlDataset(o.data_path, tokenizer.Loader(), d, nullptr));
-    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(o.model_dir, dtype, device));
+    OOMB_ASSIGN_OR_RETURN(d.vocab_size, ModelVocabSize(model_dir));
+    OOMB_ASSIGN_OR_RETURN(const File data, files->OpenFile(o.data_path));
+    OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadJsonlDataset(data, tokenizer.Loader(), d, nullptr));
+    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(model_dir, dtype, device));
     if (!o.adapter_dir.empty()) {
-      OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(o.adapter_dir + "/adapter_config.json"));
+      OOMB_ASSIGN_OR_RETURN(const Dir adapter, files->OpenDir(o.adapter_dir));
+      OOMB_ASSIGN_OR_RETURN(std::string text, adapter.ReadFile("adapter_config.json"));
       const auto cfg = nlohmann::json::parse(text, nullptr, false);
       if (!cfg.is_object()) return absl::InvalidArgumentError(o.adapter_dir + "/adapter_config.json: not JSON");
       LoraOptions lora;
@@ -81,7 +85,7 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
       lora.alpha = cfg.value("lora_alpha", 8.0);
       lora.target_modules = cfg.value("target_modules", std::vector<std::string>{});
       OOMB_RETURN_IF_ERROR(model->AddLora(lora, 0));
-      OOMB_RETURN_IF_ERROR(model->LoadLoraWeights(o.adapter_dir));
+      OOMB_RETURN_IF_ERROR(model->LoadLoraWeights(adapter));
     }
     int64_t budget = o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int64_t>::max();
     std::vector<TokenSequence> seqs;
@@ -127,8 +131,9 @@ absl::StatusOr<GenerateResult> GreedyGenerate(const std::string& model_dir, cons
                                               int64_t max_new_tokens) {
   try {
     const at::Device device = torch::cuda::is_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-    OOMB_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromModelDir(model_dir));
-    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(model_dir, at::kFloat, device));
+    OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(model_dir));
+    OOMB_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromModelDir(dir));
+    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(dir, at::kFloat, device));
     GenerateResult r;
     OOMB_ASSIGN_OR_RETURN(r.prompt_ids, tokenizer->EncodeChecked(prompt));
     std::vector<int64_t> ids(r.prompt_ids.begin(), r.prompt_ids.end());

@@ -26,10 +26,11 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PageKind kind, Tier t
   try {
     arena = at::empty({capacity_pages, 2, shape.kv_heads, shape.page_tokens, shape.head_dim}, options);
   } catch (const c10::Error& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate a ", KindName(kind), " page arena of ", capacity_pages, " pages (",
-                     capacity_pages * shape.elems() * static_cast<int64_t>(options.dtype().itemsize()), " bytes) on ",
-                     TierName(tier), ": ", e.what_without_backtrace()));
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "cannot allocate a ", KindName(kind), " page arena of ", capacity_pages, " pages (",
+                          capacity_pages * shape.elems() * static_cast<int64_t>(options.dtype().itemsize()),
+                          " bytes) on ", TierName(tier), ": ", e.what_without_backtrace())),
+                      Reason::kOutOfMemory);
   }
   std::unique_ptr<PagePool> pool(
       new PagePool(kind, tier, shape, arena.options(), capacity_pages, std::max<int64_t>(1, capacity_pages)));
@@ -129,7 +130,7 @@ absl::Status PagePool::WaitForSlab(uint32_t slot) {
   std::unique_lock<std::mutex> lock(slab_mu_);
   slab_cv_.wait(lock, [&] { return ready_slabs_.load(std::memory_order_acquire) > slab || !slab_error_.empty(); });
   if (ready_slabs_.load(std::memory_order_acquire) > slab) return absl::OkStatus();
-  return absl::ResourceExhaustedError(slab_error_);
+  return WithReason(absl::ResourceExhaustedError(slab_error_), Reason::kOutOfMemory);
 }
 
 int64_t PagePool::ready_pages() const {
@@ -143,9 +144,10 @@ at::Tensor& PagePool::arena() {
 
 absl::StatusOr<PageId> PagePool::Allocate(bool zero) {
   if (free_.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat(KindName(kind_), " page pool on ", TierName(tier_), " is full (",
-                                                     capacity_, " pages of ",
-                                                     shape_.elems() * options_.dtype().itemsize(), " bytes)"));
+    return WithReason(absl::ResourceExhaustedError(
+                          absl::StrCat(KindName(kind_), " page pool on ", TierName(tier_), " is full (", capacity_,
+                                       " pages of ", shape_.elems() * options_.dtype().itemsize(), " bytes)")),
+                      Reason::kDoesNotFit);
   }
   const uint32_t slot = free_.front();
   if (tier_ == Tier::kHost) {
@@ -433,8 +435,9 @@ absl::Status SequenceKvCache::Append(int64_t layer, const at::Tensor& k, const a
   const int64_t free_pages =
       pools_.kv->stats().free_pages() + (pools_.kv_host != nullptr ? pools_.kv_host->stats().free_pages() : 0);
   if (needed > free_pages) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV pages: ", needed, " more needed at layer ", layer, ", ", free_pages, " free"));
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat("KV pages: ", needed, " more needed at layer ", layer,
+                                                                ", ", free_pages, " free")),
+                      Reason::kDoesNotFit);
   }
   while (static_cast<int64_t>(pages.size()) < last) {
     auto id = AllocatePage(PageKind::kKv);

@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "worker/common/files.h"
 #include "worker/common/status.h"
 
 namespace oomb {
@@ -190,10 +189,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   return c;
 }
 
-absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
-  const std::string path = model_dir + "/config.json";
-  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  return ParseModelConfig(text, path);
+// config.json files are small; a bigger one is not a model's configuration.
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const Dir& model_dir) {
+  OOMB_ASSIGN_OR_RETURN(std::string text, model_dir.ReadFile("config.json", kMaxConfigBytes));
+  return ParseModelConfig(text, model_dir.PathOf("config.json"));
 }
 
 }  // namespace oomb

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/common/file_access.h"
 
 namespace oomb {
 
@@ -60,8 +61,8 @@ struct ModelConfig {
 // the file in messages.
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
 
-// Reads and parses `<dir>/config.json`.
-absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
+// Reads and parses config.json of the model directory.
+absl::StatusOr<ModelConfig> LoadModelConfig(const Dir& model_dir);
 
 }  // namespace oomb
 

@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "worker/common/files.h"
 #include "worker/common/status.h"
 
 namespace oomb {
@@ -47,8 +46,6 @@ constexpr std::array<DTypeInfo, 10> kDTypes = {{
 }};
 
 const DTypeInfo& Info(DType dtype) { return kDTypes[static_cast<size_t>(dtype)]; }
-
-std::string BaseName(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
 // Parses `text` as JSON, rejecting duplicate object keys (nlohmann would silently keep the last
 // one, and for safetensors a duplicate tensor name is a corrupt header).
@@ -88,7 +85,7 @@ absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& pat
     const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
     if (w < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot write", path);
+      return ErrnoStatus(errno, "write", path);
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -126,34 +123,15 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(map_, map_size_);
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const std::string file = BaseName(path);
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const File& file) {
+  const std::string& path = file.path();
   auto invalid = [&](const std::string& msg) { return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg)); };
-
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return invalid(absl::StrCat("cannot open: ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return invalid(absl::StrCat("cannot stat: ", std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return invalid("not a regular file");
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  const size_t size = static_cast<size_t>(file.size());
   if (size < 8) {
-    ::close(fd);
     return invalid(absl::StrCat("file has ", size, " bytes, fewer than the 8-byte header length (truncated file?)"));
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) return invalid(absl::StrCat("cannot mmap: ", std::strerror(map_err)));
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+  if (map == MAP_FAILED) return invalid(absl::StrCat("cannot mmap: ", std::strerror(errno)));
 
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
@@ -260,32 +238,31 @@ const TensorView* SafetensorsFile::Find(std::string_view name) const {
 // ---------------------------------------------------------------------------------------------
 // WeightSet
 
-absl::StatusOr<std::unique_ptr<WeightSet>> WeightSet::Open(const std::string& dir, const std::string& file_name) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
+absl::StatusOr<std::unique_ptr<WeightSet>> WeightSet::Open(const Dir& dir, const std::string& file_name) {
   std::string chosen = file_name;
   if (chosen.empty()) {
-    if (fs::exists(fs::path(dir) / "model.safetensors", ec)) {
+    if (dir.Contains("model.safetensors")) {
       chosen = "model.safetensors";
-    } else if (fs::exists(fs::path(dir) / "model.safetensors.index.json", ec)) {
+    } else if (dir.Contains("model.safetensors.index.json")) {
       chosen = "model.safetensors.index.json";
     } else {
-      return absl::NotFoundError(
-          absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json (not a safetensors model dir?)"));
+      return absl::NotFoundError(absl::StrCat(
+          dir.path(), ": no model.safetensors or model.safetensors.index.json (not a safetensors model dir?)"));
     }
   }
-  const std::string path = (fs::path(dir) / chosen).string();
+  const std::string path = dir.PathOf(chosen);
   std::unique_ptr<WeightSet> ws(new WeightSet());
 
   if (chosen.size() < 5 || chosen.substr(chosen.size() - 5) != ".json") {
-    OOMB_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+    OOMB_ASSIGN_OR_RETURN(File f, dir.OpenFile(chosen));
+    OOMB_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(f));
     for (const TensorView& t : file->tensors()) ws->by_name_.emplace(t.name, &t);
     ws->files_.push_back(std::move(file));
     return ws;
   }
 
   // A sharded checkpoint: validate the index, then each shard.
-  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  OOMB_ASSIGN_OR_RETURN(std::string text, dir.ReadFile(chosen, kMaxHeaderBytes));
   OOMB_ASSIGN_OR_RETURN(Json index, ParseJsonStrict(text, path));
   auto invalid = [&](const std::string& msg) { return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg)); };
   if (!index.is_object()) return invalid("index is not a JSON object");
@@ -302,7 +279,9 @@ absl::StatusOr<std::unique_ptr<WeightSet>> WeightSet::Open(const std::string& di
   }
   std::map<std::string, std::string> owner;  // tensor -> shard that contains it
   for (const auto& [shard, names] : by_shard) {
-    auto file = SafetensorsFile::Open((fs::path(dir) / shard).string());
+    absl::StatusOr<File> shard_file = dir.OpenFile(shard);
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+        shard_file.ok() ? SafetensorsFile::Open(*shard_file) : shard_file.status();
     if (!file.ok()) {
       if (absl::IsNotFound(file.status())) {
         return absl::NotFoundError(absl::StrCat(path, ": shard '", shard, "' (holding tensor '", names.front(),
@@ -343,8 +322,9 @@ std::vector<std::string> WeightSet::names() const {
 // ---------------------------------------------------------------------------------------------
 // WriteSafetensors
 
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+absl::Status WriteSafetensors(const Dir& dir, const std::string& name, const std::vector<TensorView>& tensors,
                               const std::map<std::string, std::string>& metadata) {
+  const std::string path = dir.PathOf(name);
   std::vector<const TensorView*> order;
   std::set<std::string_view> seen;
   for (const TensorView& t : tensors) {
@@ -393,24 +373,12 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
   unsigned char len_le[8];
   for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>((uint64_t{text.size()} >> (8 * i)) & 0xff);
 
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", tmp);
-  absl::Status s = WriteAll(fd, len_le, 8, tmp);
-  if (s.ok()) s = WriteAll(fd, text.data(), text.size(), tmp);
-  for (const TensorView* t : order) {
-    if (!s.ok()) break;
-    s = WriteAll(fd, t->data, t->nbytes, tmp);
-  }
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus(errno, "cannot sync", tmp);
-  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus(errno, "cannot close", tmp);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoStatus(errno, "cannot rename to", path);
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  return SyncDir(dir.empty() ? "." : dir);
+  return dir.WriteAtomic(name, [&](int fd) {
+    OOMB_RETURN_IF_ERROR(WriteAll(fd, len_le, 8, path));
+    OOMB_RETURN_IF_ERROR(WriteAll(fd, text.data(), text.size(), path));
+    for (const TensorView* t : order) OOMB_RETURN_IF_ERROR(WriteAll(fd, t->data, t->nbytes, path));
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace oomb

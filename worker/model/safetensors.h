@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/common/file_access.h"
 
 namespace oomb {
 
@@ -63,7 +64,7 @@ int64_t NumElements(const std::vector<int64_t>& shape);
 // the mapping); hold it by unique_ptr. Thread-safe: every method is const after Open.
 class SafetensorsFile {
  public:
-  // Maps and validates `path`:
+  // Maps and validates `file`:
   //   - the file has at least 8 bytes; the header length N satisfies 8 + N <= file size and
   //     N <= 100 MB; the header is a JSON object without duplicate keys;
   //   - each tensor entry has a known "dtype", a "shape" of non-negative integers, and
@@ -71,9 +72,9 @@ class SafetensorsFile {
   //     end - begin == product(shape) * DTypeSize(dtype);
   //   - the byte ranges of different tensors do not overlap (gaps are tolerated);
   //   - "__metadata__", when present, is an object of strings.
-  // NOT_FOUND when the file does not exist, INVALID_ARGUMENT for everything else, including
-  // I/O errors while mapping (messages name the path and, where relevant, the tensor).
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  // INVALID_ARGUMENT for everything else, including I/O errors while mapping (messages name the
+  // path and, where relevant, the tensor). The mapping outlives `file`'s descriptor.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const File& file);
 
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -115,7 +116,7 @@ class WeightSet {
   // shard, the index and one tensor mapped to it) and contain every tensor mapped to it; no
   // tensor may appear in two shards (INVALID_ARGUMENT naming both). Shards are opened and
   // validated as by SafetensorsFile::Open. NOT_FOUND when `dir` has no weights.
-  static absl::StatusOr<std::unique_ptr<WeightSet>> Open(const std::string& dir, const std::string& file_name = "");
+  static absl::StatusOr<std::unique_ptr<WeightSet>> Open(const Dir& dir, const std::string& file_name = "");
 
   WeightSet(const WeightSet&) = delete;
   WeightSet& operator=(const WeightSet&) = delete;
@@ -136,7 +137,7 @@ class WeightSet {
   std::map<std::string, const TensorView*, std::less<>> by_name_;
 };
 
-// Writes `tensors` and `metadata` to `path` in the layout the Python `safetensors` package
+// Writes `tensors` and `metadata` to the file `name` in `dir`, in the layout the Python `safetensors` package
 // produces: compact JSON header with "__metadata__" first (keys sorted), then tensors in data
 // order; data order is by dtype (I64, F64, F32, I32, BF16, F16, I16, I8, U8, BOOL), then by
 // name; the header is padded with spaces so the data section starts at a multiple of 8.
@@ -146,7 +147,7 @@ class WeightSet {
 // INVALID_ARGUMENT for duplicate or empty names, a name "__metadata__", a negative dimension,
 // or nbytes != product(shape) * DTypeSize(dtype), or data == nullptr with nbytes > 0.
 // Filesystem errors as WriteFileAtomic reports them (NOT_FOUND, RESOURCE_EXHAUSTED, ...).
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+absl::Status WriteSafetensors(const Dir& dir, const std::string& name, const std::vector<TensorView>& tensors,
                               const std::map<std::string, std::string>& metadata);
 
 }  // namespace oomb

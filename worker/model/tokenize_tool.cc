@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "worker/common/status.h"
 #include "worker/model/tokenizer.h"
 
 namespace oomb {
@@ -17,7 +18,9 @@ int RunTokenizeTool(const std::string& model_dir, bool decode, bool add_special_
     err << "tokenize: " << msg << "\n";
     return 1;
   };
-  auto tok = Tokenizer::FromModelDir(model_dir);
+  absl::StatusOr<Dir> dir = FileAccess::Unconfined()->OpenDir(model_dir);
+  if (!dir.ok()) return fail(Annotate(dir.status(), "reading " + model_dir + "/tokenizer.json").ToString());
+  auto tok = Tokenizer::FromModelDir(*dir);
   if (!tok.ok()) return fail(tok.status().ToString());
   const std::string input((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return fail("cannot read standard input");

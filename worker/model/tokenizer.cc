@@ -15,7 +15,6 @@
 #include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
-#include "worker/common/files.h"
 #include "worker/common/status.h"
 #include "worker/model/unicode.h"
 
@@ -885,19 +884,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
-  OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  return FromJson(text, path);
-}
-
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromModelDir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  OOMB_ASSIGN_OR_RETURN(auto tok, FromFile((fs::path(dir) / "tokenizer.json").string()));
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromModelDir(const Dir& dir) {
+  OOMB_ASSIGN_OR_RETURN(std::string json, dir.ReadFile("tokenizer.json"));
+  OOMB_ASSIGN_OR_RETURN(auto tok, FromJson(json, dir.PathOf("tokenizer.json")));
   Impl& impl = *tok->impl_;
-  const std::string config_path = (fs::path(dir) / "tokenizer_config.json").string();
-  std::error_code ec;
-  if (fs::exists(config_path, ec)) {
-    OOMB_ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+  const std::string config_path = dir.PathOf("tokenizer_config.json");
+  if (dir.Contains("tokenizer_config.json")) {
+    OOMB_ASSIGN_OR_RETURN(std::string text, dir.ReadFile("tokenizer_config.json"));
     Json c = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (c.is_discarded() || !c.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
@@ -933,9 +926,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromModelDir(const std::st
       }
     }
   }
-  const std::string jinja = (fs::path(dir) / "chat_template.jinja").string();
-  if (impl.chat_template.empty() && fs::exists(jinja, ec)) {
-    OOMB_ASSIGN_OR_RETURN(impl.chat_template, ReadFile(jinja));
+  if (impl.chat_template.empty() && dir.Contains("chat_template.jinja")) {
+    OOMB_ASSIGN_OR_RETURN(impl.chat_template, dir.ReadFile("chat_template.jinja"));
   }
   return tok;
 }

@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/common/file_access.h"
 
 namespace oomb {
 
@@ -57,8 +58,6 @@ class Tokenizer {
   //                      a token that is not in the vocab, or whose result is not), bad regex;
   //   UNIMPLEMENTED      a model type other than BPE (e.g. "Unigram"), or a normalizer,
   //                      pre-tokenizer, post-processor or decoder outside the list above.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
-
   // As FromFile, for JSON text already in memory; `origin` names it in error messages.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json, const std::string& origin);
 
@@ -66,7 +65,7 @@ class Tokenizer {
   // bos / eos / pad tokens (strings or {"content": ...} objects; INVALID_ARGUMENT if one is not
   // a known token) and the chat template (its "chat_template" field, or `dir`/
   // chat_template.jinja).
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromModelDir(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromModelDir(const Dir& dir);
 
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;

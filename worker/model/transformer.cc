@@ -11,7 +11,6 @@
 #include "absl/strings/str_join.h"
 #include "kernels/torch/layer_ops.h"
 #include "kernels/torch/upload.h"
-#include "worker/common/files.h"
 #include "worker/common/status.h"
 #include "worker/model/safetensors.h"
 
@@ -70,7 +69,8 @@ at::Tensor FromView(const TensorView& v, at::ScalarType dtype, at::Device device
 }
 
 // Writes named tensors as safetensors (contiguous CPU copies in their own dtype).
-absl::Status SaveTensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& named,
+absl::Status SaveTensors(const Dir& dir, const std::string& name,
+                         const std::vector<std::pair<std::string, at::Tensor>>& named,
                          const std::map<std::string, std::string>& metadata) {
   std::vector<at::Tensor> keep;
   std::vector<TensorView> views;
@@ -85,7 +85,7 @@ absl::Status SaveTensors(const std::string& path, const std::vector<std::pair<st
     v.nbytes = c.nbytes();
     views.push_back(std::move(v));
   }
-  return WriteSafetensors(path, views, metadata);
+  return WriteSafetensors(dir, name, views, metadata);
 }
 
 }  // namespace
@@ -143,12 +143,13 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::TrainableParameters
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& dir, at::ScalarType dtype,
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_dir, at::ScalarType dtype,
                                                                at::Device device,
                                                                const std::optional<RopeConfig>& rope_override) {
-  OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   if (rope_override.has_value()) config.rope = *rope_override;
-  OOMB_ASSIGN_OR_RETURN(std::unique_ptr<WeightSet> weights, WeightSet::Open(dir));
+  OOMB_ASSIGN_OR_RETURN(std::unique_ptr<WeightSet> weights, WeightSet::Open(model_dir));
+  const std::string& dir = model_dir.path();
   std::unique_ptr<Transformer> m(new Transformer(config, dtype, device));
   const int64_t d = config.hidden_size;
   std::set<std::string> used;
@@ -306,9 +307,10 @@ void Transformer::EnableFullFineTuning() {
   for (auto& [name, t] : BaseParameters()) t.set_requires_grad(true);
 }
 
-absl::Status Transformer::LoadLoraWeights(const std::string& adapter_dir) {
+absl::Status Transformer::LoadLoraWeights(const Dir& adapter) {
   if (!lora_.has_value()) return absl::FailedPreconditionError("LoadLoraWeights: the model has no adapters");
-  OOMB_ASSIGN_OR_RETURN(auto weights, WeightSet::Open(adapter_dir, "adapter_model.safetensors"));
+  OOMB_ASSIGN_OR_RETURN(auto weights, WeightSet::Open(adapter, "adapter_model.safetensors"));
+  const std::string& adapter_dir = adapter.path();
   for (auto& [name, t] : TrainableParameters()) {
     const TensorView* v = weights->Find(name);
     if (v == nullptr) return absl::InvalidArgumentError(absl::StrCat(adapter_dir, ": missing tensor '", name, "'"));
@@ -323,10 +325,9 @@ absl::Status Transformer::LoadLoraWeights(const std::string& adapter_dir) {
   return absl::OkStatus();
 }
 
-absl::Status Transformer::SaveLora(const std::string& dir, const std::string& base_model_path) const {
+absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model_path) const {
   if (!lora_.has_value()) return absl::FailedPreconditionError("SaveLora: the model has no adapters");
-  OOMB_RETURN_IF_ERROR(MakeDirs(dir));
-  OOMB_RETURN_IF_ERROR(SaveTensors(dir + "/adapter_model.safetensors", TrainableParameters(), {{"format", "pt"}}));
+  OOMB_RETURN_IF_ERROR(SaveTensors(dir, "adapter_model.safetensors", TrainableParameters(), {{"format", "pt"}}));
   nlohmann::json cfg = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -345,14 +346,13 @@ absl::Status Transformer::SaveLora(const std::string& dir, const std::string& ba
       {"layers_to_transform", nullptr},
       {"revision", nullptr},
   };
-  return WriteFileAtomic(dir + "/adapter_config.json", cfg.dump(2) + "\n");
+  return dir.WriteFileAtomic("adapter_config.json", cfg.dump(2) + "\n");
 }
 
-absl::Status Transformer::SaveFull(const std::string& dir, const std::string& config_json) const {
-  OOMB_RETURN_IF_ERROR(MakeDirs(dir));
+absl::Status Transformer::SaveFull(const Dir& dir, const std::string& config_json) const {
   std::vector<std::pair<std::string, at::Tensor>> params = BaseParameters();
-  OOMB_RETURN_IF_ERROR(SaveTensors(dir + "/model.safetensors", params, {{"format", "pt"}}));
-  return WriteFileAtomic(dir + "/config.json", config_json);
+  OOMB_RETURN_IF_ERROR(SaveTensors(dir, "model.safetensors", params, {{"format", "pt"}}));
+  return dir.WriteFileAtomic("config.json", config_json);
 }
 
 at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const {

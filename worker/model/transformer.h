@@ -83,7 +83,7 @@ class Transformer {
   // Loads config.json and the safetensors weights of a Hugging Face directory, converting to
   // `dtype` on `device`. Missing or unexpected tensor names, and shape mismatches, are
   // INVALID_ARGUMENT naming the tensor. `rope_override` replaces config.json's RoPE scaling.
-  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& dir, at::ScalarType dtype,
+  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const Dir& model_dir, at::ScalarType dtype,
                                                            at::Device device,
                                                            const std::optional<RopeConfig>& rope_override = {});
   // A model with random weights (normal, std `init_std`), for tests and benchmarks.
@@ -102,11 +102,11 @@ class Transformer {
   bool has_lora() const { return lora_.has_value(); }
   const std::optional<LoraOptions>& lora() const { return lora_; }
   // Loads adapter weights saved by SaveLora (or by PEFT) into the existing adapters.
-  absl::Status LoadLoraWeights(const std::string& adapter_dir);
-  // Writes adapter_model.safetensors + adapter_config.json in PEFT's layout.
-  absl::Status SaveLora(const std::string& dir, const std::string& base_model_path) const;
+  absl::Status LoadLoraWeights(const Dir& adapter);
+  // Writes adapter_model.safetensors + adapter_config.json into `dir` in PEFT's layout.
+  absl::Status SaveLora(const Dir& dir, const std::string& base_model_path) const;
   // Writes model.safetensors + config.json (full fine-tuning output) in the model's dtype.
-  absl::Status SaveFull(const std::string& dir, const std::string& config_json) const;
+  absl::Status SaveFull(const Dir& dir, const std::string& config_json) const;
 
   // Full fine-tuning: every base weight trains (and no LoRA). Requires no adapters.
   void EnableFullFineTuning();

@@ -18,10 +18,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/common/file_access.h"
 #include "worker/model/transformer.h"
 
 namespace torch::optim {
@@ -39,27 +41,37 @@ struct TrainerState {
 };
 
 struct CheckpointWriteOptions {
-  std::string base_model_dir;  // tokenizer files are copied from here
-  std::string config_json;     // full fine-tuning: config.json to write
+  std::string base_model_path;  // adapter_config.json's base_model_name_or_path
+  std::string config_json;      // full fine-tuning: config.json to write
+  // Files copied from the base model (tokenizer.json, tokenizer_config.json, ...): name ->
+  // contents, read once when the job started.
+  std::map<std::string, std::string> base_files;
 };
 
-// Writes the checkpoint directory `dir` (atomically; see above). Returns its size in bytes.
-absl::StatusOr<int64_t> WriteCheckpoint(const std::string& dir, const Transformer& model,
+// Writes the checkpoint `name` ("checkpoint-<step>" or "final") in `root` atomically (see
+// above), every file with the checkpoint's own mode (0644 in a directory the job owns).
+// Returns its size in bytes. Errors: those of the filesystem (RESOURCE_EXHAUSTED with reason
+// DISK_FULL for a full disk); the partial directory is removed.
+absl::StatusOr<int64_t> WriteCheckpoint(const Dir& root, const std::string& name, const Transformer& model,
                                         torch::optim::Optimizer& optimizer, const TrainerState& state,
                                         const CheckpointWriteOptions& options);
 
 // Verifies the manifest of `dir`: every listed file exists with its size and CRC-32.
-absl::Status VerifyCheckpoint(const std::string& dir);
+absl::Status VerifyCheckpoint(const Dir& dir);
 
-// Checkpoint directories under `root` (checkpoint-<step> and final), newest step first.
-std::vector<std::string> ListCheckpointDirs(const std::string& root);
+// The names of the checkpoint directories in `root` (checkpoint-<step> and final), newest step
+// first.
+std::vector<std::string> ListCheckpointDirs(const Dir& root);
 
 // Loads trainable weights, optimizer state and trainer state from a verified checkpoint.
-absl::StatusOr<TrainerState> RestoreCheckpoint(const std::string& dir, Transformer& model,
-                                               torch::optim::Optimizer& optimizer);
+absl::StatusOr<TrainerState> RestoreCheckpoint(const Dir& dir, Transformer& model, torch::optim::Optimizer& optimizer);
 
 // Removes checkpoint-<step> directories beyond the newest `keep_last` (never `final`).
-void PruneCheckpoints(const std::string& root, int64_t keep_last);
+void PruneCheckpoints(const Dir& root, int64_t keep_last);
+
+// Removes what interrupted writes left in `root`: "<name>.tmp-<pid>" directories and
+// ".<file>.tmp-<pid>-<n>" files of a kill -9 or a full disk. Called when a run starts (recovery) and when it fails.
+absl::Status RemovePartialCheckpoints(const Dir& root);
 
 }  // namespace oomb
 

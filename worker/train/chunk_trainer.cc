@@ -31,6 +31,7 @@
 #include "kernels/torch/upload.h"
 #include "worker/common/status.h"
 #include "worker/kv/copy_engine.h"
+#include "worker/train/torch_status.h"
 
 namespace oomb {
 namespace {
@@ -66,11 +67,11 @@ class LayerPast final : public kernels::PastKv {
   }
   void AccumulateGrad(int64_t begin, const at::Tensor& dk, const at::Tensor& dv) override {
     const absl::Status s = cache_->AccumulateGrad(layer_, begin, dk, dv);
-    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+    if (!s.ok()) throw StatusError(s);  // out of backward, to the trainer's boundary
   }
   void Prefetch(int64_t begin, int64_t end, bool backward) override {
     const absl::Status s = cache_->Prefetch(layer_, begin, end, backward);
-    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+    if (!s.ok()) throw StatusError(s);  // out of backward, to the trainer's boundary
   }
   // Forward goes up the layers, backward down: the next layer's first key block comes in while
   // the rest of this layer computes.
@@ -78,7 +79,7 @@ class LayerPast final : public kernels::PastKv {
     const int64_t next = backward ? layer_ - 1 : layer_ + 1;
     if (next < 0) return;
     const absl::Status s = cache_->Prefetch(next, 0, std::min(past_tokens_, key_block_), backward);
-    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+    if (!s.ok()) throw StatusError(s);  // out of backward, to the trainer's boundary
   }
 
  private:
@@ -115,7 +116,7 @@ class LayerSparsePast final : public kernels::SparsePast {
   }
   void AccumulatePageGrad(const at::Tensor& selection, const at::Tensor& dk, const at::Tensor& dv) override {
     const absl::Status s = cache_->AccumulatePageGrad(layer_, selection, host_selection_, dk, dv);
-    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+    if (!s.ok()) throw StatusError(s);  // out of backward, to the trainer's boundary
   }
   void Finished(bool backward) override {
     if (selections_.empty()) return;
@@ -130,7 +131,7 @@ class LayerSparsePast final : public kernels::SparsePast {
       // chunk's recompute, by TrainSequence).
       s = cache_->PrefetchPages(layer_ + kRecomputeLead, selections_[layer_ + kRecomputeLead], /*with_grads=*/false);
     }
-    TORCH_CHECK(s.ok(), "KV-gradient pages: ", s.ToString());
+    if (!s.ok()) throw StatusError(s);  // out of backward, to the trainer's boundary
   }
   // How many layers ahead the recompute prefetches (SequenceKvCache::kMaxPrefetches at most).
   static constexpr int64_t kRecomputeLead = 2;
@@ -178,20 +179,6 @@ class InjectLaterGradients : public torch::autograd::Function<InjectLaterGradien
 
 at::Tensor I64(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
   return at::tensor(at::ArrayRef<int64_t>(v.data() + begin, end - begin), at::kLong);
-}
-
-// Runs `fn`, turning LibTorch exceptions into a status (the trainer boundary of STYLE.md).
-template <typename Fn>
-absl::Status Guarded(const char* what, Fn fn) {
-  try {
-    return fn();
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(absl::StrCat("[OUT_OF_MEMORY] ", what, ": ", e.what_without_backtrace()));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat("[OUT_OF_MEMORY] ", what, ": host allocation failed"));
-  }
 }
 
 }  // namespace
@@ -289,9 +276,11 @@ absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_
   int64_t free_pages = pools_.grad->stats().free_pages();
   if (pools_.grad_host != nullptr) free_pages += pools_.grad_host->stats().free_pages();
   if (needed > free_pages) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "backward.chunk_fraction ", options_.chunk_fraction, ": this sequence's draw backpropagates ", kept, " of its ",
-        n, " chunks, whose KV-gradient pages (up to ", needed, ") exceed the ", free_pages, " free in the pools"));
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "backward.chunk_fraction ", options_.chunk_fraction, ": this sequence's draw backpropagates ",
+                          kept, " of its ", n, " chunks, whose KV-gradient pages (up to ", needed, ") exceed the ",
+                          free_pages, " free in the pools")),
+                      Reason::kDoesNotFit);
   }
   return absl::OkStatus();
 }
@@ -522,7 +511,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::Forward(const TokenSequence& seq, int
 
 absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq) {
   SequenceLoss loss;
-  const absl::Status s = Guarded("evaluation", [&]() -> absl::Status {
+  const absl::Status s = Guarded([&]() -> absl::Status {
     SequenceKvCache cache(pools_, model_->config().num_layers);
     auto r = Forward(seq, NumChunks(seq), /*with_loss=*/true, /*training=*/false, 0, cache, nullptr);
     if (!r.ok()) return r.status();
@@ -544,7 +533,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
   const int64_t to_host = pools_.copies != nullptr ? pools_.copies->bytes_to_host() : 0;
   SequenceLoss loss;
   chunk_times_ = ChunkTimes();
-  const absl::Status s = Guarded("training step", [&]() -> absl::Status {
+  const absl::Status s = Guarded([&]() -> absl::Status {
     ChunkClock clock(model_->device());
     SequenceKvCache cache(pools_, model_->config().num_layers);
     const int64_t last = NumChunks(seq) - 1;

@@ -5,7 +5,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include "tests/worker/test_files.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -185,7 +187,7 @@ TEST(BuildTest, SmolLM2OnAusten) {
   const std::string model = testing::DataDir() + "/models/SmolLM2-135M-Instruct";
   const std::string text_path = testing::DataDir() + "/texts/austen/persuasion.txt";
   if (!fs::exists(model + "/tokenizer.json") || !fs::exists(text_path)) GTEST_SKIP() << "no test data";
-  auto tok = Tokenizer::FromModelDir(model);
+  auto tok = Tokenizer::FromModelDir(testing::OpenDir(model));
   ASSERT_TRUE(tok.ok()) << tok.status();
   std::ifstream in(text_path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), {});

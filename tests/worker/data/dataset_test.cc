@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/worker/data/test_tokenizer.h"
+#include "tests/worker/test_files.h"
 
 namespace oomb {
 namespace {
@@ -49,7 +50,7 @@ class DatasetTest : public ::testing::Test {
   }
   absl::StatusOr<std::vector<Document>> Read(const std::string& contents, DatasetOptions o = {}) {
     path_ = Write(contents);
-    return ReadJsonlDataset(path_, ByteTokenizer(), &ChatMl(), o, &stats_);
+    return ReadJsonlDataset(*testing::OpenFile(path_), ByteTokenizer(), &ChatMl(), o, &stats_);
   }
   // The read fails with `code`, naming the field, the file, `line` and `what`.
   void ExpectError(const std::string& contents, int64_t line, const std::string& what,
@@ -129,7 +130,7 @@ TEST_F(DatasetTest, MessagesTokenizedWholeAcrossSpanBoundaries) {
   static const Tokenizer* merging = testing::MakeByteTokenizer(/*newline_merge=*/true).release();
   ASSERT_NE(merging, nullptr);
   path_ = Write(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\n\nA"}]})");
-  auto r = ReadJsonlDataset(path_, *merging, &ChatMl(), {}, nullptr);
+  auto r = ReadJsonlDataset(*testing::OpenFile(path_), *merging, &ChatMl(), {}, nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
   const RenderedChat rendered = *ChatMl().Render({{"user", "q"}, {"assistant", "\n\nA"}});
   std::vector<int64_t> whole;
@@ -205,8 +206,7 @@ TEST_F(DatasetTest, EmptyFileAndMissingFile) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("no samples"));
-  auto missing = ReadJsonlDataset("/nonexistent/x.jsonl", ByteTokenizer(), nullptr, {}, nullptr);
-  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(testing::OpenFile("/nonexistent/x.jsonl").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(DatasetTest, InvalidUtf8) {
@@ -295,12 +295,12 @@ TEST_F(DatasetTest, PreTokenizedDataNeedsNoTokenizer) {
   DatasetOptions o;
   o.vocab_size = 100;
   path_ = Write("{\"input_ids\": [1, 2]}\n{\"input_ids\": [3], \"labels\": [-100]}\n");
-  auto r = ReadJsonlDataset(path_, failing, o, nullptr);
+  auto r = ReadJsonlDataset(*testing::OpenFile(path_), failing, o, nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(calls, 0);
 
   path_ = Write("{\"input_ids\": [1, 2]}\n{\"text\": \"x\"}\n{\"text\": \"y\"}\n");
-  r = ReadJsonlDataset(path_, failing, o, nullptr);
+  r = ReadJsonlDataset(*testing::OpenFile(path_), failing, o, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(r.status().message()),
@@ -314,7 +314,7 @@ TEST_F(DatasetTest, PreTokenizedDataNeedsNoTokenizer) {
     return TextTokenizer{&ByteTokenizer(), nullptr};
   };
   path_ = Write("{\"text\": \"x\"}\n{\"text\": \"y\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}\n");
-  r = ReadJsonlDataset(path_, ok, o, nullptr);
+  r = ReadJsonlDataset(*testing::OpenFile(path_), ok, o, nullptr);
   EXPECT_EQ(calls, 1);
   ASSERT_FALSE(r.ok());  // no chat template
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);

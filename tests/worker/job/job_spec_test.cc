@@ -373,47 +373,5 @@ TEST(JobSpecTest, ValidateJobSpecWithoutSource) {
   EXPECT_THAT(ValidateJobSpec(s).message(), HasSubstr("memory.kv_grad_dtype: must be one of float32, bfloat16"));
 }
 
-class JobFilesTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("oomb_job_spec_test_" + std::to_string(::getpid()) + "_" +
-                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_ / "model");
-    std::ofstream(dir_ / "model" / "config.json") << "{}";
-    std::ofstream(dir_ / "train.jsonl") << "{\"text\": \"hi\"}\n";
-    spec_.model.path = (dir_ / "model").string();
-    spec_.data.train = (dir_ / "train.jsonl").string();
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  std::filesystem::path dir_;
-  JobSpec spec_;
-};
-
-TEST_F(JobFilesTest, AcceptsGoodFiles) { EXPECT_TRUE(CheckJobFiles(spec_).ok()) << CheckJobFiles(spec_); }
-
-TEST_F(JobFilesTest, NamesTheField) {
-  JobSpec s = spec_;
-  s.model.path = (dir_ / "nope").string();
-  EXPECT_THAT(CheckJobFiles(s).message(), HasSubstr("model.path: " + s.model.path));
-  std::filesystem::remove(dir_ / "model" / "config.json");
-  EXPECT_THAT(CheckJobFiles(spec_).message(), HasSubstr("model.path: " + spec_.model.path + ": no config.json"));
-  std::ofstream(dir_ / "model" / "config.json") << "{}";
-  s = spec_;
-  s.data.train = (dir_ / "missing.jsonl").string();
-  EXPECT_EQ(CheckJobFiles(s).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(CheckJobFiles(s).message(), HasSubstr("data.train: " + s.data.train));
-  s = spec_;
-  s.data.train = dir_.string();
-  EXPECT_THAT(CheckJobFiles(s).message(), HasSubstr("data.train: " + s.data.train + ": not a regular file"));
-  s = spec_;
-  s.data.validation = (dir_ / "v.jsonl").string();
-  EXPECT_THAT(CheckJobFiles(s).message(), HasSubstr("data.validation: "));
-  if (::geteuid() != 0) {  // root reads anything
-    ::chmod(spec_.data.train.c_str(), 0);
-    EXPECT_THAT(CheckJobFiles(spec_).message(), HasSubstr("data.train: "));
-  }
-}
-
 }  // namespace
 }  // namespace oomb

@@ -8,7 +8,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/worker/model/test_env.h"
-#include "worker/common/files.h"
+#include "tests/worker/test_files.h"
+#include "worker/common/file_access.h"
 #include "worker/model/tokenizer.h"
 
 namespace oomb {
@@ -49,7 +50,7 @@ std::vector<std::string> Reference(const std::string& template_file, const std::
     for (const ChatMessage& m : c.messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
     cases.push_back({{"messages", msgs}, {"add_generation_prompt", c.add_generation_prompt}});
   }
-  EXPECT_TRUE(WriteFileAtomic(dir + "/cases.json", cases.dump()).ok());
+  EXPECT_TRUE(FileAccess::Unconfined()->OpenDir(dir)->WriteFileAtomic("cases.json", cases.dump()).ok());
   std::string cmd = py + " " + testing::SourceDir() + "/tests/python/chat_template_reference.py --tokenizer-dir " +
                     SmolDir() + " --cases " + dir + "/cases.json --out " + dir + "/out.json";
   if (!template_file.empty()) cmd += " --template " + template_file + " --bos '" + bos + "'";
@@ -57,7 +58,7 @@ std::vector<std::string> Reference(const std::string& template_file, const std::
     ADD_FAILURE() << "reference failed: " << cmd;
     return {};
   }
-  return nlohmann::json::parse(*ReadFile(dir + "/out.json")).get<std::vector<std::string>>();
+  return nlohmann::json::parse(*FileAccess::Unconfined()->ReadFile(dir + "/out.json")).get<std::vector<std::string>>();
 }
 
 void CheckAgainstReference(const ChatTemplate& ct, const std::vector<std::string>& want,
@@ -84,7 +85,7 @@ void CheckAgainstReference(const ChatTemplate& ct, const std::vector<std::string
 
 TEST(ChatTemplateTest, SmolLm2MatchesTransformers) {
   if (!std::filesystem::exists(SmolDir())) GTEST_SKIP() << "test data not found at " << SmolDir();
-  auto tok = Tokenizer::FromModelDir(SmolDir());
+  auto tok = Tokenizer::FromModelDir(testing::OpenDir(SmolDir()));
   ASSERT_TRUE(tok.ok()) << tok.status();
   auto ct = ChatTemplate::FromJinja((*tok)->chat_template());
   ASSERT_TRUE(ct.ok()) << ct.status();
@@ -96,7 +97,7 @@ TEST(ChatTemplateTest, SmolLm2MatchesTransformers) {
 }
 
 TEST(ChatTemplateTest, Llama3MatchesTransformers) {
-  auto text = ReadFile(Llama3TemplatePath());
+  auto text = FileAccess::Unconfined()->ReadFile(Llama3TemplatePath());
   ASSERT_TRUE(text.ok()) << text.status();
   auto ct = ChatTemplate::FromJinja(*text, "<|begin_of_text|>");
   ASSERT_TRUE(ct.ok()) << ct.status();

@@ -9,7 +9,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/model/test_env.h"
-#include "worker/common/files.h"
+#include "tests/worker/test_files.h"
+#include "worker/common/file_access.h"
 
 namespace oomb {
 namespace {
@@ -117,8 +118,15 @@ std::vector<TensorView> Views(const std::vector<OwnedTensor>& ts) {
   return v;
 }
 
+// SafetensorsFile::Open of the file at `path`.
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> OpenSafetensors(const std::string& path) {
+  absl::StatusOr<File> file = testing::OpenFile(path);
+  if (!file.ok()) return file.status();
+  return SafetensorsFile::Open(*file);
+}
+
 std::string ReadAll(const std::string& path) {
-  auto s = ReadFile(path);
+  auto s = FileAccess::Unconfined()->ReadFile(path);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *s : "";
 }
@@ -153,8 +161,8 @@ TEST(SafetensorsTest, RoundTrip) {
   const std::string dir = testing::ScratchDir("st_roundtrip");
   const auto ts = SampleTensors();
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "héllo \"quoted\"\n"}};
-  ASSERT_TRUE(WriteSafetensors(dir + "/a.safetensors", Views(ts), meta).ok());
-  auto f = SafetensorsFile::Open(dir + "/a.safetensors");
+  ASSERT_TRUE(WriteSafetensors(testing::OpenDir(dir), "a.safetensors", Views(ts), meta).ok());
+  auto f = OpenSafetensors(dir + "/a.safetensors");
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ((*f)->metadata(), meta);
   ASSERT_EQ((*f)->tensors().size(), ts.size());
@@ -183,15 +191,18 @@ TEST(SafetensorsTest, WriterRejectsBadInput) {
   const std::string dir = testing::ScratchDir("st_writer_bad");
   auto a = Arange("x", DType::kF32, {2});
   auto dup = a;
-  EXPECT_EQ(WriteSafetensors(dir + "/d.safetensors", {a.view, dup.view}, {}).code(),
+  EXPECT_EQ(WriteSafetensors(testing::OpenDir(dir), "d.safetensors", {a.view, dup.view}, {}).code(),
             absl::StatusCode::kInvalidArgument);
   auto wrong = a;
   wrong.view.shape = {3};
-  EXPECT_EQ(WriteSafetensors(dir + "/w.safetensors", {wrong.view}, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteSafetensors(testing::OpenDir(dir), "w.safetensors", {wrong.view}, {}).code(),
+            absl::StatusCode::kInvalidArgument);
   auto meta = a;
   meta.view.name = "__metadata__";
-  EXPECT_EQ(WriteSafetensors(dir + "/m.safetensors", {meta.view}, {}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(WriteSafetensors(dir + "/no/such/dir/x.safetensors", {a.view}, {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(WriteSafetensors(testing::OpenDir(dir), "m.safetensors", {meta.view}, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteSafetensors(testing::OpenDir(dir), "../x.safetensors", {a.view}, {}).code(),
+            absl::StatusCode::kInvalidArgument);  // a plain file name in the directory
 }
 
 // Our writer and the Python package produce identical bytes, and each reads the other's file.
@@ -203,12 +214,12 @@ TEST(SafetensorsTest, InteroperatesWithPythonSafetensors) {
   const std::string dir = testing::ScratchDir("st_python");
   const auto ts = SampleTensors();
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
-  ASSERT_TRUE(WriteSafetensors(dir + "/ours.safetensors", Views(ts), meta).ok());
+  ASSERT_TRUE(WriteSafetensors(testing::OpenDir(dir), "ours.safetensors", Views(ts), meta).ok());
   const std::string cmd = py + " " + testing::SourceDir() + "/tests/python/safetensors_roundtrip.py " + dir +
                           "/ours.safetensors " + dir + "/theirs.safetensors";
   ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
   EXPECT_EQ(ReadAll(dir + "/ours.safetensors"), ReadAll(dir + "/theirs.safetensors"));
-  auto f = SafetensorsFile::Open(dir + "/theirs.safetensors");
+  auto f = OpenSafetensors(dir + "/theirs.safetensors");
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ((*f)->tensors().size(), ts.size());
   EXPECT_EQ((*f)->metadata(), meta);
@@ -218,7 +229,7 @@ TEST(WeightSetTest, OpensSingleFileModel) {
   const std::string dir = testing::DataDir() + "/models/SmolLM2-135M-Instruct";
   if (!std::filesystem::exists(dir))
     GTEST_SKIP() << "test data not found at " << dir << " (scripts/fetch_test_data.sh)";
-  auto ws = WeightSet::Open(dir);
+  auto ws = WeightSet::Open(testing::OpenDir(dir));
   ASSERT_TRUE(ws.ok()) << ws.status();
   const TensorView* emb = (*ws)->Find("model.embed_tokens.weight");
   ASSERT_NE(emb, nullptr);
@@ -230,7 +241,7 @@ TEST(WeightSetTest, OpensShardedModel) {
   const std::string dir = testing::DataDir() + "/tiny/llama-sharded";
   if (!std::filesystem::exists(dir))
     GTEST_SKIP() << "test data not found at " << dir << " (scripts/fetch_test_data.sh)";
-  auto ws = WeightSet::Open(dir);
+  auto ws = WeightSet::Open(testing::OpenDir(dir));
   ASSERT_TRUE(ws.ok()) << ws.status();
   EXPECT_EQ((*ws)->files().size(), 5u);
   ASSERT_NE((*ws)->Find("lm_head.weight"), nullptr);
@@ -239,7 +250,7 @@ TEST(WeightSetTest, OpensShardedModel) {
   const auto names = (*ws)->names();
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   // An explicit file name opens just that file.
-  auto one = WeightSet::Open(dir, "model-00005-of-00005.safetensors");
+  auto one = WeightSet::Open(testing::OpenDir(dir), "model-00005-of-00005.safetensors");
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_NE((*one)->Find("lm_head.weight"), nullptr);
   EXPECT_EQ((*one)->Find("model.embed_tokens.weight"), nullptr);
@@ -248,9 +259,9 @@ TEST(WeightSetTest, OpensShardedModel) {
 TEST(WeightSetTest, OpensAdapterByFileName) {
   const std::string dir = testing::ScratchDir("ws_adapter");
   auto a = Arange("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", DType::kF32, {4, 8});
-  ASSERT_TRUE(WriteSafetensors(dir + "/adapter_model.safetensors", {a.view}, {}).ok());
-  EXPECT_EQ(WeightSet::Open(dir).status().code(), absl::StatusCode::kNotFound);
-  auto ws = WeightSet::Open(dir, "adapter_model.safetensors");
+  ASSERT_TRUE(WriteSafetensors(testing::OpenDir(dir), "adapter_model.safetensors", {a.view}, {}).ok());
+  EXPECT_EQ(WeightSet::Open(testing::OpenDir(dir)).status().code(), absl::StatusCode::kNotFound);
+  auto ws = WeightSet::Open(testing::OpenDir(dir), "adapter_model.safetensors");
   ASSERT_TRUE(ws.ok()) << ws.status();
   EXPECT_EQ((*ws)->names().size(), 1u);
 }
@@ -259,7 +270,7 @@ TEST(WeightSetTest, OpensAdapterByFileName) {
 
 void ExpectInvalid(const std::string& path, const std::vector<std::string>& fragments,
                    absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
-  auto f = SafetensorsFile::Open(path);
+  auto f = OpenSafetensors(path);
   ASSERT_FALSE(f.ok()) << path;
   EXPECT_EQ(f.status().code(), code) << f.status();
   EXPECT_THAT(std::string(f.status().message()), HasSubstr(std::filesystem::path(path).filename().string()));
@@ -269,7 +280,7 @@ void ExpectInvalid(const std::string& path, const std::vector<std::string>& frag
 TEST(SafetensorsBadInputTest, EveryMalformedFileIsRejected) {
   const std::string dir = testing::ScratchDir("st_bad");
   const std::string t = R"("model.layers.0.mlp.up_proj.weight")";
-  ExpectInvalid(dir + "/missing.safetensors", {"no such file"}, absl::StatusCode::kNotFound);
+  ExpectInvalid(dir + "/missing.safetensors", {"No such file"}, absl::StatusCode::kNotFound);
   {
     std::ofstream(dir + "/short.safetensors") << "abc";
     ExpectInvalid(dir + "/short.safetensors", {"fewer than the 8-byte"});
@@ -321,12 +332,12 @@ TEST(SafetensorsBadInputTest, EveryMalformedFileIsRejected) {
 TEST(SafetensorsBadInputTest, TruncatedRealFile) {
   const std::string dir = testing::ScratchDir("st_trunc");
   const auto ts = SampleTensors();
-  ASSERT_TRUE(WriteSafetensors(dir + "/full.safetensors", Views(ts), {}).ok());
+  ASSERT_TRUE(WriteSafetensors(testing::OpenDir(dir), "full.safetensors", Views(ts), {}).ok());
   const std::string raw = ReadAll(dir + "/full.safetensors");
   for (size_t cut : {size_t{3}, size_t{8}, size_t{20}, raw.size() - 1}) {
     const std::string path = dir + "/cut" + std::to_string(cut) + ".safetensors";
     std::ofstream(path, std::ios::binary) << raw.substr(0, cut);
-    auto f = SafetensorsFile::Open(path);
+    auto f = OpenSafetensors(path);
     ASSERT_FALSE(f.ok()) << cut;
     EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
     EXPECT_THAT(std::string(f.status().message()), HasSubstr("cut" + std::to_string(cut)));
@@ -343,14 +354,14 @@ class ShardedBadInputTest : public ::testing::Test {
     std::filesystem::copy(src_, dir_, std::filesystem::copy_options::recursive);
   }
   void WriteIndex(const std::string& text) {
-    ASSERT_TRUE(WriteFileAtomic(dir_ + "/model.safetensors.index.json", text).ok());
+    ASSERT_TRUE(FileAccess::Unconfined()->OpenDir(dir_)->WriteFileAtomic("model.safetensors.index.json", text).ok());
   }
   std::string src_, dir_;
 };
 
 TEST_F(ShardedBadInputTest, MissingShard) {
   std::filesystem::remove(dir_ + "/model-00003-of-00005.safetensors");
-  auto ws = WeightSet::Open(dir_);
+  auto ws = WeightSet::Open(testing::OpenDir(dir_));
   ASSERT_FALSE(ws.ok());
   EXPECT_EQ(ws.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(ws.status().message()), HasSubstr("model-00003-of-00005.safetensors"));
@@ -360,10 +371,10 @@ TEST_F(ShardedBadInputTest, MissingShard) {
 
 TEST_F(ShardedBadInputTest, TensorInTwoShards) {
   // Shard 6 holds lm_head.weight again.
-  auto shard5 = SafetensorsFile::Open(dir_ + "/model-00005-of-00005.safetensors");
+  auto shard5 = OpenSafetensors(dir_ + "/model-00005-of-00005.safetensors");
   ASSERT_TRUE(shard5.ok());
-  ASSERT_TRUE(WriteSafetensors(dir_ + "/extra.safetensors", (*shard5)->tensors(), {}).ok());
-  auto index = ReadFile(dir_ + "/model.safetensors.index.json");
+  ASSERT_TRUE(WriteSafetensors(testing::OpenDir(dir_), "extra.safetensors", (*shard5)->tensors(), {}).ok());
+  auto index = FileAccess::Unconfined()->ReadFile(dir_ + "/model.safetensors.index.json");
   ASSERT_TRUE(index.ok());
   std::string text = *index;
   const std::string key = "\"weight_map\": {";
@@ -372,15 +383,15 @@ TEST_F(ShardedBadInputTest, TensorInTwoShards) {
   text.insert(at + key.size(), "\n    \"zzz.extra\": \"extra.safetensors\",");
   WriteIndex(text);
   // extra.safetensors lacks zzz.extra: first the mapping error...
-  auto ws = WeightSet::Open(dir_);
+  auto ws = WeightSet::Open(testing::OpenDir(dir_));
   ASSERT_FALSE(ws.ok());
   EXPECT_THAT(std::string(ws.status().message()), HasSubstr("'zzz.extra'"));
   // ...and once it has it, the duplicate lm_head.weight.
   auto lm = (*shard5)->tensors();
   auto extra = Arange("zzz.extra", DType::kF32, {1});
   lm.push_back(extra.view);
-  ASSERT_TRUE(WriteSafetensors(dir_ + "/extra.safetensors", lm, {}).ok());
-  ws = WeightSet::Open(dir_);
+  ASSERT_TRUE(WriteSafetensors(testing::OpenDir(dir_), "extra.safetensors", lm, {}).ok());
+  ws = WeightSet::Open(testing::OpenDir(dir_));
   ASSERT_FALSE(ws.ok());
   EXPECT_EQ(ws.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(ws.status().message()), HasSubstr("'lm_head.weight' appears in two shards"));
@@ -390,7 +401,7 @@ TEST_F(ShardedBadInputTest, TensorInTwoShards) {
 TEST_F(ShardedBadInputTest, DuplicateKeyInIndex) {
   WriteIndex(R"({"weight_map": {"lm_head.weight": "model-00005-of-00005.safetensors",
                                 "lm_head.weight": "model-00001-of-00005.safetensors"}})");
-  auto ws = WeightSet::Open(dir_);
+  auto ws = WeightSet::Open(testing::OpenDir(dir_));
   ASSERT_FALSE(ws.ok());
   EXPECT_EQ(ws.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(ws.status().message()), HasSubstr("duplicate key 'lm_head.weight'"));
@@ -398,7 +409,7 @@ TEST_F(ShardedBadInputTest, DuplicateKeyInIndex) {
 
 TEST_F(ShardedBadInputTest, TensorNotInItsShard) {
   WriteIndex(R"({"weight_map": {"lm_head.weight": "model-00001-of-00005.safetensors"}})");
-  auto ws = WeightSet::Open(dir_);
+  auto ws = WeightSet::Open(testing::OpenDir(dir_));
   ASSERT_FALSE(ws.ok());
   EXPECT_EQ(ws.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(ws.status().message()), HasSubstr("'lm_head.weight'"));
@@ -407,11 +418,11 @@ TEST_F(ShardedBadInputTest, TensorNotInItsShard) {
 
 TEST_F(ShardedBadInputTest, MalformedIndex) {
   WriteIndex("{not json");
-  EXPECT_EQ(WeightSet::Open(dir_).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WeightSet::Open(testing::OpenDir(dir_)).status().code(), absl::StatusCode::kInvalidArgument);
   WriteIndex(R"({"weight_map": {"a": "../etc/passwd"}})");
-  EXPECT_EQ(WeightSet::Open(dir_).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WeightSet::Open(testing::OpenDir(dir_)).status().code(), absl::StatusCode::kInvalidArgument);
   WriteIndex(R"({"metadata": {}})");
-  EXPECT_EQ(WeightSet::Open(dir_).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WeightSet::Open(testing::OpenDir(dir_)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

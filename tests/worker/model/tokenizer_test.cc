@@ -10,7 +10,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/worker/model/test_env.h"
-#include "worker/common/files.h"
+#include "tests/worker/test_files.h"
+#include "worker/common/file_access.h"
 #include "worker/model/unicode.h"
 
 namespace oomb {
@@ -62,7 +63,7 @@ class TokenizerParityTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TokenizerParityTest, ZeroMismatchesOnCorpus) {
   const std::string name = GetParam();
-  auto tok = Tokenizer::FromFile(TokenizerPath(name));
+  auto tok = Tokenizer::FromJson(*FileAccess::Unconfined()->ReadFile(TokenizerPath(name)), TokenizerPath(name));
   ASSERT_TRUE(tok.ok()) << tok.status();
   const auto corpus = ReadJsonl(*out_dir_ + "/corpus.jsonl");
   const auto expected = ReadJsonl(*out_dir_ + "/" + name + ".expected.jsonl");
@@ -105,10 +106,10 @@ TEST_P(TokenizerParityTest, ZeroMismatchesOnCorpus) {
 // Encoding 1 MB of prose and code must take well under a second.
 TEST_P(TokenizerParityTest, EncodesOneMegabyteQuickly) {
   const std::string name = GetParam();
-  auto tok = Tokenizer::FromFile(TokenizerPath(name));
+  auto tok = Tokenizer::FromJson(*FileAccess::Unconfined()->ReadFile(TokenizerPath(name)), TokenizerPath(name));
   ASSERT_TRUE(tok.ok()) << tok.status();
-  auto docs = ReadFile(testing::DataDir() + "/texts/python-docs.txt");
-  auto emma = ReadFile(testing::DataDir() + "/texts/austen/emma.txt");
+  auto docs = FileAccess::Unconfined()->ReadFile(testing::DataDir() + "/texts/python-docs.txt");
+  auto emma = FileAccess::Unconfined()->ReadFile(testing::DataDir() + "/texts/austen/emma.txt");
   ASSERT_TRUE(docs.ok() && emma.ok());
   std::string text = docs->substr(3'000'000, 500'000) + emma->substr(100'000, 500'000);
   text = RepairUtf8(text);  // the cuts may split a character
@@ -133,7 +134,7 @@ class SmolTokenizerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(SmolDir())) GTEST_SKIP() << "test data not found at " << SmolDir();
-    auto tok = Tokenizer::FromModelDir(SmolDir());
+    auto tok = Tokenizer::FromModelDir(testing::OpenDir(SmolDir()));
     ASSERT_TRUE(tok.ok()) << tok.status();
     tok_ = *std::move(tok);
   }
@@ -247,7 +248,7 @@ TEST(TokenizerBadInputTest, ClearErrors) {
   std::string wrong_types = s;
   wrong_types.insert(1, R"("added_tokens": [{"id": "x", "content": 3}],)");
   expect(wrong_types, absl::StatusCode::kInvalidArgument, "added_tokens");
-  EXPECT_EQ(Tokenizer::FromFile("/nonexistent/tokenizer.json").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Tokenizer::FromModelDir(testing::OpenDir("/")).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

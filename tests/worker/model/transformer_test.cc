@@ -14,6 +14,7 @@
 
 #include "kernels/torch/paged_attention.h"
 #include "tests/worker/model/test_env.h"
+#include "tests/worker/test_files.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/safetensors.h"
 #include "worker/train/chunk_trainer.h"
@@ -42,9 +43,9 @@ class TinyModelParityTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TinyModelParityTest, LogitsAndLossMatchTransformers) {
   const std::string dir = testing::DataDir() + "/tiny/" + GetParam();
-  auto model = Transformer::Load(dir, at::kFloat, at::kCPU);
+  auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
   ASSERT_TRUE(model.ok()) << model.status();
-  auto ref = WeightSet::Open(dir, "reference.safetensors");
+  auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
   const at::Tensor ids = ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0];
   const at::Tensor want_logits = ToTensor(*(*ref)->Find("logits"), at::kFloat)[0];
@@ -102,7 +103,7 @@ TEST(TransformerTest, BadModelDirectories) {
   const std::string dir = testing::ScratchDir("bad_model");
   fs::copy(src, dir, fs::copy_options::recursive);
 
-  EXPECT_EQ(Transformer::Load(dir + "/missing", at::kFloat, at::kCPU).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(FileAccess::Unconfined()->OpenDir(dir + "/missing").status().code(), absl::StatusCode::kNotFound);
 
   nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
   auto write_config = [&](const nlohmann::json& j) { std::ofstream(dir + "/config.json") << j.dump(); };
@@ -111,35 +112,35 @@ TEST(TransformerTest, BadModelDirectories) {
   bad["model_type"] = "gpt_neox";
   bad["architectures"] = {"GPTNeoXForCausalLM"};
   write_config(bad);
-  auto s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  auto s = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(s.message().find("GPTNeoXForCausalLM"), std::string::npos) << s;
 
   bad = cfg;
   bad.erase("hidden_size");
   write_config(bad);
-  s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  s = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("hidden_size"), std::string::npos) << s;
 
   bad = cfg;
   bad["num_hidden_layers"] = cfg["num_hidden_layers"].get<int>() + 1;  // weights of a layer are missing
   write_config(bad);
-  s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  s = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("missing tensor 'model.layers.2."), std::string::npos) << s;
 
   bad = cfg;
   bad["num_hidden_layers"] = cfg["num_hidden_layers"].get<int>() - 1;  // a layer's weights are unexpected
   write_config(bad);
-  s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  s = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("unexpected tensors"), std::string::npos) << s;
 
   bad = cfg;
   bad["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}};
   write_config(bad);
-  s = Transformer::Load(dir, at::kFloat, at::kCPU).status();
+  s = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(s.message().find("longrope"), std::string::npos) << s;
   fs::remove_all(dir);
@@ -149,8 +150,8 @@ TEST(TransformerTest, BadModelDirectories) {
 TEST(TransformerTest, LoraRoundTrip) {
   const std::string src = testing::DataDir() + "/tiny/qwen2-bias-gqa-untied";
   if (!fs::exists(src)) GTEST_SKIP() << "no tiny models";
-  auto a = Transformer::Load(src, at::kFloat, at::kCPU);
-  auto b = Transformer::Load(src, at::kFloat, at::kCPU);
+  auto a = Transformer::Load(testing::OpenDir(src), at::kFloat, at::kCPU);
+  auto b = Transformer::Load(testing::OpenDir(src), at::kFloat, at::kCPU);
   ASSERT_TRUE(a.ok() && b.ok());
   LoraOptions lora;
   lora.rank = 4;
@@ -162,8 +163,8 @@ TEST(TransformerTest, LoraRoundTrip) {
     for (auto& [name, p] : (*a)->TrainableParameters()) p.normal_();
   }
   const std::string dir = testing::ScratchDir("lora_round_trip");
-  ASSERT_TRUE((*a)->SaveLora(dir, src).ok());
-  ASSERT_TRUE((*b)->LoadLoraWeights(dir).ok());
+  ASSERT_TRUE((*a)->SaveLora(testing::OpenDir(dir), src).ok());
+  ASSERT_TRUE((*b)->LoadLoraWeights(testing::OpenDir(dir)).ok());
   const auto pa = (*a)->TrainableParameters(), pb = (*b)->TrainableParameters();
   ASSERT_EQ(pa.size(), pb.size());
   EXPECT_EQ(pa.size(), static_cast<size_t>(2 * 3 * (*a)->config().num_layers));  // A and B, 3 modules a layer

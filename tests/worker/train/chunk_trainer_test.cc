@@ -21,6 +21,7 @@
 #include "kernels/torch/paged_attention.h"
 #include "tests/kernels/sparse_attention_check.h"
 #include "tests/worker/train/tiny_model.h"
+#include "worker/common/status.h"
 
 namespace oomb {
 namespace {
@@ -343,6 +344,28 @@ TEST(SpacoTest, DroppedChunksGetNoGradientPages) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_NE(refused.status().message().find("backward.chunk_fraction"), std::string::npos) << refused.status();
   EXPECT_EQ(small.kv->stats().peak_used_pages, 0);
+}
+
+// Gradient pages that run out inside the backward (issue 36, item 9): the pool's
+// RESOURCE_EXHAUSTED reaches the caller as itself, with its reason (DOES_NOT_FIT), which the
+// scheduler does not retry; it used to surface as a LibTorch error, INTERNAL, retried.
+TEST(ChunkTrainerTest, GradientPagesThatRunOutAreResourceExhaustedAndNotRetried) {
+  const Case c{"qwen2", false, at::kDouble, false};
+  auto model = MakeModel(c, at::kDouble);
+  const TokenSequence seq = TokenSequence::FromDocument(RandomIds(40, 61, 9));
+  const int64_t L = model->config().num_layers;
+  Pools pools = MakePools(model->config(), 4, seq.size(), at::kDouble);
+  pools.grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, pools.grad->shape(),
+                                 at::TensorOptions().dtype(at::kDouble), 2 * L);  // the past needs 8 a layer
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 8;
+  ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
+  auto r = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_EQ(ReasonOf(r.status()), Reason::kDoesNotFit) << r.status();
+  EXPECT_FALSE(IsRetryable(r.status()));
+  EXPECT_NE(r.status().message().find("kv_grad page pool"), std::string::npos) << r.status();
 }
 
 // ---- Sparse attention (chunk_trainer.h) ---------------------------------------------------

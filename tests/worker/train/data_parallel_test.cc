@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/worker/test_files.h"
 #include "tests/worker/train/dp_case.h"
 #include "tests/worker/train/tiny_model.h"
 #include "worker/job/executor.h"
@@ -110,7 +111,8 @@ Outcome RunOnce(const JobSpec& spec, const std::string& ckpt, bool resume = fals
                 std::function<StopRequest()> poll = nullptr) {
   Outcome o;
   RunOptions options;
-  options.checkpoint_dir = ckpt;
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(ckpt);
   options.devices.assign(static_cast<size_t>(spec.resources.gpus), "cpu");
   options.resume = resume;
   options.on_step = [&](const StepProgress& p) { o.losses.push_back(p.loss); };
@@ -120,7 +122,7 @@ Outcome RunOnce(const JobSpec& spec, const std::string& ckpt, bool resume = fals
 }
 
 std::vector<float> AdapterValues(const std::string& checkpoint) {
-  auto file = SafetensorsFile::Open(checkpoint + "/adapter_model.safetensors");
+  auto file = SafetensorsFile::Open(*testing::OpenFile(checkpoint + "/adapter_model.safetensors"));
   EXPECT_TRUE(file.ok()) << file.status();
   std::vector<float> values;
   if (!file.ok()) return values;
@@ -173,7 +175,8 @@ TEST(DataParallelTest, PauseAndResumeAcrossRanksContinueTheRun) {
   {
     RunOptions options;
     int polls_in_step3 = 0;
-    options.checkpoint_dir = f.root + "/paused";
+    options.files = FileAccess::Unconfined();
+    options.checkpoint_dir = testing::MakeDirs(f.root + "/paused");
     options.devices = {"cpu", "cpu"};
     options.on_step = [&](const StepProgress& p) {
       paused.losses.push_back(p.loss);
@@ -206,7 +209,8 @@ TEST(DataParallelTest, DevicesMustMatchTheRanks) {
   const Fixture f = MakeFixture("dp_devices");
   JobSpec spec = MakeSpec(f, 2);
   RunOptions options;
-  options.checkpoint_dir = f.root + "/x";
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(f.root + "/x");
   options.devices = {"cpu"};
   const auto r = RunJob(spec, options);
   ASSERT_FALSE(r.ok());

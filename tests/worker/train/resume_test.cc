@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/worker/test_files.h"
 #include "tests/worker/train/tiny_model.h"
 #include "worker/job/executor.h"
 #include "worker/job/model_tools.h"
@@ -88,7 +89,8 @@ Outcome RunOnce(const JobSpec& spec, const std::string& ckpt, bool resume, int64
   int64_t last_step = 0;
   int polls_after = 0;
   RunOptions options;
-  options.checkpoint_dir = ckpt;
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(ckpt);
   options.devices = {"cpu"};
   options.resume = resume;
   options.on_step = [&](const StepProgress& p) {
@@ -290,7 +292,8 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   spec.training.eval_every_steps = 2;
   std::vector<std::pair<int64_t, double>> evals;
   RunOptions options;
-  options.checkpoint_dir = root + "/ckpt";
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(root + "/ckpt");
   options.devices = {"cpu"};
   options.on_step = [&](const StepProgress& p) {
     if (p.eval_loss > 0) evals.emplace_back(p.step, p.eval_loss);
@@ -330,7 +333,8 @@ TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
     int polls = 0;
     std::vector<double> eval_losses;
     RunOptions options;
-    options.checkpoint_dir = dir;
+    options.files = FileAccess::Unconfined();
+    options.checkpoint_dir = testing::MakeDirs(dir);
     options.devices = {"cpu"};
     options.on_step = [&](const StepProgress& p) {
       reported = p.step;

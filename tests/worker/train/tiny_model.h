@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/worker/test_files.h"
 #include "worker/model/transformer.h"
 
 namespace oomb::testing {
@@ -68,7 +69,9 @@ inline std::string LlamaConfigJson(const ModelConfig& c, const std::string& dtyp
 // A Hugging Face model directory holding a random model with config `c` (no tokenizer files).
 inline void WriteTinyModelDir(const std::string& dir, const ModelConfig& c, at::ScalarType dtype, uint64_t seed) {
   auto model = Transformer::Random(c, dtype, at::kCPU, seed, /*init_std=*/0.2);
-  const absl::Status s = model->SaveFull(dir, LlamaConfigJson(c, dtype == at::kDouble ? "float64" : "float32"));
+  std::filesystem::create_directories(dir);
+  const absl::Status s =
+      model->SaveFull(testing::OpenDir(dir), LlamaConfigJson(c, dtype == at::kDouble ? "float64" : "float32"));
   ASSERT_TRUE(s.ok()) << s;
 }
 

@@ -1,0 +1,314 @@
+// The attacks of issue 36, performed for real against the real daemon, the real CLI and real
+// files (docs/RELIABILITY.md, threat model): links placed in a model directory and swapped in
+// for a queued job's paths, the daemon's own store as a dataset, a second daemon on the same
+// data dir or port, two jobs on one checkpoint directory, huge input echoed into messages, and
+// leftovers of interrupted checkpoints.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "tests/client/daemon_harness.h"
+
+namespace oomb::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kSecret[] = "the daemon user's secret, never to be read for a job";
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(TinyLlama() / "config.json")) GTEST_SKIP() << "no test models under " << DataDir();
+    tmp_ = std::make_unique<TempDir>();
+    // The allowed root is the test's own directory; the secret lies outside it, 0600.
+    fs::create_directories(root());
+    fs::create_directories(outside());
+    WriteFile(outside() / "secret", kSecret);
+    ::chmod((outside() / "secret").c_str(), 0600);
+    fs::create_directories(model());
+    for (const auto& e : fs::directory_iterator(TinyLlama())) fs::copy(e.path(), model() / e.path().filename());
+    WriteIdsJsonl(root() / "ids.jsonl", 4, 100);
+  }
+  void TearDown() override {
+    daemon_.reset();
+    tmp_.reset();
+  }
+
+  fs::path root() const { return tmp_->path() / "root"; }
+  fs::path outside() const { return tmp_->path() / "outside"; }
+  fs::path model() const { return root() / "model"; }
+  fs::path data_dir() const { return root() / "data"; }  // inside the allowed root, as ~/.local/share/oomb is in ~
+
+  void StartDaemon(std::vector<std::string> extra = {}) {
+    DaemonOptions o;
+    o.extra = {"--set", "paths.allowed_roots=" + root().string()};
+    o.extra.insert(o.extra.end(), extra.begin(), extra.end());
+    daemon_ = std::make_unique<Daemon>(data_dir(), o);
+    ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+  }
+  std::string ep() const { return daemon_->tcp_endpoint(); }
+  Result Cli(const std::string& args) { return Oomb(ep(), args, tmp_->path()); }
+
+  // A job spec of the tiny model copy in the root.
+  fs::path Spec(const std::string& name, const std::string& extra_yaml = "") {
+    std::string yaml = TinyJobYaml((root() / "ids.jsonl").string(), 2, 1);
+    const size_t at = yaml.find("model: {path: ");
+    yaml.replace(at, yaml.find('\n', at) - at, "model: {path: " + model().string() + ", dtype: float32}");
+    const fs::path p = root() / (name + ".yaml");
+    WriteFile(p, yaml + extra_yaml);
+    return p;
+  }
+
+  // Every file under `dir`, with its content, for "the secret was copied nowhere".
+  static bool AnyFileHolds(const fs::path& dir, const std::string& needle) {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (it->is_regular_file() && !it->is_symlink() && Slurp(it->path()).find(needle) != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::unique_ptr<TempDir> tmp_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+// Item 1: a link in the model directory to a 0600 file outside the roots is never followed; the
+// job fails naming the file, and nothing of the secret reaches a checkpoint.
+TEST_F(SecurityTest, LinksPlacedInAModelDirectoryAreNeverFollowed) {
+  StartDaemon();
+  fs::create_symlink(outside() / "secret", model() / "special_tokens_map.json");
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id links", tmp_->path())["name"], "jobs/links");
+  EXPECT_EQ(Cli("watch links").rc, 6);
+  const json job = OombJson(ep(), "get links", tmp_->path());
+  EXPECT_EQ(job["error"]["code"], "PERMISSION_DENIED") << job.dump();
+  EXPECT_EQ(job["error"]["reason"], "PATH_DENIED");
+  EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("special_tokens_map.json: a symbolic link"));
+  EXPECT_FALSE(AnyFileHolds(data_dir(), kSecret));
+  // The same link in the place of the tokenizer of a text dataset.
+  fs::remove(model() / "special_tokens_map.json");
+  fs::create_symlink(outside() / "secret", model() / "tokenizer.json");
+  WriteFile(root() / "text.jsonl", "{\"text\": \"hello\"}\n");
+  const fs::path text = Spec("t");
+  WriteFile(text, std::regex_replace(Slurp(text), std::regex("ids\\.jsonl"), "text.jsonl"));
+  const Result r = Cli("submit " + text.string() + " --job-id tok");
+  EXPECT_EQ(r.rc, 4) << r.err;  // refused at CreateJob (the scan reads the tokenizer)
+  EXPECT_THAT(r.err, HasSubstr("tokenizer.json: a symbolic link"));
+  EXPECT_FALSE(AnyFileHolds(data_dir(), kSecret));
+}
+
+// Item 2: paths checked at CreateJob and swapped for links while the job waits are refused when
+// the job opens them; nothing is read from or written outside the roots.
+TEST_F(SecurityTest, PathsSwappedForLinksWhileAJobWaitsAreRefusedAtTheOpen) {
+  StartDaemon({"--set", "scheduler.hold=true"});
+  fs::create_directories(root() / "ckpt");
+  const fs::path spec = Spec("j", "");
+  WriteFile(spec, std::regex_replace(Slurp(spec), std::regex("checkpoint: \\{"),
+                                     "checkpoint: {dir: " + (root() / "ckpt").string() + ", "));
+  ASSERT_EQ(OombJson(ep(), "submit " + spec.string() + " --job-id swap", tmp_->path())["state"], "QUEUED");
+  daemon_->Stop();
+  // The attack: data.train becomes a link to the secret, checkpoint.dir a link out of the root.
+  fs::remove(root() / "ids.jsonl");
+  fs::create_symlink(outside() / "secret", root() / "ids.jsonl");
+  fs::remove_all(root() / "ckpt");
+  fs::create_directory_symlink(outside(), root() / "ckpt");
+  StartDaemon();
+  EXPECT_EQ(Cli("watch swap").rc, 6);
+  const json job = OombJson(ep(), "get swap", tmp_->path());
+  EXPECT_EQ(job["error"]["reason"], "PATH_DENIED") << job.dump();
+  EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("a symbolic link"));
+  EXPECT_EQ(std::vector<fs::path>(fs::directory_iterator(outside()), fs::directory_iterator()),
+            std::vector<fs::path>{outside() / "secret"});  // nothing written outside
+  // Only the dataset a link: refused at the open too, the checkpoint dir untouched.
+  fs::remove(root() / "ckpt");
+  fs::create_directories(root() / "ckpt2");
+  WriteFile(spec, std::regex_replace(Slurp(spec), std::regex("/ckpt,"), "/ckpt2,"));
+  const Result r = Cli("submit " + spec.string() + " --job-id swap2");
+  EXPECT_EQ(r.rc, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("data.train: " + (root() / "ids.jsonl").string() + ": a symbolic link"));
+}
+
+// Item 3: the daemon's own store (and anything in its data dir) is never a job's input or
+// output, whatever paths.allowed_roots says; so the daemon never opens and closes its database
+// file for a job (which would drop its SQLite locks).
+TEST_F(SecurityTest, TheDataDirIsNeverAJobsInputOrOutput) {
+  StartDaemon();
+  const std::string db = (data_dir() / "oombd.db").string();
+  const Result train = Cli("submit " + Spec("j").string() + " --set data.train=" + db);
+  EXPECT_EQ(train.rc, 4) << train.err;
+  EXPECT_THAT(train.err, HasSubstr("data.train: " + db + " is inside the server's data directory"));
+  for (const std::string& wal : {db + "-wal", db + "-shm", (data_dir() / "oombd.port").string()}) {
+    EXPECT_EQ(Cli("submit " + Spec("j").string() + " --set data.validation=" + wal).rc, 4) << wal;
+  }
+  // Through a link in the root: refused at the open.
+  fs::create_symlink(db, root() / "store.jsonl");
+  const Result link = Cli("submit " + Spec("j").string() + " --set data.train=" + (root() / "store.jsonl").string());
+  EXPECT_EQ(link.rc, 4) << link.err;
+  // As a checkpoint dir: the data dir itself, and another job's default checkpoint folder.
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id first", tmp_->path())["name"], "jobs/first");
+  EXPECT_EQ(Cli("watch first").rc, 0);
+  for (const fs::path& dir : {data_dir(), data_dir() / "jobs" / "first" / "checkpoints"}) {
+    const Result r = Cli("submit " + Spec("j").string() + " --set checkpoint.dir=" + dir.string());
+    EXPECT_EQ(r.rc, 4) << dir << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("inside the server's data directory"));
+  }
+  // The store is intact: another process opens it, and the daemon's jobs survive a restart.
+  const Result check = Shell("python3 -c \"import sqlite3; c = sqlite3.connect('" + db +
+                                 "'); print(c.execute('pragma integrity_check').fetchone()[0]); c.close()\"",
+                             tmp_->path());
+  EXPECT_THAT(check.out, HasSubstr("ok"));
+  daemon_->Stop();
+  StartDaemon();
+  EXPECT_EQ(OombJson(ep(), "get first", tmp_->path())["state"], "SUCCEEDED");
+}
+
+// Item 4: one daemon per data dir, and a TCP port is never shared.
+TEST_F(SecurityTest, ASecondDaemonOnTheSameDataDirOrPortIsRefused) {
+  StartDaemon();
+  const Result second =
+      Shell(Oombd() + " serve --data-dir " + data_dir().string() + " --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0",
+            tmp_->path());
+  EXPECT_NE(second.rc, 0);
+  EXPECT_THAT(second.err, HasSubstr("another oombd (pid "));
+  EXPECT_THAT(second.err, HasSubstr("is serving the data dir " + data_dir().string()));
+  const Result port = Shell(Oombd() + " serve --data-dir " + (tmp_->path() / "other").string() + " --listen " + ep() +
+                                " --metrics-listen 127.0.0.1:0",
+                            tmp_->path());
+  EXPECT_NE(port.rc, 0);
+  EXPECT_THAT(port.err, HasSubstr("cannot listen on " + ep()));
+  EXPECT_EQ(Cli("health").rc, 0);  // the first one serves on
+}
+
+// Item 5: a checkpoint directory belongs to one job.
+TEST_F(SecurityTest, ACheckpointDirectoryBelongsToOneJob) {
+  StartDaemon({"--set", "scheduler.hold=true"});
+  const std::string shared = (root() / "shared").string();
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id one --set checkpoint.dir=" + shared,
+                     tmp_->path())["name"],
+            "jobs/one");
+  for (const std::string& dir : {shared, shared + "/inside"}) {
+    const Result r = Cli("submit " + Spec("j").string() + " --set checkpoint.dir=" + dir);
+    EXPECT_EQ(r.rc, 1) << dir << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION")) << dir;
+    EXPECT_THAT(r.err, HasSubstr("the checkpoint directory of jobs/one")) << dir;
+  }
+  const Result above = Cli("submit " + Spec("j").string() + " --set checkpoint.dir=" + root().string());
+  EXPECT_EQ(above.rc, 1) << above.err;
+  EXPECT_THAT(above.err, HasSubstr("FAILED_PRECONDITION"));
+  // Once the first job has claimed it, a job created elsewhere (its store record gone) finds
+  // the claim on disk.
+  daemon_->Stop();
+  StartDaemon();
+  EXPECT_EQ(Cli("watch one").rc, 0);
+  EXPECT_EQ(Slurp(fs::path(shared) / "oomb_job"), "one\n");
+  DaemonOptions o;
+  o.extra = {"--set", "paths.allowed_roots=" + root().string()};
+  Daemon other(tmp_->path() / "other-data", o);
+  const Result r =
+      Oomb(other.tcp_endpoint(), "submit " + Spec("j").string() + " --set checkpoint.dir=" + shared, tmp_->path());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("is the checkpoint directory of job one"));
+  // A directory holding someone else's files is not taken over either.
+  fs::create_directories(root() / "mine");
+  WriteFile(root() / "mine" / "notes.txt", "keep me");
+  const Result foreign = Cli("submit " + Spec("j").string() + " --set checkpoint.dir=" + (root() / "mine").string());
+  EXPECT_EQ(foreign.rc, 1) << foreign.err;
+  EXPECT_THAT(foreign.err, HasSubstr("is not empty"));
+  // `oomb checkpoints` lists only the job's own.
+  const json cps = OombJson(ep(), "checkpoints one", tmp_->path());
+  for (const json& c : cps["checkpoints"]) EXPECT_THAT(c["path"].get<std::string>(), HasSubstr(shared));
+}
+
+// Item 6: every message a client receives, and every string stored, is bounded, whatever the
+// input's size: a huge JSONL line without its closing quote, a bad inline line over 8 KB.
+TEST_F(SecurityTest, HugeInputNeverReachesMessagesOrTheStore) {
+  StartDaemon();
+  // Inline (CreateJob scans it): 64 KB in one bad line.
+  WriteFile(root() / "inline.jsonl", "{\"text\": \"" + std::string(64 << 10, 'a') + "\n");
+  const Result inline_bad =
+      Cli("submit " + Spec("j").string() + " --set data.train=" + (root() / "inline.jsonl").string());
+  EXPECT_EQ(inline_bad.rc, 1) << inline_bad.err.substr(0, 2000);
+  EXPECT_THAT(inline_bad.err, HasSubstr("inline.jsonl:1: invalid JSON"));
+  EXPECT_LT(inline_bad.err.size(), 4096u);
+  // In the VALIDATING state: a 20 MB line (over the 16 MiB inline limit).
+  {
+    std::ofstream big(root() / "big.jsonl");
+    big << "{\"input_ids\": [1, 2, 3]}\n{\"text\": \"" << std::string(20 << 20, 'x') << "\n";
+  }
+  ASSERT_EQ(
+      OombJson(ep(),
+               "submit " + Spec("j").string() + " --job-id big --set data.train=" + (root() / "big.jsonl").string(),
+               tmp_->path())["state"],
+      "VALIDATING");
+  EXPECT_EQ(Cli("watch big").rc, 6);
+  const Result get = Cli("get big -o json");
+  ASSERT_EQ(get.rc, 0) << get.err;
+  const json job = json::parse(get.out);
+  EXPECT_EQ(job["error"]["reason"], "BAD_DATA");
+  EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("big.jsonl:2: invalid JSON"));
+  EXPECT_LT(job["error"]["message"].get<std::string>().size(), 4096u);
+  EXPECT_LT(get.out.size(), 16384u);
+  for (const char* cmd : {"list -o json", "events big -o json", "get big"}) {
+    const Result r = Cli(cmd);
+    EXPECT_EQ(r.rc, 0) << cmd << ": " << r.err.substr(0, 500);
+  }
+  EXPECT_LT(fs::file_size(data_dir() / "oombd.db"), 8u << 20);
+  // A long job name is echoed short.
+  const Result name = Cli("get " + std::string(100000, 'n'));
+  EXPECT_NE(name.rc, 0);
+  EXPECT_LT(name.err.size(), 4096u);
+  EXPECT_THAT(name.err, HasSubstr("more bytes"));
+}
+
+// Item 9: every failure carries its reason as data (JobError.reason), also those that used to
+// have none: a corrupt safetensors file, an unknown LoRA target module.
+TEST_F(SecurityTest, EveryFailureHasAReason) {
+  StartDaemon();
+  ASSERT_EQ(OombJson(ep(),
+                     "submit " + Spec("j").string() +
+                         " --job-id target --set method.lora.target_modules=[nope] --set resources.max_retries=2",
+                     tmp_->path())["name"],
+            "jobs/target");
+  EXPECT_EQ(Cli("watch target").rc, 6);
+  const json target = OombJson(ep(), "get target", tmp_->path());
+  EXPECT_EQ(target["error"]["reason"], "BAD_SPEC") << target.dump();
+  EXPECT_EQ(target.value("retries", 0), 0);  // a failure that would repeat is not retried
+  EXPECT_EQ(target.value("attempt", 0), 1);
+  // The weights cut short after CreateJob accepted the model.
+  const std::string weights = Slurp(model() / "model.safetensors");
+  WriteFile(model() / "model.safetensors", weights.substr(0, weights.size() / 2));
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id corrupt", tmp_->path())["name"], "jobs/corrupt");
+  EXPECT_EQ(Cli("watch corrupt").rc, 6);
+  const json corrupt = OombJson(ep(), "get corrupt", tmp_->path());
+  EXPECT_EQ(corrupt["error"]["reason"], "BAD_MODEL") << corrupt.dump();
+  EXPECT_THAT(corrupt["error"]["message"].get<std::string>(), HasSubstr("model.safetensors"));
+}
+
+// Item 10: partial checkpoints a kill -9 or a full disk leaves are removed when the job runs
+// again; what the job wrote before stays.
+TEST_F(SecurityTest, PartialCheckpointsAreRemovedWhenTheJobRunsAgain) {
+  StartDaemon({"--set", "scheduler.hold=true"});
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id left", tmp_->path())["name"], "jobs/left");
+  const fs::path ckpt = data_dir() / "jobs" / "left" / "checkpoints";
+  fs::create_directories(ckpt / "checkpoint-7.tmp-4242");
+  WriteFile(ckpt / "checkpoint-7.tmp-4242" / "optimizer.pt", std::string(1 << 20, 'z'));
+  WriteFile(ckpt / ".trainer_state.json.tmp-4242-0", "{");
+  daemon_->Stop();
+  StartDaemon();
+  EXPECT_EQ(Cli("watch left").rc, 0);
+  for (const auto& e : fs::directory_iterator(ckpt)) {
+    EXPECT_THAT(e.path().filename().string(), Not(HasSubstr(".tmp-"))) << e.path();
+  }
+  EXPECT_TRUE(fs::exists(ckpt / "final" / "adapter_model.safetensors"));
+}
+
+}  // namespace
+}  // namespace oomb::testing
