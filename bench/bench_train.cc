@@ -217,21 +217,25 @@ struct BenchSpec {
     }
     return o;
   }
-  JobSpec At(int64_t T) const {
-    JobSpec spec;
-    spec.model.dtype = "bfloat16";
-    spec.method.type = full ? "full" : "lora";
+  JobConfig At(int64_t T) const {
+    JobConfig spec;
+    spec.model.dtype = ModelDtype::kBFloat16;
+    spec.method.type = full ? TrainMethod::kFull : TrainMethod::kLora;
     spec.method.lora.rank = static_cast<int32_t>(rank);
     spec.memory.chunk_tokens = chunk;
     spec.memory.page_tokens = page;
-    spec.memory.kv_offload = offload;
-    spec.memory.kv_grad_dtype = kv_grad_dtype;
+    spec.memory.kv_offload = offload == "host"   ? KvOffload::kHost
+                             : offload == "auto" ? KvOffload::kAuto
+                                                 : KvOffload::kNone;
+    spec.memory.kv_grad_dtype = kv_grad_dtype == "bfloat16" ? KvGradDtype::kBFloat16 : KvGradDtype::kFloat32;
     spec.data.max_seq_len = T;
-    spec.backward.chunk_fraction = chunk_fraction;
+    spec.chunk_fraction = chunk_fraction;
     if (sparse_budget > 0) {
-      spec.attention.mode = "sparse";
-      spec.attention.sparse.page_budget = sparse_budget;
-      spec.attention.sparse.selection = selection;
+      spec.sparse =
+          JobConfig::Sparse{.page_budget = sparse_budget,
+                            .sink_pages = 1,
+                            .local_pages = 4,
+                            .selection = selection == "min_max" ? PageSummaryKind::kMinMax : PageSummaryKind::kMeanKey};
     }
     return spec;
   }
@@ -242,8 +246,9 @@ absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, const BenchSpec
   Pools p;
   OOMB_ASSIGN_OR_RETURN(p.plan, PlanMemory(c, b.At(T), ThisMachine(d.is_cuda() ? "cuda:0" : "cpu")));
   // bfloat16 gradient pages only under a bfloat16 model: the float32 reference keeps float32.
-  OOMB_ASSIGN_OR_RETURN(p.owned, MakeKvPools({c.num_kv_heads, b.page, c.head_dim}, m.dtype(),
-                                             KvGradDtype(b.kv_grad_dtype, m.dtype()), d, PoolSizes(p.plan)));
+  OOMB_ASSIGN_OR_RETURN(p.owned,
+                        MakeKvPools({c.num_kv_heads, b.page, c.head_dim}, m.dtype(),
+                                    GradPageDtype(b.kv_grad_dtype == "bfloat16", m.dtype()), d, PoolSizes(p.plan)));
   return p;
 }
 

@@ -14,9 +14,9 @@
 
 #include <fmt/format.h>
 
-#include "client/spec_yaml.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "oomb/v1/jobs.grpc.pb.h"
+#include "proto/spec/spec_codec.h"
 
 namespace oomb::client {
 namespace {
@@ -378,10 +378,11 @@ int Watch(Client& c, const std::string& name, int64_t after) {
   return kOk;
 }
 
+// The job spec file with its --set overrides, checked against the schema (defaults are the
+// server's to fill).
 int LoadSpec(const std::string& file, const std::vector<std::string>& sets, v1::JobSpec* spec) {
-  std::string error;
-  if (!LoadJobSpec(file, sets, spec, &error)) {
-    std::cerr << "oomb: error: " << error << "\n";
+  if (absl::Status s = spec::LoadYamlFile(file, sets, spec); !s.ok()) {
+    std::cerr << "oomb: error: " << s.message() << "\n";
     return kError;
   }
   return kOk;

@@ -25,7 +25,7 @@ JobFiles JobFiles::Unconfined(const std::string& data_dir) {
   return JobFiles(FileAccess::Unconfined(), FileAccess::Unconfined(), data_dir);
 }
 
-std::string JobFiles::CheckpointDir(const std::string& id, const JobSpec& spec) const {
+std::string JobFiles::CheckpointDir(const std::string& id, const JobConfig& spec) const {
   if (!spec.checkpoint.dir.empty()) return spec.checkpoint.dir;
   return absl::StrCat(data_dir_, "/jobs/", id, "/checkpoints");
 }
@@ -46,7 +46,7 @@ absl::Status FieldError(const absl::Status& s, const char* field) {
 
 }  // namespace
 
-absl::Status JobFiles::CheckPaths(const JobSpec& spec) const {
+absl::Status JobFiles::CheckPaths(const JobConfig& spec) const {
   const std::pair<const char*, const std::string*> paths[] = {{"model.path", &spec.model.path},
                                                               {"data.train", &spec.data.train},
                                                               {"data.validation", &spec.data.validation},
@@ -57,7 +57,7 @@ absl::Status JobFiles::CheckPaths(const JobSpec& spec) const {
   return absl::OkStatus();
 }
 
-absl::Status JobFiles::CheckSpec(const JobSpec& spec, const std::string& id) const {
+absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id) const {
   OOMB_RETURN_IF_ERROR(CheckPaths(spec));
   absl::StatusOr<Dir> model = jobs_->OpenDir(spec.model.path);
   if (!model.ok()) return FieldError(model.status(), "model.path");

@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/common/file_access.h"
-#include "worker/job/job_spec.h"
+#include "worker/job/job_config.h"
 
 namespace oomb::server {
 
@@ -32,14 +32,14 @@ class JobFiles {
   // What a job's inputs are opened through.
   const std::shared_ptr<const FileAccess>& inputs() const { return jobs_; }
   // Where job `id`'s checkpoints go: checkpoint.dir, else <data_dir>/jobs/<id>/checkpoints.
-  std::string CheckpointDir(const std::string& id, const JobSpec& spec) const;
+  std::string CheckpointDir(const std::string& id, const JobConfig& spec) const;
 
   // The paths are absolute and allowed (each error names its field); nothing is opened.
-  absl::Status CheckPaths(const JobSpec& spec) const;
+  absl::Status CheckPaths(const JobConfig& spec) const;
   // CreateJob's checks, each naming its field: the paths are absolute and allowed; the model
   // directory opens and holds config.json; the datasets open as regular files; the checkpoint
   // directory is free for job `id` (empty: any job). Nothing is created.
-  absl::Status CheckSpec(const JobSpec& spec, const std::string& id) const;
+  absl::Status CheckSpec(const JobConfig& spec, const std::string& id) const;
   // Opens (creating) job `id`'s checkpoint directory `path` (the one CheckpointDir gave when
   // the job was created, perhaps by another daemon of a fleet) and claims it for the job.
   absl::StatusOr<Dir> ClaimCheckpointDir(const std::string& id, const std::string& path) const;

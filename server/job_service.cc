@@ -12,7 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/grpc_status.h"
-#include "server/spec_convert.h"
+#include "server/job_spec.h"
+#include "server/to_proto.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -264,7 +265,7 @@ absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* fi
 JobServiceImpl::JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* hub, JobServiceOptions options)
     : store_(store), scheduler_(scheduler), hub_(hub), options_(std::move(options)) {}
 
-absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const JobSpec& spec) const {
+absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const JobConfig& spec) const {
   if (!options_.validate_data || options_.files == nullptr) return std::nullopt;
   int64_t bytes = 0;
   for (const std::string* path : {&spec.data.train, &spec.data.validation}) {
@@ -282,7 +283,7 @@ absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(c
   return DatasetSummaryToProto(*summary);
 }
 
-absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobSpec& spec) const {
+absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobConfig& spec) const {
   const FileAccess& access = options_.files != nullptr ? *options_.files->inputs() : *FileAccess::Unconfined();
   absl::StatusOr<Dir> model = access.OpenDir(spec.model.path);
   if (!model.ok()) return Annotate(model.status(), "model.path");
@@ -346,7 +347,8 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
     return absl::InvalidArgumentError(
         absl::StrCat("job_id: must match [a-z0-9][a-z0-9-]{0,62}, got '", Excerpt(req.job_id()), "'"));
   }
-  absl::StatusOr<JobSpec> spec = JobSpecFromProto(req.spec());
+  v1::JobSpec effective = req.spec();
+  absl::StatusOr<JobConfig> spec = ResolveJobSpec(&effective);
   if (!spec.ok()) return Annotate(spec.status(), "spec");
   if (options_.files != nullptr) OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckSpec(*spec, req.job_id()), "spec"));
   OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
@@ -358,12 +360,12 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
   absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(*spec);
   if (!summary.ok()) return Annotate(summary.status(), "spec");
   if (req.validate_only()) {
-    *resp->mutable_spec() = JobSpecToProto(*spec);
+    *resp->mutable_spec() = effective;
     if (!req.job_id().empty()) resp->set_name(JobName(req.job_id()));
     return absl::OkStatus();
   }
   bool created = false;
-  OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(*spec, req.job_id(), req.request_id(), &created,
+  OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(effective, req.job_id(), req.request_id(), &created,
                                                   summary->has_value() ? &**summary : nullptr, creator));
   if (created) spdlog::info("created {}", resp->name());
   scheduler_->FillQueuePosition(resp);
@@ -493,7 +495,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContex
                                                       const v1::EstimateJobRequest* req,
                                                       v1::EstimateJobResponse* resp) {
   return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    absl::StatusOr<JobSpec> spec = JobSpecFromProto(req->spec());
+    absl::StatusOr<JobConfig> spec = ResolveJobSpec(req->spec());
     if (!spec.ok()) return Annotate(spec.status(), "spec");
     if (options_.files != nullptr) OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckPaths(*spec), "spec"));
     OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));

@@ -40,7 +40,7 @@ struct JobServiceOptions {
   // created QUEUED with its dataset summary. Larger datasets are scanned in the VALIDATING
   // state by the scheduler (SchedulerOptions::validator): a bad line then FAILs the job with the
   // line in JobError.message.
-  std::function<absl::StatusOr<DataSummary>(const JobSpec&, const FileAccess&)> validate_data;
+  std::function<absl::StatusOr<DataSummary>(const JobConfig&, const FileAccess&)> validate_data;
   int64_t validate_data_max_bytes = int64_t{16} << 20;
   // Where a job's files are, and the checks CreateJob and EstimateJob make before touching them.
   std::shared_ptr<const JobFiles> files;
@@ -86,11 +86,11 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   // CreateJob's work after authentication: checks, admission, dataset scan, Submit.
   absl::Status Create(const v1::CreateJobRequest& req, const std::string& creator, v1::Job* resp) const;
   // options_.validate_data's summary for datasets within the size limit; nullopt otherwise.
-  absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const JobSpec& spec) const;
+  absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const JobConfig& spec) const;
   // The memory plan of `spec` on the eligible device of this server with the most memory
   // (admission and EstimateJob). Errors name the field (model.path's config.json, or what
   // the engine cannot run yet).
-  absl::StatusOr<MemoryPlan> Plan(const JobSpec& spec) const;
+  absl::StatusOr<MemoryPlan> Plan(const JobConfig& spec) const;
 
   JobStore* const store_;
   Scheduler* const scheduler_;

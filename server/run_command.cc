@@ -14,10 +14,10 @@
 
 #include "server/commands.h"
 #include "server/job_files.h"
+#include "server/job_spec.h"
 #include "worker/common/file_access.h"
 #include "worker/job/checkpoint_dir.h"
 #include "worker/job/executor.h"
-#include "worker/job/job_spec.h"
 
 namespace oomb::server {
 namespace {
@@ -52,21 +52,15 @@ struct RunFlags {
 };
 
 int RunMain(const RunFlags& f) {
-  absl::StatusOr<std::string> text = FileAccess::Unconfined()->ReadFile(f.spec_path, int64_t{16} << 20);
-  if (!text.ok()) {
-    std::cerr << "oombd run: " << text.status().message() << "\n";
-    return 2;
-  }
-  auto spec = ParseJobSpecYaml(*text, f.spec_path);
+  std::vector<std::string> sets = f.sets;
+  if (!f.device.empty()) sets.push_back("resources.device=" + f.device);  // rank 0's; more: the next ones
+  v1::JobSpec proto;
+  spec::Lines lines;
+  absl::Status loaded = spec::LoadYamlFile(f.spec_path, sets, &proto, &lines);
+  absl::StatusOr<JobConfig> spec = loaded.ok() ? ResolveJobSpec(&proto, {f.spec_path, ""}, &lines) : loaded;
   if (!spec.ok()) {
     std::cerr << "oombd run: " << spec.status().message() << "\n";
     return 2;
-  }
-  for (const std::string& s : f.sets) {
-    if (absl::Status st = ApplyOverride(&*spec, s); !st.ok()) {
-      std::cerr << "oombd run: --set " << s << ": " << st.message() << "\n";
-      return 2;
-    }
   }
   RunOptions options;
   options.files = FileAccess::Unconfined();  // the user's own files, at the user's terminal
@@ -87,7 +81,6 @@ int RunMain(const RunFlags& f) {
     return 2;
   }
   options.checkpoint_dir = *std::move(claimed);
-  if (!f.device.empty()) spec->resources.device = f.device;  // rank 0's; more ranks: the next CUDA devices
   options.resume = f.resume;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   options.on_step = [tty](const StepProgress& p) {

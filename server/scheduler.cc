@@ -11,7 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/time_util.h"
-#include "server/spec_convert.h"
+#include "server/job_spec.h"
+#include "server/to_proto.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -165,7 +166,7 @@ bool Scheduler::Eligible(const std::string& requested, const std::string& device
   return requested == "cuda" && absl::StartsWith(device, "cuda");
 }
 
-absl::Status Scheduler::CheckPlacement(const JobSpec& spec) const {
+absl::Status Scheduler::CheckPlacement(const JobConfig& spec) const {
   const size_t eligible = EligibleDevices(spec).size();
   if (eligible >= static_cast<size_t>(spec.resources.gpus)) return absl::OkStatus();
   std::string devices;
@@ -179,7 +180,7 @@ absl::Status Scheduler::CheckPlacement(const JobSpec& spec) const {
                                                  spec.resources.device, "'; devices: ", devices, ")"));
 }
 
-std::vector<std::string> Scheduler::EligibleDevices(const JobSpec& spec) const {
+std::vector<std::string> Scheduler::EligibleDevices(const JobConfig& spec) const {
   std::vector<std::string> out;
   for (const std::string& d : options_.devices) {
     if (Eligible(spec.resources.device, d)) out.push_back(d);
@@ -210,10 +211,12 @@ void Scheduler::Committed(const std::string& id, const std::vector<v1::JobEvent>
 
 void Scheduler::WakeWorkersLocked() { cv_.SignalAll(); }
 
-absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
-                                          bool* created, const v1::DatasetSummary* dataset,
-                                          const std::string& creator) {
+absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std::string& job_id,
+                                          const std::string& request_id, bool* created,
+                                          const v1::DatasetSummary* dataset, const std::string& creator) {
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
+  v1::JobSpec effective = request;
+  OOMB_ASSIGN_OR_RETURN(const JobConfig spec, ResolveJobSpec(&effective));
   OOMB_RETURN_IF_ERROR(CheckPlacement(spec));
   absl::MutexLock lock(&mu_);
   if (options_.max_queued_per_client > 0 && !creator.empty()) {
@@ -238,7 +241,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const JobSpec& spec, const std::string
     }
     v1::Job job;
     job.set_name(JobName(id));
-    *job.mutable_spec() = JobSpecToProto(spec);
+    *job.mutable_spec() = effective;
     const bool validate = dataset == nullptr && options_.validator;
     job.set_state(validate ? v1::Job::VALIDATING : v1::Job::QUEUED);
     if (dataset != nullptr) *job.mutable_dataset() = *dataset;
@@ -283,7 +286,7 @@ bool Overlap(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobSpec& spec, const std::string& job_id,
+absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobConfig& spec, const std::string& job_id,
                                                        const std::string& request_id) {
   if (!request_id.empty()) {
     OOMB_ASSIGN_OR_RETURN(std::optional<std::string> earlier, store_->JobOfRequest(request_id));
@@ -507,7 +510,7 @@ void Scheduler::Validate(const std::string& id) {
   if (!job.ok() || job->state() != v1::Job::VALIDATING) return;  // deleted or cancelled meanwhile
   spdlog::info("{}: validating the datasets", job->name());
   absl::StatusOr<v1::DatasetSummary> summary;
-  absl::StatusOr<JobSpec> spec = JobSpecFromProto(job->spec());
+  absl::StatusOr<JobConfig> spec = ResolveJobSpec(job->spec());
   if (!spec.ok()) {
     summary = spec.status();
   } else {
@@ -547,7 +550,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
   const std::string& device = devices.front();  // the slot its steps and checkpoints are reported under
   absl::StatusOr<RunResult> result;
   bool timed_out = false;
-  absl::StatusOr<JobSpec> spec = JobSpecFromProto(job.spec());
+  absl::StatusOr<JobConfig> spec = ResolveJobSpec(job.spec());
   if (!spec.ok()) {
     result = spec.status();
   } else {
@@ -682,7 +685,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
 }
 
 absl::StatusOr<RunResult> Scheduler::Execute(const std::string& id, const std::string& checkpoint_dir,
-                                             const JobSpec& spec, RunOptions options) {
+                                             const JobConfig& spec, RunOptions options) {
   absl::StatusOr<Dir> dir = options_.files->ClaimCheckpointDir(id, checkpoint_dir);
   if (!dir.ok()) return dir.status();
   options.checkpoint_dir = *std::move(dir);

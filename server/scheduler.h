@@ -78,13 +78,13 @@
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
 #include "worker/job/executor.h"
-#include "worker/job/job_spec.h"
+#include "worker/job/job_config.h"
 
 namespace oomb::server {
 
-using JobRunner = std::function<absl::StatusOr<RunResult>(const JobSpec&, const RunOptions&)>;
+using JobRunner = std::function<absl::StatusOr<RunResult>(const JobConfig&, const RunOptions&)>;
 // The full scan of a job's datasets (production: oomb::ValidateJobData, converted).
-using DataValidator = std::function<absl::StatusOr<v1::DatasetSummary>(const JobSpec&, const FileAccess&)>;
+using DataValidator = std::function<absl::StatusOr<v1::DatasetSummary>(const JobConfig&, const FileAccess&)>;
 
 struct SchedulerOptions {
   // Where jobs' files are: inputs opened through it, checkpoint directories claimed through it
@@ -134,17 +134,18 @@ class Scheduler {
 
   // INVALID_ARGUMENT when this server has fewer than resources.gpus devices that may run
   // `spec` (resources.device).
-  absl::Status CheckPlacement(const JobSpec& spec) const;
+  absl::Status CheckPlacement(const JobConfig& spec) const;
 
   // The devices of this server that may run `spec` (resources.device), in the server's order.
-  std::vector<std::string> EligibleDevices(const JobSpec& spec) const;
+  std::vector<std::string> EligibleDevices(const JobConfig& spec) const;
 
-  // Stores a validated spec: VALIDATING, or QUEUED when `dataset` (the caller's scan of the
-  // datasets) is given. `job_id` empty: one is generated. See JobStore::Create for
-  // `request_id`; `created` tells whether this call created the job. `creator` is recorded
-  // on the job (Job.creator). UNAVAILABLE while draining; RESOURCE_EXHAUSTED when `creator`
+  // Stores a job of `spec` (the effective spec: its defaults filled, server/job_spec.h):
+  // VALIDATING, or QUEUED when `dataset` (the caller's scan of the datasets) is given. `job_id`
+  // empty: one is generated. See JobStore::Create for `request_id`; `created` tells whether this
+  // call created the job. `creator` is recorded on the job (Job.creator). INVALID_ARGUMENT for a
+  // spec that does not resolve; UNAVAILABLE while draining; RESOURCE_EXHAUSTED when `creator`
   // already has max_queued_per_client jobs waiting.
-  absl::StatusOr<v1::Job> Submit(const JobSpec& spec, const std::string& job_id, const std::string& request_id,
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& job_id, const std::string& request_id,
                                  bool* created = nullptr, const v1::DatasetSummary* dataset = nullptr,
                                  const std::string& creator = "");
 
@@ -208,10 +209,10 @@ class Scheduler {
   void RunOne(const v1::Job& job, const std::vector<std::string>& devices, std::shared_ptr<std::atomic<int>> stop);
   // FAILED_PRECONDITION (CHECKPOINT_DIR_TAKEN) when spec.checkpoint.dir is, holds or lies inside
   // the checkpoint directory of a job in the store (not `job_id`, nor the job of `request_id`).
-  absl::Status CheckCheckpointDirUnusedLocked(const JobSpec& spec, const std::string& job_id,
+  absl::Status CheckCheckpointDirUnusedLocked(const JobConfig& spec, const std::string& job_id,
                                               const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The run's outcome: the runner's, once its checkpoint directory is claimed.
-  absl::StatusOr<RunResult> Execute(const std::string& id, const std::string& checkpoint_dir, const JobSpec& spec,
+  absl::StatusOr<RunResult> Execute(const std::string& id, const std::string& checkpoint_dir, const JobConfig& spec,
                                     RunOptions options);
 
   JobStore* const store_;

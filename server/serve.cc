@@ -31,8 +31,8 @@
 #include "server/data_dir_lock.h"
 #include "server/job_service.h"
 #include "server/metrics/exporter.h"
-#include "server/spec_convert.h"
 #include "server/store/job_store.h"
+#include "server/to_proto.h"
 #include "server/watch_hub.h"
 #include "server/work_pool.h"
 #include "worker/common/file_access.h"
@@ -206,7 +206,7 @@ int Serve(const ServerConfig& config, const ServeEnvironment& env) {
   }
   sopts.runner = env.runner;
   if (env.validate_data) {
-    sopts.validator = [validate = env.validate_data](const JobSpec& spec,
+    sopts.validator = [validate = env.validate_data](const JobConfig& spec,
                                                      const FileAccess& access) -> absl::StatusOr<v1::DatasetSummary> {
       OOMB_ASSIGN_OR_RETURN(DataSummary summary, validate(spec, access));
       return DatasetSummaryToProto(summary);

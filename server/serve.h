@@ -36,7 +36,7 @@ struct ServeEnvironment {
   JobRunner runner;
   // The dataset scan: CreateJob's for small datasets (JobServiceOptions::validate_data) and
   // the VALIDATING state's (SchedulerOptions::validator); empty: none.
-  std::function<absl::StatusOr<DataSummary>(const JobSpec&, const FileAccess&)> validate_data;
+  std::function<absl::StatusOr<DataSummary>(const JobConfig&, const FileAccess&)> validate_data;
   v1::ServerInfo server_info;  // versions and devices; start time and draining are filled in
   // For /metrics: oomb_build_info's labels, and values read at scrape time (production:
   // GetDeviceMemoryStats and GetPinnedHostBytes from worker/job/build_info.h); unset: absent.

@@ -30,7 +30,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   oomb::DatasetOptions options;
   // The first byte picks data.too_long and max_seq_len, so every branch is reached.
   const uint8_t knob = size > 0 ? data[0] : 0;
-  options.too_long = knob % 3 == 0 ? "truncate" : knob % 3 == 1 ? "drop" : "error";
+  options.too_long = knob % 3 == 0   ? oomb::TooLong::kTruncate
+                     : knob % 3 == 1 ? oomb::TooLong::kDrop
+                                     : oomb::TooLong::kError;
   options.max_seq_len = 1 + knob % 64;
   options.vocab_size = (knob & 0x40) ? 0 : 300;
   const oomb::TokenizerLoader loader = [&]() -> absl::StatusOr<oomb::TextTokenizer> {

@@ -25,7 +25,7 @@ def _protoc(root, protos, out):
 
 def generate(proto_dir, health=False):
     out = tempfile.mkdtemp(prefix="oomb_stubs_")
-    _protoc(proto_dir, [os.path.join("oomb", "v1", f) for f in ("job_spec.proto", "jobs.proto")], out)
+    _protoc(proto_dir, [os.path.join("oomb", "v1", f) for f in ("rules.proto", "job_spec.proto", "jobs.proto")], out)
     if health:
         # Compiled from a copy at the top level, as module health_pb2: under grpc/ it would
         # shadow the grpc package. The service keeps its name, grpc.health.v1.Health.

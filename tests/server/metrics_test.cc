@@ -305,7 +305,7 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
   o.devices = {"cpu"};
   o.metrics = &sink;
   o.kv_stats = &kv;
-  o.runner = [&](const JobSpec&, const RunOptions& r) -> absl::StatusOr<RunResult> {
+  o.runner = [&](const JobConfig&, const RunOptions& r) -> absl::StatusOr<RunResult> {
     seen_kv = r.kv_stats;
     r.on_step(StepProgress{.step = 1, .total_steps = 2, .tokens = 10});
     r.on_checkpoint(CheckpointInfo{.step = 1, .path = r.checkpoint_dir->PathOf("c"), .bytes = 1});
@@ -315,9 +315,9 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
   {
     Scheduler scheduler(store->get(), &hub, o);
     ASSERT_TRUE(scheduler.Start().ok());
-    JobSpec spec;
-    spec.model.path = "/m";
-    spec.data.train = "/t";
+    v1::JobSpec spec;
+    spec.mutable_model()->set_path("/m");
+    spec.mutable_data()->set_train("/t");
     ASSERT_TRUE(scheduler.Submit(spec, "a", "").ok());
     for (int i = 0; i < 500 && (sink.calls().empty() || sink.calls().back() != "stop cpu"); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -14,8 +14,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "server/job_service.h"
+#include "server/job_spec.h"
 #include "server/scheduler.h"
-#include "server/spec_convert.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
 #include "worker/common/status.h"
@@ -38,7 +38,7 @@ struct ScriptedRunner {
   std::vector<std::pair<std::string, std::vector<std::string>>> runs;
   int devices_in_use = 0, max_devices_in_use = 0;
 
-  absl::StatusOr<RunResult> operator()(const JobSpec& spec, const RunOptions& o) {
+  absl::StatusOr<RunResult> operator()(const JobConfig& spec, const RunOptions& o) {
     ++calls;
     last_resume = o.resume;
     {
@@ -83,8 +83,8 @@ class SchedulerTest : public ::testing::Test {
     auto s = OpenSqliteJobStore((dir_ / "oombd.db").string());
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
-    spec_.model.path = "/m";
-    spec_.data.train = "/t";
+    spec_.mutable_model()->set_path("/m");
+    spec_.mutable_data()->set_train("/t");
   }
   void TearDown() override {
     scheduler_.reset();
@@ -96,7 +96,7 @@ class SchedulerTest : public ::testing::Test {
     SchedulerOptions o;
     o.files = std::make_shared<const JobFiles>(JobFiles::Unconfined(dir_.string()));
     o.devices = std::move(devices);
-    o.runner = [this](const JobSpec& s, const RunOptions& r) { return runner_(s, r); };
+    o.runner = [this](const JobConfig& s, const RunOptions& r) { return runner_(s, r); };
     o.hold = hold;
     scheduler_ = std::make_unique<Scheduler>(store_.get(), &hub_, o);
     ASSERT_TRUE(scheduler_->Start().ok());
@@ -120,7 +120,7 @@ class SchedulerTest : public ::testing::Test {
   WatchHub hub_;
   ScriptedRunner runner_;
   std::unique_ptr<Scheduler> scheduler_;
-  JobSpec spec_;
+  v1::JobSpec spec_;
 };
 
 TEST_F(SchedulerTest, RunsToSuccessWithStepsAndCheckpoints) {
@@ -152,16 +152,17 @@ TEST_F(SchedulerTest, RunsToSuccessWithStepsAndCheckpoints) {
 TEST_F(SchedulerTest, DataParallelJobTakesItsDevicesTogether) {
   runner_.step_delay_ms = 100;
   StartScheduler(/*hold=*/false, {"cpu", "cpu"});
-  JobSpec three = spec_;
-  three.resources.gpus = 3;
-  EXPECT_THAT(std::string(scheduler_->CheckPlacement(three).message()),
+  v1::JobSpec three = spec_;
+  three.mutable_resources()->set_gpus(3);
+  three.mutable_training()->set_batch_sequences(3);
+  EXPECT_THAT(std::string(scheduler_->CheckPlacement(*ResolveJobSpec(three)).message()),
               HasSubstr("resources.gpus: 3 devices asked for, but 2 of this server's may run the job"));
-  JobSpec one = spec_, dp = spec_, later = spec_;
-  one.display_name = "one";
-  dp.display_name = "dp";
-  dp.resources.gpus = 2;
-  dp.training.batch_sequences = 2;
-  later.display_name = "later";
+  v1::JobSpec one = spec_, dp = spec_, later = spec_;
+  one.set_display_name("one");
+  dp.set_display_name("dp");
+  dp.mutable_resources()->set_gpus(2);
+  dp.mutable_training()->set_batch_sequences(2);
+  later.set_display_name("later");
   ASSERT_TRUE(scheduler_->Submit(one, "one", "").ok());
   WaitFor("one", v1::Job::RUNNING);
   ASSERT_TRUE(scheduler_->Submit(dp, "dp", "").ok());
@@ -195,8 +196,8 @@ TEST_F(SchedulerTest, IdempotentCreateAndAlreadyExists) {
 
 TEST_F(SchedulerTest, QueueOrderAndTransitions) {
   StartScheduler(/*hold=*/true);
-  JobSpec high = spec_;
-  high.resources.priority = 5;
+  v1::JobSpec high = spec_;
+  high.mutable_resources()->set_priority(5);
   ASSERT_TRUE(scheduler_->Submit(spec_, "low", "").ok());
   ASSERT_TRUE(scheduler_->Submit(high, "high", "").ok());
   v1::Job low = *store_->Get("low");
@@ -239,7 +240,7 @@ TEST_F(SchedulerTest, CancelAndPauseWhileRunning) {
 
 TEST_F(SchedulerTest, RetriesTransientErrorsThenFails) {
   runner_.error = oomb::WithReason(absl::InternalError("device fell off the bus"), oomb::Reason::kCudaError);
-  spec_.resources.max_retries = 1;
+  spec_.mutable_resources()->set_max_retries(1);
   StartScheduler();
   ASSERT_TRUE(scheduler_->Submit(spec_, "r", "").ok());
   const v1::Job failed = WaitFor("r", v1::Job::FAILED);
@@ -290,29 +291,12 @@ TEST_F(SchedulerTest, DrainLeavesRunningJobQueuedAndRestartRecovers) {
 
 TEST_F(SchedulerTest, PlacementChecksDevice) {
   StartScheduler(/*hold=*/true);
-  JobSpec s = spec_;
-  s.resources.device = "cuda:1";
-  EXPECT_THAT(scheduler_->CheckPlacement(s).message(), HasSubstr("resources.device: 'cuda:1' is not available"));
-  s.resources.device = "cpu";
-  EXPECT_TRUE(scheduler_->CheckPlacement(s).ok());
-}
-
-TEST(SpecConvertTest, RoundTripAndDefaults) {
-  JobSpec s;
-  s.model.path = "/m";
-  s.data.train = "/t";
-  s.model.rope_scaling = RopeScalingSpec{.type = "yarn", .factor = 4};
-  s.training.epochs = 2;
-  s.training.max_steps = 0;
-  absl::StatusOr<JobSpec> back = JobSpecFromProto(JobSpecToProto(s));
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(*back, s);
-  v1::JobSpec p;
-  p.mutable_model()->set_path("/m");
-  p.mutable_data()->set_train("/t");
-  EXPECT_EQ(JobSpecFromProto(p)->training.max_steps, 100);
-  p.mutable_training()->set_learning_rate(-1);
-  EXPECT_EQ(JobSpecFromProto(p).status().message(), "training.learning_rate: must be > 0, got -1");
+  v1::JobSpec s = spec_;
+  s.mutable_resources()->set_device("cuda:1");
+  EXPECT_THAT(scheduler_->CheckPlacement(*ResolveJobSpec(s)).message(),
+              HasSubstr("resources.device: 'cuda:1' is not available"));
+  s.mutable_resources()->set_device("cpu");
+  EXPECT_TRUE(scheduler_->CheckPlacement(*ResolveJobSpec(s)).ok());
 }
 
 }  // namespace

@@ -268,6 +268,60 @@ TEST_F(SecurityTest, HugeInputNeverReachesMessagesOrTheStore) {
   EXPECT_THAT(name.err, HasSubstr("more bytes"));
 }
 
+// Item 8: input whose meaning used to change silently is an error naming file:line:field, through
+// the real CLI (and, for what only the daemon can see, the real daemon).
+TEST_F(SecurityTest, InputWhoseMeaningWouldChangeIsRefused) {
+  StartDaemon({"--set", "scheduler.hold=true"});
+  const std::string base =
+      "model: {path: " + model().string() + ", dtype: float32}\ndata: {train: " + (root() / "ids.jsonl").string() +
+      ", max_seq_len: 128}\nmemory: {chunk_tokens: 32, page_tokens: 16}\nresources: {device: cpu}\n";
+  const auto refused = [&](const std::string& name, const std::string& yaml) {
+    const fs::path p = root() / (name + ".yaml");
+    WriteFile(p, yaml);
+    return Cli("submit " + p.string());
+  };
+  Result r = refused("nan", base + "training: {learning_rate: nan}\n");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("nan.yaml:5: training.learning_rate: must be a finite number"));
+  r = refused("dup", base + "training: {max_steps: 5}\ntraining: {learning_rate: 0.1}\n");
+  EXPECT_THAT(r.err, HasSubstr("dup.yaml:6: training: duplicate key"));
+  r = refused("two", base + "---\nmodel: {path: /elsewhere}\n");
+  EXPECT_THAT(r.err, HasSubstr("a second YAML document"));
+  r = refused("label", base + "labels: {team: {name: nlp}}\n");
+  EXPECT_THAT(r.err, HasSubstr("label.yaml:5: labels.team: expected a single value, got a mapping"));
+  r = refused("factor", base + "model_extra: 1\n");
+  EXPECT_THAT(r.err, HasSubstr("factor.yaml:5: model_extra: unknown key"));
+  r = Cli("submit " + Spec("j").string() + " --set 'model.rope_scaling={type: yarn, factor: 0}'");
+  EXPECT_THAT(r.err, HasSubstr("model.rope_scaling.factor: must be in (0, 1024], got 0"));
+  r = Cli("submit " + Spec("j").string() + " --set memory.page_tokens=4611686018427387904");
+  EXPECT_THAT(r.err, HasSubstr("memory.page_tokens: must be in (0, 65536]"));
+  r = refused("bytes", base + "display_name: caf\xe9\n");
+  EXPECT_EQ(r.rc, 1);  // not 134: an error, not an abort
+  EXPECT_THAT(r.err, HasSubstr("bytes.yaml:5: display_name: is not valid UTF-8"));
+  // A legal file name that is not UTF-8: named, not a crash.
+  const fs::path odd = root() / "caf\xe9";
+  fs::create_directories(odd);
+  WriteFile(odd / "spec.yaml", "model: {path: m}\ndata: {train: t.jsonl}\n");
+  r = Cli("submit " + (odd / "spec.yaml").string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("model.path: is not valid UTF-8"));
+  // Absurd model dimensions: refused when the model is read, not planned into negative bytes.
+  fs::create_directories(root() / "absurd");
+  WriteFile(root() / "absurd" / "config.json",
+            R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
+                "hidden_size": 1099511627776, "intermediate_size": 11008, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "max_position_embeddings": 4096})");
+  r = Cli("submit " + Spec("j").string() + " --set model.path=" + (root() / "absurd").string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("key 'hidden_size' must be in [1, 131072]"));
+  // Every label masked: nothing to train on, said at CreateJob.
+  WriteFile(root() / "masked.jsonl", "{\"input_ids\": [5, 6, 7], \"labels\": [-100, -100, -100]}\n");
+  r = Cli("submit " + Spec("j").string() + " --set data.train=" + (root() / "masked.jsonl").string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("no token carries a label"));
+  EXPECT_EQ(Cli("health").rc, 0);
+}
+
 // Item 9: every failure carries its reason as data (JobError.reason), also those that used to
 // have none: a corrupt safetensors file, an unknown LoRA target module.
 TEST_F(SecurityTest, EveryFailureHasAReason) {

@@ -117,6 +117,13 @@ absl::StatusOr<File> AsRegularFile(UniqueFd fd, const std::string& path) {
   return File(std::move(fd), path, static_cast<int64_t>(st.st_size));
 }
 
+// ".<name>.tmp-<pid>-<n>": a temporary file beside `name`, unique in this process
+// (RemovePartialCheckpoints knows the pattern).
+std::string TemporaryName(absl::string_view name) {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(".", name, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
+}
+
 }  // namespace
 
 absl::Status ErrnoStatus(int err, const char* what, const std::string& path) {
@@ -261,8 +268,7 @@ absl::StatusOr<Dir> Dir::MakeDir(absl::string_view name, int mode) const {
 absl::Status Dir::WriteAtomic(absl::string_view name, const std::function<absl::Status(int fd)>& write,
                               int mode) const {
   OOMB_RETURN_IF_ERROR(CheckName(name));
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrCat(".", name, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
+  const std::string tmp = TemporaryName(name);
   const std::string tmp_path = PathOf(tmp);
   UniqueFd fd(::openat(fd_->get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
                        static_cast<mode_t>(mode)));
@@ -303,19 +309,21 @@ absl::StatusOr<UniqueFd> Dir::OpenAppend(absl::string_view name, int mode) const
 
 absl::Status Dir::CreateExclusive(absl::string_view name, absl::string_view contents, int mode) const {
   OOMB_RETURN_IF_ERROR(CheckName(name));
+  // Written whole under a temporary name, then linked to `name`, which fails if `name` exists:
+  // a crash leaves no empty or partial `name` behind.
+  const std::string tmp = TemporaryName(name);
   const std::string n(name);
   UniqueFd fd(
-      ::openat(fd_->get(), n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, static_cast<mode_t>(mode)));
-  if (!fd.valid()) {
-    if (errno == EEXIST) return absl::AlreadyExistsError(absl::StrCat(PathOf(name), " exists"));
-    return ErrnoStatus(errno, "create", PathOf(name));
+      ::openat(fd_->get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, static_cast<mode_t>(mode)));
+  if (!fd.valid()) return ErrnoStatus(errno, "create", PathOf(tmp));
+  absl::Status s = WriteAll(fd.get(), contents, PathOf(tmp));
+  if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoStatus(errno, "sync", PathOf(tmp));
+  if (s.ok() && ::linkat(fd_->get(), tmp.c_str(), fd_->get(), n.c_str(), 0) != 0) {
+    s = errno == EEXIST ? absl::AlreadyExistsError(absl::StrCat(PathOf(name), " exists"))
+                        : ErrnoStatus(errno, "link", PathOf(name));
   }
-  absl::Status s = WriteAll(fd.get(), contents, PathOf(name));
-  if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoStatus(errno, "sync", PathOf(name));
-  if (!s.ok()) {
-    ::unlinkat(fd_->get(), n.c_str(), 0);
-    return s;
-  }
+  ::unlinkat(fd_->get(), tmp.c_str(), 0);
+  if (!s.ok()) return s;
   return Sync();
 }
 

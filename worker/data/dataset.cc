@@ -360,11 +360,11 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
     d.line = line_no;
     const int64_t n = static_cast<int64_t>(d.ids.size());
     if (n > options.max_seq_len) {
-      if (options.too_long == "error") {
+      if (options.too_long == TooLong::kError) {
         return err(absl::StrCat("sample of ", n, " tokens is longer than data.max_seq_len (", options.max_seq_len,
                                 ") and data.too_long is 'error'"));
       }
-      if (options.too_long == "drop") {
+      if (options.too_long == TooLong::kDrop) {
         ++st.dropped;
         continue;
       }

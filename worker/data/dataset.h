@@ -42,10 +42,13 @@
 
 namespace oomb {
 
+// What to do with a sample longer than max_seq_len: cut it, skip it, or fail naming its line.
+enum class TooLong { kTruncate, kDrop, kError };
+
 struct DatasetOptions {
   std::string field = "data.train";  // the job-spec field named in errors
   int64_t max_seq_len = 131072;
-  std::string too_long = "truncate";  // truncate | drop | error
+  TooLong too_long = TooLong::kTruncate;
   // Bound of "input_ids" and "labels" values: [0, vocab_size). Use the model's embedding rows
   // (config.json vocab_size), which may exceed the tokenizer's. 0: the tokenizer's vocab_size
   // (which then loads the tokenizer even for a pre-tokenized file).

@@ -65,7 +65,7 @@ absl::StatusOr<at::Device> ResolveDevice(const std::string& requested) {
 
 // The devices of the run's ranks: RunOptions::devices, or derived from the spec (see
 // executor.h). All CPU or all distinct CUDA devices.
-absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobSpec& spec, const std::vector<std::string>& given) {
+absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& spec, const std::vector<std::string>& given) {
   const auto k = static_cast<size_t>(spec.resources.gpus);
   std::vector<at::Device> devices;
   if (!given.empty()) {
@@ -109,29 +109,14 @@ struct Rank {
   std::atomic<int>* stop = nullptr;        // world > 1: rank 0's StopRequest, read by the others
 };
 
-std::optional<RopeConfig> RopeOverride(const JobSpec& spec, const ModelConfig& base) {
-  if (!spec.model.rope_scaling.has_value()) return std::nullopt;
-  const RopeScalingSpec& r = *spec.model.rope_scaling;
-  RopeConfig c = base.rope;
-  c.type = r.type;
-  c.factor = r.factor;
-  c.original_max_position_embeddings =
-      r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : base.max_position_embeddings;
-  if (r.low_freq_factor > 0) c.low_freq_factor = r.low_freq_factor;
-  if (r.high_freq_factor > 0) c.high_freq_factor = r.high_freq_factor;
-  if (r.beta_fast > 0) c.beta_fast = r.beta_fast;
-  if (r.beta_slow > 0) c.beta_slow = r.beta_slow;
-  return c;
-}
-
-kernels::PageSelectOptions PageSelection(const JobSpec& spec) {
-  const SparseAttentionSpec& sp = spec.attention.sparse;
+kernels::PageSelectOptions PageSelection(const JobConfig& spec) {
+  const JobConfig::Sparse& sp = *spec.sparse;
   kernels::PageSelectOptions o;
   o.page_tokens = spec.memory.page_tokens;
   o.page_budget = sp.page_budget;
   o.sink_pages = sp.sink_pages;
   o.local_pages = sp.local_pages;
-  o.summary = sp.selection == "min_max" ? kernels::PageSummary::kMinMax : kernels::PageSummary::kMeanKey;
+  o.summary = sp.selection == PageSummaryKind::kMinMax ? kernels::PageSummary::kMinMax : kernels::PageSummary::kMeanKey;
   return o;
 }
 
@@ -164,7 +149,7 @@ double PeakFlops(const at::Device& device) {
 // Failpoints for the reliability tests (RELIABILITY.md): only when the process runs with
 // OOMB_FAILPOINTS=1, a job labelled `failpoint: oom-at-step-N` gets a real
 // c10::OutOfMemoryError at the start of step N, as an exhausted allocator would throw it.
-int64_t OomFailpointStep(const JobSpec& spec) {
+int64_t OomFailpointStep(const JobConfig& spec) {
   const char* enabled = std::getenv("OOMB_FAILPOINTS");
   if (enabled == nullptr || std::string(enabled) != "1") return 0;
   auto it = spec.labels.find("failpoint");
@@ -185,7 +170,7 @@ struct JobData {
 };
 
 // The tokenizer is loaded lazily (ModelTokenizer): pre-tokenized data needs no tokenizer.json.
-absl::StatusOr<JobData> ReadJobData(const JobSpec& spec, const FileAccess& files) {
+absl::StatusOr<JobData> ReadJobData(const JobConfig& spec, const FileAccess& files) {
   JobData data;
   absl::StatusOr<Dir> model_dir = files.OpenDir(spec.model.path);
   if (!model_dir.ok()) return Annotate(model_dir.status(), "model.path");
@@ -221,7 +206,7 @@ absl::StatusOr<JobData> ReadJobData(const JobSpec& spec, const FileAccess& files
 
 class Run {
  public:
-  Run(const JobSpec& spec, const RunOptions& options, at::Device device, Rank rank)
+  Run(const JobConfig& spec, const RunOptions& options, at::Device device, Rank rank)
       : spec_(spec), options_(options), device_(device), rank_(rank) {}
 
   absl::StatusOr<RunResult> Execute() {
@@ -260,12 +245,11 @@ class Run {
   }
 
   absl::Status Setup() {
-    dtype_ = spec_.model.dtype == "float32" ? at::kFloat : at::kBFloat16;
+    dtype_ = spec_.model.dtype == ModelDtype::kFloat32 ? at::kFloat : at::kBFloat16;
     oom_failpoint_step_ = OomFailpointStep(spec_);
     OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec_, *options_.files));
     model_dir_ = data.model_dir;
-    absl::StatusOr<ModelConfig> base_config = LoadModelConfig(*model_dir_);
-    if (!base_config.ok()) return ModelError(base_config.status());
+
     OOMB_RETURN_IF_ERROR(ReadBaseFiles());
     tokenizer_ = std::move(data.tokenizer);
     chat_ = std::move(data.chat);
@@ -282,10 +266,10 @@ class Run {
                                                   spec_.training.batch_sequences);
 
     absl::StatusOr<std::unique_ptr<Transformer>> model =
-        Transformer::Load(*model_dir_, dtype_, device_, RopeOverride(spec_, *base_config));
+        Transformer::Load(*model_dir_, dtype_, device_, spec_.model.rope_scaling);
     if (!model.ok()) return ModelError(model.status());
     model_ = *std::move(model);
-    if (spec_.method.type == "lora") {
+    if (spec_.method.type == TrainMethod::kLora) {
       LoraOptions lora;
       lora.rank = spec_.method.lora.rank;
       lora.alpha = spec_.method.lora.alpha;
@@ -297,8 +281,8 @@ class Run {
     }
     for (auto& [name, p] : model_->TrainableParameters()) params_.push_back(p);
     torch::optim::AdamWOptions adam(spec_.training.learning_rate);
-    adam.betas({spec_.training.adam.beta1, spec_.training.adam.beta2});
-    adam.eps(spec_.training.adam.eps);
+    adam.betas({spec_.training.beta1, spec_.training.beta2});
+    adam.eps(spec_.training.eps);
     adam.weight_decay(spec_.training.weight_decay);
     optimizer_ = std::make_unique<torch::optim::AdamW>(params_, adam);
 
@@ -308,14 +292,15 @@ class Run {
     for (const auto& s : first_epoch) longest = std::max(longest, s.size());
     for (const auto& s : validation_) longest = std::max(longest, s.size());
     const ModelConfig& c = model_->config();
-    JobSpec planned = spec_;
+    JobConfig planned = spec_;
     planned.data.max_seq_len = longest;
     OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan,
                           PlanMemory(c, planned, ThisMachine(device_.is_cuda() ? device_.str() : "cpu")));
     // Host slabs are pinned by the pools' own threads from now on, while the first chunks run on
     // the device pages.
     OOMB_ASSIGN_OR_RETURN(kv_, MakeKvPools({c.num_kv_heads, spec_.memory.page_tokens, c.head_dim}, dtype_,
-                                           KvGradDtype(spec_.memory.kv_grad_dtype, dtype_), device_, PoolSizes(plan)));
+                                           GradPageDtype(spec_.memory.kv_grad_dtype == KvGradDtype::kBFloat16, dtype_),
+                                           device_, PoolSizes(plan)));
     if (options_.kv_stats != nullptr) {
       const std::string slot = options_.devices.empty() ? device_.str() : options_.devices[rank_.index];
       if (kv_.copies != nullptr) {
@@ -332,8 +317,8 @@ class Run {
     peak_flops_ = PeakFlops(device_);
     ChunkTrainerOptions trainer_options;
     trainer_options.chunk_tokens = spec_.memory.chunk_tokens;
-    trainer_options.chunk_fraction = spec_.backward.chunk_fraction;
-    if (spec_.attention.mode == "sparse") trainer_options.sparse = PageSelection(spec_);
+    trainer_options.chunk_fraction = spec_.chunk_fraction;
+    if (spec_.sparse.has_value()) trainer_options.sparse = PageSelection(spec_);
     trainer_options.should_stop = [this] { return PollStop(); };
     trainer_ = std::make_unique<ChunkTrainer>(model_.get(), kv_.pools(), trainer_options);
 
@@ -485,7 +470,7 @@ class Run {
       peak->kv_peak_bytes = std::max(peak->kv_peak_bytes, m.kv_peak_bytes);
       peak->kv_grad_peak_bytes = std::max(peak->kv_grad_peak_bytes, m.kv_grad_peak_bytes);
       peak->host_kv_peak_bytes = std::max(peak->host_kv_peak_bytes, m.host_kv_peak_bytes);
-      if (spec_.attention.mode == "sparse") {
+      if (spec_.sparse.has_value()) {
         const SparseStats& st = trainer_->sparse_stats();
         sparse->selected_pages += st.selected_pages;
         sparse->past_pages += st.past_pages;
@@ -537,7 +522,7 @@ class Run {
       loss_sum[2] = static_cast<double>(sparse.past_pages);
       loss_sum[3] = sparse.attended_pairs;
       OOMB_RETURN_IF_ERROR(Agree(local, &loss_sum));
-      if (spec_.attention.mode == "sparse") {
+      if (spec_.sparse.has_value()) {
         p.attention_density = loss_sum[2] > 0 ? loss_sum[1] / loss_sum[2] : 1.0;
         p.model_flops = 6.0 * static_cast<double>(c.ParameterCount()) * static_cast<double>(tokens) +
                         12.0 * static_cast<double>(c.head_dim) * loss_sum[3];
@@ -640,7 +625,7 @@ class Run {
     return r;
   }
 
-  const JobSpec& spec_;
+  const JobConfig& spec_;
   const RunOptions& options_;
   const at::Device device_;
   const Rank rank_;
@@ -669,7 +654,7 @@ class Run {
 };
 
 // The ranks of a run (one thread each beyond the first), and their outcome.
-absl::StatusOr<RunResult> RunRanks(const JobSpec& spec, const RunOptions& options) {
+absl::StatusOr<RunResult> RunRanks(const JobConfig& spec, const RunOptions& options) {
   absl::StatusOr<std::vector<at::Device>> devices;
   OOMB_RETURN_IF_ERROR(Guarded([&] {
     devices = ResolveDevices(spec, options.devices);
@@ -710,7 +695,7 @@ absl::StatusOr<RunResult> RunRanks(const JobSpec& spec, const RunOptions& option
 
 void InitExecutorProcess() { DisableFlightRecorder(); }
 
-absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options) {
+absl::StatusOr<RunResult> RunJob(const JobConfig& spec, const RunOptions& options) {
   if (options.files == nullptr || !options.checkpoint_dir.has_value()) {
     return absl::InvalidArgumentError("RunJob: RunOptions::files and checkpoint_dir are required");
   }
@@ -720,7 +705,7 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options)
   return result;
 }
 
-absl::StatusOr<DataSummary> ValidateJobData(const JobSpec& spec, const FileAccess& files) {
+absl::StatusOr<DataSummary> ValidateJobData(const JobConfig& spec, const FileAccess& files) {
   DataSummary summary;
   OOMB_RETURN_IF_ERROR(Guarded(
       [&]() -> absl::Status {

@@ -30,25 +30,26 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
     dtypes.insert(std::string(DTypeName(v->dtype)));
     stored += NumElements(v->shape);
   }
-  nlohmann::json j = {{"path", model_dir},
-                      {"architecture", c.architecture},
-                      {"model_type", c.model_type},
-                      {"parameters", c.ParameterCount()},
-                      {"stored_parameters", stored},
-                      {"dtypes", dtypes},
-                      {"config_dtype", c.torch_dtype},
-                      {"vocab_size", c.vocab_size},
-                      {"hidden_size", c.hidden_size},
-                      {"intermediate_size", c.intermediate_size},
-                      {"num_layers", c.num_layers},
-                      {"num_heads", c.num_heads},
-                      {"num_kv_heads", c.num_kv_heads},
-                      {"head_dim", c.head_dim},
-                      {"tie_word_embeddings", c.tie_word_embeddings},
-                      {"qkv_bias", c.qkv_bias},
-                      {"context_window", c.max_position_embeddings},
-                      {"rope", {{"type", c.rope.type}, {"theta", c.rope.theta}, {"factor", c.rope.factor}}},
-                      {"kv_bytes_per_token_bf16", 2 * c.num_layers * c.kv_dim() * 2}};
+  nlohmann::json j = {
+      {"path", model_dir},
+      {"architecture", c.architecture},
+      {"model_type", c.model_type},
+      {"parameters", c.ParameterCount()},
+      {"stored_parameters", stored},
+      {"dtypes", dtypes},
+      {"config_dtype", c.torch_dtype},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_layers", c.num_layers},
+      {"num_heads", c.num_heads},
+      {"num_kv_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"qkv_bias", c.qkv_bias},
+      {"context_window", c.max_position_embeddings},
+      {"rope", {{"type", RopeTypeName(c.rope.type)}, {"theta", c.rope.theta}, {"factor", c.rope.factor}}},
+      {"kv_bytes_per_token_bf16", 2 * c.num_layers * c.kv_dim() * 2}};
   auto tok = Tokenizer::FromModelDir(dir);
   if (tok.ok()) {
     j["tokenizer"] = {{"vocab_size", (*tok)->vocab_size()}, {"chat_template", !(*tok)->chat_template().empty()}};

@@ -14,9 +14,9 @@ std::vector<PagePool*> OwnedKvPools::all() const {
   return out;
 }
 
-at::ScalarType KvGradDtype(const std::string& kv_grad_dtype, at::ScalarType model_dtype) {
+at::ScalarType GradPageDtype(bool bfloat16_pages, at::ScalarType model_dtype) {
   if (model_dtype == at::kDouble) return at::kDouble;
-  return kv_grad_dtype == "bfloat16" && model_dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  return bfloat16_pages && model_dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
 }
 
 absl::StatusOr<OwnedKvPools> MakeKvPools(PageShape shape, at::ScalarType kv_dtype, at::ScalarType grad_dtype,

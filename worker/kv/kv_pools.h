@@ -29,10 +29,10 @@ struct OwnedKvPools {
   std::vector<PagePool*> all() const;
 };
 
-// The KV-gradient pages' dtype for memory.kv_grad_dtype under a model of `model_dtype`:
-// bfloat16 pages (accumulated in float32, stored rounded) when asked and the model is
+// The KV-gradient pages' dtype under a model of `model_dtype`: bfloat16 pages (accumulated in
+// float32, stored rounded) when `bfloat16_pages` (memory.kv_grad_dtype) and the model is
 // bfloat16; float32 otherwise (float64 under a float64 model: the exactness tests).
-at::ScalarType KvGradDtype(const std::string& kv_grad_dtype, at::ScalarType model_dtype);
+at::ScalarType GradPageDtype(bool bfloat16_pages, at::ScalarType model_dtype);
 
 // The pools of `sizes`, on `device` and the host (slabs of `host_slab_bytes`, pinned when
 // `device` is a GPU; their threads start pinning now). RESOURCE_EXHAUSTED when a device arena

@@ -1,6 +1,7 @@
 #include "worker/model/model_config.h"
 
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
@@ -66,6 +67,19 @@ class Reader {
   std::string source_;
 };
 
+constexpr std::pair<RopeType, const char*> kRopeTypes[] = {{RopeType::kDefault, "default"},
+                                                           {RopeType::kLinear, "linear"},
+                                                           {RopeType::kDynamic, "dynamic"},
+                                                           {RopeType::kYarn, "yarn"},
+                                                           {RopeType::kLlama3, "llama3"}};
+
+std::optional<RopeType> ParseRopeType(const std::string& name) {
+  for (const auto& [type, n] : kRopeTypes) {
+    if (name == n) return type;
+  }
+  return std::nullopt;
+}
+
 absl::Status ParseRope(const json& root, const std::string& source, ModelConfig* c) {
   RopeConfig& r = c->rope;
   OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_theta", &r.theta, false));
@@ -83,20 +97,22 @@ absl::Status ParseRope(const json& root, const std::string& source, ModelConfig*
   std::string type;
   OOMB_RETURN_IF_ERROR(p.String("rope_type", &type));
   if (type.empty()) OOMB_RETURN_IF_ERROR(p.String("type", &type));
-  r.type = type.empty() ? "default" : type;
-  if (r.type != "default" && r.type != "linear" && r.type != "dynamic" && r.type != "yarn" && r.type != "llama3") {
+  if (type.empty()) type = "default";
+  const std::optional<RopeType> parsed = ParseRopeType(type);
+  if (!parsed.has_value()) {
     return absl::UnimplementedError(
-        absl::StrCat(source, ": rope type '", r.type, "' is not supported (default, linear, dynamic, yarn, llama3)"));
+        absl::StrCat(source, ": rope type '", type, "' is not supported (default, linear, dynamic, yarn, llama3)"));
   }
-  if (r.type == "default") return absl::OkStatus();
-  OOMB_RETURN_IF_ERROR(p.Double("factor", &r.factor, r.type != "yarn"));
+  r.type = *parsed;
+  if (r.type == RopeType::kDefault) return absl::OkStatus();
+  OOMB_RETURN_IF_ERROR(p.Double("factor", &r.factor, r.type != RopeType::kYarn));
   OOMB_RETURN_IF_ERROR(p.Int("original_max_position_embeddings", &r.original_max_position_embeddings,
-                             r.type == "llama3" || r.type == "yarn"));
-  if (r.type == "llama3") {
+                             r.type == RopeType::kLlama3 || r.type == RopeType::kYarn));
+  if (r.type == RopeType::kLlama3) {
     OOMB_RETURN_IF_ERROR(p.Double("low_freq_factor", &r.low_freq_factor));
     OOMB_RETURN_IF_ERROR(p.Double("high_freq_factor", &r.high_freq_factor));
   }
-  if (r.type == "yarn") {
+  if (r.type == RopeType::kYarn) {
     if (!params->contains("factor") || (*params)["factor"].is_null()) {
       r.factor = static_cast<double>(c->max_position_embeddings) / r.original_max_position_embeddings;
     }
@@ -112,6 +128,27 @@ absl::Status ParseRope(const json& root, const std::string& source, ModelConfig*
 }
 
 }  // namespace
+
+const char* RopeTypeName(RopeType type) {
+  for (const auto& [t, n] : kRopeTypes) {
+    if (t == type) return n;
+  }
+  return "default";
+}
+
+ModelConfig ApplyRopeScaling(ModelConfig config, const RopeScalingOverride& s) {
+  RopeConfig& r = config.rope;
+  const int64_t pretrained =
+      r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : config.max_position_embeddings;
+  r.type = s.type;
+  r.factor = s.factor.value_or(1.0);
+  r.original_max_position_embeddings = s.original_max_position_embeddings.value_or(pretrained);
+  if (s.low_freq_factor) r.low_freq_factor = *s.low_freq_factor;
+  if (s.high_freq_factor) r.high_freq_factor = *s.high_freq_factor;
+  if (s.beta_fast) r.beta_fast = *s.beta_fast;
+  if (s.beta_slow) r.beta_slow = *s.beta_slow;
+  return config;
+}
 
 int64_t ModelConfig::ParameterCount() const {
   const int64_t d = hidden_size;
@@ -167,13 +204,18 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   OOMB_RETURN_IF_ERROR(r.TokenId("eos_token_id", &c.eos_token_id));
   OOMB_RETURN_IF_ERROR(r.String("torch_dtype", &c.torch_dtype));
   if (c.torch_dtype.empty()) OOMB_RETURN_IF_ERROR(r.String("dtype", &c.torch_dtype));
-  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size},
-                         {"hidden_size", c.hidden_size},
-                         {"intermediate_size", c.intermediate_size},
-                         {"num_hidden_layers", c.num_layers},
-                         {"num_attention_heads", c.num_heads},
-                         {"num_key_value_heads", c.num_kv_heads}}) {
-    if (v <= 0) return absl::InvalidArgumentError(absl::StrCat(source, ": key '", name, "' must be > 0, got ", v));
+  // Bounds far above any real model's, so that the planner's byte counts cannot overflow.
+  for (auto [name, v, max] : {std::tuple{"vocab_size", c.vocab_size, int64_t{1} << 24},
+                              {"hidden_size", c.hidden_size, int64_t{1} << 17},
+                              {"intermediate_size", c.intermediate_size, int64_t{1} << 19},
+                              {"num_hidden_layers", c.num_layers, int64_t{1} << 12},
+                              {"num_attention_heads", c.num_heads, int64_t{1} << 12},
+                              {"num_key_value_heads", c.num_kv_heads, int64_t{1} << 12}}) {
+    if (v <= 0 || v > max) {
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrCat(source, ": key '", name, "' must be in [1, ", max, "], got ", v)),
+          Reason::kBadModel);
+    }
   }
   if (c.num_heads % c.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": num_attention_heads (", c.num_heads,
@@ -182,8 +224,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   }
   c.head_dim = c.hidden_size / c.num_heads;
   OOMB_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, false));
-  if (c.head_dim <= 0 || c.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": head_dim must be even and > 0, got ", c.head_dim));
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0 || c.head_dim > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": head_dim must be even and in [2, 4096], got ", c.head_dim));
   }
   OOMB_RETURN_IF_ERROR(ParseRope(root, source, &c));
   return c;

@@ -7,6 +7,7 @@
 #define OOMB_WORKER_MODEL_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -14,8 +15,13 @@
 
 namespace oomb {
 
+enum class RopeType { kDefault, kLinear, kDynamic, kYarn, kLlama3 };
+
+// "default", "linear", "dynamic", "yarn", "llama3": config.json's spelling.
+const char* RopeTypeName(RopeType type);
+
 struct RopeConfig {
-  std::string type = "default";  // default | linear | dynamic | yarn | llama3
+  RopeType type = RopeType::kDefault;
   double theta = 10000.0;
   double factor = 1.0;
   int64_t original_max_position_embeddings = 0;  // yarn, llama3
@@ -55,6 +61,19 @@ struct ModelConfig {
   // Parameters of the base model (LoRA excluded).
   int64_t ParameterCount() const;
 };
+
+// RoPE scaling a job asks for over config.json's (the job spec's model.rope_scaling): what is
+// unset takes the model's value (original_max_position_embeddings: its own, else
+// max_position_embeddings) or the method's default.
+struct RopeScalingOverride {
+  RopeType type = RopeType::kLinear;
+  std::optional<double> factor;
+  std::optional<int64_t> original_max_position_embeddings;
+  std::optional<double> low_freq_factor, high_freq_factor, beta_fast, beta_slow;
+};
+
+// `config` with `scaling` applied to its RoPE.
+ModelConfig ApplyRopeScaling(ModelConfig config, const RopeScalingOverride& scaling);
 
 // Parses config.json text. INVALID_ARGUMENT naming the key for missing or malformed keys;
 // UNIMPLEMENTED naming the architecture or rope type that is not supported. `source` names

@@ -145,9 +145,9 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::TrainableParameters
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_dir, at::ScalarType dtype,
                                                                at::Device device,
-                                                               const std::optional<RopeConfig>& rope_override) {
+                                                               const std::optional<RopeScalingOverride>& rope_scaling) {
   OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
-  if (rope_override.has_value()) config.rope = *rope_override;
+  if (rope_scaling.has_value()) config = ApplyRopeScaling(std::move(config), *rope_scaling);
   OOMB_ASSIGN_OR_RETURN(std::unique_ptr<WeightSet> weights, WeightSet::Open(model_dir));
   const std::string& dir = model_dir.path();
   std::unique_ptr<Transformer> m(new Transformer(config, dtype, device));
@@ -389,7 +389,7 @@ at::Tensor Transformer::InvFreq(int64_t rope_seq_len) const {
   const auto ft = at::TensorOptions().dtype(MasterType(dtype_));
   const int64_t dim = config_.head_dim;
   double base = r.theta;
-  if (r.type == "dynamic") {
+  if (r.type == RopeType::kDynamic) {
     const double max_pos = static_cast<double>(config_.max_position_embeddings);
     const double seq_len = std::max<double>(static_cast<double>(rope_seq_len), max_pos);
     base = base * std::pow(r.factor * seq_len / max_pos - (r.factor - 1), static_cast<double>(dim) / (dim - 2));
@@ -397,9 +397,9 @@ at::Tensor Transformer::InvFreq(int64_t rope_seq_len) const {
   const at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(ft.dtype_opt()->toScalarType()) / dim;
   const at::Tensor pos_freqs = at::pow(base, exponents);
   at::Tensor inv_freq = 1.0 / pos_freqs;
-  if (r.type == "linear") {
+  if (r.type == RopeType::kLinear) {
     inv_freq = inv_freq / r.factor;
-  } else if (r.type == "llama3") {
+  } else if (r.type == RopeType::kLlama3) {
     const double old_ctx = static_cast<double>(r.original_max_position_embeddings);
     const double low_wavelen = old_ctx / r.low_freq_factor, high_wavelen = old_ctx / r.high_freq_factor;
     const at::Tensor wavelen = 2 * M_PI / inv_freq;
@@ -408,7 +408,7 @@ at::Tensor Transformer::InvFreq(int64_t rope_seq_len) const {
     const at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
     const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
     inv_freq = at::where(medium, smoothed, scaled);
-  } else if (r.type == "yarn") {
+  } else if (r.type == RopeType::kYarn) {
     auto correction_dim = [&](double rotations) {
       return (dim * std::log(static_cast<double>(r.original_max_position_embeddings) / (rotations * 2 * M_PI))) /
              (2 * std::log(base));
@@ -432,7 +432,7 @@ at::Tensor Transformer::InvFreq(int64_t rope_seq_len) const {
 std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const at::Tensor& positions, int64_t rope_seq_len) const {
   const RopeConfig& r = config_.rope;
   double attention_factor = 1.0;
-  if (r.type == "yarn") {
+  if (r.type == RopeType::kYarn) {
     auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
     attention_factor = r.attention_factor > 0 ? r.attention_factor
                        : (r.mscale > 0 && r.mscale_all_dim > 0)

@@ -82,10 +82,10 @@ class Transformer {
  public:
   // Loads config.json and the safetensors weights of a Hugging Face directory, converting to
   // `dtype` on `device`. Missing or unexpected tensor names, and shape mismatches, are
-  // INVALID_ARGUMENT naming the tensor. `rope_override` replaces config.json's RoPE scaling.
+  // INVALID_ARGUMENT naming the tensor. `rope_scaling` applies over config.json's RoPE.
   static absl::StatusOr<std::unique_ptr<Transformer>> Load(const Dir& model_dir, at::ScalarType dtype,
                                                            at::Device device,
-                                                           const std::optional<RopeConfig>& rope_override = {});
+                                                           const std::optional<RopeScalingOverride>& rope_scaling = {});
   // A model with random weights (normal, std `init_std`), for tests and benchmarks.
   static std::unique_ptr<Transformer> Random(const ModelConfig& config, at::ScalarType dtype, at::Device device,
                                              uint64_t seed, double init_std = 0.02);

@@ -30,7 +30,7 @@ constexpr int64_t kDeviceAddBytes = 2 * kHostAddBytesInFlight;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool Targeted(const LoraSpec& lora, const char* module) {
+bool Targeted(const JobConfig::Lora& lora, const char* module) {
   return std::find(lora.target_modules.begin(), lora.target_modules.end(), module) != lora.target_modules.end();
 }
 
@@ -53,9 +53,9 @@ std::vector<LinearShape> Linears(const ModelConfig& c) {
 // Everything that depends on the sequence length T, for a fixed model and spec.
 class Model {
  public:
-  Model(const ModelConfig& c, const JobSpec& spec, bool cuda) : c_(c), spec_(spec), cuda_(cuda) {
-    e_ = spec.model.dtype == "float32" ? 4 : 2;
-    const bool lora = spec.method.type == "lora";
+  Model(const ModelConfig& c, const JobConfig& spec, bool cuda) : c_(c), spec_(spec), cuda_(cuda) {
+    e_ = spec.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
+    const bool lora = spec.method.type == TrainMethod::kLora;
     weights_ = c.ParameterCount() * e_;
     if (lora) {
       int64_t lora_params = 0;
@@ -81,7 +81,7 @@ class Model {
   // of the chunks stage 2 keeps get them (ChunkTrainer::DropUnreadGradients), and the plan
   // makes room for SpacoKeptChunksBound of the sequence's chunks.
   int64_t GradPages(int64_t T) const {
-    const double p = spec_.backward.chunk_fraction;
+    const double p = spec_.chunk_fraction;
     if (p >= 1) return KvPages(T);
     const int64_t C = spec_.memory.chunk_tokens, P = spec_.memory.page_tokens;
     const int64_t per_chunk = C % P == 0 ? C / P : C / P + 2;  // the pages a chunk's tokens touch
@@ -92,7 +92,7 @@ class Model {
   // and the model is bfloat16, else float32 (worker/kv/kv_pools.h, KvGradDtype).
   int64_t KvPageBytes() const { return 2 * c_.kv_dim() * spec_.memory.page_tokens * e_; }
   int64_t GradPageBytes() const {
-    const int64_t g = spec_.memory.kv_grad_dtype == "bfloat16" && e_ == 2 ? 2 : kF32;
+    const int64_t g = spec_.memory.kv_grad_dtype == KvGradDtype::kBFloat16 && e_ == 2 ? 2 : kF32;
     return 2 * c_.kv_dim() * spec_.memory.page_tokens * g;
   }
   int64_t KvBytes(int64_t T) const { return KvPages(T) * KvPageBytes() + GradPages(T) * GradPageBytes(); }
@@ -114,13 +114,13 @@ class Model {
   // and, once, the final norm.
   int64_t GraphBytes(int64_t C) const {
     const int64_t H = c_.hidden_size, Q = c_.q_dim(), KV = c_.kv_dim(), I = c_.intermediate_size;
-    const bool fused = cuda_ && e_ == 2, fused_norms = fused && spec_.method.type != "full";
+    const bool fused = cuda_ && e_ == 2, fused_norms = fused && spec_.method.type != TrainMethod::kFull;
     const int64_t norm = fused_norms ? 2 * e_ * H + kF32 : (kF32 + e_) * H;
     int64_t per_token = 2 * norm;
     if (!fused) per_token += 2 * e_ * (Q + KV);
     per_token += e_ * (2 * Q + 2 * KV) + kF32 * c_.num_heads;
     per_token += (fused ? 3 : 4) * e_ * I;
-    if (spec_.method.type == "lora") {
+    if (spec_.method.type == TrainMethod::kLora) {
       for (const LinearShape& l : Linears(c_)) {
         if (!Targeted(spec_.method.lora, l.name)) continue;
         per_token += e_ * spec_.method.lora.rank;
@@ -155,7 +155,7 @@ class Model {
     return std::max({ce, layer_backward, attention});
   }
 
-  bool sparse() const { return spec_.attention.mode == "sparse"; }
+  bool sparse() const { return spec_.sparse.has_value(); }
 
   // Sparse attention (kernels/torch/sparse_attention.cc) of a chunk of C tokens ending at T:
   // the selected pages gathered per (query tile, KV head), keys and values, G elements each.
@@ -165,7 +165,7 @@ class Model {
   int64_t SparseAttentionBytes(int64_t C, int64_t T) const {
     const int64_t P = spec_.memory.page_tokens, D = c_.head_dim, Hkv = c_.num_kv_heads;
     const int64_t tiles = CeilDiv(C, P);
-    const int64_t selected = std::min(CeilDiv(T, P), spec_.attention.sparse.page_budget);
+    const int64_t selected = std::min(CeilDiv(T, P), spec_.sparse->page_budget);
     const int64_t gathered = tiles * Hkv * selected * P * D;
     if (cuda_ && e_ == 2) return gathered * 4 * e_;
     const int64_t tile_scores = c_.num_heads * P * (selected * P + C);
@@ -176,7 +176,7 @@ class Model {
   // head, in the KV pages' dtype.
   int64_t SummaryBytes(int64_t T) const {
     if (!sparse()) return 0;
-    const int64_t per = spec_.attention.sparse.selection == "min_max" ? 2 : 1;
+    const int64_t per = spec_.sparse->selection == PageSummaryKind::kMinMax ? 2 : 1;
     return c_.num_layers * CeilDiv(T, spec_.memory.page_tokens) * per * c_.kv_dim() * e_;
   }
 
@@ -185,7 +185,7 @@ class Model {
     if (!sparse()) return 0;
     const int64_t P = spec_.memory.page_tokens, C = std::min(T, spec_.memory.chunk_tokens);
     const int64_t per_chunk =
-        CeilDiv(C, P) * c_.num_kv_heads * std::min(CeilDiv(T, P), spec_.attention.sparse.page_budget) * kF32;
+        CeilDiv(C, P) * c_.num_kv_heads * std::min(CeilDiv(T, P), spec_.sparse->page_budget) * kF32;
     return CeilDiv(T, C) * c_.num_layers * per_chunk;
   }
 
@@ -197,7 +197,7 @@ class Model {
 
  private:
   const ModelConfig& c_;
-  const JobSpec& spec_;
+  const JobConfig& spec_;
   const bool cuda_;
   int64_t e_ = 2;
   int64_t weights_ = 0;
@@ -214,16 +214,16 @@ struct Placement {
   bool fits = false;
 };
 
-Placement Place(const Model& m, const JobSpec& spec, bool cuda, int64_t T, int64_t device_capacity,
+Placement Place(const Model& m, const JobConfig& spec, bool cuda, int64_t T, int64_t device_capacity,
                 int64_t host_capacity) {
   Placement p;
   const int64_t pages = m.KvPages(T), grad_pages = m.GradPages(T), fixed = m.DeviceFixed(T);
-  const std::string& offload = spec.memory.kv_offload;
+  const KvOffload offload = spec.memory.kv_offload;
   // The share of both kinds of pages kept on the device.
   double on_device = 1;
-  if (offload == "host") {
+  if (offload == KvOffload::kHost) {
     on_device = 0;
-  } else if (offload == "auto" && cuda && fixed + m.KvBytes(T) > device_capacity) {
+  } else if (offload == KvOffload::kAuto && cuda && fixed + m.KvBytes(T) > device_capacity) {
     // What fits stays on the device, less a margin for the plan's own error and the additions
     // into host pages in flight.
     const int64_t margin = device_capacity / kAutoMarginDivisor;
@@ -282,7 +282,7 @@ std::string FormatBytes(int64_t bytes) {
   return buf;
 }
 
-absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target) {
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target) {
   const bool cuda = target.device != "cpu";
   const Model m(config, spec, cuda);
 
@@ -313,11 +313,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& 
           : absl::StrCat(p.device_pages, " KV and ", p.device_grad_pages, " KV-gradient pages on ", target.device, ", ",
                          p.host_pages, " KV and ", p.host_grad_pages, " KV-gradient pages in the host tier (",
                          FormatBytes(plan.kv_host_bytes), cuda ? ", pinned)" : ")");
-  if (spec.backward.chunk_fraction < 1) {
+  if (spec.chunk_fraction < 1) {
     absl::StrAppend(&plan.placement, "; KV-gradient pages for ",
-                    SpacoKeptChunksBound(CeilDiv(T, spec.memory.chunk_tokens), spec.backward.chunk_fraction), " of ",
-                    CeilDiv(T, spec.memory.chunk_tokens), " chunks (backward.chunk_fraction ",
-                    spec.backward.chunk_fraction, ")");
+                    SpacoKeptChunksBound(CeilDiv(T, spec.memory.chunk_tokens), spec.chunk_fraction), " of ",
+                    CeilDiv(T, spec.memory.chunk_tokens), " chunks (backward.chunk_fraction ", spec.chunk_fraction,
+                    ")");
   }
 
   // The longest T that fits (neither peak decreases with T).
@@ -342,7 +342,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& 
           " (weights ", FormatBytes(plan.weights_bytes), ", KV pages ", FormatBytes(plan.kv_device_bytes),
           ", activations ", FormatBytes(plan.activation_bytes), ") and ", FormatBytes(plan.device_capacity_bytes),
           " is usable (", FormatBytes(target.device_bytes), " less ", FormatBytes(kDeviceReserveBytes), " reserved); ",
-          longest, spec.memory.kv_offload == "none" ? " (memory.kv_offload: none keeps every page on the device)" : "");
+          longest,
+          spec.memory.kv_offload == KvOffload::kNone ? " (memory.kv_offload: none keeps every page on the device)"
+                                                     : "");
     } else {
       plan.limit = absl::StrCat("host memory: the job needs ", FormatBytes(plan.peak_host_bytes),
                                 " of pinned host memory at data.max_seq_len ", T, " (", p.host_pages, " KV and ",

@@ -63,7 +63,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/job/job_spec.h"
+#include "worker/job/job_config.h"
 #include "worker/kv/tier.h"
 #include "worker/model/model_config.h"
 
@@ -113,7 +113,7 @@ inline constexpr int64_t kHostReserveBytes = int64_t{16} << 30;
 
 // The plan of `spec` on `target`, for the model `config` (the spec's model.path's
 // config.json).
-absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobSpec& spec, const PlanTarget& target);
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target);
 
 // SpaCO: the number of kept chunks the plan makes room for when each of `chunks` chunks is
 // kept with probability p: the smallest k with P(Binomial(chunks, p) > k) <= kSpacoDrawTail

@@ -10,12 +10,12 @@
 
 #include <cstdint>
 
-#include "worker/job/job_spec.h"
+#include "worker/job/job_config.h"
 
 namespace oomb {
 
 // The learning rate of optimizer step `step` (0-based) of `total_steps`.
-double LearningRate(const TrainingSpec& training, int64_t step, int64_t total_steps);
+double LearningRate(const JobConfig::Training& training, int64_t step, int64_t total_steps);
 
 }  // namespace oomb
 

@@ -243,7 +243,7 @@ TEST_F(DatasetTest, TooLong) {
   const std::string data = "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 2, 3, 4, 5, 6]}\n{\"text\": \"abcd\"}\n";
   DatasetOptions o;
   o.max_seq_len = 4;
-  o.too_long = "truncate";
+  o.too_long = TooLong::kTruncate;
   auto r = Read(data, o);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), 3u);
@@ -253,7 +253,7 @@ TEST_F(DatasetTest, TooLong) {
   EXPECT_EQ(stats_.dropped, 0);
   EXPECT_EQ(stats_.tokens, 3 + 4 + 4);
 
-  o.too_long = "drop";
+  o.too_long = TooLong::kDrop;
   r = Read(data, o);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), 2u);
@@ -261,10 +261,10 @@ TEST_F(DatasetTest, TooLong) {
   EXPECT_EQ(stats_.dropped, 1);
   EXPECT_EQ(stats_.samples, 2);
 
-  o.too_long = "error";
+  o.too_long = TooLong::kError;
   ExpectError(data, 2, "sample of 6 tokens is longer than data.max_seq_len (4)", absl::StatusCode::kInvalidArgument, o);
 
-  o.too_long = "drop";
+  o.too_long = TooLong::kDrop;
   r = Read("{\"input_ids\": [1, 2, 3, 4, 5]}\n", o);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("every sample was longer than max_seq_len"));

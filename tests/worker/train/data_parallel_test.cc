@@ -78,11 +78,11 @@ Fixture MakeFixture(const std::string& name) {
   return f;
 }
 
-JobSpec MakeSpec(const Fixture& f, int gpus) {
-  JobSpec s;
+JobConfig MakeSpec(const Fixture& f, int gpus) {
+  JobConfig s;
   s.model.path = f.model_dir;
-  s.model.dtype = "float32";
-  s.method.type = "lora";
+  s.model.dtype = ModelDtype::kFloat32;
+  s.method.type = TrainMethod::kLora;
   s.method.lora.rank = 4;
   s.method.lora.alpha = 8;
   s.method.lora.dropout = 0.1;  // the masks follow the sequence's index in the global batch
@@ -107,7 +107,7 @@ struct Outcome {
   std::vector<double> losses;
 };
 
-Outcome RunOnce(const JobSpec& spec, const std::string& ckpt, bool resume = false,
+Outcome RunOnce(const JobConfig& spec, const std::string& ckpt, bool resume = false,
                 std::function<StopRequest()> poll = nullptr) {
   Outcome o;
   RunOptions options;
@@ -166,7 +166,7 @@ TEST(DataParallelTest, TwoCpuRanksTrainLikeOneDevice) {
 
 TEST(DataParallelTest, PauseAndResumeAcrossRanksContinueTheRun) {
   const Fixture f = MakeFixture("dp_pause");
-  const JobSpec spec = MakeSpec(f, 2);
+  const JobConfig spec = MakeSpec(f, 2);
   const Outcome whole = RunOnce(spec, f.root + "/whole");
   ASSERT_TRUE(whole.result.ok()) << whole.result.status();
   // Pause at the first poll inside step 3 (a chunk boundary of rank 0's first sequence).
@@ -207,7 +207,7 @@ TEST(DataParallelTest, CancelInsideAStepStopsEveryRank) {
 
 TEST(DataParallelTest, DevicesMustMatchTheRanks) {
   const Fixture f = MakeFixture("dp_devices");
-  JobSpec spec = MakeSpec(f, 2);
+  JobConfig spec = MakeSpec(f, 2);
   RunOptions options;
   options.files = FileAccess::Unconfined();
   options.checkpoint_dir = testing::MakeDirs(f.root + "/x");

@@ -38,17 +38,16 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   const Case& k = GetParam();
   ModelConfig c = testing::TinyLlamaConfig(k.vocab, k.hidden, k.layers, k.heads, k.kv_heads);
   c.intermediate_size = k.hidden * 8 / 3;
-  JobSpec spec;
-  spec.model.dtype = "float32";
-  spec.method.type = k.method;
+  JobConfig spec;
+  spec.model.dtype = ModelDtype::kFloat32;
+  spec.method.type = k.method == "full" ? TrainMethod::kFull : TrainMethod::kLora;
   spec.method.lora.rank = 8;
   spec.method.lora.dropout = k.dropout;
   spec.memory.chunk_tokens = k.chunk;
   spec.memory.page_tokens = 64;
   spec.data.max_seq_len = k.tokens;
   if (k.sparse) {
-    spec.attention.mode = "sparse";
-    spec.attention.sparse.page_budget = 8;
+    spec.sparse = JobConfig::Sparse{.page_budget = 8, .sink_pages = 1, .local_pages = 4};
   }
   PlanTarget target;
   target.device = "cpu";
@@ -122,8 +121,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, PlannerVsTrainer,
 
 TEST(MemoryPlannerTest, LongestContextThatFitsAndTheLimitInWords) {
   ModelConfig c = testing::TinyLlamaConfig(512, 256, 2, 4, 2);
-  JobSpec spec;
-  spec.model.dtype = "float32";
+  JobConfig spec;
+  spec.model.dtype = ModelDtype::kFloat32;
   spec.data.max_seq_len = int64_t{1} << 30;
   PlanTarget target;
   target.device = "cpu";
@@ -166,19 +165,19 @@ ModelConfig Qwen7B() {
 TEST(MemoryPlannerTest, HostTierPlacement) {
   const ModelConfig c = Qwen7B();
   const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
-  JobSpec spec;
-  spec.model.dtype = "bfloat16";
-  spec.memory.kv_grad_dtype = "bfloat16";
+  JobConfig spec;
+  spec.model.dtype = ModelDtype::kBFloat16;
+  spec.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
   spec.data.max_seq_len = 1 << 20;
 
-  spec.memory.kv_offload = "none";
+  spec.memory.kv_offload = KvOffload::kNone;
   auto none = PlanMemory(c, spec, h100);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE(none->fits);
   EXPECT_EQ(none->host_kv_pages, 0);
   EXPECT_NE(none->limit.find("memory.kv_offload: none"), std::string::npos) << none->limit;
 
-  spec.memory.kv_offload = "auto";
+  spec.memory.kv_offload = KvOffload::kAuto;
   auto one_m = PlanMemory(c, spec, h100);
   ASSERT_TRUE(one_m.ok());
   EXPECT_TRUE(one_m->fits) << one_m->limit;
@@ -201,7 +200,7 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
   EXPECT_EQ(short_ctx->host_kv_pages, 0);
 
   // float32 gradient pages: 1.5x the page bytes, more than the host holds at 1M tokens.
-  spec.memory.kv_grad_dtype = "float32";
+  spec.memory.kv_grad_dtype = KvGradDtype::kFloat32;
   spec.data.max_seq_len = 1 << 20;
   auto f32 = PlanMemory(c, spec, h100);
   ASSERT_TRUE(f32.ok());
@@ -211,14 +210,14 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
   EXPECT_TRUE(PlanMemory(
                   c,
                   [&] {
-                    JobSpec s = spec;
+                    JobConfig s = spec;
                     s.data.max_seq_len = f32->max_seq_len_that_fits;
                     return s;
                   }(),
                   h100)
                   ->fits);
 
-  spec.memory.kv_offload = "host";
+  spec.memory.kv_offload = KvOffload::kHost;
   spec.data.max_seq_len = 1 << 16;
   auto host = PlanMemory(c, spec, h100);
   ASSERT_TRUE(host.ok());
@@ -267,10 +266,10 @@ TEST(MemoryPlannerTest, SpacoPlansGradientPagesForTheKeptChunks) {
   const ModelConfig tiny = testing::TinyLlamaConfig();
   PlanTarget target;
   target.device_bytes = target.host_bytes = int64_t{8} << 30;
-  JobSpec spec;
+  JobConfig spec;
   spec.data.max_seq_len = 40960;  // 10 chunks of 4096
   const auto exact = PlanMemory(tiny, spec, target);
-  spec.backward.chunk_fraction = 0.5;
+  spec.chunk_fraction = 0.5;
   const auto spaco = PlanMemory(tiny, spec, target);
   ASSERT_TRUE(exact.ok() && spaco.ok()) << spaco.status();
   EXPECT_EQ(spaco->device_kv_pages, exact->device_kv_pages);
@@ -280,7 +279,7 @@ TEST(MemoryPlannerTest, SpacoPlansGradientPagesForTheKeptChunks) {
             std::min(exact->device_kv_pages, tiny.num_layers * (SpacoKeptChunksBound(10, 0.5) * pages_per_chunk + 1)));
   // 400 chunks at p = 0.25: room for 153 (the mean is 100).
   spec.data.max_seq_len = 4096 * 400;
-  spec.backward.chunk_fraction = 0.25;
+  spec.chunk_fraction = 0.25;
   const auto long_spaco = PlanMemory(tiny, spec, target);
   ASSERT_TRUE(long_spaco.ok());
   EXPECT_LT(long_spaco->device_grad_pages, long_spaco->device_kv_pages * 4 / 10);
@@ -288,14 +287,14 @@ TEST(MemoryPlannerTest, SpacoPlansGradientPagesForTheKeptChunks) {
 
   const ModelConfig c = Qwen7B();
   const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
-  JobSpec qwen;
-  qwen.model.dtype = "bfloat16";
-  qwen.memory.kv_grad_dtype = "bfloat16";
-  qwen.memory.kv_offload = "auto";
-  qwen.attention.mode = "sparse";
+  JobConfig qwen;
+  qwen.model.dtype = ModelDtype::kBFloat16;
+  qwen.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
+  qwen.memory.kv_offload = KvOffload::kAuto;
+  qwen.sparse = JobConfig::Sparse{};
   qwen.data.max_seq_len = 2'000'000;
   const auto exact_2m = PlanMemory(c, qwen, h100);
-  qwen.backward.chunk_fraction = 0.125;
+  qwen.chunk_fraction = 0.125;
   const auto spaco_2m = PlanMemory(c, qwen, h100);
   ASSERT_TRUE(exact_2m.ok() && spaco_2m.ok());
   EXPECT_FALSE(exact_2m->fits);

@@ -47,11 +47,11 @@ Fixture MakeFixture(const std::string& name) {
   return f;
 }
 
-JobSpec MakeSpec(const Fixture& f) {
-  JobSpec s;
+JobConfig MakeSpec(const Fixture& f) {
+  JobConfig s;
   s.model.path = f.model_dir;
-  s.model.dtype = "float32";
-  s.method.type = "lora";
+  s.model.dtype = ModelDtype::kFloat32;
+  s.method.type = TrainMethod::kLora;
   s.method.lora.rank = 4;
   s.method.lora.alpha = 8;
   s.method.lora.dropout = 0.1;  // masks must be reproduced after resume
@@ -61,7 +61,7 @@ JobSpec MakeSpec(const Fixture& f) {
   s.training.max_steps = 8;
   s.training.batch_sequences = 2;
   s.training.learning_rate = 5e-2;
-  s.training.lr_schedule = "cosine";
+  s.training.lr_schedule = LrSchedule::kCosine;
   s.training.warmup_steps = 2;
   s.training.weight_decay = 0.01;
   s.training.max_grad_norm = 0.5;
@@ -83,7 +83,7 @@ struct Outcome {
 // Runs the job; `pause_at_poll` > 0 asks for a pause at that poll_stop call counted from the end
 // of step `pause_after_step` (1: the poll right after the step; larger: a chunk boundary inside
 // the next step).
-Outcome RunOnce(const JobSpec& spec, const std::string& ckpt, bool resume, int64_t pause_after_step = -1,
+Outcome RunOnce(const JobConfig& spec, const std::string& ckpt, bool resume, int64_t pause_after_step = -1,
                 int pause_at_poll = 0) {
   Outcome o;
   int64_t last_step = 0;
@@ -134,7 +134,7 @@ class ResumeTest : public ::testing::TestWithParam<int> {};
 // chunk boundary inside step 4, whose partial gradients must be discarded).
 TEST_P(ResumeTest, ResumedLossesEqualUninterruptedRun) {
   const Fixture f = MakeFixture("resume_" + std::to_string(GetParam()));
-  const JobSpec spec = MakeSpec(f);
+  const JobConfig spec = MakeSpec(f);
   const std::string full_dir = fs::path(f.model_dir).parent_path().string() + "/full";
   const std::string split_dir = fs::path(f.model_dir).parent_path().string() + "/split";
 
@@ -173,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(PausePoints, ResumeTest, ::testing::Values(1, 4),
 // Runs `spec` uninterrupted under root/full, and under root/split paused inside step 4 (at a
 // chunk boundary) then resumed; expects the same losses and the same final adapter bytes.
 // Returns the uninterrupted run.
-Outcome ExpectPauseInsideAStepResumesExactly(const JobSpec& spec, const std::string& root) {
+Outcome ExpectPauseInsideAStepResumesExactly(const JobConfig& spec, const std::string& root) {
   const Outcome full = RunOnce(spec, root + "/full", false);
   EXPECT_EQ(full.outcome, RunOutcome::kSucceeded);
   const Outcome first = RunOnce(spec, root + "/split", false, /*pause_after_step=*/3, /*pause_at_poll=*/4);
@@ -191,10 +191,10 @@ Outcome ExpectPauseInsideAStepResumesExactly(const JobSpec& spec, const std::str
 // not the exact run (some chunks were dropped).
 TEST(ResumeTest, SpacoRunResumesExactly) {
   const Fixture f = MakeFixture("resume_spaco");
-  JobSpec spec = MakeSpec(f);
+  JobConfig spec = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
   const Outcome exact = RunOnce(spec, root + "/exact", false);
-  spec.backward.chunk_fraction = 0.5;
+  spec.chunk_fraction = 0.5;
   const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
   EXPECT_NE(exact.losses.back().second, full.losses.back().second);
 }
@@ -204,13 +204,11 @@ TEST(ResumeTest, SpacoRunResumesExactly) {
 // reports the attention's density, and the sparse run is not the dense one.
 TEST(ResumeTest, SparseRunResumesExactly) {
   const Fixture f = MakeFixture("resume_sparse");
-  JobSpec spec = MakeSpec(f);
+  JobConfig spec = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
   const Outcome dense = RunOnce(spec, root + "/dense", false);
-  spec.attention.mode = "sparse";
-  spec.attention.sparse.page_budget = 2;
-  spec.attention.sparse.sink_pages = 1;
-  spec.attention.sparse.local_pages = 0;
+  spec.sparse =
+      JobConfig::Sparse{.page_budget = 2, .sink_pages = 1, .local_pages = 0, .selection = PageSummaryKind::kMeanKey};
   const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
   EXPECT_NE(dense.losses.back().second, full.losses.back().second);
   // Short sequences have no more past pages than the budget: density 1 on those steps.
@@ -228,11 +226,11 @@ TEST(ResumeTest, SparseRunResumesExactly) {
 // engine's bytes each way and the host-tier peak.
 TEST(ResumeTest, HostTierRunEqualsDeviceRunAndResumesExactly) {
   const Fixture f = MakeFixture("resume_host_tier");
-  JobSpec spec = MakeSpec(f);
+  JobConfig spec = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  spec.memory.kv_offload = "none";
+  spec.memory.kv_offload = KvOffload::kNone;
   const Outcome device = RunOnce(spec, root + "/device", false);
-  spec.memory.kv_offload = "host";
+  spec.memory.kv_offload = KvOffload::kHost;
   const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
   ExpectSameLosses(full.losses, device.losses, 1);
   std::ifstream metrics(root + "/full/metrics.jsonl");
@@ -252,7 +250,7 @@ TEST(ResumeTest, HostTierRunEqualsDeviceRunAndResumesExactly) {
 // it) fails its checksum; resume warns, takes the one before, and the losses still match.
 TEST(ResumeTest, TornCheckpointIsSkipped) {
   const Fixture f = MakeFixture("torn");
-  const JobSpec spec = MakeSpec(f);
+  const JobConfig spec = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
   const Outcome full = RunOnce(spec, root + "/full", false);
   ASSERT_EQ(full.losses.size(), 8u);
@@ -283,7 +281,7 @@ TEST(ResumeTest, TornCheckpointIsSkipped) {
 // once left the batch pointing into the re-packed previous epoch.)
 TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   const Fixture f = MakeFixture("eval");
-  JobSpec spec = MakeSpec(f);
+  JobConfig spec = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
   spec.data.validation = root + "/val.jsonl";
   spec.data.packing = false;  // one sample a sequence, as the evaluation scores them
@@ -321,7 +319,7 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
 // checkpoint written, rather than the evaluation's CANCELLED failing the run.
 TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
   const Fixture f = MakeFixture("eval_pause");
-  JobSpec spec = MakeSpec(f);
+  JobConfig spec = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
   testing::WriteInputIdsJsonl(root + "/val.jsonl", testing::RandomDocs(3, 30, 40, 61, 23));
   spec.data.validation = root + "/val.jsonl";

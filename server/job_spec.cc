@@ -1,0 +1,147 @@
+#include "server/job_spec.h"
+
+#include "absl/strings/str_cat.h"
+#include "worker/common/status.h"
+
+namespace oomb::server {
+namespace {
+
+absl::Status CheckRelations(const v1::JobSpec& s, const spec::Source& source, const spec::Lines* lines) {
+  const auto error = [&](const std::string& path, absl::string_view what) {
+    return spec::FieldError(source, lines, path, what);
+  };
+  if (s.training().batch_sequences() < s.resources().gpus()) {
+    return error("training.batch_sequences",
+                 absl::StrCat("must be >= resources.gpus (", s.resources().gpus(),
+                              "): each data-parallel rank trains whole sequences of the global batch; got ",
+                              s.training().batch_sequences()));
+  }
+  if (s.attention().mode() == v1::Attention::sparse) {
+    if (s.memory().chunk_tokens() % s.memory().page_tokens() != 0) {
+      return error("memory.chunk_tokens",
+                   absl::StrCat("must be a multiple of memory.page_tokens (", s.memory().page_tokens(),
+                                ") with attention.mode: sparse (chunks start on page boundaries), got ",
+                                s.memory().chunk_tokens()));
+    }
+    const v1::SparseAttentionSpec& sp = s.attention().sparse();
+    if (sp.sink_pages() + sp.local_pages() > sp.page_budget()) {
+      return error("attention.sparse.page_budget",
+                   absl::StrCat("must be >= sink_pages + local_pages (", sp.sink_pages() + sp.local_pages(), "), got ",
+                                sp.page_budget()));
+    }
+  }
+  if (s.model().has_rope_scaling() && !s.model().rope_scaling().has_factor()) {
+    return error("model.rope_scaling.factor", "is required when model.rope_scaling is set (the extension factor)");
+  }
+  return absl::OkStatus();
+}
+
+RopeScalingOverride RopeOf(const v1::RopeScaling& r) {
+  RopeScalingOverride o;
+  switch (r.type()) {
+    case v1::RopeScaling::dynamic:
+      o.type = RopeType::kDynamic;
+      break;
+    case v1::RopeScaling::yarn:
+      o.type = RopeType::kYarn;
+      break;
+    case v1::RopeScaling::llama3:
+      o.type = RopeType::kLlama3;
+      break;
+    default:
+      o.type = RopeType::kLinear;
+      break;
+  }
+  const auto opt = [](bool has, auto v) { return has ? std::optional<decltype(v)>(v) : std::nullopt; };
+  o.factor = opt(r.has_factor(), r.factor());
+  o.original_max_position_embeddings =
+      opt(r.has_original_max_position_embeddings(), r.original_max_position_embeddings());
+  o.low_freq_factor = opt(r.has_low_freq_factor(), r.low_freq_factor());
+  o.high_freq_factor = opt(r.has_high_freq_factor(), r.high_freq_factor());
+  o.beta_fast = opt(r.has_beta_fast(), r.beta_fast());
+  o.beta_slow = opt(r.has_beta_slow(), r.beta_slow());
+  return o;
+}
+
+void SetTraining(const v1::TrainingSpec& t, JobConfig::Training* out) {
+  out->max_steps = t.max_steps();  // 0 when epochs is set (one of them)
+  out->epochs = t.epochs();
+  out->batch_sequences = t.batch_sequences();
+  out->learning_rate = t.learning_rate();
+  out->lr_schedule = t.lr_schedule() == v1::TrainingSpec::constant ? LrSchedule::kConstant
+                     : t.lr_schedule() == v1::TrainingSpec::linear ? LrSchedule::kLinear
+                                                                   : LrSchedule::kCosine;
+  out->warmup_steps = t.warmup_steps();
+  out->weight_decay = t.weight_decay();
+  out->beta1 = t.adam().beta1();
+  out->beta2 = t.adam().beta2();
+  out->eps = t.adam().eps();
+  out->max_grad_norm = t.max_grad_norm();
+  out->seed = t.seed();
+  out->eval_every_steps = t.eval_every_steps();
+}
+
+void SetMemoryAndAttention(const v1::JobSpec& s, JobConfig* out) {
+  const v1::MemorySpec& m = s.memory();
+  out->memory.chunk_tokens = m.chunk_tokens();
+  out->memory.page_tokens = m.page_tokens();
+  out->memory.kv_offload = m.kv_offload() == v1::MemorySpec::none   ? KvOffload::kNone
+                           : m.kv_offload() == v1::MemorySpec::host ? KvOffload::kHost
+                                                                    : KvOffload::kAuto;
+  out->memory.kv_grad_dtype =
+      m.kv_grad_dtype() == v1::MemorySpec::bfloat16 ? KvGradDtype::kBFloat16 : KvGradDtype::kFloat32;
+  if (s.attention().mode() == v1::Attention::sparse) {
+    const v1::SparseAttentionSpec& sp = s.attention().sparse();
+    out->sparse =
+        JobConfig::Sparse{.page_budget = sp.page_budget(),
+                          .sink_pages = sp.sink_pages(),
+                          .local_pages = sp.local_pages(),
+                          .selection = sp.selection() == v1::SparseAttentionSpec::min_max ? PageSummaryKind::kMinMax
+                                                                                          : PageSummaryKind::kMeanKey};
+  }
+  out->chunk_fraction = s.backward().chunk_fraction();
+}
+
+JobConfig ToConfig(const v1::JobSpec& s) {
+  JobConfig c;
+  c.display_name = s.display_name();
+  c.labels = {s.labels().begin(), s.labels().end()};
+  c.model.path = s.model().path();
+  c.model.dtype = s.model().dtype() == v1::ModelSpec::float32 ? ModelDtype::kFloat32 : ModelDtype::kBFloat16;
+  if (s.model().has_rope_scaling()) c.model.rope_scaling = RopeOf(s.model().rope_scaling());
+  c.method.type = s.method().type() == v1::Method::full ? TrainMethod::kFull : TrainMethod::kLora;
+  const v1::LoraSpec& l = s.method().lora();
+  c.method.lora = {l.rank(), l.alpha(), l.dropout(), {l.target_modules().begin(), l.target_modules().end()}};
+  const v1::DataSpec& d = s.data();
+  c.data = {d.train(),
+            d.validation(),
+            d.max_seq_len(),
+            d.packing(),
+            d.too_long() == v1::DataSpec::drop    ? TooLong::kDrop
+            : d.too_long() == v1::DataSpec::error ? TooLong::kError
+                                                  : TooLong::kTruncate,
+            d.shuffle_seed()};
+  SetTraining(s.training(), &c.training);
+  SetMemoryAndAttention(s, &c);
+  c.checkpoint = {s.checkpoint().every_steps(), s.checkpoint().keep_last(), s.checkpoint().dir()};
+  const v1::ResourcesSpec& r = s.resources();
+  c.resources = {r.device(), r.gpus(), r.priority(), r.max_retries(), r.max_runtime_seconds()};
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& source, const spec::Lines* lines) {
+  spec::FillDefaults(spec);
+  absl::Status s = spec::CheckRules(*spec, /*check_required=*/true, source, lines);
+  if (s.ok()) s = CheckRelations(*spec, source, lines);
+  if (!s.ok()) return WithReason(s, Reason::kBadSpec);
+  return ToConfig(*spec);
+}
+
+absl::StatusOr<JobConfig> ResolveJobSpec(const v1::JobSpec& spec) {
+  v1::JobSpec copy = spec;
+  return ResolveJobSpec(&copy);
+}
+
+}  // namespace oomb::server

@@ -1,0 +1,33 @@
+// The job spec at the server: how an oomb.v1.JobSpec (from CreateJob, EstimateJob, the store, or
+// a YAML file for `oombd run`) becomes the engine's JobConfig (worker/job/job_config.h).
+//
+//   1. the schema's defaults and checks (proto/spec: spec::FillDefaults, spec::CheckRules);
+//   2. the checks that relate fields, here:
+//        training.batch_sequences >= resources.gpus (each rank trains whole sequences);
+//        attention.mode sparse: memory.chunk_tokens a multiple of memory.page_tokens, and
+//          attention.sparse.page_budget >= sink_pages + local_pages;
+//        model.rope_scaling: factor set;
+//   3. the words become enums, the sections the engine's options.
+// Errors: INVALID_ARGUMENT naming the dotted field (and "<file>:<line>: " when `source` and
+// `lines` say where the document set it), with reason BAD_SPEC.
+#ifndef OOMB_SERVER_JOB_SPEC_H_
+#define OOMB_SERVER_JOB_SPEC_H_
+
+#include "absl/status/statusor.h"
+#include "oomb/v1/job_spec.pb.h"
+#include "proto/spec/spec_codec.h"
+#include "worker/job/job_config.h"
+
+namespace oomb::server {
+
+// Fills `spec`'s defaults in place (what is stored and shown to clients is the effective spec),
+// checks it, and resolves it.
+absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& source = {},
+                                         const spec::Lines* lines = nullptr);
+
+// The same, of a copy (the spec is left as it is).
+absl::StatusOr<JobConfig> ResolveJobSpec(const v1::JobSpec& spec);
+
+}  // namespace oomb::server
+
+#endif  // OOMB_SERVER_JOB_SPEC_H_

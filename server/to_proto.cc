@@ -1,0 +1,39 @@
+#include "server/to_proto.h"
+
+namespace oomb::server {
+
+v1::DatasetSummary DatasetSummaryToProto(const DataSummary& summary) {
+  v1::DatasetSummary out;
+  out.set_samples(summary.train.samples);
+  out.set_sequences(summary.sequences);
+  out.set_tokens(summary.train.tokens);
+  out.set_dropped(summary.train.dropped);
+  out.set_truncated(summary.train.truncated);
+  for (int64_t b : summary.train.length_bounds) out.add_length_bounds(b);
+  for (int64_t c : summary.train.length_counts) out.add_length_counts(c);
+  return out;
+}
+
+v1::EstimateJobResponse MemoryPlanToProto(const MemoryPlan& plan) {
+  v1::EstimateJobResponse out;
+  out.set_fits(plan.fits);
+  out.set_device(plan.device);
+  out.set_peak_device_bytes(plan.peak_device_bytes);
+  out.set_peak_host_bytes(plan.peak_host_bytes);
+  out.set_device_capacity_bytes(plan.device_capacity_bytes);
+  out.set_host_capacity_bytes(plan.host_capacity_bytes);
+  out.set_weights_bytes(plan.weights_bytes);
+  out.set_trainable_state_bytes(plan.trainable_state_bytes);
+  out.set_seq_len(plan.seq_len);
+  out.set_kv_bytes_per_token(plan.kv_bytes_per_token);
+  out.set_activation_bytes(plan.activation_bytes);
+  out.set_kv_bytes(plan.kv_bytes);
+  out.set_kv_device_bytes(plan.kv_device_bytes);
+  out.set_kv_host_bytes(plan.kv_host_bytes);
+  out.set_max_seq_len_that_fits(plan.max_seq_len_that_fits);
+  out.set_limit(plan.limit);
+  out.set_placement(plan.placement);
+  return out;
+}
+
+}  // namespace oomb::server

@@ -1,0 +1,339 @@
+// The job spec from YAML to the engine's JobConfig, as `oombd run` and the daemon read it: the
+// schema's defaults and checks (proto/spec) with file:line, the checks that relate fields
+// (server/job_spec.h), and input whose meaning used to change silently (issue 36, item 8).
+#include "server/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "worker/common/status.h"
+
+namespace oomb::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kMinimal[] = R"(model:
+  path: /models/m
+data:
+  train: /data/t.jsonl
+)";
+
+// YAML -> proto (checked) -> JobConfig, naming "job.yaml".
+absl::StatusOr<JobConfig> Load(const std::string& yaml, v1::JobSpec* out = nullptr) {
+  v1::JobSpec spec;
+  spec::Lines lines;
+  const spec::Source source{"job.yaml", ""};
+  absl::Status s = spec::ParseYaml(yaml, source, &spec, &lines);
+  if (!s.ok()) return s;
+  absl::StatusOr<JobConfig> c = ResolveJobSpec(&spec, source, &lines);
+  if (out != nullptr) *out = spec;
+  return c;
+}
+
+JobConfig LoadOk(const std::string& yaml) {
+  absl::StatusOr<JobConfig> c = Load(yaml);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : JobConfig();
+}
+
+std::string LoadError(const std::string& yaml) {
+  absl::StatusOr<JobConfig> c = Load(yaml);
+  EXPECT_FALSE(c.ok()) << yaml;
+  if (c.ok()) return "";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  return std::string(c.status().message());
+}
+
+TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {
+  const JobConfig s = LoadOk(kMinimal);
+  EXPECT_EQ(s.model.path, "/models/m");
+  EXPECT_EQ(s.model.dtype, ModelDtype::kBFloat16);
+  EXPECT_FALSE(s.model.rope_scaling.has_value());
+  EXPECT_EQ(s.method.type, TrainMethod::kLora);
+  EXPECT_EQ(s.method.lora.rank, 16);
+  EXPECT_EQ(s.method.lora.alpha, 32);
+  EXPECT_EQ(s.method.lora.dropout, 0.0);
+  EXPECT_THAT(s.method.lora.target_modules,
+              ::testing::ElementsAre("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"));
+  EXPECT_EQ(s.data.validation, "");
+  EXPECT_EQ(s.data.max_seq_len, 131072);
+  EXPECT_TRUE(s.data.packing);
+  EXPECT_EQ(s.data.too_long, TooLong::kTruncate);
+  EXPECT_EQ(s.data.shuffle_seed, 0);
+  EXPECT_EQ(s.training.max_steps, 100);
+  EXPECT_EQ(s.training.epochs, 0);
+  EXPECT_EQ(s.training.batch_sequences, 1);
+  EXPECT_DOUBLE_EQ(s.training.learning_rate, 2e-4);
+  EXPECT_EQ(s.training.lr_schedule, LrSchedule::kCosine);
+  EXPECT_EQ(s.training.warmup_steps, 10);
+  EXPECT_EQ(s.training.weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(s.training.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(s.training.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(s.training.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(s.training.max_grad_norm, 1.0);
+  EXPECT_EQ(s.training.seed, 42);
+  EXPECT_EQ(s.training.eval_every_steps, 0);
+  EXPECT_EQ(s.memory.chunk_tokens, 4096);
+  EXPECT_EQ(s.memory.page_tokens, 128);
+  EXPECT_EQ(s.memory.kv_offload, KvOffload::kAuto);
+  EXPECT_EQ(s.memory.kv_grad_dtype, KvGradDtype::kFloat32);
+  EXPECT_FALSE(s.sparse.has_value());
+  EXPECT_EQ(s.chunk_fraction, 1.0);
+  EXPECT_EQ(s.checkpoint.every_steps, 50);
+  EXPECT_EQ(s.checkpoint.keep_last, 3);
+  EXPECT_EQ(s.checkpoint.dir, "");
+  EXPECT_EQ(s.resources.device, "auto");
+  EXPECT_EQ(s.resources.gpus, 1);
+  EXPECT_EQ(s.resources.priority, 0);
+  EXPECT_EQ(s.resources.max_retries, 2);
+  EXPECT_EQ(s.resources.max_runtime_seconds, 0);
+  const JobConfig sparse = LoadOk(std::string(kMinimal) + "attention: {mode: sparse}\n");
+  ASSERT_TRUE(sparse.sparse.has_value());
+  EXPECT_EQ(sparse.sparse->page_budget, 64);
+  EXPECT_EQ(sparse.sparse->sink_pages, 1);
+  EXPECT_EQ(sparse.sparse->local_pages, 4);
+  EXPECT_EQ(sparse.sparse->selection, PageSummaryKind::kMeanKey);
+}
+
+TEST(JobSpecTest, AFullExampleParses) {
+  const JobConfig s = LoadOk(R"(display_name: austen-longctx-lora
+labels: {team: nlp}
+model:
+  path: /models/SmolLM2-135M-Instruct
+  dtype: bfloat16
+  rope_scaling: {type: yarn, factor: 8.0, original_max_position_embeddings: 8192}
+method:
+  type: lora
+  lora: {rank: 8, alpha: 16, dropout: 0.05, target_modules: [q_proj, v_proj]}
+data:
+  train: /data/austen.jsonl
+  validation: null
+  max_seq_len: 2147483648
+  packing: false
+  too_long: drop
+  shuffle_seed: -3
+training:
+  max_steps: 7
+  batch_sequences: 2
+  learning_rate: 1.0e-3
+  lr_schedule: linear
+  warmup_steps: 0
+  weight_decay: 0.01
+  adam: {beta1: 0.8, beta2: 0.99, eps: 1.0e-6}
+  max_grad_norm: 0
+  seed: 1
+  eval_every_steps: 5
+memory: {chunk_tokens: 1024, page_tokens: 128, kv_offload: host, kv_grad_dtype: bfloat16}
+attention:
+  mode: sparse
+  sparse: {page_budget: 8, sink_pages: 1, local_pages: 7, selection: min_max}
+backward: {chunk_fraction: 0.5}
+checkpoint: {every_steps: 0, keep_last: 1, dir: /ckpt}
+resources: {device: "cuda:1", gpus: 1, priority: -5, max_retries: 0, max_runtime_seconds: 3600}
+)");
+  EXPECT_EQ(s.display_name, "austen-longctx-lora");
+  EXPECT_EQ(s.labels.at("team"), "nlp");
+  ASSERT_TRUE(s.model.rope_scaling.has_value());
+  EXPECT_EQ(s.model.rope_scaling->type, RopeType::kYarn);
+  EXPECT_EQ(s.model.rope_scaling->factor, 8.0);
+  EXPECT_EQ(s.model.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(s.method.lora.target_modules.size(), 2u);
+  EXPECT_EQ(s.data.max_seq_len, int64_t{1} << 31);
+  EXPECT_FALSE(s.data.packing);
+  EXPECT_EQ(s.data.too_long, TooLong::kDrop);
+  EXPECT_EQ(s.data.shuffle_seed, -3);
+  EXPECT_EQ(s.training.lr_schedule, LrSchedule::kLinear);
+  EXPECT_EQ(s.memory.chunk_tokens, 1024);
+  EXPECT_EQ(s.memory.kv_offload, KvOffload::kHost);
+  EXPECT_EQ(s.memory.kv_grad_dtype, KvGradDtype::kBFloat16);
+  ASSERT_TRUE(s.sparse.has_value());
+  EXPECT_EQ(s.sparse->selection, PageSummaryKind::kMinMax);
+  EXPECT_EQ(s.chunk_fraction, 0.5);
+  EXPECT_EQ(s.checkpoint.dir, "/ckpt");
+  EXPECT_EQ(s.resources.device, "cuda:1");
+  EXPECT_EQ(s.resources.priority, -5);
+}
+
+// Found by tests/fuzz/fuzz_job_spec: text that is not UTF-8 could not become a protobuf string.
+TEST(JobSpecTest, TextFieldsAreUtf8WithoutControlCharacters) {
+  EXPECT_THAT(LoadError("model: {path: \"/m\\x01\"}\ndata: {train: /t.jsonl}\n"),
+              HasSubstr("model.path: contains a control character (at byte 2)"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "display_name: a\xff" + "b\n"),
+              HasSubstr("display_name: is not valid UTF-8"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "labels: {team: \"x\\ty\"}\n"),
+              HasSubstr("labels.team: contains a control character"));
+  EXPECT_EQ(LoadOk(std::string(kMinimal) + "display_name: \"Émile — 長文\"\n").display_name, "Émile — 長文");
+  // A path in bytes that are not UTF-8 (legal on Linux) cannot travel in the API: named, not a crash.
+  EXPECT_THAT(LoadError("model: {path: /m\xe9}\ndata: {train: /t}\n"),
+              HasSubstr("job.yaml:1: model.path: is not valid UTF-8"));
+}
+
+// Absurd values are refused naming the field and the allowed range (issue 11).
+TEST(JobSpecTest, AbsurdValuesAreRefusedNamingTheField) {
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t.jsonl, max_seq_len: 1000000000000}\n"),
+              HasSubstr("data.max_seq_len"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "method: {lora: {rank: 0}}\n"), HasSubstr("method.lora.rank"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training: {learning_rate: -0.1}\n"),
+              HasSubstr("training.learning_rate: must be in (0, 10]"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "memory: {chunk_tokens: -4096}\n"), HasSubstr("memory.chunk_tokens"));
+}
+
+// Issue 36, item 8: input whose meaning used to change silently is an error naming
+// file:line:field.
+TEST(JobSpecTest, InputWhoseMeaningWouldChangeIsRefused) {
+  for (const char* v : {"nan", ".nan", "inf", "-.inf", ".Inf"}) {
+    EXPECT_THAT(LoadError(std::string(kMinimal) + "training:\n  learning_rate: " + v + "\n"),
+                HasSubstr("job.yaml:6: training.learning_rate:"))
+        << v;
+  }
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training: {max_steps: 5}\ntraining: {learning_rate: 0.1}\n"),
+              HasSubstr("job.yaml:6: training: duplicate key"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "---\nmodel: {path: /other}\n"), HasSubstr("a second YAML document"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "labels: {team: {name: nlp}}\n"),
+              HasSubstr("job.yaml:5: labels.team: expected a single value, got a mapping"));
+  EXPECT_THAT(LoadError("model:\n  path: /m\n  rope_scaling: {type: yarn, factor: 0}\ndata: {train: /t}\n"),
+              HasSubstr("job.yaml:3: model.rope_scaling.factor: must be in (0, 1024], got 0"));
+  EXPECT_THAT(LoadError("model:\n  path: /m\n  rope_scaling: {type: yarn}\ndata: {train: /t}\n"),
+              HasSubstr("job.yaml:3: model.rope_scaling.factor: is required"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "memory:\n  page_tokens: 4611686018427387904\n"),
+              HasSubstr("job.yaml:6: memory.page_tokens: must be in (0, 65536]"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "memory:\n  chunk_tokens: 4611686018427387904\n"),
+              HasSubstr("job.yaml:6: memory.chunk_tokens: must be in (0, 1048576]"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "display_name: " + std::string(300, 'x') + "\n"),
+              HasSubstr("display_name: is longer than 256 bytes"));
+}
+
+TEST(JobSpecTest, EpochsReplaceTheDefaultMaxSteps) {
+  const JobConfig s = LoadOk(std::string(kMinimal) + "training: {epochs: 2}\n");
+  EXPECT_EQ(s.training.epochs, 2);
+  EXPECT_EQ(s.training.max_steps, 0);
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training:\n  max_steps: 5\n  epochs: 2\n"),
+              HasSubstr("job.yaml:7: training.epochs: cannot be combined with training.max_steps"));
+}
+
+TEST(JobSpecTest, NullMeansDefault) {
+  const JobConfig s =
+      LoadOk(std::string(kMinimal) + "training: {max_steps: null, adam: null}\ncheckpoint: {dir: null}\n");
+  EXPECT_EQ(s.training.max_steps, 100);
+  EXPECT_DOUBLE_EQ(s.training.beta1, 0.9);
+  EXPECT_EQ(s.checkpoint.dir, "");
+}
+
+TEST(JobSpecTest, UnknownKeyNamesLineAndPathAndKnownKeys) {
+  const std::string msg = LoadError("model:\n  path: /m\n  dtpye: float32\ndata: {train: /t}\n");
+  EXPECT_THAT(msg, HasSubstr("job.yaml:3: model.dtpye: unknown key"));
+  EXPECT_THAT(msg, HasSubstr("path, dtype, rope_scaling"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "trainig: {}\n"), HasSubstr("job.yaml:5: trainig: unknown key"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "attention:\n  sparse:\n    budget: 3\n"),
+              HasSubstr("job.yaml:7: attention.sparse.budget: unknown key"));
+}
+
+TEST(JobSpecTest, WrongTypesNameLineAndPath) {
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training:\n  max_steps: many\n"),
+              HasSubstr("job.yaml:6: training.max_steps: expected an integer, got 'many'"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training:\n  max_steps: 2.5\n"),
+              HasSubstr("job.yaml:6: training.max_steps: expected an integer"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training:\n  max_steps: \"5\"\n"),
+              HasSubstr("job.yaml:6: training.max_steps: expected an integer, got the string \"5\""));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training:\n  learning_rate: fast\n"),
+              HasSubstr("job.yaml:6: training.learning_rate: expected a finite number"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training:\n  learning_rate: .nan\n"),
+              HasSubstr("job.yaml:6: training.learning_rate: expected a finite number"));
+  EXPECT_THAT(LoadError("model:\n  path: /m\ndata:\n  train: /t\n  packing: maybe\n"),
+              HasSubstr("job.yaml:5: data.packing: expected true or false"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "method:\n  lora:\n    target_modules: q_proj\n"),
+              HasSubstr("job.yaml:7: method.lora.target_modules: expected a list of strings"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "training: 5\n"),
+              HasSubstr("job.yaml:5: training: expected a mapping"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "labels: [a]\n"), HasSubstr("job.yaml:5: labels: expected a mapping"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "resources:\n  gpus: 9999999999\n"),
+              HasSubstr("job.yaml:6: resources.gpus: must fit in 32 bits"));
+  EXPECT_THAT(LoadError("- a\n- b\n"), HasSubstr("job.yaml: expected a mapping at the top level"));
+}
+
+TEST(JobSpecTest, OutOfRangeValuesNameLineAndPath) {
+  struct Case {
+    std::string yaml;  // appended to kMinimal, so it starts at line 5
+    std::string want;
+  };
+  const Case cases[] = {
+      {"training:\n  learning_rate: -1\n", "job.yaml:6: training.learning_rate: must be in (0, 10], got -1"},
+      {"training:\n  learning_rate: 0\n", "job.yaml:6: training.learning_rate: must be in (0, 10], got 0"},
+      {"method:\n  lora:\n    rank: 0\n", "job.yaml:7: method.lora.rank: must be in (0, 4096], got 0"},
+      {"method:\n  lora:\n    rank: -3\n", "job.yaml:7: method.lora.rank: must be in (0, 4096], got -3"},
+      {"method:\n  lora:\n    dropout: 1\n", "job.yaml:7: method.lora.dropout: must be in [0, 1), got 1"},
+      {"training:\n  batch_sequences: -2\n", "job.yaml:6: training.batch_sequences: must be in (0, 65536], got -2"},
+      {"training:\n  max_steps: -1\n", "job.yaml:6: training.max_steps: must be in (0, 1000000000], got -1"},
+      {"training:\n  max_steps: 0\n", "job.yaml:6: training.max_steps: must be in (0, 1000000000], got 0"},
+      {"memory:\n  chunk_tokens: 0\n", "job.yaml:6: memory.chunk_tokens: must be in (0, 1048576], got 0"},
+      {"memory:\n  page_tokens: -128\n", "job.yaml:6: memory.page_tokens: must be in (0, 65536], got -128"},
+      {"memory:\n  kv_offload: disk\n", "job.yaml:6: memory.kv_offload: must be one of auto, none, host; got 'disk'"},
+      {"backward:\n  chunk_fraction: 0\n", "job.yaml:6: backward.chunk_fraction: must be in (0, 1], got 0"},
+      {"backward:\n  chunk_fraction: 1.5\n", "job.yaml:6: backward.chunk_fraction: must be in (0, 1], got 1.5"},
+      {"checkpoint:\n  keep_last: 0\n", "job.yaml:6: checkpoint.keep_last: must be in (0, 10000], got 0"},
+      {"resources:\n  device: gpu\n", "job.yaml:6: resources.device: must be auto, cpu, cuda or cuda:N; got 'gpu'"},
+      {"resources:\n  device: cuda:x\n", "job.yaml:6: resources.device: must be auto"},
+      {"resources:\n  max_retries: -1\n", "job.yaml:6: resources.max_retries: must be in [0, 100], got -1"},
+      {"training:\n  adam: {beta2: 1.0}\n", "job.yaml:6: training.adam.beta2: must be in [0, 1), got 1"},
+      {"attention:\n  sparse: {page_budget: 4, sink_pages: 1, local_pages: 4}\n  mode: sparse\n",
+       "job.yaml:6: attention.sparse.page_budget: must be >= sink_pages + local_pages (5), got 4"},
+      // Dense mode takes any chunk size; sparse needs chunks that start on page boundaries.
+      {"memory: {chunk_tokens: 1000}\nattention: {mode: sparse}\n",
+       "job.yaml:5: memory.chunk_tokens: must be a multiple of memory.page_tokens (128) with attention.mode: sparse"},
+      {"training: {batch_sequences: 1}\nresources: {gpus: 2}\n",
+       "job.yaml:5: training.batch_sequences: must be >= resources.gpus (2)"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(LoadError(std::string(kMinimal) + c.yaml), HasSubstr(c.want)) << c.yaml;
+  }
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata:\n  train: /t\n  max_seq_len: 2147483649\n"),
+              HasSubstr("job.yaml:4: data.max_seq_len: must be in (0, 2147483648], got 2147483649"));
+  EXPECT_THAT(LoadError("model:\n  path: /m\n  dtype: fp16\ndata: {train: /t}\n"),
+              HasSubstr("job.yaml:3: model.dtype: must be one of bfloat16, float32; got 'fp16'"));
+}
+
+TEST(JobSpecTest, RopeScalingNeedsType) {
+  EXPECT_THAT(LoadError("model:\n  path: /m\n  rope_scaling: {factor: 8}\ndata: {train: /t}\n"),
+              HasSubstr("job.yaml:3: model.rope_scaling.type: is required"));
+  EXPECT_THAT(LoadError("model:\n  path: /m\n  rope_scaling: {type: ntk}\ndata: {train: /t}\n"),
+              HasSubstr("job.yaml:3: model.rope_scaling.type: must be one of linear, dynamic, yarn, llama3"));
+}
+
+TEST(JobSpecTest, MissingRequiredFields) {
+  EXPECT_THAT(LoadError("data: {train: /t}\n"), HasSubstr("job.yaml: model.path: is required"));
+  EXPECT_THAT(LoadError("model: {path: /m}\n"), HasSubstr("job.yaml: data.train: is required"));
+  EXPECT_THAT(LoadError(""), HasSubstr("model.path: is required"));
+}
+
+TEST(JobSpecTest, SyntaxErrorAndDuplicateKeyNameTheLine) {
+  EXPECT_THAT(LoadError("model:\n  path: /m\n  dtype: [unclosed\n"), HasSubstr("job.yaml:"));
+  EXPECT_THAT(LoadError("model:\n  path: /m\n  path: /n\ndata: {train: /t}\n"),
+              HasSubstr("job.yaml:3: model.path: duplicate key"));
+}
+
+TEST(JobSpecTest, AProtoFromTheApiIsCheckedWithoutLines) {
+  v1::JobSpec p;
+  p.mutable_model()->set_path("/m");
+  p.mutable_data()->set_train("/t");
+  absl::StatusOr<JobConfig> c = ResolveJobSpec(&p);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->training.max_steps, 100);
+  EXPECT_EQ(p.training().max_steps(), 100);  // the effective spec is what is stored
+  EXPECT_EQ(p.model().dtype(), v1::ModelSpec::bfloat16);
+  p.mutable_training()->set_learning_rate(-1);
+  EXPECT_EQ(ResolveJobSpec(p).status().message(), "training.learning_rate: must be in (0, 10], got -1");
+  EXPECT_EQ(ReasonOf(ResolveJobSpec(p).status()), Reason::kBadSpec);
+  p.mutable_training()->set_learning_rate(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_THAT(ResolveJobSpec(p).status().message(), HasSubstr("training.learning_rate: must be a finite number"));
+  p.mutable_training()->set_learning_rate(1e-3);
+  p.mutable_memory()->set_kv_grad_dtype(static_cast<v1::MemorySpec::KvGradDtype>(99));
+  EXPECT_THAT(ResolveJobSpec(p).status().message(),
+              HasSubstr("memory.kv_grad_dtype: must be one of float32, bfloat16; got the number 99"));
+}
+
+}  // namespace
+}  // namespace oomb::server

@@ -1,0 +1,108 @@
+// A job as the engine consumes it: the job spec (proto/oomb/v1/job_spec.proto, the one schema)
+// resolved once, with every default applied, every value checked and every word an enum
+// (server/job_spec.h, ResolveJobSpec). The engine (executor, planner, data validation, the
+// benchmark) reads this and nothing else of the spec; its fields mean what the spec's fields of
+// the same names document, so they are not restated here.
+//
+// Torch-free (see worker/CMakeLists.txt). Plain values; thread-safe as values are.
+#ifndef OOMB_WORKER_JOB_JOB_CONFIG_H_
+#define OOMB_WORKER_JOB_JOB_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker/data/dataset.h"
+#include "worker/model/model_config.h"
+
+namespace oomb {
+
+enum class ModelDtype { kBFloat16, kFloat32 };
+enum class TrainMethod { kLora, kFull };
+enum class LrSchedule { kConstant, kLinear, kCosine };
+enum class KvOffload { kAuto, kNone, kHost };
+enum class KvGradDtype { kFloat32, kBFloat16 };
+enum class PageSummaryKind { kMeanKey, kMinMax };
+
+struct JobConfig {
+  std::string display_name;
+  std::map<std::string, std::string> labels;
+
+  struct Model {
+    std::string path;
+    ModelDtype dtype = ModelDtype::kBFloat16;
+    std::optional<RopeScalingOverride> rope_scaling;
+  } model;
+
+  struct Lora {
+    int32_t rank = 16;
+    double alpha = 32;
+    double dropout = 0;
+    std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                               "gate_proj", "up_proj", "down_proj"};
+  };
+  struct Method {
+    TrainMethod type = TrainMethod::kLora;
+    Lora lora;
+  } method;
+
+  struct Data {
+    std::string train, validation;  // validation: empty when none
+    int64_t max_seq_len = 131072;
+    bool packing = true;
+    TooLong too_long = TooLong::kTruncate;
+    int64_t shuffle_seed = 0;
+  } data;
+
+  struct Training {
+    int64_t max_steps = 100;  // 0 when `epochs` decides
+    int64_t epochs = 0;
+    int64_t batch_sequences = 1;
+    double learning_rate = 2e-4;
+    LrSchedule lr_schedule = LrSchedule::kCosine;
+    int64_t warmup_steps = 10;
+    double weight_decay = 0;
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    double max_grad_norm = 1.0;
+    int64_t seed = 42;
+    int64_t eval_every_steps = 0;
+  } training;
+
+  struct Memory {
+    int64_t chunk_tokens = 4096;
+    int64_t page_tokens = 128;
+    KvOffload kv_offload = KvOffload::kAuto;
+    KvGradDtype kv_grad_dtype = KvGradDtype::kFloat32;
+  } memory;
+
+  // Sparse attention when set (attention.mode: sparse), dense otherwise.
+  struct Sparse {
+    int64_t page_budget = 64;
+    int64_t sink_pages = 1;
+    int64_t local_pages = 4;
+    PageSummaryKind selection = PageSummaryKind::kMeanKey;
+  };
+  std::optional<Sparse> sparse;
+
+  double chunk_fraction = 1.0;  // backward.chunk_fraction
+
+  struct Checkpoint {
+    int64_t every_steps = 50;
+    int64_t keep_last = 3;
+    std::string dir;  // empty: the daemon's default
+  } checkpoint;
+
+  struct Resources {
+    std::string device = "auto";
+    int32_t gpus = 1;
+    int32_t priority = 0;
+    int32_t max_retries = 2;
+    int64_t max_runtime_seconds = 0;
+  } resources;
+};
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_JOB_JOB_CONFIG_H_
