@@ -313,8 +313,8 @@ absl::Status Dir::CreateExclusive(absl::string_view name, absl::string_view cont
   // a crash leaves no empty or partial `name` behind.
   const std::string tmp = TemporaryName(name);
   const std::string n(name);
-  UniqueFd fd(
-      ::openat(fd_->get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, static_cast<mode_t>(mode)));
+  UniqueFd fd(::openat(fd_->get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                       static_cast<mode_t>(mode)));
   if (!fd.valid()) return ErrnoStatus(errno, "create", PathOf(tmp));
   absl::Status s = WriteAll(fd.get(), contents, PathOf(tmp));
   if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoStatus(errno, "sync", PathOf(tmp));

@@ -18,12 +18,22 @@
 
 namespace oomb {
 
+// The pools a sequence's pages come from. The host pools are optional; with them, `copies`
+// moves their pages.
+struct KvPools {
+  PagePool* kv = nullptr;
+  PagePool* grad = nullptr;
+  PagePool* kv_host = nullptr;
+  PagePool* grad_host = nullptr;
+  CopyEngine* copies = nullptr;
+};
+
 struct OwnedKvPools {
   std::unique_ptr<PagePool> kv, grad;            // device tier
   std::unique_ptr<PagePool> kv_host, grad_host;  // host tier; null when nothing is placed there
   std::unique_ptr<CopyEngine> copies;            // with the host tier
 
-  // The pools for SequenceKvCache / ChunkTrainer.
+  // The pools, for a KvStore or a ChunkTrainer.
   KvPools pools() const { return {kv.get(), grad.get(), kv_host.get(), grad_host.get(), copies.get()}; }
   // Every pool there is (device first).
   std::vector<PagePool*> all() const;

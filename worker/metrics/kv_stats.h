@@ -26,7 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/kv/tier.h"
+#include "worker/paging/page_id.h"
 
 namespace oomb {
 

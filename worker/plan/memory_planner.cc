@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "worker/kv/tier.h"
+#include "worker/paging/page_id.h"
 
 namespace oomb {
 namespace {
@@ -25,7 +25,7 @@ constexpr int64_t kGpuFlashKeyBlock = 65536;  // ChunkTrainerOptions::gpu_attent
 // error at the step's peak.
 constexpr int64_t kAutoMarginDivisor = 16;
 // What the copy engine's additions into host pages hold on the device at most: the contributions
-// queued (worker/kv/tier.h), and as much again for the page images they are packed from.
+// queued (worker/paging/page_id.h), and as much again for the page images they are packed from.
 constexpr int64_t kDeviceAddBytes = 2 * kHostAddBytesInFlight;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -22,7 +22,7 @@
 //                                               CPU: one key block's scores)
 //               + additions in flight           CUDA, with gradient pages on the host: the
 //                                               copy engine's queued additions into them
-//                                               (twice kHostAddBytesInFlight, worker/kv/tier.h)
+//                                               (twice kHostAddBytesInFlight, worker/paging/page_id.h)
 //
 //   host peak   = host page pools               the pages not placed on the device, pinned
 //               + sparse selections             (below)
@@ -64,8 +64,8 @@
 
 #include "absl/status/statusor.h"
 #include "worker/job/job_config.h"
-#include "worker/kv/tier.h"
 #include "worker/model/model_config.h"
+#include "worker/paging/page_id.h"
 
 namespace oomb {
 

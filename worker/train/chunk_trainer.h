@@ -30,13 +30,14 @@
 // induction from the last chunk. p = 1 is the exact trainer. Stage 2 then costs about p of the
 // exact one; the variance grows as p falls.
 //
-// Sparse attention (options.sparse set; ARCHITECTURE.md §5): stage 1 keeps a summary of every
-// page it writes (kernels/torch/page_select.h) and, for each chunk and layer, selects the past
-// pages each query tile attends to; stage 2 recomputes the chunk with that same selection
-// (kept on the host, int32), so the contract above holds for the sparse model: the gradients
+// Attention (options.sparse set: sparse; worker/train/attention.h): stage 2 reads the past as
+// stage 1 did, so with sparse attention the contract holds for the sparse model: the gradients
 // are those of full-sequence backpropagation through attention restricted to the selected
-// pages (the selection itself is piecewise constant, without gradient). KV-gradient pages are
-// allocated only for pages some chunk selected.
+// pages (the selection itself is piecewise constant, without gradient).
+//
+// The parts: chunk.h (a chunk, the options, the clock), attention.h (how a chunk attends over
+// its past), stage_one.h (stage 1 and its schedule), the KV store (worker/kv/kv_store.h); this
+// class is stage 2 and the sequence around both stages.
 //
 // Labels: `labels[t]` is the target of position t (already shifted: the token at t+1), or
 // kIgnoreIndex. The data pipeline shifts over the whole sequence before chunking, so the last
@@ -51,70 +52,19 @@
 #ifndef OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
 #define OOMB_WORKER_TRAIN_CHUNK_TRAINER_H_
 
-#include <ATen/ATen.h>
-#include <c10/core/Event.h>
-
 #include <cstdint>
-#include <functional>
-#include <optional>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/torch/page_select.h"
-#include "kernels/torch/paged_attention.h"
 #include "worker/data/sequence.h"
-#include "worker/kv/page_pool.h"
+#include "worker/kv/kv_store.h"
 #include "worker/model/transformer.h"
+#include "worker/train/attention.h"
+#include "worker/train/chunk.h"
+#include "worker/train/stage_one.h"
 
 namespace oomb {
-
-struct ChunkTrainerOptions {
-  int64_t chunk_tokens = 4096;
-  int64_t ce_rows_per_block = 1024;    // sub-chunk of the fused LM head + cross-entropy
-  int64_t attention_key_block = 2048;  // past tokens read at once by the attention
-  // The same on a GPU: the fused path's key blocks (kernels/torch/paged_attention.h), which
-  // bound the attention's memory whatever the context's length.
-  int64_t gpu_attention_key_block = 65536;
-  // The fused GPU attention kernel, dense and sparse (kernels/torch/fused_attention.h).
-  kernels::GpuAttentionKernel gpu_attention_kernel = kernels::GpuAttentionKernel::kCudnn;
-  double chunk_fraction = 1.0;  // SpaCO's p, in (0, 1] (see above)
-  // Sparse attention (see above); unset: dense. page_tokens is the pools' (ignored here), and
-  // chunk_tokens must be a multiple of it.
-  std::optional<kernels::PageSelectOptions> sparse;
-  // Tests: called with every selection stage 1 makes, [n_tiles, kv_heads, n] int64.
-  std::function<void(int64_t chunk, int64_t layer, const at::Tensor& selection)> on_selection;
-  // Tests: which chunks stage 2 keeps (overrides the Bernoulli draws; the kept ones are still
-  // weighted 1/chunk_fraction), to enumerate every selection.
-  std::function<bool(int64_t chunk)> keep_chunk;
-  // Asked after every chunk of either stage; when it returns true the sequence stops and
-  // TrainSequence returns CANCELLED (gradients of the partial sequence must be discarded).
-  std::function<bool()> should_stop;
-};
-
-struct SequenceLoss {
-  double loss_sum = 0;       // sum of CE over label tokens (not scaled)
-  int64_t label_tokens = 0;  // tokens that carried a label
-};
-
-// Seconds of each chunk of the last TrainSequence, in the order the chunks ran: wall clock on
-// the CPU; on a CUDA device, device time between CUDA events recorded at the chunk boundaries
-// on the current stream, read once when the sequence ends (no synchronisation per chunk).
-struct ChunkTimes {
-  std::vector<double> forward;   // stage 1 (sparse: chunks overlap, so from one chunk's end to the next's)
-  std::vector<double> backward;  // stage 2 (recompute + backward)
-};
-
-// Sparse attention over the last sequence (TrainSequence or EvalSequence), summed over chunks,
-// layers, query tiles and KV heads: the past pages attended, and the past pages there were.
-// selected / past is the attention's density (1 for dense).
-struct SparseStats {
-  int64_t selected_pages = 0;
-  int64_t past_pages = 0;
-  // Query-key pairs attended, over layers and query heads (the chunks' own causal pairs
-  // included): the attention's model FLOPs are 12 * head_dim * attended_pairs.
-  double attended_pairs = 0;
-};
 
 // Peak bytes seen during the last TrainSequence: what the memory test and metrics report.
 struct TrainerMemory {
@@ -130,7 +80,7 @@ class ChunkTrainer {
  public:
   // The pools must have the model's page shape; they are shared by the sequences trained one
   // after another and must hold a whole sequence's KV (layers * ceil(T / page) + layers pages),
-  // on the device and the host together (placement: worker/kv/page_pool.h), and as many
+  // on the device and the host together (placement: worker/kv/kv_store.h), and as many
   // gradient pages (SpaCO: those of the kept chunks' pages).
   ChunkTrainer(const Transformer* model, KvPools pools, ChunkTrainerOptions options);
   ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool, ChunkTrainerOptions options)
@@ -148,7 +98,8 @@ class ChunkTrainer {
 
   const TrainerMemory& memory() const { return memory_; }
   const ChunkTimes& chunk_times() const { return chunk_times_; }
-  const SparseStats& sparse_stats() const { return sparse_stats_; }
+  // Sparse attention over the last sequence (TrainSequence or EvalSequence).
+  const SparseStats& sparse_stats() const { return attention_->stats(); }
 
   // The sequence's chunks, and SpaCO's draw: whether stage 2 backpropagates chunk `index` under
   // `dropout_seed` (always, at chunk_fraction 1).
@@ -156,72 +107,28 @@ class ChunkTrainer {
   bool KeepChunk(int64_t index, uint64_t dropout_seed) const;
 
  private:
-  // A chunk's inputs, on the device (uploaded without waiting for it), and what the host
-  // decides from: its document starts (the attention's path) and labels (the loss's blocks),
-  // on the CPU, so that no step of either stage waits for the device.
-  struct Chunk {
-    int64_t begin, end;
-    ChunkInput input;
-    at::Tensor doc_start_host;  // [C] int64, CPU
-    at::Tensor labels_host;     // [C] int64, CPU
-    int64_t label_tokens = 0;   // labels that are not kIgnoreIndex
-  };
+  // Both stages over `seq` into `store`; the loss.
+  absl::StatusOr<SequenceLoss> RunStages(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed,
+                                         KvStore& store, ChunkClock& clock);
+  // Stage 2's recompute and backward of chunk `index` (the sequence's last is `last`); adds its
+  // loss to `loss_sum` when `with_loss`.
+  absl::Status Backpropagate(const TokenSequence& seq, int64_t index, int64_t last, double loss_scale,
+                             uint64_t dropout_seed, bool with_loss, KvStore& store, at::Tensor& loss_sum,
+                             int64_t& label_tokens);
   // SpaCO: marks the gradients of the chunks stage 2 drops as never read (no gradient pages
-  // for them, SequenceKvCache::DropGradients), and checks that the pools hold those of the kept
-  // ones (RESOURCE_EXHAUSTED if not, before any work).
-  absl::Status DropUnreadGradients(const TokenSequence& seq, uint64_t seed, SequenceKvCache& cache) const;
-  // Chunk `index`'s tensors, made when the chunk runs (not for the whole sequence up front:
-  // that would be O(T) memory beside the pages).
-  Chunk MakeChunk(const TokenSequence& seq, int64_t index, bool training, uint64_t dropout_seed) const;
-  class ChunkClock;
-  struct Lane;
-  // Stage 1's sparse selection of chunk `index`'s pages at one layer: on the device, its host
-  // copy (pinned on a GPU, where it arrives asynchronously: `copied` is its end), and, once
-  // StartFetch ran, the fetch of the host pages it names.
-  struct LayerSelection {
-    at::Tensor device, host;
-    std::optional<c10::Event> copied;  // GPU only
-    bool fetching = false;             // StartFetch ran
-    SequenceKvCache::PagesInFlight pages;
-  };
-  // Stage 1: selects the past pages chunk `c` (number `index`) attends at `layer` from the
-  // page summaries of every layer ([L, pages, ...]), and records the selection when
-  // `training`. It queues the copy of the selection to the host without waiting for it.
-  LayerSelection SelectPages(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q,
-                             const at::Tensor& summaries, bool training);
-  // Waits for the selection's host copy (GPU), counts it in sparse_stats_, and starts fetching
-  // its host pages. Forward calls this once the device has other work queued behind the
-  // selection, so that waiting leaves the device busy.
-  void StartFetch(const Chunk& c, int64_t layer, LayerSelection& s, SequenceKvCache& cache);
-  // Sparse attention of chunk `c` (number `index`) at `layer`. Stage 1 (`selection` and
-  // `summaries` set): attends with SelectPages' selection, appends the chunk's KV and its pages'
-  // summaries. Stage 2 (both null): attends with the recorded selection.
-  at::Tensor SparseAttention(const Chunk& c, int64_t index, int64_t layer, const at::Tensor& q, const at::Tensor& k,
-                             const at::Tensor& v, SequenceKvCache& cache, LayerSelection* selection,
-                             at::Tensor* summaries, absl::Status* append_status);
-  // Dense attention of chunk `c` at `layer` over its past in `cache` (the fused GPU kernel
-  // options_ name).
-  at::Tensor DenseAttention(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, SequenceKvCache& cache) const;
-  // Stage 1 over chunks [0, chunks); the loss only `with_loss` (else zero). `clock`, when set,
-  // takes a lap after every chunk. Sparse: three chunks in flight, each a layer or more behind
-  // the one before; a layer's selection is queued as soon as the chunk before has written that
-  // layer's pages, its host pages start coming in once another chunk's layer is queued behind
-  // it, and the chunk whose selection is oldest runs next, so each chunk's fetches overlap the
-  // others' compute (see the .cc).
-  absl::StatusOr<SequenceLoss> Forward(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
-                                       uint64_t dropout_seed, SequenceKvCache& cache, ChunkClock* clock);
-
-  // The attention's key block on the model's device.
-  int64_t KeyBlock() const;
+  // for them, KvStore::DropGradients), and checks that the pools hold those of the kept ones
+  // (RESOURCE_EXHAUSTED if not, before any work).
+  absl::Status DropUnreadGradients(const TokenSequence& seq, uint64_t seed, KvStore& store) const;
+  // CANCELLED when options_.should_stop asks (at a chunk boundary).
+  absl::Status CheckStop() const;
 
   const Transformer* model_;
   KvPools pools_;
   ChunkTrainerOptions options_;
+  std::unique_ptr<Attention> attention_;
+  StageOne stage_one_;
   TrainerMemory memory_;
   ChunkTimes chunk_times_;
-  SparseStats sparse_stats_;
-  std::vector<at::Tensor> selections_;  // sparse, training: [chunk * layers + layer], host int32
 };
 
 }  // namespace oomb
