@@ -57,7 +57,6 @@
 //                    [--attention-kernel cudnn] [--device cuda]
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
-#include <torch/optim/adamw.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -84,6 +83,7 @@
 #include "worker/kv/kv_pools.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/memory_planner.h"
+#include "worker/session/training_session.h"
 #include "worker/train/chunk_trainer.h"
 
 namespace oomb {
@@ -178,22 +178,16 @@ TokenSequence RandomSequence(int64_t T, int64_t vocab, uint64_t seed) {
   return TokenSequence::FromDocument(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + T));
 }
 
-// The page pools of one length and the plan that placed them.
-struct Pools {
-  OwnedKvPools owned;
-  MemoryPlan plan;
-  KvPools pools() const { return owned.pools(); }
-  // Waits until the host slabs are pinned; the seconds waited.
-  double WaitForHost() const {
-    const auto start = std::chrono::steady_clock::now();
-    for (const PagePool* p : owned.all()) {
-      while (p->ready_pages() < p->stats().capacity_pages) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+// Waits until the session's host slabs are pinned; the seconds waited.
+double WaitForHost(const TrainingSession& session) {
+  const auto start = std::chrono::steady_clock::now();
+  for (const PagePool* p : session.pools().all()) {
+    while (p->ready_pages() < p->stats().capacity_pages) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-};
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // The job spec the benchmark's configuration amounts to, for the memory planner.
 struct BenchSpec {
@@ -201,21 +195,8 @@ struct BenchSpec {
   int64_t rank = 16, chunk = 4096, page = 128, sparse_budget = 0;
   double chunk_fraction = 1.0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
-  ChunkTrainerOptions TrainerOptions() const {
-    ChunkTrainerOptions o;
-    o.chunk_tokens = chunk;
-    o.chunk_fraction = chunk_fraction;
-    o.gpu_attention_kernel =
-        attention_kernel == "flash" ? kernels::GpuAttentionKernel::kFlash : kernels::GpuAttentionKernel::kCudnn;
-    if (sparse_budget > 0) {
-      o.sparse = kernels::PageSelectOptions{
-          .page_tokens = page,
-          .page_budget = sparse_budget,
-          .sink_pages = 1,
-          .local_pages = 4,
-          .summary = selection == "min_max" ? kernels::PageSummary::kMinMax : kernels::PageSummary::kMeanKey};
-    }
-    return o;
+  kernels::GpuAttentionKernel AttentionKernel() const {
+    return attention_kernel == "flash" ? kernels::GpuAttentionKernel::kFlash : kernels::GpuAttentionKernel::kCudnn;
   }
   JobConfig At(int64_t T) const {
     JobConfig spec;
@@ -241,15 +222,14 @@ struct BenchSpec {
   }
 };
 
-absl::StatusOr<Pools> MakePools(const Transformer& m, int64_t T, const BenchSpec& b, at::Device d) {
-  const ModelConfig& c = m.config();
-  Pools p;
-  OOMB_ASSIGN_OR_RETURN(p.plan, PlanMemory(c, b.At(T), ThisMachine(d.is_cuda() ? "cuda:0" : "cpu")));
-  // bfloat16 gradient pages only under a bfloat16 model: the float32 reference keeps float32.
-  OOMB_ASSIGN_OR_RETURN(p.owned,
-                        MakeKvPools({c.num_kv_heads, b.page, c.head_dim}, m.dtype(),
-                                    GradPageDtype(b.kv_grad_dtype == "bfloat16", m.dtype()), d, PoolSizes(p.plan)));
-  return p;
+// A session (plan, pools, trainer, AdamW) for sequences of T tokens on `m`.
+absl::StatusOr<std::unique_ptr<TrainingSession>> MakeSession(Transformer& m, int64_t T, const BenchSpec& b,
+                                                             at::Device d) {
+  SessionOptions o;
+  o.device = d;
+  o.longest_sequence = T;
+  o.attention_kernel = b.AttentionKernel();
+  return TrainingSession::Create(&m, b.At(T), std::move(o));
 }
 
 // A --lengths entry: a number of tokens, or "max", the planner's longest context for this
@@ -313,53 +293,41 @@ nlohmann::json Profiled(Fn step, size_t top) {
 
 struct StepResult {
   double seconds = 0;
+  StepReport report;
   int64_t chunks = 0, chunks_kept = 0;  // stage 2's (SpaCO)
-  int64_t tokens_kept = 0;
-  SparseStats sparse;
   TrainerMemory memory;
   std::map<std::string, double> sections;       // --sections: GPU seconds per section
   std::map<std::string, double> host_sections;  // and host seconds between the same marks
 };
 
-// One optimizer step on a sequence of T tokens (`sections`: its GPU timeline by section).
-absl::StatusOr<StepResult> Step(Transformer& m, torch::optim::Optimizer& opt, const Pools& pools, int64_t T,
-                                const ChunkTrainerOptions& o, at::Device d, bool sections = false) {
-  ChunkTrainer trainer(&m, pools.pools(), o);
-  const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 1);
+// One optimizer step on a sequence of T tokens, timed with device synchronisation (`sections`:
+// its GPU timeline by section).
+absl::StatusOr<StepResult> Step(TrainingSession& session, int64_t T, at::Device d, bool sections = false) {
+  const TokenSequence seq = RandomSequence(T, session.model().config().vocab_size, 1);
   Sync(d);
   kernels::timeline::Enable(sections);
   const auto s = std::chrono::steady_clock::now();
-  kernels::timeline::Mark("model");
-  auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
-  if (!loss.ok()) return loss.status();
-  kernels::timeline::Mark("optimizer");
-  opt.step();
-  opt.zero_grad(true);
+  auto report = session.Step({seq}, /*step=*/1, /*lr=*/1e-5);
+  if (!report.ok()) return report.status();
   Sync(d);
   StepResult r;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
-  r.sparse = trainer.sparse_stats();
-  r.memory = trainer.memory();
+  r.report = *report;
+  r.memory = session.trainer().memory();
   r.sections = kernels::timeline::Collect(&r.host_sections);
   kernels::timeline::Enable(false);
-  r.chunks = trainer.NumChunks(seq);
-  for (int64_t i = 0; i < r.chunks; ++i) {
-    if (!trainer.KeepChunk(i, 0)) continue;
-    ++r.chunks_kept;
-    r.tokens_kept += std::min(T, (i + 1) * o.chunk_tokens) - i * o.chunk_tokens;
-  }
+  r.chunks = session.trainer().NumChunks(seq);
+  for (int64_t i = 0; i < r.chunks; ++i) r.chunks_kept += session.trainer().KeepChunk(i, session.DropoutSeed(1, 0));
   return r;
 }
 
-std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, const BenchSpec& b, at::Device d) {
+std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, BenchSpec b, at::Device d) {
   std::map<std::string, at::Tensor> g;
-  auto pools = MakePools(m, T, b, d);
-  if (!pools.ok()) return g;
-  ChunkTrainerOptions o = b.TrainerOptions();
-  o.sparse.reset();  // dense: the float32 reference has no fused path
-  ChunkTrainer trainer(&m, pools->pools(), o);
+  b.sparse_budget = 0;  // dense: the float32 reference has no fused path
+  auto session = MakeSession(m, T, b, d);
+  if (!session.ok()) return g;
   const TokenSequence seq = RandomSequence(T, m.config().vocab_size, 2);
-  auto loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
+  auto loss = (*session)->trainer().TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 0);
   if (!loss.ok()) {
     std::cerr << "grad check: " << loss.status() << "\n";
     return g;
@@ -369,6 +337,121 @@ std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, const Ben
     p.mutable_grad().reset();
   }
   return g;
+}
+
+// How a length is measured, beyond the configuration (see the header's flags).
+struct Measurement {
+  bool sections = false;
+  int64_t kernel_profile = 0;
+  std::map<int64_t, std::pair<double, double>> trace_windows;  // length -> (start, seconds)
+  std::string kernel_trace_dir = ".";
+  double peak_tflops = 0;  // the measured bf16 matmul rate; 0: no MFU
+};
+
+// Runs the measured step under what `how` asks for (profiler, kernel trace, or nothing).
+absl::StatusOr<StepResult> MeasuredStep(TrainingSession& session, int64_t T, const Measurement& how, at::Device d,
+                                        nlohmann::json& r) {
+  absl::StatusOr<StepResult> step;
+  const auto run = [&] { step = Step(session, T, d, how.sections); };
+  if (how.kernel_profile > 0) {
+    r.update(Profiled(run, static_cast<size_t>(how.kernel_profile)));
+  } else if (const auto w = how.trace_windows.find(T); w != how.trace_windows.end()) {
+#if defined(OOMB_HAVE_CUDA)
+    const KernelTrace trace(how.kernel_trace_dir + "/trace_" + std::to_string(T) + ".tsv", w->second.first,
+                            w->second.second);
+#else
+    std::cerr << "--kernel-trace: a CUDA build only" << std::endl;
+#endif
+    run();
+  } else {
+    run();
+  }
+  return step;
+}
+
+// The plan's placement and predictions, beside what was measured.
+void AddPlan(const MemoryPlan& plan, at::Device d, nlohmann::json& r) {
+  r["kv_pool_bytes"] = plan.kv_device_bytes;
+  r["kv_device_pages"] = plan.device_kv_pages;
+  r["kv_host_pages"] = plan.host_kv_pages;
+  r["kv_grad_device_pages"] = plan.device_grad_pages;
+  r["kv_grad_host_pages"] = plan.host_grad_pages;
+  r["host_pinned_bytes"] = plan.kv_host_bytes;
+  r["planned_peak_bytes"] = plan.peak_device_bytes;
+  r["planned_over_measured"] = static_cast<double>(plan.peak_device_bytes) / PeakBytes(d);
+  r["planned_host_bytes"] = plan.peak_host_bytes;
+  r["planned_max_seq_len"] = plan.max_seq_len_that_fits;
+}
+
+// The step's numbers: time, rate, memory, traffic, model FLOPs (the session's count: sparse, the
+// query-key pairs attended; SpaCO, the backward of the kept tokens only).
+void AddStep(const StepResult& step, int64_t T, const BenchSpec& bench, const Measurement& how, at::Device d,
+             nlohmann::json& r) {
+  const double s = step.seconds;
+  r["s_per_step"] = s;
+  if (how.sections) {
+    r["sections_s"] = step.sections;
+    r["sections_host_s"] = step.host_sections;
+  }
+  r["tok_s"] = T / s;
+  if (bench.chunk_fraction < 1) {
+    r["chunks"] = step.chunks;
+    r["chunks_kept"] = step.chunks_kept;
+  }
+  if (step.report.attention_density > 0) r["attention_density"] = step.report.attention_density;
+  r["peak_bytes"] = PeakBytes(d);
+  r["host_kv_peak_bytes"] = step.memory.host_kv_peak_bytes;
+  r["h2d_bytes"] = step.memory.bytes_to_device;
+  r["d2h_bytes"] = step.memory.bytes_to_host;
+  r["model_tflops"] = step.report.model_flops / s / 1e12;
+  if (how.peak_tflops > 0) r["mfu"] = step.report.model_flops / s / 1e12 / how.peak_tflops;
+}
+
+// One length: a session for it, the warm-up step, the measured step; one JSON line.
+nlohmann::json MeasureLength(Transformer& m, int64_t T, const BenchSpec& bench, const Measurement& how, at::Device d) {
+  nlohmann::json r = {{"S", T}};
+  try {
+    EmptyCache(d);
+    auto session = MakeSession(m, T, bench, d);
+    if (!session.ok()) throw std::runtime_error(std::string(session.status().message()));
+    auto warm = Step(**session, std::min<int64_t>(T, 3 * bench.chunk), d);  // kernels, allocator
+    if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
+    r["host_pin_wait_s"] = WaitForHost(**session);  // pinning is not part of a step
+    ResetPeak(d);
+    CopyEngine* copies = (*session)->pools().copies.get();
+    // The copy engine's batches by way and kind: bytes, and the seconds their copies ran on
+    // their streams (CUDA events around each; queueing behind earlier batches excluded).
+    std::map<std::string, std::pair<int64_t, double>> transfers;
+    if (copies != nullptr) {
+      copies->set_observer([&transfers](TransferDirection dir, PageKind kind, int64_t bytes, double seconds) {
+        auto& [b, t] = transfers[std::string(DirectionName(dir)) + "_" + KindName(kind)];
+        b += bytes;
+        t += seconds;
+      });
+    }
+    const double add_wait_s = copies != nullptr ? copies->add_wait_seconds() : 0;
+    const nlohmann::json allocator_before = AllocatorCounts(d);
+    const absl::StatusOr<StepResult> step = MeasuredStep(**session, T, how, d, r);
+    if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
+    AddStep(*step, T, bench, how, d, r);
+    nlohmann::json allocator = AllocatorCounts(d);
+    for (auto& [name, count] : allocator.items()) count = count.get<int64_t>() - allocator_before[name].get<int64_t>();
+    if (!allocator.empty()) r["allocator"] = allocator;
+    AddPlan((*session)->plan(), d, r);
+    if (copies != nullptr) {
+      r["add_wait_s"] = copies->add_wait_seconds() - add_wait_s;
+      copies->Fence();  // the last batches' durations
+      copies->set_observer(nullptr);
+      for (const auto& [name, bt] : transfers) {
+        r["transfers"][name] = {{"bytes", bt.first}, {"busy_s", bt.second}, {"gb_s", bt.first / bt.second / 1e9}};
+      }
+    }
+  } catch (const std::exception& e) {
+    r["oom"] = true;
+    r["error"] = std::string(e.what()).substr(0, 300);
+  }
+  for (auto& [name, p] : m.TrainableParameters()) p.mutable_grad().reset();
+  return r;
 }
 
 int Main(int argc, char** argv) {
@@ -448,8 +531,7 @@ int Main(int argc, char** argv) {
     }
     tokens.push_back(*resolved);
   }
-  const ChunkTrainerOptions trainer_options = bench.TrainerOptions();
-  const bool sparse = trainer_options.sparse.has_value();
+  const bool sparse = sparse_budget > 0;
   const double peak_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
   std::cout << nlohmann::json{{"model", model},
                               {"method", full ? "full" : "lora"},
@@ -475,106 +557,12 @@ int Main(int argc, char** argv) {
       lora.rank = rank;
       if (!m->AddLora(lora, 0).ok()) return 1;
     }
-    std::vector<at::Tensor> params;
-    for (auto& [n, p] : m->TrainableParameters()) params.push_back(p);
-    torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-5));
-    const double N = static_cast<double>(config.ParameterCount());
-    const double dl = static_cast<double>(config.q_dim() * config.num_layers);
-    for (int64_t T : tokens) {
-      nlohmann::json r = {{"S", T}};
-      try {
-        EmptyCache(d);
-        auto pools = MakePools(*m, T, bench, d);
-        if (!pools.ok()) throw std::runtime_error(std::string(pools.status().message()));
-        auto warm = Step(*m, opt, *pools, std::min<int64_t>(T, 3 * chunk), trainer_options, d);  // kernels, allocator
-        if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
-        r["host_pin_wait_s"] = pools->WaitForHost();  // pinning is not part of a step
-        ResetPeak(d);
-        CopyEngine* copies = pools->owned.copies.get();
-        // The copy engine's batches by way and kind: bytes, and the seconds their copies ran on
-        // their streams (CUDA events around each; queueing behind earlier batches excluded).
-        std::map<std::string, std::pair<int64_t, double>> transfers;
-        if (copies != nullptr) {
-          copies->set_observer([&transfers](TransferDirection dir, PageKind kind, int64_t bytes, double seconds) {
-            auto& [b, t] = transfers[std::string(DirectionName(dir)) + "_" + KindName(kind)];
-            b += bytes;
-            t += seconds;
-          });
-        }
-        const double add_wait_s = copies != nullptr ? copies->add_wait_seconds() : 0;
-        const nlohmann::json allocator_before = AllocatorCounts(d);
-        absl::StatusOr<StepResult> step;
-        const auto run = [&] { step = Step(*m, opt, *pools, T, trainer_options, d, sections); };
-        if (kernel_profile > 0) {
-          r.update(Profiled(run, static_cast<size_t>(kernel_profile)));
-        } else if (const auto w = trace_windows.find(T); w != trace_windows.end()) {
-#if defined(OOMB_HAVE_CUDA)
-          const KernelTrace trace(kernel_trace_dir + "/trace_" + std::to_string(T) + ".tsv", w->second.first,
-                                  w->second.second);
-#else
-          std::cerr << "--kernel-trace: a CUDA build only" << std::endl;
-#endif
-          run();
-        } else {
-          run();
-        }
-        if (!step.ok()) throw std::runtime_error(std::string(step.status().message()));
-        const double* s = &step->seconds;
-        // Sparse: the attention's model FLOPs are those of the query-key pairs attended.
-        // SpaCO: the backward (4 of the 6) of the kept tokens only.
-        const double kept = (2.0 + 4.0 * static_cast<double>(step->tokens_kept) / static_cast<double>(T)) / 6.0;
-        const double flops = kept * (sparse ? 6 * N * T + 12.0 * config.head_dim * step->sparse.attended_pairs
-                                            : 6 * N * T + 6 * dl * static_cast<double>(T) * T);
-        r["s_per_step"] = *s;
-        if (sections) {
-          r["sections_s"] = step->sections;
-          r["sections_host_s"] = step->host_sections;
-        }
-        r["tok_s"] = T / *s;
-        if (chunk_fraction < 1) {
-          r["chunks"] = step->chunks;
-          r["chunks_kept"] = step->chunks_kept;
-        }
-        if (sparse && step->sparse.past_pages > 0) {
-          r["attention_density"] =
-              static_cast<double>(step->sparse.selected_pages) / static_cast<double>(step->sparse.past_pages);
-        }
-        r["peak_bytes"] = PeakBytes(d);
-        nlohmann::json allocator = AllocatorCounts(d);
-        for (auto& [name, count] : allocator.items())
-          count = count.get<int64_t>() - allocator_before[name].get<int64_t>();
-        if (!allocator.empty()) r["allocator"] = allocator;
-        const MemoryPlan& plan = pools->plan;
-        r["kv_pool_bytes"] = plan.kv_device_bytes;
-        r["kv_device_pages"] = plan.device_kv_pages;
-        r["kv_host_pages"] = plan.host_kv_pages;
-        r["kv_grad_device_pages"] = plan.device_grad_pages;
-        r["kv_grad_host_pages"] = plan.host_grad_pages;
-        r["host_pinned_bytes"] = plan.kv_host_bytes;
-        r["host_kv_peak_bytes"] = step->memory.host_kv_peak_bytes;
-        r["h2d_bytes"] = step->memory.bytes_to_device;
-        r["d2h_bytes"] = step->memory.bytes_to_host;
-        if (copies != nullptr) {
-          r["add_wait_s"] = copies->add_wait_seconds() - add_wait_s;
-          copies->Fence();  // the last batches' durations
-          copies->set_observer(nullptr);
-          for (const auto& [name, bt] : transfers) {
-            r["transfers"][name] = {{"bytes", bt.first}, {"busy_s", bt.second}, {"gb_s", bt.first / bt.second / 1e9}};
-          }
-        }
-        r["model_tflops"] = flops / *s / 1e12;
-        r["planned_peak_bytes"] = plan.peak_device_bytes;
-        r["planned_over_measured"] = static_cast<double>(plan.peak_device_bytes) / PeakBytes(d);
-        r["planned_host_bytes"] = plan.peak_host_bytes;
-        r["planned_max_seq_len"] = plan.max_seq_len_that_fits;
-        if (peak_tflops > 0) r["mfu"] = flops / *s / 1e12 / peak_tflops;
-      } catch (const std::exception& e) {
-        r["oom"] = true;
-        r["error"] = std::string(e.what()).substr(0, 300);
-        opt.zero_grad(true);
-      }
-      std::cout << r.dump() << std::endl;
-    }
+    const Measurement how{.sections = sections,
+                          .kernel_profile = kernel_profile,
+                          .trace_windows = trace_windows,
+                          .kernel_trace_dir = kernel_trace_dir,
+                          .peak_tflops = peak_tflops};
+    for (int64_t T : tokens) std::cout << MeasureLength(*m, T, bench, how, d).dump() << std::endl;
   }
   if (grad_check > 0 && !full) {
     EmptyCache(d);

@@ -83,7 +83,7 @@ int RunMain(const RunFlags& f) {
   options.checkpoint_dir = *std::move(claimed);
   options.resume = f.resume;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
-  options.on_step = [tty](const StepProgress& p) {
+  options.on_step = [tty](const StepReport& p) {
     const std::string line =
         fmt::format("step {}/{} loss {:.4f} lr {:.3g} {:.0f} tok/s mem {} eta {}{}", p.step, p.total_steps, p.loss,
                     p.learning_rate, p.tokens_per_second, Bytes(p.peak_device_bytes), Duration(p.eta_seconds),

@@ -49,7 +49,7 @@ void Fail(v1::Job* j, const absl::Status& s, std::vector<v1::JobEvent>* events) 
   *events->back().mutable_error() = j->error();
 }
 
-void FillProgress(const StepProgress& p, v1::Progress* out) {
+void FillProgress(const StepReport& p, v1::Progress* out) {
   out->set_step(p.step);
   out->set_total_steps(p.total_steps);
   out->set_tokens(p.tokens);
@@ -560,7 +560,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
     absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
     o.resume = checkpoints.ok() && !checkpoints->empty();
     o.kv_stats = options_.kv_stats;
-    o.on_step = [this, &id, &device](const StepProgress& p) {
+    o.on_step = [this, &id, &device](const StepReport& p) {
       absl::StatusOr<v1::Job> r = Append(id, IfStillOurs([&p](v1::Job* j, std::vector<v1::JobEvent>* events) {
                                            FillProgress(p, j->mutable_progress());
                                            v1::JobEvent e;

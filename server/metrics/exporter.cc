@@ -349,7 +349,7 @@ void MetricsExporter::RunStarted(const std::string& slot, const v1::Job& job, ab
   s.busy->Set(1);
 }
 
-void MetricsExporter::Step(const std::string& slot, const StepProgress& p) {
+void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
   absl::MutexLock lock(&mu_);
   SlotSeries& s = SlotLocked(slot);
   s.tokens->Increment(static_cast<double>(p.step_tokens));

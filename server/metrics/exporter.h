@@ -90,7 +90,7 @@ class MetricsExporter final : public MetricsSink {
 
   // MetricsSink.
   void RunStarted(const std::string& slot, const v1::Job& job, absl::Duration queue_wait) override;
-  void Step(const std::string& slot, const StepProgress& progress) override;
+  void Step(const std::string& slot, const StepReport& progress) override;
   void CheckpointSaved(const std::string& slot, const CheckpointInfo& checkpoint) override;
   void RunStopped(const std::string& slot) override;
   void StateEntered(v1::Job::State state) override;

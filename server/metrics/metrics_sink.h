@@ -27,7 +27,7 @@ class MetricsSink {
   // queue.
   virtual void RunStarted(const std::string& slot, const v1::Job& job, absl::Duration queue_wait) = 0;
   // An optimizer step of the run on `slot` finished.
-  virtual void Step(const std::string& slot, const StepProgress& progress) = 0;
+  virtual void Step(const std::string& slot, const StepReport& progress) = 0;
   // The run on `slot` wrote a checkpoint (it is durable).
   virtual void CheckpointSaved(const std::string& slot, const CheckpointInfo& checkpoint) = 0;
   // The run on `slot` returned, whatever its outcome; the slot is idle.

@@ -73,7 +73,7 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   ASSERT_TRUE(e.ok()) << e.status();
   MetricsExporter& m = **e;
   m.RunStarted("cpu", RunningJob("job-a", 10), absl::Seconds(3));
-  StepProgress p;
+  StepReport p;
   p.step = 1;
   p.total_steps = 10;
   p.tokens = 128;
@@ -267,7 +267,7 @@ class RecordingSink final : public MetricsSink {
   void RunStarted(const std::string& slot, const v1::Job& job, absl::Duration) override {
     Add("start " + slot + " " + job.name());
   }
-  void Step(const std::string& slot, const StepProgress& p) override {
+  void Step(const std::string& slot, const StepReport& p) override {
     Add("step " + slot + " " + std::to_string(p.step));
   }
   void CheckpointSaved(const std::string& slot, const CheckpointInfo& c) override {
@@ -307,9 +307,9 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
   o.kv_stats = &kv;
   o.runner = [&](const JobConfig&, const RunOptions& r) -> absl::StatusOr<RunResult> {
     seen_kv = r.kv_stats;
-    r.on_step(StepProgress{.step = 1, .total_steps = 2, .tokens = 10});
+    r.on_step(StepReport{.step = 1, .total_steps = 2, .tokens = 10});
     r.on_checkpoint(CheckpointInfo{.step = 1, .path = r.checkpoint_dir->PathOf("c"), .bytes = 1});
-    r.on_step(StepProgress{.step = 2, .total_steps = 2, .tokens = 20});
+    r.on_step(StepReport{.step = 2, .total_steps = 2, .tokens = 20});
     return RunResult{};
   };
   {

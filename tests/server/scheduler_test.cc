@@ -63,7 +63,7 @@ struct ScriptedRunner {
         return RunResult{.outcome = RunOutcome::kPaused, .final_checkpoint = {}};
       }
       if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms.load()));
-      o.on_step(StepProgress{.step = s, .total_steps = steps, .tokens = 100 * s, .loss = 2.0 / s});
+      o.on_step(StepReport{.step = s, .total_steps = steps, .tokens = 100 * s, .loss = 2.0 / s});
       if (s == 2) o.on_checkpoint(CheckpointInfo{.step = 2, .path = o.checkpoint_dir->PathOf("step-2"), .bytes = 10});
     }
     if (!error.ok()) return error;

@@ -36,39 +36,9 @@
 #include "worker/data/dataset.h"
 #include "worker/job/job_config.h"
 #include "worker/metrics/kv_stats.h"
+#include "worker/metrics/step_report.h"
 
 namespace oomb {
-
-// One optimizer step's numbers, as reported in events, metrics.jsonl and the progress bar.
-struct StepProgress {
-  int64_t step = 0;  // 1-based, after the step
-  int64_t total_steps = 0;
-  int64_t tokens = 0;  // tokens trained so far (label tokens included in the loss)
-  double loss = 0;     // mean loss of the step
-  double learning_rate = 0;
-  double step_seconds = 0;
-  double tokens_per_second = 0;
-  double eta_seconds = 0;
-  int64_t peak_device_bytes = 0;  // peak allocated on the device (CPU: tracked tensors)
-  int64_t host_kv_bytes = 0;      // KV + KV-grad bytes in the host tier at the step's peak
-  int64_t pcie_h2d_bytes = 0;     // cumulative copy-engine traffic
-  int64_t pcie_d2h_bytes = 0;
-  double eval_loss = 0;     // > 0 when an eval ran at this step
-  int64_t step_tokens = 0;  // tokens of this step (`tokens` is the running total)
-  // Model FLOPs of this step and their rate against the device's datasheet peak
-  // (worker/metrics/flops.h); mfu is 0 where the peak is unknown (the CPU, unlisted GPUs).
-  double model_flops = 0;
-  double mfu = 0;
-  // Sparse attention: past pages attended / past pages there were, over the step's chunks,
-  // layers, query tiles and KV heads (ChunkTrainer::sparse_stats); 0 for dense attention.
-  // Sparse steps count the attention's model FLOPs of the query-key pairs attended.
-  double attention_density = 0;
-  // Seconds of each chunk of this step, stage 1 (forward without a graph) and stage 2
-  // (recompute + backward), in the order they ran; on a GPU, device time between chunk
-  // boundaries (CUDA events).
-  std::vector<double> forward_chunk_seconds = {};
-  std::vector<double> backward_chunk_seconds = {};
-};
 
 struct CheckpointInfo {
   int64_t step = 0;
@@ -93,7 +63,7 @@ struct RunOptions {
   // devices for the other ranks (the CPU: every rank on the CPU).
   std::vector<std::string> devices;
   bool resume = false;  // continue from the newest valid checkpoint in checkpoint_dir
-  std::function<void(const StepProgress&)> on_step;
+  std::function<void(const StepReport&)> on_step;
   std::function<void(const CheckpointInfo&)> on_checkpoint;
   std::function<void(const std::string&)> on_warning;
   std::function<StopRequest()> poll_stop;

@@ -115,7 +115,7 @@ Outcome RunOnce(const JobConfig& spec, const std::string& ckpt, bool resume = fa
   options.checkpoint_dir = testing::MakeDirs(ckpt);
   options.devices.assign(static_cast<size_t>(spec.resources.gpus), "cpu");
   options.resume = resume;
-  options.on_step = [&](const StepProgress& p) { o.losses.push_back(p.loss); };
+  options.on_step = [&](const StepReport& p) { o.losses.push_back(p.loss); };
   options.poll_stop = poll ? poll : [] { return StopRequest::kNone; };
   o.result = RunJob(spec, options);
   return o;
@@ -178,7 +178,7 @@ TEST(DataParallelTest, PauseAndResumeAcrossRanksContinueTheRun) {
     options.files = FileAccess::Unconfined();
     options.checkpoint_dir = testing::MakeDirs(f.root + "/paused");
     options.devices = {"cpu", "cpu"};
-    options.on_step = [&](const StepProgress& p) {
+    options.on_step = [&](const StepReport& p) {
       paused.losses.push_back(p.loss);
       steps = static_cast<int>(p.step);
     };

@@ -16,6 +16,7 @@
 
 #include "tests/worker/train/tiny_model.h"
 #include "worker/plan/memory_planner.h"
+#include "worker/session/training_session.h"
 #include "worker/train/chunk_trainer.h"
 
 namespace oomb {
@@ -68,18 +69,18 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
     model->EnableFullFineTuning();
   }
 
-  // The executor's pools (worker/job/executor.cc).
+  // The engine as the executor builds it: plan, pools, trainer and AdamW (TrainingSession).
+  SessionOptions options;
+  options.longest_sequence = k.tokens;
+  auto session = TrainingSession::Create(model.get(), spec, options);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const PagePool& kv = *(*session)->pools().kv;
+  const PagePool& grad = *(*session)->pools().grad;
   const int64_t P = spec.memory.page_tokens;
-  const int64_t pages = c.num_layers * ((k.tokens + P - 1) / P + 1);
-  const PageShape shape{c.num_kv_heads, P, c.head_dim};
-  auto kv = *PagePool::Create(PageKind::kKv, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
-  auto grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
-  EXPECT_EQ(plan->kv_bytes, (kv->stats().capacity_pages + grad->stats().capacity_pages) * kv->stats().bytes_per_page);
+  EXPECT_EQ(kv.stats().capacity_pages, c.num_layers * ((k.tokens + P - 1) / P + 1));
+  EXPECT_EQ(plan->kv_bytes, (kv.stats().capacity_pages + grad.stats().capacity_pages) * kv.stats().bytes_per_page);
 
-  ChunkTrainerOptions options;
-  options.chunk_tokens = k.chunk;
-  if (k.sparse) options.sparse = kernels::PageSelectOptions{.page_budget = 8};
-  ChunkTrainer trainer(model.get(), kv.get(), grad.get(), options);
+  ChunkTrainer& trainer = (*session)->trainer();
   const auto docs = testing::RandomDocs(1, k.tokens, k.tokens, c.vocab_size, 7);
   // Twice: the first sequence also allocates the parameters' .grad, which the plan counts as
   // trainable state, not activations.
@@ -87,13 +88,12 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
     auto loss = trainer.TrainSequence(TokenSequence::FromDocument(docs[0]), 1.0 / k.tokens, 3);
     ASSERT_TRUE(loss.ok()) << loss.status();
   }
-  std::vector<at::Tensor> params;
-  for (auto& [name, p] : model->TrainableParameters()) params.push_back(p);
-  torch::optim::AdamW adam(params, torch::optim::AdamWOptions(1e-3));
+  torch::optim::AdamW& adam = (*session)->optimizer();
   adam.step();
   int64_t trainable = 0;
   // Full fine-tuning trains the weights themselves: the plan counts them once, as weights.
-  for (const at::Tensor& p : params) trainable += (k.method == "lora" ? Bytes(p) : 0) + Bytes(p.grad());
+  for (auto& [name, p] : model->TrainableParameters())
+    trainable += (k.method == "lora" ? Bytes(p) : 0) + Bytes(p.grad());
   for (const auto& [key, state] : adam.state()) {
     const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
     trainable += Bytes(s.exp_avg()) + Bytes(s.exp_avg_sq());

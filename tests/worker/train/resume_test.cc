@@ -76,7 +76,7 @@ JobConfig MakeSpec(const Fixture& f) {
 struct Outcome {
   RunOutcome outcome = RunOutcome::kSucceeded;
   std::vector<std::pair<int64_t, double>> losses;  // (step, loss) from on_step
-  std::vector<double> densities;                   // StepProgress::attention_density
+  std::vector<double> densities;                   // StepReport::attention_density
   std::vector<std::string> warnings;
 };
 
@@ -93,7 +93,7 @@ Outcome RunOnce(const JobConfig& spec, const std::string& ckpt, bool resume, int
   options.checkpoint_dir = testing::MakeDirs(ckpt);
   options.devices = {"cpu"};
   options.resume = resume;
-  options.on_step = [&](const StepProgress& p) {
+  options.on_step = [&](const StepReport& p) {
     o.losses.emplace_back(p.step, p.loss);
     o.densities.push_back(p.attention_density);
     last_step = p.step;
@@ -293,7 +293,7 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   options.files = FileAccess::Unconfined();
   options.checkpoint_dir = testing::MakeDirs(root + "/ckpt");
   options.devices = {"cpu"};
-  options.on_step = [&](const StepProgress& p) {
+  options.on_step = [&](const StepReport& p) {
     if (p.eval_loss > 0) evals.emplace_back(p.step, p.eval_loss);
   };
   auto r = RunJob(spec, options);
@@ -334,7 +334,7 @@ TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
     options.files = FileAccess::Unconfined();
     options.checkpoint_dir = testing::MakeDirs(dir);
     options.devices = {"cpu"};
-    options.on_step = [&](const StepProgress& p) {
+    options.on_step = [&](const StepReport& p) {
       reported = p.step;
       eval_losses.push_back(p.eval_loss);
     };

@@ -1,0 +1,131 @@
+// A model in training on one device: the memory plan for the job's longest sequence, the page
+// pools placed by it, the chunk-recurrent trainer over them (worker/train/chunk_trainer.h) and
+// AdamW, driven one optimizer step at a time, each reported as a StepReport. The executor
+// (worker/job/executor.h), bench_train and the tests train through it; the run around the steps
+// (data, epochs, checkpoints, evaluation schedule, stops) is the executor's.
+//
+// Data parallel: the ranks' sessions meet at the points StepSync names, in the same order on
+// every rank, so a failure or a stop on one rank is seen by all at the same point.
+//
+// Thread-safety: one session per training thread.
+#ifndef OOMB_WORKER_SESSION_TRAINING_SESSION_H_
+#define OOMB_WORKER_SESSION_TRAINING_SESSION_H_
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/data/sequence.h"
+#include "worker/job/job_config.h"
+#include "worker/kv/kv_pools.h"
+#include "worker/metrics/kv_stats.h"
+#include "worker/metrics/step_report.h"
+#include "worker/model/transformer.h"
+#include "worker/plan/memory_planner.h"
+#include "worker/train/chunk_trainer.h"
+
+namespace oomb {
+
+// The ranks of a data-parallel run as a step sees them. The default is one device: every
+// sequence is this rank's, and there is no one to agree with.
+class StepSync {
+ public:
+  virtual ~StepSync() = default;
+  // The ranks' count, and whether this rank trains sequence `index` of a batch.
+  virtual int world() const { return 1; }
+  virtual bool Owns(int64_t index) const { return true; }
+  // Every rank learns, at the same point, whether any rank failed or was asked to stop; `sums`
+  // (optional) are summed over the ranks in place. Returns this rank's error, or ABORTED with
+  // reason PEER_FAILED when only another rank failed.
+  virtual absl::Status Agree(const absl::Status& mine, std::vector<double>* sums) { return mine; }
+  virtual absl::Status AllReduceGradients(const std::vector<at::Tensor>& params) { return absl::OkStatus(); }
+  // Whether a stop was asked (after Agree: the same answer on every rank).
+  virtual bool stopping() const { return false; }
+};
+
+struct SessionOptions {
+  at::Device device = at::kCPU;
+  // The pools hold a sequence of this many tokens (the job's longest, training or validation).
+  int64_t longest_sequence = 0;
+  // Where the pools publish their live page counts and transfers (for /metrics), under `slot`;
+  // null: nowhere. Must outlive the session.
+  KvStatsRegistry* kv_stats = nullptr;
+  std::string kv_stats_slot;
+  // Asked at every chunk boundary; true stops the sequence (then the step returns CANCELLED
+  // once the ranks agree).
+  std::function<bool()> should_stop;
+  StepSync* sync = nullptr;  // null: one device
+  // The reliability tests' failpoint: a real c10::OutOfMemoryError at the start of this step
+  // (1-based; 0: never), as an exhausted allocator would throw it.
+  int64_t oom_at_step = 0;
+  kernels::GpuAttentionKernel attention_kernel = kernels::GpuAttentionKernel::kCudnn;
+};
+
+class TrainingSession {
+ public:
+  // `model` (not owned; it must outlive the session) with its trainable parameters chosen
+  // (LoRA added, or full fine-tuning enabled). Plans the job's memory on this machine, makes
+  // the pools (host slabs are pinned by their own threads from now on) and AdamW from
+  // spec.training. RESOURCE_EXHAUSTED when the plan does not fit.
+  static absl::StatusOr<std::unique_ptr<TrainingSession>> Create(Transformer* model, const JobConfig& spec,
+                                                                 SessionOptions options);
+
+  // One optimizer step, number `step` (1-based), over the global batch at learning rate `lr`:
+  // this rank's sequences forward and backward (gradients of the batch's mean loss), the loss
+  // and statistics summed over the ranks, gradients all-reduced and clipped to
+  // training.max_grad_norm, AdamW. Errors: CANCELLED when a stop was asked before the optimizer
+  // step (nothing applied, gradients cleared); INTERNAL with reason NAN_LOSS for a loss that is
+  // not finite; the trainer's errors (worker/train/chunk_trainer.h) and the other ranks'.
+  absl::StatusOr<StepReport> Step(const std::vector<TokenSequence>& batch, int64_t step, double lr);
+
+  // The mean loss over `sequences` (each rank its share), without gradients; 0 when a stop was
+  // asked meanwhile.
+  absl::StatusOr<double> Evaluate(const std::vector<TokenSequence>& sequences);
+
+  // The seed of sequence `index` of step `step`'s batch: its LoRA dropout masks and SpaCO draws
+  // (ChunkTrainer::KeepChunk).
+  uint64_t DropoutSeed(int64_t step, size_t index) const;
+
+  Transformer& model() const { return *model_; }
+  torch::optim::AdamW& optimizer() const { return *optimizer_; }
+  const MemoryPlan& plan() const { return plan_; }
+  const OwnedKvPools& pools() const { return pools_; }
+  ChunkTrainer& trainer() const { return *trainer_; }
+
+ private:
+  TrainingSession(Transformer* model, const JobConfig& spec, SessionOptions options);
+  absl::Status Init();
+  // Publishes the pools' page counts and the copy engine's transfers to options_.kv_stats.
+  void AttachKvStats();
+  // This rank's sequences of the batch, gradients accumulated into `report` and `sums`
+  // (loss, selected pages, past pages, attended pairs, kept tokens).
+  absl::Status TrainLocal(const std::vector<TokenSequence>& batch, int64_t step, double loss_scale,
+                          std::vector<double>* sums, StepReport* report, TrainerMemory* peak);
+  // Clips and applies the gradients.
+  absl::Status ApplyGradients(double lr);
+  // The step's measured numbers, from what the ranks summed.
+  void Measure(const std::vector<TokenSequence>& batch, const std::vector<double>& sums, const TrainerMemory& peak,
+               double seconds, StepReport* report) const;
+
+  Transformer* model_;
+  const JobConfig spec_;
+  SessionOptions options_;
+  StepSync one_device_;
+  StepSync* sync_;
+  std::vector<at::Tensor> params_;  // the trainable parameters, in the optimizer's order
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  MemoryPlan plan_;
+  OwnedKvPools pools_;
+  std::unique_ptr<ChunkTrainer> trainer_;
+  double peak_flops_ = 0;  // the device's datasheet peak, for MFU; 0: unknown
+};
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_SESSION_TRAINING_SESSION_H_
