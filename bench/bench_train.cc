@@ -227,6 +227,7 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> MakeSession(Transformer& m, int
                                                              at::Device d) {
   SessionOptions o;
   o.device = d;
+  o.machine = ThisMachine(d.is_cuda() ? "cuda:0" : "cpu");
   o.longest_sequence = T;
   o.attention_kernel = b.AttentionKernel();
   return TrainingSession::Create(&m, b.At(T), std::move(o));

@@ -6,7 +6,7 @@
 
 #include "server/commands.h"
 #include "worker/data/build.h"
-#include "worker/model/tokenizer.h"
+#include "worker/hf/tokenizer.h"
 
 namespace oomb::server {
 

@@ -3,8 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "worker/common/checkpoint_dir.h"
 #include "worker/common/status.h"
-#include "worker/job/checkpoint_dir.h"
 
 namespace oomb::server {
 

@@ -6,7 +6,7 @@
 //     whatever the roots say (the job store, its WAL, the sockets and port files, and other
 //     jobs' checkpoints live there);
 //   - a job without checkpoint.dir writes to <data_dir>/jobs/<id>/checkpoints;
-//   - a checkpoint directory belongs to one job (worker/job/checkpoint_dir.h).
+//   - a checkpoint directory belongs to one job (worker/common/checkpoint_dir.h).
 // Thread-safe (immutable after Create).
 #ifndef OOMB_SERVER_JOB_FILES_H_
 #define OOMB_SERVER_JOB_FILES_H_
@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/common/file_access.h"
-#include "worker/job/job_config.h"
+#include "worker/plan/job_config.h"
 
 namespace oomb::server {
 

@@ -1,5 +1,5 @@
 // The job spec at the server: how an oomb.v1.JobSpec (from CreateJob, EstimateJob, the store, or
-// a YAML file for `oombd run`) becomes the engine's JobConfig (worker/job/job_config.h).
+// a YAML file for `oombd run`) becomes the engine's JobConfig (worker/plan/job_config.h).
 //
 //   1. the schema's defaults and checks (proto/spec: spec::FillDefaults, spec::CheckRules);
 //   2. the checks that relate fields, here:
@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "oomb/v1/job_spec.pb.h"
 #include "proto/spec/spec_codec.h"
-#include "worker/job/job_config.h"
+#include "worker/plan/job_config.h"
 
 namespace oomb::server {
 

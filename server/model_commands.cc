@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "server/commands.h"
+#include "worker/hf/tokenize_tool.h"
 #include "worker/job/model_tools.h"
-#include "worker/model/tokenize_tool.h"
 
 namespace oomb::server {
 

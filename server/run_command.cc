@@ -15,8 +15,8 @@
 #include "server/commands.h"
 #include "server/job_files.h"
 #include "server/job_spec.h"
+#include "worker/common/checkpoint_dir.h"
 #include "worker/common/file_access.h"
-#include "worker/job/checkpoint_dir.h"
 #include "worker/job/executor.h"
 
 namespace oomb::server {

@@ -78,7 +78,7 @@
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
 #include "worker/job/executor.h"
-#include "worker/job/job_config.h"
+#include "worker/plan/job_config.h"
 
 namespace oomb::server {
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the safetensors reader (worker/model/safetensors.h) on arbitrary bytes.
+// libFuzzer target: the safetensors reader (worker/hf/safetensors.h) on arbitrary bytes.
 // Contract checked: no crash, leak or UB; an accepted file's tensor views lie inside the
 // mapping, have the size their dtype and shape say, and do not overlap (every byte of every
 // view is read, so ASan sees any out-of-bounds view).
@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "tests/fuzz/fuzz_input.h"
-#include "worker/model/safetensors.h"
+#include "worker/hf/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const oomb::File file = oomb::fuzz::MemFile(data, size);

@@ -1,4 +1,4 @@
-"""Generates worker/model/unicode_nfc_tables.inc, the Unicode data behind oomb's NFC normalizer.
+"""Generates worker/hf/unicode_nfc_tables.inc, the Unicode data behind oomb's NFC normalizer.
 
 Usage: gen_unicode_nfc.py OUT   (run with the project venv's python; records its Unicode version)
 

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/model/tokenizer.h"
+#include "worker/hf/tokenizer.h"
 
 namespace oomb {
 

@@ -37,8 +37,8 @@
 
 #include "absl/status/statusor.h"
 #include "worker/data/sequence.h"
-#include "worker/model/chat_template.h"
-#include "worker/model/tokenizer.h"
+#include "worker/hf/chat_template.h"
+#include "worker/hf/tokenizer.h"
 
 namespace oomb {
 

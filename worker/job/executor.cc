@@ -16,14 +16,15 @@
 #include "absl/strings/strip.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
+#include "worker/hf/chat_template.h"
+#include "worker/hf/tokenizer.h"
+#include "worker/job/build_info.h"
 #include "worker/metrics/metrics_log.h"
-#include "worker/model/chat_template.h"
-#include "worker/model/tokenizer.h"
 #include "worker/model/transformer.h"
+#include "worker/plan/lr_schedule.h"
 #include "worker/session/training_session.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/data_parallel.h"
-#include "worker/train/lr_schedule.h"
 #include "worker/train/torch_status.h"
 
 namespace oomb {
@@ -288,6 +289,7 @@ absl::Status Run::LoadModel() {
 absl::Status Run::MakeSession(int64_t longest) {
   SessionOptions o;
   o.device = device_;
+  o.machine = ThisMachine(device_.is_cuda() ? device_.str() : "cpu");
   o.longest_sequence = longest;
   o.kv_stats = options_.kv_stats;
   o.kv_stats_slot = options_.devices.empty() ? device_.str() : options_.devices[rank_.index];

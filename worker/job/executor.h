@@ -34,9 +34,9 @@
 #include "absl/status/statusor.h"
 #include "worker/common/file_access.h"
 #include "worker/data/dataset.h"
-#include "worker/job/job_config.h"
 #include "worker/metrics/kv_stats.h"
 #include "worker/metrics/step_report.h"
+#include "worker/plan/job_config.h"
 
 namespace oomb {
 
@@ -55,7 +55,7 @@ struct RunOptions {
   // (FileAccess::Create), or FileAccess::Unconfined() for a user's own run. Required.
   std::shared_ptr<const FileAccess> files;
   // The directory checkpoints and metrics.jsonl go to, opened and owned by this job
-  // (ClaimCheckpointDir, worker/job/checkpoint_dir.h). Required. Partial checkpoints left in it
+  // (ClaimCheckpointDir, worker/common/checkpoint_dir.h). Required. Partial checkpoints left in it
   // (a kill -9, a full disk) are removed when the run starts and when it fails.
   std::optional<Dir> checkpoint_dir;
   // One device per data-parallel rank ("cpu", "cuda:0"), resources.gpus of them; from the

@@ -10,10 +10,10 @@
 #include "kernels/torch/paged_attention.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
+#include "worker/hf/chat_template.h"
+#include "worker/hf/safetensors.h"
+#include "worker/hf/tokenizer.h"
 #include "worker/kv/page_pool.h"
-#include "worker/model/chat_template.h"
-#include "worker/model/safetensors.h"
-#include "worker/model/tokenizer.h"
 #include "worker/model/transformer.h"
 #include "worker/train/chunk_trainer.h"
 

@@ -12,7 +12,7 @@
 #include "kernels/torch/layer_ops.h"
 #include "kernels/torch/upload.h"
 #include "worker/common/status.h"
-#include "worker/model/safetensors.h"
+#include "worker/hf/safetensors.h"
 
 namespace oomb {
 namespace {

@@ -31,7 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/model/model_config.h"
+#include "worker/hf/model_config.h"
 
 namespace oomb {
 

@@ -139,7 +139,7 @@ class Model {
     const int64_t layer_backward = C * (3 * I + 4 * H) * e_;
     // Attention. Blockwise path: the float32 scores of one block of queries against one block
     // of keys, and what is made from them (probabilities, their gradient, temporaries): 3.5
-    // blocks, the most measured on the CPU (tests/worker/train/memory_planner_test.cc).
+    // blocks, the most measured on the CPU (tests/worker/plan/memory_planner_test.cc).
     const int64_t key_block = cuda_ ? kGpuKeyBlock : kCpuKeyBlock;
     const int64_t block_elems =
         std::min(cuda_ ? kGpuBlockScoreElems : kCpuBlockScoreElems, c_.num_heads * C * std::min(T, key_block));

@@ -40,7 +40,7 @@
 // host's memory sets the longest context. The per-token activation
 // terms count the tensors autograd saves in Transformer::Hidden (see the .cc). Checked against
 // measurement: on the CPU, weights, trainable state and pools to the byte and activations as an
-// upper bound (tests/worker/train/memory_planner_test.cc); on the GPU, the whole peak within
+// upper bound (tests/worker/plan/memory_planner_test.cc); on the GPU, the whole peak within
 // 10% (bench/bench_train.cc prints both; results under bench/results).
 //
 // SpaCO (backward.chunk_fraction p < 1): stage 1 keeps every KV page and a kept chunk of stage
@@ -63,9 +63,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/job/job_config.h"
-#include "worker/model/model_config.h"
+#include "worker/hf/model_config.h"
 #include "worker/paging/page_id.h"
+#include "worker/plan/job_config.h"
 
 namespace oomb {
 

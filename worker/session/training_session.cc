@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/torch/gpu_timeline.h"
 #include "worker/common/status.h"
-#include "worker/job/build_info.h"
 #include "worker/kv/copy_engine.h"
 #include "worker/metrics/flops.h"
 #include "worker/train/torch_status.h"
@@ -97,7 +96,7 @@ absl::Status TrainingSession::Init() {
   const at::Device device = options_.device;
   JobConfig planned = spec_;
   planned.data.max_seq_len = std::max<int64_t>(options_.longest_sequence, 1);
-  OOMB_ASSIGN_OR_RETURN(plan_, PlanMemory(c, planned, ThisMachine(device.is_cuda() ? device.str() : "cpu")));
+  OOMB_ASSIGN_OR_RETURN(plan_, PlanMemory(c, planned, options_.machine));
   const at::ScalarType dtype = model_->dtype();
   OOMB_ASSIGN_OR_RETURN(pools_, MakeKvPools({c.num_kv_heads, spec_.memory.page_tokens, c.head_dim}, dtype,
                                             GradPageDtype(spec_.memory.kv_grad_dtype == KvGradDtype::kBFloat16, dtype),

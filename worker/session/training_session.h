@@ -22,11 +22,11 @@
 
 #include "absl/status/statusor.h"
 #include "worker/data/sequence.h"
-#include "worker/job/job_config.h"
 #include "worker/kv/kv_pools.h"
 #include "worker/metrics/kv_stats.h"
 #include "worker/metrics/step_report.h"
 #include "worker/model/transformer.h"
+#include "worker/plan/job_config.h"
 #include "worker/plan/memory_planner.h"
 #include "worker/train/chunk_trainer.h"
 
@@ -51,6 +51,9 @@ class StepSync {
 
 struct SessionOptions {
   at::Device device = at::kCPU;
+  // The machine the memory plan places the pages on: the device's and the host's memory
+  // (worker/job/build_info.h, ThisMachine).
+  PlanTarget machine;
   // The pools hold a sequence of this many tokens (the job's longest, training or validation).
   int64_t longest_sequence = 0;
   // Where the pools publish their live page counts and transfers (for /metrics), under `slot`;
@@ -70,7 +73,7 @@ struct SessionOptions {
 class TrainingSession {
  public:
   // `model` (not owned; it must outlive the session) with its trainable parameters chosen
-  // (LoRA added, or full fine-tuning enabled). Plans the job's memory on this machine, makes
+  // (LoRA added, or full fine-tuning enabled). Plans the job's memory on options.machine, makes
   // the pools (host slabs are pinned by their own threads from now on) and AdamW from
   // spec.training. RESOURCE_EXHAUSTED when the plan does not fit.
   static absl::StatusOr<std::unique_ptr<TrainingSession>> Create(Transformer* model, const JobConfig& spec,

@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
-#include "worker/model/safetensors.h"
+#include "worker/hf/safetensors.h"
 
 namespace oomb {
 namespace {

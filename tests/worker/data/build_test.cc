@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "tests/worker/data/test_tokenizer.h"
-#include "tests/worker/model/test_env.h"
+#include "tests/worker/test_env.h"
 
 namespace oomb {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/model/tokenizer.h"
+#include "worker/hf/tokenizer.h"
 
 namespace oomb::testing {
 

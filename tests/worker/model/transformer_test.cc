@@ -13,10 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/torch/paged_attention.h"
-#include "tests/worker/model/test_env.h"
+#include "tests/worker/test_env.h"
 #include "tests/worker/test_files.h"
+#include "worker/hf/safetensors.h"
 #include "worker/kv/page_pool.h"
-#include "worker/model/safetensors.h"
 #include "worker/train/chunk_trainer.h"
 
 namespace oomb {

@@ -20,7 +20,7 @@
 #include "kernels/torch/chunked_cross_entropy.h"
 #include "kernels/torch/paged_attention.h"
 #include "tests/kernels/sparse_attention_check.h"
-#include "tests/worker/train/tiny_model.h"
+#include "tests/worker/tiny_model.h"
 #include "worker/common/status.h"
 
 namespace oomb {

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "tests/worker/test_files.h"
+#include "tests/worker/tiny_model.h"
 #include "tests/worker/train/dp_case.h"
-#include "tests/worker/train/tiny_model.h"
+#include "worker/hf/safetensors.h"
 #include "worker/job/executor.h"
-#include "worker/model/safetensors.h"
 
 extern char** environ;
 

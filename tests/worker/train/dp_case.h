@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "tests/worker/train/tiny_model.h"
+#include "tests/worker/tiny_model.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
 #include "worker/train/chunk_trainer.h"

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "tests/worker/kv/kv_testing.h"
-#include "tests/worker/train/tiny_model.h"
+#include "tests/worker/tiny_model.h"
 #include "worker/kv/kv_pools.h"
 #include "worker/train/chunk_trainer.h"
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/worker/train/tiny_model.h"
+#include "tests/worker/tiny_model.h"
 #include "worker/train/chunk_trainer.h"
 
 namespace oomb {

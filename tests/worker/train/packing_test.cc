@@ -12,7 +12,7 @@
 #include <map>
 #include <string>
 
-#include "tests/worker/train/tiny_model.h"
+#include "tests/worker/tiny_model.h"
 #include "worker/data/dataset.h"
 #include "worker/train/chunk_trainer.h"
 

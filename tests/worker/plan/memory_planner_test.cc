@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/worker/train/tiny_model.h"
+#include "tests/worker/tiny_model.h"
 #include "worker/plan/memory_planner.h"
 #include "worker/session/training_session.h"
 #include "worker/train/chunk_trainer.h"
@@ -71,6 +71,7 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
 
   // The engine as the executor builds it: plan, pools, trainer and AdamW (TrainingSession).
   SessionOptions options;
+  options.machine = target;
   options.longest_sequence = k.tokens;
   auto session = TrainingSession::Create(model.get(), spec, options);
   ASSERT_TRUE(session.ok()) << session.status();

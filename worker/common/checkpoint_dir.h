@@ -6,8 +6,8 @@
 // Errors: FAILED_PRECONDITION with reason CHECKPOINT_DIR_TAKEN naming the other job (or the
 // files that make the directory not oomb's); those of FileAccess (PERMISSION_DENIED with reason
 // PATH_DENIED for a path outside the roots, in the data dir, or through a link). Torch-free.
-#ifndef OOMB_WORKER_JOB_CHECKPOINT_DIR_H_
-#define OOMB_WORKER_JOB_CHECKPOINT_DIR_H_
+#ifndef OOMB_WORKER_COMMON_CHECKPOINT_DIR_H_
+#define OOMB_WORKER_COMMON_CHECKPOINT_DIR_H_
 
 #include <string>
 
@@ -33,4 +33,4 @@ absl::Status CheckCheckpointDirFree(const FileAccess& access, const std::string&
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_JOB_CHECKPOINT_DIR_H_
+#endif  // OOMB_WORKER_COMMON_CHECKPOINT_DIR_H_

@@ -1,4 +1,4 @@
-#include "worker/train/lr_schedule.h"
+#include "worker/plan/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

@@ -23,8 +23,8 @@
 //
 // Thread-safety: a Tokenizer is immutable after loading except for an internal word cache that
 // is guarded by a mutex; Encode / Decode may be called from any number of threads.
-#ifndef OOMB_WORKER_MODEL_TOKENIZER_H_
-#define OOMB_WORKER_MODEL_TOKENIZER_H_
+#ifndef OOMB_WORKER_HF_TOKENIZER_H_
+#define OOMB_WORKER_HF_TOKENIZER_H_
 
 #include <cstdint>
 #include <memory>
@@ -126,4 +126,4 @@ class Tokenizer {
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_MODEL_TOKENIZER_H_
+#endif  // OOMB_WORKER_HF_TOKENIZER_H_

@@ -1,4 +1,4 @@
-#include "worker/model/model_config.h"
+#include "worker/hf/model_config.h"
 
 #include <nlohmann/json.hpp>
 #include <tuple>

@@ -1,7 +1,7 @@
-#include "worker/model/chat_template.h"
+#include "worker/hf/chat_template.h"
 
 #include "absl/strings/str_cat.h"
-#include "worker/model/unicode.h"
+#include "worker/hf/unicode.h"
 
 namespace oomb {
 namespace {

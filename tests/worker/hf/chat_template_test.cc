@@ -1,4 +1,4 @@
-#include "worker/model/chat_template.h"
+#include "worker/hf/chat_template.h"
 
 #include <filesystem>
 #include <string>
@@ -7,10 +7,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/worker/model/test_env.h"
+#include "tests/worker/test_env.h"
 #include "tests/worker/test_files.h"
 #include "worker/common/file_access.h"
-#include "worker/model/tokenizer.h"
+#include "worker/hf/tokenizer.h"
 
 namespace oomb {
 namespace {
@@ -19,7 +19,7 @@ using ::testing::HasSubstr;
 
 std::string SmolDir() { return testing::DataDir() + "/models/SmolLM2-135M-Instruct"; }
 std::string Llama3TemplatePath() {
-  return testing::SourceDir() + "/tests/worker/model/testdata/llama3_chat_template.jinja";
+  return testing::SourceDir() + "/tests/worker/hf/testdata/llama3_chat_template.jinja";
 }
 
 struct Case {

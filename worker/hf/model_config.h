@@ -3,8 +3,8 @@
 // Supported: LlamaForCausalLM (Llama 2/3/3.1, SmolLM2) and Qwen2ForCausalLM (Qwen2, Qwen2.5).
 // RoPE scaling is read from `rope_parameters` (transformers >= 5) or `rope_scaling` +
 // `rope_theta` (earlier versions), so configs written by either load.
-#ifndef OOMB_WORKER_MODEL_MODEL_CONFIG_H_
-#define OOMB_WORKER_MODEL_MODEL_CONFIG_H_
+#ifndef OOMB_WORKER_HF_MODEL_CONFIG_H_
+#define OOMB_WORKER_HF_MODEL_CONFIG_H_
 
 #include <cstdint>
 #include <optional>
@@ -85,4 +85,4 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const Dir& model_dir);
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_MODEL_MODEL_CONFIG_H_
+#endif  // OOMB_WORKER_HF_MODEL_CONFIG_H_

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "tests/worker/test_files.h"
-#include "tests/worker/train/tiny_model.h"
+#include "tests/worker/tiny_model.h"
 #include "worker/job/executor.h"
 #include "worker/job/model_tools.h"
 

@@ -5,8 +5,8 @@
 // the same names document, so they are not restated here.
 //
 // Torch-free (see worker/CMakeLists.txt). Plain values; thread-safe as values are.
-#ifndef OOMB_WORKER_JOB_JOB_CONFIG_H_
-#define OOMB_WORKER_JOB_JOB_CONFIG_H_
+#ifndef OOMB_WORKER_PLAN_JOB_CONFIG_H_
+#define OOMB_WORKER_PLAN_JOB_CONFIG_H_
 
 #include <cstdint>
 #include <map>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "worker/data/dataset.h"
-#include "worker/model/model_config.h"
+#include "worker/hf/model_config.h"
 
 namespace oomb {
 
@@ -105,4 +105,4 @@ struct JobConfig {
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_JOB_JOB_CONFIG_H_
+#endif  // OOMB_WORKER_PLAN_JOB_CONFIG_H_

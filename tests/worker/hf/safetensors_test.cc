@@ -1,4 +1,4 @@
-#include "worker/model/safetensors.h"
+#include "worker/hf/safetensors.h"
 
 #include <cstring>
 #include <filesystem>
@@ -8,7 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/worker/model/test_env.h"
+#include "tests/worker/test_env.h"
 #include "tests/worker/test_files.h"
 #include "worker/common/file_access.h"
 

@@ -1,8 +1,8 @@
 // Test helpers for the trainer tests: a tiny Llama / Qwen2 configuration, a Hugging Face
 // directory (config.json + model.safetensors, no tokenizer) written from a random model, and
 // seeded pre-tokenized JSONL datasets.
-#ifndef OOMB_TESTS_WORKER_TRAIN_TINY_MODEL_H_
-#define OOMB_TESTS_WORKER_TRAIN_TINY_MODEL_H_
+#ifndef OOMB_TESTS_WORKER_TINY_MODEL_H_
+#define OOMB_TESTS_WORKER_TINY_MODEL_H_
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -145,4 +145,4 @@ inline double MaxRelativeError(const Grads& got, const Grads& want, std::string*
 
 }  // namespace oomb::testing
 
-#endif  // OOMB_TESTS_WORKER_TRAIN_TINY_MODEL_H_
+#endif  // OOMB_TESTS_WORKER_TINY_MODEL_H_

@@ -1,4 +1,4 @@
-#include "worker/model/tokenizer.h"
+#include "worker/hf/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -16,7 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "worker/common/status.h"
-#include "worker/model/unicode.h"
+#include "worker/hf/unicode.h"
 
 namespace oomb {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/model/unicode.h"
+#include "worker/hf/unicode.h"
 
 #include <algorithm>
 #include <utility>
@@ -15,7 +15,7 @@ struct PairEntry {
   char32_t a, b, c;
 };
 
-#include "worker/model/unicode_nfc_tables.inc"
+#include "worker/hf/unicode_nfc_tables.inc"
 
 constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
 constexpr int kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;

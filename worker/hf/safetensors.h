@@ -15,8 +15,8 @@
 // Errors: a missing file is NOT_FOUND; anything malformed is INVALID_ARGUMENT with a message
 // that names the file and, where one is involved, the tensor. Nothing here asserts on file
 // contents.
-#ifndef OOMB_WORKER_MODEL_SAFETENSORS_H_
-#define OOMB_WORKER_MODEL_SAFETENSORS_H_
+#ifndef OOMB_WORKER_HF_SAFETENSORS_H_
+#define OOMB_WORKER_HF_SAFETENSORS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -152,4 +152,4 @@ absl::Status WriteSafetensors(const Dir& dir, const std::string& name, const std
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_MODEL_SAFETENSORS_H_
+#endif  // OOMB_WORKER_HF_SAFETENSORS_H_

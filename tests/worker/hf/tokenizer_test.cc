@@ -1,4 +1,4 @@
-#include "worker/model/tokenizer.h"
+#include "worker/hf/tokenizer.h"
 
 #include <chrono>
 #include <filesystem>
@@ -9,10 +9,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/worker/model/test_env.h"
+#include "tests/worker/test_env.h"
 #include "tests/worker/test_files.h"
 #include "worker/common/file_access.h"
-#include "worker/model/unicode.h"
+#include "worker/hf/unicode.h"
 
 namespace oomb {
 namespace {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tests/worker/model/test_env.h"
+#include "tests/worker/test_env.h"
 #include "worker/job/model_tools.h"
 
 namespace oomb {
@@ -28,7 +28,7 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
   const std::string dir = testing::ScratchDir("eval_parity");
   const std::string data = dir + "/samples.jsonl", ref = dir + "/reference.json";
   // Two samples (300 + 212 = 512 tokens): the loss is the mean over both samples' labels.
-  const std::string cmd = python + " " + testing::SourceDir() + "/tests/worker/train/hf_eval_reference.py " + model +
+  const std::string cmd = python + " " + testing::SourceDir() + "/tests/worker/job/hf_eval_reference.py " + model +
                           " " + text + " " + data + " 300 212 > " + ref + " 2>" + dir + "/stderr.txt";
   ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
   std::ifstream in(ref);

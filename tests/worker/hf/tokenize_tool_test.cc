@@ -1,4 +1,4 @@
-#include "worker/model/tokenize_tool.h"
+#include "worker/hf/tokenize_tool.h"
 
 #include <filesystem>
 #include <sstream>
@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/worker/model/test_env.h"
+#include "tests/worker/test_env.h"
 
 namespace oomb {
 namespace {

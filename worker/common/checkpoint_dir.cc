@@ -1,4 +1,4 @@
-#include "worker/job/checkpoint_dir.h"
+#include "worker/common/checkpoint_dir.h"
 
 #include <filesystem>
 #include <regex>

@@ -1,4 +1,4 @@
-#include "worker/model/safetensors.h"
+#include "worker/hf/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "worker/model/tokenize_tool.h"
+#include "worker/hf/tokenize_tool.h"
 
 #include <istream>
 #include <iterator>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "worker/common/status.h"
-#include "worker/model/tokenizer.h"
+#include "worker/hf/tokenizer.h"
 
 namespace oomb {
 

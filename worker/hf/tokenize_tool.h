@@ -9,8 +9,8 @@
 //
 // Returns the process exit code: 0 on success; 1 after writing one line "tokenize: <problem>"
 // to `err` (tokenizer failed to load, input not UTF-8 / not a JSON array of ints, unknown id).
-#ifndef OOMB_WORKER_MODEL_TOKENIZE_TOOL_H_
-#define OOMB_WORKER_MODEL_TOKENIZE_TOOL_H_
+#ifndef OOMB_WORKER_HF_TOKENIZE_TOOL_H_
+#define OOMB_WORKER_HF_TOKENIZE_TOOL_H_
 
 #include <iosfwd>
 #include <string>
@@ -22,4 +22,4 @@ int RunTokenizeTool(const std::string& model_dir, bool decode, bool add_special_
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_MODEL_TOKENIZE_TOOL_H_
+#endif  // OOMB_WORKER_HF_TOKENIZE_TOOL_H_

@@ -1,7 +1,7 @@
 // UTF-8 and Unicode helpers for the tokenizer: validation, lossy repair, NFC normalization and
 // the White_Space property. Pure functions of their arguments; thread-safe.
-#ifndef OOMB_WORKER_MODEL_UNICODE_H_
-#define OOMB_WORKER_MODEL_UNICODE_H_
+#ifndef OOMB_WORKER_HF_UNICODE_H_
+#define OOMB_WORKER_HF_UNICODE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -37,4 +37,4 @@ bool IsUnicodeWhitespace(char32_t cp);
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_MODEL_UNICODE_H_
+#endif  // OOMB_WORKER_HF_UNICODE_H_

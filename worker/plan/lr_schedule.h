@@ -5,12 +5,12 @@
 //   linear:   lr * max(0, (total - s) / (total - warmup))
 //   cosine:   lr * max(0, 0.5 * (1 + cos(pi * (s - warmup) / (total - warmup))))
 // Torch-free.
-#ifndef OOMB_WORKER_TRAIN_LR_SCHEDULE_H_
-#define OOMB_WORKER_TRAIN_LR_SCHEDULE_H_
+#ifndef OOMB_WORKER_PLAN_LR_SCHEDULE_H_
+#define OOMB_WORKER_PLAN_LR_SCHEDULE_H_
 
 #include <cstdint>
 
-#include "worker/job/job_config.h"
+#include "worker/plan/job_config.h"
 
 namespace oomb {
 
@@ -19,4 +19,4 @@ double LearningRate(const JobConfig::Training& training, int64_t step, int64_t t
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_TRAIN_LR_SCHEDULE_H_
+#endif  // OOMB_WORKER_PLAN_LR_SCHEDULE_H_

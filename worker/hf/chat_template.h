@@ -13,8 +13,8 @@
 // Gemma, ...) are UNIMPLEMENTED, with the family named in the message.
 //
 // Immutable after construction; thread-safe.
-#ifndef OOMB_WORKER_MODEL_CHAT_TEMPLATE_H_
-#define OOMB_WORKER_MODEL_CHAT_TEMPLATE_H_
+#ifndef OOMB_WORKER_HF_CHAT_TEMPLATE_H_
+#define OOMB_WORKER_HF_CHAT_TEMPLATE_H_
 
 #include <cstddef>
 #include <optional>
@@ -77,4 +77,4 @@ class ChatTemplate {
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_MODEL_CHAT_TEMPLATE_H_
+#endif  // OOMB_WORKER_HF_CHAT_TEMPLATE_H_

@@ -1,7 +1,7 @@
 // Locations the worker/model tests need: the test data directory, the Python virtual
 // environment used for reference runs, and a scratch directory.
-#ifndef OOMB_TESTS_WORKER_MODEL_TEST_ENV_H_
-#define OOMB_TESTS_WORKER_MODEL_TEST_ENV_H_
+#ifndef OOMB_TESTS_WORKER_TEST_ENV_H_
+#define OOMB_TESTS_WORKER_TEST_ENV_H_
 
 #include <cstdio>
 #include <cstdlib>
@@ -58,4 +58,4 @@ inline int RunCommand(const std::string& cmd) {
 
 }  // namespace oomb::testing
 
-#endif  // OOMB_TESTS_WORKER_MODEL_TEST_ENV_H_
+#endif  // OOMB_TESTS_WORKER_TEST_ENV_H_
