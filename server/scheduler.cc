@@ -49,7 +49,7 @@ void Fail(v1::Job* j, const absl::Status& s, std::vector<v1::JobEvent>* events) 
   *events->back().mutable_error() = j->error();
 }
 
-void FillProgress(const StepReport& p, v1::Progress* out) {
+void FillProgress(const StepReport& p, const std::string& device, v1::Progress* out) {
   out->set_step(p.step);
   out->set_total_steps(p.total_steps);
   out->set_tokens(p.tokens);
@@ -63,6 +63,7 @@ void FillProgress(const StepReport& p, v1::Progress* out) {
   out->set_pcie_d2h_bytes(p.pcie_d2h_bytes);
   out->set_step_seconds(p.step_seconds);
   if (p.eval_loss > 0) out->set_eval_loss(p.eval_loss);
+  out->set_device(device);
 }
 
 }  // namespace
@@ -544,84 +545,90 @@ void Scheduler::Validate(const std::string& id) {
   if (done->state() == v1::Job::QUEUED) WakeWorkersLocked();
 }
 
+RunOptions Scheduler::RunOptionsFor(const std::string& id, const std::vector<std::string>& devices,
+                                    const JobConfig& spec, std::shared_ptr<std::atomic<int>> stop, bool* timed_out) {
+  const std::string device = devices.front();  // the slot its steps and checkpoints are reported under
+  RunOptions o;
+  o.files = options_.files->inputs();
+  o.devices = devices;
+  absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
+  o.resume = checkpoints.ok() && !checkpoints->empty();
+  o.kv_stats = options_.kv_stats;
+  o.on_step = [this, id, device](const StepReport& p) {
+    RecordEvent(id, "step", [&p, &device](v1::Job* j, std::vector<v1::JobEvent>* events) {
+      FillProgress(p, device, j->mutable_progress());
+      v1::JobEvent e;
+      e.set_type(v1::JobEvent::STEP);
+      *e.mutable_progress() = j->progress();
+      events->push_back(std::move(e));
+      return absl::OkStatus();
+    });
+    if (options_.metrics != nullptr) options_.metrics->Step(device, p);
+  };
+  o.on_checkpoint = [this, id, device](const CheckpointInfo& c) {
+    RecordEvent(id, "a checkpoint", [&c](v1::Job*, std::vector<v1::JobEvent>* events) {
+      v1::JobEvent e;
+      e.set_type(v1::JobEvent::CHECKPOINT_SAVED);
+      e.mutable_checkpoint()->set_step(c.step);
+      e.mutable_checkpoint()->set_path(c.path);
+      e.mutable_checkpoint()->set_bytes(c.bytes);
+      e.mutable_checkpoint()->set_final(c.final);
+      e.set_message(absl::StrCat("checkpoint at step ", c.step, ": ", c.path));
+      events->push_back(std::move(e));
+      return absl::OkStatus();
+    });
+    if (options_.metrics != nullptr) options_.metrics->CheckpointSaved(device, c);
+  };
+  o.on_warning = [this, id](const std::string& message) {
+    RecordEvent(id, "a warning", [&message](v1::Job*, std::vector<v1::JobEvent>* events) {
+      v1::JobEvent e;
+      e.set_type(v1::JobEvent::WARNING);
+      e.set_message(BoundedText(message));
+      events->push_back(std::move(e));
+      return absl::OkStatus();
+    });
+  };
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t max_runtime = spec.resources.max_runtime_seconds;
+  o.poll_stop = [stop, started, max_runtime, timed_out]() {
+    const int f = stop->load();
+    if (f == kStopCancel || f == kStopAbandon) return StopRequest::kCancel;
+    if (f == kStopPause) return StopRequest::kPause;
+    if (max_runtime > 0 && std::chrono::steady_clock::now() - started > std::chrono::seconds(max_runtime)) {
+      *timed_out = true;
+      return StopRequest::kCancel;
+    }
+    return StopRequest::kNone;
+  };
+  return o;
+}
+
+void Scheduler::RecordEvent(const std::string& id, const char* what, JobMutation mutate) {
+  absl::StatusOr<v1::Job> r = Append(id, IfStillOurs(std::move(mutate)));
+  if (!r.ok()) spdlog::error("job-{}: recording {}: {}", id, what, r.status().ToString());
+}
+
 void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devices,
                        std::shared_ptr<std::atomic<int>> stop) {
   const std::string id = job.name().substr(5);
-  const std::string& device = devices.front();  // the slot its steps and checkpoints are reported under
   absl::StatusOr<RunResult> result;
   bool timed_out = false;
   absl::StatusOr<JobConfig> spec = ResolveJobSpec(job.spec());
   if (!spec.ok()) {
     result = spec.status();
   } else {
-    RunOptions o;
-    o.files = options_.files->inputs();
-    o.devices = devices;
-    absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
-    o.resume = checkpoints.ok() && !checkpoints->empty();
-    o.kv_stats = options_.kv_stats;
-    o.on_step = [this, &id, &device](const StepReport& p) {
-      absl::StatusOr<v1::Job> r = Append(id, IfStillOurs([&p](v1::Job* j, std::vector<v1::JobEvent>* events) {
-                                           FillProgress(p, j->mutable_progress());
-                                           v1::JobEvent e;
-                                           e.set_type(v1::JobEvent::STEP);
-                                           *e.mutable_progress() = j->progress();
-                                           events->push_back(std::move(e));
-                                           return absl::OkStatus();
-                                         }));
-      if (!r.ok()) spdlog::error("{}: recording step {}: {}", id, p.step, r.status().ToString());
-      if (options_.metrics != nullptr) options_.metrics->Step(device, p);
-    };
-    o.on_checkpoint = [this, &id, &device](const CheckpointInfo& c) {
-      absl::StatusOr<v1::Job> r = Append(id, IfStillOurs([&c](v1::Job*, std::vector<v1::JobEvent>* events) {
-                                           v1::JobEvent e;
-                                           e.set_type(v1::JobEvent::CHECKPOINT_SAVED);
-                                           e.mutable_checkpoint()->set_step(c.step);
-                                           e.mutable_checkpoint()->set_path(c.path);
-                                           e.mutable_checkpoint()->set_bytes(c.bytes);
-                                           e.mutable_checkpoint()->set_final(c.final);
-                                           e.set_message(absl::StrCat("checkpoint at step ", c.step, ": ", c.path));
-                                           events->push_back(std::move(e));
-                                           return absl::OkStatus();
-                                         }));
-      if (!r.ok()) spdlog::error("{}: recording checkpoint {}: {}", id, c.path, r.status().ToString());
-      if (options_.metrics != nullptr) options_.metrics->CheckpointSaved(device, c);
-    };
-    o.on_warning = [this, &id](const std::string& message) {
-      absl::StatusOr<v1::Job> r = Append(id, IfStillOurs([&message](v1::Job*, std::vector<v1::JobEvent>* events) {
-                                           v1::JobEvent e;
-                                           e.set_type(v1::JobEvent::WARNING);
-                                           e.set_message(BoundedText(message));
-                                           events->push_back(std::move(e));
-                                           return absl::OkStatus();
-                                         }));
-      if (!r.ok()) spdlog::error("{}: recording a warning: {}", id, r.status().ToString());
-    };
-    const auto started = std::chrono::steady_clock::now();
-    const int64_t max_runtime = spec->resources.max_runtime_seconds;
-    o.poll_stop = [stop, started, max_runtime, &timed_out]() {
-      const int f = stop->load();
-      if (f == kStopCancel) return StopRequest::kCancel;
-      if (f == kStopPause) return StopRequest::kPause;
-      if (max_runtime > 0 && std::chrono::steady_clock::now() - started > std::chrono::seconds(max_runtime)) {
-        timed_out = true;
-        return StopRequest::kCancel;
-      }
-      return StopRequest::kNone;
-    };
+    RunOptions o = RunOptionsFor(id, devices, *spec, stop, &timed_out);
     spdlog::info("{}: running on {} (resume={})", job.name(), absl::StrJoin(devices, ","), o.resume);
     result = Execute(id, job.checkpoint_dir(), *spec, std::move(o));
   }
-
+  RunEnd end{.timed_out = timed_out, .abandoned = stop->load() == kStopAbandon};
   absl::MutexLock lock(&mu_);
-  bool drain_pause = false;
-  bool lease_lost = false;
   if (auto it = running_.find(id); it != running_.end()) {
-    drain_pause = it->second.drain_pause;
-    lease_lost = it->second.lease_lost;
+    end.drain_pause = it->second.drain_pause;
+    end.lease_lost = it->second.lease_lost;
     running_.erase(it);
   }
-  if (lease_lost) {
+  if (end.lease_lost) {
     spdlog::warn("{}: stopped; its lease was taken by another daemon, which now runs it", job.name());
     return;
   }
@@ -630,50 +637,13 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
   absl::StatusOr<v1::Job> done = TransitionLocked(
       id, IfStillOurs([&](v1::Job* j, std::vector<v1::JobEvent>* events) {
         if (result.ok()) {
-          switch (result->outcome) {
-            case RunOutcome::kSucceeded:
-              SetState(j, v1::Job::SUCCEEDED, "succeeded", events);
-              break;
-            case RunOutcome::kCancelled:
-              if (timed_out) {
-                Fail(j,
-                     WithReason(absl::DeadlineExceededError(
-                                    absl::StrCat("the job ran longer than resources.max_runtime_seconds (",
-                                                 j->spec().resources().max_runtime_seconds(), " s)")),
-                                Reason::kMaxRuntime),
-                     events);
-              } else {
-                SetState(j, v1::Job::CANCELLED, "cancelled", events);
-              }
-              break;
-            case RunOutcome::kPaused:
-              if (drain_pause && j->state() != v1::Job::PAUSING) {
-                SetState(j, v1::Job::QUEUED,
-                         options_.shared_store
-                             ? "stopped for a server shutdown; queued to resume from its checkpoint on any daemon"
-                             : "stopped for a server shutdown; resumes from its checkpoint on restart",
-                         events);
-              } else {
-                SetState(j, v1::Job::PAUSED, "paused", events);
-              }
-              break;
-          }
-          return absl::OkStatus();
-        }
-        const absl::Status& s = result.status();
-        if (IsRetryable(s) && j->retries() < max_retries && j->state() == v1::Job::RUNNING) {
-          j->set_retries(j->retries() + 1);
-          v1::JobEvent w;
-          w.set_type(v1::JobEvent::WARNING);
-          w.set_message(
-              BoundedText(absl::StrCat("attempt ", j->attempt(), " failed: ", absl::StatusCodeToString(s.code()), ": ",
-                                       s.message(), "; retrying (retry ", j->retries(), " of ", max_retries, ")")));
-          events->push_back(std::move(w));
-          SetState(j, v1::Job::QUEUED, "queued for a retry from its last checkpoint", events);
+          RecordOutcome(*result, end, j, events);
+        } else if (IsRetryable(result.status()) && j->retries() < max_retries && j->state() == v1::Job::RUNNING) {
+          Retry(result.status(), max_retries, j, events);
           requeue = !draining_;
-          return absl::OkStatus();
+        } else {
+          Fail(j, result.status(), events);
         }
-        Fail(j, s, events);
         return absl::OkStatus();
       }));
   if (!done.ok()) {
@@ -682,6 +652,50 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
   }
   spdlog::info("{}: {}", job.name(), v1::Job::State_Name(done->state()));
   if (requeue) WakeWorkersLocked();
+}
+
+void Scheduler::RecordOutcome(const RunResult& result, const RunEnd& end, v1::Job* j,
+                              std::vector<v1::JobEvent>* events) const {
+  const char* const resumes = options_.shared_store ? "queued to resume from its last checkpoint on any daemon"
+                                                    : "resumes from its last checkpoint on restart";
+  switch (result.outcome) {
+    case RunOutcome::kSucceeded:
+      SetState(j, v1::Job::SUCCEEDED, "succeeded", events);
+      return;
+    case RunOutcome::kCancelled:
+      if (end.timed_out) {
+        Fail(j,
+             WithReason(
+                 absl::DeadlineExceededError(absl::StrCat("the job ran longer than resources.max_runtime_seconds (",
+                                                          j->spec().resources().max_runtime_seconds(), " s)")),
+                 Reason::kMaxRuntime),
+             events);
+      } else if (end.abandoned) {  // the drain's deadline passed before a checkpoint
+        SetState(j, j->state() == v1::Job::PAUSING ? v1::Job::PAUSED : v1::Job::QUEUED,
+                 absl::StrCat("stopped for a server shutdown before it could checkpoint; ", resumes), events);
+      } else {
+        SetState(j, v1::Job::CANCELLED, "cancelled", events);
+      }
+      return;
+    case RunOutcome::kPaused:
+      if (end.drain_pause && j->state() != v1::Job::PAUSING) {
+        SetState(j, v1::Job::QUEUED, absl::StrCat("stopped for a server shutdown; ", resumes), events);
+      } else {
+        SetState(j, v1::Job::PAUSED, "paused", events);
+      }
+      return;
+  }
+}
+
+void Scheduler::Retry(const absl::Status& s, int max_retries, v1::Job* j, std::vector<v1::JobEvent>* events) const {
+  j->set_retries(j->retries() + 1);
+  v1::JobEvent w;
+  w.set_type(v1::JobEvent::WARNING);
+  w.set_message(
+      BoundedText(absl::StrCat("attempt ", j->attempt(), " failed: ", absl::StatusCodeToString(s.code()), ": ",
+                               s.message(), "; retrying (retry ", j->retries(), " of ", max_retries, ")")));
+  events->push_back(std::move(w));
+  SetState(j, v1::Job::QUEUED, "queued for a retry from its last checkpoint", events);
 }
 
 absl::StatusOr<RunResult> Scheduler::Execute(const std::string& id, const std::string& checkpoint_dir,
@@ -775,7 +789,7 @@ void Scheduler::FleetLoop() {
 
 bool Scheduler::Drain(absl::Duration timeout) {
   draining_ = true;
-  bool all_stopped = true;
+  bool checkpointed = true;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -785,23 +799,24 @@ bool Scheduler::Drain(absl::Duration timeout) {
     }
     cv_.SignalAll();
     const absl::Time deadline = absl::Now() + timeout;
-    while (active_threads_ > 0) {
-      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    while (active_threads_ > 0 && !cv_.WaitWithDeadline(&mu_, deadline)) {
     }
-    all_stopped = active_threads_ == 0;
+    if (active_threads_ > 0) {
+      checkpointed = false;
+      for (auto& [id, r] : running_) {
+        for (int expected : {kNoStop, kStopPause}) {
+          if (r.stop->compare_exchange_strong(expected, kStopAbandon)) break;
+        }
+        spdlog::warn("job-{}: still running at the drain's deadline; stopping it without a checkpoint", id);
+      }
+    }
+    while (active_threads_ > 0) cv_.Wait(&mu_);
   }
   fleet_stop_ = true;  // after the device threads: it renewed their jobs' leases while they stopped
   if (fleet_thread_.joinable()) fleet_thread_.join();
-  for (std::thread& t : threads_) {
-    if (!t.joinable()) continue;
-    if (all_stopped) {
-      t.join();
-    } else {
-      t.detach();
-    }
-  }
+  for (std::thread& t : threads_) t.join();
   threads_.clear();
-  return all_stopped;
+  return checkpointed;
 }
 
 }  // namespace oomb::server

@@ -33,7 +33,8 @@
 // the previous process left RUNNING go RECOVERING -> QUEUED, PAUSING -> PAUSED, CANCELLING ->
 // CANCELLED, and VALIDATING jobs are scanned again. Drain() (SIGTERM) asks running jobs to
 // checkpoint and stop (kPause) and leaves them QUEUED, so they resume when the daemon restarts
-// (or, in a fleet, at once on another daemon).
+// (or, in a fleet, at once on another daemon); one that has not stopped by the drain's deadline
+// stops at its next chunk boundary without a checkpoint, QUEUED to resume from its last one.
 //
 // Fleet mode (SchedulerOptions::shared_store: daemons sharing a PostgreSQL store). A "fleet"
 // thread renews the leases of this daemon's running jobs every `heartbeat` (JobStore::Heartbeat)
@@ -158,15 +159,17 @@ class Scheduler {
   // fleet.
   void FillQueuePosition(v1::Job* job);
 
-  // Stops taking jobs, asks running jobs to checkpoint and stop, waits up to `timeout` for them
-  // (the threads of jobs still running then are detached; their jobs recover on restart, or
-  // when their leases expire), then stops the fleet thread, which renewed their leases until
-  // then. Returns whether every device thread stopped in time.
+  // Stops taking jobs, asks running jobs to checkpoint and stop, and waits up to `timeout` for
+  // them; a job still running then is told to stop at its next chunk boundary without a
+  // checkpoint (QUEUED, to resume from its last one) and waited for. Then stops the fleet
+  // thread, which renewed their leases until then, and joins every thread. Returns whether every
+  // running job stopped at a checkpoint of its own within `timeout`.
   bool Drain(absl::Duration timeout);
   bool draining() const { return draining_.load(); }
 
  private:
-  enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2 };
+  // kStopAbandon: the drain's deadline passed; stop without a checkpoint and requeue.
+  enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2, kStopAbandon = 3 };
   struct Running {
     std::string device;  // the devices, comma-separated
     std::shared_ptr<std::atomic<int>> stop;
@@ -207,6 +210,23 @@ class Scheduler {
   void Validate(const std::string& id);
   // Runs `job` on `devices` (rank 0's first), from the thread of devices[0].
   void RunOne(const v1::Job& job, const std::vector<std::string>& devices, std::shared_ptr<std::atomic<int>> stop);
+  // The run's callbacks: events recorded (while the job is still ours), metrics, stops polled
+  // (`timed_out` set when resources.max_runtime_seconds stopped it).
+  RunOptions RunOptionsFor(const std::string& id, const std::vector<std::string>& devices, const JobConfig& spec,
+                           std::shared_ptr<std::atomic<int>> stop, bool* timed_out);
+  // Appends a run's event (`what` names it in the log if that fails).
+  void RecordEvent(const std::string& id, const char* what, JobMutation mutate);
+  // How a run ended, beside its result.
+  struct RunEnd {
+    bool timed_out = false;    // resources.max_runtime_seconds stopped it
+    bool abandoned = false;    // the drain's deadline stopped it without a checkpoint
+    bool drain_pause = false;  // the pause was the drain's
+    bool lease_lost = false;   // another daemon took the job
+  };
+  // The job's state after a run that returned `result`.
+  void RecordOutcome(const RunResult& result, const RunEnd& end, v1::Job* j, std::vector<v1::JobEvent>* events) const;
+  // A transient failure: QUEUED for another attempt, with a warning naming the error.
+  void Retry(const absl::Status& s, int max_retries, v1::Job* j, std::vector<v1::JobEvent>* events) const;
   // FAILED_PRECONDITION (CHECKPOINT_DIR_TAKEN) when spec.checkpoint.dir is, holds or lies inside
   // the checkpoint directory of a job in the store (not `job_id`, nor the job of `request_id`).
   absl::Status CheckCheckpointDirUnusedLocked(const JobConfig& spec, const std::string& job_id,

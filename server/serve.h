@@ -1,21 +1,5 @@
-// `oombd serve`: opens the store, recovers jobs, starts the scheduler and the gRPC server, and
-// runs until SIGTERM or SIGINT, then shuts down in order (CONVENTIONS.md §2):
-//   1. health NOT_SERVING, new work refused with UNAVAILABLE;
-//   2. running jobs asked to checkpoint and stop (they resume when the daemon restarts), for at
-//      most server.shutdown_grace_seconds;
-//   3. WatchJob streams finished (UNAVAILABLE, with the sequence to resume from);
-//   4. grpc::Server::Shutdown(deadline).
-// Readiness: after the store is recovered and every port is bound, prints
-// "oombd: listening on HOST:PORT" on stderr, writes the port to <data_dir>/oombd.port and sends
-// sd_notify READY=1 when NOTIFY_SOCKET is set. With metrics.listen set, /metrics is served
-// (server/metrics/exporter.h) and "oombd: metrics on http://HOST:PORT/metrics" printed and the
-// port written to <data_dir>/oombd.metrics.port first. With server.health_listen set, a second,
-// plaintext gRPC server answers grpc.health.v1 only (for Kubernetes probes, which cannot do
-// TLS), with the same status as the main one; "oombd: health (plaintext grpc.health.v1) on
-// HOST:PORT" is printed and the port written to <data_dir>/oombd.health.port.
-// systemd (Type=notify, sd_notify(3)): READY=1 as above; STATUS= with the addresses and the
-// store's job counts, refreshed every 5 s; WATCHDOG=1 at half of WatchdogSec= when the unit
-// sets it; STOPPING=1 (health NOT_SERVING already) when the drain begins.
+// `oombd serve`: starts the daemon (server/daemon.h), runs until SIGTERM or SIGINT, then shuts
+// it down, giving running jobs server.shutdown_grace_seconds to checkpoint (CONVENTIONS.md §2).
 #ifndef OOMB_SERVER_SERVE_H_
 #define OOMB_SERVER_SERVE_H_
 
@@ -45,7 +29,7 @@ struct ServeEnvironment {
   std::function<int64_t()> pinned_host_bytes;
 };
 
-// Returns the process exit code: 0 after a clean shutdown, 1 on a startup error (printed).
+// Returns the process exit code: 0 after a shutdown, 1 on a startup error (printed).
 int Serve(const ServerConfig& config, const ServeEnvironment& env);
 
 }  // namespace oomb::server

@@ -537,9 +537,11 @@ class PostgresJobStore : public JobStore {
   }
 
   static absl::StatusOr<v1::Job> GetIn(pqxx::work& tx, const std::string& job_id) {
-    const pqxx::result r = tx.exec_params("SELECT job FROM jobs WHERE id = $1", job_id);
+    const pqxx::result r = tx.exec_params("SELECT job, last_sequence FROM jobs WHERE id = $1", job_id);
     if (r.empty()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-    return Parse<v1::Job>(r[0][0]);
+    OOMB_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(r[0][0]));
+    job.set_last_sequence(r[0][1].as<int64_t>());
+    return job;
   }
 
   static absl::StatusOr<std::optional<Row>> LockRow(pqxx::work& tx, const std::string& job_id, bool skip_locked) {

@@ -494,10 +494,12 @@ class SqliteJobStore : public JobStore {
   }
 
   absl::StatusOr<v1::Job> GetLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    SQLite::Statement q(*db_, "SELECT job FROM jobs WHERE id = ?");
+    SQLite::Statement q(*db_, "SELECT job, last_sequence FROM jobs WHERE id = ?");
     q.bind(1, job_id);
     if (!q.executeStep()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-    return Parse<v1::Job>(q.getColumn(0));
+    OOMB_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.getColumn(0)));
+    job.set_last_sequence(q.getColumn(1).getInt64());
+    return job;
   }
 
   void SetLastSequenceLocked(const std::string& job_id, int64_t last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -169,60 +169,103 @@ class WatchTerminal : public ::testing::Test {
   }
   std::string endpoint() const { return daemon_->tcp_endpoint(); }
 
+  // What `oomb watch` drew on a tmux terminal (a real pseudo-terminal) of `columns` columns
+  // while a 400-step job ran: captures of the screen at increasing steps (at least two, the
+  // later past step 2), then the screen once the job was cancelled, and watch's exit code.
+  struct Screens {
+    std::vector<std::string> bars;
+    std::string job, final_screen, rc;
+  };
+  Screens WatchOnTerminal(int columns) {
+    Screens out;
+    const std::string job = Submit(/*steps=*/400, /*every_steps=*/0);
+    EXPECT_FALSE(job.empty());
+    out.job = job;
+    const std::string server = "oomb-test-" + std::to_string(::getpid());  // a private tmux server
+    const std::string tmux = "tmux -L " + server + " ";
+    const fs::path watch_rc = tmp_->path() / "watch.rc";
+    const std::string cmd =
+        OombCli() + " --endpoint " + endpoint() + " watch " + job + "; echo $? > " + watch_rc.string() + "; sleep 600";
+    EXPECT_EQ(Shell("TERM=xterm " + tmux + "new-session -d -x " + std::to_string(columns) + " -y 50 -s w '" + cmd + "'",
+                    tmp_->path())
+                  .rc,
+              0);
+    auto capture = [&] { return Shell(tmux + "capture-pane -p -t w", tmp_->path()).out; };
+    WaitFor(
+        [&] {
+          const std::string screen = capture();
+          const int step = BarStep(screen);
+          if (step >= 0 && (out.bars.empty() || step > BarStep(out.bars.back()))) out.bars.push_back(screen);
+          return out.bars.size() >= 2 && BarStep(out.bars.back()) >= 2;
+        },
+        std::chrono::seconds(40), std::chrono::milliseconds(100));
+    Oomb(endpoint(), "cancel " + job, tmp_->path());
+    WaitFor([&] { return fs::exists(watch_rc) && !Slurp(watch_rc).empty(); }, std::chrono::seconds(20));
+    out.final_screen = capture();
+    out.rc = Slurp(watch_rc);
+    Shell(tmux + "kill-server", tmp_->path());
+    return out;
+  }
+  // The bar's step ("step N/400 loss"), or -1 when the screen has no bar.
+  static int BarStep(const std::string& screen) {
+    std::smatch m;
+    static const std::regex kBar(R"(RUNNING \[[#-]+\] step (\d+)/400 loss )");
+    return std::regex_search(screen, m, kBar) ? std::stoi(m[1]) : -1;
+  }
+  // How many lines of `screen` carry the bar.
+  static int BarLines(const std::string& screen) {
+    std::istringstream lines(screen);
+    std::string line;
+    int n = 0;
+    while (std::getline(lines, line)) n += BarStep(line) >= 0 ? 1 : 0;
+    return n;
+  }
+
   std::unique_ptr<TempDir> tmp_;
   std::unique_ptr<Daemon> daemon_;
 };
 
-// Under tmux (a real pseudo-terminal), `oomb watch` draws a progress bar on stderr that
-// updates in place as steps arrive.
+// Under tmux, `oomb watch` draws a progress line on stderr that updates in place as steps
+// arrive: one line however many steps went by, other events printed above it.
 TEST_F(WatchTerminal, ProgressBarRendersAndUpdatesOnATty) {
   if (Shell("tmux -V", tmp_->path()).rc != 0) GTEST_SKIP() << "tmux is not installed";
-  const std::string job = Submit(/*steps=*/400, /*every_steps=*/0);
-  ASSERT_FALSE(job.empty());
-  const std::string server = "oomb-test-" + std::to_string(::getpid());  // a private tmux server
-  const std::string tmux = "tmux -L " + server + " ";
-  const fs::path watch_rc = tmp_->path() / "watch.rc";
-  const std::string cmd =
-      OombCli() + " --endpoint " + endpoint() + " watch " + job + "; echo $? > " + watch_rc.string() + "; sleep 600";
-  ASSERT_EQ(Shell("TERM=xterm " + tmux + "new-session -d -x 200 -y 50 -s w '" + cmd + "'", tmp_->path()).rc, 0);
-  auto capture = [&] { return Shell(tmux + "capture-pane -p -t w", tmp_->path()).out; };
-  // The bar's step ("step N/400 loss"), or -1 when the screen has no bar yet.
-  auto bar_step = [](const std::string& screen) {
-    std::smatch m;
-    static const std::regex kBar(R"(RUNNING \[[#-]+\] step (\d+)/400 loss )");
-    return std::regex_search(screen, m, kBar) ? std::stoi(m[1]) : -1;
-  };
-  // Two captures of the bar at different steps, the later one past step 0.
-  std::vector<std::string> bars;
-  WaitFor(
-      [&] {
-        const std::string screen = capture();
-        const int step = bar_step(screen);
-        if (step >= 0 && (bars.empty() || step > bar_step(bars.back()))) bars.push_back(screen);
-        return bars.size() >= 2 && bar_step(bars.back()) >= 2;
-      },
-      std::chrono::seconds(40), std::chrono::milliseconds(100));
-  Oomb(endpoint(), "cancel " + job, tmp_->path());
-  WaitFor([&] { return fs::exists(watch_rc) && !Slurp(watch_rc).empty(); }, std::chrono::seconds(20));
-  const std::string final_screen = capture();
-  Shell(tmux + "kill-server", tmp_->path());
-  ASSERT_GE(bars.size(), 2u) << "the progress bar did not update; last screen:\n" << final_screen;
-  for (const std::string& s : bars) {
-    EXPECT_THAT(s, HasSubstr("step "));
-    EXPECT_THAT(s, HasSubstr("loss "));
-    EXPECT_THAT(s, HasSubstr("tok/s"));
-    EXPECT_THAT(s, HasSubstr(job + " RUNNING ["));  // the bar itself
+  const Screens s = WatchOnTerminal(200);
+  ASSERT_GE(s.bars.size(), 2u) << "the progress bar did not update; last screen:\n" << s.final_screen;
+  for (const std::string& bar : s.bars) {
+    EXPECT_THAT(bar, HasSubstr("step "));
+    EXPECT_THAT(bar, HasSubstr("loss "));
+    EXPECT_THAT(bar, HasSubstr("tok/s"));
+    EXPECT_THAT(bar, HasSubstr(s.job + " RUNNING ["));  // the bar itself
   }
-  EXPECT_LT(bar_step(bars.front()), bar_step(bars.back()));
-  // The bar is redrawn in place: one bar line on the screen, however many steps went by.
-  std::istringstream lines(bars.back());
+  EXPECT_LT(BarStep(s.bars.front()), BarStep(s.bars.back()));
+  EXPECT_EQ(BarLines(s.bars.back()), 1) << s.bars.back();
+  EXPECT_THAT(s.final_screen, HasSubstr("state CANCELLED"));
+  EXPECT_EQ(s.rc, "7\n");
+}
+
+// On an 80-column terminal the line fits (no wrapped remainder left behind by a redraw), keeps
+// the step and the loss, and does not call a CPU job's memory a GPU's.
+TEST_F(WatchTerminal, ProgressLineFitsAnEightyColumnTerminal) {
+  if (Shell("tmux -V", tmp_->path()).rc != 0) GTEST_SKIP() << "tmux is not installed";
+  const Screens s = WatchOnTerminal(80);
+  ASSERT_GE(s.bars.size(), 2u) << "the progress line did not update; last screen:\n" << s.final_screen;
+  for (const std::string& screen : s.bars) {
+    EXPECT_EQ(BarLines(screen), 1) << screen;
+    std::istringstream lines(screen);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (BarStep(line) < 0) continue;
+      EXPECT_LT(line.size(), 80u) << line;
+      EXPECT_THAT(line, Not(HasSubstr("gpu"))) << line;
+    }
+  }
+  // Every screen line that is not an event line is the bar: no stale half-line from a wrap.
+  std::istringstream lines(s.bars.back());
   std::string line;
-  int bar_lines = 0;
-  while (std::getline(lines, line)) bar_lines += bar_step(line) >= 0 ? 1 : 0;
-  EXPECT_EQ(bar_lines, 1) << bars.back();
-  // Non-step events are printed as lines above the bar; a cancelled job exits 7.
-  EXPECT_THAT(final_screen, HasSubstr("state CANCELLED"));
-  EXPECT_EQ(Slurp(watch_rc), "7\n");
+  while (std::getline(lines, line)) {
+    if (line.empty() || BarStep(line) >= 0) continue;
+    EXPECT_THAT(line, ::testing::ContainsRegex("^ *[0-9]+ [0-9-]+ [0-9:]+ ")) << "not an event line: " << line;
+  }
 }
 
 // Off a terminal: one plain line per event, on stdout, with no escape sequences.

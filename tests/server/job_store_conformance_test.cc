@@ -244,6 +244,8 @@ TEST_P(JobStoreTest, EventsAreNumberedWithoutGapsAndCheckpointsRecorded) {
   for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].sequence(), static_cast<int64_t>(i + 1));
   EXPECT_EQ(events[3].state(), v1::Job::CANCELLED);
   EXPECT_EQ(store_->Get("e")->progress().step(), 4);
+  // A job read says which of its events it already includes (a watcher's replay starts there).
+  EXPECT_EQ(store_->Get("e")->last_sequence(), 4);
   // after_sequence and limit.
   absl::StatusOr<std::vector<v1::JobEvent>> tail = store_->ListEvents("e", 1, 2);
   ASSERT_TRUE(tail.ok());

@@ -33,6 +33,10 @@ struct ScriptedRunner {
   std::atomic<int> calls{0};
   std::atomic<bool> last_resume{false};
   std::atomic<int> step_delay_ms{0};
+  // Steps on through a pause request, as a run inside a long chunk would (a cancel still stops
+  // it at the next step).
+  std::atomic<bool> ignore_pause{false};
+  std::atomic<int> active{0};  // runs in progress
   // Devices of the runs in the order they started, and the most devices in use at once.
   absl::Mutex mu;
   std::vector<std::pair<std::string, std::vector<std::string>>> runs;
@@ -47,7 +51,9 @@ struct ScriptedRunner {
       devices_in_use += static_cast<int>(o.devices.size());
       max_devices_in_use = std::max(max_devices_in_use, devices_in_use);
     }
+    ++active;
     absl::StatusOr<RunResult> r = Script(o);
+    --active;
     absl::MutexLock lock(&mu);
     devices_in_use -= static_cast<int>(o.devices.size());
     return r;
@@ -57,7 +63,7 @@ struct ScriptedRunner {
     for (int s = 1; s <= steps; ++s) {
       const StopRequest stop = o.poll_stop();
       if (stop == StopRequest::kCancel) return RunResult{.outcome = RunOutcome::kCancelled, .final_checkpoint = {}};
-      if (stop == StopRequest::kPause) {
+      if (stop == StopRequest::kPause && !ignore_pause) {
         o.on_checkpoint(
             CheckpointInfo{.step = s - 1, .path = o.checkpoint_dir->PathOf("pause"), .bytes = 1, .final = false});
         return RunResult{.outcome = RunOutcome::kPaused, .final_checkpoint = {}};
@@ -258,6 +264,26 @@ TEST_F(SchedulerTest, NonTransientErrorFailsAtOnce) {
   const v1::Job failed = WaitFor("n", v1::Job::FAILED);
   EXPECT_EQ(runner_.calls.load(), 1);
   EXPECT_EQ(failed.error().reason(), "NAN_LOSS");
+}
+
+// A run that has not stopped by the drain's deadline is told to stop without a checkpoint, and
+// Drain returns only once it has (no thread is left behind); the job is QUEUED to resume from
+// its last checkpoint, and says why.
+TEST_F(SchedulerTest, DrainPastItsDeadlineStopsTheRunAndWaitsForIt) {
+  runner_.steps = 100000;
+  runner_.step_delay_ms = 5;
+  runner_.ignore_pause = true;
+  StartScheduler();
+  ASSERT_TRUE(scheduler_->Submit(spec_, "slow", "").ok());
+  WaitFor("slow", v1::Job::RUNNING);
+  EXPECT_FALSE(scheduler_->Drain(absl::Milliseconds(200)));
+  EXPECT_EQ(runner_.active.load(), 0) << "Drain returned while the run was still going";
+  const absl::StatusOr<v1::Job> job = store_->Get("slow");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::Job::QUEUED);
+  const std::vector<v1::JobEvent> events = Events("slow");
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.back().message(), HasSubstr("before it could checkpoint"));
 }
 
 TEST_F(SchedulerTest, DrainLeavesRunningJobQueuedAndRestartRecovers) {

@@ -1,0 +1,212 @@
+#include "client/cli.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "proto/spec/spec_codec.h"
+
+namespace oomb::client {
+namespace {
+
+const char* CodeName(grpc::StatusCode c) {
+  static const char* const kNames[] = {
+      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
+  const int i = static_cast<int>(c);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << "oomb: error: cannot read " << path << "\n";
+    throw CLI::RuntimeError(kError);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
+  return s;
+}
+
+void EmitYaml(YAML::Emitter& out, const nlohmann::json& j) {
+  if (j.is_object()) {
+    out << YAML::BeginMap;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      out << YAML::Key << it.key() << YAML::Value;
+      EmitYaml(out, it.value());
+    }
+    out << YAML::EndMap;
+  } else if (j.is_array()) {
+    out << YAML::BeginSeq;
+    for (const auto& e : j) EmitYaml(out, e);
+    out << YAML::EndSeq;
+  } else if (j.is_string()) {
+    out << j.get<std::string>();
+  } else {
+    out << j.dump();
+  }
+}
+
+}  // namespace
+
+Client::Client(const Globals& g) : g_(g) {
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!g.ca.empty() || !g.cert.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!g.ca.empty()) ssl.pem_root_certs = ReadAll(g.ca);
+    if (!g.cert.empty()) ssl.pem_cert_chain = ReadAll(g.cert);
+    if (!g.key.empty()) ssl.pem_private_key = ReadAll(g.key);
+    creds = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  channel_ = grpc::CreateCustomChannel(g.endpoint, creds, args);
+  jobs_ = v1::JobService::NewStub(channel_);
+  health_ = grpc::health::v1::Health::NewStub(channel_);
+  if (!g.token_file.empty()) {
+    token_ = Trim(ReadAll(g.token_file));
+  } else if (const char* t = std::getenv("OOMB_TOKEN")) {
+    token_ = t;
+  }
+}
+
+std::unique_ptr<grpc::ClientContext> Client::Context(bool unary) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
+  if (unary) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(static_cast<int64_t>(g_.timeout * 1000)));
+  }
+  return ctx;
+}
+
+int ExitFor(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return kOk;
+    case grpc::StatusCode::NOT_FOUND:
+      return kNotFound;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return kAuth;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return kUnavailable;
+    default:
+      return kError;
+  }
+}
+
+int Fail(const grpc::Status& s) {
+  std::cerr << "oomb: error: " << CodeName(s.error_code()) << ": " << s.error_message() << "\n";
+  return ExitFor(s.error_code());
+}
+
+std::string ToJson(const google::protobuf::Message& m, bool pretty) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.add_whitespace = pretty;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+bool PrintStructured(const Globals& g, const google::protobuf::Message& m) {
+  if (g.output == "json") {
+    std::cout << ToJson(m, true) << "\n";
+    return true;
+  }
+  if (g.output == "yaml") {
+    YAML::Emitter out;
+    EmitYaml(out, nlohmann::json::parse(ToJson(m, false)));
+    std::cout << out.c_str() << "\n";
+    return true;
+  }
+  return false;
+}
+
+bool Color() { return ::isatty(1) && std::getenv("NO_COLOR") == nullptr; }
+
+std::string StateName(v1::Job::State s) {
+  std::string name = v1::Job::State_Name(s);
+  if (!Color()) return name;
+  const char* color = "";
+  switch (s) {
+    case v1::Job::SUCCEEDED:
+      color = "\033[32m";
+      break;
+    case v1::Job::FAILED:
+      color = "\033[31m";
+      break;
+    case v1::Job::RUNNING:
+      color = "\033[36m";
+      break;
+    case v1::Job::CANCELLED:
+    case v1::Job::PAUSED:
+      color = "\033[33m";
+      break;
+    default:
+      return name;
+  }
+  return fmt::format("{}{}\033[0m", color, name);
+}
+
+std::string Bytes(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return fmt::format("{:.1f} GiB", b / double(int64_t{1} << 30));
+  if (b >= (1 << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
+  return fmt::format("{} B", b);
+}
+
+std::string Duration(double s) {
+  const int64_t t = static_cast<int64_t>(s);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::string Time(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0) return "-";
+  const time_t secs = t.seconds();
+  char buf[32];
+  std::tm tm{};
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", localtime_r(&secs, &tm));
+  return buf;
+}
+
+std::string JobName(const std::string& arg) { return arg.rfind("jobs/", 0) == 0 ? arg : "jobs/" + arg; }
+
+int LoadSpec(const std::string& file, const std::vector<std::string>& sets, v1::JobSpec* spec) {
+  if (absl::Status s = spec::LoadYamlFile(file, sets, spec); !s.ok()) {
+    std::cerr << "oomb: error: " << s.message() << "\n";
+    return kError;
+  }
+  return kOk;
+}
+
+void OnRun(CLI::App* cmd, std::function<int()> body) {
+  cmd->callback([body = std::move(body)] {
+    const int rc = body();
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace oomb::client

@@ -1,0 +1,104 @@
+// What every `oomb` subcommand shares: the global options, the exit codes, the connection to
+// oombd (with its token and deadlines), and how results and errors are printed (-o table |
+// json | yaml; errors on stderr as "oomb: error: CODE: message").
+#ifndef OOMB_CLIENT_CLI_H_
+#define OOMB_CLIENT_CLI_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/message.h"
+#include "google/protobuf/timestamp.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "oomb/v1/jobs.grpc.pb.h"
+
+namespace oomb::client {
+
+inline constexpr const char* kExitCodes = R"(Exit codes:
+  0  ok                     4  unauthenticated or permission denied
+  1  error                  5  server unavailable (or deadline exceeded)
+  2  usage                  6  the watched job FAILED
+  3  not found              7  the watched job was CANCELLED)";
+
+enum Exit {
+  kOk = 0,
+  kError = 1,
+  kUsage = 2,
+  kNotFound = 3,
+  kAuth = 4,
+  kUnavailable = 5,
+  kJobFailed = 6,
+  kJobCancelled = 7
+};
+
+struct Globals {
+  std::string endpoint = "127.0.0.1:7070";
+  std::string token_file;
+  std::string ca, cert, key;
+  std::string output = "table";
+  double timeout = 30;
+};
+
+// A connection to oombd, made from the global options when a command first needs it.
+class Client {
+ public:
+  // Reads the TLS files and the token (a file that cannot be read exits 1, naming it).
+  explicit Client(const Globals& g);
+
+  // A context with the token and, for unary calls, the deadline.
+  std::unique_ptr<grpc::ClientContext> Context(bool unary = true) const;
+
+  v1::JobService::Stub& jobs() { return *jobs_; }
+  grpc::health::v1::Health::Stub& health() { return *health_; }
+  const Globals& globals() const { return g_; }
+
+ private:
+  Globals g_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  std::string token_;
+};
+
+// What a subcommand is registered with: the global options (filled by the time it runs) and
+// the connection, made on first use.
+struct Cli {
+  Globals& globals;
+  std::function<Client&()> client;
+};
+
+// Prints the RPC's error and returns the exit code its status maps to.
+int Fail(const grpc::Status& s);
+// The exit code of a gRPC status code.
+int ExitFor(grpc::StatusCode code);
+
+// Prints `m` as -o json or -o yaml; returns false for -o table (the caller prints).
+bool PrintStructured(const Globals& g, const google::protobuf::Message& m);
+std::string ToJson(const google::protobuf::Message& m, bool pretty);
+
+// Table formatting: a state (coloured on a colour terminal), sizes, durations, times.
+bool Color();
+std::string StateName(v1::Job::State s);
+std::string Bytes(int64_t b);
+std::string Duration(double seconds);
+std::string Time(const google::protobuf::Timestamp& t);
+
+// "jobs/{id}" from a job id or a name.
+std::string JobName(const std::string& arg);
+
+// The job spec file with its --set overrides, checked against the schema (defaults are the
+// server's to fill). kOk, or kError with the error printed.
+int LoadSpec(const std::string& file, const std::vector<std::string>& sets, v1::JobSpec* spec);
+
+// Makes `body` the subcommand's action; its return code becomes the process's exit code.
+void OnRun(CLI::App* cmd, std::function<int()> body);
+
+}  // namespace oomb::client
+
+#endif  // OOMB_CLIENT_CLI_H_

@@ -1,0 +1,28 @@
+// The `oomb` subcommands, registered on the CLI11 app by area.
+#ifndef OOMB_CLIENT_COMMANDS_H_
+#define OOMB_CLIENT_COMMANDS_H_
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "client/cli.h"
+
+namespace oomb::client {
+
+// submit, list, get, watch, events, cancel, pause, resume, delete, checkpoints.
+void AddJobCommands(CLI::App& app, const Cli& cli);
+// estimate, health, server-info, version.
+void AddServerCommands(CLI::App& app, const Cli& cli);
+
+// Streams a job's events after `after` until it ends: a live progress line on a terminal
+// (client/progress.h) with other events printed above it, one line per event off a terminal,
+// one JSON object per message with -o json. The exit code follows the job's final state.
+int Watch(Client& c, const std::string& name, int64_t after);
+
+// "  SEQ TIME what happened": how `watch` and `events` print an event.
+std::string EventLine(const v1::JobEvent& e);
+
+}  // namespace oomb::client
+
+#endif  // OOMB_CLIENT_COMMANDS_H_

@@ -1,0 +1,271 @@
+// The job subcommands: submit, list, get, watch, events, cancel, pause, resume, delete,
+// checkpoints.
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "client/commands.h"
+
+namespace oomb::client {
+namespace {
+
+void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
+  std::cout << fmt::format("{:<24} {:<12} {:>13} {:>8} {:<19} {}\n", "NAME", "STATE", "STEP", "LOSS", "CREATED",
+                           "DISPLAY_NAME");
+  for (const v1::Job* j : jobs) {
+    const std::string state = StateName(j->state());
+    const int pad = 12 + static_cast<int>(state.size() - v1::Job::State_Name(j->state()).size());
+    std::cout << fmt::format("{:<24} {:<{}} {:>13} {:>8} {:<19} {}\n", j->name(), state, pad,
+                             fmt::format("{}/{}", j->progress().step(), j->progress().total_steps()),
+                             j->progress().step() > 0 ? fmt::format("{:.4f}", j->progress().loss()) : "-",
+                             Time(j->create_time()), j->spec().display_name());
+  }
+}
+
+void PrintJobDetail(const v1::Job& j) {
+  std::cout << fmt::format("name:        {}\n", j.name());
+  std::cout << fmt::format("state:       {}\n", StateName(j.state()));
+  if (j.queue_position() > 0) std::cout << fmt::format("queue:       position {}\n", j.queue_position());
+  if (!j.daemon().empty()) std::cout << fmt::format("daemon:      {}\n", j.daemon());
+  if (!j.spec().display_name().empty()) std::cout << fmt::format("display:     {}\n", j.spec().display_name());
+  std::cout << fmt::format("model:       {}\n", j.spec().model().path());
+  std::cout << fmt::format("data:        {}\n", j.spec().data().train());
+  std::cout << fmt::format("progress:    step {}/{}, {} tokens, loss {:.4f}\n", j.progress().step(),
+                           j.progress().total_steps(), j.progress().tokens(), j.progress().loss());
+  std::cout << fmt::format("attempt:     {} (retries {})\n", j.attempt(), j.retries());
+  std::cout << fmt::format("created:     {}\n", Time(j.create_time()));
+  std::cout << fmt::format("started:     {}\n", Time(j.start_time()));
+  std::cout << fmt::format("ended:       {}\n", Time(j.end_time()));
+  std::cout << fmt::format("checkpoints: {}\n", j.checkpoint_dir());
+  if (j.has_error()) {
+    std::cout << fmt::format("error:       {} {}: {}\n", j.error().code(), j.error().reason(), j.error().message());
+  }
+}
+
+// A subcommand taking one JOB argument; `job` receives it.
+CLI::App* JobCommand(CLI::App& app, const char* name, const char* help, const std::string& footer,
+                     std::shared_ptr<std::string> job) {
+  CLI::App* cmd = app.add_subcommand(name, help)->footer(footer);
+  cmd->add_option("job", *job, "Job id or jobs/{id}")->required();
+  return cmd;
+}
+
+void AddSubmit(CLI::App& app, const Cli& cli) {
+  auto* submit = app.add_subcommand("submit", "Create a job from a JOBSPEC.md YAML file")
+                     ->footer(
+                         "Examples:\n  oomb submit job.yaml\n  oomb submit job.yaml --set training.max_steps=5 "
+                         "--set labels.team=nlp --watch\n  oomb submit job.yaml --job-id austen-1 --request-id "
+                         "$(uuidgen)");
+  struct Args {
+    std::string file, job_id, request_id;
+    std::vector<std::string> sets;
+    bool watch = false, validate_only = false;
+  };
+  auto a = std::make_shared<Args>();
+  submit->add_option("file", a->file, "Job spec (YAML)")->required();
+  submit->add_option("--set", a->sets, "Override a field: dotted.key=value (repeatable)");
+  submit->add_option("--job-id", a->job_id, "Choose the job id ([a-z0-9][a-z0-9-]{0,62})");
+  submit->add_option("--request-id", a->request_id, "Idempotency key: a retried submit returns the same job");
+  submit->add_flag("--validate-only", a->validate_only, "Check the spec on the server; create nothing");
+  submit->add_flag("--watch", a->watch, "Watch the job after creating it (exit code follows the job)");
+  OnRun(submit, [cli, a] {
+    v1::CreateJobRequest req;
+    if (int rc = LoadSpec(a->file, a->sets, req.mutable_spec()); rc) return rc;
+    req.set_job_id(a->job_id);
+    req.set_request_id(a->request_id);
+    req.set_validate_only(a->validate_only);
+    v1::Job job;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().jobs().CreateJob(ctx.get(), req, &job);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, job)) {
+      if (a->validate_only) {
+        std::cout << "valid\n";
+      } else {
+        std::cout << job.name() << " " << StateName(job.state())
+                  << (job.queue_position() ? fmt::format(" (queue position {})", job.queue_position()) : "") << "\n";
+      }
+    }
+    if (a->watch && !a->validate_only) return Watch(cli.client(), job.name(), 0);
+    return 0;
+  });
+}
+
+// --state and --label filters into the request; kUsage (printed) for a bad one.
+int ListFilters(const std::vector<std::string>& states, const std::vector<std::string>& labels,
+                v1::ListJobsRequest* req) {
+  for (const std::string& s : states) {
+    v1::Job::State st;
+    if (!v1::Job::State_Parse(s, &st)) {
+      std::cerr << "oomb: error: --state: unknown state '" << s << "'\n";
+      return kUsage;
+    }
+    req->add_states(st);
+  }
+  for (const std::string& l : labels) {
+    const size_t eq = l.find('=');
+    if (eq == std::string::npos) {
+      std::cerr << "oomb: error: --label: expected k=v, got '" << l << "'\n";
+      return kUsage;
+    }
+    (*req->mutable_labels())[l.substr(0, eq)] = l.substr(eq + 1);
+  }
+  return kOk;
+}
+
+void AddList(CLI::App& app, const Cli& cli) {
+  auto* list = app.add_subcommand("list", "List jobs, newest first")
+                   ->footer(
+                       "Examples:\n  oomb list\n  oomb list --state RUNNING --state QUEUED --label team=nlp\n"
+                       "  oomb list --page-size 10 -o json   # next_page_token in the output");
+  struct Args {
+    std::vector<std::string> states, labels;
+    int page_size = 0;
+    std::string page_token;
+  };
+  auto a = std::make_shared<Args>();
+  list->add_option("--state", a->states, "Only jobs in this state (repeatable)");
+  list->add_option("--label", a->labels, "Only jobs with this label, k=v (repeatable)");
+  list->add_option("--page-size", a->page_size, "Jobs per page (server default 50, max 1000)");
+  list->add_option("--page-token", a->page_token, "Continue from a previous page's next_page_token");
+  OnRun(list, [cli, a] {
+    v1::ListJobsRequest req;
+    if (int rc = ListFilters(a->states, a->labels, &req); rc) return rc;
+    req.set_page_size(a->page_size);
+    req.set_page_token(a->page_token);
+    v1::ListJobsResponse resp;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().jobs().ListJobs(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, resp)) {
+      std::vector<const v1::Job*> jobs;
+      for (const v1::Job& j : resp.jobs()) jobs.push_back(&j);
+      PrintJobTable(jobs);
+      if (!resp.next_page_token().empty()) std::cerr << "more: --page-token " << resp.next_page_token() << "\n";
+    }
+    return 0;
+  });
+}
+
+void AddGet(CLI::App& app, const Cli& cli) {
+  auto job = std::make_shared<std::string>();
+  auto* get = JobCommand(app, "get", "Show one job",
+                         "Examples:\n  oomb get job-abc123\n  oomb get jobs/job-abc123 -o yaml", job);
+  OnRun(get, [cli, job] {
+    v1::GetJobRequest req;
+    req.set_name(JobName(*job));
+    v1::Job out;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().jobs().GetJob(ctx.get(), req, &out);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, out)) PrintJobDetail(out);
+    return 0;
+  });
+}
+
+void AddWatchAndEvents(CLI::App& app, const Cli& cli) {
+  auto job = std::make_shared<std::string>();
+  auto after = std::make_shared<int64_t>(0);
+  auto* watch = JobCommand(app, "watch", "Follow a job until it ends (progress line on a terminal)",
+                           "Examples:\n  oomb watch job-abc123\n  oomb watch job-abc123 --after 120 -o json\n"
+                           "Exits 0 when the job SUCCEEDED, 6 when it FAILED, 7 when it was CANCELLED.",
+                           job);
+  watch->add_option("--after", *after, "Replay events after this sequence number");
+  OnRun(watch, [cli, job, after] { return Watch(cli.client(), JobName(*job), *after); });
+
+  auto ejob = std::make_shared<std::string>();
+  auto eafter = std::make_shared<int64_t>(0);
+  auto page = std::make_shared<int>(0);
+  auto* events = JobCommand(app, "events", "List a job's events",
+                            "Examples:\n  oomb events job-abc123\n  oomb events job-abc123 --after 10 -o json", ejob);
+  events->add_option("--after", *eafter, "Only events after this sequence number");
+  events->add_option("--page-size", *page, "Events per call (server default 500)");
+  OnRun(events, [cli, ejob, eafter, page] {
+    v1::ListJobEventsRequest req;
+    req.set_name(JobName(*ejob));
+    req.set_after_sequence(*eafter);
+    req.set_page_size(*page);
+    v1::ListJobEventsResponse resp;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().jobs().ListJobEvents(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, resp)) {
+      for (const v1::JobEvent& e : resp.events()) std::cout << EventLine(e) << "\n";
+      if (resp.more()) std::cerr << "more: --after " << resp.events(resp.events_size() - 1).sequence() << "\n";
+    }
+    return 0;
+  });
+}
+
+// cancel, pause, resume: one JOB in, the job out.
+template <typename Request, typename Call>
+void AddStateCommand(CLI::App& app, const Cli& cli, const char* name, const char* help, Call call) {
+  auto job = std::make_shared<std::string>();
+  auto* cmd = JobCommand(app, name, help, fmt::format("Example:\n  oomb {} job-abc123", name), job);
+  OnRun(cmd, [cli, job, call] {
+    Request req;
+    req.set_name(JobName(*job));
+    v1::Job out;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = (cli.client().jobs().*call)(ctx.get(), req, &out);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, out)) std::cout << out.name() << " " << StateName(out.state()) << "\n";
+    return 0;
+  });
+}
+
+void AddDeleteAndCheckpoints(CLI::App& app, const Cli& cli) {
+  auto job = std::make_shared<std::string>();
+  auto* del = JobCommand(app, "delete", "Delete a finished job's record (checkpoint files are kept)",
+                         "Example:\n  oomb delete job-abc123", job);
+  OnRun(del, [cli, job] {
+    v1::DeleteJobRequest req;
+    req.set_name(JobName(*job));
+    v1::DeleteJobResponse resp;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().jobs().DeleteJob(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, resp)) std::cout << "deleted " << req.name() << "\n";
+    return 0;
+  });
+  auto cjob = std::make_shared<std::string>();
+  auto* ck = JobCommand(app, "checkpoints", "List a job's checkpoints",
+                        "Example:\n  oomb checkpoints job-abc123 -o json", cjob);
+  OnRun(ck, [cli, cjob] {
+    v1::ListCheckpointsRequest req;
+    req.set_name(JobName(*cjob));
+    v1::ListCheckpointsResponse resp;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().jobs().ListCheckpoints(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(s);
+    if (PrintStructured(cli.globals, resp)) return 0;
+    std::cout << fmt::format("{:>8} {:>10} {:<6} {:<19} {}\n", "STEP", "SIZE", "FINAL", "CREATED", "PATH");
+    for (const v1::Checkpoint& c : resp.checkpoints()) {
+      std::cout << fmt::format("{:>8} {:>10} {:<6} {:<19} {}\n", c.step(), Bytes(c.bytes()), c.final() ? "yes" : "",
+                               Time(c.create_time()), c.path());
+    }
+    return 0;
+  });
+}
+
+}  // namespace
+
+void AddJobCommands(CLI::App& app, const Cli& cli) {
+  AddSubmit(app, cli);
+  AddList(app, cli);
+  AddGet(app, cli);
+  AddWatchAndEvents(app, cli);
+  using Stub = v1::JobService::Stub;
+  AddStateCommand<v1::CancelJobRequest>(app, cli, "cancel", "Cancel a job (it stops at the next chunk boundary)",
+                                        &Stub::CancelJob);
+  AddStateCommand<v1::PauseJobRequest>(app, cli, "pause", "Pause a job (checkpoint, release the device)",
+                                       &Stub::PauseJob);
+  AddStateCommand<v1::ResumeJobRequest>(
+      app, cli, "resume", "Queue a paused job again (it continues from its checkpoint)", &Stub::ResumeJob);
+  AddDeleteAndCheckpoints(app, cli);
+}
+
+}  // namespace oomb::client

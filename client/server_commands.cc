@@ -1,0 +1,98 @@
+// The server subcommands: estimate, health, server-info, version.
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "client/commands.h"
+
+namespace oomb::client {
+namespace {
+
+void PrintEstimate(const v1::EstimateJobResponse& r) {
+  std::cout << fmt::format("device              {}\n", r.device())
+            << fmt::format("fits                {}\n", r.fits() ? "yes" : "no")
+            << fmt::format("sequence length     {} tokens\n", r.seq_len())
+            << fmt::format("peak device memory  {} of {} usable\n", Bytes(r.peak_device_bytes()),
+                           Bytes(r.device_capacity_bytes()))
+            << fmt::format("  weights           {}\n", Bytes(r.weights_bytes()))
+            << fmt::format("  trainable state   {}\n", Bytes(r.trainable_state_bytes()))
+            << fmt::format("  KV pages          {} ({} bytes per token)\n", Bytes(r.kv_bytes()), r.kv_bytes_per_token())
+            << fmt::format("  activations       {}\n", Bytes(r.activation_bytes()))
+            << fmt::format("peak host memory    {} of {}\n", Bytes(r.peak_host_bytes()), Bytes(r.host_capacity_bytes()))
+            << fmt::format("placement           {}\n", r.placement())
+            << fmt::format("longest context     {} tokens\n", r.max_seq_len_that_fits());
+  if (!r.fits()) std::cout << "limit: " << r.limit() << "\n";
+}
+
+void AddEstimate(CLI::App& app, const Cli& cli) {
+  struct Args {
+    std::string file;
+    std::vector<std::string> sets;
+  };
+  auto a = std::make_shared<Args>();
+  auto* estimate = app.add_subcommand("estimate", "Ask the server's memory planner whether a job fits")
+                       ->footer("Example:\n  oomb estimate job.yaml --set data.max_seq_len=1048576");
+  estimate->add_option("file", a->file, "Job spec (YAML)")->required();
+  estimate->add_option("--set", a->sets, "Override a field: dotted.key=value (repeatable)");
+  OnRun(estimate, [cli, a] {
+    v1::EstimateJobRequest req;
+    if (int rc = LoadSpec(a->file, a->sets, req.mutable_spec()); rc) return rc;
+    v1::EstimateJobResponse resp;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().jobs().EstimateJob(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, resp)) PrintEstimate(resp);
+    return resp.fits() ? 0 : int{kError};
+  });
+}
+
+void AddHealth(CLI::App& app, const Cli& cli) {
+  auto* health = app.add_subcommand("health", "Check the server's health (grpc.health.v1; no token needed)")
+                     ->footer("Example:\n  oomb health --endpoint unix:/run/oomb/oombd.sock");
+  OnRun(health, [cli] {
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().health().Check(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, resp)) {
+      std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
+    }
+    return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : int{kUnavailable};
+  });
+}
+
+void AddServerInfo(CLI::App& app, const Cli& cli) {
+  auto* info = app.add_subcommand("server-info", "Show the server's versions and devices")
+                   ->footer("Example:\n  oomb server-info -o json");
+  OnRun(info, [cli] {
+    v1::GetServerInfoRequest req;
+    v1::ServerInfo resp;
+    auto ctx = cli.client().Context();
+    const grpc::Status s = cli.client().jobs().GetServerInfo(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(s);
+    if (PrintStructured(cli.globals, resp)) return 0;
+    std::cout << fmt::format("version: {} (torch {}, cuda {})\nhost memory: {}\nstarted: {}{}\n", resp.version(),
+                             resp.torch_version(), resp.cuda_version().empty() ? "none" : resp.cuda_version(),
+                             Bytes(resp.host_memory_bytes()), Time(resp.start_time()),
+                             resp.draining() ? "\ndraining: yes" : "");
+    for (const auto& d : resp.devices()) {
+      std::cout << fmt::format("  {:<8} {} {}\n", d.name(), d.model(), d.memory_bytes() ? Bytes(d.memory_bytes()) : "");
+    }
+    return 0;
+  });
+}
+
+}  // namespace
+
+void AddServerCommands(CLI::App& app, const Cli& cli) {
+  AddEstimate(app, cli);
+  AddHealth(app, cli);
+  AddServerInfo(app, cli);
+  app.add_subcommand("version", "Print the client version")->callback([] { std::cout << "oomb 0.1.0\n"; });
+}
+
+}  // namespace oomb::client

@@ -1,0 +1,386 @@
+#include "server/daemon.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#ifdef OOMB_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "google/protobuf/util/time_util.h"
+#include "server/to_proto.h"
+#include "worker/common/status.h"
+
+namespace oomb::server {
+namespace {
+
+// sd_notify(3): > 0 when sent, 0 when NOTIFY_SOCKET is unset (or built without libsystemd).
+int Notify(const std::string& state) {
+#ifdef OOMB_HAVE_SYSTEMD
+  return sd_notify(0, state.c_str());
+#else
+  (void)state;
+  return 0;
+#endif
+}
+
+// The unit's WatchdogSec= (WATCHDOG_USEC for this process); zero when none.
+absl::Duration WatchdogInterval() {
+#ifdef OOMB_HAVE_SYSTEMD
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(0, &usec) > 0) return absl::Microseconds(static_cast<int64_t>(usec));
+#endif
+  return absl::ZeroDuration();
+}
+
+// "jobs 2 running, 1 queued" from the store's counts ("no jobs" when empty).
+std::string JobCounts(JobStore* store) {
+  absl::StatusOr<std::map<v1::Job::State, int64_t>> counts = store->CountByState();
+  if (!counts.ok()) return absl::StrCat("job store: ", counts.status().message());
+  std::vector<std::string> parts;
+  for (const auto& [state, n] : *counts) {
+    parts.push_back(absl::StrCat(n, " ", absl::AsciiStrToLower(v1::Job::State_Name(state))));
+  }
+  return parts.empty() ? "no jobs" : absl::StrCat("jobs ", absl::StrJoin(parts, ", "));
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* field) {
+  absl::StatusOr<std::string> text = FileAccess::Unconfined()->ReadFile(path, 1 << 20);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", text.status().message()));
+  const std::string secret(absl::StripAsciiWhitespace(*text));
+  if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": the file is empty"));
+  return secret;
+}
+
+// The address a listener bound: `listen`'s host (every address for a bare port) and `port`.
+std::string BoundAddress(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  return absl::StrCat(colon == std::string::npos ? "0.0.0.0" : listen.substr(0, colon), ":", port);
+}
+
+// This daemon's id in a fleet: server.daemon_id, else host:pid.
+std::string DaemonId(const ServerConfig& config) {
+  if (!config.daemon_id.empty()) return config.daemon_id;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "localhost");
+  return absl::StrCat(host, ":", ::getpid());
+}
+
+}  // namespace
+
+// systemd's side of the daemon's life (Type=notify): READY=1 once it serves, STOPPING=1 when the
+// drain begins, and in between a thread that refreshes STATUS= every few seconds and, under
+// WatchdogSec=, sends WATCHDOG=1 at half that interval. The ping follows a query of the job
+// store (the status line's job counts), so a daemon whose store hangs is restarted.
+class SystemdNotifier {
+ public:
+  explicit SystemdNotifier(std::function<std::string()> status) : status_(std::move(status)) {}
+  ~SystemdNotifier() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  SystemdNotifier(const SystemdNotifier&) = delete;
+  SystemdNotifier& operator=(const SystemdNotifier&) = delete;
+
+  // READY=1 with the current status; starts the thread when a notify socket took the message.
+  void Ready() {
+    if (Notify("READY=1\nSTATUS=" + status_()) <= 0) return;
+    const absl::Duration watchdog = WatchdogInterval();
+    const absl::Duration period =
+        watchdog > absl::ZeroDuration() ? std::min(watchdog / 2, kStatusPeriod) : kStatusPeriod;
+    thread_ = std::thread([this, period, ping = watchdog > absl::ZeroDuration()] {
+      for (;;) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) return;
+        }
+        Notify(absl::StrCat(ping ? "WATCHDOG=1\n" : "", "STATUS=", status_()));
+      }
+    });
+  }
+  void Stopping() { Notify("STOPPING=1\nSTATUS=" + status_()); }
+
+ private:
+  static constexpr absl::Duration kStatusPeriod = absl::Seconds(5);
+  const std::function<std::string()> status_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+Daemon::Daemon(const ServerConfig& config, const ServeEnvironment& env) : config_(config), env_(env) {}
+
+Daemon::~Daemon() {
+  if (!shut_down_) Shutdown(absl::Now());
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ServerConfig& config, const ServeEnvironment& env) {
+  std::unique_ptr<Daemon> d(new Daemon(config, env));
+  OOMB_RETURN_IF_ERROR(d->OpenDataDir());
+  OOMB_RETURN_IF_ERROR(d->OpenStore());
+  OOMB_RETURN_IF_ERROR(d->StartMetrics());
+  OOMB_RETURN_IF_ERROR(d->StartScheduler());
+  OOMB_RETURN_IF_ERROR(d->StartServers());
+  OOMB_RETURN_IF_ERROR(d->Announce());
+  d->SetServing(true);
+  d->systemd_ = std::make_unique<SystemdNotifier>([raw = d.get()] { return raw->Status(); });
+  d->systemd_->Ready();
+  return d;
+}
+
+absl::Status Daemon::OpenDataDir() {
+  OOMB_ASSIGN_OR_RETURN(data_dir_, FileAccess::Unconfined()->MakeDirs(config_.data_dir, 0700));
+  // The job store, checkpoints and the socket live here: only this user may enter, also when
+  // the directory existed before with a wider mode.
+  if (struct stat st; ::stat(config_.data_dir.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    if (::chmod(config_.data_dir.c_str(), 0700) != 0) return ErrnoStatus(errno, "chmod 0700", config_.data_dir);
+    spdlog::warn("data dir {} was mode {:o}; now 0700", config_.data_dir, st.st_mode & 0777);
+  }
+  // One daemon per data dir: a second one would recover and run the first one's jobs.
+  OOMB_ASSIGN_OR_RETURN(lock_, DataDirLock::Acquire(config_.data_dir));
+  OOMB_ASSIGN_OR_RETURN(JobFiles job_files, JobFiles::Create(config_.allowed_roots, config_.data_dir));
+  files_ = std::make_shared<const JobFiles>(std::move(job_files));
+  spdlog::info("job paths confined to {} (never the data dir {})", absl::StrJoin(files_->roots(), ", "),
+               config_.data_dir);
+  token_ = config_.auth_token;
+  if (!config_.auth_token_file.empty()) {
+    OOMB_ASSIGN_OR_RETURN(token_, ReadSecretFile(config_.auth_token_file, "auth.token_file"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::OpenStore() {
+  if (config_.store_backend != "postgres") {
+    OOMB_ASSIGN_OR_RETURN(store_, OpenSqliteJobStore(config_.data_dir + "/oombd.db"));
+    return absl::OkStatus();
+  }
+  std::string url = config_.postgres_url;
+  if (!config_.postgres_url_file.empty()) {
+    OOMB_ASSIGN_OR_RETURN(url, ReadSecretFile(config_.postgres_url_file, "store.postgres_url_file"));
+  }
+  OOMB_ASSIGN_OR_RETURN(store_, OpenPostgresJobStore(url));
+  spdlog::info("fleet mode: PostgreSQL job store; daemon id {}, lease {} s, heartbeat {} s", DaemonId(config_),
+               config_.lease_seconds, config_.heartbeat_seconds);
+  return absl::OkStatus();
+}
+
+// /metrics before the scheduler, so the recovery's state changes are counted.
+absl::Status Daemon::StartMetrics() {
+  if (config_.metrics_listen.empty()) return absl::OkStatus();
+  MetricsExporterOptions o;
+  o.listen = config_.metrics_listen;
+  o.slots = config_.devices == "auto" ? env_.devices : std::vector<std::string>();
+  if (config_.devices != "auto") {
+    for (absl::string_view d : absl::StrSplit(config_.devices, ',', absl::SkipWhitespace())) {
+      o.slots.emplace_back(absl::StripAsciiWhitespace(d));
+    }
+  }
+  o.build = env_.build;
+  o.kv_stats = &kv_stats_;
+  o.count_jobs = [store = store_.get()] { return store->CountByState(); };
+  o.device_memory = env_.device_memory;
+  o.pinned_host_bytes = env_.pinned_host_bytes;
+  OOMB_ASSIGN_OR_RETURN(metrics_, MetricsExporter::Start(std::move(o)));
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartScheduler() {
+  SchedulerOptions o;
+  o.files = files_;
+  if (config_.devices == "auto") {
+    o.devices = env_.devices;
+  } else {
+    for (absl::string_view d : absl::StrSplit(config_.devices, ',', absl::SkipWhitespace())) {
+      o.devices.emplace_back(absl::StripAsciiWhitespace(d));
+    }
+  }
+  o.runner = env_.runner;
+  if (env_.validate_data) {
+    o.validator = [validate = env_.validate_data](const JobConfig& spec,
+                                                  const FileAccess& access) -> absl::StatusOr<v1::DatasetSummary> {
+      OOMB_ASSIGN_OR_RETURN(DataSummary summary, validate(spec, access));
+      return DatasetSummaryToProto(summary);
+    };
+  }
+  o.hold = config_.hold;
+  o.max_queued_per_client = config_.max_queued_jobs_per_client;
+  o.daemon_id = DaemonId(config_);
+  o.lease = absl::Seconds(config_.lease_seconds);
+  o.heartbeat = absl::Seconds(config_.heartbeat_seconds);
+  o.shared_store = config_.store_backend == "postgres";
+  if (metrics_ != nullptr) {
+    o.metrics = metrics_.get();
+    o.kv_stats = &kv_stats_;
+  }
+  scheduler_ = std::make_unique<Scheduler>(store_.get(), &hub_, std::move(o));
+  return scheduler_->Start();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Daemon::TcpCredentials() const {
+  if (config_.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  const auto read = [](const std::string& path, const char* field) -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::string> text = FileAccess::Unconfined()->ReadFile(path, 1 << 20);
+    if (!text.ok()) return Annotate(text.status(), field);
+    return text;
+  };
+  grpc::SslServerCredentialsOptions ssl;
+  OOMB_ASSIGN_OR_RETURN(const std::string cert, read(config_.tls_cert_file, "tls.cert_file"));
+  OOMB_ASSIGN_OR_RETURN(const std::string key, read(config_.tls_key_file, "tls.key_file"));
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  if (!config_.tls_client_ca_file.empty()) {
+    OOMB_ASSIGN_OR_RETURN(ssl.pem_root_certs, read(config_.tls_client_ca_file, "tls.client_ca_file"));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::Status Daemon::StartServers() {
+  create_pool_ = std::make_unique<WorkPool>(/*threads=*/2, /*max_queued=*/64);
+  JobServiceOptions jopts;
+  jopts.files = files_;
+  jopts.work = create_pool_.get();
+  jopts.auth_token = token_;
+  jopts.validate_data = env_.validate_data;
+  jopts.validate_data_max_bytes = config_.validate_inline_max_bytes;
+  jopts.server_info = env_.server_info;
+  *jopts.server_info.mutable_start_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  service_ = std::make_unique<JobServiceImpl>(store_.get(), scheduler_.get(), &hub_, jopts);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  if (config_.reflection && token_.empty()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // A port another process holds is an error, never shared (SO_REUSEPORT would split clients).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  OOMB_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp, TcpCredentials());
+  if (!config_.listen.empty()) builder.AddListeningPort(config_.listen, tcp, &port_);
+  if (config_.unix_socket) {
+    ::unlink(config_.unix_socket_path.c_str());  // a stale socket from a crash (the data dir is ours)
+    owned_paths_.push_back(config_.unix_socket_path);
+    builder.AddListeningPort("unix:" + config_.unix_socket_path, grpc::InsecureServerCredentials());
+  }
+  // Hours-long WatchJob streams: ping idle connections so load balancers keep them, and accept
+  // clients' pings at that rate.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(config_.keepalive_seconds * 1000));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.RegisterService(service_.get());
+  if (metrics_ != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(metrics_->NewInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
+  const mode_t old_umask = ::umask(0177);  // the Unix socket is created 0600
+  server_ = builder.BuildAndStart();
+  ::umask(old_umask);
+  if (server_ == nullptr || (!config_.listen.empty() && port_ == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen.empty() ? "" : config_.listen,
+                                               config_.unix_socket ? " " + config_.unix_socket_path : ""));
+  }
+  if (config_.unix_socket) ::chmod(config_.unix_socket_path.c_str(), 0600);
+  return StartHealthServer();
+}
+
+// The plaintext health port (CONVENTIONS.md §2): a server of its own whose only service is the
+// default grpc.health.v1 one (every server built while EnableDefaultHealthCheckService is on has
+// it), so no job method is reachable there without TLS or a token.
+absl::Status Daemon::StartHealthServer() {
+  if (config_.health_listen.empty()) return absl::OkStatus();
+  grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(config_.health_listen, grpc::InsecureServerCredentials(), &health_port_);
+  health_server_ = builder.BuildAndStart();
+  if (health_server_ == nullptr || health_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("server.health_listen: cannot listen on ", config_.health_listen));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::WritePortFile(const std::string& name, int port) {
+  OOMB_RETURN_IF_ERROR(data_dir_->WriteFileAtomic(name, absl::StrCat(port, "\n")));
+  owned_paths_.push_back(data_dir_->PathOf(name));
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Announce() {
+  if (metrics_ != nullptr) {
+    const std::string address = BoundAddress(config_.metrics_listen, metrics_->port());
+    std::cerr << "oombd: metrics on http://" << address << "/metrics" << std::endl;
+    OOMB_RETURN_IF_ERROR(WritePortFile("oombd.metrics.port", metrics_->port()));
+  }
+  if (health_server_ != nullptr) {
+    std::cerr << "oombd: health (plaintext grpc.health.v1) on " << BoundAddress(config_.health_listen, health_port_)
+              << std::endl;
+    OOMB_RETURN_IF_ERROR(WritePortFile("oombd.health.port", health_port_));
+  }
+  if (!config_.listen.empty()) {
+    const std::string host = config_.listen.substr(0, config_.listen.rfind(':'));
+    std::cerr << "oombd: listening on " << host << ":" << port_ << std::endl;
+    addresses_.push_back(BoundAddress(config_.listen, port_));
+  }
+  if (config_.unix_socket) {
+    std::cerr << "oombd: listening on unix:" << config_.unix_socket_path << std::endl;
+    addresses_.push_back("unix:" + config_.unix_socket_path);
+  }
+  if (health_server_ != nullptr) addresses_.push_back("health " + BoundAddress(config_.health_listen, health_port_));
+  if (metrics_ != nullptr) addresses_.push_back("metrics " + BoundAddress(config_.metrics_listen, metrics_->port()));
+  // Last: whoever waits for it finds the other port files already there.
+  if (!config_.listen.empty()) {
+    OOMB_RETURN_IF_ERROR(WritePortFile("oombd.port", port_));
+  }
+  return absl::OkStatus();
+}
+
+void Daemon::SetServing(bool serving) {
+  if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(serving);
+  if (health_server_ != nullptr) health_server_->GetHealthCheckService()->SetServingStatus(serving);
+}
+
+std::string Daemon::Status() const {
+  const std::string jobs = JobCounts(store_.get());
+  if (!draining_.load()) return absl::StrCat("serving on ", absl::StrJoin(addresses_, ", "), "; ", jobs);
+  return absl::StrCat("draining: running jobs checkpoint (at most ", config_.shutdown_grace_seconds, " s); ", jobs);
+}
+
+bool Daemon::Shutdown(absl::Time deadline) {
+  shut_down_ = true;
+  draining_.store(true);
+  SetServing(false);
+  if (systemd_ != nullptr) systemd_->Stopping();
+  bool checkpointed = true;
+  if (scheduler_ != nullptr) {
+    checkpointed = scheduler_->Drain(deadline - absl::Now());
+    if (!checkpointed) spdlog::warn("jobs stopped without a checkpoint of their own; they resume from their last one");
+  }
+  hub_.Shutdown();
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (health_server_ != nullptr) {  // last: probes see NOT_SERVING until the main server is down
+    health_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  systemd_.reset();
+  create_pool_.reset();  // joins its threads: every CreateJob has answered
+  for (const std::string& path : owned_paths_) ::unlink(path.c_str());
+  return checkpointed;
+}
+
+}  // namespace oomb::server
