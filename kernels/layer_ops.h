@@ -1,7 +1,6 @@
 // Fused elementwise parts of a decoder layer (RMSNorm, rotary embedding, SwiGLU), forward and
 // backward, one kernel each, for bfloat16 / float16 tensors. Each does in one pass over memory
-// what the composite ATen ops of worker/model/transformer.cc did in several (bench/results/
-// 2026-11-23-h100-fused-layer-ops: 8 to 10 kernels for an RMSNorm, 5 for a rotary embedding).
+// what the composite ATen ops (the CPU path and reference, below) do in several kernels.
 //
 // Numerics (x: the stored dtype, f(): float32, r(): rounding to the stored dtype):
 //   RmsNorm    y = r(w * r(x * rstd)),  rstd = 1 / sqrt(mean(f(x)^2) + eps), as Hugging Face's

@@ -12,8 +12,7 @@
 //
 // Scatter is the inverse (writes the buffers into the slots). ScatterAdd adds float32 buffers
 // into float32 slots (the KV-gradient store's accumulation). One launch moves every page of the
-// list: no per-page cudaMemcpyAsync (ARCHITECTURE.md §10: per-page copies ran at 9.2 GB/s
-// against 51.9 GB/s for one bulk copy).
+// list: no per-page cudaMemcpyAsync, which is several times slower than one bulk copy.
 //
 // The launchers take plain pointers and sizes (no torch types); kernels/torch/page_ops.h is the
 // binding that validates tensors. kernels/reference/page_copy_ref.h has the CPU
@@ -64,12 +63,12 @@ std::vector<CopyRunDesc> CopySegments(const std::vector<CopyRunDesc>& runs);
 
 // Copies every run of a batch in one launch: runs[i].bytes from runs[i].src to runs[i].dst.
 // Either side may be pinned host memory, which the kernel's threads read or write through
-// unified addressing (PCIe): a batch of scattered host pages moves in one launch, where one
-// cudaMemcpyAsync per page ran at 9.2 GB/s (ARCHITECTURE.md §10). `runs`: `num_runs`
-// descriptors in device memory (CopySegments'), each of at most kCopySegmentBytes; every
-// address and size a multiple of 16; runs do not overlap. `blocks`: how many thread blocks (so
-// SMs, at most) the copy occupies while it runs; block b copies descriptors b, b + blocks, ...,
-// two at a time (64 KiB in flight a block, enough over 8 blocks to cover PCIe's latency).
+// unified addressing (PCIe): a batch of scattered host pages moves in one launch, not in one
+// slow cudaMemcpyAsync per page. `runs`: `num_runs` descriptors in device memory
+// (CopySegments'), each of at most kCopySegmentBytes; every address and size a multiple of 16;
+// runs do not overlap. `blocks`: how many thread blocks (so SMs, at most) the copy occupies
+// while it runs; block b copies descriptors b, b + blocks, ..., two at a time (64 KiB in
+// flight a block, enough over 8 blocks to cover PCIe's latency).
 cudaError_t LaunchCopyRuns(const CopyRunDesc* runs, int64_t num_runs, int blocks, cudaStream_t stream);
 
 // The element types LaunchAddRuns adds.

@@ -7,14 +7,14 @@
 //   second:     optional: more images, packed one per (page, KV head), [m, 2, page_tokens,
 //               head_dim] of the arena's dtype; slots are then [entries], the slot of each
 //               selection entry's page, s < 0 naming second[-s - 1] (a host page's selecting
-//               heads: fetched for a gather, bench/results/2026-11-24-h100-packed-fetches; or
-//               summed for an accumulation, to be added into the host page by the copy engine)
+//               heads: fetched for a gather, worker/kv/copy_engine.h StartFetch; or summed
+//               for an accumulation, to be added into the host page by the copy engine)
 //   selection:  [n_tiles, kv_heads, n] int64: page indices, -1 = none
 //   k, v:       [n_tiles, kv_heads, n * page_tokens, head_dim]: entry e = (t * kv_heads + h) * n + i
 //               of the selection owns the run k[e * page_tokens * head_dim ...] of one page and head
 //
 // Gather writes each entry's run from its page (zeros for -1): one pass over the bytes, where
-// index_select + masked_fill made three (bench/results/2026-11-22-h100-sparse-sections).
+// index_select + masked_fill would make three.
 //
 // Accumulate adds dK / dV into the pages' runs without atomics: the entries are sorted
 // beforehand by a key naming the run they add into (`order`, `sorted_key`: the entries in that

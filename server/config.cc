@@ -135,22 +135,9 @@ absl::Status LoadFile(const std::string& file, ServerConfig* config) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-std::map<std::string, std::string> ProcessEnvironment() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string kv = *e;
-    const size_t eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return env;
-}
-
-absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
-  ServerConfig config;
-  if (!sources.file.empty()) OOMB_RETURN_IF_ERROR(LoadFile(sources.file, &config));
-  for (const auto& [name, value] : sources.env) {
+// The OOMB_SECTION__KEY variables of `env` (others, such as OOMB_DATA_HOME, are not config keys).
+absl::Status ApplyEnvironment(const std::map<std::string, std::string>& env, ServerConfig* config) {
+  for (const auto& [name, value] : env) {
     absl::string_view rest = name;
     if (!absl::ConsumePrefix(&rest, "OOMB_")) continue;
     const size_t sep = rest.find("__");
@@ -159,9 +146,13 @@ absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
     const std::string where = absl::StrCat("environment ", name, ": ");
     const Key* key = FindKey(path);
     if (key == nullptr) return UnknownKey(where, path);
-    OOMB_RETURN_IF_ERROR(SetValue(*key, value, where, &config));
+    OOMB_RETURN_IF_ERROR(SetValue(*key, value, where, config));
   }
-  for (const std::string& o : sources.overrides) {
+  return absl::OkStatus();
+}
+
+absl::Status ApplyOverrides(const std::vector<std::string>& overrides, ServerConfig* config) {
+  for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (eq == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("--set ", o, ": expected section.key=value"));
@@ -169,22 +160,32 @@ absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
     const std::string where = absl::StrCat("--set ", o, ": ");
     const Key* key = FindKey(o.substr(0, eq));
     if (key == nullptr) return UnknownKey(where, o.substr(0, eq));
-    OOMB_RETURN_IF_ERROR(SetValue(*key, o.substr(eq + 1), where, &config));
+    OOMB_RETURN_IF_ERROR(SetValue(*key, o.substr(eq + 1), where, config));
   }
-  if (config.data_dir.empty()) {
-    auto it = sources.env.find("OOMB_DATA_HOME");
-    if (it != sources.env.end() && !it->second.empty()) {
-      config.data_dir = it->second;
+  return absl::OkStatus();
+}
+
+// Paths derived from the environment where the sources left them empty.
+void ApplyDefaults(const std::map<std::string, std::string>& env, ServerConfig* config) {
+  if (config->data_dir.empty()) {
+    auto it = env.find("OOMB_DATA_HOME");
+    if (it != env.end() && !it->second.empty()) {
+      config->data_dir = it->second;
     } else {
-      auto home = sources.env.find("HOME");
-      config.data_dir = absl::StrCat(home != sources.env.end() ? home->second : "", "/.local/share/oomb");
+      auto home = env.find("HOME");
+      config->data_dir = absl::StrCat(home != env.end() ? home->second : "", "/.local/share/oomb");
     }
   }
-  if (config.allowed_roots.empty()) {
-    auto home = sources.env.find("HOME");
-    config.allowed_roots = home != sources.env.end() && !home->second.empty() ? home->second + ",/tmp" : "/tmp";
+  if (config->allowed_roots.empty()) {
+    auto home = env.find("HOME");
+    config->allowed_roots = home != env.end() && !home->second.empty() ? home->second + ",/tmp" : "/tmp";
   }
-  if (config.unix_socket && config.unix_socket_path.empty()) config.unix_socket_path = config.data_dir + "/oombd.sock";
+  if (config->unix_socket && config->unix_socket_path.empty())
+    config->unix_socket_path = config->data_dir + "/oombd.sock";
+}
+
+// Values each fine alone but wrong together, and ranges.
+absl::Status Check(const ServerConfig& config) {
   if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls.cert_file and tls.key_file: set both or neither");
   }
@@ -231,6 +232,28 @@ absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
     return absl::InvalidArgumentError(
         absl::StrCat("log.level: must be trace, debug, info, warn or error; got '", config.log_level, "'"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::map<std::string, std::string> ProcessEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources) {
+  ServerConfig config;
+  if (!sources.file.empty()) OOMB_RETURN_IF_ERROR(LoadFile(sources.file, &config));
+  OOMB_RETURN_IF_ERROR(ApplyEnvironment(sources.env, &config));
+  OOMB_RETURN_IF_ERROR(ApplyOverrides(sources.overrides, &config));
+  ApplyDefaults(sources.env, &config);
+  OOMB_RETURN_IF_ERROR(Check(config));
   return config;
 }
 

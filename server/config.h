@@ -50,9 +50,11 @@
 //     heartbeat_seconds: 10           # lease renewal and reaper period; < lease_seconds
 //   paths:
 //     allowed_roots: ""               # comma-separated directories a job's model, data and
-//                                     # checkpoint paths must lie in (symlinks resolved);
+//                                     # checkpoint paths must lie in, reached without a
+//                                     # symbolic link below the root (a link is refused);
 //                                     # default: the daemon user's home and /tmp. The data dir
-//                                     # is always allowed.
+//                                     # is never allowed, whatever the roots say; a job without
+//                                     # checkpoint.dir writes to <data_dir>/jobs/<id>/checkpoints
 //   log:
 //     level: info                     # trace | debug | info | warn | error
 #ifndef OOMB_SERVER_CONFIG_H_

@@ -11,10 +11,9 @@
 
 namespace oomb::server {
 
-void RegisterModelCommands(CLI::App& app) {
-  auto* model = app.add_subcommand("model", "Inspect or evaluate a Hugging Face model directory");
-  model->require_subcommand(1);
+namespace {
 
+void AddInspect(CLI::App* model) {
   struct InspectFlags {
     std::string dir, output = "text";
   };
@@ -38,7 +37,9 @@ void RegisterModelCommands(CLI::App& app) {
     for (const auto& [k, v] : j.items())
       std::cout << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
   });
+}
 
+void AddEval(CLI::App* model) {
   auto eval_flags = std::make_shared<EvalOptions>();
   auto* eval = model->add_subcommand("eval", "Mean next-token loss of a model (and adapter) on a JSONL file")
                    ->footer(
@@ -59,7 +60,9 @@ void RegisterModelCommands(CLI::App& app) {
     }
     std::cout << nlohmann::json{{"loss", r->mean_loss}, {"tokens", r->tokens}, {"samples", r->samples}}.dump() << "\n";
   });
+}
 
+void AddGenerate(CLI::App* model) {
   struct GenerateFlags {
     std::string model, prompt;
     int64_t max_new_tokens = 16;
@@ -81,7 +84,9 @@ void RegisterModelCommands(CLI::App& app) {
     std::cout << nlohmann::json{{"prompt_ids", r->prompt_ids}, {"new_ids", r->new_ids}, {"text", r->text}}.dump()
               << "\n";
   });
+}
 
+void AddTokenize(CLI::App& app) {
   struct TokenizeFlags {
     std::string model;
     bool decode = false, special = false;
@@ -98,6 +103,17 @@ void RegisterModelCommands(CLI::App& app) {
     const int rc = RunTokenizeTool(tok->model, tok->decode, tok->special, std::cin, std::cout, std::cerr);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
+}
+
+}  // namespace
+
+void RegisterModelCommands(CLI::App& app) {
+  auto* model = app.add_subcommand("model", "Inspect or evaluate a Hugging Face model directory");
+  model->require_subcommand(1);
+  AddInspect(model);
+  AddEval(model);
+  AddGenerate(model);
+  AddTokenize(app);
 }
 
 }  // namespace oomb::server

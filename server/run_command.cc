@@ -17,6 +17,7 @@
 #include "server/job_spec.h"
 #include "worker/common/checkpoint_dir.h"
 #include "worker/common/file_access.h"
+#include "worker/common/status.h"
 #include "worker/job/executor.h"
 
 namespace oomb::server {
@@ -51,39 +52,29 @@ struct RunFlags {
   bool resume = false;
 };
 
-int RunMain(const RunFlags& f) {
+// The spec at f.spec_path with f's overrides, resolved; its checkpoint directory made absolute
+// (the flag, else the spec's, else oomb-run-NAME) and checked. Errors are printed.
+absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f) {
   std::vector<std::string> sets = f.sets;
   if (!f.device.empty()) sets.push_back("resources.device=" + f.device);  // rank 0's; more: the next ones
   v1::JobSpec proto;
   spec::Lines lines;
   absl::Status loaded = spec::LoadYamlFile(f.spec_path, sets, &proto, &lines);
   absl::StatusOr<JobConfig> spec = loaded.ok() ? ResolveJobSpec(&proto, {f.spec_path, ""}, &lines) : loaded;
-  if (!spec.ok()) {
-    std::cerr << "oombd run: " << spec.status().message() << "\n";
-    return 2;
-  }
-  RunOptions options;
-  options.files = FileAccess::Unconfined();  // the user's own files, at the user's terminal
-  std::string checkpoint_dir =
-      !f.checkpoint_dir.empty() ? f.checkpoint_dir
-      : !spec->checkpoint.dir.empty()
-          ? spec->checkpoint.dir
-          : "oomb-run-" + (spec->display_name.empty() ? std::string("job") : spec->display_name);
-  checkpoint_dir = std::filesystem::absolute(checkpoint_dir).lexically_normal().string();
-  spec->checkpoint.dir = checkpoint_dir;
-  if (absl::Status st = server::JobFiles::Unconfined(".").CheckSpec(*spec, kRunJobId); !st.ok()) {
-    std::cerr << "oombd run: " << st.message() << "\n";
-    return 2;
-  }
-  absl::StatusOr<Dir> claimed = ClaimCheckpointDir(*options.files, checkpoint_dir, kRunJobId);
-  if (!claimed.ok()) {
-    std::cerr << "oombd run: --checkpoint-dir: " << claimed.status().message() << "\n";
-    return 2;
-  }
-  options.checkpoint_dir = *std::move(claimed);
-  options.resume = f.resume;
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
-  options.on_step = [tty](const StepReport& p) {
+  if (!spec.ok()) return spec.status();
+  const std::string dir = !f.checkpoint_dir.empty() ? f.checkpoint_dir
+                          : !spec->checkpoint.dir.empty()
+                              ? spec->checkpoint.dir
+                              : "oomb-run-" + (spec->display_name.empty() ? std::string("job") : spec->display_name);
+  spec->checkpoint.dir = std::filesystem::absolute(dir).lexically_normal().string();
+  OOMB_RETURN_IF_ERROR(server::JobFiles::Unconfined(".").CheckSpec(*spec, kRunJobId));
+  return spec;
+}
+
+// Progress on stderr: a live line on a terminal, one line per step otherwise; Ctrl-C pauses,
+// a second one cancels.
+void ReportTo(bool tty, RunOptions* options) {
+  options->on_step = [tty](const StepReport& p) {
     const std::string line =
         fmt::format("step {}/{} loss {:.4f} lr {:.3g} {:.0f} tok/s mem {} eta {}{}", p.step, p.total_steps, p.loss,
                     p.learning_rate, p.tokens_per_second, Bytes(p.peak_device_bytes), Duration(p.eta_seconds),
@@ -97,16 +88,36 @@ int RunMain(const RunFlags& f) {
       std::cerr << line << "\n";
     }
   };
-  options.on_checkpoint = [tty](const CheckpointInfo& c) {
+  options->on_checkpoint = [tty](const CheckpointInfo& c) {
     std::cerr << (tty ? "\r\033[K" : "") << "checkpoint: " << c.path << " (" << Bytes(c.bytes) << ")\n";
   };
-  options.on_warning = [tty](const std::string& w) {
+  options->on_warning = [tty](const std::string& w) {
     std::cerr << (tty ? "\r\033[K" : "") << "warning: " << w << "\n";
   };
-  options.poll_stop = [] {
+  options->poll_stop = [] {
     const int n = g_interrupts.load();
     return n == 0 ? StopRequest::kNone : n == 1 ? StopRequest::kPause : StopRequest::kCancel;
   };
+}
+
+int RunMain(const RunFlags& f) {
+  absl::StatusOr<JobConfig> spec = LoadRunSpec(f);
+  if (!spec.ok()) {
+    std::cerr << "oombd run: " << spec.status().message() << "\n";
+    return 2;
+  }
+  RunOptions options;
+  options.files = FileAccess::Unconfined();  // the user's own files, at the user's terminal
+  const std::string& checkpoint_dir = spec->checkpoint.dir;
+  absl::StatusOr<Dir> claimed = ClaimCheckpointDir(*options.files, checkpoint_dir, kRunJobId);
+  if (!claimed.ok()) {
+    std::cerr << "oombd run: --checkpoint-dir: " << claimed.status().message() << "\n";
+    return 2;
+  }
+  options.checkpoint_dir = *std::move(claimed);
+  options.resume = f.resume;
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  ReportTo(tty, &options);
   std::signal(SIGINT, OnSigint);
   std::cerr << "oombd run: " << f.spec_path << " -> " << checkpoint_dir << "\n";
   auto result = RunJob(*spec, options);

@@ -144,9 +144,8 @@ at::Tensor FromTiles(const Geometry& g, const at::Tensor& x) { return x.flatten(
 // log-sum-exp [n_tiles, Hq, P] is then [n_tiles, Hkv, G * P]. Every query of a tile sees every
 // key of the past block (no mask), so the rows' order is free. The backward kernel runs all
 // query rows against each block of keys: stacked, it meets G * P rows per key block instead
-// of P, 2.2x the rate at P = 128 and G = 7 (236 -> 521 TFLOP/s on the H100). The forward
-// kernel is a little faster unstacked (633 against 587 TFLOP/s), so only backward stacks
-// (bench/results/2026-11-23-h100-fused-layer-ops, call1_parts.json).
+// of P, and runs at the rate of one large query block. The forward kernel is a little faster
+// unstacked, so only backward stacks.
 at::Tensor StackGroups(const Geometry& g, const at::Tensor& x) {
   return x.view({g.n_tiles, g.P, g.Hkv, g.G, g.D}).permute({0, 3, 1, 2, 4}).reshape({g.n_tiles, g.G * g.P, g.Hkv, g.D});
 }

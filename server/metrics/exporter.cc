@@ -107,112 +107,66 @@ class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptor
   MetricsExporter* const exporter_;
 };
 
+template <typename Builder>
+auto& Register(Builder builder, prometheus::Registry& r, const char* name, const char* help) {
+  return builder.Name(name).Help(help).Register(r);
+}
+Family<Gauge>& NewGauge(prometheus::Registry& r, const char* name, const char* help) {
+  return Register(prometheus::BuildGauge(), r, name, help);
+}
+Family<Counter>& NewCounter(prometheus::Registry& r, const char* name, const char* help) {
+  return Register(prometheus::BuildCounter(), r, name, help);
+}
+Family<Histogram>& NewHistogram(prometheus::Registry& r, const char* name, const char* help) {
+  return Register(prometheus::BuildHistogram(), r, name, help);
+}
+
 }  // namespace
 
 // The families whose series the exporter updates as events happen (the scrape-time ones are
 // ScrapeCollector's). Help texts match docs/metrics.md.
 struct MetricsExporter::Families {
   explicit Families(prometheus::Registry& r)
-      : build_info(prometheus::BuildGauge()
-                       .Name("oomb_build_info")
-                       .Help("Always 1; the labels say what this daemon was built from.")
-                       .Register(r)),
-        start_time(prometheus::BuildGauge()
-                       .Name("oomb_start_time_seconds")
-                       .Help("When this daemon started, in seconds since the Unix epoch.")
-                       .Register(r)),
-        transitions(prometheus::BuildCounter()
-                        .Name("oomb_job_transitions_total")
-                        .Help("Times a job entered each state.")
-                        .Register(r)),
-        queue_wait(prometheus::BuildHistogram()
-                       .Name("oomb_queue_wait_seconds")
-                       .Help("Time a job waited in the queue before a device started it.")
-                       .Register(r)),
-        slot_busy(prometheus::BuildGauge()
-                      .Name("oomb_slot_busy")
-                      .Help("1 while a job runs on the slot (a scheduler device), else 0.")
-                      .Register(r)),
-        tokens(prometheus::BuildCounter()
-                   .Name("oomb_tokens_total")
-                   .Help("Tokens trained (every token of every sequence of every finished step).")
-                   .Register(r)),
-        steps(prometheus::BuildCounter().Name("oomb_steps_total").Help("Optimizer steps finished.").Register(r)),
-        model_flops(prometheus::BuildCounter()
-                        .Name("oomb_model_flops_total")
-                        .Help("Model FLOPs of the finished steps (6 N T + 6 d L T^2 per sequence).")
-                        .Register(r)),
-        step_seconds(prometheus::BuildHistogram()
-                         .Name("oomb_step_duration_seconds")
-                         .Help("Duration of an optimizer step.")
-                         .Register(r)),
-        chunk_seconds(prometheus::BuildHistogram()
-                          .Name("oomb_chunk_duration_seconds")
-                          .Help("Duration of one chunk of the chunk-recurrent trainer, by stage "
-                                "(forward: stage 1 without a graph; backward: stage 2, recompute and backward).")
-                          .Register(r)),
-        checkpoints(prometheus::BuildCounter()
-                        .Name("oomb_checkpoints_total")
-                        .Help("Checkpoints written (durable).")
-                        .Register(r)),
-        checkpoint_bytes(prometheus::BuildCounter()
-                             .Name("oomb_checkpoint_bytes_total")
-                             .Help("Bytes of the checkpoints written.")
-                             .Register(r)),
-        checkpoint_seconds(prometheus::BuildHistogram()
-                               .Name("oomb_checkpoint_duration_seconds")
-                               .Help("Time to write a checkpoint, fsyncs included.")
-                               .Register(r)),
-        job_info(prometheus::BuildGauge()
-                     .Name("oomb_job_info")
-                     .Help("1 for the job running on a slot; join on slot for its job_id and model.")
-                     .Register(r)),
-        job_step(prometheus::BuildGauge()
-                     .Name("oomb_job_step")
-                     .Help("Optimizer steps the running job has finished.")
-                     .Register(r)),
-        job_total_steps(prometheus::BuildGauge()
-                            .Name("oomb_job_total_steps")
-                            .Help("Optimizer steps the running job will take in all.")
-                            .Register(r)),
-        job_loss(prometheus::BuildGauge()
-                     .Name("oomb_job_loss")
-                     .Help("Mean training loss of the running job's last step.")
-                     .Register(r)),
-        job_eval_loss(prometheus::BuildGauge()
-                          .Name("oomb_job_eval_loss")
-                          .Help("The running job's last validation loss.")
-                          .Register(r)),
-        job_learning_rate(prometheus::BuildGauge()
-                              .Name("oomb_job_learning_rate")
-                              .Help("Learning rate of the running job's last step.")
-                              .Register(r)),
-        job_tokens_per_second(prometheus::BuildGauge()
-                                  .Name("oomb_job_tokens_per_second")
-                                  .Help("Tokens per second of the running job's last step.")
-                                  .Register(r)),
-        job_eta(prometheus::BuildGauge()
-                    .Name("oomb_job_eta_seconds")
-                    .Help("Estimated seconds until the running job finishes.")
-                    .Register(r)),
-        job_mfu(prometheus::BuildGauge()
-                    .Name("oomb_job_mfu_ratio")
-                    .Help("Model FLOPs utilisation of the running job's last step against the device's "
-                          "datasheet dense BF16 peak (0-1; GPUs with a known peak only).")
-                    .Register(r)),
-        job_attention_density(prometheus::BuildGauge()
-                                  .Name("oomb_job_attention_density_ratio")
-                                  .Help("Sparse attention: past KV pages attended / past KV pages there were, over "
-                                        "the running job's last step (0-1; jobs with attention.mode: sparse only).")
-                                  .Register(r)),
-        rpc_handled(prometheus::BuildCounter()
-                        .Name("oomb_grpc_server_handled_total")
-                        .Help("RPCs the gRPC server finished, by service, method and status code.")
-                        .Register(r)),
-        rpc_seconds(prometheus::BuildHistogram()
-                        .Name("oomb_grpc_server_handling_seconds")
-                        .Help("Time from receiving a unary RPC to sending its status.")
-                        .Register(r)) {}
+      : build_info(NewGauge(r, "oomb_build_info", "Always 1; the labels say what this daemon was built from.")),
+        start_time(
+            NewGauge(r, "oomb_start_time_seconds", "When this daemon started, in seconds since the Unix epoch.")),
+        transitions(NewCounter(r, "oomb_job_transitions_total", "Times a job entered each state.")),
+        queue_wait(
+            NewHistogram(r, "oomb_queue_wait_seconds", "Time a job waited in the queue before a device started it.")),
+        slot_busy(NewGauge(r, "oomb_slot_busy", "1 while a job runs on the slot (a scheduler device), else 0.")),
+        tokens(NewCounter(r, "oomb_tokens_total",
+                          "Tokens trained (every token of every sequence of every finished step).")),
+        steps(NewCounter(r, "oomb_steps_total", "Optimizer steps finished.")),
+        model_flops(NewCounter(r, "oomb_model_flops_total",
+                               "Model FLOPs of the finished steps (6 N T + 6 d L T^2 per sequence).")),
+        step_seconds(NewHistogram(r, "oomb_step_duration_seconds", "Duration of an optimizer step.")),
+        chunk_seconds(NewHistogram(r, "oomb_chunk_duration_seconds",
+                                   "Duration of one chunk of the chunk-recurrent trainer, by stage (forward: stage 1 "
+                                   "without a graph; backward: stage 2, recompute and backward).")),
+        checkpoints(NewCounter(r, "oomb_checkpoints_total", "Checkpoints written (durable).")),
+        checkpoint_bytes(NewCounter(r, "oomb_checkpoint_bytes_total", "Bytes of the checkpoints written.")),
+        checkpoint_seconds(
+            NewHistogram(r, "oomb_checkpoint_duration_seconds", "Time to write a checkpoint, fsyncs included.")),
+        job_info(
+            NewGauge(r, "oomb_job_info", "1 for the job running on a slot; join on slot for its job_id and model.")),
+        job_step(NewGauge(r, "oomb_job_step", "Optimizer steps the running job has finished.")),
+        job_total_steps(NewGauge(r, "oomb_job_total_steps", "Optimizer steps the running job will take in all.")),
+        job_loss(NewGauge(r, "oomb_job_loss", "Mean training loss of the running job's last step.")),
+        job_eval_loss(NewGauge(r, "oomb_job_eval_loss", "The running job's last validation loss.")),
+        job_learning_rate(NewGauge(r, "oomb_job_learning_rate", "Learning rate of the running job's last step.")),
+        job_tokens_per_second(
+            NewGauge(r, "oomb_job_tokens_per_second", "Tokens per second of the running job's last step.")),
+        job_eta(NewGauge(r, "oomb_job_eta_seconds", "Estimated seconds until the running job finishes.")),
+        job_mfu(NewGauge(r, "oomb_job_mfu_ratio",
+                         "Model FLOPs utilisation of the running job's last step against the device's datasheet dense "
+                         "BF16 peak (0-1; GPUs with a known peak only).")),
+        job_attention_density(NewGauge(r, "oomb_job_attention_density_ratio",
+                                       "Sparse attention: past KV pages attended / past KV pages there were, over the "
+                                       "running job's last step (0-1; jobs with attention.mode: sparse only).")),
+        rpc_handled(NewCounter(r, "oomb_grpc_server_handled_total",
+                               "RPCs the gRPC server finished, by service, method and status code.")),
+        rpc_seconds(NewHistogram(r, "oomb_grpc_server_handling_seconds",
+                                 "Time from receiving a unary RPC to sending its status.")) {}
 
   Family<Gauge>& build_info;
   Family<Gauge>& start_time;

@@ -73,120 +73,127 @@ class Cutter {
     return {};
   }
 
+  // Cuts the whole text into samples, calling `emit(text, tokens)` for each until it says stop.
   absl::Status Run(const std::function<bool(const std::string&, int64_t)>& emit) {
-    const int64_t target = o_.target_tokens;
-    const double min_tokens = o_.min_fill * static_cast<double>(target);
-    std::deque<Piece> queue;
-    if (!text_.empty()) queue.push_back({0, text_.size(), -1});
-    std::vector<Piece> cur;  // the sample being filled: `overlap` pieces repeated, then new ones
-    size_t overlap = 0;
-    int64_t est = 0;  // sum of cur's piece counts
-    // The joined text's count minus `est`, as last measured (BPE merges across piece
-    // boundaries make it differ by a few tokens either way): est + correction estimates the
-    // sample's count. `retries` bounds the re-measuring of one sample.
-    int64_t correction = 0;
-    int retries = 0;
-    auto reset = [&]() {
-      est = 0;
-      correction = 0;
-      retries = 0;
-      for (const Piece& p : cur) est += p.tokens;
-    };
-    auto refine_front = [&]() -> bool {
-      std::vector<Piece> finer = Split(queue.front());
-      if (finer.empty()) return false;
-      queue.pop_front();
-      queue.insert(queue.begin(), finer.begin(), finer.end());
-      return true;
-    };
-    // The last pieces of `sample` (cut finer where needed), together at most overlap_tokens.
-    auto overlap_tail = [&](const std::vector<Piece>& sample) -> absl::StatusOr<std::vector<Piece>> {
-      std::vector<Piece> tail, stack(sample.begin(), sample.end());
-      int64_t tokens = 0;
-      while (!stack.empty() && o_.overlap_tokens > 0) {
-        Piece p = stack.back();
-        stack.pop_back();
-        OOMB_RETURN_IF_ERROR(Count(p));
-        if (tokens + p.tokens <= o_.overlap_tokens) {
-          tail.insert(tail.begin(), p);
-          tokens += p.tokens;
-          continue;
-        }
-        std::vector<Piece> finer = Split(p);
-        if (finer.empty()) break;  // the tail must be contiguous: stop at the first piece that does not fit
-        stack.insert(stack.end(), finer.begin(), finer.end());
-      }
-      if (!tail.empty() && tail.front().begin == sample.front().begin) tail.erase(tail.begin());  // move on
-      return tail;
-    };
-    // Measures cur's joined count. Over the target: gives its last piece back. Under min_fill
-    // with more text to come and a new measurement: lets the loop fill on with the corrected
-    // estimate. Else emits it and starts the next sample with the overlap. Returns false when
-    // emit said stop.
-    auto flush = [&]() -> absl::StatusOr<bool> {
-      OOMB_ASSIGN_OR_RETURN(const int64_t exact, Count(cur.front().begin, cur.back().end));
-      const bool changed = exact - est != correction;
-      correction = exact - est;
-      ++retries;
-      if (exact > target) {
-        est -= cur.back().tokens;
-        queue.push_front(cur.back());
-        cur.pop_back();
-        if (cur.size() == overlap) {  // not even one new piece fits beside the overlap: drop it
-          cur.clear();
-          overlap = 0;
-          reset();
-        }
-        return true;
-      }
-      if (static_cast<double>(exact) < min_tokens && !queue.empty() && changed && retries < 32) return true;
-      if (!emit(text_.substr(cur.front().begin, cur.back().end - cur.front().begin), exact)) return false;
-      OOMB_ASSIGN_OR_RETURN(cur, overlap_tail(cur));
-      overlap = cur.size();
-      reset();
-      return true;
-    };
+    emit_ = &emit;
+    if (!text_.empty()) queue_.push_back({0, text_.size(), -1});
     while (true) {
-      if (queue.empty()) {
-        if (cur.size() == overlap) break;
-        // The end of the text. Pieces flush() gives back return to the queue and are placed.
-        OOMB_ASSIGN_OR_RETURN(const bool go_on, flush());
+      if (queue_.empty()) {
+        if (cur_.size() == overlap_) break;
+        // The end of the text. Pieces Flush() gives back return to the queue and are placed.
+        OOMB_ASSIGN_OR_RETURN(const bool go_on, Flush());
         if (!go_on) break;
         continue;
       }
-      Piece& p = queue.front();
+      Piece& p = queue_.front();
       OOMB_RETURN_IF_ERROR(Count(p));
-      if (p.tokens > target) {
-        if (!refine_front()) {
+      if (p.tokens > o_.target_tokens) {
+        if (!RefineFront()) {
           return absl::InvalidArgumentError(absl::StrCat("at byte ", p.begin, ": one character is ", p.tokens,
-                                                         " tokens, more than the target (", target, ")"));
+                                                         " tokens, more than the target (", o_.target_tokens, ")"));
         }
         continue;
       }
-      if (est + correction + p.tokens <= target) {
-        est += p.tokens;
-        cur.push_back(p);
-        queue.pop_front();
+      if (est_ + correction_ + p.tokens <= o_.target_tokens) {
+        est_ += p.tokens;
+        cur_.push_back(p);
+        queue_.pop_front();
         continue;
       }
       // The piece does not fit: cut it to fill the sample if the sample is not full enough.
-      if (static_cast<double>(est + correction) < min_tokens && refine_front()) continue;
-      if (cur.size() == overlap) {  // nothing new fits beside the overlap: drop the overlap
-        cur.clear();
-        overlap = 0;
-        reset();
+      if (static_cast<double>(est_ + correction_) < MinTokens() && RefineFront()) continue;
+      if (cur_.size() == overlap_) {  // nothing new fits beside the overlap: drop the overlap
+        DropOverlap();
         continue;
       }
-      OOMB_ASSIGN_OR_RETURN(const bool go_on, flush());
+      OOMB_ASSIGN_OR_RETURN(const bool go_on, Flush());
       if (!go_on) break;
     }
     return absl::OkStatus();
   }
 
  private:
+  double MinTokens() const { return o_.min_fill * static_cast<double>(o_.target_tokens); }
+
+  void Reset() {
+    est_ = 0;
+    correction_ = 0;
+    retries_ = 0;
+    for (const Piece& p : cur_) est_ += p.tokens;
+  }
+
+  void DropOverlap() {
+    cur_.clear();
+    overlap_ = 0;
+    Reset();
+  }
+
+  bool RefineFront() {
+    std::vector<Piece> finer = Split(queue_.front());
+    if (finer.empty()) return false;
+    queue_.pop_front();
+    queue_.insert(queue_.begin(), finer.begin(), finer.end());
+    return true;
+  }
+
+  // The last pieces of `sample` (cut finer where needed), together at most overlap_tokens.
+  absl::StatusOr<std::vector<Piece>> OverlapTail(const std::vector<Piece>& sample) const {
+    std::vector<Piece> tail, stack(sample.begin(), sample.end());
+    int64_t tokens = 0;
+    while (!stack.empty() && o_.overlap_tokens > 0) {
+      Piece p = stack.back();
+      stack.pop_back();
+      OOMB_RETURN_IF_ERROR(Count(p));
+      if (tokens + p.tokens <= o_.overlap_tokens) {
+        tail.insert(tail.begin(), p);
+        tokens += p.tokens;
+        continue;
+      }
+      std::vector<Piece> finer = Split(p);
+      if (finer.empty()) break;  // the tail must be contiguous: stop at the first piece that does not fit
+      stack.insert(stack.end(), finer.begin(), finer.end());
+    }
+    if (!tail.empty() && tail.front().begin == sample.front().begin) tail.erase(tail.begin());  // move on
+    return tail;
+  }
+
+  // Measures the sample's joined count. Over the target: gives its last piece back. Under
+  // min_fill with more text to come and a new measurement: lets Run fill on with the corrected
+  // estimate. Else emits it and starts the next sample with the overlap. Returns false when
+  // emit said stop.
+  absl::StatusOr<bool> Flush() {
+    OOMB_ASSIGN_OR_RETURN(const int64_t exact, Count(cur_.front().begin, cur_.back().end));
+    const bool changed = exact - est_ != correction_;
+    correction_ = exact - est_;
+    ++retries_;
+    if (exact > o_.target_tokens) {
+      est_ -= cur_.back().tokens;
+      queue_.push_front(cur_.back());
+      cur_.pop_back();
+      if (cur_.size() == overlap_) DropOverlap();  // not even one new piece fits beside the overlap
+      return true;
+    }
+    if (static_cast<double>(exact) < MinTokens() && !queue_.empty() && changed && retries_ < 32) return true;
+    if (!(*emit_)(text_.substr(cur_.front().begin, cur_.back().end - cur_.front().begin), exact)) return false;
+    OOMB_ASSIGN_OR_RETURN(cur_, OverlapTail(cur_));
+    overlap_ = cur_.size();
+    Reset();
+    return true;
+  }
+
   const std::string& text_;
   const Tokenizer& tok_;
   const BuildOptions& o_;
+  const std::function<bool(const std::string&, int64_t)>* emit_ = nullptr;
+  std::deque<Piece> queue_;  // the text not yet placed, front first
+  std::vector<Piece> cur_;   // the sample being filled: `overlap_` pieces repeated, then new ones
+  size_t overlap_ = 0;
+  int64_t est_ = 0;  // sum of cur_'s piece counts
+  // The joined text's count minus `est_`, as last measured (BPE merges across piece boundaries
+  // make it differ by a few tokens either way): est_ + correction_ estimates the sample's
+  // count. `retries_` bounds the re-measuring of one sample.
+  int64_t correction_ = 0;
+  int retries_ = 0;
 };
 
 }  // namespace

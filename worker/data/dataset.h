@@ -22,8 +22,8 @@
 // line and the length.
 //
 // The file is read line by line (never loaded whole); the documents are kept in memory as
-// token ids. Pre-tokenized lines take a simdjson fast path (about 17x nlohmann on long id
-// lists); every other line, and every line with an error, goes through nlohmann, which words
+// token ids. Pre-tokenized lines take a simdjson fast path (much faster than nlohmann on long
+// id lists); every other line, and every line with an error, goes through nlohmann, which words
 // the messages.
 #ifndef OOMB_WORKER_DATA_DATASET_H_
 #define OOMB_WORKER_DATA_DATASET_H_

@@ -123,9 +123,86 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(map_, map_size_);
 }
 
+namespace {
+
+absl::Status Invalid(const std::string& path, const std::string& msg) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
+}
+
+// One header entry checked against the data section (`data`, `data_size` bytes).
+absl::StatusOr<TensorView> ParseTensorEntry(const std::string& path, const std::string& name, const Json& entry,
+                                            const unsigned char* data, size_t data_size) {
+  auto bad = [&](const std::string& msg) { return Invalid(path, absl::StrCat("tensor '", name, "': ", msg)); };
+  if (!entry.is_object()) return bad("entry is not an object");
+  TensorView view;
+  view.name = name;
+  auto dt = entry.find("dtype");
+  if (dt == entry.end() || !dt->is_string()) return bad("missing or non-string 'dtype'");
+  auto parsed = ParseDType(dt->get<std::string>());
+  if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+  view.dtype = *parsed;
+  auto sh = entry.find("shape");
+  if (sh == entry.end() || !sh->is_array()) return bad("missing or non-array 'shape'");
+  for (const Json& d : *sh) {
+    if (!d.is_number_unsigned()) return bad(absl::StrCat("shape ", sh->dump(), " has a non-negative-integer entry"));
+    const uint64_t v = d.get<uint64_t>();
+    if (v > static_cast<uint64_t>(INT64_MAX)) return bad(absl::StrCat("shape ", sh->dump(), " is too large"));
+    view.shape.push_back(static_cast<int64_t>(v));
+  }
+  auto off = entry.find("data_offsets");
+  if (off == entry.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned()) {
+    return bad("'data_offsets' must be an array of two non-negative integers");
+  }
+  const uint64_t begin = (*off)[0].get<uint64_t>();
+  const uint64_t end = (*off)[1].get<uint64_t>();
+  if (begin > end) return bad(absl::StrCat("data_offsets [", begin, ",", end, "] have begin > end"));
+  if (end > data_size) {
+    return bad(absl::StrCat("data_offsets [", begin, ",", end, "] exceed the data section of ", data_size,
+                            " bytes (truncated file?)"));
+  }
+  const int64_t n = NumElements(view.shape);
+  const size_t esize = DTypeSize(view.dtype);
+  if (n < 0 || static_cast<uint64_t>(n) > UINT64_MAX / esize) return bad("shape overflows");
+  if (static_cast<uint64_t>(n) * esize != end - begin) {
+    return bad(absl::StrCat("shape ", sh->dump(), " of ", std::string(DTypeName(view.dtype)), " needs ",
+                            static_cast<uint64_t>(n) * esize, " bytes but data_offsets [", begin, ",", end, "] span ",
+                            end - begin));
+  }
+  view.data = data + begin;
+  view.nbytes = static_cast<size_t>(end - begin);
+  return view;
+}
+
+// Sorts `tensors` by address and rejects two whose bytes overlap.
+absl::Status SortAndCheckDisjoint(const std::string& path, std::vector<TensorView>& tensors,
+                                  const unsigned char* data) {
+  std::sort(tensors.begin(), tensors.end(), [](const TensorView& a, const TensorView& b) {
+    const auto* pa = static_cast<const unsigned char*>(a.data);
+    const auto* pb = static_cast<const unsigned char*>(b.data);
+    if (pa != pb) return pa < pb;
+    return a.nbytes < b.nbytes;
+  });
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    const TensorView& a = tensors[i - 1];
+    const TensorView& b = tensors[i];
+    // Empty tensors occupy no bytes and cannot overlap anything.
+    if (a.nbytes == 0 || b.nbytes == 0) continue;
+    if (static_cast<const unsigned char*>(a.data) + a.nbytes > static_cast<const unsigned char*>(b.data)) {
+      const auto off = [data](const TensorView& t) { return static_cast<const unsigned char*>(t.data) - data; };
+      return Invalid(path,
+                     absl::StrCat("tensor '", b.name, "': data_offsets [", off(b), ",", off(b) + b.nbytes,
+                                  "] overlap those of tensor '", a.name, "' [", off(a), ",", off(a) + a.nbytes, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const File& file) {
   const std::string& path = file.path();
-  auto invalid = [&](const std::string& msg) { return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg)); };
+  auto invalid = [&](const std::string& msg) { return Invalid(path, msg); };
   const size_t size = static_cast<size_t>(file.size());
   if (size < 8) {
     return invalid(absl::StrCat("file has ", size, " bytes, fewer than the 8-byte header length (truncated file?)"));
@@ -155,77 +232,21 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const Fil
   const size_t data_size = size - 8 - header_len;
   const unsigned char* data = bytes + 8 + header_len;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
     const Json& entry = it.value();
-    if (name == "__metadata__") {
-      if (!entry.is_object()) return invalid("'__metadata__' is not an object");
-      for (auto m = entry.begin(); m != entry.end(); ++m) {
-        if (!m.value().is_string()) {
-          return invalid(absl::StrCat("'__metadata__' value of '", m.key(), "' is not a string"));
-        }
-        f->metadata_[m.key()] = m.value().get<std::string>();
-      }
+    if (it.key() != "__metadata__") {
+      OOMB_ASSIGN_OR_RETURN(TensorView view, ParseTensorEntry(path, it.key(), entry, data, data_size));
+      f->tensors_.push_back(std::move(view));
       continue;
     }
-    auto bad = [&](const std::string& msg) { return invalid(absl::StrCat("tensor '", name, "': ", msg)); };
-    if (!entry.is_object()) return bad("entry is not an object");
-    TensorView view;
-    view.name = name;
-    auto dt = entry.find("dtype");
-    if (dt == entry.end() || !dt->is_string()) return bad("missing or non-string 'dtype'");
-    auto parsed = ParseDType(dt->get<std::string>());
-    if (!parsed.ok()) return bad(std::string(parsed.status().message()));
-    view.dtype = *parsed;
-    auto sh = entry.find("shape");
-    if (sh == entry.end() || !sh->is_array()) return bad("missing or non-array 'shape'");
-    for (const Json& d : *sh) {
-      if (!d.is_number_unsigned()) return bad(absl::StrCat("shape ", sh->dump(), " has a non-negative-integer entry"));
-      const uint64_t v = d.get<uint64_t>();
-      if (v > static_cast<uint64_t>(INT64_MAX)) return bad(absl::StrCat("shape ", sh->dump(), " is too large"));
-      view.shape.push_back(static_cast<int64_t>(v));
-    }
-    auto off = entry.find("data_offsets");
-    if (off == entry.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-        !(*off)[1].is_number_unsigned()) {
-      return bad("'data_offsets' must be an array of two non-negative integers");
-    }
-    const uint64_t begin = (*off)[0].get<uint64_t>();
-    const uint64_t end = (*off)[1].get<uint64_t>();
-    if (begin > end) return bad(absl::StrCat("data_offsets [", begin, ",", end, "] have begin > end"));
-    if (end > data_size) {
-      return bad(absl::StrCat("data_offsets [", begin, ",", end, "] exceed the data section of ", data_size,
-                              " bytes (truncated file?)"));
-    }
-    const int64_t n = NumElements(view.shape);
-    const size_t esize = DTypeSize(view.dtype);
-    if (n < 0 || static_cast<uint64_t>(n) > UINT64_MAX / esize) return bad("shape overflows");
-    if (static_cast<uint64_t>(n) * esize != end - begin) {
-      return bad(absl::StrCat("shape ", sh->dump(), " of ", std::string(DTypeName(view.dtype)), " needs ",
-                              static_cast<uint64_t>(n) * esize, " bytes but data_offsets [", begin, ",", end, "] span ",
-                              end - begin));
-    }
-    view.data = data + begin;
-    view.nbytes = static_cast<size_t>(end - begin);
-    f->tensors_.push_back(std::move(view));
-  }
-
-  std::sort(f->tensors_.begin(), f->tensors_.end(), [data](const TensorView& a, const TensorView& b) {
-    const auto* pa = static_cast<const unsigned char*>(a.data);
-    const auto* pb = static_cast<const unsigned char*>(b.data);
-    if (pa != pb) return pa < pb;
-    return a.nbytes < b.nbytes;
-  });
-  for (size_t i = 1; i < f->tensors_.size(); ++i) {
-    const TensorView& a = f->tensors_[i - 1];
-    const TensorView& b = f->tensors_[i];
-    // Empty tensors occupy no bytes and cannot overlap anything.
-    if (a.nbytes == 0 || b.nbytes == 0) continue;
-    if (static_cast<const unsigned char*>(a.data) + a.nbytes > static_cast<const unsigned char*>(b.data)) {
-      const auto off = [data](const TensorView& t) { return static_cast<const unsigned char*>(t.data) - data; };
-      return invalid(absl::StrCat("tensor '", b.name, "': data_offsets [", off(b), ",", off(b) + b.nbytes,
-                                  "] overlap those of tensor '", a.name, "' [", off(a), ",", off(a) + a.nbytes, "]"));
+    if (!entry.is_object()) return invalid("'__metadata__' is not an object");
+    for (auto m = entry.begin(); m != entry.end(); ++m) {
+      if (!m.value().is_string()) {
+        return invalid(absl::StrCat("'__metadata__' value of '", m.key(), "' is not a string"));
+      }
+      f->metadata_[m.key()] = m.value().get<std::string>();
     }
   }
+  OOMB_RETURN_IF_ERROR(SortAndCheckDisjoint(path, f->tensors_, data));
   for (size_t i = 0; i < f->tensors_.size(); ++i) f->index_.emplace(f->tensors_[i].name, i);
   return f;
 }

@@ -220,6 +220,58 @@ std::string TypeOf(const Json& j) {
   return (it != j.end() && it->is_string()) ? it->get<std::string>() : "";
 }
 
+// The pieces a split step keeps of `parts` (matches and the text between them), by its behavior.
+void KeepPieces(Behavior behavior, const std::vector<Piece>& parts, std::vector<Piece>* kept) {
+  kept->clear();
+  switch (behavior) {
+    case Behavior::kRemoved:
+      for (const Piece& x : parts) {
+        if (!x.match) kept->push_back(x);
+      }
+      break;
+    case Behavior::kIsolated:
+      *kept = parts;
+      break;
+    case Behavior::kMergedWithPrevious: {
+      bool previous_match = false;
+      for (const Piece& x : parts) {
+        if (x.match && !previous_match && !kept->empty()) {
+          kept->back().end = x.end;
+        } else {
+          kept->push_back(x);
+        }
+        previous_match = x.match;
+      }
+      break;
+    }
+    case Behavior::kMergedWithNext: {
+      bool previous_match = false;
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+        if (it->match && !previous_match && !kept->empty()) {
+          kept->back().begin = it->begin;
+        } else {
+          kept->push_back(*it);
+        }
+        previous_match = it->match;
+      }
+      std::reverse(kept->begin(), kept->end());
+      break;
+    }
+    case Behavior::kContiguous: {
+      bool previous_match = false;
+      for (const Piece& x : parts) {
+        if (x.match == previous_match && !kept->empty()) {
+          kept->back().end = x.end;
+        } else {
+          kept->push_back(x);
+        }
+        previous_match = x.match;
+      }
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -256,6 +308,8 @@ struct Tokenizer::Impl {
 
   absl::Status Load(const Json& j);
   absl::Status LoadModel(const Json& m);
+  absl::Status LoadVocab(const Json& m, const std::string& where);
+  absl::Status LoadMerges(const Json& m, const std::string& where);
   absl::Status LoadNormalizer(const Json& n);
   absl::Status LoadPreTokenizer(const Json& p, bool* byte_level);
   absl::Status LoadPostProcessor(const Json& p);
@@ -322,6 +376,31 @@ absl::Status Tokenizer::Impl::LoadModel(const Json& m) {
   OOMB_ASSIGN_OR_RETURN(fuse_unk, OptBool(m, "fuse_unk", false, where));
   OOMB_ASSIGN_OR_RETURN(ignore_merges, OptBool(m, "ignore_merges", false, where));
 
+  OOMB_RETURN_IF_ERROR(LoadVocab(m, where));
+  OOMB_RETURN_IF_ERROR(LoadMerges(m, where));
+
+  if (auto u = m.find("unk_token"); u != m.end() && !u->is_null()) {
+    if (!u->is_string()) return absl::InvalidArgumentError(absl::StrCat(where, ": 'unk_token' is not a string"));
+    auto it = vocab.find(u->get<std::string>());
+    if (it == vocab.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": unk_token '", u->get<std::string>(), "' is not in the vocab"));
+    }
+    unk_id = it->second;
+  }
+
+  const auto table = BytesToUnicode();
+  char_byte.fill(-1);
+  for (int b = 0; b < 256; ++b) {
+    AppendUtf8(table[b], &byte_char[b]);
+    char_byte[table[b]] = static_cast<int16_t>(b);
+    auto it = vocab.find(byte_char[b]);
+    byte_id[b] = it == vocab.end() ? -1 : it->second;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::Impl::LoadVocab(const Json& m, const std::string& where) {
   auto v = m.find("vocab");
   if (v == m.end() || !v->is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": missing 'vocab'"));
   vocab.reserve(v->size());
@@ -340,7 +419,11 @@ absl::Status Tokenizer::Impl::LoadModel(const Json& m) {
     id_to_token[id] = tok;
     has_token[id] = true;
   }
+  return absl::OkStatus();
+}
 
+// Merges as "a b" strings or [a, b] pairs; every token and every product must be in the vocab.
+absl::Status Tokenizer::Impl::LoadMerges(const Json& m, const std::string& where) {
   auto mg = m.find("merges");
   if (mg == m.end() || !mg->is_array()) return absl::InvalidArgumentError(absl::StrCat(where, ": missing 'merges'"));
   merges.reserve(mg->size());
@@ -376,25 +459,6 @@ absl::Status Tokenizer::Impl::LoadModel(const Json& m) {
     const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
     merges[key] = {rank, iab->second};  // a repeated merge keeps its last rank, as in HF
     ++rank;
-  }
-
-  if (auto u = m.find("unk_token"); u != m.end() && !u->is_null()) {
-    if (!u->is_string()) return absl::InvalidArgumentError(absl::StrCat(where, ": 'unk_token' is not a string"));
-    auto it = vocab.find(u->get<std::string>());
-    if (it == vocab.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": unk_token '", u->get<std::string>(), "' is not in the vocab"));
-    }
-    unk_id = it->second;
-  }
-
-  const auto table = BytesToUnicode();
-  char_byte.fill(-1);
-  for (int b = 0; b < 256; ++b) {
-    AppendUtf8(table[b], &byte_char[b]);
-    char_byte[table[b]] = static_cast<int16_t>(b);
-    auto it = vocab.find(byte_char[b]);
-    byte_id[b] = it == vocab.end() ? -1 : it->second;
   }
   return absl::OkStatus();
 }
@@ -692,54 +756,7 @@ absl::Status Tokenizer::Impl::EncodeSegment(std::string_view text, const MatchSc
       if (step.invert) {
         for (Piece& x : parts) x.match = !x.match;
       }
-      kept.clear();
-      switch (step.behavior) {
-        case Behavior::kRemoved:
-          for (const Piece& x : parts) {
-            if (!x.match) kept.push_back(x);
-          }
-          break;
-        case Behavior::kIsolated:
-          kept = parts;
-          break;
-        case Behavior::kMergedWithPrevious: {
-          bool previous_match = false;
-          for (const Piece& x : parts) {
-            if (x.match && !previous_match && !kept.empty()) {
-              kept.back().end = x.end;
-            } else {
-              kept.push_back(x);
-            }
-            previous_match = x.match;
-          }
-          break;
-        }
-        case Behavior::kMergedWithNext: {
-          bool previous_match = false;
-          for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
-            if (it->match && !previous_match && !kept.empty()) {
-              kept.back().begin = it->begin;
-            } else {
-              kept.push_back(*it);
-            }
-            previous_match = it->match;
-          }
-          std::reverse(kept.begin(), kept.end());
-          break;
-        }
-        case Behavior::kContiguous: {
-          bool previous_match = false;
-          for (const Piece& x : parts) {
-            if (x.match == previous_match && !kept.empty()) {
-              kept.back().end = x.end;
-            } else {
-              kept.push_back(x);
-            }
-            previous_match = x.match;
-          }
-          break;
-        }
-      }
+      KeepPieces(step.behavior, parts, &kept);
       for (const Piece& x : kept) {
         if (x.end > x.begin) next.push_back(p.substr(x.begin, x.end - x.begin));
       }

@@ -36,8 +36,8 @@ struct CopyRun {
 namespace {
 
 // Thread blocks (so SMs, at most) a fetch's copy kernel occupies beside the trainer's compute:
-// on the H100, 8 blocks copy scattered pages at 50 GB/s alone and slowed a concurrent matmul by
-// 4-9% (16 blocks: 11-13%); see the copy engine's header.
+// enough to reach PCIe's rate alone, few enough that the trainer's kernels beside it keep most
+// SMs and slow down little (more blocks slow them more); see the copy engine's header.
 constexpr int kCopyBlocks = 8;
 // Thread blocks of an addition into host pages (kernels/page_copy.h LaunchAddRuns): they read
 // and write the host's rows, and a kernel writing to the host slows the trainer's kernels
@@ -97,8 +97,8 @@ inline uint16_t Narrow(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// -O3 for these loops alone: at -O2 GCC 12 leaves the bfloat16 one scalar (1.3 GB/s on one
-// core, against 5.4 vectorized).
+// -O3 for these loops alone: at -O2 GCC leaves the bfloat16 one scalar, several times slower
+// than vectorized.
 [[gnu::optimize("O3")]] void AddRun(uint16_t* d, const uint16_t* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = Narrow(Widen(d[i]) + Widen(s[i]));
 }
@@ -177,8 +177,8 @@ void QueueCopies(bool to_device, const std::vector<CopyRun>& runs, at::Device de
     C10_CUDA_CHECK(cudaMemcpyAsync(to_device ? r.device : r.host, to_device ? r.host : r.device, r.bytes,
                                    to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream));
   } else if (!to_device || !std::all_of(runs.begin(), runs.end(), aligned)) {
-    // Every run in one batched DMA: head-sized runs moved at 50 GB/s beside a matmul, without
-    // slowing it (one cudaMemcpyAsync per run: 11 GB/s, the host's calls the limit).
+    // Every run in one batched DMA: head-sized runs move at PCIe's rate beside the trainer's
+    // kernels without slowing them (one cudaMemcpyAsync per run is limited by the host's calls).
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
@@ -233,6 +233,14 @@ struct CopyEngine::Streams {
   // (AddToPages keeps at most kHostAddBytesInFlight of them).
   std::deque<std::pair<at::cuda::CUDAEvent, int64_t>> adds_in_flight;
   int64_t add_bytes_in_flight = 0;
+  // Batches whose duration is not known yet (an observer is set).
+  struct Timed {
+    TransferDirection direction;
+    PageKind kind;
+    int64_t bytes;
+    std::unique_ptr<at::cuda::CUDAEvent> start, end;
+  };
+  std::vector<Timed> timed;
 
   // Notes a write batch into `ids` just queued, ending on `stream`.
   void NoteWritten(const PagePool& pool, const std::vector<PageId>& ids, const c10::cuda::CUDAStream& stream) {
@@ -278,6 +286,50 @@ struct CopyEngine::Streams {
     }
     timed.erase(ended, timed.end());
   }
+  // Waits until `bytes` more of additions fit within kHostAddBytesInFlight (the device holds
+  // the contributions of the queued ones); returns the nanoseconds waited.
+  int64_t MakeRoomForAdd(int64_t bytes) {
+    int64_t waited_ns = 0;
+    while (!adds_in_flight.empty() &&
+           (adds_in_flight.front().first.query() || add_bytes_in_flight + bytes > kHostAddBytesInFlight)) {
+      if (!adds_in_flight.front().first.query()) {
+        const auto start = std::chrono::steady_clock::now();
+        adds_in_flight.front().first.synchronize();
+        waited_ns +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      }
+      add_bytes_in_flight -= adds_in_flight.front().second;
+      adds_in_flight.pop_front();
+    }
+    return waited_ns;
+  }
+  // Notes an addition of `bytes` just queued on `adds`.
+  void NoteAddQueued(int64_t bytes) {
+    adds_in_flight.emplace_back();
+    adds_in_flight.back().first.record(adds);
+    adds_in_flight.back().second = bytes;
+    add_bytes_in_flight += bytes;
+  }
+  // Times an addition on `adds` as `bytes` moved both ways (the rows come in and go back over
+  // one kernel): StartTimedAdd before its kernel is queued, EndTimedAdd after.
+  std::array<Timed, 2> StartTimedAdd() {
+    std::array<Timed, 2> both;
+    for (Timed& t : both) {
+      t.start = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
+      t.start->record(adds);
+    }
+    return both;
+  }
+  void EndTimedAdd(std::array<Timed, 2> both, PageKind kind, int64_t bytes) {
+    for (int way = 0; way < 2; ++way) {
+      both[way].direction = way == 0 ? TransferDirection::kHostToDevice : TransferDirection::kDeviceToHost;
+      both[way].kind = kind;
+      both[way].bytes = bytes;
+      both[way].end = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
+      both[way].end->record(adds);
+      timed.push_back(std::move(both[way]));
+    }
+  }
   // Waits until every stream's work is done.
   void Fence() {
     to_device.synchronize();
@@ -288,14 +340,6 @@ struct CopyEngine::Streams {
     adds_in_flight.clear();
     add_bytes_in_flight = 0;
   }
-  // Batches whose duration is not known yet (an observer is set).
-  struct Timed {
-    TransferDirection direction;
-    PageKind kind;
-    int64_t bytes;
-    std::unique_ptr<at::cuda::CUDAEvent> start, end;
-  };
-  std::vector<Timed> timed;
 };
 #else
 struct CopyEngine::Streams {};
@@ -433,18 +477,7 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
               s.head_dim, " x ", c10::elementSize(dtype), " bytes) must be a multiple of 16 bytes");
   const c10::cuda::CUDAGuard guard(device_);
   Streams& st = *streams_;
-  // At most kHostAddBytesInFlight of additions queued: the device holds their contributions.
-  while (!st.adds_in_flight.empty() &&
-         (st.adds_in_flight.front().first.query() || st.add_bytes_in_flight + bytes > kHostAddBytesInFlight)) {
-    if (!st.adds_in_flight.front().first.query()) {
-      const auto start = std::chrono::steady_clock::now();
-      st.adds_in_flight.front().first.synchronize();
-      add_wait_ns_ +=
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-    }
-    st.add_bytes_in_flight -= st.adds_in_flight.front().second;
-    st.adds_in_flight.pop_front();
-  }
+  add_wait_ns_ += st.MakeRoomForAdd(bytes);
   // One kernel on the additions' stream, once the current stream has made the contributions
   // and after the newest write into the pages: each run of `images` added into its host run.
   at::cuda::CUDAEvent ready;
@@ -458,33 +491,16 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
                                 : dtype == at::kFloat  ? kernels::AddType::kFloat32
                                                        : kernels::AddType::kFloat64;
   std::array<Streams::Timed, 2> timed;
-  if (observer_) {
-    for (Streams::Timed& t : timed) {
-      t.start = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
-      t.start->record(st.adds);
-    }
-  }
+  if (observer_) timed = st.StartTimedAdd();
   const std::vector<kernels::CopyRunDesc> segments = kernels::CopySegments(runs);
   const at::Tensor descriptors = UploadDescriptors(segments, device_, st.adds);
   C10_CUDA_CHECK(kernels::LaunchAddRuns(static_cast<const kernels::CopyRunDesc*>(descriptors.data_ptr()),
                                         static_cast<int64_t>(segments.size()), type, kAddBlocks, st.adds));
-  if (observer_) {  // the rows come in and go back: both ways, over the same kernel
-    for (int way = 0; way < 2; ++way) {
-      timed[way].direction = way == 0 ? TransferDirection::kHostToDevice : TransferDirection::kDeviceToHost;
-      timed[way].kind = pool.stats().kind;
-      timed[way].bytes = bytes;
-      timed[way].end = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
-      timed[way].end->record(st.adds);
-      st.timed.push_back(std::move(timed[way]));
-    }
-  }
+  if (observer_) st.EndTimedAdd(std::move(timed), pool.stats().kind, bytes);
   bytes_to_device_ += bytes;
   c10::cuda::CUDACachingAllocator::recordStream(images.storage().data_ptr(), st.adds);
   st.NoteWritten(pool, ids, st.adds);
-  st.adds_in_flight.emplace_back();
-  st.adds_in_flight.back().first.record(st.adds);
-  st.adds_in_flight.back().second = bytes;
-  st.add_bytes_in_flight += bytes;
+  st.NoteAddQueued(bytes);
 #endif
 }
 

@@ -4,49 +4,40 @@
 // batches: FetchPages brings a list of host pages into one new device tensor, WritePages writes
 // a device tensor of page images back into host pages. A batch is coalesced into runs of
 // adjacent slots (pages written together are allocated together, so a chunk's pages of one
-// layer are one run). How a batch moves (CUDA; bench/results/2026-11-22-h100-copy-paths):
-//   - a fetch of several runs is one copy kernel (kernels/page_copy.h LaunchCopyRuns) on 8
-//     thread blocks, reading the pinned pages through unified addressing: scattered 256 KiB
-//     pages came in at 50 GB/s, against 35 GB/s and 4 ms of host time per 600 pages for one
-//     cudaMemcpyAsync per run, and it slowed a concurrent matmul by 4-9%;
+// layer are one run). How a batch moves (CUDA):
+//   - a fetch of several runs is one copy kernel (kernels/page_copy.h LaunchCopyRuns) on a few
+//     thread blocks (kCopyBlocks), reading the pinned pages through unified addressing: one
+//     launch whatever the number of runs, where one cudaMemcpyAsync per run costs the host a
+//     driver call per run and moves scattered runs slower; the few blocks leave most SMs to
+//     the trainer;
 //   - a write-back, and a fetch of one run, is DMA: one cudaMemcpyBatchAsync of every run (one
-//     cudaMemcpyAsync for a single run). A copy kernel writing to the host slowed a concurrent
-//     matmul by 34-60%, DMA by nothing; batched, head-sized runs went at 50 GB/s where one
-//     cudaMemcpyAsync per run reached 11 (the host's 3 us per call the limit)
-//     (bench/results/2026-11-24-h100-device-adds).
+//     cudaMemcpyAsync for a single run). A kernel writing to the host slows the trainer's
+//     kernels beside it, DMA does not; batching keeps the host's cost per run small.
 // A fetch may bring only some KV heads of each page (sparse attention's selections are per
-// head): its runs are then the K and V of those heads, 32 KiB each for Qwen2.5-7B (50 GB/s by
-// the kernel, 9.5 GB/s by one cudaMemcpyAsync per run), and its destination holds only them,
-// packed one image per (page, head). With whole page images, mostly unset, the caching
-// allocator mapped device memory 4,661-7,375 times in a step at 1,370,752 tokens on an H100 and
-// retried 60-89 allocations (each retry synchronizes every stream); packed, about 50 and none
-// (bench/results/2026-11-24-h100-packed-fetches). Fetches run on a high-priority stream:
-// as SMs free up, the copy kernel's blocks go before the trainer's; beside a matmul, head-sized
-// runs came in at 33 GB/s and slowed it by 6%, against 26 GB/s and 20% at normal priority
-// (bench/results/2026-11-24-h100-no-device-waits).
+// head): its runs are then the K and V of those heads, and its destination holds only them,
+// packed one image per (page, head), so its size follows what is fetched. (Destinations of
+// whole page images, mostly unset, are large and of every size; near the device's capacity the
+// caching allocator then maps memory and retries allocations, and each retry synchronizes
+// every stream.) Fetches run on a high-priority stream: as SMs free up, the copy kernel's
+// blocks go before the trainer's, so a fetch lands sooner and slows the trainer less than at
+// normal priority.
 //
 // AddToPages adds into host pages instead of overwriting them, and moves only some heads of
 // each: the selecting heads' rows. On the device (CUDA), on a third stream of high priority:
 // the contributions come packed one image per (page, head), as a fetch of those heads packs
-// them, and one addition kernel (kernels/page_copy.h LaunchAddRuns, 4 thread blocks) reads
-// each host row through unified addressing, adds the contribution and writes the sum back.
-// Sparse backward adds each chunk's page gradients this way: a gradient page on the host
-// crosses the bus twice per contribution, only the heads that selected it, with no host
+// them, and one addition kernel (kernels/page_copy.h LaunchAddRuns, on kAddBlocks thread
+// blocks) reads each host row through unified addressing, adds the contribution and writes the
+// sum back. Sparse backward adds each chunk's page gradients this way: a gradient page on the
+// host crosses the bus twice per contribution, only the heads that selected it, with no host
 // thread, no staging buffer, and one launch per addition. At most kHostAddBytesInFlight of
-// additions are queued (tier.h); beyond, a call waits for the oldest. On the CPU, AddToPages
-// adds on the host, on up to 12 threads.
+// additions are queued (worker/paging/page_id.h); beyond, a call waits for the oldest. On the
+// CPU, AddToPages adds on the host, on up to 12 threads.
 //
-// Until 2026-11-24, host threads added the contributions on the GPU path too, from a 1 GiB
-// pinned staging ring that one DMA filled: four passes over host memory for each byte added,
-// 9-16 GB/s of additions, and the training thread waited whenever the ring was full. The
-// kernel did not make the longest contexts faster: at 1,370,752 tokens on an H100 one step
-// took 257 s, inside the host threads' spread of 253-283 s. Moving the rows by batched DMA
-// (cudaMemcpyBatchAsync), issued by the training thread or by a thread of its own, took
-// 268-273 s: the driver's time per run was the cost (bench/results/2026-11-24-h100-device-adds).
-// Splitting the addition in two kernels, one reading the host rows into the images and one of
-// 1-2 blocks writing the sums back, took 232-237 s against 222-227 s; the one kernel on 2
-// blocks, or on a stream of normal priority, changed nothing measurable
-// (bench/results/2026-11-25-h100-split-additions).
+// Why one kernel: host threads adding from a pinned staging ring pass over host memory several
+// times per byte added and block the training thread whenever the ring is full; moving the
+// rows by batched DMA costs the host a driver call's time per run, and a step moves very many
+// runs; and splitting the addition into a host-reading and a host-writing kernel disturbs the
+// trainer's kernels more than the one kernel does.
 //
 // Ordering (CUDA), on dedicated streams, one per direction (and the additions' third):
 //   - a fetch starts after the earlier fetches and after the newest write-back or addition

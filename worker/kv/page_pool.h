@@ -8,8 +8,8 @@
 //
 // A device pool's arena is one tensor. A host pool's arena is a list of slabs (pinned host
 // memory when the model is on a GPU) that a background thread allocates one after another
-// from the pool's creation on: pinning runs at 1.5-2 GB/s, so it must not sit on a step's
-// critical path; Allocate waits only when it needs a slab that has not landed yet.
+// from the pool's creation on: pinning is far slower than copying, so it must not sit on a
+// step's critical path; Allocate waits only when it needs a slab that has not landed yet.
 //
 // A host pool of gradient pages also zeroes its free pages on a thread of its own: each new
 // slab's, and each page as it is freed (oldest first, the order Allocate reuses them), so that

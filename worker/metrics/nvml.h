@@ -38,7 +38,7 @@ struct NvmlDeviceSample {
   int64_t pcie_tx_bytes = -1;
   int64_t pcie_rx_bytes = -1;
   // Line rate of one direction of the link at the highest generation and width the device and
-  // the slot support, after encoding (Gen5 x16: 63.0 GB/s; 52-55 GB/s is what copies reach).
+  // the slot support, after encoding (Gen5 x16: 63.0 GB/s; copies reach somewhat less).
   int64_t pcie_link_bytes_per_second = -1;
 };
 

@@ -21,8 +21,8 @@ constexpr int64_t kGpuKeyBlock = 16384;
 constexpr int64_t kGpuBlockScoreElems = int64_t{1} << 27;
 constexpr int64_t kGpuFlashKeyBlock = 65536;  // ChunkTrainerOptions::gpu_attention_key_block
 // kv_offload auto, when pages spill to the host, leaves 1/16 of the device's capacity unplanned:
-// the plan's error (measured within 4% of the GPU peak) must not turn into an out-of-memory
-// error at the step's peak.
+// the plan's error, a few percent of the GPU peak, must not turn into an out-of-memory error at
+// the step's peak.
 constexpr int64_t kAutoMarginDivisor = 16;
 // What the copy engine's additions into host pages hold on the device at most: the contributions
 // queued (worker/paging/page_id.h), and as much again for the page images they are packed from.

@@ -146,8 +146,8 @@ class SparseAttention final : public Attention {
     select_.page_tokens = pools.kv->shape().page_tokens;
   }
 
-  // Three chunks in flight, not two: stage 1 then waits far less for selected host pages, for
-  // the same device peak (bench/results/2026-11-23-h100-deferred-selection).
+  // Three chunks in flight, not two: stage 1 then waits less for selected host pages, at the
+  // same device peak.
   size_t lanes() const override { return 3; }
 
   void BeginSequence(const TokenSequence& seq, int64_t chunks, bool training) override;
