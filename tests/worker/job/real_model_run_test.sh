@@ -1,42 +1,49 @@
 #!/usr/bin/env bash
-# `oombd run` fine-tunes the real SmolLM2-135M-Instruct on one 16K-token Austen sample (chunks
-# of 2048, pages of 128: the sequence is 8 chunks) on the CPU for one optimizer step (15-20
-# minutes on 2 cores: dense attention over 16K tokens dominates): metrics.jsonl has the step,
-# and the final adapter loads in PEFT and lowers the loss on its training text. Exit 77
-# (skipped) without the test data.
-# Usage: real_model_run_test.sh OOMBD PYTHON
+# `oombd run` fine-tunes the real SmolLM2-135M-Instruct on one Austen sample of TOKENS tokens
+# (8 chunks, pages of 128) for one optimizer step on DEVICE: metrics.jsonl has the step, and the
+# final adapter loads in PEFT and lowers the loss on its training text. Exit 77 (skipped)
+# without the test data, or on cuda without a GPU.
+# Usage: real_model_run_test.sh OOMBD PYTHON [TOKENS (8192)] [DEVICE cpu|cuda (cpu)]
 set -euo pipefail
 oombd=$1
 python=$2
+tokens=${3:-8192}
+device=${4:-cpu}
+chunk=$((tokens / 8))
 data="${OOMB_DATA_DIR:-$HOME/.cache/oomb/data}"
 model="$data/models/SmolLM2-135M-Instruct"
 [ -f "$model/config.json" ] || { echo "skip: no model at $model"; exit 77; }
+if [ "$device" = cuda ] && ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "skip: no GPU"
+  exit 77
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$oombd" data build --model "$model" --tokens 16384 --max-samples 1 "$data/texts/austen/persuasion.txt" \
+"$oombd" data build --model "$model" --tokens "$tokens" --max-samples 1 "$data/texts/austen/persuasion.txt" \
   -o "$work/austen.jsonl"
 cat >"$work/job.yaml" <<YAML
-display_name: austen-16k
+display_name: austen-$tokens
 model: {path: $model, dtype: float32}
 method: {type: lora, lora: {rank: 8, alpha: 16}}
-data: {train: $work/austen.jsonl, max_seq_len: 16384}
+data: {train: $work/austen.jsonl, max_seq_len: $tokens}
 training: {max_steps: 1, learning_rate: 2.0e-3, warmup_steps: 0, lr_schedule: constant}
-memory: {chunk_tokens: 2048, page_tokens: 128}
+memory: {chunk_tokens: $chunk, page_tokens: 128}
 checkpoint: {every_steps: 0}
-resources: {device: cpu}
+resources: {device: $device}
 YAML
 # ctest runs this test alone (RUN_SERIAL): use every core, whatever the suite's
 # OMP_NUM_THREADS.
 OMP_NUM_THREADS=$(nproc) "$oombd" run "$work/job.yaml" --checkpoint-dir "$work/out"
-"$python" - "$work/out" "$model" "$work/austen.jsonl" <<'PY'
+"$python" - "$work/out" "$model" "$work/austen.jsonl" "$tokens" <<'PY'
 import json, os, sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 out, model_dir, data = sys.argv[1:4]
+target = int(sys.argv[4])
 steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
 assert len(steps) == 1, steps
 tokens = steps[0]["tokens"]
 print("tokens", tokens, "loss", steps[0]["loss"], "seconds", steps[0]["seconds"])
-assert tokens >= 16000, f"sequence of {tokens} tokens, expected about 16K"
+assert 0.9 * target <= tokens <= target, f"sequence of {tokens} tokens, expected 90-100% of {target} (data build's min_fill)"
 import torch, transformers, peft
 tok = transformers.AutoTokenizer.from_pretrained(model_dir)
 base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
