@@ -40,6 +40,7 @@ void PrintJobDetail(const v1::Job& j) {
   std::cout << fmt::format("started:     {}\n", Time(j.start_time()));
   std::cout << fmt::format("ended:       {}\n", Time(j.end_time()));
   std::cout << fmt::format("checkpoints: {}\n", j.checkpoint_dir());
+  for (const std::string& w : j.warnings()) std::cout << fmt::format("warning: {}\n", w);
   if (j.has_error()) {
     std::cout << fmt::format("error:       {} {}: {}\n", j.error().code(), j.error().reason(), j.error().message());
   }
@@ -81,6 +82,7 @@ void AddSubmit(CLI::App& app, const Cli& cli) {
     auto ctx = cli.client().Context();
     const grpc::Status s = cli.client().jobs().CreateJob(ctx.get(), req, &job);
     if (!s.ok()) return Fail(s);
+    for (const std::string& w : job.warnings()) std::cerr << "warning: " << w << "\n";
     if (!PrintStructured(cli.globals, job)) {
       if (a->validate_only) {
         std::cout << "valid\n";
@@ -246,6 +248,12 @@ void AddDeleteAndCheckpoints(CLI::App& app, const Cli& cli) {
     for (const v1::Checkpoint& c : resp.checkpoints()) {
       std::cout << fmt::format("{:>8} {:>10} {:<6} {:<19} {}\n", c.step(), Bytes(c.bytes()), c.final() ? "yes" : "",
                                Time(c.create_time()), c.path());
+    }
+    // How to load the newest (the final one when there is one): the exact code, with the
+    // configuration it was trained with.
+    if (resp.checkpoints_size() > 0) {
+      const v1::Checkpoint& newest = resp.checkpoints(resp.checkpoints_size() - 1);
+      std::cout << "\nLoad step " << newest.step() << " with:\n" << newest.load_code() << "\n";
     }
     return 0;
   });

@@ -26,6 +26,8 @@
 #include "google/protobuf/util/time_util.h"
 #include "server/to_proto.h"
 #include "worker/common/status.h"
+#include "worker/hf/model_config.h"
+#include "worker/plan/context_window.h"
 
 namespace oomb::server {
 namespace {
@@ -221,6 +223,11 @@ absl::Status Daemon::StartScheduler() {
       return DatasetSummaryToProto(summary);
     };
   }
+  o.context_warnings = [files = files_](const JobConfig& spec, int64_t longest) -> std::vector<std::string> {
+    absl::StatusOr<Dir> model_dir = files->inputs()->OpenDir(spec.model.path);
+    absl::StatusOr<ModelConfig> model = model_dir.ok() ? LoadModelConfig(*model_dir) : model_dir.status();
+    return model.ok() ? ContextWindowWarnings(*model, spec, longest) : std::vector<std::string>();
+  };
   o.hold = config_.hold;
   o.max_queued_per_client = config_.max_queued_jobs_per_client;
   o.daemon_id = DaemonId(config_);

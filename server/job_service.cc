@@ -15,6 +15,8 @@
 #include "server/job_spec.h"
 #include "server/to_proto.h"
 #include "worker/common/status.h"
+#include "worker/hf/loading_code.h"
+#include "worker/plan/context_window.h"
 
 namespace oomb::server {
 namespace {
@@ -283,11 +285,15 @@ absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(c
   return DatasetSummaryToProto(*summary);
 }
 
-absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobConfig& spec) const {
+absl::StatusOr<ModelConfig> JobServiceImpl::ModelConfigOf(const JobConfig& spec) const {
   const FileAccess& access = options_.files != nullptr ? *options_.files->inputs() : *FileAccess::Unconfined();
   absl::StatusOr<Dir> model = access.OpenDir(spec.model.path);
   if (!model.ok()) return Annotate(model.status(), "model.path");
-  OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(*model));
+  return LoadModelConfig(*model);
+}
+
+absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobConfig& spec) const {
+  OOMB_ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   const int64_t host = options_.server_info.host_memory_bytes();
   std::optional<MemoryPlan> best;
   for (const std::string& device : scheduler_->EligibleDevices(spec)) {
@@ -357,16 +363,26 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
   absl::StatusOr<MemoryPlan> plan = Plan(*spec);
   if (!plan.ok()) return Annotate(plan.status(), "spec");
   if (!plan->fits) return absl::ResourceExhaustedError(plan->limit);
+  // The model's config.json was read by Plan: the RoPE scaling checks cannot fail to read it.
+  OOMB_ASSIGN_OR_RETURN(const ModelConfig model, ModelConfigOf(*spec));
+  OOMB_RETURN_IF_ERROR(Annotate(CheckRopeScaling(model, *spec), "spec"));
   absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(*spec);
   if (!summary.ok()) return Annotate(summary.status(), "spec");
+  // Without the datasets read here, the warnings come when the job leaves VALIDATING, from its
+  // longest sample (SchedulerOptions::context_warnings).
+  std::vector<std::string> warnings;
+  if (summary->has_value() || !scheduler_->validates()) {
+    warnings = ContextWindowWarnings(model, *spec, summary->has_value() ? (*summary)->longest_sample() : 0);
+  }
   if (req.validate_only()) {
     *resp->mutable_spec() = effective;
     if (!req.job_id().empty()) resp->set_name(JobName(req.job_id()));
+    for (const std::string& w : warnings) resp->add_warnings(w);
     return absl::OkStatus();
   }
   bool created = false;
   OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(effective, req.job_id(), req.request_id(), &created,
-                                                  summary->has_value() ? &**summary : nullptr, creator));
+                                                  summary->has_value() ? &**summary : nullptr, creator, warnings));
   if (created) spdlog::info("created {}", resp->name());
   scheduler_->FillQueuePosition(resp);
   return absl::OkStatus();
@@ -481,11 +497,19 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerCo
   return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
     OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
     OOMB_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(id));
+    OOMB_ASSIGN_OR_RETURN(const v1::Job job, store_->Get(id));
     // The store keeps every CHECKPOINT_SAVED event; checkpoint.keep_last has since deleted all
     // but the newest directories, and only those can be loaded or resumed from.
     for (v1::Checkpoint& c : cps) {
       std::error_code ec;
-      if (std::filesystem::is_directory(c.path(), ec)) *resp->add_checkpoints() = std::move(c);
+      if (!std::filesystem::is_directory(c.path(), ec)) continue;
+      LoadingCodeOptions load;
+      load.checkpoint_path = c.path();
+      load.base_model_path = job.spec().model().path();
+      load.lora = job.spec().method().type() != v1::Method::full;
+      load.has_base_config = std::filesystem::exists(std::filesystem::path(c.path()) / kBaseConfigFile, ec);
+      c.set_load_code(LoadingCode(load));
+      *resp->add_checkpoints() = std::move(c);
     }
     return absl::OkStatus();
   });

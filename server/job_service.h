@@ -90,6 +90,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   // The memory plan of `spec` on the eligible device of this server with the most memory
   // (admission and EstimateJob). Errors name the field (model.path's config.json, or what
   // the engine cannot run yet).
+  // The config.json of the spec's model, read through the confined inputs.
+  absl::StatusOr<ModelConfig> ModelConfigOf(const JobConfig& spec) const;
   absl::StatusOr<MemoryPlan> Plan(const JobConfig& spec) const;
 
   JobStore* const store_;

@@ -18,7 +18,9 @@
 #include "worker/common/checkpoint_dir.h"
 #include "worker/common/file_access.h"
 #include "worker/common/status.h"
+#include "worker/hf/loading_code.h"
 #include "worker/job/executor.h"
+#include "worker/plan/context_window.h"
 
 namespace oomb::server {
 namespace {
@@ -53,7 +55,8 @@ struct RunFlags {
 };
 
 // The spec at f.spec_path with f's overrides, resolved; its checkpoint directory made absolute
-// (the flag, else the spec's, else oomb-run-NAME) and checked. Errors are printed.
+// (the flag, else the spec's, else oomb-run-NAME) and checked; its RoPE scaling checked against
+// the model's config.json, whose warnings are printed.
 absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f) {
   std::vector<std::string> sets = f.sets;
   if (!f.device.empty()) sets.push_back("resources.device=" + f.device);  // rank 0's; more: the next ones
@@ -68,6 +71,11 @@ absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f) {
                               : "oomb-run-" + (spec->display_name.empty() ? std::string("job") : spec->display_name);
   spec->checkpoint.dir = std::filesystem::absolute(dir).lexically_normal().string();
   OOMB_RETURN_IF_ERROR(server::JobFiles::Unconfined(".").CheckSpec(*spec, kRunJobId));
+  absl::StatusOr<Dir> model_dir = FileAccess::Unconfined()->OpenDir(spec->model.path);
+  if (!model_dir.ok()) return Annotate(model_dir.status(), "model.path");
+  OOMB_ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(*model_dir));
+  OOMB_RETURN_IF_ERROR(CheckRopeScaling(model, *spec));
+  for (const std::string& w : ContextWindowWarnings(model, *spec)) std::cerr << "warning: " << w << "\n";
   return spec;
 }
 
@@ -138,10 +146,12 @@ int RunMain(const RunFlags& f) {
   }
   const std::string& out = result->final_checkpoint.path;
   std::cout << out << "\n";
-  std::cerr << "oombd run: done. Load it with transformers + PEFT:\n"
-            << "  from transformers import AutoModelForCausalLM\n  from peft import PeftModel\n"
-            << "  model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"" << spec->model.path
-            << "\"), \"" << out << "\")\n";
+  LoadingCodeOptions load;
+  load.checkpoint_path = out;
+  load.base_model_path = spec->model.path;
+  load.lora = spec->method.type != TrainMethod::kFull;
+  std::cerr << "oombd run: done. Load it with transformers" << (load.lora ? " + PEFT" : "") << ":\n"
+            << LoadingCode(load) << "\n";
   return 0;
 }
 

@@ -29,6 +29,13 @@ v1::JobEvent StateEvent(State state, const std::string& message) {
   return e;
 }
 
+v1::JobEvent WarningEvent(const std::string& message) {
+  v1::JobEvent e;
+  e.set_type(v1::JobEvent::WARNING);
+  e.set_message(BoundedText(message));
+  return e;
+}
+
 void SetState(v1::Job* job, State state, const std::string& message, std::vector<v1::JobEvent>* events) {
   job->set_state(state);
   if (IsTerminal(state)) *job->mutable_end_time() = TimeUtil::GetCurrentTime();
@@ -214,7 +221,8 @@ void Scheduler::WakeWorkersLocked() { cv_.SignalAll(); }
 
 absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std::string& job_id,
                                           const std::string& request_id, bool* created,
-                                          const v1::DatasetSummary* dataset, const std::string& creator) {
+                                          const v1::DatasetSummary* dataset, const std::string& creator,
+                                          const std::vector<std::string>& warnings) {
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   v1::JobSpec effective = request;
   OOMB_ASSIGN_OR_RETURN(const JobConfig spec, ResolveJobSpec(&effective));
@@ -252,10 +260,14 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std:
     job.set_creator(creator);
     job.set_checkpoint_dir(options_.files->CheckpointDir(id, spec));
     job.mutable_progress()->set_total_steps(spec.training.max_steps);
-    absl::StatusOr<CreateResult> r =
-        store_->Create(job, request_id,
-                       {validate ? StateEvent(v1::Job::VALIDATING, "validating: reading and checking the datasets")
-                                 : StateEvent(v1::Job::QUEUED, "queued")});
+    std::vector<v1::JobEvent> events = {
+        validate ? StateEvent(v1::Job::VALIDATING, "validating: reading and checking the datasets")
+                 : StateEvent(v1::Job::QUEUED, "queued")};
+    for (const std::string& w : warnings) {
+      job.add_warnings(w);
+      events.push_back(WarningEvent(w));
+    }
+    absl::StatusOr<CreateResult> r = store_->Create(job, request_id, events);
     if (!r.ok() && r.status().code() == absl::StatusCode::kAlreadyExists && job_id.empty() && attempt < 5) continue;
     if (!r.ok()) return r.status();
     if (created != nullptr) *created = r->created;
@@ -521,6 +533,8 @@ void Scheduler::Validate(const std::string& id) {
       summary = absl::InternalError(absl::StrCat("reading the datasets threw: ", e.what()));
     }
   }
+  std::vector<std::string> warnings;
+  if (summary.ok() && options_.context_warnings) warnings = options_.context_warnings(*spec, summary->longest_sample());
   absl::MutexLock lock(&mu_);
   absl::StatusOr<v1::Job> done = TransitionLocked(id, [&](v1::Job* j, std::vector<v1::JobEvent>* events) {
     if (j->state() != v1::Job::VALIDATING) return absl::OkStatus();  // cancelled while scanning
@@ -530,6 +544,10 @@ void Scheduler::Validate(const std::string& id) {
                absl::StrCat("validated: ", summary->samples(), " samples, ", summary->tokens(), " tokens, ",
                             summary->sequences(), " sequences per epoch; queued"),
                events);
+      for (const std::string& w : warnings) {
+        j->add_warnings(w);
+        events->push_back(WarningEvent(w));
+      }
       return absl::OkStatus();
     }
     const absl::Status& s = summary.status();
@@ -581,10 +599,7 @@ RunOptions Scheduler::RunOptionsFor(const std::string& id, const std::vector<std
   };
   o.on_warning = [this, id](const std::string& message) {
     RecordEvent(id, "a warning", [&message](v1::Job*, std::vector<v1::JobEvent>* events) {
-      v1::JobEvent e;
-      e.set_type(v1::JobEvent::WARNING);
-      e.set_message(BoundedText(message));
-      events->push_back(std::move(e));
+      events->push_back(WarningEvent(message));
       return absl::OkStatus();
     });
   };
@@ -689,12 +704,9 @@ void Scheduler::RecordOutcome(const RunResult& result, const RunEnd& end, v1::Jo
 
 void Scheduler::Retry(const absl::Status& s, int max_retries, v1::Job* j, std::vector<v1::JobEvent>* events) const {
   j->set_retries(j->retries() + 1);
-  v1::JobEvent w;
-  w.set_type(v1::JobEvent::WARNING);
-  w.set_message(
-      BoundedText(absl::StrCat("attempt ", j->attempt(), " failed: ", absl::StatusCodeToString(s.code()), ": ",
-                               s.message(), "; retrying (retry ", j->retries(), " of ", max_retries, ")")));
-  events->push_back(std::move(w));
+  events->push_back(
+      WarningEvent(absl::StrCat("attempt ", j->attempt(), " failed: ", absl::StatusCodeToString(s.code()), ": ",
+                                s.message(), "; retrying (retry ", j->retries(), " of ", max_retries, ")")));
   SetState(j, v1::Job::QUEUED, "queued for a retry from its last checkpoint", events);
 }
 

@@ -97,6 +97,10 @@ struct SchedulerOptions {
   // Scans datasets in the VALIDATING state, one job at a time on its own thread. Null: jobs
   // skip VALIDATING (tests of the queue).
   DataValidator validator;
+  // What a validated job's datasets show of its context against its model's window
+  // (worker/plan/context_window.h), given the longest sample: recorded as Job.warnings and
+  // WARNING events when the job leaves VALIDATING. Null: none.
+  std::function<std::vector<std::string>(const JobConfig& spec, int64_t longest_sample)> context_warnings;
   // Accept and queue jobs but start none (maintenance, tests of the queue).
   bool hold = false;
   // The most VALIDATING, QUEUED or PAUSED jobs one creator may have; 0: no limit.
@@ -145,10 +149,14 @@ class Scheduler {
   // empty: one is generated. See JobStore::Create for `request_id`; `created` tells whether this
   // call created the job. `creator` is recorded on the job (Job.creator). INVALID_ARGUMENT for a
   // spec that does not resolve; UNAVAILABLE while draining; RESOURCE_EXHAUSTED when `creator`
-  // already has max_queued_per_client jobs waiting.
+  // already has max_queued_per_client jobs waiting. `warnings` (CreateJob's findings) are
+  // recorded as Job.warnings and as WARNING events after the first state event.
+  // Whether jobs are validated after CreateJob (VALIDATING) when their datasets were not read
+  // inside it.
+  bool validates() const { return static_cast<bool>(options_.validator); }
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& job_id, const std::string& request_id,
                                  bool* created = nullptr, const v1::DatasetSummary* dataset = nullptr,
-                                 const std::string& creator = "");
+                                 const std::string& creator = "", const std::vector<std::string>& warnings = {});
 
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   absl::StatusOr<v1::Job> Pause(const std::string& job_id);

@@ -9,6 +9,7 @@ v1::DatasetSummary DatasetSummaryToProto(const DataSummary& summary) {
   out.set_tokens(summary.train.tokens);
   out.set_dropped(summary.train.dropped);
   out.set_truncated(summary.train.truncated);
+  out.set_longest_sample(summary.train.longest);
   for (int64_t b : summary.train.length_bounds) out.add_length_bounds(b);
   for (int64_t c : summary.train.length_counts) out.add_length_counts(c);
   return out;

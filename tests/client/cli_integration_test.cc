@@ -22,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string BinaryDir() {
   const char* d = std::getenv("OOMB_BINARY_DIR");  // overrides the build tree the test was built in
@@ -175,6 +176,52 @@ TEST_F(CliTest, SubmitGetListEventsCheckpointsJsonAndYaml) {
   Result valid = Oomb("submit " + job_ + " --validate-only");
   EXPECT_EQ(valid.rc, 0) << valid.err;
   EXPECT_EQ(OombJson("list")["jobs"].size(), 1u);  // validate-only stored nothing
+}
+
+// The model's window is 4096 (max_position_embeddings) and the one sample 5000 tokens long: it
+// is accepted with a warning (on submit's stderr, in the job, as its WARNING event); with
+// scaling that reaches it, no warning; with too little, a warning; yarn on a config.json with no
+// window to extend is refused naming the field.
+TEST_F(CliTest, ContextPastTheModelsWindowWarnsAndRopeScalingIsChecked) {
+  StartDaemon();
+  {
+    std::ofstream long_data(dir_ / "long.jsonl");
+    long_data << "{\"input_ids\": [1";
+    for (int i = 1; i < 5000; ++i) long_data << ", " << i % 256;
+    long_data << "]}\n";
+  }
+  const std::string job = job_ + " --set data.train=" + (dir_ / "long.jsonl").string();
+  Result plain = Oomb("submit " + job + " --job-id long");
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  EXPECT_THAT(plain.err, HasSubstr("warning: the longest sample (5000 tokens) exceeds the model's window "
+                                   "(max_position_embeddings 4096) and no RoPE scaling is set"));
+  EXPECT_THAT(plain.err, HasSubstr("{type: yarn, factor: 2}"));
+  json got = OombJson("get long");
+  ASSERT_EQ(got["warnings"].size(), 1u);
+  json events = OombJson("events long");
+  ASSERT_EQ(events["events"].size(), 2u);
+  EXPECT_EQ(events["events"][1]["type"], "WARNING");
+  EXPECT_EQ(events["events"][1]["message"], got["warnings"][0]);
+
+  Result scaled =
+      Oomb("submit " + job + " --validate-only --set model.rope_scaling.type=yarn --set model.rope_scaling.factor=2");
+  EXPECT_EQ(scaled.rc, 0) << scaled.err;
+  EXPECT_THAT(scaled.err, Not(HasSubstr("warning")));
+  Result too_little =
+      Oomb("submit " + job + " --validate-only --set model.rope_scaling.type=yarn --set model.rope_scaling.factor=1.1");
+  EXPECT_EQ(too_little.rc, 0) << too_little.err;
+  EXPECT_THAT(too_little.err, HasSubstr("exceeds the window of the yarn RoPE scaling (factor 1.1 x 4096 = 4506"));
+  Result short_data = Oomb("submit " + job_ + " --validate-only");  // 3 tokens
+  EXPECT_THAT(short_data.err, Not(HasSubstr("warning")));
+
+  fs::create_directories(dir_ / "no_window");
+  std::ofstream(dir_ / "no_window" / "config.json")
+      << R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})";
+  Result refused = Oomb("submit " + job_ + " --validate-only --set model.path=" + (dir_ / "no_window").string() +
+                        " --set model.rope_scaling.type=yarn --set model.rope_scaling.factor=4");
+  EXPECT_EQ(refused.rc, 1) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("model.rope_scaling.original_max_position_embeddings: required for yarn"));
 }
 
 TEST_F(CliTest, IdempotentCreateAndAlreadyExists) {

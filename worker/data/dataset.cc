@@ -414,6 +414,7 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
     }
     ++st.samples;
     st.tokens += static_cast<int64_t>(d.ids.size());
+    st.longest = std::max(st.longest, static_cast<int64_t>(d.ids.size()));
     // Shifted within the document (TokenSequence::Append): the first token predicts nothing.
     for (size_t t = 1; t < d.labels.size(); ++t) st.label_tokens += d.labels[t] != kIgnoreLabel ? 1 : 0;
     const auto bucket =

@@ -58,6 +58,7 @@ struct DatasetOptions {
 struct DatasetStats {
   int64_t samples = 0;       // documents kept
   int64_t tokens = 0;        // tokens kept
+  int64_t longest = 0;       // tokens of the longest sample kept (after truncation)
   int64_t label_tokens = 0;  // tokens kept that carry a label (the loss is over these)
   int64_t dropped = 0;
   int64_t truncated = 0;

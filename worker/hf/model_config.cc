@@ -1,5 +1,7 @@
 #include "worker/hf/model_config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -148,6 +150,54 @@ ModelConfig ApplyRopeScaling(ModelConfig config, const RopeScalingOverride& s) {
   if (s.beta_fast) r.beta_fast = *s.beta_fast;
   if (s.beta_slow) r.beta_slow = *s.beta_slow;
   return config;
+}
+
+absl::StatusOr<std::string> EffectiveConfigJson(const std::string& base_config_json, const ModelConfig& effective,
+                                                const std::string& source) {
+  json root = json::parse(base_config_json, nullptr, /*allow_exceptions=*/false);
+  if (!root.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  const RopeConfig& r = effective.rope;
+  if (r.type == RopeType::kDefault) return root.dump(2) + "\n";
+  json rope = {{"rope_type", RopeTypeName(r.type)}, {"factor", r.factor}};
+  if (r.type == RopeType::kYarn || r.type == RopeType::kLlama3) {
+    rope["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  }
+  if (r.type == RopeType::kYarn) {
+    rope["beta_fast"] = r.beta_fast;
+    rope["beta_slow"] = r.beta_slow;
+    if (r.attention_factor > 0) rope["attention_factor"] = r.attention_factor;
+    if (r.mscale > 0) rope["mscale"] = r.mscale;
+    if (r.mscale_all_dim > 0) rope["mscale_all_dim"] = r.mscale_all_dim;
+    if (!r.truncate) rope["truncate"] = false;
+  }
+  if (r.type == RopeType::kLlama3) {
+    rope["low_freq_factor"] = r.low_freq_factor;
+    rope["high_freq_factor"] = r.high_freq_factor;
+  }
+  rope["rope_theta"] = r.theta;
+  root["rope_theta"] = r.theta;
+  root["rope_scaling"] = rope;
+  root["rope_parameters"] = rope;
+  if (r.type != RopeType::kDynamic) {
+    const int64_t pretrained =
+        r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : effective.max_position_embeddings;
+    const auto extended = static_cast<int64_t>(std::llround(r.factor * static_cast<double>(pretrained)));
+    root["max_position_embeddings"] = std::max(effective.max_position_embeddings, extended);
+  }
+  return root.dump(2) + "\n";
+}
+
+std::optional<RopeScalingOverride> RopeScalingOf(const RopeConfig& trained) {
+  if (trained.type == RopeType::kDefault) return std::nullopt;
+  RopeScalingOverride o;
+  o.type = trained.type;
+  o.factor = trained.factor;
+  o.original_max_position_embeddings = trained.original_max_position_embeddings;
+  o.low_freq_factor = trained.low_freq_factor;
+  o.high_freq_factor = trained.high_freq_factor;
+  o.beta_fast = trained.beta_fast;
+  o.beta_slow = trained.beta_slow;
+  return o;
 }
 
 int64_t ModelConfig::ParameterCount() const {

@@ -83,6 +83,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
 // Reads and parses config.json of the model directory.
 absl::StatusOr<ModelConfig> LoadModelConfig(const Dir& model_dir);
 
+// The config.json of the model as trained: `base_config_json` (the base model's config.json)
+// with `effective`'s RoPE written as both `rope_parameters` (transformers >= 5) and
+// `rope_scaling` (earlier versions; transformers 5 reads it first), `rope_theta`, and
+// `max_position_embeddings` raised to the extended window (factor x original window) for
+// linear, yarn and llama3 scaling (dynamic scaling keeps the base window, which its formula
+// uses). Every other key is kept as it is. A default RoPE leaves the text's RoPE keys alone.
+absl::StatusOr<std::string> EffectiveConfigJson(const std::string& base_config_json, const ModelConfig& effective,
+                                                const std::string& source);
+
+// The RoPE scaling that turns a base model's config into `trained` (read back from an
+// effective config.json); none when `trained` has a default RoPE.
+std::optional<RopeScalingOverride> RopeScalingOf(const RopeConfig& trained);
+
 }  // namespace oomb
 
 #endif  // OOMB_WORKER_HF_MODEL_CONFIG_H_

@@ -212,6 +212,7 @@ class Run final : public StepSync {
   std::unique_ptr<DataParallelGroup> group_;  // world > 1
   std::optional<Dir> model_dir_;
   std::map<std::string, std::string> base_files_;  // copied into every checkpoint
+  std::string base_config_json_;                   // the base model's config.json
   std::vector<Document> docs_;
   std::vector<TokenSequence> validation_;
   std::vector<TokenSequence> epoch_sequences_;
@@ -300,8 +301,8 @@ absl::Status Run::MakeSession(int64_t longest) {
   return absl::OkStatus();
 }
 
-// The base model's files a checkpoint carries (the tokenizer's), read now: a file that cannot be
-// read fails the job before any training.
+// The base model's files a checkpoint carries (the tokenizer's, and config.json for the config
+// as trained), read now: a file that cannot be read fails the job before any training.
 absl::Status Run::ReadBaseFiles() {
   for (const char* name :
        {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
@@ -310,6 +311,9 @@ absl::Status Run::ReadBaseFiles() {
     if (!contents.ok()) return Annotate(contents.status(), "model.path");
     base_files_[name] = *std::move(contents);
   }
+  absl::StatusOr<std::string> config = model_dir_->ReadFile("config.json", kMaxBaseFileBytes);
+  if (!config.ok()) return Annotate(config.status(), "model.path");
+  base_config_json_ = *std::move(config);
   return absl::OkStatus();
 }
 
@@ -374,9 +378,11 @@ absl::StatusOr<CheckpointInfo> Run::Checkpoint(bool final) {
   CheckpointWriteOptions w;
   w.base_model_path = spec_.model.path;
   w.base_files = base_files_;
-  if (!model_->has_lora()) {
-    OOMB_ASSIGN_OR_RETURN(w.config_json, model_dir_->ReadFile("config.json"));
-  }
+  // The config as trained (RoPE scaling included): full fine-tuning's config.json; beside an
+  // adapter, the config to load its base with.
+  OOMB_ASSIGN_OR_RETURN(std::string config,
+                        EffectiveConfigJson(base_config_json_, model_->config(), model_dir_->PathOf("config.json")));
+  (model_->has_lora() ? w.base_config_json : w.config_json) = std::move(config);
   const auto started = Clock::now();
   OOMB_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(root, name, *model_, session_->optimizer(), state_, w));
   PruneCheckpoints(root, spec_.checkpoint.keep_last);

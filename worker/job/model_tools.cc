@@ -11,6 +11,7 @@
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/hf/chat_template.h"
+#include "worker/hf/loading_code.h"
 #include "worker/hf/safetensors.h"
 #include "worker/hf/tokenizer.h"
 #include "worker/kv/page_pool.h"
@@ -59,6 +60,19 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
   return j.dump(2);
 }
 
+namespace {
+
+// The RoPE scaling an adapter was trained with, from the base config recorded beside it
+// (kBaseConfigFile); none for an adapter without one.
+absl::StatusOr<std::optional<RopeScalingOverride>> TrainedRopeScaling(const Dir& adapter) {
+  if (!adapter.Contains(kBaseConfigFile)) return std::optional<RopeScalingOverride>();
+  OOMB_ASSIGN_OR_RETURN(const std::string text, adapter.ReadFile(kBaseConfigFile, int64_t{1} << 20));
+  OOMB_ASSIGN_OR_RETURN(const ModelConfig trained, ParseModelConfig(text, adapter.PathOf(kBaseConfigFile)));
+  return RopeScalingOf(trained.rope);
+}
+
+}  // namespace
+
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
   try {
     const bool cuda = torch::cuda::is_available();
@@ -75,10 +89,15 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
     OOMB_ASSIGN_OR_RETURN(d.vocab_size, ModelVocabSize(model_dir));
     OOMB_ASSIGN_OR_RETURN(const File data, files->OpenFile(o.data_path));
     OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadJsonlDataset(data, tokenizer.Loader(), d, nullptr));
-    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(model_dir, dtype, device));
+    std::optional<Dir> adapter;
+    std::optional<RopeScalingOverride> rope;
     if (!o.adapter_dir.empty()) {
-      OOMB_ASSIGN_OR_RETURN(const Dir adapter, files->OpenDir(o.adapter_dir));
-      OOMB_ASSIGN_OR_RETURN(std::string text, adapter.ReadFile("adapter_config.json"));
+      OOMB_ASSIGN_OR_RETURN(adapter, files->OpenDir(o.adapter_dir));
+      OOMB_ASSIGN_OR_RETURN(rope, TrainedRopeScaling(*adapter));
+    }
+    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(model_dir, dtype, device, rope));
+    if (adapter.has_value()) {
+      OOMB_ASSIGN_OR_RETURN(std::string text, adapter->ReadFile("adapter_config.json"));
       const auto cfg = nlohmann::json::parse(text, nullptr, false);
       if (!cfg.is_object()) return absl::InvalidArgumentError(o.adapter_dir + "/adapter_config.json: not JSON");
       LoraOptions lora;
@@ -86,7 +105,7 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
       lora.alpha = cfg.value("lora_alpha", 8.0);
       lora.target_modules = cfg.value("target_modules", std::vector<std::string>{});
       OOMB_RETURN_IF_ERROR(model->AddLora(lora, 0));
-      OOMB_RETURN_IF_ERROR(model->LoadLoraWeights(adapter));
+      OOMB_RETURN_IF_ERROR(model->LoadLoraWeights(*adapter));
     }
     int64_t budget = o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int64_t>::max();
     std::vector<TokenSequence> seqs;

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
+#include "worker/hf/loading_code.h"
 #include "worker/hf/safetensors.h"
 
 namespace oomb {
@@ -89,6 +90,9 @@ absl::Status WriteFiles(const Dir& tmp, const Transformer& model, torch::optim::
                         const TrainerState& state, const CheckpointWriteOptions& options) {
   if (model.has_lora()) {
     OOMB_RETURN_IF_ERROR(model.SaveLora(tmp, options.base_model_path));
+    if (!options.base_config_json.empty()) {
+      OOMB_RETURN_IF_ERROR(tmp.WriteFileAtomic(kBaseConfigFile, options.base_config_json));
+    }
   } else {
     OOMB_RETURN_IF_ERROR(model.SaveFull(tmp, options.config_json));
   }

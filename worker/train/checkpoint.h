@@ -43,6 +43,9 @@ struct TrainerState {
 struct CheckpointWriteOptions {
   std::string base_model_path;  // adapter_config.json's base_model_name_or_path
   std::string config_json;      // full fine-tuning: config.json to write
+  // LoRA: base_config.json, the config to load the base model with for the adapter (the RoPE
+  // scaling it was trained with); empty: none.
+  std::string base_config_json;
   // Files copied from the base model (tokenizer.json, tokenizer_config.json, ...): name ->
   // contents, read once when the job started.
   std::map<std::string, std::string> base_files;
