@@ -129,17 +129,14 @@ JOB="$(head -1 "$SUBMIT_OUT" | cut -d' ' -f1)"
 [ "$rc" -eq 0 ] || die "the job did not succeed (oomb exit $rc); see: $OOMB get $JOB; $OOMB events $JOB"
 
 # 5. Where the adapter is and how to load it.
-CHECKPOINT="$("$OOMB" checkpoints "$JOB" -o json |
-  python3 -c 'import json,sys; print([c for c in json.load(sys.stdin)["checkpoints"] if c.get("final")][-1]["path"])')"
+CHECKPOINTS_JSON="$("$OOMB" checkpoints "$JOB" -o json)"
+final() { python3 -c 'import json,sys; print([c for c in json.load(sys.stdin)["checkpoints"] if c.get("final")][-1][sys.argv[1]])' "$1" <<<"$CHECKPOINTS_JSON"; }
+CHECKPOINT="$(final path)"
 cat <<EOF
 
 $JOB SUCCEEDED. The LoRA adapter (PEFT layout):
   $CHECKPOINT
 
 Load it with transformers + PEFT (e.g. $HOME/.cache/oomb/venv/bin/python):
-  from transformers import AutoModelForCausalLM, AutoTokenizer
-  from peft import PeftModel
-  base = AutoModelForCausalLM.from_pretrained("$MODEL")
-  model = PeftModel.from_pretrained(base, "$CHECKPOINT")
-  tokenizer = AutoTokenizer.from_pretrained("$MODEL")
+$(final load_code | sed 's/^/  /')
 EOF
