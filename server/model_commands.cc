@@ -39,26 +39,71 @@ void AddInspect(CLI::App* model) {
   });
 }
 
+// The result as JSON: loss, tokens and samples when --data was scored; the suites' results
+// when run.
+nlohmann::json EvalJson(const EvalResult& r) {
+  nlohmann::json j = nlohmann::json::object();
+  if (r.samples > 0) j.update({{"loss", r.mean_loss}, {"tokens", r.tokens}, {"samples", r.samples}});
+  if (!r.positions.empty()) {
+    j["positions"] = nlohmann::json::array();
+    for (const PositionLoss& p : r.positions) {
+      j["positions"].push_back(
+          {{"begin", p.begin}, {"end", p.end}, {"loss", p.loss}, {"tokens", p.tokens}, {"hits", p.hits}});
+    }
+  }
+  for (const auto& [name, cells] : {std::pair{"passkey", &r.passkey}, std::pair{"needle", &r.needle}}) {
+    if (cells->empty()) continue;
+    int64_t correct = 0, trials = 0;
+    nlohmann::json out = nlohmann::json::array();
+    for (const RetrievalScore& c : *cells) {
+      out.push_back({{"length", c.length}, {"depth", c.depth}, {"correct", c.correct}, {"trials", c.trials}});
+      correct += c.correct;
+      trials += c.trials;
+    }
+    j[name] = {{"accuracy", trials > 0 ? static_cast<double>(correct) / static_cast<double>(trials) : 0.0},
+               {"cells", out}};
+  }
+  return j;
+}
+
 void AddEval(CLI::App* model) {
-  auto eval_flags = std::make_shared<EvalOptions>();
-  auto* eval = model->add_subcommand("eval", "Mean next-token loss of a model (and adapter) on a JSONL file")
-                   ->footer(
-                       "Prints {\"loss\": mean cross-entropy, \"tokens\": scored tokens, \"samples\": n}.\n"
-                       "Example:\n  oombd model eval --model DIR --data austen.jsonl --max-tokens 4096");
-  eval->add_option("--model", eval_flags->model_dir, "model directory")->required();
-  eval->add_option("--data", eval_flags->data_path, "JSONL dataset")->required();
-  eval->add_option("--adapter", eval_flags->adapter_dir, "PEFT adapter directory");
-  eval->add_option("--max-tokens", eval_flags->max_tokens, "stop after this many tokens (0: all)");
-  eval->add_option("--chunk-tokens", eval_flags->chunk_tokens, "tokens per chunk of the forward pass");
-  eval->add_option("--dtype", eval_flags->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
-  eval->add_option("--device", eval_flags->device, "auto | cpu | cuda");
-  eval->callback([eval_flags] {
-    auto r = EvaluateModel(*eval_flags);
+  auto f = std::make_shared<EvalOptions>();
+  f->suites.clear();
+  auto* eval =
+      model->add_subcommand("eval", "Evaluate a model (and adapter): loss, loss by position, passkey, needle")
+          ->footer(
+              "Prints {\"loss\", \"tokens\", \"samples\"} (mean cross-entropy over --data), with --suite positions\n"
+              "\"positions\": loss by position bucket, with passkey / needle {\"accuracy\", \"cells\"}: exact match "
+              "of\n"
+              "the greedy continuation at each length and depth.\nExamples:\n"
+              "  oombd model eval --model DIR --data austen.jsonl --max-tokens 4096\n"
+              "  oombd model eval --model DIR --adapter CKPT/final --suite passkey --lengths 8192 16384 --depths 5\n"
+              "  oombd model eval --model DIR --suite needle --haystack persuasion.txt --lengths 32768");
+  eval->add_option("--model", f->model_dir, "model directory")->required();
+  eval->add_option("--suite", f->suites, "loss | positions | passkey | needle (repeatable; default: loss)")
+      ->check(CLI::IsMember({"loss", "positions", "passkey", "needle"}));
+  eval->add_option("--data", f->data_path, "JSONL dataset (loss, positions)");
+  eval->add_option("--adapter", f->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)");
+  eval->add_option("--max-tokens", f->max_tokens, "stop after this many tokens of --data (0: all)");
+  eval->add_option("--chunk-tokens", f->chunk_tokens, "tokens per chunk of the forward pass");
+  eval->add_option("--lengths", f->lengths, "passkey / needle: tokens per document (default 4096)");
+  eval->add_option("--depths", f->depths, "passkey / needle: depths from 0 to 1 (default 5)")
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--trials", f->trials, "passkey / needle: documents per length and depth (default 1)")
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--seed", f->seed, "passkey / needle: seed of the keys and the haystack offsets (default 1)");
+  eval->add_option("--haystack", f->haystack, "needle: UTF-8 text file to hide the fact in");
+  eval->add_option("--dtype", f->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
+  eval->add_option("--device", f->device, "auto | cpu | cuda");
+  eval->callback([f] {
+    EvalOptions o = *f;
+    if (o.suites.empty()) o.suites = {"loss"};
+    auto r = EvaluateModel(o);
     if (!r.ok()) {
       std::cerr << "oombd model eval: " << r.status().message() << "\n";
       throw CLI::RuntimeError(1);
     }
-    std::cout << nlohmann::json{{"loss", r->mean_loss}, {"tokens", r->tokens}, {"samples", r->samples}}.dump() << "\n";
+    std::cout << EvalJson(*r).dump() << "\n";
   });
 }
 

@@ -101,4 +101,29 @@ at::Tensor ChunkedLmHeadCrossEntropy(const at::Tensor& hidden, const at::Tensor&
   return ChunkedCrossEntropyFn::apply(hidden, weight, labels, rows_per_block);
 }
 
+std::pair<at::Tensor, at::Tensor> LmHeadTokenScores(const at::Tensor& hidden, const at::Tensor& weight,
+                                                    const at::Tensor& labels, int64_t rows_per_block) {
+  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+              "hidden [N, d] and weight [vocab, d] expected, got ", hidden.sizes(), " and ", weight.sizes());
+  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0) && labels.scalar_type() == at::kLong,
+              "labels: expected int64 [", hidden.size(0), "], got ", labels.scalar_type(), " ", labels.sizes());
+  TORCH_CHECK(rows_per_block > 0, "rows_per_block must be > 0, got ", rows_per_block);
+  at::NoGradGuard no_grad;
+  const at::ScalarType ct = ComputeType(hidden.scalar_type());
+  const at::Tensor w = weight.to(hidden.scalar_type());
+  const at::Tensor lab_all = Upload(labels, hidden.device());
+  at::Tensor loss = at::zeros({hidden.size(0)}, hidden.options().dtype(ct));
+  at::Tensor hit = at::zeros({hidden.size(0)}, hidden.options().dtype(at::kBool));
+  for (int64_t r0 = 0; r0 < hidden.size(0); r0 += rows_per_block) {
+    const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
+    const at::Tensor lab = lab_all.slice(0, r0, r1);
+    const at::Tensor valid = lab.ne(kIgnoreIndex);
+    const at::Tensor logits = at::matmul(hidden.slice(0, r0, r1), w.t()).to(ct);  // [B, vocab]
+    const at::Tensor picked = logits.gather(1, lab.clamp_min(0).unsqueeze(1)).squeeze(1);
+    loss.slice(0, r0, r1).copy_((at::logsumexp(logits, -1) - picked) * valid.to(ct));
+    hit.slice(0, r0, r1).copy_(logits.argmax(-1).eq(lab) & valid);
+  }
+  return {loss, hit};
+}
+
 }  // namespace oomb::kernels

@@ -33,7 +33,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 SEQ_LEN = 96
 INIT_STD = 0.2
 
@@ -108,6 +108,14 @@ def model_specs():
                                   "original_max_position_embeddings": 256}),
         ),
         (
+            # Qwen3: q/k norms, no biases, head_dim (16) independent of hidden / heads (64 / 8).
+            "qwen3-qknorm",
+            "qwen3",
+            dict(common, num_attention_heads=8, num_key_value_heads=2, vocab_size=320, num_hidden_layers=2,
+                 max_position_embeddings=256, tie_word_embeddings=True, attention_bias=False,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        ),
+        (
             "llama-sharded",
             "llama",
             dict(common, vocab_size=512, num_hidden_layers=3, max_position_embeddings=256,
@@ -137,10 +145,15 @@ def init_weights(model, seed):
 def make_one(out_root, index, name, family, cfg_kwargs):
     import torch
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     seed = 1000 + index
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
+    cfg_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[family]
     config = cfg_cls(**cfg_kwargs)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)

@@ -82,6 +82,39 @@ std::optional<RopeType> ParseRopeType(const std::string& name) {
   return std::nullopt;
 }
 
+// The family (architecture and model_type) and what it fixes: Qwen2's q/k/v biases, Qwen3's
+// q/k norms. Sliding-window attention is refused (every layer here attends the whole past).
+absl::Status ParseFamily(const json& root, const std::string& source, ModelConfig* c) {
+  if (c->model_type == "llama" || c->architecture == "LlamaForCausalLM") {
+    c->model_type = "llama";
+    c->architecture = "LlamaForCausalLM";
+  } else if (c->model_type == "qwen2" || c->architecture == "Qwen2ForCausalLM") {
+    c->model_type = "qwen2";
+    c->architecture = "Qwen2ForCausalLM";
+    c->qkv_bias = true;
+  } else if (c->model_type == "qwen3" || c->architecture == "Qwen3ForCausalLM") {
+    c->model_type = "qwen3";
+    c->architecture = "Qwen3ForCausalLM";
+    c->qk_norm = true;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(source, ": architecture '", c->architecture, "' (model_type '",
+                                                 c->model_type, "') is not supported; supported: LlamaForCausalLM, ",
+                                                 "Qwen2ForCausalLM, Qwen3ForCausalLM"));
+  }
+  bool sliding = false;
+  OOMB_RETURN_IF_ERROR(Reader(root, source).Bool("use_sliding_window", &sliding));
+  if (const auto it = root.find("layer_types"); it != root.end() && it->is_array()) {
+    for (const json& t : *it) sliding |= t.is_string() && t.get<std::string>() != "full_attention";
+  }
+  if (sliding) {
+    return absl::UnimplementedError(
+        absl::StrCat(source,
+                     ": sliding-window attention layers are not supported (every layer must attend the "
+                     "whole sequence: use_sliding_window false, layer_types all full_attention)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseRope(const json& root, const std::string& source, ModelConfig* c) {
   RopeConfig& r = c->rope;
   OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_theta", &r.theta, false));
@@ -206,7 +239,7 @@ int64_t ModelConfig::ParameterCount() const {
   if (qkv_bias) attn += q_dim() + 2 * kv_dim();
   if (o_bias) attn += d;
   const int64_t mlp = 3 * d * intermediate_size;
-  const int64_t layer = attn + mlp + 2 * d;
+  const int64_t layer = attn + mlp + 2 * d + (qk_norm ? 2 * head_dim : 0);
   return num_layers * layer + vocab_size * d * (tie_word_embeddings ? 1 : 2) + d;
 }
 
@@ -222,18 +255,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     c.architecture = (*archs)[0].get<std::string>();
   }
   OOMB_RETURN_IF_ERROR(r.String("model_type", &c.model_type));
-  if (c.model_type == "llama" || c.architecture == "LlamaForCausalLM") {
-    c.model_type = "llama";
-    c.architecture = "LlamaForCausalLM";
-  } else if (c.model_type == "qwen2" || c.architecture == "Qwen2ForCausalLM") {
-    c.model_type = "qwen2";
-    c.architecture = "Qwen2ForCausalLM";
-    c.qkv_bias = true;
-  } else {
-    return absl::UnimplementedError(absl::StrCat(source, ": architecture '", c.architecture, "' (model_type '",
-                                                 c.model_type, "') is not supported; supported: LlamaForCausalLM, ",
-                                                 "Qwen2ForCausalLM"));
-  }
+  OOMB_RETURN_IF_ERROR(ParseFamily(root, source, &c));
   OOMB_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
   OOMB_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
   OOMB_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size));
@@ -244,12 +266,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   OOMB_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings, false));
   OOMB_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, false));
   OOMB_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
-  if (c.model_type == "llama") {
+  if (c.model_type == "llama" || c.model_type == "qwen3") {
     bool attention_bias = false;
     OOMB_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
     c.qkv_bias = c.o_bias = attention_bias;
-    OOMB_RETURN_IF_ERROR(r.Bool("mlp_bias", &c.mlp_bias));
   }
+  if (c.model_type == "llama") OOMB_RETURN_IF_ERROR(r.Bool("mlp_bias", &c.mlp_bias));
   OOMB_RETURN_IF_ERROR(r.TokenId("bos_token_id", &c.bos_token_id));
   OOMB_RETURN_IF_ERROR(r.TokenId("eos_token_id", &c.eos_token_id));
   OOMB_RETURN_IF_ERROR(r.String("torch_dtype", &c.torch_dtype));

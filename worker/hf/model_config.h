@@ -1,6 +1,7 @@
 // A decoder-only model's architecture, read from a Hugging Face config.json. Torch-free.
 //
-// Supported: LlamaForCausalLM (Llama 2/3/3.1, SmolLM2) and Qwen2ForCausalLM (Qwen2, Qwen2.5).
+// Supported: LlamaForCausalLM (Llama 2/3/3.1, SmolLM2), Qwen2ForCausalLM (Qwen2, Qwen2.5) and
+// Qwen3ForCausalLM (Qwen3 dense), every layer attending the whole sequence.
 // RoPE scaling is read from `rope_parameters` (transformers >= 5) or `rope_scaling` +
 // `rope_theta` (earlier versions), so configs written by either load.
 #ifndef OOMB_WORKER_HF_MODEL_CONFIG_H_
@@ -36,8 +37,8 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM"
-  std::string model_type;    // "llama" | "qwen2"
+  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM"
+  std::string model_type;    // "llama" | "qwen2" | "qwen3"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -48,9 +49,10 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2: true; Llama: config's attention_bias
+  bool qkv_bias = false;  // Qwen2: true; Llama, Qwen3: config's attention_bias
   bool o_bias = false;    // Llama's attention_bias also biases o_proj
   bool mlp_bias = false;
+  bool qk_norm = false;  // Qwen3: an RMSNorm over each head of q and of k, before RoPE
   RopeConfig rope;
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;

@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -14,6 +18,7 @@
 #include "worker/hf/loading_code.h"
 #include "worker/hf/safetensors.h"
 #include "worker/hf/tokenizer.h"
+#include "worker/job/eval_suites.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
 #include "worker/train/chunk_trainer.h"
@@ -73,74 +78,176 @@ absl::StatusOr<std::optional<RopeScalingOverride>> TrainedRopeScaling(const Dir&
 
 }  // namespace
 
+namespace {
+
+// A model (and adapter) loaded for evaluation, with pools for sequences up to `longest` tokens.
+struct Evaluator {
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<PagePool> kv, grad;
+  std::unique_ptr<ChunkTrainer> trainer;
+};
+
+absl::StatusOr<Evaluator> MakeEvaluator(const EvalOptions& o, const Dir& model_dir, int64_t longest) {
+  const bool cuda = torch::cuda::is_available();
+  const at::Device device =
+      o.device == "cpu" || (o.device == "auto" && !cuda) ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
+  const at::ScalarType dtype = o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  std::optional<Dir> adapter;
+  std::optional<RopeScalingOverride> rope;
+  if (!o.adapter_dir.empty()) {
+    OOMB_ASSIGN_OR_RETURN(adapter, FileAccess::Unconfined()->OpenDir(o.adapter_dir));
+    OOMB_ASSIGN_OR_RETURN(rope, TrainedRopeScaling(*adapter));
+  }
+  Evaluator e;
+  OOMB_ASSIGN_OR_RETURN(e.model, Transformer::Load(model_dir, dtype, device, rope));
+  if (adapter.has_value()) {
+    OOMB_ASSIGN_OR_RETURN(std::string text, adapter->ReadFile("adapter_config.json"));
+    const auto cfg = nlohmann::json::parse(text, nullptr, false);
+    if (!cfg.is_object()) return absl::InvalidArgumentError(o.adapter_dir + "/adapter_config.json: not JSON");
+    LoraOptions lora;
+    lora.rank = cfg.value("r", 8);
+    lora.alpha = cfg.value("lora_alpha", 8.0);
+    lora.target_modules = cfg.value("target_modules", std::vector<std::string>{});
+    OOMB_RETURN_IF_ERROR(e.model->AddLora(lora, 0));
+    OOMB_RETURN_IF_ERROR(e.model->LoadLoraWeights(*adapter));
+  }
+  const ModelConfig& c = e.model->config();
+  const int64_t P = 128, pages = c.num_layers * ((longest + P - 1) / P + 1);
+  const PageShape shape{c.num_kv_heads, P, c.head_dim};
+  OOMB_ASSIGN_OR_RETURN(e.kv, PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
+                                               at::TensorOptions().dtype(dtype).device(device), pages));
+  OOMB_ASSIGN_OR_RETURN(e.grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
+                                                 at::TensorOptions().dtype(at::kFloat).device(device), 0));
+  ChunkTrainerOptions options;
+  options.chunk_tokens = o.chunk_tokens;
+  e.trainer = std::make_unique<ChunkTrainer>(e.model.get(), e.kv.get(), e.grad.get(), options);
+  return e;
+}
+
+bool Wants(const EvalOptions& o, const char* suite) {
+  return std::find(o.suites.begin(), o.suites.end(), suite) != o.suites.end();
+}
+
+// The data's samples, each its own sequence, cut after max_tokens tokens in all.
+absl::StatusOr<std::vector<TokenSequence>> ReadSamples(const EvalOptions& o, const Dir& model_dir,
+                                                       ModelTokenizer& tokenizer) {
+  const std::shared_ptr<const FileAccess> files = FileAccess::Unconfined();
+  DatasetOptions d;
+  d.field = "--data";
+  d.max_seq_len = int64_t{1} << 31;
+  OOMB_ASSIGN_OR_RETURN(d.vocab_size, ModelVocabSize(model_dir));
+  OOMB_ASSIGN_OR_RETURN(const File data, files->OpenFile(o.data_path));
+  OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadJsonlDataset(data, tokenizer.Loader(), d, nullptr));
+  int64_t budget = o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int64_t>::max();
+  std::vector<TokenSequence> seqs;
+  for (Document& doc : docs) {
+    if (budget <= 0) break;
+    if (static_cast<int64_t>(doc.ids.size()) > budget) {
+      doc.ids.resize(budget);
+      doc.labels.resize(budget);
+    }
+    budget -= static_cast<int64_t>(doc.ids.size());
+    TokenSequence s;
+    s.Append(doc);
+    seqs.push_back(std::move(s));
+  }
+  return seqs;
+}
+
+// The mean loss over the samples and, with the positions suite, by position bucket.
+absl::Status ScoreSamples(const EvalOptions& o, const std::vector<TokenSequence>& seqs, ChunkTrainer& trainer,
+                          EvalResult* r) {
+  int64_t longest = 1;
+  for (const TokenSequence& s : seqs) longest = std::max(longest, s.size());
+  const bool positions = Wants(o, "positions");
+  if (positions) {
+    for (const auto& [begin, end] : PositionBuckets(longest)) r->positions.push_back({begin, end});
+  }
+  double sum = 0;
+  TokenScores scores;
+  for (const TokenSequence& s : seqs) {
+    OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer.EvalSequence(s, positions ? &scores : nullptr));
+    sum += l.loss_sum;
+    r->tokens += l.label_tokens;
+    ++r->samples;
+    for (size_t t = 0; positions && t < scores.loss.size(); ++t) {
+      if (std::isnan(scores.loss[t])) continue;
+      PositionLoss& b = r->positions[std::bit_width(static_cast<uint64_t>(t >> 10))];  // PositionBuckets' order
+      b.loss += scores.loss[t];
+      ++b.tokens;
+      b.hits += scores.hit[t] ? 1 : 0;
+    }
+  }
+  r->mean_loss = r->tokens > 0 ? sum / static_cast<double>(r->tokens) : 0.0;
+  for (PositionLoss& b : r->positions) b.loss = b.tokens > 0 ? b.loss / static_cast<double>(b.tokens) : 0.0;
+  return absl::OkStatus();
+}
+
+// Each document scored by exact match of its answer, gathered by (length, depth).
+absl::StatusOr<std::vector<RetrievalScore>> ScoreRetrieval(const std::vector<RetrievalDoc>& docs,
+                                                           ChunkTrainer& trainer) {
+  std::vector<RetrievalScore> out;
+  TokenScores scores;
+  for (const RetrievalDoc& d : docs) {
+    TokenSequence seq;
+    seq.Append(d.doc);
+    OOMB_RETURN_IF_ERROR(trainer.EvalSequence(seq, &scores).status());
+    bool correct = true;
+    for (size_t t = 0; t < scores.loss.size(); ++t) correct &= std::isnan(scores.loss[t]) || scores.hit[t];
+    if (out.empty() || out.back().length != d.length || out.back().depth != d.depth) {
+      out.push_back({d.length, d.depth});
+    }
+    out.back().correct += correct ? 1 : 0;
+    ++out.back().trials;
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
   try {
-    const bool cuda = torch::cuda::is_available();
-    const at::Device device =
-        o.device == "cpu" || (o.device == "auto" && !cuda) ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
-    const at::ScalarType dtype = o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    // Pre-tokenized data needs no tokenizer.json (ModelTokenizer loads it for text only).
-    const std::shared_ptr<const FileAccess> files = FileAccess::Unconfined();
-    OOMB_ASSIGN_OR_RETURN(const Dir model_dir, files->OpenDir(o.model_dir));
-    ModelTokenizer tokenizer(model_dir, "--model");
-    DatasetOptions d;
-    d.field = "--data";
-    d.max_seq_len = int64_t{1} << 31;
-    OOMB_ASSIGN_OR_RETURN(d.vocab_size, ModelVocabSize(model_dir));
-    OOMB_ASSIGN_OR_RETURN(const File data, files->OpenFile(o.data_path));
-    OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadJsonlDataset(data, tokenizer.Loader(), d, nullptr));
-    std::optional<Dir> adapter;
-    std::optional<RopeScalingOverride> rope;
-    if (!o.adapter_dir.empty()) {
-      OOMB_ASSIGN_OR_RETURN(adapter, files->OpenDir(o.adapter_dir));
-      OOMB_ASSIGN_OR_RETURN(rope, TrainedRopeScaling(*adapter));
-    }
-    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(model_dir, dtype, device, rope));
-    if (adapter.has_value()) {
-      OOMB_ASSIGN_OR_RETURN(std::string text, adapter->ReadFile("adapter_config.json"));
-      const auto cfg = nlohmann::json::parse(text, nullptr, false);
-      if (!cfg.is_object()) return absl::InvalidArgumentError(o.adapter_dir + "/adapter_config.json: not JSON");
-      LoraOptions lora;
-      lora.rank = cfg.value("r", 8);
-      lora.alpha = cfg.value("lora_alpha", 8.0);
-      lora.target_modules = cfg.value("target_modules", std::vector<std::string>{});
-      OOMB_RETURN_IF_ERROR(model->AddLora(lora, 0));
-      OOMB_RETURN_IF_ERROR(model->LoadLoraWeights(*adapter));
-    }
-    int64_t budget = o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int64_t>::max();
-    std::vector<TokenSequence> seqs;
-    int64_t longest = 1;
-    for (Document& doc : docs) {
-      if (budget <= 0) break;
-      if (static_cast<int64_t>(doc.ids.size()) > budget) {
-        doc.ids.resize(budget);
-        doc.labels.resize(budget);
+    for (const std::string& s : o.suites) {
+      if (s != "loss" && s != "positions" && s != "passkey" && s != "needle") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--suite: unknown suite '", s, "' (loss, positions, passkey, needle)"));
       }
-      budget -= static_cast<int64_t>(doc.ids.size());
-      TokenSequence s;
-      s.Append(doc);
-      longest = std::max(longest, s.size());
-      seqs.push_back(std::move(s));
     }
-    const ModelConfig& c = model->config();
-    const int64_t P = 128, pages = c.num_layers * ((longest + P - 1) / P + 1);
-    const PageShape shape{c.num_kv_heads, P, c.head_dim};
-    OOMB_ASSIGN_OR_RETURN(auto kv, PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
-                                                    at::TensorOptions().dtype(dtype).device(device), pages));
-    OOMB_ASSIGN_OR_RETURN(auto grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
-                                                      at::TensorOptions().dtype(at::kFloat).device(device), 0));
-    ChunkTrainerOptions options;
-    options.chunk_tokens = o.chunk_tokens;
-    ChunkTrainer trainer(model.get(), kv.get(), grad.get(), options);
+    const bool on_data = Wants(o, "loss") || Wants(o, "positions");
+    if (on_data && o.data_path.empty())
+      return absl::InvalidArgumentError("--data: required by the loss and positions suites");
+    if (Wants(o, "needle") && o.haystack.empty())
+      return absl::InvalidArgumentError("--haystack: required by the needle suite");
+    OOMB_ASSIGN_OR_RETURN(const Dir model_dir, FileAccess::Unconfined()->OpenDir(o.model_dir));
+    ModelTokenizer tokenizer(model_dir, "--model");
+    std::vector<TokenSequence> seqs;
+    if (on_data) {
+      OOMB_ASSIGN_OR_RETURN(seqs, ReadSamples(o, model_dir, tokenizer));
+    }
+    RetrievalOptions ro{o.lengths, o.depths, o.trials, o.seed};
+    std::vector<RetrievalDoc> passkey, needle;
+    if (Wants(o, "passkey") || Wants(o, "needle")) {
+      OOMB_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, Tokenizer::FromModelDir(model_dir));
+      if (Wants(o, "passkey")) {
+        OOMB_ASSIGN_OR_RETURN(passkey, PasskeyDocs(*tok, ro));
+      }
+      if (Wants(o, "needle")) {
+        OOMB_ASSIGN_OR_RETURN(const std::string text, FileAccess::Unconfined()->ReadFile(o.haystack));
+        OOMB_ASSIGN_OR_RETURN(needle, NeedleDocs(*tok, text, ro));
+      }
+    }
+    int64_t longest = 1;
+    for (const TokenSequence& s : seqs) longest = std::max(longest, s.size());
+    for (const int64_t l : o.lengths) longest = std::max(longest, l);
+    OOMB_ASSIGN_OR_RETURN(Evaluator e, MakeEvaluator(o, model_dir, longest));
     EvalResult r;
-    double sum = 0;
-    for (const TokenSequence& s : seqs) {
-      OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer.EvalSequence(s));
-      sum += l.loss_sum;
-      r.tokens += l.label_tokens;
-      ++r.samples;
+    if (on_data) OOMB_RETURN_IF_ERROR(ScoreSamples(o, seqs, *e.trainer, &r));
+    if (!passkey.empty()) {
+      OOMB_ASSIGN_OR_RETURN(r.passkey, ScoreRetrieval(passkey, *e.trainer));
     }
-    r.mean_loss = r.tokens > 0 ? sum / static_cast<double>(r.tokens) : 0.0;
+    if (!needle.empty()) {
+      OOMB_ASSIGN_OR_RETURN(r.needle, ScoreRetrieval(needle, *e.trainer));
+    }
     return r;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("evaluation: ", e.what_without_backtrace()));

@@ -18,21 +18,48 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir);
 
 struct EvalOptions {
   std::string model_dir;
-  std::string data_path;    // JSONL in any dataset format
+  // Any of: "loss" (mean loss over the data), "positions" (the data's loss by position
+  // bucket), "passkey" and "needle" (retrieval at lengths x depths, trials each; eval_suites.h).
+  std::vector<std::string> suites = {"loss"};
+  std::string data_path;    // JSONL in any dataset format (loss, positions)
   std::string adapter_dir;  // optional PEFT adapter (adapter_config.json + adapter_model.safetensors)
   int64_t max_tokens = 0;   // 0: every sample; else stop after this many tokens (the last sample cut)
   int64_t chunk_tokens = 4096;
   std::string dtype = "float32";  // float32 | bfloat16
   std::string device = "auto";
+  // passkey and needle: tokens per document, depths (0 .. 1), documents per cell, the seed of
+  // keys and offsets, and needle's haystack (a UTF-8 text file).
+  std::vector<int64_t> lengths = {4096};
+  int64_t depths = 5;
+  int64_t trials = 1;
+  uint64_t seed = 1;
+  std::string haystack;
+};
+
+struct PositionLoss {
+  int64_t begin = 0, end = 0;  // positions [begin, end) within a sample (t predicts token t + 1)
+  double loss = 0;             // mean next-token cross-entropy of the label tokens there
+  int64_t tokens = 0;
+  int64_t hits = 0;  // label tokens that are their logits' argmax (greedy decoding's choice)
+};
+
+struct RetrievalScore {
+  int64_t length = 0;
+  double depth = 0;
+  int64_t correct = 0, trials = 0;  // exact matches of the greedy continuation
 };
 
 struct EvalResult {
   double mean_loss = 0;  // mean next-token cross-entropy over the label tokens
   int64_t tokens = 0;    // label tokens scored
   int64_t samples = 0;
+  std::vector<PositionLoss> positions;          // the positions suite
+  std::vector<RetrievalScore> passkey, needle;  // by (length, depth), in the order run
 };
 
-// Scores every sample separately (no packing) with the chunked forward.
+// Scores every sample separately (no packing) with the chunked forward (so a long evaluation
+// fits wherever a training step of its length does), then the retrieval suites' documents.
+// INVALID_ARGUMENT naming the flag for an unknown suite or a missing input.
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& options);
 
 struct GenerateResult {

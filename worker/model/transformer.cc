@@ -122,6 +122,10 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() co
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     out.emplace_back(absl::StrCat("model.layers.", i, ".input_layernorm.weight"), layers_[i].input_norm);
     out.emplace_back(absl::StrCat("model.layers.", i, ".post_attention_layernorm.weight"), layers_[i].post_norm);
+    if (config_.qk_norm) {
+      out.emplace_back(absl::StrCat("model.layers.", i, ".self_attn.q_norm.weight"), layers_[i].q_norm);
+      out.emplace_back(absl::StrCat("model.layers.", i, ".self_attn.k_norm.weight"), layers_[i].k_norm);
+    }
   }
   for (const auto& [name, l] : NamedLinears()) {
     out.emplace_back(name + ".weight", l->weight);
@@ -178,6 +182,11 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
     DecoderLayer& l = m->layers_[i];
     OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".input_layernorm.weight"), {d}, &l.input_norm));
     OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".post_attention_layernorm.weight"), {d}, &l.post_norm));
+    if (config.qk_norm) {
+      const int64_t D = config.head_dim;
+      OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".self_attn.q_norm.weight"), {D}, &l.q_norm));
+      OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".self_attn.k_norm.weight"), {D}, &l.k_norm));
+    }
   }
   const int64_t q = config.q_dim(), kv = config.kv_dim(), f = config.intermediate_size;
   for (auto& [name, l] : m->NamedLinears()) {
@@ -237,6 +246,10 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
       l.v.bias = randn({kv});
     }
     if (config.o_bias) l.o.bias = randn({d});
+    if (config.qk_norm) {
+      l.q_norm = norm(config.head_dim);
+      l.k_norm = norm(config.head_dim);
+    }
   }
   return m;
 }
@@ -255,6 +268,8 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     m->layers_[i].input_norm = cast(layers_[i].input_norm);
     m->layers_[i].post_norm = cast(layers_[i].post_norm);
+    m->layers_[i].q_norm = cast(layers_[i].q_norm);
+    m->layers_[i].k_norm = cast(layers_[i].k_norm);
   }
   for (size_t i = 0; i < src.size(); ++i) {
     Linear& d = *dst[i].second;
@@ -464,6 +479,10 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
   at::Tensor q = LinearForward(l.q, x, &cursor.gen, cursor.training).view({C, H, D});
   at::Tensor k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
   const at::Tensor v = LinearForward(l.v, x, &cursor.gen, cursor.training).view({C, Hkv, D});
+  if (config_.qk_norm) {  // per head, before RoPE
+    q = RmsNorm(q, l.q_norm);
+    k = RmsNorm(k, l.k_norm);
+  }
   q = kernels::ApplyRope(q, cursor.cos, cursor.sin);
   k = kernels::ApplyRope(k, cursor.cos, cursor.sin);
   return {q, k, v};

@@ -1,14 +1,15 @@
-// The decoder-only transformer (Llama / Qwen2 families) on LibTorch, with LoRA.
+// The decoder-only transformer (Llama, Qwen2 and Qwen3 families) on LibTorch, with LoRA.
 //
 // One model serves training and inference: a forward pass runs over one chunk of one sequence,
 // and attention is a callback, so the chunk-recurrent trainer routes it through the paged KV
 // cache (kernels/torch/paged_attention.h) while a plain full-sequence forward (evaluation,
 // `oombd model eval`, tests) uses the same callback with no past.
 //
-// Numerics follow transformers (modeling_llama / modeling_qwen2): RMSNorm in float32 (float64
-// for float64 models), RoPE tables from float32 inverse frequencies (rope types default,
-// linear, dynamic, yarn, llama3, as modeling_rope_utils computes them), SwiGLU MLP, q/k/v
-// biases for Qwen2, softmax scale 1/sqrt(head_dim).
+// Numerics follow transformers (modeling_llama / modeling_qwen2 / modeling_qwen3): RMSNorm in
+// float32 (float64 for float64 models), RoPE tables from float32 inverse frequencies (rope
+// types default, linear, dynamic, yarn, llama3, as modeling_rope_utils computes them), SwiGLU
+// MLP, q/k/v biases for Qwen2, an RMSNorm over each head of q and k before RoPE for Qwen3,
+// softmax scale 1/sqrt(head_dim).
 //
 // LoRA (PEFT semantics): y = x W^T + b + (dropout(x) A^T B^T) * alpha / r on the target
 // modules; A is initialised like PEFT (kaiming-uniform, a = sqrt(5)), B with zeros. LoRA
@@ -54,8 +55,9 @@ struct Linear {
 };
 
 struct DecoderLayer {
-  at::Tensor input_norm;  // [hidden]
-  at::Tensor post_norm;   // [hidden]
+  at::Tensor input_norm;      // [hidden]
+  at::Tensor post_norm;       // [hidden]
+  at::Tensor q_norm, k_norm;  // [head_dim], qk_norm models only (else undefined)
   Linear q, k, v, o, gate, up, down;
 };
 

@@ -51,6 +51,15 @@ struct SequenceLoss {
   int64_t label_tokens = 0;  // tokens that carried a label
 };
 
+// Per position of an evaluated sequence (ChunkTrainer::EvalSequence): the cross-entropy of its
+// label, and whether greedy decoding would emit the label there (its logits' argmax); positions
+// without a label: NaN and false. A span of labels is what greedy decoding continues its prefix
+// with exactly when every one of its positions is a hit.
+struct TokenScores {
+  std::vector<double> loss;
+  std::vector<bool> hit;
+};
+
 // Seconds of each chunk of the last sequence, in the order the chunks ran: wall clock on the
 // CPU; on a CUDA device, device time between CUDA events recorded at the chunk boundaries on
 // the current stream, read once when the sequence ends (no synchronisation per chunk).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 
 #include "absl/cleanup/cleanup.h"
@@ -149,12 +150,16 @@ absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_
   return absl::OkStatus();
 }
 
-absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq) {
+absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq, TokenScores* scores) {
   SequenceLoss loss;
+  if (scores != nullptr) {
+    scores->loss.assign(seq.size(), std::numeric_limits<double>::quiet_NaN());
+    scores->hit.assign(seq.size(), false);
+  }
   const absl::Status s = Guarded([&]() -> absl::Status {
     KvStore store(pools_, model_->config().num_layers);
     OOMB_ASSIGN_OR_RETURN(loss, stage_one_.Run(seq, NumChunks(seq), /*with_loss=*/true, /*training=*/false, 0, store,
-                                               /*clock=*/nullptr, /*times=*/nullptr));
+                                               /*clock=*/nullptr, /*times=*/nullptr, scores));
     return absl::OkStatus();
   });
   if (!s.ok()) return s;

@@ -93,8 +93,9 @@ class ChunkTrainer {
   // asked; INTERNAL when LibTorch fails (the message carries its error).
   absl::StatusOr<SequenceLoss> TrainSequence(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed);
 
-  // Stage 1 only: the loss without gradients (evaluation).
-  absl::StatusOr<SequenceLoss> EvalSequence(const TokenSequence& seq);
+  // Stage 1 only: the loss without gradients (evaluation); with `scores`, also every position's
+  // (TokenScores; resized to the sequence).
+  absl::StatusOr<SequenceLoss> EvalSequence(const TokenSequence& seq, TokenScores* scores = nullptr);
 
   const TrainerMemory& memory() const { return memory_; }
   const ChunkTimes& chunk_times() const { return chunk_times_; }

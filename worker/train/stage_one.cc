@@ -20,14 +20,15 @@ struct StageOne::Pass {
   int64_t next = 0;
   at::Tensor loss_sum;  // with_loss: on the device, in float64
   SequenceLoss loss;
+  TokenScores* scores = nullptr;
 };
 
 absl::StatusOr<SequenceLoss> StageOne::Run(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
-                                           uint64_t dropout_seed, KvStore& store, ChunkClock* clock,
-                                           ChunkTimes* times) {
+                                           uint64_t dropout_seed, KvStore& store, ChunkClock* clock, ChunkTimes* times,
+                                           TokenScores* scores) {
   at::NoGradGuard no_grad;
   attention_->BeginSequence(seq, chunks, training);
-  Pass pass{seq, chunks, with_loss, training, dropout_seed, store, clock, times, {}, {}, 0, {}, {}};
+  Pass pass{seq, chunks, with_loss, training, dropout_seed, store, clock, times, {}, {}, 0, {}, {}, scores};
   StartLanes(pass);
   PrepareReady(pass);
   while (!pass.ready.empty()) OOMB_RETURN_IF_ERROR(RunNext(pass));
@@ -94,6 +95,16 @@ void StageOne::AddLoss(Pass& pass, Lane& lane) const {
   pass.loss_sum.add_(
       kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), lane.c.labels_host, options_.ce_rows_per_block));
   pass.loss.label_tokens += lane.c.label_tokens;
+  if (pass.scores == nullptr) return;
+  const auto [loss, hit] =
+      kernels::LmHeadTokenScores(hidden, model_->lm_head(), lane.c.labels_host, options_.ce_rows_per_block);
+  const at::Tensor l = loss.to(at::kDouble).cpu(), h = hit.cpu();
+  const int64_t* labels = lane.c.labels_host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < lane.c.end - lane.c.begin; ++i) {
+    if (labels[i] == kernels::kIgnoreIndex) continue;
+    pass.scores->loss[lane.c.begin + i] = l.data_ptr<double>()[i];
+    pass.scores->hit[lane.c.begin + i] = h.data_ptr<bool>()[i];
+  }
 }
 
 }  // namespace oomb

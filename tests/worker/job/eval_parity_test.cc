@@ -2,7 +2,9 @@
 // SmolLM2-135M-Instruct: the mean next-token loss of the same pre-tokenized samples (ids from
 // HF's tokenizer, written as {"input_ids"} JSONL, so tokenization is not in question) agrees to
 // 1e-4 in float32, with the chunked paged forward (chunks smaller than a sample, and one chunk
-// per sample). Skips without the venv or the model (scripts/fetch_test_data.sh).
+// per sample); so does the loss by position bucket (the positions suite). Skips without the
+// venv or the model (scripts/fetch_test_data.sh).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,17 +29,18 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
   }
   const std::string dir = testing::ScratchDir("eval_parity");
   const std::string data = dir + "/samples.jsonl", ref = dir + "/reference.json";
-  // Two samples (300 + 212 = 512 tokens): the loss is the mean over both samples' labels.
+  // Two samples (1300 + 212 tokens): the loss is the mean over both samples' labels; positions
+  // fall in the buckets [0, 1024) and [1024, 2048).
   const std::string cmd = python + " " + testing::SourceDir() + "/tests/worker/job/hf_eval_reference.py " + model +
-                          " " + text + " " + data + " 300 212 > " + ref + " 2>" + dir + "/stderr.txt";
+                          " " + text + " " + data + " 1300 212 > " + ref + " 2>" + dir + "/stderr.txt";
   ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
   std::ifstream in(ref);
   const nlohmann::json want = nlohmann::json::parse(in);
-  for (const int64_t chunk : {128, 4096}) {
+  for (const int64_t chunk : {512, 4096}) {
     EvalOptions o;
     o.model_dir = model;
+    o.suites = {"loss", "positions"};
     o.data_path = data;
-    o.max_tokens = 512;
     o.chunk_tokens = chunk;
     o.dtype = "float32";
     o.device = "cpu";
@@ -49,7 +52,55 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
     std::cout << "chunk " << chunk << ": oomb " << got->mean_loss << " transformers " << hf << " |diff| "
               << std::abs(got->mean_loss - hf) << "\n";
     EXPECT_NEAR(got->mean_loss, hf, 1e-4);
+    const nlohmann::json& buckets = want["positions"];
+    ASSERT_EQ(got->positions.size(), buckets.size());
+    int64_t hits = 0;
+    for (const PositionLoss& p : got->positions) hits += p.hits;
+    // The argmax the retrieval suites score by: the same tokens but for near-ties.
+    EXPECT_NEAR(hits, want["hits"].get<int64_t>(), 2);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      EXPECT_EQ(got->positions[b].begin, b == 0 ? 0 : int64_t{512} << b);
+      EXPECT_EQ(got->positions[b].tokens, buckets[b]["tokens"].get<int64_t>()) << "bucket " << b;
+      EXPECT_NEAR(got->positions[b].loss, buckets[b]["loss"].get<double>(), 1e-4) << "bucket " << b;
+    }
   }
+}
+
+// The retrieval suites on the real model: every (length, depth) cell scored, in order, each
+// document by the exact match of its answer; an unknown suite or a missing input is refused
+// naming the flag.
+TEST(EvalSuitesOnSmolLM2Test, PasskeyAndNeedleScoreEveryCell) {
+  const std::string model = testing::DataDir() + "/models/SmolLM2-135M-Instruct";
+  const std::string text = testing::DataDir() + "/texts/austen/emma.txt";
+  if (!std::filesystem::exists(model + "/model.safetensors") || !std::filesystem::exists(text)) {
+    GTEST_SKIP() << "needs " << model;
+  }
+  EvalOptions o;
+  o.model_dir = model;
+  o.suites = {"passkey", "needle"};
+  o.lengths = {256, 512};
+  o.depths = 2;
+  o.trials = 2;
+  o.haystack = text;
+  o.chunk_tokens = 128;
+  o.device = "cpu";
+  auto got = EvaluateModel(o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (const auto* cells : {&got->passkey, &got->needle}) {
+    ASSERT_EQ(cells->size(), 4u);
+    for (size_t i = 0; i < cells->size(); ++i) {
+      EXPECT_EQ((*cells)[i].length, i < 2 ? 256 : 512);
+      EXPECT_EQ((*cells)[i].depth, i % 2 == 0 ? 0.0 : 1.0);
+      EXPECT_EQ((*cells)[i].trials, 2);
+      EXPECT_LE((*cells)[i].correct, 2);
+    }
+  }
+  EXPECT_EQ(got->samples, 0);  // no --data, no loss suite
+  o.suites = {"perplexity"};
+  EXPECT_THAT(std::string(EvaluateModel(o).status().message()), ::testing::HasSubstr("--suite: unknown suite"));
+  o.suites = {"needle"};
+  o.haystack.clear();
+  EXPECT_THAT(std::string(EvaluateModel(o).status().message()), ::testing::HasSubstr("--haystack: required"));
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ using testing::TakeGrads;
 ModelConfig TinyConfig(const std::string& family) {
   ModelConfig c;
   c.model_type = family;
-  c.architecture = family == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  c.architecture = family == "qwen2" ? "Qwen2ForCausalLM" : family == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
   c.vocab_size = 61;
   c.hidden_size = 32;
   c.intermediate_size = 40;
@@ -44,6 +44,8 @@ ModelConfig TinyConfig(const std::string& family) {
   c.max_position_embeddings = 64;
   c.rms_norm_eps = 1e-6;
   c.qkv_bias = family == "qwen2";
+  c.qk_norm = family == "qwen3";
+  if (family == "qwen3") c.head_dim = 16;  // independent of hidden / heads, as in Qwen3
   c.tie_word_embeddings = family != "qwen2";
   c.rope.theta = 10000;
   return c;
@@ -180,7 +182,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"qwen2", false, at::kDouble, false}, Case{"qwen2", true, at::kDouble, false},
                       Case{"llama", false, at::kDouble, false}, Case{"llama", true, at::kDouble, true},
                       Case{"qwen2", false, at::kDouble, true}, Case{"qwen2", false, at::kFloat, false},
-                      Case{"llama", true, at::kFloat, true}),
+                      Case{"llama", true, at::kFloat, true}, Case{"qwen3", false, at::kDouble, true},
+                      Case{"qwen3", true, at::kDouble, false}, Case{"qwen3", false, at::kFloat, false}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + (c.full ? "_full" : "_lora") + (c.dtype == at::kDouble ? "_f64" : "_f32") +
@@ -196,7 +199,8 @@ TEST(ChunkTrainerTest, EvalLossMatchesFullSequence) {
   ChunkTrainerOptions options;
   options.chunk_tokens = 9;
   ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
-  auto loss = trainer.EvalSequence(seq);
+  TokenScores scores;
+  auto loss = trainer.EvalSequence(seq, &scores);
   ASSERT_TRUE(loss.ok()) << loss.status();
   ChunkInput in;
   in.ids = at::tensor(seq.ids, at::kLong);
@@ -207,12 +211,43 @@ TEST(ChunkTrainerTest, EvalLossMatchesFullSequence) {
       model->Hidden(in, [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         return kernels::DenseAttentionReference(q, k, v, in.doc_start);
       });
+  const at::Tensor logits = at::matmul(hidden, model->lm_head().t());
+  const at::Tensor labels = at::tensor(seq.labels, at::kLong);
   const double want =
-      at::cross_entropy_loss(at::matmul(hidden, model->lm_head().t()), at::tensor(seq.labels, at::kLong), {},
-                             at::Reduction::Sum, kernels::kIgnoreIndex)
-          .item<double>();
+      at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum, kernels::kIgnoreIndex).item<double>();
   EXPECT_NEAR(loss->loss_sum, want, 1e-10 * std::abs(want));
   EXPECT_EQ(loss->label_tokens, 39);
+  // Every position's loss and greedy hit (the retrieval suites' exact match) as the full
+  // forward's; the last position has no label.
+  const at::Tensor per_token = at::cross_entropy_loss(logits, labels, {}, at::Reduction::None, kernels::kIgnoreIndex);
+  const at::Tensor argmax = logits.argmax(-1);
+  ASSERT_EQ(scores.loss.size(), 40u);
+  int64_t hits = 0;
+  for (int64_t t = 0; t < 39; ++t) {
+    EXPECT_NEAR(scores.loss[t], per_token[t].item<double>(), 1e-10) << t;
+    EXPECT_EQ(scores.hit[t], argmax[t].item<int64_t>() == seq.labels[t]) << t;
+    hits += scores.hit[t] ? 1 : 0;
+  }
+  EXPECT_TRUE(std::isnan(scores.loss[39]));
+  EXPECT_FALSE(scores.hit[39]);
+  EXPECT_LT(hits, 39);
+
+  // A greedy continuation (each token the full forward's argmax after the ones before) is a
+  // hit at every position of it.
+  std::vector<int64_t> ids(seq.ids.begin(), seq.ids.begin() + 20);
+  while (ids.size() < 40) {
+    ChunkInput g;
+    const auto T = static_cast<int64_t>(ids.size());
+    g.ids = at::tensor(ids, at::kLong);
+    g.positions = at::arange(T, at::kLong);
+    g.doc_start = at::zeros({T}, at::kLong);
+    const at::Tensor h = model->Hidden(g, [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return kernels::DenseAttentionReference(q, k, v, g.doc_start);
+    });
+    ids.push_back(at::matmul(h[T - 1], model->lm_head().t()).argmax().item<int64_t>());
+  }
+  ASSERT_TRUE(trainer.EvalSequence(TokenSequence::FromDocument(ids), &scores).ok());
+  for (int64_t t = 19; t < 39; ++t) EXPECT_TRUE(scores.hit[t]) << t;
 }
 
 // SpaCO (chunk_trainer.h): the gradient of one run over `seq` with `options`, taken from the

@@ -1,0 +1,137 @@
+#include "worker/job/eval_suites.h"
+
+#include <algorithm>
+#include <functional>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "worker/common/status.h"
+
+namespace oomb {
+namespace {
+
+constexpr char kPasskeyIntro[] =
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you "
+    "about the important information there.";
+constexpr char kPasskeyFiller[] =
+    " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+constexpr char kNeedleIntro[] =
+    "A special magic number is hidden in the following text. Find it and memorize it. I will quiz you about it.\n";
+constexpr const char* kCities[] = {"Lisbon", "Oslo",  "Nairobi", "Lima",   "Hanoi",   "Quito", "Tunis",
+                                   "Dublin", "Perth", "Kyoto",   "Bergen", "Seville", "Cusco", "Accra"};
+
+absl::StatusOr<std::vector<int64_t>> Ids(const Tokenizer& tok, const std::string& text) {
+  OOMB_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.EncodeChecked(text));
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+std::vector<double> Depths(int64_t n) {
+  if (n <= 1) return {0.5};
+  std::vector<double> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(static_cast<double>(i) / static_cast<double>(n - 1));
+  return out;
+}
+
+// What one document says besides its filler.
+struct Pieces {
+  std::vector<int64_t> intro, fact, question, answer;
+  std::string answer_text;
+};
+
+// intro + filler[0, before) + fact + filler[before, F) + question + answer, `length` tokens;
+// labels on the answer only. `filler(n)` gives the first n filler tokens.
+absl::StatusOr<RetrievalDoc> Assemble(const Pieces& p, int64_t length, double depth,
+                                      const std::function<std::vector<int64_t>(int64_t)>& filler) {
+  const int64_t fixed = static_cast<int64_t>(p.intro.size() + p.fact.size() + p.question.size() + p.answer.size());
+  if (length < fixed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lengths: ", length, " tokens cannot hold the instruction, the fact and the question (", fixed, " tokens)"));
+  }
+  const int64_t f = length - fixed;
+  const auto before = static_cast<int64_t>(depth * static_cast<double>(f) + 0.5);
+  const std::vector<int64_t> fill = filler(f);
+  RetrievalDoc d;
+  d.length = length;
+  d.depth = depth;
+  d.answer = p.answer_text;
+  std::vector<int64_t>& ids = d.doc.ids;
+  ids = p.intro;
+  ids.insert(ids.end(), fill.begin(), fill.begin() + before);
+  ids.insert(ids.end(), p.fact.begin(), p.fact.end());
+  ids.insert(ids.end(), fill.begin() + before, fill.end());
+  ids.insert(ids.end(), p.question.begin(), p.question.end());
+  d.doc.labels.assign(ids.size(), kIgnoreLabel);
+  ids.insert(ids.end(), p.answer.begin(), p.answer.end());
+  d.doc.labels.insert(d.doc.labels.end(), p.answer.begin(), p.answer.end());
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RetrievalDoc>> PasskeyDocs(const Tokenizer& tok, const RetrievalOptions& o) {
+  OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> intro, Ids(tok, kPasskeyIntro));
+  OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> filler, Ids(tok, kPasskeyFiller));
+  OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> question, Ids(tok, " What is the pass key? The pass key is"));
+  std::mt19937_64 rng(o.seed);
+  std::vector<RetrievalDoc> out;
+  for (const int64_t length : o.lengths) {
+    for (const double depth : Depths(o.depths)) {
+      for (int64_t t = 0; t < o.trials; ++t) {
+        const std::string key = std::to_string(10000 + rng() % 90000);
+        Pieces p{intro, {}, question, {}, key};
+        OOMB_ASSIGN_OR_RETURN(
+            p.fact, Ids(tok, absl::StrCat(" The pass key is ", key, ". Remember it. ", key, " is the pass key.")));
+        OOMB_ASSIGN_OR_RETURN(p.answer, Ids(tok, " " + key));
+        auto repeat = [&](int64_t n) {
+          std::vector<int64_t> f;
+          while (static_cast<int64_t>(f.size()) < n) f.insert(f.end(), filler.begin(), filler.end());
+          f.resize(n);
+          return f;
+        };
+        OOMB_ASSIGN_OR_RETURN(RetrievalDoc d, Assemble(p, length, depth, repeat));
+        out.push_back(std::move(d));
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<RetrievalDoc>> NeedleDocs(const Tokenizer& tok, const std::string& haystack,
+                                                     const RetrievalOptions& o) {
+  OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> text, Ids(tok, haystack));
+  OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> intro, Ids(tok, kNeedleIntro));
+  const int64_t longest = o.lengths.empty() ? 0 : *std::max_element(o.lengths.begin(), o.lengths.end());
+  if (static_cast<int64_t>(text.size()) < longest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--haystack: ", text.size(), " tokens, fewer than the longest of --lengths (", longest, ")"));
+  }
+  std::mt19937_64 rng(o.seed);
+  std::vector<RetrievalDoc> out;
+  for (const int64_t length : o.lengths) {
+    for (const double depth : Depths(o.depths)) {
+      for (int64_t t = 0; t < o.trials; ++t) {
+        const std::string city = kCities[rng() % std::size(kCities)];
+        const std::string value = std::to_string(1000000 + rng() % 9000000);
+        const int64_t offset = static_cast<int64_t>(rng() % (text.size() - length + 1));
+        Pieces p{intro, {}, {}, {}, value};
+        OOMB_ASSIGN_OR_RETURN(p.fact,
+                              Ids(tok, absl::StrCat(" The special magic number for ", city, " is ", value, ". ")));
+        OOMB_ASSIGN_OR_RETURN(p.question, Ids(tok, absl::StrCat("\nWhat is the special magic number for ", city,
+                                                                "? The special magic number for ", city, " is")));
+        OOMB_ASSIGN_OR_RETURN(p.answer, Ids(tok, " " + value));
+        auto slice = [&](int64_t n) { return std::vector<int64_t>(text.begin() + offset, text.begin() + offset + n); };
+        OOMB_ASSIGN_OR_RETURN(RetrievalDoc d, Assemble(p, length, depth, slice));
+        out.push_back(std::move(d));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> PositionBuckets(int64_t longest) {
+  std::vector<std::pair<int64_t, int64_t>> out = {{0, 1024}};
+  while (out.back().second < longest) out.emplace_back(out.back().second, 2 * out.back().second);
+  return out;
+}
+
+}  // namespace oomb

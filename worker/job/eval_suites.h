@@ -1,0 +1,56 @@
+// The documents of the long-context evaluation suites (`oombd model eval --suite ...`) and the
+// position buckets of the loss-by-position suite. Torch-free: this builds token documents; the
+// model scores them (model_tools.h).
+//
+// Retrieval suites, scored by exact match of the greedy continuation, never by wording: a
+// document is `length` tokens whose only labels are the answer's tokens; it is correct when
+// the model's argmax at every answer position is the answer's next token (teacher-forced,
+// which is exactly when greedy decoding from the question continues with the whole answer).
+//   passkey: a random 5-digit key hidden at a depth of synthetic filler (Mohtashami & Jaggi,
+//            2023, "Landmark Attention"), then "What is the pass key? The pass key is" + key;
+//   needle:  a "special magic number" fact about a city hidden at a depth of real text (the
+//            haystack file, from a seeded offset), then the question and the number.
+// Pieces are tokenized one by one and joined, so lengths and depths are exact; a depth is the
+// fraction of the filler before the hidden fact (0: right after the instruction, 1: just
+// before the question). Keys, cities and offsets come from `seed`: runs with the same seed
+// compare.
+#ifndef OOMB_WORKER_JOB_EVAL_SUITES_H_
+#define OOMB_WORKER_JOB_EVAL_SUITES_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/data/sequence.h"
+#include "worker/hf/tokenizer.h"
+
+namespace oomb {
+
+struct RetrievalOptions {
+  std::vector<int64_t> lengths = {4096};  // tokens per document
+  int64_t depths = 5;                     // depths 0, 1/(depths-1), ..., 1 (one: 0.5)
+  int64_t trials = 1;                     // documents per (length, depth), each with its own key
+  uint64_t seed = 1;
+};
+
+struct RetrievalDoc {
+  Document doc;  // labels: the answer's tokens only
+  int64_t length = 0;
+  double depth = 0;
+  std::string answer;
+};
+
+// INVALID_ARGUMENT naming the length too short for the instruction, fact and question.
+absl::StatusOr<std::vector<RetrievalDoc>> PasskeyDocs(const Tokenizer& tokenizer, const RetrievalOptions& options);
+// `haystack`: UTF-8 text, at least as long as the longest length (INVALID_ARGUMENT otherwise).
+absl::StatusOr<std::vector<RetrievalDoc>> NeedleDocs(const Tokenizer& tokenizer, const std::string& haystack,
+                                                     const RetrievalOptions& options);
+
+// [0, 1024), [1024, 2048), [2048, 4096), ... doubling until `longest` positions are covered.
+std::vector<std::pair<int64_t, int64_t>> PositionBuckets(int64_t longest);
+
+}  // namespace oomb
+
+#endif  // OOMB_WORKER_JOB_EVAL_SUITES_H_
