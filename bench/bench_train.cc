@@ -52,7 +52,7 @@
 // --lengths takes "max" beside numbers: the memory planner's longest context for the configuration
 // on this machine (what the planned_max_seq_len field reports), so a call need not know it.
 //
-// Usage: bench_train --model qwen2.5-7b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
+// Usage: bench_train --model qwen2.5-7b|qwen3-8b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
 //                    [--full] [--grad-check 65536] [--sparse-budget 64] [--kv-offload auto]
 //                    [--attention-kernel cudnn] [--device cuda]
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -100,6 +100,10 @@ ModelConfig Preset(const std::string& name) {
   if (name == "qwen2.5-7b") {
     c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944, c.num_layers = 28;
     c.num_heads = 28, c.num_kv_heads = 4, c.tie_word_embeddings = false;
+  } else if (name == "qwen3-8b") {
+    c.model_type = "qwen3", c.architecture = "Qwen3ForCausalLM", c.qkv_bias = false, c.qk_norm = true;
+    c.vocab_size = 151936, c.hidden_size = 4096, c.intermediate_size = 12288, c.num_layers = 36;
+    c.num_heads = 32, c.num_kv_heads = 8, c.tie_word_embeddings = false;
   } else if (name == "qwen2.5-0.5b") {
     c.vocab_size = 151936, c.hidden_size = 896, c.intermediate_size = 4864, c.num_layers = 24;
     c.num_heads = 14, c.num_kv_heads = 2, c.tie_word_embeddings = true;
@@ -465,7 +469,7 @@ int Main(int argc, char** argv) {
   bool sections = false;
   int64_t sparse_budget = 0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
-  app.add_option("--model", model, "qwen2.5-7b | qwen2.5-0.5b | tiny");
+  app.add_option("--model", model, "qwen2.5-7b | qwen3-8b | qwen2.5-0.5b | tiny");
   app.add_option("--sparse-budget", sparse_budget, "page-level sparse attention with this page_budget (0: dense)");
   app.add_option("--selection", selection, "sparse page summaries: mean_key | min_max");
   app.add_option("--kv-offload", offload,

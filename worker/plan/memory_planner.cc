@@ -119,6 +119,11 @@ class Model {
     int64_t per_token = 2 * norm;
     if (!fused) per_token += 2 * e_ * (Q + KV);
     per_token += e_ * (2 * Q + 2 * KV) + kF32 * c_.num_heads;
+    // Qwen3's per-head q and k norms: the fused one keeps its input and a float32 rstd per head;
+    // the composite ops, a float32 copy and the output.
+    if (c_.qk_norm) {
+      per_token += fused_norms ? e_ * (Q + KV) + kF32 * (c_.num_heads + c_.num_kv_heads) : (kF32 + e_) * (Q + KV);
+    }
     per_token += (fused ? 3 : 4) * e_ * I;
     if (spec_.method.type == TrainMethod::kLora) {
       for (const LinearShape& l : Linears(c_)) {

@@ -28,7 +28,8 @@ struct Case {
   std::string method;  // lora | full
   double dropout;
   int64_t chunk, tokens;
-  bool sparse = false;  // attention.mode: sparse, page_budget 8 of pages of 64
+  bool sparse = false;   // attention.mode: sparse, page_budget 8 of pages of 64
+  bool qk_norm = false;  // Qwen3's per-head q/k norms, head_dim 2 x hidden / heads
 };
 
 int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -39,6 +40,10 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   const Case& k = GetParam();
   ModelConfig c = testing::TinyLlamaConfig(k.vocab, k.hidden, k.layers, k.heads, k.kv_heads);
   c.intermediate_size = k.hidden * 8 / 3;
+  if (k.qk_norm) {
+    c.qk_norm = true;
+    c.head_dim = 2 * k.hidden / k.heads;
+  }
   JobConfig spec;
   spec.model.dtype = ModelDtype::kFloat32;
   spec.method.type = k.method == "full" ? TrainMethod::kFull : TrainMethod::kLora;
@@ -117,7 +122,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, PlannerVsTrainer,
                                            Case{"lora_drop", 256, 2, 4, 2, 512, "lora", 0.1, 256, 1024},
                                            Case{"full_c128", 192, 3, 6, 2, 384, "full", 0.0, 128, 768},
                                            Case{"lora_c512", 256, 2, 8, 8, 512, "lora", 0.0, 512, 1536},
-                                           Case{"sparse_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 2048, true}),
+                                           Case{"sparse_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 2048, true},
+                                           Case{"qknorm_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, false, true},
+                                           Case{"qknorm_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(MemoryPlannerTest, LongestContextThatFitsAndTheLimitInWords) {
