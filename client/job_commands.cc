@@ -25,6 +25,20 @@ void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
   }
 }
 
+// The evaluation section's last results, one line: "step N: passkey 0.90, needle 0.75, loss by
+// position [0, 1K) 2.310 [1K, 2K) 2.252".
+std::string EvaluationLine(const v1::EvaluationResult& e) {
+  std::string line = fmt::format("step {}:", e.step());
+  if (e.has_passkey_accuracy()) line += fmt::format(" passkey {:.2f},", e.passkey_accuracy());
+  if (e.has_needle_accuracy()) line += fmt::format(" needle {:.2f},", e.needle_accuracy());
+  if (e.positions_size() > 0) line += " loss by position";
+  for (const v1::EvaluationResult::Bucket& b : e.positions()) {
+    line += fmt::format(" [{}K, {}K) {:.3f}", b.begin() / 1024, b.end() / 1024, b.loss());
+  }
+  if (!line.empty() && line.back() == ',') line.pop_back();
+  return line;
+}
+
 void PrintJobDetail(const v1::Job& j) {
   std::cout << fmt::format("name:        {}\n", j.name());
   std::cout << fmt::format("state:       {}\n", StateName(j.state()));
@@ -35,6 +49,9 @@ void PrintJobDetail(const v1::Job& j) {
   std::cout << fmt::format("data:        {}\n", j.spec().data().train());
   std::cout << fmt::format("progress:    step {}/{}, {} tokens, loss {:.4f}\n", j.progress().step(),
                            j.progress().total_steps(), j.progress().tokens(), j.progress().loss());
+  if (j.progress().has_evaluation()) {
+    std::cout << fmt::format("evaluation:  {}\n", EvaluationLine(j.progress().evaluation()));
+  }
   std::cout << fmt::format("attempt:     {} (retries {})\n", j.attempt(), j.retries());
   std::cout << fmt::format("created:     {}\n", Time(j.create_time()));
   std::cout << fmt::format("started:     {}\n", Time(j.start_time()));

@@ -50,6 +50,7 @@ absl::Status JobFiles::CheckPaths(const JobConfig& spec) const {
   const std::pair<const char*, const std::string*> paths[] = {{"model.path", &spec.model.path},
                                                               {"data.train", &spec.data.train},
                                                               {"data.validation", &spec.data.validation},
+                                                              {"evaluation.haystack", &spec.evaluation.haystack},
                                                               {"checkpoint.dir", &spec.checkpoint.dir}};
   for (const auto& [field, path] : paths) {
     if (!path->empty()) OOMB_RETURN_IF_ERROR(Annotate(jobs_->CheckPath(*path), field));
@@ -69,6 +70,9 @@ absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id) c
   OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(spec.data.train).status(), "data.train"));
   if (!spec.data.validation.empty()) {
     OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(spec.data.validation).status(), "data.validation"));
+  }
+  if (!spec.evaluation.haystack.empty()) {
+    OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(spec.evaluation.haystack).status(), "evaluation.haystack"));
   }
   if (!spec.checkpoint.dir.empty()) {
     OOMB_RETURN_IF_ERROR(Annotate(CheckCheckpointDirFree(*jobs_, spec.checkpoint.dir, id), "checkpoint.dir"));

@@ -6,6 +6,32 @@
 namespace oomb::server {
 namespace {
 
+// The evaluation section against the rest of the spec: known suites, and each suite's input.
+absl::Status CheckEvaluation(const v1::JobSpec& s, const spec::Source& source, const spec::Lines* lines) {
+  const auto error = [&](const std::string& path, absl::string_view what) {
+    return spec::FieldError(source, lines, path, what);
+  };
+  const v1::EvaluationSpec& e = s.evaluation();
+  for (const std::string& suite : e.suites()) {
+    if (suite != "positions" && suite != "passkey" && suite != "needle") {
+      return error("evaluation.suites", absl::StrCat("unknown suite '", suite, "' (positions, passkey, needle)"));
+    }
+    if (suite == "positions" && s.data().validation().empty()) {
+      return error("evaluation.suites", "positions scores data.validation: set it");
+    }
+    if (suite == "needle" && e.haystack().empty()) {
+      return error("evaluation.haystack", "required by the needle suite (a UTF-8 text to hide the fact in)");
+    }
+  }
+  for (const int64_t length : e.lengths()) {
+    if (length > s.data().max_seq_len()) {
+      return error("evaluation.lengths", absl::StrCat("each must be at most data.max_seq_len (", s.data().max_seq_len(),
+                                                      ": the pages are planned for it), got ", length));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRelations(const v1::JobSpec& s, const spec::Source& source, const spec::Lines* lines) {
   const auto error = [&](const std::string& path, absl::string_view what) {
     return spec::FieldError(source, lines, path, what);
@@ -126,6 +152,15 @@ JobConfig ToConfig(const v1::JobSpec& s) {
   c.checkpoint = {s.checkpoint().every_steps(), s.checkpoint().keep_last(), s.checkpoint().dir()};
   const v1::ResourcesSpec& r = s.resources();
   c.resources = {r.device(), r.gpus(), r.priority(), r.max_retries(), r.max_runtime_seconds()};
+  const v1::EvaluationSpec& e = s.evaluation();
+  c.evaluation = {{e.suites().begin(), e.suites().end()},
+                  e.every_steps(),
+                  {e.lengths().begin(), e.lengths().end()},
+                  e.depths(),
+                  e.trials(),
+                  static_cast<uint64_t>(e.seed()),
+                  e.haystack()};
+  if (c.evaluation.lengths.empty()) c.evaluation.lengths = {c.data.max_seq_len};
   return c;
 }
 
@@ -135,6 +170,7 @@ absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& 
   spec::FillDefaults(spec);
   absl::Status s = spec::CheckRules(*spec, /*check_required=*/true, source, lines);
   if (s.ok()) s = CheckRelations(*spec, source, lines);
+  if (s.ok()) s = CheckEvaluation(*spec, source, lines);
   if (!s.ok()) return WithReason(s, Reason::kBadSpec);
   return ToConfig(*spec);
 }

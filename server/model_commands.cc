@@ -40,29 +40,10 @@ void AddInspect(CLI::App* model) {
 }
 
 // The result as JSON: loss, tokens and samples when --data was scored; the suites' results
-// when run.
+// (EvalReportJson) when run.
 nlohmann::json EvalJson(const EvalResult& r) {
-  nlohmann::json j = nlohmann::json::object();
+  nlohmann::json j = EvalReportJson(r.suites);
   if (r.samples > 0) j.update({{"loss", r.mean_loss}, {"tokens", r.tokens}, {"samples", r.samples}});
-  if (!r.positions.empty()) {
-    j["positions"] = nlohmann::json::array();
-    for (const PositionLoss& p : r.positions) {
-      j["positions"].push_back(
-          {{"begin", p.begin}, {"end", p.end}, {"loss", p.loss}, {"tokens", p.tokens}, {"hits", p.hits}});
-    }
-  }
-  for (const auto& [name, cells] : {std::pair{"passkey", &r.passkey}, std::pair{"needle", &r.needle}}) {
-    if (cells->empty()) continue;
-    int64_t correct = 0, trials = 0;
-    nlohmann::json out = nlohmann::json::array();
-    for (const RetrievalScore& c : *cells) {
-      out.push_back({{"length", c.length}, {"depth", c.depth}, {"correct", c.correct}, {"trials", c.trials}});
-      correct += c.correct;
-      trials += c.trials;
-    }
-    j[name] = {{"accuracy", trials > 0 ? static_cast<double>(correct) / static_cast<double>(trials) : 0.0},
-               {"cells", out}};
-  }
   return j;
 }
 

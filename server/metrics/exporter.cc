@@ -153,6 +153,12 @@ struct MetricsExporter::Families {
         job_total_steps(NewGauge(r, "oomb_job_total_steps", "Optimizer steps the running job will take in all.")),
         job_loss(NewGauge(r, "oomb_job_loss", "Mean training loss of the running job's last step.")),
         job_eval_loss(NewGauge(r, "oomb_job_eval_loss", "The running job's last validation loss.")),
+        job_eval_accuracy(NewGauge(r, "oomb_job_eval_accuracy_ratio",
+                                   "The running job's last evaluation: exact-match accuracy of a retrieval suite "
+                                   "(passkey, needle; 0-1).")),
+        job_eval_position_loss(NewGauge(r, "oomb_job_eval_position_loss",
+                                        "The running job's last evaluation: mean loss of data.validation's tokens "
+                                        "at positions [begin, end) of their sample.")),
         job_learning_rate(NewGauge(r, "oomb_job_learning_rate", "Learning rate of the running job's last step.")),
         job_tokens_per_second(
             NewGauge(r, "oomb_job_tokens_per_second", "Tokens per second of the running job's last step.")),
@@ -186,6 +192,8 @@ struct MetricsExporter::Families {
   Family<Gauge>& job_total_steps;
   Family<Gauge>& job_loss;
   Family<Gauge>& job_eval_loss;
+  Family<Gauge>& job_eval_accuracy;
+  Family<Gauge>& job_eval_position_loss;
   Family<Gauge>& job_learning_rate;
   Family<Gauge>& job_tokens_per_second;
   Family<Gauge>& job_eta;
@@ -276,6 +284,8 @@ void MetricsExporter::RemoveJobLocked(SlotSeries& s) {
   f_->job_tokens_per_second.Remove(j.tokens_per_second);
   f_->job_eta.Remove(j.eta);
   if (j.eval_loss != nullptr) f_->job_eval_loss.Remove(j.eval_loss);
+  for (const auto& [suite, g] : j.eval_accuracy) f_->job_eval_accuracy.Remove(g);
+  for (const auto& [begin, g] : j.eval_position_loss) f_->job_eval_position_loss.Remove(g);
   if (j.mfu != nullptr) f_->job_mfu.Remove(j.mfu);
   if (j.attention_density != nullptr) f_->job_attention_density.Remove(j.attention_density);
   s.job = JobSeries();
@@ -325,6 +335,7 @@ void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
     if (j.eval_loss == nullptr) j.eval_loss = &f_->job_eval_loss.Add(l);
     j.eval_loss->Set(p.eval_loss);
   }
+  if (p.evaluation.has_value()) EvaluatedLocked(slot, *p.evaluation, j);
   if (p.mfu > 0) {
     if (j.mfu == nullptr) j.mfu = &f_->job_mfu.Add(l);
     j.mfu->Set(p.mfu);
@@ -332,6 +343,24 @@ void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
   if (p.attention_density > 0) {
     if (j.attention_density == nullptr) j.attention_density = &f_->job_attention_density.Add(l);
     j.attention_density->Set(p.attention_density);
+  }
+}
+
+void MetricsExporter::EvaluatedLocked(const std::string& slot, const EvalReport& e, JobSeries& j) {
+  for (const auto& [suite, cells] : {std::pair{"passkey", &e.passkey}, std::pair{"needle", &e.needle}}) {
+    const std::optional<double> accuracy = Accuracy(*cells);
+    if (!accuracy.has_value()) continue;
+    prometheus::Gauge*& g = j.eval_accuracy[suite];
+    if (g == nullptr) g = &f_->job_eval_accuracy.Add({{"slot", slot}, {"suite", suite}});
+    g->Set(*accuracy);
+  }
+  for (const PositionLoss& b : e.positions) {
+    const std::string begin = std::to_string(b.begin);
+    prometheus::Gauge*& g = j.eval_position_loss[begin];
+    if (g == nullptr) {
+      g = &f_->job_eval_position_loss.Add({{"slot", slot}, {"begin", begin}, {"end", std::to_string(b.end)}});
+    }
+    g->Set(b.loss);
   }
 }
 

@@ -108,7 +108,9 @@ class MetricsExporter final : public MetricsSink {
     prometheus::Gauge* learning_rate = nullptr;
     prometheus::Gauge* tokens_per_second = nullptr;
     prometheus::Gauge* eta = nullptr;
-    prometheus::Gauge* eval_loss = nullptr;          // after the first evaluation
+    prometheus::Gauge* eval_loss = nullptr;  // after the first evaluation
+    // The evaluation section's results: accuracy by retrieval suite, loss by position bucket.
+    std::map<std::string, prometheus::Gauge*> eval_accuracy, eval_position_loss;
     prometheus::Gauge* mfu = nullptr;                // where the device's peak is known
     prometheus::Gauge* attention_density = nullptr;  // sparse attention only
   };
@@ -131,6 +133,7 @@ class MetricsExporter final : public MetricsSink {
   explicit MetricsExporter(MetricsExporterOptions options);
   SlotSeries& SlotLocked(const std::string& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJobLocked(SlotSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvaluatedLocked(const std::string& slot, const EvalReport& e, JobSeries& j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MetricsExporterOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;

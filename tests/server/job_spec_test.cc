@@ -303,6 +303,40 @@ TEST(JobSpecTest, RopeScalingNeedsType) {
               HasSubstr("job.yaml:3: model.rope_scaling.type: must be one of linear, dynamic, yarn, llama3"));
 }
 
+// The evaluation section: a list of suites and of lengths (each at most data.max_seq_len, by
+// default max_seq_len itself), each suite's input required, errors naming the line.
+TEST(JobSpecTest, EvaluationSectionSuitesLengthsAndTheirInputs) {
+  const JobConfig plain = LoadOk(kMinimal);
+  EXPECT_TRUE(plain.evaluation.suites.empty());
+  const JobConfig e = LoadOk(
+      "model: {path: /m}\ndata: {train: /t, validation: /v, max_seq_len: 8192}\n"
+      "evaluation:\n  suites: [positions, passkey, needle]\n  every_steps: 50\n  lengths: [2048, 8192]\n"
+      "  depths: 3\n  trials: 2\n  seed: 7\n  haystack: /book.txt\n");
+  EXPECT_EQ(e.evaluation.suites, (std::vector<std::string>{"positions", "passkey", "needle"}));
+  EXPECT_EQ(e.evaluation.every_steps, 50);
+  EXPECT_EQ(e.evaluation.lengths, (std::vector<int64_t>{2048, 8192}));
+  EXPECT_EQ(e.evaluation.depths, 3);
+  EXPECT_EQ(e.evaluation.trials, 2);
+  EXPECT_EQ(e.evaluation.seed, 7u);
+  EXPECT_EQ(e.evaluation.haystack, "/book.txt");
+  const JobConfig d =
+      LoadOk("model: {path: /m}\ndata: {train: /t, max_seq_len: 4096}\nevaluation: {suites: [passkey]}\n");
+  EXPECT_EQ(d.evaluation.lengths, (std::vector<int64_t>{4096}));
+  EXPECT_EQ(d.evaluation.depths, 5);
+
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [perplexity]\n"),
+              HasSubstr("evaluation.suites: unknown suite 'perplexity' (positions, passkey, needle)"));
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [positions]\n"),
+              HasSubstr("evaluation.suites: positions scores data.validation: set it"));
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [needle]\n"),
+              HasSubstr("evaluation.haystack: required by the needle suite"));
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t, max_seq_len: 4096}\n"
+                        "evaluation:\n  suites: [passkey]\n  lengths: [8192]\n"),
+              HasSubstr("job.yaml:5: evaluation.lengths: each must be at most data.max_seq_len (4096"));
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [passkey]\n  lengths: [0]\n"),
+              HasSubstr("evaluation.lengths"));
+}
+
 TEST(JobSpecTest, MissingRequiredFields) {
   EXPECT_THAT(LoadError("data: {train: /t}\n"), HasSubstr("job.yaml: model.path: is required"));
   EXPECT_THAT(LoadError("model: {path: /m}\n"), HasSubstr("job.yaml: data.train: is required"));

@@ -92,6 +92,9 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   p.loss = 2.25;
   p.eval_loss = 2.4;
   p.mfu = 0.42;
+  p.evaluation = EvalReport{.positions = {{0, 1024, 2.5, 1000, 300}, {1024, 2048, 2.25, 500, 160}},
+                            .passkey = {{.length = 4096, .depth = 0, .correct = 3, .trials = 4}},
+                            .needle = {}};
   m.Step("cpu", p);
   m.CheckpointSaved("cpu", CheckpointInfo{.step = 2, .path = "/c", .bytes = 1000, .final = false, .seconds = 0.3});
 
@@ -102,6 +105,9 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   EXPECT_EQ(Sample(text, R"(oomb_job_loss{slot="cpu"})"), 2.25);
   EXPECT_EQ(Sample(text, R"(oomb_job_eval_loss{slot="cpu"})"), 2.4);
   EXPECT_EQ(Sample(text, R"(oomb_job_mfu_ratio{slot="cpu"})"), 0.42);
+  EXPECT_EQ(Sample(text, R"(oomb_job_eval_accuracy_ratio{slot="cpu",suite="passkey"})"), 0.75);
+  EXPECT_THAT(text, Not(HasSubstr(R"(suite="needle")")));  // not run
+  EXPECT_EQ(Sample(text, R"(oomb_job_eval_position_loss{begin="1024",end="2048",slot="cpu"})"), 2.25);
   EXPECT_EQ(Sample(text, R"(oomb_job_eta_seconds{slot="cpu"})"), 1.8);
   EXPECT_EQ(Sample(text, R"(oomb_slot_busy{slot="cpu"})"), 1);
   EXPECT_EQ(Sample(text, R"(oomb_tokens_total{slot="cpu"})"), 256);
@@ -122,7 +128,8 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   text = m.Scrape();
   for (const char* gone :
        {"oomb_job_info{", "oomb_job_step{", "oomb_job_total_steps{", "oomb_job_loss{", "oomb_job_eval_loss{",
-        "oomb_job_mfu_ratio{", "oomb_job_eta_seconds{", "oomb_job_learning_rate{", "oomb_job_tokens_per_second{"}) {
+        "oomb_job_eval_accuracy_ratio{", "oomb_job_eval_position_loss{", "oomb_job_mfu_ratio{", "oomb_job_eta_seconds{",
+        "oomb_job_learning_rate{", "oomb_job_tokens_per_second{"}) {
     EXPECT_THAT(text, Not(HasSubstr(gone)));
   }
   EXPECT_EQ(Sample(text, R"(oomb_slot_busy{slot="cpu"})"), 0);
@@ -309,7 +316,10 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
     seen_kv = r.kv_stats;
     r.on_step(StepReport{.step = 1, .total_steps = 2, .tokens = 10});
     r.on_checkpoint(CheckpointInfo{.step = 1, .path = r.checkpoint_dir->PathOf("c"), .bytes = 1});
-    r.on_step(StepReport{.step = 2, .total_steps = 2, .tokens = 20});
+    StepReport last{.step = 2, .total_steps = 2, .tokens = 20};
+    last.evaluation =
+        EvalReport{.positions = {}, .passkey = {{.length = 64, .depth = 1, .correct = 1, .trials = 2}}, .needle = {}};
+    r.on_step(last);
     return RunResult{};
   };
   {
@@ -326,6 +336,15 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
   EXPECT_THAT(sink.calls(), ::testing::ElementsAre("QUEUED", "RUNNING", "start cpu jobs/a", "step cpu 1",
                                                    "checkpoint cpu 1", "step cpu 2", "SUCCEEDED", "stop cpu"));
   EXPECT_EQ(seen_kv, &kv);
+  // The evaluation is the job's progress (Progress.evaluation: `oomb get`, GetJob).
+  absl::StatusOr<v1::Job> job = (*store)->Get("a");
+  ASSERT_TRUE(job.ok());
+  const v1::EvaluationResult& e = job->progress().evaluation();
+  EXPECT_EQ(e.step(), 2);
+  ASSERT_EQ(e.passkey_size(), 1);
+  EXPECT_EQ(e.passkey(0).correct(), 1);
+  EXPECT_EQ(e.passkey_accuracy(), 0.5);
+  EXPECT_FALSE(e.has_needle_accuracy());
   store->reset();
   std::filesystem::remove_all(dir);
 }

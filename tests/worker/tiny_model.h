@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdint>
 #include <filesystem>

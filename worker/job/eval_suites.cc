@@ -1,11 +1,14 @@
 #include "worker/job/eval_suites.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
+#include "worker/train/chunk_trainer.h"
 
 namespace oomb {
 namespace {
@@ -44,8 +47,8 @@ absl::StatusOr<RetrievalDoc> Assemble(const Pieces& p, int64_t length, double de
                                       const std::function<std::vector<int64_t>(int64_t)>& filler) {
   const int64_t fixed = static_cast<int64_t>(p.intro.size() + p.fact.size() + p.question.size() + p.answer.size());
   if (length < fixed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--lengths: ", length, " tokens cannot hold the instruction, the fact and the question (", fixed, " tokens)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(length, " tokens cannot hold the instruction, the fact and the question (", fixed, " tokens)"));
   }
   const int64_t f = length - fixed;
   const auto before = static_cast<int64_t>(depth * static_cast<double>(f) + 0.5);
@@ -103,7 +106,7 @@ absl::StatusOr<std::vector<RetrievalDoc>> NeedleDocs(const Tokenizer& tok, const
   const int64_t longest = o.lengths.empty() ? 0 : *std::max_element(o.lengths.begin(), o.lengths.end());
   if (static_cast<int64_t>(text.size()) < longest) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--haystack: ", text.size(), " tokens, fewer than the longest of --lengths (", longest, ")"));
+        absl::StrCat("the haystack has ", text.size(), " tokens, fewer than the longest length (", longest, ")"));
   }
   std::mt19937_64 rng(o.seed);
   std::vector<RetrievalDoc> out;
@@ -131,6 +134,50 @@ absl::StatusOr<std::vector<RetrievalDoc>> NeedleDocs(const Tokenizer& tok, const
 std::vector<std::pair<int64_t, int64_t>> PositionBuckets(int64_t longest) {
   std::vector<std::pair<int64_t, int64_t>> out = {{0, 1024}};
   while (out.back().second < longest) out.emplace_back(out.back().second, 2 * out.back().second);
+  return out;
+}
+
+absl::StatusOr<DataScore> ScoreData(ChunkTrainer& trainer, const std::vector<TokenSequence>& seqs, bool by_position) {
+  DataScore out;
+  int64_t longest = 1;
+  for (const TokenSequence& s : seqs) longest = std::max(longest, s.size());
+  if (by_position) {
+    for (const auto& [begin, end] : PositionBuckets(longest)) out.positions.push_back({begin, end});
+  }
+  TokenScores scores;
+  for (const TokenSequence& s : seqs) {
+    OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer.EvalSequence(s, by_position ? &scores : nullptr));
+    out.loss_sum += l.loss_sum;
+    out.tokens += l.label_tokens;
+    ++out.samples;
+    for (size_t t = 0; by_position && t < scores.loss.size(); ++t) {
+      if (std::isnan(scores.loss[t])) continue;
+      PositionLoss& b = out.positions[std::bit_width(static_cast<uint64_t>(t >> 10))];  // PositionBuckets' order
+      b.loss += scores.loss[t];
+      ++b.tokens;
+      b.hits += scores.hit[t] ? 1 : 0;
+    }
+  }
+  for (PositionLoss& b : out.positions) b.loss = b.tokens > 0 ? b.loss / static_cast<double>(b.tokens) : 0.0;
+  return out;
+}
+
+absl::StatusOr<std::vector<RetrievalScore>> ScoreRetrieval(ChunkTrainer& trainer,
+                                                           const std::vector<RetrievalDoc>& docs) {
+  std::vector<RetrievalScore> out;
+  TokenScores scores;
+  for (const RetrievalDoc& d : docs) {
+    TokenSequence seq;
+    seq.Append(d.doc);
+    OOMB_RETURN_IF_ERROR(trainer.EvalSequence(seq, &scores).status());
+    bool correct = true;
+    for (size_t t = 0; t < scores.loss.size(); ++t) correct &= std::isnan(scores.loss[t]) || scores.hit[t];
+    if (out.empty() || out.back().length != d.length || out.back().depth != d.depth) {
+      out.push_back({d.length, d.depth});
+    }
+    out.back().correct += correct ? 1 : 0;
+    ++out.back().trials;
+  }
   return out;
 }
 

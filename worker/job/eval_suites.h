@@ -1,6 +1,7 @@
-// The documents of the long-context evaluation suites (`oombd model eval --suite ...`) and the
-// position buckets of the loss-by-position suite. Torch-free: this builds token documents; the
-// model scores them (model_tools.h).
+// The long-context evaluation suites (`oombd model eval --suite ...`, a job's evaluation
+// section): their documents, the position buckets of the loss-by-position suite, and the
+// scoring of both with a trainer's forward pass (chunked over pages like training, so an
+// evaluation fits wherever a training step of its length does). Torch-free header.
 //
 // Retrieval suites, scored by exact match of the greedy continuation, never by wording: a
 // document is `length` tokens whose only labels are the answer's tokens; it is correct when
@@ -25,8 +26,11 @@
 #include "absl/status/statusor.h"
 #include "worker/data/sequence.h"
 #include "worker/hf/tokenizer.h"
+#include "worker/metrics/eval_report.h"
 
 namespace oomb {
+
+class ChunkTrainer;
 
 struct RetrievalOptions {
   std::vector<int64_t> lengths = {4096};  // tokens per document
@@ -42,14 +46,32 @@ struct RetrievalDoc {
   std::string answer;
 };
 
-// INVALID_ARGUMENT naming the length too short for the instruction, fact and question.
+// INVALID_ARGUMENT naming a length too short for the instruction, fact and question (callers
+// prefix the field or flag of the lengths).
 absl::StatusOr<std::vector<RetrievalDoc>> PasskeyDocs(const Tokenizer& tokenizer, const RetrievalOptions& options);
-// `haystack`: UTF-8 text, at least as long as the longest length (INVALID_ARGUMENT otherwise).
+// `haystack`: UTF-8 text, at least as long as the longest length (INVALID_ARGUMENT otherwise;
+// callers prefix the haystack's field or flag).
 absl::StatusOr<std::vector<RetrievalDoc>> NeedleDocs(const Tokenizer& tokenizer, const std::string& haystack,
                                                      const RetrievalOptions& options);
 
 // [0, 1024), [1024, 2048), [2048, 4096), ... doubling until `longest` positions are covered.
 std::vector<std::pair<int64_t, int64_t>> PositionBuckets(int64_t longest);
+
+struct DataScore {
+  double loss_sum = 0;  // cross-entropy summed over the label tokens
+  int64_t tokens = 0;   // label tokens
+  int64_t samples = 0;
+  std::vector<PositionLoss> positions;  // by_position only
+};
+
+// `seqs` (each sample its own sequence) through `trainer`'s forward: their loss and, with
+// `by_position`, their loss by PositionBuckets. The trainer's errors.
+absl::StatusOr<DataScore> ScoreData(ChunkTrainer& trainer, const std::vector<TokenSequence>& seqs, bool by_position);
+
+// Each document scored by the exact match of its answer, gathered by (length, depth) in the
+// documents' order.
+absl::StatusOr<std::vector<RetrievalScore>> ScoreRetrieval(ChunkTrainer& trainer,
+                                                           const std::vector<RetrievalDoc>& docs);
 
 }  // namespace oomb
 

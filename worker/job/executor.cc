@@ -19,6 +19,7 @@
 #include "worker/hf/chat_template.h"
 #include "worker/hf/tokenizer.h"
 #include "worker/job/build_info.h"
+#include "worker/job/eval_suites.h"
 #include "worker/metrics/metrics_log.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/lr_schedule.h"
@@ -184,6 +185,9 @@ class Run final : public StepSync {
   absl::Status LoadModel();
   absl::Status MakeSession(int64_t longest);
   absl::Status ReadBaseFiles();
+  absl::Status PrepareEvaluation(const JobData& data);
+  bool EvaluationDue() const;
+  absl::StatusOr<EvalReport> Evaluate();
   absl::Status Resume();
   bool PollStop();
   void Warn(const std::string& msg) {
@@ -215,6 +219,10 @@ class Run final : public StepSync {
   std::string base_config_json_;                   // the base model's config.json
   std::vector<Document> docs_;
   std::vector<TokenSequence> validation_;
+  // The evaluation section's inputs: data.validation's samples, one sequence each (positions),
+  // and the retrieval documents, made once.
+  std::vector<TokenSequence> eval_samples_;
+  std::vector<RetrievalDoc> eval_passkey_, eval_needle_;
   std::vector<TokenSequence> epoch_sequences_;
   int64_t packed_epoch_ = -1;
   int64_t total_steps_ = 0;
@@ -260,9 +268,14 @@ absl::Status Run::Setup() {
   const int64_t batch = spec_.training.batch_sequences;
   total_steps_ = spec_.training.max_steps > 0 ? spec_.training.max_steps
                                               : spec_.training.epochs * ((per_epoch + batch - 1) / batch);
+  OOMB_RETURN_IF_ERROR(PrepareEvaluation(data));
   int64_t longest = 1;
   for (const auto& s : first_epoch) longest = std::max(longest, s.size());
   for (const auto& s : validation_) longest = std::max(longest, s.size());
+  for (const auto& s : eval_samples_) longest = std::max(longest, s.size());
+  for (const auto* docs : {&eval_passkey_, &eval_needle_}) {
+    for (const RetrievalDoc& d : *docs) longest = std::max(longest, d.length);
+  }
   OOMB_RETURN_IF_ERROR(LoadModel());
   OOMB_RETURN_IF_ERROR(MakeSession(longest));
   if (options_.resume) OOMB_RETURN_IF_ERROR(Resume());
@@ -315,6 +328,68 @@ absl::Status Run::ReadBaseFiles() {
   if (!config.ok()) return Annotate(config.status(), "model.path");
   base_config_json_ = *std::move(config);
   return absl::OkStatus();
+}
+
+absl::Status Run::PrepareEvaluation(const JobData& data) {
+  const JobConfig::Evaluation& e = spec_.evaluation;
+  const auto wants = [&](const char* suite) {
+    return std::find(e.suites.begin(), e.suites.end(), suite) != e.suites.end();
+  };
+  if (wants("positions")) {
+    for (const Document& d : data.validation) {
+      eval_samples_.emplace_back();
+      eval_samples_.back().Append(d);
+    }
+  }
+  if (!wants("passkey") && !wants("needle")) return absl::OkStatus();
+  const Tokenizer* tokenizer = data.tokenizer.get();
+  std::unique_ptr<Tokenizer> loaded;
+  if (tokenizer == nullptr) {  // pre-tokenized data: the tokenizer was not needed until now
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromModelDir(*model_dir_);
+    if (!t.ok()) return Annotate(t.status(), "evaluation.suites");
+    loaded = *std::move(t);
+    tokenizer = loaded.get();
+  }
+  const RetrievalOptions options{e.lengths, e.depths, e.trials, e.seed};
+  if (wants("passkey")) {
+    absl::StatusOr<std::vector<RetrievalDoc>> docs = PasskeyDocs(*tokenizer, options);
+    if (!docs.ok()) return Annotate(docs.status(), "evaluation.lengths");
+    eval_passkey_ = *std::move(docs);
+  }
+  if (wants("needle")) {
+    absl::StatusOr<File> file = options_.files->OpenFile(e.haystack);
+    absl::StatusOr<std::string> text = file.ok() ? file->ReadAll() : file.status();
+    absl::StatusOr<std::vector<RetrievalDoc>> docs = text.ok() ? NeedleDocs(*tokenizer, *text, options) : text.status();
+    if (!docs.ok()) return Annotate(docs.status(), "evaluation.haystack");
+    eval_needle_ = *std::move(docs);
+  }
+  return absl::OkStatus();
+}
+
+// After every every_steps-th step and the last, on rank 0 (whose report carries it).
+bool Run::EvaluationDue() const {
+  const JobConfig::Evaluation& e = spec_.evaluation;
+  if (e.suites.empty() || !lead()) return false;
+  return state_.step == total_steps_ || (e.every_steps > 0 && state_.step % e.every_steps == 0);
+}
+
+absl::StatusOr<EvalReport> Run::Evaluate() {
+  EvalReport report;
+  ChunkTrainer& trainer = session_->trainer();
+  OOMB_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+    if (!eval_samples_.empty()) {
+      OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(trainer, eval_samples_, /*by_position=*/true));
+      report.positions = std::move(d.positions);
+    }
+    if (!eval_passkey_.empty()) {
+      OOMB_ASSIGN_OR_RETURN(report.passkey, ScoreRetrieval(trainer, eval_passkey_));
+    }
+    if (!eval_needle_.empty()) {
+      OOMB_ASSIGN_OR_RETURN(report.needle, ScoreRetrieval(trainer, eval_needle_));
+    }
+    return absl::OkStatus();
+  }));
+  return report;
 }
 
 absl::Status Run::Resume() {
@@ -416,6 +491,12 @@ absl::StatusOr<RunResult> Run::Train() {
     if (!validation_.empty() && spec_.training.eval_every_steps > 0 &&
         state_.step % spec_.training.eval_every_steps == 0) {
       OOMB_ASSIGN_OR_RETURN(report->eval_loss, session_->Evaluate(validation_));
+    }
+    if (EvaluationDue()) {
+      absl::StatusOr<EvalReport> evaluation = Evaluate();
+      if (absl::IsCancelled(evaluation.status())) return Stopped();
+      if (!evaluation.ok()) return evaluation.status();
+      report->evaluation = *std::move(evaluation);
     }
     const bool last = state_.step == total_steps_;
     absl::Status reported;

@@ -4,8 +4,6 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
-#include <bit>
-#include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -124,6 +122,13 @@ absl::StatusOr<Evaluator> MakeEvaluator(const EvalOptions& o, const Dir& model_d
   return e;
 }
 
+// `r`, its error prefixed with `flag`.
+template <typename T>
+absl::StatusOr<T> Annotated(absl::StatusOr<T> r, const char* flag) {
+  if (!r.ok()) return Annotate(r.status(), flag);
+  return r;
+}
+
 bool Wants(const EvalOptions& o, const char* suite) {
   return std::find(o.suites.begin(), o.suites.end(), suite) != o.suites.end();
 }
@@ -154,55 +159,6 @@ absl::StatusOr<std::vector<TokenSequence>> ReadSamples(const EvalOptions& o, con
   return seqs;
 }
 
-// The mean loss over the samples and, with the positions suite, by position bucket.
-absl::Status ScoreSamples(const EvalOptions& o, const std::vector<TokenSequence>& seqs, ChunkTrainer& trainer,
-                          EvalResult* r) {
-  int64_t longest = 1;
-  for (const TokenSequence& s : seqs) longest = std::max(longest, s.size());
-  const bool positions = Wants(o, "positions");
-  if (positions) {
-    for (const auto& [begin, end] : PositionBuckets(longest)) r->positions.push_back({begin, end});
-  }
-  double sum = 0;
-  TokenScores scores;
-  for (const TokenSequence& s : seqs) {
-    OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer.EvalSequence(s, positions ? &scores : nullptr));
-    sum += l.loss_sum;
-    r->tokens += l.label_tokens;
-    ++r->samples;
-    for (size_t t = 0; positions && t < scores.loss.size(); ++t) {
-      if (std::isnan(scores.loss[t])) continue;
-      PositionLoss& b = r->positions[std::bit_width(static_cast<uint64_t>(t >> 10))];  // PositionBuckets' order
-      b.loss += scores.loss[t];
-      ++b.tokens;
-      b.hits += scores.hit[t] ? 1 : 0;
-    }
-  }
-  r->mean_loss = r->tokens > 0 ? sum / static_cast<double>(r->tokens) : 0.0;
-  for (PositionLoss& b : r->positions) b.loss = b.tokens > 0 ? b.loss / static_cast<double>(b.tokens) : 0.0;
-  return absl::OkStatus();
-}
-
-// Each document scored by exact match of its answer, gathered by (length, depth).
-absl::StatusOr<std::vector<RetrievalScore>> ScoreRetrieval(const std::vector<RetrievalDoc>& docs,
-                                                           ChunkTrainer& trainer) {
-  std::vector<RetrievalScore> out;
-  TokenScores scores;
-  for (const RetrievalDoc& d : docs) {
-    TokenSequence seq;
-    seq.Append(d.doc);
-    OOMB_RETURN_IF_ERROR(trainer.EvalSequence(seq, &scores).status());
-    bool correct = true;
-    for (size_t t = 0; t < scores.loss.size(); ++t) correct &= std::isnan(scores.loss[t]) || scores.hit[t];
-    if (out.empty() || out.back().length != d.length || out.back().depth != d.depth) {
-      out.push_back({d.length, d.depth});
-    }
-    out.back().correct += correct ? 1 : 0;
-    ++out.back().trials;
-  }
-  return out;
-}
-
 }  // namespace
 
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
@@ -229,11 +185,11 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
     if (Wants(o, "passkey") || Wants(o, "needle")) {
       OOMB_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, Tokenizer::FromModelDir(model_dir));
       if (Wants(o, "passkey")) {
-        OOMB_ASSIGN_OR_RETURN(passkey, PasskeyDocs(*tok, ro));
+        OOMB_ASSIGN_OR_RETURN(passkey, Annotated(PasskeyDocs(*tok, ro), "--lengths"));
       }
       if (Wants(o, "needle")) {
         OOMB_ASSIGN_OR_RETURN(const std::string text, FileAccess::Unconfined()->ReadFile(o.haystack));
-        OOMB_ASSIGN_OR_RETURN(needle, NeedleDocs(*tok, text, ro));
+        OOMB_ASSIGN_OR_RETURN(needle, Annotated(NeedleDocs(*tok, text, ro), "--haystack"));
       }
     }
     int64_t longest = 1;
@@ -241,12 +197,18 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
     for (const int64_t l : o.lengths) longest = std::max(longest, l);
     OOMB_ASSIGN_OR_RETURN(Evaluator e, MakeEvaluator(o, model_dir, longest));
     EvalResult r;
-    if (on_data) OOMB_RETURN_IF_ERROR(ScoreSamples(o, seqs, *e.trainer, &r));
+    if (on_data) {
+      OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(*e.trainer, seqs, Wants(o, "positions")));
+      r.mean_loss = d.tokens > 0 ? d.loss_sum / static_cast<double>(d.tokens) : 0.0;
+      r.tokens = d.tokens;
+      r.samples = d.samples;
+      r.suites.positions = std::move(d.positions);
+    }
     if (!passkey.empty()) {
-      OOMB_ASSIGN_OR_RETURN(r.passkey, ScoreRetrieval(passkey, *e.trainer));
+      OOMB_ASSIGN_OR_RETURN(r.suites.passkey, ScoreRetrieval(*e.trainer, passkey));
     }
     if (!needle.empty()) {
-      OOMB_ASSIGN_OR_RETURN(r.needle, ScoreRetrieval(needle, *e.trainer));
+      OOMB_ASSIGN_OR_RETURN(r.suites.needle, ScoreRetrieval(*e.trainer, needle));
     }
     return r;
   } catch (const c10::Error& e) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/metrics/eval_report.h"
 
 namespace oomb {
 
@@ -36,25 +37,11 @@ struct EvalOptions {
   std::string haystack;
 };
 
-struct PositionLoss {
-  int64_t begin = 0, end = 0;  // positions [begin, end) within a sample (t predicts token t + 1)
-  double loss = 0;             // mean next-token cross-entropy of the label tokens there
-  int64_t tokens = 0;
-  int64_t hits = 0;  // label tokens that are their logits' argmax (greedy decoding's choice)
-};
-
-struct RetrievalScore {
-  int64_t length = 0;
-  double depth = 0;
-  int64_t correct = 0, trials = 0;  // exact matches of the greedy continuation
-};
-
 struct EvalResult {
   double mean_loss = 0;  // mean next-token cross-entropy over the label tokens
   int64_t tokens = 0;    // label tokens scored
   int64_t samples = 0;
-  std::vector<PositionLoss> positions;          // the positions suite
-  std::vector<RetrievalScore> passkey, needle;  // by (length, depth), in the order run
+  EvalReport suites;  // positions, passkey, needle: those asked for
 };
 
 // Scores every sample separately (no packing) with the chunked forward (so a long evaluation

@@ -26,6 +26,7 @@ absl::Status MetricsLog::Append(const StepReport& r) {
                          {"pcie_h2d_bytes", r.pcie_h2d_bytes},
                          {"pcie_d2h_bytes", r.pcie_d2h_bytes}};
   if (r.eval_loss > 0) line["eval_loss"] = r.eval_loss;
+  if (r.evaluation.has_value()) line["evaluation"] = EvalReportJson(*r.evaluation);
   if (r.attention_density > 0) line["attention_density"] = r.attention_density;
   const std::string text = line.dump() + "\n";
   if (::write(fd_.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {

@@ -6,7 +6,10 @@
 #define OOMB_WORKER_METRICS_STEP_REPORT_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
+
+#include "worker/metrics/eval_report.h"
 
 namespace oomb {
 
@@ -18,6 +21,8 @@ struct StepReport {
   double learning_rate = 0;
   double eta_seconds = 0;
   double eval_loss = 0;  // > 0 when an eval ran at this step
+  // The evaluation section's suites, when they ran at this step.
+  std::optional<EvalReport> evaluation = std::nullopt;
 
   // What the step did (the session's), over every rank of a data-parallel run.
   int64_t step_tokens = 0;  // tokens of this step's sequences

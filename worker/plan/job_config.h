@@ -101,6 +101,17 @@ struct JobConfig {
     int32_t max_retries = 2;
     int64_t max_runtime_seconds = 0;
   } resources;
+
+  // Long-context evaluation while training (proto EvaluationSpec); no suites: none.
+  struct Evaluation {
+    std::vector<std::string> suites;  // positions | passkey | needle
+    int64_t every_steps = 0;          // 0: after the last step only
+    std::vector<int64_t> lengths;     // resolved: data.max_seq_len when the spec gives none
+    int64_t depths = 5;
+    int64_t trials = 1;
+    uint64_t seed = 1;
+    std::string haystack;
+  } evaluation;
 };
 
 }  // namespace oomb

@@ -53,15 +53,15 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
               << std::abs(got->mean_loss - hf) << "\n";
     EXPECT_NEAR(got->mean_loss, hf, 1e-4);
     const nlohmann::json& buckets = want["positions"];
-    ASSERT_EQ(got->positions.size(), buckets.size());
+    ASSERT_EQ(got->suites.positions.size(), buckets.size());
     int64_t hits = 0;
-    for (const PositionLoss& p : got->positions) hits += p.hits;
+    for (const PositionLoss& p : got->suites.positions) hits += p.hits;
     // The argmax the retrieval suites score by: the same tokens but for near-ties.
     EXPECT_NEAR(hits, want["hits"].get<int64_t>(), 2);
     for (size_t b = 0; b < buckets.size(); ++b) {
-      EXPECT_EQ(got->positions[b].begin, b == 0 ? 0 : int64_t{512} << b);
-      EXPECT_EQ(got->positions[b].tokens, buckets[b]["tokens"].get<int64_t>()) << "bucket " << b;
-      EXPECT_NEAR(got->positions[b].loss, buckets[b]["loss"].get<double>(), 1e-4) << "bucket " << b;
+      EXPECT_EQ(got->suites.positions[b].begin, b == 0 ? 0 : int64_t{512} << b);
+      EXPECT_EQ(got->suites.positions[b].tokens, buckets[b]["tokens"].get<int64_t>()) << "bucket " << b;
+      EXPECT_NEAR(got->suites.positions[b].loss, buckets[b]["loss"].get<double>(), 1e-4) << "bucket " << b;
     }
   }
 }
@@ -86,7 +86,7 @@ TEST(EvalSuitesOnSmolLM2Test, PasskeyAndNeedleScoreEveryCell) {
   o.device = "cpu";
   auto got = EvaluateModel(o);
   ASSERT_TRUE(got.ok()) << got.status();
-  for (const auto* cells : {&got->passkey, &got->needle}) {
+  for (const auto* cells : {&got->suites.passkey, &got->suites.needle}) {
     ASSERT_EQ(cells->size(), 4u);
     for (size_t i = 0; i < cells->size(); ++i) {
       EXPECT_EQ((*cells)[i].length, i < 2 ? 256 : 512);
