@@ -3,11 +3,11 @@
 # (8 chunks, pages of 128) for one optimizer step on DEVICE: metrics.jsonl has the step, and the
 # final adapter loads in PEFT and lowers the loss on its training text. Exit 77 (skipped)
 # without the test data, or on cuda without a GPU.
-# Usage: real_model_run_test.sh OOMBD PYTHON [TOKENS (8192)] [DEVICE cpu|cuda (cpu)]
+# Usage: real_model_run_test.sh OOMBD PYTHON [TOKENS (4096)] [DEVICE cpu|cuda (cpu)]
 set -euo pipefail
 oombd=$1
 python=$2
-tokens=${3:-8192}
+tokens=${3:-4096}
 device=${4:-cpu}
 chunk=$((tokens / 8))
 data="${OOMB_DATA_DIR:-$HOME/.cache/oomb/data}"
