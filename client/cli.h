@@ -54,6 +54,15 @@ class Client {
   // A context with the token and, for unary calls, the deadline.
   std::unique_ptr<grpc::ClientContext> Context(bool unary = true) const;
 
+  // One unary JobService call with Context()'s token and deadline, e.g.
+  // Call(&v1::JobService::Stub::GetJob, req, &job).
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (v1::JobService::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& req, Response* resp) {
+    const std::unique_ptr<grpc::ClientContext> ctx = Context();
+    return (jobs_.get()->*method)(ctx.get(), req, resp);
+  }
+
   v1::JobService::Stub& jobs() { return *jobs_; }
   grpc::health::v1::Health::Stub& health() { return *health_; }
   const Globals& globals() const { return g_; }

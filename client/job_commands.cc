@@ -96,8 +96,7 @@ void AddSubmit(CLI::App& app, const Cli& cli) {
     req.set_request_id(a->request_id);
     req.set_validate_only(a->validate_only);
     v1::Job job;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = cli.client().jobs().CreateJob(ctx.get(), req, &job);
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::CreateJob, req, &job);
     if (!s.ok()) return Fail(s);
     for (const std::string& w : job.warnings()) std::cerr << "warning: " << w << "\n";
     if (!PrintStructured(cli.globals, job)) {
@@ -156,8 +155,7 @@ void AddList(CLI::App& app, const Cli& cli) {
     req.set_page_size(a->page_size);
     req.set_page_token(a->page_token);
     v1::ListJobsResponse resp;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = cli.client().jobs().ListJobs(ctx.get(), req, &resp);
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::ListJobs, req, &resp);
     if (!s.ok()) return Fail(s);
     if (!PrintStructured(cli.globals, resp)) {
       std::vector<const v1::Job*> jobs;
@@ -177,8 +175,7 @@ void AddGet(CLI::App& app, const Cli& cli) {
     v1::GetJobRequest req;
     req.set_name(JobName(*job));
     v1::Job out;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = cli.client().jobs().GetJob(ctx.get(), req, &out);
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::GetJob, req, &out);
     if (!s.ok()) return Fail(s);
     if (!PrintStructured(cli.globals, out)) PrintJobDetail(out);
     return 0;
@@ -208,8 +205,7 @@ void AddWatchAndEvents(CLI::App& app, const Cli& cli) {
     req.set_after_sequence(*eafter);
     req.set_page_size(*page);
     v1::ListJobEventsResponse resp;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = cli.client().jobs().ListJobEvents(ctx.get(), req, &resp);
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::ListJobEvents, req, &resp);
     if (!s.ok()) return Fail(s);
     if (!PrintStructured(cli.globals, resp)) {
       for (const v1::JobEvent& e : resp.events()) std::cout << EventLine(e) << "\n";
@@ -228,8 +224,7 @@ void AddStateCommand(CLI::App& app, const Cli& cli, const char* name, const char
     Request req;
     req.set_name(JobName(*job));
     v1::Job out;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = (cli.client().jobs().*call)(ctx.get(), req, &out);
+    const grpc::Status s = cli.client().Call(call, req, &out);
     if (!s.ok()) return Fail(s);
     if (!PrintStructured(cli.globals, out)) std::cout << out.name() << " " << StateName(out.state()) << "\n";
     return 0;
@@ -244,8 +239,7 @@ void AddDeleteAndCheckpoints(CLI::App& app, const Cli& cli) {
     v1::DeleteJobRequest req;
     req.set_name(JobName(*job));
     v1::DeleteJobResponse resp;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = cli.client().jobs().DeleteJob(ctx.get(), req, &resp);
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::DeleteJob, req, &resp);
     if (!s.ok()) return Fail(s);
     if (!PrintStructured(cli.globals, resp)) std::cout << "deleted " << req.name() << "\n";
     return 0;
@@ -257,8 +251,7 @@ void AddDeleteAndCheckpoints(CLI::App& app, const Cli& cli) {
     v1::ListCheckpointsRequest req;
     req.set_name(JobName(*cjob));
     v1::ListCheckpointsResponse resp;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = cli.client().jobs().ListCheckpoints(ctx.get(), req, &resp);
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::ListCheckpoints, req, &resp);
     if (!s.ok()) return Fail(s);
     if (PrintStructured(cli.globals, resp)) return 0;
     std::cout << fmt::format("{:>8} {:>10} {:<6} {:<19} {}\n", "STEP", "SIZE", "FINAL", "CREATED", "PATH");

@@ -41,8 +41,7 @@ void AddEstimate(CLI::App& app, const Cli& cli) {
     v1::EstimateJobRequest req;
     if (int rc = LoadSpec(a->file, a->sets, req.mutable_spec()); rc) return rc;
     v1::EstimateJobResponse resp;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = cli.client().jobs().EstimateJob(ctx.get(), req, &resp);
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::EstimateJob, req, &resp);
     if (!s.ok()) return Fail(s);
     if (!PrintStructured(cli.globals, resp)) PrintEstimate(resp);
     return resp.fits() ? 0 : int{kError};
@@ -71,8 +70,7 @@ void AddServerInfo(CLI::App& app, const Cli& cli) {
   OnRun(info, [cli] {
     v1::GetServerInfoRequest req;
     v1::ServerInfo resp;
-    auto ctx = cli.client().Context();
-    const grpc::Status s = cli.client().jobs().GetServerInfo(ctx.get(), req, &resp);
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::GetServerInfo, req, &resp);
     if (!s.ok()) return Fail(s);
     if (PrintStructured(cli.globals, resp)) return 0;
     std::cout << fmt::format("version: {} (torch {}, cuda {})\nhost memory: {}\nstarted: {}{}\n", resp.version(),

@@ -30,17 +30,22 @@ std::vector<bool> BlocksWithLabels(const at::Tensor& labels_cpu, int64_t rows_pe
   return out;
 }
 
+// The shapes both functions take (chunked_cross_entropy.h); labels on hidden's device or the CPU.
+void CheckInputs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels, int64_t rows_per_block) {
+  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+              "hidden [N, d] and weight [vocab, d] expected, got ", hidden.sizes(), " and ", weight.sizes());
+  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0) && labels.scalar_type() == at::kLong,
+              "labels: expected int64 [", hidden.size(0), "], got ", labels.scalar_type(), " ", labels.sizes());
+  TORCH_CHECK(rows_per_block > 0, "rows_per_block must be > 0, got ", rows_per_block);
+  TORCH_CHECK(labels.is_cpu() || labels.device() == hidden.device(), "labels: expected on ", hidden.device(),
+              " or the CPU, got ", labels.device());
+}
+
 class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntropyFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, int64_t rows_per_block) {
-    TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
-                "hidden [N, d] and weight [vocab, d] expected, got ", hidden.sizes(), " and ", weight.sizes());
-    TORCH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0) && labels.scalar_type() == at::kLong,
-                "labels: expected int64 [", hidden.size(0), "], got ", labels.scalar_type(), " ", labels.sizes());
-    TORCH_CHECK(rows_per_block > 0, "rows_per_block must be > 0, got ", rows_per_block);
-    TORCH_CHECK(labels.is_cpu() || labels.device() == hidden.device(), "labels: expected on ", hidden.device(),
-                " or the CPU, got ", labels.device());
+    CheckInputs(hidden, weight, labels, rows_per_block);
     const at::ScalarType ct = ComputeType(hidden.scalar_type());
     const at::Tensor w = weight.to(hidden.scalar_type());
     const std::vector<bool> labelled = BlocksWithLabels(labels.cpu(), rows_per_block);
@@ -103,11 +108,7 @@ at::Tensor ChunkedLmHeadCrossEntropy(const at::Tensor& hidden, const at::Tensor&
 
 std::pair<at::Tensor, at::Tensor> LmHeadTokenScores(const at::Tensor& hidden, const at::Tensor& weight,
                                                     const at::Tensor& labels, int64_t rows_per_block) {
-  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
-              "hidden [N, d] and weight [vocab, d] expected, got ", hidden.sizes(), " and ", weight.sizes());
-  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0) && labels.scalar_type() == at::kLong,
-              "labels: expected int64 [", hidden.size(0), "], got ", labels.scalar_type(), " ", labels.sizes());
-  TORCH_CHECK(rows_per_block > 0, "rows_per_block must be > 0, got ", rows_per_block);
+  CheckInputs(hidden, weight, labels, rows_per_block);
   at::NoGradGuard no_grad;
   const at::ScalarType ct = ComputeType(hidden.scalar_type());
   const at::Tensor w = weight.to(hidden.scalar_type());
