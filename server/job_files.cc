@@ -47,11 +47,13 @@ absl::Status FieldError(const absl::Status& s, const char* field) {
 }  // namespace
 
 absl::Status JobFiles::CheckPaths(const JobConfig& spec) const {
-  const std::pair<const char*, const std::string*> paths[] = {{"model.path", &spec.model.path},
-                                                              {"data.train", &spec.data.train},
-                                                              {"data.validation", &spec.data.validation},
-                                                              {"evaluation.haystack", &spec.evaluation.haystack},
-                                                              {"checkpoint.dir", &spec.checkpoint.dir}};
+  const std::pair<const char*, const std::string*> paths[] = {
+      {"model.path", &spec.model.path},
+      {"data.train", &spec.data.train},
+      {"data.validation", &spec.data.validation},
+      {"evaluation.haystack", &spec.evaluation.haystack},
+      {"method.lora.init_adapter", &spec.method.lora.init_adapter},
+      {"checkpoint.dir", &spec.checkpoint.dir}};
   for (const auto& [field, path] : paths) {
     if (!path->empty()) OOMB_RETURN_IF_ERROR(Annotate(jobs_->CheckPath(*path), field));
   }
@@ -73,6 +75,12 @@ absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id) c
   }
   if (!spec.evaluation.haystack.empty()) {
     OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(spec.evaluation.haystack).status(), "evaluation.haystack"));
+  }
+  if (!spec.method.lora.init_adapter.empty()) {
+    absl::StatusOr<Dir> adapter = jobs_->OpenDir(spec.method.lora.init_adapter);
+    if (!adapter.ok()) return FieldError(adapter.status(), "method.lora.init_adapter");
+    OOMB_RETURN_IF_ERROR(
+        FieldError(adapter->OpenFile("adapter_model.safetensors").status(), "method.lora.init_adapter"));
   }
   if (!spec.checkpoint.dir.empty()) {
     OOMB_RETURN_IF_ERROR(Annotate(CheckCheckpointDirFree(*jobs_, spec.checkpoint.dir, id), "checkpoint.dir"));

@@ -56,6 +56,9 @@ absl::Status CheckRelations(const v1::JobSpec& s, const spec::Source& source, co
                                 sp.page_budget()));
     }
   }
+  if (s.method().type() == v1::Method::full && !s.method().lora().init_adapter().empty()) {
+    return error("method.lora.init_adapter", "starts LoRA adapters: not with method.type full");
+  }
   if (s.model().has_rope_scaling() && !s.model().rope_scaling().has_factor()) {
     return error("model.rope_scaling.factor", "is required when model.rope_scaling is set (the extension factor)");
   }
@@ -137,7 +140,8 @@ JobConfig ToConfig(const v1::JobSpec& s) {
   if (s.model().has_rope_scaling()) c.model.rope_scaling = RopeOf(s.model().rope_scaling());
   c.method.type = s.method().type() == v1::Method::full ? TrainMethod::kFull : TrainMethod::kLora;
   const v1::LoraSpec& l = s.method().lora();
-  c.method.lora = {l.rank(), l.alpha(), l.dropout(), {l.target_modules().begin(), l.target_modules().end()}};
+  c.method.lora = {
+      l.rank(), l.alpha(), l.dropout(), {l.target_modules().begin(), l.target_modules().end()}, l.init_adapter()};
   const v1::DataSpec& d = s.data();
   c.data = {d.train(),
             d.validation(),
@@ -178,6 +182,15 @@ absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& 
 absl::StatusOr<JobConfig> ResolveJobSpec(const v1::JobSpec& spec) {
   v1::JobSpec copy = spec;
   return ResolveJobSpec(&copy);
+}
+
+absl::StatusOr<RopeScalingOverride> ParseRopeScaling(absl::string_view yaml, const std::string& source) {
+  const spec::Source where{source, ""};
+  v1::RopeScaling r;
+  OOMB_RETURN_IF_ERROR(spec::ParseYaml(yaml, where, &r));
+  OOMB_RETURN_IF_ERROR(spec::CheckRules(r, /*check_required=*/true, where));
+  if (!r.has_factor()) return spec::FieldError(where, nullptr, "factor", "is required (the extension factor)");
+  return RopeOf(r);
 }
 
 }  // namespace oomb::server

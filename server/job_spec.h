@@ -6,7 +6,7 @@
 //        training.batch_sequences >= resources.gpus (each rank trains whole sequences);
 //        attention.mode sparse: memory.chunk_tokens a multiple of memory.page_tokens, and
 //          attention.sparse.page_budget >= sink_pages + local_pages;
-//        model.rope_scaling: factor set;
+//        model.rope_scaling: factor set; method.lora.init_adapter only with method.type lora;
 //   3. the words become enums, the sections the engine's options.
 // Errors: INVALID_ARGUMENT naming the dotted field (and "<file>:<line>: " when `source` and
 // `lines` say where the document set it), with reason BAD_SPEC.
@@ -27,6 +27,11 @@ absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& 
 
 // The same, of a copy (the spec is left as it is).
 absl::StatusOr<JobConfig> ResolveJobSpec(const v1::JobSpec& spec);
+
+// A RoPE scaling written as the spec's model.rope_scaling is (YAML, e.g. "{type: yarn, factor: 8,
+// original_max_position_embeddings: 8192}"), with the same checks; errors start with `source`
+// (a command's flag).
+absl::StatusOr<RopeScalingOverride> ParseRopeScaling(absl::string_view yaml, const std::string& source);
 
 }  // namespace oomb::server
 

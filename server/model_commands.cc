@@ -1,4 +1,5 @@
-// `oombd model inspect DIR`, `oombd model eval --model DIR --data FILE`, `oombd tokenize`.
+// `oombd model inspect DIR`, `oombd model eval --model DIR --data FILE`, `oombd model generate`,
+// `oombd tokenize`.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -6,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/commands.h"
+#include "server/job_spec.h"
 #include "worker/hf/tokenize_tool.h"
 #include "worker/job/model_tools.h"
 
@@ -39,6 +41,22 @@ void AddInspect(CLI::App* model) {
   });
 }
 
+// --rope-scaling's text (the spec's model.rope_scaling, as YAML) into `*out`; exits 2 naming the
+// flag when it is refused.
+void SetRopeScaling(const std::string& yaml, const char* command, std::optional<RopeScalingOverride>* out) {
+  if (yaml.empty()) return;
+  auto r = ParseRopeScaling(yaml, "--rope-scaling");
+  if (!r.ok()) {
+    std::cerr << command << ": " << r.status().message() << "\n";
+    throw CLI::RuntimeError(2);
+  }
+  *out = *r;
+}
+
+constexpr const char* kRopeScalingHelp =
+    "RoPE scaling over config.json's and the adapter's, as a job's model.rope_scaling "
+    "(e.g. '{type: yarn, factor: 8, original_max_position_embeddings: 8192}')";
+
 // The result as JSON: loss, tokens and samples when --data was scored; the suites' results
 // (EvalReportJson) when run.
 nlohmann::json EvalJson(const EvalResult& r) {
@@ -49,6 +67,7 @@ nlohmann::json EvalJson(const EvalResult& r) {
 
 void AddEval(CLI::App* model) {
   auto f = std::make_shared<EvalOptions>();
+  auto rope = std::make_shared<std::string>();
   f->suites.clear();
   auto* eval =
       model->add_subcommand("eval", "Evaluate a model (and adapter): loss, loss by position, passkey, needle")
@@ -76,8 +95,10 @@ void AddEval(CLI::App* model) {
   eval->add_option("--haystack", f->haystack, "needle: UTF-8 text file to hide the fact in");
   eval->add_option("--dtype", f->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
   eval->add_option("--device", f->device, "auto | cpu | cuda");
-  eval->callback([f] {
+  eval->add_option("--rope-scaling", *rope, kRopeScalingHelp);
+  eval->callback([f, rope] {
     EvalOptions o = *f;
+    SetRopeScaling(*rope, "oombd model eval", &o.rope_scaling);
     if (o.suites.empty()) o.suites = {"loss"};
     auto r = EvaluateModel(o);
     if (!r.ok()) {
@@ -89,20 +110,35 @@ void AddEval(CLI::App* model) {
 }
 
 void AddGenerate(CLI::App* model) {
-  struct GenerateFlags {
-    std::string model, prompt;
-    int64_t max_new_tokens = 16;
-  };
-  auto gen = std::make_shared<GenerateFlags>();
-  auto* generate = model->add_subcommand("generate", "Greedy continuation of a prompt (for checking the model)")
-                       ->footer(
-                           "Prints {\"prompt_ids\", \"new_ids\", \"text\"}.\nExample:\n"
-                           "  oombd model generate --model DIR --prompt 'The capital of France is'");
-  generate->add_option("--model", gen->model, "model directory")->required();
-  generate->add_option("--prompt", gen->prompt, "UTF-8 prompt")->required();
-  generate->add_option("--max-new-tokens", gen->max_new_tokens, "tokens to generate");
-  generate->callback([gen] {
-    auto r = GreedyGenerate(gen->model, gen->prompt, gen->max_new_tokens);
+  auto gen = std::make_shared<GenerateOptions>();
+  auto rope = std::make_shared<std::string>();
+  auto* generate =
+      model->add_subcommand("generate", "Greedy continuation of a prompt (chunked prefill, key/value cache)")
+          ->footer(
+              "Prints {\"prompt_ids\", \"new_ids\", \"text\"}; prefill progress on stderr.\nExamples:\n"
+              "  oombd model generate --model DIR --prompt 'The capital of France is'\n"
+              "  oombd model generate --model DIR --adapter CKPT/final --prompt-file long_prompt.txt "
+              "--max-new-tokens 64");
+  generate->add_option("--model", gen->model_dir, "model directory")->required();
+  generate->add_option("--adapter", gen->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)");
+  generate->add_option("--prompt", gen->prompt, "UTF-8 prompt");
+  generate->add_option("--prompt-file", gen->prompt_file, "UTF-8 file holding the prompt");
+  generate->add_option("--max-new-tokens", gen->max_new_tokens, "tokens to generate (default 16)")
+      ->check(CLI::PositiveNumber);
+  generate->add_option("--chunk-tokens", gen->prefill_chunk_tokens, "prompt tokens per prefill forward (default 4096)")
+      ->check(CLI::PositiveNumber);
+  generate->add_option("--dtype", gen->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
+  generate->add_option("--device", gen->device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  generate->add_option("--rope-scaling", *rope, kRopeScalingHelp);
+  generate->callback([gen, rope] {
+    GenerateOptions o = *gen;
+    SetRopeScaling(*rope, "oombd model generate", &o.rope_scaling);
+    if (isatty(STDERR_FILENO)) {
+      o.on_prefill = [](int64_t done, int64_t total) {
+        std::cerr << "\rprefill " << done << "/" << total << " tokens" << (done == total ? "\n" : "") << std::flush;
+      };
+    }
+    auto r = GreedyGenerate(o);
     if (!r.ok()) {
       std::cerr << "oombd model generate: " << r.status().message() << "\n";
       throw CLI::RuntimeError(1);

@@ -337,6 +337,30 @@ TEST(JobSpecTest, EvaluationSectionSuitesLengthsAndTheirInputs) {
               HasSubstr("evaluation.lengths"));
 }
 
+// A command's --rope-scaling is read and checked as model.rope_scaling is.
+TEST(JobSpecTest, RopeScalingFlagReadsLikeTheSpec) {
+  auto yarn = ParseRopeScaling("{type: yarn, factor: 8, original_max_position_embeddings: 8192}", "--rope-scaling");
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_EQ(yarn->type, RopeType::kYarn);
+  EXPECT_EQ(yarn->factor, 8.0);
+  EXPECT_EQ(yarn->original_max_position_embeddings, 8192);
+  EXPECT_THAT(std::string(ParseRopeScaling("{type: ntk, factor: 2}", "--rope-scaling").status().message()),
+              HasSubstr("--rope-scaling:1: type: must be one of linear, dynamic, yarn, llama3"));
+  EXPECT_THAT(std::string(ParseRopeScaling("{type: yarn}", "--rope-scaling").status().message()),
+              HasSubstr("factor: is required"));
+  EXPECT_THAT(std::string(ParseRopeScaling("{type: yarn, factor: -1}", "--rope-scaling").status().message()),
+              HasSubstr("factor"));
+}
+
+// method.lora.init_adapter: a path (made absolute like every job path), only for LoRA.
+TEST(JobSpecTest, InitAdapterIsAPathForLoraOnly) {
+  const JobConfig j = LoadOk("model: {path: /m}\ndata: {train: /t}\nmethod: {lora: {init_adapter: /runs/a/final}}\n");
+  EXPECT_EQ(j.method.lora.init_adapter, "/runs/a/final");
+  EXPECT_TRUE(LoadOk(kMinimal).method.lora.init_adapter.empty());
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nmethod:\n  type: full\n  lora: {init_adapter: /a}\n"),
+              HasSubstr("job.yaml:5: method.lora.init_adapter: starts LoRA adapters: not with method.type full"));
+}
+
 TEST(JobSpecTest, MissingRequiredFields) {
   EXPECT_THAT(LoadError("data: {train: /t}\n"), HasSubstr("job.yaml: model.path: is required"));
   EXPECT_THAT(LoadError("model: {path: /m}\n"), HasSubstr("job.yaml: data.train: is required"));

@@ -21,6 +21,7 @@
 
 #include "tests/client/daemon_harness.h"
 #include "tests/server/http_get.h"
+#include "tests/worker/data/test_tokenizer.h"
 
 namespace oomb::testing {
 namespace {
@@ -205,18 +206,32 @@ std::set<std::string> DocumentedMetrics() {
   return out;
 }
 
-std::string JobYaml(const std::string& name, const fs::path& dir, int steps, int checkpoint_every) {
+// The tiny model with a byte-level tokenizer (ids 0..255, its whole vocabulary), so the
+// evaluation's passkey suite can write its documents (about 250 tokens of instruction, fact and
+// question in bytes: the jobs' max_seq_len is 512).
+fs::path TinyModelWithTokenizer(const fs::path& dir) {
+  const fs::path model = dir / "tiny-llama";
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(TinyLlama() / f, model / f);
+  WriteFile(model / "tokenizer.json", ByteTokenizerJson(/*newline_merge=*/false, /*chatml=*/false));
+  return model;
+}
+
+// `evaluation` (a YAML flow mapping) is the job's evaluation section, or empty for none.
+std::string JobYaml(const std::string& name, const fs::path& dir, int steps, int checkpoint_every,
+                    const std::string& evaluation = "") {
   std::ostringstream y;
   y << "display_name: " << name << "\n"
-    << "model: {path: " << TinyLlama().string() << ", dtype: float32}\n"
+    << "model: {path: " << (dir / "tiny-llama").string() << ", dtype: float32}\n"
     << "method: {type: lora, lora: {rank: 4, alpha: 8, target_modules: [q_proj, k_proj, v_proj, o_proj]}}\n"
     << "data: {train: " << (dir / "train.jsonl").string() << ", validation: " << (dir / "val.jsonl").string()
-    << ", max_seq_len: 128, too_long: truncate, packing: false}\n"
+    << ", max_seq_len: 512, too_long: truncate, packing: false}\n"
     << "training: {max_steps: " << steps
     << ", learning_rate: 1.0e-3, warmup_steps: 0, lr_schedule: constant, seed: 7, eval_every_steps: 4}\n"
     << "memory: {chunk_tokens: 32, page_tokens: 16}\n"
     << "checkpoint: {every_steps: " << checkpoint_every << ", keep_last: 1}\n"
     << "resources: {device: cpu, max_retries: 0}\n";
+  if (!evaluation.empty()) y << "evaluation: " << evaluation << "\n";
   return y.str();
 }
 
@@ -263,7 +278,9 @@ TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbe
   // Job a trains until cancelled; job b (8 steps) waits in the queue behind it.
   WriteIdsJsonl(dir / "train.jsonl", 8, 120);
   WriteIdsJsonl(dir / "val.jsonl", 2, 60, 256, /*seed=*/2);
-  WriteFile(dir / "a.yaml", JobYaml("metrics-a", dir, 100000, 10));
+  TinyModelWithTokenizer(dir);
+  WriteFile(dir / "a.yaml", JobYaml("metrics-a", dir, 100000, 10,
+                                    "{suites: [positions, passkey], every_steps: 4, lengths: [512], depths: 2}"));
   WriteFile(dir / "b.yaml", JobYaml("metrics-b", dir, 8, 100));
   ASSERT_EQ(OombJson(endpoint, "submit " + (dir / "a.yaml").string() + " --job-id metrics-a", dir).value("name", ""),
             "jobs/metrics-a");
@@ -277,15 +294,15 @@ TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbe
       [&] {
         Oomb(endpoint, "get metrics-a", dir);
         return prom.Scalar(R"(count_over_time(oomb_job_info{job_id="metrics-a"}[1m]))") >= 8 &&
-               prom.Scalar("sum(oomb_checkpoints_total)") >= 1 && prom.Scalar("count(oomb_job_eval_loss)") == 1;
+               prom.Scalar("sum(oomb_checkpoints_total)") >= 1 && prom.Scalar("count(oomb_job_eval_loss)") == 1 &&
+               prom.Scalar("count(oomb_job_eval_accuracy_ratio)") == 1;
       },
       std::chrono::seconds(90), std::chrono::milliseconds(500));
   ASSERT_TRUE(running) << "Prometheus never saw job metrics-a running\n" << daemon_->log() << prom.log();
 
   // The exposition while a job runs: every family of the reference is declared (those without
   // samples here too, e.g. GPU memory on the CPU) but MFU, which exists only where the GPU's
-  // peak is known, the attention's density, only for sparse jobs, and the evaluation section's
-  // results, only for jobs that have one.
+  // peak is known, and the attention's density, only for sparse jobs.
   const HttpResponse scrape = HttpGet(daemon_->metrics_port(), "/metrics");
   ASSERT_EQ(scrape.status, 200);
   std::set<std::string> exposed;
@@ -299,10 +316,7 @@ TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbe
   for (const std::string& n : exposed)
     EXPECT_TRUE(documented.count(n)) << n << " is exported but not in docs/metrics.md";
   for (const std::string& n : documented) {
-    if (n == "oomb_job_mfu_ratio" || n == "oomb_job_attention_density_ratio" || n == "oomb_job_eval_accuracy_ratio" ||
-        n == "oomb_job_eval_position_loss") {
-      continue;
-    }
+    if (n == "oomb_job_mfu_ratio" || n == "oomb_job_attention_density_ratio") continue;
     EXPECT_TRUE(exposed.count(n)) << n << " is in docs/metrics.md but not exported";
   }
 
@@ -477,8 +491,8 @@ TEST(GrafanaProvisioningTest, DatasourceAndDashboardProvidersAreWellFormed) {
     EXPECT_EQ(p["datasource"]["uid"], "${datasource}") << p["title"];
     for (const json& t : p["targets"]) EXPECT_EQ(t["datasource"]["uid"], "${datasource}") << p["title"];
   }
-  EXPECT_THAT(rows, ::testing::ElementsAre("Fleet and queue", "Job progress", "GPU memory", "PCIe and offload",
-                                           "Service health"));
+  EXPECT_THAT(rows, ::testing::ElementsAre("Fleet and queue", "Job progress", "Long-context evaluation", "GPU memory",
+                                           "PCIe and offload", "Service health"));
   EXPECT_EQ(d["templating"]["list"][0]["type"], "datasource");
   EXPECT_EQ(d["templating"]["list"][0]["query"], "prometheus");
 }

@@ -297,7 +297,11 @@ absl::Status Run::LoadModel() {
   lora.alpha = spec_.method.lora.alpha;
   lora.dropout = spec_.method.lora.dropout;
   lora.target_modules = spec_.method.lora.target_modules;
-  return model_->AddLora(lora, static_cast<uint64_t>(spec_.training.seed));
+  OOMB_RETURN_IF_ERROR(model_->AddLora(lora, static_cast<uint64_t>(spec_.training.seed)));
+  if (spec_.method.lora.init_adapter.empty()) return absl::OkStatus();
+  absl::StatusOr<Dir> adapter = options_.files->OpenDir(spec_.method.lora.init_adapter);
+  if (!adapter.ok()) return Annotate(adapter.status(), "method.lora.init_adapter");
+  return Annotate(model_->LoadLoraWeights(*adapter), "method.lora.init_adapter");
 }
 
 absl::Status Run::MakeSession(int64_t longest) {

@@ -74,9 +74,39 @@ absl::StatusOr<std::optional<RopeScalingOverride>> TrainedRopeScaling(const Dir&
   return RopeScalingOf(trained.rope);
 }
 
-}  // namespace
+at::Device DeviceOf(const std::string& name) {
+  const bool cpu = name == "cpu" || (name == "auto" && !torch::cuda::is_available());
+  return cpu ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
+}
 
-namespace {
+// The model of `model_dir` in `dtype` ("float32" | "bfloat16") on `device`, with the adapter of
+// `adapter_dir` when one is named. RoPE: `rope` when set, else the scaling the adapter was
+// trained with, else config.json's.
+absl::StatusOr<std::unique_ptr<Transformer>> LoadModel(const Dir& model_dir, const std::string& adapter_dir,
+                                                       const std::string& dtype, const std::string& device,
+                                                       std::optional<RopeScalingOverride> rope) {
+  std::optional<Dir> adapter;
+  if (!adapter_dir.empty()) {
+    OOMB_ASSIGN_OR_RETURN(adapter, FileAccess::Unconfined()->OpenDir(adapter_dir));
+    if (!rope.has_value()) {
+      OOMB_ASSIGN_OR_RETURN(rope, TrainedRopeScaling(*adapter));
+    }
+  }
+  OOMB_ASSIGN_OR_RETURN(
+      std::unique_ptr<Transformer> model,
+      Transformer::Load(model_dir, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, DeviceOf(device), rope));
+  if (!adapter.has_value()) return model;
+  OOMB_ASSIGN_OR_RETURN(std::string text, adapter->ReadFile("adapter_config.json"));
+  const auto cfg = nlohmann::json::parse(text, nullptr, false);
+  if (!cfg.is_object()) return absl::InvalidArgumentError(adapter_dir + "/adapter_config.json: not JSON");
+  LoraOptions lora;
+  lora.rank = cfg.value("r", 8);
+  lora.alpha = cfg.value("lora_alpha", 8.0);
+  lora.target_modules = cfg.value("target_modules", std::vector<std::string>{});
+  OOMB_RETURN_IF_ERROR(model->AddLora(lora, 0));
+  OOMB_RETURN_IF_ERROR(model->LoadLoraWeights(*adapter));
+  return model;
+}
 
 // A model (and adapter) loaded for evaluation, with pools for sequences up to `longest` tokens.
 struct Evaluator {
@@ -86,39 +116,19 @@ struct Evaluator {
 };
 
 absl::StatusOr<Evaluator> MakeEvaluator(const EvalOptions& o, const Dir& model_dir, int64_t longest) {
-  const bool cuda = torch::cuda::is_available();
-  const at::Device device =
-      o.device == "cpu" || (o.device == "auto" && !cuda) ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
-  const at::ScalarType dtype = o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-  std::optional<Dir> adapter;
-  std::optional<RopeScalingOverride> rope;
-  if (!o.adapter_dir.empty()) {
-    OOMB_ASSIGN_OR_RETURN(adapter, FileAccess::Unconfined()->OpenDir(o.adapter_dir));
-    OOMB_ASSIGN_OR_RETURN(rope, TrainedRopeScaling(*adapter));
-  }
   Evaluator e;
-  OOMB_ASSIGN_OR_RETURN(e.model, Transformer::Load(model_dir, dtype, device, rope));
-  if (adapter.has_value()) {
-    OOMB_ASSIGN_OR_RETURN(std::string text, adapter->ReadFile("adapter_config.json"));
-    const auto cfg = nlohmann::json::parse(text, nullptr, false);
-    if (!cfg.is_object()) return absl::InvalidArgumentError(o.adapter_dir + "/adapter_config.json: not JSON");
-    LoraOptions lora;
-    lora.rank = cfg.value("r", 8);
-    lora.alpha = cfg.value("lora_alpha", 8.0);
-    lora.target_modules = cfg.value("target_modules", std::vector<std::string>{});
-    OOMB_RETURN_IF_ERROR(e.model->AddLora(lora, 0));
-    OOMB_RETURN_IF_ERROR(e.model->LoadLoraWeights(*adapter));
-  }
+  OOMB_ASSIGN_OR_RETURN(e.model, LoadModel(model_dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
   const ModelConfig& c = e.model->config();
+  const auto options = at::TensorOptions().device(e.model->device());
   const int64_t P = 128, pages = c.num_layers * ((longest + P - 1) / P + 1);
   const PageShape shape{c.num_kv_heads, P, c.head_dim};
-  OOMB_ASSIGN_OR_RETURN(e.kv, PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
-                                               at::TensorOptions().dtype(dtype).device(device), pages));
-  OOMB_ASSIGN_OR_RETURN(e.grad, PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
-                                                 at::TensorOptions().dtype(at::kFloat).device(device), 0));
-  ChunkTrainerOptions options;
-  options.chunk_tokens = o.chunk_tokens;
-  e.trainer = std::make_unique<ChunkTrainer>(e.model.get(), e.kv.get(), e.grad.get(), options);
+  OOMB_ASSIGN_OR_RETURN(e.kv,
+                        PagePool::Create(PageKind::kKv, Tier::kDevice, shape, options.dtype(e.model->dtype()), pages));
+  OOMB_ASSIGN_OR_RETURN(e.grad,
+                        PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, options.dtype(at::kFloat), 0));
+  ChunkTrainerOptions trainer_options;
+  trainer_options.chunk_tokens = o.chunk_tokens;
+  e.trainer = std::make_unique<ChunkTrainer>(e.model.get(), e.kv.get(), e.grad.get(), trainer_options);
   return e;
 }
 
@@ -216,32 +226,100 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
   }
 }
 
-absl::StatusOr<GenerateResult> GreedyGenerate(const std::string& model_dir, const std::string& prompt,
-                                              int64_t max_new_tokens) {
+namespace {
+
+// The keys and values of every layer of one sequence, [kv_heads, capacity, head_dim] per layer,
+// as the paged attention's past: a chunk's forward reads tokens [0, length()) and writes its own
+// at [length(), length() + C) layer by layer; Commit(C) then makes them the past of the next.
+class GenerationCache {
+ public:
+  GenerationCache(const ModelConfig& c, int64_t capacity, at::TensorOptions options) {
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      layers_.push_back(std::make_shared<Layer>(this, at::empty({c.num_kv_heads, capacity, c.head_dim}, options),
+                                                at::empty({c.num_kv_heads, capacity, c.head_dim}, options)));
+    }
+  }
+  int64_t length() const { return length_; }
+  // Layer `layer`'s past (null while empty, as PagedAttention takes it) after storing the
+  // chunk's own k, v [C, kv_heads, head_dim].
+  std::shared_ptr<kernels::PastKv> Store(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
+    Layer& l = *layers_[layer];
+    l.k.narrow(1, length_, k.size(0)).copy_(k.transpose(0, 1));
+    l.v.narrow(1, length_, v.size(0)).copy_(v.transpose(0, 1));
+    return length_ == 0 ? nullptr : layers_[layer];
+  }
+  void Commit(int64_t tokens) { length_ += tokens; }
+
+ private:
+  struct Layer final : kernels::PastKv {
+    Layer(const GenerationCache* cache, at::Tensor k, at::Tensor v) : cache(cache), k(std::move(k)), v(std::move(v)) {}
+    int64_t past_tokens() const override { return cache->length_; }
+    std::pair<at::Tensor, at::Tensor> Read(int64_t begin, int64_t end) override {
+      return {k.slice(1, begin, end), v.slice(1, begin, end)};
+    }
+    void AccumulateGrad(int64_t, const at::Tensor&, const at::Tensor&) override {
+      TORCH_CHECK(false, "generation runs without gradients");
+    }
+    const GenerationCache* cache;
+    at::Tensor k, v;
+  };
+  std::vector<std::shared_ptr<Layer>> layers_;
+  int64_t length_ = 0;
+};
+
+// Runs tokens [begin, end) of `ids` over the cache (which holds [0, begin)) and returns the
+// greedy next token after `end - 1`.
+int64_t ForwardSpan(const Transformer& model, GenerationCache& cache, const std::vector<int64_t>& ids, int64_t begin,
+                    int64_t end) {
+  const at::Device device = model.device();
+  ChunkInput in;
+  in.ids = at::tensor(std::vector<int64_t>(ids.begin() + begin, ids.begin() + end), at::kLong).to(device);
+  in.positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong).device(device));
+  in.doc_start = at::zeros({end - begin}, at::kLong);  // one document; on the CPU (paged_attention.h)
+  in.rope_seq_len = end;                               // dynamic NTK: as a forward over the tokens so far
+  const at::Tensor hidden =
+      model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return kernels::PagedAttention(q, k, v, in.doc_start, cache.Store(layer, k, v));
+      });
+  cache.Commit(end - begin);
+  return at::matmul(hidden[end - begin - 1], model.lm_head().t()).argmax().item<int64_t>();
+}
+
+}  // namespace
+
+absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
   try {
-    const at::Device device = torch::cuda::is_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-    OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(model_dir));
+    if (o.prompt.empty() == o.prompt_file.empty())
+      return absl::InvalidArgumentError("--prompt / --prompt-file: give exactly one");
+    if (o.max_new_tokens < 1) return absl::InvalidArgumentError("--max-new-tokens: must be >= 1");
+    if (o.prefill_chunk_tokens < 1) return absl::InvalidArgumentError("--chunk-tokens: must be >= 1");
+    OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(o.model_dir));
     OOMB_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromModelDir(dir));
-    OOMB_ASSIGN_OR_RETURN(auto model, Transformer::Load(dir, at::kFloat, device));
+    std::string prompt = o.prompt;
+    if (!o.prompt_file.empty()) {
+      OOMB_ASSIGN_OR_RETURN(prompt, FileAccess::Unconfined()->ReadFile(o.prompt_file));
+    }
     GenerateResult r;
     OOMB_ASSIGN_OR_RETURN(r.prompt_ids, tokenizer->EncodeChecked(prompt));
+    if (r.prompt_ids.empty()) return absl::InvalidArgumentError("--prompt: no tokens");
+    OOMB_ASSIGN_OR_RETURN(auto model, LoadModel(dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
     std::vector<int64_t> ids(r.prompt_ids.begin(), r.prompt_ids.end());
+    const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
     at::NoGradGuard no_grad;
-    for (int64_t step = 0; step < max_new_tokens; ++step) {
-      const int64_t T = static_cast<int64_t>(ids.size());
-      ChunkInput in;
-      in.ids = at::tensor(ids, at::kLong).to(device);
-      in.positions = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device));
-      in.doc_start = at::zeros({T}, at::TensorOptions().dtype(at::kLong).device(device));
-      in.rope_seq_len = T;
-      const at::Tensor hidden =
-          model->Hidden(in, [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-            return kernels::PagedAttention(q, k, v, in.doc_start, nullptr);
-          });
-      const int64_t next = at::matmul(hidden[T - 1], model->lm_head().t()).argmax().item<int64_t>();
+    GenerationCache cache(model->config(), prompt_tokens + o.max_new_tokens,
+                          at::TensorOptions().dtype(model->dtype()).device(model->device()));
+    int64_t next = 0;
+    for (int64_t begin = 0; begin < prompt_tokens; begin += o.prefill_chunk_tokens) {
+      const int64_t end = std::min(prompt_tokens, begin + o.prefill_chunk_tokens);
+      next = ForwardSpan(*model, cache, ids, begin, end);
+      if (o.on_prefill) o.on_prefill(end, prompt_tokens);
+    }
+    while (true) {
       r.new_ids.push_back(static_cast<int32_t>(next));
       ids.push_back(next);
-      if (tokenizer->eos_id().has_value() && next == *tokenizer->eos_id()) break;
+      const bool eos = tokenizer->eos_id().has_value() && next == *tokenizer->eos_id();
+      if (eos || static_cast<int64_t>(r.new_ids.size()) == o.max_new_tokens) break;
+      next = ForwardSpan(*model, cache, ids, cache.length(), cache.length() + 1);
     }
     OOMB_ASSIGN_OR_RETURN(r.text, tokenizer->Decode(r.new_ids));
     return r;

@@ -1,13 +1,17 @@
-// Model commands for people and black-box checks (`oombd model inspect`, `oombd model eval`).
+// Model commands for people and black-box checks (`oombd model inspect`, `oombd model eval`,
+// `oombd model generate`).
 // Torch-free header.
 #ifndef OOMB_WORKER_JOB_MODEL_TOOLS_H_
 #define OOMB_WORKER_JOB_MODEL_TOOLS_H_
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/hf/model_config.h"
 #include "worker/metrics/eval_report.h"
 
 namespace oomb {
@@ -35,6 +39,9 @@ struct EvalOptions {
   int64_t trials = 1;
   uint64_t seed = 1;
   std::string haystack;
+  // RoPE scaling over config.json's and the adapter's (e.g. the base model evaluated with the
+  // scaling a fine-tune will use: the "before" figures).
+  std::optional<RopeScalingOverride> rope_scaling = std::nullopt;
 };
 
 struct EvalResult {
@@ -49,17 +56,33 @@ struct EvalResult {
 // INVALID_ARGUMENT naming the flag for an unknown suite or a missing input.
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& options);
 
+struct GenerateOptions {
+  std::string model_dir;
+  std::string adapter_dir;  // optional PEFT adapter (its base_config.json's RoPE applies)
+  std::string prompt;       // UTF-8; or
+  std::string prompt_file;  // a UTF-8 file holding the prompt
+  int64_t max_new_tokens = 16;
+  int64_t prefill_chunk_tokens = 4096;  // the prompt's forward, this many tokens at a time
+  std::string dtype = "float32";        // float32 | bfloat16
+  std::string device = "auto";          // auto | cpu | cuda
+  std::optional<RopeScalingOverride> rope_scaling = std::nullopt;
+  // Called after each prefill chunk with (prompt tokens done, prompt tokens); may be empty.
+  std::function<void(int64_t, int64_t)> on_prefill;
+};
+
 struct GenerateResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> new_ids;  // greedy continuation (argmax at every step)
   std::string text;              // the decoded continuation
 };
 
-// Greedy decoding of `max_new_tokens` tokens after `prompt` (float32 on the CPU unless a GPU is
-// present), stopping early at the tokenizer's end-of-sequence token. A full forward per token:
-// meant for checking the model against transformers, not for serving.
-absl::StatusOr<GenerateResult> GreedyGenerate(const std::string& model_dir, const std::string& prompt,
-                                              int64_t max_new_tokens);
+// Greedy decoding of up to `max_new_tokens` tokens after the prompt, stopping early at the
+// tokenizer's end-of-sequence token. The prompt runs through the model in chunks of
+// `prefill_chunk_tokens` over a key/value cache (the paged attention's past), then one token per
+// forward, so memory grows with the cache (2 x layers x kv_dim values a token), never with the
+// square of the prompt: prompts of 100K+ tokens work. INVALID_ARGUMENT naming the flag for an
+// empty prompt or a bad option.
+absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& options);
 
 }  // namespace oomb
 

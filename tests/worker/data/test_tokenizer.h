@@ -2,7 +2,7 @@
 // ChatML markers <|im_start|> (256) and <|im_end|> (257) as special added tokens, and, with
 // `newline_merge`, one merge "\n\n" -> 258, which makes a text's token count differ from the
 // sum of its parts' counts when a cut falls inside a run of newlines. No gtest: the fuzz
-// targets use it too.
+// targets use it too. ByteTokenizerJson gives the file's text (the tiny models have none).
 #ifndef OOMB_TESTS_WORKER_DATA_TEST_TOKENIZER_H_
 #define OOMB_TESTS_WORKER_DATA_TEST_TOKENIZER_H_
 
@@ -40,7 +40,8 @@ inline std::string ByteToken(int b) {
   return s;
 }
 
-inline std::unique_ptr<Tokenizer> MakeByteTokenizer(bool newline_merge) {
+// The tokenizer.json text; `chatml` adds the two markers (ids 256 and 257).
+inline std::string ByteTokenizerJson(bool newline_merge, bool chatml = true) {
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[ByteToken(b)] = b;
   nlohmann::json merges = nlohmann::json::array();
@@ -48,14 +49,19 @@ inline std::unique_ptr<Tokenizer> MakeByteTokenizer(bool newline_merge) {
     vocab[ByteToken('\n') + ByteToken('\n')] = 258;
     merges.push_back(ByteToken('\n') + " " + ByteToken('\n'));
   }
-  const nlohmann::json j = {
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"decoder", {{"type", "ByteLevel"}}},
-      {"added_tokens",
-       {{{"id", kImStart}, {"content", "<|im_start|>"}, {"special", true}},
-        {{"id", kImEnd}, {"content", "<|im_end|>"}, {"special", true}}}}};
-  auto t = Tokenizer::FromJson(j.dump(), "byte_tokenizer.json");
+  nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+                      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                      {"decoder", {{"type", "ByteLevel"}}},
+                      {"added_tokens", nlohmann::json::array()}};
+  if (chatml) {
+    j["added_tokens"] = {{{"id", kImStart}, {"content", "<|im_start|>"}, {"special", true}},
+                         {{"id", kImEnd}, {"content", "<|im_end|>"}, {"special", true}}};
+  }
+  return j.dump();
+}
+
+inline std::unique_ptr<Tokenizer> MakeByteTokenizer(bool newline_merge) {
+  auto t = Tokenizer::FromJson(ByteTokenizerJson(newline_merge), "byte_tokenizer.json");
   return t.ok() ? *std::move(t) : nullptr;  // callers check: null means the JSON above is wrong
 }
 

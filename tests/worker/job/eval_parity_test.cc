@@ -66,6 +66,42 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
   }
 }
 
+// --rope-scaling (EvalOptions::rope_scaling): the base model evaluated with YaRN x4 over its
+// window, as a fine-tune will see it, gives transformers' loss with the same scaling; and not the
+// loss without it.
+TEST(EvalParityTest, RopeScalingOverrideEqualsTransformersWithTheSameScaling) {
+  const std::string model = testing::DataDir() + "/models/SmolLM2-135M-Instruct";
+  const std::string text = testing::DataDir() + "/texts/austen/emma.txt";
+  const std::string python = testing::VenvPython();
+  if (python.empty() || !std::filesystem::exists(model + "/model.safetensors") || !std::filesystem::exists(text)) {
+    GTEST_SKIP() << "needs the venv and " << model;
+  }
+  const std::string dir = testing::ScratchDir("eval_parity_yarn");
+  const std::string data = dir + "/samples.jsonl", ref = dir + "/reference.json";
+  const std::string cmd = "OOMB_REF_YARN=4 " + python + " " + testing::SourceDir() +
+                          "/tests/worker/job/hf_eval_reference.py " + model + " " + text + " " + data + " 1024 > " +
+                          ref + " 2>" + dir + "/stderr.txt";
+  ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
+  std::ifstream in(ref);
+  const double hf = nlohmann::json::parse(in)["loss"].get<double>();
+  EvalOptions o;
+  o.model_dir = model;
+  o.data_path = data;
+  o.chunk_tokens = 256;
+  o.device = "cpu";
+  auto plain = EvaluateModel(o);
+  RopeScalingOverride yarn;
+  yarn.type = RopeType::kYarn;
+  yarn.factor = 4.0;
+  o.rope_scaling = yarn;
+  auto scaled = EvaluateModel(o);
+  ASSERT_TRUE(plain.ok() && scaled.ok()) << plain.status() << scaled.status();
+  std::cout << "YaRN x4: oomb " << scaled->mean_loss << " transformers " << hf << "; without: " << plain->mean_loss
+            << "\n";
+  EXPECT_NEAR(scaled->mean_loss, hf, 1e-4);
+  EXPECT_GT(std::abs(plain->mean_loss - hf), 1e-3);
+}
+
 // The retrieval suites on the real model: every (length, depth) cell scored, in order, each
 // document by the exact match of its answer; an unknown suite or a missing input is refused
 // naming the flag.

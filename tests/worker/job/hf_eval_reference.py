@@ -6,12 +6,14 @@ after position t counts in t's bucket) and how many next tokens are the logits' 
 greedy decoding emits).
 
 usage: hf_eval_reference.py MODEL_DIR TEXT_FILE OUT_JSONL LEN [LEN ...]
+       OOMB_REF_YARN=FACTOR: the model with YaRN RoPE scaling of that factor over its window
 """
 import json
+import os
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 
 def bucket(t):
@@ -25,7 +27,13 @@ def main():
     tok = AutoTokenizer.from_pretrained(model_dir)
     with open(text_file, encoding="utf-8") as f:
         ids = tok(f.read(200000), add_special_tokens=False)["input_ids"]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    config = AutoConfig.from_pretrained(model_dir)
+    if "OOMB_REF_YARN" in os.environ:
+        factor = float(os.environ["OOMB_REF_YARN"])
+        config.rope_parameters.update(rope_type="yarn", factor=factor,
+                                      original_max_position_embeddings=config.max_position_embeddings)
+        config.max_position_embeddings = int(config.max_position_embeddings * factor)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
     total, count, pos, hits = 0.0, 0, 0, 0
     buckets = {}
     with open(out_path, "w") as out:

@@ -9,6 +9,7 @@
 // and epoch from trainer_state.json, dropout masks seeded from the step), and LibTorch's CPU
 // kernels are deterministic for a fixed thread count. Any difference at all means some state
 // was lost or re-derived differently, so the test asserts equality of the double losses.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -169,6 +170,37 @@ TEST_P(ResumeTest, ResumedLossesEqualUninterruptedRun) {
 
 INSTANTIATE_TEST_SUITE_P(PausePoints, ResumeTest, ::testing::Values(1, 4),
                          [](const auto& info) { return info.param == 1 ? "AtStepBoundary" : "InsideAStep"; });
+
+// method.lora.init_adapter: a job started from another run's adapter trains from those weights
+// (with warm-up, step 1's learning rate is 0, so one step leaves them exactly as loaded); a
+// missing adapter fails the job naming the field.
+TEST(ResumeTest, InitAdapterStartsFromAnotherRunsWeights) {
+  const Fixture f = MakeFixture("init_adapter");
+  JobConfig spec = MakeSpec(f);
+  spec.method.lora.dropout = 0;
+  const std::string root = fs::path(f.model_dir).parent_path().string();
+  ASSERT_EQ(RunOnce(spec, root + "/first", false).outcome, RunOutcome::kSucceeded);
+  const std::string trained = ReadBytes(root + "/first/checkpoint-4/adapter_model.safetensors");
+  ASSERT_FALSE(trained.empty());
+
+  spec.training.max_steps = 1;  // warmup_steps 2: the learning rate of step 1 is 0
+  const Outcome fresh = RunOnce(spec, root + "/fresh", false);
+  EXPECT_FALSE(trained == ReadBytes(root + "/fresh/final/adapter_model.safetensors"));
+  spec.method.lora.init_adapter = root + "/first/checkpoint-4";
+  const Outcome continued = RunOnce(spec, root + "/continued", false);
+  ASSERT_EQ(continued.outcome, RunOutcome::kSucceeded);
+  EXPECT_TRUE(trained == ReadBytes(root + "/continued/final/adapter_model.safetensors"));
+  EXPECT_NE(fresh.losses[0].second, continued.losses[0].second);  // the loaded weights act
+
+  spec.method.lora.init_adapter = root + "/no-such-adapter";
+  RunOptions options;
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(root + "/missing");
+  options.devices = {"cpu"};
+  auto r = RunJob(spec, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("method.lora.init_adapter"));
+}
 
 // Runs `spec` uninterrupted under root/full, and under root/split paused inside step 4 (at a
 // chunk boundary) then resumed; expects the same losses and the same final adapter bytes.
