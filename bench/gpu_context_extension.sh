@@ -11,18 +11,24 @@
 #   dense | sparse   `oombd run` of STEPS steps with the job's evaluation section at the end
 #           (each run evaluates with its own attention): $OUT/ext_{dense,sparse}.jsonl (the
 #           run's metrics.jsonl; the last line holds the evaluation) and the run's log.
+#           With MIX "mixed": the training data also holds the retrieval suites' documents
+#           (`oombd data retrieval`, seed 1000, not the evaluation's 1: passkey, and needle in
+#           Emma, never Persuasion; the 4 lengths x 9 depths each), shuffled with the novels:
+#           $OUT/ext_{dense,sparse}_mixed.jsonl.
 # Every evaluation: loss by position on the held-out 64K sample (buckets doubling from 1K),
 # passkey and needle (a key->value fact in Persuasion's text) at 8K, 16K, 32K and 64K tokens x 5
 # depths x 2 trials, seed 1, scored by exact match of the greedy answer.
-# Usage: bash bench/gpu_context_extension.sh before|hf|dense|sparse [STEPS (default 40)]
+# Usage: bash bench/gpu_context_extension.sh before|hf|dense|sparse [STEPS (default 40)] [MIX]
 # Plots and table: bench/plot_context_extension.py.
 set -euo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 what=$1
 STEPS="${2:-40}"
+MIX="${3:-}"
 work=/tmp/oomb-extension
 mkdir -p "$work"
-log="$OUT/ext_$what.log"
+tag=$what${MIX:+_$MIX}
+log="$OUT/ext_$tag.log"
 : >"$log"
 source bench/gpu_smollm2.sh
 yarn='{type: yarn, factor: 8.0, original_max_position_embeddings: 8192}'
@@ -69,14 +75,23 @@ YAML
   tail -n 2 "$OUT/ext_hf_peft.jsonl" | tee -a "$log"
   exit 0
 fi
-cat >"$work/$what.yaml" <<YAML
-display_name: austen-64k-extension-$what
+train="$work/train.jsonl"
+if [ "$MIX" = mixed ]; then
+  for suite in passkey needle; do
+    oombd data retrieval --model "$work/model" --suite "$suite" --haystack "$PWD/.qdata/emma.txt" --lengths $lengths \
+      --depths 9 --seed 1000 -o "$work/$suite-train.jsonl" | tee -a "$log"
+  done
+  cat "$work/train.jsonl" "$work/passkey-train.jsonl" "$work/needle-train.jsonl" >"$work/train-mixed.jsonl"
+  train="$work/train-mixed.jsonl"
+fi
+cat >"$work/$tag.yaml" <<YAML
+display_name: austen-64k-extension-$tag
 model:
   path: $work/model
   dtype: bfloat16
   rope_scaling: $yarn
 method: {type: lora, lora: {rank: 16, alpha: 32}}
-data: {train: $work/train.jsonl, validation: $work/val.jsonl, max_seq_len: 65536, packing: false}
+data: {train: $train, validation: $work/val.jsonl, max_seq_len: 65536, packing: false}
 training: {max_steps: $STEPS, learning_rate: 5.0e-4, warmup_steps: 2, seed: 42}
 memory: {chunk_tokens: 4096, page_tokens: 128}
 attention:
@@ -93,9 +108,9 @@ evaluation:
 checkpoint: {every_steps: 0}
 resources: {device: cuda}
 YAML
-echo "== oombd run ($what, $STEPS steps)" | tee -a "$log"
-rm -rf "$work/run-$what"
+echo "== oombd run ($tag, $STEPS steps)" | tee -a "$log"
+rm -rf "$work/run-$tag"
 start=$(date +%s)
-oombd run "$work/$what.yaml" --checkpoint-dir "$work/run-$what" 2>&1 | tail -n 40 | tee -a "$log"
-echo "$what: $(($(date +%s) - start)) s for training and evaluation" | tee -a "$log"
-cp "$work/run-$what/metrics.jsonl" "$OUT/ext_$what.jsonl"
+oombd run "$work/$tag.yaml" --checkpoint-dir "$work/run-$tag" 2>&1 | tail -n 40 | tee -a "$log"
+echo "$tag: $(($(date +%s) - start)) s for training and evaluation" | tee -a "$log"
+cp "$work/run-$tag/metrics.jsonl" "$OUT/ext_$tag.jsonl"

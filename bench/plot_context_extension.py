@@ -4,8 +4,9 @@ accuracy by length, before (native RoPE, YaRN x8 untrained) and after (dense- an
 sparse-trained), and prints the figures the issue's targets name.
 
 Usage: plot_context_extension.py out.png DIR
-DIR holds ext_before_native.json, ext_before_yarn.json, ext_dense.jsonl, ext_sparse.jsonl (the
-runs that exist are shown).
+DIR holds ext_before_native.json, ext_before_yarn.json, ext_{dense,sparse}[_mixed].jsonl (the
+runs that exist are shown). With ext_hf_oomb.jsonl and ext_hf_peft.jsonl there (the `hf` call),
+also out_peft.png: the two trainers' loss per step at 32K, and their largest relative gap.
 """
 import json
 import os
@@ -25,13 +26,15 @@ def evaluations(d):
         p = os.path.join(d, f"ext_before_{tag}.json")
         if os.path.exists(p):
             out[label] = json.load(open(p))
-    for mode in ("dense", "sparse"):
-        p = os.path.join(d, f"ext_{mode}.jsonl")
+    for tag, label in (("dense", "dense-trained"), ("sparse", "sparse-trained"),
+                       ("dense_mixed", "dense-trained, retrieval mixed in"),
+                       ("sparse_mixed", "sparse-trained, retrieval mixed in")):
+        p = os.path.join(d, f"ext_{tag}.jsonl")
         if os.path.exists(p):
             rows = [json.loads(line) for line in open(p) if line.strip()]
             ev = [r for r in rows if "evaluation" in r]
             if ev:
-                out[f"after, {mode}-trained (step {ev[-1]['step']})"] = ev[-1]["evaluation"]
+                out[f"after, {label} (step {ev[-1]['step']})"] = ev[-1]["evaluation"]
     return out
 
 
@@ -53,8 +56,8 @@ def mean_loss(positions, begin, end):
 def main():
     dst, d = sys.argv[1], sys.argv[2]
     runs = evaluations(d)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    styles = ("-o", "-s", "-^", "-v")
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    styles = ("-o", "-s", "-^", "-v", "--^", "--v")
     for (label, ev), style in zip(runs.items(), styles):
         pos = ev.get("positions", [])
         axes[0].plot([(p["begin"] + p["end"]) / 2 for p in pos], [p["loss"] for p in pos], style, label=label,
@@ -72,7 +75,7 @@ def main():
     for ax in axes:
         ax.axvline(8192, color="gray", linestyle=":", linewidth=1)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.suptitle("SmolLM2-135M-Instruct extended from 8K to 64K with YaRN x8 (LoRA r=16), "
                  + os.environ.get("OOMB_EXTENSION_GPU", "H100"))
     fig.tight_layout()
@@ -87,6 +90,31 @@ def main():
             acc = by_length(ev[suite]["cells"]) if suite in ev else {}
             cells.append(" / ".join(f"{100 * a:.0f}%" for a in acc.values()))
         print(f"| {label} | {near:.4f} | {far:.4f} | {far / near:.3f} | {cells[0]} | {cells[1]} |")
+    compare_peft(dst, d)
+
+
+def compare_peft(dst, d):
+    oomb_path, peft_path = os.path.join(d, "ext_hf_oomb.jsonl"), os.path.join(d, "ext_hf_peft.jsonl")
+    if not (os.path.exists(oomb_path) and os.path.exists(peft_path)):
+        return
+    ours = [json.loads(line) for line in open(oomb_path) if line.strip()]
+    theirs = [json.loads(line) for line in open(peft_path) if line.strip()]
+    steps = [r for r in theirs if "step" in r]
+    gap = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(ours, steps))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([r["step"] for r in ours], [r["loss"] for r in ours], "-o", label="oomb", markersize=4)
+    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], "--s", label="transformers + PEFT", markersize=3)
+    ax.set(xlabel="step", ylabel="training loss (nats)",
+           title=f"32K tokens, the same adapter at step 0: largest gap {100 * gap:.3f}%")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(dst.replace(".png", "_peft.png"), dpi=110)
+    evals = [r for r in ours if "eval_loss" in r]
+    peft_eval = [r for r in theirs if "eval_loss" in r]
+    print(f"oomb vs transformers + PEFT at 32K: largest per-step loss gap {100 * gap:.4f}%"
+          + (f"; eval loss {evals[-1]['eval_loss']:.5f} vs {peft_eval[-1]['eval_loss']:.5f}" if evals and peft_eval
+             else ""))
 
 
 if __name__ == "__main__":

@@ -1,18 +1,85 @@
 // `oombd data build`: long texts -> JSONL samples of a target token length
-// (worker/data/build.h).
+// (worker/data/build.h); `oombd data retrieval`: the evaluation suites' passkey and needle
+// documents as training samples (worker/job/eval_suites.h).
 #include <CLI/CLI.hpp>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "server/commands.h"
+#include "worker/common/status.h"
 #include "worker/data/build.h"
 #include "worker/hf/tokenizer.h"
+#include "worker/job/eval_suites.h"
 
 namespace oomb::server {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> ModelTokenizer(const std::string& model_dir) {
+  OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(model_dir));
+  return Tokenizer::FromModelDir(dir);
+}
+
+struct RetrievalFlags {
+  std::string model, suite = "passkey", haystack, output;
+  RetrievalOptions options;
+};
+
+// The suite's documents as {"input_ids", "labels"} lines (labels -100 but on the answer).
+absl::StatusOr<int64_t> WriteRetrievalDataset(const RetrievalFlags& f) {
+  OOMB_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, ModelTokenizer(f.model));
+  std::vector<RetrievalDoc> docs;
+  if (f.suite == "passkey") {
+    OOMB_ASSIGN_OR_RETURN(docs, PasskeyDocs(*tok, f.options));
+  } else {
+    if (f.haystack.empty()) return absl::InvalidArgumentError("--haystack: required by the needle suite");
+    OOMB_ASSIGN_OR_RETURN(const std::string text, FileAccess::Unconfined()->ReadFile(f.haystack));
+    OOMB_ASSIGN_OR_RETURN(docs, NeedleDocs(*tok, text, f.options));
+  }
+  std::ofstream out(f.output, std::ios::binary | std::ios::trunc);
+  for (const RetrievalDoc& d : docs) out << nlohmann::json{{"input_ids", d.doc.ids}, {"labels", d.doc.labels}} << "\n";
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("-o: cannot write ", f.output));
+  return static_cast<int64_t>(docs.size());
+}
+
+void AddRetrieval(CLI::App* data) {
+  auto f = std::make_shared<RetrievalFlags>();
+  auto* retrieval =
+      data->add_subcommand("retrieval", "The passkey or needle suite's documents as training samples")
+          ->footer(
+              "Writes {\"input_ids\", \"labels\"} JSONL, the loss on the answer only: documents of each\n"
+              "--lengths at --depths depths, --trials each, as `oombd model eval --suite` builds them. Use\n"
+              "another --seed than the evaluation's (and, for needle, a haystack held out from it).\n"
+              "Example:\n  oombd data retrieval --model DIR --suite passkey --lengths 8192 65536 --depths 9 \\\n"
+              "      --seed 1000 -o passkey-train.jsonl");
+  retrieval->add_option("--model", f->model, "model directory (tokenizer.json)")->required()->transform(AbsolutePath());
+  retrieval->add_option("--suite", f->suite, "passkey | needle")->check(CLI::IsMember({"passkey", "needle"}));
+  retrieval->add_option("--haystack", f->haystack, "needle: UTF-8 text file to hide the facts in")
+      ->transform(AbsolutePath());
+  retrieval->add_option("--lengths", f->options.lengths, "tokens per document")->required();
+  retrieval->add_option("--depths", f->options.depths, "depths from 0 to 1 (default 5)")->check(CLI::PositiveNumber);
+  retrieval->add_option("--trials", f->options.trials, "documents per length and depth (default 1)")
+      ->check(CLI::PositiveNumber);
+  retrieval->add_option("--seed", f->options.seed, "seed of the keys and the haystack offsets")->required();
+  retrieval->add_option("-o,--output", f->output, "output JSONL file")->required()->transform(AbsolutePath());
+  retrieval->callback([f] {
+    absl::StatusOr<int64_t> n = WriteRetrievalDataset(*f);
+    if (!n.ok()) {
+      std::cerr << "oombd data retrieval: " << n.status().message() << "\n";
+      throw CLI::RuntimeError(n.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+    }
+    std::cout << nlohmann::json{{"samples", *n}, {"output", f->output}}.dump() << "\n";
+  });
+}
+
+}  // namespace
 
 void RegisterDataCommands(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Prepare datasets");
   data->require_subcommand(1);
+  AddRetrieval(data);
 
   struct BuildFlags {
     std::string model, output;
@@ -28,21 +95,16 @@ void RegisterDataCommands(CLI::App& app) {
               "{\"files\", \"samples\", \"tokens\", \"min_sample_tokens\", \"max_sample_tokens\"} on stdout.\n"
               "Example:\n  oombd data build --model ~/.cache/oomb/data/models/SmolLM2-135M-Instruct --tokens 16384 \\\n"
               "      ~/.cache/oomb/data/texts/austen -o austen-16k.jsonl");
-  build->add_option("--model", f->model, "model directory (tokenizer.json)")->required();
+  build->add_option("--model", f->model, "model directory (tokenizer.json)")->required()->transform(AbsolutePath());
   build->add_option("--tokens", f->options.target_tokens, "most tokens per sample")->check(CLI::PositiveNumber);
   build->add_option("--overlap", f->options.overlap_tokens, "tokens of the previous sample repeated at the start")
       ->check(CLI::NonNegativeNumber);
   build->add_option("--max-samples", f->options.max_samples, "stop after this many samples (0: all)")
       ->check(CLI::NonNegativeNumber);
-  build->add_option("-o,--output", f->output, "output JSONL file")->required();
-  build->add_option("inputs", f->inputs, "text files or directories of them")->required();
+  build->add_option("-o,--output", f->output, "output JSONL file")->required()->transform(AbsolutePath());
+  build->add_option("inputs", f->inputs, "text files or directories of them")->required()->transform(AbsolutePath());
   build->callback([f] {
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = absl::NotFoundError(f->model);
-    if (absl::StatusOr<Dir> dir = FileAccess::Unconfined()->OpenDir(f->model); dir.ok()) {
-      tok = Tokenizer::FromModelDir(*dir);
-    } else {
-      tok = dir.status();
-    }
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = ModelTokenizer(f->model);
     if (!tok.ok()) {
       std::cerr << "oombd data build: " << tok.status().message() << "\n";
       throw CLI::RuntimeError(1);

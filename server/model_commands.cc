@@ -23,7 +23,7 @@ void AddInspect(CLI::App* model) {
   auto* inspect =
       model->add_subcommand("inspect", "Architecture, parameters, dtypes and context window")
           ->footer("Example:\n  oombd model inspect ~/.cache/oomb/data/models/SmolLM2-135M-Instruct -o json");
-  inspect->add_option("dir", inspect_flags->dir, "model directory")->required();
+  inspect->add_option("dir", inspect_flags->dir, "model directory")->required()->transform(AbsolutePath());
   inspect->add_option("-o,--output", inspect_flags->output, "text | json")->check(CLI::IsMember({"text", "json"}));
   inspect->callback([inspect_flags] {
     auto r = InspectModel(inspect_flags->dir);
@@ -79,11 +79,12 @@ void AddEval(CLI::App* model) {
               "  oombd model eval --model DIR --data austen.jsonl --max-tokens 4096\n"
               "  oombd model eval --model DIR --adapter CKPT/final --suite passkey --lengths 8192 16384 --depths 5\n"
               "  oombd model eval --model DIR --suite needle --haystack persuasion.txt --lengths 32768");
-  eval->add_option("--model", f->model_dir, "model directory")->required();
+  eval->add_option("--model", f->model_dir, "model directory")->required()->transform(AbsolutePath());
   eval->add_option("--suite", f->suites, "loss | positions | passkey | needle (repeatable; default: loss)")
       ->check(CLI::IsMember({"loss", "positions", "passkey", "needle"}));
-  eval->add_option("--data", f->data_path, "JSONL dataset (loss, positions)");
-  eval->add_option("--adapter", f->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)");
+  eval->add_option("--data", f->data_path, "JSONL dataset (loss, positions)")->transform(AbsolutePath());
+  eval->add_option("--adapter", f->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)")
+      ->transform(AbsolutePath());
   eval->add_option("--max-tokens", f->max_tokens, "stop after this many tokens of --data (0: all)");
   eval->add_option("--chunk-tokens", f->chunk_tokens, "tokens per chunk of the forward pass");
   eval->add_option("--lengths", f->lengths, "passkey / needle: tokens per document (default 4096)");
@@ -92,7 +93,7 @@ void AddEval(CLI::App* model) {
   eval->add_option("--trials", f->trials, "passkey / needle: documents per length and depth (default 1)")
       ->check(CLI::PositiveNumber);
   eval->add_option("--seed", f->seed, "passkey / needle: seed of the keys and the haystack offsets (default 1)");
-  eval->add_option("--haystack", f->haystack, "needle: UTF-8 text file to hide the fact in");
+  eval->add_option("--haystack", f->haystack, "needle: UTF-8 text file to hide the fact in")->transform(AbsolutePath());
   eval->add_option("--dtype", f->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
   eval->add_option("--device", f->device, "auto | cpu | cuda");
   eval->add_option("--rope-scaling", *rope, kRopeScalingHelp);
@@ -119,10 +120,11 @@ void AddGenerate(CLI::App* model) {
               "  oombd model generate --model DIR --prompt 'The capital of France is'\n"
               "  oombd model generate --model DIR --adapter CKPT/final --prompt-file long_prompt.txt "
               "--max-new-tokens 64");
-  generate->add_option("--model", gen->model_dir, "model directory")->required();
-  generate->add_option("--adapter", gen->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)");
+  generate->add_option("--model", gen->model_dir, "model directory")->required()->transform(AbsolutePath());
+  generate->add_option("--adapter", gen->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)")
+      ->transform(AbsolutePath());
   generate->add_option("--prompt", gen->prompt, "UTF-8 prompt");
-  generate->add_option("--prompt-file", gen->prompt_file, "UTF-8 file holding the prompt");
+  generate->add_option("--prompt-file", gen->prompt_file, "UTF-8 file holding the prompt")->transform(AbsolutePath());
   generate->add_option("--max-new-tokens", gen->max_new_tokens, "tokens to generate (default 16)")
       ->check(CLI::PositiveNumber);
   generate->add_option("--chunk-tokens", gen->prefill_chunk_tokens, "prompt tokens per prefill forward (default 4096)")
@@ -158,7 +160,9 @@ void AddTokenize(CLI::App& app) {
                        ->footer(
                            "Example:\n  echo 'Hello' | oombd tokenize --model DIR\n"
                            "  echo '[19556]' | oombd tokenize --model DIR --decode");
-  tokenize->add_option("--model", tok->model, "model directory (tokenizer.json)")->required();
+  tokenize->add_option("--model", tok->model, "model directory (tokenizer.json)")
+      ->required()
+      ->transform(AbsolutePath());
   tokenize->add_flag("--decode", tok->decode, "read a JSON array of ids, print the text");
   tokenize->add_flag("--add-special-tokens", tok->special, "add BOS/EOS as the tokenizer's post-processor does");
   tokenize->callback([tok] {

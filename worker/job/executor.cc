@@ -492,8 +492,8 @@ absl::StatusOr<RunResult> Run::Train() {
     state_.cursor = next.cursor;
     state_.tokens += report->step_tokens;
     state_.loss = report->loss;
-    if (!validation_.empty() && spec_.training.eval_every_steps > 0 &&
-        state_.step % spec_.training.eval_every_steps == 0) {
+    const int64_t every = spec_.training.eval_every_steps;
+    if (!validation_.empty() && (state_.step == total_steps_ || (every > 0 && state_.step % every == 0))) {
       OOMB_ASSIGN_OR_RETURN(report->eval_loss, session_->Evaluate(validation_));
     }
     if (EvaluationDue()) {

@@ -307,10 +307,10 @@ TEST(ResumeTest, TornCheckpointIsSkipped) {
   ExpectSameLosses(second.losses, full.losses, 5);
 }
 
-// The periodic eval loss of a job with a validation set (training.eval_every_steps) is the loss
-// `oombd model eval` computes on the validation file with the adapter of that step. (Without
-// packing, 7 sequences an epoch and batches of 2: step 4's batch crosses into epoch 1, which
-// once left the batch pointing into the re-packed previous epoch.)
+// The eval loss of a job with a validation set (every training.eval_every_steps, and after the
+// last step) is the loss `oombd model eval` computes on the validation file with that step's
+// adapter. (Without packing, 7 sequences an epoch and batches of 2: step 4's batch crosses into
+// epoch 1, which once left the batch pointing into the re-packed previous epoch.)
 TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   const Fixture f = MakeFixture("eval");
   JobConfig spec = MakeSpec(f);
@@ -318,7 +318,7 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   spec.data.validation = root + "/val.jsonl";
   spec.data.packing = false;  // one sample a sequence, as the evaluation scores them
   testing::WriteInputIdsJsonl(spec.data.validation, testing::RandomDocs(3, 12, 30, 61, 99));
-  spec.training.max_steps = 4;
+  spec.training.max_steps = 5;  // evaluations after steps 2 and 4, and after the last
   spec.training.eval_every_steps = 2;
   std::vector<std::pair<int64_t, double>> evals;
   RunOptions options;
@@ -330,7 +330,10 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   };
   auto r = RunJob(spec, options);
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_EQ(evals.size(), 2u);
+  ASSERT_EQ(evals.size(), 3u);
+  EXPECT_EQ(evals[0].first, 2);
+  EXPECT_EQ(evals[1].first, 4);
+  EXPECT_EQ(evals[2].first, 5);
   for (const auto& [step, loss] : evals) {
     EvalOptions e;
     e.model_dir = f.model_dir;

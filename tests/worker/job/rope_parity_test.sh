@@ -14,16 +14,16 @@ model="$data/models/SmolLM2-135M-Instruct"
 [ -f "$model/config.json" ] || { echo "skip: no model at $model"; exit 77; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$oombd" data build --model "$model" --tokens 2048 --max-samples 1 "$data/texts/austen/emma.txt" -o "$work/train.jsonl"
+"$oombd" data build --model "$model" --tokens 1024 --max-samples 1 "$data/texts/austen/emma.txt" -o "$work/train.jsonl"
 "$oombd" data build --model "$model" --tokens 16384 --max-samples 1 "$data/texts/austen/persuasion.txt" \
   -o "$work/eval.jsonl"
 cat >"$work/job.yaml" <<YAML
 display_name: yarn
 model: {path: $model, dtype: float32, rope_scaling: {type: yarn, factor: 4}}
 method: {type: lora, lora: {rank: 8, alpha: 16}}
-data: {train: $work/train.jsonl, max_seq_len: 2048}
-training: {max_steps: 2, learning_rate: 2.0e-3, warmup_steps: 0, lr_schedule: constant}
-memory: {chunk_tokens: 1024, page_tokens: 128}
+data: {train: $work/train.jsonl, max_seq_len: 1024}
+training: {max_steps: 1, learning_rate: 2.0e-3, warmup_steps: 0, lr_schedule: constant}
+memory: {chunk_tokens: 512, page_tokens: 128}
 checkpoint: {every_steps: 0}
 resources: {device: cpu}
 YAML

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# `oombd data retrieval` on the real SmolLM2 tokenizer: one line per (length, depth, trial), each
+# exactly its length, the loss on the answer only (the last tokens: a 5-digit pass key, a
+# 7-digit magic number) and the same documents for the same seed, other keys for another.
+# Relative paths work. Exit 77 (skipped) without the test data.
+# Usage: retrieval_data_test.sh OOMBD PYTHON
+set -euo pipefail
+oombd=$1
+python=$2
+data="${OOMB_DATA_DIR:-$HOME/.cache/oomb/data}"
+model="$data/models/SmolLM2-135M-Instruct"
+[ -f "$model/tokenizer.json" ] || { echo "skip: no model at $model"; exit 77; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$oombd" data retrieval --model "$model" --suite passkey --lengths 300 600 --depths 3 --trials 2 --seed 7 -o "$work/a.jsonl"
+"$oombd" data retrieval --model "$model" --suite passkey --lengths 300 600 --depths 3 --trials 2 --seed 7 -o "$work/b.jsonl"
+"$oombd" data retrieval --model "$model" --suite passkey --lengths 300 600 --depths 3 --trials 2 --seed 8 -o "$work/c.jsonl"
+"$oombd" data retrieval --model "$model" --suite needle --haystack "$data/texts/austen/emma.txt" --lengths 400 \
+  --depths 2 --seed 7 -o "$work/n.jsonl"
+cmp "$work/a.jsonl" "$work/b.jsonl"
+# Relative paths are taken against the current directory.
+(cd "$work" && "$oombd" data retrieval --model "$model" --suite passkey --lengths 300 600 --depths 3 --trials 2 \
+  --seed 7 -o rel.jsonl)
+cmp "$work/a.jsonl" "$work/rel.jsonl"
+if "$oombd" data retrieval --model "$model" --suite needle --lengths 400 --seed 7 -o "$work/x.jsonl" 2>"$work/err"; then
+  echo "FAIL: needle without a haystack was accepted"; exit 1
+fi
+grep -q -- "--haystack: required" "$work/err"
+"$python" - "$work" "$model" <<'PY'
+import json, sys
+from tokenizers import Tokenizer
+work, model = sys.argv[1:3]
+tok = Tokenizer.from_file(model + "/tokenizer.json")
+def answers(name, lengths, digits):
+    out = []
+    for line, length in zip(open(f"{work}/{name}"), lengths):
+        d = json.loads(line)
+        ids, labels = d["input_ids"], d["labels"]
+        assert len(ids) == len(labels) == length, (len(ids), len(labels), length)
+        labeled = [i for i, l in enumerate(labels) if l != -100]
+        assert labeled and labeled == list(range(length - len(labeled), length)), labeled
+        assert all(labels[i] == ids[i] for i in labeled)
+        answer = tok.decode([ids[i] for i in labeled]).strip()
+        assert answer.isdigit() and len(answer) == digits, answer
+        out.append(answer)
+    return out
+a = answers("a.jsonl", [300] * 6 + [600] * 6, 5)
+c = answers("c.jsonl", [300] * 6 + [600] * 6, 5)
+n = answers("n.jsonl", [400] * 2, 7)
+assert a != c, "another seed gave the same keys"
+print("passkey", a, "\nneedle", n)
+PY
+echo PASS
