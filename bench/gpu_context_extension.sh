@@ -32,6 +32,18 @@ log="$OUT/ext_$tag.log"
 : >"$log"
 source bench/gpu_smollm2.sh
 yarn='{type: yarn, factor: 8.0, original_max_position_embeddings: 8192}'
+
+# run_job NAME METRICS: `oombd run $work/NAME.yaml` into $work/run-NAME, its time logged, its
+# metrics.jsonl copied to METRICS.
+run_job() {
+  echo "== oombd run ($1, $STEPS steps)" | tee -a "$log"
+  rm -rf "$work/run-$1"
+  local start
+  start=$(date +%s)
+  oombd run "$work/$1.yaml" --checkpoint-dir "$work/run-$1" 2>&1 | tail -n 40 | tee -a "$log"
+  echo "$1: $(($(date +%s) - start)) s for training and evaluation" | tee -a "$log"
+  cp "$work/run-$1/metrics.jsonl" "$2"
+}
 lengths="8192 16384 32768 65536"
 if [ "$what" = before ]; then
   for scaling in native yarn; do
@@ -44,7 +56,7 @@ if [ "$what" = before ]; then
       --suite positions --data "$work/val.jsonl" --suite passkey --suite needle --haystack "$work/persuasion.txt" \
       --lengths $lengths --depths 5 --trials 2 --seed 1 >"$OUT/ext_before_$scaling.json" 2>>"$log"
     echo "$scaling: $(($(date +%s) - start)) s" | tee -a "$log"
-    cat "$OUT/ext_before_$scaling.json" | tee -a "$log"
+    tee -a "$log" <"$OUT/ext_before_$scaling.json"
   done
   exit 0
 fi
@@ -60,12 +72,7 @@ memory: {chunk_tokens: 4096, page_tokens: 128}
 checkpoint: {every_steps: 0}
 resources: {device: cuda}
 YAML
-  echo "== oombd run (32K, $STEPS steps)" | tee -a "$log"
-  rm -rf "$work/run-hf"
-  start=$(date +%s)
-  oombd run "$work/hf.yaml" --checkpoint-dir "$work/run-hf" 2>&1 | tail -n 15 | tee -a "$log"
-  echo "oomb: $(($(date +%s) - start)) s" | tee -a "$log"
-  cp "$work/run-hf/metrics.jsonl" "$OUT/ext_hf_oomb.jsonl"
+  run_job hf "$OUT/ext_hf_oomb.jsonl"
   echo "== transformers + PEFT (32K, $STEPS steps)" | tee -a "$log"
   start=$(date +%s)
   python3 bench/hf_context_extension.py train --model "$work/model" --config "$work/run-hf/final/base_config.json" \
@@ -78,6 +85,7 @@ fi
 train="$work/train.jsonl"
 if [ "$MIX" = mixed ]; then
   for suite in passkey needle; do
+    # shellcheck disable=SC2086  # $lengths: one flag, several values
     oombd data retrieval --model "$work/model" --suite "$suite" --haystack "$PWD/.qdata/emma.txt" --lengths $lengths \
       --depths 9 --seed 1000 -o "$work/$suite-train.jsonl" | tee -a "$log"
   done
@@ -108,9 +116,4 @@ evaluation:
 checkpoint: {every_steps: 0}
 resources: {device: cuda}
 YAML
-echo "== oombd run ($tag, $STEPS steps)" | tee -a "$log"
-rm -rf "$work/run-$tag"
-start=$(date +%s)
-oombd run "$work/$tag.yaml" --checkpoint-dir "$work/run-$tag" 2>&1 | tail -n 40 | tee -a "$log"
-echo "$tag: $(($(date +%s) - start)) s for training and evaluation" | tee -a "$log"
-cp "$work/run-$tag/metrics.jsonl" "$OUT/ext_$tag.jsonl"
+run_job "$tag" "$OUT/ext_$tag.jsonl"

@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+: "${work:?set by the sourcing script}" "${log:?set by the sourcing script}"
 # Sourced by the SmolLM2 benchmarks on the GPU machine (bench/gpu_sparse_quality.sh,
 # bench/gpu_context_extension.sh), with $work (a scratch directory) and $log set. Prepares:
 #   $work/model        the real SmolLM2-135M-Instruct, as CI has it;
