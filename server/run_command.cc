@@ -11,6 +11,8 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "server/commands.h"
 #include "server/job_files.h"
@@ -20,6 +22,7 @@
 #include "worker/common/status.h"
 #include "worker/hf/loading_code.h"
 #include "worker/job/executor.h"
+#include "worker/metrics/eval_report.h"
 #include "worker/plan/context_window.h"
 
 namespace oomb::server {
@@ -79,8 +82,19 @@ absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f) {
   return spec;
 }
 
-// Progress on stderr: a live line on a terminal, one line per step otherwise; Ctrl-C pauses,
-// a second one cancels.
+// The evaluation section's results after a step, on one line.
+std::string EvaluationLine(int64_t step, const EvalReport& e) {
+  std::string line = fmt::format("evaluation after step {}:", step);
+  for (const auto& [name, cells] : {std::pair{"passkey", &e.passkey}, std::pair{"needle", &e.needle}}) {
+    if (const std::optional<double> a = Accuracy(*cells)) line += fmt::format(" {} {:.0f}%", name, 100 * *a);
+  }
+  if (!e.positions.empty()) line += " loss by position";
+  for (const PositionLoss& b : e.positions) line += fmt::format(" [{}, {}) {:.4f}", b.begin, b.end, b.loss);
+  return line;
+}
+
+// Progress on stderr: a live line on a terminal, one line per step otherwise (and one per
+// evaluation); Ctrl-C pauses, a second one cancels.
 void ReportTo(bool tty, RunOptions* options) {
   options->on_step = [tty](const StepReport& p) {
     const std::string line =
@@ -95,6 +109,7 @@ void ReportTo(bool tty, RunOptions* options) {
     } else {
       std::cerr << line << "\n";
     }
+    if (p.evaluation.has_value()) std::cerr << (tty ? "\n" : "") << EvaluationLine(p.step, *p.evaluation) << "\n";
   };
   options->on_checkpoint = [tty](const CheckpointInfo& c) {
     std::cerr << (tty ? "\r\033[K" : "") << "checkpoint: " << c.path << " (" << Bytes(c.bytes) << ")\n";
