@@ -268,15 +268,16 @@ class GenerationCache {
 };
 
 // Runs tokens [begin, end) of `ids` over the cache (which holds [0, begin)) and returns the
-// greedy next token after `end - 1`.
+// greedy next token after `end - 1`. `rope_len`: dynamic NTK's sequence length (as transformers
+// does: the prompt's length for its tokens, then the length so far for each new token).
 int64_t ForwardSpan(const Transformer& model, GenerationCache& cache, const std::vector<int64_t>& ids, int64_t begin,
-                    int64_t end) {
+                    int64_t end, int64_t rope_len) {
   const at::Device device = model.device();
   ChunkInput in;
   in.ids = at::tensor(std::vector<int64_t>(ids.begin() + begin, ids.begin() + end), at::kLong).to(device);
   in.positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong).device(device));
   in.doc_start = at::zeros({end - begin}, at::kLong);  // one document; on the CPU (paged_attention.h)
-  in.rope_seq_len = end;                               // dynamic NTK: as a forward over the tokens so far
+  in.rope_seq_len = rope_len;
   const at::Tensor hidden =
       model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         return kernels::PagedAttention(q, k, v, in.doc_start, cache.Store(layer, k, v));
@@ -311,7 +312,7 @@ absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
     int64_t next = 0;
     for (int64_t begin = 0; begin < prompt_tokens; begin += o.prefill_chunk_tokens) {
       const int64_t end = std::min(prompt_tokens, begin + o.prefill_chunk_tokens);
-      next = ForwardSpan(*model, cache, ids, begin, end);
+      next = ForwardSpan(*model, cache, ids, begin, end, prompt_tokens);
       if (o.on_prefill) o.on_prefill(end, prompt_tokens);
     }
     while (true) {
@@ -319,7 +320,7 @@ absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
       ids.push_back(next);
       const bool eos = tokenizer->eos_id().has_value() && next == *tokenizer->eos_id();
       if (eos || static_cast<int64_t>(r.new_ids.size()) == o.max_new_tokens) break;
-      next = ForwardSpan(*model, cache, ids, cache.length(), cache.length() + 1);
+      next = ForwardSpan(*model, cache, ids, cache.length(), cache.length() + 1, cache.length() + 1);
     }
     OOMB_ASSIGN_OR_RETURN(r.text, tokenizer->Decode(r.new_ids));
     return r;
