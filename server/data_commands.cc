@@ -16,7 +16,8 @@
 namespace oomb::server {
 namespace {
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> ModelTokenizer(const std::string& model_dir) {
+// The tokenizer of a model directory (its tokenizer.json).
+absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const std::string& model_dir) {
   OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(model_dir));
   return Tokenizer::FromModelDir(dir);
 }
@@ -28,7 +29,7 @@ struct RetrievalFlags {
 
 // The suite's documents as {"input_ids", "labels"} lines (labels -100 but on the answer).
 absl::StatusOr<int64_t> WriteRetrievalDataset(const RetrievalFlags& f) {
-  OOMB_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, ModelTokenizer(f.model));
+  OOMB_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, OpenTokenizer(f.model));
   std::vector<RetrievalDoc> docs;
   if (f.suite == "passkey") {
     OOMB_ASSIGN_OR_RETURN(docs, PasskeyDocs(*tok, f.options));
@@ -104,7 +105,7 @@ void RegisterDataCommands(CLI::App& app) {
   build->add_option("-o,--output", f->output, "output JSONL file")->required()->transform(AbsolutePath());
   build->add_option("inputs", f->inputs, "text files or directories of them")->required()->transform(AbsolutePath());
   build->callback([f] {
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = ModelTokenizer(f->model);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = OpenTokenizer(f->model);
     if (!tok.ok()) {
       std::cerr << "oombd data build: " << tok.status().message() << "\n";
       throw CLI::RuntimeError(1);
