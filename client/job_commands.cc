@@ -19,16 +19,18 @@ void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
     const std::string state = StateName(j->state());
     const int pad = 12 + static_cast<int>(state.size() - v1::Job::State_Name(j->state()).size());
     std::cout << fmt::format("{:<24} {:<{}} {:>13} {:>8} {:<19} {}\n", j->name(), state, pad,
-                             fmt::format("{}/{}", j->progress().step(), j->progress().total_steps()),
+                             j->spec().method().type() == v1::Method::evaluate
+                                 ? "evaluate"
+                                 : fmt::format("{}/{}", j->progress().step(), j->progress().total_steps()),
                              j->progress().step() > 0 ? fmt::format("{:.4f}", j->progress().loss()) : "-",
                              Time(j->create_time()), j->spec().display_name());
   }
 }
 
 // The evaluation section's last results, one line: "step N: passkey 0.90, needle 0.75, loss by
-// position [0, 1K) 2.310 [1K, 2K) 2.252".
+// position [0, 1K) 2.310 [1K, 2K) 2.252" (without "step N:" for method.type evaluate's, step 0).
 std::string EvaluationLine(const v1::EvaluationResult& e) {
-  std::string line = fmt::format("step {}:", e.step());
+  std::string line = e.step() > 0 ? fmt::format("step {}:", e.step()) : "";
   if (e.has_passkey_accuracy()) line += fmt::format(" passkey {:.2f},", e.passkey_accuracy());
   if (e.has_needle_accuracy()) line += fmt::format(" needle {:.2f},", e.needle_accuracy());
   if (e.positions_size() > 0) line += " loss by position";
@@ -36,6 +38,7 @@ std::string EvaluationLine(const v1::EvaluationResult& e) {
     line += fmt::format(" [{}K, {}K) {:.3f}", b.begin() / 1024, b.end() / 1024, b.loss());
   }
   if (!line.empty() && line.back() == ',') line.pop_back();
+  if (!line.empty() && line.front() == ' ') line.erase(0, 1);
   return line;
 }
 
@@ -46,9 +49,19 @@ void PrintJobDetail(const v1::Job& j) {
   if (!j.daemon().empty()) std::cout << fmt::format("daemon:      {}\n", j.daemon());
   if (!j.spec().display_name().empty()) std::cout << fmt::format("display:     {}\n", j.spec().display_name());
   std::cout << fmt::format("model:       {}\n", j.spec().model().path());
-  std::cout << fmt::format("data:        {}\n", j.spec().data().train());
-  std::cout << fmt::format("progress:    step {}/{}, {} tokens, loss {:.4f}\n", j.progress().step(),
-                           j.progress().total_steps(), j.progress().tokens(), j.progress().loss());
+  const v1::MethodSpec& method = j.spec().method();
+  if (method.type() == v1::Method::evaluate) {  // no training: what is evaluated, and its loss
+    const std::string& adapter = method.lora().init_adapter();
+    std::cout << fmt::format("method:      evaluate ({})\n", adapter.empty() ? "the base model" : "adapter " + adapter);
+    if (!j.spec().data().validation().empty()) {
+      std::cout << fmt::format("validation:  {}\n", j.spec().data().validation());
+    }
+    if (j.progress().eval_loss() > 0) std::cout << fmt::format("eval loss:   {:.4f}\n", j.progress().eval_loss());
+  } else {
+    std::cout << fmt::format("data:        {}\n", j.spec().data().train());
+    std::cout << fmt::format("progress:    step {}/{}, {} tokens, loss {:.4f}\n", j.progress().step(),
+                             j.progress().total_steps(), j.progress().tokens(), j.progress().loss());
+  }
   if (j.progress().has_evaluation()) {
     std::cout << fmt::format("evaluation:  {}\n", EvaluationLine(j.progress().evaluation()));
   }

@@ -69,12 +69,11 @@ absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id) c
         absl::StrCat("model.path: ", spec.model.path, ": no config.json (expected a Hugging Face model directory)"));
   }
   OOMB_RETURN_IF_ERROR(FieldError(model->OpenFile("config.json").status(), "model.path"));
-  OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(spec.data.train).status(), "data.train"));
-  if (!spec.data.validation.empty()) {
-    OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(spec.data.validation).status(), "data.validation"));
-  }
-  if (!spec.evaluation.haystack.empty()) {
-    OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(spec.evaluation.haystack).status(), "evaluation.haystack"));
+  const std::pair<const char*, const std::string*> files[] = {{"data.train", &spec.data.train},  // empty: evaluate
+                                                              {"data.validation", &spec.data.validation},
+                                                              {"evaluation.haystack", &spec.evaluation.haystack}};
+  for (const auto& [field, path] : files) {
+    if (!path->empty()) OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(*path).status(), field));
   }
   if (!spec.method.lora.init_adapter.empty()) {
     absl::StatusOr<Dir> adapter = jobs_->OpenDir(spec.method.lora.init_adapter);

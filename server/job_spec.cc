@@ -32,6 +32,28 @@ absl::Status CheckEvaluation(const v1::JobSpec& s, const spec::Source& source, c
   return absl::OkStatus();
 }
 
+// What the method reads: training data, or (evaluate) something to evaluate and no training data.
+absl::Status CheckMethod(const v1::JobSpec& s, const spec::Source& source, const spec::Lines* lines) {
+  const auto error = [&](const std::string& path, absl::string_view what) {
+    return spec::FieldError(source, lines, path, what);
+  };
+  if (s.method().type() != v1::Method::evaluate) {
+    if (s.data().train().empty()) return error("data.train", "is required (the training data)");
+    return absl::OkStatus();
+  }
+  if (!s.data().train().empty()) {
+    return error("data.train", "method.type evaluate trains nothing: remove data.train (it would not be read)");
+  }
+  if (s.evaluation().suites().empty() && s.data().validation().empty()) {
+    return error("evaluation.suites",
+                 "method.type evaluate needs something to evaluate: evaluation.suites, data.validation or both");
+  }
+  if (s.resources().gpus() > 1) {
+    return error("resources.gpus", absl::StrCat("method.type evaluate runs on one device, got ", s.resources().gpus()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRelations(const v1::JobSpec& s, const spec::Source& source, const spec::Lines* lines) {
   const auto error = [&](const std::string& path, absl::string_view what) {
     return spec::FieldError(source, lines, path, what);
@@ -56,6 +78,7 @@ absl::Status CheckRelations(const v1::JobSpec& s, const spec::Source& source, co
                                 sp.page_budget()));
     }
   }
+  OOMB_RETURN_IF_ERROR(CheckMethod(s, source, lines));
   if (s.method().type() == v1::Method::full && !s.method().lora().init_adapter().empty()) {
     return error("method.lora.init_adapter", "starts LoRA adapters: not with method.type full");
   }
@@ -138,7 +161,9 @@ JobConfig ToConfig(const v1::JobSpec& s) {
   c.model.path = s.model().path();
   c.model.dtype = s.model().dtype() == v1::ModelSpec::float32 ? ModelDtype::kFloat32 : ModelDtype::kBFloat16;
   if (s.model().has_rope_scaling()) c.model.rope_scaling = RopeOf(s.model().rope_scaling());
-  c.method.type = s.method().type() == v1::Method::full ? TrainMethod::kFull : TrainMethod::kLora;
+  c.method.type = s.method().type() == v1::Method::full       ? TrainMethod::kFull
+                  : s.method().type() == v1::Method::evaluate ? TrainMethod::kEvaluate
+                                                              : TrainMethod::kLora;
   const v1::LoraSpec& l = s.method().lora();
   c.method.lora = {
       l.rank(), l.alpha(), l.dropout(), {l.target_modules().begin(), l.target_modules().end()}, l.init_adapter()};

@@ -82,9 +82,9 @@ absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f) {
   return spec;
 }
 
-// The evaluation section's results after a step, on one line.
-std::string EvaluationLine(int64_t step, const EvalReport& e) {
-  std::string line = fmt::format("evaluation after step {}:", step);
+// The evaluation section's results after a step (step 0 of 0: method.type evaluate's), on one line.
+std::string EvaluationLine(const StepReport& p, const EvalReport& e) {
+  std::string line = p.total_steps == 0 ? "evaluation:" : fmt::format("evaluation after step {}:", p.step);
   for (const auto& [name, cells] : {std::pair{"passkey", &e.passkey}, std::pair{"needle", &e.needle}}) {
     if (const std::optional<double> a = Accuracy(*cells)) line += fmt::format(" {} {:.0f}%", name, 100 * *a);
   }
@@ -97,6 +97,11 @@ std::string EvaluationLine(int64_t step, const EvalReport& e) {
 // evaluation); Ctrl-C pauses, a second one cancels.
 void ReportTo(bool tty, RunOptions* options) {
   options->on_step = [tty](const StepReport& p) {
+    if (p.total_steps == 0) {  // method.type evaluate: its one report
+      if (p.eval_loss > 0) std::cerr << fmt::format("validation loss {:.4f}\n", p.eval_loss);
+      if (p.evaluation.has_value()) std::cerr << EvaluationLine(p, *p.evaluation) << "\n";
+      return;
+    }
     const std::string line =
         fmt::format("step {}/{} loss {:.4f} lr {:.3g} {:.0f} tok/s mem {} eta {}{}", p.step, p.total_steps, p.loss,
                     p.learning_rate, p.tokens_per_second, Bytes(p.peak_device_bytes), Duration(p.eta_seconds),
@@ -109,7 +114,7 @@ void ReportTo(bool tty, RunOptions* options) {
     } else {
       std::cerr << line << "\n";
     }
-    if (p.evaluation.has_value()) std::cerr << (tty ? "\n" : "") << EvaluationLine(p.step, *p.evaluation) << "\n";
+    if (p.evaluation.has_value()) std::cerr << (tty ? "\n" : "") << EvaluationLine(p, *p.evaluation) << "\n";
   };
   options->on_checkpoint = [tty](const CheckpointInfo& c) {
     std::cerr << (tty ? "\r\033[K" : "") << "checkpoint: " << c.path << " (" << Bytes(c.bytes) << ")\n";
@@ -158,6 +163,10 @@ int RunMain(const RunFlags& f) {
       return 130;
     case RunOutcome::kSucceeded:
       break;
+  }
+  if (spec->method.type == TrainMethod::kEvaluate) {
+    std::cerr << "oombd run: evaluated; the results are also in " << checkpoint_dir << "/metrics.jsonl\n";
+    return 0;
   }
   const std::string& out = result->final_checkpoint.path;
   std::cout << out << "\n";

@@ -128,6 +128,84 @@ TEST(Lifecycle, SubmitWatchOverUnixSocketOnly) {
   ExpectSucceededLifecycle(endpoint, SubmittedName(submit.out), 3, tmp.path());
 }
 
+// method.type evaluate over the API: an evaluation of SmolLM2 with the adapter a training job
+// wrote, without training, listed and watched like any job (QUEUED -> RUNNING -> SUCCEEDED, one
+// STEP event with the results, no checkpoint); its results are those of the training job's own
+// evaluation after its last step, on the same model. The base model alone evaluates too.
+TEST(Lifecycle, EvaluateJobScoresAnAdapterWithoutTraining) {
+  if (!fs::exists(SmolLm2() / "tokenizer.json") || !fs::exists(DataDir() / "texts/austen")) {
+    GTEST_SKIP() << "no SmolLM2 / Austen texts under " << DataDir() << " (run scripts/fetch_test_data.sh)";
+  }
+  TempDir tmp;
+  Daemon daemon(tmp.path() / "data", DaemonOptions());
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  const std::string endpoint = daemon.tcp_endpoint();
+  WriteFile(tmp.path() / "train.jsonl", json{{"text", AustenWords(0, 300)}}.dump() + "\n");
+  WriteFile(tmp.path() / "val.jsonl", json{{"text", AustenWords(3000, 300)}}.dump() + "\n");
+  const std::string common = "model: {path: " + SmolLm2().string() +
+                             ", dtype: float32}\n"
+                             "memory: {chunk_tokens: 128}\n"
+                             "evaluation: {suites: [positions, passkey], lengths: [384], depths: 2}\n"
+                             "resources: {device: cpu}\n";
+  const std::string validation = "validation: " + (tmp.path() / "val.jsonl").string() + ", max_seq_len: 384";
+  WriteFile(tmp.path() / "train.yaml", common +
+                                           "method: {type: lora, lora: {rank: 4, alpha: 8, target_modules: "
+                                           "[q_proj, v_proj]}}\n"
+                                           "data: {train: " +
+                                           (tmp.path() / "train.jsonl").string() + ", " + validation +
+                                           "}\n"
+                                           "training: {max_steps: 2, warmup_steps: 0, learning_rate: 1.0e-3}\n"
+                                           // Outside the data dir, which jobs may not read.
+                                           "checkpoint: {dir: " +
+                                           (tmp.path() / "trained").string() + "}\n");
+  const Result trained = Oomb(endpoint, "submit " + (tmp.path() / "train.yaml").string() + " --watch", tmp.path());
+  ASSERT_EQ(trained.rc, 0) << trained.out << trained.err << daemon.log();
+  const json train_job = OombJson(endpoint, "get " + SubmittedName(trained.out), tmp.path());
+  const json cps = OombJson(endpoint, "checkpoints " + SubmittedName(trained.out), tmp.path());
+  ASSERT_TRUE(cps.contains("checkpoints")) << cps.dump(2);
+  const std::string adapter = cps["checkpoints"].back()["path"];
+
+  WriteFile(tmp.path() / "eval.yaml", common +
+                                          "display_name: eval-adapter\nmethod: {type: evaluate, lora: "
+                                          "{init_adapter: " +
+                                          adapter + "}}\ndata: {" + validation + "}\n");
+  const Result evaluated = Oomb(endpoint, "submit " + (tmp.path() / "eval.yaml").string() + " --watch", tmp.path());
+  ASSERT_EQ(evaluated.rc, 0) << evaluated.out << evaluated.err << daemon.log();
+  const std::string job = SubmittedName(evaluated.out);
+  const json got = OombJson(endpoint, "get " + job, tmp.path());
+  EXPECT_EQ(got["state"], "SUCCEEDED") << got.dump(2);
+  ASSERT_TRUE(got["progress"].contains("evaluation")) << got.dump(2);
+  ASSERT_TRUE(train_job["progress"].contains("evaluation")) << train_job.dump(2);
+  json mine = got["progress"]["evaluation"], theirs = train_job["progress"]["evaluation"];
+  EXPECT_EQ(theirs["step"], "2");
+  EXPECT_FALSE(mine.contains("step"));  // 0: no training step
+  theirs.erase("step");
+  EXPECT_EQ(mine, theirs);
+  EXPECT_TRUE(mine.contains("passkey_accuracy")) << mine.dump(2);
+  EXPECT_EQ(mine["positions"].size(), 1u) << mine.dump(2);
+  EXPECT_NEAR(got["progress"]["eval_loss"].get<double>(), train_job["progress"]["eval_loss"].get<double>(), 1e-9);
+
+  std::vector<std::string> states;
+  int steps = 0;
+  for (const json& e : AllEvents(endpoint, job, tmp.path())) {
+    if (e["type"] == "STATE_CHANGED") states.push_back(e["state"]);
+    steps += e["type"] == "STEP" ? 1 : 0;
+    EXPECT_NE(e["type"], "CHECKPOINT_SAVED");
+  }
+  EXPECT_THAT(states, ::testing::ElementsAre("QUEUED", "RUNNING", "SUCCEEDED"));
+  EXPECT_EQ(steps, 1);
+  EXPECT_FALSE(OombJson(endpoint, "checkpoints " + job, tmp.path()).contains("checkpoints"));
+  EXPECT_THAT(Oomb(endpoint, "list", tmp.path()).out, HasSubstr("evaluate"));
+  const Result detail = Oomb(endpoint, "get " + job, tmp.path());
+  EXPECT_THAT(detail.out, HasSubstr("method:      evaluate (adapter " + adapter + ")"));
+  EXPECT_THAT(detail.out, HasSubstr("evaluation:  passkey"));
+
+  WriteFile(tmp.path() / "base.yaml", common + "method: {type: evaluate}\ndata: {" + validation + "}\n");
+  const Result base = Oomb(endpoint, "submit " + (tmp.path() / "base.yaml").string() + " --watch", tmp.path());
+  ASSERT_EQ(base.rc, 0) << base.out << base.err << daemon.log();
+  EXPECT_THAT(base.out, HasSubstr("state SUCCEEDED"));
+}
+
 // tests/python/grpc_lifecycle.py: stubs generated from proto/ with grpc_tools.protoc; create,
 // watch (stream), events, a resumed watch with after_sequence; then the final adapter in PEFT
 // against `oombd model eval --adapter`.

@@ -361,6 +361,26 @@ TEST(JobSpecTest, InitAdapterIsAPathForLoraOnly) {
               HasSubstr("job.yaml:5: method.lora.init_adapter: starts LoRA adapters: not with method.type full"));
 }
 
+// method.type evaluate: no training data (data.train refused), something to evaluate (suites,
+// data.validation or both), one device; its adapter is method.lora.init_adapter, optional.
+TEST(JobSpecTest, EvaluateReadsNoTrainingDataAndNeedsSomethingToEvaluate) {
+  const JobConfig j = LoadOk(
+      "model: {path: /m}\nmethod: {type: evaluate, lora: {init_adapter: /runs/a/final}}\n"
+      "evaluation: {suites: [passkey], lengths: [4096]}\n");
+  EXPECT_EQ(j.method.type, TrainMethod::kEvaluate);
+  EXPECT_TRUE(j.data.train.empty());
+  EXPECT_EQ(j.method.lora.init_adapter, "/runs/a/final");
+  EXPECT_EQ(LoadOk("model: {path: /m}\nmethod: {type: evaluate}\ndata: {validation: /v}\n").method.type,
+            TrainMethod::kEvaluate);
+  EXPECT_THAT(LoadError("model: {path: /m}\nmethod: {type: evaluate}\ndata: {train: /t, validation: /v}\n"),
+              HasSubstr("job.yaml:3: data.train: method.type evaluate trains nothing"));
+  EXPECT_THAT(LoadError("model: {path: /m}\nmethod: {type: evaluate}\n"),
+              HasSubstr("evaluation.suites: method.type evaluate needs something to evaluate"));
+  EXPECT_THAT(LoadError("model: {path: /m}\nmethod: {type: evaluate}\ndata: {validation: /v}\n"
+                        "training: {batch_sequences: 2}\nresources: {gpus: 2}\n"),
+              HasSubstr("job.yaml:5: resources.gpus: method.type evaluate runs on one device, got 2"));
+}
+
 TEST(JobSpecTest, MissingRequiredFields) {
   EXPECT_THAT(LoadError("data: {train: /t}\n"), HasSubstr("job.yaml: model.path: is required"));
   EXPECT_THAT(LoadError("model: {path: /m}\n"), HasSubstr("job.yaml: data.train: is required"));

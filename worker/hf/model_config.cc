@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
+#include "worker/hf/loading_code.h"
 
 namespace oomb {
 namespace {
@@ -310,6 +311,13 @@ constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 absl::StatusOr<ModelConfig> LoadModelConfig(const Dir& model_dir) {
   OOMB_ASSIGN_OR_RETURN(std::string text, model_dir.ReadFile("config.json", kMaxConfigBytes));
   return ParseModelConfig(text, model_dir.PathOf("config.json"));
+}
+
+absl::StatusOr<std::optional<RopeScalingOverride>> AdapterRopeScaling(const Dir& adapter) {
+  if (!adapter.Contains(kBaseConfigFile)) return std::optional<RopeScalingOverride>();
+  OOMB_ASSIGN_OR_RETURN(const std::string text, adapter.ReadFile(kBaseConfigFile, kMaxConfigBytes));
+  OOMB_ASSIGN_OR_RETURN(const ModelConfig trained, ParseModelConfig(text, adapter.PathOf(kBaseConfigFile)));
+  return RopeScalingOf(trained.rope);
 }
 
 }  // namespace oomb

@@ -98,6 +98,10 @@ absl::StatusOr<std::string> EffectiveConfigJson(const std::string& base_config_j
 // effective config.json); none when `trained` has a default RoPE.
 std::optional<RopeScalingOverride> RopeScalingOf(const RopeConfig& trained);
 
+// The RoPE scaling an adapter oomb wrote was trained with, from the base config recorded beside
+// it (kBaseConfigFile, worker/hf/loading_code.h); none for an adapter without one.
+absl::StatusOr<std::optional<RopeScalingOverride>> AdapterRopeScaling(const Dir& adapter);
+
 }  // namespace oomb
 
 #endif  // OOMB_WORKER_HF_MODEL_CONFIG_H_

@@ -120,6 +120,7 @@ struct JobData {
 };
 
 // The tokenizer is loaded lazily (ModelTokenizer): pre-tokenized data needs no tokenizer.json.
+// method.type evaluate reads no training data.
 absl::StatusOr<JobData> ReadJobData(const JobConfig& spec, const FileAccess& files) {
   JobData data;
   absl::StatusOr<Dir> model_dir = files.OpenDir(spec.model.path);
@@ -133,15 +134,17 @@ absl::StatusOr<JobData> ReadJobData(const JobConfig& spec, const FileAccess& fil
   absl::StatusOr<int64_t> vocab = ModelVocabSize(*model_dir);
   if (!vocab.ok()) return Annotate(vocab.status(), "model.path");
   options.vocab_size = *vocab;
-  absl::StatusOr<File> train = files.OpenFile(spec.data.train);
-  if (!train.ok()) return Annotate(train.status(), "data.train");
-  OOMB_ASSIGN_OR_RETURN(data.train, ReadJsonlDataset(*train, loader, options, &data.stats));
-  if (data.stats.label_tokens == 0) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          "data.train: ", spec.data.train,
-                          ": no token carries a label (every label is -100, or no sample has an assistant turn "
-                          "or more than one token): there is nothing to train on")),
-                      Reason::kBadData);
+  if (spec.method.type != TrainMethod::kEvaluate) {
+    absl::StatusOr<File> train = files.OpenFile(spec.data.train);
+    if (!train.ok()) return Annotate(train.status(), "data.train");
+    OOMB_ASSIGN_OR_RETURN(data.train, ReadJsonlDataset(*train, loader, options, &data.stats));
+    if (data.stats.label_tokens == 0) {
+      return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                            "data.train: ", spec.data.train,
+                            ": no token carries a label (every label is -100, or no sample has an assistant turn "
+                            "or more than one token): there is nothing to train on")),
+                        Reason::kBadData);
+    }
   }
   if (!spec.data.validation.empty()) {
     options.field = "data.validation";
@@ -166,7 +169,7 @@ class Run final : public StepSync {
       OOMB_ASSIGN_OR_RETURN(group_, DataParallelGroup::Join(*rank_.rendezvous, rank_.index, rank_.world, device_));
     }
     OOMB_RETURN_IF_ERROR(Agree(Guarded([this] { return Setup(); }), nullptr));
-    return Train();
+    return spec_.method.type == TrainMethod::kEvaluate ? EvaluateOnly() : Train();
   }
 
   // StepSync.
@@ -197,6 +200,9 @@ class Run final : public StepSync {
   std::vector<TokenSequence> NextBatch(TrainerState* next);
   absl::StatusOr<CheckpointInfo> Checkpoint(bool final);
   absl::StatusOr<RunResult> Train();
+  // method.type evaluate: data.validation's loss and the evaluation section, once, reported as
+  // step 0 of 0 (one metrics.jsonl line, one on_step); no checkpoint.
+  absl::StatusOr<RunResult> EvaluateOnly();
   // Rank 0: completes the step's report with its place in the run, writes its metrics.jsonl
   // line, announces it and writes the periodic checkpoint (into `result`).
   absl::Status Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result);
@@ -266,8 +272,9 @@ absl::Status Run::Setup() {
   const auto first_epoch = PackDocuments(docs_, spec_.data.max_seq_len, spec_.data.packing, spec_.data.shuffle_seed);
   const int64_t per_epoch = static_cast<int64_t>(first_epoch.size());
   const int64_t batch = spec_.training.batch_sequences;
-  total_steps_ = spec_.training.max_steps > 0 ? spec_.training.max_steps
-                                              : spec_.training.epochs * ((per_epoch + batch - 1) / batch);
+  total_steps_ = spec_.method.type == TrainMethod::kEvaluate ? 0
+                 : spec_.training.max_steps > 0              ? spec_.training.max_steps
+                                                : spec_.training.epochs * ((per_epoch + batch - 1) / batch);
   OOMB_RETURN_IF_ERROR(PrepareEvaluation(data));
   int64_t longest = 1;
   for (const auto& s : first_epoch) longest = std::max(longest, s.size());
@@ -282,15 +289,32 @@ absl::Status Run::Setup() {
   return absl::OkStatus();
 }
 
+// RoPE: model.rope_scaling when set; for evaluate, else the scaling the adapter was trained with
+// (as `oombd model eval --adapter`); else config.json's.
 absl::Status Run::LoadModel() {
+  const bool evaluate = spec_.method.type == TrainMethod::kEvaluate;
+  std::optional<Dir> adapter;
+  std::optional<RopeScalingOverride> rope = spec_.model.rope_scaling;
+  if (!spec_.method.lora.init_adapter.empty()) {
+    absl::StatusOr<Dir> dir = options_.files->OpenDir(spec_.method.lora.init_adapter);
+    if (!dir.ok()) return Annotate(dir.status(), "method.lora.init_adapter");
+    adapter = *dir;
+    if (evaluate && !rope.has_value()) {
+      absl::StatusOr<std::optional<RopeScalingOverride>> trained = AdapterRopeScaling(*adapter);
+      if (!trained.ok()) return Annotate(trained.status(), "method.lora.init_adapter");
+      rope = *trained;
+    }
+  }
   const at::ScalarType dtype = spec_.model.dtype == ModelDtype::kFloat32 ? at::kFloat : at::kBFloat16;
-  absl::StatusOr<std::unique_ptr<Transformer>> model =
-      Transformer::Load(*model_dir_, dtype, device_, spec_.model.rope_scaling);
+  absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::Load(*model_dir_, dtype, device_, rope);
   if (!model.ok()) return ModelError(model.status());
   model_ = *std::move(model);
   if (spec_.method.type == TrainMethod::kFull) {
     model_->EnableFullFineTuning();
     return absl::OkStatus();
+  }
+  if (evaluate) {
+    return adapter.has_value() ? Annotate(model_->LoadAdapter(*adapter), "method.lora.init_adapter") : absl::OkStatus();
   }
   LoraOptions lora;
   lora.rank = spec_.method.lora.rank;
@@ -298,9 +322,7 @@ absl::Status Run::LoadModel() {
   lora.dropout = spec_.method.lora.dropout;
   lora.target_modules = spec_.method.lora.target_modules;
   OOMB_RETURN_IF_ERROR(model_->AddLora(lora, static_cast<uint64_t>(spec_.training.seed)));
-  if (spec_.method.lora.init_adapter.empty()) return absl::OkStatus();
-  absl::StatusOr<Dir> adapter = options_.files->OpenDir(spec_.method.lora.init_adapter);
-  if (!adapter.ok()) return Annotate(adapter.status(), "method.lora.init_adapter");
+  if (!adapter.has_value()) return absl::OkStatus();
   return Annotate(model_->LoadLoraWeights(*adapter), "method.lora.init_adapter");
 }
 
@@ -518,6 +540,26 @@ absl::StatusOr<RunResult> Run::Train() {
   return result;
 }
 
+absl::StatusOr<RunResult> Run::EvaluateOnly() {
+  OOMB_ASSIGN_OR_RETURN(metrics_, MetricsLog::Open(*options_.checkpoint_dir));
+  StepReport report;
+  absl::Status evaluated = [&]() -> absl::Status {
+    if (!validation_.empty()) {
+      OOMB_ASSIGN_OR_RETURN(report.eval_loss, session_->Evaluate(validation_));
+    }
+    if (!spec_.evaluation.suites.empty()) {
+      OOMB_ASSIGN_OR_RETURN(report.evaluation, Evaluate());
+    }
+    return absl::OkStatus();
+  }();
+  if (absl::IsCancelled(evaluated)) return Stopped();
+  OOMB_RETURN_IF_ERROR(evaluated);
+  absl::Status written = metrics_->Append(report);
+  if (options_.on_step) options_.on_step(report);
+  OOMB_RETURN_IF_ERROR(written);
+  return RunResult{};
+}
+
 absl::Status Run::Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result) {
   report.step = state_.step;
   report.total_steps = total_steps_;
@@ -535,13 +577,14 @@ absl::Status Run::Report(StepReport& report, double lr, double elapsed, int64_t 
   return absl::OkStatus();
 }
 
-// Cancel: nothing more is written. Pause: a checkpoint of the last completed step (rank 0).
+// Cancel: nothing more is written. Pause: a checkpoint of the last completed step (rank 0);
+// none for evaluate, which starts over when resumed.
 absl::StatusOr<RunResult> Run::Stopped() {
   RunResult r;
   session_->optimizer().zero_grad(/*set_to_none=*/true);
   if (stop_ == StopRequest::kPause) {
     r.outcome = RunOutcome::kPaused;
-    if (!lead()) return r;
+    if (!lead() || spec_.method.type == TrainMethod::kEvaluate) return r;
     OOMB_ASSIGN_OR_RETURN(r.final_checkpoint, Checkpoint(false));
   } else {
     r.outcome = RunOutcome::kCancelled;

@@ -14,6 +14,10 @@
 //     exactly as an uninterrupted run would.
 //   - Failures of the job itself (NaN loss, bad data found late, out of memory) come back as a
 //     status with a reason in `RunResult`; Run() never throws and never aborts the process.
+//   - method.type evaluate trains nothing: data.validation's loss and the evaluation section
+//     run once, on the base model with method.lora.init_adapter when set, and come back as one
+//     on_step report (step 0 of 0; one metrics.jsonl line); no checkpoint is written, and a
+//     paused evaluation starts over when resumed.
 //   - resources.gpus = k > 1: data parallel over k devices (worker/train/data_parallel.h), one
 //     thread per device started by Run(); each step's global batch of
 //     training.batch_sequences sequences is split between them and the result is that of one

@@ -13,7 +13,6 @@
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/hf/chat_template.h"
-#include "worker/hf/loading_code.h"
 #include "worker/hf/safetensors.h"
 #include "worker/hf/tokenizer.h"
 #include "worker/job/eval_suites.h"
@@ -65,15 +64,6 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
 
 namespace {
 
-// The RoPE scaling an adapter was trained with, from the base config recorded beside it
-// (kBaseConfigFile); none for an adapter without one.
-absl::StatusOr<std::optional<RopeScalingOverride>> TrainedRopeScaling(const Dir& adapter) {
-  if (!adapter.Contains(kBaseConfigFile)) return std::optional<RopeScalingOverride>();
-  OOMB_ASSIGN_OR_RETURN(const std::string text, adapter.ReadFile(kBaseConfigFile, int64_t{1} << 20));
-  OOMB_ASSIGN_OR_RETURN(const ModelConfig trained, ParseModelConfig(text, adapter.PathOf(kBaseConfigFile)));
-  return RopeScalingOf(trained.rope);
-}
-
 at::Device DeviceOf(const std::string& name) {
   const bool cpu = name == "cpu" || (name == "auto" && !torch::cuda::is_available());
   return cpu ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
@@ -89,22 +79,13 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadModel(const Dir& model_dir, con
   if (!adapter_dir.empty()) {
     OOMB_ASSIGN_OR_RETURN(adapter, FileAccess::Unconfined()->OpenDir(adapter_dir));
     if (!rope.has_value()) {
-      OOMB_ASSIGN_OR_RETURN(rope, TrainedRopeScaling(*adapter));
+      OOMB_ASSIGN_OR_RETURN(rope, AdapterRopeScaling(*adapter));
     }
   }
   OOMB_ASSIGN_OR_RETURN(
       std::unique_ptr<Transformer> model,
       Transformer::Load(model_dir, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, DeviceOf(device), rope));
-  if (!adapter.has_value()) return model;
-  OOMB_ASSIGN_OR_RETURN(std::string text, adapter->ReadFile("adapter_config.json"));
-  const auto cfg = nlohmann::json::parse(text, nullptr, false);
-  if (!cfg.is_object()) return absl::InvalidArgumentError(adapter_dir + "/adapter_config.json: not JSON");
-  LoraOptions lora;
-  lora.rank = cfg.value("r", 8);
-  lora.alpha = cfg.value("lora_alpha", 8.0);
-  lora.target_modules = cfg.value("target_modules", std::vector<std::string>{});
-  OOMB_RETURN_IF_ERROR(model->AddLora(lora, 0));
-  OOMB_RETURN_IF_ERROR(model->LoadLoraWeights(*adapter));
+  if (adapter.has_value()) OOMB_RETURN_IF_ERROR(model->LoadAdapter(*adapter));
   return model;
 }
 

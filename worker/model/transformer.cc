@@ -340,6 +340,23 @@ absl::Status Transformer::LoadLoraWeights(const Dir& adapter) {
   return absl::OkStatus();
 }
 
+absl::Status Transformer::LoadAdapter(const Dir& adapter) {
+  const std::string path = adapter.PathOf("adapter_config.json");
+  OOMB_ASSIGN_OR_RETURN(const std::string text, adapter.ReadFile("adapter_config.json", int64_t{1} << 20));
+  const auto cfg = nlohmann::json::parse(text, nullptr, false);
+  if (!cfg.is_object()) return absl::InvalidArgumentError(path + ": not a JSON object");
+  LoraOptions lora;
+  try {
+    lora.rank = cfg.value("r", int64_t{8});
+    lora.alpha = cfg.value("lora_alpha", 8.0);
+    lora.target_modules = cfg.value("target_modules", std::vector<std::string>{"q_proj", "v_proj"});
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+  OOMB_RETURN_IF_ERROR(Annotate(AddLora(lora, 0), path));
+  return LoadLoraWeights(adapter);
+}
+
 absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model_path) const {
   if (!lora_.has_value()) return absl::FailedPreconditionError("SaveLora: the model has no adapters");
   OOMB_RETURN_IF_ERROR(SaveTensors(dir, "adapter_model.safetensors", TrainableParameters(), {{"format", "pt"}}));

@@ -105,6 +105,9 @@ class Transformer {
   const std::optional<LoraOptions>& lora() const { return lora_; }
   // Loads adapter weights saved by SaveLora (or by PEFT) into the existing adapters.
   absl::Status LoadLoraWeights(const Dir& adapter);
+  // Adds the adapters of a PEFT adapter directory with the options of its adapter_config.json
+  // (r, lora_alpha, target_modules; PEFT's defaults where absent) and loads their weights.
+  absl::Status LoadAdapter(const Dir& adapter);
   // Writes adapter_model.safetensors + adapter_config.json into `dir` in PEFT's layout.
   absl::Status SaveLora(const Dir& dir, const std::string& base_model_path) const;
   // Writes model.safetensors + config.json (full fine-tuning output) in the model's dtype.

@@ -20,7 +20,9 @@
 namespace oomb {
 
 enum class ModelDtype { kBFloat16, kFloat32 };
-enum class TrainMethod { kLora, kFull };
+// kEvaluate: no training; the evaluation section (and data.validation's loss) once, on the base
+// model with method.lora.init_adapter when set.
+enum class TrainMethod { kLora, kFull, kEvaluate };
 enum class LrSchedule { kConstant, kLinear, kCosine };
 enum class KvOffload { kAuto, kNone, kHost };
 enum class KvGradDtype { kFloat32, kBFloat16 };

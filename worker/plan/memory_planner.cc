@@ -55,7 +55,9 @@ class Model {
  public:
   Model(const ModelConfig& c, const JobConfig& spec, bool cuda) : c_(c), spec_(spec), cuda_(cuda) {
     e_ = spec.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
-    const bool lora = spec.method.type == TrainMethod::kLora;
+    // evaluate is planned as the LoRA job of method.lora's shape: it runs the same chunks, and
+    // its adapter (whatever its rank) is a small part of the weights.
+    const bool lora = spec.method.type != TrainMethod::kFull;
     weights_ = c.ParameterCount() * e_;
     if (lora) {
       int64_t lora_params = 0;
@@ -125,7 +127,7 @@ class Model {
       per_token += fused_norms ? e_ * (Q + KV) + kF32 * (c_.num_heads + c_.num_kv_heads) : (kF32 + e_) * (Q + KV);
     }
     per_token += (fused ? 3 : 4) * e_ * I;
-    if (spec_.method.type == TrainMethod::kLora) {
+    if (spec_.method.type != TrainMethod::kFull) {
       for (const LinearShape& l : Linears(c_)) {
         if (!Targeted(spec_.method.lora, l.name)) continue;
         per_token += e_ * spec_.method.lora.rank;
