@@ -305,6 +305,12 @@ at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return PagedAttentionFn::apply(q, k, v, doc_start, std::move(past), key_block_tokens, kernel);
 }
 
+at::Tensor SlidingWindowStart(const at::Tensor& doc_start, int64_t S, int64_t window) {
+  TORCH_CHECK(window > 0, "SlidingWindowStart: window must be positive, got ", window);
+  const at::Tensor first = at::arange(S - window + 1, S - window + 1 + doc_start.size(0), doc_start.options());
+  return at::maximum(doc_start, first);
+}
+
 at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& doc_start) {
   const int64_t T = q.size(0), Hq = q.size(1), Hkv = k.size(1), D = q.size(2);

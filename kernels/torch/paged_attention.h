@@ -76,6 +76,12 @@ at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           std::shared_ptr<PastKv> past, int64_t key_block_tokens = 2048,
                           GpuAttentionKernel kernel = GpuAttentionKernel::kCudnn);
 
+// The doc_start of a sliding-window layer (Mistral's sliding_window; transformers' mask: the
+// query at global index p sees key j iff j > p - window): each query's first visible key,
+// max(doc_start[i], S + i - window + 1), on doc_start's device. Passed as `doc_start` to the
+// attentions here, it makes them the layer's windowed attention, forward and backward.
+at::Tensor SlidingWindowStart(const at::Tensor& doc_start, int64_t S, int64_t window);
+
 // Plain masked softmax attention over full sequences, for tests and for checking the paged
 // path: q [T, num_heads, D], k, v [T, kv_heads, D], doc_start [T]. Differentiable through
 // ordinary autograd (it materialises the T x T scores).

@@ -33,7 +33,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 SEQ_LEN = 96
 INIT_STD = 0.2
 
@@ -116,6 +116,14 @@ def model_specs():
                  rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
         ),
         (
+            # Mistral: a sliding window (32) shorter than the reference's 96 tokens and not a
+            # multiple of the tests' page sizes; head_dim set explicitly, no biases.
+            "mistral-window",
+            "mistral",
+            dict(common, vocab_size=288, num_hidden_layers=2, max_position_embeddings=256, sliding_window=32,
+                 tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        ),
+        (
             "llama-sharded",
             "llama",
             dict(common, vocab_size=512, num_hidden_layers=3, max_position_embeddings=256,
@@ -145,14 +153,15 @@ def init_weights(model, seed):
 def make_one(out_root, index, name, family, cfg_kwargs):
     import torch
     from safetensors.torch import save_file
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     seed = 1000 + index
     cfg_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
     }[family]
     config = cfg_cls(**cfg_kwargs)
     config._attn_implementation = "eager"
@@ -205,6 +214,7 @@ def make_one(out_root, index, name, family, cfg_kwargs):
         "tie_word_embeddings": bool(c.tie_word_embeddings),
         "qkv_bias": family == "qwen2" or bool(getattr(c, "attention_bias", False)),
         "rope_parameters": dict(rope) if rope else None,
+        "sliding_window": getattr(c, "sliding_window", None),
         "sharded": os.path.exists(os.path.join(out, "model.safetensors.index.json")),
         "files": files,
         "bytes": size,

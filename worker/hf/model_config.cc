@@ -83,8 +83,40 @@ std::optional<RopeType> ParseRopeType(const std::string& name) {
   return std::nullopt;
 }
 
+// sliding_window (null: none) and which layers use it: layer_types' sliding_attention entries
+// when the config lists them (num_hidden_layers of them, checked by the caller), else all.
+absl::Status ParseSlidingWindow(const json& root, const std::string& source, ModelConfig* c) {
+  const Reader r(root, source);
+  OOMB_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, false));
+  if (c->sliding_window == 0) return absl::OkStatus();
+  if (c->sliding_window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": key 'sliding_window' must be positive or null, got ", c->sliding_window));
+  }
+  int64_t layers = 0;
+  OOMB_RETURN_IF_ERROR(r.Int("num_hidden_layers", &layers));
+  c->sliding_layers.assign(std::max<int64_t>(layers, 0), true);
+  const auto it = root.find("layer_types");
+  if (it == root.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array() || static_cast<int64_t>(it->size()) != layers) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": key 'layer_types': expected a list of ", layers,
+                                                   " (num_hidden_layers) layer types, got ", it->dump()));
+  }
+  for (int64_t i = 0; i < layers; ++i) {
+    const json& t = (*it)[i];
+    if (!t.is_string() || (t != "sliding_attention" && t != "full_attention")) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": key 'layer_types': entry ", i,
+                                                     ": expected \"sliding_attention\" or \"full_attention\", got ",
+                                                     t.dump()));
+    }
+    c->sliding_layers[i] = t == "sliding_attention";
+  }
+  return absl::OkStatus();
+}
+
 // The family (architecture and model_type) and what it fixes: Qwen2's q/k/v biases, Qwen3's
-// q/k norms. Sliding-window attention is refused (every layer here attends the whole past).
+// q/k norms. Sliding windows: Mistral's sliding_window (every layer, or those layer_types marks
+// sliding_attention); Qwen2's and Qwen3's are refused (every layer here attends the whole past).
 absl::Status ParseFamily(const json& root, const std::string& source, ModelConfig* c) {
   if (c->model_type == "llama" || c->architecture == "LlamaForCausalLM") {
     c->model_type = "llama";
@@ -97,10 +129,14 @@ absl::Status ParseFamily(const json& root, const std::string& source, ModelConfi
     c->model_type = "qwen3";
     c->architecture = "Qwen3ForCausalLM";
     c->qk_norm = true;
+  } else if (c->model_type == "mistral" || c->architecture == "MistralForCausalLM") {
+    c->model_type = "mistral";
+    c->architecture = "MistralForCausalLM";
+    return ParseSlidingWindow(root, source, c);
   } else {
     return absl::UnimplementedError(absl::StrCat(source, ": architecture '", c->architecture, "' (model_type '",
                                                  c->model_type, "') is not supported; supported: LlamaForCausalLM, ",
-                                                 "Qwen2ForCausalLM, Qwen3ForCausalLM"));
+                                                 "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM"));
   }
   bool sliding = false;
   OOMB_RETURN_IF_ERROR(Reader(root, source).Bool("use_sliding_window", &sliding));
@@ -110,8 +146,8 @@ absl::Status ParseFamily(const json& root, const std::string& source, ModelConfi
   if (sliding) {
     return absl::UnimplementedError(
         absl::StrCat(source,
-                     ": sliding-window attention layers are not supported (every layer must attend the "
-                     "whole sequence: use_sliding_window false, layer_types all full_attention)"));
+                     ": sliding-window attention layers are not supported for this family (every layer must "
+                     "attend the whole sequence: use_sliding_window false, layer_types all full_attention)"));
   }
   return absl::OkStatus();
 }
@@ -267,7 +303,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   OOMB_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings, false));
   OOMB_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, false));
   OOMB_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
-  if (c.model_type == "llama" || c.model_type == "qwen3") {
+  if (c.model_type == "llama" || c.model_type == "qwen3") {  // Mistral: no biases
     bool attention_bias = false;
     OOMB_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
     c.qkv_bias = c.o_bias = attention_bias;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/common/file_access.h"
@@ -37,8 +38,9 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM"
-  std::string model_type;    // "llama" | "qwen2" | "qwen3"
+  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "MistralForCausalLM"
+  std::string architecture;
+  std::string model_type;  // "llama" | "qwen2" | "qwen3" | "mistral"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -53,6 +55,10 @@ struct ModelConfig {
   bool o_bias = false;    // Llama's attention_bias also biases o_proj
   bool mlp_bias = false;
   bool qk_norm = false;  // Qwen3: an RMSNorm over each head of q and of k, before RoPE
+  // Sliding-window attention (Mistral's sliding_window): in the layers marked here, query i sees
+  // only keys j > i - sliding_window (transformers' sliding-window mask); empty: none.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
   RopeConfig rope;
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
@@ -62,6 +68,11 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   // Parameters of the base model (LoRA excluded).
   int64_t ParameterCount() const;
+  // The window of `layer`'s attention; 0: it attends the whole past.
+  int64_t AttentionWindow(int64_t layer) const {
+    return layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer] ? sliding_window : 0;
+  }
+  bool has_sliding_layers() const { return sliding_window > 0 && !sliding_layers.empty(); }
 };
 
 // RoPE scaling a job asks for over config.json's (the job spec's model.rope_scaling): what is

@@ -51,6 +51,8 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"qkv_bias", c.qkv_bias},
       {"context_window", c.max_position_embeddings},
+      {"sliding_window", c.sliding_window},
+      {"sliding_window_layers", std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true)},
       {"rope", {{"type", RopeTypeName(c.rope.type)}, {"theta", c.rope.theta}, {"factor", c.rope.factor}}},
       {"kv_bytes_per_token_bf16", 2 * c.num_layers * c.kv_dim() * 2}};
   auto tok = Tokenizer::FromModelDir(dir);
@@ -261,7 +263,10 @@ int64_t ForwardSpan(const Transformer& model, GenerationCache& cache, const std:
   in.rope_seq_len = rope_len;
   const at::Tensor hidden =
       model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        return kernels::PagedAttention(q, k, v, in.doc_start, cache.Store(layer, k, v));
+        const int64_t window = model.config().AttentionWindow(layer);
+        const at::Tensor first_key =
+            window > 0 ? kernels::SlidingWindowStart(in.doc_start, begin, window) : in.doc_start;
+        return kernels::PagedAttention(q, k, v, first_key, cache.Store(layer, k, v));
       });
   cache.Commit(end - begin);
   return at::matmul(hidden[end - begin - 1], model.lm_head().t()).argmax().item<int64_t>();

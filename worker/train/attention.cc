@@ -110,7 +110,8 @@ class LayerSparsePast final : public kernels::SparsePast {
 class DenseAttention final : public Attention {
  public:
   DenseAttention(const Transformer* model, const ChunkTrainerOptions& options)
-      : options_(options),
+      : config_(model->config()),
+        options_(options),
         key_block_(model->device().is_cuda() ? options.gpu_attention_key_block : options.attention_key_block) {}
 
   size_t lanes() const override { return 1; }
@@ -132,9 +133,13 @@ class DenseAttention final : public Attention {
                     KvStore& store) const {
     std::shared_ptr<kernels::PastKv> past;
     if (c.begin > 0) past = std::make_shared<LayerPast>(&store, layer, c.begin, key_block_);
-    return kernels::PagedAttention(q, k, v, c.doc_start_host, past, key_block_, options_.gpu_attention_kernel);
+    const int64_t window = config_.AttentionWindow(layer);
+    const at::Tensor first_key =
+        window > 0 ? kernels::SlidingWindowStart(c.doc_start_host, c.begin, window) : c.doc_start_host;
+    return kernels::PagedAttention(q, k, v, first_key, past, key_block_, options_.gpu_attention_kernel);
   }
 
+  const ModelConfig& config_;
   const ChunkTrainerOptions options_;
   const int64_t key_block_;
 };

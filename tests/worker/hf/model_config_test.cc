@@ -26,6 +26,36 @@ ModelConfig Parse(const std::string& text) {
   return c.ok() ? *c : ModelConfig();
 }
 
+// Mistral's sliding_window: every layer (null: none), or the layers layer_types marks; malformed
+// entries name the key. Qwen2's sliding windows stay refused.
+TEST(ModelConfigTest, SlidingWindowsOfMistralAndTheirErrors) {
+  std::string mistral = kBase;
+  mistral.replace(mistral.find("LlamaForCausalLM"), 16, "MistralForCausalLM");
+  mistral.replace(mistral.find("\"llama\""), 7, "\"mistral\"");
+  const auto with = [&](const std::string& keys) { return mistral.substr(0, mistral.size() - 1) + ", " + keys + "}"; };
+  ModelConfig c = Parse(with(R"("sliding_window": 4096)"));
+  EXPECT_EQ(c.architecture, "MistralForCausalLM");
+  EXPECT_EQ(c.AttentionWindow(0), 4096);
+  EXPECT_EQ(c.AttentionWindow(1), 4096);
+  EXPECT_FALSE(Parse(with(R"("sliding_window": null)")).has_sliding_layers());
+  c = Parse(with(R"("sliding_window": 512, "layer_types": ["full_attention", "sliding_attention"])"));
+  EXPECT_EQ(c.AttentionWindow(0), 0);
+  EXPECT_EQ(c.AttentionWindow(1), 512);
+  const auto error = [](const std::string& text) {
+    return std::string(ParseModelConfig(text, "config.json").status().message());
+  };
+  EXPECT_THAT(error(with(R"("sliding_window": 512, "layer_types": ["full_attention"])")),
+              HasSubstr("config.json: key 'layer_types': expected a list of 2 (num_hidden_layers)"));
+  EXPECT_THAT(error(with(R"("sliding_window": 512, "layer_types": ["full_attention", "chunked"])")),
+              HasSubstr("key 'layer_types': entry 1"));
+  EXPECT_THAT(error(with(R"("sliding_window": -1)")), HasSubstr("'sliding_window' must be positive or null"));
+  std::string qwen2 = kBase;
+  qwen2.replace(qwen2.find("LlamaForCausalLM"), 16, "Qwen2ForCausalLM");
+  qwen2.replace(qwen2.find("\"llama\""), 7, "\"qwen2\"");
+  EXPECT_THAT(error(qwen2.substr(0, qwen2.size() - 1) + R"(, "use_sliding_window": true})"),
+              HasSubstr("sliding-window attention layers are not supported for this family"));
+}
+
 TEST(EffectiveConfigTest, YarnIsWrittenForBothTransformersGenerationsAndReadsBackAsTrained) {
   RopeScalingOverride yarn;
   yarn.type = RopeType::kYarn;

@@ -1,7 +1,8 @@
-// The model computes what transformers computes: logits and loss of tiny random-weight Qwen2
-// and Llama models (q/k/v biases, GQA, tied and untied embeddings, every rope_scaling type,
-// sharded weights) made by tests/python/make_tiny_models.py, against transformers' own outputs
-// stored beside each model; plus the model's error handling.
+// The model computes what transformers computes: logits and loss of tiny random-weight Qwen2,
+// Qwen3, Llama and Mistral models (q/k/v biases, GQA, tied and untied embeddings, every
+// rope_scaling type, a sliding window shorter than the sequence, sharded weights) made by
+// tests/python/make_tiny_models.py, against transformers' own outputs stored beside each model;
+// plus the model's error handling.
 #include "worker/model/transformer.h"
 
 #include <gtest/gtest.h>
@@ -60,8 +61,10 @@ TEST_P(TinyModelParityTest, LogitsAndLossMatchTransformers) {
   in.rope_seq_len = T;
   at::NoGradGuard no_grad;
   const at::Tensor hidden =
-      (*model)->Hidden(in, [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        return kernels::PagedAttention(q, k, v, in.doc_start, nullptr);
+      (*model)->Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        const int64_t window = (*model)->config().AttentionWindow(layer);
+        return kernels::PagedAttention(
+            q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr);
       });
   const at::Tensor logits = at::matmul(hidden, (*model)->lm_head().t());
   const double max_diff = (logits - want_logits).abs().max().item<double>();
@@ -93,7 +96,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TinyModelParityTest);
 
 TEST(TransformerTest, TinyModelsArePresent) {
   if (TinyModels().empty()) GTEST_SKIP() << "no tiny models under " << testing::DataDir() << "/tiny";
-  EXPECT_GE(TinyModels().size(), 9u);
+  EXPECT_GE(TinyModels().size(), 10u);
 }
 
 // Bad model directories fail with errors naming the problem, never a crash.

@@ -33,7 +33,10 @@ using testing::TakeGrads;
 ModelConfig TinyConfig(const std::string& family) {
   ModelConfig c;
   c.model_type = family;
-  c.architecture = family == "qwen2" ? "Qwen2ForCausalLM" : family == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+  c.architecture = family == "qwen2"     ? "Qwen2ForCausalLM"
+                   : family == "qwen3"   ? "Qwen3ForCausalLM"
+                   : family == "mistral" ? "MistralForCausalLM"
+                                         : "LlamaForCausalLM";
   c.vocab_size = 61;
   c.hidden_size = 32;
   c.intermediate_size = 40;
@@ -48,6 +51,10 @@ ModelConfig TinyConfig(const std::string& family) {
   if (family == "qwen3") c.head_dim = 16;  // independent of hidden / heads, as in Qwen3
   c.tie_word_embeddings = family != "qwen2";
   c.rope.theta = 10000;
+  if (family == "mistral") {  // a window of 11 (not a multiple of any page size here) in layer 0 only
+    c.sliding_window = 11;
+    c.sliding_layers = {true, false};
+  }
   return c;
 }
 
@@ -79,12 +86,19 @@ Grads FullSequenceGrads(const Transformer& model, const TokenSequence& seq, doub
   return TakeGrads(model);
 }
 
-// Ordinary full-sequence backpropagation, with dense attention.
+// Ordinary full-sequence backpropagation, with dense attention; a sliding-window layer's mask
+// made here, position by position: token t sees keys j > t - window of its document.
 Grads ReferenceGrads(const Transformer& model, const TokenSequence& seq, double scale) {
   return FullSequenceGrads(
       model, seq, scale,
-      [](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
-        return kernels::DenseAttentionReference(q, k, v, doc_start);
+      [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
+        const int64_t window = model.config().AttentionWindow(layer);
+        if (window == 0) return kernels::DenseAttentionReference(q, k, v, doc_start);
+        std::vector<int64_t> first(seq.doc_start);
+        for (int64_t t = 0; t < static_cast<int64_t>(first.size()); ++t) {
+          first[t] = std::max(first[t], t - window + 1);
+        }
+        return kernels::DenseAttentionReference(q, k, v, at::tensor(first, at::kLong));
       });
 }
 
@@ -183,7 +197,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama", false, at::kDouble, false}, Case{"llama", true, at::kDouble, true},
                       Case{"qwen2", false, at::kDouble, true}, Case{"qwen2", false, at::kFloat, false},
                       Case{"llama", true, at::kFloat, true}, Case{"qwen3", false, at::kDouble, true},
-                      Case{"qwen3", true, at::kDouble, false}, Case{"qwen3", false, at::kFloat, false}),
+                      Case{"qwen3", true, at::kDouble, false}, Case{"qwen3", false, at::kFloat, false},
+                      Case{"mistral", false, at::kDouble, false}, Case{"mistral", true, at::kDouble, true},
+                      Case{"mistral", true, at::kFloat, true}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + (c.full ? "_full" : "_lora") + (c.dtype == at::kDouble ? "_f64" : "_f32") +
