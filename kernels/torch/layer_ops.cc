@@ -160,6 +160,13 @@ at::Tensor RmsNormComposite(const at::Tensor& x, const at::Tensor& weight, doubl
   return weight * (h * at::rsqrt(var + eps)).to(x.scalar_type());
 }
 
+at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::ScalarType compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor h = x.to(compute);
+  const at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
+  return (h * at::rsqrt(var + eps) * (weight.to(compute) + 1.0)).to(x.scalar_type());
+}
+
 at::Tensor ApplyRopeComposite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   const at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);

@@ -14,6 +14,10 @@ namespace oomb::kernels {
 // requires a gradient (full fine-tuning) takes the composite path.
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + weight), all in float32 (float64 for
+// float64 x), cast to x's dtype at the end. Composite ops on every device.
+at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 // x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1] over the last dim; x [rows,
 // heads, head_dim], cos and sin [rows, 1, head_dim] in x's dtype. Differentiable in x.
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

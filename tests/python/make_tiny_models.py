@@ -33,7 +33,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 SEQ_LEN = 96
 INIT_STD = 0.2
 
@@ -124,6 +124,18 @@ def model_specs():
                  tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
         ),
         (
+            # Gemma 3 text: local (window 20) and global layers with their own RoPE (the global
+            # one linearly scaled), query_pre_attn_scalar (24) unlike head_dim (16), q/k norms,
+            # (1 + w) norms around attention and MLP, GELU-tanh, embeddings scaled, tied.
+            "gemma3-window",
+            "gemma3",
+            dict(common, vocab_size=320, num_hidden_layers=3, max_position_embeddings=256, sliding_window=20,
+                 query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                 layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                  "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}),
+        ),
+        (
             "llama-sharded",
             "llama",
             dict(common, vocab_size=512, num_hidden_layers=3, max_position_embeddings=256,
@@ -153,8 +165,8 @@ def init_weights(model, seed):
 def make_one(out_root, index, name, family, cfg_kwargs):
     import torch
     from safetensors.torch import save_file
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     seed = 1000 + index
     cfg_cls, model_cls = {
@@ -162,6 +174,7 @@ def make_one(out_root, index, name, family, cfg_kwargs):
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
+        "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     }[family]
     config = cfg_cls(**cfg_kwargs)
     config._attn_implementation = "eager"

@@ -97,7 +97,14 @@ absl::Status ParseSlidingWindow(const json& root, const std::string& source, Mod
   OOMB_RETURN_IF_ERROR(r.Int("num_hidden_layers", &layers));
   c->sliding_layers.assign(std::max<int64_t>(layers, 0), true);
   const auto it = root.find("layer_types");
-  if (it == root.end() || it->is_null()) return absl::OkStatus();
+  if (it == root.end() || it->is_null()) {
+    if (c->gemma_layers) {  // transformers 4.x Gemma 3 configs: every sliding_window_pattern-th layer is global
+      int64_t pattern = 6;
+      OOMB_RETURN_IF_ERROR(r.Int("sliding_window_pattern", &pattern, false));
+      for (int64_t i = 0; i < layers; ++i) c->sliding_layers[i] = pattern <= 0 || (i + 1) % pattern != 0;
+    }
+    return absl::OkStatus();
+  }
   if (!it->is_array() || static_cast<int64_t>(it->size()) != layers) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": key 'layer_types': expected a list of ", layers,
                                                    " (num_hidden_layers) layer types, got ", it->dump()));
@@ -112,6 +119,31 @@ absl::Status ParseSlidingWindow(const json& root, const std::string& source, Mod
     c->sliding_layers[i] = t == "sliding_attention";
   }
   return absl::OkStatus();
+}
+
+// Gemma 3's text model: its layer (ModelConfig::gemma_layers), q/k norms, the attention scale,
+// tied embeddings unless said otherwise; what oomb does not compute is refused by name.
+absl::Status ParseGemma3(const json& root, const std::string& source, ModelConfig* c) {
+  const Reader r(root, source);
+  c->gemma_layers = true;
+  c->qk_norm = true;
+  c->tie_word_embeddings = true;  // Gemma3TextConfig's default
+  OOMB_RETURN_IF_ERROR(r.Double("query_pre_attn_scalar", &c->query_pre_attn_scalar, false));
+  std::string activation = "gelu_pytorch_tanh";
+  OOMB_RETURN_IF_ERROR(r.String("hidden_activation", &activation));
+  bool bidirectional = false;
+  OOMB_RETURN_IF_ERROR(r.Bool("use_bidirectional_attention", &bidirectional));
+  double softcap = 0;
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    OOMB_RETURN_IF_ERROR(r.Double(key, &softcap, false));
+  }
+  if (activation != "gelu_pytorch_tanh" || bidirectional || softcap != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        source,
+        ": this Gemma 3 variant is not supported (oomb computes hidden_activation gelu_pytorch_tanh, causal "
+        "attention, no logit soft-capping)"));
+  }
+  return ParseSlidingWindow(root, source, c);
 }
 
 // The family (architecture and model_type) and what it fixes: Qwen2's q/k/v biases, Qwen3's
@@ -133,10 +165,15 @@ absl::Status ParseFamily(const json& root, const std::string& source, ModelConfi
     c->model_type = "mistral";
     c->architecture = "MistralForCausalLM";
     return ParseSlidingWindow(root, source, c);
+  } else if (c->model_type == "gemma3_text" || c->architecture == "Gemma3ForCausalLM") {
+    c->model_type = "gemma3_text";
+    c->architecture = "Gemma3ForCausalLM";
+    return ParseGemma3(root, source, c);
   } else {
-    return absl::UnimplementedError(absl::StrCat(source, ": architecture '", c->architecture, "' (model_type '",
-                                                 c->model_type, "') is not supported; supported: LlamaForCausalLM, ",
-                                                 "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM"));
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": architecture '", c->architecture, "' (model_type '", c->model_type,
+                     "') is not supported; supported: LlamaForCausalLM, ",
+                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM"));
   }
   bool sliding = false;
   OOMB_RETURN_IF_ERROR(Reader(root, source).Bool("use_sliding_window", &sliding));
@@ -152,20 +189,11 @@ absl::Status ParseFamily(const json& root, const std::string& source, ModelConfi
   return absl::OkStatus();
 }
 
-absl::Status ParseRope(const json& root, const std::string& source, ModelConfig* c) {
-  RopeConfig& r = c->rope;
-  OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_theta", &r.theta, false));
-  const json* params = nullptr;
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    auto it = root.find(key);
-    if (it != root.end() && it->is_object()) {
-      params = &*it;
-      break;
-    }
-  }
-  if (params == nullptr) return absl::OkStatus();
-  const Reader p(*params, absl::StrCat(source, ": rope parameters"));
-  OOMB_RETURN_IF_ERROR(p.Double("rope_theta", &r.theta, false));
+// One RoPE parameters object (transformers' rope_parameters or rope_scaling) into `r`.
+absl::Status ParseRopeParameters(const json& params, const std::string& source, int64_t max_position_embeddings,
+                                 RopeConfig* r) {
+  const Reader p(params, absl::StrCat(source, ": rope parameters"));
+  OOMB_RETURN_IF_ERROR(p.Double("rope_theta", &r->theta, false));
   std::string type;
   OOMB_RETURN_IF_ERROR(p.String("rope_type", &type));
   if (type.empty()) OOMB_RETURN_IF_ERROR(p.String("type", &type));
@@ -175,28 +203,58 @@ absl::Status ParseRope(const json& root, const std::string& source, ModelConfig*
     return absl::UnimplementedError(
         absl::StrCat(source, ": rope type '", type, "' is not supported (default, linear, dynamic, yarn, llama3)"));
   }
-  r.type = *parsed;
-  if (r.type == RopeType::kDefault) return absl::OkStatus();
-  OOMB_RETURN_IF_ERROR(p.Double("factor", &r.factor, r.type != RopeType::kYarn));
-  OOMB_RETURN_IF_ERROR(p.Int("original_max_position_embeddings", &r.original_max_position_embeddings,
-                             r.type == RopeType::kLlama3 || r.type == RopeType::kYarn));
-  if (r.type == RopeType::kLlama3) {
-    OOMB_RETURN_IF_ERROR(p.Double("low_freq_factor", &r.low_freq_factor));
-    OOMB_RETURN_IF_ERROR(p.Double("high_freq_factor", &r.high_freq_factor));
+  r->type = *parsed;
+  if (r->type == RopeType::kDefault) return absl::OkStatus();
+  OOMB_RETURN_IF_ERROR(p.Double("factor", &r->factor, r->type != RopeType::kYarn));
+  OOMB_RETURN_IF_ERROR(p.Int("original_max_position_embeddings", &r->original_max_position_embeddings,
+                             r->type == RopeType::kLlama3 || r->type == RopeType::kYarn));
+  if (r->type == RopeType::kLlama3) {
+    OOMB_RETURN_IF_ERROR(p.Double("low_freq_factor", &r->low_freq_factor));
+    OOMB_RETURN_IF_ERROR(p.Double("high_freq_factor", &r->high_freq_factor));
   }
-  if (r.type == RopeType::kYarn) {
-    if (!params->contains("factor") || (*params)["factor"].is_null()) {
-      r.factor = static_cast<double>(c->max_position_embeddings) / r.original_max_position_embeddings;
+  if (r->type == RopeType::kYarn) {
+    if (!params.contains("factor") || params["factor"].is_null()) {
+      r->factor = static_cast<double>(max_position_embeddings) / r->original_max_position_embeddings;
     }
-    OOMB_RETURN_IF_ERROR(p.Double("beta_fast", &r.beta_fast, false));
-    OOMB_RETURN_IF_ERROR(p.Double("beta_slow", &r.beta_slow, false));
-    OOMB_RETURN_IF_ERROR(p.Double("attention_factor", &r.attention_factor, false));
-    OOMB_RETURN_IF_ERROR(p.Double("mscale", &r.mscale, false));
-    OOMB_RETURN_IF_ERROR(p.Double("mscale_all_dim", &r.mscale_all_dim, false));
-    OOMB_RETURN_IF_ERROR(p.Bool("truncate", &r.truncate));
+    OOMB_RETURN_IF_ERROR(p.Double("beta_fast", &r->beta_fast, false));
+    OOMB_RETURN_IF_ERROR(p.Double("beta_slow", &r->beta_slow, false));
+    OOMB_RETURN_IF_ERROR(p.Double("attention_factor", &r->attention_factor, false));
+    OOMB_RETURN_IF_ERROR(p.Double("mscale", &r->mscale, false));
+    OOMB_RETURN_IF_ERROR(p.Double("mscale_all_dim", &r->mscale_all_dim, false));
+    OOMB_RETURN_IF_ERROR(p.Bool("truncate", &r->truncate));
   }
-  if (r.factor <= 0) return absl::InvalidArgumentError(absl::StrCat(source, ": rope factor must be > 0"));
+  if (r->factor <= 0) return absl::InvalidArgumentError(absl::StrCat(source, ": rope factor must be > 0"));
   return absl::OkStatus();
+}
+
+// The RoPE of every layer (rope_theta, and rope_parameters or rope_scaling over it) and, for a
+// model with sliding-window layers of their own RoPE (Gemma 3), theirs: transformers 5 writes
+// rope_parameters per layer type ({"full_attention": {...}, "sliding_attention": {...}}),
+// transformers 4 a default RoPE of base rope_local_base_freq.
+absl::Status ParseRope(const json& root, const std::string& source, ModelConfig* c) {
+  OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_theta", &c->rope.theta, false));
+  const json* params = nullptr;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    auto it = root.find(key);
+    if (it != root.end() && it->is_object()) {
+      params = &*it;
+      break;
+    }
+  }
+  const int64_t max_pos = c->max_position_embeddings;
+  if (params != nullptr && params->contains("full_attention")) {
+    OOMB_RETURN_IF_ERROR(ParseRopeParameters(params->at("full_attention"), source, max_pos, &c->rope));
+    if (params->contains("sliding_attention")) {
+      c->sliding_rope.emplace();
+      return ParseRopeParameters(params->at("sliding_attention"), source, max_pos, &*c->sliding_rope);
+    }
+    return absl::OkStatus();
+  }
+  if (root.contains("rope_local_base_freq")) {
+    c->sliding_rope.emplace();
+    OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_local_base_freq", &c->sliding_rope->theta, false));
+  }
+  return params == nullptr ? absl::OkStatus() : ParseRopeParameters(*params, source, max_pos, &c->rope);
 }
 
 }  // namespace
@@ -248,6 +306,15 @@ absl::StatusOr<std::string> EffectiveConfigJson(const std::string& base_config_j
   root["rope_theta"] = r.theta;
   root["rope_scaling"] = rope;
   root["rope_parameters"] = rope;
+  if (effective.sliding_rope.has_value()) {  // Gemma 3: the scaling is the global layers'
+    const RopeConfig& local = *effective.sliding_rope;
+    json full = rope;
+    full["rope_theta"] = r.theta;
+    root["rope_parameters"] = {
+        {"full_attention", full},
+        {"sliding_attention", {{"rope_type", RopeTypeName(local.type)}, {"rope_theta", local.theta}}}};
+    root["rope_local_base_freq"] = local.theta;
+  }
   if (r.type != RopeType::kDynamic) {
     const int64_t pretrained =
         r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : effective.max_position_embeddings;
@@ -276,7 +343,7 @@ int64_t ModelConfig::ParameterCount() const {
   if (qkv_bias) attn += q_dim() + 2 * kv_dim();
   if (o_bias) attn += d;
   const int64_t mlp = 3 * d * intermediate_size;
-  const int64_t layer = attn + mlp + 2 * d + (qk_norm ? 2 * head_dim : 0);
+  const int64_t layer = attn + mlp + (gemma_layers ? 4 : 2) * d + (qk_norm ? 2 * head_dim : 0);
   return num_layers * layer + vocab_size * d * (tie_word_embeddings ? 1 : 2) + d;
 }
 

@@ -38,9 +38,10 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "MistralForCausalLM"
+  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "MistralForCausalLM" |
+  // "Gemma3ForCausalLM"
   std::string architecture;
-  std::string model_type;  // "llama" | "qwen2" | "qwen3" | "mistral"
+  std::string model_type;  // "llama" | "qwen2" | "qwen3" | "mistral" | "gemma3_text"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -55,11 +56,21 @@ struct ModelConfig {
   bool o_bias = false;    // Llama's attention_bias also biases o_proj
   bool mlp_bias = false;
   bool qk_norm = false;  // Qwen3: an RMSNorm over each head of q and of k, before RoPE
-  // Sliding-window attention (Mistral's sliding_window): in the layers marked here, query i sees
-  // only keys j > i - sliding_window (transformers' sliding-window mask); empty: none.
+  // Sliding-window attention (Mistral's sliding_window, Gemma 3's local layers): in the layers
+  // marked here, query i sees only keys j > i - sliding_window (transformers' sliding-window
+  // mask); empty: none.
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;
+  // Gemma 3's layer: every RMSNorm scales by 1 + weight, in float32; the attention's and the
+  // MLP's outputs are normed too (post_attention_layernorm, post_feedforward_layernorm; the MLP's
+  // input norm is pre_feedforward_layernorm); embeddings are scaled by sqrt(hidden_size); the MLP
+  // gates with GELU (tanh approximation).
+  bool gemma_layers = false;
+  // Attention scores are scaled by query_pre_attn_scalar^-1/2 (Gemma); 0: head_dim^-1/2.
+  double query_pre_attn_scalar = 0;
   RopeConfig rope;
+  // The RoPE of the sliding-window layers when it is not `rope` (Gemma 3's local base).
+  std::optional<RopeConfig> sliding_rope;
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
   std::string torch_dtype;  // as written in config.json ("float32", "bfloat16", ...)

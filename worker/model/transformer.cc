@@ -116,16 +116,28 @@ std::vector<std::pair<std::string, const Linear*>> Transformer::NamedLinears() c
   return out;
 }
 
+std::vector<std::pair<std::string, at::Tensor*>> Transformer::NamedNorms(int64_t i) {
+  DecoderLayer& l = layers_[i];
+  const std::string p = absl::StrCat("model.layers.", i, ".");
+  std::vector<std::pair<std::string, at::Tensor*>> out = {{p + "input_layernorm.weight", &l.input_norm}};
+  if (config_.gemma_layers) {
+    out.insert(out.end(), {{p + "post_attention_layernorm.weight", &l.attn_out_norm},
+                           {p + "pre_feedforward_layernorm.weight", &l.post_norm},
+                           {p + "post_feedforward_layernorm.weight", &l.mlp_out_norm}});
+  } else {
+    out.emplace_back(p + "post_attention_layernorm.weight", &l.post_norm);
+  }
+  if (config_.qk_norm) {
+    out.insert(out.end(), {{p + "self_attn.q_norm.weight", &l.q_norm}, {p + "self_attn.k_norm.weight", &l.k_norm}});
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.emplace_back("model.embed_tokens.weight", embed_);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    out.emplace_back(absl::StrCat("model.layers.", i, ".input_layernorm.weight"), layers_[i].input_norm);
-    out.emplace_back(absl::StrCat("model.layers.", i, ".post_attention_layernorm.weight"), layers_[i].post_norm);
-    if (config_.qk_norm) {
-      out.emplace_back(absl::StrCat("model.layers.", i, ".self_attn.q_norm.weight"), layers_[i].q_norm);
-      out.emplace_back(absl::StrCat("model.layers.", i, ".self_attn.k_norm.weight"), layers_[i].k_norm);
-    }
+    for (const auto& [name, t] : const_cast<Transformer*>(this)->NamedNorms(i)) out.emplace_back(name, *t);
   }
   for (const auto& [name, l] : NamedLinears()) {
     out.emplace_back(name + ".weight", l->weight);
@@ -179,13 +191,9 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
     OOMB_RETURN_IF_ERROR(take("lm_head.weight", {config.vocab_size, d}, &m->lm_head_));
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    DecoderLayer& l = m->layers_[i];
-    OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".input_layernorm.weight"), {d}, &l.input_norm));
-    OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".post_attention_layernorm.weight"), {d}, &l.post_norm));
-    if (config.qk_norm) {
-      const int64_t D = config.head_dim;
-      OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".self_attn.q_norm.weight"), {D}, &l.q_norm));
-      OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".self_attn.k_norm.weight"), {D}, &l.k_norm));
+    for (const auto& [name, t] : m->NamedNorms(i)) {
+      const bool head = name.find("self_attn.") != std::string::npos;  // q_norm, k_norm
+      OOMB_RETURN_IF_ERROR(take(name, {head ? config.head_dim : d}, t));
     }
   }
   const int64_t q = config.q_dim(), kv = config.kv_dim(), f = config.intermediate_size;
@@ -230,9 +238,12 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
   m->embed_ = randn({config.vocab_size, d});
   m->final_norm_ = norm(d);
   if (!config.tie_word_embeddings) m->lm_head_ = randn({config.vocab_size, d});
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    for (const auto& [name, t] : m->NamedNorms(i)) {
+      *t = norm(name.find("self_attn.") != std::string::npos ? config.head_dim : d);
+    }
+  }
   for (auto& l : m->layers_) {
-    l.input_norm = norm(d);
-    l.post_norm = norm(d);
     l.q.weight = randn({q, d});
     l.k.weight = randn({kv, d});
     l.v.weight = randn({kv, d});
@@ -246,10 +257,6 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
       l.v.bias = randn({kv});
     }
     if (config.o_bias) l.o.bias = randn({d});
-    if (config.qk_norm) {
-      l.q_norm = norm(config.head_dim);
-      l.k_norm = norm(config.head_dim);
-    }
   }
   return m;
 }
@@ -265,11 +272,9 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
   m->lm_head_ = cast(lm_head_);
   auto dst = m->NamedLinears();
   auto src = NamedLinears();
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    m->layers_[i].input_norm = cast(layers_[i].input_norm);
-    m->layers_[i].post_norm = cast(layers_[i].post_norm);
-    m->layers_[i].q_norm = cast(layers_[i].q_norm);
-    m->layers_[i].k_norm = cast(layers_[i].k_norm);
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    const auto dst_norms = m->NamedNorms(i), src_norms = const_cast<Transformer*>(this)->NamedNorms(i);
+    for (size_t j = 0; j < src_norms.size(); ++j) *dst_norms[j].second = cast(*src_norms[j].second);
   }
   for (size_t i = 0; i < src.size(); ++i) {
     Linear& d = *dst[i].second;
@@ -413,11 +418,11 @@ at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::
 }
 
 at::Tensor Transformer::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
+  if (config_.gemma_layers) return kernels::GemmaRmsNorm(x, weight, config_.rms_norm_eps);
   return kernels::RmsNorm(x, weight, config_.rms_norm_eps);
 }
 
-at::Tensor Transformer::InvFreq(int64_t rope_seq_len) const {
-  const RopeConfig& r = config_.rope;
+at::Tensor Transformer::InvFreq(const RopeConfig& r, int64_t rope_seq_len) const {
   const auto ft = at::TensorOptions().dtype(MasterType(dtype_));
   const int64_t dim = config_.head_dim;
   double base = r.theta;
@@ -461,8 +466,8 @@ at::Tensor Transformer::InvFreq(int64_t rope_seq_len) const {
   return inv_freq;
 }
 
-std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const at::Tensor& positions, int64_t rope_seq_len) const {
-  const RopeConfig& r = config_.rope;
+std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const RopeConfig& r, const at::Tensor& positions,
+                                                          int64_t rope_seq_len) const {
   double attention_factor = 1.0;
   if (r.type == RopeType::kYarn) {
     auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
@@ -471,7 +476,7 @@ std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const at::Tensor& posi
                            ? mscale(r.factor, r.mscale) / mscale(r.factor, r.mscale_all_dim)
                            : mscale(r.factor, 1.0);
   }
-  const at::Tensor inv_freq = kernels::Upload(InvFreq(rope_seq_len), positions.device());  // no wait
+  const at::Tensor inv_freq = kernels::Upload(InvFreq(r, rope_seq_len), positions.device());  // no wait
   const at::Tensor freqs = positions.to(inv_freq.scalar_type()).unsqueeze(1) * inv_freq.unsqueeze(0);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {(emb.cos() * attention_factor).to(dtype_), (emb.sin() * attention_factor).to(dtype_)};
@@ -480,10 +485,18 @@ std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const at::Tensor& posi
 Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
   Cursor cursor;
   cursor.gen = at::detail::createCPUGenerator(input.dropout_seed);
-  auto [cos, sin] = RopeTables(input.positions, input.rope_seq_len);
+  auto [cos, sin] = RopeTables(config_.rope, input.positions, input.rope_seq_len);
   cursor.cos = cos.unsqueeze(1);  // [C, 1, D]
   cursor.sin = sin.unsqueeze(1);
+  if (config_.sliding_rope.has_value()) {
+    auto [local_cos, local_sin] = RopeTables(*config_.sliding_rope, input.positions, input.rope_seq_len);
+    cursor.sliding_cos = local_cos.unsqueeze(1);
+    cursor.sliding_sin = local_sin.unsqueeze(1);
+  }
   cursor.h = at::embedding(embed_, input.ids);
+  if (config_.gemma_layers) {  // times sqrt(hidden) rounded to the model's dtype, as transformers does
+    cursor.h = cursor.h * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), dtype_).item();
+  }
   cursor.training = input.training;
   return cursor;
 }
@@ -500,19 +513,32 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
     q = RmsNorm(q, l.q_norm);
     k = RmsNorm(k, l.k_norm);
   }
-  q = kernels::ApplyRope(q, cursor.cos, cursor.sin);
-  k = kernels::ApplyRope(k, cursor.cos, cursor.sin);
+  const bool local = config_.sliding_rope.has_value() && config_.AttentionWindow(cursor.layer) > 0;
+  const at::Tensor& cos = local ? cursor.sliding_cos : cursor.cos;
+  const at::Tensor& sin = local ? cursor.sliding_sin : cursor.sin;
+  q = kernels::ApplyRope(q, cos, sin);
+  k = kernels::ApplyRope(k, cos, sin);
+  // The attention scales by head_dim^-1/2; query_pre_attn_scalar^-1/2 is that times this.
+  if (config_.query_pre_attn_scalar > 0 && config_.query_pre_attn_scalar != static_cast<double>(D)) {
+    q = q * std::sqrt(static_cast<double>(D) / config_.query_pre_attn_scalar);
+  }
   return {q, k, v};
 }
 
 void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const {
   const DecoderLayer& l = layers_[cursor.layer];
   const at::Tensor attn = attention.reshape({cursor.h.size(0), config_.num_heads * config_.head_dim});
-  at::Tensor h = cursor.h + LinearForward(l.o, attn, &cursor.gen, cursor.training);
+  const bool gemma = config_.gemma_layers;
+  at::Tensor attn_out = LinearForward(l.o, attn, &cursor.gen, cursor.training);
+  if (gemma) attn_out = RmsNorm(attn_out, l.attn_out_norm);
+  const at::Tensor h = cursor.h + attn_out;
   const at::Tensor y = RmsNorm(h, l.post_norm);
-  const at::Tensor act = kernels::SwiGlu(LinearForward(l.gate, y, &cursor.gen, cursor.training),
-                                         LinearForward(l.up, y, &cursor.gen, cursor.training));
-  cursor.h = h + LinearForward(l.down, act, &cursor.gen, cursor.training);
+  const at::Tensor gate = LinearForward(l.gate, y, &cursor.gen, cursor.training);
+  const at::Tensor up = LinearForward(l.up, y, &cursor.gen, cursor.training);
+  const at::Tensor act = gemma ? at::gelu(gate, "tanh") * up : kernels::SwiGlu(gate, up);
+  at::Tensor mlp_out = LinearForward(l.down, act, &cursor.gen, cursor.training);
+  if (gemma) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
+  cursor.h = h + mlp_out;
   ++cursor.layer;
 }
 

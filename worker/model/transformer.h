@@ -55,8 +55,10 @@ struct Linear {
 };
 
 struct DecoderLayer {
-  at::Tensor input_norm;      // [hidden]
-  at::Tensor post_norm;       // [hidden]
+  at::Tensor input_norm;  // [hidden]
+  at::Tensor post_norm;   // [hidden], the MLP's input norm (Gemma's pre_feedforward_layernorm)
+  // [hidden], ModelConfig::gemma_layers only: the norms of the attention's and the MLP's outputs.
+  at::Tensor attn_out_norm, mlp_out_norm;
   at::Tensor q_norm, k_norm;  // [head_dim], qk_norm models only (else undefined)
   Linear q, k, v, o, gate, up, down;
 };
@@ -134,6 +136,7 @@ class Transformer {
     int64_t layer = 0;  // the next layer to run
     at::Tensor h;       // the residual stream [C, hidden]
     at::Tensor cos, sin;
+    at::Tensor sliding_cos, sliding_sin;  // ModelConfig::sliding_rope's, when it has one
     at::Generator gen;
     bool training = false;
   };
@@ -148,14 +151,17 @@ class Transformer {
   // The LM head weight [vocab, hidden] (the embedding when tied).
   const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_ : lm_head_; }
 
-  // RoPE cos and sin tables for the positions, [C, head_dim] each, in the model's dtype.
-  std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& positions, int64_t rope_seq_len) const;
+  // RoPE cos and sin tables of `rope` for the positions, [C, head_dim] each, in the model's dtype.
+  std::pair<at::Tensor, at::Tensor> RopeTables(const RopeConfig& rope, const at::Tensor& positions,
+                                               int64_t rope_seq_len) const;
 
  private:
   Transformer(ModelConfig config, at::ScalarType dtype, at::Device device);
   at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
-  at::Tensor InvFreq(int64_t rope_seq_len) const;  // [head_dim / 2], float32 (float64)
+  at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [head_dim / 2], float32 (float64)
+  // Layer i's norms with their HF names.
+  std::vector<std::pair<std::string, at::Tensor*>> NamedNorms(int64_t i);
   std::vector<std::pair<std::string, Linear*>> NamedLinears();
   std::vector<std::pair<std::string, const Linear*>> NamedLinears() const;
 

@@ -116,9 +116,11 @@ class Model {
   // and, once, the final norm.
   int64_t GraphBytes(int64_t C) const {
     const int64_t H = c_.hidden_size, Q = c_.q_dim(), KV = c_.kv_dim(), I = c_.intermediate_size;
-    const bool fused = cuda_ && e_ == 2, fused_norms = fused && spec_.method.type != TrainMethod::kFull;
+    // Gemma's norms (1 + weight, in float32) are composite ops everywhere, and it has four a layer.
+    const bool fused = cuda_ && e_ == 2,
+               fused_norms = fused && spec_.method.type != TrainMethod::kFull && !c_.gemma_layers;
     const int64_t norm = fused_norms ? 2 * e_ * H + kF32 : (kF32 + e_) * H;
-    int64_t per_token = 2 * norm;
+    int64_t per_token = (c_.gemma_layers ? 4 : 2) * norm;
     if (!fused) per_token += 2 * e_ * (Q + KV);
     per_token += e_ * (2 * Q + 2 * KV) + kF32 * c_.num_heads;
     // Qwen3's per-head q and k norms: the fused one keeps its input and a float32 rstd per head;

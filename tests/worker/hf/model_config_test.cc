@@ -56,6 +56,59 @@ TEST(ModelConfigTest, SlidingWindowsOfMistralAndTheirErrors) {
               HasSubstr("sliding-window attention layers are not supported for this family"));
 }
 
+// Gemma 3 as transformers 4.x wrote it (Gemma-3 checkpoints on the hub): rope_theta and
+// rope_scaling for the global layers, rope_local_base_freq for the local ones, every sixth layer
+// global (sliding_window_pattern), tied embeddings by default; what oomb does not compute is
+// refused.
+TEST(ModelConfigTest, Gemma3AsTransformers4WroteIt) {
+  const std::string gemma = R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+    "vocab_size": 262144, "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 7,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "sliding_window": 512, "sliding_window_pattern": 6, "hidden_activation": "gelu_pytorch_tanh",
+    "final_logit_softcapping": null, "attn_logit_softcapping": null})";
+  const ModelConfig c = Parse(gemma);
+  EXPECT_TRUE(c.gemma_layers);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256);
+  EXPECT_EQ(c.rope.type, RopeType::kLinear);
+  EXPECT_EQ(c.rope.factor, 8.0);
+  EXPECT_EQ(c.rope.theta, 1e6);
+  ASSERT_TRUE(c.sliding_rope.has_value());
+  EXPECT_EQ(c.sliding_rope->type, RopeType::kDefault);
+  EXPECT_EQ(c.sliding_rope->theta, 1e4);
+  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(c.AttentionWindow(i), i == 5 ? 0 : 512) << i;
+  // Parameters: embeddings (tied), and per layer q, k, v, o, the MLP, four norms and q/k norms.
+  EXPECT_EQ(c.ParameterCount(),
+            7 * (640 * 1024 + 2 * 640 * 256 + 1024 * 640 + 3 * 640 * 2048 + 4 * 640 + 2 * 256) + 262144 * 640 + 640);
+  // The config as trained with YaRN: the global layers' scaling, read back as trained, in both
+  // transformers generations' keys; the local layers keep theirs.
+  RopeScalingOverride yarn;
+  yarn.type = RopeType::kYarn;
+  yarn.factor = 4.0;
+  auto written = EffectiveConfigJson(gemma, ApplyRopeScaling(c, yarn), "config.json");
+  ASSERT_TRUE(written.ok()) << written.status();
+  const ModelConfig back = Parse(*written);
+  EXPECT_EQ(back.rope.type, RopeType::kYarn);
+  EXPECT_EQ(back.rope.theta, 1e6);
+  ASSERT_TRUE(back.sliding_rope.has_value());
+  EXPECT_EQ(back.sliding_rope->type, RopeType::kDefault);
+  EXPECT_EQ(back.sliding_rope->theta, 1e4);
+  const auto j = nlohmann::json::parse(*written);
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "yarn");
+  EXPECT_EQ(j["rope_local_base_freq"], 1e4);
+  const auto error = [&](const std::string& from, const std::string& to) {
+    std::string text = gemma;
+    text.replace(text.find(from), from.size(), to);
+    return std::string(ParseModelConfig(text, "config.json").status().message());
+  };
+  EXPECT_THAT(error(R"("final_logit_softcapping": null)", R"("final_logit_softcapping": 30.0)"),
+              HasSubstr("config.json: this Gemma 3 variant is not supported"));
+  EXPECT_THAT(error(R"("gelu_pytorch_tanh")", R"("silu")"), HasSubstr("hidden_activation gelu_pytorch_tanh"));
+}
+
 TEST(EffectiveConfigTest, YarnIsWrittenForBothTransformersGenerationsAndReadsBackAsTrained) {
   RopeScalingOverride yarn;
   yarn.type = RopeType::kYarn;

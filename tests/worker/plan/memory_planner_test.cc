@@ -30,6 +30,7 @@ struct Case {
   int64_t chunk, tokens;
   bool sparse = false;   // attention.mode: sparse, page_budget 8 of pages of 64
   bool qk_norm = false;  // Qwen3's per-head q/k norms, head_dim 2 x hidden / heads
+  bool gemma = false;    // Gemma 3's layer (with q/k norms) and a window of 100 in every other layer
 };
 
 int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -40,9 +41,15 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   const Case& k = GetParam();
   ModelConfig c = testing::TinyLlamaConfig(k.vocab, k.hidden, k.layers, k.heads, k.kv_heads);
   c.intermediate_size = k.hidden * 8 / 3;
-  if (k.qk_norm) {
+  if (k.qk_norm || k.gemma) {
     c.qk_norm = true;
     c.head_dim = 2 * k.hidden / k.heads;
+  }
+  if (k.gemma) {
+    c.gemma_layers = true;
+    c.sliding_window = 100;
+    for (int64_t i = 0; i < k.layers; ++i) c.sliding_layers.push_back(i % 2 == 0);
+    c.sliding_rope = RopeConfig{};
   }
   JobConfig spec;
   spec.model.dtype = ModelDtype::kFloat32;
@@ -117,15 +124,18 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   EXPECT_LE(ratio, 1.75) << "planned " << plan->activation_bytes << " measured " << measured;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, PlannerVsTrainer,
-                         ::testing::Values(Case{"lora_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024},
-                                           Case{"lora_drop", 256, 2, 4, 2, 512, "lora", 0.1, 256, 1024},
-                                           Case{"full_c128", 192, 3, 6, 2, 384, "full", 0.0, 128, 768},
-                                           Case{"lora_c512", 256, 2, 8, 8, 512, "lora", 0.0, 512, 1536},
-                                           Case{"sparse_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 2048, true},
-                                           Case{"qknorm_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, false, true},
-                                           Case{"qknorm_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, true}),
-                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PlannerVsTrainer,
+    ::testing::Values(Case{"lora_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024},
+                      Case{"lora_drop", 256, 2, 4, 2, 512, "lora", 0.1, 256, 1024},
+                      Case{"full_c128", 192, 3, 6, 2, 384, "full", 0.0, 128, 768},
+                      Case{"lora_c512", 256, 2, 8, 8, 512, "lora", 0.0, 512, 1536},
+                      Case{"sparse_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 2048, true},
+                      Case{"qknorm_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, false, true},
+                      Case{"qknorm_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, true},
+                      Case{"gemma_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, false, false, true},
+                      Case{"gemma_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, false, true}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // Sparse page selection is not defined for sliding-window layers: the session refuses it,
 // naming the field, and builds the dense one.

@@ -36,6 +36,7 @@ ModelConfig TinyConfig(const std::string& family) {
   c.architecture = family == "qwen2"     ? "Qwen2ForCausalLM"
                    : family == "qwen3"   ? "Qwen3ForCausalLM"
                    : family == "mistral" ? "MistralForCausalLM"
+                   : family == "gemma3"  ? "Gemma3ForCausalLM"
                                          : "LlamaForCausalLM";
   c.vocab_size = 61;
   c.hidden_size = 32;
@@ -51,9 +52,17 @@ ModelConfig TinyConfig(const std::string& family) {
   if (family == "qwen3") c.head_dim = 16;  // independent of hidden / heads, as in Qwen3
   c.tie_word_embeddings = family != "qwen2";
   c.rope.theta = 10000;
-  if (family == "mistral") {  // a window of 11 (not a multiple of any page size here) in layer 0 only
+  if (family == "mistral" || family == "gemma3") {  // a window of 11 (no page size's multiple here) in layer 0
     c.sliding_window = 11;
     c.sliding_layers = {true, false};
+  }
+  if (family == "gemma3") {  // its layer, an attention scale unlike head_dim's, the local layer's own RoPE
+    c.gemma_layers = true;
+    c.qk_norm = true;
+    c.query_pre_attn_scalar = 12;
+    c.rope.type = RopeType::kLinear;
+    c.rope.factor = 2;
+    c.sliding_rope = RopeConfig{.theta = 100};
   }
   return c;
 }
@@ -199,7 +208,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama", true, at::kFloat, true}, Case{"qwen3", false, at::kDouble, true},
                       Case{"qwen3", true, at::kDouble, false}, Case{"qwen3", false, at::kFloat, false},
                       Case{"mistral", false, at::kDouble, false}, Case{"mistral", true, at::kDouble, true},
-                      Case{"mistral", true, at::kFloat, true}),
+                      Case{"mistral", true, at::kFloat, true}, Case{"gemma3", false, at::kDouble, false},
+                      Case{"gemma3", true, at::kDouble, true}, Case{"gemma3", true, at::kFloat, true}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + (c.full ? "_full" : "_lora") + (c.dtype == at::kDouble ? "_f64" : "_f32") +
