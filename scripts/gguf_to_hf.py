@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""Converts a llama-architecture GGUF file into a Hugging Face model directory.
+"""Converts a llama- or gemma3-architecture GGUF file into a Hugging Face model directory.
 
     gguf_to_hf.py [--dtype float32|bfloat16|float16] GGUF OUTDIR
 
-Writes OUTDIR/model.safetensors, config.json (LlamaForCausalLM), generation_config.json,
-tokenizer.json and tokenizer_config.json (with the GGUF's chat template). The result loads with
-`transformers.AutoModelForCausalLM.from_pretrained(OUTDIR)` / `AutoTokenizer.from_pretrained(OUTDIR)`
-and with oomb's own loader.
+Writes OUTDIR/model.safetensors, config.json (LlamaForCausalLM or Gemma3ForCausalLM),
+generation_config.json, tokenizer.json and tokenizer_config.json (with the GGUF's chat template).
+The result loads with `transformers.AutoModelForCausalLM.from_pretrained(OUTDIR)` /
+`AutoTokenizer.from_pretrained(OUTDIR)` and with oomb's own loader.
 
-Weights: F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors are dequantized with numpy (formats as in
-ggml's ggml-quants.c); any other type stops the conversion with exit code 2. llama.cpp's
-convert_hf_to_gguf.py permutes the rows of q_proj / k_proj (interleaved -> half-split RoPE
-layout); that is undone here. The tokenizer is rebuilt with transformers' own GGUF tokenizer
+Weights are dequantized by the gguf package (`gguf.quants.dequantize`: F32, F16, BF16, the
+Q4_0 ... Q8_0 and K-quant blocks of ggml-quants.c); a type it does not know stops the
+conversion with exit code 2. llama: llama.cpp's convert_hf_to_gguf.py permutes the rows of
+q_proj / k_proj (interleaved -> half-split RoPE layout); that is undone here. gemma3: llama.cpp
+stores every RMSNorm weight as 1 + w (ggml's norm multiplies by the weight); 1 is subtracted
+here. What a gemma3 GGUF does not record is written as llama.cpp assumes it: local layers'
+RoPE base 10000, every sixth layer global, query_pre_attn_scalar = head_dim (true of Gemma 3
+270M to 12B; 27B differs). The tokenizer is rebuilt with transformers' own GGUF tokenizer
 conversion (the code `from_pretrained(..., gguf_file=...)` runs), see `write_tokenizer`.
 
 Needs: numpy, gguf (PyPI), safetensors, transformers (tokenizer only), torch (only for bfloat16).
@@ -37,67 +41,18 @@ class ConversionError(Exception):
 
 
 # --------------------------------------------------------------------------------------------
-# Dequantization. A quantized row of n weights is n/32 blocks; GGUFReader gives tensor.data as
-# uint8 [rows..., bytes_per_row].
-
-QK = 32
-
-
-def _blocks(raw, block_bytes):
-    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
-    if raw.size % block_bytes:
-        raise ConversionError(f"{raw.size} bytes is not a whole number of {block_bytes}-byte blocks")
-    return raw.reshape(-1, block_bytes)
-
-
-def _half(blocks, start):
-    return blocks[:, start : start + 2].copy().view(np.float16).astype(np.float32)  # [nb, 1]
-
-
-def _nibbles(qs):
-    # Element j of a block is the low nibble of byte j (j < 16), the high nibble of byte j-16 after.
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)  # [nb, 32]
-
-
-def dequant_q8_0(raw):  # block: half d, int8 q[32]; w = d * q
-    b = _blocks(raw, 2 + QK)
-    return (_half(b, 0) * b[:, 2:].view(np.int8).astype(np.float32)).reshape(-1)
-
-
-def dequant_q4_0(raw):  # block: half d, 16 bytes of nibbles; w = d * (q - 8)
-    b = _blocks(raw, 2 + QK // 2)
-    return (_half(b, 0) * (_nibbles(b[:, 2:]) - 8.0)).reshape(-1)
-
-
-def dequant_q4_1(raw):  # block: half d, half m, 16 bytes of nibbles; w = d * q + m
-    b = _blocks(raw, 4 + QK // 2)
-    return (_half(b, 0) * _nibbles(b[:, 4:]) + _half(b, 2)).reshape(-1)
-
-
-def dequant_bf16(raw):
-    u16 = np.ascontiguousarray(raw).view(np.uint16).reshape(-1)
-    return (u16.astype(np.uint32) << 16).view(np.float32)
-
-
-DEQUANT = {
-    "F32": lambda raw: np.ascontiguousarray(raw).view(np.float32).reshape(-1),
-    "F16": lambda raw: np.ascontiguousarray(raw).view(np.float16).reshape(-1).astype(np.float32),
-    "BF16": dequant_bf16,
-    "Q8_0": dequant_q8_0,
-    "Q4_0": dequant_q4_0,
-    "Q4_1": dequant_q4_1,
-}
+# Dequantization.
 
 
 def dequantize_tensor(t):
     """float32 numpy array in PyTorch layout ([out, in] for a matrix) for a GGUFReader tensor."""
-    kind = t.tensor_type.name
-    if kind not in DEQUANT:
-        raise ConversionError(
-            f"tensor {t.name}: quantisation type {kind} is not supported (supported: {', '.join(DEQUANT)})"
-        )
+    from gguf import quants
+
     shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dimensions innermost first
-    w = DEQUANT[kind](t.data)
+    try:
+        w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    except NotImplementedError as e:
+        raise ConversionError(f"tensor {t.name}: quantisation type {t.tensor_type.name} is not supported ({e})")
     if w.size != int(np.prod(shape)):
         raise ConversionError(f"tensor {t.name}: {w.size} values for shape {shape}")
     return w.reshape(shape)
@@ -106,7 +61,7 @@ def dequantize_tensor(t):
 # --------------------------------------------------------------------------------------------
 # Names and the Q/K permutation.
 
-_LAYER_NAMES = {
+_LLAMA_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -117,18 +72,30 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_LAYER_NAMES = {
+    "llama": _LLAMA_LAYER_NAMES,
+    "gemma3": dict(
+        _LLAMA_LAYER_NAMES,
+        ffn_norm="pre_feedforward_layernorm",
+        post_attention_norm="post_attention_layernorm",
+        post_ffw_norm="post_feedforward_layernorm",
+        attn_q_norm="self_attn.q_norm",
+        attn_k_norm="self_attn.k_norm",
+    ),
+}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _SKIPPED = {"rope_freqs.weight"}  # llama3 rope factors: recomputed from config by transformers
 
 
-def hf_name(gguf_name):
+def hf_name(gguf_name, arch):
+    names = _LAYER_NAMES[arch]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", gguf_name)
     if m and m.group(1) in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
-    raise ConversionError(f"tensor {gguf_name}: no Hugging Face name for it (not a llama tensor)")
+    raise ConversionError(f"tensor {gguf_name}: no Hugging Face name for it (not a {arch} tensor)")
 
 
 def unpermute(w, n_head):
@@ -201,6 +168,22 @@ def build_config(reader, arch, tensors, dtype):
         if orig:
             rs["original_max_position_embeddings"] = int(orig)
         cfg["rope_scaling"] = rs
+    if arch == "gemma3":
+        for key in ("hidden_act", "attention_bias", "mlp_bias"):
+            cfg.pop(key)
+        cfg.update(
+            {
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "hidden_activation": "gelu_pytorch_tanh",
+                "query_pre_attn_scalar": head_dim,
+                "rope_local_base_freq": 10000.0,
+                "sliding_window": int(g("attention.sliding_window")),
+                "sliding_window_pattern": 6,
+                "final_logit_softcapping": None,
+                "attn_logit_softcapping": None,
+            }
+        )
     return cfg
 
 
@@ -267,21 +250,17 @@ def convert(gguf_path, outdir, dtype):
 
     reader = GGUFReader(gguf_path)
     arch = field(reader, "general.architecture")
-    if arch != "llama":
-        raise ConversionError(f"{gguf_path}: architecture {arch!r}; only 'llama' is supported")
+    if arch not in _LAYER_NAMES:
+        raise ConversionError(f"{gguf_path}: architecture {arch!r}; supported: {', '.join(_LAYER_NAMES)}")
     tensors = {t.name: t for t in reader.tensors}
-    # Check every name and type first, so an unsupported file fails before anything is written.
+    # Check every name first, so an unsupported file fails before anything is written (types
+    # fail while dequantizing, also before anything is written).
     for t in reader.tensors:
         if t.name not in _SKIPPED:
-            hf_name(t.name)
-            if t.tensor_type.name not in DEQUANT:
-                raise ConversionError(
-                    f"tensor {t.name}: quantisation type {t.tensor_type.name} is not supported "
-                    f"(supported: {', '.join(DEQUANT)})"
-                )
+            hf_name(t.name, arch)
     cfg = build_config(reader, arch, tensors, dtype)
     log(
-        f"{os.path.basename(gguf_path)}: llama, {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+        f"{os.path.basename(gguf_path)}: {arch}, {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
         f"heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']}, vocab {cfg['vocab_size']}, "
         f"{len(tensors)} tensors, tied={cfg['tie_word_embeddings']}"
     )
@@ -294,11 +273,13 @@ def convert(gguf_path, outdir, dtype):
             continue
         w = dequantize_tensor(t)
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-        if re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", t.name):
+        if arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", t.name):
             w = unpermute(w, cfg["num_attention_heads"])
-        elif re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", t.name):
+        elif arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", t.name):
             w = unpermute(w, cfg["num_key_value_heads"])
-        state[hf_name(t.name)] = np.ascontiguousarray(w)
+        elif arch == "gemma3" and t.name.endswith("norm.weight"):
+            w = w - 1.0
+        state[hf_name(t.name, arch)] = np.ascontiguousarray(w)
     log("dequantized " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
 
     os.makedirs(outdir, exist_ok=True)

@@ -4,10 +4,9 @@ prints each check and exits non-zero if any fails.
 
     test_reference_models.py [--data DIR]      DIR defaults to ${OOMB_DATA_DIR:-~/.cache/oomb/data}
 
-(a) models/SmolLM2-135M-Instruct (converted by scripts/gguf_to_hf.py) against transformers' own
-    GGUF loader on the same GGUF file: every weight, the logits on a fixed prompt, and the
-    tokenizer on a few sentences and a chat;
-    plus our numpy dequantization against gguf.quants.dequantize, bit for bit.
+(a) models/SmolLM2-135M-Instruct and models/gemma-3-270m (converted by scripts/gguf_to_hf.py)
+    against transformers' own GGUF loader on the same GGUF file: every weight, the logits on a
+    fixed prompt, and the tokenizer on a few sentences (and SmolLM2's chat template);
 (b) the greedy continuation of "The capital of France is" (printed; must mention Paris).
 (c) texts/austen: six novels, each > 100K SmolLM2 tokens; the other texts present.
 (d) tiny/: every tiny model reloads and reproduces its reference.safetensors.
@@ -36,64 +35,30 @@ def check(ok, what):
     return ok
 
 
-def find_gguf(data):
-    hits = glob.glob(os.path.join(data, "downloads", "**", "*.gguf"), recursive=True)
+def find_gguf(data, name):
+    hits = glob.glob(os.path.join(data, "downloads", "**", name), recursive=True)
     return hits[0] if hits else None
 
 
-def test_dequant_synthetic():
-    """Every supported type on random blocks (finite scales) against gguf.quants.dequantize."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-    import gguf_to_hf
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize
-
-    rng = np.random.default_rng(0)
-    rows, cols = 8, 256
-    halves = lambda n: rng.normal(0, 0.05, n).astype(np.float16).view(np.uint8).reshape(-1, 2)  # noqa: E731
-    nb = rows * cols // 32
-    raw = {
-        "Q8_0": np.concatenate([halves(nb), rng.integers(0, 256, (nb, 32), dtype=np.uint8)], 1),
-        "Q4_0": np.concatenate([halves(nb), rng.integers(0, 256, (nb, 16), dtype=np.uint8)], 1),
-        "Q4_1": np.concatenate([halves(nb), halves(nb), rng.integers(0, 256, (nb, 16), dtype=np.uint8)], 1),
-        "F16": rng.normal(0, 1, rows * cols).astype(np.float16).view(np.uint8),
-        "BF16": (rng.normal(0, 1, rows * cols).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8),
-        "F32": rng.normal(0, 1, rows * cols).astype(np.float32).view(np.uint8),
-    }
-    for kind, r in raw.items():
-        r = np.ascontiguousarray(r).reshape(rows, -1)
-        ours = gguf_to_hf.DEQUANT[kind](r).reshape(rows, cols)
-        ref = dequantize(r, Q[kind]).reshape(rows, cols).astype(np.float32)
-        check(np.array_equal(ours, ref), f"dequantize {kind}, random blocks, equals gguf.quants bit for bit")
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "It is a truth universally acknowledged, that a single man in possession\nof a good fortune, must be in want of a wife.",
+    "In 2024, 12345 people paid $3.50 each -- naïve café façade, 東京, emoji 🙂.",
+    "def f(x):\n    return x ** 2  # comment\n\n\tTabs and  double  spaces",
+]
 
 
-def test_smollm2(data):
+def compare_with_gguf_loader(hf_dir, gguf_path, prompt):
+    """Our converted directory against transformers loading the GGUF itself: the same parameter
+    names and values, the same logits on `prompt` and the same tokenizer. Returns both models and
+    both tokenizers (None, None, None, None when a file is missing)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-    import gguf_to_hf
-
-    hf_dir = os.path.join(data, "models", "SmolLM2-135M-Instruct")
-    gguf_path = find_gguf(data)
     if not check(os.path.isfile(os.path.join(hf_dir, "model.safetensors")), f"converted model in {hf_dir}"):
-        return None, None
-    if not check(gguf_path is not None, f"GGUF file under {data}/downloads"):
-        return None, None
-
-    # Our dequantization against the gguf package's, one tensor of each type.
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    reader = GGUFReader(gguf_path)
-    seen = {}
-    for t in reader.tensors:
-        seen.setdefault(t.tensor_type.name, t)
-    for kind, t in sorted(seen.items()):
-        ours = gguf_to_hf.dequantize_tensor(t)
-        ref = dequantize(t.data, t.tensor_type).reshape(ours.shape)
-        check(np.array_equal(ours, ref.astype(np.float32)), f"dequantize {kind} ({t.name}) equals gguf.quants bit for bit")
-
+        return None, None, None, None
+    if not check(gguf_path is not None, f"GGUF file for {hf_dir}"):
+        return None, None, None, None
     torch.manual_seed(0)
     t0 = time.time()
     ours = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
@@ -115,8 +80,6 @@ def test_smollm2(data):
 
     tok_ours = AutoTokenizer.from_pretrained(hf_dir)
     tok_theirs = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
-
-    prompt = "Long-context fine-tuning keeps the key-value cache of every past chunk. In 2024, 3 people wrote"
     ids = torch.tensor([tok_ours.encode(prompt)])
     with torch.no_grad():
         lo = ours(ids).logits.float()
@@ -125,22 +88,26 @@ def test_smollm2(data):
     # Both sides dequantize the same bits to float32 (the weights compare equal above), so the two
     # forwards are the same float32 program; only kernel-level summation order can differ, which
     # over 30 layers stays ~1e-5 on logits of magnitude ~10-30. 1e-4 leaves 10x margin and is
-    # still far below what any real conversion bug (a wrong permutation, nibble order, tied head)
-    # produces (O(1)).
+    # still far below what any real conversion bug (a wrong permutation, nibble order, tied head,
+    # a norm's offset) produces (O(1)).
     check(diff <= 1e-4, f"logits vs transformers' GGUF loader on {ids.shape[1]} tokens: max |diff| {diff:.3g} "
           f"(logit range {lo.min().item():.1f}..{lo.max().item():.1f}) <= 1e-4")
     check(torch.equal(lo.argmax(-1), lt.argmax(-1)), "argmax tokens identical")
+    same = [tok_ours.encode(s) == tok_theirs.encode(s) for s in SENTENCES]
+    check(all(same), f"tokenizer encodes {len(SENTENCES)} sentences identically to the GGUF-loaded one ({same})")
+    return ours, theirs, tok_ours, tok_theirs
 
-    sentences = [
-        "The quick brown fox jumps over the lazy dog.",
-        "It is a truth universally acknowledged, that a single man in possession\nof a good fortune, must be in want of a wife.",
-        "In 2024, 12345 people paid $3.50 each -- naïve café façade, 東京, emoji 🙂.",
-        "def f(x):\n    return x ** 2  # comment\n\n\tTabs and  double  spaces",
-        "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
-    ]
-    same = [tok_ours.encode(s) == tok_theirs.encode(s) for s in sentences]
-    check(all(same), f"tokenizer encodes {len(sentences)} sentences identically to the GGUF-loaded one ({same})")
-    check(all(tok_ours.decode(tok_ours.encode(s)) == s for s in sentences), "tokenizer round-trips the sentences")
+
+def test_smollm2(data):
+    hf_dir = os.path.join(data, "models", "SmolLM2-135M-Instruct")
+    gguf_path = find_gguf(data, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    prompt = "Long-context fine-tuning keeps the key-value cache of every past chunk. In 2024, 3 people wrote"
+    ours, _, tok_ours, tok_theirs = compare_with_gguf_loader(hf_dir, gguf_path, prompt)
+    if ours is None:
+        return None, None
+    chat_turn = "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
+    check(tok_ours.encode(chat_turn) == tok_theirs.encode(chat_turn), "tokenizer encodes a chat turn identically")
+    check(all(tok_ours.decode(tok_ours.encode(s)) == s for s in SENTENCES), "tokenizer round-trips the sentences")
     chat = [{"role": "user", "content": "What is 2+2?"}]
     a = tok_ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     b = tok_theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
@@ -152,16 +119,28 @@ def test_smollm2(data):
     return ours, tok_ours
 
 
-def test_generation(model, tok):
+def test_gemma3(data):
+    """Gemma-3-270M: sliding-window and global layers, (1 + w) norms, K-quants (Q4_K, Q6_K) and
+    Q5_0 / Q8_0 in one file."""
+    hf_dir = os.path.join(data, "models", "gemma-3-270m")
+    gguf_path = find_gguf(data, "gemma-3-270m-q4_k_m.gguf")
+    prompt = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
+    ours, _, tok, _ = compare_with_gguf_loader(hf_dir, gguf_path, prompt)
+    if ours is not None:
+        check(ours.config.sliding_window == 512 and ours.config.layer_types.count("full_attention") == 3,
+              f"gemma-3-270m: window {ours.config.sliding_window}, layer types {ours.config.layer_types}")
+        test_generation(ours, tok, "Paris is the capital of", "france")
+
+
+def test_generation(model, tok, prompt="The capital of France is", want="paris"):
     import torch
 
-    prompt = "The capital of France is"
     ids = torch.tensor([tok.encode(prompt)])
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
     cont = tok.decode(out[0, ids.shape[1]:])
     print(f"      greedy: {prompt!r} -> {cont!r}")
-    check("paris" in cont.lower(), "greedy continuation mentions Paris")
+    check(want in cont.lower(), f"greedy continuation mentions {want!r}")
 
 
 def test_texts(data, tok):
@@ -210,10 +189,10 @@ def main():
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
-    test_dequant_synthetic()
     model, tok = test_smollm2(a.data)
     if model is not None:
         test_generation(model, tok)
+    test_gemma3(a.data)
     test_texts(a.data, tok)
     test_tiny(a.data)
     if FAILURES:

@@ -66,6 +66,46 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
   }
 }
 
+// Gemma-3-270M from its Q4_K_M GGUF (scripts/fetch_test_data.sh): 15 of its 18 layers attend a
+// window of 512 tokens, so a 900-token sample is scored partly outside the window, in chunks
+// smaller than the window and in one chunk. The loss equals transformers' to 1e-4 (float32) and
+// the next-token argmax (greedy decoding's choice) agrees position by position but for near-ties.
+TEST(EvalParityTest, Gemma3LossWithSlidingWindowsEqualsTransformers) {
+  const std::string model = testing::DataDir() + "/models/gemma-3-270m";
+  const std::string text = testing::DataDir() + "/texts/austen/emma.txt";
+  const std::string python = testing::VenvPython();
+  if (python.empty() || !std::filesystem::exists(model + "/model.safetensors") || !std::filesystem::exists(text)) {
+    GTEST_SKIP() << "needs the venv and " << model;
+  }
+  const std::string dir = testing::ScratchDir("eval_parity_gemma3");
+  const std::string data = dir + "/samples.jsonl", ref = dir + "/reference.json";
+  const std::string cmd = python + " " + testing::SourceDir() + "/tests/worker/job/hf_eval_reference.py " + model +
+                          " " + text + " " + data + " 900 200 > " + ref + " 2>" + dir + "/stderr.txt";
+  ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
+  std::ifstream in(ref);
+  const nlohmann::json want = nlohmann::json::parse(in);
+  for (const int64_t chunk : {192, 4096}) {
+    EvalOptions o;
+    o.model_dir = model;
+    o.suites = {"loss", "positions"};
+    o.data_path = data;
+    o.chunk_tokens = chunk;
+    o.dtype = "float32";
+    o.device = "cpu";
+    auto got = EvaluateModel(o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->tokens, want["tokens"].get<int64_t>());
+    const double hf = want["loss"].get<double>();
+    std::cout << "chunk " << chunk << ": oomb " << got->mean_loss << " transformers " << hf << " |diff| "
+              << std::abs(got->mean_loss - hf) << "\n";
+    EXPECT_NEAR(got->mean_loss, hf, 1e-4);
+    int64_t hits = 0;
+    for (const PositionLoss& p : got->suites.positions) hits += p.hits;
+    EXPECT_NEAR(hits, want["hits"].get<int64_t>(), 2);
+    EXPECT_GT(hits, 0);
+  }
+}
+
 // --rope-scaling (EvalOptions::rope_scaling): the base model evaluated with YaRN x4 over its
 // window, as a fine-tune will see it, gives transformers' loss with the same scaling; and not the
 // loss without it.
