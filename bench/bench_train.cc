@@ -52,7 +52,8 @@
 // --lengths takes "max" beside numbers: the memory planner's longest context for the configuration
 // on this machine (what the planned_max_seq_len field reports), so a call need not know it.
 //
-// Usage: bench_train --model qwen2.5-7b|qwen3-8b --lengths 16384 65536 131072 [--chunk 4096] [--page 128]
+// Usage: bench_train --model qwen2.5-7b|qwen3-8b|mistral-7b|gemma-3-12b[-global] --lengths 16384 65536 131072 [--chunk
+// 4096] [--page 128]
 //                    [--full] [--grad-check 65536] [--sparse-budget 64] [--kv-offload auto]
 //                    [--attention-kernel cudnn] [--device cuda]
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -104,6 +105,23 @@ ModelConfig Preset(const std::string& name) {
     c.model_type = "qwen3", c.architecture = "Qwen3ForCausalLM", c.qkv_bias = false, c.qk_norm = true;
     c.vocab_size = 151936, c.hidden_size = 4096, c.intermediate_size = 12288, c.num_layers = 36;
     c.num_heads = 32, c.num_kv_heads = 8, c.tie_word_embeddings = false;
+  } else if (name == "mistral-7b") {  // Mistral-7B-v0.3: sliding_window null
+    c.model_type = "mistral", c.architecture = "MistralForCausalLM", c.qkv_bias = false;
+    c.vocab_size = 32768, c.hidden_size = 4096, c.intermediate_size = 14336, c.num_layers = 32;
+    c.num_heads = 32, c.num_kv_heads = 8, c.tie_word_embeddings = false;
+  } else if (name == "gemma-3-12b" || name == "gemma-3-12b-global") {
+    // Gemma-3-12B's text model: 40 of 48 layers attend a window of 1024 with their own RoPE;
+    // -global makes every layer global (what the windows buy).
+    c.model_type = "gemma3_text", c.architecture = "Gemma3ForCausalLM", c.qkv_bias = false, c.qk_norm = true;
+    c.gemma_layers = true, c.query_pre_attn_scalar = 256;
+    c.vocab_size = 262208, c.hidden_size = 3840, c.intermediate_size = 15360, c.num_layers = 48;
+    c.num_heads = 16, c.num_kv_heads = 8, c.head_dim = 256, c.tie_word_embeddings = true;
+    c.rope.type = RopeType::kLinear, c.rope.factor = 8;
+    if (name == "gemma-3-12b") {
+      c.sliding_window = 1024;
+      for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers.push_back((i + 1) % 6 != 0);
+      c.sliding_rope = RopeConfig{.theta = 10000};
+    }
   } else if (name == "qwen2.5-0.5b") {
     c.vocab_size = 151936, c.hidden_size = 896, c.intermediate_size = 4864, c.num_layers = 24;
     c.num_heads = 14, c.num_kv_heads = 2, c.tie_word_embeddings = true;
@@ -111,7 +129,7 @@ ModelConfig Preset(const std::string& name) {
     c.vocab_size = 512, c.hidden_size = 128, c.intermediate_size = 256, c.num_layers = 2;
     c.num_heads = 4, c.num_kv_heads = 2;
   }
-  c.head_dim = c.hidden_size / c.num_heads;
+  if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_heads;
   return c;
 }
 
@@ -469,7 +487,8 @@ int Main(int argc, char** argv) {
   bool sections = false;
   int64_t sparse_budget = 0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
-  app.add_option("--model", model, "qwen2.5-7b | qwen3-8b | qwen2.5-0.5b | tiny");
+  app.add_option("--model", model,
+                 "qwen2.5-7b | qwen3-8b | mistral-7b | gemma-3-12b | gemma-3-12b-global | qwen2.5-0.5b | tiny");
   app.add_option("--sparse-budget", sparse_budget, "page-level sparse attention with this page_budget (0: dense)");
   app.add_option("--selection", selection, "sparse page summaries: mean_key | min_max");
   app.add_option("--kv-offload", offload,

@@ -14,9 +14,14 @@ Writes into OUT:
   llama3/tokenizer.json         the same with Llama-3's regex (\\p{N}{1,3}), ignore_merges, a
                                 <|begin_of_text|> TemplateProcessing post-processor, and added
                                 tokens using lstrip / rstrip / single_word / normalized
+  llama2/tokenizer.json         a SentencePiece-style BPE (byte_fallback, <0xXX> tokens, unk) trained
+                                here with Llama-2's / Mistral's layout: Prepend + Replace normalizers,
+                                no pre-tokenizer, a <s> template, decoders Replace, ByteFallback,
+                                Fuse, Strip
   <name>.expected.jsonl         per corpus line: {"ids": encode(text, add_special_tokens=False).ids,
                                 "ids_special": encode(text, add_special_tokens=True).ids,
-                                "decoded": decode(ids)} for name in smollm2, qwen2, llama3
+                                "decoded": decode(ids)} for name in smollm2, qwen2, llama3, llama2,
+                                and gemma3 (Gemma-3-270M's tokenizer.json) when the model is present
 """
 import argparse
 import json
@@ -132,6 +137,23 @@ def train(training_text, pattern, specials, vocab_size=4000):
     return tok
 
 
+def train_sentencepiece_style(training_text):
+    """A byte_fallback BPE in Llama-2's tokenizer.json layout (what Mistral and Gemma ship, less
+    Gemma's Split pre-tokenizer and Prepend)."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=["<unk>", "<s>", "</s>"] + byte_tokens,
+                                  limit_alphabet=200, show_progress=False)
+    chunks = [training_text[i:i + 2000] for i in range(0, len(training_text), 2000)]
+    tok.train_from_iterator(chunks, trainer=trainer)
+    tok.post_processor = TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                            special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok
+
+
 def write_expected(tok, texts, path):
     with open(path, "w", encoding="utf-8") as f:
         for t in texts:
@@ -183,8 +205,18 @@ def main():
         json.dump(j, f, ensure_ascii=False)
     llama = Tokenizer.from_file(os.path.join(ldir, "tokenizer.json"))
 
+    sp = train_sentencepiece_style(training_text)
+    sdir = os.path.join(args.out_dir, "llama2")
+    os.makedirs(sdir, exist_ok=True)
+    sp.save(os.path.join(sdir, "tokenizer.json"))
+    sp = Tokenizer.from_file(os.path.join(sdir, "tokenizer.json"))
+
     smol = Tokenizer.from_file(os.path.join(args.data_dir, "models", "SmolLM2-135M-Instruct", "tokenizer.json"))
-    for name, tok in (("smollm2", smol), ("qwen2", qwen), ("llama3", llama)):
+    tokenizers = [("smollm2", smol), ("qwen2", qwen), ("llama3", llama), ("llama2", sp)]
+    gemma = os.path.join(args.data_dir, "models", "gemma-3-270m", "tokenizer.json")
+    if os.path.exists(gemma):
+        tokenizers.append(("gemma3", Tokenizer.from_file(gemma)))
+    for name, tok in tokenizers:
         write_expected(tok, texts, os.path.join(args.out_dir, f"{name}.expected.jsonl"))
     print(f"{len(texts)} texts, {sum(len(t.encode()) for t in texts)} bytes")
     return 0

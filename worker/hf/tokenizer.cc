@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -103,8 +106,8 @@ class Regex {
     int err = 0;
     PCRE2_SIZE err_off = 0;
     const std::string p = literal ? pattern : RewriteWhitespace(pattern);
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK;
-    if (literal) opts |= PCRE2_LITERAL;
+    // PCRE2_LITERAL admits no PCRE2_UCP (a literal has no character classes to widen).
+    const uint32_t opts = PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), opts, &err, &err_off, nullptr);
     if (code == nullptr) {
       PCRE2_UCHAR buf[256];
@@ -288,6 +291,11 @@ struct Tokenizer::Impl {
   std::optional<int32_t> unk_id;
   bool fuse_unk = false;
   bool ignore_merges = false;
+  // Symbols: mapped bytes (the ByteLevel pre-tokenizer), else the text's characters, with
+  // unknown ones spelled as <0xXX> byte tokens (byte_fallback, SentencePiece-style BPE).
+  bool byte_level = false;
+  bool byte_fallback = false;
+  std::array<int32_t, 256> fallback_id{};  // <0xXX>'s id, -1 when absent
 
   // Added tokens.
   std::vector<AddedToken> added;
@@ -296,8 +304,19 @@ struct Tokenizer::Impl {
   // Candidates by first byte, longest first; [0] matches raw text, [1] normalized text.
   std::array<std::array<std::vector<const AddedToken*>, 256>, 2> matchers;
 
-  bool nfc = false;
+  // The normalizers in order: NFC, Replace (a literal string), Prepend.
+  struct NormStep {
+    enum class Kind { kNfc, kReplace, kPrepend } kind;
+    std::string from, to;
+  };
+  std::vector<NormStep> normalizers;
   std::vector<PreTokStep> steps;
+  // Decoding without ByteLevel: each token's Replace steps, runs of <0xXX> tokens as bytes
+  // (ByteFallback), the tokens joined (Fuse), then `strip_start` leading `strip` strings removed.
+  std::vector<std::pair<std::string, std::string>> decode_replace;
+  bool decode_byte_fallback = false;
+  std::string strip;
+  int64_t strip_start = 0;
   std::vector<int32_t> template_prefix, template_suffix;
 
   std::optional<int32_t> bos, eos, pad;
@@ -315,6 +334,8 @@ struct Tokenizer::Impl {
   absl::Status LoadPostProcessor(const Json& p);
   absl::Status LoadDecoder(const Json& d);
   absl::Status LoadAddedTokens(const Json& a);
+  std::string Normalize(std::string_view text) const;
+  std::string DecodeText(const std::vector<const std::string*>& tokens) const;
 
   struct Segment {
     std::string_view text;
@@ -325,6 +346,9 @@ struct Tokenizer::Impl {
   absl::Status EncodeSegment(std::string_view text, const MatchScratch& scratch, std::vector<int32_t>* ids) const;
   void Bpe(std::string_view word, std::vector<int32_t>* ids) const;
   void BpeUncached(std::string_view word, std::vector<int32_t>* ids) const;
+  // The ids BPE starts from: a byte-level symbol a byte, else one a character (<0xXX> byte
+  // tokens for a character not in the vocab, with byte_fallback); unk where HF puts it.
+  std::vector<int32_t> InitialSymbols(std::string_view word) const;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -343,7 +367,8 @@ absl::Status Tokenizer::Impl::Load(const Json& j) {
   if (auto p = j.find("pre_tokenizer"); p != j.end() && !p->is_null()) {
     OOMB_RETURN_IF_ERROR(LoadPreTokenizer(*p, &byte_level));
   }
-  if (!byte_level) {
+  this->byte_level = byte_level;
+  if (!byte_level && !byte_fallback) {
     return absl::UnimplementedError(
         absl::StrCat(origin, ": pre_tokenizer has no ByteLevel step; only byte-level BPE tokenizers are supported"));
   }
@@ -365,8 +390,7 @@ absl::Status Tokenizer::Impl::LoadModel(const Json& m) {
   if (auto d = m.find("dropout"); d != m.end() && !d->is_null() && !(d->is_number() && d->get<double>() == 0.0)) {
     return absl::UnimplementedError(absl::StrCat(where, ": BPE dropout is not supported"));
   }
-  OOMB_ASSIGN_OR_RETURN(bool byte_fallback, OptBool(m, "byte_fallback", false, where));
-  if (byte_fallback) return absl::UnimplementedError(absl::StrCat(where, ": byte_fallback BPE is not supported"));
+  OOMB_ASSIGN_OR_RETURN(byte_fallback, OptBool(m, "byte_fallback", false, where));
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     auto it = m.find(key);
     if (it != m.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
@@ -396,6 +420,10 @@ absl::Status Tokenizer::Impl::LoadModel(const Json& m) {
     char_byte[table[b]] = static_cast<int16_t>(b);
     auto it = vocab.find(byte_char[b]);
     byte_id[b] = it == vocab.end() ? -1 : it->second;
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    auto fb = vocab.find(name);
+    fallback_id[b] = fb == vocab.end() ? -1 : fb->second;
   }
   return absl::OkStatus();
 }
@@ -499,15 +527,43 @@ absl::Status Tokenizer::Impl::LoadAddedTokens(const Json& a) {
 absl::Status Tokenizer::Impl::LoadNormalizer(const Json& n) {
   const std::string type = TypeOf(n);
   if (type == "NFC") {
-    nfc = true;
+    normalizers.push_back({NormStep::Kind::kNfc, "", ""});
+    return absl::OkStatus();
+  }
+  if (type == "Replace" && n.contains("pattern") && n["pattern"].is_object() && n["pattern"].contains("String") &&
+      n["pattern"]["String"].is_string() && n.contains("content") && n["content"].is_string() &&
+      !n["pattern"]["String"].get<std::string>().empty()) {
+    normalizers.push_back({NormStep::Kind::kReplace, n["pattern"]["String"], n["content"]});
+    return absl::OkStatus();
+  }
+  if (type == "Prepend" && n.contains("prepend") && n["prepend"].is_string()) {
+    normalizers.push_back({NormStep::Kind::kPrepend, "", n["prepend"]});
     return absl::OkStatus();
   }
   if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
     for (const Json& s : n["normalizers"]) OOMB_RETURN_IF_ERROR(LoadNormalizer(s));
     return absl::OkStatus();
   }
-  return absl::UnimplementedError(
-      absl::StrCat(origin, ": normalizer '", type, "' is not supported (only NFC and Sequence)"));
+  return absl::UnimplementedError(absl::StrCat(
+      origin, ": normalizer '", type, "' is not supported (only NFC, Replace of a string, Prepend and Sequence)"));
+}
+
+std::string Tokenizer::Impl::Normalize(std::string_view text) const {
+  std::string out(text);
+  for (const NormStep& n : normalizers) {
+    switch (n.kind) {
+      case NormStep::Kind::kNfc:
+        out = NfcNormalize(out);
+        break;
+      case NormStep::Kind::kReplace:
+        out = absl::StrReplaceAll(out, {{n.from, n.to}});
+        break;
+      case NormStep::Kind::kPrepend:
+        if (!out.empty()) out = n.to + out;
+        break;
+    }
+  }
+  return out;
 }
 
 absl::Status Tokenizer::Impl::LoadPreTokenizer(const Json& p, bool* byte_level) {
@@ -630,13 +686,31 @@ absl::Status Tokenizer::Impl::LoadPostProcessor(const Json& p) {
 
 absl::Status Tokenizer::Impl::LoadDecoder(const Json& d) {
   const std::string type = TypeOf(d);
-  if (type == "ByteLevel") return absl::OkStatus();
+  if (type == "ByteLevel" && byte_level) return absl::OkStatus();
   if (type == "Sequence" && d.contains("decoders") && d["decoders"].is_array()) {
     for (const Json& s : d["decoders"]) OOMB_RETURN_IF_ERROR(LoadDecoder(s));
     return absl::OkStatus();
   }
-  return absl::UnimplementedError(
-      absl::StrCat(origin, ": decoder '", type, "' is not supported (only ByteLevel, or a Sequence of it)"));
+  if (!byte_level && strip_start == 0) {  // SentencePiece-style: Replace, ByteFallback, Fuse, Strip
+    if (type == "Replace" && d.contains("pattern") && d["pattern"].is_object() && d["pattern"].contains("String") &&
+        d["pattern"]["String"].is_string() && d.contains("content") && d["content"].is_string()) {
+      decode_replace.emplace_back(d["pattern"]["String"], d["content"]);
+      return absl::OkStatus();
+    }
+    if (type == "ByteFallback") {
+      decode_byte_fallback = true;
+      return absl::OkStatus();
+    }
+    if (type == "Fuse") return absl::OkStatus();  // Decode joins the tokens anyway
+    if (type == "Strip" && d.value("stop", 0) == 0 && d.contains("content") && d["content"].is_string()) {
+      strip = d["content"];
+      strip_start = d.value("start", 0);
+      return absl::OkStatus();
+    }
+  }
+  return absl::UnimplementedError(absl::StrCat(origin, ": decoder '", type,
+                                               "' is not supported (ByteLevel for byte-level BPE; Replace, "
+                                               "ByteFallback, Fuse and a final Strip for byte_fallback BPE)"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -704,8 +778,8 @@ absl::Status Tokenizer::Impl::EncodeValid(std::string_view text, bool add_specia
       ids->push_back(seg.id);
       continue;
     }
-    const std::string normalized = nfc ? NfcNormalize(seg.text) : std::string();
-    const std::string_view n = nfc ? std::string_view(normalized) : seg.text;
+    const std::string normalized = normalizers.empty() ? std::string() : Normalize(seg.text);
+    const std::string_view n = normalizers.empty() ? seg.text : std::string_view(normalized);
     norm_segs.clear();
     SplitAdded(1, n, &norm_segs);
     for (const Segment& s2 : norm_segs) {
@@ -770,7 +844,7 @@ absl::Status Tokenizer::Impl::EncodeSegment(std::string_view text, const MatchSc
 }
 
 void Tokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>* ids) const {
-  if (word.size() == 1 && byte_id[static_cast<unsigned char>(word[0])] >= 0) {
+  if (byte_level && word.size() == 1 && byte_id[static_cast<unsigned char>(word[0])] >= 0) {
     ids->push_back(byte_id[static_cast<unsigned char>(word[0])]);
     return;
   }
@@ -792,10 +866,44 @@ void Tokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>* ids) cons
   }
 }
 
+std::vector<int32_t> Tokenizer::Impl::InitialSymbols(std::string_view word) const {
+  std::vector<int32_t> sym;
+  sym.reserve(word.size());
+  const auto unknown = [&] {
+    if (!unk_id) return;  // HF drops characters it cannot represent when there is no unk
+    if (fuse_unk && !sym.empty() && sym.back() == *unk_id) return;
+    sym.push_back(*unk_id);
+  };
+  for (size_t p = 0; p < word.size();) {
+    if (byte_level) {
+      const int32_t id = byte_id[static_cast<unsigned char>(word[p++])];
+      id < 0 ? unknown() : sym.push_back(id);
+      continue;
+    }
+    const size_t begin = p;
+    NextCodePoint(word, &p);
+    const std::string_view ch = word.substr(begin, p - begin);
+    if (auto it = vocab.find(absl::string_view(ch.data(), ch.size())); it != vocab.end()) {
+      sym.push_back(it->second);
+      continue;
+    }
+    // byte_fallback: the character's UTF-8 bytes as <0xXX> tokens, when all of them exist.
+    const bool spelled = byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char c) {
+                           return fallback_id[static_cast<unsigned char>(c)] >= 0;
+                         });
+    if (!spelled) {
+      unknown();
+      continue;
+    }
+    for (char c : ch) sym.push_back(fallback_id[static_cast<unsigned char>(c)]);
+  }
+  return sym;
+}
+
 void Tokenizer::Impl::BpeUncached(std::string_view word, std::vector<int32_t>* ids) const {
   if (ignore_merges) {
     std::string mapped;
-    for (char c : word) mapped += byte_char[static_cast<unsigned char>(c)];
+    for (char c : word) mapped += byte_level ? byte_char[static_cast<unsigned char>(c)] : std::string(1, c);
     if (auto it = vocab.find(mapped); it != vocab.end()) {
       ids->push_back(it->second);
       return;
@@ -807,17 +915,7 @@ void Tokenizer::Impl::BpeUncached(std::string_view word, std::vector<int32_t>* i
     bool alive;
   };
   std::vector<Symbol> sym;
-  sym.reserve(word.size());
-  for (char c : word) {
-    const int32_t id = byte_id[static_cast<unsigned char>(c)];
-    if (id < 0) {
-      if (!unk_id) continue;  // HF drops characters it cannot represent when there is no unk
-      if (fuse_unk && !sym.empty() && sym.back().id == *unk_id) continue;
-      sym.push_back({*unk_id, 0, 0, true});
-      continue;
-    }
-    sym.push_back({id, 0, 0, true});
-  }
+  for (const int32_t id : InitialSymbols(word)) sym.push_back({id, 0, 0, true});
   const int32_t n = static_cast<int32_t>(sym.size());
   for (int32_t i = 0; i < n; ++i) {
     sym[i].prev = i - 1;
@@ -888,7 +986,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   impl->is_special.resize(impl->has_token.size(), false);
   for (const AddedToken& t : impl->added) {
     const int which = t.normalized ? 1 : 0;
-    const std::string content = (t.normalized && impl->nfc) ? NfcNormalize(t.content) : t.content;
+    const std::string content = t.normalized ? impl->Normalize(t.content) : t.content;
     if (content != t.content) continue;  // keeps matching simple; no supported tokenizer has such tokens
     impl->matchers[which][static_cast<unsigned char>(t.content[0])].push_back(&t);
   }
@@ -975,10 +1073,43 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_t
   return *std::move(ids);
 }
 
+// HF's decoders for byte_fallback BPE over the tokens' strings: a run of <0xXX> tokens becomes
+// its bytes (one U+FFFD a byte when they are not UTF-8), every other token goes through the
+// Replace steps, and Strip removes leading copies of its content from the joined text.
+std::string Tokenizer::Impl::DecodeText(const std::vector<const std::string*>& tokens) const {
+  std::string out, run;
+  const auto flush = [&] {
+    if (run.empty()) return;
+    if (IsValidUtf8(run)) {
+      out += run;
+    } else {
+      for (size_t i = 0; i < run.size(); ++i) out += "\xEF\xBF\xBD";
+    }
+    run.clear();
+  };
+  for (const std::string* tok : tokens) {
+    unsigned byte = 0;
+    if (decode_byte_fallback && tok->size() == 6 && absl::StartsWith(*tok, "<0x") && tok->back() == '>' &&
+        std::sscanf(tok->c_str() + 3, "%2X", &byte) == 1) {
+      run.push_back(static_cast<char>(byte));
+      continue;
+    }
+    flush();
+    std::string text = *tok;
+    for (const auto& [from, to] : decode_replace) text = absl::StrReplaceAll(text, {{from, to}});
+    out += text;
+  }
+  flush();
+  for (int64_t i = 0; i < strip_start && !strip.empty() && absl::StartsWith(out, strip); ++i)
+    out.erase(0, strip.size());
+  return out;
+}
+
 absl::StatusOr<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   const Impl& im = *impl_;
   std::string bytes;
   bytes.reserve(ids.size() * 4);
+  std::vector<const std::string*> tokens;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     if (id < 0 || static_cast<size_t>(id) >= im.has_token.size() || !im.has_token[id]) {
@@ -986,6 +1117,10 @@ absl::StatusOr<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids, b
     }
     if (skip_special_tokens && im.is_special[id]) continue;
     const std::string& tok = im.id_to_token[id];
+    if (!im.byte_level) {
+      tokens.push_back(&tok);
+      continue;
+    }
     // As HF's ByteLevel decoder: map every character back to its byte, or, if some character
     // is not a byte-level character (e.g. an added token's space), keep the token's UTF-8.
     const size_t mark = bytes.size();
@@ -1003,7 +1138,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids, b
       bytes += tok;
     }
   }
-  return RepairUtf8(bytes);
+  return im.byte_level ? RepairUtf8(bytes) : im.DecodeText(tokens);
 }
 
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->has_token.size()); }

@@ -1,17 +1,20 @@
-// A byte-level BPE tokenizer that reads Hugging Face `tokenizer.json` files and produces the
-// same ids as the `tokenizers` library for the tokenizers of the model families oomb trains:
-// GPT-2 style, Qwen2 / Qwen2.5, Llama-3 and SmolLM2.
+// A BPE tokenizer that reads Hugging Face `tokenizer.json` files and produces the same ids as
+// the `tokenizers` library for the tokenizers of the model families oomb trains: byte-level BPE
+// (GPT-2 style, Qwen2 / Qwen2.5 / Qwen3, Llama-3, SmolLM2) and SentencePiece-style BPE with
+// byte fallback (Gemma 3, Llama-2 / Mistral layouts).
 //
 // Supported tokenizer.json content (anything else is rejected at load time with UNIMPLEMENTED
 // naming the component, so a model never silently tokenizes differently from HF):
 //   model          BPE with "vocab" and "merges" ("a b" strings or [a, b] pairs),
-//                  "ignore_merges", "unk_token"/"fuse_unk"; no dropout, no byte_fallback, no
+//                  "ignore_merges", "unk_token"/"fuse_unk", "byte_fallback" (a character not in
+//                  the vocab becomes the <0xXX> tokens of its UTF-8 bytes); no dropout, no
 //                  continuing_subword_prefix / end_of_word_suffix.
-//   normalizer     null, NFC, or a Sequence of those.
+//   normalizer     null, NFC, Replace (of a literal string), Prepend, or a Sequence of those.
 //   pre_tokenizer  Split (Regex or String pattern; behavior Removed, Isolated,
 //                  MergedWithPrevious, MergedWithNext, Contiguous; invert), Digits
 //                  (individual_digits), ByteLevel (add_prefix_space, use_regex with the GPT-2
-//                  pattern), or a Sequence of those with ByteLevel last. ByteLevel is required.
+//                  pattern), or a Sequence of those with ByteLevel last. Without ByteLevel the
+//                  model must use byte_fallback; its symbols are then the text's characters.
 //                  Regexes run on PCRE2 (UTF + UCP, JIT when available); \s and \S are
 //                  rewritten to Unicode White_Space, which is what Oniguruma (used by
 //                  `tokenizers`) matches.
@@ -19,7 +22,9 @@
 //                  lstrip, rstrip and normalized (normalized tokens are matched after the
 //                  normalizer, the others on the raw text).
 //   post_processor null, ByteLevel, TemplateProcessing ("single" template only), or a Sequence.
-//   decoder        ByteLevel (or a Sequence holding only ByteLevel).
+//   decoder        ByteLevel (or a Sequence holding only ByteLevel) for byte-level BPE; for
+//                  byte_fallback BPE a Sequence of Replace (a literal string), ByteFallback, Fuse
+//                  and a final Strip (of leading content).
 //
 // Thread-safety: a Tokenizer is immutable after loading except for an internal word cache that
 // is guarded by a mutex; Encode / Decode may be called from any number of threads.
@@ -86,8 +91,8 @@ class Tokenizer {
 
   // Text of `ids` as `tokenizers`' decode: token strings are mapped back through the byte-level
   // table and the bytes are decoded as UTF-8, replacing ill-formed parts (e.g. a character cut
-  // between two calls) with U+FFFD. With `skip_special_tokens`, added tokens marked special are
-  // dropped. INVALID_ARGUMENT naming the id and its position when an id is not in the
+  // between two calls) with U+FFFD; for byte_fallback BPE, the decoders listed above. With `skip_special_tokens`, added
+  // tokens marked special are dropped. INVALID_ARGUMENT naming the id and its position when an id is not in the
   // vocabulary (HF silently skips those).
   absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
 

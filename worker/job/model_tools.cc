@@ -287,7 +287,8 @@ absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
       OOMB_ASSIGN_OR_RETURN(prompt, FileAccess::Unconfined()->ReadFile(o.prompt_file));
     }
     GenerateResult r;
-    OOMB_ASSIGN_OR_RETURN(r.prompt_ids, tokenizer->EncodeChecked(prompt));
+    // As transformers encodes a prompt: with the template's special tokens (Gemma's <bos>).
+    OOMB_ASSIGN_OR_RETURN(r.prompt_ids, tokenizer->EncodeChecked(prompt, /*add_special_tokens=*/true));
     if (r.prompt_ids.empty()) return absl::InvalidArgumentError("--prompt: no tokens");
     OOMB_ASSIGN_OR_RETURN(auto model, LoadModel(dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
     std::vector<int64_t> ids(r.prompt_ids.begin(), r.prompt_ids.end());

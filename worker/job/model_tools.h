@@ -77,11 +77,11 @@ struct GenerateResult {
 };
 
 // Greedy decoding of up to `max_new_tokens` tokens after the prompt, stopping early at the
-// tokenizer's end-of-sequence token. The prompt runs through the model in chunks of
-// `prefill_chunk_tokens` over a key/value cache (the paged attention's past), then one token per
-// forward, so memory grows with the cache (2 x layers x kv_dim values a token), never with the
-// square of the prompt: prompts of 100K+ tokens work. INVALID_ARGUMENT naming the flag for an
-// empty prompt or a bad option.
+// tokenizer's end-of-sequence token. The prompt is encoded as transformers' tokenizer(prompt)
+// does: with the post-processor's special tokens (Gemma's and Llama-3's BOS). The prompt runs through the model in
+// chunks of `prefill_chunk_tokens` over a key/value cache (the paged attention's past), then one token per forward, so
+// memory grows with the cache (2 x layers x kv_dim values a token), never with the square of the prompt: prompts of
+// 100K+ tokens work. INVALID_ARGUMENT naming the flag for an empty prompt or a bad option.
 absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& options);
 
 }  // namespace oomb

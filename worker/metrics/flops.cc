@@ -2,9 +2,15 @@
 
 namespace oomb {
 
-double SequenceTrainingFlops(int64_t parameters, int64_t attention_dim, int64_t layers, int64_t tokens) {
+double SequenceTrainingFlops(int64_t parameters, int64_t attention_dim, const std::vector<int64_t>& layer_windows,
+                             int64_t tokens) {
   const double t = static_cast<double>(tokens);
-  return 6.0 * static_cast<double>(parameters) * t + 6.0 * static_cast<double>(attention_dim * layers) * t * t;
+  double pairs = 0;
+  for (const int64_t window : layer_windows) {
+    const double w = static_cast<double>(window);
+    pairs += window > 0 && window < tokens ? w * t - w * w / 2 : t * t / 2;
+  }
+  return 6.0 * static_cast<double>(parameters) * t + 12.0 * static_cast<double>(attention_dim) * pairs;
 }
 
 double PeakDenseBf16Flops(std::string_view device_name) {

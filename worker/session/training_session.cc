@@ -214,9 +214,11 @@ void TrainingSession::Measure(const std::vector<TokenSequence>& batch, const std
   const double N = static_cast<double>(c.ParameterCount());
   double flops = 0;
   int64_t tokens = 0;
+  std::vector<int64_t> windows;
+  for (int64_t l = 0; l < c.num_layers; ++l) windows.push_back(c.AttentionWindow(l));
   for (const TokenSequence& s : batch) {
     tokens += s.size();
-    flops += SequenceTrainingFlops(c.ParameterCount(), c.q_dim(), c.num_layers, s.size());
+    flops += SequenceTrainingFlops(c.ParameterCount(), c.q_dim(), windows, s.size());
   }
   if (spec_.sparse.has_value()) {
     report->attention_density = sums[kPastPages] > 0 ? sums[kSelectedPages] / sums[kPastPages] : 1.0;

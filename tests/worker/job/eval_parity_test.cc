@@ -106,6 +106,35 @@ TEST(EvalParityTest, Gemma3LossWithSlidingWindowsEqualsTransformers) {
   }
 }
 
+// `oombd model generate` on Gemma-3-270M: the prompt encoded by oomb's tokenizer (Gemma's
+// byte_fallback BPE, <bos> first) and its greedy continuation are transformers' own, token for token.
+TEST(EvalParityTest, Gemma3GreedyContinuationEqualsTransformers) {
+  const std::string model = testing::DataDir() + "/models/gemma-3-270m";
+  const std::string python = testing::VenvPython();
+  if (python.empty() || !std::filesystem::exists(model + "/model.safetensors")) {
+    GTEST_SKIP() << "needs the venv and " << model;
+  }
+  const std::string prompt = "Paris is the capital of";
+  const std::string dir = testing::ScratchDir("generate_parity_gemma3");
+  const std::string cmd = python + " " + testing::SourceDir() + "/tests/worker/job/hf_generate_reference.py " + model +
+                          " '" + prompt + "' 10 > " + dir + "/reference.json 2>" + dir + "/stderr.txt";
+  ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
+  std::ifstream in(dir + "/reference.json");
+  const nlohmann::json want = nlohmann::json::parse(in);
+  GenerateOptions o;
+  o.model_dir = model;
+  o.prompt = prompt;
+  o.max_new_tokens = 10;
+  o.prefill_chunk_tokens = 3;  // the prompt in several chunks over the cache
+  o.device = "cpu";
+  auto got = GreedyGenerate(o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::cout << "oomb: '" << got->text << "'; transformers: '" << want["text"].get<std::string>() << "'\n";
+  EXPECT_EQ(got->prompt_ids, want["prompt_ids"].get<std::vector<int32_t>>());
+  EXPECT_EQ(got->new_ids, want["new_ids"].get<std::vector<int32_t>>());
+  EXPECT_EQ(got->text, want["text"].get<std::string>());
+}
+
 // --rope-scaling (EvalOptions::rope_scaling): the base model evaluated with YaRN x4 over its
 // window, as a fine-tune will see it, gives transformers' loss with the same scaling; and not the
 // loss without it.

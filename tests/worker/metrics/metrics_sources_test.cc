@@ -71,8 +71,12 @@ TEST(KvStatsRegistryTest, TransfersAccumulateIntoCumulativeBuckets) {
 }
 
 TEST(FlopsTest, SequenceTrainingFlopsIsSixNTPlusSixDLTSquared) {
-  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(1000, 64, 2, 10), 6.0 * 1000 * 10 + 6.0 * 64 * 2 * 100);
-  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(7'000'000'000, 3584, 28, 0), 0);
+  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(1000, 64, {0, 0}, 10), 6.0 * 1000 * 10 + 6.0 * 64 * 2 * 100);
+  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(7'000'000'000, 3584, std::vector<int64_t>(28, 0), 0), 0);
+  // A sliding window of 4 over 10 tokens: 4 * 10 - 4 * 4 / 2 = 32 pairs, not 50; a window as
+  // long as the sequence is the whole past.
+  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(1000, 64, {4, 0}, 10), 6.0 * 1000 * 10 + 12.0 * 64 * (32 + 50));
+  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(1000, 64, {10}, 10), SequenceTrainingFlops(1000, 64, {0}, 10));
 }
 
 TEST(FlopsTest, PeaksOfKnownDevicesAndNoneForOthers) {
