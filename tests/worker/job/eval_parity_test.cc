@@ -20,6 +20,23 @@
 namespace oomb {
 namespace {
 
+// transformers' loss on samples of `lengths` tokens of `text` (hf_eval_reference.py, with
+// `env` before it), which it writes pre-tokenized to `dir`/samples.jsonl; null on failure
+// (a test failure is recorded).
+nlohmann::json HfEvalReference(const std::string& dir, const std::string& model, const std::string& text,
+                               const std::string& lengths, const std::string& env = "") {
+  const std::string ref = dir + "/reference.json";
+  const std::string cmd = env + testing::VenvPython() + " " + testing::SourceDir() +
+                          "/tests/worker/job/hf_eval_reference.py " + model + " " + text + " " + dir +
+                          "/samples.jsonl " + lengths + " > " + ref + " 2>" + dir + "/stderr.txt";
+  if (testing::RunCommand(cmd) != 0) {
+    ADD_FAILURE() << cmd;
+    return nullptr;
+  }
+  std::ifstream in(ref);
+  return nlohmann::json::parse(in);
+}
+
 TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
   const std::string model = testing::DataDir() + "/models/SmolLM2-135M-Instruct";
   const std::string text = testing::DataDir() + "/texts/austen/emma.txt";
@@ -28,14 +45,11 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
     GTEST_SKIP() << "needs the venv and " << model;
   }
   const std::string dir = testing::ScratchDir("eval_parity");
-  const std::string data = dir + "/samples.jsonl", ref = dir + "/reference.json";
+  const std::string data = dir + "/samples.jsonl";
   // Two samples (1300 + 212 tokens): the loss is the mean over both samples' labels; positions
   // fall in the buckets [0, 1024) and [1024, 2048).
-  const std::string cmd = python + " " + testing::SourceDir() + "/tests/worker/job/hf_eval_reference.py " + model +
-                          " " + text + " " + data + " 1300 212 > " + ref + " 2>" + dir + "/stderr.txt";
-  ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
-  std::ifstream in(ref);
-  const nlohmann::json want = nlohmann::json::parse(in);
+  const nlohmann::json want = HfEvalReference(dir, model, text, "1300 212");
+  ASSERT_FALSE(want.is_null());
   for (const int64_t chunk : {512, 4096}) {
     EvalOptions o;
     o.model_dir = model;
@@ -78,12 +92,9 @@ TEST(EvalParityTest, Gemma3LossWithSlidingWindowsEqualsTransformers) {
     GTEST_SKIP() << "needs the venv and " << model;
   }
   const std::string dir = testing::ScratchDir("eval_parity_gemma3");
-  const std::string data = dir + "/samples.jsonl", ref = dir + "/reference.json";
-  const std::string cmd = python + " " + testing::SourceDir() + "/tests/worker/job/hf_eval_reference.py " + model +
-                          " " + text + " " + data + " 900 200 > " + ref + " 2>" + dir + "/stderr.txt";
-  ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
-  std::ifstream in(ref);
-  const nlohmann::json want = nlohmann::json::parse(in);
+  const std::string data = dir + "/samples.jsonl";
+  const nlohmann::json want = HfEvalReference(dir, model, text, "900 200");
+  ASSERT_FALSE(want.is_null());
   for (const int64_t chunk : {192, 4096}) {
     EvalOptions o;
     o.model_dir = model;
@@ -146,13 +157,10 @@ TEST(EvalParityTest, RopeScalingOverrideEqualsTransformersWithTheSameScaling) {
     GTEST_SKIP() << "needs the venv and " << model;
   }
   const std::string dir = testing::ScratchDir("eval_parity_yarn");
-  const std::string data = dir + "/samples.jsonl", ref = dir + "/reference.json";
-  const std::string cmd = "OOMB_REF_YARN=4 " + python + " " + testing::SourceDir() +
-                          "/tests/worker/job/hf_eval_reference.py " + model + " " + text + " " + data + " 1024 > " +
-                          ref + " 2>" + dir + "/stderr.txt";
-  ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
-  std::ifstream in(ref);
-  const double hf = nlohmann::json::parse(in)["loss"].get<double>();
+  const std::string data = dir + "/samples.jsonl";
+  const nlohmann::json want = HfEvalReference(dir, model, text, "1024", "OOMB_REF_YARN=4 ");
+  ASSERT_FALSE(want.is_null());
+  const double hf = want["loss"].get<double>();
   EvalOptions o;
   o.model_dir = model;
   o.data_path = data;
