@@ -120,7 +120,7 @@ ModelConfig Preset(const std::string& name) {
     if (name == "gemma-3-12b") {
       c.sliding_window = 1024;
       for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers.push_back((i + 1) % 6 != 0);
-      c.sliding_rope = RopeConfig{.theta = 10000};
+      c.sliding_rope.emplace().theta = 10000;
     }
   } else if (name == "qwen2.5-0.5b") {
     c.vocab_size = 151936, c.hidden_size = 896, c.intermediate_size = 4864, c.num_layers = 24;

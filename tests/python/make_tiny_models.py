@@ -10,6 +10,14 @@ model.safetensors.index.json + shards) and DIR/NAME/reference.safetensors with
   logits     float32 [1, 96, vocab] transformers' forward in float32, eager attention, one pass
                                     over all 96 positions (position ids 0..95), no attention mask
   loss       float32 []             mean next-token cross-entropy with labels = input_ids
+and DIR/NAME/lora/: a PEFT LoRA adapter (r 4, alpha 8, every linear layer of the language
+model, A and B drawn at random so that every gradient is non-zero) as PEFT saves it, with
+DIR/NAME/lora/reference.safetensors holding transformers + PEFT's
+  loss        float32 []              the same loss with the adapter
+  input_grad  float32 [1, 96, hidden] its gradient with respect to the input embeddings
+                                      (the embedding layer's output, Gemma's scaling included)
+  NAME        float32                 its gradient with respect to each LoRA weight, under the
+                                      adapter file's tensor names
 and DIR/manifest.json with the models' key config facts and the reference loss.
 
 Everything is seeded: the same transformers / torch versions give the same files. A second run
@@ -33,7 +41,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
 
-GENERATOR_VERSION = 4
+GENERATOR_VERSION = 5
 SEQ_LEN = 96
 INIT_STD = 0.2
 
@@ -141,6 +149,41 @@ def model_specs():
             dict(common, vocab_size=512, num_hidden_layers=3, max_position_embeddings=256,
                  tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": theta}),
         ),
+        (
+            # Phi-4-mini's shape: fused qkv_proj and gate_up_proj, RoPE over 3/4 of each head
+            # (partial_rotary_factor), longrope past the original window of 64 (the reference's
+            # 96 tokens use the long factors; attention factor from 256 / 64), tied.
+            "phi3-longrope-partial",
+            "phi3",
+            dict(common, vocab_size=320, num_hidden_layers=2, max_position_embeddings=256,
+                 original_max_position_embeddings=64, tie_word_embeddings=True,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                  "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                  "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]}),
+        ),
+        (
+            # Phi-3-mini's shape: longrope within its original window (short factors), a sliding
+            # window (40) shorter than the sequence, untied.
+            "phi3-window",
+            "phi3",
+            dict(common, vocab_size=288, num_hidden_layers=2, max_position_embeddings=512,
+                 original_max_position_embeddings=128, sliding_window=40, tie_word_embeddings=False,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                  "short_factor": [1.0, 1.05, 1.1, 1.2, 1.4, 1.7, 2.1, 2.6],
+                                  "long_factor": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]}),
+        ),
+        (
+            # The text part of a Gemma 3 vision-language checkpoint (Gemma3ForConditionalGeneration,
+            # a two-layer vision tower beside it); token ids 300 and up are its image tokens.
+            "gemma3-multimodal",
+            "gemma3cg",
+            dict(text_config=dict(common, vocab_size=320, num_hidden_layers=2, max_position_embeddings=256,
+                                  sliding_window=24, query_pre_attn_scalar=16,
+                                  layer_types=["sliding_attention", "full_attention"]),
+                 vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=2, image_size=28, patch_size=14),
+                 mm_tokens_per_image=4, image_token_index=300, boi_token_index=301, eoi_token_index=302),
+        ),
     ]
     return specs
 
@@ -158,15 +201,16 @@ def init_weights(model, seed):
                 p.copy_(1.0 + 0.1 * noise)
             else:
                 p.copy_(INIT_STD * noise)
-    if model.config.tie_word_embeddings:
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    if model.config.get_text_config().tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
 def make_one(out_root, index, name, family, cfg_kwargs):
     import torch
     from safetensors.torch import save_file
-    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig,
+                              LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                              Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     seed = 1000 + index
     cfg_cls, model_cls = {
@@ -175,6 +219,8 @@ def make_one(out_root, index, name, family, cfg_kwargs):
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
+        "gemma3cg": (Gemma3Config, Gemma3ForConditionalGeneration),
+        "phi3": (Phi3Config, Phi3ForCausalLM),
     }[family]
     config = cfg_cls(**cfg_kwargs)
     config._attn_implementation = "eager"
@@ -193,7 +239,9 @@ def make_one(out_root, index, name, family, cfg_kwargs):
     # Reference from a fresh load of what was saved, so the files are what the reference describes.
     loaded = model_cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
     g = torch.Generator().manual_seed(seed + 7)
-    input_ids = torch.randint(0, config.vocab_size, (1, SEQ_LEN), generator=g, dtype=torch.int64)
+    text = config.get_text_config()
+    top_id = 300 if family == "gemma3cg" else text.vocab_size  # no image tokens
+    input_ids = torch.randint(0, top_id, (1, SEQ_LEN), generator=g, dtype=torch.int64)
     with torch.no_grad():
         res = loaded(input_ids=input_ids, labels=input_ids)
     logits = res.logits.float().contiguous()
@@ -207,9 +255,11 @@ def make_one(out_root, index, name, family, cfg_kwargs):
         metadata={"format": "pt"},  # one key: safetensors writes several in random order
     )
 
+    make_lora_reference(loaded, os.path.join(out, "lora"), family, seed, input_ids)
+
     files = sorted(os.listdir(out))
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in files)
-    c = loaded.config
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in files if os.path.isfile(os.path.join(out, f)))
+    c = loaded.config.get_text_config()
     rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None)
     facts = {
         "name": name,
@@ -226,6 +276,7 @@ def make_one(out_root, index, name, family, cfg_kwargs):
         "rms_norm_eps": c.rms_norm_eps,
         "tie_word_embeddings": bool(c.tie_word_embeddings),
         "qkv_bias": family == "qwen2" or bool(getattr(c, "attention_bias", False)),
+        "partial_rotary_factor": (rope or {}).get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0,
         "rope_parameters": dict(rope) if rope else None,
         "sliding_window": getattr(c, "sliding_window", None),
         "sharded": os.path.exists(os.path.join(out, "model.safetensors.index.json")),
@@ -241,6 +292,35 @@ def make_one(out_root, index, name, family, cfg_kwargs):
     return facts
 
 
+def make_lora_reference(model, out, family, seed, input_ids):
+    """The PEFT adapter of DIR/NAME/lora/ and its gradients (see the module's docstring)."""
+    import peft
+    import torch
+    from safetensors.torch import save_file
+
+    linears = (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"] if family == "phi3" else
+               ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # A vision-language model: the language model's layers only (its vision tower has q_proj too).
+    targets = (r".*language_model.*\.(" + "|".join(linears) + ")$") if family == "gemma3cg" else linears
+    tuned = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
+    g = torch.Generator().manual_seed(seed + 11)
+    with torch.no_grad():
+        for name, p in sorted(tuned.named_parameters()):
+            if "lora_" in name:
+                p.copy_(INIT_STD * torch.randn(p.shape, generator=g, dtype=torch.float32))
+    tuned.save_pretrained(out)
+    embeds = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+    loss = tuned(inputs_embeds=embeds, labels=input_ids).loss
+    loss.backward()
+    grads = {"loss": loss.detach().float().reshape(()).contiguous(), "input_grad": embeds.grad.float().contiguous()}
+    for name, p in tuned.named_parameters():
+        if "lora_" in name:
+            grads[name.replace(".default", "")] = p.grad.float().contiguous()
+    save_file(grads, os.path.join(out, "reference.safetensors"), metadata={"format": "pt"})
+    model.zero_grad(set_to_none=True)
+    tuned.unload()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -254,7 +334,7 @@ def main():
             with open(manifest_path) as f:
                 m = json.load(f)
             if m.get("generator_version") == GENERATOR_VERSION and all(
-                os.path.exists(os.path.join(a.out, n, "reference.safetensors")) for n in names
+                os.path.exists(os.path.join(a.out, n, "lora", "reference.safetensors")) for n in names
             ):
                 log(f"{a.out}: present (manifest generator_version {GENERATOR_VERSION}), nothing to do")
                 return 0

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker/common/status.h"
 #include "worker/hf/loading_code.h"
 
@@ -70,11 +72,9 @@ class Reader {
   std::string source_;
 };
 
-constexpr std::pair<RopeType, const char*> kRopeTypes[] = {{RopeType::kDefault, "default"},
-                                                           {RopeType::kLinear, "linear"},
-                                                           {RopeType::kDynamic, "dynamic"},
-                                                           {RopeType::kYarn, "yarn"},
-                                                           {RopeType::kLlama3, "llama3"}};
+constexpr std::pair<RopeType, const char*> kRopeTypes[] = {
+    {RopeType::kDefault, "default"}, {RopeType::kLinear, "linear"}, {RopeType::kDynamic, "dynamic"},
+    {RopeType::kYarn, "yarn"},       {RopeType::kLlama3, "llama3"}, {RopeType::kLongrope, "longrope"}};
 
 std::optional<RopeType> ParseRopeType(const std::string& name) {
   for (const auto& [type, n] : kRopeTypes) {
@@ -169,11 +169,16 @@ absl::Status ParseFamily(const json& root, const std::string& source, ModelConfi
     c->model_type = "gemma3_text";
     c->architecture = "Gemma3ForCausalLM";
     return ParseGemma3(root, source, c);
+  } else if (c->model_type == "phi3" || c->architecture == "Phi3ForCausalLM") {
+    c->model_type = "phi3";
+    c->architecture = "Phi3ForCausalLM";
+    c->fused_projections = true;
+    return ParseSlidingWindow(root, source, c);
   } else {
     return absl::UnimplementedError(
         absl::StrCat(source, ": architecture '", c->architecture, "' (model_type '", c->model_type,
                      "') is not supported; supported: LlamaForCausalLM, ",
-                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM"));
+                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM"));
   }
   bool sliding = false;
   OOMB_RETURN_IF_ERROR(Reader(root, source).Bool("use_sliding_window", &sliding));
@@ -189,6 +194,41 @@ absl::Status ParseFamily(const json& root, const std::string& source, ModelConfi
   return absl::OkStatus();
 }
 
+// longrope's fields of one RoPE parameters object. original_max_position_embeddings: the
+// config's top-level key (Phi-3 writes it there; ParseRope puts it in `r` first), else the
+// object's, else max_position_embeddings; factor: the object's, else max_position_embeddings
+// over it; attention_factor: the object's, else sqrt(1 + ln factor / ln original) above 1.
+absl::Status ParseLongrope(const json& params, const std::string& source, int64_t max_position_embeddings,
+                           RopeConfig* r) {
+  const Reader p(params, absl::StrCat(source, ": rope parameters"));
+  if (r->original_max_position_embeddings <= 0) {
+    OOMB_RETURN_IF_ERROR(p.Int("original_max_position_embeddings", &r->original_max_position_embeddings, false));
+  }
+  if (r->original_max_position_embeddings <= 0) r->original_max_position_embeddings = max_position_embeddings;
+  if (r->original_max_position_embeddings <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": longrope needs original_max_position_embeddings"));
+  }
+  r->factor = static_cast<double>(max_position_embeddings) / r->original_max_position_embeddings;
+  OOMB_RETURN_IF_ERROR(p.Double("factor", &r->factor, false));
+  OOMB_RETURN_IF_ERROR(p.Double("attention_factor", &r->attention_factor, false));
+  if (r->attention_factor <= 0) {
+    r->attention_factor =
+        r->factor <= 1
+            ? 1.0
+            : std::sqrt(1 + std::log(r->factor) / std::log(static_cast<double>(r->original_max_position_embeddings)));
+  }
+  for (auto [key, out] : {std::pair{"short_factor", &r->short_factor}, {"long_factor", &r->long_factor}}) {
+    const auto it = params.find(key);
+    if (it == params.end() || !it->is_array() || it->empty() ||
+        !std::all_of(it->begin(), it->end(), [](const json& v) { return v.is_number() && v.get<double>() > 0; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": rope parameters: key '", key, "': expected a list of positive numbers"));
+    }
+    *out = it->get<std::vector<double>>();
+  }
+  return absl::OkStatus();
+}
+
 // One RoPE parameters object (transformers' rope_parameters or rope_scaling) into `r`.
 absl::Status ParseRopeParameters(const json& params, const std::string& source, int64_t max_position_embeddings,
                                  RopeConfig* r) {
@@ -198,13 +238,15 @@ absl::Status ParseRopeParameters(const json& params, const std::string& source, 
   OOMB_RETURN_IF_ERROR(p.String("rope_type", &type));
   if (type.empty()) OOMB_RETURN_IF_ERROR(p.String("type", &type));
   if (type.empty()) type = "default";
+  if (type == "su") type = "longrope";  // Phi-3's first configs
   const std::optional<RopeType> parsed = ParseRopeType(type);
   if (!parsed.has_value()) {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": rope type '", type, "' is not supported (default, linear, dynamic, yarn, llama3)"));
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": rope type '", type, "' is not supported (default, linear, dynamic, yarn, llama3, longrope)"));
   }
   r->type = *parsed;
   if (r->type == RopeType::kDefault) return absl::OkStatus();
+  if (r->type == RopeType::kLongrope) return ParseLongrope(params, source, max_position_embeddings, r);
   OOMB_RETURN_IF_ERROR(p.Double("factor", &r->factor, r->type != RopeType::kYarn));
   OOMB_RETURN_IF_ERROR(p.Int("original_max_position_embeddings", &r->original_max_position_embeddings,
                              r->type == RopeType::kLlama3 || r->type == RopeType::kYarn));
@@ -233,6 +275,10 @@ absl::Status ParseRopeParameters(const json& params, const std::string& source, 
 // transformers 4 a default RoPE of base rope_local_base_freq.
 absl::Status ParseRope(const json& root, const std::string& source, ModelConfig* c) {
   OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_theta", &c->rope.theta, false));
+  if (c->fused_projections) {  // Phi-3: the pretraining window, for longrope
+    OOMB_RETURN_IF_ERROR(
+        Reader(root, source).Int("original_max_position_embeddings", &c->rope.original_max_position_embeddings, false));
+  }
   const json* params = nullptr;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     auto it = root.find(key);
@@ -257,7 +303,111 @@ absl::Status ParseRope(const json& root, const std::string& source, ModelConfig*
   return params == nullptr ? absl::OkStatus() : ParseRopeParameters(*params, source, max_pos, &c->rope);
 }
 
+// rotary_dim: partial_rotary_factor (top level, or in rope_parameters as transformers 5 writes
+// it) times head_dim, truncated as transformers does; longrope's factors must match it.
+absl::Status ParseRotaryDim(const json& root, const std::string& source, ModelConfig* c) {
+  double partial = 1.0;
+  OOMB_RETURN_IF_ERROR(Reader(root, source).Double("partial_rotary_factor", &partial, false));
+  if (const auto it = root.find("rope_parameters"); it != root.end() && it->is_object()) {
+    OOMB_RETURN_IF_ERROR(
+        Reader(*it, absl::StrCat(source, ": rope_parameters")).Double("partial_rotary_factor", &partial, false));
+  }
+  c->rotary_dim = static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
+  if (partial <= 0 || partial > 1 || c->rotary_dim % 2 != 0 || c->rotary_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": partial_rotary_factor ", partial, " x head_dim ",
+                                                   c->head_dim, " must give an even rotary dimension in [2, ",
+                                                   c->head_dim, "]"));
+  }
+  const RopeConfig& r = c->rope;
+  if (r.type == RopeType::kLongrope) {
+    const size_t want = static_cast<size_t>(c->rope_dim() / 2);
+    if (r.short_factor.size() != want || r.long_factor.size() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": longrope short_factor and long_factor must have rotary_dim / 2 = ", want,
+                       " entries, got ", r.short_factor.size(), " and ", r.long_factor.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool IsGemma3Multimodal(const json& root) {
+  const auto archs = root.find("architectures");
+  const bool named =
+      archs != root.end() && archs->is_array() && !archs->empty() && (*archs)[0] == "Gemma3ForConditionalGeneration";
+  return named || (root.contains("model_type") && root["model_type"] == "gemma3");
+}
+
+// The text model's config.json of a Gemma3ForConditionalGeneration config: its text_config over
+// Gemma3TextConfig's defaults (transformers 4 saves only the keys that differ from them), with
+// the checkpoint's tie_word_embeddings.
+absl::StatusOr<json> Gemma3TextConfig(const json& root, const std::string& source) {
+  const auto it = root.find("text_config");
+  if (it == root.end() || !it->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": missing key 'text_config' (an object)"));
+  }
+  json text = {{"vocab_size", 262208},      {"hidden_size", 2304},
+               {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+               {"num_attention_heads", 8},  {"num_key_value_heads", 4},
+               {"head_dim", 256},           {"max_position_embeddings", 131072},
+               {"rms_norm_eps", 1e-6},      {"query_pre_attn_scalar", 256},
+               {"sliding_window", 4096},    {"rope_theta", 1000000.0},
+               {"bos_token_id", 2},         {"eos_token_id", 1}};
+  if (!it->contains("rope_parameters") && !it->contains("rope_local_base_freq")) {
+    text["rope_local_base_freq"] = 10000.0;
+  }
+  text.update(*it);
+  text["architectures"] = {"Gemma3ForCausalLM"};
+  text["model_type"] = "gemma3_text";
+  if (const auto tie = root.find("tie_word_embeddings"); tie != root.end() && tie->is_boolean()) {
+    text["tie_word_embeddings"] = *tie;
+  }
+  return text;
+}
+
 }  // namespace
+
+std::vector<LinearLayer> LinearLayers(const ModelConfig& c) {
+  const int64_t d = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size;
+  if (c.fused_projections) {
+    return {{"qkv_proj", true, d, q + 2 * kv},
+            {"o_proj", true, q, d},
+            {"gate_up_proj", false, d, 2 * f},
+            {"down_proj", false, f, d}};
+  }
+  return {{"q_proj", true, d, q},     {"k_proj", true, d, kv},  {"v_proj", true, d, kv},   {"o_proj", true, q, d},
+          {"gate_proj", false, d, f}, {"up_proj", false, d, f}, {"down_proj", false, f, d}};
+}
+
+absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c,
+                                                            const std::vector<std::string>& targets) {
+  std::set<std::string> want(targets.begin(), targets.end());
+  if (c.fused_projections) {
+    const std::pair<const char*, std::vector<std::string>> kFused[] = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
+                                                                       {"gate_up_proj", {"gate_proj", "up_proj"}}};
+    for (const auto& [fused, parts] : kFused) {
+      const auto named = std::count_if(parts.begin(), parts.end(), [&](const std::string& p) { return want.count(p); });
+      if (named == 0) continue;
+      if (named != static_cast<int64_t>(parts.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: ", c.architecture, " fuses ",
+                                                       absl::StrJoin(parts, ", "), " into one layer (", fused,
+                                                       "): name ", fused, ", or all of ", absl::StrJoin(parts, ", ")));
+      }
+      for (const std::string& p : parts) want.erase(p);
+      want.insert(fused);
+    }
+  }
+  std::vector<std::string> out, known;
+  for (const LinearLayer& l : LinearLayers(c)) {
+    known.push_back(l.name);
+    if (want.erase(l.name) > 0) out.push_back(l.name);
+  }
+  if (!want.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: unknown module '", *want.begin(),
+                                                   "' for ", c.architecture,
+                                                   " (its linear layers: ", absl::StrJoin(known, ", "), ")"));
+  }
+  return out;
+}
 
 const char* RopeTypeName(RopeType type) {
   for (const auto& [t, n] : kRopeTypes) {
@@ -284,8 +434,12 @@ absl::StatusOr<std::string> EffectiveConfigJson(const std::string& base_config_j
                                                 const std::string& source) {
   json root = json::parse(base_config_json, nullptr, /*allow_exceptions=*/false);
   if (!root.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  // A vision-language checkpoint's RoPE is its text_config's.
+  const bool nested = effective.multimodal_text && root.contains("text_config") && root["text_config"].is_object();
+  json& text = nested ? root["text_config"] : root;
   const RopeConfig& r = effective.rope;
-  if (r.type == RopeType::kDefault) return root.dump(2) + "\n";
+  // A job cannot rescale longrope (ApplyRopeScaling's callers refuse it): the model's own.
+  if (r.type == RopeType::kDefault || r.type == RopeType::kLongrope) return root.dump(2) + "\n";
   json rope = {{"rope_type", RopeTypeName(r.type)}, {"factor", r.factor}};
   if (r.type == RopeType::kYarn || r.type == RopeType::kLlama3) {
     rope["original_max_position_embeddings"] = r.original_max_position_embeddings;
@@ -303,29 +457,29 @@ absl::StatusOr<std::string> EffectiveConfigJson(const std::string& base_config_j
     rope["high_freq_factor"] = r.high_freq_factor;
   }
   rope["rope_theta"] = r.theta;
-  root["rope_theta"] = r.theta;
-  root["rope_scaling"] = rope;
-  root["rope_parameters"] = rope;
+  text["rope_theta"] = r.theta;
+  text["rope_scaling"] = rope;
+  text["rope_parameters"] = rope;
   if (effective.sliding_rope.has_value()) {  // Gemma 3: the scaling is the global layers'
     const RopeConfig& local = *effective.sliding_rope;
     json full = rope;
     full["rope_theta"] = r.theta;
-    root["rope_parameters"] = {
+    text["rope_parameters"] = {
         {"full_attention", full},
         {"sliding_attention", {{"rope_type", RopeTypeName(local.type)}, {"rope_theta", local.theta}}}};
-    root["rope_local_base_freq"] = local.theta;
+    text["rope_local_base_freq"] = local.theta;
   }
   if (r.type != RopeType::kDynamic) {
     const int64_t pretrained =
         r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : effective.max_position_embeddings;
     const auto extended = static_cast<int64_t>(std::llround(r.factor * static_cast<double>(pretrained)));
-    root["max_position_embeddings"] = std::max(effective.max_position_embeddings, extended);
+    text["max_position_embeddings"] = std::max(effective.max_position_embeddings, extended);
   }
   return root.dump(2) + "\n";
 }
 
 std::optional<RopeScalingOverride> RopeScalingOf(const RopeConfig& trained) {
-  if (trained.type == RopeType::kDefault) return std::nullopt;
+  if (trained.type == RopeType::kDefault || trained.type == RopeType::kLongrope) return std::nullopt;
   RopeScalingOverride o;
   o.type = trained.type;
   o.factor = trained.factor;
@@ -351,6 +505,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  if (IsGemma3Multimodal(root)) {
+    OOMB_ASSIGN_OR_RETURN(const json text, Gemma3TextConfig(root, source));
+    OOMB_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(text.dump(), absl::StrCat(source, ": text_config")));
+    c.multimodal_text = true;
+    return c;
   }
   ModelConfig c;
   const Reader r(root, source);
@@ -405,6 +565,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
         absl::StrCat(source, ": head_dim must be even and in [2, 4096], got ", c.head_dim));
   }
   OOMB_RETURN_IF_ERROR(ParseRope(root, source, &c));
+  OOMB_RETURN_IF_ERROR(ParseRotaryDim(root, source, &c));
   return c;
 }
 

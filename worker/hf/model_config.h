@@ -1,7 +1,10 @@
 // A decoder-only model's architecture, read from a Hugging Face config.json. Torch-free.
 //
-// Supported: LlamaForCausalLM (Llama 2/3/3.1, SmolLM2), Qwen2ForCausalLM (Qwen2, Qwen2.5) and
-// Qwen3ForCausalLM (Qwen3 dense), every layer attending the whole sequence.
+// Supported: LlamaForCausalLM (Llama 2/3/3.1, SmolLM2), Qwen2ForCausalLM (Qwen2, Qwen2.5),
+// Qwen3ForCausalLM (Qwen3 dense), MistralForCausalLM (with its sliding window),
+// Gemma3ForCausalLM (local and global layers; also the text part of a
+// Gemma3ForConditionalGeneration config) and Phi3ForCausalLM (Phi-3, Phi-4-mini: fused
+// projections, longrope, partial rotary).
 // RoPE scaling is read from `rope_parameters` (transformers >= 5) or `rope_scaling` +
 // `rope_theta` (earlier versions), so configs written by either load.
 #ifndef OOMB_WORKER_HF_MODEL_CONFIG_H_
@@ -17,31 +20,40 @@
 
 namespace oomb {
 
-enum class RopeType { kDefault, kLinear, kDynamic, kYarn, kLlama3 };
+enum class RopeType { kDefault, kLinear, kDynamic, kYarn, kLlama3, kLongrope };
 
-// "default", "linear", "dynamic", "yarn", "llama3": config.json's spelling.
+// "default", "linear", "dynamic", "yarn", "llama3", "longrope": config.json's spelling.
 const char* RopeTypeName(RopeType type);
 
 struct RopeConfig {
   RopeType type = RopeType::kDefault;
   double theta = 10000.0;
   double factor = 1.0;
-  int64_t original_max_position_embeddings = 0;  // yarn, llama3
+  int64_t original_max_position_embeddings = 0;  // yarn, llama3, longrope
   double low_freq_factor = 1.0;                  // llama3
   double high_freq_factor = 4.0;                 // llama3
   double beta_fast = 32.0;                       // yarn
   double beta_slow = 1.0;                        // yarn
-  double attention_factor = 0.0;                 // yarn; 0: derived from factor (and mscale)
+  double attention_factor = 0.0;                 // yarn, longrope; 0: derived from factor (and mscale)
   double mscale = 0.0;                           // yarn
   double mscale_all_dim = 0.0;                   // yarn
   bool truncate = true;                          // yarn
+  // longrope (Phi-3): the inverse frequencies are divided by long_factor when the sequence is
+  // longer than original_max_position_embeddings, else by short_factor; rotary_dim / 2 each.
+  std::vector<double> short_factor, long_factor;
 };
 
 struct ModelConfig {
   // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "MistralForCausalLM" |
-  // "Gemma3ForCausalLM"
+  // "Gemma3ForCausalLM" | "Phi3ForCausalLM"; a Gemma3ForConditionalGeneration checkpoint is read
+  // as the Gemma3ForCausalLM of its text_config, with multimodal_text set.
   std::string architecture;
-  std::string model_type;  // "llama" | "qwen2" | "qwen3" | "mistral" | "gemma3_text"
+  std::string model_type;  // "llama" | "qwen2" | "qwen3" | "mistral" | "gemma3_text" | "phi3"
+  // The model is the language model of a vision-language checkpoint (Gemma3ForConditionalGeneration),
+  // whose vision tower is left alone: its weights sit under language_model.model. (or
+  // model.language_model.), PEFT names its modules model.language_model.*, and it trains with
+  // LoRA only (full fine-tuning would write a model without its vision tower).
+  bool multimodal_text = false;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -49,6 +61,9 @@ struct ModelConfig {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  // RoPE rotates the first rope_dim() features of each head: partial_rotary_factor x head_dim
+  // (Phi-4-mini); 0: all of them.
+  int64_t rotary_dim = 0;
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
@@ -56,6 +71,9 @@ struct ModelConfig {
   bool o_bias = false;    // Llama's attention_bias also biases o_proj
   bool mlp_bias = false;
   bool qk_norm = false;  // Qwen3: an RMSNorm over each head of q and of k, before RoPE
+  // Phi-3: q, k and v are one linear layer (qkv_proj, rows in that order), gate and up another
+  // (gate_up_proj, gate's rows first); LoRA adapts the fused layers as PEFT names them.
+  bool fused_projections = false;
   // Sliding-window attention (Mistral's sliding_window, Gemma 3's local layers): in the layers
   // marked here, query i sees only keys j > i - sliding_window (transformers' sliding-window
   // mask); empty: none.
@@ -77,6 +95,7 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   // Parameters of the base model (LoRA excluded).
   int64_t ParameterCount() const;
   // The window of `layer`'s attention; 0: it attends the whole past.
@@ -85,6 +104,24 @@ struct ModelConfig {
   }
   bool has_sliding_layers() const { return sliding_window > 0 && !sliding_layers.empty(); }
 };
+
+// One linear layer of a decoder layer: its module name as PEFT targets it, whether it is in
+// self_attn (else mlp), and its input and output features.
+struct LinearLayer {
+  const char* name;
+  bool attention;
+  int64_t in, out;
+};
+
+// The linear layers of every decoder layer, in the order of the model's forward.
+std::vector<LinearLayer> LinearLayers(const ModelConfig& c);
+
+// `targets` (a job's method.lora.target_modules) as this model's linear layer names, in the
+// order of LinearLayers. On a model with fused projections, q_proj, k_proj and v_proj together
+// name qkv_proj and gate_proj with up_proj names gate_up_proj. INVALID_ARGUMENT naming the
+// field for a module the model does not have, or for part of a fused layer.
+absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c,
+                                                            const std::vector<std::string>& targets);
 
 // RoPE scaling a job asks for over config.json's (the job spec's model.rope_scaling): what is
 // unset takes the model's value (original_max_position_embeddings: its own, else

@@ -33,6 +33,8 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
     dtypes.insert(std::string(DTypeName(v->dtype)));
     stored += NumElements(v->shape);
   }
+  std::vector<std::string> lora_targets;  // the names PEFT adapts
+  for (const LinearLayer& l : LinearLayers(c)) lora_targets.emplace_back(l.name);
   nlohmann::json j = {
       {"path", model_dir},
       {"architecture", c.architecture},
@@ -48,8 +50,10 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
       {"num_heads", c.num_heads},
       {"num_kv_heads", c.num_kv_heads},
       {"head_dim", c.head_dim},
+      {"rotary_dim", c.rope_dim()},
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"qkv_bias", c.qkv_bias},
+      {"lora_target_modules", lora_targets},
       {"context_window", c.max_position_embeddings},
       {"sliding_window", c.sliding_window},
       {"sliding_window_layers", std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true)},

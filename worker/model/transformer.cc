@@ -88,6 +88,57 @@ absl::Status SaveTensors(const Dir& dir, const std::string& name,
   return WriteSafetensors(dir, name, views, metadata);
 }
 
+// "q_proj" of "model.layers.0.self_attn.q_proj".
+std::string Leaf(const std::string& name) { return name.substr(name.rfind('.') + 1); }
+
+// The [out, in] weight of the linear layer `leaf` (LinearLayers' name).
+std::vector<int64_t> LinearShape(const ModelConfig& c, const std::string& leaf) {
+  for (const LinearLayer& l : LinearLayers(c)) {
+    if (leaf == l.name) return {l.out, l.in};
+  }
+  TORCH_CHECK(false, "no linear layer ", leaf);
+}
+
+// Whether the linear layer `leaf` has a bias: q/k/v with qkv_bias, o with o_bias, the MLP's
+// with mlp_bias.
+bool Biased(const ModelConfig& c, const std::string& leaf) {
+  if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj") return c.qkv_bias;
+  if (leaf == "o_proj") return c.o_bias;
+  return leaf != "qkv_proj" && leaf != "gate_up_proj" && c.mlp_bias;
+}
+
+// Where a vision-language checkpoint keeps its language model's "model." tensors:
+// "language_model.model." (as published) or "model.language_model." (as some transformers
+// versions saved it); "model." for a language model's checkpoint.
+std::string StoredPrefix(const ModelConfig& c, const WeightSet& weights) {
+  if (!c.multimodal_text) return "model.";
+  return weights.Find("model.language_model.embed_tokens.weight") != nullptr ? "model.language_model."
+                                                                             : "language_model.model.";
+}
+
+// The checkpoint's name of the tensor transformers' language model calls `hf_name`.
+std::string StoredName(const ModelConfig& c, const WeightSet& weights, const std::string& prefix,
+                       const std::string& hf_name) {
+  if (!c.multimodal_text) return hf_name;
+  if (hf_name == "lm_head.weight") {
+    return weights.Find("language_model.lm_head.weight") != nullptr ? "language_model.lm_head.weight" : hf_name;
+  }
+  return prefix + hf_name.substr(std::string("model.").size());
+}
+
+// PEFT's name of the module transformers' language model calls `name` ("model.layers.0...").
+std::string PeftModuleName(const ModelConfig& c, const std::string& name) {
+  return c.multimodal_text ? "model.language_model." + name.substr(std::string("model.").size()) : name;
+}
+
+// adapter_config.json's target_modules: the module names; for a vision-language checkpoint a
+// regular expression that names them in its language model only (its vision tower has
+// layers of the same names).
+nlohmann::json SavedTargets(const ModelConfig& c, const std::vector<std::string>& targets) {
+  if (!c.multimodal_text) return targets;
+  return absl::StrCat(".*language_model.*\\.(", absl::StrJoin(targets, "|"), ")$");
+}
+
 }  // namespace
 
 Transformer::Transformer(ModelConfig config, at::ScalarType dtype, at::Device device)
@@ -95,17 +146,17 @@ Transformer::Transformer(ModelConfig config, at::ScalarType dtype, at::Device de
 
 std::vector<std::pair<std::string, Linear*>> Transformer::NamedLinears() {
   std::vector<std::pair<std::string, Linear*>> out;
+  const std::vector<LinearLayer> linears = LinearLayers(config_);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     DecoderLayer& l = layers_[i];
-    const std::string a = absl::StrCat("model.layers.", i, ".self_attn.");
-    const std::string m = absl::StrCat("model.layers.", i, ".mlp.");
-    out.insert(out.end(), {{a + "q_proj", &l.q},
-                           {a + "k_proj", &l.k},
-                           {a + "v_proj", &l.v},
-                           {a + "o_proj", &l.o},
-                           {m + "gate_proj", &l.gate},
-                           {m + "up_proj", &l.up},
-                           {m + "down_proj", &l.down}});
+    const std::map<std::string, Linear*> members = {
+        {"q_proj", &l.q},       {"k_proj", &l.k},       {"v_proj", &l.v},
+        {"o_proj", &l.o},       {"gate_proj", &l.gate}, {"up_proj", &l.up},
+        {"down_proj", &l.down}, {"qkv_proj", &l.qkv},   {"gate_up_proj", &l.gate_up}};
+    for (const LinearLayer& ll : linears) {
+      out.emplace_back(absl::StrCat("model.layers.", i, ll.attention ? ".self_attn." : ".mlp.", ll.name),
+                       members.at(ll.name));
+    }
   }
   return out;
 }
@@ -153,8 +204,9 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::TrainableParameters
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& [name, l] : NamedLinears()) {
     if (!l->lora_a.defined()) continue;
-    out.emplace_back("base_model.model." + name + ".lora_A.weight", l->lora_a);
-    out.emplace_back("base_model.model." + name + ".lora_B.weight", l->lora_b);
+    const std::string module = "base_model.model." + PeftModuleName(config_, name);
+    out.emplace_back(module + ".lora_A.weight", l->lora_a);
+    out.emplace_back(module + ".lora_B.weight", l->lora_b);
   }
   return out;
 }
@@ -163,13 +215,20 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
                                                                at::Device device,
                                                                const std::optional<RopeScalingOverride>& rope_scaling) {
   OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  if (rope_scaling.has_value() && config.rope.type == RopeType::kLongrope) {
+    return absl::InvalidArgumentError(absl::StrCat(model_dir.PathOf("config.json"),
+                                                   ": the model scales its RoPE with longrope; a RoPE scaling over it "
+                                                   "cannot apply"));
+  }
   if (rope_scaling.has_value()) config = ApplyRopeScaling(std::move(config), *rope_scaling);
   OOMB_ASSIGN_OR_RETURN(std::unique_ptr<WeightSet> weights, WeightSet::Open(model_dir));
   const std::string& dir = model_dir.path();
   std::unique_ptr<Transformer> m(new Transformer(config, dtype, device));
   const int64_t d = config.hidden_size;
   std::set<std::string> used;
-  auto take = [&](const std::string& name, std::vector<int64_t> shape, at::Tensor* out) -> absl::Status {
+  const std::string prefix = StoredPrefix(config, *weights);
+  auto take = [&](const std::string& hf_name, std::vector<int64_t> shape, at::Tensor* out) -> absl::Status {
+    const std::string name = StoredName(config, *weights, prefix, hf_name);
     const TensorView* v = weights->Find(name);
     if (v == nullptr) return absl::InvalidArgumentError(absl::StrCat(dir, ": missing tensor '", name, "'"));
     if (v->shape != shape) {
@@ -196,23 +255,17 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
       OOMB_RETURN_IF_ERROR(take(name, {head ? config.head_dim : d}, t));
     }
   }
-  const int64_t q = config.q_dim(), kv = config.kv_dim(), f = config.intermediate_size;
   for (auto& [name, l] : m->NamedLinears()) {
-    const std::string leaf = name.substr(name.rfind('.') + 1);
-    std::vector<int64_t> shape = leaf == "q_proj"                       ? std::vector<int64_t>{q, d}
-                                 : leaf == "k_proj" || leaf == "v_proj" ? std::vector<int64_t>{kv, d}
-                                 : leaf == "o_proj"                     ? std::vector<int64_t>{d, q}
-                                 : leaf == "down_proj"                  ? std::vector<int64_t>{d, f}
-                                                                        : std::vector<int64_t>{f, d};
+    const std::string leaf = Leaf(name);
+    const std::vector<int64_t> shape = LinearShape(config, leaf);
     OOMB_RETURN_IF_ERROR(take(name + ".weight", shape, &l->weight));
-    const bool biased = ((leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj") && config.qkv_bias) ||
-                        (leaf == "o_proj" && config.o_bias) ||
-                        ((leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj") && config.mlp_bias);
-    if (biased) OOMB_RETURN_IF_ERROR(take(name + ".bias", {shape[0]}, &l->bias));
+    if (Biased(config, leaf)) OOMB_RETURN_IF_ERROR(take(name + ".bias", {shape[0]}, &l->bias));
   }
   std::vector<std::string> unexpected;
   for (const std::string& n : weights->names()) {
-    if (!used.count(n) && n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
+    const bool other_model =
+        config.multimodal_text && n.rfind(prefix, 0) != 0 && n.find("lm_head.") == std::string::npos;
+    if (!used.count(n) && !other_model && n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
   }
   if (!unexpected.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": unexpected tensors: ", absl::StrJoin(unexpected, ", ")));
@@ -234,7 +287,7 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
   };
   auto randn = [&](std::vector<int64_t> shape) { return draw(shape, 0.0, init_std); };
   auto norm = [&](int64_t n) { return draw({n}, 1.0, 0.1); };
-  const int64_t d = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(), f = config.intermediate_size;
+  const int64_t d = config.hidden_size;
   m->embed_ = randn({config.vocab_size, d});
   m->final_norm_ = norm(d);
   if (!config.tie_word_embeddings) m->lm_head_ = randn({config.vocab_size, d});
@@ -243,20 +296,16 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
       *t = norm(name.find("self_attn.") != std::string::npos ? config.head_dim : d);
     }
   }
-  for (auto& l : m->layers_) {
-    l.q.weight = randn({q, d});
-    l.k.weight = randn({kv, d});
-    l.v.weight = randn({kv, d});
-    l.o.weight = randn({d, q});
-    l.gate.weight = randn({f, d});
-    l.up.weight = randn({f, d});
-    l.down.weight = randn({d, f});
-    if (config.qkv_bias) {
-      l.q.bias = randn({q});
-      l.k.bias = randn({kv});
-      l.v.bias = randn({kv});
+  const auto linears = m->NamedLinears();  // a layer's weights, then its biases
+  const size_t per_layer = linears.size() / static_cast<size_t>(config.num_layers);
+  for (size_t first = 0; first < linears.size(); first += per_layer) {
+    for (size_t i = first; i < first + per_layer; ++i) {
+      linears[i].second->weight = randn(LinearShape(config, Leaf(linears[i].first)));
     }
-    if (config.o_bias) l.o.bias = randn({d});
+    for (size_t i = first; i < first + per_layer; ++i) {
+      const std::string leaf = Leaf(linears[i].first);
+      if (Biased(config, leaf)) linears[i].second->bias = randn({LinearShape(config, leaf)[0]});
+    }
   }
   return m;
 }
@@ -294,19 +343,12 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
 absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
   if (full_) return absl::FailedPreconditionError("LoRA cannot be added to a model in full fine-tuning mode");
   if (options.rank <= 0) return absl::InvalidArgumentError("method.lora.rank: must be > 0");
-  const std::set<std::string> targets(options.target_modules.begin(), options.target_modules.end());
-  static const std::set<std::string> kKnown = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                               "gate_proj", "up_proj", "down_proj"};
-  for (const auto& t : targets) {
-    if (!kKnown.count(t)) {
-      return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: unknown module '", t,
-                                                     "' (known: ", absl::StrJoin(kKnown, ", "), ")"));
-    }
-  }
+  OOMB_ASSIGN_OR_RETURN(const std::vector<std::string> resolved, ResolveLoraTargets(config_, options.target_modules));
+  const std::set<std::string> targets(resolved.begin(), resolved.end());
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const auto opts = at::TensorOptions().dtype(MasterType(dtype_));
   for (auto& [name, l] : NamedLinears()) {
-    if (!targets.count(name.substr(name.rfind('.') + 1))) continue;
+    if (!targets.count(Leaf(name))) continue;
     const int64_t in = l->weight.size(1), out = l->weight.size(0);
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform_(a = sqrt(5))
     l->lora_a = at::empty({options.rank, in}, at::TensorOptions().dtype(at::kDouble))
@@ -318,6 +360,7 @@ absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
     l->lora_dropout = options.dropout;
   }
   lora_ = options;
+  lora_->target_modules = resolved;
   return absl::OkStatus();
 }
 
@@ -354,7 +397,15 @@ absl::Status Transformer::LoadAdapter(const Dir& adapter) {
   try {
     lora.rank = cfg.value("r", int64_t{8});
     lora.alpha = cfg.value("lora_alpha", 8.0);
-    lora.target_modules = cfg.value("target_modules", std::vector<std::string>{"q_proj", "v_proj"});
+    const nlohmann::json targets = cfg.value("target_modules", nlohmann::json({"q_proj", "v_proj"}));
+    if (targets.is_string()) {  // a regular expression over module names: the model's layers it names
+      lora.target_modules.clear();
+      for (const LinearLayer& l : LinearLayers(config_)) {
+        if (targets.get<std::string>().find(l.name) != std::string::npos) lora.target_modules.emplace_back(l.name);
+      }
+    } else {
+      lora.target_modules = targets.get<std::vector<std::string>>();
+    }
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
   }
@@ -372,7 +423,7 @@ absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model
       {"r", lora_->rank},
       {"lora_alpha", lora_->alpha},
       {"lora_dropout", lora_->dropout},
-      {"target_modules", lora_->target_modules},
+      {"target_modules", SavedTargets(config_, lora_->target_modules)},
       {"bias", "none"},
       {"fan_in_fan_out", false},
       {"inference_mode", true},
@@ -424,7 +475,7 @@ at::Tensor Transformer::RmsNorm(const at::Tensor& x, const at::Tensor& weight) c
 
 at::Tensor Transformer::InvFreq(const RopeConfig& r, int64_t rope_seq_len) const {
   const auto ft = at::TensorOptions().dtype(MasterType(dtype_));
-  const int64_t dim = config_.head_dim;
+  const int64_t dim = config_.rope_dim();
   double base = r.theta;
   if (r.type == RopeType::kDynamic) {
     const double max_pos = static_cast<double>(config_.max_position_embeddings);
@@ -434,7 +485,10 @@ at::Tensor Transformer::InvFreq(const RopeConfig& r, int64_t rope_seq_len) const
   const at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(ft.dtype_opt()->toScalarType()) / dim;
   const at::Tensor pos_freqs = at::pow(base, exponents);
   at::Tensor inv_freq = 1.0 / pos_freqs;
-  if (r.type == RopeType::kLinear) {
+  if (r.type == RopeType::kLongrope) {
+    const std::vector<double>& ext = rope_seq_len > r.original_max_position_embeddings ? r.long_factor : r.short_factor;
+    inv_freq = 1.0 / (at::tensor(ext, at::kDouble).to(inv_freq.scalar_type()) * pos_freqs);
+  } else if (r.type == RopeType::kLinear) {
     inv_freq = inv_freq / r.factor;
   } else if (r.type == RopeType::kLlama3) {
     const double old_ctx = static_cast<double>(r.original_max_position_embeddings);
@@ -468,7 +522,7 @@ at::Tensor Transformer::InvFreq(const RopeConfig& r, int64_t rope_seq_len) const
 
 std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const RopeConfig& r, const at::Tensor& positions,
                                                           int64_t rope_seq_len) const {
-  double attention_factor = 1.0;
+  double attention_factor = r.type == RopeType::kLongrope ? r.attention_factor : 1.0;
   if (r.type == RopeType::kYarn) {
     auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
     attention_factor = r.attention_factor > 0 ? r.attention_factor
@@ -506,9 +560,18 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
   const int64_t H = config_.num_heads, Hkv = config_.num_kv_heads, D = config_.head_dim;
   const DecoderLayer& l = layers_[cursor.layer];
   const at::Tensor x = RmsNorm(cursor.h, l.input_norm);
-  at::Tensor q = LinearForward(l.q, x, &cursor.gen, cursor.training).view({C, H, D});
-  at::Tensor k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
-  const at::Tensor v = LinearForward(l.v, x, &cursor.gen, cursor.training).view({C, Hkv, D});
+  at::Tensor q, k, v;
+  if (config_.fused_projections) {  // one product, split into views as transformers does
+    const auto parts = LinearForward(l.qkv, x, &cursor.gen, cursor.training)
+                           .split_with_sizes({config_.q_dim(), config_.kv_dim(), config_.kv_dim()}, -1);
+    q = parts[0].view({C, H, D});
+    k = parts[1].view({C, Hkv, D});
+    v = parts[2].view({C, Hkv, D});
+  } else {
+    q = LinearForward(l.q, x, &cursor.gen, cursor.training).view({C, H, D});
+    k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
+    v = LinearForward(l.v, x, &cursor.gen, cursor.training).view({C, Hkv, D});
+  }
   if (config_.qk_norm) {  // per head, before RoPE
     q = RmsNorm(q, l.q_norm);
     k = RmsNorm(k, l.k_norm);
@@ -516,8 +579,8 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
   const bool local = config_.sliding_rope.has_value() && config_.AttentionWindow(cursor.layer) > 0;
   const at::Tensor& cos = local ? cursor.sliding_cos : cursor.cos;
   const at::Tensor& sin = local ? cursor.sliding_sin : cursor.sin;
-  q = kernels::ApplyRope(q, cos, sin);
-  k = kernels::ApplyRope(k, cos, sin);
+  q = Rotate(q, cos, sin);
+  k = Rotate(k, cos, sin);
   // The attention scales by head_dim^-1/2; query_pre_attn_scalar^-1/2 is that times this.
   if (config_.query_pre_attn_scalar > 0 && config_.query_pre_attn_scalar != static_cast<double>(D)) {
     q = q * std::sqrt(static_cast<double>(D) / config_.query_pre_attn_scalar);
@@ -533,13 +596,26 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
   if (gemma) attn_out = RmsNorm(attn_out, l.attn_out_norm);
   const at::Tensor h = cursor.h + attn_out;
   const at::Tensor y = RmsNorm(h, l.post_norm);
-  const at::Tensor gate = LinearForward(l.gate, y, &cursor.gen, cursor.training);
-  const at::Tensor up = LinearForward(l.up, y, &cursor.gen, cursor.training);
+  at::Tensor gate, up;
+  if (config_.fused_projections) {  // gate's rows first
+    const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
+    gate = parts[0];
+    up = parts[1];
+  } else {
+    gate = LinearForward(l.gate, y, &cursor.gen, cursor.training);
+    up = LinearForward(l.up, y, &cursor.gen, cursor.training);
+  }
   const at::Tensor act = gemma ? at::gelu(gate, "tanh") * up : kernels::SwiGlu(gate, up);
   at::Tensor mlp_out = LinearForward(l.down, act, &cursor.gen, cursor.training);
   if (gemma) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
   cursor.h = h + mlp_out;
   ++cursor.layer;
+}
+
+at::Tensor Transformer::Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+  const int64_t rotary = config_.rope_dim(), D = config_.head_dim;
+  if (rotary == D) return kernels::ApplyRope(x, cos, sin);
+  return at::cat({kernels::ApplyRope(x.narrow(-1, 0, rotary), cos, sin), x.narrow(-1, rotary, D - rotary)}, -1);
 }
 
 at::Tensor Transformer::End(const Cursor& cursor) const { return RmsNorm(cursor.h, final_norm_); }

@@ -1,15 +1,18 @@
-// The decoder-only transformer (Llama, Qwen2 and Qwen3 families) on LibTorch, with LoRA.
+// The decoder-only transformer (Llama, Qwen2, Qwen3, Mistral, Gemma 3 and Phi-3 families) on
+// LibTorch, with LoRA.
 //
 // One model serves training and inference: a forward pass runs over one chunk of one sequence,
 // and attention is a callback, so the chunk-recurrent trainer routes it through the paged KV
 // cache (kernels/torch/paged_attention.h) while a plain full-sequence forward (evaluation,
 // `oombd model eval`, tests) uses the same callback with no past.
 //
-// Numerics follow transformers (modeling_llama / modeling_qwen2 / modeling_qwen3): RMSNorm in
-// float32 (float64 for float64 models), RoPE tables from float32 inverse frequencies (rope
-// types default, linear, dynamic, yarn, llama3, as modeling_rope_utils computes them), SwiGLU
-// MLP, q/k/v biases for Qwen2, an RMSNorm over each head of q and k before RoPE for Qwen3,
-// softmax scale 1/sqrt(head_dim).
+// Numerics follow transformers (modeling_llama / _qwen2 / _qwen3 / _mistral / _gemma3 / _phi3):
+// RMSNorm in float32 (float64 for float64 models), RoPE tables from float32 inverse frequencies
+// (rope types default, linear, dynamic, yarn, llama3, longrope, as modeling_rope_utils computes
+// them) over the first rotary_dim features of a head, SwiGLU MLP, q/k/v biases for Qwen2, an
+// RMSNorm over each head of q and k before RoPE for Qwen3 and Gemma 3, softmax scale
+// 1/sqrt(head_dim) (Gemma 3: query_pre_attn_scalar), Gemma 3's layer (ModelConfig::gemma_layers),
+// Phi-3's fused projections split as transformers splits them.
 //
 // LoRA (PEFT semantics): y = x W^T + b + (dropout(x) A^T B^T) * alpha / r on the target
 // modules; A is initialised like PEFT (kaiming-uniform, a = sqrt(5)), B with zeros. LoRA
@@ -61,6 +64,7 @@ struct DecoderLayer {
   at::Tensor attn_out_norm, mlp_out_norm;
   at::Tensor q_norm, k_norm;  // [head_dim], qk_norm models only (else undefined)
   Linear q, k, v, o, gate, up, down;
+  Linear qkv, gate_up;  // ModelConfig::fused_projections models, instead of q, k, v and gate, up
 };
 
 // The inputs of one forward pass over one chunk (C tokens) of one sequence.
@@ -101,7 +105,8 @@ class Transformer {
   at::ScalarType dtype() const { return dtype_; }
   at::Device device() const { return device_; }
 
-  // Adds LoRA adapters (PEFT initialisation, seeded) and freezes the base weights.
+  // Adds LoRA adapters (PEFT initialisation, seeded) and freezes the base weights; the targets
+  // are resolved to the model's layers (ResolveLoraTargets), as lora() then reports them.
   absl::Status AddLora(const LoraOptions& options, uint64_t seed);
   bool has_lora() const { return lora_.has_value(); }
   const std::optional<LoraOptions>& lora() const { return lora_; }
@@ -151,7 +156,7 @@ class Transformer {
   // The LM head weight [vocab, hidden] (the embedding when tied).
   const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_ : lm_head_; }
 
-  // RoPE cos and sin tables of `rope` for the positions, [C, head_dim] each, in the model's dtype.
+  // RoPE cos and sin tables of `rope` for the positions, [C, rotary_dim] each, in the model's dtype.
   std::pair<at::Tensor, at::Tensor> RopeTables(const RopeConfig& rope, const at::Tensor& positions,
                                                int64_t rope_seq_len) const;
 
@@ -159,7 +164,9 @@ class Transformer {
   Transformer(ModelConfig config, at::ScalarType dtype, at::Device device);
   at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
-  at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [head_dim / 2], float32 (float64)
+  at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [rotary_dim / 2], float32 (float64)
+  // RoPE over the first rotary_dim features of each head of x [C, heads, head_dim].
+  at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   // Layer i's norms with their HF names.
   std::vector<std::pair<std::string, at::Tensor*>> NamedNorms(int64_t i);
   std::vector<std::pair<std::string, Linear*>> NamedLinears();

@@ -18,6 +18,11 @@ int64_t ContextWindow(const ModelConfig& config) {
 absl::Status CheckRopeScaling(const ModelConfig& base, const JobConfig& spec) {
   if (!spec.model.rope_scaling.has_value()) return absl::OkStatus();
   const RopeScalingOverride& s = *spec.model.rope_scaling;
+  if (base.rope.type == RopeType::kLongrope) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.rope_scaling: ", spec.model.path, "/config.json scales its RoPE with longrope (to ",
+                     base.max_position_embeddings, " tokens, trained so); a job's RoPE scaling cannot replace it"));
+  }
   const bool needs_original = s.type == RopeType::kYarn || s.type == RopeType::kLlama3;
   const ModelConfig scaled = ApplyRopeScaling(base, s);
   if (needs_original && scaled.rope.original_max_position_embeddings <= 0) {

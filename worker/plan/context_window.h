@@ -21,7 +21,7 @@ int64_t ContextWindow(const ModelConfig& config);
 
 // INVALID_ARGUMENT naming model.rope_scaling's field when the scaling `spec` asks for cannot
 // apply to `base` (the model's config.json as read): yarn and llama3 need the original window,
-// which neither the spec nor config.json gives.
+// which neither the spec nor config.json gives; a model with longrope (Phi-3) keeps its own.
 absl::Status CheckRopeScaling(const ModelConfig& base, const JobConfig& spec);
 
 // Messages for people, one per finding: documents longer than the model's window with no RoPE

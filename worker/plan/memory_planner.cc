@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/common/status.h"
 #include "worker/paging/page_id.h"
 
 namespace oomb {
@@ -30,24 +31,15 @@ constexpr int64_t kDeviceAddBytes = 2 * kHostAddBytesInFlight;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool Targeted(const JobConfig::Lora& lora, const char* module) {
-  return std::find(lora.target_modules.begin(), lora.target_modules.end(), module) != lora.target_modules.end();
-}
-
-// The model's linear layers: name, input and output features.
-struct LinearShape {
-  const char* name;
-  int64_t in, out;
-};
-
-std::vector<LinearShape> Linears(const ModelConfig& c) {
-  return {{"q_proj", c.hidden_size, c.q_dim()},
-          {"k_proj", c.hidden_size, c.kv_dim()},
-          {"v_proj", c.hidden_size, c.kv_dim()},
-          {"o_proj", c.q_dim(), c.hidden_size},
-          {"gate_proj", c.hidden_size, c.intermediate_size},
-          {"up_proj", c.hidden_size, c.intermediate_size},
-          {"down_proj", c.intermediate_size, c.hidden_size}};
+// The linear layers LoRA adapts: the targets resolved to the model's layers (ResolveLoraTargets;
+// PlanMemory refuses targets that do not resolve).
+std::vector<LinearLayer> LoraLayers(const ModelConfig& c, const JobConfig::Lora& lora) {
+  const absl::StatusOr<std::vector<std::string>> targets = ResolveLoraTargets(c, lora.target_modules);
+  std::vector<LinearLayer> out;
+  for (const LinearLayer& l : LinearLayers(c)) {
+    if (targets.ok() && std::find(targets->begin(), targets->end(), l.name) != targets->end()) out.push_back(l);
+  }
+  return out;
 }
 
 // Everything that depends on the sequence length T, for a fixed model and spec.
@@ -61,9 +53,8 @@ class Model {
     weights_ = c.ParameterCount() * e_;
     if (lora) {
       int64_t lora_params = 0;
-      for (const LinearShape& l : Linears(c)) {
-        if (Targeted(spec.method.lora, l.name)) lora_params += spec.method.lora.rank * (l.in + l.out);
-      }
+      for (const LinearLayer& l : LoraLayers(c, spec.method.lora))
+        lora_params += spec.method.lora.rank * (l.in + l.out);
       lora_params *= c.num_layers;
       // float32 masters, their gradients, AdamW's exp_avg and exp_avg_sq.
       trainable_ = lora_params * kF32 * 4;
@@ -130,8 +121,7 @@ class Model {
     }
     per_token += (fused ? 3 : 4) * e_ * I;
     if (spec_.method.type != TrainMethod::kFull) {
-      for (const LinearShape& l : Linears(c_)) {
-        if (!Targeted(spec_.method.lora, l.name)) continue;
+      for (const LinearLayer& l : LoraLayers(c_, spec_.method.lora)) {
         per_token += e_ * spec_.method.lora.rank;
         if (spec_.method.lora.dropout > 0) per_token += (kF32 + e_) * l.in;
       }
@@ -293,6 +283,13 @@ std::string FormatBytes(int64_t bytes) {
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target) {
   const bool cuda = target.device != "cpu";
+  if (spec.method.type != TrainMethod::kFull) {
+    OOMB_RETURN_IF_ERROR(ResolveLoraTargets(config, spec.method.lora.target_modules).status());
+  } else if (config.multimodal_text) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "method.type: full fine-tuning of the language model of ", spec.model.path,
+        " (a vision-language checkpoint) would write a model without its vision tower; train it with lora"));
+  }
   const Model m(config, spec, cuda);
 
   MemoryPlan plan;

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "worker/hf/loading_code.h"
@@ -107,6 +108,100 @@ TEST(ModelConfigTest, Gemma3AsTransformers4WroteIt) {
   EXPECT_THAT(error(R"("final_logit_softcapping": null)", R"("final_logit_softcapping": 30.0)"),
               HasSubstr("config.json: this Gemma 3 variant is not supported"));
   EXPECT_THAT(error(R"("gelu_pytorch_tanh")", R"("silu")"), HasSubstr("hidden_activation gelu_pytorch_tanh"));
+}
+
+// Phi-4-mini's config.json as published (transformers 4 keys): fused projections, longrope with
+// its factors over the rotary 3/4 of a head, the pretraining window at the top level; LoRA
+// targets resolve to the fused layers; a job's RoPE scaling cannot replace longrope.
+TEST(ModelConfigTest, Phi4MiniAsPublished) {
+  std::vector<double> factors(48, 1.0);
+  nlohmann::json phi = {{"architectures", {"Phi3ForCausalLM"}},
+                        {"model_type", "phi3"},
+                        {"vocab_size", 200064},
+                        {"hidden_size", 3072},
+                        {"intermediate_size", 8192},
+                        {"num_hidden_layers", 32},
+                        {"num_attention_heads", 24},
+                        {"num_key_value_heads", 8},
+                        {"max_position_embeddings", 131072},
+                        {"original_max_position_embeddings", 4096},
+                        {"partial_rotary_factor", 0.75},
+                        {"rope_theta", 10000.0},
+                        {"rope_scaling", {{"type", "longrope"}, {"short_factor", factors}, {"long_factor", factors}}},
+                        {"sliding_window", 262144},
+                        {"tie_word_embeddings", true}};
+  const ModelConfig c = Parse(phi.dump());
+  EXPECT_TRUE(c.fused_projections);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope_dim(), 96);
+  EXPECT_EQ(c.rope.type, RopeType::kLongrope);
+  EXPECT_EQ(c.rope.original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c.rope.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)));
+  EXPECT_EQ(c.AttentionWindow(0), 262144);
+  // 3.84B parameters, as Microsoft gives it: q, k, v and gate, up fused change no count.
+  EXPECT_EQ(c.ParameterCount(),
+            int64_t{32} * (3072 * 3072 + 2 * 3072 * 1024 + 3072 * 3072 + 3 * 3072 * 8192 + 2 * 3072) +
+                int64_t{200064} * 3072 + 3072);
+
+  const auto targets = ResolveLoraTargets(
+      c, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});  // the spec's default
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  EXPECT_THAT(*targets, ::testing::ElementsAre("qkv_proj", "o_proj", "gate_up_proj", "down_proj"));
+  EXPECT_THAT(ResolveLoraTargets(c, {"q_proj", "v_proj"}).status().message(),
+              HasSubstr("method.lora.target_modules: Phi3ForCausalLM fuses q_proj, k_proj, v_proj into one layer "
+                        "(qkv_proj)"));
+  EXPECT_THAT(ResolveLoraTargets(c, {"fc1"}).status().message(),
+              HasSubstr("unknown module 'fc1' for Phi3ForCausalLM (its linear layers: qkv_proj, o_proj, gate_up_proj, "
+                        "down_proj)"));
+  // The config as trained is the base config: longrope is the model's own.
+  auto written = EffectiveConfigJson(phi.dump(), c, "config.json");
+  ASSERT_TRUE(written.ok());
+  EXPECT_EQ(nlohmann::json::parse(*written), phi);
+  EXPECT_FALSE(RopeScalingOf(c.rope).has_value());
+
+  phi["rope_scaling"]["long_factor"] = std::vector<double>(64, 1.0);  // a full head's worth
+  EXPECT_THAT(ParseModelConfig(phi.dump(), "config.json").status().message(),
+              HasSubstr("must have rotary_dim / 2 = 48 entries, got 48 and 64"));
+  phi["partial_rotary_factor"] = 1.5;
+  EXPECT_THAT(ParseModelConfig(phi.dump(), "config.json").status().message(), HasSubstr("partial_rotary_factor"));
+}
+
+// A Gemma 3 vision-language checkpoint's config (Gemma-3-4B's, as transformers 4 saved it: the
+// text_config holds only what differs from Gemma3TextConfig's defaults) reads as its language
+// model; the RoPE scaling a job trains with is written into text_config.
+TEST(ModelConfigTest, Gemma3MultimodalReadsItsLanguageModel) {
+  const std::string gemma = R"({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "boi_token_index": 255999, "image_token_index": 262144, "mm_tokens_per_image": 256,
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+      "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_hidden_layers": 27}})";
+  const ModelConfig c = Parse(gemma);
+  EXPECT_TRUE(c.multimodal_text);
+  EXPECT_TRUE(c.gemma_layers);
+  EXPECT_EQ(c.architecture, "Gemma3ForCausalLM");
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_EQ(c.num_heads, 8);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256);
+  EXPECT_EQ(c.rope.type, RopeType::kLinear);
+  EXPECT_EQ(c.rope.theta, 1e6);
+  ASSERT_TRUE(c.sliding_rope.has_value());
+  EXPECT_EQ(c.sliding_rope->theta, 1e4);
+  for (int64_t i = 0; i < 34; ++i) EXPECT_EQ(c.AttentionWindow(i), (i + 1) % 6 == 0 ? 0 : 1024) << i;
+  RopeScalingOverride yarn;
+  yarn.type = RopeType::kYarn;
+  yarn.factor = 16.0;
+  auto written = EffectiveConfigJson(gemma, ApplyRopeScaling(c, yarn), "config.json");
+  ASSERT_TRUE(written.ok());
+  const auto j = nlohmann::json::parse(*written);
+  EXPECT_EQ(j["text_config"]["rope_scaling"]["rope_type"], "yarn");
+  EXPECT_FALSE(j.contains("rope_scaling"));
+  EXPECT_EQ(j["vision_config"]["num_hidden_layers"], 27);
+  EXPECT_EQ(Parse(*written).rope.type, RopeType::kYarn);
+  EXPECT_THAT(ParseModelConfig(R"({"model_type": "gemma3"})", "config.json").status().message(),
+              HasSubstr("config.json: missing key 'text_config'"));
 }
 
 TEST(EffectiveConfigTest, YarnIsWrittenForBothTransformersGenerationsAndReadsBackAsTrained) {

@@ -1,8 +1,10 @@
-// The model computes what transformers computes: logits and loss of tiny random-weight Qwen2,
-// Qwen3, Llama and Mistral models (q/k/v biases, GQA, tied and untied embeddings, every
-// rope_scaling type, a sliding window shorter than the sequence, sharded weights) made by
-// tests/python/make_tiny_models.py, against transformers' own outputs stored beside each model;
-// plus the model's error handling.
+// The model computes what transformers computes: logits, loss and LoRA gradients of tiny
+// random-weight Qwen2, Qwen3, Llama, Mistral, Gemma 3 (also as the text part of a vision-language
+// checkpoint) and Phi-3 models (q/k/v biases, GQA, tied and untied embeddings, every rope_scaling
+// type, partial rotary, sliding windows shorter than the sequence, local and global layers,
+// fused projections, sharded weights) made by tests/python/make_tiny_models.py, against
+// transformers' and PEFT's own outputs stored beside each model; adapters oomb saves load in
+// PEFT; plus the model's error handling.
 #include "worker/model/transformer.h"
 
 #include <gtest/gtest.h>
@@ -87,6 +89,123 @@ TEST_P(TinyModelParityTest, LogitsAndLossMatchTransformers) {
   EXPECT_NEAR(loss->loss_sum / loss->label_tokens, want_loss, 1e-5) << GetParam();
 }
 
+// transformers + PEFT's LoRA gradients (tests/python/make_tiny_models.py, DIR/NAME/lora/): the
+// adapter PEFT saved loads, and both the model's autograd over the whole sequence and the chunked
+// trainer (chunks of 13 over pages of 8) give PEFT's loss and gradients, of the LoRA weights and
+// (autograd) of the input embeddings.
+TEST_P(TinyModelParityTest, LoraGradientsMatchTransformersAndPeft) {
+  const std::string dir = testing::DataDir() + "/tiny/" + GetParam();
+  auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->LoadAdapter(testing::OpenDir(dir + "/lora")).ok());
+  auto ref = WeightSet::Open(testing::OpenDir(dir + "/lora"), "reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto in_ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
+  ASSERT_TRUE(in_ref.ok()) << in_ref.status();
+  const at::Tensor ids = ToTensor(*(*in_ref)->Find("input_ids"), at::kLong)[0];
+  const int64_t T = ids.size(0);
+  auto relative_error = [](const at::Tensor& got, const at::Tensor& want) {
+    return (got - want).abs().max().item<double>() / want.abs().max().item<double>();
+  };
+  const auto params = (*model)->TrainableParameters();
+  ASSERT_EQ(params.size() + 2, (*ref)->names().size()) << "one reference gradient per LoRA weight";
+
+  // Autograd over one full-sequence forward, from the input embeddings.
+  ChunkInput in;
+  in.ids = ids;
+  in.positions = at::arange(T, at::kLong);
+  in.doc_start = at::zeros({T}, at::kLong);
+  in.rope_seq_len = T;
+  Transformer::Cursor cursor = (*model)->Begin(in);
+  const at::Tensor embeds = cursor.h.detach().requires_grad_(true);
+  cursor.h = embeds;
+  while (cursor.layer < (*model)->config().num_layers) {
+    const auto [q, k, v] = (*model)->AttentionInputs(cursor);
+    const int64_t window = (*model)->config().AttentionWindow(cursor.layer);
+    (*model)->FinishLayer(
+        cursor,
+        kernels::PagedAttention(
+            q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr));
+  }
+  const at::Tensor logits = at::matmul((*model)->End(cursor), (*model)->lm_head().t());
+  const at::Tensor loss = at::cross_entropy_loss(logits.slice(0, 0, T - 1), ids.slice(0, 1));
+  loss.backward();
+  EXPECT_NEAR(loss.item<double>(), ToTensor(*(*ref)->Find("loss"), at::kFloat).item<double>(), 1e-5);
+  EXPECT_LE(relative_error(embeds.grad(), ToTensor(*(*ref)->Find("input_grad"), at::kFloat)[0]), 1e-4);
+  for (const auto& [name, p] : params) {
+    const TensorView* want = (*ref)->Find(name);
+    ASSERT_NE(want, nullptr) << name;
+    EXPECT_LE(relative_error(p.grad(), ToTensor(*want, at::kFloat)), 1e-4) << name;
+    p.mutable_grad() = at::Tensor();
+  }
+
+  // The chunked trainer: the same gradients.
+  const ModelConfig& c = (*model)->config();
+  const PageShape shape{c.num_kv_heads, 8, c.head_dim};
+  const int64_t pages = c.num_layers * (T / 8 + 2);
+  auto kv = PagePool::Create(PageKind::kKv, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
+  auto grad = PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
+  ASSERT_TRUE(kv.ok() && grad.ok());
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 13;
+  ChunkTrainer trainer(model->get(), kv->get(), grad->get(), options);
+  const TokenSequence seq =
+      TokenSequence::FromDocument(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + T));
+  auto trained = trainer.TrainSequence(seq, 1.0 / static_cast<double>(T - 1), 0);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  for (const auto& [name, p] : params) {
+    EXPECT_LE(relative_error(p.grad(), ToTensor(*(*ref)->Find(name), at::kFloat)), 1e-4) << "chunked " << name;
+  }
+}
+
+// An adapter oomb saves loads in PEFT (tests/python/check_peft_adapter.py): PEFT's logits with it
+// equal oomb's.
+TEST_P(TinyModelParityTest, SavedAdapterLoadsInPeft) {
+  const std::string python = testing::VenvPython();
+  if (python.empty()) GTEST_SKIP() << "no Python venv";
+  const std::string dir = testing::DataDir() + "/tiny/" + GetParam();
+  auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  LoraOptions lora;  // every linear layer (the fused ones on Phi-3)
+  lora.rank = 2;
+  lora.alpha = 4;
+  ASSERT_TRUE((*model)->AddLora(lora, 3).ok());
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : (*model)->TrainableParameters()) p.normal_(0, 0.2);
+  }
+  const std::string out = testing::ScratchDir("peft_" + GetParam());
+  ASSERT_TRUE((*model)->SaveLora(testing::OpenDir(out), dir).ok());
+  auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
+  ASSERT_TRUE(ref.ok());
+  const at::Tensor ids = ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0];
+  const int64_t T = ids.size(0);
+  ChunkInput in;
+  in.ids = ids;
+  in.positions = at::arange(T, at::kLong);
+  in.doc_start = at::zeros({T}, at::kLong);
+  in.rope_seq_len = T;
+  at::NoGradGuard no_grad;
+  const at::Tensor hidden =
+      (*model)->Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        const int64_t window = (*model)->config().AttentionWindow(layer);
+        return kernels::PagedAttention(
+            q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr);
+      });
+  const at::Tensor logits = at::matmul(hidden, (*model)->lm_head().t()).contiguous();
+  TensorView v;
+  v.name = "logits";
+  v.dtype = DType::kF32;
+  v.shape = {T, logits.size(1)};
+  v.data = logits.data_ptr();
+  v.nbytes = logits.nbytes();
+  ASSERT_TRUE(WriteSafetensors(testing::OpenDir(out), "oomb_logits.safetensors", {v}, {}).ok());
+  EXPECT_EQ(testing::RunCommand(python + " " + testing::SourceDir() + "/tests/python/check_peft_adapter.py " + dir +
+                                " " + out),
+            0);
+  fs::remove_all(out);
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiny, TinyModelParityTest, ::testing::ValuesIn(TinyModels()), [](const auto& info) {
   std::string n = info.param;
   std::replace(n.begin(), n.end(), '-', '_');
@@ -96,7 +215,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TinyModelParityTest);
 
 TEST(TransformerTest, TinyModelsArePresent) {
   if (TinyModels().empty()) GTEST_SKIP() << "no tiny models under " << testing::DataDir() << "/tiny";
-  EXPECT_GE(TinyModels().size(), 11u);
+  EXPECT_GE(TinyModels().size(), 14u);
 }
 
 // Bad model directories fail with errors naming the problem, never a crash.
@@ -141,11 +260,24 @@ TEST(TransformerTest, BadModelDirectories) {
   EXPECT_NE(s.message().find("unexpected tensors"), std::string::npos) << s;
 
   bad = cfg;
-  bad["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}};
+  bad["rope_parameters"] = {{"rope_type", "proportional"}, {"rope_theta", 10000.0}};
   write_config(bad);
   s = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("longrope"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("proportional"), std::string::npos) << s;
+
+  bad = cfg;  // longrope needs its factors, rotary_dim / 2 of each
+  bad["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}};
+  write_config(bad);
+  s = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("short_factor"), std::string::npos) << s;
+  bad["rope_parameters"]["short_factor"] = {1.0, 2.0};
+  bad["rope_parameters"]["long_factor"] = {1.0, 2.0};
+  write_config(bad);
+  s = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rotary_dim / 2 = 8 entries, got 2 and 2"), std::string::npos) << s;
   fs::remove_all(dir);
 }
 

@@ -37,6 +37,7 @@ ModelConfig TinyConfig(const std::string& family) {
                    : family == "qwen3"   ? "Qwen3ForCausalLM"
                    : family == "mistral" ? "MistralForCausalLM"
                    : family == "gemma3"  ? "Gemma3ForCausalLM"
+                   : family == "phi3"    ? "Phi3ForCausalLM"
                                          : "LlamaForCausalLM";
   c.vocab_size = 61;
   c.hidden_size = 32;
@@ -52,7 +53,17 @@ ModelConfig TinyConfig(const std::string& family) {
   if (family == "qwen3") c.head_dim = 16;  // independent of hidden / heads, as in Qwen3
   c.tie_word_embeddings = family != "qwen2";
   c.rope.theta = 10000;
-  if (family == "mistral" || family == "gemma3") {  // a window of 11 (no page size's multiple here) in layer 0
+  if (family == "phi3") {  // fused projections, RoPE over 6 of 8 features, longrope's long factors
+    c.fused_projections = true;
+    c.rotary_dim = 6;
+    c.rope.type = RopeType::kLongrope;
+    c.rope.original_max_position_embeddings = 16;
+    c.rope.attention_factor = 1.2;
+    c.rope.short_factor = {1.0, 1.5, 2.0};
+    c.rope.long_factor = {1.0, 3.0, 7.0};
+  }
+  if (family == "mistral" || family == "gemma3" ||
+      family == "phi3") {  // a window of 11 (no page size's multiple here) in layer 0
     c.sliding_window = 11;
     c.sliding_layers = {true, false};
   }
@@ -62,7 +73,7 @@ ModelConfig TinyConfig(const std::string& family) {
     c.query_pre_attn_scalar = 12;
     c.rope.type = RopeType::kLinear;
     c.rope.factor = 2;
-    c.sliding_rope = RopeConfig{.theta = 100};
+    c.sliding_rope.emplace().theta = 100;
   }
   return c;
 }
@@ -209,7 +220,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3", true, at::kDouble, false}, Case{"qwen3", false, at::kFloat, false},
                       Case{"mistral", false, at::kDouble, false}, Case{"mistral", true, at::kDouble, true},
                       Case{"mistral", true, at::kFloat, true}, Case{"gemma3", false, at::kDouble, false},
-                      Case{"gemma3", true, at::kDouble, true}, Case{"gemma3", true, at::kFloat, true}),
+                      Case{"gemma3", true, at::kDouble, true}, Case{"gemma3", true, at::kFloat, true},
+                      Case{"phi3", false, at::kDouble, false}, Case{"phi3", true, at::kDouble, true},
+                      Case{"phi3", true, at::kFloat, true}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + (c.full ? "_full" : "_lora") + (c.dtype == at::kDouble ? "_f64" : "_f32") +
