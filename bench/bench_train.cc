@@ -62,6 +62,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -122,6 +123,16 @@ ModelConfig Preset(const std::string& name) {
       for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers.push_back((i + 1) % 6 != 0);
       c.sliding_rope.emplace().theta = 10000;
     }
+  } else if (name == "phi-4-mini") {
+    // Phi-4-mini-instruct: fused projections, RoPE over 96 of 128 features, longrope past 4096
+    // (factors of 1: the speed does not depend on them), its sliding_window of 262144.
+    c.model_type = "phi3", c.architecture = "Phi3ForCausalLM", c.qkv_bias = false, c.fused_projections = true;
+    c.vocab_size = 200064, c.hidden_size = 3072, c.intermediate_size = 8192, c.num_layers = 32;
+    c.num_heads = 24, c.num_kv_heads = 8, c.tie_word_embeddings = true, c.rotary_dim = 96;
+    c.rope.theta = 10000, c.rope.type = RopeType::kLongrope, c.rope.original_max_position_embeddings = 4096;
+    c.rope.factor = 32, c.rope.attention_factor = std::sqrt(1 + std::log(32.0) / std::log(4096.0));
+    c.rope.short_factor.assign(48, 1.0), c.rope.long_factor.assign(48, 1.0);
+    c.sliding_window = 262144, c.sliding_layers.assign(c.num_layers, true);
   } else if (name == "qwen2.5-0.5b") {
     c.vocab_size = 151936, c.hidden_size = 896, c.intermediate_size = 4864, c.num_layers = 24;
     c.num_heads = 14, c.num_kv_heads = 2, c.tie_word_embeddings = true;
@@ -488,7 +499,8 @@ int Main(int argc, char** argv) {
   int64_t sparse_budget = 0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
   app.add_option("--model", model,
-                 "qwen2.5-7b | qwen3-8b | mistral-7b | gemma-3-12b | gemma-3-12b-global | qwen2.5-0.5b | tiny");
+                 "qwen2.5-7b | qwen3-8b | mistral-7b | gemma-3-12b | gemma-3-12b-global | phi-4-mini | qwen2.5-0.5b | "
+                 "tiny");
   app.add_option("--sparse-budget", sparse_budget, "page-level sparse attention with this page_budget (0: dense)");
   app.add_option("--selection", selection, "sparse page summaries: mean_key | min_max");
   app.add_option("--kv-offload", offload,

@@ -566,7 +566,8 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
                            .split_with_sizes({config_.q_dim(), config_.kv_dim(), config_.kv_dim()}, -1);
     q = parts[0].view({C, H, D});
     k = parts[1].view({C, Hkv, D});
-    v = parts[2].view({C, Hkv, D});
+    // A copy: the attention saves v, and a view would keep the whole [C, q + 2 kv] product alive.
+    v = parts[2].contiguous().view({C, Hkv, D});
   } else {
     q = LinearForward(l.q, x, &cursor.gen, cursor.training).view({C, H, D});
     k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
