@@ -283,6 +283,46 @@ absl::StatusOr<int64_t> ResolveLength(const std::string& length, const ModelConf
   return tokens;
 }
 
+// --plan-only DEVICE_MIB:HOST_MIB: the planner's answer for each length on such a machine, one
+// JSON line each; "max" gives the longest context. Exit status 2 for a malformed argument.
+int PrintPlans(const std::string& model, const ModelConfig& c, const BenchSpec& b, const std::string& machine,
+               const std::vector<std::string>& lengths) {
+  int64_t device_mib = 0, host_mib = 0;
+  if (std::sscanf(machine.c_str(), "%ld:%ld", &device_mib, &host_mib) != 2 || device_mib <= 0 || host_mib <= 0) {
+    std::cerr << "--plan-only " << machine << ": expected DEVICE_MIB:HOST_MIB, e.g. 81559:128299" << std::endl;
+    return 2;
+  }
+  const PlanTarget target{.device = "cuda:0", .device_bytes = device_mib << 20, .host_bytes = host_mib << 20};
+  for (const std::string& length : lengths) {
+    int64_t T = b.chunk;
+    if (length != "max" && (!absl::SimpleAtoi(length, &T) || T <= 0)) {
+      std::cerr << "--lengths " << length << ": expected a positive number of tokens or \"max\"" << std::endl;
+      return 2;
+    }
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(c, b.At(T), target);
+    if (plan.ok() && length == "max" && plan->max_seq_len_that_fits > 0) {
+      T = plan->max_seq_len_that_fits;
+      plan = PlanMemory(c, b.At(T), target);
+    }
+    if (!plan.ok()) {
+      std::cerr << model << " " << length << ": " << plan.status().message() << std::endl;
+      return 1;
+    }
+    std::cout << nlohmann::json{{"model", model},
+                                {"S", T},
+                                {"device_mib", device_mib},
+                                {"host_mib", host_mib},
+                                {"fits", plan->fits},
+                                {"planned_peak_bytes", plan->peak_device_bytes},
+                                {"planned_host_bytes", plan->peak_host_bytes},
+                                {"kv_bytes_per_token", plan->kv_bytes_per_token},
+                                {"planned_max_seq_len", plan->max_seq_len_that_fits}}
+                     .dump()
+              << std::endl;
+  }
+  return 0;
+}
+
 // --kernel-profile: the GPU side of a profiled run (see the header).
 nlohmann::json GpuProfile(const torch::autograd::profiler::ProfilerResult& result, size_t top) {
   std::map<std::string, std::pair<double, int64_t>> by_name;  // seconds, launches
@@ -530,6 +570,10 @@ int Main(int argc, char** argv) {
                  "S:START:SECONDS: the kernels and copies of the step at length S from START seconds into it, for "
                  "SECONDS (CUDA)");
   app.add_option("--kernel-trace-dir", kernel_trace_dir, "where --kernel-trace writes trace_S.tsv");
+  std::string plan_only;
+  app.add_option("--plan-only", plan_only,
+                 "DEVICE_MIB:HOST_MIB: print the memory planner's plan for each length (and its longest "
+                 "context) on a machine of that much device and host memory, and run nothing");
   CLI11_PARSE(app, argc, argv);
   // --kernel-trace: length -> (start, seconds).
   std::map<int64_t, std::pair<double, double>> trace_windows;
@@ -558,6 +602,7 @@ int Main(int argc, char** argv) {
                         .offload = offload,
                         .kv_grad_dtype = kv_grad_dtype,
                         .attention_kernel = attention_kernel};
+  if (!plan_only.empty()) return PrintPlans(model, config, bench, plan_only, lengths);
   std::vector<int64_t> tokens;
   for (const std::string& length : lengths) {
     const absl::StatusOr<int64_t> resolved = ResolveLength(length, config, bench, d);

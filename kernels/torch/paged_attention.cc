@@ -64,16 +64,21 @@ Geometry Check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   return g;
 }
 
-// Key segments in global token indices: the past in blocks of key_block tokens, then the
-// chunk itself.
+// Key segments in global token indices: the past in blocks of key_block tokens from the first
+// key any query sees (`first_key`, the smallest doc_start: nothing before it is read, so a
+// sliding-window layer's store may have released it), then the chunk itself.
 struct Segment {
   int64_t begin, end;
   bool past;
 };
 
-std::vector<Segment> Segments(const Geometry& g) {
+std::vector<Segment> Segments(const Geometry& g, const at::Tensor& doc_start_cpu) {
+  const int64_t* ds = doc_start_cpu.data_ptr<int64_t>();
+  const int64_t first_key = g.C > 0 ? *std::min_element(ds, ds + g.C) : 0;
   std::vector<Segment> out;
-  for (int64_t b = 0; b < g.S; b += g.key_block) out.push_back({b, std::min(g.S, b + g.key_block), true});
+  for (int64_t b = first_key / g.key_block * g.key_block; b < g.S; b += g.key_block) {
+    out.push_back({std::max(b, first_key), std::min(g.S, b + g.key_block), true});
+  }
   out.push_back({g.S, g.S + g.C, false});
   return out;
 }
@@ -193,13 +198,14 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     const at::Tensor doc = Upload(doc_start, q.device());
     at::Tensor out = at::empty({g.Hkv, g.G, g.C, g.D}, qg.options());
     at::Tensor lse = at::empty({g.Hkv, g.G, g.C}, qg.options());
+    const std::vector<Segment> segments = Segments(g, doc_cpu);
     for (const QueryBlock& b : QueryBlocks(g, doc_cpu)) {
       const int64_t B = b.i1 - b.i0;
       const at::Tensor qb = qg.slice(2, b.i0, b.i1).reshape({g.Hkv, b.rows(g), g.D});
       at::Tensor m = at::full({g.Hkv, b.rows(g), 1}, kNegInf, qb.options());
       at::Tensor l = at::zeros({g.Hkv, b.rows(g), 1}, qb.options());
       at::Tensor acc = at::zeros({g.Hkv, b.rows(g), g.D}, qb.options());
-      for (const Segment& s : Segments(g)) {
+      for (const Segment& s : segments) {
         if (!Visible(g, b, s)) continue;
         auto [ks, vs] = SegmentKv(s, past.get(), kc, vc, ct);
         const at::Tensor scores = Scores(g, b, s, qb, ks, doc);
@@ -236,14 +242,16 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     at::Tensor dqg = at::zeros_like(qg);
     at::Tensor dkc = at::zeros_like(kc), dvc = at::zeros_like(vc);
     const at::ScalarType acc_type = ct == at::kDouble ? at::kDouble : at::kFloat;
-    for (const QueryBlock& b : QueryBlocks(g, ctx->saved_data["doc_start_cpu"].toTensor())) {
+    const at::Tensor doc_cpu = ctx->saved_data["doc_start_cpu"].toTensor();
+    const std::vector<Segment> segments = Segments(g, doc_cpu);
+    for (const QueryBlock& b : QueryBlocks(g, doc_cpu)) {
       const int64_t B = b.i1 - b.i0, R = b.rows(g);
       const at::Tensor qb = qg.slice(2, b.i0, b.i1).reshape({g.Hkv, R, g.D});
       const at::Tensor dob = dog.slice(2, b.i0, b.i1).reshape({g.Hkv, R, g.D});
       const at::Tensor lb = lse.slice(2, b.i0, b.i1).reshape({g.Hkv, R, 1});
       const at::Tensor dib = di.slice(2, b.i0, b.i1).reshape({g.Hkv, R, 1});
       at::Tensor dqb = at::zeros_like(qb);
-      for (const Segment& s : Segments(g)) {
+      for (const Segment& s : segments) {
         if (!Visible(g, b, s)) continue;
         auto [ks, vs] = SegmentKv(s, past, kc, vc, ct);
         const at::Tensor p = at::exp(Scores(g, b, s, qb, ks, doc_start) - lb);

@@ -323,14 +323,29 @@ TEST_F(SecurityTest, InputWhoseMeaningWouldChangeIsRefused) {
 }
 
 // Item 9: every failure carries its reason as data (JobError.reason), also those that used to
-// have none: a corrupt safetensors file, an unknown LoRA target module.
+// have none: a corrupt safetensors file, a spec the model cannot run. An unknown LoRA target
+// module is refused at submit, naming the field.
 TEST_F(SecurityTest, EveryFailureHasAReason) {
   StartDaemon();
-  ASSERT_EQ(OombJson(ep(),
-                     "submit " + Spec("j").string() +
-                         " --job-id target --set method.lora.target_modules=[nope] --set resources.max_retries=2",
-                     tmp_->path())["name"],
-            "jobs/target");
+  const Result unknown = Cli("submit " + Spec("j").string() + " --set method.lora.target_modules=[nope]");
+  EXPECT_EQ(unknown.rc, 1) << unknown.err;
+  EXPECT_THAT(unknown.err, HasSubstr("method.lora.target_modules: unknown module 'nope'"));
+  // Sparse attention on a model with sliding-window layers (the tiny Llama made a Mistral with a
+  // window): accepted at submit, refused when the job starts.
+  const fs::path windowed = root() / "windowed";
+  fs::create_directories(windowed);
+  for (const auto& e : fs::directory_iterator(model())) fs::copy(e.path(), windowed / e.path().filename());
+  json config = json::parse(Slurp(windowed / "config.json"));
+  config["architectures"] = {"MistralForCausalLM"};
+  config["model_type"] = "mistral";
+  config["sliding_window"] = 8;
+  WriteFile(windowed / "config.json", config.dump());
+  const json submitted =
+      OombJson(ep(),
+               "submit " + Spec("j").string() + " --job-id target --set model.path=" + windowed.string() +
+                   " --set attention.mode=sparse --set resources.max_retries=2",
+               tmp_->path());
+  ASSERT_EQ(submitted["name"], "jobs/target") << submitted.dump();
   EXPECT_EQ(Cli("watch target").rc, 6);
   const json target = OombJson(ep(), "get target", tmp_->path());
   EXPECT_EQ(target["error"]["reason"], "BAD_SPEC") << target.dump();

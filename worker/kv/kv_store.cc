@@ -148,7 +148,8 @@ std::vector<int32_t> EntrySlots(const std::vector<PageId>& pages, const Selected
 
 }  // namespace
 
-KvStore::KvStore(KvPools pools, int64_t num_layers) : pools_(pools), table_(num_layers, pools.kv->shape().page_tokens) {
+KvStore::KvStore(KvPools pools, int64_t num_layers, PastReach reach)
+    : pools_(pools), table_(num_layers, pools.kv->shape().page_tokens, std::move(reach)) {
   TORCH_INTERNAL_ASSERT(!has_host() || pools_.copies != nullptr, "KvStore: host pools need a copy engine");
 }
 
@@ -271,14 +272,15 @@ absl::Status KvStore::Append(int64_t layer, const at::Tensor& k, const at::Tenso
   const at::Tensor vt = v.to(dtype).permute({1, 0, 2});
   if (!plan.page_aligned) {
     StorePartial(layer, start, kt, vt);
-    return absl::OkStatus();
+  } else {
+    // From a page's start (a chunk of whole pages): every page's image at once, zeros past the
+    // last token, stored to whichever tier each page is on.
+    const int64_t m = plan.new_pages;
+    const at::Tensor kv = at::constant_pad_nd(at::stack({kt, vt}), {0, 0, 0, m * P - plan.n});
+    const at::Tensor images = kv.view({2, kt.size(0), m, P, kt.size(2)}).permute({2, 0, 1, 3, 4}).contiguous();
+    StoreImages(PageKind::kKv, pages, images);
   }
-  // From a page's start (a chunk of whole pages): every page's image at once, zeros past the
-  // last token, stored to whichever tier each page is on.
-  const int64_t m = plan.new_pages;
-  const at::Tensor kv = at::constant_pad_nd(at::stack({kt, vt}), {0, 0, 0, m * P - plan.n});
-  const at::Tensor images = kv.view({2, kt.size(0), m, P, kt.size(2)}).permute({2, 0, 1, 3, 4}).contiguous();
-  StoreImages(PageKind::kKv, pages, images);
+  Free(table_.ReleaseUnreachable(layer));
   return absl::OkStatus();
 }
 
@@ -319,6 +321,8 @@ absl::StatusOr<KvStore::KvPair> KvStore::Read(int64_t layer, int64_t begin, int6
   const PageTable::Range r = table_.PagesOf(begin, end);
   const auto& all = table_.kv_pages(layer);
   const std::vector<PageId> ids(all.begin() + r.first, all.begin() + r.last);
+  TORCH_INTERNAL_ASSERT(std::all_of(ids.begin(), ids.end(), [](PageId id) { return id.valid(); }), "Read [", begin,
+                        ", ", end, ") of layer ", layer, ": a page no later chunk reads was released");
   const int64_t off = begin - r.first * table_.page_tokens();
   if (AllOnDevice(ids)) {
     auto [k, v] = kernels::GatherPages(pools_.kv->arena(), SlotTensor(ids, 0, ids.size(), pools_.kv->arena().device()));
@@ -520,7 +524,12 @@ void KvStore::AddSelectedGrads(int64_t layer, const kv_internal::Selected& selec
 }
 
 void KvStore::ReleaseFrom(int64_t token) {
-  const PageTable::Released released = table_.ReleaseFrom(token);
+  Free(table_.ReleaseFrom(token));
+  prefetched_.clear();
+}
+
+void KvStore::Free(const PageTable::Released& released) {
+  if (released.kv.empty() && released.grad.empty()) return;
   // No copy may still read or write a host page once it is freed (and zeroed on reuse); the
   // additions into earlier pages go on.
   if (has_host()) {
@@ -532,7 +541,8 @@ void KvStore::ReleaseFrom(int64_t token) {
       if (!freed.empty()) pools_.copies->FencePages(*Pool(kind, Tier::kHost), freed);
     }
   }
-  prefetched_.clear();
+  DropPrefetch(PageKind::kKv, released.kv);
+  DropPrefetch(PageKind::kKvGrad, released.grad);
   for (const PageId& id : released.kv) Pool(PageKind::kKv, id.tier())->Free(id);
   for (const PageId& id : released.grad) Pool(PageKind::kKvGrad, id.tier())->Free(id);
 }

@@ -58,7 +58,9 @@ class KvStore {
   using KvPair = std::pair<at::Tensor, at::Tensor>;
   static constexpr size_t kMaxPrefetches = 4;
 
-  KvStore(KvPools pools, int64_t num_layers);
+  // `reach`: which past pages later chunks read (sliding-window layers keep only those; see
+  // worker/paging/page_table.h); Append releases the others once full.
+  KvStore(KvPools pools, int64_t num_layers, PastReach reach = {});
   ~KvStore();  // releases every page
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
@@ -66,7 +68,8 @@ class KvStore {
   const PageTable& table() const { return table_; }
 
   // Appends one chunk's keys and values, [C, kv_heads, head_dim] each, after the layer's last
-  // token (converted to the pool's dtype). Nothing is allocated unless every page fits.
+  // token (converted to the pool's dtype). Nothing is allocated unless every page fits. Then
+  // frees the layer's full pages no later chunk reads (PastReach).
   absl::Status Append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
 
   // --- dense ---
@@ -122,6 +125,8 @@ class KvStore {
     PagesInFlight pages;
   };
   PagePool* Pool(PageKind kind, Tier tier) const;
+  // Frees released pages, once no copy reads or writes the host ones.
+  void Free(const PageTable::Released& released);
   bool has_host() const { return pools_.kv_host != nullptr || pools_.grad_host != nullptr; }
   absl::StatusOr<PageId> AllocatePage(PageKind kind);
   // The gradient page of the layer's page `page`: on its KV page's tier while there is room.

@@ -2,11 +2,49 @@
 
 #include <algorithm>
 #include <cassert>
+#include <map>
+#include <utility>
 
 namespace oomb {
 
-PageTable::PageTable(int64_t num_layers, int64_t page_tokens)
-    : page_tokens_(page_tokens), kv_(num_layers), grad_(num_layers), tokens_(num_layers, 0) {}
+bool PageReachable(int64_t page, int64_t page_tokens, int64_t window, int64_t chunk_tokens) {
+  if (window <= 0 || chunk_tokens <= 0) return true;
+  if (window == 1) return false;  // a query sees itself only
+  const int64_t next_start = (page * page_tokens / chunk_tokens + 1) * chunk_tokens;
+  return next_start <= (page + 1) * page_tokens - 1 + window - 1;
+}
+
+int64_t PagesKept(int64_t tokens, int64_t page_tokens, int64_t window, int64_t chunk_tokens) {
+  const int64_t full = tokens / page_tokens;
+  int64_t kept = tokens % page_tokens != 0 ? 1 : 0;
+  if (window <= 0 || chunk_tokens <= 0) return full + kept;
+  for (int64_t p = 0; p < full; ++p) kept += PageReachable(p, page_tokens, window, chunk_tokens) ? 1 : 0;
+  return kept;
+}
+
+int64_t SequencePagesBound(int64_t tokens, int64_t page_tokens, const PastReach& reach, int64_t num_layers) {
+  const int64_t all = (tokens + page_tokens - 1) / page_tokens;
+  const int64_t chunk = reach.chunk_tokens > 0 ? std::min(tokens, reach.chunk_tokens) : tokens;
+  std::map<int64_t, int64_t> layers_of;  // window -> layers
+  for (int64_t l = 0; l < num_layers; ++l) {
+    ++layers_of[l < static_cast<int64_t>(reach.windows.size()) ? reach.windows[l] : 0];
+  }
+  int64_t pages = 0, transient = 0;
+  for (const auto& [window, layers] : layers_of) {
+    const int64_t kept = PagesKept(tokens, page_tokens, window, reach.chunk_tokens);
+    pages += layers * (kept + 1);
+    transient = std::max(transient, std::min((chunk + page_tokens - 1) / page_tokens + 1, all - kept));
+  }
+  return pages + transient;
+}
+
+PageTable::PageTable(int64_t num_layers, int64_t page_tokens, PastReach reach)
+    : page_tokens_(page_tokens),
+      reach_(std::move(reach)),
+      checked_(num_layers, 0),
+      kv_(num_layers),
+      grad_(num_layers),
+      tokens_(num_layers, 0) {}
 
 PageTable::Range PageTable::PagesOf(int64_t begin, int64_t end) const {
   return {begin / page_tokens_, (end + page_tokens_ - 1) / page_tokens_};
@@ -30,12 +68,15 @@ void PageTable::CommitAppend(const AppendPlan& plan, const std::vector<PageId>& 
   tokens_[plan.layer] += plan.n;
 }
 
+bool PageTable::NeedsGradPage(int64_t layer, int64_t page) const {
+  return page < static_cast<int64_t>(grad_[layer].size()) && kv_[layer][page].valid() && !grad_[layer][page].valid() &&
+         !GradDropped(page);
+}
+
 std::vector<int64_t> PageTable::MissingGradPages(int64_t layer, Range pages) const {
   std::vector<int64_t> out;
   for (int64_t p = pages.first; p < pages.last; ++p) {
-    if (p < static_cast<int64_t>(grad_[layer].size()) && !grad_[layer][p].valid() && !GradDropped(p)) {
-      out.push_back(p);
-    }
+    if (NeedsGradPage(layer, p)) out.push_back(p);
   }
   return out;
 }
@@ -43,9 +84,7 @@ std::vector<int64_t> PageTable::MissingGradPages(int64_t layer, Range pages) con
 std::vector<int64_t> PageTable::MissingGradPages(int64_t layer, const std::vector<int64_t>& pages) const {
   std::vector<int64_t> out;
   for (const int64_t p : pages) {
-    if (p < static_cast<int64_t>(grad_[layer].size()) && !grad_[layer][p].valid() && !GradDropped(p)) {
-      out.push_back(p);
-    }
+    if (NeedsGradPage(layer, p)) out.push_back(p);
   }
   return out;
 }
@@ -79,6 +118,22 @@ PageTable::Released PageTable::ReleaseFrom(int64_t token) {
       }
     }
     tokens_[layer] = std::min(tokens_[layer], token);
+    checked_[layer] = std::min<int64_t>(checked_[layer], kv_[layer].size());
+  }
+  return out;
+}
+
+PageTable::Released PageTable::ReleaseUnreachable(int64_t layer) {
+  Released out;
+  const int64_t window = layer < static_cast<int64_t>(reach_.windows.size()) ? reach_.windows[layer] : 0;
+  if (window <= 0) return out;
+  const int64_t full = tokens_[layer] / page_tokens_;
+  for (int64_t& p = checked_[layer]; p < full; ++p) {
+    if (PageReachable(p, page_tokens_, window, reach_.chunk_tokens) || !kv_[layer][p].valid()) continue;
+    out.kv.push_back(kv_[layer][p]);
+    kv_[layer][p] = PageId();
+    if (grad_[layer][p].valid()) out.grad.push_back(grad_[layer][p]);
+    grad_[layer][p] = PageId();
   }
   return out;
 }

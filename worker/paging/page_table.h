@@ -8,6 +8,13 @@
 // Tables are append-only per layer, truncated from the end only by ReleaseFrom, in reverse
 // chunk order.
 //
+// Sliding windows (PastReach): a layer whose queries see only the last `window` keys keeps, of
+// its full pages, only those a later chunk's attention reads (PageReachable); ReleaseUnreachable
+// takes the others out as soon as they are full, leaving invalid ids in their place. A chunk
+// starting at token s reads its past from s - window + 1 on, in both stages, so the pages kept
+// are those within window - 1 tokens before a chunk start: about (window + page_tokens) /
+// chunk_tokens of the layer's pages, and no gradient page is ever made for the others.
+//
 // Thread-safety: none; one table per sequence, used by one training thread.
 #ifndef OOMB_WORKER_PAGING_PAGE_TABLE_H_
 #define OOMB_WORKER_PAGING_PAGE_TABLE_H_
@@ -19,9 +26,32 @@
 
 namespace oomb {
 
+// Which past tokens the attention of a layer's later chunks reads: all of them (window 0), or,
+// with chunks of chunk_tokens tokens (from token 0), those within window - 1 tokens before the
+// start of a later chunk.
+struct PastReach {
+  std::vector<int64_t> windows;  // per layer; empty: every layer attends its whole past
+  int64_t chunk_tokens = 0;
+};
+
+// Whether a later chunk reads any token of page `page` (tokens [page * page_tokens, (page + 1) *
+// page_tokens)) of a layer with a sliding window of `window` tokens (0: none): the first chunk
+// start after the page's first token, s, is at most window - 1 tokens past the page's last token
+// (a window of 1 reads no past).
+bool PageReachable(int64_t page, int64_t page_tokens, int64_t window, int64_t chunk_tokens);
+
+// The pages a layer holds once `tokens` tokens were appended: its reachable full pages and a
+// part-full last one (all ceil(tokens / page_tokens) of them without a window).
+int64_t PagesKept(int64_t tokens, int64_t page_tokens, int64_t window, int64_t chunk_tokens);
+
+// The most KV pages the table of a `tokens`-token sequence holds at once, in its `num_layers`
+// layers together: each layer's PagesKept + 1, and, with sliding windows, one chunk's pages
+// more (no more than a layer releases), which an append holds before the unread ones go.
+int64_t SequencePagesBound(int64_t tokens, int64_t page_tokens, const PastReach& reach, int64_t num_layers);
+
 class PageTable {
  public:
-  PageTable(int64_t num_layers, int64_t page_tokens);
+  PageTable(int64_t num_layers, int64_t page_tokens, PastReach reach = {});
 
   int64_t num_layers() const { return static_cast<int64_t>(tokens_.size()); }
   int64_t page_tokens() const { return page_tokens_; }
@@ -53,7 +83,8 @@ class PageTable {
   void CommitAppend(const AppendPlan& plan, const std::vector<PageId>& new_pages);
 
   // Of the layer's pages [first, last) (or of `pages`), those that need a gradient page: none
-  // yet, and their gradients not dropped. Pages past the layer's last are left out.
+  // yet, and their gradients not dropped. Pages past the layer's last, and released ones, are
+  // left out.
   std::vector<int64_t> MissingGradPages(int64_t layer, Range pages) const;
   std::vector<int64_t> MissingGradPages(int64_t layer, const std::vector<int64_t>& pages) const;
   void SetGradPage(int64_t layer, int64_t page, PageId id);
@@ -68,6 +99,10 @@ class PageTable {
   };
   Released ReleaseFrom(int64_t token);
 
+  // Takes out of `layer` its full pages that no later chunk reads (PastReach) and returns them
+  // (the caller frees them); none for a layer without a window.
+  Released ReleaseUnreachable(int64_t layer);
+
   // SpaCO: the gradients of tokens [begin, end) will never be read. A page all of whose tokens
   // are such never gets a gradient page (MissingGradPages leaves it out). Calls add up.
   void DropGradients(int64_t begin, int64_t end);
@@ -79,8 +114,12 @@ class PageTable {
   int64_t grad_pages_allocated() const;
 
  private:
+  bool NeedsGradPage(int64_t layer, int64_t page) const;
+
   int64_t page_tokens_;
-  std::vector<std::vector<PageId>> kv_;    // [layer][page]
+  PastReach reach_;
+  std::vector<int64_t> checked_;           // [layer]: pages before it were checked by ReleaseUnreachable
+  std::vector<std::vector<PageId>> kv_;    // [layer][page]; invalid where released
   std::vector<std::vector<PageId>> grad_;  // [layer][page]; invalid until first use
   std::vector<int64_t> tokens_;
   std::vector<bool> token_grad_dropped_;  // DropGradients, per token

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
 #include "worker/paging/page_id.h"
+#include "worker/paging/page_table.h"
 
 namespace oomb {
 namespace {
@@ -67,19 +69,42 @@ class Model {
   int64_t weights() const { return weights_; }
   int64_t trainable() const { return trainable_; }
 
-  // KV pages (model.dtype) for a sequence of T tokens: the executor's pools, layers *
-  // (ceil(T / P) + 1) pages, on the device and the host together.
-  int64_t KvPages(int64_t T) const { return c_.num_layers * (CeilDiv(T, spec_.memory.page_tokens) + 1); }
-  // KV-gradient pages: as many, but under SpaCO (backward.chunk_fraction p < 1) only the pages
-  // of the chunks stage 2 keeps get them (ChunkTrainer::DropUnreadGradients), and the plan
-  // makes room for SpacoKeptChunksBound of the sequence's chunks.
+  // KV pages (model.dtype) for a sequence of T tokens: the executor's pools, on the device and
+  // the host together; sliding-window layers hold only the pages later chunks read
+  // (worker/paging/page_table.h).
+  int64_t KvPages(int64_t T) const { return SequencePagesBound(T, spec_.memory.page_tokens, Reach(), c_.num_layers); }
+  PastReach Reach() const {
+    PastReach reach;
+    reach.chunk_tokens = spec_.memory.chunk_tokens;
+    for (int64_t l = 0; l < c_.num_layers; ++l) reach.windows.push_back(c_.AttentionWindow(l));
+    return reach;
+  }
+  // KV-gradient pages. A layer attending its whole past: as many as its KV pages, but under
+  // SpaCO (backward.chunk_fraction p < 1) only the pages of the chunks stage 2 keeps get them
+  // (ChunkTrainer::DropUnreadGradients), and the plan makes room for SpacoKeptChunksBound of the
+  // sequence's chunks. A sliding-window layer: stage 2 adds into the window before the chunk it
+  // backpropagates, reads those pages back in the chunks before and frees them (ReleaseFrom), so
+  // while chunk j runs, only tokens [s_j - W + 1, s_{j+1}) have gradient pages: the window
+  // before chunk j and the one before chunk j + 1, min(W + C, 2 W) tokens, and a page more at
+  // either end of each.
   int64_t GradPages(int64_t T) const {
     const double p = spec_.chunk_fraction;
-    if (p >= 1) return KvPages(T);
     const int64_t C = spec_.memory.chunk_tokens, P = spec_.memory.page_tokens;
     const int64_t per_chunk = C % P == 0 ? C / P : C / P + 2;  // the pages a chunk's tokens touch
-    const int64_t kept = SpacoKeptChunksBound(CeilDiv(T, C), p);
-    return std::min(KvPages(T), c_.num_layers * (kept * per_chunk + 1));
+    const int64_t global = p >= 1 ? CeilDiv(T, P) + 1
+                                  : std::min(CeilDiv(T, P) + 1, SpacoKeptChunksBound(CeilDiv(T, C), p) * per_chunk + 1);
+    int64_t pages = 0;
+    for (const auto& [window, layers] : WindowLayers()) {
+      const int64_t windows = CeilDiv(std::min(window + C, 2 * window), P) + 4;
+      pages += layers * (window > 0 ? std::min(PagesKept(T, P, window, C) + 1, windows) : global);
+    }
+    return pages;
+  }
+  // The layers of each attention window (0: the whole past).
+  std::map<int64_t, int64_t> WindowLayers() const {
+    std::map<int64_t, int64_t> out;
+    for (int64_t l = 0; l < c_.num_layers; ++l) ++out[c_.AttentionWindow(l)];
+    return out;
   }
   // One KV page (model.dtype), one KV-gradient page: bfloat16 when memory.kv_grad_dtype asks
   // and the model is bfloat16, else float32 (worker/kv/kv_pools.h, KvGradDtype).

@@ -3,6 +3,7 @@
 #include <ATen/DeviceAccelerator.h>
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,9 +29,15 @@ void OkOrThrow(const absl::Status& s) {
 // The past of one layer for one chunk, read from and accumulated into the KV store.
 class LayerPast final : public kernels::PastKv {
  public:
-  // `key_block`: the attention's key block (what a prefetch of the next layer brings in).
-  LayerPast(KvStore* store, int64_t layer, int64_t past_tokens, int64_t key_block)
-      : store_(store), layer_(layer), past_tokens_(past_tokens), key_block_(key_block) {}
+  // `key_block`: the attention's key block (what a prefetch of the next layer brings in, from
+  // `next_first_key`, the first key the next layer's attention reads in the direction of travel).
+  LayerPast(KvStore* store, int64_t layer, int64_t past_tokens, int64_t key_block,
+            std::array<int64_t, 2> next_first_key)
+      : store_(store),
+        layer_(layer),
+        past_tokens_(past_tokens),
+        key_block_(key_block),
+        next_first_key_(next_first_key) {}
   int64_t past_tokens() const override { return past_tokens_; }
   std::pair<at::Tensor, at::Tensor> Read(int64_t begin, int64_t end) override {
     return ValueOrThrow(store_->Read(layer_, begin, end));
@@ -46,7 +53,9 @@ class LayerPast final : public kernels::PastKv {
   void Finished(bool backward) override {
     const int64_t next = backward ? layer_ - 1 : layer_ + 1;
     if (next < 0) return;
-    OkOrThrow(store_->Prefetch(next, 0, std::min(past_tokens_, key_block_), backward));
+    const int64_t first = next_first_key_[backward ? 0 : 1];
+    OkOrThrow(
+        store_->Prefetch(next, first, std::min(past_tokens_, first / key_block_ * key_block_ + key_block_), backward));
   }
 
  private:
@@ -54,6 +63,7 @@ class LayerPast final : public kernels::PastKv {
   int64_t layer_;
   int64_t past_tokens_;
   int64_t key_block_;
+  std::array<int64_t, 2> next_first_key_;  // of the layer below, of the layer above
 };
 
 // How many layers ahead stage 2's sparse recompute prefetches (KvStore::kMaxPrefetches at most):
@@ -132,11 +142,22 @@ class DenseAttention final : public Attention {
   at::Tensor Attend(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     KvStore& store) const {
     std::shared_ptr<kernels::PastKv> past;
-    if (c.begin > 0) past = std::make_shared<LayerPast>(&store, layer, c.begin, key_block_);
+    if (c.begin > 0) {
+      past = std::make_shared<LayerPast>(&store, layer, c.begin, key_block_,
+                                         std::array<int64_t, 2>{FirstKey(c, layer - 1), FirstKey(c, layer + 1)});
+    }
     const int64_t window = config_.AttentionWindow(layer);
     const at::Tensor first_key =
         window > 0 ? kernels::SlidingWindowStart(c.doc_start_host, c.begin, window) : c.doc_start_host;
     return kernels::PagedAttention(q, k, v, first_key, past, key_block_, options_.gpu_attention_kernel);
+  }
+
+  // The first key the chunk's queries see in `layer` (its first query's): its document's start,
+  // or its window's.
+  int64_t FirstKey(const Chunk& c, int64_t layer) const {
+    const int64_t doc = c.doc_start_host.numel() > 0 ? c.doc_start_host[0].item<int64_t>() : c.begin;
+    const int64_t window = layer >= 0 && layer < config_.num_layers ? config_.AttentionWindow(layer) : 0;
+    return window > 0 ? std::max(doc, c.begin - window + 1) : doc;
   }
 
   const ModelConfig& config_;

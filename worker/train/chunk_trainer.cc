@@ -150,6 +150,14 @@ absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_
   return absl::OkStatus();
 }
 
+PastReach ChunkTrainer::Reach() const {
+  PastReach reach;
+  reach.chunk_tokens = options_.chunk_tokens;
+  for (int64_t l = 0; l < model_->config().num_layers; ++l)
+    reach.windows.push_back(model_->config().AttentionWindow(l));
+  return reach;
+}
+
 absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq, TokenScores* scores) {
   SequenceLoss loss;
   if (scores != nullptr) {
@@ -157,7 +165,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq
     scores->hit.assign(seq.size(), false);
   }
   const absl::Status s = Guarded([&]() -> absl::Status {
-    KvStore store(pools_, model_->config().num_layers);
+    KvStore store(pools_, model_->config().num_layers, Reach());
     OOMB_ASSIGN_OR_RETURN(loss, stage_one_.Run(seq, NumChunks(seq), /*with_loss=*/true, /*training=*/false, 0, store,
                                                /*clock=*/nullptr, /*times=*/nullptr, scores));
     return absl::OkStatus();
@@ -179,7 +187,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
   SequenceLoss loss;
   const absl::Status s = Guarded([&]() -> absl::Status {
     ChunkClock clock(model_->device());
-    KvStore store(pools_, model_->config().num_layers);
+    KvStore store(pools_, model_->config().num_layers, Reach());
     OOMB_ASSIGN_OR_RETURN(loss, RunStages(seq, loss_scale, dropout_seed, store, clock));
     return absl::OkStatus();
   });

@@ -105,6 +105,8 @@ class ChunkTrainer {
   // The sequence's chunks, and SpaCO's draw: whether stage 2 backpropagates chunk `index` under
   // `dropout_seed` (always, at chunk_fraction 1).
   int64_t NumChunks(const TokenSequence& seq) const;
+  // What later chunks read of each layer's past (sliding-window layers: the last window's tokens).
+  PastReach Reach() const;
   bool KeepChunk(int64_t index, uint64_t dropout_seed) const;
 
  private:

@@ -1,6 +1,7 @@
 // The page table (worker/paging/page_table.h), torch-free: appends planned then committed, page
 // ranges, gradient pages allocated once and only where kept, SpaCO's drops adding up, and
-// release from a token in every layer.
+// release from a token in every layer, and sliding-window layers keeping only the pages later
+// chunks read.
 #include "worker/paging/page_table.h"
 
 #include <gtest/gtest.h>
@@ -100,6 +101,60 @@ TEST(PageTableTest, ReleaseFromRemovesTheLaterPagesOfEveryLayer) {
   EXPECT_EQ(rest.kv.size(), 4u);
   EXPECT_EQ(rest.grad.size(), 1u);
   EXPECT_EQ(table.tokens(0), 0);
+}
+
+// PageReachable against its definition: some token t of the page is seen by the first query
+// of a later chunk, s - window < t < s, for every page, window and chunk size (windows below,
+// at and above the page and chunk sizes, none their multiples or all).
+TEST(PageTableTest, PageReachableIsWhatLaterChunksRead) {
+  for (const int64_t P : {1, 3, 8}) {
+    for (const int64_t C : {1, 5, 8, 13, 32}) {
+      for (const int64_t W : {1, 2, 7, 8, 11, 40}) {
+        for (int64_t p = 0; p < 30; ++p) {
+          bool read = false;
+          for (int64_t s = C; s <= (p + 1) * P + W + C; s += C) {
+            for (int64_t t = p * P; t < (p + 1) * P; ++t) read |= s - W < t && t < s;
+          }
+          EXPECT_EQ(PageReachable(p, P, W, C), read) << "page " << p << " P " << P << " C " << C << " W " << W;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(PageReachable(0, 4, /*window=*/0, 8));  // no window: every page
+}
+
+// A layer with a window of 5, chunks of 8, pages of 2: after each chunk's append, the full
+// pages no later chunk reads are taken out (invalid ids stay in their place) and get no
+// gradient page; the other layer keeps all. ReleaseFrom then frees what is left.
+TEST(PageTableTest, SlidingWindowLayersReleaseWhatNoLaterChunkReads) {
+  PageTable table(2, 2, PastReach{.windows = {5, 0}, .chunk_tokens = 8});
+  uint32_t slot = 0;
+  std::vector<PageId> released;
+  for (int chunk = 0; chunk < 3; ++chunk) {
+    for (int64_t layer = 0; layer < 2; ++layer) {
+      const PageTable::AppendPlan plan = table.PlanAppend(layer, 8);
+      std::vector<PageId> ids;
+      for (int64_t i = 0; i < plan.new_pages; ++i) ids.emplace_back(Tier::kDevice, slot++);
+      table.CommitAppend(plan, ids);
+      const PageTable::Released r = table.ReleaseUnreachable(layer);
+      if (layer == 1) {
+        EXPECT_TRUE(r.kv.empty());
+      }
+      released.insert(released.end(), r.kv.begin(), r.kv.end());
+    }
+  }
+  // Chunk starts 8 and 16 read tokens 4..7 and 12..15 (pages 2, 3 and 6, 7); a chunk at 24
+  // would read pages 10, 11. Pages 0, 1, 4, 5, 8, 9 of layer 0 went.
+  std::vector<bool> valid;
+  for (const PageId& id : table.kv_pages(0)) valid.push_back(id.valid());
+  EXPECT_EQ(valid, (std::vector<bool>{false, false, true, true, false, false, true, true, false, false, true, true}));
+  EXPECT_EQ(released.size(), 6u);
+  EXPECT_EQ(PagesKept(24, 2, 5, 8), 6);
+  EXPECT_EQ(PagesKept(24, 2, 0, 8), 12);
+  EXPECT_EQ(table.MissingGradPages(0, PageTable::Range{0, 12}), (std::vector<int64_t>{2, 3, 6, 7, 10, 11}));
+  EXPECT_EQ(table.MissingGradPages(1, PageTable::Range{0, 12}).size(), 12u);
+  const PageTable::Released rest = table.ReleaseFrom(0);
+  EXPECT_EQ(rest.kv.size(), 6u + 12u);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/worker/tiny_model.h"
+#include "worker/paging/page_table.h"
 #include "worker/plan/memory_planner.h"
 #include "worker/session/training_session.h"
 #include "worker/train/chunk_trainer.h"
@@ -90,10 +91,21 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   const PagePool& kv = *(*session)->pools().kv;
   const PagePool& grad = *(*session)->pools().grad;
   const int64_t P = spec.memory.page_tokens;
-  EXPECT_EQ(kv.stats().capacity_pages, c.num_layers * ((k.tokens + P - 1) / P + 1));
+  // Every layer attending its whole past: ceil(T / P) + 1 pages; sliding-window layers fewer.
+  PastReach reach{.windows = {}, .chunk_tokens = spec.memory.chunk_tokens};
+  for (int64_t l = 0; l < c.num_layers; ++l) reach.windows.push_back(c.AttentionWindow(l));
+  const int64_t all_pages = c.num_layers * ((k.tokens + P - 1) / P + 1);
+  EXPECT_EQ(kv.stats().capacity_pages, SequencePagesBound(k.tokens, P, reach, c.num_layers));
+  if (!c.has_sliding_layers()) {
+    EXPECT_EQ(kv.stats().capacity_pages, all_pages);
+  }
+  if (std::string(k.name) == "gemma_c256") {   // a window of 100 before chunks of 256: 8 of 16 pages
+    EXPECT_EQ(kv.stats().capacity_pages, 31);  // 17 (global layer) + 8 + 1 kept + 5 (a chunk, appended)
+  }
   EXPECT_EQ(plan->kv_bytes, (kv.stats().capacity_pages + grad.stats().capacity_pages) * kv.stats().bytes_per_page);
 
   ChunkTrainer& trainer = (*session)->trainer();
+  // (The trainer fails with RESOURCE_EXHAUSTED if the pools are smaller than what it holds.)
   const auto docs = testing::RandomDocs(1, k.tokens, k.tokens, c.vocab_size, 7);
   // Twice: the first sequence also allocates the parameters' .grad, which the plan counts as
   // trainable state, not activations.
