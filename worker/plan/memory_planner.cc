@@ -124,7 +124,7 @@ class Model {
   // RMSNorms only when their weights are frozen):
   //   two RMSNorms: the input and the normalised output (dtype) and a float32 rstd a row
   //   nothing of RoPE's
-  //   the MLP's gate, up and silu(gate) * up
+  //   the MLP's gate, up and silu(gate) * up (Gemma's GELU-tanh: as the composite ops)
   // and either way:
   //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
   //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
@@ -144,7 +144,7 @@ class Model {
     if (c_.qk_norm) {
       per_token += fused_norms ? e_ * (Q + KV) + kF32 * (c_.num_heads + c_.num_kv_heads) : (kF32 + e_) * (Q + KV);
     }
-    per_token += (fused ? 3 : 4) * e_ * I;
+    per_token += (fused && !c_.gemma_layers ? 3 : 4) * e_ * I;  // Gemma's GELU is not the fused kernel
     if (spec_.method.type != TrainMethod::kFull) {
       for (const LinearLayer& l : LoraLayers(c_, spec_.method.lora)) {
         per_token += e_ * spec_.method.lora.rank;
