@@ -44,6 +44,57 @@ std::vector<std::string> TinyModels() {
 
 class TinyModelParityTest : public ::testing::TestWithParam<std::string> {};
 
+// The chunked trainer of `model` for sequences of up to T tokens: chunks of 13 over pages of 8.
+struct Chunked {
+  Chunked(const Transformer& model, int64_t T) {
+    const ModelConfig& c = model.config();
+    const PageShape shape{c.num_kv_heads, 8, c.head_dim};
+    const int64_t pages = c.num_layers * (T / 8 + 2);
+    kv = PagePool::Create(PageKind::kKv, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages).value();
+    grad =
+        PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages).value();
+    ChunkTrainerOptions options;
+    options.chunk_tokens = 13;
+    trainer = std::make_unique<ChunkTrainer>(&model, kv.get(), grad.get(), options);
+  }
+  std::unique_ptr<PagePool> kv, grad;
+  std::unique_ptr<ChunkTrainer> trainer;
+};
+
+// `ids` [T] as one document.
+TokenSequence Document(const at::Tensor& ids) {
+  return TokenSequence::FromDocument(
+      std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.size(0)));
+}
+
+// One chunk of the whole sequence `ids` (positions from 0, one document).
+ChunkInput WholeSequence(const at::Tensor& ids) {
+  const int64_t T = ids.size(0);
+  ChunkInput in;
+  in.ids = ids;
+  in.positions = at::arange(T, at::kLong);
+  in.doc_start = at::zeros({T}, at::kLong);
+  in.rope_seq_len = T;
+  return in;
+}
+
+// The attention of `layer` over the whole sequence (no past), windowed where the layer is.
+at::Tensor WholeSequenceAttention(const Transformer& model, const ChunkInput& in, int64_t layer, const at::Tensor& q,
+                                  const at::Tensor& k, const at::Tensor& v) {
+  const int64_t window = model.config().AttentionWindow(layer);
+  return kernels::PagedAttention(
+      q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr);
+}
+
+// The logits of one forward over the whole sequence through the paged attention.
+at::Tensor WholeSequenceLogits(const Transformer& model, const ChunkInput& in) {
+  const at::Tensor hidden =
+      model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return WholeSequenceAttention(model, in, layer, q, k, v);
+      });
+  return at::matmul(hidden, model.lm_head().t());
+}
+
 TEST_P(TinyModelParityTest, LogitsAndLossMatchTransformers) {
   const std::string dir = testing::DataDir() + "/tiny/" + GetParam();
   auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
@@ -56,34 +107,15 @@ TEST_P(TinyModelParityTest, LogitsAndLossMatchTransformers) {
   const int64_t T = ids.size(0);
 
   // One forward over the whole sequence through the paged attention (no past).
-  ChunkInput in;
-  in.ids = ids;
-  in.positions = at::arange(T, at::kLong);
-  in.doc_start = at::zeros({T}, at::kLong);
-  in.rope_seq_len = T;
   at::NoGradGuard no_grad;
-  const at::Tensor hidden =
-      (*model)->Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        const int64_t window = (*model)->config().AttentionWindow(layer);
-        return kernels::PagedAttention(
-            q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr);
-      });
-  const at::Tensor logits = at::matmul(hidden, (*model)->lm_head().t());
+  const at::Tensor logits = WholeSequenceLogits(**model, WholeSequence(ids));
   const double max_diff = (logits - want_logits).abs().max().item<double>();
   EXPECT_LE(max_diff, 1e-4) << GetParam();
 
   // Chunked (chunks of 13 over pages of 8) gives the same mean loss as transformers.
-  const ModelConfig& c = (*model)->config();
-  const PageShape shape{c.num_kv_heads, 8, c.head_dim};
-  const int64_t pages = c.num_layers * (T / 8 + 2);
-  auto kv = PagePool::Create(PageKind::kKv, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
-  auto grad = PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
-  ASSERT_TRUE(kv.ok() && grad.ok());
-  ChunkTrainerOptions options;
-  options.chunk_tokens = 13;
-  ChunkTrainer trainer(model->get(), kv->get(), grad->get(), options);
-  const TokenSequence seq =
-      TokenSequence::FromDocument(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + T));
+  Chunked chunked(**model, T);
+  ChunkTrainer& trainer = *chunked.trainer;
+  const TokenSequence seq = Document(ids);
   auto loss = trainer.EvalSequence(seq);
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_NEAR(loss->loss_sum / loss->label_tokens, want_loss, 1e-5) << GetParam();
@@ -111,21 +143,13 @@ TEST_P(TinyModelParityTest, LoraGradientsMatchTransformersAndPeft) {
   ASSERT_EQ(params.size() + 2, (*ref)->names().size()) << "one reference gradient per LoRA weight";
 
   // Autograd over one full-sequence forward, from the input embeddings.
-  ChunkInput in;
-  in.ids = ids;
-  in.positions = at::arange(T, at::kLong);
-  in.doc_start = at::zeros({T}, at::kLong);
-  in.rope_seq_len = T;
+  const ChunkInput in = WholeSequence(ids);
   Transformer::Cursor cursor = (*model)->Begin(in);
   const at::Tensor embeds = cursor.h.detach().requires_grad_(true);
   cursor.h = embeds;
   while (cursor.layer < (*model)->config().num_layers) {
     const auto [q, k, v] = (*model)->AttentionInputs(cursor);
-    const int64_t window = (*model)->config().AttentionWindow(cursor.layer);
-    (*model)->FinishLayer(
-        cursor,
-        kernels::PagedAttention(
-            q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr));
+    (*model)->FinishLayer(cursor, WholeSequenceAttention(**model, in, cursor.layer, q, k, v));
   }
   const at::Tensor logits = at::matmul((*model)->End(cursor), (*model)->lm_head().t());
   const at::Tensor loss = at::cross_entropy_loss(logits.slice(0, 0, T - 1), ids.slice(0, 1));
@@ -140,17 +164,9 @@ TEST_P(TinyModelParityTest, LoraGradientsMatchTransformersAndPeft) {
   }
 
   // The chunked trainer: the same gradients.
-  const ModelConfig& c = (*model)->config();
-  const PageShape shape{c.num_kv_heads, 8, c.head_dim};
-  const int64_t pages = c.num_layers * (T / 8 + 2);
-  auto kv = PagePool::Create(PageKind::kKv, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
-  auto grad = PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, at::TensorOptions().dtype(at::kFloat), pages);
-  ASSERT_TRUE(kv.ok() && grad.ok());
-  ChunkTrainerOptions options;
-  options.chunk_tokens = 13;
-  ChunkTrainer trainer(model->get(), kv->get(), grad->get(), options);
-  const TokenSequence seq =
-      TokenSequence::FromDocument(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + T));
+  Chunked chunked(**model, T);
+  ChunkTrainer& trainer = *chunked.trainer;
+  const TokenSequence seq = Document(ids);
   auto trained = trainer.TrainSequence(seq, 1.0 / static_cast<double>(T - 1), 0);
   ASSERT_TRUE(trained.ok()) << trained.status();
   for (const auto& [name, p] : params) {
@@ -180,19 +196,8 @@ TEST_P(TinyModelParityTest, SavedAdapterLoadsInPeft) {
   ASSERT_TRUE(ref.ok());
   const at::Tensor ids = ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0];
   const int64_t T = ids.size(0);
-  ChunkInput in;
-  in.ids = ids;
-  in.positions = at::arange(T, at::kLong);
-  in.doc_start = at::zeros({T}, at::kLong);
-  in.rope_seq_len = T;
   at::NoGradGuard no_grad;
-  const at::Tensor hidden =
-      (*model)->Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        const int64_t window = (*model)->config().AttentionWindow(layer);
-        return kernels::PagedAttention(
-            q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr);
-      });
-  const at::Tensor logits = at::matmul(hidden, (*model)->lm_head().t()).contiguous();
+  const at::Tensor logits = WholeSequenceLogits(**model, WholeSequence(ids)).contiguous();
   TensorView v;
   v.name = "logits";
   v.dtype = DType::kF32;
