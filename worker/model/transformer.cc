@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -129,6 +130,17 @@ std::string StoredName(const ModelConfig& c, const WeightSet& weights, const std
 // PEFT's name of the module transformers' language model calls `name` ("model.layers.0...").
 std::string PeftModuleName(const ModelConfig& c, const std::string& name) {
   return c.multimodal_text ? "model.language_model." + name.substr(std::string("model.").size()) : name;
+}
+
+// Whether `text` (a regular expression over module names) names `module` as a whole word.
+bool NamesModule(const std::string& text, const std::string& module) {
+  for (size_t at = text.find(module); at != std::string::npos; at = text.find(module, at + 1)) {
+    const auto word = [&](size_t i) {
+      return i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) != 0 || text[i] == '_');
+    };
+    if ((at == 0 || !word(at - 1)) && !word(at + module.size())) return true;
+  }
+  return false;
 }
 
 // adapter_config.json's target_modules: the module names; for a vision-language checkpoint a
@@ -263,8 +275,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
   }
   std::vector<std::string> unexpected;
   for (const std::string& n : weights->names()) {
-    const bool other_model =
-        config.multimodal_text && n.rfind(prefix, 0) != 0 && n.find("lm_head.") == std::string::npos;
+    // A vision-language checkpoint's other tensors (vision tower, projector, a tied head) stay.
+    const bool other_model = config.multimodal_text && n.rfind(prefix, 0) != 0;
     if (!used.count(n) && !other_model && n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
   }
   if (!unexpected.empty()) {
@@ -401,7 +413,7 @@ absl::Status Transformer::LoadAdapter(const Dir& adapter) {
     if (targets.is_string()) {  // a regular expression over module names: the model's layers it names
       lora.target_modules.clear();
       for (const LinearLayer& l : LinearLayers(config_)) {
-        if (targets.get<std::string>().find(l.name) != std::string::npos) lora.target_modules.emplace_back(l.name);
+        if (NamesModule(targets.get<std::string>(), l.name)) lora.target_modules.emplace_back(l.name);
       }
     } else {
       lora.target_modules = targets.get<std::vector<std::string>>();
