@@ -10,7 +10,9 @@
 //   out:        [C, num_heads, head_dim]
 //
 // Query i (global index S + i) attends to key j (global index) iff doc_start[i] <= j <= S + i:
-// causal inside the chunk, no attention across packed documents, the past through `PastKv`.
+// causal inside the chunk, no attention across packed documents, the past through `PastKv`,
+// which is read from the smallest doc_start on only (a sliding window's first keys passed as
+// doc_start: what lies before may have been released).
 // Softmax scale 1/sqrt(head_dim). GQA: query head h reads KV head h / (num_heads / kv_heads).
 //
 // Autograd (ARCHITECTURE.md §3): forward saves only chunk-local tensors (q, k, v, out, the
