@@ -103,6 +103,12 @@ struct ModelConfig {
     return layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer] ? sliding_window : 0;
   }
   bool has_sliding_layers() const { return sliding_window > 0 && !sliding_layers.empty(); }
+  // AttentionWindow of every layer, in order.
+  std::vector<int64_t> AttentionWindows() const {
+    std::vector<int64_t> out;
+    for (int64_t l = 0; l < num_layers; ++l) out.push_back(AttentionWindow(l));
+    return out;
+  }
 };
 
 // One linear layer of a decoder layer: its module name as PEFT targets it, whether it is in

@@ -74,10 +74,7 @@ class Model {
   // (worker/paging/page_table.h).
   int64_t KvPages(int64_t T) const { return SequencePagesBound(T, spec_.memory.page_tokens, Reach(), c_.num_layers); }
   PastReach Reach() const {
-    PastReach reach;
-    reach.chunk_tokens = spec_.memory.chunk_tokens;
-    for (int64_t l = 0; l < c_.num_layers; ++l) reach.windows.push_back(c_.AttentionWindow(l));
-    return reach;
+    return PastReach{.windows = c_.AttentionWindows(), .chunk_tokens = spec_.memory.chunk_tokens};
   }
   // KV-gradient pages. A layer attending its whole past: as many as its KV pages, but under
   // SpaCO (backward.chunk_fraction p < 1) only the pages of the chunks stage 2 keeps get them

@@ -151,11 +151,7 @@ absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_
 }
 
 PastReach ChunkTrainer::Reach() const {
-  PastReach reach;
-  reach.chunk_tokens = options_.chunk_tokens;
-  for (int64_t l = 0; l < model_->config().num_layers; ++l)
-    reach.windows.push_back(model_->config().AttentionWindow(l));
-  return reach;
+  return PastReach{.windows = model_->config().AttentionWindows(), .chunk_tokens = options_.chunk_tokens};
 }
 
 absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq, TokenScores* scores) {

@@ -92,8 +92,7 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   const PagePool& grad = *(*session)->pools().grad;
   const int64_t P = spec.memory.page_tokens;
   // Every layer attending its whole past: ceil(T / P) + 1 pages; sliding-window layers fewer.
-  PastReach reach{.windows = {}, .chunk_tokens = spec.memory.chunk_tokens};
-  for (int64_t l = 0; l < c.num_layers; ++l) reach.windows.push_back(c.AttentionWindow(l));
+  const PastReach reach{.windows = c.AttentionWindows(), .chunk_tokens = spec.memory.chunk_tokens};
   const int64_t all_pages = c.num_layers * ((k.tokens + P - 1) / P + 1);
   EXPECT_EQ(kv.stats().capacity_pages, SequencePagesBound(k.tokens, P, reach, c.num_layers));
   if (!c.has_sliding_layers()) {

@@ -205,8 +205,7 @@ TEST_P(ChunkTrainerExactnessTest, ChunkedGradientsEqualFullSequenceGradients) {
       EXPECT_LE(err, tolerance) << "chunk " << chunk << " page " << page << ": worst " << worst;
       std::cout << "chunk " << chunk << " page " << page << ": max relative gradient error " << err << "\n";
       // A sliding-window layer held only the pages later chunks read.
-      PastReach reach{.windows = {}, .chunk_tokens = chunk};
-      for (int64_t l = 0; l < config.num_layers; ++l) reach.windows.push_back(config.AttentionWindow(l));
+      const PastReach reach{.windows = config.AttentionWindows(), .chunk_tokens = chunk};
       EXPECT_LE(pools.kv->stats().peak_used_pages, SequencePagesBound(T, page, reach, config.num_layers));
       if (config.has_sliding_layers() && chunk == 16 && page == 3) {
         EXPECT_LT(pools.kv->stats().peak_used_pages, config.num_layers * ((T + page - 1) / page));
