@@ -17,7 +17,8 @@
 // L layers; causal attention; the recomputation is not counted).
 // --grad-check T: LoRA gradients of a bfloat16 run against a float32 run of the same weights
 // (the chunked trainer is exact, so the float32 run is the float32 reference), reported as
-// cosine similarity and relative error.
+// cosine similarity and relative error; and against the same bfloat16 run with --swap the other
+// way ("swap_vs_recompute": stage 2 replaying stage 1's attention results, or recomputing them).
 //
 // --sparse-budget B: page-level sparse attention (page_budget B, sink 1, local 4, --selection
 // mean_key | min_max); model FLOPs then count the attention's query-key pairs attended, and the
@@ -25,6 +26,8 @@
 //
 // --kv-grad-dtype float32 | bfloat16: the KV-gradient pages' storage (the grad check's float32
 // reference keeps float32 pages).
+// --swap on | off: memory.swap_attention (worker/train/attention_swap.h); the line carries the
+// bytes and chunks the step swapped and the plan's ("planned_swap_bytes", "planned_swap_chunks").
 // --kv-offload none | auto | host: where the pages go, as the job spec's memory.kv_offload, placed
 // by the memory planner for this machine (device and host memory). The line then carries the
 // pages on each tier, the pinned host bytes, the bytes the copy engine moved each way in the
@@ -49,6 +52,12 @@
 // backpropagates each chunk with probability p. The line then carries the chunks kept, and model
 // FLOPs count the backward of the kept tokens only: (2 T + 4 T_kept) / (6 T) of the exact count.
 //
+// --fit-check K: for lengths whose whole step takes too long to time (1M tokens dense: about
+// 30 minutes on an H100), stage 1 of the whole sequence and the first K chunks of stage 2, where
+// the device and host peaks are, then a stop (no optimizer step); the line's "fit_check" holds
+// stage 1's seconds and rate, stage 2's chunk seconds and the measured host bytes (host-tier
+// pages at their peak plus the swap's records), beside the plan's peaks.
+//
 // --lengths takes "max" beside numbers: the memory planner's longest context for the configuration
 // on this machine (what the planned_max_seq_len field reports), so a call need not know it.
 //
@@ -64,8 +73,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -228,6 +240,7 @@ struct BenchSpec {
   int64_t rank = 16, chunk = 4096, page = 128, sparse_budget = 0;
   double chunk_fraction = 1.0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
+  bool swap = true;  // memory.swap_attention
   kernels::GpuAttentionKernel AttentionKernel() const {
     return attention_kernel == "flash" ? kernels::GpuAttentionKernel::kFlash : kernels::GpuAttentionKernel::kCudnn;
   }
@@ -242,6 +255,7 @@ struct BenchSpec {
                              : offload == "auto" ? KvOffload::kAuto
                                                  : KvOffload::kNone;
     spec.memory.kv_grad_dtype = kv_grad_dtype == "bfloat16" ? KvGradDtype::kBFloat16 : KvGradDtype::kFloat32;
+    spec.memory.swap_attention = swap;
     spec.data.max_seq_len = T;
     spec.chunk_fraction = chunk_fraction;
     if (sparse_budget > 0) {
@@ -257,8 +271,9 @@ struct BenchSpec {
 
 // A session (plan, pools, trainer, AdamW) for sequences of T tokens on `m`.
 absl::StatusOr<std::unique_ptr<TrainingSession>> MakeSession(Transformer& m, int64_t T, const BenchSpec& b,
-                                                             at::Device d) {
+                                                             at::Device d, std::function<bool()> should_stop = {}) {
   SessionOptions o;
+  o.should_stop = std::move(should_stop);
   o.device = d;
   o.machine = ThisMachine(d.is_cuda() ? "cuda:0" : "cpu");
   o.longest_sequence = T;
@@ -271,8 +286,8 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> MakeSession(Transformer& m, int
 absl::StatusOr<int64_t> ResolveLength(const std::string& length, const ModelConfig& c, const BenchSpec& b,
                                       at::Device d) {
   if (length == "max") {
-    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan,
-                          PlanMemory(c, b.At(b.chunk), ThisMachine(d.is_cuda() ? "cuda:0" : "cpu")));
+    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(c, b.At(b.chunk > 0 ? b.chunk : kAutoChunkMax),
+                                                            ThisMachine(d.is_cuda() ? "cuda:0" : "cpu")));
     if (plan.max_seq_len_that_fits <= 0) return absl::ResourceExhaustedError(plan.limit);
     return plan.max_seq_len_that_fits;
   }
@@ -294,7 +309,7 @@ int PrintPlans(const std::string& model, const ModelConfig& c, const BenchSpec& 
   }
   const PlanTarget target{.device = "cuda:0", .device_bytes = device_mib << 20, .host_bytes = host_mib << 20};
   for (const std::string& length : lengths) {
-    int64_t T = b.chunk;
+    int64_t T = b.chunk > 0 ? b.chunk : kAutoChunkMax;
     if (length != "max" && (!absl::SimpleAtoi(length, &T) || T <= 0)) {
       std::cerr << "--lengths " << length << ": expected a positive number of tokens or \"max\"" << std::endl;
       return 2;
@@ -313,6 +328,8 @@ int PrintPlans(const std::string& model, const ModelConfig& c, const BenchSpec& 
                                 {"device_mib", device_mib},
                                 {"host_mib", host_mib},
                                 {"fits", plan->fits},
+                                {"chunk", plan->chunk_tokens},
+                                {"planned_swap_chunks", plan->swap_chunks},
                                 {"planned_peak_bytes", plan->peak_device_bytes},
                                 {"planned_host_bytes", plan->peak_host_bytes},
                                 {"kv_bytes_per_token", plan->kv_bytes_per_token},
@@ -413,6 +430,21 @@ std::map<std::string, at::Tensor> LoraGrads(Transformer& m, int64_t T, BenchSpec
   return g;
 }
 
+// Cosine similarity and relative error ||got - want|| / ||want|| over the gradients `want` has.
+nlohmann::json CompareGrads(const std::map<std::string, at::Tensor>& got,
+                            const std::map<std::string, at::Tensor>& want) {
+  double dot = 0, n_got = 0, n_want = 0, diff = 0;
+  for (const auto& [name, a] : want) {
+    if (!got.count(name)) continue;
+    const at::Tensor& b = got.at(name);
+    dot += (a * b).sum().item<double>();
+    n_got += (b * b).sum().item<double>();
+    n_want += (a * a).sum().item<double>();
+    diff += ((a - b) * (a - b)).sum().item<double>();
+  }
+  return {{"cosine", dot / std::sqrt(n_got * n_want)}, {"relative_error", std::sqrt(diff / n_want)}};
+}
+
 // How a length is measured, beyond the configuration (see the header's flags).
 struct Measurement {
   bool sections = false;
@@ -420,6 +452,7 @@ struct Measurement {
   std::map<int64_t, std::pair<double, double>> trace_windows;  // length -> (start, seconds)
   std::string kernel_trace_dir = ".";
   double peak_tflops = 0;  // the measured bf16 matmul rate; 0: no MFU
+  int64_t fit_check = 0;   // --fit-check K: stage 1 and K chunks of stage 2 instead of a step
 };
 
 // Runs the measured step under what `how` asks for (profiler, kernel trace, or nothing).
@@ -455,6 +488,9 @@ void AddPlan(const MemoryPlan& plan, at::Device d, nlohmann::json& r) {
   r["planned_over_measured"] = static_cast<double>(plan.peak_device_bytes) / PeakBytes(d);
   r["planned_host_bytes"] = plan.peak_host_bytes;
   r["planned_max_seq_len"] = plan.max_seq_len_that_fits;
+  r["chunk"] = plan.chunk_tokens;
+  r["planned_swap_bytes"] = plan.swap_bytes;
+  r["planned_swap_chunks"] = plan.swap_chunks;
 }
 
 // The step's numbers: time, rate, memory, traffic, model FLOPs (the session's count: sparse, the
@@ -477,8 +513,48 @@ void AddStep(const StepResult& step, int64_t T, const BenchSpec& bench, const Me
   r["host_kv_peak_bytes"] = step.memory.host_kv_peak_bytes;
   r["h2d_bytes"] = step.memory.bytes_to_device;
   r["d2h_bytes"] = step.memory.bytes_to_host;
+  r["swapped_bytes"] = step.report.swapped_bytes;
+  r["swapped_chunks"] = step.report.swapped_chunks;
   r["model_tflops"] = step.report.model_flops / s / 1e12;
   if (how.peak_tflops > 0) r["mfu"] = step.report.model_flops / s / 1e12 / how.peak_tflops;
+}
+
+// Stops a sequence at the trainer's `limit`-th chunk boundary (both stages count; stage 1 of
+// dense exact training runs chunks 0..N-2, stage 2 then goes from chunk N-1 down).
+struct ChunkLimit {
+  int64_t calls = 0;
+  int64_t limit = std::numeric_limits<int64_t>::max();
+};
+
+// --fit-check K: stage 1 of the whole sequence, then the first K chunks of stage 2 (the
+// sequence's last, whose backward gives every past page its gradient page: the peaks), stopped
+// there with no optimizer step. The measured device and host peaks beside the plan's, and stage
+// 1's rate.
+void FitCheck(TrainingSession& session, int64_t T, int64_t k, ChunkLimit& stop, at::Device d, nlohmann::json& r) {
+  ChunkTrainer& trainer = session.trainer();
+  const TokenSequence seq = RandomSequence(T, session.model().config().vocab_size, 1);
+  const int64_t n = trainer.NumChunks(seq), C = session.plan().chunk_tokens;
+  stop.calls = 0;
+  stop.limit = n - 1 + k;
+  Sync(d);
+  const auto start = std::chrono::steady_clock::now();
+  const absl::StatusOr<SequenceLoss> loss = trainer.TrainSequence(seq, 1.0 / static_cast<double>(T), 0);
+  Sync(d);
+  stop.limit = std::numeric_limits<int64_t>::max();
+  if (!loss.ok() && !absl::IsCancelled(loss.status())) throw std::runtime_error(std::string(loss.status().message()));
+  const ChunkTimes& times = trainer.chunk_times();
+  double stage1 = 0;
+  for (const double t : times.forward) stage1 += t;
+  const TrainerMemory& mem = trainer.memory();
+  r["fit_check"] = {{"stage2_chunks", times.backward.size()},
+                    {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
+                    {"stage1_s", stage1},
+                    {"stage1_tok_s", stage1 > 0 ? static_cast<double>(std::min(T, (n - 1) * C)) / stage1 : 0},
+                    {"stage2_chunk_s", times.backward},
+                    {"swapped_bytes", mem.swapped_bytes},
+                    {"measured_host_bytes", mem.host_kv_peak_bytes + mem.swap_host_bytes}};
+  r["peak_bytes"] = PeakBytes(d);
+  r["host_kv_peak_bytes"] = mem.host_kv_peak_bytes;
 }
 
 // One length: a session for it, the warm-up step, the measured step; one JSON line.
@@ -486,12 +562,19 @@ nlohmann::json MeasureLength(Transformer& m, int64_t T, const BenchSpec& bench, 
   nlohmann::json r = {{"S", T}};
   try {
     EmptyCache(d);
-    auto session = MakeSession(m, T, bench, d);
+    auto stop = std::make_shared<ChunkLimit>();
+    auto session = MakeSession(m, T, bench, d, [stop] { return ++stop->calls >= stop->limit; });
     if (!session.ok()) throw std::runtime_error(std::string(session.status().message()));
-    auto warm = Step(**session, std::min<int64_t>(T, 3 * bench.chunk), d);  // kernels, allocator
+    auto warm = Step(**session, std::min<int64_t>(T, 3 * (*session)->plan().chunk_tokens), d);  // kernels, allocator
     if (!warm.ok()) throw std::runtime_error(std::string(warm.status().message()));
     r["host_pin_wait_s"] = WaitForHost(**session);  // pinning is not part of a step
     ResetPeak(d);
+    if (how.fit_check > 0) {
+      FitCheck(**session, T, how.fit_check, *stop, d, r);
+      AddPlan((*session)->plan(), d, r);
+      for (auto& [name, p] : m.TrainableParameters()) p.mutable_grad().reset();
+      return r;
+    }
     CopyEngine* copies = (*session)->pools().copies.get();
     // The copy engine's batches by way and kind: bytes, and the seconds their copies ran on
     // their streams (CUDA events around each; queueing behind earlier batches excluded).
@@ -538,6 +621,7 @@ int Main(int argc, char** argv) {
   bool sections = false;
   int64_t sparse_budget = 0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
+  std::string swap = "on";
   app.add_option("--model", model,
                  "qwen2.5-7b | qwen3-8b | mistral-7b | gemma-3-12b | gemma-3-12b-global | phi-4-mini | qwen2.5-0.5b | "
                  "tiny");
@@ -547,6 +631,10 @@ int Main(int argc, char** argv) {
                  "page placement, as memory.kv_offload: none (every page on the device) | auto (what fits on "
                  "the device, the rest in pinned host memory) | host (every page in pinned host memory)");
   app.add_option("--kv-grad-dtype", kv_grad_dtype, "KV-gradient page storage: float32 | bfloat16");
+  app.add_option("--swap", swap,
+                 "memory.swap_attention: on (stage 2 reads back the attention results of the chunks the planner "
+                 "swaps) | off (stage 2 recomputes every attention forward)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--attention-kernel", attention_kernel,
                  "the GPU attention's fused kernel: cudnn (flash where cuDNN's does not apply) | flash")
       ->check(CLI::IsMember({"cudnn", "flash"}));
@@ -555,7 +643,7 @@ int Main(int argc, char** argv) {
                  "configuration");
   app.add_option("--chunk-fraction", chunk_fraction, "SpaCO: stage 2 backpropagates each chunk with this probability")
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--chunk", chunk);
+  app.add_option("--chunk", chunk, "memory.chunk_tokens (0: auto, the planner's choice; each line says which)");
   app.add_option("--page", page);
   app.add_option("--lora-rank", rank);
   app.add_flag("--full", full, "full fine-tuning instead of LoRA");
@@ -570,6 +658,10 @@ int Main(int argc, char** argv) {
                  "S:START:SECONDS: the kernels and copies of the step at length S from START seconds into it, for "
                  "SECONDS (CUDA)");
   app.add_option("--kernel-trace-dir", kernel_trace_dir, "where --kernel-trace writes trace_S.tsv");
+  int64_t fit_check = 0;
+  app.add_option("--fit-check", fit_check,
+                 "K: instead of a step, stage 1 of the whole sequence and the first K chunks of stage 2 (where the "
+                 "peaks are): measured device and host peaks against the plan's, and stage 1's rate");
   std::string plan_only;
   app.add_option("--plan-only", plan_only,
                  "DEVICE_MIB:HOST_MIB: print the memory planner's plan for each length (and its longest "
@@ -601,7 +693,8 @@ int Main(int argc, char** argv) {
                         .selection = selection,
                         .offload = offload,
                         .kv_grad_dtype = kv_grad_dtype,
-                        .attention_kernel = attention_kernel};
+                        .attention_kernel = attention_kernel,
+                        .swap = swap == "on"};
   if (!plan_only.empty()) return PrintPlans(model, config, bench, plan_only, lengths);
   std::vector<int64_t> tokens;
   for (const std::string& length : lengths) {
@@ -626,6 +719,7 @@ int Main(int argc, char** argv) {
                               {"kv_offload", offload},
                               {"kv_grad_dtype", kv_grad_dtype},
                               {"attention_kernel", attention_kernel},
+                              {"swap", swap},
                               {"selection", sparse ? selection : ""}}
                    .dump()
             << std::endl;
@@ -642,7 +736,8 @@ int Main(int argc, char** argv) {
                           .kernel_profile = kernel_profile,
                           .trace_windows = trace_windows,
                           .kernel_trace_dir = kernel_trace_dir,
-                          .peak_tflops = peak_tflops};
+                          .peak_tflops = peak_tflops,
+                          .fit_check = fit_check};
     for (int64_t T : tokens) std::cout << MeasureLength(*m, T, bench, how, d).dump() << std::endl;
   }
   if (grad_check > 0 && !full) {
@@ -660,23 +755,18 @@ int Main(int argc, char** argv) {
       }
     }
     const std::map<std::string, at::Tensor> g16 = LoraGrads(*m16, grad_check, bench, d);
+    // The same bfloat16 run with the attention swap the other way (the swap's exactness on the GPU).
+    BenchSpec other = bench;
+    other.swap = !bench.swap;
+    const std::map<std::string, at::Tensor> g16_other = LoraGrads(*m16, grad_check, other, d);
     auto m32 = m16->CastTo(at::kFloat);
     m16.reset();
     EmptyCache(d);
     const auto g32 = LoraGrads(*m32, grad_check, bench, d);
-    double dot = 0, n16 = 0, n32 = 0, diff = 0;
-    for (const auto& [name, a] : g32) {
-      if (!g16.count(name)) continue;
-      const at::Tensor& b = g16.at(name);
-      dot += (a * b).sum().item<double>();
-      n16 += (b * b).sum().item<double>();
-      n32 += (a * a).sum().item<double>();
-      diff += ((a - b) * (a - b)).sum().item<double>();
-    }
     std::cout << nlohmann::json{{"grad_check_S", grad_check},
                                 {"parameters", g32.size()},
-                                {"cosine", dot / std::sqrt(n16 * n32)},
-                                {"relative_error", std::sqrt(diff / n32)}}
+                                {"bf16_vs_fp32", CompareGrads(g16, g32)},
+                                {bench.swap ? "swap_vs_recompute" : "recompute_vs_swap", CompareGrads(g16, g16_other)}}
                      .dump()
               << std::endl;
   }

@@ -24,6 +24,7 @@ void PrintEstimate(const v1::EstimateJobResponse& r) {
             << fmt::format("peak host memory    {} of {}\n", Bytes(r.peak_host_bytes()), Bytes(r.host_capacity_bytes()))
             << fmt::format("placement           {}\n", r.placement())
             << fmt::format("longest context     {} tokens\n", r.max_seq_len_that_fits());
+  for (const std::string& c : r.choices()) std::cout << fmt::format("chosen              {}\n", c);
   if (!r.fits()) std::cout << "limit: " << r.limit() << "\n";
 }
 

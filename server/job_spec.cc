@@ -142,6 +142,7 @@ void SetMemoryAndAttention(const v1::JobSpec& s, JobConfig* out) {
                                                                     : KvOffload::kAuto;
   out->memory.kv_grad_dtype =
       m.kv_grad_dtype() == v1::MemorySpec::bfloat16 ? KvGradDtype::kBFloat16 : KvGradDtype::kFloat32;
+  out->memory.swap_attention = m.swap_attention();
   if (s.attention().mode() == v1::Attention::sparse) {
     const v1::SparseAttentionSpec& sp = s.attention().sparse();
     out->sparse =

@@ -34,6 +34,8 @@ v1::EstimateJobResponse MemoryPlanToProto(const MemoryPlan& plan) {
   out.set_max_seq_len_that_fits(plan.max_seq_len_that_fits);
   out.set_limit(plan.limit);
   out.set_placement(plan.placement);
+  out.set_swap_bytes(plan.swap_bytes);
+  for (const std::string& c : plan.choices) out.add_choices(c);
   return out;
 }
 

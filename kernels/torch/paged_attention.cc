@@ -162,68 +162,86 @@ std::pair<at::Tensor, at::Tensor> FusedBlockKv(const std::vector<Segment>& block
   return {pk.to(k.scalar_type()), pv.to(v.scalar_type())};
 }
 
+// The fused path's forward (FusedDocStart: the document starts at s0): the blocks merged by
+// log-sum-exp, out = sum_b exp(lse_b - lse) out_b, lse = logsumexp_b lse_b.
+AttentionResult FusedForward(const Geometry& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             int64_t s0, PastKv* past, int64_t key_block, GpuAttentionKernel fused) {
+  const std::vector<Segment> blocks = FusedBlocks(g, s0, key_block);
+  const at::Tensor q4 = q.unsqueeze(0);
+  AttentionResult r;  // float32 [1, C, Hq, D], [1, Hq, C] while merging
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto [keys, values] = FusedBlockKv(blocks, i, past, k, v, /*backward=*/false);
+    FusedBlock b =
+        FusedBlockForward(fused, q4, keys.unsqueeze(0), values.unsqueeze(0), /*causal=*/!blocks[i].past, g.scale);
+    r.aux = b.aux;
+    MergeFusedBlock(&r.out, &r.lse, b.out, b.lse);
+  }
+  r.out = r.out.to(q.scalar_type());
+  return r;
+}
+
+// The blockwise path's forward: query blocks against key segments with an online softmax.
+AttentionResult BlockwiseForward(const Geometry& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& doc, const at::Tensor& doc_cpu, PastKv* past) {
+  const at::ScalarType ct = AttentionComputeType(q.scalar_type());
+  const at::Tensor qg = g.ToGrouped(q.to(ct));
+  const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
+  AttentionResult r;
+  r.out = at::empty({g.Hkv, g.G, g.C, g.D}, qg.options());
+  r.lse = at::empty({g.Hkv, g.G, g.C}, qg.options());
+  const std::vector<Segment> segments = Segments(g, doc_cpu);
+  for (const QueryBlock& b : QueryBlocks(g, doc_cpu)) {
+    const int64_t B = b.i1 - b.i0;
+    const at::Tensor qb = qg.slice(2, b.i0, b.i1).reshape({g.Hkv, b.rows(g), g.D});
+    at::Tensor m = at::full({g.Hkv, b.rows(g), 1}, kNegInf, qb.options());
+    at::Tensor l = at::zeros({g.Hkv, b.rows(g), 1}, qb.options());
+    at::Tensor acc = at::zeros({g.Hkv, b.rows(g), g.D}, qb.options());
+    for (const Segment& s : segments) {
+      if (!Visible(g, b, s)) continue;
+      auto [ks, vs] = SegmentKv(s, past, kc, vc, ct);
+      const at::Tensor scores = Scores(g, b, s, qb, ks, doc);
+      const at::Tensor m_new = at::maximum(m, std::get<0>(scores.max(-1, /*keepdim=*/true)));
+      const at::Tensor m_safe = at::where(at::isinf(m_new), at::zeros_like(m_new), m_new);
+      const at::Tensor alpha = at::exp(m - m_safe);
+      const at::Tensor p = at::exp(scores - m_safe);
+      l = l * alpha + p.sum(-1, /*keepdim=*/true);
+      acc = acc * alpha + at::matmul(p, vs);
+      m = m_new;
+    }
+    r.out.slice(2, b.i0, b.i1).copy_((acc / l).view({g.Hkv, g.G, B, g.D}));
+    r.lse.slice(2, b.i0, b.i1).copy_((m + at::log(l)).view({g.Hkv, g.G, B}));
+  }
+  return r;
+}
+
 class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& doc_start, std::shared_ptr<PastKv> past, int64_t key_block,
-                            GpuAttentionKernel kernel) {
+                            GpuAttentionKernel kernel, AttentionSwap swap) {
     const Geometry g = Check(q, k, v, doc_start, past.get(), key_block);
     const at::Tensor doc_cpu = doc_start.cpu().contiguous();  // no wait for a CPU doc_start
     ctx->saved_data["doc_start_cpu"] = doc_cpu;
-    if (const int64_t s0 = FusedDocStart(q, doc_cpu); s0 >= 0) {
-      // Blocks merged by log-sum-exp: out = sum_b exp(lse_b - lse) out_b, lse = logsumexp_b lse_b.
-      const GpuAttentionKernel fused = FusedKernel(q, kernel);
-      const std::vector<Segment> blocks = FusedBlocks(g, s0, key_block);
-      const at::Tensor q4 = q.unsqueeze(0);
-      at::Tensor out, lse;  // float32 [1, C, Hq, D], [1, Hq, C]
-      std::array<at::Tensor, 2> aux;
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        auto [keys, values] = FusedBlockKv(blocks, i, past.get(), k, v, /*backward=*/false);
-        FusedBlock r =
-            FusedBlockForward(fused, q4, keys.unsqueeze(0), values.unsqueeze(0), /*causal=*/!blocks[i].past, g.scale);
-        aux = r.aux;
-        MergeFusedBlock(&out, &lse, r.out, r.lse);
-      }
-      out = out.to(q.scalar_type());
+    const int64_t s0 = FusedDocStart(q, doc_cpu);
+    const at::Tensor doc = s0 >= 0 ? doc_start : Upload(doc_start, q.device());
+    AttentionResult r;
+    if (swap.replay != nullptr) {
+      r = *swap.replay;
+    } else {
+      r = s0 >= 0 ? FusedForward(g, q, k, v, s0, past.get(), key_block, FusedKernel(q, kernel))
+                  : BlockwiseForward(g, q, k, v, doc, doc_cpu, past.get());
       if (past != nullptr) past->Finished(/*backward=*/false);
-      ctx->save_for_backward({q, k, v, doc_start, out, lse, aux[0], aux[1]});
-      ctx->saved_data["fused_s0"] = s0;
-      ctx->saved_data["fused_kernel"] = static_cast<int64_t>(fused);
-      ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
-      return out.squeeze(0);
     }
-    const at::ScalarType ct = AttentionComputeType(q.scalar_type());
-    const at::Tensor qg = g.ToGrouped(q.to(ct));
-    const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
-    const at::Tensor doc = Upload(doc_start, q.device());
-    at::Tensor out = at::empty({g.Hkv, g.G, g.C, g.D}, qg.options());
-    at::Tensor lse = at::empty({g.Hkv, g.G, g.C}, qg.options());
-    const std::vector<Segment> segments = Segments(g, doc_cpu);
-    for (const QueryBlock& b : QueryBlocks(g, doc_cpu)) {
-      const int64_t B = b.i1 - b.i0;
-      const at::Tensor qb = qg.slice(2, b.i0, b.i1).reshape({g.Hkv, b.rows(g), g.D});
-      at::Tensor m = at::full({g.Hkv, b.rows(g), 1}, kNegInf, qb.options());
-      at::Tensor l = at::zeros({g.Hkv, b.rows(g), 1}, qb.options());
-      at::Tensor acc = at::zeros({g.Hkv, b.rows(g), g.D}, qb.options());
-      for (const Segment& s : segments) {
-        if (!Visible(g, b, s)) continue;
-        auto [ks, vs] = SegmentKv(s, past.get(), kc, vc, ct);
-        const at::Tensor scores = Scores(g, b, s, qb, ks, doc);
-        const at::Tensor m_new = at::maximum(m, std::get<0>(scores.max(-1, /*keepdim=*/true)));
-        const at::Tensor m_safe = at::where(at::isinf(m_new), at::zeros_like(m_new), m_new);
-        const at::Tensor alpha = at::exp(m - m_safe);
-        const at::Tensor p = at::exp(scores - m_safe);
-        l = l * alpha + p.sum(-1, /*keepdim=*/true);
-        acc = acc * alpha + at::matmul(p, vs);
-        m = m_new;
-      }
-      out.slice(2, b.i0, b.i1).copy_((acc / l).view({g.Hkv, g.G, B, g.D}));
-      lse.slice(2, b.i0, b.i1).copy_((m + at::log(l)).view({g.Hkv, g.G, B}));
-    }
-    if (past != nullptr) past->Finished(/*backward=*/false);
-    ctx->save_for_backward({q, k, v, doc, out, lse});
+    if (swap.keep != nullptr) *swap.keep = r;
     ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
-    return g.FromGrouped(out).to(q.scalar_type());
+    if (s0 >= 0) {
+      ctx->save_for_backward({q, k, v, doc, r.out, r.lse, r.aux[0], r.aux[1]});
+      ctx->saved_data["fused_s0"] = s0;
+      ctx->saved_data["fused_kernel"] = static_cast<int64_t>(FusedKernel(q, kernel));
+      return r.out.squeeze(0);
+    }
+    ctx->save_for_backward({q, k, v, doc, r.out, r.lse});
+    return g.FromGrouped(r.out).to(q.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -272,7 +290,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     at::Tensor dq = g.FromGrouped(dqg).to(q.scalar_type());
     at::Tensor dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
     at::Tensor dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
  private:
@@ -302,15 +320,23 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       }
     }
     if (past != nullptr) past->Finished(/*backward=*/true);
-    return {dq.squeeze(0).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq.squeeze(0).to(q.scalar_type()),
+            dk,
+            dv,
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
-                          std::shared_ptr<PastKv> past, int64_t key_block_tokens, GpuAttentionKernel kernel) {
-  return PagedAttentionFn::apply(q, k, v, doc_start, std::move(past), key_block_tokens, kernel);
+                          std::shared_ptr<PastKv> past, int64_t key_block_tokens, GpuAttentionKernel kernel,
+                          AttentionSwap swap) {
+  return PagedAttentionFn::apply(q, k, v, doc_start, std::move(past), key_block_tokens, kernel, swap);
 }
 
 at::Tensor SlidingWindowStart(const at::Tensor& doc_start, int64_t S, int64_t window) {

@@ -33,6 +33,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <memory>
 #include <utility>
 
@@ -61,6 +62,24 @@ class PastKv {
   virtual void Finished(bool backward) {}
 };
 
+// What a forward computed that its backward reads besides q, k and v: the output, the
+// log-sum-exp and the fused kernel's `aux` (FusedBlock), in the layout and dtype the path keeps
+// them (fused: out [1, C, Hq, D] in q's dtype, lse float32 [1, Hq, C]; blockwise: out
+// [Hkv, G, C, D] and lse [Hkv, G, C] in the compute type).
+struct AttentionResult {
+  at::Tensor out, lse;
+  std::array<at::Tensor, 2> aux;
+};
+
+// Swap instead of recompute (worker/train/attention_swap.h). `keep`: the forward fills it with
+// what it computed. `replay`: the forward computes nothing and reads nothing of the past; the
+// result it returns and saves for backward is `replay`'s, which must be what a forward of these
+// same inputs computed (stage 1's, on the device), so backward gives the same gradients.
+struct AttentionSwap {
+  AttentionResult* keep = nullptr;
+  const AttentionResult* replay = nullptr;
+};
+
 // Differentiable in q, k and v. `past` may be null when the chunk has no past (S == 0).
 // Raises c10::Error (TORCH_CHECK) for shape, dtype or device mismatches, naming the argument.
 // `key_block_tokens` sets how many past tokens are read at once (the blockwise CPU path: at
@@ -73,10 +92,11 @@ class PastKv {
 // prefetched (PastKv::Prefetch) before the current one computes. Memory: one block, whatever
 // the past's length.
 //
-// Every path calls PastKv::Finished when it is done with the past, in forward and backward.
+// Every path calls PastKv::Finished when it is done with the past, in forward (not when it
+// replays) and backward.
 at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
                           std::shared_ptr<PastKv> past, int64_t key_block_tokens = 2048,
-                          GpuAttentionKernel kernel = GpuAttentionKernel::kCudnn);
+                          GpuAttentionKernel kernel = GpuAttentionKernel::kCudnn, AttentionSwap swap = {});
 
 // The doc_start of a sliding-window layer (Mistral's sliding_window; transformers' mask: the
 // query at global index p sees key j iff j > p - window): each query's first visible key,

@@ -157,8 +157,14 @@ absl::Status ReadNumber(const YAML::Node& node, const FieldDescriptor* f, const 
                                                                          : std::numeric_limits<int64_t>::min();
       const int64_t hi = f->cpp_type() == FieldDescriptor::CPPTYPE_INT32 ? std::numeric_limits<int32_t>::max()
                                                                          : std::numeric_limits<int64_t>::max();
+      const std::string& zero_word = RulesOf(f).zero_word();
+      if (!zero_word.empty() && Plain(node) && text == zero_word) {
+        out->i = 0;
+        return absl::OkStatus();
+      }
       if (!Plain(node) || !absl::SimpleAtoi(text, &out->i)) {
-        return r.Error(path, absl::StrCat("expected an integer, got ", Describe(node)));
+        return r.Error(path, absl::StrCat("expected an integer", zero_word.empty() ? "" : " or " + zero_word, ", got ",
+                                          Describe(node)));
       }
       if (out->i < lo || out->i > hi) {
         return r.Error(path, absl::StrCat("must fit in ", f->cpp_type() == FieldDescriptor::CPPTYPE_INT32 ? 32 : 64,
@@ -432,8 +438,12 @@ absl::Status CheckValue(const Message& msg, const FieldDescriptor* f, int index,
       if (f->enum_type()->FindValueByNumber(v) != nullptr) return absl::OkStatus();
       return r.Error(path, absl::StrCat("must be one of ", KnownValues(f->enum_type()), "; got the number ", v));
     }
-    default:
-      return CheckNumber(NumberOf(msg, f, index), rules, path, r);
+    default: {
+      const double v = NumberOf(msg, f, index);
+      if (rules.zero_word().empty()) return CheckNumber(v, rules, path, r);
+      if (v == 0 || CheckNumber(v, rules, path, r).ok()) return absl::OkStatus();  // 0: the engine chooses
+      return r.Error(path, absl::StrCat(RangeText(rules), " or ", rules.zero_word(), ", got ", fmt::format("{}", v)));
+    }
   }
 }
 
@@ -540,9 +550,15 @@ void EmitScalar(YAML::Emitter& out, const Message& msg, const FieldDescriptor* f
     case FieldDescriptor::CPPTYPE_FLOAT:
       out << fmt::format("{}", NumberOf(msg, f, index));  // the shortest text that reads back the same
       break;
-    case FieldDescriptor::CPPTYPE_INT64:
-      out << (index >= 0 ? refl->GetRepeatedInt64(msg, f, index) : refl->GetInt64(msg, f));
+    case FieldDescriptor::CPPTYPE_INT64: {
+      const int64_t v = index >= 0 ? refl->GetRepeatedInt64(msg, f, index) : refl->GetInt64(msg, f);
+      if (v == 0 && !RulesOf(f).zero_word().empty()) {
+        out << RulesOf(f).zero_word();
+      } else {
+        out << v;
+      }
       break;
+    }
     case FieldDescriptor::CPPTYPE_UINT64:
       out << (index >= 0 ? refl->GetRepeatedUInt64(msg, f, index) : refl->GetUInt64(msg, f));
       break;

@@ -163,6 +163,11 @@ struct MetricsExporter::Families {
         job_tokens_per_second(
             NewGauge(r, "oomb_job_tokens_per_second", "Tokens per second of the running job's last step.")),
         job_eta(NewGauge(r, "oomb_job_eta_seconds", "Estimated seconds until the running job finishes.")),
+        job_swapped_bytes(NewGauge(r, "oomb_job_swapped_bytes",
+                                   "Attention results the running job's last step kept in host memory instead of "
+                                   "recomputing them (memory.swap_attention).")),
+        job_swapped_chunks(NewGauge(r, "oomb_job_swapped_chunks",
+                                    "Chunks whose attention forward the running job's last step did not recompute.")),
         job_mfu(NewGauge(r, "oomb_job_mfu_ratio",
                          "Model FLOPs utilisation of the running job's last step against the device's datasheet dense "
                          "BF16 peak (0-1; GPUs with a known peak only).")),
@@ -197,6 +202,8 @@ struct MetricsExporter::Families {
   Family<Gauge>& job_learning_rate;
   Family<Gauge>& job_tokens_per_second;
   Family<Gauge>& job_eta;
+  Family<Gauge>& job_swapped_bytes;
+  Family<Gauge>& job_swapped_chunks;
   Family<Gauge>& job_mfu;
   Family<Gauge>& job_attention_density;
   Family<Counter>& rpc_handled;
@@ -283,6 +290,8 @@ void MetricsExporter::RemoveJobLocked(SlotSeries& s) {
   f_->job_learning_rate.Remove(j.learning_rate);
   f_->job_tokens_per_second.Remove(j.tokens_per_second);
   f_->job_eta.Remove(j.eta);
+  f_->job_swapped_bytes.Remove(j.swapped_bytes);
+  f_->job_swapped_chunks.Remove(j.swapped_chunks);
   if (j.eval_loss != nullptr) f_->job_eval_loss.Remove(j.eval_loss);
   for (const auto& [suite, g] : j.eval_accuracy) f_->job_eval_accuracy.Remove(g);
   for (const auto& [begin, g] : j.eval_position_loss) f_->job_eval_position_loss.Remove(g);
@@ -309,6 +318,8 @@ void MetricsExporter::RunStarted(const std::string& slot, const v1::Job& job, ab
   s.job.learning_rate = &f_->job_learning_rate.Add(l);
   s.job.tokens_per_second = &f_->job_tokens_per_second.Add(l);
   s.job.eta = &f_->job_eta.Add(l);
+  s.job.swapped_bytes = &f_->job_swapped_bytes.Add(l);
+  s.job.swapped_chunks = &f_->job_swapped_chunks.Add(l);
   s.has_job = true;
   s.busy->Set(1);
 }
@@ -330,6 +341,8 @@ void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
   j.learning_rate->Set(p.learning_rate);
   j.tokens_per_second->Set(p.tokens_per_second);
   j.eta->Set(p.eta_seconds);
+  j.swapped_bytes->Set(static_cast<double>(p.swapped_bytes));
+  j.swapped_chunks->Set(static_cast<double>(p.swapped_chunks));
   const prometheus::Labels l = {{"slot", slot}};
   if (p.eval_loss > 0) {
     if (j.eval_loss == nullptr) j.eval_loss = &f_->job_eval_loss.Add(l);

@@ -108,6 +108,8 @@ class MetricsExporter final : public MetricsSink {
     prometheus::Gauge* learning_rate = nullptr;
     prometheus::Gauge* tokens_per_second = nullptr;
     prometheus::Gauge* eta = nullptr;
+    prometheus::Gauge* swapped_bytes = nullptr;
+    prometheus::Gauge* swapped_chunks = nullptr;
     prometheus::Gauge* eval_loss = nullptr;  // after the first evaluation
     // The evaluation section's results: accuracy by retrieval suite, loss by position bucket.
     std::map<std::string, prometheus::Gauge*> eval_accuracy, eval_position_loss;

@@ -37,7 +37,9 @@ void AddValue(MetricFamily* f, Labels labels, double value) {
 }
 
 constexpr Tier kTiers[] = {Tier::kDevice, Tier::kHost};
-constexpr PageKind kKinds[] = {PageKind::kKv, PageKind::kKvGrad};
+constexpr PageKind kKinds[] = {PageKind::kKv, PageKind::kKvGrad};  // of the page pools
+// What the copy engine moves: the pools' pages and the attention results swapped to the host.
+constexpr PageKind kTransferKinds[] = {PageKind::kKv, PageKind::kKvGrad, PageKind::kSwap};
 constexpr TransferDirection kDirections[] = {TransferDirection::kHostToDevice, TransferDirection::kDeviceToHost};
 
 }  // namespace
@@ -200,7 +202,7 @@ void ScrapeCollector::CollectKv(std::vector<MetricFamily>* out) const {
   std::map<TransferKey, TransferSample> transfers;
   for (const std::string& slot : options_.slots) {
     for (TransferDirection d : kDirections) {
-      for (PageKind k : kKinds) {
+      for (PageKind k : kTransferKinds) {
         TransferSample& t = transfers[{slot, d, k}];
         t.le.assign(std::size(KvStatsRegistry::kTransferBuckets), 0);
       }

@@ -331,6 +331,20 @@ TEST_F(CliTest, EstimateAndAdmissionByTheMemoryPlanner) {
   Result table = Oomb("estimate " + job_);
   EXPECT_EQ(table.rc, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("longest context"));
+  // The spec's defaults leave the chunk and the attention swap to the planner: it says what it
+  // chose and why. 4096 tokens in chunks of 16384: one chunk, nothing to swap; 65536 in chunks of
+  // 16384: the 3 chunks before the last swapped (the CPU moves no bytes over a bus).
+  EXPECT_EQ(fit["choices"][0],
+            "memory.chunk_tokens auto: 16384, the largest of 16384, 8192, 4096, 2048, 1024 "
+            "whose plan leaves a sixteenth of cpu free at 4096 tokens (larger chunks run faster: "
+            "fewer, larger matmuls and less of stage 1)");
+  EXPECT_THAT(fit["choices"][1].get<std::string>(), HasSubstr("attention swap: none (a sequence of one chunk"));
+  json longer = OombJson("estimate " + job_ + " --set data.max_seq_len=65536");
+  EXPECT_THAT(longer["choices"][1].get<std::string>(), HasSubstr("attention swap: the last 3 chunks"));
+  EXPECT_GT(num(longer, "swap_bytes"), 0);
+  EXPECT_THAT(table.out, HasSubstr("chosen              memory.chunk_tokens auto: "));
+  json fixed = OombJson("estimate " + job_ + " --set memory.chunk_tokens=1024 --set data.max_seq_len=4096");
+  EXPECT_THAT(fixed["choices"][0].get<std::string>(), HasSubstr("attention swap: the last 3 chunks"));
 
   // Does not fit: the estimate says why (exit 1), and CreateJob refuses the job with
   // RESOURCE_EXHAUSTED naming the limit and the longest context that fits; nothing is created.

@@ -77,8 +77,9 @@ TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_DOUBLE_EQ(s.training.max_grad_norm, 1.0);
   EXPECT_EQ(s.training.seed, 42);
   EXPECT_EQ(s.training.eval_every_steps, 0);
-  EXPECT_EQ(s.memory.chunk_tokens, 4096);
+  EXPECT_EQ(s.memory.chunk_tokens, 0);  // auto: the memory planner's choice
   EXPECT_EQ(s.memory.page_tokens, 128);
+  EXPECT_TRUE(s.memory.swap_attention);
   EXPECT_EQ(s.memory.kv_offload, KvOffload::kAuto);
   EXPECT_EQ(s.memory.kv_grad_dtype, KvGradDtype::kFloat32);
   EXPECT_FALSE(s.sparse.has_value());
@@ -127,7 +128,7 @@ training:
   max_grad_norm: 0
   seed: 1
   eval_every_steps: 5
-memory: {chunk_tokens: 1024, page_tokens: 128, kv_offload: host, kv_grad_dtype: bfloat16}
+memory: {chunk_tokens: 1024, page_tokens: 128, kv_offload: host, kv_grad_dtype: bfloat16, swap_attention: false}
 attention:
   mode: sparse
   sparse: {page_budget: 8, sink_pages: 1, local_pages: 7, selection: min_max}
@@ -150,6 +151,7 @@ resources: {device: "cuda:1", gpus: 1, priority: -5, max_retries: 0, max_runtime
   EXPECT_EQ(s.memory.chunk_tokens, 1024);
   EXPECT_EQ(s.memory.kv_offload, KvOffload::kHost);
   EXPECT_EQ(s.memory.kv_grad_dtype, KvGradDtype::kBFloat16);
+  EXPECT_FALSE(s.memory.swap_attention);
   ASSERT_TRUE(s.sparse.has_value());
   EXPECT_EQ(s.sparse->selection, PageSummaryKind::kMinMax);
   EXPECT_EQ(s.chunk_fraction, 0.5);
@@ -202,7 +204,9 @@ TEST(JobSpecTest, InputWhoseMeaningWouldChangeIsRefused) {
   EXPECT_THAT(LoadError(std::string(kMinimal) + "memory:\n  page_tokens: 4611686018427387904\n"),
               HasSubstr("job.yaml:6: memory.page_tokens: must be in (0, 65536]"));
   EXPECT_THAT(LoadError(std::string(kMinimal) + "memory:\n  chunk_tokens: 4611686018427387904\n"),
-              HasSubstr("job.yaml:6: memory.chunk_tokens: must be in (0, 1048576]"));
+              HasSubstr("job.yaml:6: memory.chunk_tokens: must be in (0, 1048576] or auto"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + "memory:\n  chunk_tokens: automatic\n"),
+              HasSubstr("job.yaml:6: memory.chunk_tokens: expected an integer or auto, got 'automatic'"));
   EXPECT_THAT(LoadError(std::string(kMinimal) + "display_name: " + std::string(300, 'x') + "\n"),
               HasSubstr("display_name: is longer than 256 bytes"));
 }
@@ -269,7 +273,7 @@ TEST(JobSpecTest, OutOfRangeValuesNameLineAndPath) {
       {"training:\n  batch_sequences: -2\n", "job.yaml:6: training.batch_sequences: must be in (0, 65536], got -2"},
       {"training:\n  max_steps: -1\n", "job.yaml:6: training.max_steps: must be in (0, 1000000000], got -1"},
       {"training:\n  max_steps: 0\n", "job.yaml:6: training.max_steps: must be in (0, 1000000000], got 0"},
-      {"memory:\n  chunk_tokens: 0\n", "job.yaml:6: memory.chunk_tokens: must be in (0, 1048576], got 0"},
+      {"memory:\n  chunk_tokens: -1\n", "job.yaml:6: memory.chunk_tokens: must be in (0, 1048576] or auto, got -1"},
       {"memory:\n  page_tokens: -128\n", "job.yaml:6: memory.page_tokens: must be in (0, 65536], got -128"},
       {"memory:\n  kv_offload: disk\n", "job.yaml:6: memory.kv_offload: must be one of auto, none, host; got 'disk'"},
       {"backward:\n  chunk_fraction: 0\n", "job.yaml:6: backward.chunk_fraction: must be in (0, 1], got 0"},

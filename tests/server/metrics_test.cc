@@ -92,6 +92,8 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   p.loss = 2.25;
   p.eval_loss = 2.4;
   p.mfu = 0.42;
+  p.swapped_bytes = 7168;
+  p.swapped_chunks = 3;
   p.evaluation = EvalReport{.positions = {{0, 1024, 2.5, 1000, 300}, {1024, 2048, 2.25, 500, 160}},
                             .passkey = {{.length = 4096, .depth = 0, .correct = 3, .trials = 4}},
                             .needle = {}};
@@ -109,6 +111,8 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   EXPECT_THAT(text, Not(HasSubstr(R"(suite="needle")")));  // not run
   EXPECT_EQ(Sample(text, R"(oomb_job_eval_position_loss{begin="1024",end="2048",slot="cpu"})"), 2.25);
   EXPECT_EQ(Sample(text, R"(oomb_job_eta_seconds{slot="cpu"})"), 1.8);
+  EXPECT_EQ(Sample(text, R"(oomb_job_swapped_bytes{slot="cpu"})"), 7168);
+  EXPECT_EQ(Sample(text, R"(oomb_job_swapped_chunks{slot="cpu"})"), 3);
   EXPECT_EQ(Sample(text, R"(oomb_slot_busy{slot="cpu"})"), 1);
   EXPECT_EQ(Sample(text, R"(oomb_tokens_total{slot="cpu"})"), 256);
   EXPECT_EQ(Sample(text, R"(oomb_steps_total{slot="cpu"})"), 2);
@@ -126,10 +130,10 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
 
   m.RunStopped("cpu");
   text = m.Scrape();
-  for (const char* gone :
-       {"oomb_job_info{", "oomb_job_step{", "oomb_job_total_steps{", "oomb_job_loss{", "oomb_job_eval_loss{",
-        "oomb_job_eval_accuracy_ratio{", "oomb_job_eval_position_loss{", "oomb_job_mfu_ratio{", "oomb_job_eta_seconds{",
-        "oomb_job_learning_rate{", "oomb_job_tokens_per_second{"}) {
+  for (const char* gone : {"oomb_job_info{", "oomb_job_step{", "oomb_job_total_steps{", "oomb_job_loss{",
+                           "oomb_job_eval_loss{", "oomb_job_eval_accuracy_ratio{", "oomb_job_eval_position_loss{",
+                           "oomb_job_mfu_ratio{", "oomb_job_eta_seconds{", "oomb_job_learning_rate{",
+                           "oomb_job_tokens_per_second{", "oomb_job_swapped_bytes{", "oomb_job_swapped_chunks{"}) {
     EXPECT_THAT(text, Not(HasSubstr(gone)));
   }
   EXPECT_EQ(Sample(text, R"(oomb_slot_busy{slot="cpu"})"), 0);

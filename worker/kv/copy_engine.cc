@@ -229,6 +229,8 @@ struct CopyEngine::Streams {
   int64_t queued = 0, done = 0;
   std::deque<at::cuda::CUDAEvent> ends;
   std::unordered_map<const PagePool*, std::vector<int64_t>> newest;
+  // The end of the newest WriteToHost (an upload waits for it).
+  at::cuda::CUDAEvent swap_written;
   // Additions queued and not known to be done, oldest first: each one's end and bytes
   // (AddToPages keeps at most kHostAddBytesInFlight of them).
   std::deque<std::pair<at::cuda::CUDAEvent, int64_t>> adds_in_flight;
@@ -502,6 +504,68 @@ void CopyEngine::AddToPages(PagePool& pool, const std::vector<PageId>& ids, cons
   st.NoteWritten(pool, ids, st.adds);
   st.NoteAddQueued(bytes);
 #endif
+}
+
+at::Tensor CopyEngine::HostBuffer(int64_t bytes) const {
+  const at::TensorOptions options = at::TensorOptions().dtype(at::kByte);
+  if (!device_.is_cuda()) return at::empty({bytes}, options);
+#if defined(OOMB_HAVE_CUDA)
+  void* data = nullptr;
+  C10_CUDA_CHECK(cudaHostAlloc(&data, static_cast<size_t>(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault));
+  return at::from_blob(
+      data, {bytes}, [](void* p) { cudaFreeHost(p); }, options);
+#else
+  return at::empty({bytes}, options);
+#endif
+}
+
+void CopyEngine::WriteToHost(const at::Tensor& src, const at::Tensor& host) {
+  TORCH_CHECK(src.is_contiguous() && host.is_contiguous() && host.nbytes() >= src.nbytes() && !host.is_cuda(),
+              "WriteToHost: a contiguous tensor of ", src.nbytes(), " bytes into a contiguous host tensor of ",
+              host.nbytes());
+  const std::vector<CopyRun> runs = {
+      {static_cast<char*>(host.data_ptr()), static_cast<char*>(src.data_ptr()), static_cast<int64_t>(src.nbytes())}};
+  bytes_to_host_ += runs[0].bytes;
+  if (!src.is_cuda()) {
+    Copy(TransferDirection::kDeviceToHost, PageKind::kSwap, runs);
+    return;
+  }
+#if defined(OOMB_HAVE_CUDA)
+  const c10::cuda::CUDAGuard guard(device_);
+  at::cuda::CUDAEvent ready;
+  ready.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  ready.block(streams_->to_host);
+  Copy(TransferDirection::kDeviceToHost, PageKind::kSwap, runs);
+  streams_->swap_written.record(streams_->to_host);
+  c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), streams_->to_host);
+#endif
+}
+
+std::shared_ptr<PendingFetch> CopyEngine::StartUpload(const at::Tensor& host) {
+  TORCH_CHECK(host.is_contiguous() && !host.is_cuda(), "StartUpload: a contiguous host tensor");
+  auto pending = std::make_shared<PendingFetch>();
+#if defined(OOMB_HAVE_CUDA)
+  // Allocated on the fetch stream, as StartFetch's destinations.
+  std::optional<c10::cuda::CUDAStreamGuard> on_fetch_stream;
+  if (device_.is_cuda()) on_fetch_stream.emplace(streams_->to_device);
+#endif
+  pending->pages = at::empty(host.sizes(), at::TensorOptions().dtype(host.scalar_type()).device(device_));
+  const std::vector<CopyRun> runs = {{static_cast<char*>(host.data_ptr()),
+                                      static_cast<char*>(pending->pages.data_ptr()),
+                                      static_cast<int64_t>(host.nbytes())}};
+  bytes_to_device_ += runs[0].bytes;
+  if (!device_.is_cuda()) {
+    Copy(TransferDirection::kHostToDevice, PageKind::kSwap, runs);
+    return pending;
+  }
+#if defined(OOMB_HAVE_CUDA)
+  const c10::cuda::CUDAGuard guard(device_);
+  streams_->swap_written.block(streams_->to_device);
+  Copy(TransferDirection::kHostToDevice, PageKind::kSwap, runs);
+  pending->done = std::make_unique<at::cuda::CUDAEvent>();
+  pending->done->record(streams_->to_device);
+#endif
+  return pending;
 }
 
 void CopyEngine::FencePages(const PagePool& pool, const std::vector<PageId>& ids) {

@@ -34,7 +34,7 @@ absl::StatusOr<OwnedKvPools> MakeKvPools(PageShape shape, at::ScalarType kv_dtyp
   if (sizes.host_grad > 0) {
     p.grad_host = PagePool::CreateHost(PageKind::kKvGrad, shape, grad_dtype, sizes.host_grad, pinned, host_slab_bytes);
   }
-  if (p.kv_host != nullptr || p.grad_host != nullptr) p.copies = std::make_unique<CopyEngine>(device);
+  p.copies = std::make_unique<CopyEngine>(device);
   return p;
 }
 

@@ -1,7 +1,8 @@
 // The page pools of one job on one device, as the memory planner placed them
 // (worker/plan/memory_planner.h): KV and KV-gradient pools on the device and, when the plan puts
-// pages on the host, host pools (pinned on a GPU, in slabs) and the copy engine that moves
-// their pages. The executor, the benchmark and the tests make their pools here.
+// pages on the host, host pools (pinned on a GPU, in slabs); and the copy engine that moves
+// their pages and the attention results the trainer swaps to the host. The executor, the benchmark and the tests make
+// their pools here.
 #ifndef OOMB_WORKER_KV_KV_POOLS_H_
 #define OOMB_WORKER_KV_KV_POOLS_H_
 
@@ -18,8 +19,8 @@
 
 namespace oomb {
 
-// The pools a sequence's pages come from. The host pools are optional; with them, `copies`
-// moves their pages.
+// The pools a sequence's pages come from. The host pools are optional; `copies` moves their
+// pages (required with them) and the trainer's swapped attention results.
 struct KvPools {
   PagePool* kv = nullptr;
   PagePool* grad = nullptr;
@@ -31,7 +32,7 @@ struct KvPools {
 struct OwnedKvPools {
   std::unique_ptr<PagePool> kv, grad;            // device tier
   std::unique_ptr<PagePool> kv_host, grad_host;  // host tier; null when nothing is placed there
-  std::unique_ptr<CopyEngine> copies;            // with the host tier
+  std::unique_ptr<CopyEngine> copies;
 
   // The pools, for a KvStore or a ChunkTrainer.
   KvPools pools() const { return {kv.get(), grad.get(), kv_host.get(), grad_host.get(), copies.get()}; }

@@ -24,7 +24,9 @@ absl::Status MetricsLog::Append(const StepReport& r) {
                          {"peak_device_bytes", r.peak_device_bytes},
                          {"peak_host_bytes", r.host_kv_bytes},
                          {"pcie_h2d_bytes", r.pcie_h2d_bytes},
-                         {"pcie_d2h_bytes", r.pcie_d2h_bytes}};
+                         {"pcie_d2h_bytes", r.pcie_d2h_bytes},
+                         {"swapped_bytes", r.swapped_bytes},
+                         {"swapped_chunks", r.swapped_chunks}};
   if (r.eval_loss > 0) line["eval_loss"] = r.eval_loss;
   if (r.evaluation.has_value()) line["evaluation"] = EvalReportJson(*r.evaluation);
   if (r.attention_density > 0) line["attention_density"] = r.attention_density;

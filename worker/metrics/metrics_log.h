@@ -2,7 +2,8 @@
 // checkpoint directory (a resumed run continues it), written by rank 0 alone. The one writer of
 // the file; its fields:
 //   step, loss, lr, tokens, seconds, tokens_per_second, peak_device_bytes, peak_host_bytes,
-//   pcie_h2d_bytes, pcie_d2h_bytes, and eval_loss / attention_density / evaluation (the
+//   pcie_h2d_bytes, pcie_d2h_bytes, swapped_bytes, swapped_chunks (StepReport), and
+//   eval_loss / attention_density / evaluation (the
 //   evaluation section's results: positions, passkey, needle) where the step has them.
 // Torch-free. Thread-safety: one writer per file.
 #ifndef OOMB_WORKER_METRICS_METRICS_LOG_H_

@@ -33,6 +33,10 @@ struct StepReport {
   int64_t host_kv_bytes = 0;      // KV + KV-grad bytes in the host tier at the step's peak
   int64_t pcie_h2d_bytes = 0;     // the copy engine's traffic since the session began
   int64_t pcie_d2h_bytes = 0;
+  // Swap instead of recompute (memory.swap_attention): the attention results stage 1 kept on
+  // the host for stage 2 this step, and the chunks whose every layer stage 2 did not recompute.
+  int64_t swapped_bytes = 0;
+  int64_t swapped_chunks = 0;
   // Model FLOPs of this step and their rate against the devices' datasheet peak
   // (worker/metrics/flops.h); mfu is 0 where the peak is unknown (the CPU, unlisted GPUs).
   // Sparse steps count the attention's FLOPs of the query-key pairs attended; SpaCO steps the

@@ -13,11 +13,15 @@
 namespace oomb {
 
 enum class Tier : uint8_t { kDevice = 0, kHost = 1 };
-enum class PageKind : uint8_t { kKv = 0, kKvGrad = 1 };
+// What the copy engine moves: KV pages, KV-gradient pages, or (no page pool of its own) the
+// attention results stage 1 swaps to the host for stage 2 (worker/train/attention_swap.h).
+enum class PageKind : uint8_t { kKv = 0, kKvGrad = 1, kSwap = 2 };
 
-// Metric label values and message words: "gpu" | "host", "kv" | "kv_grad".
+// Metric label values and message words: "gpu" | "host", "kv" | "kv_grad" | "swap".
 inline const char* TierName(Tier t) { return t == Tier::kHost ? "host" : "gpu"; }
-inline const char* KindName(PageKind k) { return k == PageKind::kKvGrad ? "kv_grad" : "kv"; }
+inline const char* KindName(PageKind k) {
+  return k == PageKind::kKvGrad ? "kv_grad" : k == PageKind::kSwap ? "swap" : "kv";
+}
 
 // A page's tier in the top bit and its slot in that tier's arena below (STYLE.md habit 7).
 class PageId {

@@ -74,10 +74,15 @@ struct JobConfig {
   } training;
 
   struct Memory {
+    // 0: auto (the spec's default; PlanMemory chooses, and the training session trains with its
+    // choice). This struct's 4096 serves code that builds a JobConfig by hand.
     int64_t chunk_tokens = 4096;
     int64_t page_tokens = 128;
     KvOffload kv_offload = KvOffload::kAuto;
     KvGradDtype kv_grad_dtype = KvGradDtype::kFloat32;
+    // Stage 1 keeps the latest chunks' attention results on the host for stage 2 (dense exact
+    // training; worker/train/attention_swap.h), within what the planner leaves of the host.
+    bool swap_attention = true;
   } memory;
 
   // Sparse attention when set (attention.mode: sparse), dense otherwise.

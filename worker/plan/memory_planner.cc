@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker/common/status.h"
 #include "worker/paging/page_id.h"
 #include "worker/paging/page_table.h"
+#include "worker/paging/swap_layout.h"
 
 namespace oomb {
 namespace {
@@ -23,7 +26,8 @@ constexpr int64_t kCpuBlockScoreElems = 1 << 22;  // score elements of one atten
 constexpr int64_t kGpuKeyBlock = 16384;
 constexpr int64_t kGpuBlockScoreElems = int64_t{1} << 27;
 constexpr int64_t kGpuFlashKeyBlock = 65536;  // ChunkTrainerOptions::gpu_attention_key_block
-// kv_offload auto, when pages spill to the host, leaves 1/16 of the device's capacity unplanned:
+// kv_offload auto, when pages spill to the host, and chunk_tokens auto leave 1/16 of the
+// device's capacity unplanned:
 // the plan's error, a few percent of the GPU peak, must not turn into an out-of-memory error at
 // the step's peak.
 constexpr int64_t kAutoMarginDivisor = 16;
@@ -269,6 +273,45 @@ Placement Place(const Model& m, const JobConfig& spec, bool cuda, int64_t T, int
   return p;
 }
 
+// Swap instead of recompute: the records of the latest chunks of a T-token sequence that the
+// host memory left over holds (`left`: after everything else the plan places there), in whole
+// chunks; none for sparse attention, SpaCO or evaluation.
+void PlanSwap(const ModelConfig& c, const JobConfig& spec, bool cuda, int64_t T, int64_t left, MemoryPlan* plan) {
+  const int64_t C = spec.memory.chunk_tokens, chunks = CeilDiv(T, C), L = c.num_layers;
+  const char* off = nullptr;
+  if (!spec.memory.swap_attention) off = "memory.swap_attention is false";
+  if (spec.sparse.has_value()) off = "sparse attention recomputes with its selections";
+  if (spec.chunk_fraction < 1) off = "backward.chunk_fraction < 1 (SpaCO)";
+  if (spec.method.type == TrainMethod::kEvaluate) off = "method.type evaluate does not train";
+  if (chunks <= 1) off = "a sequence of one chunk runs once, in stage 2";
+  if (off != nullptr) {
+    plan->choices.push_back(
+        absl::StrCat("attention swap: none (", off, "); stage 2 recomputes every attention forward"));
+    return;
+  }
+  const int64_t e = spec.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
+  const SwapLayout layout =
+      MakeSwapLayout(C, c.num_heads, c.head_dim, SwapOutputBytes(e, cuda), cuda ? SwapMinKeyTokens(e) : 0);
+  const int64_t none = std::max<int64_t>(0, chunks - 1);
+  const int64_t worth = none - layout.FirstSwappedChunk(chunks, C, L, std::numeric_limits<int64_t>::max());
+  const int64_t chunk_bytes = L * layout.record_bytes;
+  plan->swap_chunks = std::min(worth, std::max<int64_t>(0, left) / chunk_bytes);
+  plan->swap_bytes = plan->swap_chunks * chunk_bytes;
+  plan->swap_min_key_tokens = layout.min_key_tokens;
+  std::string why = absl::StrCat(worth, " of the ", none, " chunks stage 2 recomputes are worth swapping");
+  if (cuda && worth < none) {
+    absl::StrAppend(&why, " (on a GPU, a chunk whose attention reads fewer than ", layout.min_key_tokens,
+                    " keys per query recomputes faster than its records cross PCIe)");
+  }
+  if (plan->swap_chunks < worth) {
+    absl::StrAppend(&why, "; the host memory the plan leaves (", FormatBytes(std::max<int64_t>(0, left)), ") holds ",
+                    plan->swap_chunks);
+  }
+  plan->choices.push_back(absl::StrCat("attention swap: the last ", plan->swap_chunks, " chunks' attention results (",
+                                       FormatBytes(plan->swap_bytes), cuda ? " pinned" : "",
+                                       " host memory) instead of recomputing them: ", why));
+}
+
 }  // namespace
 
 int64_t SpacoKeptChunksBound(int64_t chunks, double p) {
@@ -303,7 +346,48 @@ std::string FormatBytes(int64_t bytes) {
   return buf;
 }
 
-absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target) {
+std::vector<int64_t> AutoChunkCandidates(int64_t page_tokens) {
+  std::vector<int64_t> out;
+  for (int64_t c = kAutoChunkMax; c >= kAutoChunkMin; c /= 2) {
+    const int64_t multiple = std::max(page_tokens, c / page_tokens * page_tokens);
+    if (out.empty() || out.back() != multiple) out.push_back(multiple);
+  }
+  return out;
+}
+
+namespace {
+
+// memory.chunk_tokens auto: the first of AutoChunkCandidates whose plan fits with a sixteenth of
+// the device to spare (the smallest when none does; its plan then says what does not fit).
+absl::StatusOr<int64_t> ChooseChunkTokens(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target,
+                                          std::string* why) {
+  const std::vector<int64_t> candidates = AutoChunkCandidates(spec.memory.page_tokens);
+  const int64_t capacity = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
+  for (const int64_t c : candidates) {
+    JobConfig trial = spec;
+    trial.memory.chunk_tokens = c;
+    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(config, trial, target));
+    if (plan.fits && plan.peak_device_bytes <= capacity - capacity / kAutoMarginDivisor) {
+      *why = absl::StrCat("memory.chunk_tokens auto: ", c, ", the largest of ", absl::StrJoin(candidates, ", "),
+                          " whose plan leaves a sixteenth of ", target.device, " free at ", spec.data.max_seq_len,
+                          " tokens (larger chunks run faster: fewer, larger matmuls and less of stage 1)");
+      return c;
+    }
+  }
+  *why = absl::StrCat("memory.chunk_tokens auto: ", candidates.back(), ", the smallest of ",
+                      absl::StrJoin(candidates, ", "), "; none leaves a sixteenth of ", target.device, " free at ",
+                      spec.data.max_seq_len, " tokens");
+  return candidates.back();
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& requested, const PlanTarget& target) {
+  JobConfig spec = requested;
+  std::string chunk_choice;
+  if (spec.memory.chunk_tokens <= 0) {
+    OOMB_ASSIGN_OR_RETURN(spec.memory.chunk_tokens, ChooseChunkTokens(config, spec, target, &chunk_choice));
+  }
   const bool cuda = target.device != "cpu";
   if (spec.method.type != TrainMethod::kFull) {
     OOMB_RETURN_IF_ERROR(ResolveLoraTargets(config, spec.method.lora.target_modules).status());
@@ -317,6 +401,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   MemoryPlan plan;
   plan.device = target.device;
   plan.seq_len = spec.data.max_seq_len;
+  plan.chunk_tokens = spec.memory.chunk_tokens;
+  if (!chunk_choice.empty()) plan.choices.push_back(chunk_choice);
   plan.weights_bytes = m.weights();
   plan.trainable_state_bytes = m.trainable();
   const int64_t T = plan.seq_len;
@@ -360,6 +446,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   }
   plan.max_seq_len_that_fits = lo;
   plan.fits = p.fits;
+  if (p.fits) {
+    PlanSwap(config, spec, cuda, T,
+             cuda ? plan.host_capacity_bytes - p.peak_host : plan.device_capacity_bytes - p.peak_host, &plan);
+    plan.peak_host_bytes += plan.swap_bytes;
+  }
   if (!plan.fits) {
     const bool device_limit = p.peak_device > plan.device_capacity_bytes;
     const std::string longest = lo > 0 ? absl::StrCat("the longest context that fits is ", lo, " tokens")

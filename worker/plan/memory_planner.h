@@ -26,6 +26,11 @@
 //
 //   host peak   = host page pools               the pages not placed on the device, pinned
 //               + sparse selections             (below)
+//               + swapped attention results     memory.swap_attention, dense exact training: of
+//                                               the host memory the rest leaves (CPU: of the one
+//                                               budget), what the latest chunks' records take
+//                                               (worker/paging/swap_layout.h), so it never limits
+//                                               the context; whole chunks, pinned on a GPU
 //
 // Placement (memory.kv_offload, ARCHITECTURE.md §4): none keeps every page on the device;
 // host puts every page in the host tier; auto (the default) keeps on the device as many pages
@@ -61,6 +66,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/hf/model_config.h"
@@ -78,7 +84,8 @@ struct PlanTarget {
 
 struct MemoryPlan {
   std::string device;
-  int64_t seq_len = 0;  // the sequence length planned for (data.max_seq_len)
+  int64_t seq_len = 0;       // the sequence length planned for (data.max_seq_len)
+  int64_t chunk_tokens = 0;  // memory.chunk_tokens, auto's choice resolved
 
   int64_t weights_bytes = 0;          // base weights
   int64_t trainable_state_bytes = 0;  // trainable parameters + gradients + optimizer moments
@@ -97,6 +104,16 @@ struct MemoryPlan {
   int64_t device_capacity_bytes = 0;  // usable: the device's memory less a fixed reserve
   int64_t host_capacity_bytes = 0;
 
+  // Swap instead of recompute (memory.swap_attention; worker/paging/swap_layout.h): host bytes
+  // for stage 1's attention results (in peak_host_bytes), the chunks of a data.max_seq_len
+  // sequence they hold, and the fewest keys per query that make a chunk worth swapping.
+  int64_t swap_bytes = 0;
+  int64_t swap_chunks = 0;
+  int64_t swap_min_key_tokens = 0;
+  // What the plan chose where the spec leaves it the choice, and why, one line each (oomb
+  // estimate prints them).
+  std::vector<std::string> choices;
+
   bool fits = false;
   std::string limit;                  // when !fits: which limit, in words, with the numbers
   int64_t max_seq_len_that_fits = 0;  // 0 when not even one token fits
@@ -112,8 +129,16 @@ inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
 inline constexpr int64_t kHostReserveBytes = int64_t{16} << 30;
 
 // The plan of `spec` on `target`, for the model `config` (the spec's model.path's
-// config.json).
+// config.json). memory.chunk_tokens 0 (auto) is resolved first: the first of
+// AutoChunkCandidates whose plan fits with a sixteenth of the device to spare, else the last;
+// plan.chunk_tokens is the chunk planned for, and plan.choices says why.
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target);
+
+// memory.chunk_tokens auto's candidates, largest first: the powers of two from kAutoChunkMax down
+// to kAutoChunkMin, each rounded down to a multiple of `page_tokens` (at least one page).
+inline constexpr int64_t kAutoChunkMax = 16384;
+inline constexpr int64_t kAutoChunkMin = 1024;
+std::vector<int64_t> AutoChunkCandidates(int64_t page_tokens);
 
 // SpaCO: the number of kept chunks the plan makes room for when each of `chunks` chunks is
 // kept with probability p: the smallest k with P(Binomial(chunks, p) > k) <= kSpacoDrawTail

@@ -24,7 +24,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // What a step's ranks sum (StepSync::Agree), by position.
-enum Sum : size_t { kLoss, kSelectedPages, kPastPages, kAttendedPairs, kKeptTokens, kSums };
+enum Sum : size_t {
+  kLoss,
+  kSelectedPages,
+  kPastPages,
+  kAttendedPairs,
+  kKeptTokens,
+  kSwappedBytes,
+  kSwappedChunks,
+  kSums
+};
 
 kernels::PageSelectOptions PageSelection(const JobConfig& spec) {
   const JobConfig::Sparse& sp = *spec.sparse;
@@ -103,6 +112,7 @@ absl::Status TrainingSession::Init() {
   JobConfig planned = spec_;
   planned.data.max_seq_len = std::max<int64_t>(options_.longest_sequence, 1);
   OOMB_ASSIGN_OR_RETURN(plan_, PlanMemory(c, planned, options_.machine));
+  spec_.memory.chunk_tokens = plan_.chunk_tokens;
   const at::ScalarType dtype = model_->dtype();
   OOMB_ASSIGN_OR_RETURN(pools_, MakeKvPools({c.num_kv_heads, spec_.memory.page_tokens, c.head_dim}, dtype,
                                             GradPageDtype(spec_.memory.kv_grad_dtype == KvGradDtype::kBFloat16, dtype),
@@ -113,6 +123,8 @@ absl::Status TrainingSession::Init() {
   ChunkTrainerOptions trainer;
   trainer.chunk_tokens = spec_.memory.chunk_tokens;
   trainer.chunk_fraction = spec_.chunk_fraction;
+  trainer.swap_budget_bytes = plan_.swap_bytes;
+  trainer.swap_min_key_tokens = plan_.swap_min_key_tokens;
   trainer.gpu_attention_kernel = options_.attention_kernel;
   if (spec_.sparse.has_value()) trainer.sparse = PageSelection(spec_);
   trainer.should_stop = options_.should_stop;
@@ -185,6 +197,8 @@ absl::Status TrainingSession::TrainLocal(const std::vector<TokenSequence>& batch
     (*sums)[kSelectedPages] += static_cast<double>(st.selected_pages);
     (*sums)[kPastPages] += static_cast<double>(st.past_pages);
     (*sums)[kAttendedPairs] += st.attended_pairs;
+    (*sums)[kSwappedBytes] += static_cast<double>(trainer_->memory().swapped_bytes);
+    (*sums)[kSwappedChunks] += static_cast<double>(trainer_->memory().swapped_chunks);
     const int64_t C = spec_.memory.chunk_tokens, T = batch[i].size();
     for (int64_t chunk = 0; chunk < trainer_->NumChunks(batch[i]); ++chunk) {
       if (trainer_->KeepChunk(chunk, dropout_seed)) (*sums)[kKeptTokens] += std::min(T, (chunk + 1) * C) - chunk * C;
@@ -233,6 +247,8 @@ void TrainingSession::Measure(const std::vector<TokenSequence>& batch, const std
   if (peak_flops_ > 0 && seconds > 0) report->mfu = flops / seconds / (peak_flops_ * sync_->world());
   report->peak_device_bytes = PeakDeviceBytes(options_.device, peak);
   report->host_kv_bytes = peak.host_kv_peak_bytes;
+  report->swapped_bytes = static_cast<int64_t>(sums[kSwappedBytes]);
+  report->swapped_chunks = static_cast<int64_t>(sums[kSwappedChunks]);
   if (pools_.copies != nullptr) {
     report->pcie_h2d_bytes = pools_.copies->bytes_to_device();
     report->pcie_d2h_bytes = pools_.copies->bytes_to_host();

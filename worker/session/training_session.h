@@ -117,7 +117,7 @@ class TrainingSession {
                double seconds, StepReport* report) const;
 
   Transformer* model_;
-  const JobConfig spec_;
+  JobConfig spec_;  // memory.chunk_tokens auto resolved by the plan (Init)
   SessionOptions options_;
   StepSync one_device_;
   StepSync* sync_;

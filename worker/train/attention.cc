@@ -119,28 +119,38 @@ class LayerSparsePast final : public kernels::SparsePast {
 
 class DenseAttention final : public Attention {
  public:
-  DenseAttention(const Transformer* model, const ChunkTrainerOptions& options)
+  DenseAttention(const Transformer* model, const ChunkTrainerOptions& options, SwappedAttention* swap)
       : config_(model->config()),
         options_(options),
-        key_block_(model->device().is_cuda() ? options.gpu_attention_key_block : options.attention_key_block) {}
+        key_block_(model->device().is_cuda() ? options.gpu_attention_key_block : options.attention_key_block),
+        swap_(swap) {}
 
   size_t lanes() const override { return 1; }
   void BeginSequence(const TokenSequence&, int64_t, bool) override {}
 
   absl::StatusOr<at::Tensor> Forward(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& v, std::optional<LayerSelection>*, KvStore& store) override {
-    at::Tensor out = Attend(c, layer, q, k, v, store);
+    kernels::AttentionResult kept;
+    const bool swapped = swap_ != nullptr && swap_->Swaps(c.index);
+    at::Tensor out = Attend(c, layer, q, k, v, store, {.keep = swapped ? &kept : nullptr, .replay = nullptr});
+    if (swapped) swap_->Keep(c.index, layer, kept);
     OOMB_RETURN_IF_ERROR(store.Append(layer, k, v));
     return out;
   }
+  absl::Status BeforeRecompute(const Chunk& c, KvStore&) override {
+    if (swap_ != nullptr) swap_->StartUpload(c.index, 0);
+    return absl::OkStatus();
+  }
   at::Tensor Recompute(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        KvStore& store) override {
-    return Attend(c, layer, q, k, v, store);
+    const std::optional<kernels::AttentionResult> kept =
+        swap_ != nullptr ? swap_->Take(c.index, layer) : std::optional<kernels::AttentionResult>();
+    return Attend(c, layer, q, k, v, store, {.keep = nullptr, .replay = kept.has_value() ? &*kept : nullptr});
   }
 
  private:
   at::Tensor Attend(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    KvStore& store) const {
+                    KvStore& store, kernels::AttentionSwap swap) const {
     std::shared_ptr<kernels::PastKv> past;
     if (c.begin > 0) {
       past = std::make_shared<LayerPast>(&store, layer, c.begin, key_block_,
@@ -149,7 +159,7 @@ class DenseAttention final : public Attention {
     const int64_t window = config_.AttentionWindow(layer);
     const at::Tensor first_key =
         window > 0 ? kernels::SlidingWindowStart(c.doc_start_host, c.begin, window) : c.doc_start_host;
-    return kernels::PagedAttention(q, k, v, first_key, past, key_block_, options_.gpu_attention_kernel);
+    return kernels::PagedAttention(q, k, v, first_key, past, key_block_, options_.gpu_attention_kernel, swap);
   }
 
   // The first key the chunk's queries see in `layer` (its first query's): its document's start,
@@ -163,6 +173,7 @@ class DenseAttention final : public Attention {
   const ModelConfig& config_;
   const ChunkTrainerOptions options_;
   const int64_t key_block_;
+  SwappedAttention* swap_;  // null: stage 2 recomputes every attention forward
 };
 
 class SparseAttention final : public Attention {
@@ -297,9 +308,9 @@ at::Tensor SparseAttention::Recompute(const Chunk& c, int64_t layer, const at::T
 }  // namespace
 
 std::unique_ptr<Attention> MakeAttention(const Transformer* model, const KvPools& pools,
-                                         const ChunkTrainerOptions& options) {
+                                         const ChunkTrainerOptions& options, SwappedAttention* swap) {
   if (options.sparse.has_value()) return std::make_unique<SparseAttention>(model, pools, options);
-  return std::make_unique<DenseAttention>(model, options);
+  return std::make_unique<DenseAttention>(model, options, swap);
 }
 
 }  // namespace oomb

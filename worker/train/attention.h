@@ -3,7 +3,9 @@
 // stages call without knowing which.
 //
 //   dense   every past token, read in key blocks from the KV store (what is read is known in
-//           advance, so the store prefetches it); stage 1 runs one chunk at a time.
+//           advance, so the store prefetches it); stage 1 runs one chunk at a time. Stage 2
+//           replays the results stage 1 swapped to the host instead of recomputing them
+//           (attention_swap.h).
 //   sparse  per query tile, the past pages a selection scores highest from the page summaries
 //           (plus sink and local pages; kernels/torch/page_select.h). Stage 1 makes the
 //           selection of every chunk and layer, keeps it (int32, on the host) and stage 2
@@ -28,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/kv/kv_store.h"
+#include "worker/train/attention_swap.h"
 #include "worker/train/chunk.h"
 
 namespace oomb {
@@ -78,9 +81,11 @@ class Attention {
   SparseStats stats_;
 };
 
-// The strategy `options` name (options.sparse set: sparse), over `pools`' pages.
+// The strategy `options` name (options.sparse set: sparse), over `pools`' pages. Dense attention
+// with `swap` keeps the results of the chunks it swaps in stage 1 and replays them in stage 2
+// (attention_swap.h); sparse attention ignores it.
 std::unique_ptr<Attention> MakeAttention(const Transformer* model, const KvPools& pools,
-                                         const ChunkTrainerOptions& options);
+                                         const ChunkTrainerOptions& options, SwappedAttention* swap = nullptr);
 
 }  // namespace oomb
 

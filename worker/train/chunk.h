@@ -33,6 +33,11 @@ struct ChunkTrainerOptions {
   // The fused GPU attention kernel, dense and sparse (kernels/torch/fused_attention.h).
   kernels::GpuAttentionKernel gpu_attention_kernel = kernels::GpuAttentionKernel::kCudnn;
   double chunk_fraction = 1.0;  // SpaCO's p, in (0, 1] (chunk_trainer.h)
+  // Swap instead of recompute (attention_swap.h), dense exact training only: host bytes for
+  // the attention results stage 1 keeps (0: stage 2 recomputes every attention forward), and
+  // the fewest keys per query that make a chunk worth swapping (worker/paging/swap_layout.h).
+  int64_t swap_budget_bytes = 0;
+  int64_t swap_min_key_tokens = 0;
   // Sparse attention (attention.h); unset: dense. page_tokens is the pools' (ignored here), and
   // chunk_tokens must be a multiple of it.
   std::optional<kernels::PageSelectOptions> sparse;

@@ -92,13 +92,29 @@ c10::intrusive_ptr<LaterGradients> LaterGradientsOf(KvStore& store, const Chunk&
   return later;
 }
 
+// The swap of `options` (null when they ask for none, or the training is sparse or SpaCO's), its
+// results moved by `pools`' copy engine or by `own_copies` (made here if they have none).
+std::unique_ptr<SwappedAttention> MakeSwap(const Transformer* model, const KvPools& pools,
+                                           const ChunkTrainerOptions& options,
+                                           std::unique_ptr<CopyEngine>* own_copies) {
+  if (options.swap_budget_bytes <= 0 || options.sparse.has_value() || options.chunk_fraction < 1.0) return nullptr;
+  CopyEngine* copies = pools.copies;
+  if (copies == nullptr) {
+    *own_copies = std::make_unique<CopyEngine>(model->device());
+    copies = own_copies->get();
+  }
+  return std::make_unique<SwappedAttention>(model, copies, options.chunk_tokens, options.swap_budget_bytes,
+                                            options.swap_min_key_tokens);
+}
+
 }  // namespace
 
 ChunkTrainer::ChunkTrainer(const Transformer* model, KvPools pools, ChunkTrainerOptions options)
     : model_(model),
       pools_(pools),
       options_(std::move(options)),
-      attention_(MakeAttention(model, pools_, options_)),
+      swap_(MakeSwap(model, pools_, options_, &own_copies_)),
+      attention_(MakeAttention(model, pools_, options_, swap_.get())),
       stage_one_(model, attention_.get(), options_) {}
 
 int64_t ChunkTrainer::NumChunks(const TokenSequence& seq) const {
@@ -184,7 +200,9 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
   const absl::Status s = Guarded([&]() -> absl::Status {
     ChunkClock clock(model_->device());
     KvStore store(pools_, model_->config().num_layers, Reach());
-    OOMB_ASSIGN_OR_RETURN(loss, RunStages(seq, loss_scale, dropout_seed, store, clock));
+    absl::StatusOr<SequenceLoss> stages = RunStages(seq, loss_scale, dropout_seed, store, clock);
+    if (absl::IsCancelled(stages.status())) clock.Finish();  // the laps until the stop (chunk_times)
+    OOMB_ASSIGN_OR_RETURN(loss, std::move(stages));
     return absl::OkStatus();
   });
   memory_.activation_peak_bytes = tracker->peak();
@@ -198,6 +216,10 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
     memory_.bytes_to_device = pools_.copies->bytes_to_device() - to_device;
     memory_.bytes_to_host = pools_.copies->bytes_to_host() - to_host;
   }
+  memory_.swapped_bytes = swap_ != nullptr ? swap_->swapped_bytes() : 0;
+  memory_.swapped_chunks = swap_ != nullptr ? swap_->swapped_chunks() : 0;
+  memory_.swap_host_bytes = swap_ != nullptr ? swap_->host_bytes() : 0;
+  if (swap_ != nullptr) swap_->EndSequence();
   if (!s.ok()) return s;
   return loss;
 }
@@ -210,6 +232,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::RunStages(const TokenSequence& seq, d
   // the header).
   const bool stage2_losses = options_.chunk_fraction == 1.0;
   const bool trimmed = stage2_losses && !options_.sparse.has_value();
+  if (swap_ != nullptr) swap_->BeginSequence(last + 1);
   kernels::timeline::Stage("stage1");
   const absl::Cleanup no_stage = [] { kernels::timeline::Stage(nullptr); };
   OOMB_ASSIGN_OR_RETURN(SequenceLoss loss,

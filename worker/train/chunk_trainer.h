@@ -35,9 +35,13 @@
 // are those of full-sequence backpropagation through attention restricted to the selected
 // pages (the selection itself is piecewise constant, without gradient).
 //
+// Swap instead of recompute (options.swap_budget_bytes > 0, dense exact training): stage 1
+// keeps the attention results of the sequence's latest chunks in host memory and stage 2 replays
+// them instead of recomputing the attention forward (attention_swap.h); same gradients.
+//
 // The parts: chunk.h (a chunk, the options, the clock), attention.h (how a chunk attends over
-// its past), stage_one.h (stage 1 and its schedule), the KV store (worker/kv/kv_store.h); this
-// class is stage 2 and the sequence around both stages.
+// its past), attention_swap.h (the swapped results), stage_one.h (stage 1 and its schedule), the
+// KV store (worker/kv/kv_store.h); this class is stage 2 and the sequence around both stages.
 //
 // Labels: `labels[t]` is the target of position t (already shifted: the token at t+1), or
 // kIgnoreIndex. The data pipeline shifts over the whole sequence before chunking, so the last
@@ -61,6 +65,7 @@
 #include "worker/kv/kv_store.h"
 #include "worker/model/transformer.h"
 #include "worker/train/attention.h"
+#include "worker/train/attention_swap.h"
 #include "worker/train/chunk.h"
 #include "worker/train/stage_one.h"
 
@@ -74,6 +79,9 @@ struct TrainerMemory {
   int64_t host_kv_peak_bytes = 0;     // host-tier KV and KV-gradient pages in use at the peak
   int64_t bytes_to_device = 0;        // host pages copied to the device (PCIe, host to device)
   int64_t bytes_to_host = 0;          // pages written back to the host (PCIe, device to host)
+  int64_t swapped_bytes = 0;          // attention results stage 1 swapped to the host
+  int64_t swapped_chunks = 0;         // chunks whose every layer stage 2 did not recompute
+  int64_t swap_host_bytes = 0;        // host memory the swap's records hold (allocated once)
 };
 
 class ChunkTrainer {
@@ -98,6 +106,7 @@ class ChunkTrainer {
   absl::StatusOr<SequenceLoss> EvalSequence(const TokenSequence& seq, TokenScores* scores = nullptr);
 
   const TrainerMemory& memory() const { return memory_; }
+  // The chunks of the last TrainSequence, up to its end or its stop (should_stop).
   const ChunkTimes& chunk_times() const { return chunk_times_; }
   // Sparse attention over the last sequence (TrainSequence or EvalSequence).
   const SparseStats& sparse_stats() const { return attention_->stats(); }
@@ -128,6 +137,8 @@ class ChunkTrainer {
   const Transformer* model_;
   KvPools pools_;
   ChunkTrainerOptions options_;
+  std::unique_ptr<CopyEngine> own_copies_;  // the swap's, when the pools have no copy engine
+  std::unique_ptr<SwappedAttention> swap_;  // null: no swap
   std::unique_ptr<Attention> attention_;
   StageOne stage_one_;
   TrainerMemory memory_;

@@ -96,6 +96,9 @@ TEST(SpecCodecTest, RoundTripDefaultsAndEverythingSet) {
   v1::JobSpec a = ParseOk(kMinimal);
   FillDefaults(&a);
   EXPECT_TRUE(MessageDifferencer::Equals(ParseOk(ToYaml(a)), a)) << ToYaml(a);
+  // A word that stands for 0 (zero_word) is written as that word and reads back as 0.
+  EXPECT_EQ(a.memory().chunk_tokens(), 0);
+  EXPECT_NE(ToYaml(a).find("chunk_tokens: auto"), std::string::npos) << ToYaml(a);
 
   v1::JobSpec b = a;
   b.set_display_name("null");  // strings that read as YAML specials must survive

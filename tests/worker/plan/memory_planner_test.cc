@@ -359,5 +359,65 @@ TEST(MemoryPlannerTest, SpacoPlansGradientPagesForTheKeptChunks) {
   EXPECT_LT(spaco_2m->host_grad_pages, spaco_2m->host_kv_pages / 3);
 }
 
+// Swap instead of recompute (worker/paging/swap_layout.h): on an H100 with 128 GiB of host
+// memory, Qwen2.5-7B at 128K in chunks of 8192 swaps the 11 latest of the 15 chunks stage 2
+// recomputes (chunks 0 to 3 read fewer keys per query than make the copies pay), in records of
+// the output and log-sum-exp of every layer; at 1M the host memory the pages leave limits it; on
+// the CPU every chunk is worth it; off, sparse and SpaCO plan none; the choice is in words.
+TEST(MemoryPlannerTest, SwapPlansTheLatestChunksWithinTheHostMemoryLeft) {
+  const ModelConfig c = Qwen7B();
+  const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
+  JobConfig spec;
+  spec.model.dtype = ModelDtype::kBFloat16;
+  spec.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
+  spec.memory.chunk_tokens = 8192;
+  spec.data.max_seq_len = 131072;
+  const auto plan = PlanMemory(c, spec, h100);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t record = (8192 * 28 * 128 * 2) + 8192 * 28 * 4;  // both multiples of 256
+  EXPECT_EQ(plan->swap_min_key_tokens, 30000);
+  EXPECT_EQ(plan->swap_chunks, 11);
+  EXPECT_EQ(plan->swap_bytes, 11 * 28 * record);
+  EXPECT_EQ(plan->peak_host_bytes, plan->kv_host_bytes + plan->swap_bytes);
+  ASSERT_FALSE(plan->choices.empty());
+  EXPECT_NE(plan->choices[0].find("the last 11 chunks"), std::string::npos) << plan->choices[0];
+  EXPECT_NE(plan->choices[0].find("fewer than 30000 keys"), std::string::npos) << plan->choices[0];
+
+  spec.data.max_seq_len = 1 << 20;
+  spec.memory.kv_offload = KvOffload::kAuto;
+  const auto long_plan = PlanMemory(c, spec, h100);
+  ASSERT_TRUE(long_plan.ok() && long_plan->fits) << long_plan->limit;
+  EXPECT_GT(long_plan->swap_chunks, 0);
+  EXPECT_LT(long_plan->swap_chunks, 128 - 1 - 1);
+  EXPECT_LE(long_plan->peak_host_bytes, long_plan->host_capacity_bytes);
+  EXPECT_GT(long_plan->peak_host_bytes + 28 * record, long_plan->host_capacity_bytes);  // not one chunk more
+  EXPECT_NE(long_plan->choices[0].find("the host memory the plan leaves"), std::string::npos) << long_plan->choices[0];
+  EXPECT_EQ(long_plan->max_seq_len_that_fits, [&] {
+    JobConfig off = spec;
+    off.memory.swap_attention = false;
+    return PlanMemory(c, off, h100)->max_seq_len_that_fits;
+  }());  // never a limit of its own
+
+  PlanTarget cpu;  // the CPU's blockwise attention keeps float32 outputs: records twice as large
+  cpu.device_bytes = cpu.host_bytes = int64_t{512} << 30;
+  spec.data.max_seq_len = 131072;
+  const auto on_cpu = PlanMemory(c, spec, cpu);
+  ASSERT_TRUE(on_cpu.ok());
+  EXPECT_EQ(on_cpu->swap_min_key_tokens, 0);
+  EXPECT_EQ(on_cpu->swap_chunks, 15);
+  EXPECT_EQ(on_cpu->swap_bytes, int64_t{15} * 28 * ((8192 * 28 * 128 * 4) + 8192 * 28 * 4));
+
+  for (const std::string what : {"off", "sparse", "spaco"}) {
+    JobConfig none = spec;
+    if (what == "off") none.memory.swap_attention = false;
+    if (what == "sparse") none.sparse = JobConfig::Sparse{};
+    if (what == "spaco") none.chunk_fraction = 0.5;
+    const auto p = PlanMemory(c, none, h100);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(p->swap_bytes, 0) << what;
+    EXPECT_NE(p->choices[0].find("attention swap: none"), std::string::npos) << p->choices[0];
+  }
+}
+
 }  // namespace
 }  // namespace oomb

@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "kernels/torch/chunked_cross_entropy.h"
@@ -22,6 +23,7 @@
 #include "tests/kernels/sparse_attention_check.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/common/status.h"
+#include "worker/paging/swap_layout.h"
 
 namespace oomb {
 namespace {
@@ -234,6 +236,66 @@ INSTANTIATE_TEST_SUITE_P(
       return c.family + (c.full ? "_full" : "_lora") + (c.dtype == at::kDouble ? "_f64" : "_f32") +
              (c.packed ? "_packed" : "");
     });
+
+// Swap instead of recompute (worker/train/attention_swap.h): stage 2 replaying stage 1's
+// attention results gives the recompute path's loss and gradients bit for bit, whatever the
+// budget (every chunk, some of the latest, none) and the fewest keys that make a chunk worth it.
+TEST_P(ChunkTrainerExactnessTest, SwappedAttentionGivesTheRecomputedGradientsBitForBit) {
+  const Case c = GetParam();
+  const ModelConfig config = TinyConfig(c.family);
+  auto model = MakeModel(c, c.dtype);
+  const int64_t T = 50;
+  const TokenSequence seq =
+      c.packed ? TokenSequence::Pack({RandomIds(17, config.vocab_size, 1), RandomIds(25, config.vocab_size, 2),
+                                      RandomIds(8, config.vocab_size, 3)})
+               : TokenSequence::FromDocument(RandomIds(T, config.vocab_size, 1));
+  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+  for (const int64_t chunk : {7, 16}) {
+    const int64_t chunks = (T + chunk - 1) / chunk;
+    const SwapLayout layout =
+        MakeSwapLayout(chunk, config.num_heads, config.head_dim,
+                       SwapOutputBytes(static_cast<int64_t>(c10::elementSize(c.dtype)), /*cuda=*/false), 0);
+    const int64_t chunk_bytes = config.num_layers * layout.record_bytes;
+    const auto train = [&](int64_t budget_bytes, int64_t min_key_tokens, TrainerMemory* memory) {
+      Pools pools = MakePools(config, 3, T, c.dtype);
+      ChunkTrainerOptions options;
+      options.chunk_tokens = chunk;
+      options.attention_key_block = 7;
+      options.ce_rows_per_block = 5;
+      options.swap_budget_bytes = budget_bytes;
+      options.swap_min_key_tokens = min_key_tokens;
+      ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
+      auto loss = trainer.TrainSequence(seq, scale, 0);
+      EXPECT_TRUE(loss.ok()) << loss.status();
+      *memory = trainer.memory();
+      EXPECT_EQ(pools.kv->stats().used_pages, 0);
+      return std::make_pair(loss.ok() ? loss->loss_sum : 0.0, TakeGrads(*model));
+    };
+    TrainerMemory recomputed_memory, memory;
+    const auto [want_loss, want] = train(0, 0, &recomputed_memory);
+    EXPECT_EQ(recomputed_memory.swapped_chunks, 0);
+    // (budget in chunks, fewest keys per query) -> chunks swapped: chunk N-1 runs in stage 2
+    // only; the latest chunks go first; a chunk whose keys (i * C + C / 2) fall short is left.
+    const int64_t some = chunks / 2;
+    const int64_t keys_of_second_last = (chunks - 2) * chunk + chunk / 2;
+    for (const auto& [budget, min_keys, swapped] : {std::tuple<int64_t, int64_t, int64_t>{chunks, 0, chunks - 1},
+                                                    {some, 0, some},
+                                                    {chunks, keys_of_second_last, 1},
+                                                    {chunks, keys_of_second_last + 1, 0}}) {
+      SCOPED_TRACE(::testing::Message() << "chunk " << chunk << ", budget " << budget << " chunks, min keys "
+                                        << min_keys);
+      const auto [loss, got] = train(budget * chunk_bytes, min_keys, &memory);
+      EXPECT_EQ(memory.swapped_chunks, swapped);
+      EXPECT_EQ(memory.swapped_bytes > 0, swapped > 0);
+      EXPECT_EQ(loss, want_loss);
+      ASSERT_EQ(got.size(), want.size());
+      for (const auto& [name, g] : want) {
+        EXPECT_TRUE(at::equal(got.at(name), g))
+            << name << ": max difference " << (got.at(name) - g).abs().max().item<double>();
+      }
+    }
+  }
+}
 
 // The loss of chunked training equals the full-sequence loss too.
 TEST(ChunkTrainerTest, EvalLossMatchesFullSequence) {
