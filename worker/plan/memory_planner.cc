@@ -346,6 +346,33 @@ std::string FormatBytes(int64_t bytes) {
   return buf;
 }
 
+namespace {
+
+// Why `plan` does not fit, in words, with the numbers (`host_pages`, `host_grad_pages`: the
+// pages it places on the host).
+std::string LimitInWords(const MemoryPlan& plan, int64_t host_pages, int64_t host_grad_pages, const JobConfig& spec,
+                         const PlanTarget& target) {
+  const int64_t lo = plan.max_seq_len_that_fits;
+  const std::string longest = lo > 0 ? absl::StrCat("the longest context that fits is ", lo, " tokens")
+                                     : std::string("not even one token fits");
+  if (plan.peak_device_bytes > plan.device_capacity_bytes) {
+    return absl::StrCat(
+        target.device, " memory: the job needs ", FormatBytes(plan.peak_device_bytes), " at data.max_seq_len ",
+        plan.seq_len, " (weights ", FormatBytes(plan.weights_bytes), ", KV pages ", FormatBytes(plan.kv_device_bytes),
+        ", activations ", FormatBytes(plan.activation_bytes), ") and ", FormatBytes(plan.device_capacity_bytes),
+        " is usable (", FormatBytes(target.device_bytes), " less ", FormatBytes(kDeviceReserveBytes), " reserved); ",
+        longest,
+        spec.memory.kv_offload == KvOffload::kNone ? " (memory.kv_offload: none keeps every page on the device)" : "");
+  }
+  return absl::StrCat("host memory: the job needs ", FormatBytes(plan.peak_host_bytes),
+                      " of pinned host memory at data.max_seq_len ", plan.seq_len, " (", host_pages, " KV and ",
+                      host_grad_pages, " KV-gradient pages) and ", FormatBytes(plan.host_capacity_bytes),
+                      " is usable (", FormatBytes(target.host_bytes), " less ", FormatBytes(kHostReserveBytes),
+                      " reserved); ", longest);
+}
+
+}  // namespace
+
 std::vector<int64_t> AutoChunkCandidates(int64_t page_tokens) {
   std::vector<int64_t> out;
   for (int64_t c = kAutoChunkMax; c >= kAutoChunkMin; c /= 2) {
@@ -451,27 +478,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
              cuda ? plan.host_capacity_bytes - p.peak_host : plan.device_capacity_bytes - p.peak_host, &plan);
     plan.peak_host_bytes += plan.swap_bytes;
   }
-  if (!plan.fits) {
-    const bool device_limit = p.peak_device > plan.device_capacity_bytes;
-    const std::string longest = lo > 0 ? absl::StrCat("the longest context that fits is ", lo, " tokens")
-                                       : std::string("not even one token fits");
-    if (device_limit) {
-      plan.limit = absl::StrCat(
-          target.device, " memory: the job needs ", FormatBytes(plan.peak_device_bytes), " at data.max_seq_len ", T,
-          " (weights ", FormatBytes(plan.weights_bytes), ", KV pages ", FormatBytes(plan.kv_device_bytes),
-          ", activations ", FormatBytes(plan.activation_bytes), ") and ", FormatBytes(plan.device_capacity_bytes),
-          " is usable (", FormatBytes(target.device_bytes), " less ", FormatBytes(kDeviceReserveBytes), " reserved); ",
-          longest,
-          spec.memory.kv_offload == KvOffload::kNone ? " (memory.kv_offload: none keeps every page on the device)"
-                                                     : "");
-    } else {
-      plan.limit = absl::StrCat("host memory: the job needs ", FormatBytes(plan.peak_host_bytes),
-                                " of pinned host memory at data.max_seq_len ", T, " (", p.host_pages, " KV and ",
-                                p.host_grad_pages, " KV-gradient pages) and ", FormatBytes(plan.host_capacity_bytes),
-                                " is usable (", FormatBytes(target.host_bytes), " less ",
-                                FormatBytes(kHostReserveBytes), " reserved); ", longest);
-    }
-  }
+  if (!plan.fits) plan.limit = LimitInWords(plan, p.host_pages, p.host_grad_pages, spec, target);
   return plan;
 }
 

@@ -160,15 +160,18 @@ std::unique_ptr<Transformer> MakeModel(const Case& c, at::ScalarType dtype) {
   return model;
 }
 
+// The case's 50 tokens: one document, or three packed.
+TokenSequence CaseSequence(const Case& c, int64_t vocab) {
+  return c.packed ? TokenSequence::Pack({RandomIds(17, vocab, 1), RandomIds(25, vocab, 2), RandomIds(8, vocab, 3)})
+                  : TokenSequence::FromDocument(RandomIds(50, vocab, 1));
+}
+
 TEST_P(ChunkTrainerExactnessTest, ChunkedGradientsEqualFullSequenceGradients) {
   const Case c = GetParam();
   const ModelConfig config = TinyConfig(c.family);
   auto model = MakeModel(c, c.dtype);
   const int64_t T = 50;
-  const TokenSequence seq =
-      c.packed ? TokenSequence::Pack({RandomIds(17, config.vocab_size, 1), RandomIds(25, config.vocab_size, 2),
-                                      RandomIds(8, config.vocab_size, 3)})
-               : TokenSequence::FromDocument(RandomIds(T, config.vocab_size, 1));
+  const TokenSequence seq = CaseSequence(c, config.vocab_size);
   ASSERT_EQ(seq.size(), T);
   const double scale = 1.0 / static_cast<double>(seq.label_tokens());
   // float64: against the float64 full-sequence gradients, 1e-9. float32: against the float64
@@ -245,10 +248,7 @@ TEST_P(ChunkTrainerExactnessTest, SwappedAttentionGivesTheRecomputedGradientsBit
   const ModelConfig config = TinyConfig(c.family);
   auto model = MakeModel(c, c.dtype);
   const int64_t T = 50;
-  const TokenSequence seq =
-      c.packed ? TokenSequence::Pack({RandomIds(17, config.vocab_size, 1), RandomIds(25, config.vocab_size, 2),
-                                      RandomIds(8, config.vocab_size, 3)})
-               : TokenSequence::FromDocument(RandomIds(T, config.vocab_size, 1));
+  const TokenSequence seq = CaseSequence(c, config.vocab_size);
   const double scale = 1.0 / static_cast<double>(seq.label_tokens());
   for (const int64_t chunk : {7, 16}) {
     const int64_t chunks = (T + chunk - 1) / chunk;
