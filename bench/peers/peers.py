@@ -233,10 +233,13 @@ def main():
     ap.add_argument("--longest-step", type=int, default=16384, help="search resolution (tokens)")
     ap.add_argument("--longest-tries", type=int, default=4, help="most probe steps of the search")
     ap.add_argument("--longest-grow", type=float, default=1.5, help="growth factor while all fit")
-    ap.add_argument("--host-guard", type=float, default=0.85,
+    ap.add_argument("--host-guard", type=float, default=0.0,
                     help="offloading stacks: do not probe a length whose per-layer checkpoints "
                          "(S*hidden*2 B*layers) exceed this fraction of available host memory "
-                         "(0 disables); such a length is reported as not fitting, with a reason")
+                         "(0, the default, disables it); such a length is reported as not fitting, "
+                         "with a reason. Off by default: 'available' counts the pinned buffers "
+                         "LibTorch caches after a step as used, so the guard skipped lengths that "
+                         "would have fitted (bench/results/2026-11-26-h100-swap-peers, call 8)")
     ap.add_argument("--model-dir", default=None,
                     help="unsloth: where the random-weight model is written / reused "
                          "(default /tmp/peers-model-<preset>)")
