@@ -120,16 +120,15 @@ class CopyEngine {
   void AddToPages(PagePool& pool, const std::vector<PageId>& ids, const std::vector<uint64_t>& heads,
                   const at::Tensor& images);
 
-  // Swap instead of recompute (worker/train/attention_swap.h), tensors rather than pages, on
-  // the same streams. WriteToHost queues the copy of `src` (device, contiguous) into `host`
-  // (contiguous, as many bytes or more; pinned on a GPU) after the current stream's queued
-  // work, like a write-back; `src` stays allocated until it is done. StartUpload queues the
-  // copy of such a `host` tensor into a new device tensor of its shape and dtype, like a fetch,
-  // after every WriteToHost queued before it; Await gives it. Both count as PCIe traffic of
-  // kind kSwap.
-  // HostBuffer gives such a host tensor: `bytes` bytes, pinned on a GPU (cudaHostAlloc, exactly
-  // that size: LibTorch's pinned allocator rounds up to a power of two); c10::Error when the
-  // host has no memory for it.
+  // Swap instead of recompute (worker/train/attention_swap.h): tensors rather than pages, on
+  // the same streams. HostBuffer gives host memory for them: `bytes` bytes, pinned on a GPU
+  // (cudaHostAlloc, exactly that size: LibTorch's pinned allocator rounds up to a power of
+  // two); c10::Error when the host has no memory for it. WriteToHost queues the copy of `src`
+  // (device, contiguous) into `host` (contiguous, as many bytes or more; pinned on a GPU)
+  // after the current stream's queued work, like a write-back; `src` stays allocated until it
+  // is done. StartUpload queues the copy of such a `host` tensor into a new device tensor of
+  // its shape and dtype, like a fetch, after every WriteToHost queued before it; Await gives
+  // it. Both count as PCIe traffic of kind kSwap.
   at::Tensor HostBuffer(int64_t bytes) const;
   void WriteToHost(const at::Tensor& src, const at::Tensor& host);
   std::shared_ptr<PendingFetch> StartUpload(const at::Tensor& host);

@@ -1,8 +1,8 @@
 // The page pools of one job on one device, as the memory planner placed them
 // (worker/plan/memory_planner.h): KV and KV-gradient pools on the device and, when the plan puts
 // pages on the host, host pools (pinned on a GPU, in slabs); and the copy engine that moves
-// their pages and the attention results the trainer swaps to the host. The executor, the benchmark and the tests make
-// their pools here.
+// their pages and the attention results the trainer swaps to the host. The executor, the
+// benchmark and the tests make their pools here.
 #ifndef OOMB_WORKER_KV_KV_POOLS_H_
 #define OOMB_WORKER_KV_KV_POOLS_H_
 
