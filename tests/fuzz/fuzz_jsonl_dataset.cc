@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.vocab_size = (knob & 0x40) ? 0 : 300;
   const oomb::TokenizerLoader loader = [&]() -> absl::StatusOr<oomb::TextTokenizer> {
     if (knob & 0x80) return absl::NotFoundError("no tokenizer");
-    return oomb::TextTokenizer{&Tok(), &Chat()};
+    return oomb::TextTokenizer{&Tok(), &Chat(), {}};
   };
   oomb::DatasetStats stats;
   auto docs = oomb::ReadJsonlDataset(file, loader, options, &stats);

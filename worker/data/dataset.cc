@@ -218,7 +218,8 @@ absl::StatusOr<Document> ParseMessages(const json& j, LazyTokenizer& lazy, const
   OOMB_ASSIGN_OR_RETURN(TextTokenizer t, lazy.Get(err));
   if (t.chat == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat(err("").message(), "the model has no supported chat template for 'messages' samples"));
+        absl::StrCat(err("").message(), "the model has no supported chat template for 'messages' samples",
+                     t.chat_error.ok() ? "" : absl::StrCat(" (", t.chat_error.message(), ")")));
   }
   auto rendered = t.chat->Render(msgs);
   if (!rendered.ok()) return err(std::string(rendered.status().message()));
@@ -364,7 +365,7 @@ bool FastInputIds(simdjson::dom::parser& parser, const std::string& line, int64_
 absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const Tokenizer& tokenizer,
                                                        const ChatTemplate* chat, const DatasetOptions& options,
                                                        DatasetStats* stats) {
-  const TokenizerLoader load = [&]() -> absl::StatusOr<TextTokenizer> { return TextTokenizer{&tokenizer, chat}; };
+  const TokenizerLoader load = [&]() -> absl::StatusOr<TextTokenizer> { return TextTokenizer{&tokenizer, chat, {}}; };
   return ReadJsonlDataset(file, load, options, stats);
 }
 
@@ -473,12 +474,17 @@ TokenizerLoader ModelTokenizer::Loader() {
         return load_error_;
       }
       tokenizer_ = *std::move(tokenizer);
-      if (!tokenizer_->chat_template().empty()) {
-        auto chat = ChatTemplate::FromJinja(tokenizer_->chat_template());
-        if (chat.ok()) chat_ = *chat;
+      ChatSpecialTokens special;
+      if (auto bos = tokenizer_->bos_id()) special.bos = tokenizer_->IdToToken(*bos).value_or("");
+      if (auto eos = tokenizer_->eos_id()) special.eos = tokenizer_->IdToToken(*eos).value_or("");
+      auto chat = ChatTemplate::FromJinja(tokenizer_->chat_template(), std::move(special));
+      if (chat.ok()) {
+        chat_ = *chat;
+      } else {
+        chat_error_ = chat.status();
       }
     }
-    return TextTokenizer{tokenizer_.get(), chat_ ? &*chat_ : nullptr};
+    return TextTokenizer{tokenizer_.get(), chat_ ? &*chat_ : nullptr, chat_error_};
   };
 }
 

@@ -74,6 +74,7 @@ struct DatasetStats {
 struct TextTokenizer {
   const Tokenizer* tokenizer = nullptr;  // required
   const ChatTemplate* chat = nullptr;    // null: "messages" samples are FAILED_PRECONDITION
+  absl::Status chat_error;               // why `chat` is null (ChatTemplate::FromJinja's error)
 };
 // Called at most once per read, on the first sample that needs it; the pointers must outlive
 // the read. Its error fails the read, with its code and its message prefixed by the field, the
@@ -98,6 +99,7 @@ class ModelTokenizer {
   std::string model_field_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_;
+  absl::Status chat_error_;
   absl::Status load_error_;
 };
 

@@ -1,24 +1,31 @@
 #include "worker/hf/chat_template.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/common/status.h"
 #include "worker/hf/unicode.h"
 
 namespace oomb {
 namespace {
 
-constexpr std::string_view kImStart = "<|im_start|>";
-constexpr std::string_view kImEnd = "<|im_end|>";
-constexpr std::string_view kHeaderStart = "<|start_header_id|>";
-constexpr std::string_view kHeaderEnd = "<|end_header_id|>";
-constexpr std::string_view kEot = "<|eot_id|>";
+constexpr absl::string_view kImStart = "<|im_start|>";
+constexpr absl::string_view kImEnd = "<|im_end|>";
+constexpr absl::string_view kHeaderStart = "<|start_header_id|>";
+constexpr absl::string_view kHeaderEnd = "<|end_header_id|>";
+constexpr absl::string_view kEot = "<|eot_id|>";
+constexpr absl::string_view kStartOfTurn = "<start_of_turn>";
+constexpr absl::string_view kEndOfTurn = "<end_of_turn>";
+constexpr absl::string_view kThinkOpen = "<think>";
+constexpr absl::string_view kThinkClose = "</think>";
+constexpr absl::string_view kPhiEnd = "<|end|>";
 
-bool Contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+bool Contains(absl::string_view s, absl::string_view what) { return s.find(what) != absl::string_view::npos; }
 
 // The literal default system message of a ChatML template: the first
 // '<|im_start|>system\n...<|im_end|>' whose body is plain text (not an expression).
-std::optional<std::string> FindDefaultSystem(std::string_view t) {
+std::optional<std::string> FindDefaultSystem(absl::string_view t) {
   const std::string head = absl::StrCat(std::string(kImStart), "system");
-  for (size_t at = t.find(head); at != std::string_view::npos; at = t.find(head, at + 1)) {
+  for (size_t at = t.find(head); at != absl::string_view::npos; at = t.find(head, at + 1)) {
     size_t body = at + head.size();
     if (t.substr(body, 1) == "\n") {
       body += 1;
@@ -28,9 +35,9 @@ std::optional<std::string> FindDefaultSystem(std::string_view t) {
       continue;
     }
     const size_t end = t.find(kImEnd, body);
-    if (end == std::string_view::npos) continue;
-    const std::string_view raw = t.substr(body, end - body);
-    if (raw.empty() || raw.find_first_of("'\"{}+") != std::string_view::npos) continue;
+    if (end == absl::string_view::npos) continue;
+    const absl::string_view raw = t.substr(body, end - body);
+    if (raw.empty() || raw.find_first_of("'\"{}+") != absl::string_view::npos) continue;
     std::string text;
     for (size_t i = 0; i < raw.size(); ++i) {
       if (raw[i] == '\\' && i + 1 < raw.size() && raw[i + 1] == 'n') {
@@ -46,7 +53,8 @@ std::optional<std::string> FindDefaultSystem(std::string_view t) {
 }
 
 // Python's str.strip(): Unicode whitespace plus the separators U+001C..U+001F.
-std::pair<size_t, size_t> TrimBounds(std::string_view s) {
+std::pair<size_t, size_t> TrimBounds(absl::string_view text) {
+  const std::string_view s(text.data(), text.size());
   const auto is_space = [](char32_t cp) { return IsUnicodeWhitespace(cp) || (cp >= 0x1C && cp <= 0x1F); };
   size_t b = 0;
   while (b < s.size()) {
@@ -65,85 +73,324 @@ std::pair<size_t, size_t> TrimBounds(std::string_view s) {
   return {b, e};
 }
 
+// Python's str.lstrip('\n') / rstrip('\n') / strip('\n').
+absl::string_view LStripNewlines(absl::string_view s) {
+  while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+  return s;
+}
+absl::string_view RStripNewlines(absl::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
+absl::string_view Trimmed(absl::string_view s) {
+  const auto [b, e] = TrimBounds(s);
+  return s.substr(b, e - b);
+}
+
+// Appends an assistant reply `content` and its end marker to `out`, recording the span.
+void AppendReply(RenderedChat* out, absl::string_view content, absl::string_view end_marker) {
+  const size_t begin = out->text.size();
+  out->text.append(content.data(), content.size());
+  const size_t end = out->text.size();
+  out->text.append(end_marker.data(), end_marker.size());
+  out->assistant_spans.push_back({begin, end, out->text.size()});
+}
+
+// Jinja's "roles must alternate" check as Gemma's and Mistral's templates write it: the i-th
+// message counted is a user message exactly when i is even.
+absl::Status CheckAlternation(const std::vector<const ChatMessage*>& counted, size_t first_index) {
+  for (size_t i = 0; i < counted.size(); ++i) {
+    if ((counted[i]->role == "user") != (i % 2 == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("message ", first_index + i, " ('", counted[i]->role,
+                                                     "'): the chat template needs the conversation roles to "
+                                                     "alternate user/assistant/user/assistant/..."));
+    }
+  }
+  return absl::OkStatus();
+}
+
+RenderedChat RenderChatMl(const std::vector<ChatMessage>& messages, const std::optional<std::string>& default_system,
+                          bool add_generation_prompt) {
+  RenderedChat out;
+  std::string& s = out.text;
+  if (default_system && !messages.empty() && messages[0].role != "system") {
+    absl::StrAppend(&s, kImStart, "system\n", *default_system, kImEnd, "\n");
+  }
+  for (const ChatMessage& m : messages) {
+    absl::StrAppend(&s, kImStart, m.role, "\n");
+    if (m.role == "assistant") {
+      AppendReply(&out, m.content, kImEnd);
+    } else {
+      absl::StrAppend(&s, m.content, kImEnd);
+    }
+    s += "\n";
+  }
+  if (add_generation_prompt) absl::StrAppend(&s, kImStart, "assistant\n");
+  return out;
+}
+
+// The index of the last user message that is not a wrapped tool response (Qwen3's
+// last_query_index; the last message's index when there is none).
+size_t Qwen3LastQuery(const std::vector<ChatMessage>& messages) {
+  for (size_t i = messages.size(); i-- > 0;) {
+    const absl::string_view c = messages[i].content;
+    if (messages[i].role == "user" &&
+        !(absl::StartsWith(c, "<tool_response>") && absl::EndsWith(c, "</tool_response>")))
+      return i;
+  }
+  return messages.empty() ? 0 : messages.size() - 1;
+}
+
+RenderedChat RenderQwen3(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  RenderedChat out;
+  std::string& s = out.text;
+  if (!messages.empty() && messages[0].role == "system")
+    absl::StrAppend(&s, kImStart, "system\n", messages[0].content, kImEnd, "\n");
+  const size_t last_query = Qwen3LastQuery(messages);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool last = i + 1 == messages.size();
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      absl::StrAppend(&s, kImStart, m.role, "\n", m.content, kImEnd, "\n");
+    } else if (m.role == "assistant") {
+      absl::string_view answer = m.content;
+      absl::string_view reasoning;
+      if (const size_t close = answer.find(kThinkClose); close != absl::string_view::npos) {
+        reasoning = RStripNewlines(answer.substr(0, close));
+        if (const size_t open = reasoning.rfind(kThinkOpen); open != absl::string_view::npos) {
+          reasoning.remove_prefix(open + kThinkOpen.size());
+        }
+        reasoning = LStripNewlines(reasoning);
+        answer = LStripNewlines(answer.substr(answer.rfind(kThinkClose) + kThinkClose.size()));
+      }
+      absl::StrAppend(&s, kImStart, m.role, "\n");
+      if (i > last_query && (last || !reasoning.empty())) {
+        const std::string written = absl::StrCat(kThinkOpen, "\n", RStripNewlines(LStripNewlines(reasoning)), "\n",
+                                                 kThinkClose, "\n\n", LStripNewlines(answer));
+        AppendReply(&out, written, kImEnd);
+      } else {
+        AppendReply(&out, answer, kImEnd);
+      }
+      s += "\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") absl::StrAppend(&s, kImStart, "user");
+      absl::StrAppend(&s, "\n<tool_response>\n", m.content, "\n</tool_response>");
+      if (last || messages[i + 1].role != "tool") absl::StrAppend(&s, kImEnd, "\n");
+    }
+  }
+  if (add_generation_prompt) absl::StrAppend(&s, kImStart, "assistant\n");
+  return out;
+}
+
+RenderedChat RenderLlama3(const std::vector<ChatMessage>& messages, const std::string& bos,
+                          bool add_generation_prompt) {
+  RenderedChat out;
+  std::string& s = out.text;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (i == 0) s += bos;
+    absl::StrAppend(&s, kHeaderStart, m.role, kHeaderEnd, "\n\n");
+    if (m.role == "assistant") {
+      AppendReply(&out, Trimmed(m.content), kEot);
+    } else {
+      absl::StrAppend(&s, Trimmed(m.content), kEot);
+    }
+  }
+  if (add_generation_prompt) absl::StrAppend(&s, kHeaderStart, "assistant", kHeaderEnd, "\n\n");
+  return out;
+}
+
+absl::StatusOr<RenderedChat> RenderGemma(const std::vector<ChatMessage>& messages, const std::string& bos,
+                                         bool add_generation_prompt) {
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  std::vector<const ChatMessage*> turns;
+  for (size_t i = first; i < messages.size(); ++i) turns.push_back(&messages[i]);
+  OOMB_RETURN_IF_ERROR(CheckAlternation(turns, first));
+  RenderedChat out;
+  std::string& s = out.text;
+  s += bos;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const ChatMessage& m = *turns[i];
+    const bool assistant = m.role == "assistant";
+    absl::StrAppend(&s, kStartOfTurn, assistant ? "model" : m.role, "\n");
+    if (i == 0 && has_system) absl::StrAppend(&s, messages[0].content, "\n\n");
+    if (assistant) {
+      AppendReply(&out, Trimmed(m.content), kEndOfTurn);
+    } else {
+      absl::StrAppend(&s, Trimmed(m.content), kEndOfTurn);
+    }
+    s += "\n";
+  }
+  if (add_generation_prompt) absl::StrAppend(&s, kStartOfTurn, "model\n");
+  return out;
+}
+
+absl::StatusOr<RenderedChat> RenderMistral(const std::vector<ChatMessage>& messages, const ChatSpecialTokens& tokens) {
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  std::vector<const ChatMessage*> turns;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "user" && role != "assistant") {
+      return absl::InvalidArgumentError(absl::StrCat("message ", i, " ('", role,
+                                                     "'): the chat template supports only user and assistant "
+                                                     "roles, after an optional first system message"));
+    }
+    turns.push_back(&messages[i]);
+  }
+  OOMB_RETURN_IF_ERROR(CheckAlternation(turns, first));
+  RenderedChat out;
+  std::string& s = out.text;
+  s += tokens.bos;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const ChatMessage& m = *turns[i];
+    if (m.role == "user") {
+      s += "[INST] ";
+      if (i + 1 == turns.size() && has_system) absl::StrAppend(&s, messages[0].content, "\n\n");
+      absl::StrAppend(&s, m.content, "[/INST]");
+    } else {
+      s += " ";
+      AppendReply(&out, Trimmed(m.content), tokens.eos);
+    }
+  }
+  return out;
+}
+
+RenderedChat RenderPhi(ChatFamily family, const std::vector<ChatMessage>& messages, bool skip_empty_system,
+                       const std::string& eos, bool add_generation_prompt) {
+  const char* const newline = family == ChatFamily::kPhi3 ? "\n" : "";
+  RenderedChat out;
+  std::string& s = out.text;
+  for (const ChatMessage& m : messages) {
+    if (family == ChatFamily::kPhi3) {
+      if (m.role != "system" && m.role != "user" && m.role != "assistant") continue;
+      if (m.role == "system" && skip_empty_system && m.content.empty()) continue;
+    }
+    absl::StrAppend(&s, "<|", m.role, "|>", newline);
+    if (m.role == "assistant") {
+      AppendReply(&out, m.content, kPhiEnd);
+    } else {
+      absl::StrAppend(&s, m.content, kPhiEnd);
+    }
+    s += newline;
+  }
+  if (add_generation_prompt) {
+    absl::StrAppend(&s, "<|assistant|>", newline);
+  } else {
+    s += eos;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string_view ChatFamilyName(ChatFamily family) {
   switch (family) {
     case ChatFamily::kChatMl:
       return "chatml";
+    case ChatFamily::kQwen3:
+      return "qwen3";
     case ChatFamily::kLlama3:
       return "llama3";
+    case ChatFamily::kGemma:
+      return "gemma";
+    case ChatFamily::kMistral:
+      return "mistral";
+    case ChatFamily::kPhi3:
+      return "phi3";
+    case ChatFamily::kPhi4Mini:
+      return "phi4-mini";
   }
   return "unknown";
 }
 
-absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view t, std::string_view bos_token) {
-  if (t.empty()) return absl::InvalidArgumentError("the model has no chat template");
-  ChatTemplate ct;
+namespace {
+
+// The family of a template, or UNIMPLEMENTED naming the family it resembles.
+absl::StatusOr<ChatFamily> Recognise(absl::string_view t) {
   if (Contains(t, kImStart)) {
-    if (Contains(t, "<think>")) {
-      return absl::UnimplementedError("chat template family 'chatml-reasoning' (Qwen3-style <think>) is not supported");
-    }
-    ct.family_ = ChatFamily::kChatMl;
-    ct.default_system_ = FindDefaultSystem(t);
-    return ct;
+    if (!Contains(t, kThinkOpen)) return ChatFamily::kChatMl;
+    if (Contains(t, "last_query_index") && Contains(t, "reasoning_content")) return ChatFamily::kQwen3;
+    return absl::UnimplementedError(
+        "chat template family 'chatml-reasoning' (a <think> template other than Qwen3's) is not supported");
   }
   if (Contains(t, kHeaderStart)) {
     if (Contains(t, "Cutting Knowledge Date") || Contains(t, "<|python_tag|>")) {
       return absl::UnimplementedError(
           "chat template family 'llama3.1' (date header, tools) is not supported; only Llama-3 is");
     }
-    ct.family_ = ChatFamily::kLlama3;
-    ct.bos_token_ = bos_token.empty() ? "<|begin_of_text|>" : std::string(bos_token);
-    return ct;
+    return ChatFamily::kLlama3;
   }
-  std::string family = "unknown";
-  if (Contains(t, "[INST]")) family = "mistral/llama2 ([INST])";
-  if (Contains(t, "<start_of_turn>")) family = "gemma";
-  if (Contains(t, "<|user|>")) family = "zephyr/phi (<|user|>)";
-  return absl::UnimplementedError(absl::StrCat("chat template family '", family, "' is not supported"));
+  if (Contains(t, kStartOfTurn)) {
+    if (Contains(t, "first_user_prefix")) return ChatFamily::kGemma;
+    return absl::UnimplementedError("chat template family 'gemma' other than Gemma 3's is not supported");
+  }
+  if (Contains(t, "[INST]")) {
+    if (Contains(t, R"("[INST] " + system_message + "\n\n")") && !Contains(t, "[SYSTEM_PROMPT]")) {
+      return ChatFamily::kMistral;
+    }
+    return absl::UnimplementedError(
+        "chat template family 'mistral/llama2 ([INST])' other than Mistral-7B-Instruct-v0.3's is not supported");
+  }
+  if (Contains(t, R"('<|user|>\n' + message['content'] + '<|end|>\n')")) return ChatFamily::kPhi3;
+  if (Contains(t, R"('<|' + message['role'] + '|>' + message['content'] + '<|end|>')")) return ChatFamily::kPhi4Mini;
+  if (Contains(t, "<|user|>")) {
+    return absl::UnimplementedError(
+        "chat template family 'zephyr/phi (<|user|>)' other than Phi-3's and Phi-4-mini's "
+        "is not supported");
+  }
+  return absl::UnimplementedError("chat template family 'unknown' is not supported");
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view text, ChatSpecialTokens tokens) {
+  const absl::string_view t(text.data(), text.size());
+  if (t.empty()) return absl::InvalidArgumentError("the model has no chat template");
+  OOMB_ASSIGN_OR_RETURN(const ChatFamily family, Recognise(t));
+  ChatTemplate ct;
+  ct.family_ = family;
+  if (family == ChatFamily::kChatMl) ct.default_system_ = FindDefaultSystem(t);
+  if (family == ChatFamily::kLlama3 && tokens.bos.empty()) tokens.bos = "<|begin_of_text|>";
+  if (family == ChatFamily::kPhi3)
+    ct.skip_empty_system_ = Contains(t, "message['role'] == 'system' and message['content']");
+  const bool needs_bos = family == ChatFamily::kGemma || family == ChatFamily::kMistral;
+  const bool needs_eos =
+      family == ChatFamily::kMistral || family == ChatFamily::kPhi3 || family == ChatFamily::kPhi4Mini;
+  if ((needs_bos && tokens.bos.empty()) || (needs_eos && tokens.eos.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the '", std::string(ChatFamilyName(family)), "' chat template needs the model's ",
+        needs_bos && tokens.bos.empty() ? "bos_token" : "eos_token", " (tokenizer_config.json) and it has none"));
+  }
+  ct.tokens_ = std::move(tokens);
+  return ct;
 }
 
 absl::StatusOr<RenderedChat> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                   bool add_generation_prompt) const {
-  RenderedChat out;
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("message ", i, ": empty role"));
     }
   }
-  std::string& s = out.text;
-  if (family_ == ChatFamily::kChatMl) {
-    if (default_system_ && !messages.empty() && messages[0].role != "system") {
-      absl::StrAppend(&s, std::string(kImStart), "system\n", *default_system_, std::string(kImEnd), "\n");
-    }
-    for (const ChatMessage& m : messages) {
-      absl::StrAppend(&s, std::string(kImStart), m.role, "\n");
-      const size_t begin = s.size();
-      s += m.content;
-      const size_t end = s.size();
-      s += kImEnd;
-      if (m.role == "assistant") out.assistant_spans.push_back({begin, end, s.size()});
-      s += "\n";
-    }
-    if (add_generation_prompt) absl::StrAppend(&s, std::string(kImStart), "assistant\n");
-    return out;
+  switch (family_) {
+    case ChatFamily::kChatMl:
+      return RenderChatMl(messages, default_system_, add_generation_prompt);
+    case ChatFamily::kQwen3:
+      return RenderQwen3(messages, add_generation_prompt);
+    case ChatFamily::kLlama3:
+      return RenderLlama3(messages, tokens_.bos, add_generation_prompt);
+    case ChatFamily::kGemma:
+      return RenderGemma(messages, tokens_.bos, add_generation_prompt);
+    case ChatFamily::kMistral:
+      return RenderMistral(messages, tokens_);
+    case ChatFamily::kPhi3:
+    case ChatFamily::kPhi4Mini:
+      return RenderPhi(family_, messages, skip_empty_system_, tokens_.eos, add_generation_prompt);
   }
-  // Llama-3.
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    if (i == 0) s += bos_token_;
-    absl::StrAppend(&s, std::string(kHeaderStart), m.role, std::string(kHeaderEnd), "\n\n");
-    const auto [b, e] = TrimBounds(m.content);
-    const size_t begin = s.size();
-    s.append(m.content, b, e - b);
-    const size_t end = s.size();
-    s += kEot;
-    if (m.role == "assistant") out.assistant_spans.push_back({begin, end, s.size()});
-  }
-  if (add_generation_prompt)
-    absl::StrAppend(&s, std::string(kHeaderStart), "assistant", std::string(kHeaderEnd), "\n\n");
-  return out;
+  return absl::InternalError("unknown chat family");
 }
 
 }  // namespace oomb

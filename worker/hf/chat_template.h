@@ -3,14 +3,36 @@
 // assistant reply sits in the text so training can restrict the loss to assistant turns.
 //
 // oomb does not run Jinja. It recognises the template families it trains and renders them
-// natively; the tests check the output against transformers' apply_chat_template:
-//   kChatMl  (Qwen2, Qwen2.5, SmolLM2):  "<|im_start|>{role}\n{content}<|im_end|>\n" per
-//            message, preceded by the template's default system message (when it has one)
-//            if the first message is not a system message.
-//   kLlama3  (Llama-3 / 3-Instruct):   "{bos}" once, then per message
-//            "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>".
-// Other templates (Llama-3.1+ with its date header, Qwen3 with <think> handling, Mistral,
-// Gemma, ...) are UNIMPLEMENTED, with the family named in the message.
+// natively; the tests check the output, and which conversations a template refuses, against
+// transformers' apply_chat_template:
+//   kChatMl   (Qwen2, Qwen2.5, SmolLM2): "<|im_start|>{role}\n{content}<|im_end|>\n" per
+//             message, preceded by the template's default system message (when it has one)
+//             if the first message is not a system message.
+//   kQwen3    (Qwen3, ChatML with <think>): as ChatML without a default system message; an
+//             assistant reply after the last user message is written
+//             "<think>\n{reasoning}\n</think>\n\n{answer}" (empty reasoning when the reply has
+//             no "</think>"); earlier replies keep only their answer (the text after the last
+//             "</think>"). "tool" messages become <tool_response> blocks of a user turn; other
+//             roles are left out, as the template leaves them out.
+//   kLlama3   (Llama-3 / 3-Instruct): "{bos}" once, then per message
+//             "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>".
+//   kGemma    (Gemma 3): "{bos}", then "<start_of_turn>{role}\n{content|trim}
+//             <end_of_turn>\n" with "assistant" written "model"; a leading system message is
+//             put before the first turn's content followed by "\n\n". Turns must alternate
+//             user / assistant, starting with user.
+//   kMistral  (Mistral-7B-Instruct-v0.3): "{bos}", then
+//             "[INST] {content}[/INST]" per user message and " {content|trim}{eos}" per
+//             assistant message; a leading system message is put before the LAST user
+//             message only when that message ends the conversation ("{system}\n\n{content}").
+//             User / assistant must alternate, starting with user; other roles are refused.
+//   kPhi3     (Phi-3, Phi-3.5): "<|{role}|>\n{content}<|end|>\n" for system, user and
+//             assistant (other roles left out; Phi-3.5 also leaves out an empty system
+//             message), then "{eos}" unless a generation prompt "<|assistant|>\n" is asked for.
+//   kPhi4Mini (Phi-4-mini): "<|{role}|>{content}<|end|>" for every role, then "{eos}" unless a
+//             generation prompt "<|assistant|>" is asked for.
+// Where the template refuses a conversation (raise_exception), Render is INVALID_ARGUMENT
+// with the template's reason. Other templates (Llama-3.1+ with its date header, older [INST]
+// and Mistral-Nemo templates, Gemma 2's, ...) are UNIMPLEMENTED, with the family named in the message.
 //
 // Immutable after construction; thread-safe.
 #ifndef OOMB_WORKER_HF_CHAT_TEMPLATE_H_
@@ -33,10 +55,13 @@ struct ChatMessage {
 
 // Byte offsets into RenderedChat::text of one assistant message.
 struct AssistantSpan {
-  size_t content_begin = 0;  // first byte of the (trimmed, for Llama-3) content
+  size_t content_begin = 0;  // first byte of what the model writes: the content as rendered
+                             // (trimmed for Llama-3, Gemma and Mistral; with its <think> block
+                             // for a Qwen3 reply after the last user message)
   size_t content_end = 0;    // one past its last byte
-  size_t turn_end = 0;       // one past the end-of-turn marker (<|im_end|> / <|eot_id|>), for
-                             // callers that also train the model to stop
+  size_t turn_end = 0;       // one past the end-of-turn marker (<|im_end|>, <|eot_id|>,
+                             // <end_of_turn>, </s>, <|end|>), for callers that also train the
+                             // model to stop
 };
 
 struct RenderedChat {
@@ -44,18 +69,24 @@ struct RenderedChat {
   std::vector<AssistantSpan> assistant_spans;  // in message order
 };
 
-enum class ChatFamily { kChatMl, kLlama3 };
+enum class ChatFamily { kChatMl, kQwen3, kLlama3, kGemma, kMistral, kPhi3, kPhi4Mini };
 
-// "chatml" or "llama3".
+// "chatml", "qwen3", "llama3", "gemma", "mistral", "phi3" or "phi4-mini".
 std::string_view ChatFamilyName(ChatFamily family);
+
+// What the template's `bos_token` and `eos_token` variables hold (tokenizer_config.json).
+struct ChatSpecialTokens {
+  std::string bos;  // Llama-3: "<|begin_of_text|>" when empty; Gemma, Mistral need it set
+  std::string eos;  // Mistral, Phi need it set
+};
 
 class ChatTemplate {
  public:
-  // Recognises the family of the Jinja `template_text`. `bos_token` is what the template's
-  // `bos_token` variable holds (Llama-3 only; "<|begin_of_text|>" when empty).
-  // INVALID_ARGUMENT when `template_text` is empty (the model has no chat template);
-  // UNIMPLEMENTED naming the family for templates outside the list above.
-  static absl::StatusOr<ChatTemplate> FromJinja(std::string_view template_text, std::string_view bos_token = "");
+  // Recognises the family of the Jinja `template_text`.
+  // INVALID_ARGUMENT when `template_text` is empty (the model has no chat template) or when the
+  // family needs a special token `tokens` lacks (naming it); UNIMPLEMENTED naming the family
+  // for templates outside the list above.
+  static absl::StatusOr<ChatTemplate> FromJinja(std::string_view template_text, ChatSpecialTokens tokens = {});
 
   ChatFamily family() const { return family_; }
 
@@ -63,7 +94,8 @@ class ChatTemplate {
   const std::optional<std::string>& default_system() const { return default_system_; }
 
   // Renders `messages`; with `add_generation_prompt`, appends the header of an assistant turn.
-  // INVALID_ARGUMENT naming the message index when a role is empty.
+  // INVALID_ARGUMENT naming the message index when a role is empty or when the template would
+  // refuse the conversation.
   absl::StatusOr<RenderedChat> Render(const std::vector<ChatMessage>& messages,
                                       bool add_generation_prompt = false) const;
 
@@ -71,8 +103,9 @@ class ChatTemplate {
   ChatTemplate() = default;
 
   ChatFamily family_ = ChatFamily::kChatMl;
-  std::optional<std::string> default_system_;
-  std::string bos_token_;
+  std::optional<std::string> default_system_;  // ChatML
+  bool skip_empty_system_ = false;             // Phi-3.5
+  ChatSpecialTokens tokens_;
 };
 
 }  // namespace oomb

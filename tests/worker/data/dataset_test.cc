@@ -311,7 +311,7 @@ TEST_F(DatasetTest, PreTokenizedDataNeedsNoTokenizer) {
   calls = 0;
   const TokenizerLoader ok = [&]() -> absl::StatusOr<TextTokenizer> {
     ++calls;
-    return TextTokenizer{&ByteTokenizer(), nullptr};
+    return TextTokenizer{&ByteTokenizer(), nullptr, {}};
   };
   path_ = Write("{\"text\": \"x\"}\n{\"text\": \"y\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}\n");
   r = ReadJsonlDataset(*testing::OpenFile(path_), ok, o, nullptr);

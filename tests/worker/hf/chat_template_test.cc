@@ -1,6 +1,9 @@
 #include "worker/hf/chat_template.h"
 
+#include <cctype>
 #include <filesystem>
+#include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -10,6 +13,7 @@
 #include "tests/worker/test_env.h"
 #include "tests/worker/test_files.h"
 #include "worker/common/file_access.h"
+#include "worker/data/dataset.h"
 #include "worker/hf/tokenizer.h"
 
 namespace oomb {
@@ -18,8 +22,8 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string SmolDir() { return testing::DataDir() + "/models/SmolLM2-135M-Instruct"; }
-std::string Llama3TemplatePath() {
-  return testing::SourceDir() + "/tests/worker/hf/testdata/llama3_chat_template.jinja";
+std::string TemplatePath(const std::string& name) {
+  return testing::SourceDir() + "/tests/worker/hf/testdata/" + name + "_chat_template.jinja";
 }
 
 struct Case {
@@ -27,20 +31,36 @@ struct Case {
   bool add_generation_prompt;
 };
 
+// Every family renders every case; where the family's template refuses one (roles that do not
+// alternate, roles it does not know), Render must refuse it too.
 std::vector<Case> Cases() {
   return {
       {{{"user", "Hi"}}, false},
       {{{"user", "Hi"}}, true},
       {{{"system", "Be terse."}, {"user", "2+2?"}, {"assistant", "4"}}, false},
+      {{{"system", "Be terse."}, {"user", "2+2?"}, {"assistant", "4"}, {"user", "3+3?"}}, true},
       {{{"user", "  padded \n"}, {"assistant", "\n answer with spaces  \t"}, {"user", "thanks"}}, true},
       {{{"user", "multi\nline\n\ncontent"}, {"assistant", "日本語 😀 café"}, {"user", "x"}, {"assistant", "y"}}, false},
       {{{"system", ""}, {"user", ""}, {"assistant", ""}}, false},
       {{{"user", "q"}, {"assistant", "a"}, {"tool", "result"}}, false},
+      {{{"user", "q"}, {"tool", "t1"}, {"tool", "t2"}, {"assistant", "b"}}, false},
+      {{{"assistant", "first"}}, false},
+      {{{"user", "u"}, {"user", "again"}}, false},
+      {{{"system", "s1"}, {"user", "u"}, {"system", "s2"}}, true},
+      {{{"user", "q1"},
+        {"assistant", "<think>\nreason\n</think>\n\nanswer"},
+        {"user", "q2"},
+        {"assistant", "<think>r2</think>a2"}},
+       false},
+      {{{"user", "q1"}, {"assistant", "pre<think>\n\nr1\n</think>\n\n\na1\n"}, {"assistant", "no think"}}, false},
+      {{{"user", "<tool_response>x</tool_response>"}, {"assistant", "<think>a</think>b"}}, false},
   };
 }
 
-// Renders every case with transformers' apply_chat_template; nullopt (test skips) without venv.
-std::vector<std::string> Reference(const std::string& template_file, const std::string& bos) {
+// Renders every case with transformers' apply_chat_template (the tokenizer's own template when
+// `template_file` is empty); nullopt for the cases the template refuses. Empty (the test skips)
+// without the venv or the test data.
+std::vector<std::optional<std::string>> Reference(const std::string& template_file, const ChatSpecialTokens& tokens) {
   const std::string py = testing::VenvPython();
   if (py.empty() || !std::filesystem::exists(SmolDir())) return {};
   const std::string dir = testing::ScratchDir("chat_ref");
@@ -53,34 +73,55 @@ std::vector<std::string> Reference(const std::string& template_file, const std::
   EXPECT_TRUE(FileAccess::Unconfined()->OpenDir(dir)->WriteFileAtomic("cases.json", cases.dump()).ok());
   std::string cmd = py + " " + testing::SourceDir() + "/tests/python/chat_template_reference.py --tokenizer-dir " +
                     SmolDir() + " --cases " + dir + "/cases.json --out " + dir + "/out.json";
-  if (!template_file.empty()) cmd += " --template " + template_file + " --bos '" + bos + "'";
+  if (!template_file.empty()) {
+    cmd += " --template " + template_file + " --bos '" + tokens.bos + "' --eos '" + tokens.eos + "'";
+  }
   if (testing::RunCommand(cmd + " 2>/dev/null") != 0) {
     ADD_FAILURE() << "reference failed: " << cmd;
     return {};
   }
-  return nlohmann::json::parse(*FileAccess::Unconfined()->ReadFile(dir + "/out.json")).get<std::vector<std::string>>();
+  std::vector<std::optional<std::string>> out;
+  for (const auto& v : nlohmann::json::parse(*FileAccess::Unconfined()->ReadFile(dir + "/out.json"))) {
+    out.push_back(v.is_null() ? std::nullopt : std::optional<std::string>(v.get<std::string>()));
+  }
+  return out;
 }
 
-void CheckAgainstReference(const ChatTemplate& ct, const std::vector<std::string>& want,
+// The reply as the model writes it, less a leading Qwen3 <think> block.
+std::string WithoutThinkBlock(const std::string& reply) {
+  const std::string close = "</think>\n\n";
+  if (reply.rfind("<think>\n", 0) != 0) return reply;
+  const size_t at = reply.find(close);
+  return at == std::string::npos ? reply : reply.substr(at + close.size());
+}
+
+void CheckAgainstReference(const ChatTemplate& ct, const std::vector<std::optional<std::string>>& want,
                            const std::string& end_marker) {
   const auto cases = Cases();
   ASSERT_EQ(want.size(), cases.size());
+  int refused = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     auto r = ct.Render(cases[i].messages, cases[i].add_generation_prompt);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->text, want[i]) << "case " << i;
-    // Each span covers an assistant message's (trimmed) content, followed by the end marker.
+    if (!want[i]) {
+      ++refused;
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << "case " << i << ": the template refuses it";
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << "case " << i << ": " << r.status();
+    EXPECT_EQ(r->text, *want[i]) << "case " << i;
+    // Each span covers an assistant message's reply as written, followed by the end marker.
     size_t k = 0;
     for (const ChatMessage& m : cases[i].messages) {
       if (m.role != "assistant") continue;
       ASSERT_LT(k, r->assistant_spans.size());
       const AssistantSpan& s = r->assistant_spans[k++];
-      const std::string content = r->text.substr(s.content_begin, s.content_end - s.content_begin);
-      EXPECT_NE(m.content.find(content), std::string::npos) << "case " << i;
-      EXPECT_EQ(r->text.substr(s.content_end, s.turn_end - s.content_end), end_marker);
+      const std::string reply = r->text.substr(s.content_begin, s.content_end - s.content_begin);
+      EXPECT_NE(m.content.find(WithoutThinkBlock(reply)), std::string::npos) << "case " << i << ": " << reply;
+      EXPECT_EQ(r->text.substr(s.content_end, s.turn_end - s.content_end), end_marker) << "case " << i;
     }
     EXPECT_EQ(k, r->assistant_spans.size());
   }
+  ::testing::Test::RecordProperty("refused_cases", refused);
 }
 
 TEST(ChatTemplateTest, SmolLm2MatchesTransformers) {
@@ -91,20 +132,131 @@ TEST(ChatTemplateTest, SmolLm2MatchesTransformers) {
   ASSERT_TRUE(ct.ok()) << ct.status();
   EXPECT_EQ(ct->family(), ChatFamily::kChatMl);
   EXPECT_EQ(ct->default_system(), "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
-  const auto want = Reference("", "");
+  const auto want = Reference("", {});
   if (want.empty()) GTEST_SKIP() << "Python venv not found (set OOMB_VENV or run the setup script)";
   CheckAgainstReference(*ct, want, "<|im_end|>");
 }
 
-TEST(ChatTemplateTest, Llama3MatchesTransformers) {
-  auto text = FileAccess::Unconfined()->ReadFile(Llama3TemplatePath());
+struct FamilyCase {
+  std::string template_name;  // tests/worker/hf/testdata/<name>_chat_template.jinja
+  ChatSpecialTokens tokens;
+  ChatFamily family;
+  std::string end_marker;
+};
+
+void PrintTo(const FamilyCase& c, std::ostream* os) { *os << c.template_name; }
+
+class ChatFamilyTest : public ::testing::TestWithParam<FamilyCase> {};
+
+TEST_P(ChatFamilyTest, MatchesTransformers) {
+  const FamilyCase& fc = GetParam();
+  auto text = FileAccess::Unconfined()->ReadFile(TemplatePath(fc.template_name));
   ASSERT_TRUE(text.ok()) << text.status();
-  auto ct = ChatTemplate::FromJinja(*text, "<|begin_of_text|>");
+  auto ct = ChatTemplate::FromJinja(*text, fc.tokens);
   ASSERT_TRUE(ct.ok()) << ct.status();
-  EXPECT_EQ(ct->family(), ChatFamily::kLlama3);
-  const auto want = Reference(Llama3TemplatePath(), "<|begin_of_text|>");
+  EXPECT_EQ(ct->family(), fc.family);
+  const auto want = Reference(TemplatePath(fc.template_name), fc.tokens);
   if (want.empty()) GTEST_SKIP() << "Python venv or test data not found";
-  CheckAgainstReference(*ct, want, "<|eot_id|>");
+  CheckAgainstReference(*ct, want, fc.end_marker);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, ChatFamilyTest,
+    ::testing::Values(FamilyCase{"llama3", {"<|begin_of_text|>", ""}, ChatFamily::kLlama3, "<|eot_id|>"},
+                      FamilyCase{"qwen3", {}, ChatFamily::kQwen3, "<|im_end|>"},
+                      FamilyCase{"gemma3", {"<bos>", "<eos>"}, ChatFamily::kGemma, "<end_of_turn>"},
+                      FamilyCase{"mistral_v0.3", {"<s>", "</s>"}, ChatFamily::kMistral, "</s>"},
+                      FamilyCase{"phi3", {"<s>", "<|endoftext|>"}, ChatFamily::kPhi3, "<|end|>"},
+                      FamilyCase{"phi3.5", {"<s>", "<|endoftext|>"}, ChatFamily::kPhi3, "<|end|>"},
+                      FamilyCase{"phi4_mini", {"", "<|endoftext|>"}, ChatFamily::kPhi4Mini, "<|end|>"}),
+    [](const ::testing::TestParamInfo<FamilyCase>& info) {
+      std::string name;
+      for (char c : info.param.template_name) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return name;
+    });
+
+TEST(ChatTemplateTest, FamiliesThatNeedSpecialTokensSayWhich) {
+  auto text = FileAccess::Unconfined()->ReadFile(TemplatePath("mistral_v0.3"));
+  ASSERT_TRUE(text.ok());
+  auto ct = ChatTemplate::FromJinja(*text, {"<s>", ""});
+  ASSERT_FALSE(ct.ok());
+  EXPECT_EQ(ct.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ct.status().message()), HasSubstr("eos_token"));
+  text = FileAccess::Unconfined()->ReadFile(TemplatePath("gemma3"));
+  ASSERT_TRUE(text.ok());
+  ct = ChatTemplate::FromJinja(*text);
+  ASSERT_FALSE(ct.ok());
+  EXPECT_THAT(std::string(ct.status().message()), HasSubstr("bos_token"));
+}
+
+// A Gemma 3 model directory (the real Gemma-3-270M tokenizer, with the Gemma 3 template in its
+// tokenizer_config.json): the dataset reader renders chats with the model's own <bos>, tokenizes
+// them as a whole and puts the loss on the model's turns; a conversation the template refuses is
+// an error naming its line.
+TEST(ChatTemplateTest, GemmaModelDirectoryTrainsOnModelTurns) {
+  const std::string gemma = testing::DataDir() + "/models/gemma-3-270m";
+  if (!std::filesystem::exists(gemma)) GTEST_SKIP() << "test data not found at " << gemma;
+  const std::string dir = testing::ScratchDir("chat_gemma_model");
+  std::filesystem::copy_file(gemma + "/tokenizer.json", dir + "/tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto config = nlohmann::json::parse(*FileAccess::Unconfined()->ReadFile(gemma + "/tokenizer_config.json"));
+  config["chat_template"] = *FileAccess::Unconfined()->ReadFile(TemplatePath("gemma3"));
+  Dir model = testing::OpenDir(dir);
+  ASSERT_TRUE(model.WriteFileAtomic("tokenizer_config.json", config.dump()).ok());
+  ASSERT_TRUE(
+      model
+          .WriteFileAtomic("chat.jsonl",
+                           R"({"messages": [{"role": "system", "content": "Be brief."}, )"
+                           R"({"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Hello! "}]})"
+                           "\n")
+          .ok());
+  ASSERT_TRUE(
+      model
+          .WriteFileAtomic("bad.jsonl",
+                           "{\"text\": \"x\"}\n{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}]}\n")
+          .ok());
+
+  ModelTokenizer model_tokenizer(model, "model.path");
+  auto docs = ReadJsonlDataset(*testing::OpenFile(dir + "/chat.jsonl"), model_tokenizer.Loader(), {}, nullptr);
+  ASSERT_TRUE(docs.ok()) << docs.status();
+  auto tok = Tokenizer::FromModelDir(model);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string text =
+      "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n";
+  const std::vector<int32_t> ids = (*tok)->Encode(text);
+  ASSERT_EQ((*docs)[0].ids, std::vector<int64_t>(ids.begin(), ids.end()));
+  EXPECT_EQ((*docs)[0].ids[0], *(*tok)->bos_id());
+  std::vector<int32_t> labelled;
+  for (const int64_t l : (*docs)[0].labels) {
+    if (l >= 0) labelled.push_back(static_cast<int32_t>(l));
+  }
+  EXPECT_EQ(*(*tok)->Decode(labelled), "Hello!<end_of_turn>");
+
+  ModelTokenizer again(model, "model.path");
+  auto bad = ReadJsonlDataset(*testing::OpenFile(dir + "/bad.jsonl"), again.Loader(), {}, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("bad.jsonl:2: message 0 ('assistant')"));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("alternate user/assistant"));
+}
+
+// A template oomb does not render: 'messages' samples are refused with the family named.
+TEST(ChatTemplateTest, UnsupportedTemplateIsNamedWhenAChatIsRead) {
+  const std::string gemma = testing::DataDir() + "/models/gemma-3-270m";
+  if (!std::filesystem::exists(gemma)) GTEST_SKIP() << "test data not found at " << gemma;
+  const std::string dir = testing::ScratchDir("chat_unsupported_model");
+  std::filesystem::copy_file(gemma + "/tokenizer.json", dir + "/tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  Dir model = testing::OpenDir(dir);
+  ASSERT_TRUE(model.WriteFileAtomic("tokenizer_config.json", R"({"chat_template": "{{ '<start_of_turn>' }}"})").ok());
+  ASSERT_TRUE(model.WriteFileAtomic("chat.jsonl", R"({"messages": [{"role": "user", "content": "Hi"}]})").ok());
+  ModelTokenizer model_tokenizer(model, "model.path");
+  auto docs = ReadJsonlDataset(*testing::OpenFile(dir + "/chat.jsonl"), model_tokenizer.Loader(), {}, nullptr);
+  ASSERT_FALSE(docs.ok());
+  EXPECT_EQ(docs.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(docs.status().message()),
+              HasSubstr("chat.jsonl:1: the model has no supported chat template"));
+  EXPECT_THAT(std::string(docs.status().message()), HasSubstr("'gemma' other than Gemma 3"));
 }
 
 TEST(ChatTemplateTest, Qwen2DefaultSystemWithEscapedNewline) {
@@ -133,7 +285,9 @@ TEST(ChatTemplateTest, UnsupportedFamiliesAreNamed) {
     EXPECT_THAT(std::string(ct.status().message()), HasSubstr(fragment));
   };
   expect("{{ bos_token }}[INST] {{ m }} [/INST]", "mistral");
-  expect("<start_of_turn>user", "gemma");
+  expect(R"({{ '[SYSTEM_PROMPT]' }}{{ "[INST] " + system_message + "\n\n" }})", "mistral");
+  expect("{{ '<|user|>' + message['content'] + '<|end|>' + '<|assistant|>' }}", "zephyr/phi");
+  expect("<start_of_turn>user", "gemma' other than Gemma 3");
   expect("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023", "llama3.1");
   expect("<|im_start|>assistant\n<think>\n", "chatml-reasoning");
   expect("{{ messages }}", "unknown");
