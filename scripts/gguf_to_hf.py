@@ -1,28 +1,49 @@
 #!/usr/bin/env python3
-"""Converts a llama- or gemma3-architecture GGUF file into a Hugging Face model directory.
+"""Converts a GGUF file (llama.cpp's architectures llama, qwen2, qwen3, phi3 and gemma3) into a
+Hugging Face model directory.
 
     gguf_to_hf.py [--dtype float32|bfloat16|float16] GGUF OUTDIR
 
-Writes OUTDIR/model.safetensors, config.json (LlamaForCausalLM or Gemma3ForCausalLM),
-generation_config.json, tokenizer.json and tokenizer_config.json (with the GGUF's chat template).
+Writes OUTDIR/model.safetensors, config.json, generation_config.json, tokenizer.json and
+tokenizer_config.json (with the GGUF's chat template). config.json's class, by GGUF architecture:
+llama -> LlamaForCausalLM, or MistralForCausalLM when general.name says Mistral (llama.cpp has no
+architecture of its own for Mistral 7B / Nemo: it writes them as llama); qwen2 -> Qwen2ForCausalLM;
+qwen3 -> Qwen3ForCausalLM; phi3 -> Phi3ForCausalLM (Phi-3, Phi-4-mini); gemma3 -> Gemma3ForCausalLM.
+Any other architecture (mistral3, bloom, ...) stops the conversion with exit code 2, naming it.
 The result loads with `transformers.AutoModelForCausalLM.from_pretrained(OUTDIR)` /
-`AutoTokenizer.from_pretrained(OUTDIR)` and with oomb's own loader.
+`AutoTokenizer.from_pretrained(OUTDIR)` and with oomb's own loader; weights and config equal what
+transformers' GGUF loader (`from_pretrained(dir, gguf_file=...)`) builds, except where that loader
+leaves out what the file records (see below). tests/python/test_gguf_import.py checks this on tiny
+files of every architecture.
 
 Weights are dequantized by the gguf package (`gguf.quants.dequantize`: F32, F16, BF16, the
 Q4_0 ... Q8_0 and K-quant blocks of ggml-quants.c); a type it does not know stops the
-conversion with exit code 2. llama: llama.cpp's convert_hf_to_gguf.py permutes the rows of
-q_proj / k_proj (interleaved -> half-split RoPE layout); that is undone here. gemma3: llama.cpp
-stores every RMSNorm weight as 1 + w (ggml's norm multiplies by the weight); 1 is subtracted
-here. What a gemma3 GGUF does not record is written as llama.cpp assumes it: local layers'
-RoPE base 10000, every sixth layer global, query_pre_attn_scalar = head_dim (true of Gemma 3
-270M to 12B; 27B differs). The tokenizer is rebuilt with transformers' own GGUF tokenizer
-conversion (the code `from_pretrained(..., gguf_file=...)` runs), see `write_tokenizer`.
+conversion with exit code 2. A tensor the architecture does not have, or one its Hugging Face
+class needs and the file lacks (Qwen2's q/k/v biases, Qwen3's q/k norms, ...), stops it too.
+llama (and Mistral): llama.cpp's convert_hf_to_gguf.py permutes the rows of q_proj / k_proj
+(interleaved -> half-split RoPE layout); that is undone here. qwen2, qwen3, phi3 and gemma3 are
+stored unpermuted. qwen3: head_dim is attention.key_length (transformers' GGUF loader ignores it and
+keeps Qwen3Config's 128, true of every released Qwen3). phi3: q, k, v are one matrix (attn_qkv ->
+qkv_proj; separate attn_q / attn_k / attn_v are fused) and ffn_up is gate and up fused (->
+gate_up_proj); rope.dimension_count < head_dim gives partial_rotary_factor (Phi-4-mini: 0.75);
+rope.scaling.original_context_length gives original_max_position_embeddings; the tensors
+rope_factors_long / rope_factors_short give rope_scaling {"rope_type": "longrope", long_factor,
+short_factor}; attention.sliding_window > 0 gives sliding_window (llama.cpp itself runs Phi-3
+without it; transformers' GGUF loader reads none of these four). gemma3: llama.cpp stores every
+RMSNorm weight as 1 + w (ggml's norm multiplies by the weight); 1 is subtracted here. What a
+gemma3 GGUF does not record is written as llama.cpp assumes it: local layers' RoPE base 10000,
+every sixth layer global, query_pre_attn_scalar = head_dim (true of Gemma 3 270M to 12B; 27B
+differs). A sliding window is written only where the file records one (Mistral: none otherwise,
+where MistralConfig would default to 4096; Qwen2 / Qwen3: none, as llama.cpp runs them). The
+tokenizer is rebuilt with transformers' own GGUF tokenizer conversion (the code
+`from_pretrained(..., gguf_file=...)` runs), see `write_tokenizer`.
 
 Needs: numpy, gguf (PyPI), safetensors, transformers (tokenizer only), torch (only for bfloat16).
 """
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -72,19 +93,41 @@ _LLAMA_LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _LAYER_NAMES = {
     "llama": _LLAMA_LAYER_NAMES,
+    "qwen2": _LLAMA_LAYER_NAMES,
+    "qwen3": dict(_LLAMA_LAYER_NAMES, **_QK_NORM_NAMES),
+    # Phi-3: q, k, v fused in one matrix (rows q, k, v), and ffn_up is gate and up fused (gate's
+    # rows first), as Phi3ForCausalLM has them. A file with separate attn_q / attn_k / attn_v
+    # (llama.cpp loads those too) gets them fused here, see `fuse_phi3_qkv`.
+    "phi3": {
+        "attn_qkv": "self_attn.qkv_proj",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "ffn_up": "mlp.gate_up_proj",
+        "ffn_down": "mlp.down_proj",
+    },
     "gemma3": dict(
         _LLAMA_LAYER_NAMES,
         ffn_norm="pre_feedforward_layernorm",
         post_attention_norm="post_attention_layernorm",
         post_ffw_norm="post_feedforward_layernorm",
-        attn_q_norm="self_attn.q_norm",
-        attn_k_norm="self_attn.k_norm",
+        **_QK_NORM_NAMES,
     ),
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_SKIPPED = {"rope_freqs.weight"}  # llama3 rope factors: recomputed from config by transformers
+# Tensors that are not weights: llama3's rope_freqs (transformers recomputes them from the config's
+# rope_scaling), Phi-3's longrope factors (written into the config's rope_scaling, see build_config).
+_SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+# What llama.cpp writes under an architecture name of its own that is not converted here.
+_NOT_CONVERTED = {
+    "mistral3": "Mistral 3 (Ministral 3, Mistral Small 3.x); Mistral 7B / Nemo GGUFs are written as llama",
+}
 
 
 def hf_name(gguf_name, arch):
@@ -96,6 +139,17 @@ def hf_name(gguf_name, arch):
     if m and m.group(1) in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
     raise ConversionError(f"tensor {gguf_name}: no Hugging Face name for it (not a {arch} tensor)")
+
+
+def gguf_name(hf, arch):
+    """The GGUF name of Hugging Face parameter `hf` (for messages; fused names as llama.cpp writes them)."""
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf)
+    if m:
+        back = {v: k for k, v in _LAYER_NAMES[arch].items()}
+        return f"blk.{m.group(1)}.{back.get(m.group(2), m.group(2))}.{m.group(3)}"
+    back = {v: k for k, v in _GLOBAL_NAMES.items()}
+    base, _, suffix = hf.rpartition(".")
+    return f"{back.get(base, base)}.{suffix}"
 
 
 def unpermute(w, n_head):
@@ -120,7 +174,34 @@ def field(reader, key, default=None):
 _REQUIRED = object()
 
 
-def build_config(reader, arch, tensors, dtype):
+def f32_spelling(x):
+    """GGUF stores float32: 1e-5 reads back as 9.9999997e-06; the shortest spelling of that float32."""
+    return float(str(np.float32(x)))
+
+
+def family_of(reader, arch, tensors):
+    """The Hugging Face family for a GGUF architecture: the architecture itself, except "mistral" for
+    a llama file whose general.name says Mistral. llama.cpp writes Mistral 7B / Nemo under "llama"
+    (q/k permuted like Llama's); transformers' GGUF loader calls such a file mistral when
+    general.name == "mistral" (it tests `"mistral" in [name]`, a list), and then cannot load its
+    weights (transformers 5.24 with gguf 0.19: it looks the tensor names up under gguf-py architecture
+    "mistral", which does not exist); here the family is mistral when the name contains "mistral" in
+    any case. The two classes compute the same thing unless a sliding window is set;
+    MistralForCausalLM has no biases, so a file with any stays llama."""
+    name = str(field(reader, "general.name") or "")
+    biased = any(re.fullmatch(r"blk\.\d+\.\w+\.bias", n) for n in tensors)
+    if arch == "llama" and "mistral" in name.lower() and not biased:
+        return "mistral"
+    return arch
+
+
+def build_config(reader, arch, family, tensors, dtype):
+    """config.json for `family` from the GGUF's `arch.*` keys: what transformers' GGUF loader sets
+    (its GGUF_CONFIG_MAPPING: sizes, rope_theta, rms_norm_eps, vocab_size, tie_word_embeddings when
+    there is no output.weight, the special token ids), plus what it leaves at the config class's
+    defaults where those are not what llama.cpp computes (Qwen3's head_dim from key_length, Phi-3's
+    partial rotary, longrope factors, original context and sliding window)."""
+
     def g(key, default=_REQUIRED):
         v = field(reader, f"{arch}.{key}", None if default is _REQUIRED else default)
         if v is None and default is _REQUIRED:
@@ -130,12 +211,17 @@ def build_config(reader, arch, tensors, dtype):
     hidden = int(g("embedding_length"))
     n_head = int(g("attention.head_count"))
     n_kv = int(g("attention.head_count_kv", n_head))
-    head_dim = int(g("attention.key_length", g("rope.dimension_count", hidden // n_head)))
+    if family == "phi3":
+        # Phi-3 records no key_length; rope.dimension_count is the rotary part of the head only
+        # (Phi-4-mini: 3/4 of it).
+        head_dim = hidden // n_head
+    else:
+        head_dim = int(g("attention.key_length", g("rope.dimension_count", hidden // n_head)))
     vocab = int(g("vocab_size", len(field(reader, "tokenizer.ggml.tokens") or [])))
     tied = "output.weight" not in tensors
     cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [_HF_CLASSES[family]],
+        "model_type": family,
         "hidden_size": hidden,
         "intermediate_size": int(g("feed_forward_length")),
         "num_hidden_layers": int(g("block_count")),
@@ -143,8 +229,7 @@ def build_config(reader, arch, tensors, dtype):
         "num_key_value_heads": n_kv,
         "head_dim": head_dim,
         "hidden_act": "silu",
-        # GGUF stores float32: 1e-5 reads back as 9.9999997e-06; write the shortest float32 spelling.
-        "rms_norm_eps": float(str(np.float32(g("attention.layer_norm_rms_epsilon", 1e-5)))),
+        "rms_norm_eps": f32_spelling(g("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(g("context_length", 2048)),
         "vocab_size": vocab,
@@ -161,6 +246,9 @@ def build_config(reader, arch, tensors, dtype):
         "torch_dtype": dtype,
         "dtype": dtype,
     }
+    unk = field(reader, "tokenizer.ggml.unknown_token_id")
+    if unk is not None:  # transformers' GGUF loader sets it too
+        cfg["unk_token_id"] = unk
     scaling = g("rope.scaling.type", None)
     if scaling and scaling != "none":
         rs = {"rope_type": scaling, "factor": float(g("rope.scaling.factor", 1.0))}
@@ -168,13 +256,27 @@ def build_config(reader, arch, tensors, dtype):
         if orig:
             rs["original_max_position_embeddings"] = int(orig)
         cfg["rope_scaling"] = rs
-    if arch == "gemma3":
+    window = g("attention.sliding_window", None)
+    if family == "mistral":
+        # llama.cpp runs a llama-architecture file without a window; MistralConfig's default (4096)
+        # would add one, so null unless the file records one.
+        for key in ("attention_bias", "mlp_bias"):
+            cfg.pop(key)
+        cfg["sliding_window"] = int(window) if window else None
+    elif family in ("qwen2", "qwen3"):
+        # Qwen2 always has q/k/v biases (convert() requires them); Qwen3 has them if attention_bias.
+        cfg.pop("mlp_bias")
+        if family == "qwen2":
+            cfg.pop("attention_bias")
+        # llama.cpp gives every layer full attention (and records no window for these families).
+        cfg.update({"use_sliding_window": False, "sliding_window": None})
+    elif family == "phi3":
+        build_phi3_config(cfg, g, tensors, head_dim, window)
+    elif family == "gemma3":
         for key in ("hidden_act", "attention_bias", "mlp_bias"):
             cfg.pop(key)
         cfg.update(
             {
-                "architectures": ["Gemma3ForCausalLM"],
-                "model_type": "gemma3_text",
                 "hidden_activation": "gelu_pytorch_tanh",
                 "query_pre_attn_scalar": head_dim,
                 "rope_local_base_freq": 10000.0,
@@ -184,7 +286,60 @@ def build_config(reader, arch, tensors, dtype):
                 "attn_logit_softcapping": None,
             }
         )
+        cfg["model_type"] = "gemma3_text"
     return cfg
+
+
+def build_phi3_config(cfg, g, tensors, head_dim, window):
+    """Phi-3 / Phi-4-mini, as llama.cpp's Phi3MiniModel recorded the original config.json:
+    rope.dimension_count = partial_rotary_factor x head_dim; rope.scaling.original_context_length =
+    original_max_position_embeddings; attention.sliding_window = sliding_window, 0 for none; longrope's
+    long_factor / short_factor as the tensors rope_factors_long / rope_factors_short, and its attention
+    factor as rope.scaling.attn_factor (written only if it differs from the one transformers derives
+    from max_position_embeddings / original_max_position_embeddings)."""
+    for key in ("head_dim", "attention_bias", "mlp_bias"):  # Phi3Config has none of these
+        cfg.pop(key)
+    rot = int(g("rope.dimension_count", head_dim))
+    if rot != head_dim:
+        if rot <= 0 or rot % 2 or rot > head_dim:
+            raise ConversionError(f"metadata key phi3.rope.dimension_count: {rot} for head_dim {head_dim}")
+        cfg["partial_rotary_factor"] = rot / head_dim
+        if int(head_dim * cfg["partial_rotary_factor"]) != rot:  # transformers truncates the product
+            raise ConversionError(
+                f"metadata key phi3.rope.dimension_count: {rot} is no fraction of head_dim {head_dim}"
+            )
+    orig = int(g("rope.scaling.original_context_length", cfg["max_position_embeddings"]))
+    cfg["original_max_position_embeddings"] = orig
+    cfg["sliding_window"] = int(window) if window else None
+    long_t, short_t = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+    if (long_t is None) != (short_t is None):
+        have, miss = ("long", "short") if short_t is None else ("short", "long")
+        raise ConversionError(f"tensor rope_factors_{have}.weight without rope_factors_{miss}.weight")
+    if long_t is None:
+        return
+    factors = {}
+    for key, t in (("long_factor", long_t), ("short_factor", short_t)):
+        w = dequantize_tensor(t).reshape(-1)
+        if w.size != rot // 2:
+            raise ConversionError(f"tensor {t.name}: {w.size} factors, expected rotary dimension / 2 = {rot // 2}")
+        factors[key] = [f32_spelling(x) for x in w]
+    rs = {"rope_type": "longrope", **factors}
+    attn = g("rope.scaling.attn_factor", None)
+    scale = cfg["max_position_embeddings"] / orig
+    derived = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+    if attn is not None and abs(float(attn) - derived) > 1e-6 * derived:
+        rs["attention_factor"] = f32_spelling(attn)
+    cfg["rope_scaling"] = rs
+
+
+_HF_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
 
 
 def write_tokenizer(gguf_path, outdir, reader, max_len):
@@ -245,42 +400,104 @@ def write_tokenizer(gguf_path, outdir, reader, max_len):
         f.write("\n")
 
 
+def expected_names(family, cfg):
+    """The parameter names of the Hugging Face model `cfg` describes (transformers would initialise a
+    missing one at random, and drop an unexpected one)."""
+    attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    mlp = ["gate_proj", "up_proj", "down_proj"]
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    biases = []
+    if family == "phi3":
+        attn, mlp = ["qkv_proj", "o_proj"], ["gate_up_proj", "down_proj"]
+    elif family == "gemma3":
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    if family == "qwen2":  # always q/k/v biases, never o_proj's
+        biases = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+    elif family in ("llama", "qwen3"):  # attention_bias: q/k/v and o_proj; Llama's mlp_bias: the MLP's
+        biases = [f"self_attn.{p}" for p in attn if cfg["attention_bias"]]
+        biases += [f"mlp.{p}" for p in mlp if cfg.get("mlp_bias")]
+    layer = [f"self_attn.{p}.weight" for p in attn] + [f"mlp.{p}.weight" for p in mlp] + [f"{n}.weight" for n in norms]
+    layer += [f"{b}.bias" for b in biases]
+    if family in ("qwen3", "gemma3"):
+        layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    names = {f"model.layers.{i}.{n}" for i in range(cfg["num_hidden_layers"]) for n in layer}
+    names |= {"model.embed_tokens.weight", "model.norm.weight"}
+    if not cfg["tie_word_embeddings"]:
+        names.add("lm_head.weight")
+    return names
+
+
+def fuse_phi3_qkv(state, n_layers):
+    """Separate Phi-3 q / k / v matrices (llama.cpp loads these as well as the fused attn_qkv) into
+    Phi3ForCausalLM's qkv_proj: rows q, then k, then v."""
+    for i in range(n_layers):
+        parts = [state.pop(f"model.layers.{i}.self_attn.{p}.weight", None) for p in ("q_proj", "k_proj", "v_proj")]
+        if all(p is None for p in parts):
+            continue
+        fused = f"model.layers.{i}.self_attn.qkv_proj.weight"
+        if any(p is None for p in parts) or fused in state:
+            raise ConversionError(f"layer {i}: phi3 needs blk.{i}.attn_qkv or all of attn_q, attn_k, attn_v, not both")
+        state[fused] = np.concatenate(parts, axis=0)
+
+
 def convert(gguf_path, outdir, dtype):
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf_path)
     arch = field(reader, "general.architecture")
     if arch not in _LAYER_NAMES:
-        raise ConversionError(f"{gguf_path}: architecture {arch!r}; supported: {', '.join(_LAYER_NAMES)}")
+        hint = f" ({_NOT_CONVERTED[arch]})" if arch in _NOT_CONVERTED else ""
+        raise ConversionError(
+            f"{gguf_path}: architecture {arch!r} is not supported{hint}; supported: {', '.join(_LAYER_NAMES)}"
+        )
     tensors = {t.name: t for t in reader.tensors}
     # Check every name first, so an unsupported file fails before anything is written (types
     # fail while dequantizing, also before anything is written).
     for t in reader.tensors:
         if t.name not in _SKIPPED:
             hf_name(t.name, arch)
-    cfg = build_config(reader, arch, tensors, dtype)
+    family = family_of(reader, arch, tensors)
+    cfg = build_config(reader, arch, family, tensors, dtype)
     log(
-        f"{os.path.basename(gguf_path)}: {arch}, {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
-        f"heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']}, vocab {cfg['vocab_size']}, "
-        f"{len(tensors)} tensors, tied={cfg['tie_word_embeddings']}"
+        f"{os.path.basename(gguf_path)}: {arch} -> {cfg['architectures'][0]}, {cfg['num_hidden_layers']} layers, "
+        f"hidden {cfg['hidden_size']}, heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']}, "
+        f"vocab {cfg['vocab_size']}, {len(tensors)} tensors, tied={cfg['tie_word_embeddings']}"
     )
 
+    # Only llama.cpp's llama architecture (Llama, Mistral) has q/k rows permuted (its RoPE kernel
+    # rotates adjacent pairs there); qwen2, qwen3, phi3 and gemma3 use the NeoX rotation of halves,
+    # as transformers does, and are stored as they are (transformers' GGUF loader undoes the
+    # permutation for "llama" only: LlamaTensorProcessor).
+    permuted = arch == "llama"
     state = {}
     counts = {}
     for t in reader.tensors:
         if t.name in _SKIPPED:
-            log(f"skipping {t.name}")
+            log(f"{t.name}: {'in config.json rope_scaling' if t.name.startswith('rope_factors') else 'skipped'}")
             continue
         w = dequantize_tensor(t)
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-        if arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", t.name):
+        if permuted and re.fullmatch(r"blk\.\d+\.attn_q\.(weight|bias)", t.name):
             w = unpermute(w, cfg["num_attention_heads"])
-        elif arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", t.name):
+        elif permuted and re.fullmatch(r"blk\.\d+\.attn_k\.(weight|bias)", t.name):
             w = unpermute(w, cfg["num_key_value_heads"])
         elif arch == "gemma3" and t.name.endswith("norm.weight"):
             w = w - 1.0
         state[hf_name(t.name, arch)] = np.ascontiguousarray(w)
     log("dequantized " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    if family == "phi3":
+        fuse_phi3_qkv(state, cfg["num_hidden_layers"])
+    want = expected_names(family, cfg)
+    gguf_of = {hf_name(t.name, arch): t.name for t in reader.tensors if t.name not in _SKIPPED}
+    extra = sorted(gguf_of.get(n, n) for n in set(state) - want)
+    if extra:
+        raise ConversionError(f"tensor {extra[0]}: {cfg['architectures'][0]} has no such parameter ({len(extra)} such)")
+    missing = sorted(want - set(state))
+    if missing:
+        raise ConversionError(
+            f"tensor {gguf_name(missing[0], arch)} missing ({cfg['architectures'][0]} needs {missing[0]}; "
+            f"{len(missing)} missing)"
+        )
 
     os.makedirs(outdir, exist_ok=True)
     st_path = os.path.join(outdir, "model.safetensors")
