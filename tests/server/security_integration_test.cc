@@ -330,8 +330,24 @@ TEST_F(SecurityTest, EveryFailureHasAReason) {
   const Result unknown = Cli("submit " + Spec("j").string() + " --set method.lora.target_modules=[nope]");
   EXPECT_EQ(unknown.rc, 1) << unknown.err;
   EXPECT_THAT(unknown.err, HasSubstr("method.lora.target_modules: unknown module 'nope'"));
+  // A spec the model cannot run, accepted at submit and refused when the job starts: a needle
+  // evaluation of a model without a tokenizer (its training data is pre-tokenized).
+  WriteFile(root() / "haystack.txt", "A haystack.");
+  const json submitted = OombJson(ep(),
+                                  "submit " + Spec("j").string() + " --job-id target --set evaluation.suites=[needle]" +
+                                      " --set evaluation.haystack=" + (root() / "haystack.txt").string() +
+                                      " --set evaluation.lengths=[64] --set resources.max_retries=2",
+                                  tmp_->path());
+  ASSERT_EQ(submitted["name"], "jobs/target") << submitted.dump();
+  EXPECT_EQ(Cli("watch target").rc, 6);
+  const json target = OombJson(ep(), "get target", tmp_->path());
+  EXPECT_EQ(target["error"]["reason"], "BAD_SPEC") << target.dump();
+  EXPECT_THAT(target["error"]["message"].get<std::string>(),
+              HasSubstr("evaluation.suites: passkey and needle need the model's tokenizer"));
+  EXPECT_EQ(target.value("retries", 0), 0);  // a failure that would repeat is not retried
+  EXPECT_EQ(target.value("attempt", 0), 1);
   // Sparse attention on a model with sliding-window layers (the tiny Llama made a Mistral with a
-  // window): accepted at submit, refused when the job starts.
+  // window) runs: the global layers select pages, the windowed ones attend over their window.
   const fs::path windowed = root() / "windowed";
   fs::create_directories(windowed);
   for (const auto& e : fs::directory_iterator(model())) fs::copy(e.path(), windowed / e.path().filename());
@@ -340,17 +356,12 @@ TEST_F(SecurityTest, EveryFailureHasAReason) {
   config["model_type"] = "mistral";
   config["sliding_window"] = 8;
   WriteFile(windowed / "config.json", config.dump());
-  const json submitted =
-      OombJson(ep(),
-               "submit " + Spec("j").string() + " --job-id target --set model.path=" + windowed.string() +
-                   " --set attention.mode=sparse --set resources.max_retries=2",
-               tmp_->path());
-  ASSERT_EQ(submitted["name"], "jobs/target") << submitted.dump();
-  EXPECT_EQ(Cli("watch target").rc, 6);
-  const json target = OombJson(ep(), "get target", tmp_->path());
-  EXPECT_EQ(target["error"]["reason"], "BAD_SPEC") << target.dump();
-  EXPECT_EQ(target.value("retries", 0), 0);  // a failure that would repeat is not retried
-  EXPECT_EQ(target.value("attempt", 0), 1);
+  ASSERT_EQ(OombJson(ep(),
+                     "submit " + Spec("j").string() + " --job-id windowed --set model.path=" + windowed.string() +
+                         " --set attention.mode=sparse",
+                     tmp_->path())["name"],
+            "jobs/windowed");
+  EXPECT_EQ(Cli("watch windowed").rc, 0);
   // The weights cut short after CreateJob accepted the model.
   const std::string weights = Slurp(model() / "model.safetensors");
   WriteFile(model() / "model.safetensors", weights.substr(0, weights.size() / 2));

@@ -372,6 +372,13 @@ absl::Status Run::PrepareEvaluation(const JobData& data) {
   std::unique_ptr<Tokenizer> loaded;
   if (tokenizer == nullptr) {  // pre-tokenized data: the tokenizer was not needed until now
     absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromModelDir(*model_dir_);
+    if (!t.ok() && t.status().code() == absl::StatusCode::kNotFound && !ReasonOf(t.status()).has_value()) {
+      // A spec this model cannot run: the suites write their documents with its tokenizer.
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              "evaluation.suites: passkey and needle need the model's tokenizer, and ", t.status().message())),
+          Reason::kBadSpec);
+    }
     if (!t.ok()) return Annotate(t.status(), "evaluation.suites");
     loaded = *std::move(t);
     tokenizer = loaded.get();

@@ -168,14 +168,21 @@ class Model {
     const int64_t key_block = cuda_ ? kGpuKeyBlock : kCpuKeyBlock;
     const int64_t block_elems =
         std::min(cuda_ ? kGpuBlockScoreElems : kCpuBlockScoreElems, c_.num_heads * C * std::min(T, key_block));
-    int64_t attention = 7 * kF32 * block_elems / 2;
+    const int64_t blockwise = 7 * kF32 * block_elems / 2;
+    // Fused path, one key block of the past at a time: its pages' images (host pages come in as
+    // images), the block gathered and laid out for flash, and in backward its dK/dV from the
+    // kernel (dtype) and converted to float32. `past`: the keys a layer reads.
+    const auto dense = [&](int64_t past) {
+      return cuda_ && e_ == 2 ? std::max(blockwise, std::min(past, kGpuFlashKeyBlock) * KV * (6 * e_ + 2 * kF32))
+                              : blockwise;
+    };
+    int64_t attention = dense(T);
     if (sparse()) {
+      // Sliding-window layers attend densely over their window (and the chunk).
       attention = SparseAttentionBytes(C, T);
-    } else if (cuda_ && e_ == 2) {
-      // Fused path, one key block of the past at a time: its pages' images (host pages come in
-      // as images), the block gathered and laid out for flash, and in backward its dK/dV from
-      // the kernel (dtype) and converted to float32.
-      attention = std::max(attention, std::min(T, kGpuFlashKeyBlock) * KV * (6 * e_ + 2 * kF32));
+      for (const auto& [window, layers] : WindowLayers()) {
+        if (window > 0) attention = std::max(attention, dense(std::min(T, window + C)));
+      }
     }
     return std::max({ce, layer_backward, attention});
   }
@@ -197,21 +204,29 @@ class Model {
     return gathered * 5 * kF32 + 7 * kF32 * tile_scores / 2;
   }
 
-  // Sparse attention's page summaries: every layer, every page, (min and max or mean) per KV
-  // head, in the KV pages' dtype.
+  // The layers that attend their whole past (sparse attention selects pages only in those).
+  int64_t GlobalLayers() const {
+    const auto windows = WindowLayers();
+    const auto it = windows.find(0);
+    return it == windows.end() ? 0 : it->second;
+  }
+
+  // Sparse attention's page summaries: every global layer, every page, (min and max or mean)
+  // per KV head, in the KV pages' dtype.
   int64_t SummaryBytes(int64_t T) const {
     if (!sparse()) return 0;
     const int64_t per = spec_.sparse->selection == PageSummaryKind::kMinMax ? 2 : 1;
-    return c_.num_layers * CeilDiv(T, spec_.memory.page_tokens) * per * c_.kv_dim() * e_;
+    return GlobalLayers() * CeilDiv(T, spec_.memory.page_tokens) * per * c_.kv_dim() * e_;
   }
 
-  // Sparse attention's selections, kept on the host from stage 1 to stage 2 (int32).
+  // Sparse attention's selections of the global layers, kept on the host from stage 1 to
+  // stage 2 (int32).
   int64_t SelectionHostBytes(int64_t T) const {
     if (!sparse()) return 0;
     const int64_t P = spec_.memory.page_tokens, C = std::min(T, spec_.memory.chunk_tokens);
     const int64_t per_chunk =
         CeilDiv(C, P) * c_.num_kv_heads * std::min(CeilDiv(T, P), spec_.sparse->page_budget) * kF32;
-    return CeilDiv(T, C) * c_.num_layers * per_chunk;
+    return CeilDiv(T, C) * GlobalLayers() * per_chunk;
   }
 
   // Everything on the device but the page pools.

@@ -92,12 +92,6 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(Transfo
 }
 
 absl::Status TrainingSession::Init() {
-  if (spec_.sparse.has_value() && model_->config().has_sliding_layers()) {
-    return WithReason(
-        absl::InvalidArgumentError("attention.mode: sparse is not available for a model with sliding-window layers "
-                                   "(config.json's sliding_window); use attention.mode: dense"),
-        Reason::kBadSpec);
-  }
   for (auto& [name, p] : model_->TrainableParameters()) params_.push_back(p);
   torch::optim::AdamWOptions adam(spec_.training.learning_rate);
   adam.betas({spec_.training.beta1, spec_.training.beta2});

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -30,7 +31,8 @@ void OkOrThrow(const absl::Status& s) {
 class LayerPast final : public kernels::PastKv {
  public:
   // `key_block`: the attention's key block (what a prefetch of the next layer brings in, from
-  // `next_first_key`, the first key the next layer's attention reads in the direction of travel).
+  // `next_first_key`, the first key the next layer's attention reads in the direction of travel;
+  // -1: the next layer does not read a range, so nothing is prefetched for it).
   LayerPast(KvStore* store, int64_t layer, int64_t past_tokens, int64_t key_block,
             std::array<int64_t, 2> next_first_key)
       : store_(store),
@@ -54,6 +56,7 @@ class LayerPast final : public kernels::PastKv {
     const int64_t next = backward ? layer_ - 1 : layer_ + 1;
     if (next < 0) return;
     const int64_t first = next_first_key_[backward ? 0 : 1];
+    if (first < 0) return;
     OkOrThrow(
         store_->Prefetch(next, first, std::min(past_tokens_, first / key_block_ * key_block_ + key_block_), backward));
   }
@@ -97,18 +100,22 @@ class LayerSparsePast final : public kernels::SparsePast {
     if (selections_.empty()) return;
     const int64_t layers = static_cast<int64_t>(selections_.size());
     if (backward) {
-      if (layer_ > 0) OkOrThrow(store_->PrefetchPages(layer_ - 1, selections_[layer_ - 1], /*with_grads=*/true));
+      if (layer_ > 0) Prefetch(layer_ - 1, /*with_grads=*/true);
     } else if (layer_ + 1 == layers) {  // the top layer's backward comes next
-      OkOrThrow(store_->PrefetchPages(layer_, selections_[layer_], /*with_grads=*/true));
+      Prefetch(layer_, /*with_grads=*/true);
     } else if (layer_ + kRecomputeLead < layers) {
       // The layers in between were prefetched by the layers below (the first ones before the
       // chunk's recompute, by BeforeRecompute).
-      OkOrThrow(store_->PrefetchPages(layer_ + kRecomputeLead, selections_[layer_ + kRecomputeLead],
-                                      /*with_grads=*/false));
+      Prefetch(layer_ + kRecomputeLead, /*with_grads=*/false);
     }
   }
 
  private:
+  // A layer without a selection (a sliding-window layer) reads its window itself.
+  void Prefetch(int64_t layer, bool with_grads) const {
+    if (selections_[layer].defined()) OkOrThrow(store_->PrefetchPages(layer, selections_[layer], with_grads));
+  }
+
   KvStore* store_;
   int64_t layer_;
   int64_t past_tokens_;
@@ -117,13 +124,53 @@ class LayerSparsePast final : public kernels::SparsePast {
   KvStore::PagesInFlight* started_;
 };
 
+// Dense attention of chunk `c` at `layer` over its past, read in key blocks from the store: the
+// whole past of its document, or a sliding-window layer's window. Shared by both strategies
+// (sparse attention attends densely in sliding-window layers).
+class DensePast {
+ public:
+  // `prefetches(layer)`: whether `layer` reads ranges of the past (so a neighbour prefetches it).
+  DensePast(const ModelConfig& config, const ChunkTrainerOptions& options, bool cuda,
+            std::function<bool(int64_t)> prefetches)
+      : config_(config),
+        kernel_(options.gpu_attention_kernel),
+        key_block_(cuda ? options.gpu_attention_key_block : options.attention_key_block),
+        prefetches_(std::move(prefetches)) {}
+
+  at::Tensor Attend(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    KvStore& store, kernels::AttentionSwap swap) const {
+    std::shared_ptr<kernels::PastKv> past;
+    if (c.begin > 0) {
+      past = std::make_shared<LayerPast>(&store, layer, c.begin, key_block_,
+                                         std::array<int64_t, 2>{FirstKey(c, layer - 1), FirstKey(c, layer + 1)});
+    }
+    const int64_t window = config_.AttentionWindow(layer);
+    const at::Tensor first_key =
+        window > 0 ? kernels::SlidingWindowStart(c.doc_start_host, c.begin, window) : c.doc_start_host;
+    return kernels::PagedAttention(q, k, v, first_key, past, key_block_, kernel_, swap);
+  }
+
+ private:
+  // The first key the chunk's queries see in `layer` (its first query's): its document's start,
+  // or its window's; -1 for a layer that reads no range (nothing to prefetch).
+  int64_t FirstKey(const Chunk& c, int64_t layer) const {
+    const bool in_model = layer >= 0 && layer < config_.num_layers;
+    if (in_model && !prefetches_(layer)) return -1;
+    const int64_t doc = c.doc_start_host.numel() > 0 ? c.doc_start_host[0].item<int64_t>() : c.begin;
+    const int64_t window = in_model ? config_.AttentionWindow(layer) : 0;
+    return window > 0 ? std::max(doc, c.begin - window + 1) : doc;
+  }
+
+  const ModelConfig& config_;
+  const kernels::GpuAttentionKernel kernel_;
+  const int64_t key_block_;
+  const std::function<bool(int64_t)> prefetches_;
+};
+
 class DenseAttention final : public Attention {
  public:
   DenseAttention(const Transformer* model, const ChunkTrainerOptions& options, SwappedAttention* swap)
-      : config_(model->config()),
-        options_(options),
-        key_block_(model->device().is_cuda() ? options.gpu_attention_key_block : options.attention_key_block),
-        swap_(swap) {}
+      : dense_(model->config(), options, model->device().is_cuda(), [](int64_t) { return true; }), swap_(swap) {}
 
   size_t lanes() const override { return 1; }
   void BeginSequence(const TokenSequence&, int64_t, bool) override {}
@@ -132,7 +179,7 @@ class DenseAttention final : public Attention {
                                      const at::Tensor& v, std::optional<LayerSelection>*, KvStore& store) override {
     kernels::AttentionResult kept;
     const bool swapped = swap_ != nullptr && swap_->Swaps(c.index);
-    at::Tensor out = Attend(c, layer, q, k, v, store, {.keep = swapped ? &kept : nullptr, .replay = nullptr});
+    at::Tensor out = dense_.Attend(c, layer, q, k, v, store, {.keep = swapped ? &kept : nullptr, .replay = nullptr});
     if (swapped) swap_->Keep(c.index, layer, kept);
     OOMB_RETURN_IF_ERROR(store.Append(layer, k, v));
     return out;
@@ -145,42 +192,26 @@ class DenseAttention final : public Attention {
                        KvStore& store) override {
     const std::optional<kernels::AttentionResult> kept =
         swap_ != nullptr ? swap_->Take(c.index, layer) : std::optional<kernels::AttentionResult>();
-    return Attend(c, layer, q, k, v, store, {.keep = nullptr, .replay = kept.has_value() ? &*kept : nullptr});
+    return dense_.Attend(c, layer, q, k, v, store, {.keep = nullptr, .replay = kept.has_value() ? &*kept : nullptr});
   }
 
  private:
-  at::Tensor Attend(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    KvStore& store, kernels::AttentionSwap swap) const {
-    std::shared_ptr<kernels::PastKv> past;
-    if (c.begin > 0) {
-      past = std::make_shared<LayerPast>(&store, layer, c.begin, key_block_,
-                                         std::array<int64_t, 2>{FirstKey(c, layer - 1), FirstKey(c, layer + 1)});
-    }
-    const int64_t window = config_.AttentionWindow(layer);
-    const at::Tensor first_key =
-        window > 0 ? kernels::SlidingWindowStart(c.doc_start_host, c.begin, window) : c.doc_start_host;
-    return kernels::PagedAttention(q, k, v, first_key, past, key_block_, options_.gpu_attention_kernel, swap);
-  }
-
-  // The first key the chunk's queries see in `layer` (its first query's): its document's start,
-  // or its window's.
-  int64_t FirstKey(const Chunk& c, int64_t layer) const {
-    const int64_t doc = c.doc_start_host.numel() > 0 ? c.doc_start_host[0].item<int64_t>() : c.begin;
-    const int64_t window = layer >= 0 && layer < config_.num_layers ? config_.AttentionWindow(layer) : 0;
-    return window > 0 ? std::max(doc, c.begin - window + 1) : doc;
-  }
-
-  const ModelConfig& config_;
-  const ChunkTrainerOptions options_;
-  const int64_t key_block_;
+  const DensePast dense_;
   SwappedAttention* swap_;  // null: stage 2 recomputes every attention forward
 };
 
 class SparseAttention final : public Attention {
  public:
   SparseAttention(const Transformer* model, const KvPools& pools, const ChunkTrainerOptions& options)
-      : model_(model), pools_(pools), options_(options), select_(*options.sparse) {
+      : model_(model),
+        pools_(pools),
+        options_(options),
+        select_(*options.sparse),
+        dense_(model->config(), options, model->device().is_cuda(), [this](int64_t layer) { return Windowed(layer); }) {
     select_.page_tokens = pools.kv->shape().page_tokens;
+    for (int64_t layer = 0; layer < L(); ++layer) {
+      summary_row_.push_back(Windowed(layer) ? -1 : global_layers_++);
+    }
   }
 
   // Three chunks in flight, not two: stage 1 then waits less for selected host pages, at the
@@ -200,20 +231,25 @@ class SparseAttention final : public Attention {
  private:
   int64_t P() const { return select_.page_tokens; }
   int64_t L() const { return model_->config().num_layers; }
+  // A sliding-window layer attends densely over its window: no selection, no summaries.
+  bool Windowed(int64_t layer) const { return model_->config().AttentionWindow(layer) > 0; }
 
   const Transformer* model_;
   const KvPools pools_;
   const ChunkTrainerOptions options_;
   kernels::PageSelectOptions select_;
+  const DensePast dense_;
+  std::vector<int64_t> summary_row_;  // [layer]: its row of summaries_ (-1: a sliding-window layer)
+  int64_t global_layers_ = 0;
   bool training_ = false;
-  at::Tensor summaries_;                // the page summaries of every layer, [L, pages, (2,) kv_heads, D]
-  std::vector<at::Tensor> selections_;  // training: [chunk * layers + layer], host int32
+  at::Tensor summaries_;                // the page summaries of the global layers, [G, pages, (2,) kv_heads, D]
+  std::vector<at::Tensor> selections_;  // training: [chunk * layers + layer], host int32 (undefined: windowed)
 };
 
 void SparseAttention::BeginSequence(const TokenSequence& seq, int64_t chunks, bool training) {
   const PageShape& ps = pools_.kv->shape();
   const int64_t pages = (seq.size() + ps.page_tokens - 1) / ps.page_tokens;
-  std::vector<int64_t> shape = {L(), pages, ps.kv_heads, ps.head_dim};
+  std::vector<int64_t> shape = {global_layers_, pages, ps.kv_heads, ps.head_dim};
   if (select_.summary == kernels::PageSummary::kMinMax) shape.insert(shape.begin() + 2, 2);
   summaries_ = at::empty(shape, pools_.kv->arena().options());
   stats_ = SparseStats();
@@ -227,9 +263,11 @@ void SparseAttention::Prepare(const Chunk& c, int64_t layer, const at::Tensor& q
                               std::optional<LayerSelection>* selection) {
   TORCH_CHECK(c.begin % P() == 0, "sparse attention: chunk_tokens (", options_.chunk_tokens,
               ") must be a multiple of page_tokens (", P(), ")");
+  if (Windowed(layer)) return;
   kernels::timeline::Mark("sparse.select");
   LayerSelection& s = selection->emplace();
-  s.device = kernels::SelectPages(q, summaries_[layer].slice(0, 0, c.begin / P()), c.input.doc_start, c.begin, select_);
+  s.device = kernels::SelectPages(q, summaries_[summary_row_[layer]].slice(0, 0, c.begin / P()), c.input.doc_start,
+                                  c.begin, select_);
   if (options_.on_selection) options_.on_selection(c.index, layer, s.device);
   // The host copy (which pages to fetch, and stage 2's selection): pinned on a GPU, so that the
   // copy does not wait here and stage 2 uploads it without waiting for the device.
@@ -265,6 +303,11 @@ absl::Status SparseAttention::StartFetch(const Chunk& c, int64_t layer, LayerSel
 absl::StatusOr<at::Tensor> SparseAttention::Forward(const Chunk& c, int64_t layer, const at::Tensor& q,
                                                     const at::Tensor& k, const at::Tensor& v,
                                                     std::optional<LayerSelection>* selection, KvStore& store) {
+  if (Windowed(layer)) {
+    at::Tensor out = dense_.Attend(c, layer, q, k, v, store, {});
+    OOMB_RETURN_IF_ERROR(store.Append(layer, k, v));
+    return out;
+  }
   LayerSelection& s = **selection;
   std::shared_ptr<kernels::SparsePast> past;
   if (c.begin > 0) {
@@ -276,7 +319,9 @@ absl::StatusOr<at::Tensor> SparseAttention::Forward(const Chunk& c, int64_t laye
   OOMB_RETURN_IF_ERROR(store.Append(layer, k, v));
   const at::ScalarType summary_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor chunk_summaries = kernels::SummarizePages(k.to(summary_type), P(), select_.summary);
-  summaries_[layer].slice(0, c.begin / P(), c.begin / P() + chunk_summaries.size(0)).copy_(chunk_summaries);
+  summaries_[summary_row_[layer]]
+      .slice(0, c.begin / P(), c.begin / P() + chunk_summaries.size(0))
+      .copy_(chunk_summaries);
   kernels::timeline::Mark("model");
   selection->reset();
   return out;
@@ -286,6 +331,7 @@ absl::Status SparseAttention::BeforeRecompute(const Chunk& c, KvStore& store) {
   // The recompute's first layers read their pages before any layer could prefetch them
   // (LayerSparsePast::Finished prefetches the ones after).
   for (int64_t layer = 0; layer < std::min(kRecomputeLead, L()); ++layer) {
+    if (Windowed(layer)) continue;
     OOMB_RETURN_IF_ERROR(store.PrefetchPages(layer, selections_[c.index * L() + layer], /*with_grads=*/false));
   }
   return absl::OkStatus();
@@ -293,6 +339,7 @@ absl::Status SparseAttention::BeforeRecompute(const Chunk& c, KvStore& store) {
 
 at::Tensor SparseAttention::Recompute(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, KvStore& store) {
+  if (Windowed(layer)) return dense_.Attend(c, layer, q, k, v, store, {});
   kernels::timeline::Mark("sparse.selection_upload");
   const at::Tensor& host = selections_[c.index * L() + layer];
   // Pinned: the upload does not wait for the device.

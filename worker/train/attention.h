@@ -14,6 +14,9 @@
 //           pages to fetch is known only once a selection reaches the host, so stage 1 runs
 //           kSparseLanes chunks at once (stage_one.h) and fetches one chunk's pages under the
 //           others' compute. KV-gradient pages are allocated only for pages some chunk selected.
+//           Sliding-window layers (Gemma 3's local layers) select nothing: they attend densely
+//           over their window, as dense attention does, in both stages; the selection, the page
+//           summaries and stats() are the global layers'.
 //
 // Both read the past exactly as stage 1 did when stage 2 recomputes (deterministic kernels), and
 // both add the past's gradient contributions into the KV store in place, outside autograd.
@@ -74,7 +77,7 @@ class Attention {
   virtual at::Tensor Recompute(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, KvStore& store) = 0;
 
-  // Sparse: the pages attended over the sequence's stage 1 (zero for dense).
+  // Sparse: the pages attended over the sequence's stage 1 in the global layers (zero for dense).
   const SparseStats& stats() const { return stats_; }
 
  protected:

@@ -145,34 +145,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qknorm_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, false, true},
                       Case{"qknorm_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, true},
                       Case{"gemma_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, false, false, true},
-                      Case{"gemma_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, false, true}),
+                      Case{"gemma_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, false, true},
+                      // Sparse: the global layer selects pages, the sliding-window one attends
+                      // densely over its window.
+                      Case{"gemma_sparse", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, true, false, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
-
-// Sparse page selection is not defined for sliding-window layers: the session refuses it,
-// naming the field, and builds the dense one.
-TEST(TrainingSessionTest, SparseAttentionIsRefusedForAModelWithSlidingWindows) {
-  ModelConfig c = testing::TinyLlamaConfig(64, 32, 2, 4, 2);
-  c.sliding_window = 40;
-  c.sliding_layers = {true, false};
-  auto model = Transformer::Random(c, at::kFloat, at::kCPU, /*seed=*/1, /*init_std=*/0.05);
-  ASSERT_TRUE(model->AddLora(LoraOptions{}, 2).ok());
-  JobConfig spec;
-  spec.model.dtype = ModelDtype::kFloat32;
-  spec.memory.chunk_tokens = 64;
-  spec.memory.page_tokens = 64;
-  spec.data.max_seq_len = 256;
-  SessionOptions options;
-  options.machine.device = "cpu";
-  options.machine.device_bytes = options.machine.host_bytes = int64_t{8} << 30;
-  options.longest_sequence = 256;
-  EXPECT_TRUE(TrainingSession::Create(model.get(), spec, options).ok());
-  spec.sparse = JobConfig::Sparse{.page_budget = 8, .sink_pages = 1, .local_pages = 4};
-  const auto sparse = TrainingSession::Create(model.get(), spec, options);
-  EXPECT_EQ(sparse.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(sparse.status().message().find("attention.mode: sparse is not available for a model with sliding-window"),
-            std::string::npos)
-      << sparse.status();
-}
 
 TEST(MemoryPlannerTest, LongestContextThatFitsAndTheLimitInWords) {
   ModelConfig c = testing::TinyLlamaConfig(512, 256, 2, 4, 2);

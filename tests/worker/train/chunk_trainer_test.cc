@@ -111,17 +111,22 @@ Grads FullSequenceGrads(const Transformer& model, const TokenSequence& seq, doub
 
 // Ordinary full-sequence backpropagation, with dense attention; a sliding-window layer's mask
 // made here, position by position: token t sees keys j > t - window of its document.
+at::Tensor DenseReference(const Transformer& model, const TokenSequence& seq, int64_t layer, const at::Tensor& q,
+                          const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
+  const int64_t window = model.config().AttentionWindow(layer);
+  if (window == 0) return kernels::DenseAttentionReference(q, k, v, doc_start);
+  std::vector<int64_t> first(seq.doc_start);
+  for (int64_t t = 0; t < static_cast<int64_t>(first.size()); ++t) {
+    first[t] = std::max(first[t], t - window + 1);
+  }
+  return kernels::DenseAttentionReference(q, k, v, at::tensor(first, at::kLong));
+}
+
 Grads ReferenceGrads(const Transformer& model, const TokenSequence& seq, double scale) {
   return FullSequenceGrads(
       model, seq, scale,
       [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
-        const int64_t window = model.config().AttentionWindow(layer);
-        if (window == 0) return kernels::DenseAttentionReference(q, k, v, doc_start);
-        std::vector<int64_t> first(seq.doc_start);
-        for (int64_t t = 0; t < static_cast<int64_t>(first.size()); ++t) {
-          first[t] = std::max(first[t], t - window + 1);
-        }
-        return kernels::DenseAttentionReference(q, k, v, at::tensor(first, at::kLong));
+        return DenseReference(model, seq, layer, q, k, v, doc_start);
       });
 }
 
@@ -566,13 +571,15 @@ using Selections = std::map<std::pair<int64_t, int64_t>, at::Tensor>;  // (chunk
 
 // Full-sequence backpropagation through attention masked to the selections the chunked run
 // made: chunk i's queries see the pages selection (i, layer) names and their own chunk
-// causally (tests/kernels/sparse_attention_check.h's SelectionMask).
+// causally (tests/kernels/sparse_attention_check.h's SelectionMask); a sliding-window layer
+// (which selects nothing) sees its window.
 Grads MaskedReferenceGrads(const Transformer& model, const TokenSequence& seq, double scale,
                            const Selections& selections, int64_t chunk, int64_t page) {
   const int64_t T = seq.size(), Hq = model.config().num_heads, Hkv = model.config().num_kv_heads;
   return FullSequenceGrads(
       model, seq, scale,
       [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
+        if (model.config().AttentionWindow(layer) > 0) return DenseReference(model, seq, layer, q, k, v, doc_start);
         at::Tensor allowed = at::zeros({Hq, T, T}, at::kBool);
         for (int64_t begin = 0, i = 0; begin < T; begin += chunk, ++i) {
           const int64_t C = std::min(chunk, T - begin);
@@ -663,6 +670,48 @@ TEST_P(SparseTrainerTest, ChunkedGradientsEqualFullSequenceOverTheSelectedPages)
   }
   EXPECT_LE(pools.grad->stats().peak_used_pages, selected);
   EXPECT_LT(selected, L * 24);
+  const SparseStats& st = trainer.sparse_stats();
+  EXPECT_GT(st.past_pages, st.selected_pages);
+  EXPECT_GT(st.selected_pages, 0);
+}
+
+// Gemma 3's layers with sparse attention: the global layer selects pages, the sliding-window
+// layer (a window of 11, no multiple of the page size) attends densely over its window and
+// selects nothing. Chunked training gives the gradients of full-sequence training through that
+// attention (float64, 1e-9), and the window's pages are released as in dense training.
+TEST(SparseWindowedTrainerTest, GlobalLayersSelectAndSlidingWindowLayersAttendTheirWindow) {
+  const Case c{"gemma3", false, at::kDouble, true};
+  auto model = MakeModel(c, at::kDouble);
+  ASSERT_TRUE(model->config().has_sliding_layers());
+  const TokenSequence seq = TokenSequence::Pack({RandomIds(30, 61, 1), RandomIds(41, 61, 2), RandomIds(25, 61, 3)});
+  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+  // Chunks of 16: the window of 11 reaches back over a page boundary at each chunk start only, so
+  // the sliding-window layer's other pages are released.
+  const int64_t page = 4, chunk = 16, L = model->config().num_layers;
+  Pools pools = MakePools(model->config(), page, seq.size(), at::kDouble);
+  ChunkTrainerOptions options;
+  options.chunk_tokens = chunk;
+  options.sparse = kernels::PageSelectOptions{.page_budget = 3, .sink_pages = 1, .local_pages = 1};
+  Selections selections;
+  options.on_selection = [&](int64_t i, int64_t layer, const at::Tensor& s) { selections[{i, layer}] = s.clone(); };
+  ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
+  auto loss = trainer.TrainSequence(seq, scale, 0);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  const Grads got = TakeGrads(*model);
+  // Only the global layer (layer 1) selected, once a chunk.
+  ASSERT_EQ(static_cast<int64_t>(selections.size()), 6);
+  for (const auto& [key, s] : selections) EXPECT_EQ(key.second, 1);
+  EXPECT_EQ(pools.kv->stats().used_pages, 0);
+  EXPECT_EQ(pools.grad->stats().used_pages, 0);
+  // The sliding-window layer held no more pages than its window lets later chunks read.
+  const PastReach reach{.windows = model->config().AttentionWindows(), .chunk_tokens = chunk};
+  EXPECT_LE(pools.kv->stats().peak_used_pages, SequencePagesBound(seq.size(), page, reach, L));
+  EXPECT_LT(pools.kv->stats().peak_used_pages, L * ((seq.size() + page - 1) / page));
+
+  std::string worst;
+  EXPECT_LE(MaxRelativeError(got, MaskedReferenceGrads(*model, seq, scale, selections, chunk, page), &worst), 1e-9)
+      << worst;
+  EXPECT_GT(MaxRelativeError(got, ReferenceGrads(*model, seq, scale), &worst), 1e-3);
   const SparseStats& st = trainer.sparse_stats();
   EXPECT_GT(st.past_pages, st.selected_pages);
   EXPECT_GT(st.selected_pages, 0);
