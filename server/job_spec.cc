@@ -1,5 +1,9 @@
 #include "server/job_spec.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
 
@@ -52,6 +56,35 @@ absl::Status CheckMethod(const v1::JobSpec& s, const spec::Source& source, const
     return error("resources.gpus", absl::StrCat("method.type evaluate runs on one device, got ", s.resources().gpus()));
   }
   return absl::OkStatus();
+}
+
+// The keys a query tile of sparse attention attends when attention.sparse.page_budget is auto.
+constexpr int64_t kAutoSparseKeys = 8192;
+
+// Resolves memory.page_tokens and attention.sparse.page_budget left auto (0) in `s`, and says
+// what was chosen (for fields a sparse job reads) and why.
+std::vector<std::string> ResolveAutoPages(v1::JobSpec* s) {
+  std::vector<std::string> choices;
+  const bool sparse = s->attention().mode() == v1::Attention::sparse;
+  v1::MemorySpec& m = *s->mutable_memory();
+  if (m.page_tokens() == 0) {
+    m.set_page_tokens(sparse ? 256 : 128);
+    if (sparse) {
+      choices.push_back(
+          "memory.page_tokens auto: 256 with attention.mode sparse (half the pages of 128 to summarize, select "
+          "and move for the same keys; 128 with dense attention)");
+    }
+  }
+  v1::SparseAttentionSpec& sp = *s->mutable_attention()->mutable_sparse();
+  if (sp.page_budget() == 0) {
+    sp.set_page_budget(std::max(kAutoSparseKeys / m.page_tokens(), sp.sink_pages() + sp.local_pages()));
+    if (sparse) {
+      choices.push_back(absl::StrCat("attention.sparse.page_budget auto: ", sp.page_budget(), " pages of ",
+                                     m.page_tokens(), " tokens (", kAutoSparseKeys,
+                                     " keys a query tile, at least sink_pages + local_pages)"));
+    }
+  }
+  return choices;
 }
 
 absl::Status CheckRelations(const v1::JobSpec& s, const spec::Source& source, const spec::Lines* lines) {
@@ -199,10 +232,14 @@ JobConfig ToConfig(const v1::JobSpec& s) {
 absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& source, const spec::Lines* lines) {
   spec::FillDefaults(spec);
   absl::Status s = spec::CheckRules(*spec, /*check_required=*/true, source, lines);
+  std::vector<std::string> choices;
+  if (s.ok()) choices = ResolveAutoPages(spec);
   if (s.ok()) s = CheckRelations(*spec, source, lines);
   if (s.ok()) s = CheckEvaluation(*spec, source, lines);
   if (!s.ok()) return WithReason(s, Reason::kBadSpec);
-  return ToConfig(*spec);
+  JobConfig config = ToConfig(*spec);
+  config.choices = std::move(choices);
+  return config;
 }
 
 absl::StatusOr<JobConfig> ResolveJobSpec(const v1::JobSpec& spec) {

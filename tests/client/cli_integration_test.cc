@@ -308,11 +308,17 @@ TEST_F(CliTest, BadSpecsAreInvalidArgumentNamingTheFieldAndTheDaemonKeepsServing
   const json offload = OombJson("estimate " + job_ + " --set memory.kv_offload=host");
   EXPECT_EQ(offload["kv_host_bytes"], offload["kv_bytes"]);
   EXPECT_THAT(offload["placement"].get<std::string>(), HasSubstr("in the host tier"));
-  // Sparse attention is planned: the same pools, its own working set and page summaries.
-  const json sparse = OombJson("estimate " + job_ + " --set attention.mode=sparse");
+  // Sparse attention is planned: with the same pages, the same pools, its own working set and
+  // page summaries.
+  const json sparse = OombJson("estimate " + job_ + " --set attention.mode=sparse --set memory.page_tokens=128");
   const json dense = OombJson("estimate " + job_);
   EXPECT_EQ(sparse["kv_bytes"], dense["kv_bytes"]);
   EXPECT_NE(sparse["activation_bytes"], dense["activation_bytes"]);
+  // Left auto, sparse attention's pages are of 256 and its budget 32 of them, and the estimate
+  // says so.
+  const json sparse_auto = OombJson("estimate " + job_ + " --set attention.mode=sparse");
+  EXPECT_THAT(sparse_auto["choices"].dump(), HasSubstr("memory.page_tokens auto: 256 with attention.mode sparse"));
+  EXPECT_THAT(sparse_auto["choices"].dump(), HasSubstr("attention.sparse.page_budget auto: 32 pages of 256"));
 }
 
 TEST_F(CliTest, EstimateAndAdmissionByTheMemoryPlanner) {

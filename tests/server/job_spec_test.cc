@@ -77,8 +77,9 @@ TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_DOUBLE_EQ(s.training.max_grad_norm, 1.0);
   EXPECT_EQ(s.training.seed, 42);
   EXPECT_EQ(s.training.eval_every_steps, 0);
-  EXPECT_EQ(s.memory.chunk_tokens, 0);  // auto: the memory planner's choice
-  EXPECT_EQ(s.memory.page_tokens, 128);
+  EXPECT_EQ(s.memory.chunk_tokens, 0);   // auto: the memory planner's choice
+  EXPECT_EQ(s.memory.page_tokens, 128);  // auto, dense attention
+  EXPECT_TRUE(s.choices.empty());
   EXPECT_TRUE(s.memory.swap_attention);
   EXPECT_EQ(s.memory.kv_offload, KvOffload::kAuto);
   EXPECT_EQ(s.memory.kv_grad_dtype, KvGradDtype::kFloat32);
@@ -94,7 +95,18 @@ TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_EQ(s.resources.max_runtime_seconds, 0);
   const JobConfig sparse = LoadOk(std::string(kMinimal) + "attention: {mode: sparse}\n");
   ASSERT_TRUE(sparse.sparse.has_value());
-  EXPECT_EQ(sparse.sparse->page_budget, 64);
+  // auto with sparse attention: pages of 256, 32 of them (8,192 keys a query tile), said why.
+  EXPECT_EQ(sparse.memory.page_tokens, 256);
+  EXPECT_EQ(sparse.sparse->page_budget, 32);
+  ASSERT_EQ(sparse.choices.size(), 2u);
+  EXPECT_THAT(sparse.choices[0], HasSubstr("memory.page_tokens auto: 256 with attention.mode sparse"));
+  EXPECT_THAT(sparse.choices[1], HasSubstr("attention.sparse.page_budget auto: 32 pages of 256 tokens"));
+  // A page size given: the budget still covers 8,192 keys; a budget given stays.
+  const JobConfig pages128 = LoadOk(std::string(kMinimal) + "memory: {page_tokens: 128}\nattention: {mode: sparse}\n");
+  EXPECT_EQ(pages128.sparse->page_budget, 64);
+  const JobConfig budget8 = LoadOk(std::string(kMinimal) + "attention: {mode: sparse, sparse: {page_budget: 8}}\n");
+  EXPECT_EQ(budget8.memory.page_tokens, 256);
+  EXPECT_EQ(budget8.sparse->page_budget, 8);
   EXPECT_EQ(sparse.sparse->sink_pages, 1);
   EXPECT_EQ(sparse.sparse->local_pages, 4);
   EXPECT_EQ(sparse.sparse->selection, PageSummaryKind::kMeanKey);
@@ -274,7 +286,7 @@ TEST(JobSpecTest, OutOfRangeValuesNameLineAndPath) {
       {"training:\n  max_steps: -1\n", "job.yaml:6: training.max_steps: must be in (0, 1000000000], got -1"},
       {"training:\n  max_steps: 0\n", "job.yaml:6: training.max_steps: must be in (0, 1000000000], got 0"},
       {"memory:\n  chunk_tokens: -1\n", "job.yaml:6: memory.chunk_tokens: must be in (0, 1048576] or auto, got -1"},
-      {"memory:\n  page_tokens: -128\n", "job.yaml:6: memory.page_tokens: must be in (0, 65536], got -128"},
+      {"memory:\n  page_tokens: -128\n", "job.yaml:6: memory.page_tokens: must be in (0, 65536] or auto, got -128"},
       {"memory:\n  kv_offload: disk\n", "job.yaml:6: memory.kv_offload: must be one of auto, none, host; got 'disk'"},
       {"backward:\n  chunk_fraction: 0\n", "job.yaml:6: backward.chunk_fraction: must be in (0, 1], got 0"},
       {"backward:\n  chunk_fraction: 1.5\n", "job.yaml:6: backward.chunk_fraction: must be in (0, 1], got 1.5"},
@@ -287,7 +299,7 @@ TEST(JobSpecTest, OutOfRangeValuesNameLineAndPath) {
        "job.yaml:6: attention.sparse.page_budget: must be >= sink_pages + local_pages (5), got 4"},
       // Dense mode takes any chunk size; sparse needs chunks that start on page boundaries.
       {"memory: {chunk_tokens: 1000}\nattention: {mode: sparse}\n",
-       "job.yaml:5: memory.chunk_tokens: must be a multiple of memory.page_tokens (128) with attention.mode: sparse"},
+       "job.yaml:5: memory.chunk_tokens: must be a multiple of memory.page_tokens (256) with attention.mode: sparse"},
       {"training: {batch_sequences: 1}\nresources: {gpus: 2}\n",
        "job.yaml:5: training.batch_sequences: must be >= resources.gpus (2)"},
   };

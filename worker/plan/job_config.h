@@ -77,6 +77,8 @@ struct JobConfig {
     // 0: auto (the spec's default; PlanMemory chooses, and the training session trains with its
     // choice). This struct's 4096 serves code that builds a JobConfig by hand.
     int64_t chunk_tokens = 4096;
+    // The spec's auto is resolved when the spec is read (ResolveJobSpec): 256 with sparse
+    // attention, 128 otherwise.
     int64_t page_tokens = 128;
     KvOffload kv_offload = KvOffload::kAuto;
     KvGradDtype kv_grad_dtype = KvGradDtype::kFloat32;
@@ -95,6 +97,10 @@ struct JobConfig {
   std::optional<Sparse> sparse;
 
   double chunk_fraction = 1.0;  // backward.chunk_fraction
+
+  // What was chosen for fields the spec left auto when it was read, in words, with why
+  // (ResolveJobSpec; PlanMemory's MemoryPlan::choices lists these first).
+  std::vector<std::string> choices;
 
   struct Checkpoint {
     int64_t every_steps = 50;

@@ -444,6 +444,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   plan.device = target.device;
   plan.seq_len = spec.data.max_seq_len;
   plan.chunk_tokens = spec.memory.chunk_tokens;
+  plan.choices = spec.choices;
   if (!chunk_choice.empty()) plan.choices.push_back(chunk_choice);
   plan.weights_bytes = m.weights();
   plan.trainable_state_bytes = m.trainable();

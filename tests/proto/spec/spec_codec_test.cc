@@ -33,8 +33,9 @@ TEST(SpecCodecTest, EveryDeclaredDefaultReadsAndPassesItsRules) {
   EXPECT_EQ(s.training().max_steps(), 100);
   EXPECT_TRUE(s.has_method());
   EXPECT_EQ(s.method().lora().target_modules_size(), 7);
-  EXPECT_FALSE(s.model().has_rope_scaling());  // no defaults beneath: stays absent
-  EXPECT_EQ(s.attention().sparse().page_budget(), 64);
+  EXPECT_FALSE(s.model().has_rope_scaling());          // no defaults beneath: stays absent
+  EXPECT_EQ(s.attention().sparse().page_budget(), 0);  // auto (resolved by ResolveJobSpec)
+  EXPECT_EQ(s.memory().page_tokens(), 0);
   // Epochs take the oneof: max_steps' default does not apply.
   v1::JobSpec e = ParseOk(std::string(kMinimal) + "training: {epochs: 3}\n");
   FillDefaults(&e);
