@@ -152,6 +152,48 @@ class SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   }
 };
 
+// Gemma's RMSNorm with a frozen weight, keeping for backward only x and rstd (one a row, in the
+// compute dtype) instead of the composite ops' float32 intermediates. The forward runs the
+// composite ops (the same values, bit for bit); the backward is their gradient written out:
+// with n = x * rstd and g = dy * (1 + weight), dx = rstd * (g - n * mean(g * n)).
+class GemmaRmsNormFn : public torch::autograd::Function<GemmaRmsNormFn> {
+ public:
+  static at::ScalarType Compute(const at::Tensor& x) {
+    return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  }
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    const at::Tensor h = x.to(Compute(x));
+    const at::Tensor rstd = at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    ctx->save_for_backward({x, weight, rstd});
+    return (h * rstd * (weight.to(Compute(x)) + 1.0)).to(x.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const at::Tensor n = x.to(Compute(x)) * rstd;
+    const at::Tensor g = grad_outputs[0].to(Compute(x)) * (weight.to(Compute(x)) + 1.0);
+    const at::Tensor dx = rstd * (g - n * (g * n).mean(-1, /*keepdim=*/true));
+    return {dx.to(x.scalar_type()), at::Tensor(), at::Tensor()};
+  }
+};
+
+// gelu_tanh(gate) * up keeping only gate and up for backward (the composite ops also keep
+// gelu_tanh(gate)); gelu_tanh(gate) is recomputed there.
+class GeluTanhGluFn : public torch::autograd::Function<GeluTanhGluFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return at::gelu(gate, "tanh") * up;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &up = saved[1];
+    const at::Tensor& dy = grad_outputs[0];
+    return {at::gelu_backward(dy * up, gate, "tanh"), dy * at::gelu(gate, "tanh")};
+  }
+};
+
 }  // namespace
 
 at::Tensor RmsNormComposite(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -160,12 +202,23 @@ at::Tensor RmsNormComposite(const at::Tensor& x, const at::Tensor& weight, doubl
   return weight * (h * at::rsqrt(var + eps)).to(x.scalar_type());
 }
 
-at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor GemmaRmsNormComposite(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::ScalarType compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor h = x.to(compute);
   const at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
   return (h * at::rsqrt(var + eps) * (weight.to(compute) + 1.0)).to(x.scalar_type());
 }
+
+at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "GemmaRmsNorm: weight [", x.size(-1),
+              "] expected, got ", weight.sizes());
+  if (weight.requires_grad()) return GemmaRmsNormComposite(x, weight, eps);
+  return GemmaRmsNormFn::apply(x, weight, eps);
+}
+
+at::Tensor GeluTanhGluComposite(const at::Tensor& gate, const at::Tensor& up) { return at::gelu(gate, "tanh") * up; }
+
+at::Tensor GeluTanhGlu(const at::Tensor& gate, const at::Tensor& up) { return GeluTanhGluFn::apply(gate, up); }
 
 at::Tensor ApplyRopeComposite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;

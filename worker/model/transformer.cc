@@ -618,7 +618,7 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
     gate = LinearForward(l.gate, y, &cursor.gen, cursor.training);
     up = LinearForward(l.up, y, &cursor.gen, cursor.training);
   }
-  const at::Tensor act = gemma ? at::gelu(gate, "tanh") * up : kernels::SwiGlu(gate, up);
+  const at::Tensor act = gemma ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
   at::Tensor mlp_out = LinearForward(l.down, act, &cursor.gen, cursor.training);
   if (gemma) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
   cursor.h = h + mlp_out;

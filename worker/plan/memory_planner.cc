@@ -125,7 +125,10 @@ class Model {
   // RMSNorms only when their weights are frozen):
   //   two RMSNorms: the input and the normalised output (dtype) and a float32 rstd a row
   //   nothing of RoPE's
-  //   the MLP's gate, up and silu(gate) * up (Gemma's GELU-tanh: as the composite ops)
+  //   the MLP's gate, up and silu(gate) * up
+  // and for Gemma's layers on every device (kernels/torch/layer_ops.h, its norms' weights frozen):
+  //   its RMSNorms: the input and the normalised output (dtype) and one rstd a row (float32)
+  //   the MLP's gate, up and gelu_tanh(gate) * up
   // and either way:
   //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
   //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
@@ -133,9 +136,9 @@ class Model {
   // and, once, the final norm.
   int64_t GraphBytes(int64_t C) const {
     const int64_t H = c_.hidden_size, Q = c_.q_dim(), KV = c_.kv_dim(), I = c_.intermediate_size;
-    // Gemma's norms (1 + weight, in float32) are composite ops everywhere, and it has four a layer.
-    const bool fused = cuda_ && e_ == 2,
-               fused_norms = fused && spec_.method.type != TrainMethod::kFull && !c_.gemma_layers;
+    // Gemma has four norms a layer; with frozen weights they keep what the fused kernel keeps.
+    const bool fused = cuda_ && e_ == 2, frozen_norms = spec_.method.type != TrainMethod::kFull,
+               fused_norms = frozen_norms && (c_.gemma_layers || fused);
     const int64_t norm = fused_norms ? 2 * e_ * H + kF32 : (kF32 + e_) * H;
     int64_t per_token = (c_.gemma_layers ? 4 : 2) * norm;
     if (!fused) per_token += 2 * e_ * (Q + KV);
@@ -145,7 +148,7 @@ class Model {
     if (c_.qk_norm) {
       per_token += fused_norms ? e_ * (Q + KV) + kF32 * (c_.num_heads + c_.num_kv_heads) : (kF32 + e_) * (Q + KV);
     }
-    per_token += (fused && !c_.gemma_layers ? 3 : 4) * e_ * I;  // Gemma's GELU is not the fused kernel
+    per_token += (fused || c_.gemma_layers ? 3 : 4) * e_ * I;
     if (spec_.method.type != TrainMethod::kFull) {
       for (const LinearLayer& l : LoraLayers(c_, spec_.method.lora)) {
         per_token += e_ * spec_.method.lora.rank;
