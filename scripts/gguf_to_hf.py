@@ -101,17 +101,11 @@ _LAYER_NAMES = {
     # Phi-3: q, k, v fused in one matrix (rows q, k, v), and ffn_up is gate and up fused (gate's
     # rows first), as Phi3ForCausalLM has them. A file with separate attn_q / attn_k / attn_v
     # (llama.cpp loads those too) gets them fused here, see `fuse_phi3_qkv`.
-    "phi3": {
-        "attn_qkv": "self_attn.qkv_proj",
-        "attn_q": "self_attn.q_proj",
-        "attn_k": "self_attn.k_proj",
-        "attn_v": "self_attn.v_proj",
-        "attn_output": "self_attn.o_proj",
-        "attn_norm": "input_layernorm",
-        "ffn_norm": "post_attention_layernorm",
-        "ffn_up": "mlp.gate_up_proj",
-        "ffn_down": "mlp.down_proj",
-    },
+    "phi3": dict(
+        {k: v for k, v in _LLAMA_LAYER_NAMES.items() if k != "ffn_gate"},
+        attn_qkv="self_attn.qkv_proj",
+        ffn_up="mlp.gate_up_proj",
+    ),
     "gemma3": dict(
         _LLAMA_LAYER_NAMES,
         ffn_norm="pre_feedforward_layernorm",

@@ -22,6 +22,14 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string SmolDir() { return testing::DataDir() + "/models/SmolLM2-135M-Instruct"; }
+std::string GemmaDir() { return testing::DataDir() + "/models/gemma-3-270m"; }
+// A scratch model directory holding Gemma-3-270M's tokenizer.json.
+std::string WithGemmaTokenizer(const std::string& name) {
+  const std::string dir = testing::ScratchDir(name);
+  std::filesystem::copy_file(GemmaDir() + "/tokenizer.json", dir + "/tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  return dir;
+}
 std::string TemplatePath(const std::string& name) {
   return testing::SourceDir() + "/tests/worker/hf/testdata/" + name + "_chat_template.jinja";
 }
@@ -194,12 +202,9 @@ TEST(ChatTemplateTest, FamiliesThatNeedSpecialTokensSayWhich) {
 // them as a whole and puts the loss on the model's turns; a conversation the template refuses is
 // an error naming its line.
 TEST(ChatTemplateTest, GemmaModelDirectoryTrainsOnModelTurns) {
-  const std::string gemma = testing::DataDir() + "/models/gemma-3-270m";
-  if (!std::filesystem::exists(gemma)) GTEST_SKIP() << "test data not found at " << gemma;
-  const std::string dir = testing::ScratchDir("chat_gemma_model");
-  std::filesystem::copy_file(gemma + "/tokenizer.json", dir + "/tokenizer.json",
-                             std::filesystem::copy_options::overwrite_existing);
-  auto config = nlohmann::json::parse(*FileAccess::Unconfined()->ReadFile(gemma + "/tokenizer_config.json"));
+  if (!std::filesystem::exists(GemmaDir())) GTEST_SKIP() << "test data not found at " << GemmaDir();
+  const std::string dir = WithGemmaTokenizer("chat_gemma_model");
+  auto config = nlohmann::json::parse(*FileAccess::Unconfined()->ReadFile(GemmaDir() + "/tokenizer_config.json"));
   config["chat_template"] = *FileAccess::Unconfined()->ReadFile(TemplatePath("gemma3"));
   Dir model = testing::OpenDir(dir);
   ASSERT_TRUE(model.WriteFileAtomic("tokenizer_config.json", config.dump()).ok());
@@ -242,11 +247,8 @@ TEST(ChatTemplateTest, GemmaModelDirectoryTrainsOnModelTurns) {
 
 // A template oomb does not render: 'messages' samples are refused with the family named.
 TEST(ChatTemplateTest, UnsupportedTemplateIsNamedWhenAChatIsRead) {
-  const std::string gemma = testing::DataDir() + "/models/gemma-3-270m";
-  if (!std::filesystem::exists(gemma)) GTEST_SKIP() << "test data not found at " << gemma;
-  const std::string dir = testing::ScratchDir("chat_unsupported_model");
-  std::filesystem::copy_file(gemma + "/tokenizer.json", dir + "/tokenizer.json",
-                             std::filesystem::copy_options::overwrite_existing);
+  if (!std::filesystem::exists(GemmaDir())) GTEST_SKIP() << "test data not found at " << GemmaDir();
+  const std::string dir = WithGemmaTokenizer("chat_unsupported_model");
   Dir model = testing::OpenDir(dir);
   ASSERT_TRUE(model.WriteFileAtomic("tokenizer_config.json", R"({"chat_template": "{{ '<start_of_turn>' }}"})").ok());
   ASSERT_TRUE(model.WriteFileAtomic("chat.jsonl", R"({"messages": [{"role": "user", "content": "Hi"}]})").ok());
