@@ -24,8 +24,9 @@
 // mean_key | min_max); model FLOPs then count the attention's query-key pairs attended, and the
 // line carries the attention's density (pages attended / past pages).
 //
-// --kv-grad-dtype float32 | bfloat16: the KV-gradient pages' storage (the grad check's float32
-// reference keeps float32 pages).
+// --kv-grad-dtype float32 | bfloat16 | auto: the KV-gradient pages' storage (auto: the planner's
+// choice, as memory.kv_grad_dtype auto; each line says which: "planned_kv_grad_dtype"; the grad
+// check's float32 reference keeps float32 pages).
 // --swap on | off: memory.swap_attention (worker/train/attention_swap.h); the line carries the
 // bytes and chunks the step swapped and the plan's ("planned_swap_bytes", "planned_swap_chunks").
 // --kv-offload none | auto | host: where the pages go, as the job spec's memory.kv_offload, placed
@@ -254,7 +255,9 @@ struct BenchSpec {
     spec.memory.kv_offload = offload == "host"   ? KvOffload::kHost
                              : offload == "auto" ? KvOffload::kAuto
                                                  : KvOffload::kNone;
-    spec.memory.kv_grad_dtype = kv_grad_dtype == "bfloat16" ? KvGradDtype::kBFloat16 : KvGradDtype::kFloat32;
+    spec.memory.kv_grad_dtype = kv_grad_dtype == "bfloat16" ? KvGradDtype::kBFloat16
+                                : kv_grad_dtype == "auto"   ? KvGradDtype::kAuto
+                                                            : KvGradDtype::kFloat32;
     spec.memory.swap_attention = swap;
     spec.data.max_seq_len = T;
     spec.chunk_fraction = chunk_fraction;
@@ -329,6 +332,7 @@ int PrintPlans(const std::string& model, const ModelConfig& c, const BenchSpec& 
                                 {"host_mib", host_mib},
                                 {"fits", plan->fits},
                                 {"chunk", plan->chunk_tokens},
+                                {"planned_kv_grad_dtype", KvGradDtypeName(plan->kv_grad_dtype)},
                                 {"planned_swap_chunks", plan->swap_chunks},
                                 {"planned_peak_bytes", plan->peak_device_bytes},
                                 {"planned_host_bytes", plan->peak_host_bytes},
@@ -489,6 +493,7 @@ void AddPlan(const MemoryPlan& plan, at::Device d, nlohmann::json& r) {
   r["planned_host_bytes"] = plan.peak_host_bytes;
   r["planned_max_seq_len"] = plan.max_seq_len_that_fits;
   r["chunk"] = plan.chunk_tokens;
+  r["planned_kv_grad_dtype"] = KvGradDtypeName(plan.kv_grad_dtype);
   r["planned_swap_bytes"] = plan.swap_bytes;
   r["planned_swap_chunks"] = plan.swap_chunks;
 }
@@ -630,7 +635,9 @@ int Main(int argc, char** argv) {
   app.add_option("--kv-offload", offload,
                  "page placement, as memory.kv_offload: none (every page on the device) | auto (what fits on "
                  "the device, the rest in pinned host memory) | host (every page in pinned host memory)");
-  app.add_option("--kv-grad-dtype", kv_grad_dtype, "KV-gradient page storage: float32 | bfloat16");
+  app.add_option("--kv-grad-dtype", kv_grad_dtype,
+                 "KV-gradient page storage, as memory.kv_grad_dtype: float32 | bfloat16 | auto (the planner's choice)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "auto"}));
   app.add_option("--swap", swap,
                  "memory.swap_attention: on (stage 2 reads back the attention results of the chunks the planner "
                  "swaps) | off (stage 2 recomputes every attention forward)")

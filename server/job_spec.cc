@@ -173,8 +173,9 @@ void SetMemoryAndAttention(const v1::JobSpec& s, JobConfig* out) {
   out->memory.kv_offload = m.kv_offload() == v1::MemorySpec::none   ? KvOffload::kNone
                            : m.kv_offload() == v1::MemorySpec::host ? KvOffload::kHost
                                                                     : KvOffload::kAuto;
-  out->memory.kv_grad_dtype =
-      m.kv_grad_dtype() == v1::MemorySpec::bfloat16 ? KvGradDtype::kBFloat16 : KvGradDtype::kFloat32;
+  out->memory.kv_grad_dtype = m.kv_grad_dtype() == v1::KvGradDtype::bfloat16  ? KvGradDtype::kBFloat16
+                              : m.kv_grad_dtype() == v1::KvGradDtype::float32 ? KvGradDtype::kFloat32
+                                                                              : KvGradDtype::kAuto;
   out->memory.swap_attention = m.swap_attention();
   if (s.attention().mode() == v1::Attention::sparse) {
     const v1::SparseAttentionSpec& sp = s.attention().sparse();

@@ -313,6 +313,8 @@ TEST_F(CliTest, BadSpecsAreInvalidArgumentNamingTheFieldAndTheDaemonKeepsServing
   const json sparse = OombJson("estimate " + job_ + " --set attention.mode=sparse --set memory.page_tokens=128");
   const json dense = OombJson("estimate " + job_);
   EXPECT_EQ(sparse["kv_bytes"], dense["kv_bytes"]);
+  // memory.kv_grad_dtype left auto: float32 pages while they fit in memory on the CPU, and the estimate says so.
+  EXPECT_THAT(dense["choices"].dump(), HasSubstr("memory.kv_grad_dtype auto: float32"));
   EXPECT_NE(sparse["activation_bytes"], dense["activation_bytes"]);
   // Left auto, sparse attention's pages are of 256 and its budget 32 of them, and the estimate
   // says so.

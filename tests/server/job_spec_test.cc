@@ -82,7 +82,7 @@ TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_TRUE(s.choices.empty());
   EXPECT_TRUE(s.memory.swap_attention);
   EXPECT_EQ(s.memory.kv_offload, KvOffload::kAuto);
-  EXPECT_EQ(s.memory.kv_grad_dtype, KvGradDtype::kFloat32);
+  EXPECT_EQ(s.memory.kv_grad_dtype, KvGradDtype::kAuto);  // the memory planner's choice
   EXPECT_FALSE(s.sparse.has_value());
   EXPECT_EQ(s.chunk_fraction, 1.0);
   EXPECT_EQ(s.checkpoint.every_steps, 50);
@@ -424,9 +424,9 @@ TEST(JobSpecTest, AProtoFromTheApiIsCheckedWithoutLines) {
   p.mutable_training()->set_learning_rate(std::numeric_limits<double>::quiet_NaN());
   EXPECT_THAT(ResolveJobSpec(p).status().message(), HasSubstr("training.learning_rate: must be a finite number"));
   p.mutable_training()->set_learning_rate(1e-3);
-  p.mutable_memory()->set_kv_grad_dtype(static_cast<v1::MemorySpec::KvGradDtype>(99));
+  p.mutable_memory()->set_kv_grad_dtype(static_cast<v1::KvGradDtype::Value>(99));
   EXPECT_THAT(ResolveJobSpec(p).status().message(),
-              HasSubstr("memory.kv_grad_dtype: must be one of float32, bfloat16; got the number 99"));
+              HasSubstr("memory.kv_grad_dtype: must be one of float32, bfloat16, auto; got the number 99"));
 }
 
 }  // namespace

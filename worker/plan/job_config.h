@@ -25,7 +25,11 @@ enum class ModelDtype { kBFloat16, kFloat32 };
 enum class TrainMethod { kLora, kFull, kEvaluate };
 enum class LrSchedule { kConstant, kLinear, kCosine };
 enum class KvOffload { kAuto, kNone, kHost };
-enum class KvGradDtype { kFloat32, kBFloat16 };
+// kAuto: PlanMemory chooses (MemoryPlan::kv_grad_dtype), the training session uses its choice.
+enum class KvGradDtype { kFloat32, kBFloat16, kAuto };
+inline const char* KvGradDtypeName(KvGradDtype d) {
+  return d == KvGradDtype::kBFloat16 ? "bfloat16" : d == KvGradDtype::kFloat32 ? "float32" : "auto";
+}
 enum class PageSummaryKind { kMeanKey, kMinMax };
 
 struct JobConfig {
@@ -81,6 +85,8 @@ struct JobConfig {
     // attention, 128 otherwise.
     int64_t page_tokens = 128;
     KvOffload kv_offload = KvOffload::kAuto;
+    // The spec's default is auto; this struct's float32 serves code that builds a JobConfig by
+    // hand.
     KvGradDtype kv_grad_dtype = KvGradDtype::kFloat32;
     // Stage 1 keeps the latest chunks' attention results on the host for stage 2 (dense exact
     // training; worker/train/attention_swap.h), within what the planner leaves of the host.

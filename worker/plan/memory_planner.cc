@@ -425,9 +425,41 @@ absl::StatusOr<int64_t> ChooseChunkTokens(const ModelConfig& config, const JobCo
   return candidates.back();
 }
 
+// memory.kv_grad_dtype auto (PlanMemory's contract): both plans, and the one it picks, with why.
+absl::StatusOr<MemoryPlan> PlanAutoGradDtype(const ModelConfig& config, const JobConfig& spec,
+                                             const PlanTarget& target) {
+  JobConfig trial = spec;
+  trial.memory.kv_grad_dtype = KvGradDtype::kFloat32;
+  OOMB_ASSIGN_OR_RETURN(MemoryPlan exact, PlanMemory(config, trial, target));
+  const std::string prefix = "memory.kv_grad_dtype auto: ";
+  if (spec.model.dtype != ModelDtype::kBFloat16) {
+    exact.choices.push_back(absl::StrCat(prefix, "float32, as the model's dtype"));
+    return exact;
+  }
+  trial.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
+  OOMB_ASSIGN_OR_RETURN(MemoryPlan half, PlanMemory(config, trial, target));
+  const bool cuda = target.device != "cpu";
+  const int64_t T = spec.data.max_seq_len;
+  if (exact.fits && !(cuda && exact.host_grad_pages > 0)) {
+    exact.max_seq_len_that_fits = std::max(exact.max_seq_len_that_fits, half.max_seq_len_that_fits);
+    exact.choices.push_back(absl::StrCat(
+        prefix, "float32, ",
+        cuda ? absl::StrCat("every KV-gradient page stays on ", target.device) : std::string("its pages fit"), " at ",
+        T, " tokens"));
+    return exact;
+  }
+  half.choices.push_back(
+      absl::StrCat(prefix, "bfloat16 (accumulated in float32, stored rounded), ",
+                   exact.fits ? absl::StrCat(exact.host_grad_pages, " KV-gradient pages go to the host tier at ", T,
+                                             " tokens: bfloat16 halves their PCIe traffic")
+                              : absl::StrCat("float32 pages do not fit at ", T, " tokens")));
+  return half;
+}
+
 }  // namespace
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& requested, const PlanTarget& target) {
+  if (requested.memory.kv_grad_dtype == KvGradDtype::kAuto) return PlanAutoGradDtype(config, requested, target);
   JobConfig spec = requested;
   std::string chunk_choice;
   if (spec.memory.chunk_tokens <= 0) {
@@ -447,6 +479,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   plan.device = target.device;
   plan.seq_len = spec.data.max_seq_len;
   plan.chunk_tokens = spec.memory.chunk_tokens;
+  plan.kv_grad_dtype = spec.memory.kv_grad_dtype;
   plan.choices = spec.choices;
   if (!chunk_choice.empty()) plan.choices.push_back(chunk_choice);
   plan.weights_bytes = m.weights();

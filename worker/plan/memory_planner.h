@@ -84,8 +84,9 @@ struct PlanTarget {
 
 struct MemoryPlan {
   std::string device;
-  int64_t seq_len = 0;       // the sequence length planned for (data.max_seq_len)
-  int64_t chunk_tokens = 0;  // memory.chunk_tokens, auto's choice resolved
+  int64_t seq_len = 0;                                // the sequence length planned for (data.max_seq_len)
+  int64_t chunk_tokens = 0;                           // memory.chunk_tokens, auto's choice resolved
+  KvGradDtype kv_grad_dtype = KvGradDtype::kFloat32;  // memory.kv_grad_dtype, auto's choice resolved
 
   int64_t weights_bytes = 0;          // base weights
   int64_t trainable_state_bytes = 0;  // trainable parameters + gradients + optimizer moments
@@ -115,9 +116,11 @@ struct MemoryPlan {
   std::vector<std::string> choices;
 
   bool fits = false;
-  std::string limit;                  // when !fits: which limit, in words, with the numbers
-  int64_t max_seq_len_that_fits = 0;  // 0 when not even one token fits
-  std::string placement;              // where the KV pages live, in words
+  std::string limit;  // when !fits: which limit, in words, with the numbers
+  // 0 when not even one token fits. With memory.kv_grad_dtype auto and a bfloat16 model: the
+  // longest with bfloat16 KV-gradient pages (what auto picks at that length).
+  int64_t max_seq_len_that_fits = 0;
+  std::string placement;  // where the KV pages live, in words
 };
 
 // Memory kept back from a device's total for what the plan does not count: the CUDA context,
@@ -129,9 +132,12 @@ inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
 inline constexpr int64_t kHostReserveBytes = int64_t{16} << 30;
 
 // The plan of `spec` on `target`, for the model `config` (the spec's model.path's
-// config.json). memory.chunk_tokens 0 (auto) is resolved first: the first of
-// AutoChunkCandidates whose plan fits with a sixteenth of the device to spare, else the last;
-// plan.chunk_tokens is the chunk planned for, and plan.choices says why.
+// config.json). memory.kv_grad_dtype auto is resolved first: float32 when its plan fits and
+// (on a GPU) places no KV-gradient page in the host tier, else bfloat16 for a bfloat16 model
+// (half the pages' PCIe traffic, or what fits), else float32. Then memory.chunk_tokens 0 (auto):
+// the first of AutoChunkCandidates whose plan fits with a sixteenth of the device to spare, else
+// the last. plan.kv_grad_dtype and plan.chunk_tokens are what was planned for, and plan.choices
+// says why.
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target);
 
 // memory.chunk_tokens auto's candidates, largest first: the powers of two from kAutoChunkMax down

@@ -107,10 +107,11 @@ absl::Status TrainingSession::Init() {
   planned.data.max_seq_len = std::max<int64_t>(options_.longest_sequence, 1);
   OOMB_ASSIGN_OR_RETURN(plan_, PlanMemory(c, planned, options_.machine));
   spec_.memory.chunk_tokens = plan_.chunk_tokens;
+  spec_.memory.kv_grad_dtype = plan_.kv_grad_dtype;
   const at::ScalarType dtype = model_->dtype();
   OOMB_ASSIGN_OR_RETURN(pools_, MakeKvPools({c.num_kv_heads, spec_.memory.page_tokens, c.head_dim}, dtype,
-                                            GradPageDtype(spec_.memory.kv_grad_dtype == KvGradDtype::kBFloat16, dtype),
-                                            device, PoolSizes(plan_)));
+                                            GradPageDtype(plan_.kv_grad_dtype == KvGradDtype::kBFloat16, dtype), device,
+                                            PoolSizes(plan_)));
   AttachKvStats();
   peak_flops_ = PeakFlops(device);
 

@@ -4,6 +4,7 @@
 // activation term bounds the trainer's measured activation peak (one chunk's graph and
 // temporaries) from above, and not by much. The 10% check of the whole peak is on the GPU
 // (bench/bench_train.cc prints planned against measured; results committed under bench/results).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -14,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/paging/page_table.h"
 #include "worker/plan/memory_planner.h"
@@ -22,6 +25,8 @@
 
 namespace oomb {
 namespace {
+
+using ::testing::HasSubstr;
 
 struct Case {
   const char* name;
@@ -260,6 +265,117 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
 
 // SpaCO's bound on the kept chunks is the binomial quantile it states: P(K > k) <= 1e-9 <
 // P(K > k - 1), with the tail summed here term by term from the top (pmf by recurrence).
+// memory.kv_grad_dtype auto on an 80 GiB GPU: float32 while every page stays on the GPU; bfloat16
+// once KV-gradient pages go to the host (half their PCIe traffic) or only bfloat16 fits; the
+// choice is planned with (the same plan as the fixed dtype), said in words, and the longest
+// context is bfloat16's. A float32 model keeps float32 pages; on the CPU, float32 while it fits.
+TEST(MemoryPlannerTest, AutoGradDtypeKeepsFloat32OnTheDeviceAndHalvesWhatGoesToTheHost) {
+  const ModelConfig c = Qwen7B();
+  const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
+  JobConfig spec;
+  spec.model.dtype = ModelDtype::kBFloat16;
+  const auto plan_with = [&](KvGradDtype dtype, int64_t T, const PlanTarget& target) {
+    JobConfig s = spec;
+    s.memory.kv_grad_dtype = dtype;
+    s.data.max_seq_len = T;
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(c, s, target);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return *plan;
+  };
+  const auto same_pages = [](const MemoryPlan& a, const MemoryPlan& b) {
+    EXPECT_EQ(a.kv_grad_dtype, b.kv_grad_dtype);
+    EXPECT_EQ(a.kv_bytes, b.kv_bytes);
+    EXPECT_EQ(a.device_grad_pages, b.device_grad_pages);
+    EXPECT_EQ(a.host_grad_pages, b.host_grad_pages);
+    EXPECT_EQ(a.peak_device_bytes, b.peak_device_bytes);
+    EXPECT_EQ(a.peak_host_bytes, b.peak_host_bytes);
+  };
+
+  const MemoryPlan on_gpu = plan_with(KvGradDtype::kAuto, 1 << 16, h100);
+  EXPECT_EQ(on_gpu.kv_grad_dtype, KvGradDtype::kFloat32);
+  EXPECT_EQ(on_gpu.host_grad_pages, 0);
+  same_pages(on_gpu, plan_with(KvGradDtype::kFloat32, 1 << 16, h100));
+  EXPECT_THAT(absl::StrJoin(on_gpu.choices, "\n"),
+              HasSubstr("memory.kv_grad_dtype auto: float32, every KV-gradient page stays on cuda:0 at 65536 tokens"));
+  EXPECT_EQ(on_gpu.max_seq_len_that_fits, plan_with(KvGradDtype::kBFloat16, 1 << 16, h100).max_seq_len_that_fits);
+
+  // 512K: float32 pages fit, some in the host tier: bfloat16.
+  const MemoryPlan spilled_f32 = plan_with(KvGradDtype::kFloat32, 1 << 19, h100);
+  ASSERT_TRUE(spilled_f32.fits) << spilled_f32.limit;
+  ASSERT_GT(spilled_f32.host_grad_pages, 0);
+  const MemoryPlan spilled = plan_with(KvGradDtype::kAuto, 1 << 19, h100);
+  same_pages(spilled, plan_with(KvGradDtype::kBFloat16, 1 << 19, h100));
+  EXPECT_THAT(absl::StrJoin(spilled.choices, "\n"),
+              HasSubstr(absl::StrCat("memory.kv_grad_dtype auto: bfloat16 (accumulated in float32, stored rounded), ",
+                                     spilled_f32.host_grad_pages,
+                                     " KV-gradient pages go to the host tier at 524288 tokens: bfloat16 halves "
+                                     "their PCIe traffic")));
+
+  // 1M: only bfloat16 pages fit (HostTierPlacement).
+  const MemoryPlan one_m = plan_with(KvGradDtype::kAuto, 1 << 20, h100);
+  EXPECT_TRUE(one_m.fits) << one_m.limit;
+  EXPECT_EQ(one_m.kv_grad_dtype, KvGradDtype::kBFloat16);
+  EXPECT_THAT(absl::StrJoin(one_m.choices, "\n"), HasSubstr("float32 pages do not fit at 1048576 tokens"));
+
+  // A float32 model: float32 pages whatever the placement.
+  spec.model.dtype = ModelDtype::kFloat32;
+  const MemoryPlan f32_model = plan_with(KvGradDtype::kAuto, 1 << 19, h100);
+  EXPECT_EQ(f32_model.kv_grad_dtype, KvGradDtype::kFloat32);
+  EXPECT_THAT(absl::StrJoin(f32_model.choices, "\n"), HasSubstr("float32, as the model's dtype"));
+
+  // The CPU: the host tier is the same memory, so float32 while it fits, even with every page there.
+  spec.model.dtype = ModelDtype::kBFloat16;
+  spec.memory.kv_offload = KvOffload::kHost;
+  const PlanTarget cpu{.device = "cpu", .device_bytes = int64_t{64} << 30, .host_bytes = int64_t{64} << 30};
+  const MemoryPlan cpu_host = plan_with(KvGradDtype::kAuto, 1 << 14, cpu);
+  ASSERT_GT(cpu_host.host_grad_pages, 0);
+  EXPECT_EQ(cpu_host.kv_grad_dtype, KvGradDtype::kFloat32);
+  EXPECT_THAT(absl::StrJoin(cpu_host.choices, "\n"), HasSubstr("float32, its pages fit at 16384 tokens"));
+}
+
+// The training session trains with auto's choice: a bfloat16 model on a machine where float32
+// KV-gradient pages do not fit and bfloat16 ones do gets bfloat16 gradient pools, and trains.
+TEST(MemoryPlannerTest, SessionTrainsWithAutoGradDtypesChoice) {
+  const ModelConfig c = testing::TinyLlamaConfig(256, 64, 2, 4, 2);
+  JobConfig spec;
+  spec.model.dtype = ModelDtype::kBFloat16;
+  spec.memory.chunk_tokens = 128;
+  spec.memory.page_tokens = 64;
+  spec.data.max_seq_len = 512;
+  const PlanTarget roomy{.device = "cpu", .device_bytes = int64_t{64} << 30, .host_bytes = int64_t{64} << 30};
+  const auto peak = [&](KvGradDtype dtype) {
+    JobConfig s = spec;
+    s.memory.kv_grad_dtype = dtype;
+    return PlanMemory(c, s, roomy)->peak_device_bytes;
+  };
+  const int64_t f32 = peak(KvGradDtype::kFloat32), bf16 = peak(KvGradDtype::kBFloat16);
+  ASSERT_LT(bf16, f32);
+  const int64_t between = kDeviceReserveBytes + (f32 + bf16) / 2;
+  const PlanTarget tight{.device = "cpu", .device_bytes = between, .host_bytes = between};
+
+  auto model = Transformer::Random(c, at::kBFloat16, at::kCPU, /*seed=*/1, /*init_std=*/0.05);
+  LoraOptions lora;
+  lora.rank = spec.method.lora.rank;
+  ASSERT_TRUE(model->AddLora(lora, 2).ok());
+  spec.memory.kv_grad_dtype = KvGradDtype::kAuto;
+  SessionOptions options;
+  options.machine = tight;
+  options.longest_sequence = spec.data.max_seq_len;
+  auto session = TrainingSession::Create(model.get(), spec, options);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ((*session)->plan().kv_grad_dtype, KvGradDtype::kBFloat16);
+  EXPECT_EQ((*session)->pools().grad->options().dtype(), at::kBFloat16);
+  const auto docs = testing::RandomDocs(1, 512, 512, c.vocab_size, 7);
+  auto loss = (*session)->trainer().TrainSequence(TokenSequence::FromDocument(docs[0]), 1.0 / 512, 3);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_TRUE(std::isfinite(loss->loss_sum));
+  EXPECT_GT(loss->label_tokens, 0);
+
+  // float32 pages, asked for, would not fit this machine (admission would refuse the job).
+  spec.memory.kv_grad_dtype = KvGradDtype::kFloat32;
+  EXPECT_FALSE(PlanMemory(c, spec, tight)->fits);
+}
+
 TEST(MemoryPlannerTest, SpacoKeptChunksBoundIsTheBinomialQuantile) {
   EXPECT_EQ(SpacoKeptChunksBound(17, 1.0), 17);
   EXPECT_EQ(SpacoKeptChunksBound(0, 0.5), 0);
