@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <array>
 #include <initializer_list>
 #include <vector>
 
@@ -119,35 +120,59 @@ class RopeFn : public torch::autograd::Function<RopeFn> {
   }
 };
 
+// SwiGLU through the kernels: gate and up of one shape, Fusable; y, or d_gate and d_up.
+SwiGluParams SwiGluKernelParams(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  SwiGluParams p;
+  p.gate = gate.data_ptr();
+  p.up = up.data_ptr();
+  p.out = out.data_ptr();
+  p.n = gate.numel();
+  p.dtype = DtypeOf(gate);
+  return p;
+}
+
+at::Tensor SwiGluKernelForward(const at::Tensor& gate_in, const at::Tensor& up_in) {
+  const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+  at::Tensor y = at::empty_like(gate);
+  Run(gate, LaunchSwiGluForward, SwiGluKernelParams(gate, up, y), "SwiGLU forward");
+  return y;
+}
+
+std::array<at::Tensor, 2> SwiGluKernelBackward(const at::Tensor& gate_in, const at::Tensor& up_in,
+                                               const at::Tensor& dy_in) {
+  const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous(), dy = dy_in.contiguous();
+  at::Tensor d_gate = at::empty_like(gate), d_up = at::empty_like(up);
+  SwiGluParams p = SwiGluKernelParams(gate, up, d_gate);
+  p.dy = dy.data_ptr();
+  p.d_up = d_up.data_ptr();
+  Run(gate, LaunchSwiGluBackward, p, "SwiGLU backward");
+  return {d_gate, d_up};
+}
+
+// The gated activation's value and its gradients with respect to gate and up, without autograd:
+// the kernels where they apply (SwiGLU), else the composite ops' own operations (the same
+// values and gradients as autograd through them).
+at::Tensor GluValue(GluKind kind, const at::Tensor& gate, const at::Tensor& up) {
+  if (kind == GluKind::kGeluTanh) return at::gelu(gate, "tanh") * up;
+  if (Fusable({&gate, &up})) return SwiGluKernelForward(gate, up);
+  return at::silu(gate) * up;
+}
+
+std::array<at::Tensor, 2> GluGrads(GluKind kind, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy) {
+  if (kind == GluKind::kGeluTanh) return {at::gelu_backward(dy * up, gate, "tanh"), dy * at::gelu(gate, "tanh")};
+  if (Fusable({&gate, &up, &dy})) return SwiGluKernelBackward(gate, up, dy);
+  return {at::silu_backward(dy * up, gate), dy * at::silu(gate)};
+}
+
 class SwiGluFn : public torch::autograd::Function<SwiGluFn> {
  public:
-  // What forward and backward share; out: y or d_gate.
-  static SwiGluParams Params(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
-    SwiGluParams p;
-    p.gate = gate.data_ptr();
-    p.up = up.data_ptr();
-    p.out = out.data_ptr();
-    p.n = gate.numel();
-    p.dtype = DtypeOf(gate);
-    return p;
-  }
-
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
-    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
-    at::Tensor y = at::empty_like(gate);
-    Run(gate, LaunchSwiGluForward, Params(gate, up, y), "SwiGLU forward");
-    ctx->save_for_backward({gate, up});
-    return y;
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate.contiguous(), up.contiguous()});
+    return SwiGluKernelForward(gate, up);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &gate = saved[0], &up = saved[1];
-    const at::Tensor dy = grad_outputs[0].contiguous();
-    at::Tensor d_gate = at::empty_like(gate), d_up = at::empty_like(up);
-    SwiGluParams p = Params(gate, up, d_gate);
-    p.dy = dy.data_ptr();
-    p.d_up = d_up.data_ptr();
-    Run(gate, LaunchSwiGluBackward, p, "SwiGLU backward");
+    const auto [d_gate, d_up] = SwiGluKernelBackward(saved[0], saved[1], grad_outputs[0]);
     return {d_gate, d_up};
   }
 };
@@ -188,9 +213,42 @@ class GeluTanhGluFn : public torch::autograd::Function<GeluTanhGluFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &gate = saved[0], &up = saved[1];
+    const auto [d_gate, d_up] = GluGrads(GluKind::kGeluTanh, saved[0], saved[1], grad_outputs[0]);
+    return {d_gate, d_up};
+  }
+};
+
+// GluDownLora (the header's contract). The forward runs the separate ops' operations (the same
+// values, bit for bit); the backward is their gradient written out, with act = glu(gate, up)
+// recomputed: for y = act W^T + d B^T with d = act A^T,
+//   dd = dy B, dB = (d^T dy)^T, dA = (act^T dd)^T, dact = dy W + dd A.
+class GluDownLoraFn : public torch::autograd::Function<GluDownLoraFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
+                            const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, int64_t kind) {
+    const at::Tensor act = GluValue(static_cast<GluKind>(kind), gate, up);
+    const at::Tensor d = at::linear(act, a);
+    at::Tensor y = at::linear(act, weight);
+    y.addmm_(d, b.t());
+    ctx->save_for_backward({gate, up, weight, a, b, d});
+    ctx->saved_data["kind"] = kind;
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &up = saved[1], &weight = saved[2], &a = saved[3], &b = saved[4], &d = saved[5];
+    const auto kind = static_cast<GluKind>(ctx->saved_data["kind"].toInt());
     const at::Tensor& dy = grad_outputs[0];
-    return {at::gelu_backward(dy * up, gate, "tanh"), dy * at::gelu(gate, "tanh")};
+    const at::Tensor dd = dy.mm(b);
+    const at::Tensor db = d.t().mm(dy).t();
+    at::Tensor da;
+    {  // act only while dA needs it
+      const at::Tensor act = GluValue(kind, gate, up);
+      da = act.t().mm(dd).t();
+    }
+    const at::Tensor dact = dy.mm(weight) + dd.mm(a);
+    const auto [d_gate, d_up] = GluGrads(kind, gate, up, dact);
+    return {d_gate, d_up, at::Tensor(), da, db, at::Tensor()};
   }
 };
 
@@ -219,6 +277,18 @@ at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double ep
 at::Tensor GeluTanhGluComposite(const at::Tensor& gate, const at::Tensor& up) { return at::gelu(gate, "tanh") * up; }
 
 at::Tensor GeluTanhGlu(const at::Tensor& gate, const at::Tensor& up) { return GeluTanhGluFn::apply(gate, up); }
+
+at::Tensor GluDownLora(GluKind kind, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+                       const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes(), "GluDownLora: gate ", gate.sizes(), " and up ", up.sizes(),
+              " must be one [rows, intermediate] shape");
+  TORCH_CHECK(!weight.requires_grad(), "GluDownLora: the down projection's weight must be frozen");
+  TORCH_CHECK(weight.size(1) == gate.size(1) && a.size(1) == gate.size(1) && b.size(0) == weight.size(0) &&
+                  b.size(1) == a.size(0),
+              "GluDownLora: weight ", weight.sizes(), ", a ", a.sizes(), " and b ", b.sizes(),
+              " do not fit an intermediate of ", gate.size(1));
+  return GluDownLoraFn::apply(gate, up, weight, a, b, static_cast<int64_t>(kind));
+}
 
 at::Tensor ApplyRopeComposite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;

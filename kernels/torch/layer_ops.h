@@ -2,8 +2,9 @@
 // (kernels/layer_ops.h) for bfloat16 / float16 tensors on a GPU, else the composite ATen ops,
 // which are the CPU path and the reference the kernels are checked against
 // (tests/kernels/kernels_gpu_test.cc). Numerics: kernels/layer_ops.h. Gemma's RMSNorm and
-// GELU-tanh gate: ATen ops on every device, as autograd functions that keep less for backward
-// than the composite ops (tests/kernels/layer_ops_test.cc).
+// GELU-tanh gate, and the gated activation with the down projection and its LoRA adapter: ATen
+// ops (and the SwiGLU kernels) on every device, as autograd functions that keep less for
+// backward than the separate ops (tests/kernels/layer_ops_test.cc).
 #ifndef OOMB_KERNELS_TORCH_LAYER_OPS_H_
 #define OOMB_KERNELS_TORCH_LAYER_OPS_H_
 
@@ -26,6 +27,19 @@ at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double ep
 // Gemma's gated MLP activation, gelu_tanh(gate) * up (the composite ops' values), keeping only
 // gate and up for backward.
 at::Tensor GeluTanhGlu(const at::Tensor& gate, const at::Tensor& up);
+
+// The gated MLP's activation: silu(gate) * up (SwiGlu) or gelu_tanh(gate) * up (GeluTanhGlu).
+enum class GluKind { kSilu, kGeluTanh };
+
+// The MLP's second half as one autograd function: act = glu(gate, up) (SwiGlu's or
+// GeluTanhGlu's values), then the down projection with its LoRA adapter, act W^T + (act A^T) B^T
+// (LinearForward's operations, so the same values bit for bit). gate, up [rows, intermediate];
+// weight W [out, intermediate], frozen, no bias; a [rank, intermediate] and b [out, rank] (the
+// scaling folded in) in act's dtype. Keeps gate, up and the rank-wide act A^T for backward and
+// recomputes act there, where the separate ops also keep act (LoRA A's input): one
+// intermediate-wide tensor a token and layer less. Differentiable in gate, up, a and b.
+at::Tensor GluDownLora(GluKind kind, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+                       const at::Tensor& a, const at::Tensor& b);
 
 // x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1] over the last dim; x [rows,
 // heads, head_dim], cos and sin [rows, 1, head_dim] in x's dtype. Differentiable in x.

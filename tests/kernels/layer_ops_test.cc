@@ -1,18 +1,36 @@
-// Gemma's RMSNorm and GELU-tanh gate as autograd functions that keep less for backward
-// (kernels/torch/layer_ops.h) against the composite ATen ops they replace: the same forward
+// Gemma's RMSNorm and GELU-tanh gate, and the gated activation with the LoRA down projection,
+// as autograd functions that keep less for backward (kernels/torch/layer_ops.h) against the
+// composite ATen ops they replace: the same forward
 // values bit for bit, and the same gradients (float64: 1e-12 relative; float32 and bfloat16
 // inputs: as close as the composite ops are to float64).
 #include "kernels/torch/layer_ops.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace oomb::kernels {
 namespace {
+
+// The bytes of CPU tensors allocated while installed and not yet freed (LibTorch's
+// memory-reporting hook, as the chunk trainer counts activations).
+class LiveBytes : public c10::MemoryReportingInfoBase {
+ public:
+  void reportMemoryUsage(void*, int64_t alloc_size, size_t, size_t, c10::Device) override { bytes_ += alloc_size; }
+  bool memoryProfilingEnabled() const override { return true; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  int64_t bytes_ = 0;
+};
+
+int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 struct Result {
   at::Tensor out;
@@ -86,6 +104,74 @@ TEST(LayerOpsTest, GeluTanhGluEqualsTheCompositeOps) {
                                                                               : 1e-2)
           << t << " input " << i;
     }
+  }
+}
+
+// The gated activation and the LoRA down projection as one function against the separate ops
+// (SwiGlu / GeluTanhGlu, then the frozen linear and its adapter as Transformer::LinearForward
+// computes them): the same output bit for bit; gradients for gate, up, A and B as close as the
+// separate ops' (float64: 1e-12; float32 1e-5; bfloat16: within twice the separate ops' own
+// distance from float64); and it keeps less for backward: an [rows, intermediate] tensor less.
+TEST(LayerOpsTest, GluDownLoraEqualsTheSeparateOpsAndKeepsLess) {
+  at::manual_seed(5);
+  const int64_t rows = 9, inter = 80, out = 24, rank = 4;
+  const at::Tensor gate = at::randn({rows, inter}, at::kDouble) * 2, up = at::randn({rows, inter}, at::kDouble);
+  const at::Tensor w = at::randn({out, inter}, at::kDouble) * 0.1, a = at::randn({rank, inter}, at::kDouble) * 0.1;
+  const at::Tensor b = at::randn({out, rank}, at::kDouble) * 0.1, dy = at::randn({rows, out}, at::kDouble);
+  for (const GluKind kind : {GluKind::kSilu, GluKind::kGeluTanh}) {
+    const auto separate = [&](const at::Tensor& weight) {
+      return [&, weight](const std::vector<at::Tensor>& in) {
+        const at::Tensor act = kind == GluKind::kSilu ? SwiGlu(in[0], in[1]) : GeluTanhGlu(in[0], in[1]);
+        at::Tensor y = at::linear(act, weight);
+        return y.addmm_(at::linear(act, in[2]), in[3].t());
+      };
+    };
+    const auto fused = [&](const at::Tensor& weight) {
+      return [&, weight](const std::vector<at::Tensor>& in) {
+        return GluDownLora(kind, in[0], in[1], weight, in[2], in[3]);
+      };
+    };
+    const Result exact = OutputAndGrads(separate(w), {gate, up, a, b}, dy);
+    for (const at::ScalarType t : {at::kDouble, at::kFloat, at::kBFloat16}) {
+      const std::vector<at::Tensor> in = {gate.to(t), up.to(t), a.to(t), b.to(t)};
+      const Result want = OutputAndGrads(separate(w.to(t)), in, dy);
+      const Result got = OutputAndGrads(fused(w.to(t)), in, dy);
+      EXPECT_TRUE(at::equal(got.out, want.out)) << t << " kind " << static_cast<int>(kind);
+      for (size_t i = 0; i < 4; ++i) {
+        const double tolerance = t == at::kDouble  ? 1e-12
+                                 : t == at::kFloat ? 1e-5
+                                                   : std::max(2 * RelativeError(want.grads[i], exact.grads[i]), 1e-2);
+        EXPECT_LE(RelativeError(got.grads[i], exact.grads[i]), tolerance)
+            << t << " kind " << static_cast<int>(kind) << " input " << i;
+      }
+    }
+  }
+  // What the graph keeps (float32, the composite SwiGLU): the separate ops hold gate, up,
+  // silu(gate) and act; the function gate, up and the rank-wide act A^T. Counted: the bytes
+  // allocated in forward and still alive after it, less the output.
+  const auto kept = [&](const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f) {
+    std::vector<at::Tensor> in;
+    for (const at::Tensor& t : {gate, up, a, b}) in.push_back(t.to(at::kFloat).requires_grad_(true));
+    auto live = std::make_shared<LiveBytes>();
+    at::Tensor y;
+    {
+      c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, live);
+      y = f(in);
+    }
+    return live->bytes() - Bytes(y);
+  };
+  const at::Tensor w32 = w.to(at::kFloat);
+  const int64_t act = rows * inter * 4;
+  for (const GluKind kind : {GluKind::kSilu, GluKind::kGeluTanh}) {
+    const int64_t separate = kept([&](const std::vector<at::Tensor>& in) {
+      const at::Tensor x = kind == GluKind::kSilu ? SwiGlu(in[0], in[1]) : GeluTanhGlu(in[0], in[1]);
+      at::Tensor y = at::linear(x, w32);
+      return y.addmm_(at::linear(x, in[2]), in[3].t());
+    });
+    const int64_t fused =
+        kept([&](const std::vector<at::Tensor>& in) { return GluDownLora(kind, in[0], in[1], w32, in[2], in[3]); });
+    EXPECT_EQ(fused, rows * rank * 4) << static_cast<int>(kind);  // act A^T (gate and up are inputs)
+    EXPECT_GE(separate - fused, act) << static_cast<int>(kind);
   }
 }
 

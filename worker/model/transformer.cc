@@ -618,8 +618,18 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
     gate = LinearForward(l.gate, y, &cursor.gen, cursor.training);
     up = LinearForward(l.up, y, &cursor.gen, cursor.training);
   }
-  const at::Tensor act = gemma ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
-  at::Tensor mlp_out = LinearForward(l.down, act, &cursor.gen, cursor.training);
+  at::Tensor mlp_out;
+  const Linear& down = l.down;
+  if (down.lora_a.defined() && !down.bias.defined() && !down.weight.requires_grad() &&
+      (down.lora_dropout == 0 || !cursor.training)) {
+    // The same values as below, keeping one intermediate-wide tensor less for backward.
+    const at::ScalarType t = gate.scalar_type();
+    mlp_out = kernels::GluDownLora(gemma ? kernels::GluKind::kGeluTanh : kernels::GluKind::kSilu, gate, up, down.weight,
+                                   down.lora_a.to(t), (down.lora_b * down.lora_scaling).to(t));
+  } else {
+    const at::Tensor act = gemma ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
+    mlp_out = LinearForward(down, act, &cursor.gen, cursor.training);
+  }
   if (gemma) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
   cursor.h = h + mlp_out;
   ++cursor.layer;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -120,7 +121,7 @@ class Model {
   // With the composite ops (CPU, float32):
   //   two RMSNorms: the float32 upcast of the input and the normalised output (dtype)
   //   q, k before RoPE and their rotate_half (RoPE's multiplications save both)
-  //   the MLP's gate, silu(gate), up and silu(gate) * up
+  //   the MLP's gate, silu(gate), up and silu(gate) * up (gate and up only, below)
   // with the fused kernels (kernels/torch/layer_ops.h: a bfloat16 / float16 model on a GPU; the
   // RMSNorms only when their weights are frozen):
   //   two RMSNorms: the input and the normalised output (dtype) and a float32 rstd a row
@@ -133,6 +134,8 @@ class Model {
   //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
   //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
   //   mask and the dropped input
+  //   with LoRA on down_proj and no dropout, of the MLP only gate and up, on every path: the
+  //   activation is recomputed in backward (kernels::GluDownLora)
   // and, once, the final norm.
   int64_t GraphBytes(int64_t C) const {
     const int64_t H = c_.hidden_size, Q = c_.q_dim(), KV = c_.kv_dim(), I = c_.intermediate_size;
@@ -148,13 +151,17 @@ class Model {
     if (c_.qk_norm) {
       per_token += fused_norms ? e_ * (Q + KV) + kF32 * (c_.num_heads + c_.num_kv_heads) : (kF32 + e_) * (Q + KV);
     }
-    per_token += (fused || c_.gemma_layers ? 3 : 4) * e_ * I;
+    // The MLP's activation is recomputed in backward where the down projection has a LoRA
+    // adapter without dropout (kernels::GluDownLora): then only gate and up.
+    bool glu_down = false;
     if (spec_.method.type != TrainMethod::kFull) {
       for (const LinearLayer& l : LoraLayers(c_, spec_.method.lora)) {
         per_token += e_ * spec_.method.lora.rank;
         if (spec_.method.lora.dropout > 0) per_token += (kF32 + e_) * l.in;
+        glu_down = glu_down || (std::string(l.name) == "down_proj" && spec_.method.lora.dropout == 0);
       }
     }
+    per_token += (glu_down ? 2 : fused || c_.gemma_layers ? 3 : 4) * e_ * I;
     return C * (per_token * c_.num_layers + norm);
   }
 
