@@ -14,13 +14,17 @@ Writes into OUT:
   llama3/tokenizer.json         the same with Llama-3's regex (\\p{N}{1,3}), ignore_merges, a
                                 <|begin_of_text|> TemplateProcessing post-processor, and added
                                 tokens using lstrip / rstrip / single_word / normalized
+  o200k/tokenizer.json          a byte-level BPE trained here with Phi-4-mini's tokenizer.json layout
+                                (o200k_base's pattern: case classes \p{Lu} \p{Lt} \p{Lm} \p{Lo}
+                                \p{M} \p{Ll}, contractions after a word, \p{N}{1,3}; no normalizer)
+                                and its chat special tokens
   llama2/tokenizer.json         a SentencePiece-style BPE (byte_fallback, <0xXX> tokens, unk) trained
                                 here with Llama-2's / Mistral's layout: Prepend + Replace normalizers,
                                 no pre-tokenizer, a <s> template, decoders Replace, ByteFallback,
                                 Fuse, Strip
   <name>.expected.jsonl         per corpus line: {"ids": encode(text, add_special_tokens=False).ids,
                                 "ids_special": encode(text, add_special_tokens=True).ids,
-                                "decoded": decode(ids)} for name in smollm2, qwen2, llama3, llama2,
+                                "decoded": decode(ids)} for name in smollm2, qwen2, llama3, o200k, llama2,
                                 and gemma3 (Gemma-3-270M's tokenizer.json) when the model is present
 """
 import argparse
@@ -95,6 +99,18 @@ def random_strings(n, seed=1234):
                 parts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 8))))
         out.append("".join(parts))
     return out
+
+
+# OpenAI's o200k_base split, which Phi-4-mini's tokenizer.json carries.
+O200K_PATTERN = "|".join([
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}",
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"\s*[\r\n]+",
+    r"\s+(?!\S)",
+    r"\s+",
+])
 
 
 def read(path):
@@ -205,6 +221,15 @@ def main():
         json.dump(j, f, ensure_ascii=False)
     llama = Tokenizer.from_file(os.path.join(ldir, "tokenizer.json"))
 
+    # Phi-4-mini layout: o200k's split, no normalizer, its chat markers as special tokens.
+    phi = train(training_text, O200K_PATTERN, ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"])
+    phi.normalizer = None
+    phi.post_processor = ByteLevelProcessor(trim_offsets=False)
+    pdir = os.path.join(args.out_dir, "o200k")
+    os.makedirs(pdir, exist_ok=True)
+    phi.save(os.path.join(pdir, "tokenizer.json"))
+    phi = Tokenizer.from_file(os.path.join(pdir, "tokenizer.json"))
+
     sp = train_sentencepiece_style(training_text)
     sdir = os.path.join(args.out_dir, "llama2")
     os.makedirs(sdir, exist_ok=True)
@@ -212,7 +237,7 @@ def main():
     sp = Tokenizer.from_file(os.path.join(sdir, "tokenizer.json"))
 
     smol = Tokenizer.from_file(os.path.join(args.data_dir, "models", "SmolLM2-135M-Instruct", "tokenizer.json"))
-    tokenizers = [("smollm2", smol), ("qwen2", qwen), ("llama3", llama), ("llama2", sp)]
+    tokenizers = [("smollm2", smol), ("qwen2", qwen), ("llama3", llama), ("o200k", phi), ("llama2", sp)]
     gemma = os.path.join(args.data_dir, "models", "gemma-3-270m", "tokenizer.json")
     if os.path.exists(gemma):
         tokenizers.append(("gemma3", Tokenizer.from_file(gemma)))

@@ -130,10 +130,11 @@ TEST_P(TokenizerParityTest, EncodesOneMegabyteQuickly) {
   EXPECT_LT(cold, 5.0);
 }
 
-// llama2: a SentencePiece-style (byte_fallback) BPE in Llama-2's and Mistral's layout; gemma3:
-// Gemma-3-270M's own, with 262,144 tokens and 6,384 added ones.
+// o200k: a byte-level BPE in Phi-4-mini's layout (OpenAI's o200k split with its Unicode case
+// classes); llama2: a SentencePiece-style (byte_fallback) BPE in Llama-2's, Mistral's and
+// Phi-3's layout; gemma3: Gemma-3-270M's own, with 262,144 tokens and 6,384 added ones.
 INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerParityTest,
-                         ::testing::Values("smollm2", "qwen2", "llama3", "llama2", "gemma3"));
+                         ::testing::Values("smollm2", "qwen2", "llama3", "o200k", "llama2", "gemma3"));
 
 // ---- SmolLM2 specifics --------------------------------------------------------------------
 
