@@ -1,8 +1,8 @@
 // Gemma's RMSNorm and GELU-tanh gate, and the gated activation with the LoRA down projection,
 // as autograd functions that keep less for backward (kernels/torch/layer_ops.h) against the
-// composite ATen ops they replace: the same forward
-// values bit for bit, and the same gradients (float64: 1e-12 relative; float32 and bfloat16
-// inputs: as close as the composite ops are to float64).
+// composite ATen ops they replace: the same forward values bit for bit, and the same gradients
+// (float64: 1e-12 relative; float32 and bfloat16 inputs: as close as the composite ops are to
+// float64).
 #include "kernels/torch/layer_ops.h"
 
 #include <ATen/ATen.h>

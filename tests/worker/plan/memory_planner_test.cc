@@ -263,8 +263,6 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
   EXPECT_EQ(host->kv_host_bytes, host->kv_bytes);
 }
 
-// SpaCO's bound on the kept chunks is the binomial quantile it states: P(K > k) <= 1e-9 <
-// P(K > k - 1), with the tail summed here term by term from the top (pmf by recurrence).
 // memory.kv_grad_dtype auto on an 80 GiB GPU: float32 while every page stays on the GPU; bfloat16
 // once KV-gradient pages go to the host (half their PCIe traffic) or only bfloat16 fits; the
 // choice is planned with (the same plan as the fixed dtype), said in words, and the longest
@@ -376,6 +374,8 @@ TEST(MemoryPlannerTest, SessionTrainsWithAutoGradDtypesChoice) {
   EXPECT_FALSE(PlanMemory(c, spec, tight)->fits);
 }
 
+// SpaCO's bound on the kept chunks is the binomial quantile it states: P(K > k) <= 1e-9 <
+// P(K > k - 1), with the tail summed here term by term from the top (pmf by recurrence).
 TEST(MemoryPlannerTest, SpacoKeptChunksBoundIsTheBinomialQuantile) {
   EXPECT_EQ(SpacoKeptChunksBound(17, 1.0), 17);
   EXPECT_EQ(SpacoKeptChunksBound(0, 0.5), 0);
