@@ -75,7 +75,8 @@ class TrainingSession {
   // `model` (not owned; it must outlive the session) with its trainable parameters chosen
   // (LoRA added, or full fine-tuning enabled). Plans the job's memory on options.machine, makes
   // the pools (host slabs are pinned by their own threads from now on) and AdamW from
-  // spec.training. RESOURCE_EXHAUSTED when the plan does not fit.
+  // spec.training. RESOURCE_EXHAUSTED when the pools cannot be allocated; a plan that does not
+  // fit is not refused here (admission, CreateJob, refuses such jobs before they run).
   static absl::StatusOr<std::unique_ptr<TrainingSession>> Create(Transformer* model, const JobConfig& spec,
                                                                  SessionOptions options);
 
