@@ -153,9 +153,9 @@ std::array<at::Tensor, 2> SwiGluKernelBackward(const at::Tensor& gate_in, const 
 // the kernels where they apply (SwiGLU), else the composite ops' own operations (the same
 // values and gradients as autograd through them).
 at::Tensor GluValue(GluKind kind, const at::Tensor& gate, const at::Tensor& up) {
-  if (kind == GluKind::kGeluTanh) return at::gelu(gate, "tanh") * up;
+  if (kind == GluKind::kGeluTanh) return GeluTanhGluComposite(gate, up);
   if (Fusable({&gate, &up})) return SwiGluKernelForward(gate, up);
-  return at::silu(gate) * up;
+  return SwiGluComposite(gate, up);
 }
 
 std::array<at::Tensor, 2> GluGrads(GluKind kind, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy) {
@@ -209,7 +209,7 @@ class GeluTanhGluFn : public torch::autograd::Function<GeluTanhGluFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
-    return at::gelu(gate, "tanh") * up;
+    return GluValue(GluKind::kGeluTanh, gate, up);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
