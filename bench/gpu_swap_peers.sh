@@ -11,6 +11,8 @@
 #   peers-b  bench/peers: unsloth at 16K, 64K, 128K.
 #   fit      --fit-check 2 at LENGTH (default 524288): stage 1 and stage 2's first chunks, the
 #            measured peaks against the plan's.
+#   defaults the job spec's defaults only, at LENGTHS (default 16384 131072), the first with the
+#            step's GPU time by section.
 # Output under $OUT: oomb_*.jsonl, peers.jsonl and the logs.
 set -uo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
@@ -38,8 +40,17 @@ case "${1:-}" in
   fit)
     $B --chunk 8192 --kv-grad-dtype bfloat16 --lengths "${2:-524288}" --fit-check 2 | tee "$OUT/oomb_fit.jsonl"
     ;;
+  defaults)
+    shift
+    [ $# -gt 0 ] || set -- 16384 131072
+    $B --chunk 0 --lengths "$1" --sections | tee "$OUT/oomb_defaults.jsonl"
+    shift
+    for length in "$@"; do
+      $B --chunk 0 --lengths "$length" | tee -a "$OUT/oomb_defaults.jsonl"
+    done
+    ;;
   *)
-    echo "usage: $0 oomb | peers-a | peers-b | fit [LENGTH]" >&2
+    echo "usage: $0 oomb | peers-a | peers-b | fit [LENGTH] | defaults [LENGTHS...]" >&2
     exit 2
     ;;
 esac

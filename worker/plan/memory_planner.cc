@@ -75,9 +75,17 @@ class Model {
   int64_t trainable() const { return trainable_; }
 
   // KV pages (model.dtype) for a sequence of T tokens: the executor's pools, on the device and
-  // the host together; sliding-window layers hold only the pages later chunks read
-  // (worker/paging/page_table.h).
-  int64_t KvPages(int64_t T) const { return SequencePagesBound(T, spec_.memory.page_tokens, Reach(), c_.num_layers); }
+  // the host together, for the PagedTokens; sliding-window layers hold only the pages later
+  // chunks read (worker/paging/page_table.h).
+  int64_t KvPages(int64_t T) const {
+    return SequencePagesBound(PagedTokens(T), spec_.memory.page_tokens, Reach(), c_.num_layers);
+  }
+  // The tokens of a T-token sequence that take pages: dense attention does not append the last
+  // chunk, which no later chunk reads (worker/train/attention.h); sparse attention appends all.
+  int64_t PagedTokens(int64_t T) const {
+    const int64_t C = spec_.memory.chunk_tokens;
+    return sparse() || T <= 0 ? T : (T - 1) / C * C;
+  }
   PastReach Reach() const {
     return PastReach{.windows = c_.AttentionWindows(), .chunk_tokens = spec_.memory.chunk_tokens};
   }
@@ -91,14 +99,15 @@ class Model {
   // either end of each.
   int64_t GradPages(int64_t T) const {
     const double p = spec_.chunk_fraction;
-    const int64_t C = spec_.memory.chunk_tokens, P = spec_.memory.page_tokens;
+    const int64_t C = spec_.memory.chunk_tokens, P = spec_.memory.page_tokens, paged = PagedTokens(T);
     const int64_t per_chunk = C % P == 0 ? C / P : C / P + 2;  // the pages a chunk's tokens touch
-    const int64_t global = p >= 1 ? CeilDiv(T, P) + 1
-                                  : std::min(CeilDiv(T, P) + 1, SpacoKeptChunksBound(CeilDiv(T, C), p) * per_chunk + 1);
+    const int64_t global =
+        p >= 1 ? CeilDiv(paged, P) + 1
+               : std::min(CeilDiv(paged, P) + 1, SpacoKeptChunksBound(CeilDiv(T, C), p) * per_chunk + 1);
     int64_t pages = 0;
     for (const auto& [window, layers] : WindowLayers()) {
       const int64_t windows = CeilDiv(std::min(window + C, 2 * window), P) + 4;
-      pages += layers * (window > 0 ? std::min(PagesKept(T, P, window, C) + 1, windows) : global);
+      pages += layers * (window > 0 ? std::min(PagesKept(paged, P, window, C) + 1, windows) : global);
     }
     return pages;
   }
@@ -495,7 +504,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   const int64_t C = std::min(T, spec.memory.chunk_tokens);
   plan.activation_bytes = m.GraphBytes(C) + m.WorkspaceBytes(C, T) + m.SummaryBytes(T);
   plan.kv_bytes = m.KvBytes(T);
-  plan.kv_bytes_per_token = (m.KvBytes(1 << 20) - m.KvBytes(0)) >> 20;
+  // Per token of context: over 1M tokens past the first chunk (whose pages dense attention
+  // never takes, when it is the last).
+  plan.kv_bytes_per_token =
+      (m.KvBytes((1 << 20) + spec.memory.chunk_tokens) - m.KvBytes(spec.memory.chunk_tokens)) >> 20;
   plan.device_capacity_bytes = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
   plan.host_capacity_bytes = std::max<int64_t>(0, target.host_bytes - kHostReserveBytes);
   const Placement p = Place(m, spec, cuda, T, plan.device_capacity_bytes, plan.host_capacity_bytes);

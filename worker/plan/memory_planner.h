@@ -11,8 +11,10 @@
 //               + device page pools             KV (model.dtype) and KV-gradient
 //                                               (memory.kv_grad_dtype)
 //                                               pages, allocated up front: of the sequence's
-//                                               layers * (ceil(T / P) + 1) pages each, those
-//                                               placed on the device (below)
+//                                               layers * (ceil(T' / P) + 1) pages each (T': the
+//                                               tokens before the last chunk with dense
+//                                               attention, which does not append it; T with
+//                                               sparse), those placed on the device (below)
 //               + one chunk's graph             what autograd keeps of one chunk's recomputed
 //                                               forward through every layer (stage 2)
 //               + workspace                     the largest transient: the LM head's logits

@@ -181,7 +181,8 @@ class DenseAttention final : public Attention {
     const bool swapped = swap_ != nullptr && swap_->Swaps(c.index);
     at::Tensor out = dense_.Attend(c, layer, q, k, v, store, {.keep = swapped ? &kept : nullptr, .replay = nullptr});
     if (swapped) swap_->Keep(c.index, layer, kept);
-    OOMB_RETURN_IF_ERROR(store.Append(layer, k, v));
+    // No later chunk reads the last one's KV: it takes no pages (attention.h).
+    if (!c.last) OOMB_RETURN_IF_ERROR(store.Append(layer, k, v));
     return out;
   }
   absl::Status BeforeRecompute(const Chunk& c, KvStore&) override {

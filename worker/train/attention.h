@@ -66,7 +66,8 @@ class Attention {
     return absl::OkStatus();
   }
   // Stage 1: chunk `c` attends at `layer` over its past, and appends its own K and V (after
-  // RoPE) to the store.
+  // RoPE) to the store; dense attention does not append the sequence's last chunk (`c.last`),
+  // which no later chunk reads, so a sequence's pages are those of its other chunks.
   virtual absl::StatusOr<at::Tensor> Forward(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v, std::optional<LayerSelection>* selection,
                                              KvStore& store) = 0;

@@ -26,6 +26,7 @@ Chunk MakeChunk(const Transformer& model, const TokenSequence& seq, int64_t inde
   c.index = index;
   c.begin = index * chunk_tokens;
   c.end = std::min(seq.size(), c.begin + chunk_tokens);
+  c.last = c.end == seq.size();
   c.doc_start_host = I64(seq.doc_start, c.begin, c.end);
   c.labels_host = I64(seq.labels, c.begin, c.end);
   c.label_tokens = c.labels_host.ne(kernels::kIgnoreIndex).sum().item<int64_t>();

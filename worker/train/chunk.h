@@ -90,6 +90,7 @@ struct SparseStats {
 struct Chunk {
   int64_t index = 0;
   int64_t begin = 0, end = 0;
+  bool last = false;  // the sequence's last chunk (end == its size)
   ChunkInput input;
   at::Tensor doc_start_host;  // [C] int64, CPU
   at::Tensor labels_host;     // [C] int64, CPU

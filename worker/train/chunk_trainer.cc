@@ -152,8 +152,8 @@ absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_
   }
   if (kept == n) return absl::OkStatus();
   // The plan makes room for all but the unlikeliest draws (worker/plan/memory_planner.h); this
-  // one is checked before any work.
-  const int64_t needed = store.table().GradPagesKept(T) * model_->config().num_layers;
+  // one is checked before any work. No later chunk adds to the last chunk's pages.
+  const int64_t needed = store.table().GradPagesKept((n - 1) * C) * model_->config().num_layers;
   int64_t free_pages = pools_.grad->stats().free_pages();
   if (pools_.grad_host != nullptr) free_pages += pools_.grad_host->stats().free_pages();
   if (needed > free_pages) {

@@ -87,7 +87,8 @@ struct TrainerMemory {
 class ChunkTrainer {
  public:
   // The pools must have the model's page shape; they are shared by the sequences trained one
-  // after another and must hold a whole sequence's KV (layers * ceil(T / page) + layers pages),
+  // after another and must hold a whole sequence's KV (layers * ceil(T' / page) + layers pages,
+  // T' = T less the last chunk's tokens with dense attention, T with sparse),
   // on the device and the host together (placement: worker/kv/kv_store.h), and as many
   // gradient pages (SpaCO: those of the kept chunks' pages).
   ChunkTrainer(const Transformer* model, KvPools pools, ChunkTrainerOptions options);
