@@ -19,6 +19,7 @@ OUT="${OUT:-/tmp/oomb-out}"
 mkdir -p "$OUT"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 B="bench_train --model qwen2.5-7b --kv-offload auto"
+D="$B --chunk 0 --kv-grad-dtype auto"  # the job spec's defaults
 case "${1:-}" in
   oomb)
     $B --chunk 0 --lengths 16384 65536 131072 | tee "$OUT/oomb_defaults.jsonl"
@@ -43,10 +44,10 @@ case "${1:-}" in
   defaults)
     shift
     [ $# -gt 0 ] || set -- 16384 131072
-    $B --chunk 0 --lengths "$1" --sections | tee "$OUT/oomb_defaults.jsonl"
+    $D --lengths "$1" --sections | tee "$OUT/oomb_defaults.jsonl"
     shift
     for length in "$@"; do
-      $B --chunk 0 --lengths "$length" | tee -a "$OUT/oomb_defaults.jsonl"
+      $D --lengths "$length" | tee -a "$OUT/oomb_defaults.jsonl"
     done
     ;;
   *)

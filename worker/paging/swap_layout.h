@@ -26,11 +26,12 @@ namespace oomb {
 inline constexpr int64_t kSwapAlign = 256;
 
 // The rates SwapMinKeyTokens weighs, measured on an H100: cuDNN's fused attention forward at
-// 600 TFLOP/s (bench/results/2026-11-22-h100-sparse-sections), and pinned copies at 20 GB/s
-// each way beside the trainer's kernels, a lower bound of what the copy engine moved in
-// bench/results/2026-11-22-h100-copy-paths.
+// 600 TFLOP/s (bench/results/2026-11-22-h100-sparse-sections), and the records' copies at
+// 40 GB/s each way beside the trainer's kernels, a lower bound of the 48-54 GB/s the copy engine
+// moved them at in a 128K step (bench/results/2026-11-26-h100-last-chunk; a record is one
+// contiguous block, unlike the pages' gathers).
 inline constexpr double kSwapAttentionFlopsPerSecond = 6e14;
-inline constexpr double kSwapPcieBytesPerSecond = 2e10;
+inline constexpr double kSwapPcieBytesPerSecond = 4e10;
 
 struct SwapLayout {
   int64_t out_bytes = 0;     // the output's bytes in a record (the log-sum-exp starts here)
@@ -62,7 +63,7 @@ SwapLayout MakeSwapLayout(int64_t chunk_tokens, int64_t q_heads, int64_t head_di
 // stage 2), 2 * C * q_heads * head_dim * dtype_bytes bytes, and saves an attention forward of
 // 4 * C * q_heads * head_dim * K FLOPs over K keys per query: swapping pays when
 // K >= dtype_bytes * kSwapAttentionFlopsPerSecond / (2 * kSwapPcieBytesPerSecond), whatever the
-// model's shape (30,000 keys in bfloat16).
+// model's shape (15,000 keys in bfloat16).
 int64_t SwapMinKeyTokens(int64_t dtype_bytes);
 
 }  // namespace oomb
