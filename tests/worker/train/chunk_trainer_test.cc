@@ -357,13 +357,15 @@ TEST(ChunkTrainerTest, EvalLossMatchesFullSequence) {
   const ModelConfig config = TinyConfig("qwen2");
   auto model = Transformer::Random(config, at::kDouble, at::kCPU, 3, 0.2);
   const TokenSequence seq = TokenSequence::FromDocument(RandomIds(40, config.vocab_size, 5));
-  Pools pools = MakePools(config, 4, 40, at::kDouble);
+  // Pools for the tokens before the last chunk (36 of 40): no later chunk reads the last one's.
+  Pools pools = MakePools(config, 4, 36, at::kDouble);
   ChunkTrainerOptions options;
   options.chunk_tokens = 9;
   ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
   TokenScores scores;
   auto loss = trainer.EvalSequence(seq, &scores);
   ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(pools.kv->stats().peak_used_pages, config.num_layers * 36 / 4);
   ChunkInput in;
   in.ids = at::tensor(seq.ids, at::kLong);
   in.positions = at::tensor(seq.positions, at::kLong);
@@ -410,6 +412,26 @@ TEST(ChunkTrainerTest, EvalLossMatchesFullSequence) {
   }
   ASSERT_TRUE(trainer.EvalSequence(TokenSequence::FromDocument(ids), &scores).ok());
   for (int64_t t = 19; t < 39; ++t) EXPECT_TRUE(scores.hit[t]) << t;
+}
+
+// A sequence of one chunk takes no KV or gradient pages, to train or to evaluate: no chunk
+// reads its KV after it (the planner's pools for it: a page per layer).
+TEST(ChunkTrainerTest, OneChunkTakesNoPages) {
+  const ModelConfig config = TinyConfig("qwen2");
+  auto model = Transformer::Random(config, at::kDouble, at::kCPU, 3, 0.2);
+  ASSERT_TRUE(model->AddLora(LoraOptions{.rank = 4}, 5).ok());
+  const TokenSequence seq = TokenSequence::FromDocument(RandomIds(24, config.vocab_size, 5));
+  Pools pools = MakePools(config, 4, 0, at::kDouble);
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 32;
+  ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
+  auto trained = trainer.TrainSequence(seq, 1.0, 0);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto evaluated = trainer.EvalSequence(seq);
+  ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+  EXPECT_NEAR(evaluated->loss_sum, trained->loss_sum, 1e-10 * trained->loss_sum);
+  EXPECT_EQ(pools.kv->stats().peak_used_pages, 0);
+  EXPECT_EQ(pools.grad->stats().peak_used_pages, 0);
 }
 
 // SpaCO (chunk_trainer.h): the gradient of one run over `seq` with `options`, taken from the
