@@ -22,6 +22,10 @@ int64_t PagesKept(int64_t tokens, int64_t page_tokens, int64_t window, int64_t c
   return kept;
 }
 
+int64_t TokensBeforeLastChunk(int64_t tokens, int64_t chunk_tokens) {
+  return tokens <= 0 ? 0 : (tokens - 1) / chunk_tokens * chunk_tokens;
+}
+
 int64_t SequencePagesBound(int64_t tokens, int64_t page_tokens, const PastReach& reach, int64_t num_layers) {
   const int64_t all = (tokens + page_tokens - 1) / page_tokens;
   const int64_t chunk = reach.chunk_tokens > 0 ? std::min(tokens, reach.chunk_tokens) : tokens;

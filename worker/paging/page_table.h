@@ -44,6 +44,11 @@ bool PageReachable(int64_t page, int64_t page_tokens, int64_t window, int64_t ch
 // part-full last one (all ceil(tokens / page_tokens) of them without a window).
 int64_t PagesKept(int64_t tokens, int64_t page_tokens, int64_t window, int64_t chunk_tokens);
 
+// The tokens of a `tokens`-token sequence in chunks of `chunk_tokens` that precede its last
+// chunk: the only ones a later chunk reads (dense attention appends no KV for the last chunk,
+// and no chunk adds gradients to it).
+int64_t TokensBeforeLastChunk(int64_t tokens, int64_t chunk_tokens);
+
 // The most KV pages the table of a `tokens`-token sequence holds at once, in its `num_layers`
 // layers together: each layer's PagesKept + 1, and, with sliding windows, one chunk's pages
 // more (no more than a layer releases), which an append holds before the unread ones go.

@@ -82,10 +82,7 @@ class Model {
   }
   // The tokens of a T-token sequence that take pages: dense attention does not append the last
   // chunk, which no later chunk reads (worker/train/attention.h); sparse attention appends all.
-  int64_t PagedTokens(int64_t T) const {
-    const int64_t C = spec_.memory.chunk_tokens;
-    return sparse() || T <= 0 ? T : (T - 1) / C * C;
-  }
+  int64_t PagedTokens(int64_t T) const { return sparse() ? T : TokensBeforeLastChunk(T, spec_.memory.chunk_tokens); }
   PastReach Reach() const {
     return PastReach{.windows = c_.AttentionWindows(), .chunk_tokens = spec_.memory.chunk_tokens};
   }

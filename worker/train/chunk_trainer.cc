@@ -17,6 +17,7 @@
 #include "kernels/torch/gpu_timeline.h"
 #include "worker/common/status.h"
 #include "worker/kv/copy_engine.h"
+#include "worker/paging/page_table.h"
 #include "worker/train/torch_status.h"
 
 namespace oomb {
@@ -153,7 +154,7 @@ absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_
   if (kept == n) return absl::OkStatus();
   // The plan makes room for all but the unlikeliest draws (worker/plan/memory_planner.h); this
   // one is checked before any work. No later chunk adds to the last chunk's pages.
-  const int64_t needed = store.table().GradPagesKept((n - 1) * C) * model_->config().num_layers;
+  const int64_t needed = store.table().GradPagesKept(TokensBeforeLastChunk(T, C)) * model_->config().num_layers;
   int64_t free_pages = pools_.grad->stats().free_pages();
   if (pools_.grad_host != nullptr) free_pages += pools_.grad_host->stats().free_pages();
   if (needed > free_pages) {

@@ -157,5 +157,15 @@ TEST(PageTableTest, SlidingWindowLayersReleaseWhatNoLaterChunkReads) {
   EXPECT_EQ(rest.kv.size(), 6u + 12u);
 }
 
+// The tokens before the last chunk: every full chunk but the last, for any length.
+TEST(PageTableTest, TokensBeforeLastChunk) {
+  EXPECT_EQ(TokensBeforeLastChunk(0, 16), 0);
+  EXPECT_EQ(TokensBeforeLastChunk(1, 16), 0);
+  EXPECT_EQ(TokensBeforeLastChunk(16, 16), 0);
+  EXPECT_EQ(TokensBeforeLastChunk(17, 16), 16);
+  EXPECT_EQ(TokensBeforeLastChunk(40, 9), 36);
+  EXPECT_EQ(TokensBeforeLastChunk(48, 16), 32);
+}
+
 }  // namespace
 }  // namespace oomb
