@@ -3,10 +3,13 @@
 // RMSNorm: one block of 256 threads a row, the row's sum of squares (or dot product) reduced
 // through warp shuffles, then a second pass over the row (from L1 / L2). Rope: a thread a pair
 // of elements (x1, x2) of one head. SwiGlu: a thread an element. Each takes 8 elements at a time
-// (16-byte loads) where the sizes and pointers allow, else one.
+// (16-byte loads) where the sizes and pointers allow, else one. CrossEntropyRows: one block a
+// row, an online max and sum of exponentials per thread merged through warp shuffles, then a
+// second pass that writes the gradient over the row.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 
@@ -161,6 +164,69 @@ __global__ void SwiGluBackwardKernel(SwiGluParams p) {
   Store<T, V>(p.d_up, i, d_up);
 }
 
+// (m, s): a running max and sum of exp(x - m); merges (m2, s2) into it. m = -inf: empty.
+__device__ __forceinline__ void MergeMaxSum(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
+
+// The block's (max, sum of exp(x - max)) over every thread's pair (every thread gets it).
+__device__ void BlockMaxSum(float& m, float& s) {
+  __shared__ float part_m[kThreads / 32], part_s[kThreads / 32];
+  for (int o = 16; o > 0; o /= 2) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    MergeMaxSum(m, s, m2, s2);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_s[warp] = s;
+  }
+  __syncthreads();
+  m = lane < kThreads / 32 ? part_m[lane] : -INFINITY;
+  s = lane < kThreads / 32 ? part_s[lane] : 0.f;
+  for (int o = 16; o > 0; o /= 2) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    MergeMaxSum(m, s, m2, s2);
+  }
+}
+
+template <typename T, int V>
+__global__ void CrossEntropyRowsKernel(CrossEntropyParams p) {
+  const int64_t row = blockIdx.x * p.vocab, label = p.labels[blockIdx.x];
+  // Read before the block's first barrier, so before any thread overwrites the row.
+  const float picked = label >= 0 ? ToFloat(static_cast<const T*>(p.logits)[row + label]) : 0.f;
+  float m = -INFINITY, s = 0;
+  for (int64_t i = threadIdx.x * V; i < p.vocab; i += kThreads * V) {
+    const Pack<T, V> x = Load<T, V>(p.logits, row + i);
+    for (int k = 0; k < V; ++k) {
+      const float xk = ToFloat(x.v[k]);
+      if (xk > m) {
+        s = s * expf(m - xk) + 1.f;
+        m = xk;
+      } else {
+        s += expf(xk - m);
+      }
+    }
+  }
+  BlockMaxSum(m, s);
+  const float lse = m + logf(s);
+  if (threadIdx.x == 0) p.loss[blockIdx.x] = label >= 0 ? lse - picked : 0.f;
+  if (!p.write_grad) return;
+  for (int64_t i = threadIdx.x * V; i < p.vocab; i += kThreads * V) {
+    const Pack<T, V> x = Load<T, V>(p.logits, row + i);
+    Pack<T, V> g;
+    for (int k = 0; k < V; ++k) {
+      const float d = label < 0 ? 0.f : expf(ToFloat(x.v[k]) - lse) - (i + k == label ? 1.f : 0.f);
+      g.v[k] = FromFloat<T>(d);
+    }
+    Store<T, V>(p.logits, row + i, g);
+  }
+}
+
 unsigned Blocks(int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
 
 // Whether every pointer allows loads of 16 bytes.
@@ -213,6 +279,12 @@ cudaError_t LaunchSwiGluForward(const SwiGluParams& p, cudaStream_t stream) {
 cudaError_t LaunchSwiGluBackward(const SwiGluParams& p, cudaStream_t stream) {
   const bool x8 = p.n % 8 == 0 && Aligned16({p.gate, p.up, p.dy, p.out, p.d_up});
   return Launch<SwiGluParams>(p, OOMB_LAYER_KERNELS(SwiGluBackwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
+}
+
+cudaError_t LaunchCrossEntropyRows(const CrossEntropyParams& p, cudaStream_t stream) {
+  const bool x8 = p.vocab % 8 == 0 && Aligned16({p.logits});
+  return Launch<CrossEntropyParams>(p, OOMB_LAYER_KERNELS(CrossEntropyRowsKernel), x8, static_cast<unsigned>(p.rows),
+                                    stream);
 }
 
 }  // namespace oomb::kernels

@@ -1,6 +1,7 @@
 // Fused elementwise parts of a decoder layer (RMSNorm, rotary embedding, SwiGLU), forward and
-// backward, one kernel each, for bfloat16 / float16 tensors. Each does in one pass over memory
-// what the composite ATen ops (the CPU path and reference, below) do in several kernels.
+// backward, and of the LM head's loss (cross-entropy rows), one kernel each, for bfloat16 /
+// float16 tensors. Each does in one pass over memory what the composite ATen ops (the CPU path
+// and reference, kernels/torch/layer_ops.h) do in several kernels.
 //
 // Numerics (x: the stored dtype, f(): float32, r(): rounding to the stored dtype):
 //   RmsNorm    y = r(w * r(x * rstd)),  rstd = 1 / sqrt(mean(f(x)^2) + eps), as Hugging Face's
@@ -14,6 +15,12 @@
 //   SwiGlu     y = r(r(silu(gate)) * up); backward d_up = r(dy * r(silu(gate))) and
 //              d_gate = r(silu'(gate) * r(dy * up)), silu and silu' as ATen computes them in
 //              float32: bit for bit the composite's.
+//   CrossEntropyRows  per row of logits x [rows, vocab]: lse = log(sum(exp(f(x)))) (an online
+//              max and sum in float32), loss = lse - f(x[label]) in float32, and, where asked,
+//              x overwritten in place with r(exp(f(x) - lse) - onehot(label)), the loss's
+//              gradient. Rows whose label is negative (ignored) get loss 0 and gradient 0. The
+//              composite computes the same in float32 through logsumexp, gather and exp: equal
+//              up to float32 rounding (the order of the sums).
 //
 // The launchers take plain pointers of contiguous tensors (no torch types);
 // kernels/torch/layer_ops.h is the binding that validates tensors, and its composite path (ATen
@@ -64,6 +71,16 @@ struct SwiGluParams {
 };
 cudaError_t LaunchSwiGluForward(const SwiGluParams& p, cudaStream_t stream);
 cudaError_t LaunchSwiGluBackward(const SwiGluParams& p, cudaStream_t stream);
+
+struct CrossEntropyParams {
+  void* logits = nullptr;           // [rows, vocab], the gradient written in place if write_grad
+  const int64_t* labels = nullptr;  // [rows], < vocab; negative: ignored
+  float* loss = nullptr;            // [rows]
+  int64_t rows = 0, vocab = 0;
+  bool write_grad = false;
+  HalfDtype dtype = HalfDtype::kBFloat16;
+};
+cudaError_t LaunchCrossEntropyRows(const CrossEntropyParams& p, cudaStream_t stream);
 
 }  // namespace oomb::kernels
 

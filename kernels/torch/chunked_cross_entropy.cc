@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/torch/layer_ops.h"
 #include "kernels/torch/upload.h"
 
 namespace oomb::kernels {
@@ -18,10 +19,14 @@ using torch::autograd::variable_list;
 at::ScalarType ComputeType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // Whether each block of rows_per_block rows has a label, from the labels on the CPU (a copy of
-// device labels waits for the device).
-std::vector<bool> BlocksWithLabels(const at::Tensor& labels_cpu, int64_t rows_per_block) {
+// device labels waits for the device); each label checked to be kIgnoreIndex or in [0, vocab).
+std::vector<bool> BlocksWithLabels(const at::Tensor& labels_cpu, int64_t rows_per_block, int64_t vocab) {
   const at::Tensor l = labels_cpu.contiguous();
   const int64_t* x = l.data_ptr<int64_t>();
+  for (int64_t i = 0; i < l.size(0); ++i) {
+    TORCH_CHECK(x[i] == kIgnoreIndex || (x[i] >= 0 && x[i] < vocab), "labels: row ", i, " holds ", x[i],
+                ", outside the vocabulary [0, ", vocab, ") and not the ignore index ", kIgnoreIndex);
+  }
   std::vector<bool> out;
   for (int64_t r0 = 0; r0 < l.size(0); r0 += rows_per_block) {
     const int64_t r1 = std::min(l.size(0), r0 + rows_per_block);
@@ -43,59 +48,46 @@ void CheckInputs(const at::Tensor& hidden, const at::Tensor& weight, const at::T
 
 class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntropyFn> {
  public:
+  // grads: whether autograd records this call (grad mode, outside forward, was on).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& labels, int64_t rows_per_block) {
+                            const at::Tensor& labels, int64_t rows_per_block, bool grads) {
     CheckInputs(hidden, weight, labels, rows_per_block);
     const at::ScalarType ct = ComputeType(hidden.scalar_type());
     const at::Tensor w = weight.to(hidden.scalar_type());
-    const std::vector<bool> labelled = BlocksWithLabels(labels.cpu(), rows_per_block);
+    const std::vector<bool> labelled = BlocksWithLabels(labels.cpu(), rows_per_block, weight.size(0));
     const at::Tensor labels_on_device = Upload(labels, hidden.device());
+    const bool want_hidden = grads && hidden.requires_grad(), want_weight = grads && weight.requires_grad();
+    // The loss's gradients for an incoming gradient of 1; unlabelled blocks keep their zeros.
+    at::Tensor dhidden = want_hidden ? at::zeros(hidden.sizes(), hidden.options()) : at::Tensor();
+    at::Tensor dweight = want_weight ? at::zeros(weight.sizes(), weight.options().dtype(ct)) : at::Tensor();
     at::Tensor total = at::zeros({}, hidden.options().dtype(ct));
     for (int64_t r0 = 0; r0 < hidden.size(0); r0 += rows_per_block) {
       const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
       if (!labelled[r0 / rows_per_block]) continue;
-      const at::Tensor lab = labels_on_device.slice(0, r0, r1);
-      const at::Tensor valid = lab.ne(kIgnoreIndex);
-      const at::Tensor logits = at::matmul(hidden.slice(0, r0, r1), w.t()).to(ct);  // [B, vocab]
-      const at::Tensor lse = at::logsumexp(logits, -1);
-      const at::Tensor picked = logits.gather(1, lab.clamp_min(0).unsqueeze(1)).squeeze(1);
-      total.add_(((lse - picked) * valid.to(ct)).sum());
+      const at::Tensor h = hidden.slice(0, r0, r1);
+      at::Tensor logits = at::matmul(h, w.t());  // [B, vocab]; then the loss's gradient
+      total.add_(CrossEntropyRows(logits, labels_on_device.slice(0, r0, r1), want_hidden || want_weight).sum());
+      if (want_hidden) {
+        at::Tensor rows = dhidden.slice(0, r0, r1);
+        at::mm_out(rows, logits, w);
+      }
+      if (want_weight) dweight.add_(at::matmul(logits.t(), h));
     }
-    ctx->save_for_backward({hidden, weight, labels_on_device});
-    ctx->saved_data["rows_per_block"] = rows_per_block;
-    c10::List<bool> saved_labelled;
-    for (const bool b : labelled) saved_labelled.push_back(b);
-    ctx->saved_data["labelled"] = std::move(saved_labelled);
+    ctx->save_for_backward({dhidden, dweight});
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     return total.to(hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &hidden = saved[0], &weight = saved[1], &labels = saved[2];
-    const int64_t rows_per_block = ctx->saved_data["rows_per_block"].toInt();
-    const at::ScalarType ct = ComputeType(hidden.scalar_type());
-    const at::ScalarType mt = hidden.scalar_type();  // matmul type
-    const at::Tensor w = weight.to(mt);
-    const at::Tensor g = grad_outputs[0].to(ct);
-    const bool want_weight = ctx->needs_input_grad(1);
-    const c10::List<bool> labelled = ctx->saved_data["labelled"].toBoolList();
-    at::Tensor dhidden = at::zeros(hidden.sizes(), hidden.options().dtype(ct));
-    at::Tensor dweight = want_weight ? at::zeros(weight.sizes(), weight.options().dtype(ct)) : at::Tensor();
-    for (int64_t r0 = 0; r0 < hidden.size(0); r0 += rows_per_block) {
-      const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
-      if (!labelled[r0 / rows_per_block]) continue;
-      const at::Tensor lab = labels.slice(0, r0, r1);
-      const at::Tensor valid = lab.ne(kIgnoreIndex);
-      const at::Tensor h = hidden.slice(0, r0, r1);
-      at::Tensor dlogits = at::softmax(at::matmul(h, w.t()).to(ct), -1);  // [B, vocab]
-      dlogits.scatter_add_(1, lab.clamp_min(0).unsqueeze(1), at::full({r1 - r0, 1}, -1.0, dlogits.options()));
-      dlogits.mul_(valid.to(ct).unsqueeze(1) * g);
-      const at::Tensor dl = dlogits.to(mt);
-      dhidden.slice(0, r0, r1).copy_(at::matmul(dl, w));
-      if (want_weight) dweight.add_(at::matmul(dl.t(), h));
-    }
-    return {dhidden.to(hidden.scalar_type()), want_weight ? dweight.to(weight.scalar_type()) : at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    const at::Tensor &dhidden = saved[0], &dweight = saved[1];
+    const at::Tensor& g = grad_outputs[0];  // float32 (float64): applied before any rounding to dtype
+    const auto scaled = [&](const at::Tensor& d, at::ScalarType dtype) {
+      return d.defined() ? (d.to(g.scalar_type()) * g).to(dtype) : at::Tensor();
+    };
+    const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+    return {scaled(dhidden, dhidden.scalar_type()), scaled(dweight, weight_dtype), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -103,7 +95,7 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
 
 at::Tensor ChunkedLmHeadCrossEntropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                                      int64_t rows_per_block) {
-  return ChunkedCrossEntropyFn::apply(hidden, weight, labels, rows_per_block);
+  return ChunkedCrossEntropyFn::apply(hidden, weight, labels, rows_per_block, at::GradMode::is_enabled());
 }
 
 std::pair<at::Tensor, at::Tensor> LmHeadTokenScores(const at::Tensor& hidden, const at::Tensor& weight,
@@ -112,17 +104,17 @@ std::pair<at::Tensor, at::Tensor> LmHeadTokenScores(const at::Tensor& hidden, co
   at::NoGradGuard no_grad;
   const at::ScalarType ct = ComputeType(hidden.scalar_type());
   const at::Tensor w = weight.to(hidden.scalar_type());
+  const std::vector<bool> labelled = BlocksWithLabels(labels.cpu(), rows_per_block, weight.size(0));
   const at::Tensor lab_all = Upload(labels, hidden.device());
   at::Tensor loss = at::zeros({hidden.size(0)}, hidden.options().dtype(ct));
   at::Tensor hit = at::zeros({hidden.size(0)}, hidden.options().dtype(at::kBool));
   for (int64_t r0 = 0; r0 < hidden.size(0); r0 += rows_per_block) {
     const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
+    if (!labelled[r0 / rows_per_block]) continue;
     const at::Tensor lab = lab_all.slice(0, r0, r1);
-    const at::Tensor valid = lab.ne(kIgnoreIndex);
-    const at::Tensor logits = at::matmul(hidden.slice(0, r0, r1), w.t()).to(ct);  // [B, vocab]
-    const at::Tensor picked = logits.gather(1, lab.clamp_min(0).unsqueeze(1)).squeeze(1);
-    loss.slice(0, r0, r1).copy_((at::logsumexp(logits, -1) - picked) * valid.to(ct));
-    hit.slice(0, r0, r1).copy_(logits.argmax(-1).eq(lab) & valid);
+    at::Tensor logits = at::matmul(hidden.slice(0, r0, r1), w.t());  // [B, vocab]
+    loss.slice(0, r0, r1).copy_(CrossEntropyRows(logits, lab, /*write_grad=*/false));
+    hit.slice(0, r0, r1).copy_(logits.argmax(-1).eq(lab) & lab.ne(kIgnoreIndex));
   }
   return {loss, hit};
 }

@@ -7,12 +7,16 @@
 //                                 have a label is known without waiting for the device.
 //   returns: scalar, the SUM over rows of -log softmax(hidden @ weight^T)[label]
 //
-// Logits are computed `rows_per_block` rows at a time and never kept: forward saves only its
-// inputs, backward recomputes each block's logits. So memory is rows_per_block x vocab, not
-// N x vocab (ARCHITECTURE.md §3: never materialise C x vocab float32 logits). The logit
-// matmuls run in the inputs' dtype (bfloat16 on the tensor cores, as transformers computes
-// logits); log-sum-exp and softmax are float32 (float64 for float64 inputs). Gradients flow to hidden and, when it
-// requires grad (full fine-tuning, tied embeddings), to weight.
+// Logits are computed `rows_per_block` rows at a time and never kept: one matmul a block, in the
+// inputs' dtype (bfloat16 on the tensor cores, as transformers computes logits), then
+// CrossEntropyRows (kernels/torch/layer_ops.h: log-sum-exp in float32, float64 for float64
+// inputs) turns the block into its loss and, where a gradient is wanted (grad mode on and hidden
+// or weight requiring one), into its gradient in place, which forward multiplies into the
+// gradients of hidden (and of weight: full fine-tuning, tied embeddings) there and then. Backward
+// only scales those by the loss's incoming gradient, in float32. So memory is rows_per_block x
+// vocab in dtype beside hidden's gradient, never N x vocab (ARCHITECTURE.md §3: never
+// materialise C x vocab float32 logits), and the logits are computed once. Labels must be in
+// [0, vocab) or kIgnoreIndex.
 #ifndef OOMB_KERNELS_TORCH_CHUNKED_CROSS_ENTROPY_H_
 #define OOMB_KERNELS_TORCH_CHUNKED_CROSS_ENTROPY_H_
 

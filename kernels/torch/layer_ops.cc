@@ -298,6 +298,19 @@ at::Tensor ApplyRopeComposite(const at::Tensor& x, const at::Tensor& cos, const 
 
 at::Tensor SwiGluComposite(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
 
+at::Tensor CrossEntropyRowsComposite(at::Tensor& logits, const at::Tensor& labels, bool write_grad) {
+  const at::ScalarType ct = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor x = logits.to(ct), valid = labels.ge(0).to(ct), index = labels.clamp_min(0).unsqueeze(1);
+  const at::Tensor lse = at::logsumexp(x, -1);
+  const at::Tensor loss = (lse - x.gather(1, index).squeeze(1)) * valid;
+  if (write_grad) {
+    at::Tensor g = (x - lse.unsqueeze(1)).exp_();
+    g.scatter_add_(1, index, at::full({x.size(0), 1}, -1.0, g.options()));
+    logits.copy_(g.mul_(valid.unsqueeze(1)));
+  }
+  return loss;
+}
+
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "RmsNorm: weight [", x.size(-1), "] expected, got ",
               weight.sizes());
@@ -324,6 +337,26 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes(), "SwiGlu: gate ", gate.sizes(), " and up ", up.sizes(), " differ");
   if (!Fusable({&gate, &up})) return SwiGluComposite(gate, up);
   return SwiGluFn::apply(gate, up);
+}
+
+at::Tensor CrossEntropyRows(at::Tensor& logits, const at::Tensor& labels, bool write_grad) {
+  TORCH_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) &&
+                  labels.scalar_type() == at::kLong && labels.device() == logits.device(),
+              "CrossEntropyRows: logits [rows, vocab] and int64 labels [rows] on one device expected, got ",
+              logits.sizes(), " and ", labels.scalar_type(), " ", labels.sizes(), " on ", labels.device());
+  if (!Fusable({&logits}) || !logits.is_contiguous()) return CrossEntropyRowsComposite(logits, labels, write_grad);
+  const at::Tensor lab = labels.contiguous();
+  at::Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  CrossEntropyParams p;
+  p.logits = logits.data_ptr();
+  p.labels = lab.data_ptr<int64_t>();
+  p.loss = loss.data_ptr<float>();
+  p.rows = logits.size(0);
+  p.vocab = logits.size(1);
+  p.write_grad = write_grad;
+  p.dtype = DtypeOf(logits);
+  Run(logits, LaunchCrossEntropyRows, p, "cross-entropy");
+  return loss;
 }
 
 }  // namespace oomb::kernels

@@ -1,5 +1,6 @@
-// RMSNorm, rotary embedding and SwiGLU as LibTorch autograd functions: one CUDA kernel each way
-// (kernels/layer_ops.h) for bfloat16 / float16 tensors on a GPU, else the composite ATen ops,
+// RMSNorm, rotary embedding and SwiGLU as LibTorch autograd functions, and the rows of the LM
+// head's cross-entropy: one CUDA kernel each way (kernels/layer_ops.h) for bfloat16 / float16
+// tensors on a GPU, else the composite ATen ops,
 // which are the CPU path and the reference the kernels are checked against
 // (tests/kernels/kernels_gpu_test.cc). Numerics: kernels/layer_ops.h. Gemma's RMSNorm and
 // GELU-tanh gate, and the gated activation with the down projection and its LoRA adapter: ATen
@@ -48,12 +49,21 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 // silu(gate) * up, both of one shape and dtype. Differentiable in both.
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up);
 
+// The cross-entropy of each row of logits [rows, vocab] against its label (labels [rows] int64 on
+// logits' device, each in [0, vocab), or negative: ignored, loss 0), float32 [rows] (float64
+// for float64 logits). Where write_grad, logits is overwritten in place with the loss's
+// gradient, softmax(row) - onehot(label) (0 on ignored rows), in logits' dtype. Not an
+// autograd function: the LM head's loss (chunked_cross_entropy.h) calls it on a block of
+// logits it never keeps.
+at::Tensor CrossEntropyRows(at::Tensor& logits, const at::Tensor& labels, bool write_grad);
+
 // The composite forms (the reference): what the functions above compute where no kernel applies.
 at::Tensor RmsNormComposite(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor ApplyRopeComposite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor SwiGluComposite(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor GemmaRmsNormComposite(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor GeluTanhGluComposite(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor CrossEntropyRowsComposite(at::Tensor& logits, const at::Tensor& labels, bool write_grad);
 
 }  // namespace oomb::kernels
 

@@ -1,7 +1,7 @@
 // GPU checks of kernels/ against their CPU references on random inputs (never zeros): the page
 // copy and addition kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
-// against dense float64 attention; the fused layer ops (RMSNorm, RoPE, SwiGLU) against their
-// composite ATen forms; the GPU timeline's sections. Skips without a CUDA device.
+// against dense float64 attention; the fused layer ops (RMSNorm, RoPE, SwiGLU, cross-entropy
+// rows) against their composite ATen forms; the GPU timeline's sections. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -369,6 +369,39 @@ TEST_F(KernelsGpuTest, RmsNormMatchesFloat64AsCloselyAsTheCompositeOps) {
   const at::Tensor x = at::randn({8, 64}, o), w = (at::rand({64}, o) + 0.5).requires_grad_(true);
   kernels::RmsNorm(x, w, 1e-6).sum().backward();
   EXPECT_TRUE(w.grad().defined());
+}
+
+// The cross-entropy rows' kernel (kernels/layer_ops.h) against float64: each row's loss within
+// float32 rounding, and the gradient it writes in place within rounding to the dtype of
+// float64's, as the composite's, bfloat16 and float16, 8 elements a thread
+// (a vocabulary of 32768) and one (1001), ignored rows at 0. Without write_grad the logits stay.
+TEST_F(KernelsGpuTest, CrossEntropyRowsMatchFloat64AsCloselyAsTheCompositeOps) {
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dt));
+    for (const int64_t vocab : {1001, 32768}) {
+      const int64_t rows = 67;
+      const at::Tensor logits = (at::randn({rows, vocab}, at::device(at::kCUDA)) * 4).to(dt);
+      at::Tensor labels = at::randint(vocab, {rows}, at::device(at::kCUDA).dtype(at::kLong));
+      labels.slice(0, 10, 13).fill_(-100);
+      at::Tensor fused = logits.clone(), comp = logits.clone(), exact = logits.to(at::kDouble);
+      const at::Tensor loss_fused = kernels::CrossEntropyRows(fused, labels, true);
+      const at::Tensor loss_comp = kernels::CrossEntropyRowsComposite(comp, labels, true);
+      const at::Tensor loss_exact = kernels::CrossEntropyRowsComposite(exact, labels, true);
+      EXPECT_EQ(loss_fused.scalar_type(), at::kFloat);
+      EXPECT_LE((loss_fused.to(at::kDouble) - loss_exact).abs().max().item<double>(), 1e-5 * 20) << vocab;
+      EXPECT_EQ(loss_fused.slice(0, 10, 13).abs().max().item<float>(), 0.f);
+      const double step = dt == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+      const double e_fused = (fused.to(at::kDouble) - exact).abs().max().item<double>();
+      const double e_comp = (comp.to(at::kDouble) - exact).abs().max().item<double>();
+      EXPECT_LE(e_comp, step / 2) << vocab;  // every value is below 1 in magnitude: half a step or less
+      EXPECT_LE(e_fused, step / 2) << vocab;
+      EXPECT_EQ(fused.slice(0, 10, 13).abs().max().item<float>(), 0.f) << vocab;
+      at::Tensor kept = logits.clone();
+      const at::Tensor loss_only = kernels::CrossEntropyRows(kept, labels, false);
+      EXPECT_TRUE(at::equal(kept, logits));
+      EXPECT_TRUE(at::equal(loss_only, loss_fused));
+    }
+  }
 }
 
 // The timeline gives each section the GPU time up to the next mark: a section holding 20

@@ -174,8 +174,11 @@ class Model {
   // The largest transient on top of the graph. T: tokens up to and including the chunk.
   int64_t WorkspaceBytes(int64_t C, int64_t T) const {
     const int64_t H = c_.hidden_size, KV = c_.kv_dim(), I = c_.intermediate_size;
-    // LM head + cross-entropy: one block of logits in dtype, its float32 softmax and gradient.
-    const int64_t ce = std::min(C, kCeRowsPerBlock) * c_.vocab_size * (e_ + 2 * kF32);
+    // LM head + cross-entropy: one block of logits in dtype, which the GPU kernel turns into its
+    // gradient in place (the CPU's composite ops: beside a float32 copy and gradient), and the
+    // chunk's hidden-state gradient, which forward computes and backward scales.
+    const int64_t ce_elem = cuda_ && e_ == 2 ? e_ : e_ + 2 * kF32;
+    const int64_t ce = std::min(C, kCeRowsPerBlock) * c_.vocab_size * ce_elem + C * H * e_;
     // One layer's backward: gradients of the MLP's intermediates and of the residual stream.
     const int64_t layer_backward = C * (3 * I + 4 * H) * e_;
     // Attention. Blockwise path: the float32 scores of one block of queries against one block
