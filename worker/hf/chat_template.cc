@@ -2,6 +2,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
 #include "worker/common/status.h"
 #include "worker/hf/unicode.h"
 
@@ -201,6 +204,34 @@ RenderedChat RenderLlama3(const std::vector<ChatMessage>& messages, const std::s
   return out;
 }
 
+// Llama-3.1: the system turn with its date header, then Llama-3's turns; tool results as
+// "ipython" turns holding the content as a JSON string.
+RenderedChat RenderLlama31(const std::vector<ChatMessage>& messages, const std::string& bos, const std::string& date,
+                           bool add_generation_prompt) {
+  RenderedChat out;
+  std::string& s = out.text;
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  absl::StrAppend(&s, bos, kHeaderStart, "system", kHeaderEnd,
+                  "\n\nCutting Knowledge Date: December 2023\nToday Date: ", date, "\n\n",
+                  has_system ? Trimmed(messages[0].content) : "", kEot);
+  for (size_t i = has_system ? 1 : 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "tool" || m.role == "ipython") {
+      const std::string json = nlohmann::json(m.content).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      absl::StrAppend(&s, kHeaderStart, "ipython", kHeaderEnd, "\n\n", json, kEot);
+      continue;
+    }
+    absl::StrAppend(&s, kHeaderStart, m.role, kHeaderEnd, "\n\n");
+    if (m.role == "assistant") {
+      AppendReply(&out, Trimmed(m.content), kEot);
+    } else {
+      absl::StrAppend(&s, Trimmed(m.content), kEot);
+    }
+  }
+  if (add_generation_prompt) absl::StrAppend(&s, kHeaderStart, "assistant", kHeaderEnd, "\n\n");
+  return out;
+}
+
 absl::StatusOr<RenderedChat> RenderGemma(const std::vector<ChatMessage>& messages, const std::string& bos,
                                          bool add_generation_prompt) {
   const bool has_system = !messages.empty() && messages[0].role == "system";
@@ -227,12 +258,19 @@ absl::StatusOr<RenderedChat> RenderGemma(const std::vector<ChatMessage>& message
   return out;
 }
 
-absl::StatusOr<RenderedChat> RenderMistral(const std::vector<ChatMessage>& messages, const ChatSpecialTokens& tokens) {
+// Mistral v0.3 ("[INST] " and " {reply|trim}") or Nemo ("[INST]" and "{reply}", `nemo`).
+absl::StatusOr<RenderedChat> RenderMistral(const std::vector<ChatMessage>& messages, const ChatSpecialTokens& tokens,
+                                           bool nemo) {
   const bool has_system = !messages.empty() && messages[0].role == "system";
   const size_t first = has_system ? 1 : 0;
   std::vector<const ChatMessage*> turns;
   for (size_t i = first; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
+    if (nemo && (role == "tool" || role == "tool_results")) {
+      return absl::InvalidArgumentError(absl::StrCat("message ", i, " ('", role,
+                                                     "'): the chat template needs the tool call's id "
+                                                     "(tool_call_id), which chat messages here do not carry"));
+    }
     if (role != "user" && role != "assistant") {
       return absl::InvalidArgumentError(absl::StrCat("message ", i, " ('", role,
                                                      "'): the chat template supports only user and assistant "
@@ -247,9 +285,11 @@ absl::StatusOr<RenderedChat> RenderMistral(const std::vector<ChatMessage>& messa
   for (size_t i = 0; i < turns.size(); ++i) {
     const ChatMessage& m = *turns[i];
     if (m.role == "user") {
-      s += "[INST] ";
+      s += nemo ? "[INST]" : "[INST] ";
       if (i + 1 == turns.size() && has_system) absl::StrAppend(&s, messages[0].content, "\n\n");
       absl::StrAppend(&s, m.content, "[/INST]");
+    } else if (nemo) {
+      AppendReply(&out, m.content, tokens.eos);
     } else {
       s += " ";
       AppendReply(&out, Trimmed(m.content), tokens.eos);
@@ -294,10 +334,16 @@ std::string_view ChatFamilyName(ChatFamily family) {
       return "qwen3";
     case ChatFamily::kLlama3:
       return "llama3";
+    case ChatFamily::kLlama31:
+      return "llama3.1";
     case ChatFamily::kGemma:
       return "gemma";
+    case ChatFamily::kGemma2:
+      return "gemma2";
     case ChatFamily::kMistral:
       return "mistral";
+    case ChatFamily::kMistralNemo:
+      return "mistral-nemo";
     case ChatFamily::kPhi3:
       return "phi3";
     case ChatFamily::kPhi4Mini:
@@ -318,21 +364,29 @@ absl::StatusOr<ChatFamily> Recognise(absl::string_view t) {
   }
   if (Contains(t, kHeaderStart)) {
     if (Contains(t, "Cutting Knowledge Date") || Contains(t, "<|python_tag|>")) {
+      if (Contains(t, R"("Today Date: " + date_string)") && Contains(t, "tools_in_user_message") &&
+          !Contains(t, "<|image|>")) {
+        return ChatFamily::kLlama31;
+      }
       return absl::UnimplementedError(
-          "chat template family 'llama3.1' (date header, tools) is not supported; only Llama-3 is");
+          "chat template family 'llama3.x' (a date header) other than Llama-3.1's and Llama-3.2's text template "
+          "is not supported");
     }
     return ChatFamily::kLlama3;
   }
   if (Contains(t, kStartOfTurn)) {
     if (Contains(t, "first_user_prefix")) return ChatFamily::kGemma;
-    return absl::UnimplementedError("chat template family 'gemma' other than Gemma 3's is not supported");
+    if (Contains(t, "System role not supported")) return ChatFamily::kGemma2;
+    return absl::UnimplementedError("chat template family 'gemma' other than Gemma 2's and 3's is not supported");
   }
   if (Contains(t, "[INST]")) {
-    if (Contains(t, R"("[INST] " + system_message + "\n\n")") && !Contains(t, "[SYSTEM_PROMPT]")) {
-      return ChatFamily::kMistral;
+    if (!Contains(t, "[SYSTEM_PROMPT]")) {
+      if (Contains(t, R"("[INST] " + system_message + "\n\n")")) return ChatFamily::kMistral;
+      if (Contains(t, R"("[INST]" + system_message + "\n\n")")) return ChatFamily::kMistralNemo;
     }
     return absl::UnimplementedError(
-        "chat template family 'mistral/llama2 ([INST])' other than Mistral-7B-Instruct-v0.3's is not supported");
+        "chat template family 'mistral/llama2 ([INST])' other than Mistral-7B-Instruct-v0.3's and "
+        "Mistral-Nemo's is not supported");
   }
   if (Contains(t, R"('<|user|>\n' + message['content'] + '<|end|>\n')")) return ChatFamily::kPhi3;
   if (Contains(t, R"('<|' + message['role'] + '|>' + message['content'] + '<|end|>')")) return ChatFamily::kPhi4Mini;
@@ -353,12 +407,17 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view text, Chat
   ChatTemplate ct;
   ct.family_ = family;
   if (family == ChatFamily::kChatMl) ct.default_system_ = FindDefaultSystem(t);
-  if (family == ChatFamily::kLlama3 && tokens.bos.empty()) tokens.bos = "<|begin_of_text|>";
+  const bool llama = family == ChatFamily::kLlama3 || family == ChatFamily::kLlama31;
+  if (llama && tokens.bos.empty()) tokens.bos = "<|begin_of_text|>";
+  if (family == ChatFamily::kLlama31) {
+    ct.date_ =
+        Contains(t, "strftime_now") ? absl::FormatTime("%d %b %Y", absl::Now(), absl::LocalTimeZone()) : "26 Jul 2024";
+  }
   if (family == ChatFamily::kPhi3)
     ct.skip_empty_system_ = Contains(t, "message['role'] == 'system' and message['content']");
-  const bool needs_bos = family == ChatFamily::kGemma || family == ChatFamily::kMistral;
-  const bool needs_eos =
-      family == ChatFamily::kMistral || family == ChatFamily::kPhi3 || family == ChatFamily::kPhi4Mini;
+  const bool mistral = family == ChatFamily::kMistral || family == ChatFamily::kMistralNemo;
+  const bool needs_bos = family == ChatFamily::kGemma || family == ChatFamily::kGemma2 || mistral;
+  const bool needs_eos = mistral || family == ChatFamily::kPhi3 || family == ChatFamily::kPhi4Mini;
   if ((needs_bos && tokens.bos.empty()) || (needs_eos && tokens.eos.empty())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the '", std::string(ChatFamilyName(family)), "' chat template needs the model's ",
@@ -382,10 +441,18 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(const std::vector<ChatMessage>
       return RenderQwen3(messages, add_generation_prompt);
     case ChatFamily::kLlama3:
       return RenderLlama3(messages, tokens_.bos, add_generation_prompt);
+    case ChatFamily::kLlama31:
+      return RenderLlama31(messages, tokens_.bos, date_, add_generation_prompt);
     case ChatFamily::kGemma:
       return RenderGemma(messages, tokens_.bos, add_generation_prompt);
+    case ChatFamily::kGemma2:
+      if (!messages.empty() && messages[0].role == "system") {
+        return absl::InvalidArgumentError("message 0 ('system'): the chat template does not support a system role");
+      }
+      return RenderGemma(messages, tokens_.bos, add_generation_prompt);
     case ChatFamily::kMistral:
-      return RenderMistral(messages, tokens_);
+    case ChatFamily::kMistralNemo:
+      return RenderMistral(messages, tokens_, family_ == ChatFamily::kMistralNemo);
     case ChatFamily::kPhi3:
     case ChatFamily::kPhi4Mini:
       return RenderPhi(family_, messages, skip_empty_system_, tokens_.eos, add_generation_prompt);

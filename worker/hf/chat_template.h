@@ -16,23 +16,39 @@
 //             roles are left out, as the template leaves them out.
 //   kLlama3   (Llama-3 / 3-Instruct): "{bos}" once, then per message
 //             "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>".
+//   kLlama31  (Llama-3.1, and Llama-3.2's text template): "{bos}", then a system turn
+//             "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December
+//             2023\nToday Date: {date}\n\n{system|trim}<|eot_id|>" (system: the first message
+//             when it is one, else empty), then each other message as Llama-3 writes it, except
+//             "tool" and "ipython" messages: an "ipython" turn holding the content as a JSON
+//             string (the template's tojson). {date} is "26 Jul 2024", or, where the template
+//             asks for strftime_now (Llama-3.2), the day the template was loaded, "%d %b %Y" in
+//             local time, as transformers renders it.
 //   kGemma    (Gemma 3): "{bos}", then "<start_of_turn>{role}\n{content|trim}
 //             <end_of_turn>\n" with "assistant" written "model"; a leading system message is
 //             put before the first turn's content followed by "\n\n". Turns must alternate
 //             user / assistant, starting with user.
+//   kGemma2   (Gemma 2): as kGemma without a system message: a leading system message is
+//             refused, and so are roles that do not alternate user / other, starting with user.
 //   kMistral  (Mistral-7B-Instruct-v0.3): "{bos}", then
 //             "[INST] {content}[/INST]" per user message and " {content|trim}{eos}" per
 //             assistant message; a leading system message is put before the LAST user
 //             message only when that message ends the conversation ("{system}\n\n{content}").
 //             User / assistant must alternate, starting with user; other roles are refused.
+//   kMistralNemo (Mistral-Nemo-Instruct-2407): as kMistral without spaces:
+//             "[INST]{content}[/INST]" per user message and "{content}{eos}" per assistant
+//             message (not trimmed), the system message likewise before the last user message
+//             only when that message ends the conversation. Tool messages are refused: the
+//             template needs a tool_call_id, which ChatMessage does not carry.
 //   kPhi3     (Phi-3, Phi-3.5): "<|{role}|>\n{content}<|end|>\n" for system, user and
 //             assistant (other roles left out; Phi-3.5 also leaves out an empty system
 //             message), then "{eos}" unless a generation prompt "<|assistant|>\n" is asked for.
 //   kPhi4Mini (Phi-4-mini): "<|{role}|>{content}<|end|>" for every role, then "{eos}" unless a
 //             generation prompt "<|assistant|>" is asked for.
 // Where the template refuses a conversation (raise_exception), Render is INVALID_ARGUMENT
-// with the template's reason. Other templates (Llama-3.1+ with its date header, older [INST]
-// and Mistral-Nemo templates, Gemma 2's, ...) are UNIMPLEMENTED, with the family named in the message.
+// with the template's reason. Other templates (date-header templates other than those above,
+// Llama-3.2 Vision's, older [INST] templates, Mistral's [SYSTEM_PROMPT] templates, ...) are UNIMPLEMENTED, with the
+// family named in the message.
 //
 // Immutable after construction; thread-safe.
 #ifndef OOMB_WORKER_HF_CHAT_TEMPLATE_H_
@@ -56,7 +72,7 @@ struct ChatMessage {
 // Byte offsets into RenderedChat::text of one assistant message.
 struct AssistantSpan {
   size_t content_begin = 0;  // first byte of what the model writes: the content as rendered
-                             // (trimmed for Llama-3, Gemma and Mistral; with its <think> block
+                             // (trimmed for Llama-3, Gemma and Mistral v0.3; with its <think> block
                              // for a Qwen3 reply after the last user message)
   size_t content_end = 0;    // one past its last byte
   size_t turn_end = 0;       // one past the end-of-turn marker (<|im_end|>, <|eot_id|>,
@@ -69,9 +85,10 @@ struct RenderedChat {
   std::vector<AssistantSpan> assistant_spans;  // in message order
 };
 
-enum class ChatFamily { kChatMl, kQwen3, kLlama3, kGemma, kMistral, kPhi3, kPhi4Mini };
+enum class ChatFamily { kChatMl, kQwen3, kLlama3, kLlama31, kGemma, kGemma2, kMistral, kMistralNemo, kPhi3, kPhi4Mini };
 
-// "chatml", "qwen3", "llama3", "gemma", "mistral", "phi3" or "phi4-mini".
+// "chatml", "qwen3", "llama3", "llama3.1", "gemma", "gemma2", "mistral", "mistral-nemo", "phi3" or
+// "phi4-mini".
 std::string_view ChatFamilyName(ChatFamily family);
 
 // What the template's `bos_token` and `eos_token` variables hold (tokenizer_config.json).
@@ -105,6 +122,7 @@ class ChatTemplate {
   ChatFamily family_ = ChatFamily::kChatMl;
   std::optional<std::string> default_system_;  // ChatML
   bool skip_empty_system_ = false;             // Phi-3.5
+  std::string date_;                           // Llama-3.1: "Today Date: {date_}"
   ChatSpecialTokens tokens_;
 };
 

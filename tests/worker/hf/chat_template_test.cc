@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -258,7 +261,7 @@ TEST(ChatTemplateTest, UnsupportedTemplateIsNamedWhenAChatIsRead) {
   EXPECT_EQ(docs.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(docs.status().message()),
               HasSubstr("chat.jsonl:1: the model has no supported chat template"));
-  EXPECT_THAT(std::string(docs.status().message()), HasSubstr("'gemma' other than Gemma 3"));
+  EXPECT_THAT(std::string(docs.status().message()), HasSubstr("'gemma' other than Gemma 2's and 3's"));
 }
 
 TEST(ChatTemplateTest, Qwen2DefaultSystemWithEscapedNewline) {
@@ -279,6 +282,95 @@ TEST(ChatTemplateTest, Qwen2DefaultSystemWithEscapedNewline) {
   EXPECT_EQ(r->text.substr(r->assistant_spans[0].content_begin, 2), "yo");
 }
 
+// Llama-3.1, Gemma 2 and Mistral-Nemo, whose templates are not in the test data: each expected
+// string is what the model's own template (tokenizer_config.json) renders, read off its Jinja
+// rule by rule. The recognised templates here hold the lines the families are told by.
+const char* const kLlama31Lines =
+    R"({%- if not date_string is defined %}{%- set date_string = "26 Jul 2024" %}{%- endif %})"
+    R"({{- "<|start_header_id|>system<|end_header_id|>\n\n" }}{{- "Cutting Knowledge Date: December 2023\n" }})"
+    R"({{- "Today Date: " + date_string + "\n\n" }}{%- if tools_in_user_message and not tools is none %})";
+
+TEST(ChatTemplateTest, Llama31WritesTheDateHeaderAndToolResultsAsJson) {
+  auto ct = ChatTemplate::FromJinja(kLlama31Lines);
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  EXPECT_EQ(ct->family(), ChatFamily::kLlama31);
+  auto r = ct->Render(
+      {{"system", " Be terse.\n"}, {"user", " 2+2? "}, {"assistant", "\n4 "}, {"tool", "{\"x\": \"a\\b\"}\n"}}, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(
+      r->text,
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+      "Today Date: 26 Jul 2024\n\nBe terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n"
+      "\"{\\\"x\\\": \\\"a\\\\b\\\"}\\n\"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  ASSERT_EQ(r->assistant_spans.size(), 1u);
+  EXPECT_EQ(r->text.substr(r->assistant_spans[0].content_begin, 2), "4<");
+  // No system message: the header's system turn is empty; a later system message is a turn.
+  r = ct->Render({{"user", "hi"}, {"system", "s"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+            "<|start_header_id|>system<|end_header_id|>\n\ns<|eot_id|>");
+  // Llama-3.2's template dates the header with strftime_now: the day it was loaded.
+  const std::string before = absl::FormatTime("%d %b %Y", absl::Now(), absl::LocalTimeZone());
+  auto dated = ChatTemplate::FromJinja(std::string(kLlama31Lines) + R"({%- if strftime_now is defined %})");
+  const std::string after = absl::FormatTime("%d %b %Y", absl::Now(), absl::LocalTimeZone());
+  ASSERT_TRUE(dated.ok());
+  r = dated->Render({{"user", "hi"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r->text, "Today Date: " + before + "\n") ||
+              absl::StrContains(r->text, "Today Date: " + after + "\n"))
+      << r->text;
+}
+
+TEST(ChatTemplateTest, Gemma2RefusesASystemMessage) {
+  const std::string t =
+      "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+      "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}";
+  auto ct = ChatTemplate::FromJinja(t, {"<bos>", "<eos>"});
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  EXPECT_EQ(ct->family(), ChatFamily::kGemma2);
+  auto r = ct->Render({{"user", " Hi "}, {"assistant", " Hello! "}, {"user", "Bye"}}, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->text,
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+            "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+  ASSERT_EQ(r->assistant_spans.size(), 1u);
+  EXPECT_EQ(r->text.substr(r->assistant_spans[0].content_begin,
+                           r->assistant_spans[0].turn_end - r->assistant_spans[0].content_begin),
+            "Hello!<end_of_turn>");
+  auto refused = ct->Render({{"system", "s"}, {"user", "u"}});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("system role"));
+  EXPECT_EQ(ct->Render({{"assistant", "a"}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ChatTemplate::FromJinja(t).ok());  // Gemma 2 needs its bos_token
+}
+
+TEST(ChatTemplateTest, MistralNemoWritesNoSpacesAndRefusesToolMessages) {
+  const std::string t =
+      R"({%- if loop.last and system_message is defined %}{{- "[INST]" + system_message + "\n\n" + message["content"] + "[/INST]" }})"
+      R"({%- else %}{{- "[INST]" + message["content"] + "[/INST]" }}{%- endif %})";
+  auto ct = ChatTemplate::FromJinja(t, {"<s>", "</s>"});
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  EXPECT_EQ(ct->family(), ChatFamily::kMistralNemo);
+  auto r = ct->Render({{"system", "S"}, {"user", " u1"}, {"assistant", " a1 "}, {"user", "u2 "}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->text, "<s>[INST] u1[/INST] a1 </s>[INST]S\n\nu2 [/INST]");
+  ASSERT_EQ(r->assistant_spans.size(), 1u);
+  EXPECT_EQ(r->text.substr(r->assistant_spans[0].content_begin,
+                           r->assistant_spans[0].turn_end - r->assistant_spans[0].content_begin),
+            " a1 </s>");
+  // The system message goes only before a user message that ends the conversation.
+  r = ct->Render({{"system", "S"}, {"user", "u"}, {"assistant", "a"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text, "<s>[INST]u[/INST]a</s>");
+  auto tool = ct->Render({{"user", "u"}, {"assistant", "a"}, {"tool", "r"}});
+  EXPECT_EQ(tool.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(tool.status().message()), HasSubstr("tool_call_id"));
+  EXPECT_EQ(ct->Render({{"user", "u"}, {"user", "v"}}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ChatTemplateTest, UnsupportedFamiliesAreNamed) {
   auto expect = [](const std::string& t, const std::string& fragment) {
     auto ct = ChatTemplate::FromJinja(t);
@@ -289,9 +381,10 @@ TEST(ChatTemplateTest, UnsupportedFamiliesAreNamed) {
   expect("{{ bos_token }}[INST] {{ m }} [/INST]", "mistral");
   expect(R"({{ '[SYSTEM_PROMPT]' }}{{ "[INST] " + system_message + "\n\n" }})", "mistral");
   expect("{{ '<|user|>' + message['content'] + '<|end|>' + '<|assistant|>' }}", "zephyr/phi");
-  expect("<start_of_turn>user", "gemma' other than Gemma 3");
-  expect("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023", "llama3.1");
+  expect("<start_of_turn>user", "gemma' other than Gemma 2's and 3's");
+  expect("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023", "llama3.x");
   expect("<|im_start|>assistant\n<think>\n", "chatml-reasoning");
+  expect(std::string(kLlama31Lines) + "<|image|>", "llama3.x");
   expect("{{ messages }}", "unknown");
   EXPECT_EQ(ChatTemplate::FromJinja("").status().code(), absl::StatusCode::kInvalidArgument);
   auto ct = ChatTemplate::FromJinja("<|im_start|>");
