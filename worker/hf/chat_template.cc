@@ -186,19 +186,23 @@ RenderedChat RenderQwen3(const std::vector<ChatMessage>& messages, bool add_gene
   return out;
 }
 
+// A Llama-3 turn: "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>".
+void AppendLlamaTurn(RenderedChat* out, const ChatMessage& m) {
+  absl::StrAppend(&out->text, kHeaderStart, m.role, kHeaderEnd, "\n\n");
+  if (m.role == "assistant") {
+    AppendReply(out, Trimmed(m.content), kEot);
+  } else {
+    absl::StrAppend(&out->text, Trimmed(m.content), kEot);
+  }
+}
+
 RenderedChat RenderLlama3(const std::vector<ChatMessage>& messages, const std::string& bos,
                           bool add_generation_prompt) {
   RenderedChat out;
   std::string& s = out.text;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
     if (i == 0) s += bos;
-    absl::StrAppend(&s, kHeaderStart, m.role, kHeaderEnd, "\n\n");
-    if (m.role == "assistant") {
-      AppendReply(&out, Trimmed(m.content), kEot);
-    } else {
-      absl::StrAppend(&s, Trimmed(m.content), kEot);
-    }
+    AppendLlamaTurn(&out, messages[i]);
   }
   if (add_generation_prompt) absl::StrAppend(&s, kHeaderStart, "assistant", kHeaderEnd, "\n\n");
   return out;
@@ -221,12 +225,7 @@ RenderedChat RenderLlama31(const std::vector<ChatMessage>& messages, const std::
       absl::StrAppend(&s, kHeaderStart, "ipython", kHeaderEnd, "\n\n", json, kEot);
       continue;
     }
-    absl::StrAppend(&s, kHeaderStart, m.role, kHeaderEnd, "\n\n");
-    if (m.role == "assistant") {
-      AppendReply(&out, Trimmed(m.content), kEot);
-    } else {
-      absl::StrAppend(&s, Trimmed(m.content), kEot);
-    }
+    AppendLlamaTurn(&out, m);
   }
   if (add_generation_prompt) absl::StrAppend(&s, kHeaderStart, "assistant", kHeaderEnd, "\n\n");
   return out;

@@ -47,8 +47,8 @@
 //             generation prompt "<|assistant|>" is asked for.
 // Where the template refuses a conversation (raise_exception), Render is INVALID_ARGUMENT
 // with the template's reason. Other templates (date-header templates other than those above,
-// Llama-3.2 Vision's, older [INST] templates, Mistral's [SYSTEM_PROMPT] templates, ...) are UNIMPLEMENTED, with the
-// family named in the message.
+// Llama-3.2 Vision's, older [INST] templates, Mistral's [SYSTEM_PROMPT] templates, ...) are
+// UNIMPLEMENTED, with the family named in the message.
 //
 // Immutable after construction; thread-safe.
 #ifndef OOMB_WORKER_HF_CHAT_TEMPLATE_H_
