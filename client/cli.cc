@@ -67,6 +67,42 @@ void EmitYaml(YAML::Emitter& out, const nlohmann::json& j) {
 
 }  // namespace
 
+std::string Printable(const std::string& text) {
+  static constexpr char kReplacement[] = "\xEF\xBF\xBD";
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) {  // C0 controls and DEL
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
+    if (i + len > text.size()) break;
+    uint32_t cp = len == 1 ? c : c & (0xff >> (len + 1));
+    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3f);
+    const bool control = (cp >= 0x80 && cp < 0xa0) || cp == 0x061c || cp == 0x200e || cp == 0x200f ||
+                         (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
+    out += control ? std::string(kReplacement) : text.substr(i, len);
+    i += len;
+  }
+  return out;
+}
+
+std::string EvaluationLine(const v1::EvaluationResult& e) {
+  std::string line = e.step() > 0 ? fmt::format("step {}:", e.step()) : "";
+  if (e.has_passkey_accuracy()) line += fmt::format(" passkey {:.2f},", e.passkey_accuracy());
+  if (e.has_needle_accuracy()) line += fmt::format(" needle {:.2f},", e.needle_accuracy());
+  if (e.positions_size() > 0) line += " loss by position";
+  for (const v1::EvaluationResult::Bucket& b : e.positions()) {
+    line += fmt::format(" [{}K, {}K) {:.3f}", b.begin() / 1024, b.end() / 1024, b.loss());
+  }
+  if (!line.empty() && line.back() == ',') line.pop_back();
+  if (!line.empty() && line.front() == ' ') line.erase(0, 1);
+  return line;
+}
+
 Client::Client(const Globals& g) : g_(g) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!g.ca.empty() || !g.cert.empty()) {

@@ -97,6 +97,13 @@ std::string StateName(v1::Job::State s);
 std::string Bytes(int64_t b);
 std::string Duration(double seconds);
 std::string Time(const google::protobuf::Timestamp& t);
+// The evaluation section's results, one line: "step N: passkey 0.90, needle 0.75, loss by
+// position [0K, 1K) 2.310 ..." (without "step N:" for method.type evaluate's, step 0).
+std::string EvaluationLine(const v1::EvaluationResult& e);
+// Text a client chose (a display name, a label), safe to print on a terminal: control
+// characters and the Unicode controls that reorder text (bidi overrides and isolates) become
+// U+FFFD, so a name cannot rewrite the lines around it.
+std::string Printable(const std::string& text);
 
 // "jobs/{id}" from a job id or a name.
 std::string JobName(const std::string& arg);

@@ -1,8 +1,11 @@
 // The job subcommands: submit, list, get, watch, events, cancel, pause, resume, delete,
 // checkpoints.
+#include <chrono>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,23 +26,8 @@ void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
                                  ? "evaluate"
                                  : fmt::format("{}/{}", j->progress().step(), j->progress().total_steps()),
                              j->progress().step() > 0 ? fmt::format("{:.4f}", j->progress().loss()) : "-",
-                             Time(j->create_time()), j->spec().display_name());
+                             Time(j->create_time()), Printable(j->spec().display_name()));
   }
-}
-
-// The evaluation section's last results, one line: "step N: passkey 0.90, needle 0.75, loss by
-// position [0, 1K) 2.310 [1K, 2K) 2.252" (without "step N:" for method.type evaluate's, step 0).
-std::string EvaluationLine(const v1::EvaluationResult& e) {
-  std::string line = e.step() > 0 ? fmt::format("step {}:", e.step()) : "";
-  if (e.has_passkey_accuracy()) line += fmt::format(" passkey {:.2f},", e.passkey_accuracy());
-  if (e.has_needle_accuracy()) line += fmt::format(" needle {:.2f},", e.needle_accuracy());
-  if (e.positions_size() > 0) line += " loss by position";
-  for (const v1::EvaluationResult::Bucket& b : e.positions()) {
-    line += fmt::format(" [{}K, {}K) {:.3f}", b.begin() / 1024, b.end() / 1024, b.loss());
-  }
-  if (!line.empty() && line.back() == ',') line.pop_back();
-  if (!line.empty() && line.front() == ' ') line.erase(0, 1);
-  return line;
 }
 
 void PrintJobDetail(const v1::Job& j) {
@@ -47,7 +35,8 @@ void PrintJobDetail(const v1::Job& j) {
   std::cout << fmt::format("state:       {}\n", StateName(j.state()));
   if (j.queue_position() > 0) std::cout << fmt::format("queue:       position {}\n", j.queue_position());
   if (!j.daemon().empty()) std::cout << fmt::format("daemon:      {}\n", j.daemon());
-  if (!j.spec().display_name().empty()) std::cout << fmt::format("display:     {}\n", j.spec().display_name());
+  if (!j.spec().display_name().empty())
+    std::cout << fmt::format("display:     {}\n", Printable(j.spec().display_name()));
   std::cout << fmt::format("model:       {}\n", j.spec().model().path());
   const v1::MethodSpec& method = j.spec().method();
   if (method.type() == v1::Method::evaluate) {  // no training: what is evaluated, and its loss
@@ -84,8 +73,33 @@ CLI::App* JobCommand(CLI::App& app, const char* name, const char* help, const st
   return cmd;
 }
 
+// A random idempotency key (128 bits, hex), so that a submit retried after a lost answer never
+// creates a second job.
+std::string NewRequestId() {
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) id += fmt::format("{:08x}", rd());
+  return id;
+}
+
+// CreateJob, retried with the same request_id while the server is unavailable or the answer did
+// not come in time (3 tries, 1 s then 2 s apart): the job the first try may have created is the
+// one returned, never a second.
+grpc::Status CreateWithRetries(Client& client, const v1::CreateJobRequest& req, v1::Job* job) {
+  constexpr int kTries = 3;
+  for (int attempt = 1;; ++attempt) {
+    const grpc::Status s = client.Call(&v1::JobService::Stub::CreateJob, req, job);
+    const bool transient =
+        s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (s.ok() || !transient || attempt == kTries) return s;
+    std::cerr << "oomb: " << (s.error_code() == grpc::StatusCode::UNAVAILABLE ? "UNAVAILABLE" : "DEADLINE_EXCEEDED")
+              << "; retrying with the same request id (" << attempt << "/" << kTries - 1 << ")\n";
+    std::this_thread::sleep_for(std::chrono::seconds(attempt));
+  }
+}
+
 void AddSubmit(CLI::App& app, const Cli& cli) {
-  auto* submit = app.add_subcommand("submit", "Create a job from a JOBSPEC.md YAML file")
+  auto* submit = app.add_subcommand("submit", "Create a job from a YAML job spec (proto/oomb/v1/job_spec.proto)")
                      ->footer(
                          "Examples:\n  oomb submit job.yaml\n  oomb submit job.yaml --set training.max_steps=5 "
                          "--set labels.team=nlp --watch\n  oomb submit job.yaml --job-id austen-1 --request-id "
@@ -99,17 +113,19 @@ void AddSubmit(CLI::App& app, const Cli& cli) {
   submit->add_option("file", a->file, "Job spec (YAML)")->required();
   submit->add_option("--set", a->sets, "Override a field: dotted.key=value (repeatable)");
   submit->add_option("--job-id", a->job_id, "Choose the job id ([a-z0-9][a-z0-9-]{0,62})");
-  submit->add_option("--request-id", a->request_id, "Idempotency key: a retried submit returns the same job");
+  submit->add_option("--request-id", a->request_id,
+                     "Idempotency key: a retried submit returns the same job (default: a random one, kept across "
+                     "the CLI's own retries)");
   submit->add_flag("--validate-only", a->validate_only, "Check the spec on the server; create nothing");
   submit->add_flag("--watch", a->watch, "Watch the job after creating it (exit code follows the job)");
   OnRun(submit, [cli, a] {
     v1::CreateJobRequest req;
     if (int rc = LoadSpec(a->file, a->sets, req.mutable_spec()); rc) return rc;
     req.set_job_id(a->job_id);
-    req.set_request_id(a->request_id);
+    req.set_request_id(a->request_id.empty() ? NewRequestId() : a->request_id);
     req.set_validate_only(a->validate_only);
     v1::Job job;
-    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::CreateJob, req, &job);
+    const grpc::Status s = CreateWithRetries(cli.client(), req, &job);
     if (!s.ok()) return Fail(s);
     for (const std::string& w : job.warnings()) std::cerr << "warning: " << w << "\n";
     if (!PrintStructured(cli.globals, job)) {

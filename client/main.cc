@@ -1,4 +1,6 @@
 // oomb: the command-line client of oombd. See client/README.md for the commands and exit codes.
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -11,18 +13,38 @@
 namespace oomb::client {
 namespace {
 
+// host:port with a port in [1, 65535] (a bracketed IPv6 host too), or unix:/path; the empty
+// string when it is one, else why not.
+std::string CheckEndpoint(const std::string& endpoint) {
+  if (endpoint.rfind("unix:", 0) == 0) return endpoint.size() > 5 ? "" : "unix: needs a path";
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) return "expected host:port or unix:/path, got '" + endpoint + "'";
+  const std::string port = endpoint.substr(colon + 1);
+  const bool digits = !port.empty() && port.size() <= 5 &&
+                      std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); });
+  if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+    return "the port must be a number in [1, 65535], got '" + port + "'";
+  }
+  return colon == 0 ? "expected a host before ':" + port + "'" : "";
+}
+
 void AddGlobalOptions(CLI::App& app, Globals& g) {
-  if (const char* e = std::getenv("OOMB_ENDPOINT")) g.endpoint = e;
   app.add_option("--endpoint", g.endpoint, "Server: host:port or unix:/path (env OOMB_ENDPOINT)")
+      ->envname("OOMB_ENDPOINT")
+      ->check(CLI::Validator(CheckEndpoint, "host:port or unix:/path", "ENDPOINT"))
       ->capture_default_str();
   app.add_option("--token-file", g.token_file, "File holding the bearer token (else env OOMB_TOKEN)");
   app.add_option("--ca", g.ca, "CA certificate (PEM) to verify the server: enables TLS");
-  app.add_option("--cert", g.cert, "Client certificate (PEM) for mTLS");
-  app.add_option("--key", g.key, "Client private key (PEM) for mTLS");
+  CLI::Option* cert = app.add_option("--cert", g.cert, "Client certificate (PEM) for mTLS (needs --key)");
+  CLI::Option* key = app.add_option("--key", g.key, "Client private key (PEM) for mTLS (needs --cert)");
+  cert->needs(key);
+  key->needs(cert);
   app.add_option("-o,--output", g.output, "Output format")
       ->check(CLI::IsMember({"table", "json", "yaml"}))
       ->capture_default_str();
-  app.add_option("--timeout", g.timeout, "Deadline of each unary call, seconds")->capture_default_str();
+  app.add_option("--timeout", g.timeout, "Deadline of each unary call, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 }
 
 }  // namespace

@@ -74,10 +74,10 @@ void AddServerInfo(CLI::App& app, const Cli& cli) {
     const grpc::Status s = cli.client().Call(&v1::JobService::Stub::GetServerInfo, req, &resp);
     if (!s.ok()) return Fail(s);
     if (PrintStructured(cli.globals, resp)) return 0;
-    std::cout << fmt::format("version: {} (torch {}, cuda {})\nhost memory: {}\nstarted: {}{}\n", resp.version(),
-                             resp.torch_version(), resp.cuda_version().empty() ? "none" : resp.cuda_version(),
-                             Bytes(resp.host_memory_bytes()), Time(resp.start_time()),
-                             resp.draining() ? "\ndraining: yes" : "");
+    std::cout << fmt::format(
+        "version: {} ({}, torch {}, cuda {})\nhost memory: {}\nstarted: {}{}\n", resp.version(), resp.git_sha(),
+        resp.torch_version(), resp.cuda_version().empty() ? "none" : resp.cuda_version(),
+        Bytes(resp.host_memory_bytes()), Time(resp.start_time()), resp.draining() ? "\ndraining: yes" : "");
     for (const auto& d : resp.devices()) {
       std::cout << fmt::format("  {:<8} {} {}\n", d.name(), d.model(), d.memory_bytes() ? Bytes(d.memory_bytes()) : "");
     }

@@ -32,6 +32,12 @@ std::string EventLine(const v1::JobEvent& e) {
       what = fmt::format("state {}{}", v1::Job::State_Name(e.state()), e.message().empty() ? "" : ": " + e.message());
       break;
     case v1::JobEvent::STEP:
+      if (e.progress().total_steps() == 0) {  // method.type evaluate: its one report, no step
+        what = "evaluated:";
+        if (e.progress().eval_loss() > 0) what += fmt::format(" validation loss {:.4f}", e.progress().eval_loss());
+        if (e.progress().has_evaluation()) what += " " + EvaluationLine(e.progress().evaluation());
+        break;
+      }
       what =
           fmt::format("step {}/{} loss {:.4f} lr {:.3g} {:.0f} tok/s", e.progress().step(), e.progress().total_steps(),
                       e.progress().loss(), e.progress().learning_rate(), e.progress().tokens_per_second());

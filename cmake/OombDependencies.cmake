@@ -1,6 +1,6 @@
 # Finds every third-party package. Order matters: LibTorch's config defines a placeholder
 # protobuf::libprotobuf target when none exists, so Protobuf and gRPC come first
-# (CONVENTIONS.md §1).
+# (docs/CONVENTIONS.md §1).
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 

@@ -9,16 +9,22 @@
 # Steps: scripts/setup.sh and scripts/fetch_test_data.sh (idempotent); a build into build/
 # unless oombd and oomb are there already; `oombd serve` in the background (127.0.0.1:7070,
 # data in ~/.local/share/oomb, log in <data dir>/demo-oombd.log), stopped on exit; a JSONL of
-# long Austen samples (`oombd data build`); `oomb submit job.yaml --watch`. The job uses the GPU when there is
-# one (resources.device: auto) and is sized to take a few minutes on a 2-core CPU.
+# long Austen samples (`oombd data build`) and the job spec in the demo's work directory, which
+# lies outside the daemon's data directory (jobs may not read the daemon's own files);
+# `oomb submit job.yaml --watch`. The job uses the GPU when there is one (resources.device: auto)
+# and is sized to take a few minutes on a 2-core CPU.
 #
 # Environment:
 #   OOMB_BUILD_DIR      the build directory (default: build/)
 #   OOMB_DATA_HOME      oombd's data directory (default: ~/.local/share/oomb)
 #   OOMB_DATA_DIR       the test data cache of fetch_test_data.sh (default: ~/.cache/oomb/data)
-#   DEMO_STEPS          optimizer steps (default 4)
+#   DEMO_WORK_DIR       the samples, the job spec and the submit log (default: ~/.cache/oomb/demo)
+#   DEMO_STEPS          optimizer steps (default 4; the test command runs the demo with 2)
 #   DEMO_MAX_SEQ_LEN    tokens per training sequence (default 2048 on a CPU, 16384 on a GPU)
 #   DEMO_SKIP_SETUP=1   skip setup.sh and fetch_test_data.sh (when they already ran)
+#   OOMB_SERVER__LISTEN, OOMB_METRICS__LISTEN   oombd's addresses (config keys server.listen and
+#                       metrics.listen); with port 0 the daemon picks free ports and the demo
+#                       reads the one it chose from <data dir>/oombd.port
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,6 +32,7 @@ REPO="$PWD"
 BUILD="${OOMB_BUILD_DIR:-$REPO/build}"
 DATA="${OOMB_DATA_DIR:-$HOME/.cache/oomb/data}"
 SERVER_DATA="${OOMB_DATA_HOME:-$HOME/.local/share/oomb}"
+WORK="${DEMO_WORK_DIR:-$HOME/.cache/oomb/demo}"
 MODEL="$DATA/models/SmolLM2-135M-Instruct"
 STEPS="${DEMO_STEPS:-4}"
 
@@ -59,9 +66,10 @@ fi
 # 2. The daemon, on its embedded defaults, stopped (SIGTERM: it checkpoints running jobs) on exit.
 mkdir -p "$SERVER_DATA"
 export OOMB_DATA_HOME="$SERVER_DATA"
-if "$OOMB" health >/dev/null 2>&1; then
+if [ -z "${OOMB_SERVER__LISTEN:-}" ] && "$OOMB" health >/dev/null 2>&1; then
   die "something already serves on 127.0.0.1:7070 (another oombd?); stop it first"
 fi
+rm -f "$SERVER_DATA/oombd.port"  # written by the daemon once it listens
 "$OOMBD" serve >>"$SERVER_DATA/demo-oombd.log" 2>&1 &
 OOMBD_PID=$!
 stop_daemon() {
@@ -73,36 +81,24 @@ stop_daemon() {
 }
 trap stop_daemon EXIT
 trap 'exit 130' INT TERM
-for _ in $(seq 1 100); do
-  "$OOMB" health >/dev/null 2>&1 && break
+for _ in $(seq 1 300); do
+  [ -s "$SERVER_DATA/oombd.port" ] && break
   kill -0 "$OOMBD_PID" 2>/dev/null || die "oombd exited; see $SERVER_DATA/demo-oombd.log"
   sleep 0.2
 done
-"$OOMB" health >/dev/null || die "oombd does not answer; see $SERVER_DATA/demo-oombd.log"
-log "oombd is serving on 127.0.0.1:7070 (pid $OOMBD_PID, data in $SERVER_DATA)"
+[ -s "$SERVER_DATA/oombd.port" ] || die "oombd does not listen; see $SERVER_DATA/demo-oombd.log"
+export OOMB_ENDPOINT="127.0.0.1:$(cat "$SERVER_DATA/oombd.port")"
+"$OOMB" health >/dev/null || die "oombd does not answer on $OOMB_ENDPOINT; see $SERVER_DATA/demo-oombd.log"
+log "oombd is serving on $OOMB_ENDPOINT (pid $OOMBD_PID, data in $SERVER_DATA)"
 
 # 3. Long samples of Austen's novels, one {"text"} line each: `oombd data build` cuts them at
-#    paragraph boundaries to at most max_seq_len tokens; without it (older builds), consecutive
-#    ~3000-word passages.
-WORK="$SERVER_DATA/demo"
+#    paragraph boundaries to at most max_seq_len tokens.
+case "$(realpath -m "$WORK")/" in
+  "$(realpath -m "$SERVER_DATA")"/*) die "DEMO_WORK_DIR ($WORK) is inside oombd's data directory ($SERVER_DATA), which jobs may not read" ;;
+esac
 mkdir -p "$WORK"
 TRAIN="$WORK/austen.jsonl"
-if "$OOMBD" data build --help >/dev/null 2>&1; then
-  "$OOMBD" data build --model "$MODEL" --tokens "$MAX_SEQ_LEN" --max-samples 32 -o "$TRAIN" "$DATA/texts/austen" >&2
-else
-  python3 - "$DATA/texts/austen" "$TRAIN" <<'PY'
-import json, pathlib, sys
-src, out = pathlib.Path(sys.argv[1]), sys.argv[2]
-lines = 0
-with open(out, "w", encoding="utf-8") as f:
-    for novel in sorted(src.glob("*.txt")):
-        words = novel.read_text(encoding="utf-8").split()
-        for i in range(0, min(len(words), 6 * 3000) - 2999, 3000):  # up to 6 passages a novel
-            f.write(json.dumps({"text": " ".join(words[i:i + 3000])}) + "\n")
-            lines += 1
-print(f"[demo] {lines} samples of 3000 words in {out}", file=sys.stderr)
-PY
-fi
+"$OOMBD" data build --model "$MODEL" --tokens "$MAX_SEQ_LEN" --max-samples 32 -o "$TRAIN" "$DATA/texts/austen" >&2
 
 cat >"$WORK/job.yaml" <<EOF
 display_name: austen-lora-demo

@@ -13,7 +13,7 @@ set -euo pipefail
 OOMB_VENV="${OOMB_VENV:-$HOME/.cache/oomb/venv}"
 TORCH_VERSION=2.11.0
 
-# Debian packages, grouped by what needs them (CONVENTIONS.md §1).
+# Debian packages, grouped by what needs them (docs/CONVENTIONS.md §1).
 APT_PACKAGES=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config git clang-format

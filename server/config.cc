@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <variant>
 
@@ -184,8 +185,27 @@ void ApplyDefaults(const std::map<std::string, std::string>& env, ServerConfig* 
     config->unix_socket_path = config->data_dir + "/oombd.sock";
 }
 
+// A listening address: [host]:port with a port of digits in [0, 65535] (0: the system picks one);
+// empty (off) where `may_be_empty`.
+absl::Status CheckListen(const char* key, const std::string& address, bool may_be_empty) {
+  if (address.empty() && may_be_empty) return absl::OkStatus();
+  const size_t colon = address.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  int64_t value = -1;
+  if (colon == std::string::npos || port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); }) ||
+      !absl::SimpleAtoi(port, &value) || value > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, ": expected host:port with a port in [0, 65535] (0 picks a free one), got '", address, "'"));
+  }
+  return absl::OkStatus();
+}
+
 // Values each fine alone but wrong together, and ranges.
 absl::Status Check(const ServerConfig& config) {
+  OOMB_RETURN_IF_ERROR(CheckListen("server.listen", config.listen, true));  // empty: checked below
+  OOMB_RETURN_IF_ERROR(CheckListen("server.health_listen", config.health_listen, true));
+  OOMB_RETURN_IF_ERROR(CheckListen("metrics.listen", config.metrics_listen, true));
   if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls.cert_file and tls.key_file: set both or neither");
   }

@@ -1,5 +1,5 @@
 // oombd's configuration: embedded defaults < YAML file < environment (OOMB_SECTION__KEY) <
-// flags (CONVENTIONS.md §4). Unknown keys are errors at every level. Secrets come by file
+// flags (docs/CONVENTIONS.md §4). Unknown keys are errors at every level. Secrets come by file
 // path; the inline secrets (auth.token and store.postgres_url, for environments that inject
 // secrets as variables) are redacted when printed.
 //

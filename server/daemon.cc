@@ -67,6 +67,13 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* 
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", text.status().message()));
   const std::string secret(absl::StripAsciiWhitespace(*text));
   if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": the file is empty"));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IROTH) != 0) {
+    spdlog::warn(
+        "{}: {} is readable by every user (mode {:04o}); make it readable by the daemon's user only "
+        "(chmod 600)",
+        field, path, st.st_mode & 07777);
+  }
   return secret;
 }
 
@@ -308,7 +315,7 @@ absl::Status Daemon::StartServers() {
   return StartHealthServer();
 }
 
-// The plaintext health port (CONVENTIONS.md §2): a server of its own whose only service is the
+// The plaintext health port (docs/CONVENTIONS.md §2): a server of its own whose only service is the
 // default grpc.health.v1 one (every server built while EnableDefaultHealthCheckService is on has
 // it), so no job method is reachable there without TLS or a token.
 absl::Status Daemon::StartHealthServer() {

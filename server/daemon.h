@@ -3,7 +3,7 @@
 // fleet threads, CreateJob's work pool, the metrics server, the systemd notifier, gRPC's), and
 // Shutdown returns only when all of them have ended.
 //
-// Start (CONVENTIONS.md §2): the data dir (0700, locked: one daemon per data dir), the job-file
+// Start (docs/CONVENTIONS.md §2): the data dir (0700, locked: one daemon per data dir), the job-file
 // confinement, the store, /metrics (metrics.listen), the scheduler (recovering the previous
 // process's jobs), CreateJob's work pool, the gRPC server and, with server.health_listen, a
 // plaintext grpc.health.v1 server (Kubernetes' probes cannot do TLS) whose status follows the

@@ -2,12 +2,13 @@
 // (worker/data/build.h); `oombd data retrieval`: the evaluation suites' passkey and needle
 // documents as training samples (worker/job/eval_suites.h).
 #include <CLI/CLI.hpp>
-#include <fstream>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "server/commands.h"
+#include "worker/common/file_access.h"
 #include "worker/common/status.h"
 #include "worker/data/build.h"
 #include "worker/hf/tokenizer.h"
@@ -15,6 +16,8 @@
 
 namespace oomb::server {
 namespace {
+
+namespace fs = std::filesystem;
 
 // The tokenizer of a model directory (its tokenizer.json).
 absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const std::string& model_dir) {
@@ -38,10 +41,15 @@ absl::StatusOr<int64_t> WriteRetrievalDataset(const RetrievalFlags& f) {
     OOMB_ASSIGN_OR_RETURN(const std::string text, FileAccess::Unconfined()->ReadFile(f.haystack));
     OOMB_ASSIGN_OR_RETURN(docs, NeedleDocs(*tok, text, f.options));
   }
-  std::ofstream out(f.output, std::ios::binary | std::ios::trunc);
-  for (const RetrievalDoc& d : docs) out << nlohmann::json{{"input_ids", d.doc.ids}, {"labels", d.doc.labels}} << "\n";
-  out.close();
-  if (!out) return absl::UnavailableError(absl::StrCat("-o: cannot write ", f.output));
+  std::string lines;
+  for (const RetrievalDoc& d : docs) {
+    absl::StrAppend(&lines, nlohmann::json{{"input_ids", d.doc.ids}, {"labels", d.doc.labels}}.dump(), "\n");
+  }
+  // Written beside the output and renamed over it: a link at the output's path is replaced, never
+  // written through.
+  const fs::path out(f.output);
+  OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(out.parent_path().string()));
+  OOMB_RETURN_IF_ERROR(Annotate(dir.WriteFileAtomic(out.filename().string(), lines), "-o"));
   return static_cast<int64_t>(docs.size());
 }
 

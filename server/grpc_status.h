@@ -1,4 +1,4 @@
-// The one place where internal statuses become gRPC statuses (STYLE.md habit 2). absl and gRPC
+// The one place where internal statuses become gRPC statuses (docs/CONVENTIONS.md §6.2). absl and gRPC
 // share the canonical code numbering, so the code passes through unchanged; the message is
 // the internal message, which by convention names the field, file or state at fault, cut to
 // kMaxMessageBytes (worker/common/status.h) so that no client ever receives more than that,

@@ -21,6 +21,14 @@
 namespace oomb::server {
 namespace {
 
+// Idempotency keys are stored with the job: a UUID or a hash fits many times over.
+constexpr size_t kMaxRequestIdBytes = 256;
+
+absl::Status CallerGone() {
+  return absl::DeadlineExceededError(
+      "the call's deadline passed (or it was cancelled) before the job was created: no job was created");
+}
+
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
 constexpr int kDefaultEventPage = 500;
@@ -333,8 +341,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
     return reactor;
   }
   // `req` and `resp` live until the reactor finishes.
-  auto work = [this, reactor, req, resp, creator = ClientIdentity(ctx)] {
-    reactor->Finish(ToGrpcStatus(Create(*req, creator, resp)));
+  auto work = [this, ctx, reactor, req, resp, creator = ClientIdentity(ctx)] {
+    const auto abandoned = [ctx] { return ctx->IsCancelled() || ctx->deadline() <= std::chrono::system_clock::now(); };
+    reactor->Finish(ToGrpcStatus(Create(*req, creator, abandoned, resp)));
   };
   if (options_.work == nullptr) {
     work();
@@ -345,13 +354,19 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
   return reactor;
 }
 
-absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::string& creator, v1::Job* resp) const {
+absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::string& creator,
+                                    const std::function<bool()>& abandoned, v1::Job* resp) const {
+  if (abandoned()) return CallerGone();
   if (scheduler_->draining()) {
     return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   }
   if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
     return absl::InvalidArgumentError(
         absl::StrCat("job_id: must match [a-z0-9][a-z0-9-]{0,62}, got '", Excerpt(req.job_id()), "'"));
+  }
+  if (req.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: at most ", kMaxRequestIdBytes, " bytes, got ", req.request_id().size()));
   }
   v1::JobSpec effective = req.spec();
   absl::StatusOr<JobConfig> spec = ResolveJobSpec(&effective);
@@ -370,9 +385,12 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
   if (!summary.ok()) return Annotate(summary.status(), "spec");
   // Without the datasets read here, the warnings come when the job leaves VALIDATING, from its
   // longest sample (SchedulerOptions::context_warnings).
-  std::vector<std::string> warnings;
+  std::vector<std::string> warnings = IgnoredSettingWarnings(req.spec());
   if (summary->has_value() || !scheduler_->validates()) {
-    warnings = ContextWindowWarnings(model, *spec, summary->has_value() ? (*summary)->longest_sample() : 0);
+    for (std::string& w :
+         ContextWindowWarnings(model, *spec, summary->has_value() ? (*summary)->longest_sample() : 0)) {
+      warnings.push_back(std::move(w));
+    }
   }
   if (req.validate_only()) {
     *resp->mutable_spec() = effective;
@@ -380,6 +398,9 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
     for (const std::string& w : warnings) resp->add_warnings(w);
     return absl::OkStatus();
   }
+  // Last before the job becomes visible: a caller whose deadline passed (or who cancelled)
+  // while the spec and the datasets were checked is told so, and no job is created for it.
+  if (abandoned()) return CallerGone();
   bool created = false;
   OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(effective, req.job_id(), req.request_id(), &created,
                                                   summary->has_value() ? &**summary : nullptr, creator, warnings));

@@ -83,8 +83,11 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
  private:
   absl::Status CheckAuth(const grpc::CallbackServerContext* ctx) const;
-  // CreateJob's work after authentication: checks, admission, dataset scan, Submit.
-  absl::Status Create(const v1::CreateJobRequest& req, const std::string& creator, v1::Job* resp) const;
+  // CreateJob's work after authentication: checks, admission, dataset scan, Submit. `abandoned` says whether the caller
+  // has gone (its deadline passed, or it cancelled): checked first and last before the job is stored, so that no job is
+  // created for a caller told DEADLINE_EXCEEDED (a retry with the same request_id covers the moment between).
+  absl::Status Create(const v1::CreateJobRequest& req, const std::string& creator,
+                      const std::function<bool()>& abandoned, v1::Job* resp) const;
   // options_.validate_data's summary for datasets within the size limit; nullopt otherwise.
   absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const JobConfig& spec) const;
   // The memory plan of `spec` on the eligible device of this server with the most memory

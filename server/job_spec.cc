@@ -16,6 +16,11 @@ absl::Status CheckEvaluation(const v1::JobSpec& s, const spec::Source& source, c
     return spec::FieldError(source, lines, path, what);
   };
   const v1::EvaluationSpec& e = s.evaluation();
+  for (int i = 0; i < e.suites_size(); ++i) {
+    if (std::find(e.suites().begin(), e.suites().begin() + i, e.suites(i)) != e.suites().begin() + i) {
+      return error("evaluation.suites", absl::StrCat("'", e.suites(i), "' is listed twice"));
+    }
+  }
   for (const std::string& suite : e.suites()) {
     if (suite != "positions" && suite != "passkey" && suite != "needle") {
       return error("evaluation.suites", absl::StrCat("unknown suite '", suite, "' (positions, passkey, needle)"));
@@ -255,6 +260,28 @@ absl::StatusOr<RopeScalingOverride> ParseRopeScaling(absl::string_view yaml, con
   OOMB_RETURN_IF_ERROR(spec::CheckRules(r, /*check_required=*/true, where));
   if (!r.has_factor()) return spec::FieldError(where, nullptr, "factor", "is required (the extension factor)");
   return RopeOf(r);
+}
+
+std::vector<std::string> IgnoredSettingWarnings(const v1::JobSpec& sent) {
+  std::vector<std::string> out;
+  if (sent.method().type() == v1::Method::evaluate) {
+    const v1::LoraSpec& lora = sent.method().lora();
+    const std::pair<bool, const char*> ignored[] = {
+        {lora.has_rank(), "method.lora.rank"},       {lora.has_alpha(), "method.lora.alpha"},
+        {lora.has_dropout(), "method.lora.dropout"}, {lora.target_modules_size() > 0, "method.lora.target_modules"},
+        {sent.has_training(), "training"},           {sent.has_checkpoint(), "checkpoint"},
+    };
+    for (const auto& [set, field] : ignored) {
+      if (set) {
+        out.push_back(absl::StrCat(field,
+                                   ": ignored by method.type evaluate (it trains nothing and writes no checkpoint; "
+                                   "the adapter's adapter_config.json gives its rank, alpha and targets)"));
+      }
+    }
+  } else if (sent.training().eval_every_steps() > 0 && sent.data().validation().empty()) {
+    out.push_back("training.eval_every_steps: no data.validation to evaluate, so nothing is evaluated");
+  }
+  return out;
 }
 
 }  // namespace oomb::server

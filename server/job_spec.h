@@ -13,6 +13,9 @@
 #ifndef OOMB_SERVER_JOB_SPEC_H_
 #define OOMB_SERVER_JOB_SPEC_H_
 
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "oomb/v1/job_spec.pb.h"
 #include "proto/spec/spec_codec.h"
@@ -27,6 +30,11 @@ absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& 
 
 // The same, of a copy (the spec is left as it is).
 absl::StatusOr<JobConfig> ResolveJobSpec(const v1::JobSpec& spec);
+
+// Warnings, naming the field, for what a spec sets (as the client sent it, before defaults)
+// that its method ignores: method.lora's rank, alpha, dropout and targets, training and
+// checkpoint with method.type evaluate; training.eval_every_steps without data.validation.
+std::vector<std::string> IgnoredSettingWarnings(const v1::JobSpec& sent);
 
 // A RoPE scaling written as the spec's model.rope_scaling is (YAML, e.g. "{type: yarn, factor: 8,
 // original_max_position_embeddings: 8192}"), with the same checks; errors start with `source`

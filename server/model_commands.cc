@@ -85,13 +85,18 @@ void AddEval(CLI::App* model) {
   eval->add_option("--data", f->data_path, "JSONL dataset (loss, positions)")->transform(AbsolutePath());
   eval->add_option("--adapter", f->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)")
       ->transform(AbsolutePath());
-  eval->add_option("--max-tokens", f->max_tokens, "stop after this many tokens of --data (0: all)");
-  eval->add_option("--chunk-tokens", f->chunk_tokens, "tokens per chunk of the forward pass");
-  eval->add_option("--lengths", f->lengths, "passkey / needle: tokens per document (default 4096)");
+  // The bounds of the job spec's evaluation section (proto/oomb/v1/job_spec.proto), which runs
+  // the same suites.
+  eval->add_option("--max-tokens", f->max_tokens, "stop after this many tokens of --data (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  eval->add_option("--chunk-tokens", f->chunk_tokens, "tokens per chunk of the forward pass")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  eval->add_option("--lengths", f->lengths, "passkey / needle: tokens per document (default 4096)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   eval->add_option("--depths", f->depths, "passkey / needle: depths from 0 to 1 (default 5)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 101));
   eval->add_option("--trials", f->trials, "passkey / needle: documents per length and depth (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1000));
   eval->add_option("--seed", f->seed, "passkey / needle: seed of the keys and the haystack offsets (default 1)");
   eval->add_option("--haystack", f->haystack, "needle: UTF-8 text file to hide the fact in")->transform(AbsolutePath());
   eval->add_option("--dtype", f->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));

@@ -187,7 +187,7 @@ void RegisterRunCommands(CLI::App& app) {
                   ->footer(
                       "Examples:\n  oombd run job.yaml\n  oombd run job.yaml --set training.max_steps=5 "
                       "--set memory.chunk_tokens=1024\n  oombd run job.yaml --checkpoint-dir out --resume");
-  run->add_option("spec", f->spec_path, "job spec (YAML, JOBSPEC.md)")->required();
+  run->add_option("spec", f->spec_path, "job spec (YAML; fields: proto/oomb/v1/job_spec.proto)")->required();
   run->add_option("--set", f->sets, "field=value override, e.g. training.max_steps=5 (repeatable)");
   run->add_option("--checkpoint-dir", f->checkpoint_dir, "default: checkpoint.dir, else ./oomb-run-<display_name>");
   run->add_option("--device", f->device,

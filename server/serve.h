@@ -1,5 +1,5 @@
 // `oombd serve`: starts the daemon (server/daemon.h), runs until SIGTERM or SIGINT, then shuts
-// it down, giving running jobs server.shutdown_grace_seconds to checkpoint (CONVENTIONS.md §2).
+// it down, giving running jobs server.shutdown_grace_seconds to checkpoint (docs/CONVENTIONS.md §2).
 #ifndef OOMB_SERVER_SERVE_H_
 #define OOMB_SERVER_SERVE_H_
 

@@ -57,6 +57,7 @@ ServeEnvironment ProductionEnvironment() {
   env.runner = RunJob;
   env.validate_data = ValidateJobData;  // (spec, files): the scheduler's and CreateJob's scans
   env.server_info.set_version(info.version);
+  env.server_info.set_git_sha(info.git_sha);
   env.server_info.set_torch_version(info.torch_version);
   env.server_info.set_cuda_version(info.cuda_version);
   env.build = info;

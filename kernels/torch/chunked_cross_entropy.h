@@ -14,7 +14,7 @@
 // or weight requiring one), into its gradient in place, which forward multiplies into the
 // gradients of hidden (and of weight: full fine-tuning, tied embeddings) there and then. Backward
 // only scales those by the loss's incoming gradient, in float32. So memory is rows_per_block x
-// vocab in dtype beside hidden's gradient, never N x vocab (ARCHITECTURE.md §3: never
+// vocab in dtype beside hidden's gradient, never N x vocab (docs/ARCHITECTURE.md §3: never
 // materialise C x vocab float32 logits), and the logits are computed once. Labels must be in
 // [0, vocab) or kIgnoreIndex.
 #ifndef OOMB_KERNELS_TORCH_CHUNKED_CROSS_ENTROPY_H_

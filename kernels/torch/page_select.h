@@ -1,4 +1,4 @@
-// Page summaries and the page selection of sparse attention (ARCHITECTURE.md §5).
+// Page summaries and the page selection of sparse attention (docs/ARCHITECTURE.md §5).
 //
 // The past of a chunk is whole pages of P tokens (sparse mode requires memory.chunk_tokens to
 // be a multiple of memory.page_tokens, so a chunk starts on a page boundary): n_past = S / P

@@ -15,7 +15,7 @@
 // doc_start: what lies before may have been released).
 // Softmax scale 1/sqrt(head_dim). GQA: query head h reads KV head h / (num_heads / kv_heads).
 //
-// Autograd (ARCHITECTURE.md §3): forward saves only chunk-local tensors (q, k, v, out, the
+// Autograd (docs/ARCHITECTURE.md §3): forward saves only chunk-local tensors (q, k, v, out, the
 // log-sum-exp) and the PastKv handle, never the past itself. Backward re-reads the past through
 // PastKv, returns dq, dk, dv of the chunk, and hands dK/dV of the past to
 // PastKv::AccumulateGrad, in place, outside autograd.

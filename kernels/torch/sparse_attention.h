@@ -1,5 +1,5 @@
 // Attention of one chunk over its selected past pages and itself (page-level sparse
-// attention, ARCHITECTURE.md §5), as a LibTorch autograd function.
+// attention, docs/ARCHITECTURE.md §5), as a LibTorch autograd function.
 //
 // Shapes (one sequence, one layer; C = chunk tokens, S = past tokens, a multiple of P):
 //   q:          [C, num_heads, head_dim]      after RoPE

@@ -145,6 +145,10 @@ TEST_F(CliTest, HealthAndServerInfo) {
   EXPECT_EQ(h.out, "SERVING\n");
   json info = OombJson("server-info");
   EXPECT_EQ(info["version"], "0.1.0");
+  // The git sha `oombd version` prints (issue 52).
+  ASSERT_EQ(std::system((BinaryDir() + "/server/oombd version > " + (dir_ / "version.out").string()).c_str()), 0);
+  ASSERT_TRUE(info.contains("git_sha")) << info.dump();
+  EXPECT_THAT(Slurp(dir_ / "version.out"), HasSubstr("(" + info["git_sha"].get<std::string>() + ","));
   ASSERT_FALSE(info["devices"].empty());
   EXPECT_EQ(info["devices"][0]["name"], "cpu");
 }
@@ -479,6 +483,69 @@ TEST_F(CliTest, BearerTokenAuth) {
   EXPECT_EQ(Oomb("list", "OOMB_TOKEN=s3cret-token").rc, 0);
   EXPECT_EQ(Oomb("health").rc, 0);  // health needs no token
   EXPECT_THAT(daemon_->log(), ::testing::Not(HasSubstr("s3cret-token")));
+  // The token file was made with the default umask (0644): the daemon says so.
+  EXPECT_THAT(daemon_->log(), HasSubstr("is readable by every user (mode 0644)"));
+}
+
+// Issue 52, item 4: global options that used to mean something else silently are usage errors,
+// naming the option; so is a listening address without a port.
+TEST_F(CliTest, MisleadingOptionsAreUsageErrors) {
+  const std::string oomb = BinaryDir() + "/client/oomb";
+  const fs::path out = dir_ / "opt.out";
+  const auto run = [&](const std::string& cmd) {
+    const int status = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
+    return std::pair{WEXITSTATUS(status), Slurp(out)};
+  };
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {oomb + " --timeout 0 list", "--timeout"},
+           {oomb + " --cert " + (dir_ / "c.pem").string() + " list", "--key"},
+           {oomb + " --key " + (dir_ / "k.pem").string() + " list", "--cert"},
+           {oomb + " --endpoint :99999 list", "the port must be a number in [1, 65535], got '99999'"},
+           {"OOMB_ENDPOINT=127.0.0.1: " + oomb + " list", "the port must be a number in [1, 65535], got ''"},
+           {BinaryDir() + "/server/oombd config print --set server.listen=127.0.0.1:",
+            "server.listen: expected host:port with a port in [0, 65535]"},
+           {BinaryDir() + "/server/oombd config print --set metrics.listen=127.0.0.1:65536",
+            "metrics.listen: expected host:port"},
+           {BinaryDir() + "/server/oombd model eval --model " + (dir_ / "model").string() + " --chunk-tokens 0",
+            "--chunk-tokens"},
+           {BinaryDir() + "/server/oombd model eval --model " + (dir_ / "model").string() + " --chunk-tokens -5",
+            "--chunk-tokens"},
+           {BinaryDir() + "/server/oombd model eval --model " + (dir_ / "model").string() + " --trials 100000000",
+            "--trials"},
+           {BinaryDir() + "/server/oombd model eval --model " + (dir_ / "model").string() +
+                " --lengths 9223372036854775807",
+            "--lengths"}}) {
+    const auto [rc, text] = run(args);
+    EXPECT_EQ(rc, 2) << args << ": " << text;
+    EXPECT_THAT(text, HasSubstr(message)) << args;
+  }
+}
+
+// An idempotency key is stored with its job: a huge one is refused, naming the field.
+TEST_F(CliTest, RequestIdsAreBounded) {
+  StartDaemon();
+  const Result r = Oomb("submit " + job_ + " --request-id " + std::string(300, 'k'));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("request_id: at most 256 bytes, got 300"));
+  EXPECT_EQ(Oomb("submit " + job_ + " --request-id " + std::string(256, 'k')).rc, 0);
+}
+
+// A display name cannot rewrite the table around it: bidi overrides and control characters are
+// shown as U+FFFD by `list` and `get` (the JSON output keeps the name as stored).
+TEST_F(CliTest, DisplayNamesCannotReorderTheTable) {
+  StartDaemon();
+  const std::string name = "evil\xE2\x80\xAEgnp.exe";
+  std::ofstream(dir_ / "bidi.yaml") << "display_name: \"" << name << "\"\nmodel: {path: " << (dir_ / "model").string()
+                                    << "}\ndata: {train: " << (dir_ / "train.jsonl").string() << "}\n";
+  const json job = OombJson("submit " + (dir_ / "bidi.yaml").string());
+  ASSERT_TRUE(job.contains("name"));
+  for (const std::string& cmd : {std::string("list"), "get " + job["name"].get<std::string>()}) {
+    const Result r = Oomb(cmd);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_THAT(r.out, Not(HasSubstr("\xE2\x80\xAE"))) << cmd;
+    EXPECT_THAT(r.out, HasSubstr("evil\xEF\xBF\xBDgnp.exe")) << cmd;
+  }
+  EXPECT_EQ(OombJson("get " + job["name"].get<std::string>())["spec"]["display_name"], name);
 }
 
 TEST_F(CliTest, ConfigPrintRedactsAndRejectsUnknownKeys) {

@@ -200,6 +200,15 @@ class Daemon {
   }
 
   bool Alive() const { return pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
+  // The process's peak resident memory so far (VmHWM), in bytes; 0 when it is not running.
+  int64_t PeakRssBytes() const {
+    if (pid_ <= 0) return 0;
+    std::istringstream status(Slurp("/proc/" + std::to_string(pid_) + "/status"));
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+    }
+    return 0;
+  }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   // The plaintext health port (with --set server.health_listen=127.0.0.1:0); 0 when off.

@@ -26,7 +26,7 @@ TEST(PagedAttentionTest, NoPast) {
 }
 
 // float32 against float64: within twice the error of the same dense computation done in
-// float32 (STYLE.md habit 10), and never worse than 1e-5.
+// float32 (docs/CONVENTIONS.md §6.10), and never worse than 1e-5.
 TEST(PagedAttentionTest, Float32Precision) {
   const auto e = testing::CheckPagedAttention(at::kCPU, at::kFloat, 300, 100, 8, 2, 32, {0, 150}, 64, 4);
   EXPECT_LE(e.max(), 1e-5) << "out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past;

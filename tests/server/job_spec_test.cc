@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "oomb/v1/rules.pb.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -46,6 +47,16 @@ std::string LoadError(const std::string& yaml) {
   if (c.ok()) return "";
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
   return std::string(c.status().message());
+}
+
+// One bound, two readers: the job spec's rules for method.lora and the engine's check of the
+// rank and alpha an adapter_config.json gives (worker/plan/job_config.h).
+TEST(JobSpecTest, LoraBoundsAreTheEnginesBoundsForAdapterFiles) {
+  const auto rules = [](const char* name) {
+    return v1::LoraSpec::descriptor()->FindFieldByName(name)->options().GetExtension(v1::rules);
+  };
+  EXPECT_EQ(rules("rank").max(), JobConfig::kMaxLoraRank);
+  EXPECT_EQ(rules("alpha").max(), JobConfig::kMaxLoraAlpha);
 }
 
 TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {
@@ -395,6 +406,31 @@ TEST(JobSpecTest, EvaluateReadsNoTrainingDataAndNeedsSomethingToEvaluate) {
   EXPECT_THAT(LoadError("model: {path: /m}\nmethod: {type: evaluate}\ndata: {validation: /v}\n"
                         "training: {batch_sequences: 2}\nresources: {gpus: 2}\n"),
               HasSubstr("job.yaml:5: resources.gpus: method.type evaluate runs on one device, got 2"));
+}
+
+// What a method ignores is said (issue 52): an evaluate job's rank, training and checkpoint
+// settings, eval_every_steps without a validation set; a suite listed twice is an error.
+TEST(JobSpecTest, IgnoredSettingsWarnAndDuplicateSuitesAreRefused) {
+  const auto warnings = [](const std::string& yaml) {
+    v1::JobSpec spec;
+    EXPECT_TRUE(spec::ParseYaml(yaml, {"job.yaml", ""}, &spec).ok()) << yaml;
+    return IgnoredSettingWarnings(spec);
+  };
+  const std::vector<std::string> evaluate = warnings(
+      "model: {path: /m}\nmethod: {type: evaluate, lora: {rank: 8}}\ndata: {validation: /v}\n"
+      "checkpoint: {every_steps: 5}\n");
+  ASSERT_EQ(evaluate.size(), 2u);
+  EXPECT_THAT(evaluate[0], HasSubstr("method.lora.rank: ignored by method.type evaluate"));
+  EXPECT_THAT(evaluate[1], HasSubstr("checkpoint: ignored by method.type evaluate"));
+  EXPECT_TRUE(warnings("model: {path: /m}\nmethod: {type: evaluate}\ndata: {validation: /v}\n").empty());
+  const std::vector<std::string> no_validation =
+      warnings("model: {path: /m}\ndata: {train: /t}\ntraining: {eval_every_steps: 10}\n");
+  ASSERT_EQ(no_validation.size(), 1u);
+  EXPECT_THAT(no_validation[0], HasSubstr("training.eval_every_steps: no data.validation to evaluate"));
+  EXPECT_TRUE(
+      warnings("model: {path: /m}\ndata: {train: /t, validation: /v}\ntraining: {eval_every_steps: 10}\n").empty());
+  EXPECT_THAT(LoadError("model: {path: /m}\nmethod: {type: evaluate}\nevaluation: {suites: [passkey, passkey]}\n"),
+              HasSubstr("evaluation.suites: 'passkey' is listed twice"));
 }
 
 TEST(JobSpecTest, MissingRequiredFields) {

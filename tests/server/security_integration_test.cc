@@ -7,9 +7,13 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include "tests/client/daemon_harness.h"
 
@@ -152,6 +156,17 @@ TEST_F(SecurityTest, TheDataDirIsNeverAJobsInputOrOutput) {
   fs::create_symlink(db, root() / "store.jsonl");
   const Result link = Cli("submit " + Spec("j").string() + " --set data.train=" + (root() / "store.jsonl").string());
   EXPECT_EQ(link.rc, 4) << link.err;
+  // Through a hard link in the root (the same file under another name; issue 52): refused before
+  // a descriptor that could drop the store's locks is opened.
+  fs::create_hard_link(db, root() / "store-hard.jsonl");
+  const Result hard =
+      Cli("submit " + Spec("j").string() + " --job-id hard --set data.train=" + (root() / "store-hard.jsonl").string());
+  std::string refusal = hard.err;
+  if (hard.rc == 0) {  // refused in the VALIDATING state
+    EXPECT_EQ(Cli("watch hard").rc, 6);
+    refusal = OombJson(ep(), "get hard", tmp_->path())["error"]["message"].get<std::string>();
+  }
+  EXPECT_THAT(refusal, HasSubstr("is a hard link to a file of the server's data directory"));
   // As a checkpoint dir: the data dir itself, and another job's default checkpoint folder.
   ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id first", tmp_->path())["name"], "jobs/first");
   EXPECT_EQ(Cli("watch first").rc, 0);
@@ -253,7 +268,7 @@ TEST_F(SecurityTest, HugeInputNeverReachesMessagesOrTheStore) {
   ASSERT_EQ(get.rc, 0) << get.err;
   const json job = json::parse(get.out);
   EXPECT_EQ(job["error"]["reason"], "BAD_DATA");
-  EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("big.jsonl:2: invalid JSON"));
+  EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("big.jsonl:2: the line is longer than"));
   EXPECT_LT(job["error"]["message"].get<std::string>().size(), 4096u);
   EXPECT_LT(get.out.size(), 16384u);
   for (const char* cmd : {"list -o json", "events big -o json", "get big"}) {
@@ -388,6 +403,172 @@ TEST_F(SecurityTest, PartialCheckpointsAreRemovedWhenTheJobRunsAgain) {
     EXPECT_THAT(e.path().filename().string(), Not(HasSubstr(".tmp-"))) << e.path();
   }
   EXPECT_TRUE(fs::exists(ckpt / "final" / "adapter_model.safetensors"));
+}
+
+// Issue 52, item 1: every number read from a file a client names is bounded before anything is
+// sized by it, with an error naming the file and the key. An adapter_config.json whose rank
+// would have the daemon allocate gigabytes fails the job, and the daemon's memory stays put.
+TEST_F(SecurityTest, NumbersInClientNamedFilesAreBoundedBeforeAnyAllocation) {
+  StartDaemon();
+  WriteFile(root() / "heldout.jsonl", Slurp(root() / "ids.jsonl"));
+  const int64_t rss_before = daemon_->PeakRssBytes();
+  for (const auto& [name, r] : {std::pair{"huge", "200000"}, {"float", "1e9"}, {"zero", "0"}}) {
+    const fs::path adapter = root() / (std::string("adapter-") + name);
+    fs::create_directories(adapter);
+    WriteFile(adapter / "adapter_config.json", std::string(R"({"peft_type": "LORA", "r": )") + r +
+                                                   R"(, "lora_alpha": 16, "target_modules": ["q_proj"]})");
+    WriteFile(adapter / "adapter_model.safetensors", std::string("\x02\0\0\0\0\0\0\0{}", 10));  // no tensors
+    const fs::path spec = root() / (std::string("eval-") + name + ".yaml");
+    WriteFile(spec, "model: {path: " + model().string() +
+                        ", dtype: float32}\nmethod: {type: evaluate, lora: " + "{init_adapter: " + adapter.string() +
+                        "}}\ndata: {validation: " + (root() / "heldout.jsonl").string() + ", max_seq_len: 128}\n" +
+                        "memory: {chunk_tokens: 32, page_tokens: 16}\nresources: {device: cpu}\n");
+    const std::string id = std::string("eval-") + name;
+    ASSERT_EQ(OombJson(ep(), "submit " + spec.string() + " --job-id " + id, tmp_->path())["name"], "jobs/" + id);
+    EXPECT_EQ(Cli("watch " + id).rc, 6) << name;
+    const json job = OombJson(ep(), "get " + id, tmp_->path());
+    const std::string message = job["error"]["message"].get<std::string>();
+    EXPECT_THAT(message, HasSubstr((adapter / "adapter_config.json").string() + ": key 'r'")) << name;
+    EXPECT_THAT(message, HasSubstr(std::string(name) == "float" ? "expected an integer" : "must be in [1, 4096]"));
+  }
+  EXPECT_LT(daemon_->PeakRssBytes() - rss_before, int64_t{256} << 20);
+  // config.json (and the base_config.json a checkpoint carries, read by the same parser): values
+  // that would overflow the planner's arithmetic or make the model meaningless are refused at
+  // submission, naming the file and the key.
+  const json base = json::parse(Slurp(model() / "config.json"));
+  const auto refused = [&](const std::string& name, const json& patch) {
+    const fs::path dir = root() / ("config-" + name);
+    fs::create_directories(dir);
+    for (const auto& e : fs::directory_iterator(model())) fs::copy(e.path(), dir / e.path().filename());
+    json config = base;
+    config.merge_patch(patch);
+    WriteFile(dir / "config.json", config.dump());
+    const Result r = Cli("submit " + Spec("j").string() + " --validate-only --set model.path=" + dir.string());
+    EXPECT_EQ(r.rc, 1) << name << ": " << r.out;
+    EXPECT_THAT(r.err, HasSubstr((dir / "config.json").string())) << name;
+    return r.err;
+  };
+  EXPECT_THAT(refused("factor", {{"rope_parameters", {{"rope_type", "linear"}, {"factor", 1e300}}}}),
+              HasSubstr("key 'factor' must be in (0, 1024], got 1e+300"));
+  EXPECT_THAT(refused("theta", {{"rope_theta", -1}}), HasSubstr("key 'rope_theta' must be in (1, 1e+12], got -1"));
+  EXPECT_THAT(refused("eps", {{"rms_norm_eps", 0}}), HasSubstr("key 'rms_norm_eps' must be in (0, 0.1], got 0"));
+  EXPECT_THAT(refused("positions", {{"max_position_embeddings", int64_t{1} << 62}}),
+              HasSubstr("key 'max_position_embeddings' must be in [1, 1073741824]"));
+  EXPECT_THAT(refused("partial", {{"partial_rotary_factor", 2.0}}), HasSubstr("partial_rotary_factor 2"));
+  EXPECT_THAT(refused("partial0", {{"partial_rotary_factor", 0.0}}), HasSubstr("partial_rotary_factor 0"));
+  const json mistral = {{"architectures", {"MistralForCausalLM"}}, {"model_type", "mistral"}};
+  for (const int64_t window : {int64_t{0}, int64_t{1} << 62}) {
+    json patch = mistral;
+    patch["sliding_window"] = window;
+    EXPECT_THAT(refused("window" + std::to_string(window), patch),
+                HasSubstr("key 'sliding_window' must be in [1, 1073741824], got " + std::to_string(window)));
+  }
+  EXPECT_EQ(Cli("health").rc, 0);
+}
+
+// Issue 52, item 3: a dataset's lines are read with memory bounded by a constant. A 3 GB file
+// without a newline (sparse: nothing but its first bytes is written) is refused once 64 bytes a
+// token of max_seq_len (at least 16 MiB) of its line were read, naming file:line, and the
+// daemon's peak memory stays far below the line's size.
+TEST_F(SecurityTest, AMultiGigabyteLineIsRefusedInBoundedMemory) {
+  StartDaemon();
+  const fs::path huge = root() / "huge.jsonl";
+  WriteFile(huge, "{\"input_ids\": [1, 2, 3]}\n{\"text\": \"");
+  fs::resize_file(huge, int64_t{3} << 30);
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id huge --set data.train=" + huge.string(),
+                     tmp_->path())["state"],
+            "VALIDATING");
+  EXPECT_EQ(Cli("watch huge").rc, 6);
+  const json job = OombJson(ep(), "get huge", tmp_->path());
+  EXPECT_EQ(job["error"]["reason"], "BAD_DATA") << job.dump();
+  EXPECT_THAT(job["error"]["message"].get<std::string>(),
+              HasSubstr("huge.jsonl:2: the line is longer than 16777216 bytes"));
+  EXPECT_LT(daemon_->PeakRssBytes(), int64_t{1} << 30);
+}
+
+// Issue 52, item 2: a client told DEADLINE_EXCEEDED never finds a job created for it. Twelve
+// CreateJobs at once, each scanning a 6 MB dataset inline, with deadlines too short for most:
+// every client that failed finds no job with its label, every one that succeeded exactly one
+// (the CLI retries with its request id, so a job created as the deadline passed is the one it
+// is given).
+TEST_F(SecurityTest, ACallerWhoseDeadlinePassedFindsNoJob) {
+  StartDaemon({"--set", "scheduler.hold=true"});
+  WriteIdsJsonl(root() / "six-mb.jsonl", 600, 2000);
+  const int kClients = 12;
+  std::vector<std::thread> clients;
+  std::vector<Result> results(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      const std::string timeout = i + 1 == kClients ? "60" : std::to_string(0.05 * (i + 1));
+      results[i] = Shell(OombCli() + " --endpoint " + ep() + " --timeout " + timeout + " submit " +
+                             Spec("j" + std::to_string(i)).string() + " --set labels.client=c" + std::to_string(i) +
+                             " --set data.train=" + (root() / "six-mb.jsonl").string() + " --set data.max_seq_len=4096",
+                         tmp_->path());
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  const json list = OombJson(ep(), "list --page-size 1000", tmp_->path());
+  std::map<std::string, int> jobs_of;
+  for (const json& j : list.value("jobs", json::array())) jobs_of[j["labels"].value("client", "")]++;
+  int failed = 0, past_deadline = 0;
+  for (int i = 0; i < kClients; ++i) {
+    const std::string label = "c" + std::to_string(i);
+    if (results[i].rc == 0) {
+      EXPECT_EQ(jobs_of[label], 1) << label;
+    } else {
+      ++failed;
+      past_deadline += results[i].err.find("DEADLINE_EXCEEDED") != std::string::npos;
+      EXPECT_EQ(jobs_of[label], 0) << label << " was told: " << results[i].err;
+    }
+  }
+  std::cerr << failed << " of " << kClients << " clients were refused, " << past_deadline << " past their deadline\n";
+  EXPECT_GT(past_deadline, 0);                            // the shortest deadlines pass while the datasets are read
+  EXPECT_EQ(results.back().rc, 0) << results.back().err;  // a minute is enough
+}
+
+// Issue 52, item 4: `oombd data retrieval -o` replaces a link at its output path, never writes
+// through it.
+TEST_F(SecurityTest, DataRetrievalNeverWritesThroughALink) {
+  if (!fs::exists(SmolLm2() / "tokenizer.json")) GTEST_SKIP() << "no SmolLM2 under " << DataDir();
+  WriteFile(outside() / "target", kSecret);
+  fs::create_symlink(outside() / "target", root() / "out.jsonl");
+  const Result r = Shell(Oombd() + " data retrieval --model " + SmolLm2().string() +
+                             " --suite passkey --lengths 256 --depths 1 --seed 7 -o " + (root() / "out.jsonl").string(),
+                         tmp_->path());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(Slurp(outside() / "target"), kSecret);
+  EXPECT_FALSE(fs::is_symlink(root() / "out.jsonl"));
+  EXPECT_THAT(Slurp(root() / "out.jsonl"), HasSubstr("\"input_ids\""));
+}
+
+// Issue 52, item 4: an adapter whose weights are NaN fails its evaluation (NAN_LOSS), never a
+// success with the loss left out.
+TEST_F(SecurityTest, ANonFiniteAdapterFailsItsEvaluation) {
+  StartDaemon();
+  ASSERT_EQ(
+      OombJson(ep(),
+               "submit " + Spec("j").string() + " --job-id trained --set checkpoint.dir=" + (root() / "run").string(),
+               tmp_->path())["name"],
+      "jobs/trained");
+  ASSERT_EQ(Cli("watch trained").rc, 0);
+  const fs::path adapter = root() / "run" / "final";
+  std::string weights = Slurp(adapter / "adapter_model.safetensors");
+  ASSERT_GT(weights.size(), 8u);
+  uint64_t header = 0;
+  std::memcpy(&header, weights.data(), 8);
+  std::fill(weights.begin() + 8 + static_cast<std::ptrdiff_t>(header), weights.end(), '\xff');  // NaN bit patterns
+  WriteFile(adapter / "adapter_model.safetensors", weights);
+  WriteFile(root() / "heldout.jsonl", Slurp(root() / "ids.jsonl"));
+  const fs::path spec = root() / "eval-nan.yaml";
+  WriteFile(spec, "model: {path: " + model().string() +
+                      ", dtype: float32}\nmethod: {type: evaluate, lora: " + "{init_adapter: " + adapter.string() +
+                      "}}\ndata: {validation: " + (root() / "heldout.jsonl").string() + ", max_seq_len: 128}\n" +
+                      "memory: {chunk_tokens: 32, page_tokens: 16}\nresources: {device: cpu}\n");
+  ASSERT_EQ(OombJson(ep(), "submit " + spec.string() + " --job-id nan", tmp_->path())["name"], "jobs/nan");
+  EXPECT_EQ(Cli("watch nan").rc, 6);
+  const json job = OombJson(ep(), "get nan", tmp_->path());
+  EXPECT_EQ(job["error"]["reason"], "NAN_LOSS") << job.dump();
+  EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("non-finite weights in method.lora.init_adapter"));
 }
 
 }  // namespace

@@ -131,6 +131,9 @@ absl::Status ErrnoStatus(int err, const char* what, const std::string& path) {
   if (err == ENOENT) return absl::NotFoundError(msg);
   if (err == ENOSPC || err == EDQUOT) return WithReason(absl::ResourceExhaustedError(msg), Reason::kDiskFull);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+  // The caller's path, not the system, is at fault: a name too long, a file where a directory
+  // belongs, a directory where a file does.
+  if (err == ENAMETOOLONG || err == ENOTDIR || err == EISDIR || err == ELOOP) return absl::InvalidArgumentError(msg);
   return absl::InternalError(msg);
 }
 
@@ -509,9 +512,34 @@ UniqueFd FileAccess::Resolve(const Root& root, const std::vector<std::string>& p
 
 absl::StatusOr<File> FileAccess::OpenFile(const std::string& path) const {
   OOMB_ASSIGN_OR_RETURN(auto located, Locate(path));
+  if (confined_ && !excluded_.empty()) {
+    // Checked through an O_PATH descriptor, whose close drops no POSIX lock: closing a real
+    // descriptor of the daemon's own database would release the store's SQLite locks.
+    OOMB_ASSIGN_OR_RETURN(UniqueFd probe, OpenBeneath(*located.first, located.second, O_PATH | O_CLOEXEC, path));
+    OOMB_RETURN_IF_ERROR(CheckNotLinkedIntoExcluded(probe.get(), path));
+  }
   OOMB_ASSIGN_OR_RETURN(
       UniqueFd fd, OpenBeneath(*located.first, located.second, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, path));
   return AsRegularFile(std::move(fd), path);
+}
+
+absl::Status FileAccess::CheckNotLinkedIntoExcluded(int fd, const std::string& path) const {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink < 2) return absl::OkStatus();
+  for (const std::string& excluded : excluded_) {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(excluded, fs::directory_options::skip_permission_denied, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      struct stat other;
+      if (::lstat(it->path().c_str(), &other) == 0 && other.st_dev == st.st_dev && other.st_ino == st.st_ino) {
+        return WithReason(
+            absl::PermissionDeniedError(absl::StrCat(path, " is a hard link to a file of the server's data directory (",
+                                                     excluded, "), which jobs may not use")),
+            Reason::kPathDenied);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> FileAccess::ReadFile(const std::string& path, int64_t max_bytes) const {

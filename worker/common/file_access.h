@@ -20,7 +20,7 @@
 //
 // Errors name the path: NOT_FOUND (missing), PERMISSION_DENIED (outside every root, inside an
 // excluded subtree, a link where none may be, or the system's EACCES), INVALID_ARGUMENT (not
-// a regular file or not a directory where one is expected, a bad name), RESOURCE_EXHAUSTED
+// a regular file or not a directory where one is expected, a bad or too long name), RESOURCE_EXHAUSTED
 // (disk full, quota), INTERNAL (other system errors). Callers prefix the spec field.
 //
 // Thread-safety: FileAccess, File and Dir are immutable after creation; their methods may be
@@ -156,7 +156,9 @@ class FileAccess {
   // Root "/", links followed, nothing excluded.
   static std::shared_ptr<const FileAccess> Unconfined();
 
-  // A regular file, read-only.
+  // A regular file, read-only. Confined, a file of several hard links is refused when one of
+  // them lies in an excluded subtree (a link to the daemon's own store named as a dataset);
+  // files opened beneath a Dir are not checked so (docs/RELIABILITY.md, "Trust boundary: hard links").
   absl::StatusOr<File> OpenFile(const std::string& path) const;
   // The whole of a regular file; INVALID_ARGUMENT when it is larger than `max_bytes`.
   absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = int64_t{1} << 30) const;
@@ -186,6 +188,8 @@ class FileAccess {
                                        const std::string& path) const;
   // The open itself: invalid with errno set on failure (ELOOP for a link on the way).
   UniqueFd Resolve(const Root& root, const std::vector<std::string>& parts, int flags) const;
+  // PERMISSION_DENIED when the regular file `fd` has another hard link in an excluded subtree.
+  absl::Status CheckNotLinkedIntoExcluded(int fd, const std::string& path) const;
 
   std::vector<std::unique_ptr<Root>> roots_;
   std::vector<std::string> excluded_;
@@ -196,7 +200,8 @@ class FileAccess {
 // The status of a failed system call on `path`: "<path>: <strerror> (<what>)", e.g.
 // "/d/a.jsonl: No such file or directory (open)", coded NOT_FOUND
 // (ENOENT), RESOURCE_EXHAUSTED with reason DISK_FULL (ENOSPC, EDQUOT), PERMISSION_DENIED (EACCES,
-// EPERM) or INTERNAL.
+// EPERM), INVALID_ARGUMENT (ENAMETOOLONG, ENOTDIR, EISDIR, ELOOP: the path is at fault) or
+// INTERNAL.
 absl::Status ErrnoStatus(int err, const char* what, const std::string& path);
 
 }  // namespace oomb

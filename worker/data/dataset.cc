@@ -32,26 +32,32 @@ class LineError {
   std::string prefix_;
 };
 
-// Lines of a file, read in blocks (a line may be of any length; "\n"-terminated, the last one
-// possibly not).
+// Lines of a file, read in blocks ("\n"-terminated, the last one possibly not), each of at most
+// `max_line_bytes`: a longer line ends the reading (Next returns false, too_long() is true) as
+// soon as that many bytes of it were read, so memory stays bounded whatever the file holds.
 class LineReader {
  public:
-  explicit LineReader(const File& file) : file_(file) {}
+  LineReader(const File& file, size_t max_line_bytes) : file_(file), max_line_bytes_(max_line_bytes) {}
   bool Next(std::string* line) {
     line->clear();
     for (;;) {
       const size_t nl = buffer_.find('\n', pos_);
+      const size_t end = nl != std::string::npos ? nl : buffer_.size();
+      if (line->size() + (end - pos_) > max_line_bytes_) {
+        too_long_ = true;
+        return false;
+      }
+      line->append(buffer_, pos_, end - pos_);
       if (nl != std::string::npos) {
-        line->append(buffer_, pos_, nl - pos_);
         pos_ = nl + 1;
         return true;
       }
-      line->append(buffer_, pos_, std::string::npos);
       pos_ = buffer_.size();
       if (!Fill()) return !line->empty();
     }
   }
   const absl::Status& status() const { return status_; }
+  bool too_long() const { return too_long_; }
 
  private:
   bool Fill() {
@@ -68,6 +74,8 @@ class LineReader {
   }
   static constexpr size_t kBlock = size_t{1} << 20;
   const File& file_;
+  const size_t max_line_bytes_;
+  bool too_long_ = false;
   std::string buffer_;
   size_t pos_ = 0;
   off_t offset_ = 0;
@@ -362,6 +370,11 @@ bool FastInputIds(simdjson::dom::parser& parser, const std::string& line, int64_
 
 }  // namespace
 
+size_t MaxLineBytes(int64_t max_seq_len) {
+  constexpr int64_t kMinBytes = int64_t{16} << 20, kMaxBytes = int64_t{256} << 20, kBytesPerToken = 64;
+  return static_cast<size_t>(std::clamp(std::min(max_seq_len, kMaxBytes) * kBytesPerToken, kMinBytes, kMaxBytes));
+}
+
 absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const Tokenizer& tokenizer,
                                                        const ChatTemplate* chat, const DatasetOptions& options,
                                                        DatasetStats* stats) {
@@ -372,7 +385,8 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
 absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const TokenizerLoader& tokenizer,
                                                        const DatasetOptions& options, DatasetStats* stats) {
   const std::string& path = file.path();
-  LineReader in(file);
+  const size_t max_line_bytes = MaxLineBytes(options.max_seq_len);
+  LineReader in(file, max_line_bytes);
   std::vector<Document> docs;
   DatasetStats local;
   DatasetStats& st = stats != nullptr ? *stats : local;
@@ -380,7 +394,8 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
   LazyTokenizer lazy(tokenizer);
   simdjson::dom::parser parser;
   std::string line;
-  for (int64_t line_no = 1; in.Next(&line); ++line_no) {
+  int64_t line_no = 1;
+  for (; in.Next(&line); ++line_no) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const LineError err(options, path, line_no);
@@ -425,6 +440,11 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
     docs.push_back(std::move(d));
   }
   if (!in.status().ok()) return Annotate(in.status(), options.field);
+  if (in.too_long()) {
+    return LineError(options, path, line_no)(
+        absl::StrCat("the line is longer than ", max_line_bytes, " bytes, more than a sample of data.max_seq_len (",
+                     options.max_seq_len, ") tokens can hold; split long texts into samples (oombd data build)"));
+  }
   if (docs.empty()) {
     return WithReason(
         absl::InvalidArgumentError(absl::StrCat(options.field, ": ", path, ": no samples",

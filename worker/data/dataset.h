@@ -55,6 +55,12 @@ struct DatasetOptions {
   int64_t vocab_size = 0;
 };
 
+// The longest line a dataset may hold for samples of `max_seq_len` tokens: 64 bytes a token
+// (a pre-tokenized line with labels takes about 20 a token, text about 4, and a JSON-escaped
+// character up to 12), at least 16 MiB and at most 256 MiB. A longer line is refused, naming file:line, once that
+// many bytes of it were read: reading a file takes memory bounded by this, not by its lines.
+size_t MaxLineBytes(int64_t max_seq_len);
+
 struct DatasetStats {
   int64_t samples = 0;       // documents kept
   int64_t tokens = 0;        // tokens kept

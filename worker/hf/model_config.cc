@@ -9,68 +9,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/common/status.h"
+#include "worker/hf/json_reader.h"
 #include "worker/hf/loading_code.h"
 
 namespace oomb {
 namespace {
 
+// Bounds of the numbers a config.json gives, far outside any real model's and inside what the
+// engine can size and compute with (the job spec's own bounds where it has the same field:
+// model.rope_scaling's factor and original_max_position_embeddings).
+constexpr int64_t kMaxPositions = int64_t{1} << 30;
+constexpr double kMaxRopeFactor = 1024;
+constexpr double kMaxRopeTheta = 1e12;
+
 using nlohmann::json;
-
-// Typed reads of one JSON object's keys, with errors naming the file and the key.
-class Reader {
- public:
-  Reader(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
-
-  absl::Status Int(const char* key, int64_t* out, bool required = true) const {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return required ? Missing(key) : absl::OkStatus();
-    if (!it->is_number_integer()) return Bad(key, "an integer", *it);
-    *out = it->get<int64_t>();
-    return absl::OkStatus();
-  }
-  absl::Status Double(const char* key, double* out, bool required = true) const {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return required ? Missing(key) : absl::OkStatus();
-    if (!it->is_number()) return Bad(key, "a number", *it);
-    *out = it->get<double>();
-    return absl::OkStatus();
-  }
-  absl::Status Bool(const char* key, bool* out) const {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_boolean()) return Bad(key, "true or false", *it);
-    *out = it->get<bool>();
-    return absl::OkStatus();
-  }
-  absl::Status String(const char* key, std::string* out) const {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_string()) return Bad(key, "a string", *it);
-    *out = it->get<std::string>();
-    return absl::OkStatus();
-  }
-  // eos_token_id may be a list (Llama 3.1): the first entry is used.
-  absl::Status TokenId(const char* key, int64_t* out) const {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return absl::OkStatus();
-    if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
-      *out = (*it)[0].get<int64_t>();
-      return absl::OkStatus();
-    }
-    return Int(key, out, false);
-  }
-
- private:
-  absl::Status Missing(const char* key) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": missing key '", key, "'"));
-  }
-  absl::Status Bad(const char* key, const char* want, const json& got) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_, ": key '", key, "': expected ", want, ", got ", got.dump()));
-  }
-  const json& j_;
-  std::string source_;
-};
 
 constexpr std::pair<RopeType, const char*> kRopeTypes[] = {
     {RopeType::kDefault, "default"}, {RopeType::kLinear, "linear"}, {RopeType::kDynamic, "dynamic"},
@@ -86,13 +38,9 @@ std::optional<RopeType> ParseRopeType(const std::string& name) {
 // sliding_window (null: none) and which layers use it: layer_types' sliding_attention entries
 // when the config lists them (num_hidden_layers of them, checked by the caller), else all.
 absl::Status ParseSlidingWindow(const json& root, const std::string& source, ModelConfig* c) {
-  const Reader r(root, source);
-  OOMB_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, false));
-  if (c->sliding_window == 0) return absl::OkStatus();
-  if (c->sliding_window < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": key 'sliding_window' must be positive or null, got ", c->sliding_window));
-  }
+  const JsonReader r(root, source);
+  if (const auto it = root.find("sliding_window"); it == root.end() || it->is_null()) return absl::OkStatus();
+  OOMB_RETURN_IF_ERROR(r.IntIn("sliding_window", &c->sliding_window, 1, kMaxPositions));
   int64_t layers = 0;
   OOMB_RETURN_IF_ERROR(r.Int("num_hidden_layers", &layers));
   c->sliding_layers.assign(std::max<int64_t>(layers, 0), true);
@@ -100,7 +48,7 @@ absl::Status ParseSlidingWindow(const json& root, const std::string& source, Mod
   if (it == root.end() || it->is_null()) {
     if (c->gemma_layers) {  // transformers 4.x Gemma 3 configs: every sliding_window_pattern-th layer is global
       int64_t pattern = 6;
-      OOMB_RETURN_IF_ERROR(r.Int("sliding_window_pattern", &pattern, false));
+      OOMB_RETURN_IF_ERROR(r.IntIn("sliding_window_pattern", &pattern, 0, int64_t{1} << 12));
       for (int64_t i = 0; i < layers; ++i) c->sliding_layers[i] = pattern <= 0 || (i + 1) % pattern != 0;
     }
     return absl::OkStatus();
@@ -124,11 +72,11 @@ absl::Status ParseSlidingWindow(const json& root, const std::string& source, Mod
 // Gemma 3's text model: its layer (ModelConfig::gemma_layers), q/k norms, the attention scale,
 // tied embeddings unless said otherwise; what oomb does not compute is refused by name.
 absl::Status ParseGemma3(const json& root, const std::string& source, ModelConfig* c) {
-  const Reader r(root, source);
+  const JsonReader r(root, source);
   c->gemma_layers = true;
   c->qk_norm = true;
   c->tie_word_embeddings = true;  // Gemma3TextConfig's default
-  OOMB_RETURN_IF_ERROR(r.Double("query_pre_attn_scalar", &c->query_pre_attn_scalar, false));
+  OOMB_RETURN_IF_ERROR(r.DoubleIn("query_pre_attn_scalar", &c->query_pre_attn_scalar, 0, 1e9, /*lo_open=*/true));
   std::string activation = "gelu_pytorch_tanh";
   OOMB_RETURN_IF_ERROR(r.String("hidden_activation", &activation));
   bool bidirectional = false;
@@ -181,7 +129,7 @@ absl::Status ParseFamily(const json& root, const std::string& source, ModelConfi
                      "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM"));
   }
   bool sliding = false;
-  OOMB_RETURN_IF_ERROR(Reader(root, source).Bool("use_sliding_window", &sliding));
+  OOMB_RETURN_IF_ERROR(JsonReader(root, source).Bool("use_sliding_window", &sliding));
   if (const auto it = root.find("layer_types"); it != root.end() && it->is_array()) {
     for (const json& t : *it) sliding |= t.is_string() && t.get<std::string>() != "full_attention";
   }
@@ -200,17 +148,18 @@ absl::Status ParseFamily(const json& root, const std::string& source, ModelConfi
 // over it; attention_factor: the object's, else sqrt(1 + ln factor / ln original) above 1.
 absl::Status ParseLongrope(const json& params, const std::string& source, int64_t max_position_embeddings,
                            RopeConfig* r) {
-  const Reader p(params, absl::StrCat(source, ": rope parameters"));
+  const JsonReader p(params, absl::StrCat(source, ": rope parameters"));
   if (r->original_max_position_embeddings <= 0) {
-    OOMB_RETURN_IF_ERROR(p.Int("original_max_position_embeddings", &r->original_max_position_embeddings, false));
+    OOMB_RETURN_IF_ERROR(
+        p.IntIn("original_max_position_embeddings", &r->original_max_position_embeddings, 0, kMaxPositions));
   }
   if (r->original_max_position_embeddings <= 0) r->original_max_position_embeddings = max_position_embeddings;
   if (r->original_max_position_embeddings <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": longrope needs original_max_position_embeddings"));
   }
   r->factor = static_cast<double>(max_position_embeddings) / r->original_max_position_embeddings;
-  OOMB_RETURN_IF_ERROR(p.Double("factor", &r->factor, false));
-  OOMB_RETURN_IF_ERROR(p.Double("attention_factor", &r->attention_factor, false));
+  OOMB_RETURN_IF_ERROR(p.DoubleIn("factor", &r->factor, 0, kMaxRopeFactor, /*lo_open=*/true));
+  OOMB_RETURN_IF_ERROR(p.DoubleIn("attention_factor", &r->attention_factor, 0, kMaxRopeFactor));
   if (r->attention_factor <= 0) {
     r->attention_factor =
         r->factor <= 1
@@ -219,10 +168,11 @@ absl::Status ParseLongrope(const json& params, const std::string& source, int64_
   }
   for (auto [key, out] : {std::pair{"short_factor", &r->short_factor}, {"long_factor", &r->long_factor}}) {
     const auto it = params.find(key);
-    if (it == params.end() || !it->is_array() || it->empty() ||
-        !std::all_of(it->begin(), it->end(), [](const json& v) { return v.is_number() && v.get<double>() > 0; })) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": rope parameters: key '", key, "': expected a list of positive numbers"));
+    if (it == params.end() || !it->is_array() || it->empty() || !std::all_of(it->begin(), it->end(), [](const json& v) {
+          return v.is_number() && v.get<double>() > 0 && v.get<double>() <= kMaxRopeFactor;
+        })) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": rope parameters: key '", key,
+                                                     "': expected a list of numbers in (0, ", kMaxRopeFactor, "]"));
     }
     *out = it->get<std::vector<double>>();
   }
@@ -232,8 +182,8 @@ absl::Status ParseLongrope(const json& params, const std::string& source, int64_
 // One RoPE parameters object (transformers' rope_parameters or rope_scaling) into `r`.
 absl::Status ParseRopeParameters(const json& params, const std::string& source, int64_t max_position_embeddings,
                                  RopeConfig* r) {
-  const Reader p(params, absl::StrCat(source, ": rope parameters"));
-  OOMB_RETURN_IF_ERROR(p.Double("rope_theta", &r->theta, false));
+  const JsonReader p(params, absl::StrCat(source, ": rope parameters"));
+  OOMB_RETURN_IF_ERROR(p.DoubleIn("rope_theta", &r->theta, 1, kMaxRopeTheta, /*lo_open=*/true));
   std::string type;
   OOMB_RETURN_IF_ERROR(p.String("rope_type", &type));
   if (type.empty()) OOMB_RETURN_IF_ERROR(p.String("type", &type));
@@ -247,25 +197,28 @@ absl::Status ParseRopeParameters(const json& params, const std::string& source, 
   r->type = *parsed;
   if (r->type == RopeType::kDefault) return absl::OkStatus();
   if (r->type == RopeType::kLongrope) return ParseLongrope(params, source, max_position_embeddings, r);
-  OOMB_RETURN_IF_ERROR(p.Double("factor", &r->factor, r->type != RopeType::kYarn));
-  OOMB_RETURN_IF_ERROR(p.Int("original_max_position_embeddings", &r->original_max_position_embeddings,
-                             r->type == RopeType::kLlama3 || r->type == RopeType::kYarn));
+  OOMB_RETURN_IF_ERROR(
+      p.DoubleIn("factor", &r->factor, 0, kMaxRopeFactor, /*lo_open=*/true, r->type != RopeType::kYarn));
+  OOMB_RETURN_IF_ERROR(p.IntIn("original_max_position_embeddings", &r->original_max_position_embeddings, 1,
+                               kMaxPositions, r->type == RopeType::kLlama3 || r->type == RopeType::kYarn));
   if (r->type == RopeType::kLlama3) {
-    OOMB_RETURN_IF_ERROR(p.Double("low_freq_factor", &r->low_freq_factor));
-    OOMB_RETURN_IF_ERROR(p.Double("high_freq_factor", &r->high_freq_factor));
+    OOMB_RETURN_IF_ERROR(p.DoubleIn("low_freq_factor", &r->low_freq_factor, 0, kMaxRopeFactor, true, true));
+    OOMB_RETURN_IF_ERROR(p.DoubleIn("high_freq_factor", &r->high_freq_factor, 0, kMaxRopeFactor, true, true));
   }
   if (r->type == RopeType::kYarn) {
     if (!params.contains("factor") || params["factor"].is_null()) {
       r->factor = static_cast<double>(max_position_embeddings) / r->original_max_position_embeddings;
     }
-    OOMB_RETURN_IF_ERROR(p.Double("beta_fast", &r->beta_fast, false));
-    OOMB_RETURN_IF_ERROR(p.Double("beta_slow", &r->beta_slow, false));
-    OOMB_RETURN_IF_ERROR(p.Double("attention_factor", &r->attention_factor, false));
-    OOMB_RETURN_IF_ERROR(p.Double("mscale", &r->mscale, false));
-    OOMB_RETURN_IF_ERROR(p.Double("mscale_all_dim", &r->mscale_all_dim, false));
+    OOMB_RETURN_IF_ERROR(p.DoubleIn("beta_fast", &r->beta_fast, 0, kMaxRopeFactor, /*lo_open=*/true));
+    OOMB_RETURN_IF_ERROR(p.DoubleIn("beta_slow", &r->beta_slow, 0, kMaxRopeFactor, /*lo_open=*/true));
+    OOMB_RETURN_IF_ERROR(p.DoubleIn("attention_factor", &r->attention_factor, 0, kMaxRopeFactor));
+    OOMB_RETURN_IF_ERROR(p.DoubleIn("mscale", &r->mscale, 0, kMaxRopeFactor));
+    OOMB_RETURN_IF_ERROR(p.DoubleIn("mscale_all_dim", &r->mscale_all_dim, 0, kMaxRopeFactor));
     OOMB_RETURN_IF_ERROR(p.Bool("truncate", &r->truncate));
   }
-  if (r->factor <= 0) return absl::InvalidArgumentError(absl::StrCat(source, ": rope factor must be > 0"));
+  if (!(r->factor > 0 && r->factor <= kMaxRopeFactor)) {  // yarn's derived factor
+    return p.OutOfRange("factor", absl::StrCat("(0, ", kMaxRopeFactor, "]"), absl::StrCat(r->factor));
+  }
   return absl::OkStatus();
 }
 
@@ -274,10 +227,11 @@ absl::Status ParseRopeParameters(const json& params, const std::string& source, 
 // rope_parameters per layer type ({"full_attention": {...}, "sliding_attention": {...}}),
 // transformers 4 a default RoPE of base rope_local_base_freq.
 absl::Status ParseRope(const json& root, const std::string& source, ModelConfig* c) {
-  OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_theta", &c->rope.theta, false));
+  OOMB_RETURN_IF_ERROR(JsonReader(root, source).DoubleIn("rope_theta", &c->rope.theta, 1, kMaxRopeTheta, true));
   if (c->fused_projections) {  // Phi-3: the pretraining window, for longrope
     OOMB_RETURN_IF_ERROR(
-        Reader(root, source).Int("original_max_position_embeddings", &c->rope.original_max_position_embeddings, false));
+        JsonReader(root, source)
+            .IntIn("original_max_position_embeddings", &c->rope.original_max_position_embeddings, 1, kMaxPositions));
   }
   const json* params = nullptr;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
@@ -298,7 +252,8 @@ absl::Status ParseRope(const json& root, const std::string& source, ModelConfig*
   }
   if (root.contains("rope_local_base_freq")) {
     c->sliding_rope.emplace();
-    OOMB_RETURN_IF_ERROR(Reader(root, source).Double("rope_local_base_freq", &c->sliding_rope->theta, false));
+    OOMB_RETURN_IF_ERROR(
+        JsonReader(root, source).DoubleIn("rope_local_base_freq", &c->sliding_rope->theta, 1, kMaxRopeTheta, true));
   }
   return params == nullptr ? absl::OkStatus() : ParseRopeParameters(*params, source, max_pos, &c->rope);
 }
@@ -307,10 +262,10 @@ absl::Status ParseRope(const json& root, const std::string& source, ModelConfig*
 // it) times head_dim, truncated as transformers does; longrope's factors must match it.
 absl::Status ParseRotaryDim(const json& root, const std::string& source, ModelConfig* c) {
   double partial = 1.0;
-  OOMB_RETURN_IF_ERROR(Reader(root, source).Double("partial_rotary_factor", &partial, false));
+  OOMB_RETURN_IF_ERROR(JsonReader(root, source).Double("partial_rotary_factor", &partial, false));
   if (const auto it = root.find("rope_parameters"); it != root.end() && it->is_object()) {
     OOMB_RETURN_IF_ERROR(
-        Reader(*it, absl::StrCat(source, ": rope_parameters")).Double("partial_rotary_factor", &partial, false));
+        JsonReader(*it, absl::StrCat(source, ": rope_parameters")).Double("partial_rotary_factor", &partial, false));
   }
   c->rotary_dim = static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
   if (partial <= 0 || partial > 1 || c->rotary_dim % 2 != 0 || c->rotary_dim <= 0) {
@@ -513,7 +468,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     return c;
   }
   ModelConfig c;
-  const Reader r(root, source);
+  const JsonReader r(root, source);
   auto archs = root.find("architectures");
   if (archs != root.end() && archs->is_array() && !archs->empty() && (*archs)[0].is_string()) {
     c.architecture = (*archs)[0].get<std::string>();
@@ -527,8 +482,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   OOMB_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_heads));
   c.num_kv_heads = c.num_heads;
   OOMB_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, false));
-  OOMB_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings, false));
-  OOMB_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, false));
+  OOMB_RETURN_IF_ERROR(r.IntIn("max_position_embeddings", &c.max_position_embeddings, 1, kMaxPositions));
+  OOMB_RETURN_IF_ERROR(r.DoubleIn("rms_norm_eps", &c.rms_norm_eps, 0, 0.1, /*lo_open=*/true));
   OOMB_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
   if (c.model_type == "llama" || c.model_type == "qwen3") {  // Mistral: no biases
     bool attention_bias = false;

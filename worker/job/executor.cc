@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <thread>
@@ -553,6 +554,11 @@ absl::StatusOr<RunResult> Run::EvaluateOnly() {
   absl::Status evaluated = [&]() -> absl::Status {
     if (!validation_.empty()) {
       OOMB_ASSIGN_OR_RETURN(report.eval_loss, session_->Evaluate(validation_));
+      if (!std::isfinite(report.eval_loss)) {  // a NaN or infinite adapter: a failure, never a result
+        return WithReason(absl::InternalError(absl::StrCat("the validation loss is ", report.eval_loss,
+                                                           " (non-finite weights in method.lora.init_adapter?)")),
+                          Reason::kNanLoss);
+      }
     }
     if (!spec_.evaluation.suites.empty()) {
       OOMB_ASSIGN_OR_RETURN(report.evaluation, Evaluate());

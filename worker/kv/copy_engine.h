@@ -1,4 +1,4 @@
-// The copy engine between the host tier of KV pages and the device (ARCHITECTURE.md §4).
+// The copy engine between the host tier of KV pages and the device (docs/ARCHITECTURE.md §4).
 //
 // Host pages live in pinned host slabs (PagePool on Tier::kHost). The engine moves them in
 // batches: FetchPages brings a list of host pages into one new device tensor, WritePages writes

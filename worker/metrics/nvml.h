@@ -1,7 +1,7 @@
 // NVML (the NVIDIA Management Library) loaded at run time, for the device-wide numbers /metrics
 // shows beside oomb's own: framebuffer memory used and total, and the PCIe byte counters.
 //
-// Build machines have neither nvml.h nor libnvidia-ml (CONVENTIONS.md §1): the library is
+// Build machines have neither nvml.h nor libnvidia-ml (docs/CONVENTIONS.md §1): the library is
 // opened with dlopen("libnvidia-ml.so.1") and the few entry points used are declared in
 // nvml.cc. Without the library (no NVIDIA driver: CPU machines) Open() fails and the caller
 // goes on without NVML.

@@ -13,7 +13,9 @@
 #include "kernels/torch/layer_ops.h"
 #include "kernels/torch/upload.h"
 #include "worker/common/status.h"
+#include "worker/hf/json_reader.h"
 #include "worker/hf/safetensors.h"
+#include "worker/plan/job_config.h"
 
 namespace oomb {
 namespace {
@@ -354,7 +356,10 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
 
 absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
   if (full_) return absl::FailedPreconditionError("LoRA cannot be added to a model in full fine-tuning mode");
-  if (options.rank <= 0) return absl::InvalidArgumentError("method.lora.rank: must be > 0");
+  if (options.rank <= 0 || options.rank > JobConfig::kMaxLoraRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA rank must be in [1, ", JobConfig::kMaxLoraRank, "], got ", options.rank));
+  }
   OOMB_ASSIGN_OR_RETURN(const std::vector<std::string> resolved, ResolveLoraTargets(config_, options.target_modules));
   const std::set<std::string> targets(resolved.begin(), resolved.end());
   at::Generator gen = at::detail::createCPUGenerator(seed);
@@ -406,9 +411,12 @@ absl::Status Transformer::LoadAdapter(const Dir& adapter) {
   const auto cfg = nlohmann::json::parse(text, nullptr, false);
   if (!cfg.is_object()) return absl::InvalidArgumentError(path + ": not a JSON object");
   LoraOptions lora;
+  lora.rank = 8;  // PEFT's LoraConfig defaults
+  lora.alpha = 8;
+  const JsonReader reader(cfg, path);
+  OOMB_RETURN_IF_ERROR(reader.IntIn("r", &lora.rank, 1, JobConfig::kMaxLoraRank));
+  OOMB_RETURN_IF_ERROR(reader.DoubleIn("lora_alpha", &lora.alpha, 0, JobConfig::kMaxLoraAlpha, /*lo_open=*/true));
   try {
-    lora.rank = cfg.value("r", int64_t{8});
-    lora.alpha = cfg.value("lora_alpha", 8.0);
     const nlohmann::json targets = cfg.value("target_modules", nlohmann::json({"q_proj", "v_proj"}));
     if (targets.is_string()) {  // a regular expression over module names: the model's layers it names
       lora.target_modules.clear();

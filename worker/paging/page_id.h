@@ -23,7 +23,7 @@ inline const char* KindName(PageKind k) {
   return k == PageKind::kKvGrad ? "kv_grad" : k == PageKind::kSwap ? "swap" : "kv";
 }
 
-// A page's tier in the top bit and its slot in that tier's arena below (STYLE.md habit 7).
+// A page's tier in the top bit and its slot in that tier's arena below (docs/CONVENTIONS.md §6.7).
 class PageId {
  public:
   static constexpr uint32_t kHostBit = uint32_t{1} << 31;

@@ -42,6 +42,11 @@ struct JobConfig {
     std::optional<RopeScalingOverride> rope_scaling;
   } model;
 
+  // The bounds of an adapter's rank and alpha, wherever they come from: the job spec's
+  // method.lora (whose rules in proto/oomb/v1/job_spec.proto state the same numbers; a test holds
+  // them equal) or an adapter_config.json a client names, checked before anything is allocated.
+  static constexpr int64_t kMaxLoraRank = 4096;
+  static constexpr double kMaxLoraAlpha = 1e6;
   struct Lora {
     int32_t rank = 16;
     double alpha = 32;

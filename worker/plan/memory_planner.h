@@ -1,4 +1,4 @@
-// The memory planner (ARCHITECTURE.md §4): what a job needs on its device and on the host,
+// The memory planner (docs/ARCHITECTURE.md §4): what a job needs on its device and on the host,
 // and the longest context that fits, computed from the model's config.json and the job spec
 // without running anything. Used by admission (CreateJob), EstimateJob / `oomb estimate` and
 // `oombd model plan`. Torch-free.
@@ -34,7 +34,7 @@
 //                                               (worker/paging/swap_layout.h), so it never limits
 //                                               the context; whole chunks, pinned on a GPU
 //
-// Placement (memory.kv_offload, ARCHITECTURE.md §4): none keeps every page on the device;
+// Placement (memory.kv_offload, docs/ARCHITECTURE.md §4): none keeps every page on the device;
 // host puts every page in the host tier; auto (the default) keeps on the device as many pages
 // as fit beside everything else (less 1/16 of the device as a margin for the plan's error once
 // pages spill), the same number of KV and KV-gradient pages, and places the rest on the host. The host's capacity is
@@ -130,7 +130,7 @@ struct MemoryPlan {
 // process's code and libraries).
 inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
 // Host memory kept back from pinning: the OS, the daemon, the model while it loads, the page
-// cache. (Measured: 112 GiB of a 128 GiB machine pinned, ARCHITECTURE.md §4.)
+// cache. (Measured: 112 GiB of a 128 GiB machine pinned, docs/ARCHITECTURE.md §4.)
 inline constexpr int64_t kHostReserveBytes = int64_t{16} << 30;
 
 // The plan of `spec` on `target`, for the model `config` (the spec's model.path's

@@ -1,4 +1,4 @@
-// How chunk-recurrent training attends over a sequence's past (ARCHITECTURE.md §3, §5): two
+// How chunk-recurrent training attends over a sequence's past (docs/ARCHITECTURE.md §3, §5): two
 // strategies, chosen once per trainer (MakeAttention), behind one interface the trainer's
 // stages call without knowing which.
 //

@@ -1,4 +1,4 @@
-// Swap instead of recompute (ARCHITECTURE.md §3; MEMO's token-wise choice): stage 1 keeps the
+// Swap instead of recompute (docs/ARCHITECTURE.md §3; MEMO's token-wise choice): stage 1 keeps the
 // attention results (kernels/torch/paged_attention.h AttentionResult: output and log-sum-exp)
 // of the sequence's latest chunks in pinned host memory, and stage 2 hands them back to the
 // attention instead of recomputing its forward over the past. The latest chunks go first: their

@@ -1,4 +1,4 @@
-// The chunk-recurrent trainer (ARCHITECTURE.md §3): exact gradients of a sequence of any
+// The chunk-recurrent trainer (docs/ARCHITECTURE.md §3): exact gradients of a sequence of any
 // length with activation memory of one chunk.
 //
 // Stage 1 (no graph), chunks 0..N-1: forward each chunk attending over the KV pages of the

@@ -1,4 +1,4 @@
-// Stage 1 of chunk-recurrent training (ARCHITECTURE.md §3): chunks 0..N-1 forward without a
+// Stage 1 of chunk-recurrent training (docs/ARCHITECTURE.md §3): chunks 0..N-1 forward without a
 // graph, each attending over the pages of the chunks before it and appending its own K and V;
 // the loss when asked. What this class adds to that algorithm is its schedule.
 //

@@ -1,4 +1,4 @@
-// Exactness of the chunk-recurrent trainer (ARCHITECTURE.md §3): parameter gradients of chunked
+// Exactness of the chunk-recurrent trainer (docs/ARCHITECTURE.md §3): parameter gradients of chunked
 // training equal those of ordinary full-sequence backpropagation, for any chunk and page size,
 // LoRA and full fine-tuning, with and without packed documents.
 #include "worker/train/chunk_trainer.h"
@@ -183,7 +183,7 @@ TEST_P(ChunkTrainerExactnessTest, ChunkedGradientsEqualFullSequenceGradients) {
   // float64: against the float64 full-sequence gradients, 1e-9. float32: against the float64
   // full-sequence gradients, within 1e-5 or, where the problem's conditioning makes float32
   // itself less accurate, twice the error of the ordinary float32 full-sequence computation
-  // (STYLE.md habit 10).
+  // (docs/CONVENTIONS.md §6.10).
   Grads want;
   double tolerance = 1e-9;
   if (c.dtype == at::kDouble) {

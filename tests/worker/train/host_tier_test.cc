@@ -1,4 +1,4 @@
-// Training with pages on the host tier (ARCHITECTURE.md §4): whole training steps, dense and
+// Training with pages on the host tier (docs/ARCHITECTURE.md §4): whole training steps, dense and
 // sparse, bit-identical to training with every page on the device; on a GPU, a step waits for
 // the device only for its loss; bfloat16 gradient pages change the gradients by their rounding
 // only.

@@ -1,4 +1,4 @@
-// Memory contract of the chunk-recurrent trainer (ARCHITECTURE.md §3-4, issue 4): at several
+// Memory contract of the chunk-recurrent trainer (docs/ARCHITECTURE.md §3-4, issue 4): at several
 // sequence lengths T of one sequence on a tiny model,
 //   - the tracked activation peak (graph and temporaries of one chunk) does not grow with T;
 //   - the KV peak is the pages of every chunk but the last (exact training never stores the last
