@@ -228,7 +228,12 @@ std::string Time(const google::protobuf::Timestamp& t) {
   return buf;
 }
 
-std::string JobName(const std::string& arg) { return arg.rfind("jobs/", 0) == 0 ? arg : "jobs/" + arg; }
+std::string JobName(const Globals& g, const std::string& arg) {
+  if (arg.rfind("projects/", 0) == 0 || arg.rfind("jobs/", 0) == 0) return arg;
+  return g.project.empty() ? "jobs/" + arg : "projects/" + g.project + "/jobs/" + arg;
+}
+
+std::string Parent(const Globals& g) { return g.project.empty() ? "" : "projects/" + g.project; }
 
 int LoadSpec(const std::string& file, const std::vector<std::string>& sets, v1::JobSpec* spec) {
   if (absl::Status s = spec::LoadYamlFile(file, sets, spec); !s.ok()) {

@@ -43,6 +43,7 @@ struct Globals {
   std::string ca, cert, key;
   std::string output = "table";
   double timeout = 30;
+  std::string project;  // --project / OOMB_PROJECT; empty: the server's default
 };
 
 // A connection to oombd, made from the global options when a command first needs it.
@@ -105,8 +106,13 @@ std::string EvaluationLine(const v1::EvaluationResult& e);
 // U+FFFD, so a name cannot rewrite the lines around it.
 std::string Printable(const std::string& text);
 
-// "jobs/{id}" from a job id or a name.
-std::string JobName(const std::string& arg);
+// A job's name from what a user typed: a name ("projects/p/jobs/x", "jobs/x") as it is, an id
+// as "projects/{--project}/jobs/{id}", or "jobs/{id}" without --project (the server finds its
+// project).
+std::string JobName(const Globals& g, const std::string& arg);
+// A request's parent: "projects/{--project}", or empty (the server's default: the caller's only
+// project).
+std::string Parent(const Globals& g);
 
 // The job spec file with its --set overrides, checked against the schema (defaults are the
 // server's to fill). kOk, or kError with the error printed.

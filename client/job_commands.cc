@@ -3,6 +3,7 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -123,6 +124,7 @@ void AddSubmit(CLI::App& app, const Cli& cli) {
     if (int rc = LoadSpec(a->file, a->sets, req.mutable_spec()); rc) return rc;
     req.set_job_id(a->job_id);
     req.set_request_id(a->request_id.empty() ? NewRequestId() : a->request_id);
+    req.set_parent(Parent(cli.globals));
     req.set_validate_only(a->validate_only);
     v1::Job job;
     const grpc::Status s = CreateWithRetries(cli.client(), req, &job);
@@ -172,8 +174,10 @@ void AddList(CLI::App& app, const Cli& cli) {
     std::vector<std::string> states, labels;
     int page_size = 0;
     std::string page_token;
+    bool all_projects = false;
   };
   auto a = std::make_shared<Args>();
+  list->add_flag("-A,--all-projects", a->all_projects, "Jobs of every project you may act in (projects/-)");
   list->add_option("--state", a->states, "Only jobs in this state (repeatable)");
   list->add_option("--label", a->labels, "Only jobs with this label, k=v (repeatable)");
   list->add_option("--page-size", a->page_size, "Jobs per page (server default 50, max 1000)");
@@ -181,6 +185,7 @@ void AddList(CLI::App& app, const Cli& cli) {
   OnRun(list, [cli, a] {
     v1::ListJobsRequest req;
     if (int rc = ListFilters(a->states, a->labels, &req); rc) return rc;
+    req.set_parent(a->all_projects ? "projects/-" : Parent(cli.globals));
     req.set_page_size(a->page_size);
     req.set_page_token(a->page_token);
     v1::ListJobsResponse resp;
@@ -202,7 +207,7 @@ void AddGet(CLI::App& app, const Cli& cli) {
                          "Examples:\n  oomb get job-abc123\n  oomb get jobs/job-abc123 -o yaml", job);
   OnRun(get, [cli, job] {
     v1::GetJobRequest req;
-    req.set_name(JobName(*job));
+    req.set_name(JobName(cli.globals, *job));
     v1::Job out;
     const grpc::Status s = cli.client().Call(&v1::JobService::Stub::GetJob, req, &out);
     if (!s.ok()) return Fail(s);
@@ -219,7 +224,7 @@ void AddWatchAndEvents(CLI::App& app, const Cli& cli) {
                            "Exits 0 when the job SUCCEEDED, 6 when it FAILED, 7 when it was CANCELLED.",
                            job);
   watch->add_option("--after", *after, "Replay events after this sequence number");
-  OnRun(watch, [cli, job, after] { return Watch(cli.client(), JobName(*job), *after); });
+  OnRun(watch, [cli, job, after] { return Watch(cli.client(), JobName(cli.globals, *job), *after); });
 
   auto ejob = std::make_shared<std::string>();
   auto eafter = std::make_shared<int64_t>(0);
@@ -230,7 +235,7 @@ void AddWatchAndEvents(CLI::App& app, const Cli& cli) {
   events->add_option("--page-size", *page, "Events per call (server default 500)");
   OnRun(events, [cli, ejob, eafter, page] {
     v1::ListJobEventsRequest req;
-    req.set_name(JobName(*ejob));
+    req.set_name(JobName(cli.globals, *ejob));
     req.set_after_sequence(*eafter);
     req.set_page_size(*page);
     v1::ListJobEventsResponse resp;
@@ -251,7 +256,7 @@ void AddStateCommand(CLI::App& app, const Cli& cli, const char* name, const char
   auto* cmd = JobCommand(app, name, help, fmt::format("Example:\n  oomb {} job-abc123", name), job);
   OnRun(cmd, [cli, job, call] {
     Request req;
-    req.set_name(JobName(*job));
+    req.set_name(JobName(cli.globals, *job));
     v1::Job out;
     const grpc::Status s = cli.client().Call(call, req, &out);
     if (!s.ok()) return Fail(s);
@@ -266,7 +271,7 @@ void AddDeleteAndCheckpoints(CLI::App& app, const Cli& cli) {
                          "Example:\n  oomb delete job-abc123", job);
   OnRun(del, [cli, job] {
     v1::DeleteJobRequest req;
-    req.set_name(JobName(*job));
+    req.set_name(JobName(cli.globals, *job));
     v1::DeleteJobResponse resp;
     const grpc::Status s = cli.client().Call(&v1::JobService::Stub::DeleteJob, req, &resp);
     if (!s.ok()) return Fail(s);
@@ -278,7 +283,7 @@ void AddDeleteAndCheckpoints(CLI::App& app, const Cli& cli) {
                         "Example:\n  oomb checkpoints job-abc123 -o json", cjob);
   OnRun(ck, [cli, cjob] {
     v1::ListCheckpointsRequest req;
-    req.set_name(JobName(*cjob));
+    req.set_name(JobName(cli.globals, *cjob));
     v1::ListCheckpointsResponse resp;
     const grpc::Status s = cli.client().Call(&v1::JobService::Stub::ListCheckpoints, req, &resp);
     if (!s.ok()) return Fail(s);
@@ -298,6 +303,57 @@ void AddDeleteAndCheckpoints(CLI::App& app, const Cli& cli) {
   });
 }
 
+// update: labels, priority and display name of a job not yet finished (UpdateJob, AIP-134).
+void AddUpdate(CLI::App& app, const Cli& cli) {
+  auto job = std::make_shared<std::string>();
+  auto* update = JobCommand(app, "update", "Change a job's labels, priority or display name",
+                            "Examples:\n  oomb update job-abc123 --priority 10\n"
+                            "  oomb update job-abc123 --label team=nlp --label run=3 --display-name 'long run'\n"
+                            "--label replaces the job's labels with those given.",
+                            job);
+  struct Args {
+    std::vector<std::string> labels;
+    std::optional<int> priority;
+    std::optional<std::string> display_name;
+  };
+  auto a = std::make_shared<Args>();
+  update->add_option("--label", a->labels, "A label k=v (repeatable); the labels become exactly these");
+  update->add_option("--priority", a->priority, "Queue priority (higher runs first)");
+  update->add_option("--display-name", a->display_name, "Display name");
+  OnRun(update, [cli, job, a] {
+    v1::UpdateJobRequest req;
+    req.mutable_job()->set_name(JobName(cli.globals, *job));
+    if (!a->labels.empty()) {
+      for (const std::string& l : a->labels) {
+        const size_t eq = l.find('=');
+        if (eq == std::string::npos || eq == 0) {
+          std::cerr << "oomb: error: --label: expected k=v, got '" << l << "'\n";
+          return static_cast<int>(kUsage);
+        }
+        (*req.mutable_job()->mutable_labels())[l.substr(0, eq)] = l.substr(eq + 1);
+      }
+      req.mutable_update_mask()->add_paths("labels");
+    }
+    if (a->priority) {
+      req.mutable_job()->set_priority(*a->priority);
+      req.mutable_update_mask()->add_paths("priority");
+    }
+    if (a->display_name) {
+      req.mutable_job()->mutable_spec()->set_display_name(*a->display_name);
+      req.mutable_update_mask()->add_paths("spec.display_name");
+    }
+    if (req.update_mask().paths().empty()) {
+      std::cerr << "oomb: error: name something to change: --label, --priority or --display-name\n";
+      return static_cast<int>(kUsage);
+    }
+    v1::Job out;
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::UpdateJob, req, &out);
+    if (!s.ok()) return Fail(s);
+    if (!PrintStructured(cli.globals, out)) PrintJobDetail(out);
+    return 0;
+  });
+}
+
 }  // namespace
 
 void AddJobCommands(CLI::App& app, const Cli& cli) {
@@ -313,6 +369,7 @@ void AddJobCommands(CLI::App& app, const Cli& cli) {
   AddStateCommand<v1::ResumeJobRequest>(
       app, cli, "resume", "Queue a paused job again (it continues from its checkpoint)", &Stub::ResumeJob);
   AddDeleteAndCheckpoints(app, cli);
+  AddUpdate(app, cli);
 }
 
 }  // namespace oomb::client

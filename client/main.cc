@@ -34,6 +34,9 @@ void AddGlobalOptions(CLI::App& app, Globals& g) {
       ->check(CLI::Validator(CheckEndpoint, "host:port or unix:/path", "ENDPOINT"))
       ->capture_default_str();
   app.add_option("--token-file", g.token_file, "File holding the bearer token (else env OOMB_TOKEN)");
+  app.add_option("--project", g.project,
+                 "Project of the jobs named and created (env OOMB_PROJECT; default: your only project)")
+      ->envname("OOMB_PROJECT");
   app.add_option("--ca", g.ca, "CA certificate (PEM) to verify the server: enables TLS");
   CLI::Option* cert = app.add_option("--cert", g.cert, "Client certificate (PEM) for mTLS (needs --key)");
   CLI::Option* key = app.add_option("--key", g.key, "Client private key (PEM) for mTLS (needs --cert)");
@@ -51,10 +54,11 @@ void AddGlobalOptions(CLI::App& app, Globals& g) {
 
 int Main(int argc, char** argv) {
   CLI::App app{"oomb: submit and watch long-context fine-tuning jobs on an oombd server"};
-  app.footer(std::string("\nEnvironment: OOMB_ENDPOINT (host:port or unix:/path), OOMB_TOKEN, NO_COLOR.\n\n") +
-             kExitCodes +
-             "\n\nExamples:\n  oomb submit job.yaml --set training.max_steps=5 --watch\n"
-             "  oomb list --state RUNNING -o json\n  oomb watch job-abc123\n");
+  app.footer(
+      std::string("\nEnvironment: OOMB_ENDPOINT (host:port or unix:/path), OOMB_TOKEN, OOMB_PROJECT, NO_COLOR.\n\n") +
+      kExitCodes +
+      "\n\nExamples:\n  oomb submit job.yaml --set training.max_steps=5 --watch\n"
+      "  oomb list --state RUNNING -o json\n  oomb watch job-abc123\n");
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
   app.fallthrough();  // global options may follow the subcommand: `oomb list -o json`

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "client/commands.h"
 
@@ -41,6 +42,7 @@ void AddEstimate(CLI::App& app, const Cli& cli) {
   OnRun(estimate, [cli, a] {
     v1::EstimateJobRequest req;
     if (int rc = LoadSpec(a->file, a->sets, req.mutable_spec()); rc) return rc;
+    req.set_parent(Parent(cli.globals));
     v1::EstimateJobResponse resp;
     const grpc::Status s = cli.client().Call(&v1::JobService::Stub::EstimateJob, req, &resp);
     if (!s.ok()) return Fail(s);
@@ -85,9 +87,33 @@ void AddServerInfo(CLI::App& app, const Cli& cli) {
   });
 }
 
+// whoami: the identity the daemon sees, and the projects it may act in.
+void AddWhoAmI(CLI::App& app, const Cli& cli) {
+  auto* whoami = app.add_subcommand("whoami", "Show who the server takes you for, and your projects")
+                     ->footer("Example:\n  oomb whoami --token-file ~/.config/oomb/token");
+  OnRun(whoami, [cli] {
+    v1::Caller caller;
+    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::GetCaller, v1::GetCallerRequest(), &caller);
+    if (!s.ok()) return Fail(s);
+    if (PrintStructured(cli.globals, caller)) return 0;
+    std::vector<std::string> groups(caller.groups().begin(), caller.groups().end());
+    std::vector<std::string> projects(caller.projects().begin(), caller.projects().end());
+    std::cout << fmt::format("user:      {}\n",
+                             caller.user().empty() ? "(none: the server identifies nobody)" : Printable(caller.user()));
+    if (!caller.uid().empty()) std::cout << fmt::format("uid:       {}\n", Printable(caller.uid()));
+    std::cout << fmt::format("by:        {}\n", caller.authenticated_by());
+    std::cout << fmt::format("groups:    {}\n", Printable(fmt::format("{}", fmt::join(groups, ", "))));
+    std::cout << fmt::format(
+        "projects:  {}{}\n", fmt::join(projects, ", "),
+        caller.admin() ? (projects.empty() ? "every project (admin)" : " (and every other: admin)") : "");
+    return 0;
+  });
+}
+
 }  // namespace
 
 void AddServerCommands(CLI::App& app, const Cli& cli) {
+  AddWhoAmI(app, cli);
   AddEstimate(app, cli);
   AddHealth(app, cli);
   AddServerInfo(app, cli);

@@ -52,6 +52,7 @@ std::string EventLine(const v1::JobEvent& e) {
     default:
       what = e.message();
   }
+  if (!e.actor().empty()) what += " (by " + Printable(e.actor()) + ")";
   return fmt::format("{:>5} {} {}", e.sequence(), Time(e.time()), what);
 }
 
@@ -63,7 +64,7 @@ int Watch(Client& c, const std::string& name, int64_t after) {
   auto reader = c.jobs().WatchJob(ctx.get(), req);
   const std::string& output = c.globals().output;
   const bool live = ::isatty(2) && output == "table";
-  ProgressLine line(name);
+  ProgressLine line(name.substr(name.rfind('/') + 1));  // the job id: room for the bar on a narrow terminal
   v1::WatchJobResponse r;
   std::string failure;
   while (reader->Read(&r)) {

@@ -67,5 +67,39 @@ if [ ! -f "$stamp" ]; then
 else
   log "Python environment present ($OOMB_VENV)"
 fi
+
+# The Python SDK (client/python, package `oomb`), which the Python tests and bench/load import.
+# Built with the environment's grpcio-tools (--no-build-isolation: its generated modules then
+# match the environment's grpcio and protobuf, and nothing is downloaded). Installed again only
+# when its sources, the .proto files or the package set above change: their hash is the stamp.
+# Skipped where the script runs without the sources (the Dockerfile's first stage copies only it).
+install_sdk() {
+  local root sdk_hash sdk_stamp="$OOMB_VENV/.oomb-sdk"
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  if [ ! -f "$root/client/python/pyproject.toml" ]; then
+    log "no client/python beside this script: Python SDK not installed"
+    return
+  fi
+  sdk_hash=$(
+    cd "$root"
+    {
+      find client/python proto -type f \( -name '*.py' -o -name '*.proto' -o -name '*.toml' -o -name '*.md' \
+        -o -name py.typed \) -not -path 'client/python/build/*' -not -path '*.egg-info/*' \
+        -not -path '*/__pycache__/*' -not -name '*_pb2.py' -not -name '*_pb2_grpc.py' -print0 |
+        sort -z | xargs -0 sha1sum
+      sha1sum /usr/share/grpc-proto/grpc/health/v1/health.proto 2>/dev/null || true
+      echo "$stamp"
+    } | sha1sum | cut -c1-16
+  )
+  if [ "$(cat "$sdk_stamp" 2>/dev/null)" != "$sdk_hash" ]; then
+    log "installing the Python SDK (client/python)"
+    "$OOMB_VENV/bin/python" -m pip install -q --no-build-isolation "$root/client/python"
+    echo "$sdk_hash" >"$sdk_stamp"
+  else
+    log "Python SDK present"
+  fi
+}
+install_sdk
+
 "$OOMB_VENV/bin/python" -c "import torch; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__"
 log "ready: torch $("$OOMB_VENV/bin/python" -c 'import torch; print(torch.__version__)')"

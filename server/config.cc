@@ -42,6 +42,8 @@ const std::vector<Key>& Keys() {
       {"server.keepalive_seconds", &ServerConfig::keepalive_seconds},
       {"auth.token_file", &ServerConfig::auth_token_file},
       {"auth.token", &ServerConfig::auth_token, true},
+      {"auth.tokens_file", &ServerConfig::auth_tokens_file},
+      {"tenancy.projects_file", &ServerConfig::projects_file},
       {"tls.cert_file", &ServerConfig::tls_cert_file},
       {"tls.key_file", &ServerConfig::tls_key_file},
       {"tls.client_ca_file", &ServerConfig::tls_client_ca_file},

@@ -14,12 +14,19 @@
 //                                     # would collide between daemons on one host
 //     unix_socket: false              # also listen on a Unix socket (mode 0600)
 //     unix_socket_path: ""            # default <data_dir>/oombd.sock
-//     reflection: true                # gRPC reflection (off whenever auth is on)
+//     reflection: true                # gRPC reflection (off whenever callers are identified)
 //     shutdown_grace_seconds: 60      # SIGTERM: time for running jobs to checkpoint
 //     keepalive_seconds: 60           # HTTP/2 pings that keep idle WatchJob streams alive
 //   auth:
 //     token_file: ""                  # bearer token required on every method but health
 //     token: ""                       # the token itself (secret; prefer token_file)
+//     tokens_file: ""                 # identities: a Kubernetes static token file,
+//                                     # token,user,uid,"group1,group2" a line, re-read when it
+//                                     # changes; groups name the projects a user may act in,
+//                                     # oomb:admins every project (server/auth.h)
+//   tenancy:
+//     projects_file: ""               # per-project settings (server/projects.h): allowed_roots,
+//                                     # max_queued_jobs; re-read when it changes
 //   tls:
 //     cert_file: ""                   # server certificate (PEM); with key_file enables TLS on `listen`
 //     key_file: ""
@@ -81,6 +88,8 @@ struct ServerConfig {
   int64_t keepalive_seconds = 60;
   std::string auth_token_file;
   std::string auth_token;  // secret
+  std::string auth_tokens_file;
+  std::string projects_file;
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;

@@ -166,14 +166,19 @@ absl::Status Daemon::OpenDataDir() {
   }
   // One daemon per data dir: a second one would recover and run the first one's jobs.
   OOMB_ASSIGN_OR_RETURN(lock_, DataDirLock::Acquire(config_.data_dir));
-  OOMB_ASSIGN_OR_RETURN(JobFiles job_files, JobFiles::Create(config_.allowed_roots, config_.data_dir));
+  OOMB_ASSIGN_OR_RETURN(projects_, ProjectRegistry::Create(config_.projects_file));
+  OOMB_ASSIGN_OR_RETURN(JobFiles job_files, JobFiles::Create(config_.allowed_roots, config_.data_dir, projects_));
   files_ = std::make_shared<const JobFiles>(std::move(job_files));
   spdlog::info("job paths confined to {} (never the data dir {})", absl::StrJoin(files_->roots(), ", "),
                config_.data_dir);
-  token_ = config_.auth_token;
+  AuthOptions auth;
+  auth.token = config_.auth_token;
   if (!config_.auth_token_file.empty()) {
-    OOMB_ASSIGN_OR_RETURN(token_, ReadSecretFile(config_.auth_token_file, "auth.token_file"));
+    OOMB_ASSIGN_OR_RETURN(auth.token, ReadSecretFile(config_.auth_token_file, "auth.token_file"));
   }
+  auth.tokens_file = config_.auth_tokens_file;
+  auth.client_certificates = !config_.tls_client_ca_file.empty();
+  OOMB_ASSIGN_OR_RETURN(auth_, Authenticator::Create(std::move(auth)));
   return absl::OkStatus();
 }
 
@@ -272,7 +277,8 @@ absl::Status Daemon::StartServers() {
   JobServiceOptions jopts;
   jopts.files = files_;
   jopts.work = create_pool_.get();
-  jopts.auth_token = token_;
+  jopts.auth = auth_.get();
+  jopts.projects = projects_;
   jopts.validate_data = env_.validate_data;
   jopts.validate_data_max_bytes = config_.validate_inline_max_bytes;
   jopts.server_info = env_.server_info;
@@ -280,7 +286,7 @@ absl::Status Daemon::StartServers() {
   service_ = std::make_unique<JobServiceImpl>(store_.get(), scheduler_.get(), &hub_, jopts);
 
   grpc::EnableDefaultHealthCheckService(true);
-  if (config_.reflection && token_.empty()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (config_.reflection && !auth_->identifies()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // A port another process holds is an error, never shared (SO_REUSEPORT would split clients).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -89,7 +89,8 @@ class Daemon {
   std::optional<Dir> data_dir_;
   std::optional<DataDirLock> lock_;
   std::shared_ptr<const JobFiles> files_;
-  std::string token_;
+  std::unique_ptr<Authenticator> auth_;              // who calls (server/auth.h)
+  std::shared_ptr<const ProjectRegistry> projects_;  // tenancy.projects_file (server/projects.h)
   std::unique_ptr<JobStore> store_;
   KvStatsRegistry kv_stats_;
   std::unique_ptr<MetricsExporter> metrics_;

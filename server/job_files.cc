@@ -1,6 +1,7 @@
 #include "server/job_files.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "worker/common/checkpoint_dir.h"
@@ -8,7 +9,8 @@
 
 namespace oomb::server {
 
-absl::StatusOr<JobFiles> JobFiles::Create(const std::string& allowed_roots, const std::string& data_dir) {
+absl::StatusOr<JobFiles> JobFiles::Create(const std::string& allowed_roots, const std::string& data_dir,
+                                          std::shared_ptr<const ProjectRegistry> projects) {
   FileAccess::Options jobs;
   for (absl::string_view root : absl::StrSplit(allowed_roots, ',', absl::SkipWhitespace())) {
     jobs.roots.emplace_back(absl::StripAsciiWhitespace(root));
@@ -18,11 +20,30 @@ absl::StatusOr<JobFiles> JobFiles::Create(const std::string& allowed_roots, cons
   if (!job_access.ok()) return Annotate(job_access.status(), "paths.allowed_roots");
   OOMB_ASSIGN_OR_RETURN(std::shared_ptr<const FileAccess> data_access,
                         FileAccess::Create({.roots = {data_dir}, .excluded = {}}));
-  return JobFiles(*std::move(job_access), std::move(data_access), data_dir);
+  return JobFiles(*std::move(job_access), std::move(data_access), data_dir, std::move(projects));
 }
 
 JobFiles JobFiles::Unconfined(const std::string& data_dir) {
-  return JobFiles(FileAccess::Unconfined(), FileAccess::Unconfined(), data_dir);
+  return JobFiles(FileAccess::Unconfined(), FileAccess::Unconfined(), data_dir, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<const FileAccess>> JobFiles::Inputs(const std::string& project) const {
+  if (projects_ == nullptr || project.empty()) return jobs_;
+  const ProjectSettings settings = projects_->Get(project);
+  if (settings.allowed_roots.empty()) return jobs_;
+  const std::string key = absl::StrJoin(settings.allowed_roots, ",");
+  absl::MutexLock lock(&accesses_->mu);
+  auto& access = accesses_->by_roots[key];
+  if (access == nullptr) {
+    absl::StatusOr<std::shared_ptr<const FileAccess>> made =
+        FileAccess::Create({.roots = settings.allowed_roots, .excluded = {data_dir_}});
+    if (!made.ok()) {
+      accesses_->by_roots.erase(key);
+      return Annotate(made.status(), absl::StrCat("tenancy.projects_file: projects.", project, ".allowed_roots"));
+    }
+    access = *std::move(made);
+  }
+  return access;
 }
 
 std::string JobFiles::CheckpointDir(const std::string& id, const JobConfig& spec) const {
@@ -30,8 +51,10 @@ std::string JobFiles::CheckpointDir(const std::string& id, const JobConfig& spec
   return absl::StrCat(data_dir_, "/jobs/", id, "/checkpoints");
 }
 
-const FileAccess& JobFiles::CheckpointAccess(const std::string& path) const {
-  return data_dir_access_->CheckPath(path).ok() ? *data_dir_access_ : *jobs_;
+absl::StatusOr<std::shared_ptr<const FileAccess>> JobFiles::CheckpointAccess(const std::string& path,
+                                                                             const std::string& project) const {
+  if (data_dir_access_->CheckPath(path).ok()) return data_dir_access_;
+  return Inputs(project);
 }
 
 namespace {
@@ -46,7 +69,8 @@ absl::Status FieldError(const absl::Status& s, const char* field) {
 
 }  // namespace
 
-absl::Status JobFiles::CheckPaths(const JobConfig& spec) const {
+absl::Status JobFiles::CheckPaths(const JobConfig& spec, const std::string& project) const {
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, Inputs(project));
   const std::pair<const char*, const std::string*> paths[] = {
       {"model.path", &spec.model.path},
       {"data.train", &spec.data.train},
@@ -55,14 +79,15 @@ absl::Status JobFiles::CheckPaths(const JobConfig& spec) const {
       {"method.lora.init_adapter", &spec.method.lora.init_adapter},
       {"checkpoint.dir", &spec.checkpoint.dir}};
   for (const auto& [field, path] : paths) {
-    if (!path->empty()) OOMB_RETURN_IF_ERROR(Annotate(jobs_->CheckPath(*path), field));
+    if (!path->empty()) OOMB_RETURN_IF_ERROR(Annotate(inputs->CheckPath(*path), field));
   }
   return absl::OkStatus();
 }
 
-absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id) const {
-  OOMB_RETURN_IF_ERROR(CheckPaths(spec));
-  absl::StatusOr<Dir> model = jobs_->OpenDir(spec.model.path);
+absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id, const std::string& project) const {
+  OOMB_RETURN_IF_ERROR(CheckPaths(spec, project));
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, Inputs(project));
+  absl::StatusOr<Dir> model = inputs->OpenDir(spec.model.path);
   if (!model.ok()) return FieldError(model.status(), "model.path");
   if (!model->Contains("config.json")) {
     return absl::InvalidArgumentError(
@@ -73,22 +98,24 @@ absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id) c
                                                               {"data.validation", &spec.data.validation},
                                                               {"evaluation.haystack", &spec.evaluation.haystack}};
   for (const auto& [field, path] : files) {
-    if (!path->empty()) OOMB_RETURN_IF_ERROR(FieldError(jobs_->OpenFile(*path).status(), field));
+    if (!path->empty()) OOMB_RETURN_IF_ERROR(FieldError(inputs->OpenFile(*path).status(), field));
   }
   if (!spec.method.lora.init_adapter.empty()) {
-    absl::StatusOr<Dir> adapter = jobs_->OpenDir(spec.method.lora.init_adapter);
+    absl::StatusOr<Dir> adapter = inputs->OpenDir(spec.method.lora.init_adapter);
     if (!adapter.ok()) return FieldError(adapter.status(), "method.lora.init_adapter");
     OOMB_RETURN_IF_ERROR(
         FieldError(adapter->OpenFile("adapter_model.safetensors").status(), "method.lora.init_adapter"));
   }
   if (!spec.checkpoint.dir.empty()) {
-    OOMB_RETURN_IF_ERROR(Annotate(CheckCheckpointDirFree(*jobs_, spec.checkpoint.dir, id), "checkpoint.dir"));
+    OOMB_RETURN_IF_ERROR(Annotate(CheckCheckpointDirFree(*inputs, spec.checkpoint.dir, id), "checkpoint.dir"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Dir> JobFiles::ClaimCheckpointDir(const std::string& id, const std::string& path) const {
-  absl::StatusOr<Dir> dir = oomb::ClaimCheckpointDir(CheckpointAccess(path), path, id);
+absl::StatusOr<Dir> JobFiles::ClaimCheckpointDir(const std::string& id, const std::string& path,
+                                                 const std::string& project) const {
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> access, CheckpointAccess(path, project));
+  absl::StatusOr<Dir> dir = oomb::ClaimCheckpointDir(*access, path, id);
   if (!dir.ok()) return Annotate(dir.status(), "checkpoint.dir");
   return dir;
 }

@@ -1,5 +1,6 @@
 #include "server/job_service.h"
 
+#include <atomic>
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -10,7 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "server/grpc_status.h"
 #include "server/job_spec.h"
 #include "server/to_proto.h"
@@ -34,28 +37,35 @@ constexpr int kMaxPageSize = 1000;
 constexpr int kDefaultEventPage = 500;
 constexpr int kMaxEventPage = 5000;
 
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  // Runs over `a` (the presented token) whatever `b` is; the length difference is folded in.
-  unsigned diff = a.size() == b.size() ? 0u : 1u;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const unsigned char bc = b.empty() ? 0 : static_cast<unsigned char>(b[i % b.size()]);
-    diff |= static_cast<unsigned char>(a[i]) ^ bc;
-  }
-  return diff == 0;
-}
-
-// Runs a unary handler body after authentication and finishes the reactor with its status.
+// Runs a unary handler body with the authenticated caller and finishes the reactor with its
+// status.
 template <typename Fn>
-grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::Status& auth, Fn&& body) {
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::StatusOr<Caller>& caller, Fn&& body) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const absl::Status s = auth.ok() ? body() : auth;
+  const absl::Status s = caller.ok() ? body(*caller) : caller.status();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
+}
+
+// Denied calls, logged at most once a second (with how many were not).
+void LogDenied(const Caller& caller, absl::string_view what) {
+  static std::atomic<int64_t> last_second{0};
+  static std::atomic<int64_t> suppressed{0};
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  int64_t last = last_second.load();
+  if (now == last || !last_second.compare_exchange_strong(last, now)) {
+    suppressed.fetch_add(1);
+    return;
+  }
+  const int64_t more = suppressed.exchange(0);
+  spdlog::warn("denied: {} ({}): {}{}", caller.Name(), caller.authenticated_by, std::string(what),
+               more > 0 ? absl::StrCat(" (and ", more, " more denied calls in the last seconds)") : "");
 }
 
 // A stable fingerprint of a ListJobs filter, so a page token cannot be used with another one.
 uint64_t FilterHash(const v1::ListJobsRequest& req) {
   std::string key;
+  absl::StrAppend(&key, req.parent(), "|");
   for (int s : req.states()) absl::StrAppend(&key, s, ",");
   std::map<std::string, std::string> labels(req.labels().begin(), req.labels().end());
   for (const auto& [k, v] : labels) absl::StrAppend(&key, k, "=", v, ";");
@@ -88,8 +98,16 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   static constexpr size_t kMaxPending = 256;  // live events buffered before falling back to the store
   static constexpr int kBatch = 256;          // events read from the store at a time
 
-  WatchReactor(JobStore* store, WatchHub* hub, Scheduler* scheduler, std::string job_id, int64_t after_sequence)
-      : store_(store), hub_(hub), job_id_(std::move(job_id)), last_sequence_(after_sequence) {
+  // `authorized` says, before each event is written, whether the caller may still see the job
+  // (its token not revoked, its project still its own); when it may not, the stream ends with
+  // its error.
+  WatchReactor(JobStore* store, WatchHub* hub, Scheduler* scheduler, std::string job_id, int64_t after_sequence,
+               std::function<absl::Status()> authorized)
+      : store_(store),
+        hub_(hub),
+        job_id_(std::move(job_id)),
+        authorized_(std::move(authorized)),
+        last_sequence_(after_sequence) {
     // Subscribe before reading, so no event committed after the snapshot is missed; duplicates
     // are dropped by sequence number.
     hub_->Subscribe(job_id_, this);
@@ -210,6 +228,12 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
         return;
       }
       if (reread_after < 0) {
+        if (absl::Status allowed = authorized_(); !allowed.ok()) {
+          absl::MutexLock lock(&mu_);
+          writing_ = false;
+          finish_status_ = ToGrpcStatus(allowed);
+          continue;
+        }
         StartWrite(&current_);
         return;
       }
@@ -228,6 +252,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   JobStore* const store_;
   WatchHub* const hub_;
   const std::string job_id_;
+  const std::function<absl::Status()> authorized_;
 
   absl::Mutex mu_;
   std::deque<v1::WatchJobResponse> pending_ ABSL_GUARDED_BY(mu_);
@@ -265,27 +290,33 @@ bool ValidJobId(const std::string& id) {
   return true;
 }
 
-absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* field) {
-  if (name.rfind("jobs/", 0) != 0 || !ValidJobId(name.substr(5))) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": expected jobs/{job_id}, got '", Excerpt(name), "'"));
+absl::StatusOr<JobRef> ParseJobName(const std::string& name, const char* field) {
+  const std::vector<std::string> parts = absl::StrSplit(name, '/');
+  if (parts.size() == 4 && parts[0] == "projects" && ValidProjectId(parts[1]) && parts[2] == "jobs" &&
+      ValidJobId(parts[3])) {
+    return JobRef{parts[1], parts[3]};
   }
-  return name.substr(5);
+  if (parts.size() == 2 && parts[0] == "jobs" && ValidJobId(parts[1])) return JobRef{"", parts[1]};
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected projects/{project}/jobs/{job_id} (or jobs/{job_id}), got '", Excerpt(name), "'"));
 }
 
 JobServiceImpl::JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* hub, JobServiceOptions options)
     : store_(store), scheduler_(scheduler), hub_(hub), options_(std::move(options)) {}
 
-absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const JobConfig& spec) const {
+absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const JobConfig& spec,
+                                                                               const std::string& project) const {
   if (!options_.validate_data || options_.files == nullptr) return std::nullopt;
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, options_.files->Inputs(project));
   int64_t bytes = 0;
   for (const std::string* path : {&spec.data.train, &spec.data.validation}) {
     if (path->empty()) continue;
-    absl::StatusOr<File> f = options_.files->inputs()->OpenFile(*path);
+    absl::StatusOr<File> f = inputs->OpenFile(*path);
     if (!f.ok()) return std::nullopt;  // the scan names the error, in the VALIDATING state
     bytes += f->size();
   }
   if (bytes > options_.validate_data_max_bytes) return std::nullopt;  // scanned in the VALIDATING state
-  absl::StatusOr<DataSummary> summary = options_.validate_data(spec, *options_.files->inputs());
+  absl::StatusOr<DataSummary> summary = options_.validate_data(spec, *inputs);
   if (summary.status().code() == absl::StatusCode::kNotFound) {  // e.g. removed since the checks
     return absl::InvalidArgumentError(summary.status().message());
   }
@@ -293,15 +324,18 @@ absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(c
   return DatasetSummaryToProto(*summary);
 }
 
-absl::StatusOr<ModelConfig> JobServiceImpl::ModelConfigOf(const JobConfig& spec) const {
-  const FileAccess& access = options_.files != nullptr ? *options_.files->inputs() : *FileAccess::Unconfined();
-  absl::StatusOr<Dir> model = access.OpenDir(spec.model.path);
+absl::StatusOr<ModelConfig> JobServiceImpl::ModelConfigOf(const JobConfig& spec, const std::string& project) const {
+  std::shared_ptr<const FileAccess> access = FileAccess::Unconfined();
+  if (options_.files != nullptr) {
+    OOMB_ASSIGN_OR_RETURN(access, options_.files->Inputs(project));
+  }
+  absl::StatusOr<Dir> model = access->OpenDir(spec.model.path);
   if (!model.ok()) return Annotate(model.status(), "model.path");
   return LoadModelConfig(*model);
 }
 
-absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobConfig& spec) const {
-  OOMB_ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
+absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobConfig& spec, const std::string& project) const {
+  OOMB_ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec, project));
   const int64_t host = options_.server_info.host_memory_bytes();
   std::optional<MemoryPlan> best;
   for (const std::string& device : scheduler_->EligibleDevices(spec)) {
@@ -316,47 +350,92 @@ absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobConfig& spec) const {
   return *std::move(best);
 }
 
-absl::Status JobServiceImpl::CheckAuth(const grpc::CallbackServerContext* ctx) const {
-  if (options_.auth_token.empty()) return absl::OkStatus();
-  const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return absl::UnauthenticatedError("missing bearer token (send the metadata 'authorization: Bearer <token>')");
+absl::StatusOr<Caller> JobServiceImpl::Authenticate(const grpc::CallbackServerContext* ctx) const {
+  if (options_.auth == nullptr) return Caller();
+  return options_.auth->Authenticate(*ctx);
+}
+
+absl::StatusOr<v1::Job> JobServiceImpl::VisibleJob(const Caller& caller, const std::string& name) const {
+  OOMB_ASSIGN_OR_RETURN(const JobRef ref, ParseJobName(name));
+  absl::StatusOr<v1::Job> job = store_->Get(ref.id);
+  if (job.ok()) {
+    const std::string project = ParseStoredName(job->name()).project;
+    if (caller.MayActIn(project) && (ref.project.empty() || ref.project == project)) return job;
+    LogDenied(caller, absl::StrCat("a job of project ", project, " (", name, ")"));
+  } else if (job.status().code() != absl::StatusCode::kNotFound) {
+    return job.status();
   }
-  const absl::string_view value(it->second.data(), it->second.size());
-  constexpr absl::string_view kPrefix = "Bearer ";
-  if (value.size() < kPrefix.size() || value.substr(0, kPrefix.size()) != kPrefix ||
-      !ConstantTimeEquals(value.substr(kPrefix.size()), options_.auth_token)) {
-    return absl::UnauthenticatedError("invalid bearer token");
+  // What the caller may not see does not exist for it.
+  return absl::NotFoundError(absl::StrCat("no job ", Excerpt(name)));
+}
+
+absl::Status JobServiceImpl::CheckProjectQueue(const std::string& project) const {
+  if (options_.projects == nullptr) return absl::OkStatus();
+  const int64_t limit = options_.projects->Get(project).max_queued_jobs;
+  if (limit <= 0) return absl::OkStatus();
+  OOMB_ASSIGN_OR_RETURN(const std::vector<v1::Job> waiting,
+                        store_->ListByState({v1::Job::VALIDATING, v1::Job::QUEUED, v1::Job::PAUSED}));
+  const int64_t in_project = std::count_if(
+      waiting.begin(), waiting.end(), [&](const v1::Job& j) { return ParseStoredName(j.name()).project == project; });
+  if (in_project < limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("project ", project, " has ", in_project,
+                                                   " jobs waiting (max_queued_jobs ", limit,
+                                                   " in tenancy.projects_file); submit when some have started"));
+}
+
+absl::StatusOr<std::string> JobServiceImpl::ProjectOf(const Caller& caller, const std::string& parent) const {
+  if (parent.empty()) {
+    if (caller.admin()) return std::string(kDefaultProject);
+    const std::vector<std::string> projects = caller.Projects();
+    if (projects.size() == 1) return projects.front();
+    if (projects.empty()) {
+      LogDenied(caller, "a job without a project");
+      return absl::PermissionDeniedError(absl::StrCat(caller.Name(), " may act in no project (its groups name none)"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("parent: ", caller.Name(),
+                                                   " may act in several projects; name one: projects/",
+                                                   absl::StrJoin(projects, ", projects/")));
   }
-  return absl::OkStatus();
+  const std::vector<std::string> parts = absl::StrSplit(parent, '/');
+  if (parts.size() != 2 || parts[0] != "projects" || !ValidProjectId(parts[1])) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parent: expected projects/{project} ([a-z0-9][a-z0-9-]{0,62}), got '", Excerpt(parent), "'"));
+  }
+  if (!caller.MayActIn(parts[1])) {
+    LogDenied(caller, absl::StrCat("project ", parts[1]));
+    return absl::PermissionDeniedError(absl::StrCat(caller.Name(), " may not act in project ", parts[1]));
+  }
+  return parts[1];
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
                                                     v1::Job* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const absl::Status auth = CheckAuth(ctx);
-  if (!auth.ok()) {
-    reactor->Finish(ToGrpcStatus(auth));
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
   // `req` and `resp` live until the reactor finishes.
-  auto work = [this, ctx, reactor, req, resp, creator = ClientIdentity(ctx)] {
+  auto work = [this, ctx, reactor, req, resp, caller = *std::move(caller), peer = ClientIdentity(ctx)] {
     const auto abandoned = [ctx] { return ctx->IsCancelled() || ctx->deadline() <= std::chrono::system_clock::now(); };
-    reactor->Finish(ToGrpcStatus(Create(*req, creator, abandoned, resp)));
+    reactor->Finish(ToGrpcStatus(Create(*req, caller, caller.user.empty() ? peer : caller.user, abandoned, resp)));
   };
   if (options_.work == nullptr) {
     work();
   } else if (!options_.work->TrySubmit(std::move(work))) {
+    // Back-pressure, not a verdict on the job: UNAVAILABLE, which clients retry (with the same
+    // request_id), unlike RESOURCE_EXHAUSTED for a job that does not fit.
     reactor->Finish(ToGrpcStatus(
-        absl::ResourceExhaustedError("too many CreateJob requests are being checked at once; retry in a few seconds")));
+        absl::UnavailableError("too many CreateJob requests are being checked at once; retry in a few seconds")));
   }
   return reactor;
 }
 
-absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::string& creator,
+absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Caller& caller, const std::string& creator,
                                     const std::function<bool()>& abandoned, v1::Job* resp) const {
   if (abandoned()) return CallerGone();
+  OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOf(caller, req.parent()));
   if (scheduler_->draining()) {
     return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   }
@@ -371,17 +450,20 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
   v1::JobSpec effective = req.spec();
   absl::StatusOr<JobConfig> spec = ResolveJobSpec(&effective);
   if (!spec.ok()) return Annotate(spec.status(), "spec");
-  if (options_.files != nullptr) OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckSpec(*spec, req.job_id()), "spec"));
+  if (options_.files != nullptr) {
+    OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckSpec(*spec, req.job_id(), project), "spec"));
+  }
+  OOMB_RETURN_IF_ERROR(CheckProjectQueue(project));
   OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
   // Admission: a job that cannot fit is refused now, naming the limit and the longest context
   // that would fit, rather than failing later with an out-of-memory error.
-  absl::StatusOr<MemoryPlan> plan = Plan(*spec);
+  absl::StatusOr<MemoryPlan> plan = Plan(*spec, project);
   if (!plan.ok()) return Annotate(plan.status(), "spec");
   if (!plan->fits) return absl::ResourceExhaustedError(plan->limit);
   // The model's config.json was read by Plan: the RoPE scaling checks cannot fail to read it.
-  OOMB_ASSIGN_OR_RETURN(const ModelConfig model, ModelConfigOf(*spec));
+  OOMB_ASSIGN_OR_RETURN(const ModelConfig model, ModelConfigOf(*spec, project));
   OOMB_RETURN_IF_ERROR(Annotate(CheckRopeScaling(model, *spec), "spec"));
-  absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(*spec);
+  absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(*spec, project);
   if (!summary.ok()) return Annotate(summary.status(), "spec");
   // Without the datasets read here, the warnings come when the job leaves VALIDATING, from its
   // longest sample (SchedulerOptions::context_warnings).
@@ -394,7 +476,7 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
   }
   if (req.validate_only()) {
     *resp->mutable_spec() = effective;
-    if (!req.job_id().empty()) resp->set_name(JobName(req.job_id()));
+    if (!req.job_id().empty()) resp->set_name(JobName(project, req.job_id()));
     for (const std::string& w : warnings) resp->add_warnings(w);
     return absl::OkStatus();
   }
@@ -402,8 +484,17 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
   // while the spec and the datasets were checked is told so, and no job is created for it.
   if (abandoned()) return CallerGone();
   bool created = false;
-  OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(effective, req.job_id(), req.request_id(), &created,
-                                                  summary->has_value() ? &**summary : nullptr, creator, warnings));
+  SubmitOptions submit;
+  submit.dataset = summary->has_value() ? &**summary : nullptr;
+  submit.creator = creator;
+  submit.warnings = std::move(warnings);
+  submit.project = project;
+  submit.actor = caller.user;
+  OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(effective, req.job_id(), req.request_id(), &created, submit));
+  // A retried request_id returns its job, whoever asks: only to a caller who may see it.
+  if (!created && !caller.MayActIn(ParseStoredName(resp->name()).project)) {
+    return absl::AlreadyExistsError("request_id: used before, for a job in another project");
+  }
   if (created) spdlog::info("created {}", resp->name());
   scheduler_->FillQueuePosition(resp);
   return absl::OkStatus();
@@ -411,9 +502,8 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const std::
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                                  v1::Job* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
-    OOMB_ASSIGN_OR_RETURN(*resp, store_->Get(id));
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(*resp, VisibleJob(caller, req->name()));
     scheduler_->FillQueuePosition(resp);
     return absl::OkStatus();
   });
@@ -421,11 +511,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ct
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
                                                    v1::ListJobsResponse* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
     if (req->page_size() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", req->page_size()));
     }
     ListQuery q;
+    if (req->parent().empty() || req->parent() == "projects/-") {
+      if (!caller.admin()) q.projects = caller.Projects();
+      if (!caller.admin() && q.projects.empty()) return absl::OkStatus();  // no project: no jobs
+    } else {
+      OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOf(caller, req->parent()));
+      q.projects = {project};
+    }
     q.page_size = req->page_size() == 0 ? kDefaultPageSize : std::min(req->page_size(), kMaxPageSize);
     for (int s : req->states()) q.states.push_back(static_cast<v1::Job::State>(s));
     q.labels = {req->labels().begin(), req->labels().end()};
@@ -445,27 +542,27 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
                                                     v1::Job* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Cancel(id));
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Cancel(ParseStoredName(job.name()).id, caller.user));
     return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::PauseJob(grpc::CallbackServerContext* ctx, const v1::PauseJobRequest* req,
                                                    v1::Job* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Pause(id));
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Pause(ParseStoredName(job.name()).id, caller.user));
     return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* ctx, const v1::ResumeJobRequest* req,
                                                     v1::Job* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Resume(id));
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Resume(ParseStoredName(job.name()).id, caller.user));
     scheduler_->FillQueuePosition(resp);
     return absl::OkStatus();
   });
@@ -473,17 +570,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
 
 grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* req,
                                                     v1::DeleteJobResponse*) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
-    return scheduler_->Delete(id);
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
+    return scheduler_->Delete(ParseStoredName(job.name()).id);
   });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(grpc::CallbackServerContext* ctx,
                                                         const v1::ListJobEventsRequest* req,
                                                         v1::ListJobEventsResponse* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
+    const std::string id = ParseStoredName(job.name()).id;
     if (req->page_size() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", req->page_size()));
     }
@@ -498,8 +596,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* JobServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
                                                                          const v1::WatchJobRequest* req) {
-  absl::Status s = CheckAuth(ctx);
-  absl::StatusOr<std::string> id = s.ok() ? ParseJobName(req->name()) : absl::StatusOr<std::string>(s);
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  absl::StatusOr<v1::Job> job = caller.ok() ? VisibleJob(*caller, req->name()) : caller.status();
+  const absl::StatusOr<std::string> id =
+      job.ok() ? absl::StatusOr<std::string>(ParseStoredName(job->name()).id) : job.status();
   if (!id.ok()) {
     // A reactor that only finishes.
     class Failed final : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
@@ -509,16 +609,22 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* JobServiceImpl::WatchJob(grpc::C
     };
     return new Failed(ToGrpcStatus(id.status()));
   }
-  return new WatchReactor(store_, hub_, scheduler_, *id, std::max<int64_t>(0, req->after_sequence()));
+  const std::string name = req->name();
+  auto authorized = [this, ctx, name]() -> absl::Status {
+    absl::StatusOr<Caller> caller = Authenticate(ctx);
+    if (!caller.ok()) return caller.status();
+    return VisibleJob(*caller, name).status();
+  };
+  return new WatchReactor(store_, hub_, scheduler_, *id, std::max<int64_t>(0, req->after_sequence()),
+                          std::move(authorized));
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerContext* ctx,
                                                           const v1::ListCheckpointsRequest* req,
                                                           v1::ListCheckpointsResponse* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(std::string id, ParseJobName(req->name()));
-    OOMB_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(id));
-    OOMB_ASSIGN_OR_RETURN(const v1::Job job, store_->Get(id));
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
+    OOMB_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(ParseStoredName(job.name()).id));
     // The store keeps every CHECKPOINT_SAVED event; checkpoint.keep_last has since deleted all
     // but the newest directories, and only those can be loaded or resumed from.
     for (v1::Checkpoint& c : cps) {
@@ -539,12 +645,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContext* ctx,
                                                       const v1::EstimateJobRequest* req,
                                                       v1::EstimateJobResponse* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOf(caller, req->parent()));
     absl::StatusOr<JobConfig> spec = ResolveJobSpec(req->spec());
     if (!spec.ok()) return Annotate(spec.status(), "spec");
-    if (options_.files != nullptr) OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckPaths(*spec), "spec"));
+    if (options_.files != nullptr) OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckPaths(*spec, project), "spec"));
     OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
-    absl::StatusOr<MemoryPlan> plan = Plan(*spec);
+    absl::StatusOr<MemoryPlan> plan = Plan(*spec, project);
     if (!plan.ok()) return Annotate(plan.status(), "spec");
     *resp = MemoryPlanToProto(*plan);
     return absl::OkStatus();
@@ -553,9 +660,52 @@ grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContex
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetServerInfo(grpc::CallbackServerContext* ctx,
                                                         const v1::GetServerInfoRequest*, v1::ServerInfo* resp) {
-  return Unary(ctx, CheckAuth(ctx), [&]() -> absl::Status {
+  return Unary(ctx, Authenticate(ctx), [&](const Caller&) -> absl::Status {
     *resp = options_.server_info;
     resp->set_draining(scheduler_->draining());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::UpdateJob(grpc::CallbackServerContext* ctx, const v1::UpdateJobRequest* req,
+                                                    v1::Job* resp) {
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->job().name()));
+    if (req->update_mask().paths().empty()) {
+      return absl::InvalidArgumentError("update_mask: name the fields to change (labels, priority, spec.display_name)");
+    }
+    // The new values, checked by the job spec's own rules for the same fields.
+    v1::JobSpec probe;
+    std::vector<std::string> paths;
+    for (const std::string& path : req->update_mask().paths()) {
+      if (path == "labels") {
+        *probe.mutable_labels() = req->job().labels();
+      } else if (path == "priority") {
+        probe.mutable_resources()->set_priority(req->job().priority());
+      } else if (path == "spec.display_name") {
+        probe.set_display_name(req->job().spec().display_name());
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("update_mask: '", Excerpt(path), "' cannot be updated (labels, priority, spec.display_name)"));
+      }
+      paths.push_back(path);
+    }
+    OOMB_RETURN_IF_ERROR(Annotate(spec::CheckRules(probe, /*check_required=*/false), "job"));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Update(ParseStoredName(job.name()).id, req->job(), paths, caller.user));
+    scheduler_->FillQueuePosition(resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetCaller(grpc::CallbackServerContext* ctx, const v1::GetCallerRequest*,
+                                                    v1::Caller* resp) {
+  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+    resp->set_user(caller.user);
+    resp->set_uid(caller.uid);
+    for (const std::string& g : caller.groups) resp->add_groups(g);
+    resp->set_authenticated_by(caller.authenticated_by);
+    resp->set_admin(caller.admin());
+    for (const std::string& p : caller.Projects()) resp->add_projects("projects/" + p);
     return absl::OkStatus();
   });
 }

@@ -7,9 +7,10 @@
 // reactor that takes live events from the WatchHub into a bounded buffer and re-reads from the store when it falls
 // behind, so a slow client never blocks a training thread.
 //
-// Auth: with a non-empty `auth_token`, every method requires the metadata
-// `authorization: Bearer <token>` (compared in constant time; tokens are never logged), else
-// UNAUTHENTICATED. grpc.health.v1 is a separate service and stays open for probes.
+// Callers and projects (proto/oomb/v1/jobs.proto; server/auth.h): every method authenticates
+// its caller (UNAUTHENTICATED otherwise) and checks it against the project of the job it names
+// (NOT_FOUND for a job the caller may not see) or of the parent it names (PERMISSION_DENIED).
+// grpc.health.v1 is a separate service and stays open for probes.
 //
 // Thread-safety: the service is called concurrently by gRPC's threads; it holds no state of
 // its own beyond its collaborators, which are thread-safe.
@@ -23,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "oomb/v1/jobs.grpc.pb.h"
+#include "server/auth.h"
 #include "server/job_files.h"
 #include "server/scheduler.h"
 #include "server/store/job_store.h"
@@ -33,7 +35,11 @@
 namespace oomb::server {
 
 struct JobServiceOptions {
-  std::string auth_token;  // empty: no authentication
+  // Who calls (null: nobody is identified; every caller is an administrator). Must outlive the
+  // service.
+  const Authenticator* auth = nullptr;
+  // Per-project settings (null: none): quotas checked at CreateJob.
+  std::shared_ptr<const ProjectRegistry> projects;
   // CreateJob reads and checks the datasets with this (production: oomb::ValidateJobData)
   // when they are at most `validate_data_max_bytes` together, so a bad line is
   // INVALID_ARGUMENT naming the file and the line before anything is queued, and the job is
@@ -45,7 +51,7 @@ struct JobServiceOptions {
   // Where a job's files are, and the checks CreateJob and EstimateJob make before touching them.
   std::shared_ptr<const JobFiles> files;
   // Where CreateJob's checks run (null: on the handler's thread, for tests of the service
-  // alone). A full pool answers RESOURCE_EXHAUSTED. Must outlive the service.
+  // alone). A full pool answers UNAVAILABLE (retryable). Must outlive the service.
   WorkPool* work = nullptr;
   // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
   // filled per call.
@@ -78,24 +84,38 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
                                             v1::ListCheckpointsResponse* resp) override;
   grpc::ServerUnaryReactor* EstimateJob(grpc::CallbackServerContext* ctx, const v1::EstimateJobRequest* req,
                                         v1::EstimateJobResponse* resp) override;
+  grpc::ServerUnaryReactor* UpdateJob(grpc::CallbackServerContext* ctx, const v1::UpdateJobRequest* req,
+                                      v1::Job* resp) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest* req,
                                           v1::ServerInfo* resp) override;
+  grpc::ServerUnaryReactor* GetCaller(grpc::CallbackServerContext* ctx, const v1::GetCallerRequest* req,
+                                      v1::Caller* resp) override;
 
  private:
-  absl::Status CheckAuth(const grpc::CallbackServerContext* ctx) const;
+  absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext* ctx) const;
+  // The job `name` names, when `caller` may see it (its project); NOT_FOUND otherwise, as for a
+  // job that does not exist. INVALID_ARGUMENT for a name of neither form.
+  absl::StatusOr<v1::Job> VisibleJob(const Caller& caller, const std::string& name) const;
+  // The project a request's `parent` names ("projects/{project}"), or the caller's only one when
+  // empty (kDefaultProject for an administrator); PERMISSION_DENIED for one it may not act in,
+  // INVALID_ARGUMENT listing its projects when it has several.
+  absl::StatusOr<std::string> ProjectOf(const Caller& caller, const std::string& parent) const;
   // CreateJob's work after authentication: checks, admission, dataset scan, Submit. `abandoned` says whether the caller
   // has gone (its deadline passed, or it cancelled): checked first and last before the job is stored, so that no job is
   // created for a caller told DEADLINE_EXCEEDED (a retry with the same request_id covers the moment between).
-  absl::Status Create(const v1::CreateJobRequest& req, const std::string& creator,
+  absl::Status Create(const v1::CreateJobRequest& req, const Caller& caller, const std::string& creator,
                       const std::function<bool()>& abandoned, v1::Job* resp) const;
   // options_.validate_data's summary for datasets within the size limit; nullopt otherwise.
-  absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const JobConfig& spec) const;
+  absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const JobConfig& spec,
+                                                                 const std::string& project) const;
   // The memory plan of `spec` on the eligible device of this server with the most memory
   // (admission and EstimateJob). Errors name the field (model.path's config.json, or what
   // the engine cannot run yet).
   // The config.json of the spec's model, read through the confined inputs.
-  absl::StatusOr<ModelConfig> ModelConfigOf(const JobConfig& spec) const;
-  absl::StatusOr<MemoryPlan> Plan(const JobConfig& spec) const;
+  absl::StatusOr<ModelConfig> ModelConfigOf(const JobConfig& spec, const std::string& project) const;
+  absl::StatusOr<MemoryPlan> Plan(const JobConfig& spec, const std::string& project) const;
+  // RESOURCE_EXHAUSTED when `project` already has its max_queued_jobs waiting.
+  absl::Status CheckProjectQueue(const std::string& project) const;
 
   JobStore* const store_;
   Scheduler* const scheduler_;
@@ -103,8 +123,9 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   const JobServiceOptions options_;
 };
 
-// "jobs/{id}" -> id; INVALID_ARGUMENT naming the field otherwise.
-absl::StatusOr<std::string> ParseJobName(const std::string& name, const char* field = "name");
+// "projects/{project}/jobs/{id}" -> {project, id}; "jobs/{id}" -> {"", id} (the project is the
+// stored job's); INVALID_ARGUMENT naming the field otherwise.
+absl::StatusOr<JobRef> ParseJobName(const std::string& name, const char* field = "name");
 
 // Who is calling: "cert:<identity>" for an authenticated mTLS peer, else the peer address
 // without its port ("ipv4:127.0.0.1"), or "unix" for the Unix socket. Recorded as Job.creator.

@@ -42,6 +42,16 @@ void SetState(v1::Job* job, State state, const std::string& message, std::vector
   events->push_back(StateEvent(state, message));
 }
 
+// `mutate`, with `actor` recorded on the events it makes (JobEvent.actor).
+JobMutation By(const std::string& actor, JobMutation mutate) {
+  return [actor, mutate = std::move(mutate)](v1::Job* job, std::vector<v1::JobEvent>* events) {
+    const size_t before = events->size();
+    OOMB_RETURN_IF_ERROR(mutate(job, events));
+    for (size_t i = before; i < events->size(); ++i) (*events)[i].set_actor(actor);
+    return absl::OkStatus();
+  };
+}
+
 absl::Status IllegalTransition(const v1::Job& job, const char* verb, const char* allowed) {
   return absl::FailedPreconditionError(absl::StrCat("cannot ", verb, " ", job.name(), ": it is ",
                                                     v1::Job::State_Name(job.state()), " (allowed from ", allowed, ")"));
@@ -99,7 +109,7 @@ absl::Status Scheduler::Start() {
   OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> validating, store_->ListByState({v1::Job::VALIDATING}));
   std::vector<std::string> to_scan;
   for (const v1::Job& job : validating) {
-    const std::string id = job.name().substr(5);
+    const std::string id = ParseStoredName(job.name()).id;
     if (options_.validator) {
       to_scan.push_back(id);
       continue;
@@ -158,7 +168,7 @@ absl::Status Scheduler::ReapLeases(const ReapRequest& request, bool at_start) {
                         }));
   bool queued = false;
   for (const UpdateResult& r : reaped) {
-    const std::string id = r.job.name().substr(5);
+    const std::string id = ParseStoredName(r.job.name()).id;
     Committed(id, r.events);
     queued |= r.job.state() == v1::Job::QUEUED;
     spdlog::info("recovered {}: now {}", r.job.name(), v1::Job::State_Name(r.job.state()));
@@ -221,9 +231,9 @@ void Scheduler::Committed(const std::string& id, const std::vector<v1::JobEvent>
 void Scheduler::WakeWorkersLocked() { cv_.SignalAll(); }
 
 absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std::string& job_id,
-                                          const std::string& request_id, bool* created,
-                                          const v1::DatasetSummary* dataset, const std::string& creator,
-                                          const std::vector<std::string>& warnings) {
+                                          const std::string& request_id, bool* created, const SubmitOptions& options) {
+  const v1::DatasetSummary* dataset = options.dataset;
+  const std::string& creator = options.creator;
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   v1::JobSpec effective = request;
   OOMB_ASSIGN_OR_RETURN(const JobConfig spec, ResolveJobSpec(&effective));
@@ -250,7 +260,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std:
       for (int i = 0; i < 10; ++i) id += kAlphabet[rng() % 36];
     }
     v1::Job job;
-    job.set_name(JobName(id));
+    job.set_name(JobName(options.project, id));
     *job.mutable_spec() = effective;
     const bool validate = dataset == nullptr && options_.validator;
     job.set_state(validate ? v1::Job::VALIDATING : v1::Job::QUEUED);
@@ -264,10 +274,11 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std:
     std::vector<v1::JobEvent> events = {
         validate ? StateEvent(v1::Job::VALIDATING, "validating: reading and checking the datasets")
                  : StateEvent(v1::Job::QUEUED, "queued")};
-    for (const std::string& w : warnings) {
+    for (const std::string& w : options.warnings) {
       job.add_warnings(w);
       events.push_back(WarningEvent(w));
     }
+    for (v1::JobEvent& e : events) e.set_actor(options.actor);
     absl::StatusOr<CreateResult> r = store_->Create(job, request_id, events);
     if (!r.ok() && r.status().code() == absl::StatusCode::kAlreadyExists && job_id.empty() && attempt < 5) continue;
     if (!r.ok()) return r.status();
@@ -311,7 +322,7 @@ absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobConfig& spec, co
   for (;;) {
     OOMB_ASSIGN_OR_RETURN(ListResult page, store_->List(q));
     for (const v1::Job& other : page.jobs) {
-      if (other.name() != JobName(job_id) && Overlap(other.checkpoint_dir(), spec.checkpoint.dir)) {
+      if (ParseStoredName(other.name()).id != job_id && Overlap(other.checkpoint_dir(), spec.checkpoint.dir)) {
         return WithReason(
             absl::FailedPreconditionError(absl::StrCat(
                 "checkpoint.dir: ", spec.checkpoint.dir, " is or holds, or lies inside, ", other.checkpoint_dir(),
@@ -324,45 +335,49 @@ absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobConfig& spec, co
   }
 }
 
-absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& id) {
+absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& id, const std::string& actor) {
   absl::MutexLock lock(&mu_);
-  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
-                          switch (j->state()) {
-                            case v1::Job::QUEUED:
-                            case v1::Job::PAUSED:
-                            case v1::Job::RECOVERING:
-                            case v1::Job::VALIDATING:
-                              SetState(j, v1::Job::CANCELLED, "cancelled", events);
-                              return absl::OkStatus();
-                            case v1::Job::RUNNING:
-                            case v1::Job::PAUSING:
-                              SetState(j, v1::Job::CANCELLING, "cancelling at the next chunk boundary", events);
-                              return absl::OkStatus();
-                            case v1::Job::CANCELLING:
-                              return absl::OkStatus();  // already on its way
-                            default:
-                              return IllegalTransition(*j, "cancel",
-                                                       "VALIDATING, QUEUED, RUNNING, PAUSING, PAUSED, RECOVERING");
-                          }
-                        }));
+  OOMB_ASSIGN_OR_RETURN(
+      v1::Job job, TransitionLocked(id, By(actor, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                                      switch (j->state()) {
+                                        case v1::Job::QUEUED:
+                                        case v1::Job::PAUSED:
+                                        case v1::Job::RECOVERING:
+                                        case v1::Job::VALIDATING:
+                                          SetState(j, v1::Job::CANCELLED, "cancelled", events);
+                                          return absl::OkStatus();
+                                        case v1::Job::RUNNING:
+                                        case v1::Job::PAUSING:
+                                          SetState(j, v1::Job::CANCELLING, "cancelling at the next chunk boundary",
+                                                   events);
+                                          return absl::OkStatus();
+                                        case v1::Job::CANCELLING:
+                                          return absl::OkStatus();  // already on its way
+                                        default:
+                                          return IllegalTransition(
+                                              *j, "cancel", "VALIDATING, QUEUED, RUNNING, PAUSING, PAUSED, RECOVERING");
+                                      }
+                                    })));
   if (auto it = running_.find(id); it != running_.end()) it->second.stop->store(kStopCancel);
   return job;
 }
 
-absl::StatusOr<v1::Job> Scheduler::Pause(const std::string& id) {
+absl::StatusOr<v1::Job> Scheduler::Pause(const std::string& id, const std::string& actor) {
   absl::MutexLock lock(&mu_);
-  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
-                          switch (j->state()) {
-                            case v1::Job::QUEUED:
-                              SetState(j, v1::Job::PAUSED, "paused", events);
-                              return absl::OkStatus();
-                            case v1::Job::RUNNING:
-                              SetState(j, v1::Job::PAUSING, "pausing: checkpoint at the next chunk boundary", events);
-                              return absl::OkStatus();
-                            default:
-                              return IllegalTransition(*j, "pause", "QUEUED, RUNNING");
-                          }
-                        }));
+  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, By(actor, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                                                        switch (j->state()) {
+                                                          case v1::Job::QUEUED:
+                                                            SetState(j, v1::Job::PAUSED, "paused", events);
+                                                            return absl::OkStatus();
+                                                          case v1::Job::RUNNING:
+                                                            SetState(j, v1::Job::PAUSING,
+                                                                     "pausing: checkpoint at the next chunk boundary",
+                                                                     events);
+                                                            return absl::OkStatus();
+                                                          default:
+                                                            return IllegalTransition(*j, "pause", "QUEUED, RUNNING");
+                                                        }
+                                                      })));
   if (auto it = running_.find(id); it != running_.end()) {
     int expected = kNoStop;
     it->second.stop->compare_exchange_strong(expected, kStopPause);
@@ -371,14 +386,17 @@ absl::StatusOr<v1::Job> Scheduler::Pause(const std::string& id) {
   return job;
 }
 
-absl::StatusOr<v1::Job> Scheduler::Resume(const std::string& id) {
+absl::StatusOr<v1::Job> Scheduler::Resume(const std::string& id, const std::string& actor) {
   if (draining_) return absl::UnavailableError("the server is shutting down; resume the job after it restarts");
   absl::MutexLock lock(&mu_);
-  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
-                          if (j->state() != v1::Job::PAUSED) return IllegalTransition(*j, "resume", "PAUSED");
-                          SetState(j, v1::Job::QUEUED, "resumed: queued to continue from its last checkpoint", events);
-                          return absl::OkStatus();
-                        }));
+  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, By(actor, [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                                                        if (j->state() != v1::Job::PAUSED)
+                                                          return IllegalTransition(*j, "resume", "PAUSED");
+                                                        SetState(j, v1::Job::QUEUED,
+                                                                 "resumed: queued to continue from its last checkpoint",
+                                                                 events);
+                                                        return absl::OkStatus();
+                                                      })));
   WakeWorkersLocked();
   return job;
 }
@@ -391,10 +409,35 @@ absl::Status Scheduler::Delete(const std::string& id) {
   });
 }
 
+absl::StatusOr<v1::Job> Scheduler::Update(const std::string& id, const v1::Job& update,
+                                          const std::vector<std::string>& paths, const std::string& actor) {
+  const JobMutation apply = [&](v1::Job* j, std::vector<v1::JobEvent>* events) {
+    if (IsTerminal(j->state())) return IllegalTransition(*j, "update", "any state but SUCCEEDED, FAILED, CANCELLED");
+    for (const std::string& path : paths) {
+      if (path == "labels") {  // Job.labels mirrors spec.labels
+        *j->mutable_labels() = update.labels();
+        *j->mutable_spec()->mutable_labels() = update.labels();
+      } else if (path == "priority") {  // Job.priority mirrors spec.resources.priority
+        j->set_priority(update.priority());
+        j->mutable_spec()->mutable_resources()->set_priority(update.priority());
+      } else if (path == "spec.display_name") {
+        j->mutable_spec()->set_display_name(update.spec().display_name());
+      }
+    }
+    v1::JobEvent e;
+    e.set_type(v1::JobEvent::LOG);
+    e.set_message(BoundedText(absl::StrCat("updated: ", absl::StrJoin(paths, ", "))));
+    events->push_back(std::move(e));
+    return absl::OkStatus();
+  };
+  absl::MutexLock lock(&mu_);
+  return TransitionLocked(id, By(actor, apply));
+}
+
 void Scheduler::FillQueuePosition(v1::Job* job) {
   job->set_queue_position(0);
   if (job->state() != v1::Job::QUEUED) return;
-  absl::StatusOr<int32_t> position = store_->QueuePosition(job->name().substr(5));
+  absl::StatusOr<int32_t> position = store_->QueuePosition(ParseStoredName(job->name()).id);
   if (position.ok()) job->set_queue_position(*position);
 }
 
@@ -452,7 +495,7 @@ absl::StatusOr<std::optional<ClaimResult>> Scheduler::ClaimNextLocked(size_t slo
     return claimed;
   }
   for (size_t s : *slots) busy_[s] = true;
-  Committed((*claimed)->update.job.name().substr(5), (*claimed)->update.events);
+  Committed(ParseStoredName((*claimed)->update.job.name()).id, (*claimed)->update.events);
   return claimed;
 }
 
@@ -489,7 +532,7 @@ void Scheduler::WorkerLoop(size_t slot) {
         cv_.WaitWithTimeout(&mu_, options_.heartbeat);
       }
       for (size_t s : slots) devices.push_back(options_.devices[s]);
-      running_[job.name().substr(5)] =
+      running_[ParseStoredName(job.name()).id] =
           Running{.device = absl::StrJoin(devices, ","), .stop = stop, .drain_pause = false};
     }
     if (options_.metrics != nullptr) options_.metrics->RunStarted(device, job, queue_wait);
@@ -525,11 +568,15 @@ void Scheduler::Validate(const std::string& id) {
   spdlog::info("{}: validating the datasets", job->name());
   absl::StatusOr<v1::DatasetSummary> summary;
   absl::StatusOr<JobConfig> spec = ResolveJobSpec(job->spec());
+  absl::StatusOr<std::shared_ptr<const FileAccess>> inputs =
+      options_.files->Inputs(ParseStoredName(job->name()).project);
   if (!spec.ok()) {
     summary = spec.status();
+  } else if (!inputs.ok()) {
+    summary = inputs.status();
   } else {
     try {
-      summary = options_.validator(*spec, *options_.files->inputs());
+      summary = options_.validator(*spec, **inputs);
     } catch (const std::exception& e) {  // the validator's contract is not to throw; be safe anyway
       summary = absl::InternalError(absl::StrCat("reading the datasets threw: ", e.what()));
     }
@@ -568,7 +615,6 @@ RunOptions Scheduler::RunOptionsFor(const std::string& id, const std::vector<std
                                     const JobConfig& spec, std::shared_ptr<std::atomic<int>> stop, bool* timed_out) {
   const std::string device = devices.front();  // the slot its steps and checkpoints are reported under
   RunOptions o;
-  o.files = options_.files->inputs();
   o.devices = devices;
   absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->ListCheckpoints(id);
   o.resume = checkpoints.ok() && !checkpoints->empty();
@@ -626,16 +672,21 @@ void Scheduler::RecordEvent(const std::string& id, const char* what, JobMutation
 
 void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devices,
                        std::shared_ptr<std::atomic<int>> stop) {
-  const std::string id = job.name().substr(5);
+  const std::string id = ParseStoredName(job.name()).id;
   absl::StatusOr<RunResult> result;
   bool timed_out = false;
   absl::StatusOr<JobConfig> spec = ResolveJobSpec(job.spec());
+  const std::string project = ParseStoredName(job.name()).project;
+  absl::StatusOr<std::shared_ptr<const FileAccess>> inputs = options_.files->Inputs(project);
   if (!spec.ok()) {
     result = spec.status();
+  } else if (!inputs.ok()) {
+    result = inputs.status();
   } else {
     RunOptions o = RunOptionsFor(id, devices, *spec, stop, &timed_out);
+    o.files = *std::move(inputs);  // the project's roots
     spdlog::info("{}: running on {} (resume={})", job.name(), absl::StrJoin(devices, ","), o.resume);
-    result = Execute(id, job.checkpoint_dir(), *spec, std::move(o));
+    result = Execute(id, job.checkpoint_dir(), *spec, std::move(o), project);
   }
   RunEnd end{.timed_out = timed_out, .abandoned = stop->load() == kStopAbandon};
   absl::MutexLock lock(&mu_);
@@ -712,8 +763,8 @@ void Scheduler::Retry(const absl::Status& s, int max_retries, v1::Job* j, std::v
 }
 
 absl::StatusOr<RunResult> Scheduler::Execute(const std::string& id, const std::string& checkpoint_dir,
-                                             const JobConfig& spec, RunOptions options) {
-  absl::StatusOr<Dir> dir = options_.files->ClaimCheckpointDir(id, checkpoint_dir);
+                                             const JobConfig& spec, RunOptions options, const std::string& project) {
+  absl::StatusOr<Dir> dir = options_.files->ClaimCheckpointDir(id, checkpoint_dir, project);
   if (!dir.ok()) return dir.status();
   options.checkpoint_dir = *std::move(dir);
   try {

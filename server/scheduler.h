@@ -127,6 +127,15 @@ struct SchedulerOptions {
   bool shared_store = false;
 };
 
+// What Scheduler::Submit records beside the spec.
+struct SubmitOptions {
+  const v1::DatasetSummary* dataset = nullptr;  // the caller's scan of the datasets
+  std::string creator;                          // Job.creator
+  std::vector<std::string> warnings;            // CreateJob's findings
+  std::string project = kDefaultProject;        // the job's name is projects/{project}/jobs/{id}
+  std::string actor;                            // JobEvent.actor of its first events
+};
+
 class Scheduler {
  public:
   Scheduler(JobStore* store, WatchHub* hub, SchedulerOptions options);
@@ -144,24 +153,29 @@ class Scheduler {
   // The devices of this server that may run `spec` (resources.device), in the server's order.
   std::vector<std::string> EligibleDevices(const JobConfig& spec) const;
 
-  // Stores a job of `spec` (the effective spec: its defaults filled, server/job_spec.h):
-  // VALIDATING, or QUEUED when `dataset` (the caller's scan of the datasets) is given. `job_id`
-  // empty: one is generated. See JobStore::Create for `request_id`; `created` tells whether this
-  // call created the job. `creator` is recorded on the job (Job.creator). INVALID_ARGUMENT for a
-  // spec that does not resolve; UNAVAILABLE while draining; RESOURCE_EXHAUSTED when `creator`
-  // already has max_queued_per_client jobs waiting. `warnings` (CreateJob's findings) are
-  // recorded as Job.warnings and as WARNING events after the first state event.
   // Whether jobs are validated after CreateJob (VALIDATING) when their datasets were not read
   // inside it.
   bool validates() const { return static_cast<bool>(options_.validator); }
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& job_id, const std::string& request_id,
-                                 bool* created = nullptr, const v1::DatasetSummary* dataset = nullptr,
-                                 const std::string& creator = "", const std::vector<std::string>& warnings = {});
 
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
-  absl::StatusOr<v1::Job> Pause(const std::string& job_id);
-  absl::StatusOr<v1::Job> Resume(const std::string& job_id);  // UNAVAILABLE while draining
+  // Stores a job of `spec` (the effective spec: its defaults filled, server/job_spec.h):
+  // VALIDATING, or QUEUED when `options.dataset` is given. `job_id` empty: one is generated.
+  // See JobStore::Create for `request_id`; `created` tells whether this call created the job.
+  // INVALID_ARGUMENT for a spec that does not resolve; UNAVAILABLE while draining;
+  // RESOURCE_EXHAUSTED when the creator already has max_queued_per_client jobs waiting. The
+  // warnings are recorded as Job.warnings and as WARNING events after the first state event.
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& job_id, const std::string& request_id,
+                                 bool* created = nullptr, const SubmitOptions& options = {});
+
+  // The transitions a caller asks for; `actor` is recorded on the events they make.
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& actor = "");
+  absl::StatusOr<v1::Job> Pause(const std::string& job_id, const std::string& actor = "");
+  absl::StatusOr<v1::Job> Resume(const std::string& job_id,
+                                 const std::string& actor = "");  // UNAVAILABLE while draining
   absl::Status Delete(const std::string& job_id);
+  // UpdateJob: `update` (labels, priority, spec.display_name, as `paths` name them) applied to a
+  // job not yet finished (FAILED_PRECONDITION otherwise), recorded as an event by `actor`.
+  absl::StatusOr<v1::Job> Update(const std::string& job_id, const v1::Job& update,
+                                 const std::vector<std::string>& paths, const std::string& actor);
 
   // Sets queue_position (1-based while QUEUED, else 0): the store's queue order, across the
   // fleet.
@@ -239,9 +253,10 @@ class Scheduler {
   // the checkpoint directory of a job in the store (not `job_id`, nor the job of `request_id`).
   absl::Status CheckCheckpointDirUnusedLocked(const JobConfig& spec, const std::string& job_id,
                                               const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The run's outcome: the runner's, once its checkpoint directory is claimed.
+  // The run's outcome: the runner's, once its checkpoint directory is claimed (through the
+  // inputs of `project` for a chosen checkpoint.dir).
   absl::StatusOr<RunResult> Execute(const std::string& id, const std::string& checkpoint_dir, const JobConfig& spec,
-                                    RunOptions options);
+                                    RunOptions options, const std::string& project);
 
   JobStore* const store_;
   WatchHub* const hub_;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Concurrent CreateJobs that scan large datasets, against a running `oombd serve`, while
-health checks and reads go on (issue 36, item 7).
+health checks and reads go on (issue 36, item 7). Through the Python SDK (client/python), with
+retries off so that every failure is counted.
 
 CREATES CreateJob calls run at once, each naming its own text dataset of MB megabytes (JSONL
 "text" lines, tokenized by the real SmolLM2 tokenizer during CreateJob: the daemon scans
@@ -9,7 +10,7 @@ datasets of up to 16 MiB inline). Meanwhile, until every CreateJob has answered:
     port, and on the plaintext health port when --health-endpoint is given);
   - a reader calls GetJob and ListJobs back to back.
 Prints a table (and --json) of the latencies; exits 1 when a health check failed or a read
-failed, or, with --max-read-p99-ms, when the reads' p99 exceeded it. 77: grpcio missing.
+failed, or, with --max-read-p99-ms, when the reads' p99 exceeded it. 77: grpcio or the SDK missing.
 """
 import argparse
 import json
@@ -21,8 +22,7 @@ import time
 
 try:
     import grpc
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "python"))
-    import oomb_stubs
+    import oomb
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"create_load: skipped: {e}")
     sys.exit(77)
@@ -51,7 +51,6 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--endpoint", required=True)
     p.add_argument("--health-endpoint", default="")
-    p.add_argument("--proto-dir", required=True)
     p.add_argument("--model", required=True, help="a model directory with tokenizer.json (SmolLM2)")
     p.add_argument("--texts", required=True, help="a long text file to cut the datasets from")
     p.add_argument("--work-dir", required=True)
@@ -61,7 +60,6 @@ def main():
     p.add_argument("--json", default="")
     a = p.parse_args()
 
-    api = oomb_stubs.generate(a.proto_dir, health=True)
     with open(a.texts, encoding="utf-8", errors="replace") as f:
         texts = f.read()
     os.makedirs(a.work_dir, exist_ok=True)
@@ -71,11 +69,10 @@ def main():
         write_dataset(path, a.mb, texts, i)
         datasets.append(path)
 
-    channel = grpc.insecure_channel(a.endpoint)
-    jobs = api.grpc.JobServiceStub(channel)
-    probes = [("main", api.health_grpc.HealthStub(channel))]
+    client = oomb.Client(endpoint=a.endpoint, retry=oomb.RetryPolicy.none())
+    probes = [("main", client)]
     if a.health_endpoint:
-        probes.append(("health port", api.health_grpc.HealthStub(grpc.insecure_channel(a.health_endpoint))))
+        probes.append(("health port", oomb.Client(endpoint=a.health_endpoint, retry=oomb.RetryPolicy.none())))
 
     done = threading.Event()
     results = {"create_s": [], "create_errors": [], "health_ms": {n: [] for n, _ in probes},
@@ -83,45 +80,44 @@ def main():
     lock = threading.Lock()
 
     def create(i):
-        spec = api.spec.JobSpec()
-        spec.display_name = f"load-{i}"
-        spec.model.path = a.model
-        spec.data.train = datasets[i]
-        spec.data.max_seq_len = 2048
+        spec = {"display_name": f"load-{i}", "model": {"path": a.model},
+                "data": {"train": datasets[i], "max_seq_len": 2048}}
         start = time.monotonic()
         try:
-            jobs.CreateJob(api.jobs.CreateJobRequest(spec=spec, job_id=f"load-{i}"), timeout=900)
+            client.jobs.create(spec, job_id=f"load-{i}", timeout=900)
             with lock:
                 results["create_s"].append(time.monotonic() - start)
-        except grpc.RpcError as e:
+        except oomb.OombError as e:
             with lock:
-                results["create_errors"].append(f"{e.code().name}: {e.details()[:200]}")
+                results["create_errors"].append(f"{e.code.name}: {e.message[:200]}")
 
-    def prober(name, stub):
+    def prober(name, probe):
         while not done.is_set():
             start = time.monotonic()
             try:
-                stub.Check(api.health.HealthCheckRequest(), timeout=1.0)
+                probe.health(timeout=1.0)
                 with lock:
                     results["health_ms"][name].append(1000 * (time.monotonic() - start))
-            except grpc.RpcError:
+            except oomb.OombError:
                 with lock:
                     results["health_failures"][name] += 1
             done.wait(0.2)
 
+    def first_page():
+        next(client.jobs.list(page_size=50), None)  # one ListJobs call
+
     def reader():
         while not done.is_set():
-            for key, call in (("get_ms", lambda: jobs.GetJob(api.jobs.GetJobRequest(name="jobs/load-0"), timeout=10)),
-                              ("list_ms", lambda: jobs.ListJobs(api.jobs.ListJobsRequest(page_size=50), timeout=10))):
+            for key, call in (("get_ms", lambda: client.jobs.get("load-0", timeout=10)), ("list_ms", first_page)):
                 start = time.monotonic()
                 try:
                     call()
                     with lock:
                         results[key].append(1000 * (time.monotonic() - start))
-                except grpc.RpcError as e:
-                    if e.code() != grpc.StatusCode.NOT_FOUND:  # load-0 may not exist yet
+                except oomb.OombError as e:
+                    if e.code != grpc.StatusCode.NOT_FOUND:  # load-0 may not exist yet
                         with lock:
-                            results["read_errors"].append(f"{e.code().name}: {e.details()[:200]}")
+                            results["read_errors"].append(f"{e.code.name}: {e.message[:200]}")
 
     background = [threading.Thread(target=prober, args=pr) for pr in probes] + [threading.Thread(target=reader)]
     for t in background:

@@ -2,30 +2,29 @@
 """A bounded load generator for oombd (issue 11): many concurrent clients doing CreateJob,
 GetJob, ListJobs and WatchJob while a job trains, with RPC latency percentiles and errors.
 
-Against a running `oombd serve` (--endpoint). Generates the Python stubs from proto/ with
-grpc_tools.protoc, submits one long training job (--spec-json: a JobSpec as JSON, the job that
+Against a running `oombd serve` (--endpoint), through the Python SDK's AsyncClient (client/python,
+retries off so that every failed RPC is counted; the WatchJob streams are raw, on its stub, to time
+their first message): submits one long training job (--spec-json: a JobSpec as JSON, the job that
 trains during the load), then for --duration seconds runs --clients concurrent clients, each a
 loop of GetJob (70%), ListJobs (25%, page_size 50) and CreateJob (5%, jobs that queue behind
 the training one), plus --watchers WatchJob streams on the training job, each reopened with
 after_sequence whenever it ends. Afterwards the created jobs are cancelled.
 
 Prints a markdown table (method, calls, errors, p50, p90, p99, max in ms) and writes --json.
-Exit status: 0 when no RPC failed with an unexpected code, 1 otherwise, 77 when grpcio is
-missing. Latency is measured, not asserted: the benchmark reports it (bench/results).
+Exit status: 0 when no RPC failed with an unexpected code, 1 otherwise, 77 when grpcio or the
+SDK is missing. Latency is measured, not asserted: the benchmark reports it (bench/results).
 """
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
 
 try:
     import grpc
-    from google.protobuf import json_format
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "python"))
-    import oomb_stubs
+    import oomb
+    from oomb.v1 import jobs_pb2 as pb
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"load_test: skipped: {e}")
     sys.exit(77)
@@ -41,7 +40,7 @@ def percentile(sorted_values, q):
 class Recorder:
     def __init__(self):
         self.latency = {}  # method -> [seconds]
-        self.errors = {}   # method -> {code: count}
+        self.errors = {}   # method -> {code name: count}
 
     def ok(self, method, seconds):
         self.latency.setdefault(method, []).append(seconds)
@@ -56,28 +55,37 @@ async def timed(rec, method, coro):
     start = time.perf_counter()
     try:
         result = await coro
-    except grpc.aio.AioRpcError as e:
-        rec.error(method, e.code())
+    except oomb.OombError as e:
+        rec.error(method, e.code)
         return None
     rec.ok(method, time.perf_counter() - start)
     return result
 
 
-async def client_loop(stub, pb, rec, deadline, job_names, created, spec, rng):
+async def first_page(jobs, page_size):
+    pages = jobs.list(page_size=page_size)  # the first page only: one ListJobs call
+    try:
+        async for _ in pages:
+            break
+    finally:
+        await pages.aclose()
+
+
+async def client_loop(client, rec, deadline, job_names, created, spec, rng):
     while time.monotonic() < deadline:
         r = rng.random()
         if r < 0.70:
-            await timed(rec, "GetJob", stub.GetJob(pb.GetJobRequest(name=rng.choice(job_names)), timeout=10))
+            await timed(rec, "GetJob", client.jobs.get(rng.choice(job_names), timeout=10))
         elif r < 0.95:
-            await timed(rec, "ListJobs", stub.ListJobs(pb.ListJobsRequest(page_size=50), timeout=10))
+            await timed(rec, "ListJobs", first_page(client.jobs, 50))
         else:
-            job = await timed(rec, "CreateJob", stub.CreateJob(pb.CreateJobRequest(spec=spec), timeout=10))
+            job = await timed(rec, "CreateJob", client.jobs.create(spec, timeout=10))
             if job is not None:
                 created.append(job.name)
                 job_names.append(job.name)
 
 
-async def watcher(stub, pb, rec, deadline, name):
+async def watcher(stub, rec, deadline, name):
     after = 0
     while time.monotonic() < deadline:
         call = stub.WatchJob(pb.WatchJobRequest(name=name, after_sequence=after))
@@ -101,34 +109,31 @@ async def watcher(stub, pb, rec, deadline, name):
 
 
 async def main_async(args):
-    api = oomb_stubs.generate(args.proto_dir)
-    pb, pb_grpc, job_spec_pb2 = api.jobs, api.grpc, api.spec
     with open(args.spec_json) as f:
-        spec = json_format.Parse(f.read(), job_spec_pb2.JobSpec())
+        spec = oomb.load_spec(json.load(f))
     rec = Recorder()
-    async with grpc.aio.insecure_channel(args.endpoint) as channel:
-        stub = pb_grpc.JobServiceStub(channel)
-        training = await stub.CreateJob(pb.CreateJobRequest(spec=spec), timeout=30)
+    async with oomb.AsyncClient(endpoint=args.endpoint, retry=oomb.RetryPolicy.none()) as client:
+        training = await client.jobs.create(spec)
         for _ in range(600):  # wait until it trains
-            j = await stub.GetJob(pb.GetJobRequest(name=training.name), timeout=10)
-            if j.state == pb.Job.RUNNING:
+            await training.refresh()
+            if training.state == oomb.JobState.RUNNING:
                 break
             await asyncio.sleep(0.1)
         job_names = [training.name]
         created = []
         deadline = time.monotonic() + args.duration
         rng = random.Random(args.seed)
-        tasks = [client_loop(stub, pb, rec, deadline, job_names, created, spec, random.Random(rng.random()))
+        tasks = [client_loop(client, rec, deadline, job_names, created, spec, random.Random(rng.random()))
                  for _ in range(args.clients)]
-        tasks += [watcher(stub, pb, rec, deadline, training.name) for _ in range(args.watchers)]
+        tasks += [watcher(client.stub, rec, deadline, training.name) for _ in range(args.watchers)]
         started = time.monotonic()
         await asyncio.gather(*tasks)
         elapsed = time.monotonic() - started
-        final = await stub.GetJob(pb.GetJobRequest(name=training.name), timeout=10)
+        final = await client.jobs.get(training.name)
         for name in created + [training.name]:
             try:
-                await stub.CancelJob(pb.CancelJobRequest(name=name), timeout=10)
-            except grpc.aio.AioRpcError:
+                await client.jobs.cancel(name)
+            except oomb.OombError:
                 pass  # already ended
     rows, unexpected = [], 0
     for method in sorted(rec.latency):
@@ -140,7 +145,7 @@ async def main_async(args):
                      "p99_ms": 1e3 * percentile(lat, 0.99), "max_ms": 1e3 * (lat[-1] if lat else 0)})
     report = {"endpoint": args.endpoint, "clients": args.clients, "watchers": args.watchers,
               "duration_s": elapsed, "training_job": training.name,
-              "training_job_state_at_end": pb.Job.State.Name(final.state),
+              "training_job_state_at_end": str(final.state),
               "training_steps_during_load": final.progress.step, "created_jobs": len(created), "rows": rows}
     print(f"| method | calls | errors | p50 ms | p90 ms | p99 ms | max ms |")
     print(f"| --- | ---: | --- | ---: | ---: | ---: | ---: |")
@@ -162,7 +167,6 @@ async def main_async(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--endpoint", required=True)
-    p.add_argument("--proto-dir", required=True)
     p.add_argument("--spec-json", required=True, help="the training job's JobSpec as JSON")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--watchers", type=int, default=8)

@@ -22,6 +22,6 @@ trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "
 pid=$!
 for _ in $(seq 200); do [ -s "$tmp/data/oombd.port" ] && break; sleep 0.1; done
 "$python" bench/load/create_load.py --endpoint "127.0.0.1:$(cat "$tmp/data/oombd.port")" \
-  --health-endpoint "127.0.0.1:$(cat "$tmp/data/oombd.health.port")" --proto-dir proto --model "$model" \
+  --health-endpoint "127.0.0.1:$(cat "$tmp/data/oombd.health.port")" --model "$model" \
   --texts "$data/texts/austen/emma.txt" --work-dir "$tmp/datasets" --creates "$creates" --mb "$mb" \
   --max-read-p99-ms "$p99" --json "$out/create_load.json" | tee "$out/create_load.md"

@@ -32,6 +32,6 @@ JSON
   --set scheduler.max_queued_jobs_per_client=0 2>"$out/oombd.log" &
 pid=$!
 for _ in $(seq 100); do [ -s "$tmp/data/oombd.port" ] && break; sleep 0.1; done
-"$python" bench/load/load_test.py --endpoint "127.0.0.1:$(cat "$tmp/data/oombd.port")" --proto-dir proto \
+"$python" bench/load/load_test.py --endpoint "127.0.0.1:$(cat "$tmp/data/oombd.port")" \
   --spec-json "$tmp/spec.json" --clients "$clients" --watchers "$watchers" --duration "$duration" \
   --json "$out/load.json" | tee "$out/load.md"

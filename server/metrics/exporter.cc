@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/metrics/scrape_collector.h"
+#include "server/store/job_store.h"
 
 namespace oomb::server {
 namespace {
@@ -307,7 +308,7 @@ void MetricsExporter::RunStarted(const std::string& slot, const v1::Job& job, ab
   SlotSeries& s = SlotLocked(slot);
   RemoveJobLocked(s);  // a run that never reported its stop
   const prometheus::Labels l = {{"slot", slot}};
-  const std::string job_id(absl::StripPrefix(job.name(), "jobs/"));
+  const std::string job_id = ParseStoredName(job.name()).id;
   s.job.info = &f_->job_info.Add({{"slot", slot}, {"job_id", job_id}, {"model", ModelName(job.spec().model().path())}});
   s.job.info->Set(1);
   s.job.step = &f_->job_step.Add(l);

@@ -50,8 +50,17 @@
 
 namespace oomb::server {
 
-// The job id of a name "jobs/{id}" and back.
-std::string JobName(const std::string& job_id);
+// Jobs live in projects: a job's name is "projects/{project}/jobs/{id}" (ids are unique across
+// projects). A job stored before projects existed keeps its name "jobs/{id}" and lives in
+// kDefaultProject, where jobs go when nothing says otherwise.
+inline constexpr char kDefaultProject[] = "default";
+std::string JobName(const std::string& project, const std::string& job_id);
+struct JobRef {
+  std::string project;
+  std::string id;
+};
+// The project and id of a stored job's name (either form); an id alone for anything else.
+JobRef ParseStoredName(const std::string& name);
 
 struct CreateResult {
   v1::Job job;
@@ -61,6 +70,7 @@ struct CreateResult {
 struct ListQuery {
   std::vector<v1::Job::State> states;         // any of these; empty: all
   std::map<std::string, std::string> labels;  // all must match
+  std::vector<std::string> projects;          // in any of these (ParseStoredName); empty: all
   int page_size = 50;                         // > 0
   int64_t before_position = 0;                // 0: from the newest; else positions < this
 };

@@ -209,7 +209,7 @@ class PostgresJobStore : public JobStore {
         if (!request_id.empty()) {
           tx.exec_params("INSERT INTO idempotency_keys (request_id, job_id) VALUES ($1, $2)", request_id, id);
         }
-        AppendEvents(tx, id, 0, &evs);
+        AppendEvents(tx, id, stored.name(), 0, &evs);
         Notify(tx, id, stored.state());
         tx.commit();
         return CreateResult{stored, true};
@@ -248,7 +248,7 @@ class PostgresJobStore : public JobStore {
         for (const pqxx::row& row : rows) {
           before = row[0].as<int64_t>();
           OOMB_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(row[1]));
-          if (!store_internal::MatchesLabels(job, query.labels)) continue;
+          if (!store_internal::Matches(job, query)) continue;
           if (static_cast<int>(out.jobs.size()) == query.page_size) {
             out.next_position = last_position;  // one more match exists
             return out;
@@ -571,18 +571,18 @@ class PostgresJobStore : public JobStore {
         "UPDATE jobs SET state = $2::integer, job = $3, last_sequence = $4::bigint, owner = NULLIF($5::text, ''), "
         "lease_expires = CASE WHEN $6::bigint >= 0 THEN now() + $6::bigint * interval '1 microsecond' "
         "WHEN $6::bigint = -1 THEN lease_expires END, "
-        "queued_at = CASE WHEN $7::boolean THEN now() ELSE queued_at END WHERE id = $1",
+        "queued_at = CASE WHEN $7::boolean THEN now() ELSE queued_at END, priority = $8::integer WHERE id = $1",
         row.id, static_cast<int>(result.job.state()), Bytes(result.job),
         row.last_sequence + static_cast<int64_t>(result.events.size()), leased ? owner : std::string(), lease_us,
-        store_internal::EntersQueue(before, result.job.state()));
-    AppendEvents(tx, row.id, row.last_sequence, &result.events);
+        store_internal::EntersQueue(before, result.job.state()), result.job.priority());
+    AppendEvents(tx, row.id, row.job.name(), row.last_sequence, &result.events);
     Notify(tx, row.id, result.job.state());
     return result;
   }
 
-  static void AppendEvents(pqxx::work& tx, const std::string& job_id, int64_t last_sequence,
-                           std::vector<v1::JobEvent>* events) {
-    store_internal::StampEvents(job_id, last_sequence, events);
+  static void AppendEvents(pqxx::work& tx, const std::string& job_id, const std::string& job_name,
+                           int64_t last_sequence, std::vector<v1::JobEvent>* events) {
+    store_internal::StampEvents(job_name, last_sequence, events);
     for (const v1::JobEvent& e : *events) {
       tx.exec_params("INSERT INTO job_events (job_id, sequence, event) VALUES ($1, $2, $3)", job_id, e.sequence(),
                      Bytes(e));

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "server/store/job_store.h"
 #include "server/store/store_internal.h"
@@ -18,7 +19,16 @@
 
 namespace oomb::server {
 
-std::string JobName(const std::string& job_id) { return "jobs/" + job_id; }
+std::string JobName(const std::string& project, const std::string& job_id) {
+  return absl::StrCat("projects/", project, "/jobs/", job_id);
+}
+
+JobRef ParseStoredName(const std::string& name) {
+  const std::vector<std::string> parts = absl::StrSplit(name, '/');
+  if (parts.size() == 4 && parts[0] == "projects" && parts[2] == "jobs") return {parts[1], parts[3]};
+  if (parts.size() == 2 && parts[0] == "jobs") return {kDefaultProject, parts[1]};
+  return {kDefaultProject, name};
+}
 
 namespace {
 
@@ -147,7 +157,7 @@ class SqliteJobStore : public JobStore {
         k.bind(2, id);
         k.exec();
       }
-      AppendEventsLocked(id, 0, &events);
+      AppendEventsLocked(id, stored.name(), 0, &events);
       SetLastSequenceLocked(id, static_cast<int64_t>(events.size()));
       tx.Commit();
       return CreateResult{stored, true};
@@ -188,7 +198,7 @@ class SqliteJobStore : public JobStore {
       while (q.executeStep()) {
         const int64_t position = q.getColumn(0).getInt64();
         OOMB_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.getColumn(1)));
-        if (!store_internal::MatchesLabels(job, query.labels)) continue;
+        if (!store_internal::Matches(job, query)) continue;
         if (static_cast<int>(out.jobs.size()) == query.page_size) {
           // One more match exists: the next page starts at the last job returned.
           out.next_position = last_position;
@@ -460,7 +470,8 @@ class SqliteJobStore : public JobStore {
     OOMB_ASSIGN_OR_RETURN(const bool leased, store_internal::MutateRecordingLease(row.job, mutate, owner, &result));
     SQLite::Statement up(*db_,
                          "UPDATE jobs SET state = ?, job = ?, last_sequence = ?, owner = ?, "
-                         "lease_expires = CASE WHEN ? THEN lease_expires ELSE NULL END, queued_at = ? WHERE id = ?");
+                         "lease_expires = CASE WHEN ? THEN lease_expires ELSE NULL END, queued_at = ?, priority = ? "
+                         "WHERE id = ?");
     up.bind(1, static_cast<int>(result.job.state()));
     const std::string blob = Blob(result.job);
     up.bind(2, blob.data(), static_cast<int>(blob.size()));
@@ -477,9 +488,10 @@ class SqliteJobStore : public JobStore {
     } else {
       up.bind(6);
     }
-    up.bind(7, row.id);
+    up.bind(7, result.job.priority());
+    up.bind(8, row.id);
     up.exec();
-    AppendEventsLocked(row.id, row.last_sequence, &result.events);
+    AppendEventsLocked(row.id, row.job.name(), row.last_sequence, &result.events);
     return result;
   }
 
@@ -511,9 +523,9 @@ class SqliteJobStore : public JobStore {
 
   // Numbers the events after `last_sequence`, stamps them and inserts them (and checkpoint
   // records for CHECKPOINT_SAVED events).
-  void AppendEventsLocked(const std::string& job_id, int64_t last_sequence, std::vector<v1::JobEvent>* events)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    store_internal::StampEvents(job_id, last_sequence, events);
+  void AppendEventsLocked(const std::string& job_id, const std::string& job_name, int64_t last_sequence,
+                          std::vector<v1::JobEvent>* events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    store_internal::StampEvents(job_name, last_sequence, events);
     for (v1::JobEvent& e : *events) {
       SQLite::Statement ins(*db_, "INSERT INTO job_events (job_id, sequence, event) VALUES (?, ?, ?)");
       ins.bind(1, job_id);

@@ -2,6 +2,7 @@
 #ifndef OOMB_SERVER_STORE_STORE_INTERNAL_H_
 #define OOMB_SERVER_STORE_STORE_INTERNAL_H_
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,19 +24,16 @@ inline std::vector<v1::Job::State> ReapableStates() {
   return {v1::Job::RUNNING, v1::Job::PAUSING, v1::Job::CANCELLING, v1::Job::RECOVERING};
 }
 
-// "jobs/a" -> "a".
-inline std::string IdOf(const v1::Job& job) {
-  const std::string& name = job.name();
-  return name.rfind("jobs/", 0) == 0 ? name.substr(5) : name;
-}
+// "projects/p/jobs/a" (or "jobs/a") -> "a".
+inline std::string IdOf(const v1::Job& job) { return ParseStoredName(job.name()).id; }
 
 // Numbers `events` after `last_sequence` and stamps them: job name, time (when unset), and the
 // checkpoint's create time for CHECKPOINT_SAVED, before they are stored, so that a replay from
 // the store equals the live event.
-inline void StampEvents(const std::string& job_id, int64_t last_sequence, std::vector<v1::JobEvent>* events) {
+inline void StampEvents(const std::string& job_name, int64_t last_sequence, std::vector<v1::JobEvent>* events) {
   const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
   for (v1::JobEvent& e : *events) {
-    e.set_job(JobName(job_id));
+    e.set_job(job_name);
     e.set_sequence(++last_sequence);
     if (!e.has_time()) *e.mutable_time() = now;
     if (e.type() == v1::JobEvent::CHECKPOINT_SAVED && !e.checkpoint().has_create_time()) {
@@ -60,13 +58,16 @@ inline absl::StatusOr<bool> MutateRecordingLease(const v1::Job& job, const JobMu
   return leased;
 }
 
-// Whether `job` carries every label of `labels` with the same value (ListQuery::labels).
-inline bool MatchesLabels(const v1::Job& job, const std::map<std::string, std::string>& labels) {
-  for (const auto& [k, v] : labels) {
+// Whether `job` matches ListQuery's in-memory filters: every label with the same value, and one of
+// its projects.
+inline bool Matches(const v1::Job& job, const ListQuery& query) {
+  for (const auto& [k, v] : query.labels) {
     auto it = job.labels().find(k);
     if (it == job.labels().end() || it->second != v) return false;
   }
-  return true;
+  if (query.projects.empty()) return true;
+  const std::string project = ParseStoredName(job.name()).project;
+  return std::find(query.projects.begin(), query.projects.end(), project) != query.projects.end();
 }
 
 // Whether a change from `before` to `after` puts the job (back) in the queue: its wait starts.

@@ -156,14 +156,14 @@ TEST_F(CliTest, HealthAndServerInfo) {
 TEST_F(CliTest, SubmitGetListEventsCheckpointsJsonAndYaml) {
   StartDaemon();
   json job = OombJson("submit " + job_ + " --set training.max_steps=7 --job-id first");
-  EXPECT_EQ(job["name"], "jobs/first");
+  EXPECT_EQ(job["name"], "projects/default/jobs/first");
   EXPECT_EQ(job["state"], "QUEUED");
   EXPECT_EQ(job["queue_position"], 1);
   EXPECT_EQ(job["spec"]["training"]["max_steps"], "7");  // int64 is a string in proto JSON
   EXPECT_EQ(job["spec"]["model"]["dtype"], "bfloat16");  // defaults are filled in
   EXPECT_EQ(job["labels"]["team"], "nlp");
   json got = OombJson("get first");
-  EXPECT_EQ(got["name"], "jobs/first");
+  EXPECT_EQ(got["name"], "projects/default/jobs/first");
   json list = OombJson("list --label team=nlp --state QUEUED");
   ASSERT_EQ(list["jobs"].size(), 1u);
   EXPECT_EQ(OombJson("list --label team=other").count("jobs"), 0u);
@@ -174,7 +174,7 @@ TEST_F(CliTest, SubmitGetListEventsCheckpointsJsonAndYaml) {
   EXPECT_EQ(OombJson("checkpoints first").count("checkpoints"), 0u);
   Result yaml = Oomb("get first -o yaml");
   EXPECT_EQ(yaml.rc, 0);
-  EXPECT_THAT(yaml.out, HasSubstr("name: jobs/first"));
+  EXPECT_THAT(yaml.out, HasSubstr("name: projects/default/jobs/first"));
   Result table = Oomb("list");
   EXPECT_THAT(table.out, HasSubstr("jobs/first"));
   Result valid = Oomb("submit " + job_ + " --validate-only");
@@ -269,7 +269,7 @@ TEST_F(CliTest, TransitionsAndIllegalOnes) {
   Submit("--job-id j");
   Result resume = Oomb("resume j");
   EXPECT_EQ(resume.rc, 1);
-  EXPECT_THAT(resume.err, HasSubstr("FAILED_PRECONDITION: cannot resume jobs/j: it is QUEUED"));
+  EXPECT_THAT(resume.err, HasSubstr("FAILED_PRECONDITION: cannot resume projects/default/jobs/j: it is QUEUED"));
   Result del = Oomb("delete j");
   EXPECT_EQ(del.rc, 1);
   EXPECT_THAT(del.err, HasSubstr("FAILED_PRECONDITION"));

@@ -74,7 +74,7 @@ void ExpectSucceededLifecycle(const std::string& endpoint, const std::string& jo
   EXPECT_THAT(table.out, HasSubstr(path.string()));
 }
 
-// The job name from `oomb submit`'s first line ("jobs/job-x QUEUED ...").
+// The job name from `oomb submit`'s first line ("projects/default/jobs/job-x QUEUED ...").
 std::string SubmittedName(const std::string& out) { return out.substr(0, out.find(' ')); }
 
 TEST(Lifecycle, SubmitWatchEventsCheckpointsOverTcpWithSmolLm2Text) {
@@ -206,7 +206,7 @@ TEST(Lifecycle, EvaluateJobScoresAnAdapterWithoutTraining) {
   EXPECT_THAT(base.out, HasSubstr("state SUCCEEDED"));
 }
 
-// tests/python/grpc_lifecycle.py: stubs generated from proto/ with grpc_tools.protoc; create,
+// tests/python/grpc_lifecycle.py: the Python SDK (client/python); create,
 // watch (stream), events, a resumed watch with after_sequence; then the final adapter in PEFT
 // against `oombd model eval --adapter`.
 TEST(Lifecycle, PythonGrpcClientAndPeftParity) {
@@ -216,8 +216,8 @@ TEST(Lifecycle, PythonGrpcClientAndPeftParity) {
   Daemon daemon(tmp.path() / "data", DaemonOptions());
   ASSERT_GT(daemon.port(), 0) << daemon.log();
   const Result r = Shell(VenvPython().string() + " " + SourceDir() + "/tests/python/grpc_lifecycle.py --endpoint " +
-                             daemon.tcp_endpoint() + " --proto-dir " + SourceDir() + "/proto --oombd " + Oombd() +
-                             " --model " + SmolLm2().string() + " --workdir " + tmp.path().string(),
+                             daemon.tcp_endpoint() + " --oombd " + Oombd() + " --model " + SmolLm2().string() +
+                             " --workdir " + tmp.path().string(),
                          tmp.path());
   if (r.rc == 77) GTEST_SKIP() << r.out << r.err;
   EXPECT_EQ(r.rc, 0) << r.out << r.err << daemon.log();
@@ -313,7 +313,7 @@ TEST_F(WatchTerminal, ProgressBarRendersAndUpdatesOnATty) {
     EXPECT_THAT(bar, HasSubstr("step "));
     EXPECT_THAT(bar, HasSubstr("loss "));
     EXPECT_THAT(bar, HasSubstr("tok/s"));
-    EXPECT_THAT(bar, HasSubstr(s.job + " RUNNING ["));  // the bar itself
+    EXPECT_THAT(bar, HasSubstr(s.job.substr(s.job.rfind('/') + 1) + " RUNNING ["));  // the bar, by job id
   }
   EXPECT_LT(BarStep(s.bars.front()), BarStep(s.bars.back()));
   EXPECT_EQ(BarLines(s.bars.back()), 1) << s.bars.back();

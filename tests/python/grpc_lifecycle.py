@@ -4,10 +4,12 @@
 Driven by tests/client/lifecycle_integration_test.cc (Lifecycle.PythonGrpcClientAndPeftParity)
 against a running `oombd serve`:
 
-  1. generates the Python stubs from proto/ with grpc_tools.protoc into a temporary directory;
-  2. CreateJob (a LoRA job on SmolLM2, float32, 2 steps of 256 tokens), WatchJob as a stream
-     until SUCCEEDED (snapshot first, then events with increasing sequence), ListJobEvents
-     (the same events), and a second WatchJob resumed with after_sequence (only the rest);
+  1. connects with the Python SDK (client/python, package `oomb`, installed in the venv by
+     scripts/setup.sh; its modules were generated from proto/ when it was built);
+  2. CreateJob (a LoRA job on SmolLM2, float32, 2 steps of 256 tokens) with a request_id, twice
+     (the same job), WatchJob as a raw stream until SUCCEEDED (snapshot first, then events with
+     increasing sequence), the SDK's events (ListJobEvents, and WatchJob: the same events), and a
+     second WatchJob resumed with after_sequence (only the rest);
   3. loads the final checkpoint with PeftModel.from_pretrained and compares PEFT's mean loss
      on a fixed token sequence with `oombd model eval --adapter DIR` (float32, |diff| <= 1e-4),
      and the base model's likewise; the adapter must move the loss by more than that.
@@ -23,9 +25,9 @@ import sys
 
 try:
     import grpc
-    import oomb_stubs
+    import oomb
     import torch
-    from google.protobuf import json_format
+    from oomb.v1 import jobs_pb2
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -59,7 +61,6 @@ def oombd_eval(oombd, model, data, adapter=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--endpoint", required=True)
-    ap.add_argument("--proto-dir", required=True)
     ap.add_argument("--oombd", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--workdir", required=True)
@@ -67,11 +68,9 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
-    api = oomb_stubs.generate(a.proto_dir)
-    jobs_pb2, jobs_pb2_grpc = api.jobs, api.grpc
-    channel = grpc.insecure_channel(a.endpoint)
-    grpc.channel_ready_future(channel).result(timeout=30)
-    stub = jobs_pb2_grpc.JobServiceStub(channel)
+    client = oomb.Client(endpoint=a.endpoint, timeout=60)
+    grpc.channel_ready_future(client.channel).result(timeout=30)
+    stub = client.stub  # the generated JobServiceStub, for the stream's wire-level checks
 
     train = os.path.join(a.workdir, "py_train.jsonl")
     with open(train, "w", encoding="utf-8") as f:
@@ -88,11 +87,9 @@ def main():
         "checkpoint": {"every_steps": 1},
         "resources": {"device": "cpu"},
     }
-    req = jobs_pb2.CreateJobRequest(job_id="py-job", request_id="py-req-1")
-    json_format.ParseDict(spec, req.spec)
-    job = stub.CreateJob(req, timeout=60)
-    check(job.name == "jobs/py-job", f"CreateJob returned {job.name}")
-    again = stub.CreateJob(req, timeout=60)  # the same request_id: the same job, not a new one
+    job = client.jobs.create(spec, job_id="py-job", request_id="py-req-1")
+    check(job.id == "py-job", f"CreateJob returned {job.name}")
+    again = client.jobs.create(spec, job_id="py-job", request_id="py-req-1")  # the same job, not a new one
     check(again.name == job.name, "a retried CreateJob with the same request_id made another job")
 
     # Watch until the job ends: a snapshot, then events with increasing sequence.
@@ -109,8 +106,11 @@ def main():
     check(all(math.isfinite(e.progress.loss) and e.progress.loss > 0 for e in watched
               if e.type == jobs_pb2.JobEvent.STEP), "a step loss is not a positive number")
 
-    listed = list(stub.ListJobEvents(jobs_pb2.ListJobEventsRequest(name=job.name), timeout=30).events)
+    listed = list(job.events(follow=False))
     check(listed == watched, "ListJobEvents differs from the watched events")
+    followed = list(job.events(follow=True))
+    check(followed == watched, "the SDK's WatchJob events differ from the raw stream's")
+    check(job.state == oomb.JobState.SUCCEEDED, f"the watch's snapshot left the job {job.state}")
 
     # A watch resumed after a sequence replays only what follows it.
     k = len(watched) // 2
@@ -118,16 +118,17 @@ def main():
     check(rest[0].HasField("snapshot") and rest[0].snapshot.state == jobs_pb2.Job.SUCCEEDED,
           "the resumed watch's snapshot is not the SUCCEEDED job")
     check([r.event for r in rest[1:]] == watched[k:], "the resumed watch did not replay exactly the rest")
+    check(list(job.events(after=k)) == watched[k:], "the SDK's events after a sequence are not exactly the rest")
 
-    got = stub.GetJob(jobs_pb2.GetJobRequest(name=job.name), timeout=30)
-    check(got.state == jobs_pb2.Job.SUCCEEDED and got.progress.step == 2, f"GetJob: {got.state} {got.progress}")
+    got = client.jobs.get(job.name)
+    check(got.state == oomb.JobState.SUCCEEDED and got.progress.step == 2, f"GetJob: {got.state} {got.progress}")
     try:
-        stub.GetJob(jobs_pb2.GetJobRequest(name="jobs/no-such-job"), timeout=30)
+        client.jobs.get("no-such-job")
         check(False, "GetJob of a missing job succeeded")
-    except grpc.RpcError as e:
-        check(e.code() == grpc.StatusCode.NOT_FOUND, f"GetJob of a missing job: {e.code()}")
+    except oomb.NotFound as e:
+        check(e.code == grpc.StatusCode.NOT_FOUND, f"GetJob of a missing job: {e.code}")
 
-    cps = stub.ListCheckpoints(jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=30).checkpoints
+    cps = job.checkpoints()
     final = [c for c in cps if c.final]
     check(len(final) == 1 and final[0].step == 2, f"checkpoints {cps}")
     adapter = final[0].path

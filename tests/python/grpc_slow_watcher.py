@@ -2,22 +2,22 @@
 """Watchers that stop reading never slow training (issue 7), and catch up without gaps.
 
 Driven by tests/server/daemon_integration_test.cc (DaemonTest.StalledWatchersDoNotHoldBackTraining)
-against a running `oombd serve`: submits the given job spec (JSON), opens --watchers WatchJob
+against a running `oombd serve`, through the Python SDK (client/python): submits the given job spec (JSON), opens --watchers WatchJob
 streams on channels with a 1 KiB HTTP/2 stream window (BDP probing off), reads only each
 stream's snapshot and then stops reading, so the daemon's writes to them block on flow control.
 The job must still reach SUCCEEDED (polled on another channel) within --timeout seconds. Then
 every stalled stream is drained: its events must be the job's events 1..n in order, without
 gaps, ending with SUCCEEDED — the watcher fell back to the store instead of holding the job.
-Exit status: 0 ok, 1 a check failed, 77 grpcio missing (the test skips).
+Exit status: 0 ok, 1 a check failed, 77 grpcio or the SDK missing (the test skips).
 """
 import argparse
+import json
 import sys
 import time
 
 try:
-    import grpc
-    from google.protobuf import json_format
-    import oomb_stubs
+    import oomb
+    from oomb.v1 import jobs_pb2 as pb
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"grpc_slow_watcher: skipped: {e}")
     sys.exit(77)
@@ -32,49 +32,36 @@ def check(cond, msg):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--endpoint", required=True)
-    p.add_argument("--proto-dir", required=True)
     p.add_argument("--spec-json", required=True)
     p.add_argument("--watchers", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300)
     a = p.parse_args()
-    api = oomb_stubs.generate(a.proto_dir)
-    job_spec_pb2, pb, pb_grpc = api.spec, api.jobs, api.grpc
-
     with open(a.spec_json) as f:
-        spec = json_format.Parse(f.read(), job_spec_pb2.JobSpec())
-    control = pb_grpc.JobServiceStub(grpc.insecure_channel(a.endpoint))
-    job = control.CreateJob(pb.CreateJobRequest(spec=spec), timeout=30)
+        spec = json.load(f)
+    control = oomb.Client(endpoint=a.endpoint)
+    job = control.jobs.create(spec)
 
+    # Raw streams (the generated stub of an SDK client per channel), so that they can stop reading.
     small_window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
-    stalled = []
+    stalled, clients = [], []
     for _ in range(a.watchers):
-        stub = pb_grpc.JobServiceStub(grpc.insecure_channel(a.endpoint, options=small_window))
-        call = stub.WatchJob(pb.WatchJobRequest(name=job.name))
+        clients.append(oomb.Client(endpoint=a.endpoint, options=small_window))
+        call = clients[-1].stub.WatchJob(pb.WatchJobRequest(name=job.name))
         first = next(call)
         check(first.HasField("snapshot"), "the first message is not the snapshot")
         stalled.append(call)  # not read again until the job has ended
 
     start = time.monotonic()
-    state = None
-    while time.monotonic() - start < a.timeout:
-        state = control.GetJob(pb.GetJobRequest(name=job.name), timeout=10).state
-        if state in (pb.Job.SUCCEEDED, pb.Job.FAILED, pb.Job.CANCELLED):
-            break
-        time.sleep(0.2)
-    check(state == pb.Job.SUCCEEDED, f"job state {pb.Job.State.Name(state)} after {a.timeout} s with stalled watchers")
-    final = control.GetJob(pb.GetJobRequest(name=job.name), timeout=10)
+    try:
+        final = job.wait(timeout=a.timeout, poll=0.2, raise_on_failure=False)
+    except oomb.WaitTimeout:
+        final = job
+    check(final.state == oomb.JobState.SUCCEEDED,
+          f"job state {final.state} after {time.monotonic() - start:.0f} s with stalled watchers")
     print(f"job SUCCEEDED at step {final.progress.step} in {time.monotonic() - start:.1f} s "
           f"with {a.watchers} stalled watchers")
 
-    events = []
-    after = 0
-    while True:
-        page = control.ListJobEvents(pb.ListJobEventsRequest(name=job.name, after_sequence=after, page_size=1000),
-                                     timeout=10)
-        events += list(page.events)
-        if not page.events:
-            break
-        after = page.events[-1].sequence
+    events = list(job.events(follow=False))  # ListJobEvents, every page
     check(len(events) > 200, f"only {len(events)} events: make the job longer so the window fills")
     for i, call in enumerate(stalled):
         got = [m.event for m in call if m.HasField("event")]

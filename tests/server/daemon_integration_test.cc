@@ -64,7 +64,7 @@ TEST_F(DaemonTest, KillNineMidJobThenRestartResumesFromTheLastCheckpoint) {
   WriteIdsJsonl(dir() / "ids.jsonl", 8, 120);
   const fs::path spec = WriteJob("job", TinyJobYaml((dir() / "ids.jsonl").string(), kSteps));
   const std::string job = OombJson(endpoint(), "submit " + spec.string() + " --job-id crash", dir()).value("name", "");
-  ASSERT_EQ(job, "jobs/crash");
+  ASSERT_EQ(job, "projects/default/jobs/crash");
   // A second job queued behind it must survive the crash too.
   const json queued = OombJson(endpoint(), "submit " + spec.string() + " --job-id after-crash", dir());
   ASSERT_EQ(queued.value("state", ""), "QUEUED");
@@ -222,7 +222,7 @@ TEST_F(DaemonTest, DataFoundBadWhileRunningFailsTheJobNamingTheLine) {
   const fs::path blocker = WriteJob("blocker", TinyJobYaml((dir() / "ids.jsonl").string(), 100000));
   const fs::path later = WriteJob("later", TinyJobYaml((dir() / "later.jsonl").string(), 1));
   ASSERT_EQ(OombJson(endpoint(), "submit " + blocker.string() + " --job-id blocker", dir()).value("name", ""),
-            "jobs/blocker");
+            "projects/default/jobs/blocker");
   ASSERT_EQ(OombJson(endpoint(), "submit " + later.string() + " --job-id later", dir()).value("state", ""), "QUEUED");
   WriteFile(dir() / "later.jsonl", Slurp(dir() / "later.jsonl") + "not json\n");
   EXPECT_EQ(OombJson(endpoint(), "cancel blocker", dir()).value("state", ""), "CANCELLING");
@@ -251,10 +251,9 @@ TEST_F(DaemonTest, StalledWatchersDoNotHoldBackTraining) {
                      {"checkpoint", {{"every_steps", 0}}},
                      {"resources", {{"device", "cpu"}}}};
   WriteFile(dir() / "spec.json", spec.dump());
-  const Result r =
-      Shell(VenvPython().string() + " " + SourceDir() + "/tests/python/grpc_slow_watcher.py --endpoint " + endpoint() +
-                " --proto-dir " + SourceDir() + "/proto --spec-json " + (dir() / "spec.json").string(),
-            dir());
+  const Result r = Shell(VenvPython().string() + " " + SourceDir() + "/tests/python/grpc_slow_watcher.py --endpoint " +
+                             endpoint() + " --spec-json " + (dir() / "spec.json").string(),
+                         dir());
   if (r.rc == 77) GTEST_SKIP() << r.out << r.err;
   EXPECT_EQ(r.rc, 0) << r.out << r.err << daemon_->log();
   EXPECT_THAT(r.out, HasSubstr("caught up"));
@@ -271,9 +270,10 @@ TEST_F(DaemonTest, TwentyKillNinesAtRandomPointsLoseNothingAndDuplicateNothing) 
   const fs::path spec = WriteJob("job", TinyJobYaml((dir() / "ids.jsonl").string(), kSteps, /*every_steps=*/10));
   const fs::path behind =
       WriteJob("behind", TinyJobYaml((dir() / "ids.jsonl").string(), kBehindSteps, /*every_steps=*/10));
-  ASSERT_EQ(OombJson(endpoint(), "submit " + spec.string() + " --job-id loop", dir()).value("name", ""), "jobs/loop");
+  ASSERT_EQ(OombJson(endpoint(), "submit " + spec.string() + " --job-id loop", dir()).value("name", ""),
+            "projects/default/jobs/loop");
   ASSERT_EQ(OombJson(endpoint(), "submit " + behind.string() + " --job-id behind", dir()).value("name", ""),
-            "jobs/behind");
+            "projects/default/jobs/behind");
   std::mt19937 rng(20261121);
   const auto step_of = [&] {
     const json j = OombJson(endpoint(), "get loop", dir());
@@ -342,7 +342,8 @@ TEST_F(DaemonTest, SigtermCheckpointsTheRunningJobExitsCleanlyAndTheJobResumesAf
   WriteIdsJsonl(dir() / "ids.jsonl", 8, 120);
   // Only a final checkpoint of its own: any other checkpoint is the shutdown's.
   const fs::path spec = WriteJob("job", TinyJobYaml((dir() / "ids.jsonl").string(), kSteps, /*every_steps=*/0));
-  ASSERT_EQ(OombJson(endpoint(), "submit " + spec.string() + " --job-id drain", dir()).value("name", ""), "jobs/drain");
+  ASSERT_EQ(OombJson(endpoint(), "submit " + spec.string() + " --job-id drain", dir()).value("name", ""),
+            "projects/default/jobs/drain");
   ASSERT_TRUE(WaitFor(
       [&] {
         const json j = OombJson(endpoint(), "get drain", dir());
@@ -406,7 +407,7 @@ TEST(DaemonFaultTest, AnOutOfMemoryErrorFailsOnlyThatJob) {
                                               "labels: {failpoint: oom-at-step-3}"));
   WriteFile(tmp.path() / "ok.yaml", TinyJobYaml((tmp.path() / "ids.jsonl").string(), 6));
   ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "oom.yaml").string() + " --job-id oom", tmp.path())["name"],
-            "jobs/oom");
+            "projects/default/jobs/oom");
   EXPECT_EQ(Oomb(ep, "watch oom", tmp.path()).rc, 6);  // FAILED
   const json failed = OombJson(ep, "get oom", tmp.path());
   EXPECT_EQ(failed["error"]["code"], "RESOURCE_EXHAUSTED");
@@ -414,7 +415,7 @@ TEST(DaemonFaultTest, AnOutOfMemoryErrorFailsOnlyThatJob) {
   EXPECT_THAT(failed["error"]["message"].get<std::string>(), HasSubstr("oom-at-step-3"));
   EXPECT_EQ(failed["progress"]["step"], "2");
   ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "ok.yaml").string() + " --job-id ok", tmp.path())["name"],
-            "jobs/ok");
+            "projects/default/jobs/ok");
   EXPECT_EQ(Oomb(ep, "watch ok", tmp.path()).rc, 0) << daemon.log();
   EXPECT_EQ(Oomb(ep, "health", tmp.path()).rc, 0);
 }
@@ -444,7 +445,7 @@ TEST(DaemonFaultTest, AFullDiskFailsTheJobWithAClearReasonAndTheDaemonKeepsServi
             WithLine(yaml, "checkpoint", "checkpoint: {every_steps: 2, dir: " + (full / "ckpt").string() + "}"));
   WriteFile(tmp.path() / "ok.yaml", yaml);
   ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "full.yaml").string() + " --job-id disk", tmp.path())["name"],
-            "jobs/disk");
+            "projects/default/jobs/disk");
   EXPECT_EQ(Oomb(ep, "watch disk", tmp.path()).rc, 6);
   const json failed = OombJson(ep, "get disk", tmp.path());
   EXPECT_EQ(failed["error"]["code"], "RESOURCE_EXHAUSTED") << failed.dump();
@@ -452,7 +453,7 @@ TEST(DaemonFaultTest, AFullDiskFailsTheJobWithAClearReasonAndTheDaemonKeepsServi
   EXPECT_THAT(failed["error"]["message"].get<std::string>(), HasSubstr("No space left on device"));
   EXPECT_THAT(failed["error"]["message"].get<std::string>(), HasSubstr((full / "ckpt").string()));
   ASSERT_EQ(OombJson(ep, "submit " + (tmp.path() / "ok.yaml").string() + " --job-id fine", tmp.path())["name"],
-            "jobs/fine");
+            "projects/default/jobs/fine");
   EXPECT_EQ(Oomb(ep, "watch fine", tmp.path()).rc, 0) << daemon.log();
 }
 
@@ -472,8 +473,8 @@ TEST(DaemonBadInput, MalformedAndOversizedMessagesAndRestrictivePermissions) {
   EXPECT_EQ(mode(daemon.data_dir() / "oombd.sock"), fs::perms::owner_read | fs::perms::owner_write);
   WriteIdsJsonl(tmp.path() / "ids.jsonl", 1, 50);
   const Result r = Shell(VenvPython().string() + " " + SourceDir() + "/tests/python/grpc_bad_messages.py --endpoint " +
-                             daemon.tcp_endpoint() + " --proto-dir " + SourceDir() + "/proto --model " +
-                             TinyLlama().string() + " --train " + (tmp.path() / "ids.jsonl").string(),
+                             daemon.tcp_endpoint() + " --model " + TinyLlama().string() + " --train " +
+                             (tmp.path() / "ids.jsonl").string(),
                          tmp.path());
   if (r.rc == 77) GTEST_SKIP() << r.out << r.err;
   EXPECT_EQ(r.rc, 0) << r.out << r.err << daemon.log();

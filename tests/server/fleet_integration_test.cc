@@ -101,7 +101,7 @@ TEST_F(FleetTest, TenJobsSubmittedToEitherDaemonEachRunExactlyOnce) {
   for (int i = 0; i < 10; ++i) {
     const std::string to = i % 2 ? "b" : "a";
     const json j = OombJson(endpoint(to), "submit " + spec.string() + " --job-id j" + std::to_string(i), dir());
-    ASSERT_EQ(j.value("name", ""), "jobs/j" + std::to_string(i)) << logs();
+    ASSERT_EQ(j.value("name", ""), "projects/default/jobs/j" + std::to_string(i)) << logs();
   }
   // Every job ends, watched through the daemon it was NOT submitted to: its events reach that
   // daemon's watchers whichever daemon ran it.
@@ -147,7 +147,7 @@ TEST_F(FleetTest, KillNineOfTheDaemonRunningAJobHandsItToTheOtherAfterTheLease) 
   constexpr int kSteps = 60;
   const fs::path spec = WriteJob("long", kSteps, 1);
   ASSERT_EQ(OombJson(endpoint("a"), "submit " + spec.string() + " --job-id crash", dir()).value("name", ""),
-            "jobs/crash");
+            "projects/default/jobs/crash");
   const std::string victim = RunningOn("crash", "a");
   ASSERT_FALSE(victim.empty()) << logs();
   const std::string survivor = other(victim);
@@ -246,7 +246,8 @@ TEST_F(FleetTest, KillNineOfTheDaemonRunningAJobHandsItToTheOtherAfterTheLease) 
 TEST_F(FleetTest, SigtermHandsTheRunningJobToTheOtherDaemonAtOnce) {
   constexpr int kSteps = 60;
   const fs::path spec = WriteJob("drain", kSteps, 1);
-  ASSERT_EQ(OombJson(endpoint("b"), "submit " + spec.string() + " --job-id d", dir()).value("name", ""), "jobs/d");
+  ASSERT_EQ(OombJson(endpoint("b"), "submit " + spec.string() + " --job-id d", dir()).value("name", ""),
+            "projects/default/jobs/d");
   const std::string stopping = RunningOn("d", "b");
   ASSERT_FALSE(stopping.empty()) << logs();
   const std::string taker = other(stopping);
@@ -273,7 +274,8 @@ TEST_F(FleetTest, SigtermHandsTheRunningJobToTheOtherDaemonAtOnce) {
 
 TEST_F(FleetTest, CancelAndPauseThroughTheOtherDaemonStopTheRun) {
   const fs::path spec = WriteJob("slow", 100000, 0);
-  ASSERT_EQ(OombJson(endpoint("a"), "submit " + spec.string() + " --job-id c", dir()).value("name", ""), "jobs/c");
+  ASSERT_EQ(OombJson(endpoint("a"), "submit " + spec.string() + " --job-id c", dir()).value("name", ""),
+            "projects/default/jobs/c");
   const std::string runner = RunningOn("c", "a");
   ASSERT_FALSE(runner.empty()) << logs();
   // Cancel through the daemon that does not run it: the runner hears it and stops.
@@ -285,7 +287,8 @@ TEST_F(FleetTest, CancelAndPauseThroughTheOtherDaemonStopTheRun) {
   EXPECT_EQ(OombJson(endpoint(runner), "get c", dir()).value("state", ""), "CANCELLED");
 
   // Pause through the other daemon, resume, and cancel the resumed run.
-  ASSERT_EQ(OombJson(endpoint("b"), "submit " + spec.string() + " --job-id p", dir()).value("name", ""), "jobs/p");
+  ASSERT_EQ(OombJson(endpoint("b"), "submit " + spec.string() + " --job-id p", dir()).value("name", ""),
+            "projects/default/jobs/p");
   const std::string p_runner = RunningOn("p", "b");
   ASSERT_FALSE(p_runner.empty()) << logs();
   EXPECT_EQ(OombJson(endpoint(other(p_runner)), "pause p", dir()).value("state", ""), "PAUSING");

@@ -29,7 +29,7 @@ using ::testing::HasSubstr;
 v1::Job NewJob(const std::string& id, v1::Job::State state = v1::Job::QUEUED, int priority = 0,
                const std::string& device = "", int gpus = 1) {
   v1::Job j;
-  j.set_name(JobName(id));
+  j.set_name("jobs/" + id);  // the name of a job stored before projects; ParseStoredName reads both
   j.set_state(state);
   j.set_priority(priority);
   j.mutable_spec()->mutable_resources()->set_priority(priority);
@@ -298,6 +298,43 @@ TEST_P(JobStoreTest, ListPaginationIsStableUnderInsertsAndFilters) {
   EXPECT_TRUE(store_->ListByState({})->empty());
   const std::map<v1::Job::State, int64_t> counts = *store_->CountByState();
   EXPECT_EQ(counts, (std::map<v1::Job::State, int64_t>{{v1::Job::QUEUED, 5}, {v1::Job::FAILED, 1}}));
+}
+
+// Jobs in projects (issue 53): a list filtered by projects, across pages, and a job stored
+// before projects ("jobs/{id}") in the default project; events carry the job's name.
+TEST_P(JobStoreTest, ListsFilterByProjectAndEventsCarryTheJobsName) {
+  for (int i = 0; i < 6; ++i) {
+    v1::Job j = NewJob("p" + std::to_string(i));
+    j.set_name(JobName(i % 3 == 0 ? "nlp" : "vision", "p" + std::to_string(i)));
+    ASSERT_TRUE(store_->Create(j, "", {StateEvent(v1::Job::QUEUED)}).ok());
+  }
+  ASSERT_TRUE(store_->Create(NewJob("legacy"), "", {}).ok());
+  ListQuery q;
+  q.projects = {"vision"};
+  q.page_size = 2;
+  std::vector<std::string> names;
+  for (;;) {
+    const absl::StatusOr<ListResult> page = store_->List(q);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::Job& j : page->jobs) names.push_back(j.name());
+    if (page->next_position == 0) break;
+    q.before_position = page->next_position;
+  }
+  EXPECT_THAT(names, ElementsAre("projects/vision/jobs/p5", "projects/vision/jobs/p4", "projects/vision/jobs/p2",
+                                 "projects/vision/jobs/p1"));
+  ListQuery defaults;
+  defaults.projects = {kDefaultProject, "nlp"};
+  const absl::StatusOr<ListResult> listed = store_->List(defaults);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<std::string> others;
+  for (const v1::Job& j : listed->jobs) others.push_back(j.name());
+  EXPECT_THAT(others, ElementsAre("jobs/legacy", "projects/nlp/jobs/p3", "projects/nlp/jobs/p0"));
+  const std::vector<v1::JobEvent> events = *store_->ListEvents("p4", 0, 10);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].job(), "projects/vision/jobs/p4");
+  EXPECT_EQ(ParseStoredName("projects/vision/jobs/p4").project, "vision");
+  EXPECT_EQ(ParseStoredName("jobs/legacy").project, kDefaultProject);
+  EXPECT_EQ(ParseStoredName("jobs/legacy").id, "legacy");
 }
 
 TEST_P(JobStoreTest, DeleteRemovesTheJobItsEventsCheckpointsAndRequestId) {

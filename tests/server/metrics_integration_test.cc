@@ -283,7 +283,7 @@ TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbe
                                     "{suites: [positions, passkey], every_steps: 4, lengths: [512], depths: 2}"));
   WriteFile(dir / "b.yaml", JobYaml("metrics-b", dir, 8, 100));
   ASSERT_EQ(OombJson(endpoint, "submit " + (dir / "a.yaml").string() + " --job-id metrics-a", dir).value("name", ""),
-            "jobs/metrics-a");
+            "projects/default/jobs/metrics-a");
   ASSERT_EQ(OombJson(endpoint, "submit " + (dir / "b.yaml").string() + " --job-id metrics-b", dir).value("state", ""),
             "QUEUED");
   EXPECT_EQ(Oomb(endpoint, "get no-such-job", dir).rc, 3);  // a NOT_FOUND for the gRPC panels

@@ -337,8 +337,9 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-  EXPECT_THAT(sink.calls(), ::testing::ElementsAre("QUEUED", "RUNNING", "start cpu jobs/a", "step cpu 1",
-                                                   "checkpoint cpu 1", "step cpu 2", "SUCCEEDED", "stop cpu"));
+  EXPECT_THAT(sink.calls(),
+              ::testing::ElementsAre("QUEUED", "RUNNING", "start cpu projects/default/jobs/a", "step cpu 1",
+                                     "checkpoint cpu 1", "step cpu 2", "SUCCEEDED", "stop cpu"));
   EXPECT_EQ(seen_kv, &kv);
   // The evaluation is the job's progress (Progress.evaluation: `oomb get`, GetJob).
   absl::StatusOr<v1::Job> job = (*store)->Get("a");

@@ -133,7 +133,7 @@ TEST_F(SchedulerTest, RunsToSuccessWithStepsAndCheckpoints) {
   StartScheduler();
   absl::StatusOr<v1::Job> job = scheduler_->Submit(spec_, "a", "");
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->name(), "jobs/a");
+  EXPECT_EQ(job->name(), "projects/default/jobs/a");
   const v1::Job done = WaitFor("a", v1::Job::SUCCEEDED);
   EXPECT_EQ(done.progress().step(), 3);
   EXPECT_EQ(done.attempt(), 1);

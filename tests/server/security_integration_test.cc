@@ -90,7 +90,8 @@ class SecurityTest : public ::testing::Test {
 TEST_F(SecurityTest, LinksPlacedInAModelDirectoryAreNeverFollowed) {
   StartDaemon();
   fs::create_symlink(outside() / "secret", model() / "special_tokens_map.json");
-  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id links", tmp_->path())["name"], "jobs/links");
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id links", tmp_->path())["name"],
+            "projects/default/jobs/links");
   EXPECT_EQ(Cli("watch links").rc, 6);
   const json job = OombJson(ep(), "get links", tmp_->path());
   EXPECT_EQ(job["error"]["code"], "PERMISSION_DENIED") << job.dump();
@@ -168,7 +169,8 @@ TEST_F(SecurityTest, TheDataDirIsNeverAJobsInputOrOutput) {
   }
   EXPECT_THAT(refusal, HasSubstr("is a hard link to a file of the server's data directory"));
   // As a checkpoint dir: the data dir itself, and another job's default checkpoint folder.
-  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id first", tmp_->path())["name"], "jobs/first");
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id first", tmp_->path())["name"],
+            "projects/default/jobs/first");
   EXPECT_EQ(Cli("watch first").rc, 0);
   for (const fs::path& dir : {data_dir(), data_dir() / "jobs" / "first" / "checkpoints"}) {
     const Result r = Cli("submit " + Spec("j").string() + " --set checkpoint.dir=" + dir.string());
@@ -208,12 +210,12 @@ TEST_F(SecurityTest, ACheckpointDirectoryBelongsToOneJob) {
   const std::string shared = (root() / "shared").string();
   ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id one --set checkpoint.dir=" + shared,
                      tmp_->path())["name"],
-            "jobs/one");
+            "projects/default/jobs/one");
   for (const std::string& dir : {shared, shared + "/inside"}) {
     const Result r = Cli("submit " + Spec("j").string() + " --set checkpoint.dir=" + dir);
     EXPECT_EQ(r.rc, 1) << dir << ": " << r.err;
     EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION")) << dir;
-    EXPECT_THAT(r.err, HasSubstr("the checkpoint directory of jobs/one")) << dir;
+    EXPECT_THAT(r.err, HasSubstr("the checkpoint directory of projects/default/jobs/one")) << dir;
   }
   const Result above = Cli("submit " + Spec("j").string() + " --set checkpoint.dir=" + root().string());
   EXPECT_EQ(above.rc, 1) << above.err;
@@ -353,7 +355,7 @@ TEST_F(SecurityTest, EveryFailureHasAReason) {
                                       " --set evaluation.haystack=" + (root() / "haystack.txt").string() +
                                       " --set evaluation.lengths=[64] --set resources.max_retries=2",
                                   tmp_->path());
-  ASSERT_EQ(submitted["name"], "jobs/target") << submitted.dump();
+  ASSERT_EQ(submitted["name"], "projects/default/jobs/target") << submitted.dump();
   EXPECT_EQ(Cli("watch target").rc, 6);
   const json target = OombJson(ep(), "get target", tmp_->path());
   EXPECT_EQ(target["error"]["reason"], "BAD_SPEC") << target.dump();
@@ -375,12 +377,13 @@ TEST_F(SecurityTest, EveryFailureHasAReason) {
                      "submit " + Spec("j").string() + " --job-id windowed --set model.path=" + windowed.string() +
                          " --set attention.mode=sparse",
                      tmp_->path())["name"],
-            "jobs/windowed");
+            "projects/default/jobs/windowed");
   EXPECT_EQ(Cli("watch windowed").rc, 0);
   // The weights cut short after CreateJob accepted the model.
   const std::string weights = Slurp(model() / "model.safetensors");
   WriteFile(model() / "model.safetensors", weights.substr(0, weights.size() / 2));
-  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id corrupt", tmp_->path())["name"], "jobs/corrupt");
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id corrupt", tmp_->path())["name"],
+            "projects/default/jobs/corrupt");
   EXPECT_EQ(Cli("watch corrupt").rc, 6);
   const json corrupt = OombJson(ep(), "get corrupt", tmp_->path());
   EXPECT_EQ(corrupt["error"]["reason"], "BAD_MODEL") << corrupt.dump();
@@ -391,7 +394,8 @@ TEST_F(SecurityTest, EveryFailureHasAReason) {
 // again; what the job wrote before stays.
 TEST_F(SecurityTest, PartialCheckpointsAreRemovedWhenTheJobRunsAgain) {
   StartDaemon({"--set", "scheduler.hold=true"});
-  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id left", tmp_->path())["name"], "jobs/left");
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id left", tmp_->path())["name"],
+            "projects/default/jobs/left");
   const fs::path ckpt = data_dir() / "jobs" / "left" / "checkpoints";
   fs::create_directories(ckpt / "checkpoint-7.tmp-4242");
   WriteFile(ckpt / "checkpoint-7.tmp-4242" / "optimizer.pt", std::string(1 << 20, 'z'));
@@ -424,7 +428,8 @@ TEST_F(SecurityTest, NumbersInClientNamedFilesAreBoundedBeforeAnyAllocation) {
                         "}}\ndata: {validation: " + (root() / "heldout.jsonl").string() + ", max_seq_len: 128}\n" +
                         "memory: {chunk_tokens: 32, page_tokens: 16}\nresources: {device: cpu}\n");
     const std::string id = std::string("eval-") + name;
-    ASSERT_EQ(OombJson(ep(), "submit " + spec.string() + " --job-id " + id, tmp_->path())["name"], "jobs/" + id);
+    ASSERT_EQ(OombJson(ep(), "submit " + spec.string() + " --job-id " + id, tmp_->path())["name"],
+              "projects/default/jobs/" + id);
     EXPECT_EQ(Cli("watch " + id).rc, 6) << name;
     const json job = OombJson(ep(), "get " + id, tmp_->path());
     const std::string message = job["error"]["message"].get<std::string>();
@@ -549,7 +554,7 @@ TEST_F(SecurityTest, ANonFiniteAdapterFailsItsEvaluation) {
       OombJson(ep(),
                "submit " + Spec("j").string() + " --job-id trained --set checkpoint.dir=" + (root() / "run").string(),
                tmp_->path())["name"],
-      "jobs/trained");
+      "projects/default/jobs/trained");
   ASSERT_EQ(Cli("watch trained").rc, 0);
   const fs::path adapter = root() / "run" / "final";
   std::string weights = Slurp(adapter / "adapter_model.safetensors");
@@ -564,7 +569,8 @@ TEST_F(SecurityTest, ANonFiniteAdapterFailsItsEvaluation) {
                       ", dtype: float32}\nmethod: {type: evaluate, lora: " + "{init_adapter: " + adapter.string() +
                       "}}\ndata: {validation: " + (root() / "heldout.jsonl").string() + ", max_seq_len: 128}\n" +
                       "memory: {chunk_tokens: 32, page_tokens: 16}\nresources: {device: cpu}\n");
-  ASSERT_EQ(OombJson(ep(), "submit " + spec.string() + " --job-id nan", tmp_->path())["name"], "jobs/nan");
+  ASSERT_EQ(OombJson(ep(), "submit " + spec.string() + " --job-id nan", tmp_->path())["name"],
+            "projects/default/jobs/nan");
   EXPECT_EQ(Cli("watch nan").rc, 6);
   const json job = OombJson(ep(), "get nan", tmp_->path());
   EXPECT_EQ(job["error"]["reason"], "NAN_LOSS") << job.dump();

@@ -185,7 +185,7 @@ TEST(DaemonSystemdTest, ReadyOnlyOnceServingAndStoppingWhenTheDrainBegins) {
   const std::string ep = daemon.tcp_endpoint();
   ASSERT_EQ(
       OombJson(ep, "submit " + (tmp.path() / "job.yaml").string() + " --job-id long", tmp.path()).value("name", ""),
-      "jobs/long");
+      "projects/default/jobs/long");
   ASSERT_TRUE(WaitFor(
       [&] {
         const json j = OombJson(ep, "get long", tmp.path());

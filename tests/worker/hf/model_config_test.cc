@@ -49,7 +49,13 @@ TEST(ModelConfigTest, SlidingWindowsOfMistralAndTheirErrors) {
               HasSubstr("config.json: key 'layer_types': expected a list of 2 (num_hidden_layers)"));
   EXPECT_THAT(error(with(R"("sliding_window": 512, "layer_types": ["full_attention", "chunked"])")),
               HasSubstr("key 'layer_types': entry 1"));
-  EXPECT_THAT(error(with(R"("sliding_window": -1)")), HasSubstr("'sliding_window' must be positive or null"));
+  // A window is a positive number of tokens or null (none); 0 and sizes past any context are
+  // refused before anything is sized by them (issue 52).
+  for (const char* bad : {"-1", "0", "4611686018427387904"}) {
+    EXPECT_THAT(error(with(std::string(R"("sliding_window": )") + bad)),
+                HasSubstr(std::string("config.json: key 'sliding_window' must be in [1, 1073741824], got ") + bad));
+  }
+  EXPECT_TRUE(ParseModelConfig(with(R"("sliding_window": null)"), "config.json").ok());
   std::string qwen2 = kBase;
   qwen2.replace(qwen2.find("LlamaForCausalLM"), 16, "Qwen2ForCausalLM");
   qwen2.replace(qwen2.find("\"llama\""), 7, "\"qwen2\"");

@@ -1,0 +1,377 @@
+"""The asyncio client (grpc.aio): AsyncClient, with the calls of Client as coroutines.
+
+    async with oomb.AsyncClient() as client:
+        job = await client.jobs.create("job.yaml")
+        async for event in job.events():
+            print(event.sequence, event.type)
+        job = await job.wait()
+
+Create it inside the event loop that uses it (a grpc.aio channel belongs to one loop).
+Retries, reconnection and errors are those of Client.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import (Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, TypeVar,
+                    cast)
+
+import grpc
+import grpc.aio
+
+from oomb._caller import Caller
+from oomb._client import _SETTLED_CANCEL, _SETTLED_PAUSE, _SETTLED_RESUME, DEFAULT_POLL, StateLike, _update_request
+from oomb._connection import ChannelOptions, Connection, Pem
+from oomb._errors import JobCancelled, JobFailed, Unavailable, WaitTimeout, from_rpc_error
+from oomb._job import Checkpoint, JobState, _JobBase
+from oomb._names import job_name, parent
+from oomb._retry import CREATE, IDEMPOTENT, RetryPolicy, async_call_with_retry
+from oomb._spec import SpecLike, load_spec
+from oomb.v1 import health_pb2, health_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+
+__all__ = ["AsyncClient", "AsyncJobs", "AsyncJob"]
+
+log = logging.getLogger("oomb")
+T = TypeVar("T")
+AsyncEvents = AsyncGenerator[jobs_pb2.JobEvent, None]
+
+
+class AsyncJob(_JobBase):
+    """A job (see _JobBase for its fields) with coroutine calls; Job's asyncio twin."""
+
+    def __init__(self, proto: jobs_pb2.Job, jobs: "AsyncJobs") -> None:
+        super().__init__(proto)
+        self._jobs = jobs
+
+    async def refresh(self) -> "AsyncJob":
+        """Reads the job again (GetJob); returns self."""
+        self._update(await self._jobs._get_proto(self.name))
+        return self
+
+    async def wait(self, timeout: Optional[float] = None, poll: float = DEFAULT_POLL,
+                   raise_on_failure: bool = True) -> "AsyncJob":
+        """As Job.wait: polls until the job has ended; JobFailed / JobCancelled / WaitTimeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                await self.refresh()
+            except Unavailable as e:
+                log.info("wait %s: %s; polling again", self.name, e)
+            if self.done:
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeout(f"job {self.name} still {self.state} after {timeout} s",
+                                  code=grpc.StatusCode.DEADLINE_EXCEEDED)
+            await asyncio.sleep(poll if left is None else max(0.0, min(poll, left)))
+        if raise_on_failure:
+            if self.state == JobState.FAILED:
+                raise JobFailed(self)
+            if self.state == JobState.CANCELLED:
+                raise JobCancelled(self)
+        return self
+
+    async def events(self, follow: bool = True, after: int = 0,
+                     reconnect_timeout: Optional[float] = None) -> AsyncEvents:
+        """As Job.events, an async iterator (this AsyncJob follows the events)."""
+        events = self._jobs.events(self.name, follow=follow, after=after, reconnect_timeout=reconnect_timeout,
+                                   on_snapshot=self._update)
+        try:
+            async for event in events:
+                self._apply(event)
+                yield event
+        finally:
+            await events.aclose()  # closing the generator cancels the stream
+
+    async def checkpoints(self) -> List[Checkpoint]:
+        """The job's checkpoints still on disk, oldest first."""
+        return await self._jobs.checkpoints(self.name)
+
+    async def cancel(self) -> "AsyncJob":
+        self._update((await self._jobs.cancel(self.name)).proto)
+        return self
+
+    async def pause(self) -> "AsyncJob":
+        self._update((await self._jobs.pause(self.name)).proto)
+        return self
+
+    async def resume(self) -> "AsyncJob":
+        self._update((await self._jobs.resume(self.name)).proto)
+        return self
+
+    async def delete(self) -> None:
+        await self._jobs.delete(self.name)
+
+    async def update(self, labels: Optional[Mapping[str, str]] = None, priority: Optional[int] = None,
+                     display_name: Optional[str] = None) -> "AsyncJob":
+        """As Job.update: returns self, updated."""
+        job = await self._jobs.update(self.name, labels=labels, priority=priority, display_name=display_name)
+        self._update(job.proto)
+        return self
+
+
+class AsyncJobs:
+    """`AsyncClient.jobs`: the calls of Client.jobs (see Jobs) as coroutines; `list` and
+    `events` are async iterators."""
+
+    def __init__(self, client: "AsyncClient") -> None:
+        self._client = client
+
+    def _name(self, name_or_id: str) -> str:
+        return job_name(name_or_id, self._client.project)
+
+    async def create(self, spec: SpecLike, job_id: Optional[str] = None, request_id: Optional[str] = None,
+                     validate_only: bool = False, project: Optional[str] = None,
+                     timeout: Optional[float] = None) -> AsyncJob:
+        """As Jobs.create."""
+        request = jobs_pb2.CreateJobRequest(job_id=job_id or "", validate_only=validate_only,
+                                            parent=self._client._parent(project))
+        request.spec.CopyFrom(load_spec(spec))
+        if not validate_only:
+            request.request_id = request_id or str(uuid.uuid4())
+        elif request_id:
+            request.request_id = request_id
+        return AsyncJob(await self._client._unary("CreateJob", request, timeout, CREATE), self)
+
+    async def get(self, name_or_id: str, timeout: Optional[float] = None) -> AsyncJob:
+        """As Jobs.get."""
+        return AsyncJob(await self._get_proto(self._name(name_or_id), timeout), self)
+
+    async def _get_proto(self, name: str, timeout: Optional[float] = None) -> jobs_pb2.Job:
+        return await self._client._unary("GetJob", jobs_pb2.GetJobRequest(name=name), timeout)
+
+    async def list(self, states: Optional[Iterable[StateLike]] = None, labels: Optional[Mapping[str, str]] = None,
+                   page_size: Optional[int] = None, project: Optional[str] = None, all_projects: bool = False,
+                   timeout: Optional[float] = None) -> AsyncIterator[AsyncJob]:
+        """As Jobs.list: every job, newest first, page after page."""
+        request = jobs_pb2.ListJobsRequest(page_size=page_size or 0,
+                                           states=cast(Any, [int(JobState.parse(s)) for s in states or ()]),
+                                           labels=dict(labels or {}),
+                                           parent=self._client._parent(project, all_projects))
+        while True:
+            response = await self._client._unary("ListJobs", request, timeout)
+            for j in response.jobs:
+                yield AsyncJob(j, self)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    async def _mutate(self, method: str, request: Any, timeout: Optional[float], settled: frozenset) -> AsyncJob:
+        async def attempt(n: int) -> jobs_pb2.Job:
+            try:
+                return await self._client._raw(method, request, timeout)
+            except grpc.RpcError as e:
+                if n > 0 and e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+                    job = await self._get_proto(request.name, timeout)
+                    if JobState(job.state) in settled:
+                        return job
+                raise
+
+        return AsyncJob(await self._client._retrying(attempt, IDEMPOTENT, method), self)
+
+    async def cancel(self, name_or_id: str, timeout: Optional[float] = None) -> AsyncJob:
+        """As Jobs.cancel."""
+        return await self._mutate("CancelJob", jobs_pb2.CancelJobRequest(name=self._name(name_or_id)), timeout,
+                                  _SETTLED_CANCEL)
+
+    async def pause(self, name_or_id: str, timeout: Optional[float] = None) -> AsyncJob:
+        """As Jobs.pause."""
+        return await self._mutate("PauseJob", jobs_pb2.PauseJobRequest(name=self._name(name_or_id)), timeout,
+                                  _SETTLED_PAUSE)
+
+    async def resume(self, name_or_id: str, timeout: Optional[float] = None) -> AsyncJob:
+        """As Jobs.resume."""
+        return await self._mutate("ResumeJob", jobs_pb2.ResumeJobRequest(name=self._name(name_or_id)), timeout,
+                                  _SETTLED_RESUME)
+
+    async def delete(self, name_or_id: str, timeout: Optional[float] = None) -> None:
+        """As Jobs.delete."""
+        request = jobs_pb2.DeleteJobRequest(name=self._name(name_or_id))
+
+        async def attempt(n: int) -> None:
+            try:
+                await self._client._raw("DeleteJob", request, timeout)
+            except grpc.RpcError as e:
+                if not (n > 0 and e.code() == grpc.StatusCode.NOT_FOUND):  # type: ignore[attr-defined]
+                    raise
+
+        await self._client._retrying(attempt, IDEMPOTENT, "DeleteJob")
+
+    async def estimate(self, spec: SpecLike, project: Optional[str] = None,
+                       timeout: Optional[float] = None) -> jobs_pb2.EstimateJobResponse:
+        """As Jobs.estimate."""
+        request = jobs_pb2.EstimateJobRequest(parent=self._client._parent(project))
+        request.spec.CopyFrom(load_spec(spec))
+        return await self._client._unary("EstimateJob", request, timeout)
+
+    async def update(self, name_or_id: str, labels: Optional[Mapping[str, str]] = None,
+                     priority: Optional[int] = None, display_name: Optional[str] = None,
+                     timeout: Optional[float] = None) -> AsyncJob:
+        """As Jobs.update (ValueError when no field is given)."""
+        request = _update_request(self._name(name_or_id), labels, priority, display_name)
+        return AsyncJob(await self._client._unary("UpdateJob", request, timeout), self)
+
+    async def checkpoints(self, name_or_id: str, timeout: Optional[float] = None) -> List[Checkpoint]:
+        """As Jobs.checkpoints."""
+        response = await self._client._unary("ListCheckpoints",
+                                             jobs_pb2.ListCheckpointsRequest(name=self._name(name_or_id)), timeout)
+        return [Checkpoint.from_proto(c) for c in response.checkpoints]
+
+    async def wait(self, name_or_id: str, timeout: Optional[float] = None, poll: float = DEFAULT_POLL,
+                   raise_on_failure: bool = True) -> AsyncJob:
+        """As Jobs.wait."""
+        job = await self.get(name_or_id)
+        return await job.wait(timeout=timeout, poll=poll, raise_on_failure=raise_on_failure)
+
+    def events(self, name_or_id: str, follow: bool = True, after: int = 0,
+               reconnect_timeout: Optional[float] = None,
+               on_snapshot: Optional[Callable[[jobs_pb2.Job], None]] = None) -> AsyncEvents:
+        """As Jobs.events, an async iterator (reconnecting by itself when follow=True)."""
+        name = self._name(name_or_id)
+        if not follow:
+            return self._stored_events(name, after)
+        return self._watch(name, after, reconnect_timeout, on_snapshot)
+
+    async def _stored_events(self, name: str, after: int) -> AsyncEvents:
+        while True:
+            response = await self._client._unary(
+                "ListJobEvents", jobs_pb2.ListJobEventsRequest(name=name, after_sequence=after), None)
+            for e in response.events:
+                after = e.sequence
+                yield e
+            if not response.more or not response.events:
+                return
+
+    async def _watch(self, name: str, after: int, reconnect_timeout: Optional[float],
+                     on_snapshot: Optional[Callable[[jobs_pb2.Job], None]]) -> AsyncEvents:
+        client = self._client
+        last = after
+        retries = 0
+        down_since: Optional[float] = None
+        while True:
+            terminal = False
+            failure: Optional[str] = None
+            call = client.stub.WatchJob(jobs_pb2.WatchJobRequest(name=name, after_sequence=last),
+                                        metadata=client._conn.metadata)
+            try:
+                async for response in call:
+                    if response.HasField("snapshot"):
+                        retries, down_since = 0, None
+                        terminal = JobState(response.snapshot.state).terminal
+                        if on_snapshot is not None:
+                            on_snapshot(response.snapshot)
+                        continue
+                    event = response.event
+                    if event.sequence <= last:
+                        continue
+                    last = event.sequence
+                    if event.type == jobs_pb2.JobEvent.STATE_CHANGED and JobState(event.state).terminal:
+                        terminal = True
+                    yield event
+                if terminal:
+                    return
+                failure = "the stream ended before the job did"
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                    raise from_rpc_error(e) from e
+                failure = f"UNAVAILABLE: {e.details()}"  # type: ignore[attr-defined]
+            finally:
+                call.cancel()
+            now = time.monotonic()
+            down_since = down_since if down_since is not None else now
+            if reconnect_timeout is not None and now - down_since > reconnect_timeout:
+                raise Unavailable(f"watching {name}: {failure}; gave up after {reconnect_timeout} s",
+                                  code=grpc.StatusCode.UNAVAILABLE)
+            delay = client.retry.delay(min(retries, 16))
+            retries += 1
+            log.info("watch %s: %s; reconnecting after sequence %d in %.2f s", name, failure, last, delay)
+            await asyncio.sleep(delay)
+
+
+class AsyncClient:
+    """Client's asyncio twin (grpc.aio); the same arguments (see Client). Use `async with`, or
+    `await close()`."""
+
+    def __init__(self, endpoint: Optional[str] = None, token: Optional[str] = None, ca: Optional[Pem] = None,
+                 cert: Optional[Pem] = None, key: Optional[Pem] = None, timeout: float = 30.0,
+                 retry: Optional[RetryPolicy] = None, options: Optional[ChannelOptions] = None,
+                 project: Optional[str] = None) -> None:
+        self._conn = Connection(endpoint, token, ca, cert, key, options, project)
+        self.timeout = timeout
+        self.retry = retry if retry is not None else RetryPolicy()
+        if self._conn.credentials is not None:
+            self.channel: grpc.aio.Channel = grpc.aio.secure_channel(self._conn.endpoint, self._conn.credentials,
+                                                                     options=self._conn.options)
+        else:
+            self.channel = grpc.aio.insecure_channel(self._conn.endpoint, options=self._conn.options)
+        self.stub = jobs_pb2_grpc.JobServiceStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self.jobs = AsyncJobs(self)
+
+    @property
+    def endpoint(self) -> str:
+        return self._conn.endpoint
+
+    @property
+    def metadata(self) -> tuple:
+        """The call metadata the client sends (the authorization header when a token is set)."""
+        return self._conn.metadata
+
+    @property
+    def project(self) -> Optional[str]:
+        """The client's project id ("nlp"), or None."""
+        return self._conn.project
+
+    async def server_info(self, timeout: Optional[float] = None) -> jobs_pb2.ServerInfo:
+        """As Client.server_info."""
+        return await self._unary("GetServerInfo", jobs_pb2.GetServerInfoRequest(), timeout)
+
+    async def whoami(self, timeout: Optional[float] = None) -> Caller:
+        """As Client.whoami: the Caller (GetCaller)."""
+        return Caller.from_proto(await self._unary("GetCaller", jobs_pb2.GetCallerRequest(), timeout))
+
+    async def health(self, service: str = "", timeout: Optional[float] = None) -> str:
+        """As Client.health: "SERVING" or "NOT_SERVING"."""
+        request = health_pb2.HealthCheckRequest(service=service)
+
+        async def attempt(_: int) -> health_pb2.HealthCheckResponse:
+            return await self._health.Check(request, timeout=self._deadline(timeout), metadata=self._conn.metadata)
+
+        response = await self._retrying(attempt, IDEMPOTENT, "Health.Check")
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<oomb.AsyncClient {self._conn!r}>"
+
+    def _deadline(self, timeout: Optional[float]) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def _parent(self, project: Optional[str], all_projects: bool = False) -> str:
+        return parent(self.project if project is None and not all_projects else project, all_projects)
+
+    def _raw(self, method: str, request: Any, timeout: Optional[float]) -> Awaitable[Any]:
+        return getattr(self.stub, method)(request, timeout=self._deadline(timeout), metadata=self._conn.metadata)
+
+    async def _retrying(self, attempt: Callable[[int], Awaitable[T]], retry_on: frozenset, what: str) -> T:
+        try:
+            return await async_call_with_retry(attempt, self.retry, retry_on, what)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from e
+
+    async def _unary(self, method: str, request: Any, timeout: Optional[float],
+                     retry_on: frozenset = IDEMPOTENT) -> Any:
+        async def attempt(_: int) -> Any:
+            return await self._raw(method, request, timeout)
+
+        return await self._retrying(attempt, retry_on, method)

@@ -1,0 +1,92 @@
+#include "server/projects.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/auth.h"
+#include "worker/common/status.h"
+
+namespace oomb::server {
+
+absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const std::string& text,
+                                                                         const std::string& source) {
+  std::map<std::string, ProjectSettings> out;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ": ", e.msg));
+  }
+  const auto error = [&](const YAML::Node& at, const std::string& key, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", at.Mark().line + 1, ": ", key, ": ", what));
+  };
+  if (root.IsNull()) return out;
+  if (!root.IsMap()) return error(root, "(document)", "expected a mapping with the key 'projects'");
+  for (const auto& top : root) {
+    const std::string key = top.first.as<std::string>();
+    if (key != "projects") return error(top.first, key, "unknown key (the file holds 'projects')");
+    if (top.second.IsNull()) continue;
+    if (!top.second.IsMap()) return error(top.second, "projects", "expected a mapping of project ids");
+    for (const auto& p : top.second) {
+      const std::string id = p.first.as<std::string>();
+      const std::string path = "projects." + id;
+      if (!ValidProjectId(id)) return error(p.first, path, "a project id is [a-z0-9][a-z0-9-]{0,62}");
+      ProjectSettings settings;
+      if (!p.second.IsNull() && !p.second.IsMap()) return error(p.second, path, "expected a mapping");
+      for (const auto& kv : p.second) {
+        const std::string name = kv.first.as<std::string>();
+        const std::string field = path + "." + name;
+        try {
+          if (name == "allowed_roots") {
+            if (!kv.second.IsSequence()) return error(kv.second, field, "expected a list of absolute directories");
+            for (const auto& r : kv.second) {
+              const std::string root_dir = r.as<std::string>();
+              if (root_dir.empty() || root_dir[0] != '/') return error(r, field, "each must be an absolute path");
+              settings.allowed_roots.push_back(root_dir);
+            }
+          } else if (name == "max_queued_jobs") {
+            settings.max_queued_jobs = kv.second.as<int64_t>();
+            if (settings.max_queued_jobs < 0) return error(kv.second, field, "must be >= 0");
+          } else {
+            return error(kv.first, field, "unknown key (allowed_roots, max_queued_jobs)");
+          }
+        } catch (const YAML::Exception& e) {
+          return error(kv.second, field, e.msg);
+        }
+      }
+      out[id] = std::move(settings);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const ProjectRegistry>> ProjectRegistry::Create(const std::string& path) {
+  std::shared_ptr<ProjectRegistry> r(new ProjectRegistry(path));
+  if (!path.empty()) {
+    absl::MutexLock lock(&r->mu_);
+    OOMB_RETURN_IF_ERROR(Annotate(r->ReloadLocked(), "tenancy.projects_file"));
+  }
+  return std::shared_ptr<const ProjectRegistry>(std::move(r));
+}
+
+absl::Status ProjectRegistry::ReloadLocked() const {
+  OOMB_ASSIGN_OR_RETURN(const std::optional<std::string> text, file_.ReadIfChanged());
+  if (!text.has_value()) return absl::OkStatus();
+  OOMB_ASSIGN_OR_RETURN(projects_, ParseProjectsFile(*text, file_.path()));
+  return absl::OkStatus();
+}
+
+ProjectSettings ProjectRegistry::Get(const std::string& project) const {
+  absl::MutexLock lock(&mu_);
+  if (!file_.path().empty()) {
+    if (absl::Status s = ReloadLocked(); !s.ok()) {
+      spdlog::warn("tenancy.projects_file: keeping the settings read before: {}", std::string(s.message()));
+    }
+  }
+  const auto it = projects_.find(project);
+  return it == projects_.end() ? ProjectSettings() : it->second;
+}
+
+}  // namespace oomb::server

@@ -1,0 +1,65 @@
+// Per-project settings (tenancy.projects_file), re-read when the file changes, so that a team's
+// paths and quotas change without a restart:
+//
+//   projects:
+//     nlp:
+//       allowed_roots: [/data/nlp, /models]  # where its jobs' paths may lie (default:
+//                                            # paths.allowed_roots); never the data dir
+//       max_queued_jobs: 100                 # jobs waiting (VALIDATING, QUEUED, PAUSED) at once;
+//                                            # 0 or absent: no limit
+//     vision: {}
+//
+// Projects absent from the file, or every project when no file is configured, use the daemon's
+// settings. Unknown keys, a project id that is not [a-z0-9][a-z0-9-]{0,62}, and relative roots
+// are errors naming the file and the key; a file that stops parsing keeps the settings read
+// before (logged).
+//
+// Thread-safety: Get may be called from any thread.
+#ifndef OOMB_SERVER_PROJECTS_H_
+#define OOMB_SERVER_PROJECTS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/watched_file.h"
+
+namespace oomb::server {
+
+struct ProjectSettings {
+  std::vector<std::string> allowed_roots;  // empty: paths.allowed_roots
+  int64_t max_queued_jobs = 0;             // 0: no limit
+};
+
+// Parses a projects file's text; INVALID_ARGUMENT naming `source` and the key otherwise.
+absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const std::string& text,
+                                                                         const std::string& source);
+
+class ProjectRegistry {
+ public:
+  // `path` empty: no file (every project uses the daemon's settings). INVALID_ARGUMENT naming
+  // tenancy.projects_file when the file cannot be read or parsed at start.
+  static absl::StatusOr<std::shared_ptr<const ProjectRegistry>> Create(const std::string& path);
+
+  // The settings of `project` (the defaults when the file does not list it), re-reading the
+  // file at most once a second when it changed.
+  ProjectSettings Get(const std::string& project) const;
+
+ private:
+  explicit ProjectRegistry(const std::string& path) : file_(path) {}
+  absl::Status ReloadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  mutable WatchedFile file_ ABSL_GUARDED_BY(mu_);  // path empty: none
+  mutable std::map<std::string, ProjectSettings> projects_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace oomb::server
+
+#endif  // OOMB_SERVER_PROJECTS_H_
