@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
-from typing import Any, Callable, Generator, Iterable, Iterator, List, Mapping, Optional, TypeVar, Union, cast
+from typing import Any, Callable, Generator, Iterable, Iterator, List, Mapping, Optional, TypeVar
 
 import grpc
 
@@ -13,15 +12,16 @@ from oomb._connection import ChannelOptions, Connection, Pem
 from oomb._errors import JobCancelled, JobFailed, Unavailable, WaitTimeout, from_rpc_error
 from oomb._job import Checkpoint, JobState, _JobBase
 from oomb._names import job_name, parent
+from oomb._requests import StateLike, create_request, estimate_request, list_request, update_request
 from oomb._retry import CREATE, IDEMPOTENT, RetryPolicy, call_with_retry
-from oomb._spec import SpecLike, load_spec
+from oomb._spec import SpecLike
+from oomb._watch import ENDED_EARLY, Watch, drop_reason
 from oomb.v1 import health_pb2, health_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 __all__ = ["Client", "Jobs", "Job"]
 
 log = logging.getLogger("oomb")
 T = TypeVar("T")
-StateLike = Union[JobState, int, str]
 Events = Generator[jobs_pb2.JobEvent, None, None]
 
 _SETTLED_CANCEL = frozenset({JobState.CANCELLING, JobState.CANCELLED})
@@ -153,13 +153,7 @@ class Jobs:
           InvalidArgument (naming `field`), ResourceExhausted (does not fit), AlreadyExists,
           PermissionDenied (a project the caller may not act in), ...
         """
-        request = jobs_pb2.CreateJobRequest(job_id=job_id or "", validate_only=validate_only,
-                                            parent=self._client._parent(project))
-        request.spec.CopyFrom(load_spec(spec))
-        if not validate_only:
-            request.request_id = request_id or str(uuid.uuid4())
-        elif request_id:
-            request.request_id = request_id
+        request = create_request(spec, job_id, request_id, validate_only, self._client._parent(project))
         return Job(self._client._unary("CreateJob", request, timeout, CREATE), self)
 
     def get(self, name_or_id: str, timeout: Optional[float] = None) -> Job:
@@ -184,10 +178,7 @@ class Jobs:
           all_projects: the jobs of every project the caller may act in, whatever the client's
             project (parent "projects/-"); not with `project`.
         """
-        request = jobs_pb2.ListJobsRequest(page_size=page_size or 0,
-                                           states=cast(Any, [int(JobState.parse(s)) for s in states or ()]),
-                                           labels=dict(labels or {}),
-                                           parent=self._client._parent(project, all_projects))
+        request = list_request(states, labels, page_size, self._client._parent(project, all_projects))
 
         def pages() -> Iterator[Job]:
             while True:
@@ -248,8 +239,7 @@ class Jobs:
         """The memory planner's answer for a spec (EstimateJob): fits, peaks, the longest context
         that fits (`max_seq_len_that_fits`) and what it chose (`choices`). Nothing is stored.
         `project` as in create."""
-        request = jobs_pb2.EstimateJobRequest(parent=self._client._parent(project))
-        request.spec.CopyFrom(load_spec(spec))
+        request = estimate_request(spec, self._client._parent(project))
         return self._client._unary("EstimateJob", request, timeout)
 
     def update(self, name_or_id: str, labels: Optional[Mapping[str, str]] = None, priority: Optional[int] = None,
@@ -266,7 +256,7 @@ class Jobs:
           ValueError: none of them given.
           FailedPrecondition (the job has finished), InvalidArgument (naming `field`), NotFound.
         """
-        request = _update_request(self._name(name_or_id), labels, priority, display_name)
+        request = update_request(self._name(name_or_id), labels, priority, display_name)
         return Job(self._client._unary("UpdateJob", request, timeout), self)
 
     def checkpoints(self, name_or_id: str, timeout: Optional[float] = None) -> List[Checkpoint]:
@@ -312,66 +302,22 @@ class Jobs:
     def _watch(self, name: str, after: int, reconnect_timeout: Optional[float],
                on_snapshot: Optional[Callable[[jobs_pb2.Job], None]]) -> "Events":
         client = self._client
-        last = after
-        retries = 0
-        down_since: Optional[float] = None
+        watch = Watch(name, after, reconnect_timeout, client, on_snapshot)
         while True:
-            terminal = False
-            failure: Optional[str] = None
-            call = client.stub.WatchJob(jobs_pb2.WatchJobRequest(name=name, after_sequence=last),
-                                        metadata=client._conn.metadata)
+            call = client.stub.WatchJob(watch.request(), metadata=client._conn.metadata)
             try:
                 for response in call:
-                    if response.HasField("snapshot"):
-                        retries, down_since = 0, None
-                        terminal = JobState(response.snapshot.state).terminal
-                        if on_snapshot is not None:
-                            on_snapshot(response.snapshot)
-                        continue
-                    event = response.event
-                    if event.sequence <= last:
-                        continue  # already yielded (a replay after reconnecting)
-                    last = event.sequence
-                    if event.type == jobs_pb2.JobEvent.STATE_CHANGED and JobState(event.state).terminal:
-                        terminal = True
-                    yield event
-                if terminal:
+                    event = watch.accept(response)
+                    if event is not None:
+                        yield event
+                if watch.finished():
                     return
-                failure = "the stream ended before the job did"
+                failure = ENDED_EARLY
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-                    raise from_rpc_error(e) from e
-                failure = f"UNAVAILABLE: {e.details()}"  # type: ignore[attr-defined]
+                failure = drop_reason(e)
             finally:
                 call.cancel()
-            now = time.monotonic()
-            down_since = down_since if down_since is not None else now
-            if reconnect_timeout is not None and now - down_since > reconnect_timeout:
-                raise Unavailable(f"watching {name}: {failure}; gave up after {reconnect_timeout} s",
-                                  code=grpc.StatusCode.UNAVAILABLE)
-            delay = client.retry.delay(min(retries, 16))
-            retries += 1
-            log.info("watch %s: %s; reconnecting after sequence %d in %.2f s", name, failure, last, delay)
-            time.sleep(delay)
-
-
-def _update_request(name: str, labels: Optional[Mapping[str, str]], priority: Optional[int],
-                    display_name: Optional[str]) -> jobs_pb2.UpdateJobRequest:
-    """The UpdateJobRequest of Jobs.update and AsyncJobs.update: the fields given, and a mask of them."""
-    request = jobs_pb2.UpdateJobRequest()
-    request.job.name = name
-    if labels is not None:
-        request.job.labels.update(dict(labels))
-        request.update_mask.paths.append("labels")
-    if priority is not None:
-        request.job.priority = priority
-        request.update_mask.paths.append("priority")
-    if display_name is not None:
-        request.job.spec.display_name = display_name
-        request.update_mask.paths.append("spec.display_name")
-    if not request.update_mask.paths:
-        raise ValueError("update: give labels, priority or display_name")
-    return request
+            time.sleep(watch.on_drop(failure))
 
 
 class Client:

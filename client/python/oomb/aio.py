@@ -14,21 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from typing import (Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, TypeVar,
-                    cast)
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, TypeVar
 
 import grpc
 import grpc.aio
 
 from oomb._caller import Caller
-from oomb._client import _SETTLED_CANCEL, _SETTLED_PAUSE, _SETTLED_RESUME, DEFAULT_POLL, StateLike, _update_request
+from oomb._client import _SETTLED_CANCEL, _SETTLED_PAUSE, _SETTLED_RESUME, DEFAULT_POLL
 from oomb._connection import ChannelOptions, Connection, Pem
 from oomb._errors import JobCancelled, JobFailed, Unavailable, WaitTimeout, from_rpc_error
 from oomb._job import Checkpoint, JobState, _JobBase
 from oomb._names import job_name, parent
+from oomb._requests import StateLike, create_request, estimate_request, list_request, update_request
 from oomb._retry import CREATE, IDEMPOTENT, RetryPolicy, async_call_with_retry
-from oomb._spec import SpecLike, load_spec
+from oomb._spec import SpecLike
+from oomb._watch import ENDED_EARLY, Watch, drop_reason
 from oomb.v1 import health_pb2, health_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 __all__ = ["AsyncClient", "AsyncJobs", "AsyncJob"]
@@ -126,13 +126,7 @@ class AsyncJobs:
                      validate_only: bool = False, project: Optional[str] = None,
                      timeout: Optional[float] = None) -> AsyncJob:
         """As Jobs.create."""
-        request = jobs_pb2.CreateJobRequest(job_id=job_id or "", validate_only=validate_only,
-                                            parent=self._client._parent(project))
-        request.spec.CopyFrom(load_spec(spec))
-        if not validate_only:
-            request.request_id = request_id or str(uuid.uuid4())
-        elif request_id:
-            request.request_id = request_id
+        request = create_request(spec, job_id, request_id, validate_only, self._client._parent(project))
         return AsyncJob(await self._client._unary("CreateJob", request, timeout, CREATE), self)
 
     async def get(self, name_or_id: str, timeout: Optional[float] = None) -> AsyncJob:
@@ -146,10 +140,7 @@ class AsyncJobs:
                    page_size: Optional[int] = None, project: Optional[str] = None, all_projects: bool = False,
                    timeout: Optional[float] = None) -> AsyncIterator[AsyncJob]:
         """As Jobs.list: every job, newest first, page after page."""
-        request = jobs_pb2.ListJobsRequest(page_size=page_size or 0,
-                                           states=cast(Any, [int(JobState.parse(s)) for s in states or ()]),
-                                           labels=dict(labels or {}),
-                                           parent=self._client._parent(project, all_projects))
+        request = list_request(states, labels, page_size, self._client._parent(project, all_projects))
         while True:
             response = await self._client._unary("ListJobs", request, timeout)
             for j in response.jobs:
@@ -202,15 +193,14 @@ class AsyncJobs:
     async def estimate(self, spec: SpecLike, project: Optional[str] = None,
                        timeout: Optional[float] = None) -> jobs_pb2.EstimateJobResponse:
         """As Jobs.estimate."""
-        request = jobs_pb2.EstimateJobRequest(parent=self._client._parent(project))
-        request.spec.CopyFrom(load_spec(spec))
+        request = estimate_request(spec, self._client._parent(project))
         return await self._client._unary("EstimateJob", request, timeout)
 
     async def update(self, name_or_id: str, labels: Optional[Mapping[str, str]] = None,
                      priority: Optional[int] = None, display_name: Optional[str] = None,
                      timeout: Optional[float] = None) -> AsyncJob:
         """As Jobs.update (ValueError when no field is given)."""
-        request = _update_request(self._name(name_or_id), labels, priority, display_name)
+        request = update_request(self._name(name_or_id), labels, priority, display_name)
         return AsyncJob(await self._client._unary("UpdateJob", request, timeout), self)
 
     async def checkpoints(self, name_or_id: str, timeout: Optional[float] = None) -> List[Checkpoint]:
@@ -247,47 +237,22 @@ class AsyncJobs:
     async def _watch(self, name: str, after: int, reconnect_timeout: Optional[float],
                      on_snapshot: Optional[Callable[[jobs_pb2.Job], None]]) -> AsyncEvents:
         client = self._client
-        last = after
-        retries = 0
-        down_since: Optional[float] = None
+        watch = Watch(name, after, reconnect_timeout, client, on_snapshot)
         while True:
-            terminal = False
-            failure: Optional[str] = None
-            call = client.stub.WatchJob(jobs_pb2.WatchJobRequest(name=name, after_sequence=last),
-                                        metadata=client._conn.metadata)
+            call = client.stub.WatchJob(watch.request(), metadata=client._conn.metadata)
             try:
                 async for response in call:
-                    if response.HasField("snapshot"):
-                        retries, down_since = 0, None
-                        terminal = JobState(response.snapshot.state).terminal
-                        if on_snapshot is not None:
-                            on_snapshot(response.snapshot)
-                        continue
-                    event = response.event
-                    if event.sequence <= last:
-                        continue
-                    last = event.sequence
-                    if event.type == jobs_pb2.JobEvent.STATE_CHANGED and JobState(event.state).terminal:
-                        terminal = True
-                    yield event
-                if terminal:
+                    event = watch.accept(response)
+                    if event is not None:
+                        yield event
+                if watch.finished():
                     return
-                failure = "the stream ended before the job did"
+                failure = ENDED_EARLY
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-                    raise from_rpc_error(e) from e
-                failure = f"UNAVAILABLE: {e.details()}"  # type: ignore[attr-defined]
+                failure = drop_reason(e)
             finally:
                 call.cancel()
-            now = time.monotonic()
-            down_since = down_since if down_since is not None else now
-            if reconnect_timeout is not None and now - down_since > reconnect_timeout:
-                raise Unavailable(f"watching {name}: {failure}; gave up after {reconnect_timeout} s",
-                                  code=grpc.StatusCode.UNAVAILABLE)
-            delay = client.retry.delay(min(retries, 16))
-            retries += 1
-            log.info("watch %s: %s; reconnecting after sequence %d in %.2f s", name, failure, last, delay)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(watch.on_drop(failure))
 
 
 class AsyncClient:
