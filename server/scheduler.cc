@@ -57,6 +57,13 @@ absl::Status IllegalTransition(const v1::Job& job, const char* verb, const char*
                                                     v1::Job::State_Name(job.state()), " (allowed from ", allowed, ")"));
 }
 
+// A run's failure as recorded: one without a reason whose code is NOT_FOUND is a file the spec
+// names that was gone when the job ran (a dataset deleted while it waited, an adapter without
+// adapter_config.json): the spec's fault (BAD_SPEC), not INTERNAL.
+absl::Status RunFailure(const absl::Status& s) {
+  return absl::IsNotFound(s) && !ReasonOf(s).has_value() ? WithReason(s, Reason::kBadSpec) : s;
+}
+
 // Records `s` as the job's error (code, reason, a bounded message) and fails the job with it.
 void Fail(v1::Job* j, const absl::Status& s, std::vector<v1::JobEvent>* events) {
   j->mutable_error()->set_code(absl::StatusCodeToString(s.code()));
@@ -709,7 +716,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
           Retry(result.status(), max_retries, j, events);
           requeue = !draining_;
         } else {
-          Fail(j, result.status(), events);
+          Fail(j, RunFailure(result.status()), events);
         }
         return absl::OkStatus();
       }));

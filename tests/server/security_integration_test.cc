@@ -577,5 +577,24 @@ TEST_F(SecurityTest, ANonFiniteAdapterFailsItsEvaluation) {
   EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("non-finite weights in method.lora.init_adapter"));
 }
 
+// Issue 52, item 4: a file the spec names that is gone when the job runs (here the dataset,
+// deleted while the job waited) fails it as BAD_SPEC naming the path, not a reasonless INTERNAL.
+TEST_F(SecurityTest, AFileGoneBeforeTheRunIsTheSpecsFault) {
+  StartDaemon({"--set", "scheduler.hold=true"});
+  WriteFile(root() / "doomed.jsonl", Slurp(root() / "ids.jsonl"));
+  ASSERT_EQ(
+      OombJson(ep(),
+               "submit " + Spec("j").string() + " --job-id gone --set data.train=" + (root() / "doomed.jsonl").string(),
+               tmp_->path())["state"],
+      "QUEUED");
+  fs::remove(root() / "doomed.jsonl");
+  daemon_->Stop();
+  StartDaemon();
+  EXPECT_EQ(Cli("watch gone").rc, 6);
+  const json job = OombJson(ep(), "get gone", tmp_->path());
+  EXPECT_EQ(job["error"]["reason"], "BAD_SPEC") << job.dump();
+  EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("doomed.jsonl"));
+}
+
 }  // namespace
 }  // namespace oomb::testing
