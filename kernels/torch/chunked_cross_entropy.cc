@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/torch/layer_ops.h"
+#include "kernels/torch/matmul.h"
 #include "kernels/torch/upload.h"
 
 namespace oomb::kernels {
@@ -65,13 +66,13 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
       const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
       if (!labelled[r0 / rows_per_block]) continue;
       const at::Tensor h = hidden.slice(0, r0, r1);
-      at::Tensor logits = at::matmul(h, w.t());  // [B, vocab]; then the loss's gradient
+      at::Tensor logits = Matmul(h, w.t());  // [B, vocab]; then the loss's gradient
       total.add_(CrossEntropyRows(logits, labels_on_device.slice(0, r0, r1), want_hidden || want_weight).sum());
       if (want_hidden) {
         at::Tensor rows = dhidden.slice(0, r0, r1);
-        at::mm_out(rows, logits, w);
+        MatmulOut(rows, logits, w);
       }
-      if (want_weight) dweight.add_(at::matmul(logits.t(), h));
+      if (want_weight) dweight.add_(Matmul(logits.t(), h));
     }
     ctx->save_for_backward({dhidden, dweight});
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -112,7 +113,7 @@ std::pair<at::Tensor, at::Tensor> LmHeadTokenScores(const at::Tensor& hidden, co
     const int64_t r1 = std::min(hidden.size(0), r0 + rows_per_block);
     if (!labelled[r0 / rows_per_block]) continue;
     const at::Tensor lab = lab_all.slice(0, r0, r1);
-    at::Tensor logits = at::matmul(hidden.slice(0, r0, r1), w.t());  // [B, vocab]
+    at::Tensor logits = Matmul(hidden.slice(0, r0, r1), w.t());  // [B, vocab]
     loss.slice(0, r0, r1).copy_(CrossEntropyRows(logits, lab, /*write_grad=*/false));
     hit.slice(0, r0, r1).copy_(logits.argmax(-1).eq(lab) & lab.ne(kIgnoreIndex));
   }

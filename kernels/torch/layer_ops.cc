@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/layer_ops.h"
+#include "kernels/torch/matmul.h"
 
 #if defined(OOMB_HAVE_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -227,9 +228,9 @@ class GluDownLoraFn : public torch::autograd::Function<GluDownLoraFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, int64_t kind) {
     const at::Tensor act = GluValue(static_cast<GluKind>(kind), gate, up);
-    const at::Tensor d = at::linear(act, a);
-    at::Tensor y = at::linear(act, weight);
-    y.addmm_(d, b.t());
+    const at::Tensor d = Linear(act, a);
+    at::Tensor y = Linear(act, weight);
+    AddMatmul_(y, d, b.t());
     ctx->save_for_backward({gate, up, weight, a, b, d});
     ctx->saved_data["kind"] = kind;
     return y;
@@ -239,14 +240,14 @@ class GluDownLoraFn : public torch::autograd::Function<GluDownLoraFn> {
     const at::Tensor &gate = saved[0], &up = saved[1], &weight = saved[2], &a = saved[3], &b = saved[4], &d = saved[5];
     const auto kind = static_cast<GluKind>(ctx->saved_data["kind"].toInt());
     const at::Tensor& dy = grad_outputs[0];
-    const at::Tensor dd = dy.mm(b);
-    const at::Tensor db = d.t().mm(dy).t();
+    const at::Tensor dd = Matmul(dy, b);
+    const at::Tensor db = Matmul(d.t(), dy).t();
     at::Tensor da;
     {  // act only while dA needs it
       const at::Tensor act = GluValue(kind, gate, up);
-      da = act.t().mm(dd).t();
+      da = Matmul(act.t(), dd).t();
     }
-    const at::Tensor dact = dy.mm(weight) + dd.mm(a);
+    const at::Tensor dact = Matmul(dy, weight) + Matmul(dd, a);
     const auto [d_gate, d_up] = GluGrads(kind, gate, up, dact);
     return {d_gate, d_up, at::Tensor(), da, db, at::Tensor()};
   }

@@ -1,3 +1,4 @@
+#include "kernels/torch/matmul.h"
 #include "kernels/torch/page_select.h"
 
 #include <ATen/ATen.h>
@@ -68,7 +69,7 @@ at::Tensor SelectPages(const at::Tensor& q, const at::Tensor& summaries, const a
   qp = qp.view({n_tiles, P, Hkv, G, D});
   const auto tile_sum = [](const at::Tensor& x) { return x.sum(at::IntArrayRef{1, 3}).permute({1, 0, 2}); };
   const auto scores_against = [&](const at::Tensor& qsum, const at::Tensor& summary) {  // -> [Hkv, n_tiles, n_past]
-    return at::matmul(qsum, summary.to(st).permute({1, 2, 0}));
+    return Matmul(qsum, summary.to(st).permute({1, 2, 0}));
   };
   at::Tensor scores;
   if (min_max) {

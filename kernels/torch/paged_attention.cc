@@ -11,6 +11,7 @@
 
 #include "kernels/torch/attention_inputs.h"
 #include "kernels/torch/fused_attention.h"
+#include "kernels/torch/matmul.h"
 #include "kernels/torch/upload.h"
 
 namespace oomb::kernels {
@@ -108,7 +109,7 @@ bool Visible(const Geometry& g, const QueryBlock& b, const Segment& s) {
 at::Tensor Scores(const Geometry& g, const QueryBlock& b, const Segment& s, const at::Tensor& qb,
                   const at::Tensor& keys, const at::Tensor& doc_start) {
   const int64_t B = b.i1 - b.i0, K = s.end - s.begin;
-  at::Tensor scores = at::matmul(qb, keys.transpose(1, 2)).mul_(g.scale);
+  at::Tensor scores = Matmul(qb, keys.transpose(1, 2)).mul_(g.scale);
   // Every query of the block sees every key of the segment (a past segment inside all their
   // documents): no mask to build or apply.
   if (s.end - 1 <= g.S + b.i0 && s.begin >= b.max_doc) return scores;
@@ -205,7 +206,7 @@ AttentionResult BlockwiseForward(const Geometry& g, const at::Tensor& q, const a
       const at::Tensor alpha = at::exp(m - m_safe);
       const at::Tensor p = at::exp(scores - m_safe);
       l = l * alpha + p.sum(-1, /*keepdim=*/true);
-      acc = acc * alpha + at::matmul(p, vs);
+      acc = acc * alpha + Matmul(p, vs);
       m = m_new;
     }
     r.out.slice(2, b.i0, b.i1).copy_((acc / l).view({g.Hkv, g.G, B, g.D}));
@@ -273,10 +274,10 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
         if (!Visible(g, b, s)) continue;
         auto [ks, vs] = SegmentKv(s, past, kc, vc, ct);
         const at::Tensor p = at::exp(Scores(g, b, s, qb, ks, doc_start) - lb);
-        const at::Tensor ds = p * (at::matmul(dob, vs.transpose(1, 2)) - dib);
-        dqb.add_(at::matmul(ds, ks).mul_(g.scale));
-        const at::Tensor dk = at::matmul(ds.transpose(1, 2), qb).mul_(g.scale);
-        const at::Tensor dv = at::matmul(p.transpose(1, 2), dob);
+        const at::Tensor ds = p * (Matmul(dob, vs.transpose(1, 2)) - dib);
+        dqb.add_(Matmul(ds, ks).mul_(g.scale));
+        const at::Tensor dk = Matmul(ds.transpose(1, 2), qb).mul_(g.scale);
+        const at::Tensor dv = Matmul(p.transpose(1, 2), dob);
         if (s.past) {
           past->AccumulateGrad(s.begin, dk.to(acc_type), dv.to(acc_type));
         } else {
@@ -350,11 +351,11 @@ at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, con
   const int64_t T = q.size(0), Hq = q.size(1), Hkv = k.size(1), D = q.size(2);
   const at::Tensor kk = k.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});  // [Hq, T, D]
   const at::Tensor vv = v.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
-  at::Tensor scores = at::matmul(q.permute({1, 0, 2}), kk.transpose(1, 2)) / std::sqrt(static_cast<double>(D));
+  at::Tensor scores = Matmul(q.permute({1, 0, 2}), kk.transpose(1, 2)) / std::sqrt(static_cast<double>(D));
   const at::Tensor j = at::arange(T, doc_start.options());
   const at::Tensor blocked = (j.unsqueeze(0) < doc_start.unsqueeze(1)) | (j.unsqueeze(0) > j.unsqueeze(1));
   scores = scores.masked_fill(blocked.unsqueeze(0), kNegInf);
-  return at::matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
+  return Matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
 }
 
 }  // namespace oomb::kernels

@@ -13,6 +13,7 @@
 #include "kernels/torch/attention_inputs.h"
 #include "kernels/torch/fused_attention.h"
 #include "kernels/torch/gpu_timeline.h"
+#include "kernels/torch/matmul.h"
 #include "kernels/torch/upload.h"
 
 namespace oomb::kernels {
@@ -108,7 +109,7 @@ at::Tensor TileScores(const Geometry& g, int64_t t, const at::Tensor& qb, const 
   const at::Tensor qi = at::arange(g.S + i0, g.S + i1, doc_start.options()).view({1, B, 1});
   const at::Tensor ds = doc_start.slice(0, i0, i1).view({1, B, 1});
   const at::Tensor blocked = ((j < ds) | (j > qi)).unsqueeze(1).expand({g.Hkv, g.G, B, K}).reshape({g.Hkv, g.G * B, K});
-  return at::matmul(qb, keys.transpose(1, 2)).mul_(g.scale).masked_fill_(blocked, kNegInf);
+  return Matmul(qb, keys.transpose(1, 2)).mul_(g.scale).masked_fill_(blocked, kNegInf);
 }
 
 // Tile t's keys (or values): its selected pages, then the chunk's first End(t) tokens.
@@ -213,7 +214,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       const at::Tensor qb = qg.slice(2, i0, i1).reshape({g.Hkv, g.G * B, g.D});
       const at::Tensor scores = TileScores(g, t, qb, TileKeys(g, t, kp, kc), selection, doc);
       const at::Tensor lb = at::logsumexp(scores, -1, /*keepdim=*/true);
-      out.slice(2, i0, i1).copy_(at::matmul(at::exp(scores - lb), TileKeys(g, t, vp, vc)).view({g.Hkv, g.G, B, g.D}));
+      out.slice(2, i0, i1).copy_(Matmul(at::exp(scores - lb), TileKeys(g, t, vp, vc)).view({g.Hkv, g.G, B, g.D}));
       lse.slice(2, i0, i1).copy_(lb.view({g.Hkv, g.G, B}));
     }
     ctx->save_for_backward({q, k, v, doc, selection, out, lse});
@@ -271,10 +272,10 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
         const at::Tensor p =
             at::exp(TileScores(g, t, qb, keys, selection, doc_start) - lse.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
         const at::Tensor ds =
-            p * (at::matmul(dob, values.transpose(1, 2)) - di.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
-        dqg.slice(2, i0, i1).copy_(at::matmul(ds, keys).mul_(g.scale).view({g.Hkv, g.G, B, g.D}));
-        const at::Tensor dkeys = at::matmul(ds.transpose(1, 2), qb).mul_(g.scale);
-        const at::Tensor dvalues = at::matmul(p.transpose(1, 2), dob);
+            p * (Matmul(dob, values.transpose(1, 2)) - di.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
+        dqg.slice(2, i0, i1).copy_(Matmul(ds, keys).mul_(g.scale).view({g.Hkv, g.G, B, g.D}));
+        const at::Tensor dkeys = Matmul(ds.transpose(1, 2), qb).mul_(g.scale);
+        const at::Tensor dvalues = Matmul(p.transpose(1, 2), dob);
         dkp[t].copy_(dkeys.slice(1, 0, g.PastKeys()));
         dvp[t].copy_(dvalues.slice(1, 0, g.PastKeys()));
         dkc.slice(1, 0, i1).add_(dkeys.slice(1, g.PastKeys()));

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/torch/matmul.h"
 #include "kernels/torch/paged_attention.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
@@ -273,7 +274,7 @@ int64_t ForwardSpan(const Transformer& model, GenerationCache& cache, const std:
         return kernels::PagedAttention(q, k, v, first_key, cache.Store(layer, k, v));
       });
   cache.Commit(end - begin);
-  return at::matmul(hidden[end - begin - 1], model.lm_head().t()).argmax().item<int64_t>();
+  return kernels::Matmul(hidden[end - begin - 1], model.lm_head().t()).argmax().item<int64_t>();
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/torch/layer_ops.h"
+#include "kernels/torch/matmul.h"
 #include "kernels/torch/upload.h"
 #include "worker/common/status.h"
 #include "worker/hf/json_reader.h"
@@ -464,7 +465,7 @@ absl::Status Transformer::SaveFull(const Dir& dir, const std::string& config_jso
 }
 
 at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const {
-  at::Tensor y = at::linear(x, l.weight, l.bias.defined() ? c10::optional<at::Tensor>(l.bias) : c10::nullopt);
+  at::Tensor y = kernels::Linear(x, l.weight, l.bias.defined() ? c10::optional<at::Tensor>(l.bias) : c10::nullopt);
   if (!l.lora_a.defined()) return y;
   at::Tensor xin = x;
   if (training && l.lora_dropout > 0) {
@@ -477,13 +478,14 @@ at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::
   // costs a pass over the [C, out] output, forward or backward.
   const at::Tensor a = l.lora_a.to(x.scalar_type());
   const at::Tensor b = (l.lora_b * l.lora_scaling).to(x.scalar_type());
-  const at::Tensor down = at::linear(xin, a);
+  const at::Tensor down = kernels::Linear(xin, a);
   // On y itself where it is 2-D: an in-place op on a view would make autograd copy the whole
   // gradient of y in backward (CopySlices).
   if (y.dim() == 2) {
-    y.addmm_(down, b.t());
+    kernels::AddMatmul_(y, down, b.t());
   } else {
-    y.view({-1, y.size(-1)}).addmm_(down.view({-1, down.size(-1)}), b.t());
+    at::Tensor rows = y.view({-1, y.size(-1)});
+    kernels::AddMatmul_(rows, down.view({-1, down.size(-1)}), b.t());
   }
   return y;
 }
