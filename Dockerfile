@@ -4,9 +4,9 @@
 # scripts/gpu_pack.sh does for the GPU machine).
 #
 #   docker build --build-arg OOMB_GIT_SHA=$(git rev-parse --short=12 HEAD) -t oomb .
-#   docker run --gpus all -p 7070:7070 -p 7071:7071 -v oomb-data:/var/lib/oomb oomb
+#   docker run --gpus all -p 7070:7070 -p 7071:7071 -p 7072:7072 -v oomb-data:/var/lib/oomb oomb
 #
-# gRPC on 7070, Prometheus /metrics on 7071 (docs/metrics.md); the plaintext health port 7072
+# gRPC on 7070, Prometheus /metrics on 7071 (docs/metrics.md), HTTP/JSON on 7072; the plaintext health port 7073
 # when server.health_listen sets it. Kubernetes and systemd: docs/DEPLOY.md (deploy/k8s uses
 # this image's user, uid and gid 10001).
 #
@@ -42,8 +42,8 @@ COPY --from=build /opt/oomb /opt/oomb
 ENV PATH=/opt/oomb/bin:$PATH LD_LIBRARY_PATH=/opt/oomb/lib OOMB_DATA_HOME=/var/lib/oomb
 USER oomb
 VOLUME /var/lib/oomb
-EXPOSE 7070 7071 7072
+EXPOSE 7070 7071 7072 7073
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s CMD ["oomb", "--endpoint", "127.0.0.1:7070", "health"]
 ENTRYPOINT ["oombd"]
-CMD ["serve", "--listen", "0.0.0.0:7070", "--metrics-listen", "0.0.0.0:7071"]
+CMD ["serve", "--listen", "0.0.0.0:7070", "--metrics-listen", "0.0.0.0:7071", "--http-listen", "0.0.0.0:7072"]

@@ -59,6 +59,11 @@
 // stage 1's seconds and rate, stage 2's chunk seconds and the measured host bytes (host-tier
 // pages at their peak plus the swap's records), beside the plan's peaks.
 //
+// --estimate: before the model is built, the rates EstimateJob multiplies the work by
+// (worker/job/calibration.h; one line per chunk size), and on each length's line the step time it
+// predicts from them ("estimated_s_per_step", worker/plan/step_time.h) over the measured one
+// ("estimated_over_measured").
+//
 // --lengths takes "max" beside numbers: the memory planner's longest context for the configuration
 // on this machine (what the planned_max_seq_len field reports), so a call need not know it.
 //
@@ -94,10 +99,12 @@
 #endif
 #include "worker/common/status.h"
 #include "worker/job/build_info.h"
+#include "worker/job/calibration.h"
 #include "worker/kv/copy_engine.h"
 #include "worker/kv/kv_pools.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/memory_planner.h"
+#include "worker/plan/step_time.h"
 #include "worker/session/training_session.h"
 #include "worker/train/chunk_trainer.h"
 
@@ -457,6 +464,9 @@ struct Measurement {
   std::string kernel_trace_dir = ".";
   double peak_tflops = 0;  // the measured bf16 matmul rate; 0: no MFU
   int64_t fit_check = 0;   // --fit-check K: stage 1 and K chunks of stage 2 instead of a step
+  // --estimate: the rates EstimateJob's step time would use (worker/job/calibration.h), measured
+  // before the model is built, by chunk size.
+  std::map<int64_t, EngineRates> rates;
 };
 
 // Runs the measured step under what `how` asks for (profiler, kernel trace, or nothing).
@@ -496,6 +506,22 @@ void AddPlan(const MemoryPlan& plan, at::Device d, nlohmann::json& r) {
   r["planned_kv_grad_dtype"] = KvGradDtypeName(plan.kv_grad_dtype);
   r["planned_swap_bytes"] = plan.swap_bytes;
   r["planned_swap_chunks"] = plan.swap_chunks;
+}
+
+// --estimate: EstimateJob's step time for this step (worker/plan/step_time.h) beside the measured one.
+void AddEstimate(const ModelConfig& c, const JobConfig& spec, const MemoryPlan& plan, const Measurement& how,
+                 const StepResult& step, nlohmann::json& r) {
+  const auto rates = how.rates.find(StepChunkTokens(plan));
+  if (rates == how.rates.end()) return;
+  const absl::StatusOr<StepTime> t = EstimateStepTime(c, spec, plan, rates->second);
+  if (!t.ok()) {
+    r["estimated"] = std::string(t.status().message());
+    return;
+  }
+  r["estimated_s_per_step"] = t->seconds;
+  r["estimated_attention_s"] = t->attention_s;
+  r["estimated_host_copy_s"] = t->host_copy_s;
+  r["estimated_over_measured"] = t->seconds / step.seconds;
 }
 
 // The step's numbers: time, rate, memory, traffic, model FLOPs (the session's count: sparse, the
@@ -600,6 +626,7 @@ nlohmann::json MeasureLength(Transformer& m, int64_t T, const BenchSpec& bench, 
     for (auto& [name, count] : allocator.items()) count = count.get<int64_t>() - allocator_before[name].get<int64_t>();
     if (!allocator.empty()) r["allocator"] = allocator;
     AddPlan((*session)->plan(), d, r);
+    AddEstimate(m.config(), bench.At(T), (*session)->plan(), how, *step, r);
     if (copies != nullptr) {
       r["add_wait_s"] = copies->add_wait_seconds() - add_wait_s;
       copies->Fence();  // the last batches' durations
@@ -623,6 +650,7 @@ int Main(int argc, char** argv) {
   int64_t chunk = 4096, page = 128, rank = 16, grad_check = 0, kernel_profile = 0;
   double chunk_fraction = 1.0;
   bool full = false;
+  bool estimate = false;
   bool sections = false;
   int64_t sparse_budget = 0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
@@ -654,6 +682,8 @@ int Main(int argc, char** argv) {
   app.add_option("--page", page);
   app.add_option("--lora-rank", rank);
   app.add_flag("--full", full, "full fine-tuning instead of LoRA");
+  app.add_flag("--estimate", estimate,
+               "also EstimateJob's step time (the device's rates measured first, as the daemon measures them)");
   app.add_flag("--sections", sections, "also the measured step's GPU time by section (kernels/torch/gpu_timeline.h)");
   app.add_option("--grad-check", grad_check, "length of the bf16-vs-fp32 LoRA gradient check (0: none)");
   app.add_option("--device", device, "cuda | cpu");
@@ -714,6 +744,28 @@ int Main(int argc, char** argv) {
   }
   const bool sparse = sparse_budget > 0;
   const double peak_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
+  std::map<int64_t, EngineRates> rates;
+  for (int64_t T : estimate ? tokens : std::vector<int64_t>{}) {
+    const absl::StatusOr<MemoryPlan> plan =
+        PlanMemory(config, bench.At(T), ThisMachine(d.is_cuda() ? "cuda:0" : "cpu"));
+    if (!plan.ok() || rates.contains(StepChunkTokens(*plan))) continue;
+    absl::StatusOr<EngineRates> measured =
+        MeasureEngineRates(config, bench.At(T), StepChunkTokens(*plan), d.is_cuda() ? "cuda:0" : "cpu");
+    if (!measured.ok()) {
+      std::cerr << "--estimate: " << measured.status().message() << std::endl;
+      return 1;
+    }
+    std::cout << nlohmann::json{{"rates_chunk", StepChunkTokens(*plan)},
+                                {"layer_forward_s", measured->layer_forward_s},
+                                {"layer_train_s", measured->layer_train_s},
+                                {"head_train_s", measured->head_train_s},
+                                {"past_forward_s_per_pair", measured->past_forward_s_per_pair},
+                                {"past_backward_s_per_pair", measured->past_backward_s_per_pair},
+                                {"host_copy_bytes_per_s", measured->host_copy_bytes_per_s}}
+                     .dump()
+              << std::endl;
+    rates[StepChunkTokens(*plan)] = *std::move(measured);
+  }
   std::cout << nlohmann::json{{"model", model},
                               {"method", full ? "full" : "lora"},
                               {"chunk", chunk},
@@ -744,7 +796,8 @@ int Main(int argc, char** argv) {
                           .trace_windows = trace_windows,
                           .kernel_trace_dir = kernel_trace_dir,
                           .peak_tflops = peak_tflops,
-                          .fit_check = fit_check};
+                          .fit_check = fit_check,
+                          .rates = rates};
     for (int64_t T : tokens) std::cout << MeasureLength(*m, T, bench, how, d).dump() << std::endl;
   }
   if (grad_check > 0 && !full) {

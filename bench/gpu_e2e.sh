@@ -22,7 +22,7 @@ echo "== oombd run" | tee "$OUT/e2e.log"
 oombd run "$work/job.yaml" --checkpoint-dir "$work/run" 2>&1 | tee -a "$OUT/e2e.log"
 cp "$work/run/metrics.jsonl" "$OUT/metrics.jsonl"
 echo "== oombd serve + oomb submit --watch" | tee -a "$OUT/e2e.log"
-oombd serve --data-dir "$work/daemon" --listen 127.0.0.1:0 >"$work/daemon.log" 2>&1 &
+oombd serve --data-dir "$work/daemon" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$work/daemon.log" 2>&1 &
 daemon=$!
 for _ in $(seq 50); do [ -f "$work/daemon/oombd.port" ] && break; sleep 0.2; done
 export OOMB_ENDPOINT="127.0.0.1:$(cat "$work/daemon/oombd.port")"

@@ -21,7 +21,7 @@ memory: {chunk_tokens: 4096, page_tokens: 128}
 checkpoint: {every_steps: 2}
 resources: {device: cuda}
 YAML
-oombd serve --data-dir "$work/daemon" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+oombd serve --data-dir "$work/daemon" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
   --set paths.allowed_roots=/tmp >"$work/daemon.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do [ -s "$work/daemon/oombd.port" ] && [ -s "$work/daemon/oombd.metrics.port" ] && break; sleep 0.2; done

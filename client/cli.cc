@@ -29,23 +29,6 @@ const char* CodeName(grpc::StatusCode c) {
   return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    std::cerr << "oomb: error: cannot read " << path << "\n";
-    throw CLI::RuntimeError(kError);
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string Trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
-  return s;
-}
-
 void EmitYaml(YAML::Emitter& out, const nlohmann::json& j) {
   if (j.is_object()) {
     out << YAML::BeginMap;
@@ -66,6 +49,23 @@ void EmitYaml(YAML::Emitter& out, const nlohmann::json& j) {
 }
 
 }  // namespace
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << "oomb: error: cannot read " << path << "\n";
+    throw CLI::RuntimeError(kError);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
+  return s;
+}
 
 std::string Printable(const std::string& text) {
   static constexpr char kReplacement[] = "\xEF\xBF\xBD";
@@ -117,6 +117,7 @@ Client::Client(const Globals& g) : g_(g) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   channel_ = grpc::CreateCustomChannel(g.endpoint, creds, args);
   jobs_ = v1::JobService::NewStub(channel_);
+  datasets_ = v1::DatasetService::NewStub(channel_);
   health_ = grpc::health::v1::Health::NewStub(channel_);
   if (!g.token_file.empty()) {
     token_ = Trim(ReadAll(g.token_file));

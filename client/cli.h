@@ -16,6 +16,7 @@
 #include "google/protobuf/message.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "oomb/v1/datasets.grpc.pb.h"
 #include "oomb/v1/jobs.grpc.pb.h"
 
 namespace oomb::client {
@@ -65,6 +66,7 @@ class Client {
   }
 
   v1::JobService::Stub& jobs() { return *jobs_; }
+  v1::DatasetService::Stub& datasets() { return *datasets_; }
   grpc::health::v1::Health::Stub& health() { return *health_; }
   const Globals& globals() const { return g_; }
 
@@ -72,6 +74,7 @@ class Client {
   Globals g_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::DatasetService::Stub> datasets_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
   std::string token_;
 };
@@ -117,6 +120,12 @@ std::string Parent(const Globals& g);
 // The job spec file with its --set overrides, checked against the schema (defaults are the
 // server's to fill). kOk, or kError with the error printed.
 int LoadSpec(const std::string& file, const std::vector<std::string>& sets, v1::JobSpec* spec);
+
+// The contents of a file the user named (a token, a certificate); exits 1 naming it when it
+// cannot be read.
+std::string ReadAll(const std::string& path);
+// `s` without leading and trailing white space.
+std::string Trim(std::string s);
 
 // Makes `body` the subcommand's action; its return code becomes the process's exit code.
 void OnRun(CLI::App* cmd, std::function<int()> body);

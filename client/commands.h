@@ -14,6 +14,8 @@ namespace oomb::client {
 void AddJobCommands(CLI::App& app, const Cli& cli);
 // estimate, health, server-info, version.
 void AddServerCommands(CLI::App& app, const Cli& cli);
+// datasets (upload, list, get, delete) and download: data in, models out (client/transfer_commands.cc).
+void AddTransferCommands(CLI::App& app, const Cli& cli);
 
 // Streams a job's events after `after` until it ends: a live progress line on a terminal
 // (client/progress.h) with other events printed above it, one line per event off a terminal,

@@ -35,6 +35,8 @@ void PrintJobDetail(const v1::Job& j) {
   std::cout << fmt::format("name:        {}\n", j.name());
   std::cout << fmt::format("state:       {}\n", StateName(j.state()));
   if (j.queue_position() > 0) std::cout << fmt::format("queue:       position {}\n", j.queue_position());
+  if (!j.waiting_reason().empty()) std::cout << fmt::format("waiting:     {}\n", Printable(j.waiting_reason()));
+  if (!j.preempted_by().empty()) std::cout << fmt::format("preempted:   by {}\n", j.preempted_by());
   if (!j.daemon().empty()) std::cout << fmt::format("daemon:      {}\n", j.daemon());
   if (!j.spec().display_name().empty())
     std::cout << fmt::format("display:     {}\n", Printable(j.spec().display_name()));
@@ -136,6 +138,7 @@ void AddSubmit(CLI::App& app, const Cli& cli) {
       } else {
         std::cout << job.name() << " " << StateName(job.state())
                   << (job.queue_position() ? fmt::format(" (queue position {})", job.queue_position()) : "") << "\n";
+        if (!job.waiting_reason().empty()) std::cerr << "waiting: " << Printable(job.waiting_reason()) << "\n";
       }
     }
     if (a->watch && !a->validate_only) return Watch(cli.client(), job.name(), 0);
@@ -267,11 +270,15 @@ void AddStateCommand(CLI::App& app, const Cli& cli, const char* name, const char
 
 void AddDeleteAndCheckpoints(CLI::App& app, const Cli& cli) {
   auto job = std::make_shared<std::string>();
-  auto* del = JobCommand(app, "delete", "Delete a finished job's record (checkpoint files are kept)",
-                         "Example:\n  oomb delete job-abc123", job);
-  OnRun(del, [cli, job] {
+  auto purge = std::make_shared<bool>(false);
+  auto* del =
+      JobCommand(app, "delete", "Delete a finished job's record (its checkpoint files are kept, unless --purge)",
+                 "Examples:\n  oomb delete job-abc123\n  oomb delete job-abc123 --purge", job);
+  del->add_flag("--purge", *purge, "Also remove the job's files: its checkpoint directory and metrics");
+  OnRun(del, [cli, job, purge] {
     v1::DeleteJobRequest req;
     req.set_name(JobName(cli.globals, *job));
+    req.set_purge(*purge);
     v1::DeleteJobResponse resp;
     const grpc::Status s = cli.client().Call(&v1::JobService::Stub::DeleteJob, req, &resp);
     if (!s.ok()) return Fail(s);

@@ -71,6 +71,7 @@ int Main(int argc, char** argv) {
                 }};
   AddJobCommands(app, cli);
   AddServerCommands(app, cli);
+  AddTransferCommands(app, cli);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -27,6 +27,14 @@ void PrintEstimate(const v1::EstimateJobResponse& r) {
             << fmt::format("longest context     {} tokens\n", r.max_seq_len_that_fits());
   for (const std::string& c : r.choices()) std::cout << fmt::format("chosen              {}\n", c);
   if (!r.fits()) std::cout << "limit: " << r.limit() << "\n";
+  if (r.step_seconds() > 0) {
+    std::cout << fmt::format("step time           {:.3g} s\n", r.step_seconds());
+    if (r.total_steps() > 0) {
+      std::cout << fmt::format("job                 {} steps, {:.3g} device-hours\n", r.total_steps(),
+                               r.device_hours());
+    }
+  }
+  std::cout << fmt::format("rates               {}\n", r.rates());
 }
 
 void AddEstimate(CLI::App& app, const Cli& cli) {
@@ -35,7 +43,7 @@ void AddEstimate(CLI::App& app, const Cli& cli) {
     std::vector<std::string> sets;
   };
   auto a = std::make_shared<Args>();
-  auto* estimate = app.add_subcommand("estimate", "Ask the server's memory planner whether a job fits")
+  auto* estimate = app.add_subcommand("estimate", "Ask the server whether a job fits, and how long its steps take")
                        ->footer("Example:\n  oomb estimate job.yaml --set data.max_seq_len=1048576");
   estimate->add_option("file", a->file, "Job spec (YAML)")->required();
   estimate->add_option("--set", a->sets, "Override a field: dotted.key=value (repeatable)");

@@ -22,9 +22,9 @@
 #   DEMO_STEPS          optimizer steps (default 4; the test command runs the demo with 2)
 #   DEMO_MAX_SEQ_LEN    tokens per training sequence (default 2048 on a CPU, 16384 on a GPU)
 #   DEMO_SKIP_SETUP=1   skip setup.sh and fetch_test_data.sh (when they already ran)
-#   OOMB_SERVER__LISTEN, OOMB_METRICS__LISTEN   oombd's addresses (config keys server.listen and
-#                       metrics.listen); with port 0 the daemon picks free ports and the demo
-#                       reads the one it chose from <data dir>/oombd.port
+#   OOMB_SERVER__LISTEN, OOMB_METRICS__LISTEN, OOMB_HTTP__LISTEN   oombd's addresses (config keys
+#                       server.listen, metrics.listen, http.listen); with port 0 the daemon picks
+#                       free ports and the demo reads the one it chose from <data dir>/oombd.port
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -22,6 +22,8 @@ APT_PACKAGES=(
   libabsl-dev prometheus-cpp-dev libyaml-cpp-dev libsqlite3-dev libsqlitecpp-dev
   nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
   libpqxx-dev libsystemd-dev zlib1g-dev libssl-dev
+  # integration surface: the HTTP/JSON gateway's server, checkpoint archives (tar)
+  libcpp-httplib-dev libarchive-dev
   # engine: Gloo's headers for LibTorch's c10d ProcessGroupGloo (data parallelism on the CPU)
   libgloo-dev
   # tests
@@ -56,6 +58,9 @@ fi
 PY_PACKAGES=(
   "torch==${TORCH_VERSION}" "numpy<3" "transformers==5.*" "tokenizers" "safetensors" "peft"
   "gguf" "grpcio" "grpcio-tools" "protobuf" "pyyaml" "matplotlib" "kubernetes-validate"
+  # google/api/{annotations,http}.proto and google/rpc/{status,error_details}.proto, which the
+  # API's .proto files import (proto/CMakeLists.txt, the SDK's build); httpx for the HTTP tests
+  "googleapis-common-protos" "httpx" "openapi-spec-validator"
 )
 stamp="$OOMB_VENV/.oomb-setup-$(printf '%s\n' "${PY_PACKAGES[@]}" | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then

@@ -1,8 +1,10 @@
 #include "server/auth.h"
 
+#include <openssl/crypto.h>
 #include <openssl/sha.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -11,7 +13,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "grpc/grpc_security_constants.h"
+#include "proto/spec/resource_names.h"
+#include "server/store/job_store.h"
 #include "worker/common/file_access.h"
 #include "worker/common/status.h"
 
@@ -79,6 +84,12 @@ std::string Property(const grpc::AuthContext& auth, const char* name) {
   return "";
 }
 
+std::string Metadata(const grpc::ServerContextBase& ctx, const char* key) {
+  const auto& md = ctx.client_metadata();
+  const auto it = md.find(key);
+  return it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
 }  // namespace
 
 bool Caller::admin() const {
@@ -92,20 +103,46 @@ bool Caller::MayActIn(const std::string& project) const {
 std::vector<std::string> Caller::Projects() const {
   std::vector<std::string> out;
   for (const std::string& g : groups) {
-    if (ValidProjectId(g)) out.push_back(g);
+    if (names::ValidId(g)) out.push_back(g);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
-bool ValidProjectId(const std::string& id) {
-  if (id.empty() || id.size() > 63) return false;
-  for (size_t i = 0; i < id.size(); ++i) {
-    const char c = id[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || (c == '-' && i > 0))) return false;
+void LogDenied(const Caller& caller, absl::string_view what) {
+  static std::atomic<int64_t> last_second{0};
+  static std::atomic<int64_t> suppressed{0};
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  int64_t last = last_second.load();
+  if (now == last || !last_second.compare_exchange_strong(last, now)) {
+    suppressed.fetch_add(1);
+    return;
   }
-  return true;
+  const int64_t more = suppressed.exchange(0);
+  spdlog::warn("denied: {} ({}): {}{}", caller.Name(), caller.authenticated_by, std::string(what),
+               more > 0 ? absl::StrCat(" (and ", more, " more denied calls in the last seconds)") : "");
+}
+
+absl::StatusOr<std::string> ProjectOfParent(const Caller& caller, const std::string& parent) {
+  if (parent.empty()) {
+    if (caller.admin()) return std::string(kDefaultProject);
+    const std::vector<std::string> projects = caller.Projects();
+    if (projects.size() == 1) return projects.front();
+    if (projects.empty()) {
+      LogDenied(caller, "a request without a project");
+      return absl::PermissionDeniedError(absl::StrCat(caller.Name(), " may act in no project (its groups name none)"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("parent: ", caller.Name(),
+                                                   " may act in several projects; name one: projects/",
+                                                   absl::StrJoin(projects, ", projects/")));
+  }
+  OOMB_ASSIGN_OR_RETURN(const std::string project, names::ParseProject(parent, "parent"));
+  if (!caller.MayActIn(project)) {
+    LogDenied(caller, absl::StrCat("project ", project));
+    return absl::PermissionDeniedError(absl::StrCat(caller.Name(), " may not act in project ", project));
+  }
+  return project;
 }
 
 absl::StatusOr<std::map<std::string, Caller>> ParseTokensFile(const std::string& text, const std::string& source) {
@@ -181,6 +218,32 @@ absl::StatusOr<Caller> Authenticator::FromToken(const std::string& token) const 
   return absl::UnauthenticatedError("invalid bearer token");
 }
 
+bool Authenticator::FromGateway(const grpc::ServerContextBase& ctx) const {
+  if (options_.gateway_key.empty()) return false;
+  const std::string sent = Metadata(ctx, kGatewayKeyMetadata);
+  return !sent.empty() && CRYPTO_memcmp(Sha256(sent).data(), Sha256(options_.gateway_key).data(), 32) == 0;
+}
+
+std::string Authenticator::ClientIdentity(const grpc::ServerContextBase& ctx) const {
+  if (FromGateway(ctx)) {
+    const std::string cn = Metadata(ctx, kGatewayCommonNameMetadata);
+    if (!cn.empty()) return "cert:" + cn;
+    return Metadata(ctx, kGatewayPeerMetadata);
+  }
+  return PeerIdentity(ctx);
+}
+
+std::string PeerIdentity(const grpc::ServerContextBase& ctx) {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& id : auth->GetPeerIdentity()) return "cert:" + std::string(id.data(), id.size());
+  }
+  const std::string peer = ctx.peer();  // "ipv4:127.0.0.1:41234", "ipv6:[::1]:41234", "unix:..."
+  if (absl::StartsWith(peer, "unix:")) return "unix";
+  const size_t colon = peer.rfind(':');
+  return colon != std::string::npos && colon > peer.find(':') ? peer.substr(0, colon) : peer;
+}
+
 absl::StatusOr<Caller> Authenticator::Authenticate(const grpc::ServerContextBase& ctx) const {
   if (!identifies()) return Caller();
   const auto& md = ctx.client_metadata();
@@ -191,11 +254,13 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const grpc::ServerContextBase
     }
     return FromToken(std::string(value.substr(7)));
   }
+  const bool gateway = FromGateway(ctx);
   const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (options_.client_certificates && auth != nullptr && auth->IsPeerAuthenticated()) {
+  if (options_.client_certificates && (gateway || (auth != nullptr && auth->IsPeerAuthenticated()))) {
     Caller c;
-    c.user = Property(*auth, GRPC_X509_CN_PROPERTY_NAME);
-    c.groups = Organizations(Property(*auth, GRPC_X509_SUBJECT_PROPERTY_NAME));
+    c.user = gateway ? Metadata(ctx, kGatewayCommonNameMetadata) : Property(*auth, GRPC_X509_CN_PROPERTY_NAME);
+    c.groups = Organizations(gateway ? Metadata(ctx, kGatewaySubjectMetadata)
+                                     : Property(*auth, GRPC_X509_SUBJECT_PROPERTY_NAME));
     c.authenticated_by = "certificate";
     if (!c.user.empty()) return c;
   }

@@ -15,6 +15,12 @@
 // Projects: a caller may act in the projects its groups name (a group that is a valid project
 // name, [a-z0-9][a-z0-9-]{0,62}); the group `oomb:admins` may act in every project.
 //
+// Calls from the HTTP gateway (server/http/gateway.h) come through an in-process channel. What
+// the gateway verified of its HTTP caller travels as metadata beside the per-process gateway key
+// (AuthOptions::gateway_key): a client certificate's subject and CN (read as a gRPC peer's
+// certificate is), and the HTTP peer's address (ClientIdentity). Without the key those entries
+// are ignored, so no remote caller can claim an identity by sending them.
+//
 // Tokens are compared through their SHA-256 (a lookup that leaks nothing of a token's bytes) and
 // never logged.
 //
@@ -38,6 +44,12 @@ namespace oomb::server {
 
 inline constexpr char kAdminGroup[] = "oomb:admins";
 
+// The gateway's metadata (see above).
+inline constexpr char kGatewayKeyMetadata[] = "x-oomb-gateway-key";
+inline constexpr char kGatewayPeerMetadata[] = "x-oomb-gateway-peer";
+inline constexpr char kGatewaySubjectMetadata[] = "x-oomb-gateway-subject";
+inline constexpr char kGatewayCommonNameMetadata[] = "x-oomb-gateway-cn";
+
 struct Caller {
   std::string user;  // empty without identities
   std::string uid;
@@ -53,13 +65,20 @@ struct Caller {
   std::string Name() const { return user.empty() ? "anonymous" : user; }
 };
 
-// Whether `id` may name a project: [a-z0-9][a-z0-9-]{0,62}.
-bool ValidProjectId(const std::string& id);
+// The project a request's `parent` names ("projects/{project}"), or the caller's only one when
+// empty (kDefaultProject for an administrator); PERMISSION_DENIED for one it may not act in,
+// INVALID_ARGUMENT listing its projects when it has several.
+absl::StatusOr<std::string> ProjectOfParent(const Caller& caller, const std::string& parent);
+
+// Logs a denied call (`what` the caller was refused) at most once a second, with how many were
+// not; never a token.
+void LogDenied(const Caller& caller, absl::string_view what);
 
 struct AuthOptions {
   std::string token;                 // auth.token or the contents of auth.token_file; empty: none
   std::string tokens_file;           // auth.tokens_file; empty: none
   bool client_certificates = false;  // tls.client_ca_file is set: mTLS identities
+  std::string gateway_key;           // the HTTP gateway's secret; empty: no gateway
 };
 
 class Authenticator {
@@ -69,6 +88,9 @@ class Authenticator {
 
   // The caller of `ctx`; UNAUTHENTICATED (missing or unknown token, no identity) otherwise.
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase& ctx) const;
+  // Who is calling, for Job.creator when no user is identified: PeerIdentity, or for the
+  // gateway's calls their HTTP peer ("cert:<CN>" with a client certificate).
+  std::string ClientIdentity(const grpc::ServerContextBase& ctx) const;
   // Whether any identity is configured (false: every caller is an anonymous administrator).
   bool identifies() const;
 
@@ -76,6 +98,8 @@ class Authenticator {
   explicit Authenticator(AuthOptions options) : options_(std::move(options)), tokens_file_(options_.tokens_file) {}
   // The identity of a bearer token's SHA-256, reloading the tokens file when it changed.
   absl::StatusOr<Caller> FromToken(const std::string& token) const;
+  // Whether `ctx` carries the gateway's key (constant-time comparison of digests).
+  bool FromGateway(const grpc::ServerContextBase& ctx) const;
   // Re-reads the tokens file when it changed (WatchedFile); on an error the identities stay.
   absl::Status Reload() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -84,6 +108,10 @@ class Authenticator {
   mutable WatchedFile tokens_file_ ABSL_GUARDED_BY(mu_);
   mutable std::map<std::string, Caller> by_digest_ ABSL_GUARDED_BY(mu_);  // SHA-256 of the token -> caller
 };
+
+// Who is calling as gRPC tells it: "cert:<identity>" for an authenticated mTLS peer, else the
+// peer's address without its port ("ipv4:127.0.0.1"), or "unix" for the Unix socket.
+std::string PeerIdentity(const grpc::ServerContextBase& ctx);
 
 // Parses a Kubernetes static token file; INVALID_ARGUMENT naming `source`:line otherwise. Keys
 // are the tokens (not digests), for tests.

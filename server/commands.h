@@ -2,7 +2,7 @@
 // declared here and called from main.cc; a command reports failure by throwing
 // CLI::RuntimeError(exit_code) from its callback.
 //
-//   serve_command.cc  serve, config print, version
+//   serve_command.cc  serve, config print, openapi, version
 //   run_command.cc    run JOB.yaml [--set k=v]...
 //   model_commands.cc model inspect, model eval, model generate, tokenize
 //   data_commands.cc  data build, data retrieval
@@ -26,7 +26,7 @@ inline CLI::Validator AbsolutePath() {
       "PATH");
 }
 
-// `oombd serve`, `oombd config print`, `oombd version`.
+// `oombd serve`, `oombd config print`, `oombd openapi`, `oombd version`.
 void RegisterServeCommands(CLI::App& app);
 // `oombd run`: one job in the foreground, without the service.
 void RegisterRunCommands(CLI::App& app);

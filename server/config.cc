@@ -48,16 +48,21 @@ const std::vector<Key>& Keys() {
       {"tls.key_file", &ServerConfig::tls_key_file},
       {"tls.client_ca_file", &ServerConfig::tls_client_ca_file},
       {"metrics.listen", &ServerConfig::metrics_listen},
+      {"http.listen", &ServerConfig::http_listen},
       {"scheduler.devices", &ServerConfig::devices},
       {"scheduler.hold", &ServerConfig::hold},
       {"scheduler.validate_inline_max_bytes", &ServerConfig::validate_inline_max_bytes},
       {"scheduler.max_queued_jobs_per_client", &ServerConfig::max_queued_jobs_per_client},
+      {"scheduler.preemption", &ServerConfig::preemption},
+      {"scheduler.preemption_min_run_seconds", &ServerConfig::preemption_min_run_seconds},
       {"store.backend", &ServerConfig::store_backend},
       {"store.postgres_url_file", &ServerConfig::postgres_url_file},
       {"store.postgres_url", &ServerConfig::postgres_url, true},
       {"store.daemon_id", &ServerConfig::daemon_id},
       {"store.lease_seconds", &ServerConfig::lease_seconds},
       {"store.heartbeat_seconds", &ServerConfig::heartbeat_seconds},
+      {"storage.datasets_dir", &ServerConfig::datasets_dir},
+      {"storage.retention_days", &ServerConfig::retention_days},
       {"paths.allowed_roots", &ServerConfig::allowed_roots},
       {"log.level", &ServerConfig::log_level},
   };
@@ -208,6 +213,7 @@ absl::Status Check(const ServerConfig& config) {
   OOMB_RETURN_IF_ERROR(CheckListen("server.listen", config.listen, true));  // empty: checked below
   OOMB_RETURN_IF_ERROR(CheckListen("server.health_listen", config.health_listen, true));
   OOMB_RETURN_IF_ERROR(CheckListen("metrics.listen", config.metrics_listen, true));
+  OOMB_RETURN_IF_ERROR(CheckListen("http.listen", config.http_listen, true));
   if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls.cert_file and tls.key_file: set both or neither");
   }
@@ -220,6 +226,13 @@ absl::Status Check(const ServerConfig& config) {
   if (config.max_queued_jobs_per_client < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("scheduler.max_queued_jobs_per_client: must be >= 0, got ", config.max_queued_jobs_per_client));
+  }
+  if (config.preemption != "none" && config.preemption != "project" && config.preemption != "all") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler.preemption: must be none, project or all; got '", config.preemption, "'"));
+  }
+  if (!config.auth_token.empty() && !config.auth_token_file.empty()) {
+    return absl::InvalidArgumentError("auth.token and auth.token_file: set one, not both");
   }
   if (config.validate_inline_max_bytes < 0) {
     return absl::InvalidArgumentError(

@@ -19,7 +19,7 @@
 //     keepalive_seconds: 60           # HTTP/2 pings that keep idle WatchJob streams alive
 //   auth:
 //     token_file: ""                  # bearer token required on every method but health
-//     token: ""                       # the token itself (secret; prefer token_file)
+//     token: ""                       # the token itself (secret; prefer token_file; not both)
 //     tokens_file: ""                 # identities: a Kubernetes static token file,
 //                                     # token,user,uid,"group1,group2" a line, re-read when it
 //                                     # changes; groups name the projects a user may act in,
@@ -35,6 +35,10 @@
 //     listen: 127.0.0.1:7071          # Prometheus /metrics over HTTP (docs/metrics.md), host:port;
 //                                     # port 0 picks one (printed, and written to
 //                                     # <data_dir>/oombd.metrics.port); "" disables it
+//   http:
+//     listen: 127.0.0.1:7072          # the API over HTTP/JSON (server/http/gateway.h), host:port,
+//                                     # with tls.* as the gRPC port has them; port 0 picks one
+//                                     # (<data_dir>/oombd.http.port); "" disables it
 //   scheduler:
 //     devices: auto                   # auto (every CUDA device, else cpu) or a list "cuda:0,cuda:1"
 //     hold: false                     # queue jobs but start none
@@ -43,6 +47,10 @@
 //     validate_inline_max_bytes: 16777216  # datasets up to this size are scanned inside
 //                                     # CreateJob (errors returned at once); larger ones in
 //                                     # the VALIDATING state
+//     preemption: project             # which running jobs a waiting job of higher priority
+//                                     # preempts (checkpointed after their step, requeued):
+//                                     # none, project (its own project's), all (server/scheduler.h)
+//     preemption_min_run_seconds: 300 # a job runs at least this long before it can be preempted
 //   store:                          # the job store (docs/fleet.md)
 //     backend: sqlite                 # sqlite: <data_dir>/oombd.db, one daemon; postgres: a fleet
 //                                     # of daemons sharing one queue
@@ -55,6 +63,12 @@
 //     lease_seconds: 30               # a running job's lease; a daemon silent this long loses its
 //                                     # jobs to the others (they resume from their checkpoints)
 //     heartbeat_seconds: 10           # lease renewal and reaper period; < lease_seconds
+//   storage:
+//     datasets_dir: ""                # uploaded datasets (DatasetService); default
+//                                     # <data_dir>/datasets. In a fleet: storage every daemon
+//                                     # shares, as the checkpoints' (docs/fleet.md)
+//     retention_days: 0               # remove what a deleted job left in the data dir this many
+//                                     # days after its deletion (server/retention.h); 0: keep
 //   paths:
 //     allowed_roots: ""               # comma-separated directories a job's model, data and
 //                                     # checkpoint paths must lie in, reached without a
@@ -83,6 +97,7 @@ struct ServerConfig {
   bool unix_socket = false;
   std::string unix_socket_path;
   std::string metrics_listen = "127.0.0.1:7071";
+  std::string http_listen = "127.0.0.1:7072";
   bool reflection = true;
   int64_t shutdown_grace_seconds = 60;
   int64_t keepalive_seconds = 60;
@@ -97,12 +112,16 @@ struct ServerConfig {
   bool hold = false;
   int64_t validate_inline_max_bytes = int64_t{16} << 20;
   int64_t max_queued_jobs_per_client = 1000;
+  std::string preemption = "project";
+  int64_t preemption_min_run_seconds = 300;
   std::string store_backend = "sqlite";
   std::string postgres_url_file;
   std::string postgres_url;  // secret
   std::string daemon_id;     // empty: <hostname>:<pid>, filled at start
   int64_t lease_seconds = 30;
   int64_t heartbeat_seconds = 10;
+  std::string datasets_dir;  // empty: <data_dir>/datasets
+  int64_t retention_days = 0;
   std::string allowed_roots;  // filled with "$HOME,/tmp" when unset
   std::string log_level = "info";
 };

@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #endif
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -167,7 +169,8 @@ absl::Status Daemon::OpenDataDir() {
   // One daemon per data dir: a second one would recover and run the first one's jobs.
   OOMB_ASSIGN_OR_RETURN(lock_, DataDirLock::Acquire(config_.data_dir));
   OOMB_ASSIGN_OR_RETURN(projects_, ProjectRegistry::Create(config_.projects_file));
-  OOMB_ASSIGN_OR_RETURN(JobFiles job_files, JobFiles::Create(config_.allowed_roots, config_.data_dir, projects_));
+  OOMB_ASSIGN_OR_RETURN(JobFiles job_files,
+                        JobFiles::Create(config_.allowed_roots, config_.data_dir, projects_, config_.datasets_dir));
   files_ = std::make_shared<const JobFiles>(std::move(job_files));
   spdlog::info("job paths confined to {} (never the data dir {})", absl::StrJoin(files_->roots(), ", "),
                config_.data_dir);
@@ -178,6 +181,12 @@ absl::Status Daemon::OpenDataDir() {
   }
   auth.tokens_file = config_.auth_tokens_file;
   auth.client_certificates = !config_.tls_client_ca_file.empty();
+  if (!config_.http_listen.empty()) {
+    unsigned char key[32];
+    if (RAND_bytes(key, sizeof key) != 1) return absl::InternalError("cannot draw the HTTP gateway's key");
+    gateway_key_ = absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(key), sizeof key));
+    auth.gateway_key = gateway_key_;
+  }
   OOMB_ASSIGN_OR_RETURN(auth_, Authenticator::Create(std::move(auth)));
   return absl::OkStatus();
 }
@@ -211,6 +220,17 @@ absl::Status Daemon::StartMetrics() {
   o.build = env_.build;
   o.kv_stats = &kv_stats_;
   o.count_jobs = [store = store_.get()] { return store->CountByState(); };
+  o.projects = [store = store_.get(), projects = projects_]() -> absl::StatusOr<std::vector<ProjectSample>> {
+    const std::map<std::string, ProjectSettings> listed = projects->All();
+    std::vector<ProjectSample> out;
+    if (listed.empty()) return out;
+    OOMB_ASSIGN_OR_RETURN(const auto usage, store->Usage());
+    for (const auto& [project, settings] : listed) {
+      const auto it = usage.find(project);
+      out.push_back(ProjectSample{project, it == usage.end() ? ProjectUsage() : it->second, settings});
+    }
+    return out;
+  };
   o.device_memory = env_.device_memory;
   o.pinned_host_bytes = env_.pinned_host_bytes;
   OOMB_ASSIGN_OR_RETURN(metrics_, MetricsExporter::Start(std::move(o)));
@@ -242,6 +262,11 @@ absl::Status Daemon::StartScheduler() {
   };
   o.hold = config_.hold;
   o.max_queued_per_client = config_.max_queued_jobs_per_client;
+  o.projects = projects_;
+  o.preemption = config_.preemption == "none"  ? PreemptionScope::kNone
+                 : config_.preemption == "all" ? PreemptionScope::kAll
+                                               : PreemptionScope::kProject;
+  o.preemption_min_run = absl::Seconds(config_.preemption_min_run_seconds);
   o.daemon_id = DaemonId(config_);
   o.lease = absl::Seconds(config_.lease_seconds);
   o.heartbeat = absl::Seconds(config_.heartbeat_seconds);
@@ -281,9 +306,20 @@ absl::Status Daemon::StartServers() {
   jopts.projects = projects_;
   jopts.validate_data = env_.validate_data;
   jopts.validate_data_max_bytes = config_.validate_inline_max_bytes;
+  if (env_.measure_rates) {
+    rates_ = std::make_unique<EngineRatesStore>(*data_dir_, env_.measure_rates, env_.rates_key);
+    jopts.rates = rates_.get();
+  }
   jopts.server_info = env_.server_info;
   *jopts.server_info.mutable_start_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   service_ = std::make_unique<JobServiceImpl>(store_.get(), scheduler_.get(), &hub_, jopts);
+  datasets_ = std::make_unique<DatasetServiceImpl>(
+      store_.get(),
+      DatasetServiceOptions{.auth = auth_.get(), .projects = projects_, .files = files_, .work = create_pool_.get()});
+  datasets_->RemovePartialUploads();
+  if (config_.retention_days > 0) {
+    retention_ = std::make_unique<RetentionSweeper>(store_.get(), files_, absl::Hours(24 * config_.retention_days));
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   if (config_.reflection && !auth_->identifies()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -305,6 +341,7 @@ absl::Status Daemon::StartServers() {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.RegisterService(service_.get());
+  builder.RegisterService(datasets_.get());
   if (metrics_ != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
     interceptors.push_back(metrics_->NewInterceptorFactory());
@@ -318,7 +355,23 @@ absl::Status Daemon::StartServers() {
                                                config_.unix_socket ? " " + config_.unix_socket_path : ""));
   }
   if (config_.unix_socket) ::chmod(config_.unix_socket_path.c_str(), 0600);
+  OOMB_RETURN_IF_ERROR(StartHttpGateway());
   return StartHealthServer();
+}
+
+absl::Status Daemon::StartHttpGateway() {
+  if (config_.http_listen.empty()) return absl::OkStatus();
+  HttpGatewayOptions o;
+  o.listen = config_.http_listen;
+  o.cert_file = config_.tls_cert_file;
+  o.key_file = config_.tls_key_file;
+  o.client_ca_file = config_.tls_client_ca_file;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  o.channel = server_->InProcessChannel(args);
+  o.gateway_key = gateway_key_;
+  OOMB_ASSIGN_OR_RETURN(http_, HttpGateway::Start(std::move(o)));
+  return absl::OkStatus();
 }
 
 // The plaintext health port (docs/CONVENTIONS.md §2): a server of its own whose only service is the
@@ -348,6 +401,12 @@ absl::Status Daemon::Announce() {
     std::cerr << "oombd: metrics on http://" << address << "/metrics" << std::endl;
     OOMB_RETURN_IF_ERROR(WritePortFile("oombd.metrics.port", metrics_->port()));
   }
+  if (http_ != nullptr) {
+    const std::string address = BoundAddress(config_.http_listen, http_->port());
+    std::cerr << "oombd: HTTP/JSON on " << (config_.tls_cert_file.empty() ? "http://" : "https://") << address << "/v1"
+              << std::endl;
+    OOMB_RETURN_IF_ERROR(WritePortFile("oombd.http.port", http_->port()));
+  }
   if (health_server_ != nullptr) {
     std::cerr << "oombd: health (plaintext grpc.health.v1) on " << BoundAddress(config_.health_listen, health_port_)
               << std::endl;
@@ -364,6 +423,7 @@ absl::Status Daemon::Announce() {
   }
   if (health_server_ != nullptr) addresses_.push_back("health " + BoundAddress(config_.health_listen, health_port_));
   if (metrics_ != nullptr) addresses_.push_back("metrics " + BoundAddress(config_.metrics_listen, metrics_->port()));
+  if (http_ != nullptr) addresses_.push_back("http " + BoundAddress(config_.http_listen, http_->port()));
   // Last: whoever waits for it finds the other port files already there.
   if (!config_.listen.empty()) {
     OOMB_RETURN_IF_ERROR(WritePortFile("oombd.port", port_));
@@ -393,12 +453,14 @@ bool Daemon::Shutdown(absl::Time deadline) {
     if (!checkpointed) spdlog::warn("jobs stopped without a checkpoint of their own; they resume from their last one");
   }
   hub_.Shutdown();
+  if (http_ != nullptr) http_->Stop();  // its streams end with the gRPC streams they relay
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (health_server_ != nullptr) {  // last: probes see NOT_SERVING until the main server is down
     health_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
   systemd_.reset();
-  create_pool_.reset();  // joins its threads: every CreateJob has answered
+  retention_.reset();
+  create_pool_.reset();  // joins its threads: every CreateJob and upload check has answered
   for (const std::string& path : owned_paths_) ::unlink(path.c_str());
   return checkpointed;
 }

@@ -5,13 +5,14 @@
 //
 // Start (docs/CONVENTIONS.md §2): the data dir (0700, locked: one daemon per data dir), the job-file
 // confinement, the store, /metrics (metrics.listen), the scheduler (recovering the previous
-// process's jobs), CreateJob's work pool, the gRPC server and, with server.health_listen, a
-// plaintext grpc.health.v1 server (Kubernetes' probes cannot do TLS) whose status follows the
-// main one. Readiness: once every port is bound it prints "oombd: listening on HOST:PORT" (and
-// the metrics and health addresses) on stderr, writes the ports to <data_dir>/oombd.port,
-// oombd.metrics.port and oombd.health.port (oombd.port last: whoever waits for it finds the
-// others), and tells systemd READY=1 (Type=notify), refreshing STATUS= with the addresses and
-// the store's job counts every 5 s and sending WATCHDOG=1 at half of WatchdogSec= when the unit
+// process's jobs), CreateJob's work pool, the gRPC server, the HTTP/JSON gateway (http.listen,
+// server/http/gateway.h) over the gRPC server's in-process channel and, with
+// server.health_listen, a plaintext grpc.health.v1 server (Kubernetes' probes cannot do TLS)
+// whose status follows the main one. Readiness: once every port is bound it prints "oombd:
+// listening on HOST:PORT" (and the metrics, HTTP and health addresses) on stderr, writes the
+// ports to <data_dir>/oombd.port, oombd.metrics.port, oombd.http.port and oombd.health.port
+// (oombd.port last: whoever waits for it finds the others), and tells systemd READY=1 (Type=notify), refreshing STATUS=
+// with the addresses and the store's job counts every 5 s and sending WATCHDOG=1 at half of WatchdogSec= when the unit
 // sets it.
 //
 // Shutdown(deadline):
@@ -21,7 +22,8 @@
 //      running then stops at its next chunk boundary without one (QUEUED, to resume from its
 //      last checkpoint) and its thread is joined;
 //   3. WatchJob streams ended (UNAVAILABLE, with the sequence to resume from);
-//   4. the gRPC servers shut down (open RPCs get 5 s), the port files and the socket removed.
+//   4. the HTTP gateway stops (its open streams end), the gRPC servers shut down (open RPCs get
+//      5 s), the port files and the socket removed.
 //
 // Thread-safety: Start and Shutdown from one thread (main's).
 #ifndef OOMB_SERVER_DAEMON_H_
@@ -39,9 +41,13 @@
 #include "absl/time/time.h"
 #include "server/config.h"
 #include "server/data_dir_lock.h"
+#include "server/dataset_service.h"
+#include "server/engine_rates_store.h"
+#include "server/http/gateway.h"
 #include "server/job_files.h"
 #include "server/job_service.h"
 #include "server/metrics/exporter.h"
+#include "server/retention.h"
 #include "server/scheduler.h"
 #include "server/serve.h"
 #include "server/store/job_store.h"
@@ -76,6 +82,7 @@ class Daemon {
   absl::Status StartServers();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials() const;
   absl::Status StartHealthServer();
+  absl::Status StartHttpGateway();
   // Prints the addresses and writes the port files.
   absl::Status Announce();
   absl::Status WritePortFile(const std::string& name, int port);
@@ -98,8 +105,13 @@ class Daemon {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WorkPool> create_pool_;  // CreateJob's checks, off gRPC's threads
   std::unique_ptr<JobServiceImpl> service_;
+  std::unique_ptr<DatasetServiceImpl> datasets_;
+  std::unique_ptr<RetentionSweeper> retention_;  // storage.retention_days > 0
+  std::unique_ptr<EngineRatesStore> rates_;      // ServeEnvironment::measure_rates set
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;
+  std::unique_ptr<HttpGateway> http_;
+  std::string gateway_key_;  // believed by auth_ on the gateway's in-process calls
   int port_ = 0, health_port_ = 0;
   std::vector<std::string> addresses_;    // what it serves on, for the status line
   std::vector<std::string> owned_paths_;  // the port files and the socket it made, removed at shutdown

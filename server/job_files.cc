@@ -1,5 +1,10 @@
 #include "server/job_files.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -10,7 +15,8 @@
 namespace oomb::server {
 
 absl::StatusOr<JobFiles> JobFiles::Create(const std::string& allowed_roots, const std::string& data_dir,
-                                          std::shared_ptr<const ProjectRegistry> projects) {
+                                          std::shared_ptr<const ProjectRegistry> projects,
+                                          const std::string& datasets_dir) {
   FileAccess::Options jobs;
   for (absl::string_view root : absl::StrSplit(allowed_roots, ',', absl::SkipWhitespace())) {
     jobs.roots.emplace_back(absl::StripAsciiWhitespace(root));
@@ -20,11 +26,87 @@ absl::StatusOr<JobFiles> JobFiles::Create(const std::string& allowed_roots, cons
   if (!job_access.ok()) return Annotate(job_access.status(), "paths.allowed_roots");
   OOMB_ASSIGN_OR_RETURN(std::shared_ptr<const FileAccess> data_access,
                         FileAccess::Create({.roots = {data_dir}, .excluded = {}}));
-  return JobFiles(*std::move(job_access), std::move(data_access), data_dir, std::move(projects));
+  const std::string datasets = datasets_dir.empty() ? data_dir + "/datasets" : datasets_dir;
+  if (absl::Status made = FileAccess::Unconfined()->MakeDirs(datasets, 0700).status(); !made.ok()) {
+    return Annotate(made, "storage.datasets_dir");
+  }
+  return JobFiles(*std::move(job_access), std::move(data_access), data_dir, std::move(projects), datasets);
 }
 
 JobFiles JobFiles::Unconfined(const std::string& data_dir) {
-  return JobFiles(FileAccess::Unconfined(), FileAccess::Unconfined(), data_dir, nullptr);
+  return JobFiles(FileAccess::Unconfined(), FileAccess::Unconfined(), data_dir, nullptr, data_dir + "/datasets");
+}
+
+std::vector<std::string> JobFiles::RootsOf(const std::string& project) const {
+  if (projects_ != nullptr && !project.empty()) {
+    std::vector<std::string> own = projects_->Get(project).allowed_roots;
+    if (!own.empty()) return own;
+  }
+  return jobs_->roots();
+}
+
+absl::StatusOr<std::shared_ptr<const FileAccess>> JobFiles::Inputs(const std::string& project,
+                                                                   const std::vector<std::string>& grants) const {
+  if (grants.empty() || !jobs_->confined()) return Inputs(project);
+  std::vector<std::string> roots = RootsOf(project);
+  roots.insert(roots.end(), grants.begin(), grants.end());
+  absl::StatusOr<std::shared_ptr<const FileAccess>> made =
+      FileAccess::Create({.roots = roots, .excluded = {data_dir_}});
+  if (!made.ok() && absl::IsInvalidArgument(made.status())) {  // a grant gone (deleted, or another daemon's disk)
+    return absl::NotFoundError(made.status().message());
+  }
+  return made;
+}
+
+std::string JobFiles::DatasetsDirOf(const std::string& project) const {
+  return absl::StrCat(datasets_dir_, "/", project);
+}
+
+std::string JobFiles::DatasetPath(const std::string& project, const std::string& id) const {
+  return absl::StrCat(DatasetsDirOf(project), "/", id, ".jsonl");
+}
+
+absl::StatusOr<Dir> JobFiles::OpenDatasetsDir(const std::string& project) const {
+  return FileAccess::Unconfined()->MakeDirs(DatasetsDirOf(project), 0700);
+}
+
+absl::StatusOr<Dir> JobFiles::OpenCheckpoint(const std::string& path, const std::string& project) const {
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> access, CheckpointAccess(path, project));
+  return access->OpenDir(path);
+}
+
+absl::Status JobFiles::RemoveJobFiles(const std::string& id, const std::string& path,
+                                      const std::string& project) const {
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> access, CheckpointAccess(path, project));
+  const std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+  absl::StatusOr<Dir> parent = access->OpenDir(p.parent_path().string());
+  if (absl::IsNotFound(parent.status())) return absl::OkStatus();
+  OOMB_RETURN_IF_ERROR(parent.status());
+  OOMB_RETURN_IF_ERROR(parent->RemoveTree(p.filename().string()));
+  if (path != absl::StrCat(data_dir_, "/jobs/", id, "/checkpoints")) return absl::OkStatus();
+  return RemoveJobDir(id);  // its metrics and anything else of it
+}
+
+void JobFiles::MarkJobDirDeleted(const std::string& id) const {
+  ::utimensat(AT_FDCWD, absl::StrCat(data_dir_, "/jobs/", id).c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+}
+
+absl::Status JobFiles::RemoveJobDir(const std::string& id) const {
+  absl::StatusOr<Dir> jobs = data_dir_access_->OpenDir(data_dir_ + "/jobs");
+  if (absl::IsNotFound(jobs.status())) return absl::OkStatus();
+  OOMB_RETURN_IF_ERROR(jobs.status());
+  return jobs->RemoveTree(id);
+}
+
+std::vector<std::string> JobFiles::JobDirsOlderThan(absl::Time before) const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/jobs", ec)) {
+    struct stat st;
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    if (absl::FromTimeT(st.st_mtim.tv_sec) < before) out.push_back(e.path().filename().string());
+  }
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<const FileAccess>> JobFiles::Inputs(const std::string& project) const {
@@ -69,8 +151,9 @@ absl::Status FieldError(const absl::Status& s, const char* field) {
 
 }  // namespace
 
-absl::Status JobFiles::CheckPaths(const JobConfig& spec, const std::string& project) const {
-  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, Inputs(project));
+absl::Status JobFiles::CheckPaths(const JobConfig& spec, const std::string& project,
+                                  const std::vector<std::string>& grants) const {
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, Inputs(project, grants));
   const std::pair<const char*, const std::string*> paths[] = {
       {"model.path", &spec.model.path},
       {"data.train", &spec.data.train},
@@ -84,9 +167,10 @@ absl::Status JobFiles::CheckPaths(const JobConfig& spec, const std::string& proj
   return absl::OkStatus();
 }
 
-absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id, const std::string& project) const {
-  OOMB_RETURN_IF_ERROR(CheckPaths(spec, project));
-  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, Inputs(project));
+absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id, const std::string& project,
+                                 const std::vector<std::string>& grants) const {
+  OOMB_RETURN_IF_ERROR(CheckPaths(spec, project, grants));
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, Inputs(project, grants));
   absl::StatusOr<Dir> model = inputs->OpenDir(spec.model.path);
   if (!model.ok()) return FieldError(model.status(), "model.path");
   if (!model->Contains("config.json")) {

@@ -4,6 +4,7 @@
 #include <deque>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -14,12 +15,17 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "proto/spec/resource_names.h"
+#include "server/checkpoint_archive.h"
 #include "server/grpc_status.h"
 #include "server/job_spec.h"
+#include "server/named_inputs.h"
+#include "server/page_token.h"
 #include "server/to_proto.h"
 #include "worker/common/status.h"
 #include "worker/hf/loading_code.h"
 #include "worker/plan/context_window.h"
+#include "worker/plan/step_time.h"
 
 namespace oomb::server {
 namespace {
@@ -47,49 +53,14 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::St
   return reactor;
 }
 
-// Denied calls, logged at most once a second (with how many were not).
-void LogDenied(const Caller& caller, absl::string_view what) {
-  static std::atomic<int64_t> last_second{0};
-  static std::atomic<int64_t> suppressed{0};
-  const int64_t now = absl::ToUnixSeconds(absl::Now());
-  int64_t last = last_second.load();
-  if (now == last || !last_second.compare_exchange_strong(last, now)) {
-    suppressed.fetch_add(1);
-    return;
-  }
-  const int64_t more = suppressed.exchange(0);
-  spdlog::warn("denied: {} ({}): {}{}", caller.Name(), caller.authenticated_by, std::string(what),
-               more > 0 ? absl::StrCat(" (and ", more, " more denied calls in the last seconds)") : "");
-}
-
-// A stable fingerprint of a ListJobs filter, so a page token cannot be used with another one.
-uint64_t FilterHash(const v1::ListJobsRequest& req) {
+// The fingerprint of a ListJobs filter (server/page_token.h).
+uint64_t ListFilter(const v1::ListJobsRequest& req) {
   std::string key;
   absl::StrAppend(&key, req.parent(), "|");
   for (int s : req.states()) absl::StrAppend(&key, s, ",");
   std::map<std::string, std::string> labels(req.labels().begin(), req.labels().end());
   for (const auto& [k, v] : labels) absl::StrAppend(&key, k, "=", v, ";");
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-std::string EncodePageToken(int64_t position, uint64_t filter) {
-  return absl::WebSafeBase64Escape(absl::StrCat("v1:", position, ":", filter));
-}
-
-absl::StatusOr<int64_t> DecodePageToken(const std::string& token, uint64_t filter) {
-  std::string raw;
-  std::vector<std::string> parts;
-  if (absl::WebSafeBase64Unescape(token, &raw)) parts = absl::StrSplit(raw, ':');
-  int64_t position = 0;
-  uint64_t f = 0;
-  if (parts.size() != 3 || parts[0] != "v1" || !absl::SimpleAtoi(parts[1], &position) ||
-      !absl::SimpleAtoi(parts[2], &f) || position <= 0) {
-    return absl::InvalidArgumentError("page_token: not a token from a previous ListJobs response");
-  }
-  if (f != filter) return absl::InvalidArgumentError("page_token: was issued for a different filter");
-  return position;
+  return FilterHash(key);
 }
 
 // WatchJob: snapshot, replay from the store, then live events until the job is terminal.
@@ -114,7 +85,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
     absl::StatusOr<v1::Job> job = store_->Get(job_id_);
     // Before taking mu_: the scheduler's lock is taken before the hub's and ours when events
     // are published (Scheduler::TransitionLocked), never after ours.
-    if (job.ok()) scheduler->FillQueuePosition(&*job);
+    if (job.ok()) scheduler->FillQueueState(&*job);
     {
       absl::MutexLock lock(&mu_);
       if (!job.ok()) {
@@ -267,47 +238,131 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   std::optional<grpc::Status> finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
+// DownloadCheckpoint: the archive's description, then its bytes from the offset, produced on a
+// thread of the download's own into a bounded queue and written one message at a time, so a
+// slow client holds at most kMaxQueued chunks of memory.
+class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadCheckpointResponse> {
+ public:
+  static constexpr size_t kChunk = size_t{1} << 20;
+  static constexpr size_t kMaxQueued = 8;
+
+  DownloadReactor(CheckpointArchiveWriter archive, v1::CheckpointArchive description, int64_t offset,
+                  std::atomic<int>* active)
+      : archive_(std::move(archive)), active_(active) {
+    v1::DownloadCheckpointResponse first;
+    *first.mutable_archive() = std::move(description);
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(first));
+    }
+    producer_ = std::thread([this, offset] { Produce(offset); });
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) stopped_ = true;
+    }
+    Pump();
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+  }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopped_ = true;
+    }
+    producer_.join();
+    active_->fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  void Produce(int64_t offset) {
+    const absl::Status s = archive_.Stream(offset, kChunk, [&](absl::string_view bytes) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](DownloadReactor* r)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return r->stopped_ || r->queue_.size() < kMaxQueued; },
+            this));
+        if (stopped_) return false;
+        v1::DownloadCheckpointResponse m;
+        m.set_data(std::string(bytes));
+        queue_.push_back(std::move(m));
+      }
+      Pump();  // the writer may be idle, waiting for this chunk
+      return true;
+    });
+    {
+      absl::MutexLock lock(&mu_);
+      produced_ = true;
+      status_ = s;
+    }
+    Pump();
+  }
+
+  void Pump() {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (!queue_.empty() && !stopped_) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = true;
+      } else if (produced_ || stopped_) {
+        if (!produced_) return;  // stopped: the producer ends soon, and Pump runs again
+        finished_ = true;
+        finish =
+            stopped_ && status_.ok() ? grpc::Status(grpc::StatusCode::CANCELLED, "stopped") : ToGrpcStatus(status_);
+      } else {
+        return;
+      }
+    }
+    if (finish) {
+      Finish(*finish);
+    } else {
+      StartWrite(&current_);
+    }
+  }
+
+  const CheckpointArchiveWriter archive_;
+  std::atomic<int>* const active_;
+  std::thread producer_;
+  absl::Mutex mu_;
+  std::deque<v1::DownloadCheckpointResponse> queue_ ABSL_GUARDED_BY(mu_);
+  v1::DownloadCheckpointResponse current_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool produced_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// A stream reactor that only finishes, with an error.
+template <typename Response>
+class FailedStream final : public grpc::ServerWriteReactor<Response> {
+ public:
+  explicit FailedStream(const grpc::Status& st) { this->Finish(st); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
-
-std::string ClientIdentity(const grpc::CallbackServerContext* ctx) {
-  const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
-  if (auth != nullptr && auth->IsPeerAuthenticated()) {
-    for (const grpc::string_ref& id : auth->GetPeerIdentity()) return "cert:" + std::string(id.data(), id.size());
-  }
-  const std::string peer = ctx->peer();  // "ipv4:127.0.0.1:41234", "ipv6:[::1]:41234", "unix:..."
-  if (absl::StartsWith(peer, "unix:")) return "unix";
-  const size_t colon = peer.rfind(':');
-  return colon != std::string::npos && colon > peer.find(':') ? peer.substr(0, colon) : peer;
-}
-
-bool ValidJobId(const std::string& id) {
-  if (id.empty() || id.size() > 63) return false;
-  for (size_t i = 0; i < id.size(); ++i) {
-    const char c = id[i];
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || (c == '-' && i > 0);
-    if (!ok) return false;
-  }
-  return true;
-}
-
-absl::StatusOr<JobRef> ParseJobName(const std::string& name, const char* field) {
-  const std::vector<std::string> parts = absl::StrSplit(name, '/');
-  if (parts.size() == 4 && parts[0] == "projects" && ValidProjectId(parts[1]) && parts[2] == "jobs" &&
-      ValidJobId(parts[3])) {
-    return JobRef{parts[1], parts[3]};
-  }
-  if (parts.size() == 2 && parts[0] == "jobs" && ValidJobId(parts[1])) return JobRef{"", parts[1]};
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected projects/{project}/jobs/{job_id} (or jobs/{job_id}), got '", Excerpt(name), "'"));
-}
 
 JobServiceImpl::JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* hub, JobServiceOptions options)
     : store_(store), scheduler_(scheduler), hub_(hub), options_(std::move(options)) {}
 
-absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const JobConfig& spec,
+absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const ResolvedInputs& resolved,
                                                                                const std::string& project) const {
   if (!options_.validate_data || options_.files == nullptr) return std::nullopt;
-  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, options_.files->Inputs(project));
+  const JobConfig& spec = resolved.job;
+  OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs,
+                        options_.files->Inputs(project, resolved.grants));
   int64_t bytes = 0;
   for (const std::string* path : {&spec.data.train, &spec.data.validation}) {
     if (path->empty()) continue;
@@ -322,6 +377,14 @@ absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(c
   }
   if (!summary.ok()) return summary.status();
   return DatasetSummaryToProto(*summary);
+}
+
+absl::StatusOr<ResolvedInputs> JobServiceImpl::Inputs(const JobConfig& job, const std::string& project,
+                                                      const Caller* caller) const {
+  if (options_.files == nullptr) return ResolvedInputs{job, {}};
+  absl::StatusOr<ResolvedInputs> r = ResolveNamedInputs(job, project, *store_, *options_.files, caller);
+  if (!r.ok()) return Annotate(r.status(), "spec");
+  return r;
 }
 
 absl::StatusOr<ModelConfig> JobServiceImpl::ModelConfigOf(const JobConfig& spec, const std::string& project) const {
@@ -356,8 +419,8 @@ absl::StatusOr<Caller> JobServiceImpl::Authenticate(const grpc::CallbackServerCo
 }
 
 absl::StatusOr<v1::Job> JobServiceImpl::VisibleJob(const Caller& caller, const std::string& name) const {
-  OOMB_ASSIGN_OR_RETURN(const JobRef ref, ParseJobName(name));
-  absl::StatusOr<v1::Job> job = store_->Get(ref.id);
+  OOMB_ASSIGN_OR_RETURN(const names::JobName ref, names::ParseJob(name));
+  absl::StatusOr<v1::Job> job = store_->Get(ref.job);
   if (job.ok()) {
     const std::string project = ParseStoredName(job->name()).project;
     if (caller.MayActIn(project) && (ref.project.empty() || ref.project == project)) return job;
@@ -373,39 +436,13 @@ absl::Status JobServiceImpl::CheckProjectQueue(const std::string& project) const
   if (options_.projects == nullptr) return absl::OkStatus();
   const int64_t limit = options_.projects->Get(project).max_queued_jobs;
   if (limit <= 0) return absl::OkStatus();
-  OOMB_ASSIGN_OR_RETURN(const std::vector<v1::Job> waiting,
-                        store_->ListByState({v1::Job::VALIDATING, v1::Job::QUEUED, v1::Job::PAUSED}));
-  const int64_t in_project = std::count_if(
-      waiting.begin(), waiting.end(), [&](const v1::Job& j) { return ParseStoredName(j.name()).project == project; });
+  OOMB_ASSIGN_OR_RETURN(const auto usage, store_->Usage());
+  const auto it = usage.find(project);
+  const int64_t in_project = it == usage.end() ? 0 : it->second.waiting_jobs;
   if (in_project < limit) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat("project ", project, " has ", in_project,
                                                    " jobs waiting (max_queued_jobs ", limit,
                                                    " in tenancy.projects_file); submit when some have started"));
-}
-
-absl::StatusOr<std::string> JobServiceImpl::ProjectOf(const Caller& caller, const std::string& parent) const {
-  if (parent.empty()) {
-    if (caller.admin()) return std::string(kDefaultProject);
-    const std::vector<std::string> projects = caller.Projects();
-    if (projects.size() == 1) return projects.front();
-    if (projects.empty()) {
-      LogDenied(caller, "a job without a project");
-      return absl::PermissionDeniedError(absl::StrCat(caller.Name(), " may act in no project (its groups name none)"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat("parent: ", caller.Name(),
-                                                   " may act in several projects; name one: projects/",
-                                                   absl::StrJoin(projects, ", projects/")));
-  }
-  const std::vector<std::string> parts = absl::StrSplit(parent, '/');
-  if (parts.size() != 2 || parts[0] != "projects" || !ValidProjectId(parts[1])) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parent: expected projects/{project} ([a-z0-9][a-z0-9-]{0,62}), got '", Excerpt(parent), "'"));
-  }
-  if (!caller.MayActIn(parts[1])) {
-    LogDenied(caller, absl::StrCat("project ", parts[1]));
-    return absl::PermissionDeniedError(absl::StrCat(caller.Name(), " may not act in project ", parts[1]));
-  }
-  return parts[1];
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
@@ -417,7 +454,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
     return reactor;
   }
   // `req` and `resp` live until the reactor finishes.
-  auto work = [this, ctx, reactor, req, resp, caller = *std::move(caller), peer = ClientIdentity(ctx)] {
+  auto work = [this, ctx, reactor, req, resp, caller = *std::move(caller),
+               peer = options_.auth != nullptr ? options_.auth->ClientIdentity(*ctx) : PeerIdentity(*ctx)] {
     const auto abandoned = [ctx] { return ctx->IsCancelled() || ctx->deadline() <= std::chrono::system_clock::now(); };
     reactor->Finish(ToGrpcStatus(Create(*req, caller, caller.user.empty() ? peer : caller.user, abandoned, resp)));
   };
@@ -435,11 +473,11 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
 absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Caller& caller, const std::string& creator,
                                     const std::function<bool()>& abandoned, v1::Job* resp) const {
   if (abandoned()) return CallerGone();
-  OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOf(caller, req.parent()));
+  OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOfParent(caller, req.parent()));
   if (scheduler_->draining()) {
     return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   }
-  if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
+  if (!req.job_id().empty() && !names::ValidId(req.job_id())) {
     return absl::InvalidArgumentError(
         absl::StrCat("job_id: must match [a-z0-9][a-z0-9-]{0,62}, got '", Excerpt(req.job_id()), "'"));
   }
@@ -448,10 +486,13 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
         absl::StrCat("request_id: at most ", kMaxRequestIdBytes, " bytes, got ", req.request_id().size()));
   }
   v1::JobSpec effective = req.spec();
-  absl::StatusOr<JobConfig> spec = ResolveJobSpec(&effective);
-  if (!spec.ok()) return Annotate(spec.status(), "spec");
+  absl::StatusOr<JobConfig> resolved_spec = ResolveJobSpec(&effective);
+  if (!resolved_spec.ok()) return Annotate(resolved_spec.status(), "spec");
+  // Inputs named by resource name, as paths of the daemon's (the stored spec keeps the names).
+  OOMB_ASSIGN_OR_RETURN(const ResolvedInputs inputs, Inputs(*resolved_spec, project, &caller));
+  const JobConfig* spec = &inputs.job;
   if (options_.files != nullptr) {
-    OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckSpec(*spec, req.job_id(), project), "spec"));
+    OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckSpec(*spec, req.job_id(), project, inputs.grants), "spec"));
   }
   OOMB_RETURN_IF_ERROR(CheckProjectQueue(project));
   OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
@@ -463,7 +504,7 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
   // The model's config.json was read by Plan: the RoPE scaling checks cannot fail to read it.
   OOMB_ASSIGN_OR_RETURN(const ModelConfig model, ModelConfigOf(*spec, project));
   OOMB_RETURN_IF_ERROR(Annotate(CheckRopeScaling(model, *spec), "spec"));
-  absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(*spec, project);
+  absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(inputs, project);
   if (!summary.ok()) return Annotate(summary.status(), "spec");
   // Without the datasets read here, the warnings come when the job leaves VALIDATING, from its
   // longest sample (SchedulerOptions::context_warnings).
@@ -496,7 +537,7 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
     return absl::AlreadyExistsError("request_id: used before, for a job in another project");
   }
   if (created) spdlog::info("created {}", resp->name());
-  scheduler_->FillQueuePosition(resp);
+  scheduler_->FillQueueState(resp);
   return absl::OkStatus();
 }
 
@@ -504,7 +545,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ct
                                                  v1::Job* resp) {
   return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
     OOMB_ASSIGN_OR_RETURN(*resp, VisibleJob(caller, req->name()));
-    scheduler_->FillQueuePosition(resp);
+    scheduler_->FillQueueState(resp);
     return absl::OkStatus();
   });
 }
@@ -520,19 +561,25 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
       if (!caller.admin()) q.projects = caller.Projects();
       if (!caller.admin() && q.projects.empty()) return absl::OkStatus();  // no project: no jobs
     } else {
-      OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOf(caller, req->parent()));
+      OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOfParent(caller, req->parent()));
       q.projects = {project};
     }
     q.page_size = req->page_size() == 0 ? kDefaultPageSize : std::min(req->page_size(), kMaxPageSize);
     for (int s : req->states()) q.states.push_back(static_cast<v1::Job::State>(s));
     q.labels = {req->labels().begin(), req->labels().end()};
-    const uint64_t filter = FilterHash(*req);
+    const uint64_t filter = ListFilter(*req);
     if (!req->page_token().empty()) {
-      OOMB_ASSIGN_OR_RETURN(q.before_position, DecodePageToken(req->page_token(), filter));
+      OOMB_ASSIGN_OR_RETURN(q.before_position, DecodePageToken(req->page_token(), filter, "ListJobs"));
     }
     OOMB_ASSIGN_OR_RETURN(ListResult r, store_->List(q));
+    // The projects' usage, read once for the page's waiting reasons.
+    std::optional<std::map<std::string, ProjectUsage>> usage;
+    if (std::any_of(r.jobs.begin(), r.jobs.end(), [](const v1::Job& j) { return j.state() == v1::Job::QUEUED; })) {
+      absl::StatusOr<std::map<std::string, ProjectUsage>> u = store_->Usage();
+      if (u.ok()) usage = *std::move(u);
+    }
     for (v1::Job& j : r.jobs) {
-      scheduler_->FillQueuePosition(&j);
+      scheduler_->FillQueueState(&j, usage ? &*usage : nullptr);
       *resp->add_jobs() = std::move(j);
     }
     if (r.next_position > 0) resp->set_next_page_token(EncodePageToken(r.next_position, filter));
@@ -563,7 +610,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
   return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
     OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
     OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Resume(ParseStoredName(job.name()).id, caller.user));
-    scheduler_->FillQueuePosition(resp);
+    scheduler_->FillQueueState(resp);
     return absl::OkStatus();
   });
 }
@@ -572,7 +619,19 @@ grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext*
                                                     v1::DeleteJobResponse*) {
   return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
     OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
-    return scheduler_->Delete(ParseStoredName(job.name()).id);
+    const JobRef ref = ParseStoredName(job.name());
+    OOMB_RETURN_IF_ERROR(scheduler_->Delete(ref.id));
+    if (options_.files == nullptr) return absl::OkStatus();
+    if (!req->purge()) {
+      options_.files->MarkJobDirDeleted(ref.id);  // storage.retention_days counts from now
+      return absl::OkStatus();
+    }
+    if (absl::Status s = options_.files->RemoveJobFiles(ref.id, job.checkpoint_dir(), ref.project); !s.ok()) {
+      return Annotate(s,
+                      absl::StrCat("the job was deleted, but purging its files failed (", job.checkpoint_dir(), ")"));
+    }
+    spdlog::info("deleted {} and its files by {}", job.name(), caller.Name());
+    return absl::OkStatus();
   });
 }
 
@@ -600,15 +659,7 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* JobServiceImpl::WatchJob(grpc::C
   absl::StatusOr<v1::Job> job = caller.ok() ? VisibleJob(*caller, req->name()) : caller.status();
   const absl::StatusOr<std::string> id =
       job.ok() ? absl::StatusOr<std::string>(ParseStoredName(job->name()).id) : job.status();
-  if (!id.ok()) {
-    // A reactor that only finishes.
-    class Failed final : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
-     public:
-      explicit Failed(const grpc::Status& st) { Finish(st); }
-      void OnDone() override { delete this; }
-    };
-    return new Failed(ToGrpcStatus(id.status()));
-  }
+  if (!id.ok()) return new FailedStream<v1::WatchJobResponse>(ToGrpcStatus(id.status()));
   const std::string name = req->name();
   auto authorized = [this, ctx, name]() -> absl::Status {
     absl::StatusOr<Caller> caller = Authenticate(ctx);
@@ -636,26 +687,114 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerCo
       load.lora = job.spec().method().type() != v1::Method::full;
       load.has_base_config = std::filesystem::exists(std::filesystem::path(c.path()) / kBaseConfigFile, ec);
       c.set_load_code(LoadingCode(load));
+      const JobRef ref = ParseStoredName(job.name());
+      c.set_name(names::Checkpoint(ref.project, ref.id, c.final() ? std::nullopt : std::optional<int64_t>(c.step())));
       *resp->add_checkpoints() = std::move(c);
     }
     return absl::OkStatus();
   });
 }
 
+absl::StatusOr<v1::Checkpoint> JobServiceImpl::VisibleCheckpoint(const Caller& caller, const std::string& name,
+                                                                 v1::Job* job) const {
+  OOMB_ASSIGN_OR_RETURN(const names::CheckpointName ref, names::ParseCheckpoint(name));
+  OOMB_ASSIGN_OR_RETURN(*job, VisibleJob(caller, ref.job.project.empty() ? "jobs/" + ref.job.job
+                                                                         : names::Job(ref.job.project, ref.job.job)));
+  OOMB_ASSIGN_OR_RETURN(const std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(ref.job.job));
+  for (auto it = cps.rbegin(); it != cps.rend(); ++it) {
+    const bool match = ref.step.has_value() ? (!it->final() && it->step() == *ref.step) : it->final();
+    std::error_code ec;
+    if (match && std::filesystem::is_directory(it->path(), ec)) return *it;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no checkpoint ", Excerpt(name), " on this daemon's disk (oomb checkpoints lists those there are)"));
+}
+
+grpc::ServerWriteReactor<v1::DownloadCheckpointResponse>* JobServiceImpl::DownloadCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::DownloadCheckpointRequest* req) {
+  const auto fail = [](const absl::Status& s) {
+    return new FailedStream<v1::DownloadCheckpointResponse>(ToGrpcStatus(s));
+  };
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return fail(caller.status());
+  v1::Job job;
+  absl::StatusOr<v1::Checkpoint> checkpoint = VisibleCheckpoint(*caller, req->name(), &job);
+  if (!checkpoint.ok()) return fail(checkpoint.status());
+  const JobRef ref = ParseStoredName(job.name());
+  absl::StatusOr<Dir> dir = options_.files != nullptr ? options_.files->OpenCheckpoint(checkpoint->path(), ref.project)
+                                                      : FileAccess::Unconfined()->OpenDir(checkpoint->path());
+  if (!dir.ok()) return fail(dir.status());
+  absl::StatusOr<CheckpointArchiveWriter> archive = CheckpointArchiveWriter::Open(
+      *std::move(dir), checkpoint->final() ? "final" : absl::StrCat("checkpoint-", checkpoint->step()));
+  if (!archive.ok()) return fail(archive.status());
+  v1::CheckpointArchive description = archive->description();
+  description.set_name(names::Checkpoint(
+      ref.project, ref.id, checkpoint->final() ? std::nullopt : std::optional<int64_t>(checkpoint->step())));
+  if (!req->etag().empty() && req->etag() != description.etag()) {
+    return fail(
+        absl::AbortedError(absl::StrCat("etag: the checkpoint is no longer the one of etag ", Excerpt(req->etag()),
+                                        " (now ", description.etag(), "): download it again from the start")));
+  }
+  if (req->offset() < 0 || req->offset() > description.total_bytes()) {
+    return fail(absl::OutOfRangeError(
+        absl::StrCat("offset: ", req->offset(), " is outside the archive's ", description.total_bytes(), " bytes")));
+  }
+  description.set_offset(req->offset());
+  if (active_downloads_.fetch_add(1) >= kMaxDownloads) {
+    active_downloads_.fetch_sub(1);
+    return fail(absl::UnavailableError(
+        absl::StrCat(kMaxDownloads, " downloads are running on this daemon; retry in a moment")));
+  }
+  return new DownloadReactor(*std::move(archive), std::move(description), req->offset(), &active_downloads_);
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContext* ctx,
                                                       const v1::EstimateJobRequest* req,
                                                       v1::EstimateJobResponse* resp) {
   return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOf(caller, req->parent()));
-    absl::StatusOr<JobConfig> spec = ResolveJobSpec(req->spec());
-    if (!spec.ok()) return Annotate(spec.status(), "spec");
-    if (options_.files != nullptr) OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckPaths(*spec, project), "spec"));
+    OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOfParent(caller, req->parent()));
+    absl::StatusOr<JobConfig> resolved_spec = ResolveJobSpec(req->spec());
+    if (!resolved_spec.ok()) return Annotate(resolved_spec.status(), "spec");
+    OOMB_ASSIGN_OR_RETURN(const ResolvedInputs inputs, Inputs(*resolved_spec, project, &caller));
+    const JobConfig* spec = &inputs.job;
+    if (options_.files != nullptr) {
+      OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckPaths(*spec, project, inputs.grants), "spec"));
+    }
     OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
     absl::StatusOr<MemoryPlan> plan = Plan(*spec, project);
     if (!plan.ok()) return Annotate(plan.status(), "spec");
     *resp = MemoryPlanToProto(*plan);
-    return absl::OkStatus();
+    return EstimateTime(*spec, project, *plan, resp);
   });
+}
+
+absl::Status JobServiceImpl::EstimateTime(const JobConfig& spec, const std::string& project, const MemoryPlan& plan,
+                                          v1::EstimateJobResponse* resp) const {
+  resp->set_total_steps(spec.training.max_steps);
+  if (options_.rates == nullptr) {
+    resp->set_rates("not estimated: this daemon measures no rates");
+    return absl::OkStatus();
+  }
+  if (!plan.fits) {
+    resp->set_rates("not estimated: the job does not fit");
+    return absl::OkStatus();
+  }
+  OOMB_ASSIGN_OR_RETURN(const ModelConfig config, ModelConfigOf(spec, project));
+  const absl::StatusOr<EngineRates> rates = options_.rates->Get(config, spec, StepChunkTokens(plan), plan.device);
+  const absl::StatusOr<StepTime> step = rates.ok() ? EstimateStepTime(config, spec, plan, *rates) : rates.status();
+  if (!step.ok()) {
+    // A device too busy to measure on, or a job the model does not cover, still gets its plan.
+    resp->set_rates(absl::StrCat("not estimated: ", step.status().message()));
+    return absl::OkStatus();
+  }
+  resp->set_step_seconds(step->seconds);
+  resp->set_device_hours(static_cast<double>(spec.training.max_steps) * step->seconds *
+                         static_cast<double>(std::max(1, spec.resources.gpus)) / 3600.0);
+  resp->set_rates(absl::StrCat(
+      "measured on ", rates->device_name, " (", spec.model.dtype == ModelDtype::kFloat32 ? "float32" : "bfloat16",
+      ", chunks of ", rates->chunk_tokens, ") at ", rates->measured_at,
+      spec.training.max_steps == 0 ? "; no device-hours: training.epochs sets the steps once the data is read" : ""));
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetServerInfo(grpc::CallbackServerContext* ctx,
@@ -692,7 +831,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::UpdateJob(grpc::CallbackServerContext*
     }
     OOMB_RETURN_IF_ERROR(Annotate(spec::CheckRules(probe, /*check_required=*/false), "job"));
     OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Update(ParseStoredName(job.name()).id, req->job(), paths, caller.user));
-    scheduler_->FillQueuePosition(resp);
+    scheduler_->FillQueueState(resp);
     return absl::OkStatus();
   });
 }

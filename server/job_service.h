@@ -17,6 +17,7 @@
 #ifndef OOMB_SERVER_JOB_SERVICE_H_
 #define OOMB_SERVER_JOB_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -25,7 +26,9 @@
 #include "absl/status/status.h"
 #include "oomb/v1/jobs.grpc.pb.h"
 #include "server/auth.h"
+#include "server/engine_rates_store.h"
 #include "server/job_files.h"
+#include "server/named_inputs.h"
 #include "server/scheduler.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
@@ -53,6 +56,9 @@ struct JobServiceOptions {
   // Where CreateJob's checks run (null: on the handler's thread, for tests of the service
   // alone). A full pool answers UNAVAILABLE (retryable). Must outlive the service.
   WorkPool* work = nullptr;
+  // The device rates EstimateJob's time and cost come from (null: none estimated). Must outlive
+  // the service.
+  EngineRatesStore* rates = nullptr;
   // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
   // filled per call.
   v1::ServerInfo server_info;
@@ -82,6 +88,10 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
                                                            const v1::WatchJobRequest* req) override;
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
                                             v1::ListCheckpointsResponse* resp) override;
+  // At most kMaxDownloads at once (UNAVAILABLE beyond: retry); each holds a thread that reads the
+  // checkpoint's files (server/checkpoint_archive.h) and at most 8 MiB queued.
+  grpc::ServerWriteReactor<v1::DownloadCheckpointResponse>* DownloadCheckpoint(
+      grpc::CallbackServerContext* ctx, const v1::DownloadCheckpointRequest* req) override;
   grpc::ServerUnaryReactor* EstimateJob(grpc::CallbackServerContext* ctx, const v1::EstimateJobRequest* req,
                                         v1::EstimateJobResponse* resp) override;
   grpc::ServerUnaryReactor* UpdateJob(grpc::CallbackServerContext* ctx, const v1::UpdateJobRequest* req,
@@ -96,43 +106,41 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   // The job `name` names, when `caller` may see it (its project); NOT_FOUND otherwise, as for a
   // job that does not exist. INVALID_ARGUMENT for a name of neither form.
   absl::StatusOr<v1::Job> VisibleJob(const Caller& caller, const std::string& name) const;
-  // The project a request's `parent` names ("projects/{project}"), or the caller's only one when
-  // empty (kDefaultProject for an administrator); PERMISSION_DENIED for one it may not act in,
-  // INVALID_ARGUMENT listing its projects when it has several.
-  absl::StatusOr<std::string> ProjectOf(const Caller& caller, const std::string& parent) const;
+  // The checkpoint `name` names (proto/spec/resource_names.h; a job alone: its final one) of a
+  // job `caller` may see (`job` set to it), when its directory is on this daemon's disk;
+  // NOT_FOUND otherwise.
+  absl::StatusOr<v1::Checkpoint> VisibleCheckpoint(const Caller& caller, const std::string& name, v1::Job* job) const;
   // CreateJob's work after authentication: checks, admission, dataset scan, Submit. `abandoned` says whether the caller
   // has gone (its deadline passed, or it cancelled): checked first and last before the job is stored, so that no job is
   // created for a caller told DEADLINE_EXCEEDED (a retry with the same request_id covers the moment between).
   absl::Status Create(const v1::CreateJobRequest& req, const Caller& caller, const std::string& creator,
                       const std::function<bool()>& abandoned, v1::Job* resp) const;
   // options_.validate_data's summary for datasets within the size limit; nullopt otherwise.
-  absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const JobConfig& spec,
+  absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const ResolvedInputs& resolved,
                                                                  const std::string& project) const;
+  // `job` with the inputs it names by resource name resolved for `caller` (server/named_inputs.h);
+  // errors prefixed "spec: ".
+  absl::StatusOr<ResolvedInputs> Inputs(const JobConfig& job, const std::string& project, const Caller* caller) const;
   // The memory plan of `spec` on the eligible device of this server with the most memory
   // (admission and EstimateJob). Errors name the field (model.path's config.json, or what
   // the engine cannot run yet).
   // The config.json of the spec's model, read through the confined inputs.
   absl::StatusOr<ModelConfig> ModelConfigOf(const JobConfig& spec, const std::string& project) const;
   absl::StatusOr<MemoryPlan> Plan(const JobConfig& spec, const std::string& project) const;
+  // EstimateJob's time and cost beside `plan` (EngineRatesStore, worker/plan/step_time.h).
+  absl::Status EstimateTime(const JobConfig& spec, const std::string& project, const MemoryPlan& plan,
+                            v1::EstimateJobResponse* resp) const;
   // RESOURCE_EXHAUSTED when `project` already has its max_queued_jobs waiting.
   absl::Status CheckProjectQueue(const std::string& project) const;
+
+  static constexpr int kMaxDownloads = 16;
 
   JobStore* const store_;
   Scheduler* const scheduler_;
   WatchHub* const hub_;
   const JobServiceOptions options_;
+  std::atomic<int> active_downloads_{0};
 };
-
-// "projects/{project}/jobs/{id}" -> {project, id}; "jobs/{id}" -> {"", id} (the project is the
-// stored job's); INVALID_ARGUMENT naming the field otherwise.
-absl::StatusOr<JobRef> ParseJobName(const std::string& name, const char* field = "name");
-
-// Who is calling: "cert:<identity>" for an authenticated mTLS peer, else the peer address
-// without its port ("ipv4:127.0.0.1"), or "unix" for the Unix socket. Recorded as Job.creator.
-std::string ClientIdentity(const grpc::CallbackServerContext* ctx);
-
-// Job ids: [a-z0-9][a-z0-9-]{0,62}.
-bool ValidJobId(const std::string& id);
 
 }  // namespace oomb::server
 

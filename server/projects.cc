@@ -5,7 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "server/auth.h"
+#include "proto/spec/resource_names.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -32,7 +32,7 @@ absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const s
     for (const auto& p : top.second) {
       const std::string id = p.first.as<std::string>();
       const std::string path = "projects." + id;
-      if (!ValidProjectId(id)) return error(p.first, path, "a project id is [a-z0-9][a-z0-9-]{0,62}");
+      if (!names::ValidId(id)) return error(p.first, path, "a project id is [a-z0-9][a-z0-9-]{0,62}");
       ProjectSettings settings;
       if (!p.second.IsNull() && !p.second.IsMap()) return error(p.second, path, "expected a mapping");
       for (const auto& kv : p.second) {
@@ -49,8 +49,21 @@ absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const s
           } else if (name == "max_queued_jobs") {
             settings.max_queued_jobs = kv.second.as<int64_t>();
             if (settings.max_queued_jobs < 0) return error(kv.second, field, "must be >= 0");
+          } else if (name == "max_running_devices") {
+            settings.max_running_devices = kv.second.as<int64_t>();
+            if (settings.max_running_devices < 0) return error(kv.second, field, "must be >= 0");
+          } else if (name == "max_device_hours_per_day") {
+            settings.max_device_hours_per_day = kv.second.as<double>();
+            if (!(settings.max_device_hours_per_day >= 0 && settings.max_device_hours_per_day <= 1e9)) {
+              return error(kv.second, field, "must be a number of hours, 0 to 1e9");
+            }
+          } else if (name == "max_storage_bytes") {
+            settings.max_storage_bytes = kv.second.as<int64_t>();
+            if (settings.max_storage_bytes < 0) return error(kv.second, field, "must be >= 0");
           } else {
-            return error(kv.first, field, "unknown key (allowed_roots, max_queued_jobs)");
+            return error(kv.first, field,
+                         "unknown key (allowed_roots, max_queued_jobs, max_running_devices, "
+                         "max_device_hours_per_day, max_storage_bytes)");
           }
         } catch (const YAML::Exception& e) {
           return error(kv.second, field, e.msg);
@@ -78,15 +91,24 @@ absl::Status ProjectRegistry::ReloadLocked() const {
   return absl::OkStatus();
 }
 
+void ProjectRegistry::RefreshLocked() const {
+  if (file_.path().empty()) return;
+  if (absl::Status s = ReloadLocked(); !s.ok()) {
+    spdlog::warn("tenancy.projects_file: keeping the settings read before: {}", std::string(s.message()));
+  }
+}
+
 ProjectSettings ProjectRegistry::Get(const std::string& project) const {
   absl::MutexLock lock(&mu_);
-  if (!file_.path().empty()) {
-    if (absl::Status s = ReloadLocked(); !s.ok()) {
-      spdlog::warn("tenancy.projects_file: keeping the settings read before: {}", std::string(s.message()));
-    }
-  }
+  RefreshLocked();
   const auto it = projects_.find(project);
   return it == projects_.end() ? ProjectSettings() : it->second;
+}
+
+std::map<std::string, ProjectSettings> ProjectRegistry::All() const {
+  absl::MutexLock lock(&mu_);
+  RefreshLocked();
+  return projects_;
 }
 
 }  // namespace oomb::server

@@ -7,7 +7,16 @@
 //                                            # paths.allowed_roots); never the data dir
 //       max_queued_jobs: 100                 # jobs waiting (VALIDATING, QUEUED, PAUSED) at once;
 //                                            # 0 or absent: no limit
+//       max_running_devices: 4               # devices (GPUs) its running jobs hold at once,
+//                                            # across the fleet; 0 or absent: no limit
+//       max_device_hours_per_day: 96         # device-hours its jobs ran in the last 24 h
+//                                            # (rolling); 0 or absent: no limit
+//       max_storage_bytes: 107374182400      # bytes of its uploaded datasets; 0 or absent: none
 //     vision: {}
+//
+// A job over its project's running-device or device-hour quota waits QUEUED (Job.waiting_reason
+// says why) until its project is back under; one that asks for more devices than
+// max_running_devices could never start and is refused at CreateJob.
 //
 // Projects absent from the file, or every project when no file is configured, use the daemon's
 // settings. Unknown keys, a project id that is not [a-z0-9][a-z0-9-]{0,62}, and relative roots
@@ -35,6 +44,9 @@ namespace oomb::server {
 struct ProjectSettings {
   std::vector<std::string> allowed_roots;  // empty: paths.allowed_roots
   int64_t max_queued_jobs = 0;             // 0: no limit
+  int64_t max_running_devices = 0;         // 0: no limit
+  double max_device_hours_per_day = 0;     // 0: no limit
+  int64_t max_storage_bytes = 0;           // 0: no limit
 };
 
 // Parses a projects file's text; INVALID_ARGUMENT naming `source` and the key otherwise.
@@ -50,10 +62,15 @@ class ProjectRegistry {
   // The settings of `project` (the defaults when the file does not list it), re-reading the
   // file at most once a second when it changed.
   ProjectSettings Get(const std::string& project) const;
+  // Every project the file lists, with its settings (re-read as Get): the bounded set of
+  // projects /metrics labels, and the quotas a claim respects.
+  std::map<std::string, ProjectSettings> All() const;
 
  private:
   explicit ProjectRegistry(const std::string& path) : file_(path) {}
   absl::Status ReloadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-reads the file when it changed; on an error the settings read before stay (logged).
+  void RefreshLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   mutable WatchedFile file_ ABSL_GUARDED_BY(mu_);  // path empty: none

@@ -4,14 +4,17 @@
 #include <chrono>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/job_spec.h"
+#include "server/named_inputs.h"
 #include "server/to_proto.h"
 #include "worker/common/status.h"
 
@@ -38,7 +41,10 @@ v1::JobEvent WarningEvent(const std::string& message) {
 
 void SetState(v1::Job* job, State state, const std::string& message, std::vector<v1::JobEvent>* events) {
   job->set_state(state);
-  if (IsTerminal(state)) *job->mutable_end_time() = TimeUtil::GetCurrentTime();
+  if (IsTerminal(state)) {
+    *job->mutable_end_time() = TimeUtil::GetCurrentTime();
+    job->clear_preempted_by();
+  }
   events->push_back(StateEvent(state, message));
 }
 
@@ -245,6 +251,14 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std:
   v1::JobSpec effective = request;
   OOMB_ASSIGN_OR_RETURN(const JobConfig spec, ResolveJobSpec(&effective));
   OOMB_RETURN_IF_ERROR(CheckPlacement(spec));
+  if (options_.projects != nullptr) {
+    const int64_t most = options_.projects->Get(options.project).max_running_devices;
+    if (most > 0 && spec.resources.gpus > most) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "resources.gpus: ", spec.resources.gpus, " ", DeviceWord(), " asked for, but project ", options.project,
+          " may hold at most ", most, " at once (max_running_devices in tenancy.projects_file)"));
+    }
+  }
   absl::MutexLock lock(&mu_);
   if (options_.max_queued_per_client > 0 && !creator.empty()) {
     OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> waiting,
@@ -296,6 +310,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std:
       cv_.SignalAll();
     } else if (r->created) {
       WakeWorkersLocked();
+      MaybePreemptLocked();
     }
     v1::Job out = r->job;
     return out;
@@ -405,6 +420,7 @@ absl::StatusOr<v1::Job> Scheduler::Resume(const std::string& id, const std::stri
                                                         return absl::OkStatus();
                                                       })));
   WakeWorkersLocked();
+  MaybePreemptLocked();
   return job;
 }
 
@@ -438,14 +454,74 @@ absl::StatusOr<v1::Job> Scheduler::Update(const std::string& id, const v1::Job& 
     return absl::OkStatus();
   };
   absl::MutexLock lock(&mu_);
-  return TransitionLocked(id, By(actor, apply));
+  OOMB_ASSIGN_OR_RETURN(v1::Job job, TransitionLocked(id, By(actor, apply)));
+  if (auto it = running_.find(id); it != running_.end()) it->second.priority = job.priority();
+  MaybePreemptLocked();
+  return job;
 }
 
-void Scheduler::FillQueuePosition(v1::Job* job) {
+void Scheduler::FillQueueState(v1::Job* job, const std::map<std::string, ProjectUsage>* usage) {
   job->set_queue_position(0);
+  job->clear_waiting_reason();
   if (job->state() != v1::Job::QUEUED) return;
   absl::StatusOr<int32_t> position = store_->QueuePosition(ParseStoredName(job->name()).id);
-  if (position.ok()) job->set_queue_position(*position);
+  if (!position.ok()) return;
+  job->set_queue_position(*position);
+  std::string reason;
+  if (options_.projects != nullptr) {
+    absl::StatusOr<std::map<std::string, ProjectUsage>> read;
+    if (usage == nullptr) {
+      read = store_->Usage();
+      if (read.ok()) usage = &*read;
+    }
+    if (usage != nullptr) reason = QuotaReason(*job, *usage);
+  }
+  if (reason.empty()) {
+    const int gpus = std::max(1, job->spec().resources().gpus());
+    reason = *position > 1 ? absl::StrCat(*position - 1, *position == 2 ? " job" : " jobs", " ahead in the queue")
+                           : absl::StrCat("next in the queue; waiting for ", gpus, " idle ",
+                                          gpus == 1 ? DeviceWord().substr(0, DeviceWord().size() - 1) : DeviceWord());
+  }
+  job->set_waiting_reason(reason);
+}
+
+std::string Scheduler::DeviceWord() const {
+  for (const std::string& d : options_.devices) {
+    if (absl::StartsWith(d, "cuda")) return "GPUs";
+  }
+  return "devices";
+}
+
+std::map<std::string, ProjectQuota> Scheduler::Quotas() const {
+  std::map<std::string, ProjectQuota> out;
+  if (options_.projects == nullptr) return out;
+  for (const auto& [project, settings] : options_.projects->All()) {
+    if (settings.max_running_devices > 0 || settings.max_device_hours_per_day > 0) {
+      out[project] = ProjectQuota{.max_devices = settings.max_running_devices,
+                                  .max_device_seconds_per_day = settings.max_device_hours_per_day * 3600};
+    }
+  }
+  return out;
+}
+
+std::string Scheduler::QuotaReason(const v1::Job& job, const std::map<std::string, ProjectUsage>& usage) const {
+  const std::string project = ParseStoredName(job.name()).project;
+  const ProjectSettings settings = options_.projects->Get(project);
+  const auto it = usage.find(project);
+  const ProjectUsage used = it == usage.end() ? ProjectUsage() : it->second;
+  const std::string word = DeviceWord();
+  if (settings.max_device_hours_per_day > 0 &&
+      used.device_seconds_per_day >= settings.max_device_hours_per_day * 3600) {
+    return absl::StrFormat("project %s used %.1f/%g %s-hours in the last 24 h", project,
+                           used.device_seconds_per_day / 3600, settings.max_device_hours_per_day,
+                           word.substr(0, word.size() - 1));
+  }
+  const int gpus = std::max(1, job.spec().resources().gpus());
+  if (settings.max_running_devices > 0 && used.running_devices + gpus > settings.max_running_devices) {
+    return absl::StrCat("project ", project, " uses ", used.running_devices, "/", settings.max_running_devices, " ",
+                        word, gpus > 1 ? absl::StrCat(" (this job needs ", gpus, ")") : "");
+  }
+  return "";
 }
 
 std::map<std::string, int32_t> Scheduler::ClaimableDevices(size_t slot) const {
@@ -468,6 +544,7 @@ absl::StatusOr<std::optional<ClaimResult>> Scheduler::ClaimNextLocked(size_t slo
   request.owner = options_.daemon_id;
   request.devices = ClaimableDevices(slot);
   request.lease = options_.lease;
+  request.quotas = Quotas();
   std::string on;
   // Runs inside the store's transaction, with mu_ held (busy_ cannot change meanwhile).
   absl::StatusOr<std::optional<ClaimResult>> claimed =
@@ -490,6 +567,7 @@ absl::StatusOr<std::optional<ClaimResult>> Scheduler::ClaimNextLocked(size_t slo
         j->set_attempt(j->attempt() + 1);
         if (!j->has_start_time()) *j->mutable_start_time() = TimeUtil::GetCurrentTime();
         j->clear_error();
+        j->clear_preempted_by();
         SetState(j, v1::Job::RUNNING, absl::StrCat("running on ", on, " (attempt ", j->attempt(), ")"), events);
         return absl::OkStatus();
       });
@@ -539,8 +617,14 @@ void Scheduler::WorkerLoop(size_t slot) {
         cv_.WaitWithTimeout(&mu_, options_.heartbeat);
       }
       for (size_t s : slots) devices.push_back(options_.devices[s]);
-      running_[ParseStoredName(job.name()).id] =
-          Running{.device = absl::StrJoin(devices, ","), .stop = stop, .drain_pause = false};
+      running_[ParseStoredName(job.name()).id] = Running{.device = absl::StrJoin(devices, ","),
+                                                         .stop = stop,
+                                                         .drain_pause = false,
+                                                         .lease_lost = false,
+                                                         .slots = slots,
+                                                         .project = ParseStoredName(job.name()).project,
+                                                         .priority = job.priority(),
+                                                         .started = absl::Now()};
     }
     if (options_.metrics != nullptr) options_.metrics->RunStarted(device, job, queue_wait);
     RunOne(job, devices, stop);
@@ -575,15 +659,19 @@ void Scheduler::Validate(const std::string& id) {
   spdlog::info("{}: validating the datasets", job->name());
   absl::StatusOr<v1::DatasetSummary> summary;
   absl::StatusOr<JobConfig> spec = ResolveJobSpec(job->spec());
+  const std::string project = ParseStoredName(job->name()).project;
+  absl::StatusOr<ResolvedInputs> resolved = spec.ok() ? ResolveNamedInputs(*spec, project, *store_, *options_.files,
+                                                                           /*caller=*/nullptr)
+                                                      : absl::StatusOr<ResolvedInputs>(spec.status());
   absl::StatusOr<std::shared_ptr<const FileAccess>> inputs =
-      options_.files->Inputs(ParseStoredName(job->name()).project);
-  if (!spec.ok()) {
-    summary = spec.status();
+      resolved.ok() ? options_.files->Inputs(project, resolved->grants) : resolved.status();
+  if (!resolved.ok()) {
+    summary = resolved.status();
   } else if (!inputs.ok()) {
     summary = inputs.status();
   } else {
     try {
-      summary = options_.validator(*spec, **inputs);
+      summary = options_.validator(resolved->job, **inputs);
     } catch (const std::exception& e) {  // the validator's contract is not to throw; be safe anyway
       summary = absl::InternalError(absl::StrCat("reading the datasets threw: ", e.what()));
     }
@@ -615,7 +703,10 @@ void Scheduler::Validate(const std::string& id) {
     return;
   }
   spdlog::info("{}: {}", done->name(), v1::Job::State_Name(done->state()));
-  if (done->state() == v1::Job::QUEUED) WakeWorkersLocked();
+  if (done->state() == v1::Job::QUEUED) {
+    WakeWorkersLocked();
+    MaybePreemptLocked();
+  }
 }
 
 RunOptions Scheduler::RunOptionsFor(const std::string& id, const std::vector<std::string>& devices,
@@ -663,6 +754,7 @@ RunOptions Scheduler::RunOptionsFor(const std::string& id, const std::vector<std
     const int f = stop->load();
     if (f == kStopCancel || f == kStopAbandon) return StopRequest::kCancel;
     if (f == kStopPause) return StopRequest::kPause;
+    if (f == kStopPreempt) return StopRequest::kPauseAtStepEnd;
     if (max_runtime > 0 && std::chrono::steady_clock::now() - started > std::chrono::seconds(max_runtime)) {
       *timed_out = true;
       return StopRequest::kCancel;
@@ -684,16 +776,21 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
   bool timed_out = false;
   absl::StatusOr<JobConfig> spec = ResolveJobSpec(job.spec());
   const std::string project = ParseStoredName(job.name()).project;
-  absl::StatusOr<std::shared_ptr<const FileAccess>> inputs = options_.files->Inputs(project);
-  if (!spec.ok()) {
-    result = spec.status();
+  // The inputs it names by resource name, resolved again: one deleted meanwhile fails the run.
+  absl::StatusOr<ResolvedInputs> resolved =
+      spec.ok() ? ResolveNamedInputs(*spec, project, *store_, *options_.files, /*caller=*/nullptr)
+                : absl::StatusOr<ResolvedInputs>(spec.status());
+  absl::StatusOr<std::shared_ptr<const FileAccess>> inputs =
+      resolved.ok() ? options_.files->Inputs(project, resolved->grants) : resolved.status();
+  if (!resolved.ok()) {
+    result = resolved.status();
   } else if (!inputs.ok()) {
     result = inputs.status();
   } else {
-    RunOptions o = RunOptionsFor(id, devices, *spec, stop, &timed_out);
-    o.files = *std::move(inputs);  // the project's roots
+    RunOptions o = RunOptionsFor(id, devices, resolved->job, stop, &timed_out);
+    o.files = *std::move(inputs);  // the project's roots, and the grants of its named inputs
     spdlog::info("{}: running on {} (resume={})", job.name(), absl::StrJoin(devices, ","), o.resume);
-    result = Execute(id, job.checkpoint_dir(), *spec, std::move(o), project);
+    result = Execute(id, job.checkpoint_dir(), resolved->job, std::move(o), project);
   }
   RunEnd end{.timed_out = timed_out, .abandoned = stop->load() == kStopAbandon};
   absl::MutexLock lock(&mu_);
@@ -725,7 +822,10 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
     return;
   }
   spdlog::info("{}: {}", job.name(), v1::Job::State_Name(done->state()));
-  if (requeue) WakeWorkersLocked();
+  if (requeue || done->state() == v1::Job::QUEUED) {
+    WakeWorkersLocked();
+    MaybePreemptLocked();
+  }
 }
 
 void Scheduler::RecordOutcome(const RunResult& result, const RunEnd& end, v1::Job* j,
@@ -752,7 +852,10 @@ void Scheduler::RecordOutcome(const RunResult& result, const RunEnd& end, v1::Jo
       }
       return;
     case RunOutcome::kPaused:
-      if (end.drain_pause && j->state() != v1::Job::PAUSING) {
+      if (!j->preempted_by().empty() && j->state() == v1::Job::PAUSING) {
+        SetState(j, v1::Job::QUEUED,
+                 absl::StrCat("preempted by ", j->preempted_by(), "; queued to resume from its checkpoint"), events);
+      } else if (end.drain_pause && j->state() != v1::Job::PAUSING) {
         SetState(j, v1::Job::QUEUED, absl::StrCat("stopped for a server shutdown; ", resumes), events);
       } else {
         SetState(j, v1::Job::PAUSED, "paused", events);
@@ -815,13 +918,18 @@ void Scheduler::HeartbeatOnce() {
       if (r.stop->compare_exchange_strong(expected, kStopPause)) r.drain_pause = false;
     }
   }
+  MaybePreemptLocked();  // a running job may have passed its minimum run time
 }
 
 void Scheduler::OnRemoteChanges(const std::vector<JobChange>& changes) {
   for (const JobChange& c : changes) hub_->Changed(c.job_id);
   absl::MutexLock lock(&mu_);
+  bool queued = false;
   for (const JobChange& c : changes) {
-    if (c.state == v1::Job::QUEUED) WakeWorkersLocked();
+    if (c.state == v1::Job::QUEUED) {
+      WakeWorkersLocked();
+      queued = true;
+    }
     auto it = running_.find(c.job_id);
     if (it == running_.end()) continue;
     if (c.state == v1::Job::CANCELLING) {
@@ -831,6 +939,7 @@ void Scheduler::OnRemoteChanges(const std::vector<JobChange>& changes) {
       if (it->second.stop->compare_exchange_strong(expected, kStopPause)) it->second.drain_pause = false;
     }
   }
+  if (queued) MaybePreemptLocked();
 }
 
 void Scheduler::FleetLoop() {
@@ -858,6 +967,101 @@ void Scheduler::FleetLoop() {
   }
 }
 
+bool Scheduler::MayPreemptLocked(const Running& victim, const v1::Job& waiting, absl::Time now) const {
+  if (victim.lease_lost || victim.stop->load() != kNoStop) return false;  // already stopping
+  if (victim.priority >= waiting.priority()) return false;
+  if (options_.preemption == PreemptionScope::kProject && victim.project != ParseStoredName(waiting.name()).project) {
+    return false;
+  }
+  return now - victim.started >= options_.preemption_min_run;
+}
+
+void Scheduler::MaybePreemptLocked() {
+  if (options_.preemption == PreemptionScope::kNone || stopping_ || draining_ || options_.hold || running_.empty()) {
+    return;
+  }
+  absl::StatusOr<std::vector<v1::Job>> queued = store_->ListByState({v1::Job::QUEUED});
+  if (!queued.ok() || queued->empty()) return;
+  // The claim order: highest priority, then oldest (ListByState gives the oldest first).
+  std::stable_sort(queued->begin(), queued->end(),
+                   [](const v1::Job& a, const v1::Job& b) { return a.priority() > b.priority(); });
+  std::map<std::string, ProjectUsage> usage;
+  if (options_.projects != nullptr) {
+    absl::StatusOr<std::map<std::string, ProjectUsage>> u = store_->Usage();
+    if (!u.ok()) return;
+    usage = *std::move(u);
+  }
+  const absl::Time now = absl::Now();
+  for (const v1::Job& waiting : *queued) {
+    if (options_.projects != nullptr && !QuotaReason(waiting, usage).empty()) continue;  // its quota holds it
+    const int gpus = std::max(1, waiting.spec().resources().gpus());
+    std::vector<size_t> eligible;
+    for (size_t slot = 0; slot < options_.devices.size(); ++slot) {
+      if (Eligible(waiting.spec().resources().device(), options_.devices[slot])) eligible.push_back(slot);
+    }
+    if (static_cast<int>(eligible.size()) < gpus) continue;  // not a job for this daemon
+    // Devices it could have soon: idle ones, and those of runs already stopping.
+    std::set<size_t> freeing;
+    for (size_t slot : eligible) {
+      if (!busy_[slot]) freeing.insert(slot);
+    }
+    for (const auto& [id, r] : running_) {
+      if (r.stop->load() == kNoStop) continue;
+      for (size_t slot : r.slots) {
+        if (std::find(eligible.begin(), eligible.end(), slot) != eligible.end()) freeing.insert(slot);
+      }
+    }
+    if (static_cast<int>(freeing.size()) >= gpus) return;  // it starts without preempting anyone
+    // Victims: the lowest priority first, then the most recently started.
+    std::vector<std::pair<std::string, Running*>> candidates;
+    for (auto& [id, r] : running_) {
+      if (MayPreemptLocked(r, waiting, now)) candidates.emplace_back(id, &r);
+    }
+    std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      if (a.second->priority != b.second->priority) return a.second->priority < b.second->priority;
+      return a.second->started > b.second->started;
+    });
+    std::vector<std::pair<std::string, Running*>> victims;
+    for (auto& c : candidates) {
+      if (static_cast<int>(freeing.size()) >= gpus) break;
+      bool helps = false;
+      for (size_t slot : c.second->slots) {
+        if (std::find(eligible.begin(), eligible.end(), slot) != eligible.end()) helps |= freeing.insert(slot).second;
+      }
+      if (helps) victims.push_back(c);
+    }
+    // The queue's head waits for its devices (ClaimNextLocked): whatever stands behind it could
+    // not start before it, so it alone is considered.
+    if (static_cast<int>(freeing.size()) < gpus) return;
+    for (auto& [id, victim] : victims) PreemptLocked(id, *victim, waiting);
+    return;
+  }
+}
+
+void Scheduler::PreemptLocked(const std::string& id, Running& victim, const v1::Job& waiting) {
+  const std::string message =
+      absl::StrCat("preempting: ", waiting.name(), " (priority ", waiting.priority(),
+                   ") waits for its devices; checkpoint after the current step, then queued to resume");
+  // The event's actor: the waiting job's creator when that is a user (not a peer's address).
+  const std::string& creator = waiting.creator();
+  const bool user = !creator.empty() && creator != "unix" && creator.find(':') == std::string::npos;
+  absl::StatusOr<v1::Job> job =
+      TransitionLocked(id, IfStillOurs(By(user ? creator : "", [&](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                         if (j->state() != v1::Job::RUNNING) return IllegalTransition(*j, "preempt", "RUNNING");
+                         j->set_preempted_by(waiting.name());
+                         SetState(j, v1::Job::PAUSING, message, events);
+                         return absl::OkStatus();
+                       })));
+  if (!job.ok()) {
+    spdlog::info("jobs/{}: not preempted: {}", id, job.status().ToString());
+    return;
+  }
+  int expected = kNoStop;
+  victim.stop->compare_exchange_strong(expected, kStopPreempt);
+  spdlog::info("{}: preempted by {} (priority {} > {})", job->name(), waiting.name(), waiting.priority(),
+               victim.priority);
+}
+
 bool Scheduler::Drain(absl::Duration timeout) {
   draining_ = true;
   bool checkpointed = true;
@@ -875,7 +1079,7 @@ bool Scheduler::Drain(absl::Duration timeout) {
     if (active_threads_ > 0) {
       checkpointed = false;
       for (auto& [id, r] : running_) {
-        for (int expected : {kNoStop, kStopPause}) {
+        for (int expected : {kNoStop, kStopPause, kStopPreempt}) {
           if (r.stop->compare_exchange_strong(expected, kStopAbandon)) break;
         }
         spdlog::warn("job-{}: still running at the drain's deadline; stopping it without a checkpoint", id);

@@ -29,6 +29,25 @@
 //   Delete: SUCCEEDED | FAILED | CANCELLED only
 //   Anything else is FAILED_PRECONDITION naming the state.
 //
+// Quotas (SchedulerOptions::projects, server/projects.h): claims pass over the jobs of a project
+// at its max_running_devices or max_device_hours_per_day (JobStore::ClaimRequest::quotas), and
+// the queue's next eligible job may then start; a passed-over job waits QUEUED with
+// Job.waiting_reason saying why, and starts once its project is back under (a job of it ends,
+// the 24-hour window moves on, the file raises the quota). Submit refuses a job that asks for
+// more devices than its project may ever hold (RESOURCE_EXHAUSTED).
+//
+// Preemption (SchedulerOptions::preemption). When the best QUEUED job this daemon could run
+// cannot start for want of idle devices, and running jobs of lower priority (of its project, or
+// of any, as configured) hold enough of the devices it may run on, the lowest-priority of them
+// (the most recently started first, among equals) are preempted: RUNNING -> PAUSING with
+// Job.preempted_by naming the waiting job (the event's actor is that job's creator), they
+// finish their current step, checkpoint it and go back to QUEUED ("preempted by ..."), to
+// resume from that checkpoint once a device frees, exactly as an uninterrupted run would go on.
+// A job is not preempted within `preemption_min_run` of its start, so none thrashes. A job
+// quota-blocked does not preempt. Checked when a job is queued (submitted, resumed, requeued,
+// its priority raised) and at every heartbeat. In a fleet each daemon preempts only its own
+// running jobs, for the queued jobs it could run.
+//
 // Runs resume (RunOptions::resume) whenever the job has a recorded checkpoint. On Start(), jobs
 // the previous process left RUNNING go RECOVERING -> QUEUED, PAUSING -> PAUSED, CANCELLING ->
 // CANCELLED, and VALIDATING jobs are scanned again. Drain() (SIGTERM) asks running jobs to
@@ -76,6 +95,7 @@
 #include "oomb/v1/jobs.pb.h"
 #include "server/job_files.h"
 #include "server/metrics/metrics_sink.h"
+#include "server/projects.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
 #include "worker/job/executor.h"
@@ -84,6 +104,13 @@
 namespace oomb::server {
 
 using JobRunner = std::function<absl::StatusOr<RunResult>(const JobConfig&, const RunOptions&)>;
+
+// Which running jobs a waiting job of higher priority may preempt (scheduler.preemption).
+enum class PreemptionScope {
+  kNone,     // none: priorities only order the queue
+  kProject,  // those of its own project
+  kAll,      // those of any project
+};
 // The full scan of a job's datasets (production: oomb::ValidateJobData, converted).
 using DataValidator = std::function<absl::StatusOr<v1::DatasetSummary>(const JobConfig&, const FileAccess&)>;
 
@@ -105,6 +132,11 @@ struct SchedulerOptions {
   bool hold = false;
   // The most VALIDATING, QUEUED or PAUSED jobs one creator may have; 0: no limit.
   int64_t max_queued_per_client = 0;
+  // Per-project quotas (see the file comment); null: none.
+  std::shared_ptr<const ProjectRegistry> projects;
+  // See the file comment.
+  PreemptionScope preemption = PreemptionScope::kProject;
+  absl::Duration preemption_min_run = absl::Minutes(5);
   // Where runs, steps, checkpoints and state changes are reported; null: nowhere. Must outlive
   // the scheduler.
   MetricsSink* metrics = nullptr;
@@ -177,9 +209,10 @@ class Scheduler {
   absl::StatusOr<v1::Job> Update(const std::string& job_id, const v1::Job& update,
                                  const std::vector<std::string>& paths, const std::string& actor);
 
-  // Sets queue_position (1-based while QUEUED, else 0): the store's queue order, across the
-  // fleet.
-  void FillQueuePosition(v1::Job* job);
+  // Sets queue_position (1-based while QUEUED, else 0: the store's queue order, across the
+  // fleet) and waiting_reason (while QUEUED: why it has not started). `usage`: the store's
+  // Usage() when the caller read it for several jobs; null: read here when needed.
+  void FillQueueState(v1::Job* job, const std::map<std::string, ProjectUsage>* usage = nullptr);
 
   // Stops taking jobs, asks running jobs to checkpoint and stop, and waits up to `timeout` for
   // them; a job still running then is told to stop at its next chunk boundary without a
@@ -191,13 +224,32 @@ class Scheduler {
 
  private:
   // kStopAbandon: the drain's deadline passed; stop without a checkpoint and requeue.
-  enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2, kStopAbandon = 3 };
+  // kStopPreempt: finish the current step, checkpoint it, stop (and requeue).
+  enum StopFlag : int { kNoStop = 0, kStopCancel = 1, kStopPause = 2, kStopAbandon = 3, kStopPreempt = 4 };
   struct Running {
     std::string device;  // the devices, comma-separated
     std::shared_ptr<std::atomic<int>> stop;
-    bool drain_pause = false;  // the pause was the daemon's (drain), not the user's
-    bool lease_lost = false;   // another daemon reaped the job: record nothing more
+    bool drain_pause = false;   // the pause was the daemon's (drain), not the user's
+    bool lease_lost = false;    // another daemon reaped the job: record nothing more
+    std::vector<size_t> slots;  // its devices' slots in options_.devices
+    std::string project;
+    int32_t priority = 0;
+    absl::Time started;  // when this run claimed the job
   };
+  // The limits of every project with a quota, as a claim takes them.
+  std::map<std::string, ProjectQuota> Quotas() const;
+  // Why a QUEUED job waits on its project's quota ("project nlp uses 4/4 GPUs"); empty when
+  // its project is under its quotas.
+  std::string QuotaReason(const v1::Job& job, const std::map<std::string, ProjectUsage>& usage) const;
+  // "GPUs" or "devices", as this daemon's devices are.
+  std::string DeviceWord() const;
+  // Preempts running jobs for the best queued job that waits for devices (see the file comment).
+  void MaybePreemptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `victim` may be preempted for `waiting` (scope, priority, minimum run time).
+  bool MayPreemptLocked(const Running& victim, const v1::Job& waiting, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the running job `id` to stop for `waiting` (RUNNING -> PAUSING, kStopPreempt).
+  void PreemptLocked(const std::string& id, Running& victim, const v1::Job& waiting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   bool Eligible(const std::string& requested, const std::string& device) const;
   // A job was queued: idle device threads try to claim.

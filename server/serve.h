@@ -9,6 +9,7 @@
 
 #include "oomb/v1/jobs.pb.h"
 #include "server/config.h"
+#include "server/engine_rates_store.h"
 #include "server/scheduler.h"
 #include "worker/job/build_info.h"
 
@@ -21,6 +22,10 @@ struct ServeEnvironment {
   // The dataset scan: CreateJob's for small datasets (JobServiceOptions::validate_data) and
   // the VALIDATING state's (SchedulerOptions::validator); empty: none.
   std::function<absl::StatusOr<DataSummary>(const JobConfig&, const FileAccess&)> validate_data;
+  // EstimateJob's rates (server/engine_rates_store.h; production: MeasureEngineRates and
+  // EngineRatesKey of worker/job/calibration.h); unset: no time and cost estimates.
+  EngineRatesStore::Measure measure_rates;
+  EngineRatesStore::Key rates_key;
   v1::ServerInfo server_info;  // versions and devices; start time and draining are filled in
   // For /metrics: oomb_build_info's labels, and values read at scrape time (production:
   // GetDeviceMemoryStats and GetPinnedHostBytes from worker/job/build_info.h); unset: absent.

@@ -1,12 +1,15 @@
-// `oombd serve`, `oombd config print` and `oombd version`: the production wiring of the
+// `oombd serve`, `oombd config print`, `oombd openapi` and `oombd version`: the production wiring of the
 // daemon (real devices from GetBuildInfo, the real trainer from worker/job/executor.h).
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "server/commands.h"
 #include "server/config.h"
+#include "server/http/gateway.h"
+#include "server/http/openapi.h"
 #include "server/serve.h"
 #include "worker/job/build_info.h"
+#include "worker/job/calibration.h"
 #include "worker/job/executor.h"
 
 namespace oomb::server {
@@ -17,6 +20,7 @@ struct ConfigFlags {
   std::string data_dir;
   std::string listen;
   std::string metrics_listen;
+  std::string http_listen;
   std::string token_file;
   bool unix_socket = false;
   std::vector<std::string> sets;
@@ -28,6 +32,8 @@ void AddConfigFlags(CLI::App* cmd, ConfigFlags* f) {
   cmd->add_option("--listen", f->listen, "server.listen: TCP host:port (port 0: any free port)");
   cmd->add_option("--metrics-listen", f->metrics_listen,
                   "metrics.listen: /metrics host:port (port 0: any free port; off: --set metrics.listen=)");
+  cmd->add_option("--http-listen", f->http_listen,
+                  "http.listen: HTTP/JSON host:port (port 0: any free port; off: --set http.listen=)");
   cmd->add_flag("--unix-socket", f->unix_socket, "server.unix_socket: also listen on <data_dir>/oombd.sock");
   cmd->add_option("--token-file", f->token_file, "auth.token_file: require this bearer token");
   cmd->add_option("--set", f->sets, "section.key=value, any configuration key (repeatable)");
@@ -41,6 +47,7 @@ ServerConfig LoadOrExit(const ConfigFlags& f) {
   if (!f.data_dir.empty()) sources.overrides.push_back("server.data_dir=" + f.data_dir);
   if (!f.listen.empty()) sources.overrides.push_back("server.listen=" + f.listen);
   if (!f.metrics_listen.empty()) sources.overrides.push_back("metrics.listen=" + f.metrics_listen);
+  if (!f.http_listen.empty()) sources.overrides.push_back("http.listen=" + f.http_listen);
   if (f.unix_socket) sources.overrides.push_back("server.unix_socket=true");
   if (!f.token_file.empty()) sources.overrides.push_back("auth.token_file=" + f.token_file);
   absl::StatusOr<ServerConfig> config = LoadServerConfig(sources);
@@ -56,6 +63,8 @@ ServeEnvironment ProductionEnvironment() {
   ServeEnvironment env;
   env.runner = RunJob;
   env.validate_data = ValidateJobData;  // (spec, files): the scheduler's and CreateJob's scans
+  env.measure_rates = MeasureEngineRates;
+  env.rates_key = EngineRatesKey;
   env.server_info.set_version(info.version);
   env.server_info.set_git_sha(info.git_sha);
   env.server_info.set_torch_version(info.torch_version);
@@ -94,6 +103,17 @@ void RegisterServeCommands(CLI::App& app) {
       "print", "Print the effective configuration (defaults < file < env < flags), secrets redacted");
   AddConfigFlags(print, print_flags.get());
   print->callback([print_flags] { std::cout << ServerConfigToYaml(LoadOrExit(*print_flags)); });
+
+  CLI::App* openapi =
+      app.add_subcommand("openapi", "Print the OpenAPI document of the HTTP/JSON API (docs/openapi.json)");
+  openapi->callback([] {
+    absl::StatusOr<HttpRoutes> routes = ApiRoutes();
+    if (!routes.ok()) {
+      std::cerr << "oombd: " << routes.status().message() << "\n";
+      throw CLI::RuntimeError(1);
+    }
+    std::cout << OpenApiDocument(*routes);
+  });
 
   CLI::App* version = app.add_subcommand("version", "Print the versions oombd was built with and the devices it sees");
   version->callback([] {

@@ -16,7 +16,7 @@ model="$data/models/SmolLM2-135M-Instruct"
 mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
-"$build/server/oombd" serve --listen 127.0.0.1:0 --data-dir "$tmp/data" --metrics-listen 127.0.0.1:0 \
+"$build/server/oombd" serve --listen 127.0.0.1:0 --data-dir "$tmp/data" --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
   --set scheduler.hold=true --set scheduler.max_queued_jobs_per_client=0 \
   --set server.health_listen=127.0.0.1:0 --set "paths.allowed_roots=$tmp,$data" 2>"$out/oombd.log" &
 pid=$!

@@ -3,9 +3,11 @@
 `build_py` (run by `pip install ./client/python`, `pip wheel`, and editable installs) compiles
 with grpc_tools.protoc, which [build-system] requires:
 
-  - ../../proto/oomb/v1/{rules,job_spec,jobs}.proto into oomb/v1/{rules,job_spec,jobs}_pb2.py
-    (+ .pyi) and oomb/v1/jobs_pb2_grpc.py. protoc's output imports `from oomb.v1 import
-    job_spec_pb2`, which resolves inside this package;
+  - ../../proto/oomb/v1/{rules,job_spec,jobs,datasets}.proto into oomb/v1/*_pb2.py (+ .pyi) and
+    oomb/v1/{jobs,datasets}_pb2_grpc.py. protoc's output imports `from oomb.v1 import
+    job_spec_pb2`, which resolves inside this package, and `from google.api import
+    annotations_pb2`, which the runtime requirement googleapis-common-protos provides (its
+    installed copy also gives protoc google/api/*.proto: a build requirement too);
   - Debian's grpc-proto /usr/share/grpc-proto/grpc/health/v1/health.proto into
     oomb/v1/health_pb2.py (+ .pyi) and oomb/v1/health_pb2_grpc.py. The descriptor keeps its
     canonical file name (grpc/health/v1/health.proto) and the service its name
@@ -30,8 +32,8 @@ from setuptools.command.build_py import build_py as _build_py
 from setuptools.command.sdist import sdist as _sdist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROTOS = ["oomb/v1/rules.proto", "oomb/v1/job_spec.proto", "oomb/v1/jobs.proto"]
-GRPC_PROTOS = ["oomb/v1/jobs.proto"]  # the others declare no service
+PROTOS = ["oomb/v1/rules.proto", "oomb/v1/job_spec.proto", "oomb/v1/jobs.proto", "oomb/v1/datasets.proto"]
+GRPC_PROTOS = ["oomb/v1/jobs.proto", "oomb/v1/datasets.proto"]  # the others declare no service
 HEALTH = "grpc/health/v1/health.proto"
 DEBIAN_GRPC_PROTO = "/usr/share/grpc-proto"
 
@@ -57,11 +59,21 @@ def health_root():
     raise RuntimeError(f"oomb SDK build: no {HEALTH} (install Debian's grpc-proto, or set OOMB_HEALTH_PROTO)")
 
 
+def googleapis_root():
+    """The include root holding google/api/annotations.proto (googleapis-common-protos ships it)."""
+    import google.api.annotations_pb2 as annotations  # a build requirement
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(annotations.__file__)))
+    if not os.path.isfile(os.path.join(root, "google", "api", "annotations.proto")):
+        raise RuntimeError(f"oomb SDK build: googleapis-common-protos at {root} has no google/api/annotations.proto")
+    return root
+
+
 def protoc(args):
     from grpc_tools import protoc as _protoc  # a build requirement
 
     well_known = os.path.join(os.path.dirname(_protoc.__file__), "_proto")  # google/protobuf/*.proto
-    rc = _protoc.main(["grpc_tools.protoc", f"-I{well_known}"] + args)
+    rc = _protoc.main(["grpc_tools.protoc", f"-I{well_known}", f"-I{googleapis_root()}"] + args)
     if rc != 0:
         raise RuntimeError(f"grpc_tools.protoc failed ({rc}): {' '.join(args)}")
 
@@ -126,7 +138,10 @@ def requirements():
         grpcio = f"grpcio>={tools}"
     except Exception:  # pragma: no cover - metadata without grpcio-tools installed
         protobuf, grpcio = [], "grpcio"
-    return [grpcio] + [r.split(";")[0].strip() for r in protobuf or ["protobuf"]] + ["pyyaml>=5.1"]
+    return [grpcio] + [r.split(";")[0].strip() for r in protobuf or ["protobuf"]] + [
+        "pyyaml>=5.1",
+        "googleapis-common-protos>=1.56",
+    ]
 
 
 setup(cmdclass={"build_py": build_py, "sdist": sdist}, install_requires=requirements())

@@ -1,5 +1,5 @@
-#include "kernels/torch/matmul.h"
 #include "kernels/torch/page_select.h"
+#include "kernels/torch/matmul.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

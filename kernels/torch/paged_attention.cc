@@ -358,4 +358,10 @@ at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, con
   return Matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
 }
 
+TensorPast::TensorPast(at::Tensor k, at::Tensor v) : k_(std::move(k)), v_(std::move(v)) {
+  const auto acc = k_.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  dk = at::zeros(k_.sizes(), k_.options().dtype(acc));
+  dv = at::zeros_like(dk);
+}
+
 }  // namespace oomb::kernels

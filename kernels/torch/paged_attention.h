@@ -62,6 +62,28 @@ class PastKv {
   virtual void Finished(bool backward) {}
 };
 
+// A past held in plain tensors [kv_heads, S, D] (tests; the step-time calibration,
+// worker/job/calibration.h): gradients accumulate into `dk` and `dv` (float32; float64 for
+// float64 keys); `reads` counts the Read calls.
+class TensorPast final : public PastKv {
+ public:
+  TensorPast(at::Tensor k, at::Tensor v);
+  int64_t past_tokens() const override { return k_.size(1); }
+  std::pair<at::Tensor, at::Tensor> Read(int64_t begin, int64_t end) override {
+    ++reads;
+    return {k_.slice(1, begin, end), v_.slice(1, begin, end)};
+  }
+  void AccumulateGrad(int64_t begin, const at::Tensor& dk_add, const at::Tensor& dv_add) override {
+    dk.slice(1, begin, begin + dk_add.size(1)).add_(dk_add);
+    dv.slice(1, begin, begin + dv_add.size(1)).add_(dv_add);
+  }
+  at::Tensor dk, dv;
+  int reads = 0;
+
+ private:
+  at::Tensor k_, v_;
+};
+
 // What a forward computed that its backward reads besides q, k and v: the output, the
 // log-sum-exp and the fused kernel's `aux` (FusedBlock), in the layout and dtype the path keeps
 // them (fused: out [1, C, Hq, D] in q's dtype, lse float32 [1, Hq, C]; blockwise: out

@@ -271,8 +271,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
         const at::Tensor keys = TileKeys(g, t, kp, kc), values = TileKeys(g, t, vp, vc);
         const at::Tensor p =
             at::exp(TileScores(g, t, qb, keys, selection, doc_start) - lse.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
-        const at::Tensor ds =
-            p * (Matmul(dob, values.transpose(1, 2)) - di.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
+        const at::Tensor ds = p * (Matmul(dob, values.transpose(1, 2)) - di.slice(2, i0, i1).reshape({g.Hkv, R, 1}));
         dqg.slice(2, i0, i1).copy_(Matmul(ds, keys).mul_(g.scale).view({g.Hkv, g.G, B, g.D}));
         const at::Tensor dkeys = Matmul(ds.transpose(1, 2), qb).mul_(g.scale);
         const at::Tensor dvalues = Matmul(p.transpose(1, 2), dob);

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "oomb/v1/rules.pb.h"
+#include "proto/spec/resource_names.h"
 
 // Returns the status of `expr` when it is not OK (the client cannot use worker/'s macros).
 #define OOMB_SPEC_TRY(expr)                                \
@@ -194,7 +195,8 @@ absl::Status ReadScalar(const YAML::Node& node, const FieldDescriptor* f, const 
     case FieldDescriptor::CPPTYPE_STRING: {
       out->s = node.Scalar();
       const v1::FieldRules& rules = RulesOf(f);
-      if (rules.path() && !r.source.base_dir.empty() && !out->s.empty() && out->s[0] != '/') {
+      if (rules.path() && !r.source.base_dir.empty() && !out->s.empty() && out->s[0] != '/' &&
+          !names::IsResourceName(rules.resource(), out->s)) {
         out->s = (std::filesystem::path(r.source.base_dir) / out->s).lexically_normal().string();
       }
       // After joining: the base directory's name is text of the spec too.

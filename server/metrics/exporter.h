@@ -6,14 +6,15 @@
 //     through the MetricsSink this class implements; gRPC calls are counted by the server
 //     interceptor from NewInterceptorFactory() (one place for every service and method);
 //   - values read at scrape time, by a prometheus::Collectable (ScrapeCollector, no polling
-//     thread): jobs by state from the store, the CUDA caching allocator's and NVML's device
-//     memory and PCIe counters, KV pages and transfers from the KvStatsRegistry, pinned host
-//     bytes.
+//     thread): jobs by state and the projects' usage and quotas from the store and the projects
+//     file, the CUDA caching allocator's and NVML's device memory and PCIe counters, KV pages
+//     and transfers from the KvStatsRegistry, pinned host bytes.
 //
 // Cardinality is bounded: per-device series are labelled `gpu` and `UUID` (DCGM's spelling, so
 // dashboards can join with DCGM_FI_* series) or `slot` (a scheduler device); a job appears only
 // as `oomb_job_info{slot,job_id,model} 1` and the per-job gauges of its slot, all removed when
-// its run stops. gRPC labels come from the methods the server registers.
+// its run stops; a project only when tenancy.projects_file lists it. gRPC labels come from the
+// methods the server registers.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef OOMB_SERVER_METRICS_EXPORTER_H_
@@ -33,6 +34,8 @@
 #include "absl/synchronization/mutex.h"
 #include "oomb/v1/jobs.pb.h"
 #include "server/metrics/metrics_sink.h"
+#include "server/projects.h"
+#include "server/store/job_store.h"
 #include "worker/job/build_info.h"
 #include "worker/metrics/kv_stats.h"
 
@@ -50,6 +53,14 @@ namespace oomb::server {
 
 class ScrapeCollector;
 
+// One project of tenancy.projects_file as /metrics shows it (the label set is bounded by the
+// file: projects it does not list are not exported one by one).
+struct ProjectSample {
+  std::string project;
+  ProjectUsage usage;        // what its jobs hold and used now (JobStore::Usage)
+  ProjectSettings settings;  // its quotas; 0: none
+};
+
 struct MetricsExporterOptions {
   // "host:port" to serve /metrics on; port 0 picks a free port (see port()); empty: no HTTP
   // server (Scrape() still works).
@@ -62,6 +73,7 @@ struct MetricsExporterOptions {
   // Read at scrape time. Each may be unset; its families are then absent.
   KvStatsRegistry* kv_stats = nullptr;  // must outlive the exporter
   std::function<absl::StatusOr<std::map<v1::Job::State, int64_t>>()> count_jobs;
+  std::function<absl::StatusOr<std::vector<ProjectSample>>()> projects;
   std::function<std::vector<DeviceMemoryStats>()> device_memory;  // CUDA devices; empty on the CPU
   std::function<int64_t()> pinned_host_bytes;
   // Load NVML (libnvidia-ml.so.1) for device-wide memory and PCIe counters when present.

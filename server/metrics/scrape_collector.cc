@@ -61,6 +61,7 @@ ScrapeCollector::~ScrapeCollector() = default;
 std::vector<MetricFamily> ScrapeCollector::Collect() const {
   std::vector<MetricFamily> out;
   CollectJobs(&out);
+  CollectProjects(&out);
   CollectDevices(&out);
   CollectKv(&out);
   return out;
@@ -82,6 +83,46 @@ void ScrapeCollector::CollectJobs(std::vector<MetricFamily>* out) const {
     AddValue(&f, {{"state", states->value(i)->name()}}, it == counts->end() ? 0 : static_cast<double>(it->second));
   }
   out->push_back(std::move(f));
+}
+
+void ScrapeCollector::CollectProjects(std::vector<MetricFamily>* out) const {
+  if (!options_.projects) return;
+  absl::StatusOr<std::vector<ProjectSample>> projects = options_.projects();
+  if (!projects.ok()) {
+    spdlog::warn("metrics: reading the projects' usage: {}", projects.status().ToString());
+    return;
+  }
+  MetricFamily queued = NewFamily("oomb_project_queued_jobs", "The project's jobs in QUEUED, now.", MetricType::Gauge);
+  MetricFamily running =
+      NewFamily("oomb_project_running_devices", "Devices (GPUs) the project's running jobs hold, across the fleet.",
+                MetricType::Gauge);
+  MetricFamily hours = NewFamily("oomb_project_device_hours",
+                                 "Device-hours the project's jobs ran in the last 24 hours (rolling), the running "
+                                 "ones' so far included.",
+                                 MetricType::Gauge);
+  MetricFamily max_running =
+      NewFamily("oomb_project_quota_running_devices",
+                "The project's max_running_devices (tenancy.projects_file); absent: no limit.", MetricType::Gauge);
+  MetricFamily max_hours =
+      NewFamily("oomb_project_quota_device_hours",
+                "The project's max_device_hours_per_day (tenancy.projects_file); absent: no limit.", MetricType::Gauge);
+  MetricFamily max_queued =
+      NewFamily("oomb_project_quota_queued_jobs",
+                "The project's max_queued_jobs (VALIDATING, QUEUED, PAUSED); absent: no limit.", MetricType::Gauge);
+  for (const ProjectSample& p : *projects) {
+    const Labels labels = {{"project", p.project}};
+    AddValue(&queued, labels, static_cast<double>(p.usage.queued_jobs));
+    AddValue(&running, labels, static_cast<double>(p.usage.running_devices));
+    AddValue(&hours, labels, p.usage.device_seconds_per_day / 3600);
+    if (p.settings.max_running_devices > 0) {
+      AddValue(&max_running, labels, static_cast<double>(p.settings.max_running_devices));
+    }
+    if (p.settings.max_device_hours_per_day > 0) AddValue(&max_hours, labels, p.settings.max_device_hours_per_day);
+    if (p.settings.max_queued_jobs > 0) AddValue(&max_queued, labels, static_cast<double>(p.settings.max_queued_jobs));
+  }
+  for (MetricFamily* f : {&queued, &running, &hours, &max_running, &max_hours, &max_queued}) {
+    out->push_back(std::move(*f));
+  }
 }
 
 void ScrapeCollector::CollectDevices(std::vector<MetricFamily>* out) const {

@@ -1,5 +1,5 @@
 // The families of /metrics whose values are read when Prometheus scrapes (a
-// prometheus::Collectable; no polling thread): jobs by state, device memory (CUDA caching
+// prometheus::Collectable; no polling thread): jobs by state, projects' usage and quotas, device memory (CUDA caching
 // allocator, NVML), NVML's PCIe counters, KV pages and transfers, pinned host memory. Names,
 // units and labels: docs/metrics.md.
 //
@@ -31,6 +31,7 @@ class ScrapeCollector final : public prometheus::Collectable {
 
  private:
   void CollectJobs(std::vector<prometheus::MetricFamily>* out) const;
+  void CollectProjects(std::vector<prometheus::MetricFamily>* out) const;
   void CollectDevices(std::vector<prometheus::MetricFamily>* out) const;
   void CollectKv(std::vector<prometheus::MetricFamily>* out) const;
 

@@ -1,5 +1,6 @@
-// The durable job store: jobs, their events, their checkpoints and idempotency keys, and the
-// queue the daemons' devices claim jobs from.
+// The durable job store: jobs, their events, their checkpoints and idempotency keys, the queue
+// the daemons' devices claim jobs from, the projects' device usage, and the records of uploaded
+// datasets.
 //
 // One interface, two backends run against the same conformance tests
 // (tests/server/job_store_conformance_test.cc): SQLite, embedded, for one daemon; PostgreSQL for
@@ -12,6 +13,12 @@
 // synchronous_commit as the server is configured, `on` by default). Callers acknowledge a
 // transition to clients only after the store returned OK, so nothing a client was told is lost
 // on a crash.
+//
+// Device accounting. Each time a job enters a leased state its devices (Job gpus) start
+// counting for its project; when it leaves them (a run's end, a reap) they stop, the interval
+// recorded with the database's clock. Usage() sums them over the last 24 h, the open intervals
+// up to now; a reaped job's interval ends at the reap, so a dead daemon's job is counted until
+// its lease is taken back. Intervals older than a week are deleted as new ones are recorded.
 //
 // Fleet mode (the queue, leases and heartbeats). A job in an active state (RUNNING, PAUSING,
 // CANCELLING) is leased to the daemon running it: Claim() records the daemon's id (the
@@ -46,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "oomb/v1/datasets.pb.h"
 #include "oomb/v1/jobs.pb.h"
 
 namespace oomb::server {
@@ -87,6 +95,26 @@ struct UpdateResult {
   std::vector<v1::JobEvent> events;
 };
 
+// A project's limits on what its jobs run (tenancy.projects_file, server/projects.h); 0: none.
+struct ProjectQuota {
+  int64_t max_devices = 0;                // devices its leased jobs hold at once (Job gpus)
+  double max_device_seconds_per_day = 0;  // device-seconds its jobs ran in the last 24 h
+};
+
+// What a project's jobs hold and used, now (Usage()).
+struct ProjectUsage {
+  int64_t running_devices = 0;        // devices held by its leased jobs (RUNNING, PAUSING, CANCELLING)
+  double device_seconds_per_day = 0;  // device-seconds run in the last 24 h, the running jobs' so far too
+  int64_t queued_jobs = 0;            // QUEUED
+  int64_t waiting_jobs = 0;           // VALIDATING, QUEUED, PAUSED
+};
+
+// A page of datasets (ListDatasets).
+struct DatasetPage {
+  std::vector<v1::Dataset> datasets;  // newest first
+  int64_t next_position = 0;          // 0 on the last page; else pass as before_position
+};
+
 // Which QUEUED jobs a device may take, and for whom.
 struct ClaimRequest {
   std::string owner;  // the claiming daemon's id (store.daemon_id); not empty
@@ -96,6 +124,11 @@ struct ClaimRequest {
   // more are passed over. Not empty.
   std::map<std::string, int32_t> devices;
   absl::Duration lease = absl::Seconds(30);  // > 0; the claimed job's lease is now + lease
+  // Projects with limits: a job of one is passed over when its devices would take the project
+  // past max_devices, or when the project ran max_device_seconds_per_day in the last 24 h. The
+  // usage is read inside the claim's transaction; claims that involve quotas are serialised
+  // across daemons (PostgreSQL: an advisory lock), so a fleet never overshoots.
+  std::map<std::string, ProjectQuota> quotas;
 };
 
 struct ClaimResult {
@@ -160,6 +193,28 @@ class JobStore {
 
   // How many jobs are in each state now (states without jobs are absent). For /metrics.
   virtual absl::StatusOr<std::map<v1::Job::State, int64_t>> CountByState() = 0;
+
+  // What each project's jobs hold and used now (see "Device accounting"); projects without
+  // jobs or usage are absent. For quotas, waiting reasons and /metrics.
+  virtual absl::StatusOr<std::map<std::string, ProjectUsage>> Usage() = 0;
+
+  // --- Uploaded datasets (DatasetService): their records; the files are the daemon's ---
+
+  // Records `dataset` (its name "projects/{p}/datasets/{id}" set) unless the project's datasets
+  // would then exceed `max_project_bytes` (0: no limit; RESOURCE_EXHAUSTED naming the limit).
+  // A dataset of that name already recorded: returned as it is when its sha256 and size are
+  // `dataset`'s (a retried upload; `created` false), ALREADY_EXISTS otherwise.
+  virtual absl::StatusOr<v1::Dataset> CreateDataset(const v1::Dataset& dataset, int64_t max_project_bytes,
+                                                    bool* created) = 0;
+  // NOT_FOUND when absent.
+  virtual absl::StatusOr<v1::Dataset> GetDataset(const std::string& name) = 0;
+  // Newest first, of any of `projects` (empty: all), `page_size` > 0 at a time.
+  virtual absl::StatusOr<DatasetPage> ListDatasets(const std::vector<std::string>& projects, int page_size,
+                                                   int64_t before_position) = 0;
+  // NOT_FOUND when absent.
+  virtual absl::Status DeleteDataset(const std::string& name) = 0;
+  // The bytes of the project's datasets.
+  virtual absl::StatusOr<int64_t> DatasetBytes(const std::string& project) = 0;
 
   // Read-modify-write of one job in one transaction (see JobMutation). A CHECKPOINT_SAVED
   // event also records its checkpoint for ListCheckpoints.

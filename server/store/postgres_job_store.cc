@@ -34,7 +34,12 @@ using store_internal::IsLeased;
 constexpr const char* kChannel = "oomb_jobs";
 // pg_advisory_xact_lock key serialising schema creation between daemons starting at once.
 constexpr int64_t kSchemaLock = 0x6f6f6d62;  // "oomb"
-constexpr int kSchemaVersion = 1;
+// pg_advisory_xact_lock key serialising claims that respect project quotas (ClaimRequest).
+constexpr int64_t kQuotaLock = 0x6f6f6d6271;  // "oombq"
+// pg_advisory_xact_lock (int, int) class serialising a project's dataset records (storage quota).
+constexpr int32_t kDatasetLock = 0x6f6f6d64;  // "oomd"
+// 2: jobs.project and device_usage (project quotas), datasets.
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS oomb_schema (version INTEGER NOT NULL);
@@ -51,6 +56,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   queued_at TIMESTAMPTZ,
   job BYTEA NOT NULL
 );
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS project TEXT NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, priority DESC, position);
 CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner) WHERE owner IS NOT NULL;
 CREATE TABLE IF NOT EXISTS job_events (
@@ -69,6 +75,22 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE TABLE IF NOT EXISTS idempotency_keys (
   request_id TEXT PRIMARY KEY,
   job_id TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS device_usage (
+  job_id TEXT NOT NULL,
+  project TEXT NOT NULL,
+  devices INTEGER NOT NULL,
+  started TIMESTAMPTZ NOT NULL,
+  ended TIMESTAMPTZ
+);
+CREATE INDEX IF NOT EXISTS device_usage_open ON device_usage (job_id) WHERE ended IS NULL;
+CREATE INDEX IF NOT EXISTS device_usage_ended ON device_usage (ended);
+CREATE TABLE IF NOT EXISTS datasets (
+  position BIGSERIAL PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  project TEXT NOT NULL,
+  bytes BIGINT NOT NULL,
+  dataset BYTEA NOT NULL
 );
 )sql";
 
@@ -200,12 +222,12 @@ class PostgresJobStore : public JobStore {
         stored.clear_daemon();  // only Claim() leases
         std::vector<v1::JobEvent> evs = events;
         tx.exec_params(
-            "INSERT INTO jobs (id, state, priority, device, gpus, last_sequence, queued_at, job) "
+            "INSERT INTO jobs (id, state, priority, device, gpus, last_sequence, queued_at, job, project) "
             "VALUES ($1, $2::integer, $3::integer, $4, $5::integer, $6::bigint, "
-            "CASE WHEN $2::integer = $7::integer THEN now() END, $8)",
+            "CASE WHEN $2::integer = $7::integer THEN now() END, $8, $9)",
             id, static_cast<int>(stored.state()), stored.priority(), stored.spec().resources().device(),
-            std::max(1, stored.spec().resources().gpus()), static_cast<int64_t>(evs.size()),
-            static_cast<int>(v1::Job::QUEUED), Bytes(stored));
+            store_internal::DevicesOf(stored), static_cast<int64_t>(evs.size()), static_cast<int>(v1::Job::QUEUED),
+            Bytes(stored), store_internal::ProjectOf(stored));
         if (!request_id.empty()) {
           tx.exec_params("INSERT INTO idempotency_keys (request_id, job_id) VALUES ($1, $2)", request_id, id);
         }
@@ -288,6 +310,84 @@ class PostgresJobStore : public JobStore {
     });
   }
 
+  absl::StatusOr<std::map<std::string, ProjectUsage>> Usage() override {
+    return Run("usage by project", [&](pqxx::work& tx) { return UsageIn(tx); });
+  }
+
+  absl::StatusOr<v1::Dataset> CreateDataset(const v1::Dataset& dataset, int64_t max_project_bytes,
+                                            bool* created) override {
+    *created = false;
+    return Run("record a dataset", [&](pqxx::work& tx) -> absl::StatusOr<v1::Dataset> {
+      const std::string project = store_internal::DatasetProject(dataset);
+      // Serialises the project's uploads, so two cannot both pass its storage quota.
+      tx.exec_params("SELECT pg_advisory_xact_lock($1::integer, hashtext($2))", kDatasetLock, project);
+      const pqxx::result existing = tx.exec_params("SELECT dataset FROM datasets WHERE name = $1", dataset.name());
+      if (!existing.empty()) {
+        OOMB_ASSIGN_OR_RETURN(v1::Dataset d, Parse<v1::Dataset>(existing[0][0]));
+        return store_internal::SameDatasetOrTaken(d, dataset);
+      }
+      const int64_t used =
+          tx.exec_params("SELECT COALESCE(SUM(bytes), 0) FROM datasets WHERE project = $1", project)[0][0]
+              .as<int64_t>();
+      OOMB_RETURN_IF_ERROR(store_internal::CheckStorage(project, used, dataset.size_bytes(), max_project_bytes));
+      tx.exec_params("INSERT INTO datasets (name, project, bytes, dataset) VALUES ($1, $2, $3, $4)", dataset.name(),
+                     project, dataset.size_bytes(), Bytes(dataset));
+      tx.commit();
+      *created = true;
+      return dataset;
+    });
+  }
+
+  absl::StatusOr<v1::Dataset> GetDataset(const std::string& name) override {
+    return Run("get a dataset", [&](pqxx::work& tx) -> absl::StatusOr<v1::Dataset> {
+      const pqxx::result r = tx.exec_params("SELECT dataset FROM datasets WHERE name = $1", name);
+      if (r.empty()) return absl::NotFoundError(absl::StrCat("no dataset ", name));
+      return Parse<v1::Dataset>(r[0][0]);
+    });
+  }
+
+  absl::StatusOr<DatasetPage> ListDatasets(const std::vector<std::string>& projects, int page_size,
+                                           int64_t before_position) override {
+    return Run("list datasets", [&](pqxx::work& tx) -> absl::StatusOr<DatasetPage> {
+      std::string sql = "SELECT position, dataset FROM datasets WHERE position < $1";
+      if (!projects.empty()) absl::StrAppend(&sql, " AND project IN (", Placeholders(3, projects.size()), ")");
+      sql += " ORDER BY position DESC LIMIT $2";
+      const int64_t before = before_position > 0 ? before_position : std::numeric_limits<int64_t>::max();
+      const pqxx::result rows =
+          tx.exec_params(sql, before, page_size + 1, pqxx::prepare::make_dynamic_params(projects));
+      DatasetPage out;
+      int64_t last = 0;
+      for (const pqxx::row& row : rows) {
+        if (static_cast<int>(out.datasets.size()) == page_size) {
+          out.next_position = last;
+          break;
+        }
+        last = row[0].as<int64_t>();
+        OOMB_ASSIGN_OR_RETURN(v1::Dataset d, Parse<v1::Dataset>(row[1]));
+        out.datasets.push_back(std::move(d));
+      }
+      return out;
+    });
+  }
+
+  absl::Status DeleteDataset(const std::string& name) override {
+    return Run("delete a dataset",
+               [&](pqxx::work& tx) -> absl::StatusOr<bool> {
+                 const pqxx::result r = tx.exec_params("DELETE FROM datasets WHERE name = $1 RETURNING 1", name);
+                 if (r.empty()) return absl::NotFoundError(absl::StrCat("no dataset ", name));
+                 tx.commit();
+                 return true;
+               })
+        .status();
+  }
+
+  absl::StatusOr<int64_t> DatasetBytes(const std::string& project) override {
+    return Run("dataset bytes", [&](pqxx::work& tx) -> absl::StatusOr<int64_t> {
+      return tx.exec_params("SELECT COALESCE(SUM(bytes), 0) FROM datasets WHERE project = $1", project)[0][0]
+          .as<int64_t>();
+    });
+  }
+
   absl::StatusOr<UpdateResult> Update(const std::string& job_id, const JobMutation& mutate) override {
     return Run("update job", [&](pqxx::work& tx) -> absl::StatusOr<UpdateResult> {
       OOMB_ASSIGN_OR_RETURN(std::optional<Row> row, LockRow(tx, job_id, /*skip_locked=*/false));
@@ -367,19 +467,33 @@ class PostgresJobStore : public JobStore {
       return absl::InvalidArgumentError("claim: owner, devices and a positive lease are required");
     }
     return Run("claim a job", [&](pqxx::work& tx) -> absl::StatusOr<std::optional<ClaimResult>> {
+      store_internal::ClaimLimits limits;
+      if (!request.quotas.empty()) {
+        // Held to the commit: the next quota claim sees this one's devices.
+        tx.exec_params("SELECT pg_advisory_xact_lock($1::bigint)", kQuotaLock);
+        OOMB_ASSIGN_OR_RETURN(const auto usage, UsageIn(tx));
+        limits = store_internal::LimitsFor(request.quotas, usage);
+      }
       std::string eligible;
       std::vector<std::string> params;
+      const auto param = [&](std::string value) {
+        params.push_back(std::move(value));
+        return absl::StrCat("$", params.size() + 1);  // $1 is the state
+      };
       for (const auto& [device, max_gpus] : request.devices) {
-        const int n = static_cast<int>(params.size()) + 2;
-        absl::StrAppend(&eligible, eligible.empty() ? "" : " OR ", "(device = $", n, " AND gpus <= $", n + 1,
+        absl::StrAppend(&eligible, eligible.empty() ? "" : " OR ", "(device = ", param(device),
+                        " AND gpus <= ", param(std::to_string(max_gpus)), "::integer)");
+      }
+      std::string quota;
+      for (const std::string& project : limits.excluded) absl::StrAppend(&quota, " AND project <> ", param(project));
+      for (const auto& [project, room] : limits.max_devices) {
+        absl::StrAppend(&quota, " AND (project <> ", param(project), " OR gpus <= ", param(std::to_string(room)),
                         "::integer)");
-        params.push_back(device);
-        params.push_back(std::to_string(max_gpus));
       }
       const pqxx::result r = tx.exec_params(
           absl::StrCat("SELECT id, job, last_sequence, COALESCE(EXTRACT(EPOCH FROM now() - queued_at), 0) "
                        "FROM jobs WHERE state = $1 AND (",
-                       eligible, ") ORDER BY priority DESC, position ASC LIMIT 1 FOR UPDATE SKIP LOCKED"),
+                       eligible, ")", quota, " ORDER BY priority DESC, position ASC LIMIT 1 FOR UPDATE SKIP LOCKED"),
           static_cast<int>(v1::Job::QUEUED), pqxx::prepare::make_dynamic_params(params));
       if (r.empty()) return std::optional<ClaimResult>();
       Row row;
@@ -567,6 +681,7 @@ class PostgresJobStore : public JobStore {
     const v1::Job::State before = row.job.state();
     OOMB_ASSIGN_OR_RETURN(const bool leased, store_internal::MutateRecordingLease(row.job, mutate, owner, &result));
     if (!leased) lease_us = kNoLease;
+    RecordDevices(tx, row.id, before, result.job);  // before the update: it reads the lease
     tx.exec_params(
         "UPDATE jobs SET state = $2::integer, job = $3, last_sequence = $4::bigint, owner = NULLIF($5::text, ''), "
         "lease_expires = CASE WHEN $6::bigint >= 0 THEN now() + $6::bigint * interval '1 microsecond' "
@@ -578,6 +693,51 @@ class PostgresJobStore : public JobStore {
     AppendEvents(tx, row.id, row.job.name(), row.last_sequence, &result.events);
     Notify(tx, row.id, result.job.state());
     return result;
+  }
+
+  // Device accounting (job_store.h): an interval opens when the job enters a leased state and
+  // closes when it leaves them, at the end of its lease if that came first.
+  static void RecordDevices(pqxx::work& tx, const std::string& job_id, v1::Job::State before, const v1::Job& after) {
+    const bool was = IsLeased(before), is = IsLeased(after.state());
+    if (was == is) return;
+    if (is) {
+      tx.exec_params("INSERT INTO device_usage (job_id, project, devices, started) VALUES ($1, $2, $3, now())", job_id,
+                     store_internal::ProjectOf(after), store_internal::DevicesOf(after));
+      tx.exec_params("DELETE FROM device_usage WHERE ended < now() - $1::bigint * interval '1 microsecond'",
+                     store_internal::kUsageKeepMicros);
+    } else {
+      tx.exec_params(
+          "UPDATE device_usage SET ended = GREATEST(started, LEAST(now(), COALESCE((SELECT lease_expires FROM jobs "
+          "WHERE id = $1), now()))) WHERE job_id = $1 AND ended IS NULL",
+          job_id);
+    }
+  }
+
+  static absl::StatusOr<std::map<std::string, ProjectUsage>> UsageIn(pqxx::work& tx) {
+    std::map<std::string, ProjectUsage> out;
+    const pqxx::result held = tx.exec_params(
+        "SELECT project, state, COUNT(*), SUM(gpus) FROM jobs WHERE state IN ($1, $2, $3, $4, $5, $6) "
+        "GROUP BY project, state",
+        static_cast<int>(v1::Job::RUNNING), static_cast<int>(v1::Job::PAUSING), static_cast<int>(v1::Job::CANCELLING),
+        static_cast<int>(v1::Job::VALIDATING), static_cast<int>(v1::Job::QUEUED), static_cast<int>(v1::Job::PAUSED));
+    for (const pqxx::row& row : held) {
+      ProjectUsage& u = out[row[0].as<std::string>()];
+      const auto state = static_cast<v1::Job::State>(row[1].as<int>());
+      const int64_t jobs = row[2].as<int64_t>();
+      if (IsLeased(state)) {
+        u.running_devices += row[3].as<int64_t>();
+      } else {
+        u.waiting_jobs += jobs;
+        if (state == v1::Job::QUEUED) u.queued_jobs += jobs;
+      }
+    }
+    const pqxx::result used = tx.exec_params(
+        "SELECT project, SUM(devices * EXTRACT(EPOCH FROM LEAST(COALESCE(ended, now()), now()) - "
+        "GREATEST(started, now() - $1::bigint * interval '1 microsecond'))) FROM device_usage "
+        "WHERE COALESCE(ended, now()) > now() - $1::bigint * interval '1 microsecond' GROUP BY project",
+        store_internal::kUsageWindowMicros);
+    for (const pqxx::row& row : used) out[row[0].as<std::string>()].device_seconds_per_day = row[1].as<double>();
+    return out;
   }
 
   static void AppendEvents(pqxx::work& tx, const std::string& job_id, const std::string& job_name,
@@ -629,6 +789,15 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenPostgresJobStore(const std::string
       return absl::FailedPreconditionError(absl::StrCat("the PostgreSQL job store has schema version ", version,
                                                         "; this oombd knows up to ", kSchemaVersion,
                                                         " (a newer oombd made it)"));
+    }
+    if (version < 2) {  // jobs.project from the stored jobs' names
+      for (const pqxx::row& row : tx.exec("SELECT id, job FROM jobs WHERE project = ''")) {
+        absl::StatusOr<v1::Job> job = Parse<v1::Job>(row[1]);
+        if (job.ok()) {
+          tx.exec_params("UPDATE jobs SET project = $2 WHERE id = $1", row[0].as<std::string>(),
+                         store_internal::ProjectOf(*job));
+        }
+      }
     }
     if (version < kSchemaVersion) tx.exec_params("INSERT INTO oomb_schema (version) VALUES ($1)", kSchemaVersion);
     tx.commit();

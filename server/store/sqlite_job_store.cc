@@ -64,6 +64,22 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
   request_id TEXT PRIMARY KEY,
   job_id TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS device_usage (
+  job_id TEXT NOT NULL,
+  project TEXT NOT NULL,
+  devices INTEGER NOT NULL,
+  started INTEGER NOT NULL,
+  ended INTEGER
+);
+CREATE INDEX IF NOT EXISTS device_usage_open ON device_usage(job_id) WHERE ended IS NULL;
+CREATE INDEX IF NOT EXISTS device_usage_ended ON device_usage(ended);
+CREATE TABLE IF NOT EXISTS datasets (
+  position INTEGER PRIMARY KEY AUTOINCREMENT,
+  name TEXT NOT NULL UNIQUE,
+  project TEXT NOT NULL,
+  bytes INTEGER NOT NULL,
+  dataset BLOB NOT NULL
+);
 )sql";
 
 // Columns added for the queue and leases (fleet mode), to files made before them.
@@ -78,6 +94,7 @@ constexpr AddedColumn kQueueColumns[] = {
     {"owner", "TEXT"},                           // the daemon holding the lease
     {"lease_expires", "INTEGER"},                // microseconds since the epoch
     {"queued_at", "INTEGER"},                    // when the job last entered QUEUED, microseconds
+    {"project", "TEXT NOT NULL DEFAULT ''"},     // the project of the job's name
 };
 
 // BEGIN IMMEDIATE ... COMMIT, rolled back unless committed.
@@ -136,8 +153,9 @@ class SqliteJobStore : public JobStore {
       }
       v1::Job stored = job;
       stored.clear_daemon();  // only Claim() leases
-      SQLite::Statement ins(
-          *db_, "INSERT INTO jobs (id, state, job, priority, device, gpus, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?)");
+      SQLite::Statement ins(*db_,
+                            "INSERT INTO jobs (id, state, job, priority, device, gpus, queued_at, project) VALUES (?, "
+                            "?, ?, ?, ?, ?, ?, ?)");
       ins.bind(1, id);
       ins.bind(2, static_cast<int>(stored.state()));
       const std::string blob = Blob(stored);
@@ -150,6 +168,7 @@ class SqliteJobStore : public JobStore {
       } else {
         ins.bind(7);
       }
+      ins.bind(8, store_internal::ProjectOf(stored));
       ins.exec();
       if (!request_id.empty()) {
         SQLite::Statement k(*db_, "INSERT INTO idempotency_keys (request_id, job_id) VALUES (?, ?)");
@@ -239,6 +258,99 @@ class SqliteJobStore : public JobStore {
       }
       return out;
     });
+  }
+
+  absl::StatusOr<std::map<std::string, ProjectUsage>> Usage() override {
+    absl::MutexLock lock(&mu_);
+    return Guard("usage by project", [&]() { return UsageLocked(); });
+  }
+
+  absl::StatusOr<v1::Dataset> CreateDataset(const v1::Dataset& dataset, int64_t max_project_bytes,
+                                            bool* created) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("record a dataset", [&]() -> absl::StatusOr<v1::Dataset> {
+      WriteTransaction tx(*db_);
+      *created = false;
+      {
+        SQLite::Statement q(*db_, "SELECT dataset FROM datasets WHERE name = ?");
+        q.bind(1, dataset.name());
+        if (q.executeStep()) {
+          OOMB_ASSIGN_OR_RETURN(v1::Dataset existing, Parse<v1::Dataset>(q.getColumn(0)));
+          return store_internal::SameDatasetOrTaken(existing, dataset);
+        }
+      }
+      const std::string project = store_internal::DatasetProject(dataset);
+      OOMB_ASSIGN_OR_RETURN(const int64_t used, DatasetBytesLocked(project));
+      OOMB_RETURN_IF_ERROR(store_internal::CheckStorage(project, used, dataset.size_bytes(), max_project_bytes));
+      SQLite::Statement ins(*db_, "INSERT INTO datasets (name, project, bytes, dataset) VALUES (?, ?, ?, ?)");
+      ins.bind(1, dataset.name());
+      ins.bind(2, project);
+      ins.bind(3, dataset.size_bytes());
+      const std::string blob = Blob(dataset);
+      ins.bind(4, blob.data(), static_cast<int>(blob.size()));
+      ins.exec();
+      tx.Commit();
+      *created = true;
+      return dataset;
+    });
+  }
+
+  absl::StatusOr<v1::Dataset> GetDataset(const std::string& name) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("get a dataset", [&]() -> absl::StatusOr<v1::Dataset> {
+      SQLite::Statement q(*db_, "SELECT dataset FROM datasets WHERE name = ?");
+      q.bind(1, name);
+      if (!q.executeStep()) return absl::NotFoundError(absl::StrCat("no dataset ", name));
+      return Parse<v1::Dataset>(q.getColumn(0));
+    });
+  }
+
+  absl::StatusOr<DatasetPage> ListDatasets(const std::vector<std::string>& projects, int page_size,
+                                           int64_t before_position) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("list datasets", [&]() -> absl::StatusOr<DatasetPage> {
+      std::string sql = "SELECT position, dataset FROM datasets WHERE position < ?";
+      if (!projects.empty()) {
+        sql += " AND project IN (";
+        for (size_t i = 0; i < projects.size(); ++i) sql += i ? ",?" : "?";
+        sql += ")";
+      }
+      sql += " ORDER BY position DESC LIMIT ?";
+      SQLite::Statement q(*db_, sql);
+      int param = 1;
+      q.bind(param++, before_position > 0 ? before_position : std::numeric_limits<int64_t>::max());
+      for (const std::string& p : projects) q.bind(param++, p);
+      q.bind(param++, page_size + 1);
+      DatasetPage out;
+      int64_t last = 0;
+      while (q.executeStep()) {
+        if (static_cast<int>(out.datasets.size()) == page_size) {
+          out.next_position = last;
+          break;
+        }
+        last = q.getColumn(0).getInt64();
+        OOMB_ASSIGN_OR_RETURN(v1::Dataset d, Parse<v1::Dataset>(q.getColumn(1)));
+        out.datasets.push_back(std::move(d));
+      }
+      return out;
+    });
+  }
+
+  absl::Status DeleteDataset(const std::string& name) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("delete a dataset",
+                 [&]() -> absl::StatusOr<bool> {
+                   SQLite::Statement del(*db_, "DELETE FROM datasets WHERE name = ?");
+                   del.bind(1, name);
+                   if (del.exec() == 0) return absl::NotFoundError(absl::StrCat("no dataset ", name));
+                   return true;
+                 })
+        .status();
+  }
+
+  absl::StatusOr<int64_t> DatasetBytes(const std::string& project) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("dataset bytes", [&]() { return DatasetBytesLocked(project); });
   }
 
   absl::StatusOr<UpdateResult> Update(const std::string& job_id, const JobMutation& mutate) override {
@@ -340,16 +452,29 @@ class SqliteJobStore : public JobStore {
     absl::MutexLock lock(&mu_);
     return Guard("claim a job", [&]() -> absl::StatusOr<std::optional<ClaimResult>> {
       WriteTransaction tx(*db_);
+      store_internal::ClaimLimits limits;
+      if (!request.quotas.empty()) {
+        OOMB_ASSIGN_OR_RETURN(const auto usage, UsageLocked());
+        limits = store_internal::LimitsFor(request.quotas, usage);
+      }
       std::string sql = "SELECT id FROM jobs WHERE state = ? AND (";
       for (size_t i = 0; i < request.devices.size(); ++i)
         sql += i ? " OR (device = ? AND gpus <= ?)" : "(device = ? AND gpus <= ?)";
-      sql += ") ORDER BY priority DESC, position ASC LIMIT 1";
+      sql += ")";
+      for (size_t i = 0; i < limits.excluded.size(); ++i) sql += " AND project != ?";
+      for (size_t i = 0; i < limits.max_devices.size(); ++i) sql += " AND (project != ? OR gpus <= ?)";
+      sql += " ORDER BY priority DESC, position ASC LIMIT 1";
       SQLite::Statement q(*db_, sql);
       q.bind(1, static_cast<int>(v1::Job::QUEUED));
       int param = 2;
       for (const auto& [device, max_gpus] : request.devices) {
         q.bind(param++, device);
         q.bind(param++, max_gpus);
+      }
+      for (const std::string& project : limits.excluded) q.bind(param++, project);
+      for (const auto& [project, room] : limits.max_devices) {
+        q.bind(param++, project);
+        q.bind(param++, room);
       }
       if (!q.executeStep()) return std::optional<ClaimResult>();
       const std::string id = q.getColumn(0).getString();
@@ -490,9 +615,78 @@ class SqliteJobStore : public JobStore {
     }
     up.bind(7, result.job.priority());
     up.bind(8, row.id);
+    RecordDevicesLocked(row.id, before, result.job);  // before the update: it reads the lease
     up.exec();
     AppendEventsLocked(row.id, row.job.name(), row.last_sequence, &result.events);
     return result;
+  }
+
+  absl::StatusOr<int64_t> DatasetBytesLocked(const std::string& project) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SQLite::Statement q(*db_, "SELECT COALESCE(SUM(bytes), 0) FROM datasets WHERE project = ?");
+    q.bind(1, project);
+    q.executeStep();
+    return q.getColumn(0).getInt64();
+  }
+
+  // Device accounting (job_store.h): an interval opens when the job enters a leased state and
+  // closes when it leaves them, at the end of its lease if that came first (a daemon that died:
+  // its last heartbeat's lease, not the restart or reap that noticed).
+  void RecordDevicesLocked(const std::string& job_id, v1::Job::State before, const v1::Job& after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool was = IsLeased(before), is = IsLeased(after.state());
+    if (was == is) return;
+    const int64_t now = NowMicros();
+    if (is) {
+      SQLite::Statement ins(*db_, "INSERT INTO device_usage (job_id, project, devices, started) VALUES (?, ?, ?, ?)");
+      ins.bind(1, job_id);
+      ins.bind(2, store_internal::ProjectOf(after));
+      ins.bind(3, store_internal::DevicesOf(after));
+      ins.bind(4, now);
+      ins.exec();
+      SQLite::Statement prune(*db_, "DELETE FROM device_usage WHERE ended < ?");
+      prune.bind(1, now - store_internal::kUsageKeepMicros);
+      prune.exec();
+    } else {
+      SQLite::Statement close(*db_,
+                              "UPDATE device_usage SET ended = MAX(started, MIN(?1, COALESCE((SELECT lease_expires "
+                              "FROM jobs WHERE id = ?2), ?1))) WHERE job_id = ?2 AND ended IS NULL");
+      close.bind(1, now);
+      close.bind(2, job_id);
+      close.exec();
+    }
+  }
+
+  absl::StatusOr<std::map<std::string, ProjectUsage>> UsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::map<std::string, ProjectUsage> out;
+    SQLite::Statement held(*db_,
+                           "SELECT project, state, COUNT(*), SUM(gpus) FROM jobs WHERE state IN (?, ?, ?, ?, ?, ?) "
+                           "GROUP BY project, state");
+    int param = 1;
+    for (v1::Job::State st : {v1::Job::RUNNING, v1::Job::PAUSING, v1::Job::CANCELLING, v1::Job::VALIDATING,
+                              v1::Job::QUEUED, v1::Job::PAUSED}) {
+      held.bind(param++, static_cast<int>(st));
+    }
+    while (held.executeStep()) {
+      ProjectUsage& u = out[held.getColumn(0).getString()];
+      const auto state = static_cast<v1::Job::State>(held.getColumn(1).getInt());
+      const int64_t jobs = held.getColumn(2).getInt64();
+      if (IsLeased(state)) {
+        u.running_devices += held.getColumn(3).getInt64();
+      } else {
+        u.waiting_jobs += jobs;
+        if (state == v1::Job::QUEUED) u.queued_jobs += jobs;
+      }
+    }
+    const int64_t now = NowMicros();
+    SQLite::Statement used(*db_,
+                           "SELECT project, SUM(devices * (MIN(COALESCE(ended, ?1), ?1) - MAX(started, ?2))) "
+                           "FROM device_usage WHERE COALESCE(ended, ?1) > ?2 GROUP BY project");
+    used.bind(1, now);
+    used.bind(2, now - store_internal::kUsageWindowMicros);
+    while (used.executeStep()) {
+      out[used.getColumn(0).getString()].device_seconds_per_day = used.getColumn(1).getDouble() / 1e6;
+    }
+    return out;
   }
 
   // Runs `fn`, turning SQLite exceptions into INTERNAL statuses that name the operation.
@@ -550,8 +744,8 @@ class SqliteJobStore : public JobStore {
   std::unique_ptr<SQLite::Database> db_ ABSL_GUARDED_BY(mu_);
 };
 
-// Adds the queue columns to a file made before them (filling priority and device from the
-// stored jobs) and the queue's index.
+// Adds the queue columns to a file made before them (filling priority, device, gpus and project
+// from the stored jobs) and the queue's index.
 void MigrateQueueColumns(SQLite::Database& db) {
   std::vector<std::string> have;
   {
@@ -572,11 +766,12 @@ void MigrateQueueColumns(SQLite::Database& db) {
       if (j.ok()) jobs.emplace_back(q.getColumn(0).getString(), *std::move(j));
     }
     for (const auto& [id, job] : jobs) {
-      SQLite::Statement up(db, "UPDATE jobs SET priority = ?, device = ?, gpus = ? WHERE id = ?");
+      SQLite::Statement up(db, "UPDATE jobs SET priority = ?, device = ?, gpus = ?, project = ? WHERE id = ?");
       up.bind(1, job.priority());
       up.bind(2, job.spec().resources().device());
-      up.bind(3, std::max(1, job.spec().resources().gpus()));
-      up.bind(4, id);
+      up.bind(3, store_internal::DevicesOf(job));
+      up.bind(4, store_internal::ProjectOf(job));
+      up.bind(5, id);
       up.exec();
     }
   }

@@ -3,10 +3,14 @@
 #define OOMB_SERVER_STORE_STORE_INTERNAL_H_
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/util/time_util.h"
 #include "oomb/v1/jobs.pb.h"
 #include "server/store/job_store.h"
@@ -68,6 +72,65 @@ inline bool Matches(const v1::Job& job, const ListQuery& query) {
   if (query.projects.empty()) return true;
   const std::string project = ParseStoredName(job.name()).project;
   return std::find(query.projects.begin(), query.projects.end(), project) != query.projects.end();
+}
+
+// The devices a job holds while leased (its gpus, at least 1).
+inline int32_t DevicesOf(const v1::Job& job) { return std::max(1, job.spec().resources().gpus()); }
+
+// The project of a stored job.
+inline std::string ProjectOf(const v1::Job& job) { return ParseStoredName(job.name()).project; }
+
+// The device-usage window (JobStore::Usage) and how long closed intervals are kept.
+inline constexpr int64_t kUsageWindowMicros = int64_t{24} * 3600 * 1000000;
+inline constexpr int64_t kUsageKeepMicros = 7 * kUsageWindowMicros;
+
+// What a claim may take of each project with a quota, given its usage now: a project is
+// excluded, or its jobs may take at most `max_devices` more devices.
+struct ClaimLimits {
+  std::vector<std::string> excluded;
+  std::vector<std::pair<std::string, int64_t>> max_devices;
+};
+inline ClaimLimits LimitsFor(const std::map<std::string, ProjectQuota>& quotas,
+                             const std::map<std::string, ProjectUsage>& usage) {
+  ClaimLimits out;
+  for (const auto& [project, quota] : quotas) {
+    const auto it = usage.find(project);
+    const ProjectUsage used = it == usage.end() ? ProjectUsage() : it->second;
+    if (quota.max_device_seconds_per_day > 0 && used.device_seconds_per_day >= quota.max_device_seconds_per_day) {
+      out.excluded.push_back(project);
+    } else if (quota.max_devices > 0) {
+      const int64_t room = quota.max_devices - used.running_devices;
+      if (room <= 0) {
+        out.excluded.push_back(project);
+      } else {
+        out.max_devices.emplace_back(project, room);
+      }
+    }
+  }
+  return out;
+}
+
+// The project of a dataset's name ("projects/{p}/datasets/{id}").
+inline std::string DatasetProject(const v1::Dataset& d) {
+  const std::string& n = d.name();
+  const size_t start = n.find('/') + 1, end = n.find('/', start);
+  return n.substr(start, end - start);
+}
+
+// CreateDataset for a name already recorded: the record when `asked` is the same content (a
+// retried upload), ALREADY_EXISTS otherwise.
+inline absl::StatusOr<v1::Dataset> SameDatasetOrTaken(const v1::Dataset& existing, const v1::Dataset& asked) {
+  if (existing.sha256() == asked.sha256() && existing.size_bytes() == asked.size_bytes()) return existing;
+  return absl::AlreadyExistsError(absl::StrCat(existing.name(), " exists with other content (sha256 ",
+                                               existing.sha256(), "); delete it first, or choose another id"));
+}
+
+// RESOURCE_EXHAUSTED when `adding` bytes take `project` past `max_bytes` (0: no limit).
+inline absl::Status CheckStorage(const std::string& project, int64_t used, int64_t adding, int64_t max_bytes) {
+  if (max_bytes <= 0 || used + adding <= max_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("project ", project, " stores ", used, " bytes of datasets; ",
+                                                   adding, " more would pass its max_storage_bytes (", max_bytes,
+                                                   " in tenancy.projects_file): delete some first"));
 }
 
 // Whether a change from `before` to `after` puts the job (back) in the queue: its wait starts.

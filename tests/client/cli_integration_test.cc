@@ -45,9 +45,18 @@ class Daemon {
  public:
   Daemon(const fs::path& dir, const std::vector<std::string>& extra) : dir_(dir) {
     const std::string bin = BinaryDir() + "/server/oombd";
-    std::vector<std::string> args = {
-        bin,           "serve", "--listen",           "127.0.0.1:0", "--data-dir", dir.string(), "--metrics-listen",
-        "127.0.0.1:0", "--set", "scheduler.hold=true"};
+    std::vector<std::string> args = {bin,
+                                     "serve",
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--data-dir",
+                                     dir.string(),
+                                     "--metrics-listen",
+                                     "127.0.0.1:0",
+                                     "--http-listen",
+                                     "127.0.0.1:0",
+                                     "--set",
+                                     "scheduler.hold=true"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = ::fork();
     if (pid_ == 0) {

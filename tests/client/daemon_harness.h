@@ -150,8 +150,10 @@ class Daemon {
     fs::remove(dir_ / "oombd.port");
     fs::remove(dir_ / "oombd.metrics.port");
     fs::remove(dir_ / "oombd.health.port");
+    fs::remove(dir_ / "oombd.http.port");
     std::vector<std::string> args = options_.prefix;
-    args.insert(args.end(), {Oombd(), "serve", "--data-dir", dir_.string(), "--metrics-listen", "127.0.0.1:0"});
+    args.insert(args.end(), {Oombd(), "serve", "--data-dir", dir_.string(), "--metrics-listen", "127.0.0.1:0",
+                             "--http-listen", "127.0.0.1:0"});
     if (options_.tcp) {
       args.insert(args.end(), {"--listen", "127.0.0.1:0"});
     } else {
@@ -183,6 +185,7 @@ class Daemon {
       metrics_port_ = std::atoi(Slurp(dir_ / "oombd.metrics.port").c_str());
     }
     if (fs::exists(dir_ / "oombd.health.port")) health_port_ = std::atoi(Slurp(dir_ / "oombd.health.port").c_str());
+    if (fs::exists(dir_ / "oombd.http.port")) http_port_ = std::atoi(Slurp(dir_ / "oombd.http.port").c_str());
   }
 
   // SIGTERM and wait (a clean shutdown).
@@ -213,6 +216,8 @@ class Daemon {
   int metrics_port() const { return metrics_port_; }
   // The plaintext health port (with --set server.health_listen=127.0.0.1:0); 0 when off.
   int health_port() const { return health_port_; }
+  // The HTTP/JSON port (--http-listen 127.0.0.1:0); 0 when off.
+  int http_port() const { return http_port_; }
   std::string tcp_endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string unix_endpoint() const { return "unix:" + (dir_ / "oombd.sock").string(); }
   std::string log() const { return Slurp(dir_ / "oombd.log"); }
@@ -231,6 +236,7 @@ class Daemon {
     port_ = 0;
     metrics_port_ = 0;
     health_port_ = 0;
+    http_port_ = 0;
   }
 
   fs::path dir_;
@@ -240,6 +246,7 @@ class Daemon {
   int exit_code_ = -1;
   int metrics_port_ = 0;
   int health_port_ = 0;
+  int http_port_ = 0;
 };
 
 // Certificates made with the openssl command in `d`: a CA (ca.pem), a server certificate for

@@ -234,6 +234,8 @@ def check_overlay(name, oombd, repo, dockerfile_uid):
               f"{where}: server.{key} {value!r} is not 0.0.0.0 on the container port {port_name} ({ports.get(port_name)})")
     check(config["metrics"]["listen"] == f"0.0.0.0:{ports.get('metrics')}",
           f"{where}: metrics.listen {config['metrics']['listen']!r} must be 0.0.0.0 on the port named metrics")
+    check(config["http"]["listen"] == f"0.0.0.0:{ports.get('http')}",
+          f"{where}: http.listen {config['http']['listen']!r} must be 0.0.0.0 on the port named http")
 
     # Probes: gRPC on the plaintext health port.
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -345,7 +347,7 @@ def self_test(oombd, repo):
     with tempfile.TemporaryDirectory() as tmp:
         bad = os.path.join(tmp, "bad.yaml")
         with open(bad, "w") as f:
-            f.write("server:\n  helth_listen: 0.0.0.0:7072\n")
+            f.write("server:\n  helth_listen: 0.0.0.0:7073\n")
         try:
             effective_config(oombd, bad)
             problems.append("self-test: oombd accepted an unknown configuration key")

@@ -13,29 +13,7 @@
 
 namespace oomb::testing {
 
-// A past held in plain tensors [kv_heads, S, D]; gradients accumulate into dk/dv.
-class TensorPast final : public kernels::PastKv {
- public:
-  TensorPast(at::Tensor k, at::Tensor v) : k_(std::move(k)), v_(std::move(v)) {
-    const auto acc = k_.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    dk_ = at::zeros(k_.sizes(), k_.options().dtype(acc));
-    dv_ = at::zeros_like(dk_);
-  }
-  int64_t past_tokens() const override { return k_.size(1); }
-  std::pair<at::Tensor, at::Tensor> Read(int64_t b, int64_t e) override {
-    ++reads_;
-    return {k_.slice(1, b, e), v_.slice(1, b, e)};
-  }
-  void AccumulateGrad(int64_t b, const at::Tensor& dk, const at::Tensor& dv) override {
-    dk_.slice(1, b, b + dk.size(1)).add_(dk);
-    dv_.slice(1, b, b + dv.size(1)).add_(dv);
-  }
-  at::Tensor dk_, dv_;
-  int reads_ = 0;
-
- private:
-  at::Tensor k_, v_;
-};
+using kernels::TensorPast;
 
 struct AttentionErrors {
   double out = 0, dq = 0, dk = 0, dv = 0, dk_past = 0, dv_past = 0;
@@ -84,8 +62,8 @@ inline AttentionErrors CheckPagedAttention(at::Device device, at::ScalarType dty
   e.dk = RelErr(ck.grad(), rk.grad().slice(0, S));
   e.dv = RelErr(cv.grad(), rv.grad().slice(0, S));
   if (S > 0) {
-    e.dk_past = RelErr(past->dk_.permute({1, 0, 2}), rk.grad().slice(0, 0, S));
-    e.dv_past = RelErr(past->dv_.permute({1, 0, 2}), rv.grad().slice(0, 0, S));
+    e.dk_past = RelErr(past->dk.permute({1, 0, 2}), rk.grad().slice(0, 0, S));
+    e.dv_past = RelErr(past->dv.permute({1, 0, 2}), rv.grad().slice(0, 0, S));
   }
   return e;
 }

@@ -271,7 +271,8 @@ class Env:
 
     def start_daemon(self):
         env = dict(self.env, OOMB_DATA_HOME=self.data_dir, OOMB_SERVER__LISTEN="127.0.0.1:0",
-                   OOMB_METRICS__LISTEN="127.0.0.1:0")
+                   OOMB_METRICS__LISTEN="127.0.0.1:0",
+                   OOMB_HTTP__LISTEN="127.0.0.1:0")
         os.makedirs(self.data_dir, mode=0o700)
         self.log = open(os.path.join(self.tmp, "oombd.log"), "w")
         self.daemon = subprocess.Popen([self.oombd, "serve"], stdout=self.log, stderr=subprocess.STDOUT, env=env,
@@ -631,6 +632,20 @@ def check_events(env, c, p):
     return f"{len(p.stdout.strip().splitlines())} events"
 
 
+def check_datasets(env, c, p):
+    name = p.stdout.strip()
+    if not re.fullmatch(r"projects/[a-z0-9-]+/datasets/ds-[0-9a-f]{12}", name):
+        fail(f"printed no dataset name:\n{tail(p.stdout)}")
+    return name
+
+
+def check_download(env, c, p):
+    d = p.stdout.strip()
+    if not os.path.isfile(os.path.join(d, "adapter_model.safetensors")):
+        fail(f"no adapter_model.safetensors in the directory printed:\n{tail(p.stdout)}")
+    return f"{d} holds the adapter"
+
+
 def check_checkpoints(env, c, p):
     if env._job[1] not in p.stdout or "PeftModel" not in p.stdout:
         fail(f"neither the final checkpoint {env._job[1]} nor its loading code:\n{tail(p.stdout)}")
@@ -756,6 +771,8 @@ CHECKS = {
     ("oomb", "get"): check_get,
     ("oomb", "events"): check_events,
     ("oomb", "checkpoints"): check_checkpoints,
+    ("oomb", "datasets"): check_datasets,
+    ("oomb", "download"): check_download,
     ("oomb", "estimate"): check_estimate,
     ("oombd", "run"): check_run,
     ("oombd", "model inspect"): check_inspect,

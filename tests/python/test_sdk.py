@@ -102,7 +102,7 @@ class Daemon:
         if os.path.exists(port_file):
             os.remove(port_file)
         args = [self.oombd, "serve", "--data-dir", self.dir, "--listen", f"127.0.0.1:{self.port}",
-                "--metrics-listen", "127.0.0.1:0"] + self.extra
+                "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"] + self.extra
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

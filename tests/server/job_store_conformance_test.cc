@@ -418,6 +418,118 @@ TEST_P(JobStoreTest, ClaimTakesTheHighestPriorityThenTheOldestEligibleJobAndLeas
   EXPECT_EQ(store_->Claim(Request(""), Start()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Quotas: a claim passes over the jobs of a project at its device or device-hour quota and takes
+// the next eligible job; usage (devices held, device-seconds in the last 24 h, jobs waiting) is
+// accounted per project, and a reaped job's devices count until its lease ended, not until the
+// reap.
+TEST_P(JobStoreTest, QuotasHoldBackAProjectsJobsAndUsageIsCountedPerProject) {
+  const auto add = [&](const std::string& project, const std::string& id, int priority, int gpus) {
+    v1::Job j = NewJob(id, v1::Job::QUEUED, priority, "", gpus);
+    j.set_name("projects/" + project + "/jobs/" + id);
+    ASSERT_TRUE(store_->Create(j, "", {StateEvent(v1::Job::QUEUED)}).ok());
+  };
+  add("nlp", "n-two", 9, 2);
+  add("nlp", "n-one", 8, 1);
+  add("vision", "v-one", 0, 1);
+  add("nlp", "n-later", 7, 1);
+  const std::map<std::string, int32_t> four = {{"", 4}, {"auto", 4}, {"cpu", 4}};
+  ClaimRequest request = Request("daemon-a", absl::Seconds(30), four);
+  request.quotas["nlp"] = ProjectQuota{.max_devices = 2, .max_device_seconds_per_day = 0};
+  request.quotas["idle"] = ProjectQuota{.max_devices = 1, .max_device_seconds_per_day = 1};
+  const auto claim = [&](const ClaimRequest& r) -> std::string {
+    absl::StatusOr<std::optional<ClaimResult>> c = store_->Claim(r, Start());
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() && c->has_value() ? (*c)->update.job.name() : "";
+  };
+  EXPECT_EQ(claim(request), "projects/nlp/jobs/n-two");
+  // nlp holds 2 of its 2 devices: its other jobs wait and vision's, of lower priority, starts.
+  EXPECT_EQ(claim(request), "projects/vision/jobs/v-one");
+  EXPECT_EQ(claim(request), "");
+  absl::StatusOr<std::map<std::string, ProjectUsage>> usage = store_->Usage();
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  EXPECT_EQ((*usage)["nlp"].running_devices, 2);
+  EXPECT_EQ((*usage)["nlp"].queued_jobs, 2);
+  EXPECT_EQ((*usage)["nlp"].waiting_jobs, 2);
+  EXPECT_EQ((*usage)["vision"].running_devices, 1);
+  EXPECT_EQ(usage->count("idle"), 0u);
+  // Without the quota the next nlp job would start; a quota of 3 lets one more in.
+  request.quotas["nlp"].max_devices = 3;
+  EXPECT_EQ(claim(request), "projects/nlp/jobs/n-one");
+  EXPECT_EQ(claim(request), "");
+  // n-two ends after running a while: its 2 devices stop counting as held, its time is used.
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(store_->Update("n-two", SetStateTo(v1::Job::SUCCEEDED)).ok());
+  usage = store_->Usage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ((*usage)["nlp"].running_devices, 1);
+  EXPECT_GE((*usage)["nlp"].device_seconds_per_day, 0.5);  // n-two: 2 devices x >= 0.3 s, n-one too
+  EXPECT_LT((*usage)["nlp"].device_seconds_per_day, 60);
+  // A device-hour quota spent: none of the project's jobs is taken, whatever the devices.
+  request.quotas["nlp"] = ProjectQuota{.max_devices = 0, .max_device_seconds_per_day = 0.5};
+  EXPECT_EQ(claim(request), "");
+  request.quotas["nlp"].max_device_seconds_per_day = 3600;
+  EXPECT_EQ(claim(request), "projects/nlp/jobs/n-later");
+  // Deleting a finished job does not give its device time back.
+  const double before = (*store_->Usage())["nlp"].device_seconds_per_day;
+  ASSERT_TRUE(store_->Delete("n-two", [](const v1::Job&) { return absl::OkStatus(); }).ok());
+  EXPECT_GE((*store_->Usage())["nlp"].device_seconds_per_day, before);
+  // A job whose daemon died: reaped after its lease, counted until the lease ended.
+  add("speech", "s-one", 0, 1);
+  ClaimRequest short_lease = Request("daemon-b", absl::Seconds(1), four);
+  ASSERT_EQ(claim(short_lease), "projects/speech/jobs/s-one");
+  absl::SleepFor(absl::Milliseconds(2500));
+  ASSERT_TRUE(store_->Reap(KeepOwner("daemon-a"), Recover()).ok());
+  EXPECT_EQ(store_->Get("s-one")->state(), v1::Job::QUEUED);
+  usage = store_->Usage();
+  EXPECT_EQ((*usage)["speech"].running_devices, 0);
+  EXPECT_GT((*usage)["speech"].device_seconds_per_day, 0.8);
+  EXPECT_LT((*usage)["speech"].device_seconds_per_day, 2.0);  // the lease's second, not the 2.5 s to the reap
+}
+
+// Dataset records: created once (a retry with the same content returns the record, other
+// content is ALREADY_EXISTS), bounded by the project's storage quota, listed newest first by
+// project with stable pages, deleted.
+TEST_P(JobStoreTest, DatasetRecordsAreUniqueBoundedByStorageAndListedByProject) {
+  const auto dataset = [](const std::string& project, const std::string& id, int64_t bytes, const std::string& sha) {
+    v1::Dataset d;
+    d.set_name("projects/" + project + "/datasets/" + id);
+    d.set_size_bytes(bytes);
+    d.set_sha256(sha);
+    return d;
+  };
+  bool created = false;
+  ASSERT_TRUE(store_->CreateDataset(dataset("nlp", "a", 100, "aa"), 250, &created).ok());
+  EXPECT_TRUE(created);
+  absl::StatusOr<v1::Dataset> again = store_->CreateDataset(dataset("nlp", "a", 100, "aa"), 250, &created);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(created);
+  EXPECT_EQ(store_->CreateDataset(dataset("nlp", "a", 100, "bb"), 250, &created).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(store_->CreateDataset(dataset("nlp", "b", 150, "cc"), 250, &created).ok());
+  const absl::StatusOr<v1::Dataset> over = store_->CreateDataset(dataset("nlp", "c", 1, "dd"), 250, &created);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("max_storage_bytes (250"));
+  ASSERT_TRUE(store_->CreateDataset(dataset("vision", "a", 1000, "ee"), 0, &created).ok());
+  EXPECT_EQ(*store_->DatasetBytes("nlp"), 250);
+  EXPECT_EQ(*store_->DatasetBytes("speech"), 0);
+  EXPECT_EQ(store_->GetDataset("projects/vision/datasets/a")->size_bytes(), 1000);
+  EXPECT_EQ(store_->GetDataset("projects/speech/datasets/a").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<DatasetPage> page = store_->ListDatasets({"nlp"}, 1, 0);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->datasets.size(), 1u);
+  EXPECT_EQ(page->datasets[0].name(), "projects/nlp/datasets/b");
+  ASSERT_GT(page->next_position, 0);
+  page = store_->ListDatasets({"nlp"}, 1, page->next_position);
+  ASSERT_EQ(page->datasets.size(), 1u);
+  EXPECT_EQ(page->datasets[0].name(), "projects/nlp/datasets/a");
+  EXPECT_EQ(page->next_position, 0);
+  EXPECT_EQ(store_->ListDatasets({}, 10, 0)->datasets.size(), 3u);
+  ASSERT_TRUE(store_->DeleteDataset("projects/nlp/datasets/b").ok());
+  EXPECT_EQ(store_->DeleteDataset("projects/nlp/datasets/b").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*store_->DatasetBytes("nlp"), 100);
+  EXPECT_TRUE(store_->CreateDataset(dataset("nlp", "c", 150, "dd"), 250, &created).ok());
+}
+
 TEST_P(JobStoreTest, TheOwnerStaysWhileLeasedAndGoesWhenTheJobLeavesTheLeasedStates) {
   Add("o");
   ASSERT_TRUE(store_->Claim(Request("daemon-a"), Start())->has_value());

@@ -166,7 +166,8 @@ void CollectTargets(const json& panels, std::vector<Target>* out) {
 std::string Substitute(std::string expr) {
   static const std::vector<std::pair<std::string, std::string>> kVars = {
       {"$__rate_interval", "5s"}, {"$__interval", "5s"}, {"$__range", "5m"}, {"${instance}", ".*"},
-      {"$instance", ".*"},        {"${slot}", ".*"},     {"$slot", ".*"}};
+      {"$instance", ".*"},        {"${slot}", ".*"},     {"$slot", ".*"},    {"${project}", ".*"},
+      {"$project", ".*"}};
   for (const auto& [var, value] : kVars) {
     for (size_t at; (at = expr.find(var)) != std::string::npos;) expr.replace(at, var.size(), value);
   }
@@ -261,7 +262,12 @@ class MetricsIntegrationTest : public ::testing::Test {
 
 TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbers) {
   const fs::path dir = tmp_->path();
-  daemon_ = std::make_unique<Daemon>(dir / "data", DaemonOptions());
+  // A projects file with quotas on the default project, for the Projects row.
+  WriteFile(dir / "projects.yaml",
+            "projects:\n  default: {max_running_devices: 4, max_device_hours_per_day: 100, max_queued_jobs: 100}\n");
+  DaemonOptions options;
+  options.extra = {"--set", "tenancy.projects_file=" + (dir / "projects.yaml").string()};
+  daemon_ = std::make_unique<Daemon>(dir / "data", options);
   ASSERT_GT(daemon_->port(), 0) << daemon_->log();
   ASSERT_GT(daemon_->metrics_port(), 0) << daemon_->log();
   EXPECT_THAT(daemon_->log(), ::testing::HasSubstr("oombd: metrics on http://127.0.0.1:"));
@@ -491,8 +497,8 @@ TEST(GrafanaProvisioningTest, DatasourceAndDashboardProvidersAreWellFormed) {
     EXPECT_EQ(p["datasource"]["uid"], "${datasource}") << p["title"];
     for (const json& t : p["targets"]) EXPECT_EQ(t["datasource"]["uid"], "${datasource}") << p["title"];
   }
-  EXPECT_THAT(rows, ::testing::ElementsAre("Fleet and queue", "Job progress", "Long-context evaluation", "GPU memory",
-                                           "PCIe and offload", "Service health"));
+  EXPECT_THAT(rows, ::testing::ElementsAre("Fleet and queue", "Projects", "Job progress", "Long-context evaluation",
+                                           "GPU memory", "PCIe and offload", "Service health"));
   EXPECT_EQ(d["templating"]["list"][0]["type"], "datasource");
   EXPECT_EQ(d["templating"]["list"][0]["query"], "prometheus");
 }

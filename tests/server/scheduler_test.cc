@@ -9,6 +9,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -63,7 +64,7 @@ struct ScriptedRunner {
     for (int s = 1; s <= steps; ++s) {
       const StopRequest stop = o.poll_stop();
       if (stop == StopRequest::kCancel) return RunResult{.outcome = RunOutcome::kCancelled, .final_checkpoint = {}};
-      if (stop == StopRequest::kPause && !ignore_pause) {
+      if ((stop == StopRequest::kPause && !ignore_pause) || stop == StopRequest::kPauseAtStepEnd) {
         o.on_checkpoint(
             CheckpointInfo{.step = s - 1, .path = o.checkpoint_dir->PathOf("pause"), .bytes = 1, .final = false});
         return RunResult{.outcome = RunOutcome::kPaused, .final_checkpoint = {}};
@@ -98,12 +99,14 @@ class SchedulerTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  void StartScheduler(bool hold = false, std::vector<std::string> devices = {"cpu"}) {
+  void StartScheduler(bool hold = false, std::vector<std::string> devices = {"cpu"},
+                      const std::function<void(SchedulerOptions*)>& tweak = nullptr) {
     SchedulerOptions o;
     o.files = std::make_shared<const JobFiles>(JobFiles::Unconfined(dir_.string()));
     o.devices = std::move(devices);
     o.runner = [this](const JobConfig& s, const RunOptions& r) { return runner_(s, r); };
     o.hold = hold;
+    if (tweak) tweak(&o);
     scheduler_ = std::make_unique<Scheduler>(store_.get(), &hub_, o);
     ASSERT_TRUE(scheduler_->Start().ok());
   }
@@ -207,7 +210,7 @@ TEST_F(SchedulerTest, QueueOrderAndTransitions) {
   ASSERT_TRUE(scheduler_->Submit(spec_, "low", "").ok());
   ASSERT_TRUE(scheduler_->Submit(high, "high", "").ok());
   v1::Job low = *store_->Get("low");
-  scheduler_->FillQueuePosition(&low);
+  scheduler_->FillQueueState(&low);
   EXPECT_EQ(low.queue_position(), 2);
   // Illegal transitions are FAILED_PRECONDITION naming the state.
   EXPECT_EQ(scheduler_->Resume("low").status().code(), absl::StatusCode::kFailedPrecondition);
@@ -313,6 +316,138 @@ TEST_F(SchedulerTest, DrainLeavesRunningJobQueuedAndRestartRecovers) {
   bool saw_recovering = false;
   for (const v1::JobEvent& e : Events("d")) saw_recovering |= e.state() == v1::Job::RECOVERING;
   EXPECT_TRUE(saw_recovering);
+}
+
+// Preemption (scheduler.h): a waiting job of higher priority takes the device of the running job
+// of lower priority, which finishes its step, checkpoints it and is requeued to resume; a job of
+// another project does not preempt unless the scope is every project; nobody is preempted within
+// the minimum run time.
+class PreemptionTest : public SchedulerTest {
+ protected:
+  void Start(PreemptionScope scope, absl::Duration min_run) {
+    runner_.steps = 100000;
+    runner_.step_delay_ms = 5;
+    StartScheduler(/*hold=*/false, {"cpu"}, [&](SchedulerOptions* o) {
+      o->preemption = scope;
+      o->preemption_min_run = min_run;
+      o->heartbeat = absl::Milliseconds(100);
+      o->lease = absl::Seconds(2);
+    });
+  }
+  absl::StatusOr<v1::Job> Submit(const std::string& id, int priority, const std::string& project = "default") {
+    v1::JobSpec s = spec_;
+    s.mutable_resources()->set_priority(priority);
+    SubmitOptions o;
+    o.project = project;
+    o.creator = "user-" + id;
+    return scheduler_->Submit(s, id, "", nullptr, o);
+  }
+  bool Said(const std::string& id, const std::string& text) {
+    for (const v1::JobEvent& e : Events(id)) {
+      if (e.message().find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+};
+
+TEST_F(PreemptionTest, AHigherPriorityJobPreemptsTheRunningOneWhichResumesAfterIt) {
+  Start(PreemptionScope::kProject, absl::ZeroDuration());
+  ASSERT_TRUE(Submit("low", 0).ok());
+  WaitFor("low", v1::Job::RUNNING);
+  ASSERT_TRUE(Submit("high", 5).ok());
+  WaitFor("high", v1::Job::RUNNING);
+  const v1::Job low = *store_->Get("low");
+  EXPECT_EQ(low.state(), v1::Job::QUEUED);
+  EXPECT_EQ(low.preempted_by(), "projects/default/jobs/high");
+  EXPECT_TRUE(Said("low", "preempting: projects/default/jobs/high (priority 5)"));
+  EXPECT_TRUE(Said("low", "preempted by projects/default/jobs/high; queued to resume from its checkpoint"));
+  bool by_creator = false;
+  for (const v1::JobEvent& e : Events("low")) by_creator |= e.state() == v1::Job::PAUSING && e.actor() == "user-high";
+  EXPECT_TRUE(by_creator) << "the preemption's event names the preempting job's creator";
+  ASSERT_FALSE(store_->ListCheckpoints("low")->empty()) << "the preempted job checkpointed";
+  // When high ends, low runs again from its checkpoint, no longer marked preempted.
+  ASSERT_TRUE(scheduler_->Cancel("high").ok());
+  const v1::Job again = WaitFor("low", v1::Job::RUNNING);
+  EXPECT_TRUE(again.preempted_by().empty());
+  EXPECT_EQ(again.attempt(), 2);
+  EXPECT_TRUE(runner_.last_resume);
+  ASSERT_TRUE(scheduler_->Cancel("low").ok());
+  WaitFor("low", v1::Job::CANCELLED);
+}
+
+TEST_F(PreemptionTest, TheScopeDecidesWhoseJobsMayBePreempted) {
+  Start(PreemptionScope::kProject, absl::ZeroDuration());
+  ASSERT_TRUE(Submit("theirs", 0, "vision").ok());
+  WaitFor("theirs", v1::Job::RUNNING);
+  ASSERT_TRUE(Submit("mine", 9, "nlp").ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // heartbeats come and go
+  EXPECT_EQ(store_->Get("theirs")->state(), v1::Job::RUNNING);
+  v1::Job mine = *store_->Get("mine");
+  scheduler_->FillQueueState(&mine);
+  EXPECT_EQ(mine.waiting_reason(), "next in the queue; waiting for 1 idle device");
+  ASSERT_TRUE(scheduler_->Cancel("mine").ok());
+  ASSERT_TRUE(scheduler_->Cancel("theirs").ok());
+  WaitFor("theirs", v1::Job::CANCELLED);
+  scheduler_.reset();
+  Start(PreemptionScope::kAll, absl::ZeroDuration());
+  ASSERT_TRUE(Submit("theirs-2", 0, "vision").ok());
+  WaitFor("theirs-2", v1::Job::RUNNING);
+  ASSERT_TRUE(Submit("mine-2", 9, "nlp").ok());
+  WaitFor("mine-2", v1::Job::RUNNING);
+  EXPECT_EQ(store_->Get("theirs-2")->preempted_by(), "projects/nlp/jobs/mine-2");
+  ASSERT_TRUE(scheduler_->Cancel("mine-2").ok());
+  ASSERT_TRUE(scheduler_->Cancel("theirs-2").ok());
+}
+
+TEST_F(PreemptionTest, NoJobIsPreemptedWithinTheMinimumRunTimeNorForEqualPriority) {
+  Start(PreemptionScope::kProject, absl::Milliseconds(1500));
+  ASSERT_TRUE(Submit("first", 0).ok());
+  WaitFor("first", v1::Job::RUNNING);
+  const absl::Time started = absl::Now();
+  ASSERT_TRUE(Submit("same", 0).ok());  // equal priority: waits its turn
+  ASSERT_TRUE(Submit("urgent", 3).ok());
+  WaitFor("urgent", v1::Job::RUNNING);  // after the minimum run, at a heartbeat
+  EXPECT_GE(absl::Now() - started, absl::Milliseconds(1400));
+  EXPECT_EQ(store_->Get("first")->preempted_by(), "projects/default/jobs/urgent");
+  EXPECT_EQ(store_->Get("same")->state(), v1::Job::QUEUED);
+  for (const char* id : {"urgent", "first", "same"}) ASSERT_TRUE(scheduler_->Cancel(id).ok());
+}
+
+// Quotas (projects file): a project at its max_running_devices waits with the reason, another
+// project's job takes the free device; a job asking for more than the quota is refused.
+TEST_F(SchedulerTest, AProjectAtItsDeviceQuotaWaitsAndOthersRun) {
+  const std::filesystem::path file = dir_ / "projects.yaml";
+  std::ofstream(file) << "projects:\n  nlp: {max_running_devices: 1}\n  vision: {}\n";
+  absl::StatusOr<std::shared_ptr<const ProjectRegistry>> projects = ProjectRegistry::Create(file.string());
+  ASSERT_TRUE(projects.ok()) << projects.status();
+  runner_.steps = 100000;
+  runner_.step_delay_ms = 5;
+  StartScheduler(/*hold=*/false, {"cpu", "cpu"}, [&](SchedulerOptions* o) { o->projects = *projects; });
+  const auto submit = [&](const std::string& id, const std::string& project, int gpus = 1) {
+    v1::JobSpec s = spec_;
+    s.mutable_resources()->set_gpus(gpus);
+    s.mutable_training()->set_batch_sequences(gpus);
+    SubmitOptions o;
+    o.project = project;
+    return scheduler_->Submit(s, id, "", nullptr, o);
+  };
+  ASSERT_TRUE(submit("n1", "nlp").ok());
+  WaitFor("n1", v1::Job::RUNNING);
+  ASSERT_TRUE(submit("n2", "nlp").ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  v1::Job n2 = *store_->Get("n2");
+  EXPECT_EQ(n2.state(), v1::Job::QUEUED);
+  scheduler_->FillQueueState(&n2);
+  EXPECT_EQ(n2.waiting_reason(), "project nlp uses 1/1 devices");
+  ASSERT_TRUE(submit("v1", "vision").ok());
+  WaitFor("v1", v1::Job::RUNNING);
+  const absl::StatusOr<v1::Job> two = submit("n3", "nlp", 2);
+  EXPECT_EQ(two.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(two.status().message(), HasSubstr("project nlp may hold at most 1 at once"));
+  // n1 ends: n2 takes the device (the quota released).
+  ASSERT_TRUE(scheduler_->Cancel("n1").ok());
+  WaitFor("n2", v1::Job::RUNNING);
+  for (const char* id : {"n2", "v1"}) ASSERT_TRUE(scheduler_->Cancel(id).ok());
 }
 
 TEST_F(SchedulerTest, PlacementChecksDevice) {

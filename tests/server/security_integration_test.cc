@@ -190,14 +190,14 @@ TEST_F(SecurityTest, TheDataDirIsNeverAJobsInputOrOutput) {
 // Item 4: one daemon per data dir, and a TCP port is never shared.
 TEST_F(SecurityTest, ASecondDaemonOnTheSameDataDirOrPortIsRefused) {
   StartDaemon();
-  const Result second =
-      Shell(Oombd() + " serve --data-dir " + data_dir().string() + " --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0",
-            tmp_->path());
+  const Result second = Shell(Oombd() + " serve --data-dir " + data_dir().string() +
+                                  " --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0",
+                              tmp_->path());
   EXPECT_NE(second.rc, 0);
   EXPECT_THAT(second.err, HasSubstr("another oombd (pid "));
   EXPECT_THAT(second.err, HasSubstr("is serving the data dir " + data_dir().string()));
   const Result port = Shell(Oombd() + " serve --data-dir " + (tmp_->path() / "other").string() + " --listen " + ep() +
-                                " --metrics-listen 127.0.0.1:0",
+                                " --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0",
                             tmp_->path());
   EXPECT_NE(port.rc, 0);
   EXPECT_THAT(port.err, HasSubstr("cannot listen on " + ep()));

@@ -164,9 +164,10 @@ TEST(DaemonSystemdTest, ReadyOnlyOnceServingAndStoppingWhenTheDrainBegins) {
       << "READY=1 before the port files were written: " << ports_at_ready << health_port_at_ready
       << metrics_port_at_ready;
   const std::string p = std::to_string(daemon.port()), hp = std::to_string(daemon.health_port()),
-                    mp = std::to_string(daemon.metrics_port());
-  EXPECT_EQ(Var(ready->text, "STATUS"),
-            "serving on 127.0.0.1:" + p + ", health 127.0.0.1:" + hp + ", metrics 127.0.0.1:" + mp + "; no jobs");
+                    mp = std::to_string(daemon.metrics_port()), htp = std::to_string(daemon.http_port());
+  const std::string addresses = "serving on 127.0.0.1:" + p + ", health 127.0.0.1:" + hp + ", metrics 127.0.0.1:" + mp +
+                                ", http 127.0.0.1:" + htp;
+  EXPECT_EQ(Var(ready->text, "STATUS"), addresses + "; no jobs");
   // The watchdog is pinged at half its interval.
   EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", std::chrono::seconds(10)).has_value()) << "no WATCHDOG=1";
   std::unique_ptr<grpc::health::v1::Health::Stub> health = HealthStub(daemon.health_port());
@@ -195,9 +196,7 @@ TEST(DaemonSystemdTest, ReadyOnlyOnceServingAndStoppingWhenTheDrainBegins) {
       << daemon.log();
   // STATUS= is refreshed (with each ping here) with the store's job counts.
   const std::optional<NotifySocket::Message> running =
-      notify.WaitFor("STATUS=serving on 127.0.0.1:" + p + ", health 127.0.0.1:" + hp + ", metrics 127.0.0.1:" + mp +
-                         "; jobs 1 running",
-                     std::chrono::seconds(15));
+      notify.WaitFor("STATUS=" + addresses + "; jobs 1 running", std::chrono::seconds(15));
   EXPECT_TRUE(running.has_value()) << "no STATUS= with the running job";
 
   // SIGTERM, and the health port polled until it closes.

@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 set +e
 OOMB_BUILD_DIR="$build" OOMB_DATA_HOME="$tmp/data" DEMO_WORK_DIR="$tmp/work" DEMO_STEPS=2 \
-  OOMB_SERVER__LISTEN=127.0.0.1:0 OOMB_METRICS__LISTEN=127.0.0.1:0 \
+  OOMB_SERVER__LISTEN=127.0.0.1:0 OOMB_METRICS__LISTEN=127.0.0.1:0 OOMB_HTTP__LISTEN=127.0.0.1:0 \
   bash "$root/scripts/demo.sh" >"$tmp/demo.out"
 rc=$?
 set -e

@@ -457,7 +457,8 @@ absl::StatusOr<std::pair<const FileAccess::Root*, std::vector<std::string>>> Fil
                       Reason::kPathDenied);
   }
   for (const std::string& excluded : excluded_) {
-    if (HasPrefix(real_parts, Components(excluded))) {
+    // A root granted inside an excluded subtree opens what lies beneath it (Options::roots).
+    if (HasPrefix(real_parts, Components(excluded)) && !HasPrefix(best->spellings.front(), Components(excluded))) {
       return WithReason(absl::PermissionDeniedError(absl::StrCat(path, " is inside the server's data directory (",
                                                                  excluded, "), which jobs may not use")),
                         Reason::kPathDenied);

@@ -143,7 +143,10 @@ class FileAccess {
  public:
   struct Options {
     // Absolute directories beneath which paths may be opened; each must exist. Links in a
-    // root's own path are resolved once, here (a path may be given under either spelling).
+    // root's own path are resolved once, here (a path may be given under either spelling). A
+    // root inside an excluded subtree grants what lies beneath it (the daemon's own files a
+    // job may read: an uploaded dataset, an earlier job's checkpoint); the rest of the subtree
+    // stays excluded.
     std::vector<std::string> roots;
     // Absolute directories whose contents are never opened, even beneath a root.
     std::vector<std::string> excluded;

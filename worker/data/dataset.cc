@@ -300,7 +300,8 @@ absl::StatusOr<Document> ParseInputIds(const json& j, LazyTokenizer& lazy, int64
   return d;
 }
 
-absl::StatusOr<Document> ParseLine(const json& j, LazyTokenizer& lazy, int64_t vocab_size, const LineError& err) {
+// Which of the formats a line's object is in (one, and only one).
+absl::StatusOr<RecordKind> FormatOf(const json& j, const LineError& err) {
   if (!j.is_object()) return err(absl::StrCat("expected a JSON object, got ", j.type_name()));
   int formats = 0;
   for (const char* key : {"text", "messages", "input_ids"}) formats += j.contains(key) ? 1 : 0;
@@ -308,20 +309,65 @@ absl::StatusOr<Document> ParseLine(const json& j, LazyTokenizer& lazy, int64_t v
   if (formats > 1) {
     return err("more than one sample format: use one of 'text', 'prompt'/'completion', 'messages', 'input_ids'");
   }
+  if (j.contains("text")) return RecordKind::kText;
+  if (j.contains("prompt") || j.contains("completion")) return RecordKind::kPromptCompletion;
+  if (j.contains("messages")) return RecordKind::kMessages;
+  if (j.contains("input_ids")) return RecordKind::kInputIds;
+  return err("no known field: expected 'text', 'prompt'/'completion', 'messages' or 'input_ids'");
+}
+
+absl::StatusOr<Document> ParseLine(const json& j, LazyTokenizer& lazy, int64_t vocab_size, const LineError& err) {
+  OOMB_ASSIGN_OR_RETURN(const RecordKind kind, FormatOf(j, err));
   absl::StatusOr<Document> d;
-  if (j.contains("text")) {
-    d = ParseText(j, lazy, err);
-  } else if (j.contains("prompt") || j.contains("completion")) {
-    d = ParsePromptCompletion(j, lazy, err);
-  } else if (j.contains("messages")) {
-    d = ParseMessages(j, lazy, err);
-  } else if (j.contains("input_ids")) {
-    d = ParseInputIds(j, lazy, vocab_size, err);
-  } else {
-    return err("no known field: expected 'text', 'prompt'/'completion', 'messages' or 'input_ids'");
+  switch (kind) {
+    case RecordKind::kText:
+      d = ParseText(j, lazy, err);
+      break;
+    case RecordKind::kPromptCompletion:
+      d = ParsePromptCompletion(j, lazy, err);
+      break;
+    case RecordKind::kMessages:
+      d = ParseMessages(j, lazy, err);
+      break;
+    case RecordKind::kInputIds:
+      d = ParseInputIds(j, lazy, vocab_size, err);
+      break;
   }
   if (d.ok() && d->ids.empty()) return err("empty sample (no tokens)");
   return d;
+}
+
+// A line's shape as ParseLine would read it, without a tokenizer: the fields' types, ids
+// non-negative, labels as many as the ids.
+absl::StatusOr<RecordKind> CheckLine(const json& j, const LineError& err) {
+  OOMB_ASSIGN_OR_RETURN(const RecordKind kind, FormatOf(j, err));
+  switch (kind) {
+    case RecordKind::kText:
+      OOMB_RETURN_IF_ERROR(StringField(j, "text", err).status());
+      break;
+    case RecordKind::kPromptCompletion:
+      if (!j.contains("prompt") || !j.contains("completion")) return err("'prompt' and 'completion' go together");
+      OOMB_RETURN_IF_ERROR(StringField(j, "prompt", err).status());
+      OOMB_RETURN_IF_ERROR(StringField(j, "completion", err).status());
+      break;
+    case RecordKind::kMessages:
+      OOMB_RETURN_IF_ERROR(ParseMessageList(j["messages"], err).status());
+      break;
+    case RecordKind::kInputIds: {
+      const json& ids = j["input_ids"];
+      if (!ids.is_array() || ids.empty()) return err("field 'input_ids': expected a non-empty array of token ids");
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (!ids[i].is_number_integer() || (!ids[i].is_number_unsigned() && ids[i].get<int64_t>() < 0)) {
+          return err(absl::StrCat("input_ids[", i, "]: expected a token id (an integer >= 0), got ", ids[i].dump()));
+        }
+      }
+      if (j.contains("labels")) {
+        OOMB_RETURN_IF_ERROR(ParseLabels(j["labels"], ids.size(), INT64_MAX, err).status());
+      }
+      break;
+    }
+  }
+  return kind;
 }
 
 // The fast path for pre-tokenized lines, where parsing is the whole cost: simdjson parses a
@@ -452,6 +498,56 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
         Reason::kBadData);
   }
   return docs;
+}
+
+absl::StatusOr<RecordCounts> CheckJsonlRecords(const File& file, const std::string& field,
+                                               const std::string& shown_path) {
+  const DatasetOptions options{.field = field};
+  const size_t max_line_bytes = MaxLineBytes(int64_t{1} << 31);
+  LineReader in(file, max_line_bytes);
+  RecordCounts counts;
+  std::string line;
+  int64_t line_no = 1;
+  for (; in.Next(&line); ++line_no) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    const LineError err(options, shown_path, line_no);
+    size_t bad = 0;
+    if (!ValidUtf8(line, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      return err(absl::StrCat("invalid JSON: ", e.what()));
+    }
+    OOMB_ASSIGN_OR_RETURN(const RecordKind kind, CheckLine(j, err));
+    ++counts.by_kind[static_cast<size_t>(kind)];
+    ++counts.records;
+  }
+  if (!in.status().ok()) return Annotate(in.status(), field);
+  if (in.too_long()) {
+    return LineError(options, shown_path, line_no)(
+        absl::StrCat("the line is longer than ", max_line_bytes, " bytes; split long texts into samples"));
+  }
+  if (counts.records == 0) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(field, ": ", shown_path, ": no samples")),
+                      Reason::kBadData);
+  }
+  return counts;
+}
+
+std::string_view RecordKindName(RecordKind kind) {
+  switch (kind) {
+    case RecordKind::kText:
+      return "text";
+    case RecordKind::kPromptCompletion:
+      return "prompt_completion";
+    case RecordKind::kMessages:
+      return "messages";
+    case RecordKind::kInputIds:
+      return "input_ids";
+  }
+  return "";
 }
 
 std::vector<TokenSequence> PackDocuments(const std::vector<Document>& docs, int64_t max_seq_len, bool packing,

@@ -28,11 +28,13 @@
 #ifndef OOMB_WORKER_DATA_DATASET_H_
 #define OOMB_WORKER_DATA_DATASET_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -126,6 +128,26 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
 absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const Tokenizer& tokenizer,
                                                        const ChatTemplate* chat, const DatasetOptions& options,
                                                        DatasetStats* stats);
+
+// The formats of a line (see the file comment).
+enum class RecordKind { kText, kPromptCompletion, kMessages, kInputIds };
+inline constexpr size_t kRecordKinds = 4;
+// "text", "prompt_completion", "messages", "input_ids".
+std::string_view RecordKindName(RecordKind kind);
+
+struct RecordCounts {
+  int64_t records = 0;                             // lines that are not blank
+  std::array<int64_t, kRecordKinds> by_kind = {};  // indexed by RecordKind
+};
+
+// Checks every line of `file` as ReadJsonlDataset reads it, short of tokenizing: valid UTF-8,
+// JSON, one object of one format whose fields have the right types ("input_ids" integers >= 0,
+// "labels" as many, each -100 or >= 0); an uploaded dataset's check, before any model is known.
+// Errors as ReadJsonlDataset's, naming `field`, `shown_path` (the file as its owner knows it; an
+// upload's temporary file has another name) and the line; lines of any length up to
+// MaxLineBytes of the longest context (256 MiB).
+absl::StatusOr<RecordCounts> CheckJsonlRecords(const File& file, const std::string& field,
+                                               const std::string& shown_path);
 
 // Orders the documents (a seeded shuffle unless shuffle_seed < 0) and forms sequences of at
 // most max_seq_len tokens: with packing, consecutive documents share a sequence (positions

@@ -193,7 +193,7 @@ class Run final : public StepSync {
   bool EvaluationDue() const;
   absl::StatusOr<EvalReport> Evaluate();
   absl::Status Resume();
-  bool PollStop();
+  bool PollStop(bool step_end);
   void Warn(const std::string& msg) {
     if (lead() && options_.on_warning) options_.on_warning(msg);
   }
@@ -238,6 +238,7 @@ class Run final : public StepSync {
   std::optional<MetricsLog> metrics_;  // rank 0
   TrainerState state_;
   StopRequest stop_ = StopRequest::kNone;
+  bool pause_at_step_end_ = false;  // kPauseAtStepEnd was asked: stop_ becomes kPause at the step's end
 };
 
 // Data parallel: every rank learns, at the same point of the run, whether any rank failed or
@@ -306,23 +307,15 @@ absl::Status Run::LoadModel() {
       rope = *trained;
     }
   }
-  const at::ScalarType dtype = spec_.model.dtype == ModelDtype::kFloat32 ? at::kFloat : at::kBFloat16;
-  absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::Load(*model_dir_, dtype, device_, rope);
+  absl::StatusOr<std::unique_ptr<Transformer>> model =
+      Transformer::Load(*model_dir_, ModelScalarType(spec_), device_, rope);
   if (!model.ok()) return ModelError(model.status());
   model_ = *std::move(model);
-  if (spec_.method.type == TrainMethod::kFull) {
-    model_->EnableFullFineTuning();
-    return absl::OkStatus();
-  }
   if (evaluate) {
     return adapter.has_value() ? Annotate(model_->LoadAdapter(*adapter), "method.lora.init_adapter") : absl::OkStatus();
   }
-  LoraOptions lora;
-  lora.rank = spec_.method.lora.rank;
-  lora.alpha = spec_.method.lora.alpha;
-  lora.dropout = spec_.method.lora.dropout;
-  lora.target_modules = spec_.method.lora.target_modules;
-  OOMB_RETURN_IF_ERROR(model_->AddLora(lora, static_cast<uint64_t>(spec_.training.seed)));
+  OOMB_RETURN_IF_ERROR(PrepareTraining(*model_, spec_));
+  if (spec_.method.type == TrainMethod::kFull) return absl::OkStatus();
   if (!adapter.has_value()) return absl::OkStatus();
   return Annotate(model_->LoadLoraWeights(*adapter), "method.lora.init_adapter");
 }
@@ -334,7 +327,7 @@ absl::Status Run::MakeSession(int64_t longest) {
   o.longest_sequence = longest;
   o.kv_stats = options_.kv_stats;
   o.kv_stats_slot = options_.devices.empty() ? device_.str() : options_.devices[rank_.index];
-  o.should_stop = [this] { return PollStop(); };
+  o.should_stop = [this] { return PollStop(/*step_end=*/false); };
   o.sync = this;
   o.oom_at_step = OomFailpointStep(spec_);
   OOMB_ASSIGN_OR_RETURN(session_, TrainingSession::Create(model_.get(), spec_, std::move(o)));
@@ -443,10 +436,17 @@ absl::Status Run::Resume() {
 }
 
 // Rank 0 asks poll_stop and passes the answer on to the other ranks (Rank::stop); the ranks act
-// on it together (Agree).
-bool Run::PollStop() {
+// on it together (Agree). A pause at the step's end is held until `step_end`.
+bool Run::PollStop(bool step_end) {
   if (stop_ == StopRequest::kNone) {
-    if (lead() && options_.poll_stop) stop_ = options_.poll_stop();
+    if (lead() && options_.poll_stop) {
+      StopRequest asked = options_.poll_stop();
+      if (asked == StopRequest::kPauseAtStepEnd) {
+        pause_at_step_end_ = true;
+        asked = StopRequest::kNone;
+      }
+      stop_ = asked == StopRequest::kNone && step_end && pause_at_step_end_ ? StopRequest::kPause : asked;
+    }
     if (rank_.stop != nullptr) {
       if (lead() && stop_ != StopRequest::kNone) rank_.stop->store(static_cast<int>(stop_));
       if (!lead()) stop_ = static_cast<StopRequest>(rank_.stop->load());
@@ -537,7 +537,7 @@ absl::StatusOr<RunResult> Run::Train() {
     if (lead()) {
       reported = Report(*report, lr, std::chrono::duration<double>(Clock::now() - start).count(), first_step, &result);
     }
-    if (!last) PollStop();
+    if (!last) PollStop(/*step_end=*/true);
     OOMB_RETURN_IF_ERROR(Agree(reported, nullptr));
     if (!last && stop_ != StopRequest::kNone) return Stopped();
   }

@@ -8,7 +8,8 @@
 //   - Progress goes out through `on_step` after every optimizer step; every checkpoint written
 //     (atomically, checksummed) is announced through `on_checkpoint` after it is durable.
 //   - `poll_stop` is called at every chunk boundary; when it returns kCancel the run returns
-//     kCancelled promptly; kPause writes a checkpoint first and returns kPaused.
+//     kCancelled promptly; kPause writes a checkpoint first and returns kPaused; kPauseAtStepEnd
+//     (a preemption) finishes the current step, writes its checkpoint and returns kPaused.
 //   - With `resume` set, training continues from the newest valid checkpoint under
 //     `checkpoint_dir` (torn or corrupt ones are skipped) and the loss sequence continues
 //     exactly as an uninterrupted run would.
@@ -52,7 +53,7 @@ struct CheckpointInfo {
   double seconds = 0;  // writing it, fsyncs included
 };
 
-enum class StopRequest { kNone, kCancel, kPause };
+enum class StopRequest { kNone, kCancel, kPause, kPauseAtStepEnd };
 
 struct RunOptions {
   // Where the job's inputs are opened (model directory, datasets): the daemon's confinement

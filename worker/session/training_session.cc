@@ -81,6 +81,24 @@ void KeepPeak(const TrainerMemory& m, TrainerMemory* peak) {
 
 }  // namespace
 
+at::ScalarType ModelScalarType(const JobConfig& spec) {
+  return spec.model.dtype == ModelDtype::kFloat32 ? at::kFloat : at::kBFloat16;
+}
+
+absl::Status PrepareTraining(Transformer& model, const JobConfig& spec) {
+  if (spec.method.type == TrainMethod::kFull) {
+    model.EnableFullFineTuning();
+    return absl::OkStatus();
+  }
+  if (spec.method.type == TrainMethod::kEvaluate) return absl::OkStatus();
+  LoraOptions lora;
+  lora.rank = spec.method.lora.rank;
+  lora.alpha = spec.method.lora.alpha;
+  lora.dropout = spec.method.lora.dropout;
+  lora.target_modules = spec.method.lora.target_modules;
+  return model.AddLora(lora, static_cast<uint64_t>(spec.training.seed));
+}
+
 TrainingSession::TrainingSession(Transformer* model, const JobConfig& spec, SessionOptions options)
     : model_(model), spec_(spec), options_(std::move(options)), sync_(options_.sync ? options_.sync : &one_device_) {}
 

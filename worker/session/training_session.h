@@ -49,6 +49,14 @@ class StepSync {
   virtual bool stopping() const { return false; }
 };
 
+// The dtype a job's model is loaded in (model.dtype).
+at::ScalarType ModelScalarType(const JobConfig& spec);
+
+// What `spec` trains in `model`: every base weight (method.type full), or LoRA adapters as
+// method.lora sets them, initialised like PEFT from training.seed (lora; evaluate: nothing).
+// An adapter to start from (method.lora.init_adapter) is the caller's to load.
+absl::Status PrepareTraining(Transformer& model, const JobConfig& spec);
+
 struct SessionOptions {
   at::Device device = at::kCPU;
   // The machine the memory plan places the pages on: the device's and the host's memory

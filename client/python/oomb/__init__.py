@@ -7,7 +7,8 @@
         for event in job.events():                     # follows the job; reconnects by itself
             print(event.sequence, event.progress.step, event.progress.loss)
         job.wait()                                     # raises oomb.JobFailed / oomb.JobCancelled
-        print(job.checkpoints()[-1].load_code)
+        job.download("./adapter")                      # the final checkpoint, resumable
+        data = client.datasets.upload("train.jsonl")   # then a spec names data.train: datasets/{id}
 
 The API is proto/oomb/v1/jobs.proto; its generated modules are oomb.v1.jobs_pb2 and friends.
 """
@@ -34,6 +35,7 @@ from oomb._job import TERMINAL_STATES, Checkpoint, JobState
 from oomb._names import job_id, job_name, project_name
 from oomb._retry import RetryPolicy
 from oomb._spec import SpecLike, load_spec
+from oomb._transfer import Dataset, Datasets, dataset_name
 from oomb.aio import AsyncClient, AsyncJob, AsyncJobs
 
 try:
@@ -45,7 +47,8 @@ except PackageNotFoundError:  # pragma: no cover - imported from a source tree
 
 __all__ = [
     "Client", "Jobs", "Job", "AsyncClient", "AsyncJobs", "AsyncJob", "JobState", "TERMINAL_STATES", "Checkpoint",
-    "Caller", "RetryPolicy", "SpecLike", "load_spec", "job_name", "job_id", "project_name",
+    "Caller", "RetryPolicy", "SpecLike", "load_spec", "job_name", "job_id", "project_name", "Dataset", "Datasets",
+    "dataset_name",
     "OombError", "InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied", "Unauthenticated",
     "ResourceExhausted", "FailedPrecondition", "Unavailable", "DeadlineExceeded", "Cancelled", "Internal",
     "WaitTimeout", "JobFailed", "JobCancelled", "__version__",

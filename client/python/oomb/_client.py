@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
-from typing import Any, Callable, Generator, Iterable, Iterator, List, Mapping, Optional, TypeVar
+from pathlib import Path
+from typing import Any, Callable, Generator, Iterable, Iterator, List, Mapping, Optional, TypeVar, Union
 
 import grpc
 
@@ -15,6 +17,7 @@ from oomb._names import job_name, parent
 from oomb._requests import StateLike, create_request, estimate_request, list_request, update_request
 from oomb._retry import CREATE, IDEMPOTENT, RetryPolicy, call_with_retry
 from oomb._spec import SpecLike
+from oomb._transfer import Datasets, download_checkpoint
 from oomb._watch import ENDED_EARLY, Watch, drop_reason
 from oomb.v1 import health_pb2, health_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
@@ -91,6 +94,11 @@ class Job(_JobBase):
         """The job's checkpoints still on disk, oldest first."""
         return self._jobs.checkpoints(self.name)
 
+    def download(self, directory: Union[str, os.PathLike], step: Optional[int] = None) -> Path:
+        """Downloads the job's final checkpoint (or that of `step`) into `directory`; see
+        Jobs.download."""
+        return self._jobs.download(self.name, directory, step)
+
     def cancel(self) -> "Job":
         """Cancels the job; returns self, updated (CANCELLING or CANCELLED)."""
         self._update(self._jobs.cancel(self.name).proto)
@@ -106,9 +114,9 @@ class Job(_JobBase):
         self._update(self._jobs.resume(self.name).proto)
         return self
 
-    def delete(self) -> None:
-        """Deletes the finished job (its checkpoint files stay)."""
-        self._jobs.delete(self.name)
+    def delete(self, purge: bool = False) -> None:
+        """Deletes the finished job (its checkpoint files stay, unless `purge`)."""
+        self._jobs.delete(self.name, purge=purge)
 
     def update(self, labels: Optional[Mapping[str, str]] = None, priority: Optional[int] = None,
                display_name: Optional[str] = None) -> "Job":
@@ -221,9 +229,10 @@ class Jobs:
         return self._mutate("ResumeJob", jobs_pb2.ResumeJobRequest(name=self._name(name_or_id)), timeout,
                             _SETTLED_RESUME)
 
-    def delete(self, name_or_id: str, timeout: Optional[float] = None) -> None:
-        """Deletes a SUCCEEDED, FAILED or CANCELLED job (DeleteJob); its checkpoint files stay."""
-        request = jobs_pb2.DeleteJobRequest(name=self._name(name_or_id))
+    def delete(self, name_or_id: str, purge: bool = False, timeout: Optional[float] = None) -> None:
+        """Deletes a SUCCEEDED, FAILED or CANCELLED job (DeleteJob); its checkpoint files stay
+        unless `purge` (the server's storage.retention_days removes them later otherwise)."""
+        request = jobs_pb2.DeleteJobRequest(name=self._name(name_or_id), purge=purge)
 
         def attempt(n: int) -> None:
             try:
@@ -263,7 +272,21 @@ class Jobs:
         """The job's checkpoints still on disk, oldest first (ListCheckpoints)."""
         response = self._client._unary("ListCheckpoints",
                                        jobs_pb2.ListCheckpointsRequest(name=self._name(name_or_id)), timeout)
-        return [Checkpoint.from_proto(c) for c in response.checkpoints]
+        client = self._client
+        return [Checkpoint.from_proto(c, lambda d, n=c.name: download_checkpoint(client, n, d))
+                for c in response.checkpoints]
+
+    def download(self, name_or_id: str, directory: Union[str, os.PathLike], step: Optional[int] = None) -> Path:
+        """Downloads a job's final checkpoint, or that of `step`, into `directory` (created); a
+        download cut off there before (or by a server restart) resumes. Each file's CRC-32 is
+        checked against the checkpoint's manifest. Returns the directory, which
+        `PeftModel.from_pretrained` (an adapter) or `from_pretrained` (a full fine-tune) loads.
+
+        Raises:
+          NotFound: no such job, or no such checkpoint on the server's disk.
+        """
+        name = f"{self._name(name_or_id)}/checkpoints/{'final' if step is None else step}"
+        return download_checkpoint(self._client, name, directory)
 
     def wait(self, name_or_id: str, timeout: Optional[float] = None, poll: float = DEFAULT_POLL,
              raise_on_failure: bool = True) -> Job:
@@ -339,7 +362,8 @@ class Client:
         --project), else none: the server's default (the caller's only project; for lists and
         ids, every project the caller may act in). "" sets none whatever $OOMB_PROJECT says.
 
-    Use it as a context manager, or call close(). `client.jobs` has the job calls; `stub` and
+    Use it as a context manager, or call close(). `client.jobs` has the job calls,
+    `client.datasets` the uploaded datasets' (oomb._transfer); `stub` and
     `channel` are the generated oomb.v1 JobServiceStub and the grpc.Channel, for what the SDK
     does not wrap (send `metadata` with each call when a token is set).
     """
@@ -359,6 +383,7 @@ class Client:
         self.stub = jobs_pb2_grpc.JobServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.jobs = Jobs(self)
+        self.datasets = Datasets(self)
 
     @property
     def endpoint(self) -> str:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import datetime
 import enum
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
 
 from google.protobuf import timestamp_pb2
 
@@ -70,8 +71,11 @@ def _time(ts: timestamp_pb2.Timestamp) -> Optional[datetime.datetime]:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint on the server's disk (ListCheckpoints): HF/PEFT-loadable at `path`."""
+    """A checkpoint on the server's disk (ListCheckpoints): HF/PEFT-loadable at `path` there, and
+    here after `download(directory)`. `name` is what method.lora.init_adapter and
+    DownloadCheckpoint take."""
 
+    name: str
     step: int
     path: str
     bytes: int
@@ -79,11 +83,20 @@ class Checkpoint:
     create_time: Optional[datetime.datetime]
     load_code: str  # Python that loads it with transformers (and PEFT for an adapter)
     proto: jobs_pb2.Checkpoint
+    _download: Optional[Callable[[Any], Path]] = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_proto(cls, c: jobs_pb2.Checkpoint) -> "Checkpoint":
-        return cls(step=c.step, path=c.path, bytes=c.bytes, final=c.final, create_time=_time(c.create_time),
-                   load_code=c.load_code, proto=c)
+    def from_proto(cls, c: jobs_pb2.Checkpoint, download: Optional[Callable[[Any], Path]] = None) -> "Checkpoint":
+        return cls(name=c.name, step=c.step, path=c.path, bytes=c.bytes, final=c.final,
+                   create_time=_time(c.create_time), load_code=c.load_code, proto=c, _download=download)
+
+    def download(self, directory: Any) -> Path:
+        """Downloads the checkpoint's files into `directory` (created; a download cut off there
+        before resumes) and returns it: `PeftModel.from_pretrained(base, directory)` loads an
+        adapter. Not available on a Checkpoint made without a client."""
+        if self._download is None:
+            raise ValueError("this Checkpoint was not listed through a client")
+        return self._download(directory)
 
 
 class _JobBase:

@@ -9,9 +9,24 @@ back unchanged.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
-__all__ = ["job_name", "job_id", "project_name", "project_id", "parent", "ALL_PROJECTS"]
+__all__ = ["job_name", "job_id", "project_name", "project_id", "parent", "ALL_PROJECTS", "is_resource_name"]
+
+# The grammar of proto/spec/resource_names.h, for the job spec's fields that take a resource's
+# name as well as a path (FieldRules.resource): such a name is never made a path.
+_ID = r"[a-z0-9][a-z0-9-]{0,62}"
+_RESOURCE = {
+    "dataset": re.compile(rf"(projects/{_ID}/)?datasets/{_ID}"),
+    "checkpoint": re.compile(rf"projects/{_ID}/jobs/{_ID}(/checkpoints/([0-9]{{1,18}}|final))?"),
+}
+
+
+def is_resource_name(kind: str, value: str) -> bool:
+    """Whether `value` is the name of a resource of `kind` ("dataset", "checkpoint"), not a path."""
+    pattern = _RESOURCE.get(kind)
+    return bool(pattern is not None and pattern.fullmatch(value))
 
 # ListJobsRequest.parent for every project the caller may act in.
 ALL_PROJECTS = "projects/-"

@@ -25,6 +25,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf import json_format, message_factory
 
 from oomb._errors import InvalidArgument
+from oomb._names import is_resource_name
 from oomb.v1 import job_spec_pb2, rules_pb2
 
 __all__ = ["SpecLike", "load_spec"]
@@ -81,8 +82,10 @@ def _scalar(field: FieldDescriptor, value: Any, path: str, base_dir: Optional[st
     if field.type == _FD.TYPE_STRING:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # labels: {version: 2}
+        if rules is not None and rules.path and isinstance(value, os.PathLike):
+            value = os.fspath(value)
         if rules is not None and rules.path and base_dir and isinstance(value, str) and value \
-                and not os.path.isabs(value):
+                and not os.path.isabs(value) and not is_resource_name(rules.resource, value):
             value = os.path.normpath(os.path.join(base_dir, value))
     return value
 

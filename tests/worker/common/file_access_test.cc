@@ -134,6 +134,28 @@ TEST_P(FileAccessTest, RefusesTheExcludedDataDirEvenBeneathARoot) {
   EXPECT_TRUE(access_->MakeDirs((root() / "data2" / "ck").string()).ok());
 }
 
+// A root granted inside the excluded data dir (an uploaded dataset's directory) opens what lies
+// beneath it, and nothing else of the data dir: not its store, not a sibling, not by `..`.
+TEST_P(FileAccessTest, ARootGrantedInsideTheDataDirOpensOnlyWhatIsBeneathIt) {
+  fs::create_directories(data_dir() / "datasets" / "nlp");
+  Write(data_dir() / "datasets" / "nlp" / "a.jsonl", "{}\n");
+  fs::create_directories(data_dir() / "datasets" / "vision");
+  Write(data_dir() / "datasets" / "vision" / "b.jsonl", "{}\n");
+  auto granted = FileAccess::Create({.roots = {root().string(), (data_dir() / "datasets" / "nlp").string()},
+                                     .excluded = {data_dir().string()},
+                                     .openat2 = GetParam()});
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_TRUE((*granted)->OpenFile((data_dir() / "datasets" / "nlp" / "a.jsonl").string()).ok());
+  for (const fs::path& p : {data_dir() / "oombd.db", data_dir() / "datasets" / "vision" / "b.jsonl",
+                            data_dir() / "datasets" / "nlp" / ".." / "vision" / "b.jsonl"}) {
+    const auto f = (*granted)->OpenFile(p.string());
+    EXPECT_TRUE(absl::IsPermissionDenied(f.status())) << p << ": " << f.status();
+  }
+  // A link placed in the granted directory is not followed out of it.
+  fs::create_symlink(data_dir() / "oombd.db", data_dir() / "datasets" / "nlp" / "store.jsonl");
+  EXPECT_FALSE((*granted)->OpenFile((data_dir() / "datasets" / "nlp" / "store.jsonl").string()).ok());
+}
+
 TEST_P(FileAccessTest, DirOperationsUseSingleNamesAndNeverFollowLinks) {
   auto d = access_->MakeDirs((root() / "out" / "deep").string());
   ASSERT_TRUE(d.ok()) << d.status();

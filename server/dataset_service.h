@@ -1,0 +1,80 @@
+// The gRPC DatasetService (proto/oomb/v1/datasets.proto) on the callback API: uploaded datasets,
+// their records in the JobStore, their files in the datasets dir (JobFiles::DatasetPath).
+//
+// An upload streams into a temporary file in the project's datasets directory
+// (".upload-<random>", mode 0600) as its messages arrive, its SHA-256 computed on the way, so
+// memory stays bounded whatever the file's size; a declared size_bytes, or the project's
+// max_storage_bytes, ends it as soon as the bytes pass them. When the client has sent the last
+// message, the file is checked line by line as a training dataset (worker/data/dataset.h
+// CheckJsonlRecords) on the WorkPool, off gRPC's threads; then it takes its name
+// (<id>.jsonl, hard-linked so that an existing file is never replaced), and the record is stored
+// (the storage quota checked again, atomically). A failure at any point removes what was
+// written; temporary files a crash left are removed when the service starts. Uploads of one
+// name at a time in a daemon (ABORTED for a second one meanwhile).
+//
+// Callers and projects as in JobService (server/auth.h): a dataset of a project the caller may
+// not act in is NOT_FOUND.
+//
+// Thread-safety: called concurrently by gRPC's threads.
+#ifndef OOMB_SERVER_DATASET_SERVICE_H_
+#define OOMB_SERVER_DATASET_SERVICE_H_
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "oomb/v1/datasets.grpc.pb.h"
+#include "server/auth.h"
+#include "server/job_files.h"
+#include "server/projects.h"
+#include "server/store/job_store.h"
+#include "server/work_pool.h"
+
+namespace oomb::server {
+
+struct DatasetServiceOptions {
+  const Authenticator* auth = nullptr;              // null: every caller is an administrator
+  std::shared_ptr<const ProjectRegistry> projects;  // max_storage_bytes; null: no quotas
+  std::shared_ptr<const JobFiles> files;            // required
+  WorkPool* work = nullptr;                         // the checks of finished uploads; null: inline
+};
+
+class DatasetServiceImpl final : public v1::DatasetService::CallbackService {
+ public:
+  DatasetServiceImpl(JobStore* store, DatasetServiceOptions options);
+
+  // Removes the temporary files interrupted uploads left (a crash) in every project's directory.
+  void RemovePartialUploads() const;
+
+  grpc::ServerReadReactor<v1::UploadDatasetRequest>* UploadDataset(grpc::CallbackServerContext* ctx,
+                                                                   v1::Dataset* resp) override;
+  grpc::ServerUnaryReactor* GetDataset(grpc::CallbackServerContext* ctx, const v1::GetDatasetRequest* req,
+                                       v1::Dataset* resp) override;
+  grpc::ServerUnaryReactor* ListDatasets(grpc::CallbackServerContext* ctx, const v1::ListDatasetsRequest* req,
+                                         v1::ListDatasetsResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteDataset(grpc::CallbackServerContext* ctx, const v1::DeleteDatasetRequest* req,
+                                          v1::DeleteDatasetResponse* resp) override;
+
+ private:
+  class Upload;
+  absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext* ctx) const;
+  // Dataset.creator without a user: the caller's address (Authenticator::ClientIdentity).
+  std::string ClientIdentity(const grpc::CallbackServerContext* ctx) const;
+  // The dataset `name` names (datasets/{id}: in the caller's only project), when `caller` may
+  // act in its project; NOT_FOUND otherwise.
+  absl::StatusOr<v1::Dataset> VisibleDataset(const Caller& caller, const std::string& name) const;
+  // Marks `name` as being uploaded; false when it already is.
+  bool BeginUpload(const std::string& name);
+  void EndUpload(const std::string& name);
+
+  JobStore* const store_;
+  const DatasetServiceOptions options_;
+  absl::Mutex mu_;
+  std::set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace oomb::server
+
+#endif  // OOMB_SERVER_DATASET_SERVICE_H_
