@@ -1,7 +1,10 @@
 // The server subcommands: estimate, health, server-info, version.
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -11,6 +14,9 @@
 
 namespace oomb::client {
 namespace {
+
+// How EstimateJob's `rates` begins while the server measures (server/engine_rates_store.h).
+constexpr std::string_view kMeasuringRates = "not estimated: measuring";
 
 void PrintEstimate(const v1::EstimateJobResponse& r) {
   std::cout << fmt::format("device              {}\n", r.device())
@@ -41,19 +47,30 @@ void AddEstimate(CLI::App& app, const Cli& cli) {
   struct Args {
     std::string file;
     std::vector<std::string> sets;
+    double rates_wait = 120;
   };
   auto a = std::make_shared<Args>();
   auto* estimate = app.add_subcommand("estimate", "Ask the server whether a job fits, and how long its steps take")
                        ->footer("Example:\n  oomb estimate job.yaml --set data.max_seq_len=1048576");
   estimate->add_option("file", a->file, "Job spec (YAML)")->required();
   estimate->add_option("--set", a->sets, "Override a field: dotted.key=value (repeatable)");
+  estimate->add_option("--rates-wait", a->rates_wait,
+                       "While the server measures a new model shape's rates, ask again for up to this many seconds "
+                       "(0: answer at once)")
+      ->capture_default_str();
   OnRun(estimate, [cli, a] {
     v1::EstimateJobRequest req;
     if (int rc = LoadSpec(a->file, a->sets, req.mutable_spec()); rc) return rc;
     req.set_parent(Parent(cli.globals));
     v1::EstimateJobResponse resp;
-    const grpc::Status s = cli.client().Call(&v1::JobService::Stub::EstimateJob, req, &resp);
-    if (!s.ok()) return Fail(s);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(a->rates_wait);
+    for (bool told = false;; told = true) {
+      const grpc::Status s = cli.client().Call(&v1::JobService::Stub::EstimateJob, req, &resp);
+      if (!s.ok()) return Fail(s);
+      if (!resp.rates().starts_with(kMeasuringRates) || std::chrono::steady_clock::now() >= deadline) break;
+      if (!told) std::cerr << "oomb: the server is measuring this model shape's rates; asking again\n";
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
     if (!PrintStructured(cli.globals, resp)) PrintEstimate(resp);
     return resp.fits() ? 0 : int{kError};
   });

@@ -2,9 +2,10 @@
 // per device model, model shape, dtype, method and chunk size (worker/job/calibration.h) and kept
 // in <data_dir>/engine_rates.json, so a restart, or the next estimate of the same shape, reuses
 // them. The first estimate of a new shape starts the measurement on a thread of its own and waits
-// for it up to `wait` (a GPU's takes seconds); one that takes longer (a CPU's, minutes for long
-// chunks) is UNAVAILABLE, saying so, until it is done: the next estimate after that has it.
-// Measurements of the same shape are one; the destructor stops those running (CANCELLED).
+// for it up to `wait` (the daemon's: none, so no RPC thread blocks; a GPU's measurement takes
+// seconds, a CPU's up to minutes for long chunks); until it is done, Get is UNAVAILABLE with a
+// message that begins "measuring" (`oomb estimate` asks again while it sees it). Measurements of
+// the same shape are one; the destructor stops those running (CANCELLED).
 //
 // The file is a JSON object from the key (calibration.h's EngineRatesKey) to the rates' fields;
 // it is rewritten atomically. Delete it, or an entry, to measure again (after a driver or
@@ -38,7 +39,7 @@ class EngineRatesStore {
                                                             const std::string&, const std::function<bool()>&)>;
   using Key = std::function<std::string(const ModelConfig&, const JobConfig&, int64_t, const std::string&)>;
 
-  EngineRatesStore(Dir data_dir, Measure measure, Key key, absl::Duration wait = absl::Seconds(10));
+  EngineRatesStore(Dir data_dir, Measure measure, Key key, absl::Duration wait = absl::ZeroDuration());
   ~EngineRatesStore();
 
   // The rates of `spec`'s model on `device` at chunks of `chunk_tokens`: kept ones, else

@@ -12,7 +12,9 @@ Starts `oombd serve` on loopback (port 0, its own data dir), then:
   2. trains SmolLM2-135M with full fine-tuning for one step on the CPU (a checkpoint of its
      weights and AdamW moments in float32: about 1.6 GB), and downloads the final checkpoint with
      the CLI (`oomb download`), the SDK (`job.download`) and HTTP (`curl`), each timed whole;
-  3. reads the daemon's peak resident memory (VmHWM) before and after, and its current RSS.
+  3. samples the daemon's resident memory (VmRSS, every 10 ms) during each transfer: its growth
+     over the value when the transfer began is what the transfer held (the daemon's peak before
+     and after, VmHWM, also includes the training step).
 Writes OUT_DIR/transfer.jsonl (one JSON line per transfer) and prints a summary.
 """
 import argparse
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "python"))
@@ -41,6 +44,33 @@ def rss(pid):
             if line.startswith(("VmHWM:", "VmRSS:")):
                 out[line.split(":")[0]] = int(line.split()[1]) * 1024
     return out
+
+
+class RssSampler:
+    """The largest VmRSS of `pid` while the `with` block runs, less its value at the start."""
+
+    def __init__(self, pid):
+        self.pid, self.peak, self.start = pid, 0, 0
+        self._stop = threading.Event()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss(self.pid)["VmRSS"])
+            time.sleep(0.01)
+
+    def __enter__(self):
+        self.start = self.peak = rss(self.pid)["VmRSS"]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def growth(self):
+        return self.peak - self.start
 
 
 def write_dataset(path, gib):
@@ -72,26 +102,29 @@ def main():
         http = "http://127.0.0.1:" + open(os.path.join(daemon.dir, "oombd.http.port")).read().strip()
         before = rss(pid)
 
-        def record(what, nbytes, seconds):
+        def record(what, nbytes, seconds, sampler):
             r = {"what": what, "bytes": nbytes, "seconds": round(seconds, 3),
-                 "MB_per_s": round(nbytes / seconds / 1e6, 1), "daemon": rss(pid)}
+                 "MB_per_s": round(nbytes / seconds / 1e6, 1), "daemon_rss_growth_bytes": sampler.growth,
+                 "daemon": rss(pid)}
             results.append(r)
             print(json.dumps(r), flush=True)
 
         data = os.path.join(tmp, "ids.jsonl")
         size = write_dataset(data, a.dataset_gib)
-        t = time.monotonic()
-        subprocess.run([a.oomb, "datasets", "upload", data, "--id", "cli"], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
-        record("upload: oomb datasets upload", size, time.monotonic() - t)
         client = oomb.Client(endpoint=daemon.endpoint)
-        t = time.monotonic()
-        client.datasets.upload(data, dataset_id="sdk")
-        record("upload: SDK datasets.upload", size, time.monotonic() - t)
-        t = time.monotonic()
-        subprocess.run(["curl", "-sS", "--fail-with-body", "-T", data, f"{http}/v1/projects/default/datasets/curl"],
-                       check=True, stdout=subprocess.DEVNULL)
-        record("upload: curl -T (HTTP PUT)", size, time.monotonic() - t)
+        for what, fn in (
+                ("upload: oomb datasets upload", lambda: subprocess.run(
+                    [a.oomb, "datasets", "upload", data, "--id", "cli"], env=env, check=True,
+                    stdout=subprocess.DEVNULL)),
+                ("upload: SDK datasets.upload", lambda: client.datasets.upload(data, dataset_id="sdk")),
+                ("upload: curl -T (HTTP PUT)", lambda: subprocess.run(
+                    ["curl", "-sS", "--fail-with-body", "-T", data, f"{http}/v1/projects/default/datasets/curl"],
+                    check=True, stdout=subprocess.DEVNULL))):
+            with RssSampler(pid) as sampler:
+                t = time.monotonic()
+                fn()
+                seconds = time.monotonic() - t
+            record(what, size, seconds, sampler)
 
         train = os.path.join(tmp, "small.jsonl")
         with open(train, "w") as f:
@@ -110,9 +143,11 @@ def main():
                     ["curl", "-sS", "--fail-with-body", "-o", os.path.join(tmp, "c.tar"),
                      f"{http}/v1/projects/default/jobs/full/checkpoints/final:download"], check=True))):
             d = os.path.join(tmp, what.split(":")[1].strip().split()[0])
-            t = time.monotonic()
-            fn(d)
-            record(what, ckpt_bytes, time.monotonic() - t)
+            with RssSampler(pid) as sampler:
+                t = time.monotonic()
+                fn(d)
+                seconds = time.monotonic() - t
+            record(what, ckpt_bytes, seconds, sampler)
             shutil.rmtree(d, ignore_errors=True)
         client.close()
         summary = {"dataset_bytes": size, "checkpoint_bytes": ckpt_bytes, "daemon_before": before,
