@@ -54,9 +54,10 @@ void AddEstimate(CLI::App& app, const Cli& cli) {
                        ->footer("Example:\n  oomb estimate job.yaml --set data.max_seq_len=1048576");
   estimate->add_option("file", a->file, "Job spec (YAML)")->required();
   estimate->add_option("--set", a->sets, "Override a field: dotted.key=value (repeatable)");
-  estimate->add_option("--rates-wait", a->rates_wait,
-                       "While the server measures a new model shape's rates, ask again for up to this many seconds "
-                       "(0: answer at once)")
+  estimate
+      ->add_option("--rates-wait", a->rates_wait,
+                   "While the server measures a new model shape's rates, ask again for up to this many seconds "
+                   "(0: answer at once)")
       ->capture_default_str();
   OnRun(estimate, [cli, a] {
     v1::EstimateJobRequest req;
