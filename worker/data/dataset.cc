@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -507,6 +508,8 @@ absl::StatusOr<RecordCounts> CheckJsonlRecords(const File& file, const std::stri
   LineReader in(file, max_line_bytes);
   RecordCounts counts;
   std::string line;
+  simdjson::dom::parser parser;
+  Document scratch;
   int64_t line_no = 1;
   for (; in.Next(&line); ++line_no) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -514,6 +517,14 @@ absl::StatusOr<RecordCounts> CheckJsonlRecords(const File& file, const std::stri
     const LineError err(options, shown_path, line_no);
     size_t bad = 0;
     if (!ValidUtf8(line, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
+    // Pre-tokenized lines, any vocabulary: FastInputIds accepts only what CheckLine would.
+    scratch.ids.clear();
+    scratch.labels.clear();
+    if (FastInputIds(parser, line, std::numeric_limits<int64_t>::max(), &scratch)) {
+      ++counts.by_kind[static_cast<size_t>(RecordKind::kInputIds)];
+      ++counts.records;
+      continue;
+    }
     json j;
     try {
       j = json::parse(line);
