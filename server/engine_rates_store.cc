@@ -57,6 +57,7 @@ EngineRatesStore::~EngineRatesStore() {
 
 absl::StatusOr<EngineRates> EngineRatesStore::Kept(const std::string& key) const {
   absl::StatusOr<std::string> text = data_dir_.ReadFile(kFileName, int64_t{16} << 20);
+  if (absl::IsNotFound(text.status())) return absl::NotFoundError(absl::StrCat("no rates of ", key));  // none yet
   if (!text.ok()) return text.status();
   const json kept = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!kept.is_object()) return absl::NotFoundError(absl::StrCat(data_dir_.PathOf(kFileName), ": not a JSON object"));

@@ -68,6 +68,10 @@ std::string DeviceName(const at::Device& device) {
 // not stay in the CPU's caches between chunks, as a whole model's do not.
 constexpr int64_t kUncachedBytes = int64_t{64} << 20;
 constexpr int64_t kMaxDifferenceLayers = 8;
+// On the CPU, the longest chunk timed and the longest past its attention is timed over (a
+// 16K-token chunk through a few layers would take the CPU many minutes).
+constexpr int64_t kCpuMeasuredChunk = 1024;
+constexpr int64_t kCpuMeasuredPast = 4096;
 int64_t DifferenceLayers(const ModelConfig& config, const JobConfig& spec) {
   const int64_t embeddings = config.vocab_size * config.hidden_size * (config.tie_word_embeddings ? 1 : 2);
   const int64_t layer_bytes = std::max<int64_t>(1, (config.ParameterCount() - embeddings) / config.num_layers) *
@@ -163,21 +167,30 @@ absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const 
         const Timing timing{.device = device, .runs = device.is_cuda() ? 7 : 3, .should_stop = should_stop};
         const ChunkTrainerOptions trainer;
         const int64_t k = DifferenceLayers(config, spec);
-        OOMB_ASSIGN_OR_RETURN(const Measured one, MeasureModel(config, spec, 1, chunk_tokens, trainer, timing));
-        OOMB_ASSIGN_OR_RETURN(const Measured more, MeasureModel(config, spec, 1 + k, chunk_tokens, trainer, timing));
-        const int64_t past = kPastChunks * chunk_tokens;
-        const Measured alone = MeasureAttention(config, ModelScalarType(spec), chunk_tokens, 0, trainer, timing);
-        const Measured with = MeasureAttention(config, ModelScalarType(spec), chunk_tokens, past, trainer, timing);
-        const double pairs = static_cast<double>(chunk_tokens) * static_cast<double>(past);
+        // The chunk timed: the job's, or on the CPU at most kCpuMeasuredChunk tokens (scaled below).
+        const int64_t c = device.is_cuda() ? chunk_tokens : std::min(chunk_tokens, kCpuMeasuredChunk);
+        OOMB_ASSIGN_OR_RETURN(const Measured one, MeasureModel(config, spec, 1, c, trainer, timing));
+        OOMB_ASSIGN_OR_RETURN(const Measured more, MeasureModel(config, spec, 1 + k, c, trainer, timing));
+        const int64_t past = device.is_cuda() ? kPastChunks * c : std::min(kPastChunks * c, kCpuMeasuredPast);
+        const Measured alone = MeasureAttention(config, ModelScalarType(spec), c, 0, trainer, timing);
+        const Measured with = MeasureAttention(config, ModelScalarType(spec), c, past, trainer, timing);
+        const double pairs = static_cast<double>(c) * static_cast<double>(past);
         // Differences of medians: noise can make one negative on a busy machine; none is.
         rates.device_name = DeviceName(device);
         rates.chunk_tokens = chunk_tokens;
-        rates.layer_forward_s = std::max(0.0, more.forward_s - one.forward_s) / static_cast<double>(k);
-        rates.layer_train_s = std::max(0.0, more.train_s - one.train_s) / static_cast<double>(k);
-        rates.head_train_s = std::max(0.0, one.train_s - rates.layer_train_s);
         rates.past_forward_s_per_pair = std::max(0.0, with.forward_s - alone.forward_s) / pairs;
         rates.past_backward_s_per_pair =
             std::max(0.0, (with.train_s - with.forward_s) - (alone.train_s - alone.forward_s)) / pairs;
+        const double layer_forward_s = std::max(0.0, more.forward_s - one.forward_s) / static_cast<double>(k);
+        const double layer_train_s = std::max(0.0, more.train_s - one.train_s) / static_cast<double>(k);
+        // A longer chunk: the layers' per-token work grows with its tokens, and its own causal
+        // attention by the pairs it adds, C (C - c) / 2, at the past's rate per pair.
+        const double f = static_cast<double>(chunk_tokens) / static_cast<double>(c);
+        const double added_pairs = static_cast<double>(chunk_tokens) * static_cast<double>(chunk_tokens - c) / 2;
+        rates.layer_forward_s = layer_forward_s * f + added_pairs * rates.past_forward_s_per_pair;
+        rates.layer_train_s =
+            layer_train_s * f + added_pairs * (rates.past_forward_s_per_pair + rates.past_backward_s_per_pair);
+        rates.head_train_s = std::max(0.0, one.train_s - layer_train_s) * f;
         rates.host_copy_bytes_per_s = HostCopyBytesPerSecond(timing);
         rates.measured_at = absl::FormatTime("%Y-%m-%d%ET%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
         return absl::OkStatus();

@@ -16,6 +16,9 @@
 //               tensors standing for the pages), forward and backward, less the same without
 //               the past, per past query-key pair
 //   host tier   a 256 MiB pinned host tensor copied to the device and back (CUDA only)
+// On the CPU a chunk longer than 1,024 tokens is timed at 1,024 (and its attention over a past
+// of at most 4,096 tokens), then scaled: the layers and the LM head by tokens, the chunk's own
+// causal attention by the query-key pairs it adds, at the past's rate.
 // On a GPU this takes a few seconds and the memory of the larger copy (its layers' weights, the
 // embeddings and the LM head) beside whatever runs there; on the CPU, seconds for the small
 // models CPU jobs train.
