@@ -10,7 +10,8 @@ build="${2:-build-fuzz}"
 CXX="${CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
 CC="${CC:-clang}" CXX="$CXX" cmake -S tests/fuzz -B "$build" -G Ninja >/dev/null
-ninja -C "$build" -j"${FUZZ_JOBS:-1}" fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec >/dev/null
+ninja -C "$build" -j"${FUZZ_JOBS:-1}" fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec >"$build/ninja.log" 2>&1 ||
+  { tail -40 "$build/ninja.log" >&2; echo "fuzz: building the targets failed; see $build/ninja.log" >&2; exit 1; }
 
 # Seed corpora: the checked-in JSONL seeds, and a small valid safetensors file made here (two
 # tensors, metadata) so the fuzzer starts from the accepted format.
