@@ -38,18 +38,34 @@ endfunction()
 # before every other library makes the dynamic linker resolve them in the system libstdc++.
 add_link_options("LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
 
-# oomb_use_torch(<target> [PUBLIC|PRIVATE]): links LibTorch (default PUBLIC) and precompiles
-# its headers for the target's C++. Use PRIVATE for anything gRPC code links (see
-# worker/CMakeLists.txt).
+# LibTorch's headers dominate the build (about a minute per precompiled copy on 2 cores), so two
+# targets precompile cmake/torch_pch.h and every other target reuses one of their copies:
+# oomb_kernels' for the position-independent libraries (oomb_use_torch) and oomb_torch_pch_host's
+# (kernels/CMakeLists.txt) for executables (oomb_use_torch_pch). -Winvalid-pch with -Werror makes
+# a copy that does not match a target's flags a build error, never a silent slow path.
+
+# oomb_use_torch(<target> [PUBLIC|PRIVATE]): links LibTorch (default PUBLIC) into a library,
+# compiled position-independent, with the shared precompiled LibTorch header. Use PRIVATE for
+# anything gRPC code links (see worker/CMakeLists.txt).
 function(oomb_use_torch target)
   set(scope PUBLIC)
   if(ARGC GREATER 1)
     set(scope ${ARGV1})
   endif()
   target_link_libraries(${target} ${scope} ${TORCH_LIBRARIES})
-  target_precompile_headers(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:${PROJECT_SOURCE_DIR}/cmake/torch_pch.h>)
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  if(target STREQUAL "oomb_kernels")
+    target_precompile_headers(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${PROJECT_SOURCE_DIR}/cmake/torch_pch.h>)
+  else()
+    target_precompile_headers(${target} REUSE_FROM oomb_kernels)
+  endif()
   if(OOMB_HAVE_CUDA)
     target_compile_definitions(${target} PUBLIC OOMB_HAVE_CUDA=1)
   endif()
+endfunction()
+
+# oomb_use_torch_pch(<target>): an executable that includes LibTorch reuses the shared precompiled
+# header (link LibTorch or a library that does as usual).
+function(oomb_use_torch_pch target)
+  target_precompile_headers(${target} REUSE_FROM oomb_torch_pch_host)
 endfunction()
