@@ -6,7 +6,7 @@
 // attention kernels run in the warm-up at the sparse budget's full width (64 pages of 128 after
 // 8192 tokens): on a freshly started machine their first use took about 1.7 s more (likely
 // one-time compilation, not shown directly), inside the measured step when the warm-up was one
-// chunk (no past; bench/results/2026-11-23-h100-deferred-selection). Prints one JSON line per
+// chunk (no past; the deferred-selection run in bench/results). Prints one JSON line per
 // length:
 //   {"S", "s_per_step", "tok_s", "peak_bytes", "kv_bytes", "model_tflops", "mfu", "planned_peak_bytes",
 //    "planned_over_measured"} or {"S", "oom": true}
@@ -93,11 +93,13 @@
 #endif
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "kernels/torch/gpu_timeline.h"
 #if defined(OOMB_HAVE_CUDA)
 #include "bench/kernel_trace.h"
 #endif
 #include "worker/common/status.h"
+#include "worker/hf/family.h"
 #include "worker/job/build_info.h"
 #include "worker/job/calibration.h"
 #include "worker/kv/copy_engine.h"
@@ -110,59 +112,6 @@
 
 namespace oomb {
 namespace {
-
-ModelConfig Preset(const std::string& name) {
-  ModelConfig c;
-  c.model_type = "qwen2";
-  c.architecture = "Qwen2ForCausalLM";
-  c.qkv_bias = true;
-  c.rms_norm_eps = 1e-6;
-  c.rope.theta = 1e6;
-  c.max_position_embeddings = 1 << 23;
-  if (name == "qwen2.5-7b") {
-    c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944, c.num_layers = 28;
-    c.num_heads = 28, c.num_kv_heads = 4, c.tie_word_embeddings = false;
-  } else if (name == "qwen3-8b") {
-    c.model_type = "qwen3", c.architecture = "Qwen3ForCausalLM", c.qkv_bias = false, c.qk_norm = true;
-    c.vocab_size = 151936, c.hidden_size = 4096, c.intermediate_size = 12288, c.num_layers = 36;
-    c.num_heads = 32, c.num_kv_heads = 8, c.tie_word_embeddings = false;
-  } else if (name == "mistral-7b") {  // Mistral-7B-v0.3: sliding_window null
-    c.model_type = "mistral", c.architecture = "MistralForCausalLM", c.qkv_bias = false;
-    c.vocab_size = 32768, c.hidden_size = 4096, c.intermediate_size = 14336, c.num_layers = 32;
-    c.num_heads = 32, c.num_kv_heads = 8, c.tie_word_embeddings = false;
-  } else if (name == "gemma-3-12b" || name == "gemma-3-12b-global") {
-    // Gemma-3-12B's text model: 40 of 48 layers attend a window of 1024 with their own RoPE;
-    // -global makes every layer global (what the windows buy).
-    c.model_type = "gemma3_text", c.architecture = "Gemma3ForCausalLM", c.qkv_bias = false, c.qk_norm = true;
-    c.gemma_layers = true, c.query_pre_attn_scalar = 256;
-    c.vocab_size = 262208, c.hidden_size = 3840, c.intermediate_size = 15360, c.num_layers = 48;
-    c.num_heads = 16, c.num_kv_heads = 8, c.head_dim = 256, c.tie_word_embeddings = true;
-    c.rope.type = RopeType::kLinear, c.rope.factor = 8;
-    if (name == "gemma-3-12b") {
-      c.sliding_window = 1024;
-      for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers.push_back((i + 1) % 6 != 0);
-      c.sliding_rope.emplace().theta = 10000;
-    }
-  } else if (name == "phi-4-mini") {
-    // Phi-4-mini-instruct: fused projections, RoPE over 96 of 128 features, longrope past 4096
-    // (factors of 1: the speed does not depend on them), its sliding_window of 262144.
-    c.model_type = "phi3", c.architecture = "Phi3ForCausalLM", c.qkv_bias = false, c.fused_projections = true;
-    c.vocab_size = 200064, c.hidden_size = 3072, c.intermediate_size = 8192, c.num_layers = 32;
-    c.num_heads = 24, c.num_kv_heads = 8, c.tie_word_embeddings = true, c.rotary_dim = 96;
-    c.rope.theta = 10000, c.rope.type = RopeType::kLongrope, c.rope.original_max_position_embeddings = 4096;
-    c.rope.factor = 32, c.rope.attention_factor = std::sqrt(1 + std::log(32.0) / std::log(4096.0));
-    c.rope.short_factor.assign(48, 1.0), c.rope.long_factor.assign(48, 1.0);
-    c.sliding_window = 262144, c.sliding_layers.assign(c.num_layers, true);
-  } else if (name == "qwen2.5-0.5b") {
-    c.vocab_size = 151936, c.hidden_size = 896, c.intermediate_size = 4864, c.num_layers = 24;
-    c.num_heads = 14, c.num_kv_heads = 2, c.tie_word_embeddings = true;
-  } else {  // tiny, for trying the benchmark on the CPU
-    c.vocab_size = 512, c.hidden_size = 128, c.intermediate_size = 256, c.num_layers = 2;
-    c.num_heads = 4, c.num_kv_heads = 2;
-  }
-  if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_heads;
-  return c;
-}
 
 void Sync(const at::Device& d) {
   if (d.is_cuda()) torch::cuda::synchronize(d.index());
@@ -655,9 +604,8 @@ int Main(int argc, char** argv) {
   int64_t sparse_budget = 0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
   std::string swap = "on";
-  app.add_option("--model", model,
-                 "qwen2.5-7b | qwen3-8b | mistral-7b | gemma-3-12b | gemma-3-12b-global | phi-4-mini | qwen2.5-0.5b | "
-                 "tiny");
+  app.add_option("--model", model, "a model preset (worker/hf/families/): " + absl::StrJoin(PresetNames(), " | "))
+      ->check(CLI::IsMember(PresetNames()));
   app.add_option("--sparse-budget", sparse_budget, "page-level sparse attention with this page_budget (0: dense)");
   app.add_option("--selection", selection, "sparse page summaries: mean_key | min_max");
   app.add_option("--kv-offload", offload,
@@ -720,7 +668,12 @@ int Main(int argc, char** argv) {
 #endif
 
   const at::Device d = device == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
-  const ModelConfig config = Preset(model);
+  const absl::StatusOr<ModelConfig> preset = PresetConfig(model);
+  if (!preset.ok()) {
+    std::fprintf(stderr, "bench_train: %s\n", std::string(preset.status().message()).c_str());
+    return 2;
+  }
+  const ModelConfig& config = *preset;
   const BenchSpec bench{.full = full,
                         .rank = rank,
                         .chunk = chunk,

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/common/status.h"
+#include "worker/hf/family.h"
 #include "worker/hf/json_reader.h"
+#include "worker/hf/layer_spec.h"
 #include "worker/hf/loading_code.h"
 
 namespace oomb {
@@ -18,7 +20,7 @@ namespace {
 // Bounds of the numbers a config.json gives, far outside any real model's and inside what the
 // engine can size and compute with (the job spec's own bounds where it has the same field:
 // model.rope_scaling's factor and original_max_position_embeddings).
-constexpr int64_t kMaxPositions = int64_t{1} << 30;
+constexpr int64_t kMaxPositions = kMaxPositionEmbeddings;
 constexpr double kMaxRopeFactor = 1024;
 constexpr double kMaxRopeTheta = 1e12;
 
@@ -33,113 +35,6 @@ std::optional<RopeType> ParseRopeType(const std::string& name) {
     if (name == n) return type;
   }
   return std::nullopt;
-}
-
-// sliding_window (null: none) and which layers use it: layer_types' sliding_attention entries
-// when the config lists them (num_hidden_layers of them, checked by the caller), else all.
-absl::Status ParseSlidingWindow(const json& root, const std::string& source, ModelConfig* c) {
-  const JsonReader r(root, source);
-  if (const auto it = root.find("sliding_window"); it == root.end() || it->is_null()) return absl::OkStatus();
-  OOMB_RETURN_IF_ERROR(r.IntIn("sliding_window", &c->sliding_window, 1, kMaxPositions));
-  int64_t layers = 0;
-  OOMB_RETURN_IF_ERROR(r.Int("num_hidden_layers", &layers));
-  c->sliding_layers.assign(std::max<int64_t>(layers, 0), true);
-  const auto it = root.find("layer_types");
-  if (it == root.end() || it->is_null()) {
-    if (c->gemma_layers) {  // transformers 4.x Gemma 3 configs: every sliding_window_pattern-th layer is global
-      int64_t pattern = 6;
-      OOMB_RETURN_IF_ERROR(r.IntIn("sliding_window_pattern", &pattern, 0, int64_t{1} << 12));
-      for (int64_t i = 0; i < layers; ++i) c->sliding_layers[i] = pattern <= 0 || (i + 1) % pattern != 0;
-    }
-    return absl::OkStatus();
-  }
-  if (!it->is_array() || static_cast<int64_t>(it->size()) != layers) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": key 'layer_types': expected a list of ", layers,
-                                                   " (num_hidden_layers) layer types, got ", it->dump()));
-  }
-  for (int64_t i = 0; i < layers; ++i) {
-    const json& t = (*it)[i];
-    if (!t.is_string() || (t != "sliding_attention" && t != "full_attention")) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": key 'layer_types': entry ", i,
-                                                     ": expected \"sliding_attention\" or \"full_attention\", got ",
-                                                     t.dump()));
-    }
-    c->sliding_layers[i] = t == "sliding_attention";
-  }
-  return absl::OkStatus();
-}
-
-// Gemma 3's text model: its layer (ModelConfig::gemma_layers), q/k norms, the attention scale,
-// tied embeddings unless said otherwise; what oomb does not compute is refused by name.
-absl::Status ParseGemma3(const json& root, const std::string& source, ModelConfig* c) {
-  const JsonReader r(root, source);
-  c->gemma_layers = true;
-  c->qk_norm = true;
-  c->tie_word_embeddings = true;  // Gemma3TextConfig's default
-  OOMB_RETURN_IF_ERROR(r.DoubleIn("query_pre_attn_scalar", &c->query_pre_attn_scalar, 0, 1e9, /*lo_open=*/true));
-  std::string activation = "gelu_pytorch_tanh";
-  OOMB_RETURN_IF_ERROR(r.String("hidden_activation", &activation));
-  bool bidirectional = false;
-  OOMB_RETURN_IF_ERROR(r.Bool("use_bidirectional_attention", &bidirectional));
-  double softcap = 0;
-  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
-    OOMB_RETURN_IF_ERROR(r.Double(key, &softcap, false));
-  }
-  if (activation != "gelu_pytorch_tanh" || bidirectional || softcap != 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        source,
-        ": this Gemma 3 variant is not supported (oomb computes hidden_activation gelu_pytorch_tanh, causal "
-        "attention, no logit soft-capping)"));
-  }
-  return ParseSlidingWindow(root, source, c);
-}
-
-// The family (architecture and model_type) and what it fixes: Qwen2's q/k/v biases, Qwen3's
-// q/k norms. Sliding windows: Mistral's sliding_window (every layer, or those layer_types marks
-// sliding_attention); Qwen2's and Qwen3's are refused (every layer here attends the whole past).
-absl::Status ParseFamily(const json& root, const std::string& source, ModelConfig* c) {
-  if (c->model_type == "llama" || c->architecture == "LlamaForCausalLM") {
-    c->model_type = "llama";
-    c->architecture = "LlamaForCausalLM";
-  } else if (c->model_type == "qwen2" || c->architecture == "Qwen2ForCausalLM") {
-    c->model_type = "qwen2";
-    c->architecture = "Qwen2ForCausalLM";
-    c->qkv_bias = true;
-  } else if (c->model_type == "qwen3" || c->architecture == "Qwen3ForCausalLM") {
-    c->model_type = "qwen3";
-    c->architecture = "Qwen3ForCausalLM";
-    c->qk_norm = true;
-  } else if (c->model_type == "mistral" || c->architecture == "MistralForCausalLM") {
-    c->model_type = "mistral";
-    c->architecture = "MistralForCausalLM";
-    return ParseSlidingWindow(root, source, c);
-  } else if (c->model_type == "gemma3_text" || c->architecture == "Gemma3ForCausalLM") {
-    c->model_type = "gemma3_text";
-    c->architecture = "Gemma3ForCausalLM";
-    return ParseGemma3(root, source, c);
-  } else if (c->model_type == "phi3" || c->architecture == "Phi3ForCausalLM") {
-    c->model_type = "phi3";
-    c->architecture = "Phi3ForCausalLM";
-    c->fused_projections = true;
-    return ParseSlidingWindow(root, source, c);
-  } else {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": architecture '", c->architecture, "' (model_type '", c->model_type,
-                     "') is not supported; supported: LlamaForCausalLM, ",
-                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM"));
-  }
-  bool sliding = false;
-  OOMB_RETURN_IF_ERROR(JsonReader(root, source).Bool("use_sliding_window", &sliding));
-  if (const auto it = root.find("layer_types"); it != root.end() && it->is_array()) {
-    for (const json& t : *it) sliding |= t.is_string() && t.get<std::string>() != "full_attention";
-  }
-  if (sliding) {
-    return absl::UnimplementedError(
-        absl::StrCat(source,
-                     ": sliding-window attention layers are not supported for this family (every layer must "
-                     "attend the whole sequence: use_sliding_window false, layer_types all full_attention)"));
-  }
-  return absl::OkStatus();
 }
 
 // longrope's fields of one RoPE parameters object. original_max_position_embeddings: the
@@ -228,11 +123,6 @@ absl::Status ParseRopeParameters(const json& params, const std::string& source, 
 // transformers 4 a default RoPE of base rope_local_base_freq.
 absl::Status ParseRope(const json& root, const std::string& source, ModelConfig* c) {
   OOMB_RETURN_IF_ERROR(JsonReader(root, source).DoubleIn("rope_theta", &c->rope.theta, 1, kMaxRopeTheta, true));
-  if (c->fused_projections) {  // Phi-3: the pretraining window, for longrope
-    OOMB_RETURN_IF_ERROR(
-        JsonReader(root, source)
-            .IntIn("original_max_position_embeddings", &c->rope.original_max_position_embeddings, 1, kMaxPositions));
-  }
   const json* params = nullptr;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     auto it = root.find(key);
@@ -285,84 +175,7 @@ absl::Status ParseRotaryDim(const json& root, const std::string& source, ModelCo
   return absl::OkStatus();
 }
 
-bool IsGemma3Multimodal(const json& root) {
-  const auto archs = root.find("architectures");
-  const bool named =
-      archs != root.end() && archs->is_array() && !archs->empty() && (*archs)[0] == "Gemma3ForConditionalGeneration";
-  return named || (root.contains("model_type") && root["model_type"] == "gemma3");
-}
-
-// The text model's config.json of a Gemma3ForConditionalGeneration config: its text_config over
-// Gemma3TextConfig's defaults (transformers 4 saves only the keys that differ from them), with
-// the checkpoint's tie_word_embeddings.
-absl::StatusOr<json> Gemma3TextConfig(const json& root, const std::string& source) {
-  const auto it = root.find("text_config");
-  if (it == root.end() || !it->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": missing key 'text_config' (an object)"));
-  }
-  json text = {{"vocab_size", 262208},      {"hidden_size", 2304},
-               {"intermediate_size", 9216}, {"num_hidden_layers", 26},
-               {"num_attention_heads", 8},  {"num_key_value_heads", 4},
-               {"head_dim", 256},           {"max_position_embeddings", 131072},
-               {"rms_norm_eps", 1e-6},      {"query_pre_attn_scalar", 256},
-               {"sliding_window", 4096},    {"rope_theta", 1000000.0},
-               {"bos_token_id", 2},         {"eos_token_id", 1}};
-  if (!it->contains("rope_parameters") && !it->contains("rope_local_base_freq")) {
-    text["rope_local_base_freq"] = 10000.0;
-  }
-  text.update(*it);
-  text["architectures"] = {"Gemma3ForCausalLM"};
-  text["model_type"] = "gemma3_text";
-  if (const auto tie = root.find("tie_word_embeddings"); tie != root.end() && tie->is_boolean()) {
-    text["tie_word_embeddings"] = *tie;
-  }
-  return text;
-}
-
 }  // namespace
-
-std::vector<LinearLayer> LinearLayers(const ModelConfig& c) {
-  const int64_t d = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size;
-  if (c.fused_projections) {
-    return {{"qkv_proj", true, d, q + 2 * kv},
-            {"o_proj", true, q, d},
-            {"gate_up_proj", false, d, 2 * f},
-            {"down_proj", false, f, d}};
-  }
-  return {{"q_proj", true, d, q},     {"k_proj", true, d, kv},  {"v_proj", true, d, kv},   {"o_proj", true, q, d},
-          {"gate_proj", false, d, f}, {"up_proj", false, d, f}, {"down_proj", false, f, d}};
-}
-
-absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c,
-                                                            const std::vector<std::string>& targets) {
-  std::set<std::string> want(targets.begin(), targets.end());
-  if (c.fused_projections) {
-    const std::pair<const char*, std::vector<std::string>> kFused[] = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
-                                                                       {"gate_up_proj", {"gate_proj", "up_proj"}}};
-    for (const auto& [fused, parts] : kFused) {
-      const auto named = std::count_if(parts.begin(), parts.end(), [&](const std::string& p) { return want.count(p); });
-      if (named == 0) continue;
-      if (named != static_cast<int64_t>(parts.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: ", c.architecture, " fuses ",
-                                                       absl::StrJoin(parts, ", "), " into one layer (", fused,
-                                                       "): name ", fused, ", or all of ", absl::StrJoin(parts, ", ")));
-      }
-      for (const std::string& p : parts) want.erase(p);
-      want.insert(fused);
-    }
-  }
-  std::vector<std::string> out, known;
-  for (const LinearLayer& l : LinearLayers(c)) {
-    known.push_back(l.name);
-    if (want.erase(l.name) > 0) out.push_back(l.name);
-  }
-  if (!want.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: unknown module '", *want.begin(),
-                                                   "' for ", c.architecture,
-                                                   " (its linear layers: ", absl::StrJoin(known, ", "), ")"));
-  }
-  return out;
-}
 
 const char* RopeTypeName(RopeType type) {
   for (const auto& [t, n] : kRopeTypes) {
@@ -446,26 +259,21 @@ std::optional<RopeScalingOverride> RopeScalingOf(const RopeConfig& trained) {
   return o;
 }
 
-int64_t ModelConfig::ParameterCount() const {
-  const int64_t d = hidden_size;
-  int64_t attn = d * q_dim() + 2 * d * kv_dim() + q_dim() * d;
-  if (qkv_bias) attn += q_dim() + 2 * kv_dim();
-  if (o_bias) attn += d;
-  const int64_t mlp = 3 * d * intermediate_size;
-  const int64_t layer = attn + mlp + (gemma_layers ? 4 : 2) * d + (qk_norm ? 2 * head_dim : 0);
-  return num_layers * layer + vocab_size * d * (tie_word_embeddings ? 1 : 2) + d;
-}
+int64_t ModelConfig::ParameterCount() const { return DescribeModel(*this).ParameterCount(*this); }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
   json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   }
-  if (IsGemma3Multimodal(root)) {
-    OOMB_ASSIGN_OR_RETURN(const json text, Gemma3TextConfig(root, source));
-    OOMB_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(text.dump(), absl::StrCat(source, ": text_config")));
-    c.multimodal_text = true;
-    return c;
+  for (const Family& f : Families()) {
+    if (f.language_model_config == nullptr) continue;
+    if (std::optional<absl::StatusOr<json>> text = f.language_model_config(root, source)) {
+      OOMB_RETURN_IF_ERROR(text->status());
+      OOMB_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig((*text)->dump(), absl::StrCat(source, ": text_config")));
+      c.multimodal_text = true;
+      return c;
+    }
   }
   ModelConfig c;
   const JsonReader r(root, source);
@@ -474,7 +282,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     c.architecture = (*archs)[0].get<std::string>();
   }
   OOMB_RETURN_IF_ERROR(r.String("model_type", &c.model_type));
-  OOMB_RETURN_IF_ERROR(ParseFamily(root, source, &c));
+  const Family* family = FindFamily(c.architecture, c.model_type);
+  if (family == nullptr) {
+    std::vector<std::string> supported;
+    for (const Family& f : Families()) supported.push_back(f.architecture);
+    return absl::UnimplementedError(absl::StrCat(source, ": architecture '", c.architecture, "' (model_type '",
+                                                 c.model_type,
+                                                 "') is not supported; supported: ", absl::StrJoin(supported, ", ")));
+  }
+  c.architecture = family->architecture;
+  c.model_type = family->model_type;
   OOMB_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
   OOMB_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
   OOMB_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size));
@@ -485,12 +302,6 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   OOMB_RETURN_IF_ERROR(r.IntIn("max_position_embeddings", &c.max_position_embeddings, 1, kMaxPositions));
   OOMB_RETURN_IF_ERROR(r.DoubleIn("rms_norm_eps", &c.rms_norm_eps, 0, 0.1, /*lo_open=*/true));
   OOMB_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
-  if (c.model_type == "llama" || c.model_type == "qwen3") {  // Mistral: no biases
-    bool attention_bias = false;
-    OOMB_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
-    c.qkv_bias = c.o_bias = attention_bias;
-  }
-  if (c.model_type == "llama") OOMB_RETURN_IF_ERROR(r.Bool("mlp_bias", &c.mlp_bias));
   OOMB_RETURN_IF_ERROR(r.TokenId("bos_token_id", &c.bos_token_id));
   OOMB_RETURN_IF_ERROR(r.TokenId("eos_token_id", &c.eos_token_id));
   OOMB_RETURN_IF_ERROR(r.String("torch_dtype", &c.torch_dtype));
@@ -519,6 +330,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": head_dim must be even and in [2, 4096], got ", c.head_dim));
   }
+  OOMB_RETURN_IF_ERROR(family->parse(root, source, &c));
   OOMB_RETURN_IF_ERROR(ParseRope(root, source, &c));
   OOMB_RETURN_IF_ERROR(ParseRotaryDim(root, source, &c));
   return c;

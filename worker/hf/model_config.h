@@ -20,6 +20,10 @@
 
 namespace oomb {
 
+// The largest position count a config.json may give (max_position_embeddings, sliding_window,
+// original_max_position_embeddings): far beyond any real model's, small enough to size with.
+inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 30;
+
 enum class RopeType { kDefault, kLinear, kDynamic, kYarn, kLlama3, kLongrope };
 
 // "default", "linear", "dynamic", "yarn", "llama3", "longrope": config.json's spelling.
@@ -96,38 +100,10 @@ struct ModelConfig {
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
-  // Parameters of the base model (LoRA excluded).
+  // Parameters of the base model (LoRA excluded), as DescribeModel's layers count them
+  // (worker/hf/layer_spec.h).
   int64_t ParameterCount() const;
-  // The window of `layer`'s attention; 0: it attends the whole past.
-  int64_t AttentionWindow(int64_t layer) const {
-    return layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer] ? sliding_window : 0;
-  }
-  bool has_sliding_layers() const { return sliding_window > 0 && !sliding_layers.empty(); }
-  // AttentionWindow of every layer, in order.
-  std::vector<int64_t> AttentionWindows() const {
-    std::vector<int64_t> out;
-    for (int64_t l = 0; l < num_layers; ++l) out.push_back(AttentionWindow(l));
-    return out;
-  }
 };
-
-// One linear layer of a decoder layer: its module name as PEFT targets it, whether it is in
-// self_attn (else mlp), and its input and output features.
-struct LinearLayer {
-  const char* name;
-  bool attention;
-  int64_t in, out;
-};
-
-// The linear layers of every decoder layer, in the order of the model's forward.
-std::vector<LinearLayer> LinearLayers(const ModelConfig& c);
-
-// `targets` (a job's method.lora.target_modules) as this model's linear layer names, in the
-// order of LinearLayers. On a model with fused projections, q_proj, k_proj and v_proj together
-// name qkv_proj and gate_proj with up_proj names gate_up_proj. INVALID_ARGUMENT naming the
-// field for a module the model does not have, or for part of a fused layer.
-absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c,
-                                                            const std::vector<std::string>& targets);
 
 // RoPE scaling a job asks for over config.json's (the job spec's model.rope_scaling): what is
 // unset takes the model's value (original_max_position_embeddings: its own, else

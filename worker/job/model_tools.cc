@@ -14,6 +14,7 @@
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/hf/chat_template.h"
+#include "worker/hf/layer_spec.h"
 #include "worker/hf/safetensors.h"
 #include "worker/hf/tokenizer.h"
 #include "worker/job/eval_suites.h"
@@ -34,13 +35,15 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
     dtypes.insert(std::string(DTypeName(v->dtype)));
     stored += NumElements(v->shape);
   }
+  const ModelSpec spec = DescribeModel(c);
   std::vector<std::string> lora_targets;  // the names PEFT adapts
-  for (const LinearLayer& l : LinearLayers(c)) lora_targets.emplace_back(l.name);
+  for (const LinearSpec& l : spec.layers.front().linears) lora_targets.emplace_back(l.name);
+  const std::vector<int64_t> windows = spec.Windows();
   nlohmann::json j = {
       {"path", model_dir},
       {"architecture", c.architecture},
       {"model_type", c.model_type},
-      {"parameters", c.ParameterCount()},
+      {"parameters", spec.ParameterCount(c)},
       {"stored_parameters", stored},
       {"dtypes", dtypes},
       {"config_dtype", c.torch_dtype},
@@ -53,11 +56,11 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
       {"head_dim", c.head_dim},
       {"rotary_dim", c.rope_dim()},
       {"tie_word_embeddings", c.tie_word_embeddings},
-      {"qkv_bias", c.qkv_bias},
+      {"qkv_bias", spec.layers.front().linears.front().bias},
       {"lora_target_modules", lora_targets},
       {"context_window", c.max_position_embeddings},
-      {"sliding_window", c.sliding_window},
-      {"sliding_window_layers", std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true)},
+      {"sliding_window", *std::max_element(windows.begin(), windows.end())},
+      {"sliding_window_layers", std::count_if(windows.begin(), windows.end(), [](int64_t w) { return w > 0; })},
       {"rope", {{"type", RopeTypeName(c.rope.type)}, {"theta", c.rope.theta}, {"factor", c.rope.factor}}},
       {"kv_bytes_per_token_bf16", 2 * c.num_layers * c.kv_dim() * 2}};
   auto tok = Tokenizer::FromModelDir(dir);
@@ -268,7 +271,7 @@ int64_t ForwardSpan(const Transformer& model, GenerationCache& cache, const std:
   in.rope_seq_len = rope_len;
   const at::Tensor hidden =
       model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        const int64_t window = model.config().AttentionWindow(layer);
+        const int64_t window = model.spec().layers[layer].window;
         const at::Tensor first_key =
             window > 0 ? kernels::SlidingWindowStart(in.doc_start, begin, window) : in.doc_start;
         return kernels::PagedAttention(q, k, v, first_key, cache.Store(layer, k, v));

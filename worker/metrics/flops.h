@@ -20,7 +20,7 @@
 namespace oomb {
 
 // 6 N T + 12 d P for one sequence of `tokens` tokens; `layer_windows` holds each layer's
-// sliding window, 0 for a layer attending the whole past (ModelConfig::AttentionWindow).
+// sliding window, 0 for a layer attending the whole past (ModelSpec::Windows, worker/hf/layer_spec.h).
 double SequenceTrainingFlops(int64_t parameters, int64_t attention_dim, const std::vector<int64_t>& layer_windows,
                              int64_t tokens);
 

@@ -92,23 +92,35 @@ absl::Status SaveTensors(const Dir& dir, const std::string& name,
   return WriteSafetensors(dir, name, views, metadata);
 }
 
-// "q_proj" of "model.layers.0.self_attn.q_proj".
-std::string Leaf(const std::string& name) { return name.substr(name.rfind('.') + 1); }
-
-// The [out, in] weight of the linear layer `leaf` (LinearLayers' name).
-std::vector<int64_t> LinearShape(const ModelConfig& c, const std::string& leaf) {
-  for (const LinearLayer& l : LinearLayers(c)) {
-    if (leaf == l.name) return {l.out, l.in};
+// The member of `l` that holds the norm of `role`.
+at::Tensor* NormOf(DecoderLayer& l, NormRole role) {
+  switch (role) {
+    case NormRole::kInput:
+      return &l.input_norm;
+    case NormRole::kAttentionOutput:
+      return &l.attn_out_norm;
+    case NormRole::kMlpInput:
+      return &l.post_norm;
+    case NormRole::kMlpOutput:
+      return &l.mlp_out_norm;
+    case NormRole::kQuery:
+      return &l.q_norm;
+    case NormRole::kKey:
+      return &l.k_norm;
   }
-  TORCH_CHECK(false, "no linear layer ", leaf);
+  return nullptr;
 }
 
-// Whether the linear layer `leaf` has a bias: q/k/v with qkv_bias, o with o_bias, the MLP's
-// with mlp_bias.
-bool Biased(const ModelConfig& c, const std::string& leaf) {
-  if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj") return c.qkv_bias;
-  if (leaf == "o_proj") return c.o_bias;
-  return leaf != "qkv_proj" && leaf != "gate_up_proj" && c.mlp_bias;
+// The member of `l` that holds the linear layer `name` (LinearSpec::name).
+Linear* LinearOf(DecoderLayer& l, const std::string& name) {
+  const std::pair<const char*, Linear*> members[] = {
+      {"q_proj", &l.q},       {"k_proj", &l.k},       {"v_proj", &l.v},
+      {"o_proj", &l.o},       {"gate_proj", &l.gate}, {"up_proj", &l.up},
+      {"down_proj", &l.down}, {"qkv_proj", &l.qkv},   {"gate_up_proj", &l.gate_up}};
+  for (const auto& [n, member] : members) {
+    if (name == n) return member;
+  }
+  TORCH_CHECK(false, "no linear layer ", name);
 }
 
 // Where a vision-language checkpoint keeps its language model's "model." tensors:
@@ -157,20 +169,18 @@ nlohmann::json SavedTargets(const ModelConfig& c, const std::vector<std::string>
 }  // namespace
 
 Transformer::Transformer(ModelConfig config, at::ScalarType dtype, at::Device device)
-    : config_(std::move(config)), dtype_(dtype), device_(device), layers_(config_.num_layers) {}
+    : config_(std::move(config)),
+      spec_(DescribeModel(config_)),
+      dtype_(dtype),
+      device_(device),
+      layers_(config_.num_layers) {}
 
-std::vector<std::pair<std::string, Linear*>> Transformer::NamedLinears() {
-  std::vector<std::pair<std::string, Linear*>> out;
-  const std::vector<LinearLayer> linears = LinearLayers(config_);
+std::vector<Transformer::NamedLinear> Transformer::NamedLinears() {
+  std::vector<NamedLinear> out;
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    DecoderLayer& l = layers_[i];
-    const std::map<std::string, Linear*> members = {
-        {"q_proj", &l.q},       {"k_proj", &l.k},       {"v_proj", &l.v},
-        {"o_proj", &l.o},       {"gate_proj", &l.gate}, {"up_proj", &l.up},
-        {"down_proj", &l.down}, {"qkv_proj", &l.qkv},   {"gate_up_proj", &l.gate_up}};
-    for (const LinearLayer& ll : linears) {
-      out.emplace_back(absl::StrCat("model.layers.", i, ll.attention ? ".self_attn." : ".mlp.", ll.name),
-                       members.at(ll.name));
+    for (const LinearSpec& l : spec_.layers[i].linears) {
+      out.push_back({absl::StrCat("model.layers.", i, l.attention ? ".self_attn." : ".mlp.", l.name), &l,
+                     LinearOf(layers_[i], l.name)});
     }
   }
   return out;
@@ -178,23 +188,14 @@ std::vector<std::pair<std::string, Linear*>> Transformer::NamedLinears() {
 
 std::vector<std::pair<std::string, const Linear*>> Transformer::NamedLinears() const {
   std::vector<std::pair<std::string, const Linear*>> out;
-  for (auto& [n, l] : const_cast<Transformer*>(this)->NamedLinears()) out.emplace_back(n, l);
+  for (const NamedLinear& l : const_cast<Transformer*>(this)->NamedLinears()) out.emplace_back(l.name, l.linear);
   return out;
 }
 
-std::vector<std::pair<std::string, at::Tensor*>> Transformer::NamedNorms(int64_t i) {
-  DecoderLayer& l = layers_[i];
-  const std::string p = absl::StrCat("model.layers.", i, ".");
-  std::vector<std::pair<std::string, at::Tensor*>> out = {{p + "input_layernorm.weight", &l.input_norm}};
-  if (config_.gemma_layers) {
-    out.insert(out.end(), {{p + "post_attention_layernorm.weight", &l.attn_out_norm},
-                           {p + "pre_feedforward_layernorm.weight", &l.post_norm},
-                           {p + "post_feedforward_layernorm.weight", &l.mlp_out_norm}});
-  } else {
-    out.emplace_back(p + "post_attention_layernorm.weight", &l.post_norm);
-  }
-  if (config_.qk_norm) {
-    out.insert(out.end(), {{p + "self_attn.q_norm.weight", &l.q_norm}, {p + "self_attn.k_norm.weight", &l.k_norm}});
+std::vector<Transformer::NamedNorm> Transformer::NamedNorms(int64_t i) {
+  std::vector<NamedNorm> out;
+  for (const NormSpec& n : spec_.layers[i].norms) {
+    out.push_back({absl::StrCat("model.layers.", i, ".", n.name), &n, NormOf(layers_[i], n.role)});
   }
   return out;
 }
@@ -203,7 +204,7 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() co
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.emplace_back("model.embed_tokens.weight", embed_);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    for (const auto& [name, t] : const_cast<Transformer*>(this)->NamedNorms(i)) out.emplace_back(name, *t);
+    for (const NamedNorm& n : const_cast<Transformer*>(this)->NamedNorms(i)) out.emplace_back(n.name, *n.weight);
   }
   for (const auto& [name, l] : NamedLinears()) {
     out.emplace_back(name + ".weight", l->weight);
@@ -265,16 +266,11 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
     OOMB_RETURN_IF_ERROR(take("lm_head.weight", {config.vocab_size, d}, &m->lm_head_));
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    for (const auto& [name, t] : m->NamedNorms(i)) {
-      const bool head = name.find("self_attn.") != std::string::npos;  // q_norm, k_norm
-      OOMB_RETURN_IF_ERROR(take(name, {head ? config.head_dim : d}, t));
-    }
+    for (const NamedNorm& n : m->NamedNorms(i)) OOMB_RETURN_IF_ERROR(take(n.name, {n.spec->size}, n.weight));
   }
-  for (auto& [name, l] : m->NamedLinears()) {
-    const std::string leaf = Leaf(name);
-    const std::vector<int64_t> shape = LinearShape(config, leaf);
-    OOMB_RETURN_IF_ERROR(take(name + ".weight", shape, &l->weight));
-    if (Biased(config, leaf)) OOMB_RETURN_IF_ERROR(take(name + ".bias", {shape[0]}, &l->bias));
+  for (const NamedLinear& l : m->NamedLinears()) {
+    OOMB_RETURN_IF_ERROR(take(l.name + ".weight", {l.spec->out, l.spec->in}, &l.linear->weight));
+    if (l.spec->bias) OOMB_RETURN_IF_ERROR(take(l.name + ".bias", {l.spec->out}, &l.linear->bias));
   }
   std::vector<std::string> unexpected;
   for (const std::string& n : weights->names()) {
@@ -307,19 +303,16 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
   m->final_norm_ = norm(d);
   if (!config.tie_word_embeddings) m->lm_head_ = randn({config.vocab_size, d});
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    for (const auto& [name, t] : m->NamedNorms(i)) {
-      *t = norm(name.find("self_attn.") != std::string::npos ? config.head_dim : d);
-    }
+    for (const NamedNorm& n : m->NamedNorms(i)) *n.weight = norm(n.spec->size);
   }
-  const auto linears = m->NamedLinears();  // a layer's weights, then its biases
+  const std::vector<NamedLinear> linears = m->NamedLinears();  // a layer's weights, then its biases
   const size_t per_layer = linears.size() / static_cast<size_t>(config.num_layers);
   for (size_t first = 0; first < linears.size(); first += per_layer) {
     for (size_t i = first; i < first + per_layer; ++i) {
-      linears[i].second->weight = randn(LinearShape(config, Leaf(linears[i].first)));
+      linears[i].linear->weight = randn({linears[i].spec->out, linears[i].spec->in});
     }
     for (size_t i = first; i < first + per_layer; ++i) {
-      const std::string leaf = Leaf(linears[i].first);
-      if (Biased(config, leaf)) linears[i].second->bias = randn({LinearShape(config, leaf)[0]});
+      if (linears[i].spec->bias) linears[i].linear->bias = randn({linears[i].spec->out});
     }
   }
   return m;
@@ -334,14 +327,14 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
   m->embed_ = cast(embed_);
   m->final_norm_ = cast(final_norm_);
   m->lm_head_ = cast(lm_head_);
-  auto dst = m->NamedLinears();
-  auto src = NamedLinears();
+  const auto dst = m->NamedLinears();
+  const auto src = NamedLinears();
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     const auto dst_norms = m->NamedNorms(i), src_norms = const_cast<Transformer*>(this)->NamedNorms(i);
-    for (size_t j = 0; j < src_norms.size(); ++j) *dst_norms[j].second = cast(*src_norms[j].second);
+    for (size_t j = 0; j < src_norms.size(); ++j) *dst_norms[j].weight = cast(*src_norms[j].weight);
   }
   for (size_t i = 0; i < src.size(); ++i) {
-    Linear& d = *dst[i].second;
+    Linear& d = *dst[i].linear;
     const Linear& s = *src[i].second;
     d.weight = cast(s.weight);
     d.bias = cast(s.bias);
@@ -365,8 +358,9 @@ absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
   const std::set<std::string> targets(resolved.begin(), resolved.end());
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const auto opts = at::TensorOptions().dtype(MasterType(dtype_));
-  for (auto& [name, l] : NamedLinears()) {
-    if (!targets.count(Leaf(name))) continue;
+  for (const NamedLinear& named : NamedLinears()) {
+    if (!targets.count(named.spec->name)) continue;
+    Linear* l = named.linear;
     const int64_t in = l->weight.size(1), out = l->weight.size(0);
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform_(a = sqrt(5))
     l->lora_a = at::empty({options.rank, in}, at::TensorOptions().dtype(at::kDouble))
@@ -421,7 +415,7 @@ absl::Status Transformer::LoadAdapter(const Dir& adapter) {
     const nlohmann::json targets = cfg.value("target_modules", nlohmann::json({"q_proj", "v_proj"}));
     if (targets.is_string()) {  // a regular expression over module names: the model's layers it names
       lora.target_modules.clear();
-      for (const LinearLayer& l : LinearLayers(config_)) {
+      for (const LinearSpec& l : LinearLayers(config_)) {
         if (NamesModule(targets.get<std::string>(), l.name)) lora.target_modules.emplace_back(l.name);
       }
     } else {
@@ -491,7 +485,7 @@ at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::
 }
 
 at::Tensor Transformer::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
-  if (config_.gemma_layers) return kernels::GemmaRmsNorm(x, weight, config_.rms_norm_eps);
+  if (spec_.norm == NormKind::kRmsOnePlusWeight) return kernels::GemmaRmsNorm(x, weight, config_.rms_norm_eps);
   return kernels::RmsNorm(x, weight, config_.rms_norm_eps);
 }
 
@@ -564,13 +558,13 @@ Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
   auto [cos, sin] = RopeTables(config_.rope, input.positions, input.rope_seq_len);
   cursor.cos = cos.unsqueeze(1);  // [C, 1, D]
   cursor.sin = sin.unsqueeze(1);
-  if (config_.sliding_rope.has_value()) {
+  if (spec_.HasLocalRope()) {
     auto [local_cos, local_sin] = RopeTables(*config_.sliding_rope, input.positions, input.rope_seq_len);
     cursor.sliding_cos = local_cos.unsqueeze(1);
     cursor.sliding_sin = local_sin.unsqueeze(1);
   }
   cursor.h = at::embedding(embed_, input.ids);
-  if (config_.gemma_layers) {  // times sqrt(hidden) rounded to the model's dtype, as transformers does
+  if (spec_.scale_embeddings) {  // times sqrt(hidden) rounded to the model's dtype, as transformers does
     cursor.h = cursor.h * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), dtype_).item();
   }
   cursor.training = input.training;
@@ -581,9 +575,10 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
   const int64_t C = cursor.h.size(0);
   const int64_t H = config_.num_heads, Hkv = config_.num_kv_heads, D = config_.head_dim;
   const DecoderLayer& l = layers_[cursor.layer];
+  const LayerSpec& spec = spec_.layers[cursor.layer];
   const at::Tensor x = RmsNorm(cursor.h, l.input_norm);
   at::Tensor q, k, v;
-  if (config_.fused_projections) {  // one product, split into views as transformers does
+  if (spec.fused_projections) {  // one product, split into views as transformers does
     const auto parts = LinearForward(l.qkv, x, &cursor.gen, cursor.training)
                            .split_with_sizes({config_.q_dim(), config_.kv_dim(), config_.kv_dim()}, -1);
     q = parts[0].view({C, H, D});
@@ -595,32 +590,28 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
     k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
     v = LinearForward(l.v, x, &cursor.gen, cursor.training).view({C, Hkv, D});
   }
-  if (config_.qk_norm) {  // per head, before RoPE
+  if (spec.Has(NormRole::kQuery)) {  // per head, before RoPE
     q = RmsNorm(q, l.q_norm);
     k = RmsNorm(k, l.k_norm);
   }
-  const bool local = config_.sliding_rope.has_value() && config_.AttentionWindow(cursor.layer) > 0;
-  const at::Tensor& cos = local ? cursor.sliding_cos : cursor.cos;
-  const at::Tensor& sin = local ? cursor.sliding_sin : cursor.sin;
+  const at::Tensor& cos = spec.local_rope ? cursor.sliding_cos : cursor.cos;
+  const at::Tensor& sin = spec.local_rope ? cursor.sliding_sin : cursor.sin;
   q = Rotate(q, cos, sin);
   k = Rotate(k, cos, sin);
-  // The attention scales by head_dim^-1/2; query_pre_attn_scalar^-1/2 is that times this.
-  if (config_.query_pre_attn_scalar > 0 && config_.query_pre_attn_scalar != static_cast<double>(D)) {
-    q = q * std::sqrt(static_cast<double>(D) / config_.query_pre_attn_scalar);
-  }
+  if (spec_.query_scale != 1.0) q = q * spec_.query_scale;  // the attention scales by head_dim^-1/2
   return {q, k, v};
 }
 
 void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const {
   const DecoderLayer& l = layers_[cursor.layer];
+  const LayerSpec& spec = spec_.layers[cursor.layer];
   const at::Tensor attn = attention.reshape({cursor.h.size(0), config_.num_heads * config_.head_dim});
-  const bool gemma = config_.gemma_layers;
   at::Tensor attn_out = LinearForward(l.o, attn, &cursor.gen, cursor.training);
-  if (gemma) attn_out = RmsNorm(attn_out, l.attn_out_norm);
+  if (spec.Has(NormRole::kAttentionOutput)) attn_out = RmsNorm(attn_out, l.attn_out_norm);
   const at::Tensor h = cursor.h + attn_out;
   const at::Tensor y = RmsNorm(h, l.post_norm);
   at::Tensor gate, up;
-  if (config_.fused_projections) {  // gate's rows first
+  if (spec.fused_projections) {  // gate's rows first
     const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
     gate = parts[0];
     up = parts[1];
@@ -630,17 +621,18 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
   }
   at::Tensor mlp_out;
   const Linear& down = l.down;
+  const bool gelu = spec.mlp == MlpKind::kGeluTanhGlu;
   if (down.lora_a.defined() && !down.bias.defined() && !down.weight.requires_grad() &&
       (down.lora_dropout == 0 || !cursor.training)) {
     // The same values as below, keeping one intermediate-wide tensor less for backward.
     const at::ScalarType t = gate.scalar_type();
-    mlp_out = kernels::GluDownLora(gemma ? kernels::GluKind::kGeluTanh : kernels::GluKind::kSilu, gate, up, down.weight,
+    mlp_out = kernels::GluDownLora(gelu ? kernels::GluKind::kGeluTanh : kernels::GluKind::kSilu, gate, up, down.weight,
                                    down.lora_a.to(t), (down.lora_b * down.lora_scaling).to(t));
   } else {
-    const at::Tensor act = gemma ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
+    const at::Tensor act = gelu ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
     mlp_out = LinearForward(down, act, &cursor.gen, cursor.training);
   }
-  if (gemma) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
+  if (spec.Has(NormRole::kMlpOutput)) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
   cursor.h = h + mlp_out;
   ++cursor.layer;
 }

@@ -11,7 +11,7 @@
 // (rope types default, linear, dynamic, yarn, llama3, longrope, as modeling_rope_utils computes
 // them) over the first rotary_dim features of a head, SwiGLU MLP, q/k/v biases for Qwen2, an
 // RMSNorm over each head of q and k before RoPE for Qwen3 and Gemma 3, softmax scale
-// 1/sqrt(head_dim) (Gemma 3: query_pre_attn_scalar), Gemma 3's layer (ModelConfig::gemma_layers),
+// 1/sqrt(head_dim) (Gemma 3: query_pre_attn_scalar), Gemma 3's layer,
 // Phi-3's fused projections split as transformers splits them.
 //
 // LoRA (PEFT semantics): y = x W^T + b + (dropout(x) A^T B^T) * alpha / r on the target
@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/hf/layer_spec.h"
 #include "worker/hf/model_config.h"
 
 namespace oomb {
@@ -60,11 +61,11 @@ struct Linear {
 struct DecoderLayer {
   at::Tensor input_norm;  // [hidden]
   at::Tensor post_norm;   // [hidden], the MLP's input norm (Gemma's pre_feedforward_layernorm)
-  // [hidden], ModelConfig::gemma_layers only: the norms of the attention's and the MLP's outputs.
-  at::Tensor attn_out_norm, mlp_out_norm;
-  at::Tensor q_norm, k_norm;  // [head_dim], qk_norm models only (else undefined)
+  // The norms LayerSpec::norms names (NormRole); undefined where the layer has none:
+  at::Tensor attn_out_norm, mlp_out_norm;  // [hidden], of the attention's and the MLP's outputs
+  at::Tensor q_norm, k_norm;               // [head_dim]
   Linear q, k, v, o, gate, up, down;
-  Linear qkv, gate_up;  // ModelConfig::fused_projections models, instead of q, k, v and gate, up
+  Linear qkv, gate_up;  // LayerSpec::fused_projections, instead of q, k, v and gate, up
 };
 
 // The inputs of one forward pass over one chunk (C tokens) of one sequence.
@@ -102,6 +103,8 @@ class Transformer {
   std::unique_ptr<Transformer> CastTo(at::ScalarType dtype) const;
 
   const ModelConfig& config() const { return config_; }
+  // Its layers as the forward builds them (DescribeModel(config())).
+  const ModelSpec& spec() const { return spec_; }
   at::ScalarType dtype() const { return dtype_; }
   at::Device device() const { return device_; }
 
@@ -167,12 +170,24 @@ class Transformer {
   at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [rotary_dim / 2], float32 (float64)
   // RoPE over the first rotary_dim features of each head of x [C, heads, head_dim].
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
-  // Layer i's norms with their HF names.
-  std::vector<std::pair<std::string, at::Tensor*>> NamedNorms(int64_t i);
-  std::vector<std::pair<std::string, Linear*>> NamedLinears();
+  // The weights of the layers with their HF names and descriptions, in the checkpoint's order:
+  // layer i's norms; every layer's linear layers.
+  struct NamedNorm {
+    std::string name;
+    const NormSpec* spec;
+    at::Tensor* weight;
+  };
+  struct NamedLinear {
+    std::string name;
+    const LinearSpec* spec;
+    Linear* linear;
+  };
+  std::vector<NamedNorm> NamedNorms(int64_t i);
+  std::vector<NamedLinear> NamedLinears();
   std::vector<std::pair<std::string, const Linear*>> NamedLinears() const;
 
   ModelConfig config_;
+  ModelSpec spec_;
   at::ScalarType dtype_;
   at::Device device_;
   at::Tensor embed_;       // [vocab, hidden]

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/common/status.h"
+#include "worker/hf/layer_spec.h"
 #include "worker/paging/page_id.h"
 #include "worker/paging/page_table.h"
 #include "worker/paging/swap_layout.h"
@@ -38,13 +39,12 @@ constexpr int64_t kDeviceAddBytes = 2 * kHostAddBytesInFlight;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The linear layers LoRA adapts: the targets resolved to the model's layers (ResolveLoraTargets;
-// PlanMemory refuses targets that do not resolve).
-std::vector<LinearLayer> LoraLayers(const ModelConfig& c, const JobConfig::Lora& lora) {
-  const absl::StatusOr<std::vector<std::string>> targets = ResolveLoraTargets(c, lora.target_modules);
-  std::vector<LinearLayer> out;
-  for (const LinearLayer& l : LinearLayers(c)) {
-    if (targets.ok() && std::find(targets->begin(), targets->end(), l.name) != targets->end()) out.push_back(l);
+// The linear layers of `layer` that LoRA adapts: `targets` (ResolveLoraTargets' names; PlanMemory
+// refuses targets that do not resolve).
+std::vector<LinearSpec> LoraLayers(const LayerSpec& layer, const std::vector<std::string>& targets) {
+  std::vector<LinearSpec> out;
+  for (const LinearSpec& l : layer.linears) {
+    if (std::find(targets.begin(), targets.end(), l.name) != targets.end()) out.push_back(l);
   }
   return out;
 }
@@ -52,22 +52,26 @@ std::vector<LinearLayer> LoraLayers(const ModelConfig& c, const JobConfig::Lora&
 // Everything that depends on the sequence length T, for a fixed model and spec.
 class Model {
  public:
-  Model(const ModelConfig& c, const JobConfig& spec, bool cuda) : c_(c), spec_(spec), cuda_(cuda) {
+  Model(const ModelConfig& c, const JobConfig& spec, bool cuda)
+      : c_(c), layers_(DescribeModel(c)), spec_(spec), cuda_(cuda) {
     e_ = spec.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
     // evaluate is planned as the LoRA job of method.lora's shape: it runs the same chunks, and
     // its adapter (whatever its rank) is a small part of the weights.
     const bool lora = spec.method.type != TrainMethod::kFull;
-    weights_ = c.ParameterCount() * e_;
+    const int64_t parameters = layers_.ParameterCount(c);
+    weights_ = parameters * e_;
     if (lora) {
+      lora_targets_ = ResolveLoraTargets(c, spec.method.lora.target_modules).value_or(std::vector<std::string>{});
       int64_t lora_params = 0;
-      for (const LinearLayer& l : LoraLayers(c, spec.method.lora))
-        lora_params += spec.method.lora.rank * (l.in + l.out);
-      lora_params *= c.num_layers;
+      for (const LayerSpec& layer : layers_.layers) {
+        for (const LinearSpec& l : LoraLayers(layer, lora_targets_))
+          lora_params += spec.method.lora.rank * (l.in + l.out);
+      }
       // float32 masters, their gradients, AdamW's exp_avg and exp_avg_sq.
       trainable_ = lora_params * kF32 * 4;
     } else {
       // Parameters in model.dtype are the weights themselves: gradients and two moments more.
-      trainable_ = c.ParameterCount() * e_ * 3;
+      trainable_ = parameters * e_ * 3;
     }
   }
 
@@ -83,9 +87,7 @@ class Model {
   // The tokens of a T-token sequence that take pages: dense attention does not append the last
   // chunk, which no later chunk reads (worker/train/attention.h); sparse attention appends all.
   int64_t PagedTokens(int64_t T) const { return sparse() ? T : TokensBeforeLastChunk(T, spec_.memory.chunk_tokens); }
-  PastReach Reach() const {
-    return PastReach{.windows = c_.AttentionWindows(), .chunk_tokens = spec_.memory.chunk_tokens};
-  }
+  PastReach Reach() const { return PastReach{.windows = layers_.Windows(), .chunk_tokens = spec_.memory.chunk_tokens}; }
   // KV-gradient pages. A layer attending its whole past: as many as its KV pages, but under
   // SpaCO (backward.chunk_fraction p < 1) only the pages of the chunks stage 2 keeps get them
   // (ChunkTrainer::DropUnreadGradients), and the plan makes room for SpacoKeptChunksBound of the
@@ -111,7 +113,7 @@ class Model {
   // The layers of each attention window (0: the whole past).
   std::map<int64_t, int64_t> WindowLayers() const {
     std::map<int64_t, int64_t> out;
-    for (int64_t l = 0; l < c_.num_layers; ++l) ++out[c_.AttentionWindow(l)];
+    for (const LayerSpec& l : layers_.layers) ++out[l.window];
     return out;
   }
   // One KV page (model.dtype), one KV-gradient page: bfloat16 when memory.kv_grad_dtype asks
@@ -123,52 +125,61 @@ class Model {
   }
   int64_t KvBytes(int64_t T) const { return KvPages(T) * KvPageBytes() + GradPages(T) * GradPageBytes(); }
 
-  // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden).
-  // With the composite ops (CPU, float32):
-  //   two RMSNorms: the float32 upcast of the input and the normalised output (dtype)
+  // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden): each
+  // layer's blocks (LayerBytesPerToken) and, once, the final norm.
+  int64_t GraphBytes(int64_t C) const {
+    int64_t per_token = NormBytesPerToken();
+    for (const LayerSpec& layer : layers_.layers) per_token += LayerBytesPerToken(layer);
+    return C * per_token;
+  }
+  // What one layer keeps per token, block by block:
+  // with the composite ops (CPU, float32):
+  //   each RMSNorm: the float32 upcast of the input and the normalised output (dtype)
   //   q, k before RoPE and their rotate_half (RoPE's multiplications save both)
-  //   the MLP's gate, silu(gate), up and silu(gate) * up (gate and up only, below)
+  //   the SwiGLU MLP's gate, silu(gate), up and silu(gate) * up (gate and up only, below)
   // with the fused kernels (kernels/torch/layer_ops.h: a bfloat16 / float16 model on a GPU; the
   // RMSNorms only when their weights are frozen):
-  //   two RMSNorms: the input and the normalised output (dtype) and a float32 rstd a row
+  //   each RMSNorm: the input and the normalised output (dtype) and a float32 rstd a row
   //   nothing of RoPE's
   //   the MLP's gate, up and silu(gate) * up
-  // and for Gemma's layers on every device (kernels/torch/layer_ops.h, its norms' weights frozen):
-  //   its RMSNorms: the input and the normalised output (dtype) and one rstd a row (float32)
-  //   the MLP's gate, up and gelu_tanh(gate) * up
+  // and on every device (kernels/torch/layer_ops.h) the 1 + weight RMSNorm (NormKind, weights
+  // frozen) as the fused one, and the GELU-tanh MLP's gate, up and gelu_tanh(gate) * up;
   // and either way:
   //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
+  //   per-head q and k norms: the fused one keeps its input and a float32 rstd per head; the
+  //   composite ops, a float32 copy and the output
   //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
   //   mask and the dropped input
   //   with LoRA on down_proj and no dropout, of the MLP only gate and up, on every path: the
-  //   activation is recomputed in backward (kernels::GluDownLora)
-  // and, once, the final norm.
-  int64_t GraphBytes(int64_t C) const {
-    const int64_t H = c_.hidden_size, Q = c_.q_dim(), KV = c_.kv_dim(), I = c_.intermediate_size;
-    // Gemma has four norms a layer; with frozen weights they keep what the fused kernel keeps.
-    const bool fused = cuda_ && e_ == 2, frozen_norms = spec_.method.type != TrainMethod::kFull,
-               fused_norms = frozen_norms && (c_.gemma_layers || fused);
-    const int64_t norm = fused_norms ? 2 * e_ * H + kF32 : (kF32 + e_) * H;
-    int64_t per_token = (c_.gemma_layers ? 4 : 2) * norm;
-    if (!fused) per_token += 2 * e_ * (Q + KV);
-    per_token += e_ * (2 * Q + 2 * KV) + kF32 * c_.num_heads;
-    // Qwen3's per-head q and k norms: the fused one keeps its input and a float32 rstd per head;
-    // the composite ops, a float32 copy and the output.
-    if (c_.qk_norm) {
-      per_token += fused_norms ? e_ * (Q + KV) + kF32 * (c_.num_heads + c_.num_kv_heads) : (kF32 + e_) * (Q + KV);
+  //   activation is recomputed in backward (kernels::GluDownLora).
+  int64_t LayerBytesPerToken(const LayerSpec& layer) const {
+    const int64_t Q = c_.q_dim(), KV = c_.kv_dim();
+    int64_t bytes = layer.HiddenNorms() * NormBytesPerToken();
+    if (!FusedKernels()) bytes += 2 * e_ * (Q + KV);  // RoPE
+    bytes += e_ * (2 * Q + 2 * KV) + kF32 * c_.num_heads;
+    if (layer.Has(NormRole::kQuery)) {
+      bytes += FusedNorms() ? e_ * (Q + KV) + kF32 * (c_.num_heads + c_.num_kv_heads) : (kF32 + e_) * (Q + KV);
     }
-    // The MLP's activation is recomputed in backward where the down projection has a LoRA
-    // adapter without dropout (kernels::GluDownLora): then only gate and up.
     bool glu_down = false;
     if (spec_.method.type != TrainMethod::kFull) {
-      for (const LinearLayer& l : LoraLayers(c_, spec_.method.lora)) {
-        per_token += e_ * spec_.method.lora.rank;
-        if (spec_.method.lora.dropout > 0) per_token += (kF32 + e_) * l.in;
-        glu_down = glu_down || (std::string(l.name) == "down_proj" && spec_.method.lora.dropout == 0);
+      for (const LinearSpec& l : LoraLayers(layer, lora_targets_)) {
+        bytes += e_ * spec_.method.lora.rank;
+        if (spec_.method.lora.dropout > 0) bytes += (kF32 + e_) * l.in;
+        glu_down = glu_down || (l.name == "down_proj" && spec_.method.lora.dropout == 0);
       }
     }
-    per_token += (glu_down ? 2 : fused || c_.gemma_layers ? 3 : 4) * e_ * I;
-    return C * (per_token * c_.num_layers + norm);
+    const bool fused_mlp = FusedKernels() || layer.mlp == MlpKind::kGeluTanhGlu;
+    return bytes + (glu_down ? 2 : fused_mlp ? 3 : 4) * e_ * c_.intermediate_size;
+  }
+  // A bfloat16 / float16 model on a GPU runs the fused layer kernels.
+  bool FusedKernels() const { return cuda_ && e_ == 2; }
+  // The RMSNorms run the fused kernel: with frozen weights, on a GPU or for the 1 + weight norm.
+  bool FusedNorms() const {
+    return spec_.method.type != TrainMethod::kFull && (layers_.norm == NormKind::kRmsOnePlusWeight || FusedKernels());
+  }
+  int64_t NormBytesPerToken() const {
+    const int64_t H = c_.hidden_size;
+    return FusedNorms() ? 2 * e_ * H + kF32 : (kF32 + e_) * H;
   }
 
   // The largest transient on top of the graph. T: tokens up to and including the chunk.
@@ -256,8 +267,10 @@ class Model {
 
  private:
   const ModelConfig& c_;
+  const ModelSpec layers_;
   const JobConfig& spec_;
   const bool cuda_;
+  std::vector<std::string> lora_targets_;  // ResolveLoraTargets' names; empty for full fine-tuning
   int64_t e_ = 2;
   int64_t weights_ = 0;
   int64_t trainable_ = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "worker/hf/layer_spec.h"
 
 namespace oomb {
 namespace {
@@ -60,9 +61,9 @@ absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobCo
   // Swap instead of recompute: stage 2 replays the attention of chunks [swapped_from, N-1).
   const int64_t swapped_from = exact ? std::max<int64_t>(0, n - 1 - plan.swap_chunks) : n;
   double forward_pairs = 0, backward_pairs = 0;
-  for (int64_t l = 0; l < config.num_layers; ++l) {
+  for (const int64_t window : DescribeModel(config).Windows()) {
     for (int64_t i = 0; i < n; ++i) {
-      const double pairs = PastPairs(chunks, i, config.AttentionWindow(l));
+      const double pairs = PastPairs(chunks, i, window);
       if (i < stage1_chunks) forward_pairs += pairs;
       if (i < swapped_from || i == n - 1) forward_pairs += p * pairs;
       backward_pairs += p * pairs;

@@ -238,14 +238,14 @@ absl::Status TrainingSession::ApplyGradients(double lr) {
 void TrainingSession::Measure(const std::vector<TokenSequence>& batch, const std::vector<double>& sums,
                               const TrainerMemory& peak, double seconds, StepReport* report) const {
   const ModelConfig& c = model_->config();
-  const double N = static_cast<double>(c.ParameterCount());
+  const int64_t parameters = model_->spec().ParameterCount(c);
+  const double N = static_cast<double>(parameters);
   double flops = 0;
   int64_t tokens = 0;
-  std::vector<int64_t> windows;
-  for (int64_t l = 0; l < c.num_layers; ++l) windows.push_back(c.AttentionWindow(l));
+  const std::vector<int64_t> windows = model_->spec().Windows();
   for (const TokenSequence& s : batch) {
     tokens += s.size();
-    flops += SequenceTrainingFlops(c.ParameterCount(), c.q_dim(), windows, s.size());
+    flops += SequenceTrainingFlops(parameters, c.q_dim(), windows, s.size());
   }
   if (spec_.sparse.has_value()) {
     report->attention_density = sums[kPastPages] > 0 ? sums[kSelectedPages] / sums[kPastPages] : 1.0;

@@ -130,9 +130,9 @@ class LayerSparsePast final : public kernels::SparsePast {
 class DensePast {
  public:
   // `prefetches(layer)`: whether `layer` reads ranges of the past (so a neighbour prefetches it).
-  DensePast(const ModelConfig& config, const ChunkTrainerOptions& options, bool cuda,
+  DensePast(const ModelSpec& layers, const ChunkTrainerOptions& options, bool cuda,
             std::function<bool(int64_t)> prefetches)
-      : config_(config),
+      : layers_(layers),
         kernel_(options.gpu_attention_kernel),
         key_block_(cuda ? options.gpu_attention_key_block : options.attention_key_block),
         prefetches_(std::move(prefetches)) {}
@@ -144,7 +144,7 @@ class DensePast {
       past = std::make_shared<LayerPast>(&store, layer, c.begin, key_block_,
                                          std::array<int64_t, 2>{FirstKey(c, layer - 1), FirstKey(c, layer + 1)});
     }
-    const int64_t window = config_.AttentionWindow(layer);
+    const int64_t window = layers_.layers[layer].window;
     const at::Tensor first_key =
         window > 0 ? kernels::SlidingWindowStart(c.doc_start_host, c.begin, window) : c.doc_start_host;
     return kernels::PagedAttention(q, k, v, first_key, past, key_block_, kernel_, swap);
@@ -154,14 +154,14 @@ class DensePast {
   // The first key the chunk's queries see in `layer` (its first query's): its document's start,
   // or its window's; -1 for a layer that reads no range (nothing to prefetch).
   int64_t FirstKey(const Chunk& c, int64_t layer) const {
-    const bool in_model = layer >= 0 && layer < config_.num_layers;
+    const bool in_model = layer >= 0 && layer < static_cast<int64_t>(layers_.layers.size());
     if (in_model && !prefetches_(layer)) return -1;
     const int64_t doc = c.doc_start_host.numel() > 0 ? c.doc_start_host[0].item<int64_t>() : c.begin;
-    const int64_t window = in_model ? config_.AttentionWindow(layer) : 0;
+    const int64_t window = in_model ? layers_.layers[layer].window : 0;
     return window > 0 ? std::max(doc, c.begin - window + 1) : doc;
   }
 
-  const ModelConfig& config_;
+  const ModelSpec& layers_;
   const kernels::GpuAttentionKernel kernel_;
   const int64_t key_block_;
   const std::function<bool(int64_t)> prefetches_;
@@ -170,7 +170,7 @@ class DensePast {
 class DenseAttention final : public Attention {
  public:
   DenseAttention(const Transformer* model, const ChunkTrainerOptions& options, SwappedAttention* swap)
-      : dense_(model->config(), options, model->device().is_cuda(), [](int64_t) { return true; }), swap_(swap) {}
+      : dense_(model->spec(), options, model->device().is_cuda(), [](int64_t) { return true; }), swap_(swap) {}
 
   size_t lanes() const override { return 1; }
   void BeginSequence(const TokenSequence&, int64_t, bool) override {}
@@ -208,7 +208,7 @@ class SparseAttention final : public Attention {
         pools_(pools),
         options_(options),
         select_(*options.sparse),
-        dense_(model->config(), options, model->device().is_cuda(), [this](int64_t layer) { return Windowed(layer); }) {
+        dense_(model->spec(), options, model->device().is_cuda(), [this](int64_t layer) { return Windowed(layer); }) {
     select_.page_tokens = pools.kv->shape().page_tokens;
     for (int64_t layer = 0; layer < L(); ++layer) {
       summary_row_.push_back(Windowed(layer) ? -1 : global_layers_++);
@@ -233,7 +233,7 @@ class SparseAttention final : public Attention {
   int64_t P() const { return select_.page_tokens; }
   int64_t L() const { return model_->config().num_layers; }
   // A sliding-window layer attends densely over its window: no selection, no summaries.
-  bool Windowed(int64_t layer) const { return model_->config().AttentionWindow(layer) > 0; }
+  bool Windowed(int64_t layer) const { return model_->spec().layers[layer].window > 0; }
 
   const Transformer* model_;
   const KvPools pools_;

@@ -168,7 +168,7 @@ absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_
 }
 
 PastReach ChunkTrainer::Reach() const {
-  return PastReach{.windows = model_->config().AttentionWindows(), .chunk_tokens = options_.chunk_tokens};
+  return PastReach{.windows = model_->spec().Windows(), .chunk_tokens = options_.chunk_tokens};
 }
 
 absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq, TokenScores* scores) {

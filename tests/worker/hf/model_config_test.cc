@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "worker/hf/layer_spec.h"
 #include "worker/hf/loading_code.h"
 #include "worker/hf/model_config.h"
 
@@ -27,6 +28,9 @@ ModelConfig Parse(const std::string& text) {
   return c.ok() ? *c : ModelConfig();
 }
 
+// The attention window of layer i as the engine builds it (0: the whole past).
+int64_t Window(const ModelConfig& c, int64_t i) { return DescribeModel(c).layers.at(i).window; }
+
 // Mistral's sliding_window: every layer (null: none), or the layers layer_types marks; malformed
 // entries name the key. Qwen2's sliding windows stay refused.
 TEST(ModelConfigTest, SlidingWindowsOfMistralAndTheirErrors) {
@@ -36,12 +40,12 @@ TEST(ModelConfigTest, SlidingWindowsOfMistralAndTheirErrors) {
   const auto with = [&](const std::string& keys) { return mistral.substr(0, mistral.size() - 1) + ", " + keys + "}"; };
   ModelConfig c = Parse(with(R"("sliding_window": 4096)"));
   EXPECT_EQ(c.architecture, "MistralForCausalLM");
-  EXPECT_EQ(c.AttentionWindow(0), 4096);
-  EXPECT_EQ(c.AttentionWindow(1), 4096);
-  EXPECT_FALSE(Parse(with(R"("sliding_window": null)")).has_sliding_layers());
+  EXPECT_EQ(Window(c, 0), 4096);
+  EXPECT_EQ(Window(c, 1), 4096);
+  EXPECT_FALSE(DescribeModel(Parse(with(R"("sliding_window": null)"))).HasWindows());
   c = Parse(with(R"("sliding_window": 512, "layer_types": ["full_attention", "sliding_attention"])"));
-  EXPECT_EQ(c.AttentionWindow(0), 0);
-  EXPECT_EQ(c.AttentionWindow(1), 512);
+  EXPECT_EQ(Window(c, 0), 0);
+  EXPECT_EQ(Window(c, 1), 512);
   const auto error = [](const std::string& text) {
     return std::string(ParseModelConfig(text, "config.json").status().message());
   };
@@ -86,7 +90,7 @@ TEST(ModelConfigTest, Gemma3AsTransformers4WroteIt) {
   ASSERT_TRUE(c.sliding_rope.has_value());
   EXPECT_EQ(c.sliding_rope->type, RopeType::kDefault);
   EXPECT_EQ(c.sliding_rope->theta, 1e4);
-  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(c.AttentionWindow(i), i == 5 ? 0 : 512) << i;
+  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(Window(c, i), i == 5 ? 0 : 512) << i;
   // Parameters: embeddings (tied), and per layer q, k, v, o, the MLP, four norms and q/k norms.
   EXPECT_EQ(c.ParameterCount(),
             7 * (640 * 1024 + 2 * 640 * 256 + 1024 * 640 + 3 * 640 * 2048 + 4 * 640 + 2 * 256) + 262144 * 640 + 640);
@@ -144,7 +148,7 @@ TEST(ModelConfigTest, Phi4MiniAsPublished) {
   EXPECT_EQ(c.rope.original_max_position_embeddings, 4096);
   EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
   EXPECT_DOUBLE_EQ(c.rope.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)));
-  EXPECT_EQ(c.AttentionWindow(0), 262144);
+  EXPECT_EQ(Window(c, 0), 262144);
   // 3.84B parameters, as Microsoft gives it: q, k, v and gate, up fused change no count.
   EXPECT_EQ(c.ParameterCount(),
             int64_t{32} * (3072 * 3072 + 2 * 3072 * 1024 + 3072 * 3072 + 3 * 3072 * 8192 + 2 * 3072) +
@@ -195,7 +199,7 @@ TEST(ModelConfigTest, Gemma3MultimodalReadsItsLanguageModel) {
   EXPECT_EQ(c.rope.theta, 1e6);
   ASSERT_TRUE(c.sliding_rope.has_value());
   EXPECT_EQ(c.sliding_rope->theta, 1e4);
-  for (int64_t i = 0; i < 34; ++i) EXPECT_EQ(c.AttentionWindow(i), (i + 1) % 6 == 0 ? 0 : 1024) << i;
+  for (int64_t i = 0; i < 34; ++i) EXPECT_EQ(Window(c, i), (i + 1) % 6 == 0 ? 0 : 1024) << i;
   RopeScalingOverride yarn;
   yarn.type = RopeType::kYarn;
   yarn.factor = 16.0;

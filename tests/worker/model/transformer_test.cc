@@ -81,7 +81,7 @@ ChunkInput WholeSequence(const at::Tensor& ids) {
 // The attention of `layer` over the whole sequence (no past), windowed where the layer is.
 at::Tensor WholeSequenceAttention(const Transformer& model, const ChunkInput& in, int64_t layer, const at::Tensor& q,
                                   const at::Tensor& k, const at::Tensor& v) {
-  const int64_t window = model.config().AttentionWindow(layer);
+  const int64_t window = model.spec().layers[layer].window;
   return kernels::PagedAttention(
       q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr);
 }

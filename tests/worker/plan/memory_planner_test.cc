@@ -43,8 +43,7 @@ int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.e
 
 class PlannerVsTrainer : public ::testing::TestWithParam<Case> {};
 
-TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
-  const Case& k = GetParam();
+ModelConfig CaseModel(const Case& k) {
   ModelConfig c = testing::TinyLlamaConfig(k.vocab, k.hidden, k.layers, k.heads, k.kv_heads);
   c.intermediate_size = k.hidden * 8 / 3;
   if (k.qk_norm || k.gemma) {
@@ -57,6 +56,10 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
     for (int64_t i = 0; i < k.layers; ++i) c.sliding_layers.push_back(i % 2 == 0);
     c.sliding_rope = RopeConfig{};
   }
+  return c;
+}
+
+JobConfig CaseSpec(const Case& k) {
   JobConfig spec;
   spec.model.dtype = ModelDtype::kFloat32;
   spec.method.type = k.method == "full" ? TrainMethod::kFull : TrainMethod::kLora;
@@ -68,6 +71,26 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   if (k.sparse) {
     spec.sparse = JobConfig::Sparse{.page_budget = 8, .sink_pages = 1, .local_pages = 4};
   }
+  return spec;
+}
+
+// What training keeps besides the weights: the trainable parameters (LoRA's; full fine-tuning
+// trains the weights themselves, which the plan counts once, as weights), their gradients and
+// AdamW's two moments.
+int64_t TrainableStateBytes(const Transformer& model, torch::optim::AdamW& adam, bool lora) {
+  int64_t trainable = 0;
+  for (auto& [name, p] : model.TrainableParameters()) trainable += (lora ? Bytes(p) : 0) + Bytes(p.grad());
+  for (const auto& [key, state] : adam.state()) {
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
+    trainable += Bytes(s.exp_avg()) + Bytes(s.exp_avg_sq());
+  }
+  return trainable;
+}
+
+TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
+  const Case& k = GetParam();
+  const ModelConfig c = CaseModel(k);
+  const JobConfig spec = CaseSpec(k);
   PlanTarget target;
   target.device = "cpu";
   target.device_bytes = target.host_bytes = int64_t{64} << 30;
@@ -99,10 +122,10 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   // The tokens that take pages: dense attention does not append the last chunk.
   const int64_t paged = k.sparse ? k.tokens : (k.tokens - 1) / k.chunk * k.chunk;
   // Every layer attending its whole past: ceil(T' / P) + 1 pages; sliding-window layers fewer.
-  const PastReach reach{.windows = c.AttentionWindows(), .chunk_tokens = spec.memory.chunk_tokens};
+  const PastReach reach{.windows = DescribeModel(c).Windows(), .chunk_tokens = spec.memory.chunk_tokens};
   const int64_t all_pages = c.num_layers * ((paged + P - 1) / P + 1);
   EXPECT_EQ(kv.stats().capacity_pages, SequencePagesBound(paged, P, reach, c.num_layers));
-  if (!c.has_sliding_layers()) {
+  if (!DescribeModel(c).HasWindows()) {
     EXPECT_EQ(kv.stats().capacity_pages, all_pages);
   }
   if (std::string(k.name) == "gemma_c256") {   // a window of 100 before chunks of 256: 6 of 12 pages
@@ -121,15 +144,7 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   }
   torch::optim::AdamW& adam = (*session)->optimizer();
   adam.step();
-  int64_t trainable = 0;
-  // Full fine-tuning trains the weights themselves: the plan counts them once, as weights.
-  for (auto& [name, p] : model->TrainableParameters())
-    trainable += (k.method == "lora" ? Bytes(p) : 0) + Bytes(p.grad());
-  for (const auto& [key, state] : adam.state()) {
-    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
-    trainable += Bytes(s.exp_avg()) + Bytes(s.exp_avg_sq());
-  }
-  EXPECT_EQ(plan->trainable_state_bytes, trainable);
+  EXPECT_EQ(plan->trainable_state_bytes, TrainableStateBytes(*model, adam, k.method == "lora"));
 
   const int64_t measured = trainer.memory().activation_peak_bytes;
   const double ratio = static_cast<double>(plan->activation_bytes) / static_cast<double>(measured);

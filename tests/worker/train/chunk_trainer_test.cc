@@ -113,7 +113,7 @@ Grads FullSequenceGrads(const Transformer& model, const TokenSequence& seq, doub
 // made here, position by position: token t sees keys j > t - window of its document.
 at::Tensor DenseReference(const Transformer& model, const TokenSequence& seq, int64_t layer, const at::Tensor& q,
                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
-  const int64_t window = model.config().AttentionWindow(layer);
+  const int64_t window = model.spec().layers[layer].window;
   if (window == 0) return kernels::DenseAttentionReference(q, k, v, doc_start);
   std::vector<int64_t> first(seq.doc_start);
   for (int64_t t = 0; t < static_cast<int64_t>(first.size()); ++t) {
@@ -216,9 +216,9 @@ TEST_P(ChunkTrainerExactnessTest, ChunkedGradientsEqualFullSequenceGradients) {
       EXPECT_LE(err, tolerance) << "chunk " << chunk << " page " << page << ": worst " << worst;
       std::cout << "chunk " << chunk << " page " << page << ": max relative gradient error " << err << "\n";
       // A sliding-window layer held only the pages later chunks read.
-      const PastReach reach{.windows = config.AttentionWindows(), .chunk_tokens = chunk};
+      const PastReach reach{.windows = DescribeModel(config).Windows(), .chunk_tokens = chunk};
       EXPECT_LE(pools.kv->stats().peak_used_pages, SequencePagesBound(T, page, reach, config.num_layers));
-      if (config.has_sliding_layers() && chunk == 16 && page == 3) {
+      if (DescribeModel(config).HasWindows() && chunk == 16 && page == 3) {
         EXPECT_LT(pools.kv->stats().peak_used_pages, config.num_layers * ((T + page - 1) / page));
       }
       // Every page went back to its pool.
@@ -306,7 +306,7 @@ TEST_P(ChunkTrainerExactnessTest, SwappedAttentionGivesTheRecomputedGradientsBit
 // On a GPU: the swap's gradients against the recompute path's, on pools on the device. float32
 // (the blockwise attention) within 1e-5, the GPU tests' tolerance; bfloat16 (the fused kernels)
 // closer to the recompute path's than bfloat16 itself is to float32 (on the H100 the 7B step at
-// 64K differed by 1.8% where bfloat16 is 8.4% from float32: bench/results/2026-11-26-h100-swap-peers).
+// 64K differed by 1.8% where bfloat16 is 8.4% from float32: docs/PERFORMANCE.md, dense training speed).
 TEST(SwapGpuTest, SwappedGradientsMatchTheRecomputedOnes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const at::Device cuda(at::kCUDA, 0);
@@ -608,7 +608,7 @@ Grads MaskedReferenceGrads(const Transformer& model, const TokenSequence& seq, d
   return FullSequenceGrads(
       model, seq, scale,
       [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
-        if (model.config().AttentionWindow(layer) > 0) return DenseReference(model, seq, layer, q, k, v, doc_start);
+        if (model.spec().layers[layer].window > 0) return DenseReference(model, seq, layer, q, k, v, doc_start);
         at::Tensor allowed = at::zeros({Hq, T, T}, at::kBool);
         for (int64_t begin = 0, i = 0; begin < T; begin += chunk, ++i) {
           const int64_t C = std::min(chunk, T - begin);
@@ -711,7 +711,7 @@ TEST_P(SparseTrainerTest, ChunkedGradientsEqualFullSequenceOverTheSelectedPages)
 TEST(SparseWindowedTrainerTest, GlobalLayersSelectAndSlidingWindowLayersAttendTheirWindow) {
   const Case c{"gemma3", false, at::kDouble, true};
   auto model = MakeModel(c, at::kDouble);
-  ASSERT_TRUE(model->config().has_sliding_layers());
+  ASSERT_TRUE(model->spec().HasWindows());
   const TokenSequence seq = TokenSequence::Pack({RandomIds(30, 61, 1), RandomIds(41, 61, 2), RandomIds(25, 61, 3)});
   const double scale = 1.0 / static_cast<double>(seq.label_tokens());
   // Chunks of 16: the window of 11 reaches back over a page boundary at each chunk start only, so
@@ -733,7 +733,7 @@ TEST(SparseWindowedTrainerTest, GlobalLayersSelectAndSlidingWindowLayersAttendTh
   EXPECT_EQ(pools.kv->stats().used_pages, 0);
   EXPECT_EQ(pools.grad->stats().used_pages, 0);
   // The sliding-window layer held no more pages than its window lets later chunks read.
-  const PastReach reach{.windows = model->config().AttentionWindows(), .chunk_tokens = chunk};
+  const PastReach reach{.windows = model->spec().Windows(), .chunk_tokens = chunk};
   EXPECT_LE(pools.kv->stats().peak_used_pages, SequencePagesBound(seq.size(), page, reach, L));
   EXPECT_LT(pools.kv->stats().peak_used_pages, L * ((seq.size() + page - 1) / page));
 

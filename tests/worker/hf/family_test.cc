@@ -1,0 +1,109 @@
+// The registry of families (worker/hf/family.h) and the layers they describe
+// (worker/hf/layer_spec.h): which family a config.json is, what each preset's layers are, and
+// that the forward's linear layers and the LoRA targets come from the same description.
+#include "worker/hf/family.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "worker/hf/layer_spec.h"
+
+namespace oomb {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+ModelConfig Preset(const std::string& name) {
+  absl::StatusOr<ModelConfig> c = PresetConfig(name);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : ModelConfig();
+}
+
+int64_t Count(const std::vector<int64_t>& windows, int64_t window) {
+  return std::count(windows.begin(), windows.end(), window);
+}
+
+TEST(FamilyTest, TheFirstFamilyThatMatchesWins) {
+  // model_type is matched before architecture within a family, families in registry order.
+  EXPECT_EQ(FindFamily("LlamaForCausalLM", "qwen2")->model_type, "llama");
+  EXPECT_EQ(FindFamily("SomethingElse", "qwen3")->architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ(FindFamily("Phi3ForCausalLM", "")->model_type, "phi3");
+  EXPECT_EQ(FindFamily("GPTNeoXForCausalLM", "gpt_neox"), nullptr);
+  std::vector<std::string> architectures;
+  for (const Family& f : Families()) architectures.push_back(f.architecture);
+  EXPECT_THAT(architectures, ElementsAre("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                         "MistralForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"));
+}
+
+TEST(FamilyTest, AnUnknownPresetNamesTheOthers) {
+  const absl::StatusOr<ModelConfig> c = PresetConfig("llama-70b");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(c.status().message(), HasSubstr("qwen2.5-7b, qwen2.5-0.5b, tiny, qwen3-8b"));
+}
+
+// Parameter counts as Hugging Face reports them for the real models.
+TEST(FamilyTest, PresetsCountTheRealModelsParameters) {
+  EXPECT_EQ(Preset("qwen2.5-7b").ParameterCount(), 7615616512);
+  EXPECT_EQ(Preset("phi-4-mini").ParameterCount(), 3836021760);
+}
+
+TEST(FamilyTest, PresetLayersAreTheFamilysLayers) {
+  const ModelSpec qwen2 = DescribeModel(Preset("qwen2.5-7b"));
+  EXPECT_EQ(qwen2.norm, NormKind::kRms);
+  EXPECT_EQ(qwen2.layers.size(), 28u);
+  EXPECT_TRUE(qwen2.layers[0].linears[0].bias);   // q_proj
+  EXPECT_FALSE(qwen2.layers[0].linears[3].bias);  // o_proj
+  EXPECT_FALSE(qwen2.layers[0].Has(NormRole::kQuery));
+
+  const ModelSpec qwen3 = DescribeModel(Preset("qwen3-8b"));
+  EXPECT_TRUE(qwen3.layers[0].Has(NormRole::kQuery) && qwen3.layers[0].Has(NormRole::kKey));
+  EXPECT_FALSE(qwen3.layers[0].linears[0].bias);
+
+  const ModelConfig gemma_config = Preset("gemma-3-12b");
+  const ModelSpec gemma = DescribeModel(gemma_config);
+  EXPECT_EQ(gemma.norm, NormKind::kRmsOnePlusWeight);
+  EXPECT_TRUE(gemma.scale_embeddings);
+  EXPECT_DOUBLE_EQ(gemma.query_scale, 1.0);  // query_pre_attn_scalar 256 = head_dim
+  EXPECT_EQ(gemma.layers[0].mlp, MlpKind::kGeluTanhGlu);
+  EXPECT_EQ(gemma.layers[0].HiddenNorms(), 4);
+  EXPECT_EQ(Count(gemma.Windows(), 1024), 40);
+  EXPECT_EQ(Count(gemma.Windows(), 0), 8);
+  EXPECT_TRUE(gemma.layers[0].local_rope);
+  EXPECT_FALSE(gemma.layers[5].local_rope);
+  EXPECT_EQ(gemma_config.rope.type, RopeType::kLinear);
+  EXPECT_FALSE(DescribeModel(Preset("gemma-3-12b-global")).HasWindows());
+
+  const ModelConfig phi_config = Preset("phi-4-mini");
+  const ModelSpec phi = DescribeModel(phi_config);
+  EXPECT_TRUE(phi.layers[0].fused_projections);
+  EXPECT_EQ(phi.layers[0].linears[0].name, "qkv_proj");
+  EXPECT_EQ(Count(phi.Windows(), 262144), 32);
+  EXPECT_EQ(phi_config.rope_dim(), 96);
+  EXPECT_EQ(phi_config.rope.type, RopeType::kLongrope);
+  EXPECT_DOUBLE_EQ(phi_config.rope.factor, 32);
+}
+
+// The linear layers LoRA can target are the forward's, for every family and preset.
+TEST(FamilyTest, LoraTargetsAreTheLayersLinears) {
+  for (const std::string& name : PresetNames()) {
+    const ModelConfig c = Preset(name);
+    std::vector<std::string> names;
+    const ModelSpec spec = DescribeModel(c);
+    for (const LinearSpec& l : spec.layers.back().linears) names.push_back(l.name);
+    const absl::StatusOr<std::vector<std::string>> all = ResolveLoraTargets(c, names);
+    ASSERT_TRUE(all.ok()) << name << ": " << all.status();
+    EXPECT_EQ(*all, names) << name;
+    const absl::StatusOr<std::vector<std::string>> parts =
+        ResolveLoraTargets(c, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+    ASSERT_TRUE(parts.ok()) << name << ": " << parts.status();
+    EXPECT_EQ(*parts, names) << name;  // fused layers named through their parts
+  }
+}
+
+}  // namespace
+}  // namespace oomb

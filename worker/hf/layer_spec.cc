@@ -1,0 +1,134 @@
+#include "worker/hf/layer_spec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace oomb {
+namespace {
+
+std::vector<NormSpec> LayerNorms(const ModelConfig& c) {
+  const int64_t d = c.hidden_size;
+  std::vector<NormSpec> out = {{NormRole::kInput, "input_layernorm.weight", d}};
+  if (c.gemma_layers) {
+    out.push_back({NormRole::kAttentionOutput, "post_attention_layernorm.weight", d});
+    out.push_back({NormRole::kMlpInput, "pre_feedforward_layernorm.weight", d});
+    out.push_back({NormRole::kMlpOutput, "post_feedforward_layernorm.weight", d});
+  } else {
+    out.push_back({NormRole::kMlpInput, "post_attention_layernorm.weight", d});
+  }
+  if (c.qk_norm) {
+    out.push_back({NormRole::kQuery, "self_attn.q_norm.weight", c.head_dim});
+    out.push_back({NormRole::kKey, "self_attn.k_norm.weight", c.head_dim});
+  }
+  return out;
+}
+
+std::vector<LinearSpec> LayerLinears(const ModelConfig& c) {
+  const int64_t d = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size;
+  if (c.fused_projections) {
+    return {{"qkv_proj", true, d, q + 2 * kv, false},
+            {"o_proj", true, q, d, false},
+            {"gate_up_proj", false, d, 2 * f, false},
+            {"down_proj", false, f, d, false}};
+  }
+  return {{"q_proj", true, d, q, c.qkv_bias},     {"k_proj", true, d, kv, c.qkv_bias},
+          {"v_proj", true, d, kv, c.qkv_bias},    {"o_proj", true, q, d, c.o_bias},
+          {"gate_proj", false, d, f, c.mlp_bias}, {"up_proj", false, d, f, c.mlp_bias},
+          {"down_proj", false, f, d, c.mlp_bias}};
+}
+
+}  // namespace
+
+bool LayerSpec::Has(NormRole role) const {
+  return std::any_of(norms.begin(), norms.end(), [&](const NormSpec& n) { return n.role == role; });
+}
+
+int64_t LayerSpec::HiddenNorms() const {
+  return std::count_if(norms.begin(), norms.end(),
+                       [](const NormSpec& n) { return n.role != NormRole::kQuery && n.role != NormRole::kKey; });
+}
+
+std::vector<int64_t> ModelSpec::Windows() const {
+  std::vector<int64_t> out;
+  for (const LayerSpec& l : layers) out.push_back(l.window);
+  return out;
+}
+
+bool ModelSpec::HasWindows() const {
+  return std::any_of(layers.begin(), layers.end(), [](const LayerSpec& l) { return l.window > 0; });
+}
+
+bool ModelSpec::HasLocalRope() const {
+  return std::any_of(layers.begin(), layers.end(), [](const LayerSpec& l) { return l.local_rope; });
+}
+
+int64_t ModelSpec::ParameterCount(const ModelConfig& c) const {
+  int64_t n = c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) + c.hidden_size;
+  for (const LayerSpec& l : layers) {
+    for (const NormSpec& norm : l.norms) n += norm.size;
+    for (const LinearSpec& linear : l.linears) n += linear.in * linear.out + (linear.bias ? linear.out : 0);
+  }
+  return n;
+}
+
+ModelSpec DescribeModel(const ModelConfig& c) {
+  ModelSpec spec;
+  spec.norm = c.gemma_layers ? NormKind::kRmsOnePlusWeight : NormKind::kRms;
+  spec.scale_embeddings = c.gemma_layers;
+  const double D = static_cast<double>(c.head_dim);
+  if (c.query_pre_attn_scalar > 0 && c.query_pre_attn_scalar != D) {
+    spec.query_scale = std::sqrt(D / c.query_pre_attn_scalar);
+  }
+  LayerSpec layer;
+  layer.fused_projections = c.fused_projections;
+  layer.mlp = c.gemma_layers ? MlpKind::kGeluTanhGlu : MlpKind::kSwiGlu;
+  layer.norms = LayerNorms(c);
+  layer.linears = LayerLinears(c);
+  spec.layers.assign(c.num_layers, layer);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const bool sliding = i < static_cast<int64_t>(c.sliding_layers.size()) && c.sliding_layers[i];
+    spec.layers[i].window = sliding ? c.sliding_window : 0;
+    spec.layers[i].local_rope = sliding && c.sliding_window > 0 && c.sliding_rope.has_value();
+  }
+  return spec;
+}
+
+std::vector<LinearSpec> LinearLayers(const ModelConfig& c) { return DescribeModel(c).layers.front().linears; }
+
+absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c,
+                                                            const std::vector<std::string>& targets) {
+  std::set<std::string> want(targets.begin(), targets.end());
+  const std::vector<LinearSpec> linears = LinearLayers(c);
+  if (linears.front().name == "qkv_proj") {
+    const std::pair<const char*, std::vector<std::string>> kFused[] = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
+                                                                       {"gate_up_proj", {"gate_proj", "up_proj"}}};
+    for (const auto& [fused, parts] : kFused) {
+      const auto named = std::count_if(parts.begin(), parts.end(), [&](const std::string& p) { return want.count(p); });
+      if (named == 0) continue;
+      if (named != static_cast<int64_t>(parts.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: ", c.architecture, " fuses ",
+                                                       absl::StrJoin(parts, ", "), " into one layer (", fused,
+                                                       "): name ", fused, ", or all of ", absl::StrJoin(parts, ", ")));
+      }
+      for (const std::string& p : parts) want.erase(p);
+      want.insert(fused);
+    }
+  }
+  std::vector<std::string> out, known;
+  for (const LinearSpec& l : linears) {
+    known.push_back(l.name);
+    if (want.erase(l.name) > 0) out.push_back(l.name);
+  }
+  if (!want.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: unknown module '", *want.begin(),
+                                                   "' for ", c.architecture,
+                                                   " (its linear layers: ", absl::StrJoin(known, ", "), ")"));
+  }
+  return out;
+}
+
+}  // namespace oomb
