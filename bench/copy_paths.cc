@@ -2,7 +2,7 @@
 // copy engine's two ways, measured alone and beside a bf16 matmul on another stream (the
 // trainer's compute, which the copies are meant to overlap).
 //
-//   dma:       one cudaMemcpyAsync per run of adjacent pages (the copy engine until 2026-11-22)
+//   dma:       one cudaMemcpyAsync per run of adjacent pages (the copy engine's first way)
 //   dma batch: one cudaMemcpyBatchAsync of every run (CUDA 12.8+: the driver's copy engines,
 //              no SMs, one API call)
 //   kernel B:  one launch of kernels/page_copy.h LaunchCopyRuns on B thread blocks, its threads

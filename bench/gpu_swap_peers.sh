@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements of swap instead of recompute, the job spec's defaults and the peers
-# (bench/results/2026-11-26-h100-swap-peers), one part per device call on one warm GPU machine,
+# (the swap-peers run in bench/results), one part per device call on one warm GPU machine,
 # so oomb and the peers run on the same card. Run through scripts/gpu_run.sh after
 # scripts/gpu_pack.sh (carry .carry; the peers' parts also .whl, bench/peers/fetch_wheels.sh):
 #   oomb     Qwen2.5-7B LoRA r=16: the job spec's defaults (chunk_tokens auto, swap on,

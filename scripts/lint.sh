@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
-# Project lints, run by the test command (scripts/test.sh) and as the ctest test `lint`:
+# Project lints, run by the test command (scripts/test.sh) and as the ctest test `lint`; each
+# script's header says exactly what counts (docs/CONVENTIONS.md §6.12):
 #   1. clang-format (.clang-format, Google base): every C++/CUDA source is formatted.
 #   2. Every CUDA kernel launch (`<<<...>>>`) is followed, within its next two statements, by an
 #      error check: cudaGetLastError(), C10_CUDA_KERNEL_LAUNCH_CHECK() or OOMB_CUDA_LAUNCH_CHECK().
 #   3. No source (C++, CUDA, Python, shell, proto, CMake; not bench/results/ or tests/data/) cites a
-#      Markdown file the repository does not have: a name ending in .md must exist relative to
-#      the root, docs/ or the citing file's directory (scripts/lint_doc_refs.py says what counts).
+#      file the repository does not have: a name ending in .md must exist relative to the root,
+#      docs/ or the citing file's directory; a path that starts with a top-level folder and ends
+#      in a source extension (worker/job/executor.h, scripts/setup.sh) must exist relative to the
+#      root (scripts/lint_doc_refs.py).
+#   4. No C++/CUDA function outside bench/ and tests/data/ is over 80 lines, counted from the line
+#      of its name to its closing brace, as the PyPI package lizard finds them
+#      (scripts/lint_function_length.py). It runs with the virtual environment's Python
+#      ($OOMB_VENV, default ~/.cache/oomb/venv), where scripts/setup.sh installs lizard; without
+#      it the lint fails.
+#   5. README.md is at most 250 lines (scripts/lint_readme.py): detail goes in docs/.
+#   6. No source (as in 3) records history: no ISO date (YYYY-MM-DD, not part of a timestamp) and
+#      no path into bench/results naming a run; measurements go in bench/results/<run>/README.md
+#      and docs/PERFORMANCE.md (scripts/lint_measurements.py).
 # Usage: scripts/lint.sh [--fix]   (--fix reformats in place instead of failing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,5 +34,15 @@ else
 fi
 python3 scripts/lint_cuda_launch.py "${sources[@]}" || status=1
 python3 scripts/lint_doc_refs.py || status=1
+venv_python="${OOMB_VENV:-$HOME/.cache/oomb/venv}/bin/python"
+if [ -x "$venv_python" ]; then
+  "$venv_python" scripts/lint_function_length.py || status=1
+else
+  echo "lint: function length: no Python at $venv_python, whose environment holds lizard:" \
+    "run scripts/setup.sh" >&2
+  status=1
+fi
+python3 scripts/lint_readme.py || status=1
+python3 scripts/lint_measurements.py || status=1
 [ $status -eq 0 ] && echo "lint: ok (${#sources[@]} files)" >&2
 exit $status

@@ -6,8 +6,9 @@
 #
 # Environment:
 #   OOMB_VENV   where the virtual environment lives (default: ~/.cache/oomb/venv). It holds
-#               the PyPI wheel torch==2.11.0, whose share/cmake is LibTorch's CMake package, and
-#               the Python packages the reference-parity tests use.
+#               the PyPI wheel torch==2.11.0, whose share/cmake is LibTorch's CMake package,
+#               the Python packages the reference-parity tests use, and lizard, which the
+#               function-length lint runs (scripts/lint_function_length.py).
 set -euo pipefail
 
 OOMB_VENV="${OOMB_VENV:-$HOME/.cache/oomb/venv}"
@@ -61,6 +62,9 @@ PY_PACKAGES=(
   # google/api/{annotations,http}.proto and google/rpc/{status,error_details}.proto, which the
   # API's .proto files import (proto/CMakeLists.txt, the SDK's build); httpx for the HTTP tests
   "googleapis-common-protos" "httpx" "openapi-spec-validator"
+  # the C++ function-length lint's parser (scripts/lint.sh, scripts/lint_function_length.py);
+  # pinned, so that a new release cannot move the lengths it reports
+  "lizard==1.24.3"
 )
 stamp="$OOMB_VENV/.oomb-setup-$(printf '%s\n' "${PY_PACKAGES[@]}" | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then

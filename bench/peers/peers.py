@@ -239,7 +239,7 @@ def main():
                          "(0, the default, disables it); such a length is reported as not fitting, "
                          "with a reason. Off by default: 'available' counts the pinned buffers "
                          "LibTorch caches after a step as used, so the guard skipped lengths that "
-                         "would have fitted (bench/results/2026-11-26-h100-swap-peers, call 8)")
+                         "would have fitted (the swap-peers run in bench/results, call 8)")
     ap.add_argument("--model-dir", default=None,
                     help="unsloth: where the random-weight model is written / reused "
                          "(default /tmp/peers-model-<preset>)")

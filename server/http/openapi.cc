@@ -205,6 +205,75 @@ json ErrorSchema() {
                 {"details", {{"type", "array"}, {"items", {{"type", "object"}}}}}}}}}}}};
 }
 
+// The route's parameters: its path variables, then the request's fields a query string sets
+// (scalars, maps, field masks; not those the path or the body set).
+json Parameters(Builder& b, const HttpRoute& r, const std::vector<std::pair<std::string, std::string>>& path_params) {
+  json parameters = json::array();
+  for (const auto& [name, what] : path_params) {
+    parameters.push_back(
+        {{"name", name}, {"in", "path"}, {"required", true}, {"schema", {{"type", "string"}}}, {"description", what}});
+  }
+  std::set<std::string> taken(r.variables.begin(), r.variables.end());
+  for (const std::string& v : r.variables) taken.insert(v.substr(0, v.find('.')));
+  const Descriptor* in = r.method->input_type();
+  for (int i = 0; i < in->field_count(); ++i) {
+    const FieldDescriptor* f = in->field(i);
+    if (taken.count(f->name()) || r.body == "*" || f->name() == r.body) continue;
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE && !f->is_map() &&
+        f->message_type()->full_name() != "google.protobuf.FieldMask") {
+      continue;
+    }
+    json p = {{"name", f->name()}, {"in", "query"}, {"schema", b.FieldSchema(f)}};
+    if (f->is_map()) {
+      p["style"] = "deepObject";
+      p["explode"] = true;
+    }
+    if (const std::string c = FieldComment(f); !c.empty()) p["description"] = c;
+    parameters.push_back(p);
+  }
+  return parameters;
+}
+
+// The route's responses: 200 (JSON; server-sent events for WatchJob; an archive's bytes for the
+// other server-streaming methods) and the error.
+json Responses(Builder& b, const google::protobuf::MethodDescriptor* m) {
+  json ok;
+  if (m->server_streaming() && m->name() == "WatchJob") {
+    ok = {{"description", "Server-sent events: `data:` a " + SchemaName(m->output_type()->full_name()) +
+                              " as JSON per event, `id:` its sequence"},
+          {"content", {{"text/event-stream", {{"schema", {{"type", "string"}}}}}}}};
+    b.Ref(m->output_type());
+  } else if (m->server_streaming()) {
+    ok = {{"description", "The archive's bytes (206 with Content-Range for a Range request)"},
+          {"content", {{"application/x-tar", {{"schema", {{"type", "string"}, {"format", "binary"}}}}}}}};
+  } else {
+    ok = {{"description", "OK"}, {"content", {{"application/json", {{"schema", b.Ref(m->output_type())}}}}}};
+  }
+  return {{"200", ok},
+          {"default",
+           {{"description", "An error"},
+            {"content", {{"application/json", {{"schema", {{"$ref", "#/components/schemas/Error"}}}}}}}}}};
+}
+
+// The route's operation object; `path_params` from OpenApiPath.
+json Operation(Builder& b, const HttpRoute& r, const std::vector<std::pair<std::string, std::string>>& path_params) {
+  const google::protobuf::MethodDescriptor* m = r.method;
+  json op = {{"operationId", m->name()}, {"tags", json::array({m->service()->name()})}};
+  if (const std::string c = MethodComment(m); !c.empty()) op["description"] = c;
+  if (json parameters = Parameters(b, r, path_params); !parameters.empty()) op["parameters"] = parameters;
+  if (m->client_streaming()) {
+    op["requestBody"] = {
+        {"required", true},
+        {"content", {{"application/octet-stream", {{"schema", {{"type", "string"}, {"format", "binary"}}}}}}}};
+  } else if (!r.body.empty()) {
+    const Descriptor* in = m->input_type();
+    const json schema = r.body == "*" ? b.Ref(in) : b.FieldSchema(in->FindFieldByName(r.body));
+    op["requestBody"] = {{"required", true}, {"content", {{"application/json", {{"schema", schema}}}}}};
+  }
+  op["responses"] = Responses(b, m);
+  return op;
+}
+
 }  // namespace
 
 std::string OpenApiDocument(const HttpRoutes& routes) {
@@ -215,61 +284,7 @@ std::string OpenApiDocument(const HttpRoutes& routes) {
     const google::protobuf::MethodDescriptor* m = r.method;
     std::vector<std::pair<std::string, std::string>> path_params;
     const std::string path = OpenApiPath(r, &path_params);
-    json op = {{"operationId", m->name()}, {"tags", json::array({m->service()->name()})}};
-    if (const std::string c = MethodComment(m); !c.empty()) op["description"] = c;
-    json parameters = json::array();
-    for (const auto& [name, what] : path_params) {
-      parameters.push_back({{"name", name},
-                            {"in", "path"},
-                            {"required", true},
-                            {"schema", {{"type", "string"}}},
-                            {"description", what}});
-    }
-    std::set<std::string> taken(r.variables.begin(), r.variables.end());
-    for (const std::string& v : r.variables) taken.insert(v.substr(0, v.find('.')));
-    const Descriptor* in = m->input_type();
-    for (int i = 0; i < in->field_count(); ++i) {
-      const FieldDescriptor* f = in->field(i);
-      if (taken.count(f->name()) || r.body == "*" || f->name() == r.body) continue;
-      if (f->type() == FieldDescriptor::TYPE_MESSAGE && !f->is_map() &&
-          f->message_type()->full_name() != "google.protobuf.FieldMask") {
-        continue;
-      }
-      json p = {{"name", f->name()}, {"in", "query"}, {"schema", b.FieldSchema(f)}};
-      if (f->is_map()) {
-        p["style"] = "deepObject";
-        p["explode"] = true;
-      }
-      if (const std::string c = FieldComment(f); !c.empty()) p["description"] = c;
-      parameters.push_back(p);
-    }
-    if (!parameters.empty()) op["parameters"] = parameters;
-    if (m->client_streaming()) {
-      op["requestBody"] = {
-          {"required", true},
-          {"content", {{"application/octet-stream", {{"schema", {{"type", "string"}, {"format", "binary"}}}}}}}};
-    } else if (!r.body.empty()) {
-      const json schema = r.body == "*" ? b.Ref(in) : b.FieldSchema(in->FindFieldByName(r.body));
-      op["requestBody"] = {{"required", true}, {"content", {{"application/json", {{"schema", schema}}}}}};
-    }
-    json ok;
-    if (m->server_streaming() && m->name() == "WatchJob") {
-      ok = {{"description", "Server-sent events: `data:` a " + SchemaName(m->output_type()->full_name()) +
-                                " as JSON per event, `id:` its sequence"},
-            {"content", {{"text/event-stream", {{"schema", {{"type", "string"}}}}}}}};
-      b.Ref(m->output_type());
-    } else if (m->server_streaming()) {
-      ok = {{"description", "The archive's bytes (206 with Content-Range for a Range request)"},
-            {"content", {{"application/x-tar", {{"schema", {{"type", "string"}, {"format", "binary"}}}}}}}};
-    } else {
-      ok = {{"description", "OK"}, {"content", {{"application/json", {{"schema", b.Ref(m->output_type())}}}}}};
-    }
-    op["responses"] = {{"200", ok},
-                       {"default",
-                        {{"description", "An error"},
-                         {"content", {{"application/json", {{"schema", {{"$ref", "#/components/schemas/Error"}}}}}}}}}};
-    std::string verb = absl::AsciiStrToLower(r.http_method);
-    paths[path][verb] = op;
+    paths[path][absl::AsciiStrToLower(r.http_method)] = Operation(b, r, path_params);
     tags[m->service()->name()] = CommentOf(CommentsPool()->FindServiceByName(m->service()->full_name()));
   }
   b.schemas["Error"] = ErrorSchema();

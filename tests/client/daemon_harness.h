@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -294,6 +295,63 @@ inline std::vector<json> AllEvents(const std::string& endpoint, const std::strin
 }
 
 inline int64_t Seq(const json& event) { return std::stoll(event.at("sequence").get<std::string>()); }
+
+// Follows `job` with `oomb watch -o json` and calls `kill` once a client has seen two
+// checkpoints while the job still runs: the events seen (every one acknowledged to a client),
+// empty when the job ended first.
+inline std::vector<json> WatchUntilTheSecondCheckpoint(const std::string& endpoint, const std::string& job,
+                                                       const std::function<void()>& kill) {
+  FILE* watch =
+      ::popen((OombCli() + " --endpoint " + endpoint + " watch " + job + " -o json 2>/dev/null").c_str(), "r");
+  if (watch == nullptr) return {};
+  std::vector<json> seen;
+  int checkpoints_seen = 0;
+  bool killed = false;
+  char buf[1 << 16];
+  while (std::fgets(buf, sizeof buf, watch) != nullptr) {
+    const json r = json::parse(buf, nullptr, /*allow_exceptions=*/false);
+    if (!r.contains("event")) continue;
+    seen.push_back(r["event"]);
+    if (r["event"]["type"] == "CHECKPOINT_SAVED" && !r["event"]["checkpoint"].value("final", false) &&
+        ++checkpoints_seen == 2) {
+      kill();
+      killed = true;
+      break;
+    }
+    if (r["event"]["type"] == "STATE_CHANGED" && r["event"]["state"] == "SUCCEEDED") break;
+  }
+  ::pclose(watch);
+  return killed ? seen : std::vector<json>{};
+}
+
+// What the events after sequence `last_seen` (the restart) say: the states in order with the
+// message of each, the step the job resumed at and its first step; and the newest checkpoint before.
+struct AfterRestart {
+  std::vector<std::string> states;
+  std::map<std::string, std::string> state_messages;
+  int64_t resumed_at = -1, first_step = -1, last_checkpoint_before = 0;
+};
+inline AfterRestart ReadAfterRestart(const std::vector<json>& events, int64_t last_seen) {
+  AfterRestart out;
+  for (const json& e : events) {
+    const bool after = Seq(e) > last_seen;
+    if (e["type"] == "CHECKPOINT_SAVED" && !after) {
+      out.last_checkpoint_before = std::stoll(e["checkpoint"]["step"].get<std::string>());
+    }
+    if (!after) continue;
+    if (e["type"] == "STATE_CHANGED") {
+      out.states.push_back(e["state"]);
+      out.state_messages[e["state"]] = e.value("message", "");
+    }
+    if (e["type"] == "WARNING" && e["message"].get<std::string>().find("resumed from ") != std::string::npos) {
+      const std::string m = e["message"];
+      out.resumed_at = std::stoll(m.substr(m.rfind("at step ") + 8));
+    }
+    if (e["type"] == "STEP" && out.first_step < 0)
+      out.first_step = std::stoll(e["progress"]["step"].get<std::string>());
+  }
+  return out;
+}
 
 // A JSONL file of `lines` pre-tokenized samples of `length` ids in [3, vocab) (seeded).
 inline void WriteIdsJsonl(const fs::path& path, int lines, int length, int vocab = 256, uint32_t seed = 1) {

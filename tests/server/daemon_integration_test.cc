@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -69,28 +70,9 @@ TEST_F(DaemonTest, KillNineMidJobThenRestartResumesFromTheLastCheckpoint) {
   const json queued = OombJson(endpoint(), "submit " + spec.string() + " --job-id after-crash", dir());
   ASSERT_EQ(queued.value("state", ""), "QUEUED");
 
-  // Follow the job with `oomb watch -o json`; kill -9 the daemon once a client has seen two
-  // checkpoints while the job still runs. Every event read here was acknowledged to a client.
-  FILE* watch = ::popen((OombCli() + " --endpoint " + endpoint() + " watch crash -o json 2>/dev/null").c_str(), "r");
-  ASSERT_NE(watch, nullptr);
-  std::vector<json> seen;
-  int checkpoints_seen = 0;
-  bool still_running = false;
-  char buf[1 << 16];
-  while (std::fgets(buf, sizeof buf, watch) != nullptr) {
-    const json r = json::parse(buf, nullptr, /*allow_exceptions=*/false);
-    if (!r.contains("event")) continue;
-    seen.push_back(r["event"]);
-    if (r["event"]["type"] == "CHECKPOINT_SAVED" && !r["event"]["checkpoint"].value("final", false) &&
-        ++checkpoints_seen == 2) {
-      daemon_->Kill();
-      still_running = true;
-      break;
-    }
-    if (r["event"]["type"] == "STATE_CHANGED" && r["event"]["state"] == "SUCCEEDED") break;
-  }
-  ::pclose(watch);
-  ASSERT_TRUE(still_running) << "the job ended before the kill; make it longer";
+  // kill -9 the daemon once a client has seen two checkpoints while the job still runs.
+  const std::vector<json> seen = WatchUntilTheSecondCheckpoint(endpoint(), "crash", [&] { daemon_->Kill(); });
+  ASSERT_FALSE(seen.empty()) << "the job ended before the kill; make it longer";
   const int64_t last_seen = Seq(seen.back());
 
   daemon_->Start();
@@ -106,31 +88,16 @@ TEST_F(DaemonTest, KillNineMidJobThenRestartResumesFromTheLastCheckpoint) {
 
   // After the kill: RECOVERING -> QUEUED -> RUNNING, a resume from the newest checkpoint, and
   // steps continuing right after it up to the end.
-  std::vector<std::string> states_after;
-  int64_t resumed_at = -1, first_step_after = -1, last_checkpoint_before_restart = 0;
-  for (const json& e : events) {
-    const bool after = Seq(e) > last_seen;
-    if (e["type"] == "CHECKPOINT_SAVED" && !after) {
-      last_checkpoint_before_restart = std::stoll(e["checkpoint"]["step"].get<std::string>());
-    }
-    if (!after) continue;
-    if (e["type"] == "STATE_CHANGED") states_after.push_back(e["state"]);
-    if (e["type"] == "WARNING" && e["message"].get<std::string>().find("resumed from ") != std::string::npos) {
-      const std::string m = e["message"];
-      resumed_at = std::stoll(m.substr(m.rfind("at step ") + 8));
-    }
-    if (e["type"] == "STEP" && first_step_after < 0) {
-      first_step_after = std::stoll(e["progress"]["step"].get<std::string>());
-    }
-  }
+  const AfterRestart after = ReadAfterRestart(events, last_seen);
+  const std::vector<std::string>& states_after = after.states;
   EXPECT_THAT(states_after, ::testing::IsSupersetOf({"RECOVERING", "QUEUED", "RUNNING", "SUCCEEDED"}));
   ASSERT_GE(states_after.size(), 4u);
   EXPECT_EQ(std::vector<std::string>(states_after.begin(), states_after.begin() + 3),
             (std::vector<std::string>{"RECOVERING", "QUEUED", "RUNNING"}));
   EXPECT_EQ(states_after.back(), "SUCCEEDED");
   // The newest durable checkpoint: at least the last one a client saw, and ahead of step 1.
-  EXPECT_GE(resumed_at, last_checkpoint_before_restart);
-  EXPECT_EQ(first_step_after, resumed_at + 1);
+  EXPECT_GE(after.resumed_at, after.last_checkpoint_before);
+  EXPECT_EQ(after.first_step, after.resumed_at + 1);
   const json final_job = OombJson(endpoint(), "get crash", dir());
   EXPECT_EQ(final_job["state"], "SUCCEEDED");
   EXPECT_EQ(final_job["attempt"], 2);
@@ -320,7 +287,7 @@ TEST_F(DaemonTest, TwentyKillNinesAtRandomPointsLoseNothingAndDuplicateNothing) 
     EXPECT_EQ(succeeded, 1) << id;
     const int64_t steps = std::string(id) == "loop" ? kSteps : kBehindSteps;
     EXPECT_EQ(first_loss.size(), static_cast<size_t>(steps)) << id;
-    // The figures bench/results/*-kill-loop records.
+    // The figures the kill-loop runs in bench/results record.
     std::cout << "kill-loop: job " << id << ": " << events.size() << " events, " << recoveries
               << " recoveries (RUNNING at a kill), " << step_events << " STEP events for " << steps << " steps ("
               << step_events - steps << " redone after kills, all with equal losses), SUCCEEDED " << succeeded

@@ -154,28 +154,12 @@ TEST_F(FleetTest, KillNineOfTheDaemonRunningAJobHandsItToTheOtherAfterTheLease) 
 
   // Follow the job on the daemon running it; kill -9 that daemon once a client has seen two
   // checkpoints while the job still runs.
-  FILE* watch =
-      ::popen((OombCli() + " --endpoint " + endpoint(victim) + " watch crash -o json 2>/dev/null").c_str(), "r");
-  ASSERT_NE(watch, nullptr);
-  std::vector<json> seen;
-  int checkpoints_seen = 0;
-  bool killed = false;
   std::chrono::steady_clock::time_point killed_at;
-  char buf[1 << 16];
-  while (std::fgets(buf, sizeof buf, watch) != nullptr) {
-    const json r = json::parse(buf, nullptr, /*allow_exceptions=*/false);
-    if (!r.contains("event")) continue;
-    seen.push_back(r["event"]);
-    if (r["event"]["type"] == "CHECKPOINT_SAVED" && ++checkpoints_seen == 2) {
-      daemon(victim).Kill();
-      killed_at = std::chrono::steady_clock::now();
-      killed = true;
-      break;
-    }
-    if (r["event"]["type"] == "STATE_CHANGED" && r["event"]["state"] == "SUCCEEDED") break;
-  }
-  ::pclose(watch);
-  ASSERT_TRUE(killed) << "the job ended before the kill; make it longer";
+  const std::vector<json> seen = WatchUntilTheSecondCheckpoint(endpoint(victim), "crash", [&] {
+    daemon(victim).Kill();
+    killed_at = std::chrono::steady_clock::now();
+  });
+  ASSERT_FALSE(seen.empty()) << "the job ended before the kill; make it longer";
   EXPECT_EQ(daemon(victim).exit_code(), 128 + SIGKILL);
 
   // The job stays RUNNING on the dead daemon until its lease expires, then the survivor's
@@ -202,34 +186,13 @@ TEST_F(FleetTest, KillNineOfTheDaemonRunningAJobHandsItToTheOtherAfterTheLease) 
   for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(events[i], seen[i]) << "event " << i;
 
   const int64_t last_seen = Seq(seen.back());
-  std::vector<std::string> states_after;
-  int64_t last_checkpoint_before = 0, resumed_at = -1, first_step_after = -1;
-  std::string recovering_message, running_message;
-  for (const json& e : events) {
-    if (Seq(e) <= last_seen) {
-      if (e["type"] == "CHECKPOINT_SAVED")
-        last_checkpoint_before = std::stoll(e["checkpoint"]["step"].get<std::string>());
-      continue;
-    }
-    if (e["type"] == "STATE_CHANGED") {
-      states_after.push_back(e["state"]);
-      if (e["state"] == "RECOVERING") recovering_message = e["message"];
-      if (e["state"] == "RUNNING") running_message = e["message"];
-    }
-    if (e["type"] == "WARNING" && e["message"].get<std::string>().find("resumed from ") != std::string::npos) {
-      const std::string m = e["message"];
-      resumed_at = std::stoll(m.substr(m.rfind("at step ") + 8));
-    }
-    if (e["type"] == "STEP" && first_step_after < 0) {
-      first_step_after = std::stoll(e["progress"]["step"].get<std::string>());
-    }
-  }
-  EXPECT_EQ(states_after, (std::vector<std::string>{"RECOVERING", "QUEUED", "RUNNING", "SUCCEEDED"})) << logs();
-  EXPECT_THAT(recovering_message, HasSubstr("lease of daemon " + victim + " expired"));
-  EXPECT_THAT(running_message, HasSubstr("of " + survivor + " (attempt 2)"));
-  EXPECT_GE(resumed_at, last_checkpoint_before);
-  EXPECT_GT(resumed_at, 0);
-  EXPECT_EQ(first_step_after, resumed_at + 1);
+  const AfterRestart after = ReadAfterRestart(events, last_seen);
+  EXPECT_EQ(after.states, (std::vector<std::string>{"RECOVERING", "QUEUED", "RUNNING", "SUCCEEDED"})) << logs();
+  EXPECT_THAT(after.state_messages.at("RECOVERING"), HasSubstr("lease of daemon " + victim + " expired"));
+  EXPECT_THAT(after.state_messages.at("RUNNING"), HasSubstr("of " + survivor + " (attempt 2)"));
+  EXPECT_GE(after.resumed_at, after.last_checkpoint_before);
+  EXPECT_GT(after.resumed_at, 0);
+  EXPECT_EQ(after.first_step, after.resumed_at + 1);
   const json final_job = OombJson(endpoint(survivor), "get crash", dir());
   EXPECT_EQ(final_job["state"], "SUCCEEDED");
   EXPECT_EQ(final_job["attempt"], 2);

@@ -255,31 +255,185 @@ class MetricsIntegrationTest : public ::testing::Test {
     tmp_.reset();
   }
 
+  // The daemon (with a projects file of quotas on the default project, for the Projects row) and
+  // a Prometheus scraping it, once Prometheus has scraped it: counters and histograms start at 0
+  // in the first scrape, so their first increments show in increase() and rate().
+  void StartDaemonAndPrometheus() {
+    const fs::path dir = tmp_->path();
+    WriteFile(dir / "projects.yaml",
+              "projects:\n  default: {max_running_devices: 4, max_device_hours_per_day: 100, max_queued_jobs: 100}\n");
+    DaemonOptions options;
+    options.extra = {"--set", "tenancy.projects_file=" + (dir / "projects.yaml").string()};
+    daemon_ = std::make_unique<Daemon>(dir / "data", options);
+    ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+    ASSERT_GT(daemon_->metrics_port(), 0) << daemon_->log();
+    EXPECT_THAT(daemon_->log(), ::testing::HasSubstr("oombd: metrics on http://127.0.0.1:"));
+    prometheus_ = std::make_unique<Prometheus>(dir / "prometheus", daemon_->metrics_port());
+    ASSERT_GT(prometheus_->port(), 0) << prometheus_->log();
+    const Prometheus& prom = *prometheus_;
+    ASSERT_TRUE(WaitFor([&] { return prom.Scalar(R"(up{job="oomb"})") == 1; }, std::chrono::seconds(20))) << prom.log();
+  }
+
   std::unique_ptr<TempDir> tmp_;
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<Prometheus> prometheus_;
 };
 
+// The exposition while a job runs: every family of the reference (docs/metrics.md) is declared
+// (those without samples here too, e.g. GPU memory on the CPU) but MFU, which exists only where
+// the GPU's peak is known, and the attention's density, only for sparse jobs.
+void ExpectTheReferencesFamilies(int metrics_port, const std::set<std::string>& documented) {
+  const HttpResponse scrape = HttpGet(metrics_port, "/metrics");
+  ASSERT_EQ(scrape.status, 200);
+  std::set<std::string> exposed;
+  static const std::regex kHelp(R"(^# HELP (oomb_[a-z0-9_]+) )");
+  std::istringstream scraped(scrape.body);
+  std::smatch help;
+  for (std::string line; std::getline(scraped, line);) {
+    if (std::regex_search(line, help, kHelp)) exposed.insert(help[1]);
+  }
+  for (const std::string& n : exposed)
+    EXPECT_TRUE(documented.count(n)) << n << " is exported but not in docs/metrics.md";
+  for (const std::string& n : documented) {
+    if (n == "oomb_job_mfu_ratio" || n == "oomb_job_attention_density_ratio") continue;
+    EXPECT_TRUE(exposed.count(n)) << n << " is in docs/metrics.md but not exported";
+  }
+}
+
+// Every dashboard expression and variable query, as Grafana would send them over [t0, now],
+// has data (but the optional ones); adds the metrics they name to `named`.
+void ExpectEveryDashboardExpressionHasData(const Prometheus& prom, double t0, std::set<std::string>* named) {
+  const json dashboard = json::parse(Slurp(SourceDir() + "/deploy/grafana/dashboards/oomb.json"));
+  std::vector<Target> targets;
+  CollectTargets(dashboard["panels"], &targets);
+  ASSERT_GT(targets.size(), 30u);
+  std::vector<std::string> no_data;
+  int required = 0;
+  for (const Target& t : targets) {
+    const std::set<std::string> names = MetricNames(t.expr);
+    named->insert(names.begin(), names.end());
+    const json data = prom.QueryRange(Substitute(t.expr), t0, Now());
+    ASSERT_TRUE(data.is_object()) << t.panel << " " << t.ref << ": " << t.expr;  // a PromQL error
+    if (Optional(t.ref)) continue;
+    ++required;
+    const std::vector<double> values = Values(data);
+    if (std::none_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); })) {
+      no_data.push_back(t.panel + " / " + t.ref + ": " + t.expr);
+    }
+  }
+  EXPECT_THAT(no_data, ::testing::IsEmpty()) << "dashboard expressions without data";
+  EXPECT_GT(required, 25);
+  for (const json& v : dashboard["templating"]["list"]) {
+    if (v.value("type", "") != "query") continue;
+    static const std::regex kLabelValues(R"(label_values\((.*),\s*(\w+)\)$)");
+    std::smatch m;
+    const std::string q = v["definition"];
+    ASSERT_TRUE(std::regex_search(q, m, kLabelValues)) << q;
+    EXPECT_FALSE(Values(prom.QueryRange(Substitute(m[1]), t0, Now())).empty()) << q;
+  }
+}
+
+// The alert rules evaluate without errors on real series, and none fires; adds the metrics
+// they name to `named`.
+void ExpectTheAlertRulesEvaluateAndNoneFires(const Prometheus& prom, std::set<std::string>* named) {
+  bool evaluated = WaitFor(
+      [&] {
+        const json rules = prom.Api("rules", {});
+        int ok = 0, all = 0;
+        for (const json& g : rules["groups"]) {
+          for (const json& r : g["rules"]) {
+            ++all;
+            ok += r.value("health", "") == "ok";
+          }
+        }
+        return all >= 6 && ok == all;
+      },
+      std::chrono::seconds(10));
+  EXPECT_TRUE(evaluated) << prom.Api("rules", {}).dump(1);
+  EXPECT_THAT(prom.Api("alerts", {})["alerts"], ::testing::IsEmpty());
+  for (const auto& g : YAML::LoadFile(SourceDir() + "/deploy/prometheus/alerts.yml")["groups"]) {
+    for (const auto& r : g["rules"]) {
+      const std::set<std::string> names = MetricNames(r["expr"].as<std::string>());
+      named->insert(names.begin(), names.end());
+    }
+  }
+}
+
+// Prometheus' numbers once it has scraped the end: the daemon's own records (job a cancelled
+// after 8+ steps, job b's 8 steps).
+void ExpectTheDaemonsTotals(const Prometheus& prom, int64_t tokens, int64_t steps, int checkpoints) {
+  const bool settled = WaitFor(
+      [&] {
+        return prom.Scalar("sum(oomb_tokens_total)") == static_cast<double>(tokens) &&
+               prom.Scalar(R"(oomb_jobs{state="SUCCEEDED"})") == 1 && prom.Query("oomb_job_info")["result"].empty();
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(250));
+  EXPECT_TRUE(settled);
+  EXPECT_EQ(prom.Scalar("sum(oomb_tokens_total)"), static_cast<double>(tokens));
+  EXPECT_EQ(prom.Scalar("sum(oomb_steps_total)"), static_cast<double>(steps));
+  EXPECT_EQ(prom.Scalar(R"(sum(oomb_step_duration_seconds_count))"), static_cast<double>(steps));
+  EXPECT_EQ(prom.Scalar("sum(oomb_checkpoints_total)"), static_cast<double>(checkpoints));
+  EXPECT_EQ(prom.Scalar(R"(oomb_jobs{state="CANCELLED"})"), 1);
+  EXPECT_EQ(prom.Scalar(R"(oomb_jobs{state="QUEUED"})"), 0);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="QUEUED"})"), 2);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="RUNNING"})"), 2);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="CANCELLING"})"), 1);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="CANCELLED"})"), 1);
+  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="SUCCEEDED"})"), 1);
+  EXPECT_EQ(prom.Scalar("oomb_queue_wait_seconds_count"), 2);
+  EXPECT_GT(prom.Scalar("oomb_queue_wait_seconds_sum"), 5);  // b waited while a ran 8+ scrapes
+  EXPECT_EQ(prom.Scalar(R"(oomb_slot_busy{slot="cpu"})"), 0);
+  // Per-job series went with their runs.
+  for (const char* gone : {"oomb_job_info", "oomb_job_loss", "oomb_job_step", "oomb_job_eval_loss"}) {
+    EXPECT_THAT(prom.Query(gone)["result"], ::testing::IsEmpty()) << gone;
+  }
+}
+
+// The token counter moved step by step, never backwards, to `tokens`; every loss Prometheus saw
+// for job a is one of `losses_a` (its STEP events').
+void ExpectTheCurves(const Prometheus& prom, double t0, int64_t tokens, const std::vector<double>& losses_a) {
+  // (The range ends in the future so that its last point is the newest sample.)
+  const std::vector<double> token_curve = Values(prom.QueryRange("sum(oomb_tokens_total)", t0, Now() + 2));
+  ASSERT_FALSE(token_curve.empty());
+  std::set<double> distinct(token_curve.begin(), token_curve.end());
+  EXPECT_GE(distinct.size(), 4u);
+  EXPECT_TRUE(std::is_sorted(token_curve.begin(), token_curve.end()));
+  EXPECT_EQ(token_curve.back(), static_cast<double>(tokens));
+
+  const std::vector<double> prom_losses =
+      Values(prom.QueryRange(R"(oomb_job_loss and on (slot) oomb_job_info{job_id="metrics-a"})", t0, Now()));
+  ASSERT_FALSE(prom_losses.empty());
+  for (double l : prom_losses) {
+    EXPECT_TRUE(
+        std::any_of(losses_a.begin(), losses_a.end(), [&](double e) { return std::abs(e - l) <= 1e-9 * std::abs(e); }))
+        << "loss " << l << " is not a STEP event's loss of metrics-a";
+  }
+}
+
+// Memory: the arenas existed while a ran (`capacity_during`, `peak_during`) and are gone now;
+// pages were used; no host tier.
+void ExpectTheKvMemory(const Prometheus& prom, double t0, const json& capacity_during, const json& peak_during) {
+  const std::vector<double> capacity = Values(capacity_during);
+  ASSERT_FALSE(capacity.empty());
+  EXPECT_GT(*std::max_element(capacity.begin(), capacity.end()), 0);
+  const std::vector<double> peak = Values(peak_during);
+  ASSERT_FALSE(peak.empty());
+  EXPECT_GT(*std::max_element(peak.begin(), peak.end()), 0);
+  EXPECT_EQ(prom.Scalar(R"(sum(oomb_kv_capacity_bytes{tier="gpu"}))"), 0);
+  const std::vector<double> host = Values(prom.QueryRange(R"(sum(oomb_kv_bytes{tier="host"}))", t0, Now()));
+  ASSERT_FALSE(host.empty());
+  EXPECT_THAT(host, ::testing::Each(0.0));
+  EXPECT_GT(prom.Scalar(R"(sum(increase(oomb_model_flops_total[10m])))"), 0);
+  EXPECT_GT(prom.Scalar(R"(sum(oomb_chunk_duration_seconds_count{stage="backward"}))"), 0);
+}
+
 TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbers) {
   const fs::path dir = tmp_->path();
-  // A projects file with quotas on the default project, for the Projects row.
-  WriteFile(dir / "projects.yaml",
-            "projects:\n  default: {max_running_devices: 4, max_device_hours_per_day: 100, max_queued_jobs: 100}\n");
-  DaemonOptions options;
-  options.extra = {"--set", "tenancy.projects_file=" + (dir / "projects.yaml").string()};
-  daemon_ = std::make_unique<Daemon>(dir / "data", options);
-  ASSERT_GT(daemon_->port(), 0) << daemon_->log();
-  ASSERT_GT(daemon_->metrics_port(), 0) << daemon_->log();
-  EXPECT_THAT(daemon_->log(), ::testing::HasSubstr("oombd: metrics on http://127.0.0.1:"));
-  const std::string endpoint = daemon_->tcp_endpoint();
-
-  prometheus_ = std::make_unique<Prometheus>(dir / "prometheus", daemon_->metrics_port());
-  ASSERT_GT(prometheus_->port(), 0) << prometheus_->log();
-  const Prometheus& prom = *prometheus_;
   const double t0 = Now() - 1;
-  // Counters and histograms start at 0 in the first scrape, so their first increments show in
-  // increase() and rate().
-  ASSERT_TRUE(WaitFor([&] { return prom.Scalar(R"(up{job="oomb"})") == 1; }, std::chrono::seconds(20))) << prom.log();
+  StartDaemonAndPrometheus();
+  if (HasFatalFailure()) return;
+  const std::string endpoint = daemon_->tcp_endpoint();
+  const Prometheus& prom = *prometheus_;
 
   // Job a trains until cancelled; job b (8 steps) waits in the queue behind it.
   WriteIdsJsonl(dir / "train.jsonl", 8, 120);
@@ -306,80 +460,11 @@ TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbe
       std::chrono::seconds(90), std::chrono::milliseconds(500));
   ASSERT_TRUE(running) << "Prometheus never saw job metrics-a running\n" << daemon_->log() << prom.log();
 
-  // The exposition while a job runs: every family of the reference is declared (those without
-  // samples here too, e.g. GPU memory on the CPU) but MFU, which exists only where the GPU's
-  // peak is known, and the attention's density, only for sparse jobs.
-  const HttpResponse scrape = HttpGet(daemon_->metrics_port(), "/metrics");
-  ASSERT_EQ(scrape.status, 200);
-  std::set<std::string> exposed;
-  static const std::regex kHelp(R"(^# HELP (oomb_[a-z0-9_]+) )");
-  std::istringstream scraped(scrape.body);
-  std::smatch help;
-  for (std::string line; std::getline(scraped, line);) {
-    if (std::regex_search(line, help, kHelp)) exposed.insert(help[1]);
-  }
   const std::set<std::string> documented = DocumentedMetrics();
-  for (const std::string& n : exposed)
-    EXPECT_TRUE(documented.count(n)) << n << " is exported but not in docs/metrics.md";
-  for (const std::string& n : documented) {
-    if (n == "oomb_job_mfu_ratio" || n == "oomb_job_attention_density_ratio") continue;
-    EXPECT_TRUE(exposed.count(n)) << n << " is in docs/metrics.md but not exported";
-  }
-
-  // Every dashboard expression, as Grafana would send it over the test's time range.
-  const json dashboard = json::parse(Slurp(SourceDir() + "/deploy/grafana/dashboards/oomb.json"));
-  std::vector<Target> targets;
-  CollectTargets(dashboard["panels"], &targets);
-  ASSERT_GT(targets.size(), 30u);
-  std::vector<std::string> no_data;
+  ExpectTheReferencesFamilies(daemon_->metrics_port(), documented);
   std::set<std::string> named;
-  int required = 0;
-  for (const Target& t : targets) {
-    const std::set<std::string> names = MetricNames(t.expr);
-    named.insert(names.begin(), names.end());
-    const json data = prom.QueryRange(Substitute(t.expr), t0, Now());
-    ASSERT_TRUE(data.is_object()) << t.panel << " " << t.ref << ": " << t.expr;  // a PromQL error
-    if (Optional(t.ref)) continue;
-    ++required;
-    const std::vector<double> values = Values(data);
-    if (std::none_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); })) {
-      no_data.push_back(t.panel + " / " + t.ref + ": " + t.expr);
-    }
-  }
-  EXPECT_THAT(no_data, ::testing::IsEmpty()) << "dashboard expressions without data";
-  EXPECT_GT(required, 25);
-  // The variables' queries.
-  for (const json& v : dashboard["templating"]["list"]) {
-    if (v.value("type", "") != "query") continue;
-    static const std::regex kLabelValues(R"(label_values\((.*),\s*(\w+)\)$)");
-    std::smatch m;
-    const std::string q = v["definition"];
-    ASSERT_TRUE(std::regex_search(q, m, kLabelValues)) << q;
-    EXPECT_FALSE(Values(prom.QueryRange(Substitute(m[1]), t0, Now())).empty()) << q;
-  }
-
-  // The alert rules evaluate without errors on real series, and none fires.
-  bool evaluated = WaitFor(
-      [&] {
-        const json rules = prom.Api("rules", {});
-        int ok = 0, all = 0;
-        for (const json& g : rules["groups"]) {
-          for (const json& r : g["rules"]) {
-            ++all;
-            ok += r.value("health", "") == "ok";
-          }
-        }
-        return all >= 6 && ok == all;
-      },
-      std::chrono::seconds(10));
-  EXPECT_TRUE(evaluated) << prom.Api("rules", {}).dump(1);
-  EXPECT_THAT(prom.Api("alerts", {})["alerts"], ::testing::IsEmpty());
-  for (const auto& g : YAML::LoadFile(SourceDir() + "/deploy/prometheus/alerts.yml")["groups"]) {
-    for (const auto& r : g["rules"]) {
-      const std::set<std::string> names = MetricNames(r["expr"].as<std::string>());
-      named.insert(names.begin(), names.end());
-    }
-  }
+  ExpectEveryDashboardExpressionHasData(prom, t0, &named);
+  ExpectTheAlertRulesEvaluateAndNoneFires(prom, &named);
 
   // KV pages while the job runs: the arenas exist, pages were used; nothing on the host tier.
   const json capacity_during = prom.QueryRange(R"(sum(oomb_kv_capacity_bytes{tier="gpu"}))", t0, Now());
@@ -409,65 +494,9 @@ TEST_F(MetricsIntegrationTest, PrometheusSeesEveryDashboardSeriesAndTheJobsNumbe
   for (const json& e : events_b) checkpoints += e["type"] == "CHECKPOINT_SAVED";
   ASSERT_GE(checkpoints, 2);
 
-  // Prometheus' numbers once it has scraped the end: the daemon's own records.
-  const bool settled = WaitFor(
-      [&] {
-        return prom.Scalar("sum(oomb_tokens_total)") == static_cast<double>(tokens) &&
-               prom.Scalar(R"(oomb_jobs{state="SUCCEEDED"})") == 1 && prom.Query("oomb_job_info")["result"].empty();
-      },
-      std::chrono::seconds(20), std::chrono::milliseconds(250));
-  EXPECT_TRUE(settled);
-  EXPECT_EQ(prom.Scalar("sum(oomb_tokens_total)"), static_cast<double>(tokens));
-  EXPECT_EQ(prom.Scalar("sum(oomb_steps_total)"), static_cast<double>(steps));
-  EXPECT_EQ(prom.Scalar(R"(sum(oomb_step_duration_seconds_count))"), static_cast<double>(steps));
-  EXPECT_EQ(prom.Scalar("sum(oomb_checkpoints_total)"), static_cast<double>(checkpoints));
-  EXPECT_EQ(prom.Scalar(R"(oomb_jobs{state="CANCELLED"})"), 1);
-  EXPECT_EQ(prom.Scalar(R"(oomb_jobs{state="QUEUED"})"), 0);
-  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="QUEUED"})"), 2);
-  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="RUNNING"})"), 2);
-  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="CANCELLING"})"), 1);
-  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="CANCELLED"})"), 1);
-  EXPECT_EQ(prom.Scalar(R"(oomb_job_transitions_total{state="SUCCEEDED"})"), 1);
-  EXPECT_EQ(prom.Scalar("oomb_queue_wait_seconds_count"), 2);
-  EXPECT_GT(prom.Scalar("oomb_queue_wait_seconds_sum"), 5);  // b waited while a ran 8+ scrapes
-  EXPECT_EQ(prom.Scalar(R"(oomb_slot_busy{slot="cpu"})"), 0);
-  // Per-job series went with their runs.
-  for (const char* gone : {"oomb_job_info", "oomb_job_loss", "oomb_job_step", "oomb_job_eval_loss"}) {
-    EXPECT_THAT(prom.Query(gone)["result"], ::testing::IsEmpty()) << gone;
-  }
-
-  // The token counter moved step by step, never backwards.
-  // (The range ends in the future so that its last point is the newest sample.)
-  const std::vector<double> token_curve = Values(prom.QueryRange("sum(oomb_tokens_total)", t0, Now() + 2));
-  ASSERT_FALSE(token_curve.empty());
-  std::set<double> distinct(token_curve.begin(), token_curve.end());
-  EXPECT_GE(distinct.size(), 4u);
-  EXPECT_TRUE(std::is_sorted(token_curve.begin(), token_curve.end()));
-  EXPECT_EQ(token_curve.back(), static_cast<double>(tokens));
-
-  // Every loss Prometheus saw for job a is one of a's STEP events' losses.
-  const std::vector<double> prom_losses =
-      Values(prom.QueryRange(R"(oomb_job_loss and on (slot) oomb_job_info{job_id="metrics-a"})", t0, Now()));
-  ASSERT_FALSE(prom_losses.empty());
-  for (double l : prom_losses) {
-    EXPECT_TRUE(
-        std::any_of(losses_a.begin(), losses_a.end(), [&](double e) { return std::abs(e - l) <= 1e-9 * std::abs(e); }))
-        << "loss " << l << " is not a STEP event's loss of metrics-a";
-  }
-
-  // Memory: the arenas existed while a ran and are gone now; pages were used; no host tier.
-  const std::vector<double> capacity = Values(capacity_during);
-  ASSERT_FALSE(capacity.empty());
-  EXPECT_GT(*std::max_element(capacity.begin(), capacity.end()), 0);
-  const std::vector<double> peak = Values(peak_during);
-  ASSERT_FALSE(peak.empty());
-  EXPECT_GT(*std::max_element(peak.begin(), peak.end()), 0);
-  EXPECT_EQ(prom.Scalar(R"(sum(oomb_kv_capacity_bytes{tier="gpu"}))"), 0);
-  const std::vector<double> host = Values(prom.QueryRange(R"(sum(oomb_kv_bytes{tier="host"}))", t0, Now()));
-  ASSERT_FALSE(host.empty());
-  EXPECT_THAT(host, ::testing::Each(0.0));
-  EXPECT_GT(prom.Scalar(R"(sum(increase(oomb_model_flops_total[10m])))"), 0);
-  EXPECT_GT(prom.Scalar(R"(sum(oomb_chunk_duration_seconds_count{stage="backward"}))"), 0);
+  ExpectTheDaemonsTotals(prom, tokens, steps, checkpoints);
+  ExpectTheCurves(prom, t0, tokens, losses_a);
+  ExpectTheKvMemory(prom, t0, capacity_during, peak_during);
 
   // Every metric the dashboard and the alerts use is in the reference.
   for (const std::string& n : named) EXPECT_TRUE(documented.count(n)) << n << " is used but not in docs/metrics.md";

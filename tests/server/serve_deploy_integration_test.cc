@@ -138,6 +138,59 @@ std::unique_ptr<grpc::health::v1::Health::Stub> HealthStub(int port) {
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
 }
 
+// One answer of the health port, and when its request began.
+struct Probe {
+  Clock::time_point started;
+  std::string answer;
+};
+
+// Polls `health` until it answers UNAVAILABLE (the port closed), for at most a minute.
+std::vector<Probe> ProbeUntilClosed(grpc::health::v1::Health::Stub& health) {
+  std::vector<Probe> probes;
+  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < give_up) {
+    const Clock::time_point started = Clock::now();
+    probes.push_back({started, CheckHealth(health)});
+    if (probes.back().answer == "UNAVAILABLE") break;
+  }
+  return probes;
+}
+
+// Health went NOT_SERVING before STOPPING=1 was sent (at `stopping`): no probe begun after it saw
+// SERVING; and the port answered NOT_SERVING while the job checkpointed, before it closed.
+void ExpectNotServingBeforeStopping(const std::vector<Probe>& probes, Clock::time_point stopping) {
+  int not_serving = 0, serving_after_stopping = 0;
+  std::string answers;
+  for (const Probe& probe : probes) {
+    answers += probe.answer + " ";
+    serving_after_stopping += probe.started > stopping && probe.answer == "SERVING";
+    not_serving += probe.answer == "NOT_SERVING";
+  }
+  EXPECT_EQ(serving_after_stopping, 0) << answers;
+  EXPECT_GT(not_serving, 0) << answers;
+  EXPECT_EQ(probes.back().answer, "UNAVAILABLE") << answers;
+  EXPECT_THAT(answers, Not(HasSubstr("error"))) << answers;
+}
+
+// A job whose steps take a while (1024 tokens in 32-token chunks), so that a drain has to wait
+// for its step to end and its checkpoint to be written; submitted as `long`, and running.
+void SubmitALongJob(const Daemon& daemon, const fs::path& scratch) {
+  WriteIdsJsonl(scratch / "ids.jsonl", 4, 1000);
+  std::string spec = TinyJobYaml((scratch / "ids.jsonl").string(), 100000, /*every_steps=*/0);
+  spec.replace(spec.find("max_seq_len: 128"), 16, "max_seq_len: 1024");
+  WriteFile(scratch / "job.yaml", spec);
+  const std::string ep = daemon.tcp_endpoint();
+  ASSERT_EQ(OombJson(ep, "submit " + (scratch / "job.yaml").string() + " --job-id long", scratch).value("name", ""),
+            "projects/default/jobs/long");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json j = OombJson(ep, "get long", scratch);
+        return j.contains("progress") && std::stoll(j["progress"].value("step", "0")) >= 1;
+      },
+      std::chrono::seconds(60)))
+      << daemon.log();
+}
+
 TEST(DaemonSystemdTest, ReadyOnlyOnceServingAndStoppingWhenTheDrainBegins) {
   if (!fs::exists(TinyLlama() / "config.json")) GTEST_SKIP() << "no test models under " << DataDir();
   TempDir tmp;
@@ -177,23 +230,8 @@ TEST(DaemonSystemdTest, ReadyOnlyOnceServingAndStoppingWhenTheDrainBegins) {
   EXPECT_EQ(list.rc, 1);
   EXPECT_THAT(list.err, HasSubstr("UNIMPLEMENTED"));
 
-  // A job whose steps take a while (1024 tokens in 32-token chunks), so that the drain has to
-  // wait for its step to end and its checkpoint to be written.
-  WriteIdsJsonl(tmp.path() / "ids.jsonl", 4, 1000);
-  std::string spec = TinyJobYaml((tmp.path() / "ids.jsonl").string(), 100000, /*every_steps=*/0);
-  spec.replace(spec.find("max_seq_len: 128"), 16, "max_seq_len: 1024");
-  WriteFile(tmp.path() / "job.yaml", spec);
-  const std::string ep = daemon.tcp_endpoint();
-  ASSERT_EQ(
-      OombJson(ep, "submit " + (tmp.path() / "job.yaml").string() + " --job-id long", tmp.path()).value("name", ""),
-      "projects/default/jobs/long");
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        const json j = OombJson(ep, "get long", tmp.path());
-        return j.contains("progress") && std::stoll(j["progress"].value("step", "0")) >= 1;
-      },
-      std::chrono::seconds(60)))
-      << daemon.log();
+  SubmitALongJob(daemon, tmp.path());
+  if (::testing::Test::HasFatalFailure()) return;
   // STATUS= is refreshed (with each ping here) with the store's job counts.
   const std::optional<NotifySocket::Message> running =
       notify.WaitFor("STATUS=" + addresses + "; jobs 1 running", std::chrono::seconds(15));
@@ -201,35 +239,13 @@ TEST(DaemonSystemdTest, ReadyOnlyOnceServingAndStoppingWhenTheDrainBegins) {
 
   // SIGTERM, and the health port polled until it closes.
   daemon.BeginStop();
-  struct Probe {
-    Clock::time_point started;
-    std::string answer;
-  };
-  std::vector<Probe> probes;
-  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(60);
-  while (Clock::now() < give_up) {
-    const Clock::time_point started = Clock::now();
-    probes.push_back({started, CheckHealth(*health)});
-    if (probes.back().answer == "UNAVAILABLE") break;
-  }
+  const std::vector<Probe> probes = ProbeUntilClosed(*health);
   EXPECT_EQ(daemon.WaitExit(), 0) << daemon.log();
   const std::optional<NotifySocket::Message> stopping = notify.WaitFor("STOPPING=1", std::chrono::seconds(1));
   ASSERT_TRUE(stopping.has_value()) << "no STOPPING=1; log:\n" << daemon.log();
   EXPECT_THAT(Var(stopping->text, "STATUS"),
               HasSubstr("draining: running jobs checkpoint (at most 60 s); jobs 1 running"));
-  // Health went NOT_SERVING before STOPPING=1 was sent: no probe begun after it saw SERVING; and
-  // the port answered NOT_SERVING while the job checkpointed, before it closed.
-  int not_serving = 0, serving_after_stopping = 0;
-  std::string answers;
-  for (const Probe& probe : probes) {
-    answers += probe.answer + " ";
-    serving_after_stopping += probe.started > stopping->at && probe.answer == "SERVING";
-    not_serving += probe.answer == "NOT_SERVING";
-  }
-  EXPECT_EQ(serving_after_stopping, 0) << answers;
-  EXPECT_GT(not_serving, 0) << answers;
-  EXPECT_EQ(probes.back().answer, "UNAVAILABLE") << answers;
-  EXPECT_THAT(answers, Not(HasSubstr("error"))) << answers;
+  ExpectNotServingBeforeStopping(probes, stopping->at);
   EXPECT_FALSE(fs::exists(data / "oombd.health.port"));
 
   // The drain checkpointed the job and left it QUEUED for the next start.

@@ -88,6 +88,47 @@ class TenancyTest : public ::testing::TestWithParam<Backend> {
     return p;
   }
 
+  // bob, of another team, tries every call on alice's job, by every spelling of its name, on
+  // either daemon: NOT_FOUND (exit 3), exactly as for a job that does not exist.
+  void ExpectBobSeesNothingOfAlicesJob() {
+    for (const std::string name : {"nlp-job", "jobs/nlp-job", "projects/nlp/jobs/nlp-job", "no-such-job"}) {
+      for (const std::string verb : {"get", "watch", "events", "checkpoints", "cancel", "pause", "resume", "delete"}) {
+        for (size_t which = 0; which < daemons_.size(); ++which) {
+          const Result r = As("bob", verb + " " + name, which);
+          EXPECT_EQ(r.rc, 3) << "bob: " << verb << " " << name << ": " << r.out << r.err;
+          EXPECT_THAT(r.err, HasSubstr("NOT_FOUND")) << verb << " " << name;
+          if (name.find("projects/") == std::string::npos) {  // the error tells nothing of the job
+            EXPECT_THAT(r.err, Not(HasSubstr("projects/nlp"))) << verb << " " << name;
+          }
+        }
+      }
+      const Result update = As("bob", "update " + name + " --priority 5");
+      EXPECT_EQ(update.rc, 3) << update.err;
+    }
+  }
+
+  // Lists: each sees its projects only; naming another project is PERMISSION_DENIED.
+  void ExpectListsShowTheCallersProjectsOnly() {
+    const auto names = [&](const std::string& user, const std::string& args) {
+      std::set<std::string> out;
+      for (const json& j : AsJson(user, "list " + args).value("jobs", json::array())) out.insert(j["name"]);
+      return out;
+    };
+    EXPECT_EQ(names("alice", ""), std::set<std::string>{"projects/nlp/jobs/nlp-job"});
+    EXPECT_EQ(names("bob", "-A"), std::set<std::string>{"projects/vision/jobs/vision-job"});
+    EXPECT_EQ(names("carol", "-A"),
+              (std::set<std::string>{"projects/nlp/jobs/nlp-job", "projects/vision/jobs/vision-job"}));
+    EXPECT_EQ(names("carol", "--project vision"), std::set<std::string>{"projects/vision/jobs/vision-job"});
+    EXPECT_EQ(names("root", "-A").size(), 2u);
+    for (const std::string& args :
+         std::vector<std::string>{"list --project nlp", "submit " + Spec().string() + " --project nlp",
+                                  "estimate " + Spec().string() + " --project nlp"}) {
+      const Result r = As("bob", args);
+      EXPECT_EQ(r.rc, 4) << args << ": " << r.err;
+      EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED: bob may not act in project nlp"));
+    }
+  }
+
   std::unique_ptr<TempDir> tmp_;
   std::unique_ptr<PostgresServer> pg_;
   std::vector<std::unique_ptr<Daemon>> daemons_;
@@ -99,22 +140,7 @@ TEST_P(TenancyTest, NoCallSeesOrChangesAJobOutsideTheCallersProjects) {
   ASSERT_EQ(job["name"], "projects/nlp/jobs/nlp-job");
   ASSERT_EQ(AsJson("bob", "submit " + Spec().string() + " --job-id vision-job")["name"],
             "projects/vision/jobs/vision-job");
-  // bob, of another team, tries every call on alice's job, by every spelling of its name, on
-  // either daemon: NOT_FOUND (exit 3), exactly as for a job that does not exist.
-  for (const std::string name : {"nlp-job", "jobs/nlp-job", "projects/nlp/jobs/nlp-job", "no-such-job"}) {
-    for (const std::string verb : {"get", "watch", "events", "checkpoints", "cancel", "pause", "resume", "delete"}) {
-      for (size_t which = 0; which < daemons_.size(); ++which) {
-        const Result r = As("bob", verb + " " + name, which);
-        EXPECT_EQ(r.rc, 3) << "bob: " << verb << " " << name << ": " << r.out << r.err;
-        EXPECT_THAT(r.err, HasSubstr("NOT_FOUND")) << verb << " " << name;
-        if (name.find("projects/") == std::string::npos) {  // the error tells nothing of the job
-          EXPECT_THAT(r.err, Not(HasSubstr("projects/nlp"))) << verb << " " << name;
-        }
-      }
-    }
-    const Result update = As("bob", "update " + name + " --priority 5");
-    EXPECT_EQ(update.rc, 3) << update.err;
-  }
+  ExpectBobSeesNothingOfAlicesJob();
   // A name that puts alice's job in bob's project is not her job either.
   EXPECT_EQ(As("bob", "get projects/vision/jobs/nlp-job").rc, 3);
   // The job is untouched: still QUEUED, no event from bob.
@@ -123,25 +149,7 @@ TEST_P(TenancyTest, NoCallSeesOrChangesAJobOutsideTheCallersProjects) {
   for (const json& e : AsJson("alice", "events nlp-job").value("events", json::array())) {
     EXPECT_NE(e.value("actor", ""), "bob");
   }
-  // Lists: each sees its projects only; naming another project is PERMISSION_DENIED.
-  const auto names = [&](const std::string& user, const std::string& args) {
-    std::set<std::string> out;
-    for (const json& j : AsJson(user, "list " + args).value("jobs", json::array())) out.insert(j["name"]);
-    return out;
-  };
-  EXPECT_EQ(names("alice", ""), std::set<std::string>{"projects/nlp/jobs/nlp-job"});
-  EXPECT_EQ(names("bob", "-A"), std::set<std::string>{"projects/vision/jobs/vision-job"});
-  EXPECT_EQ(names("carol", "-A"),
-            (std::set<std::string>{"projects/nlp/jobs/nlp-job", "projects/vision/jobs/vision-job"}));
-  EXPECT_EQ(names("carol", "--project vision"), std::set<std::string>{"projects/vision/jobs/vision-job"});
-  EXPECT_EQ(names("root", "-A").size(), 2u);
-  for (const std::string& args :
-       std::vector<std::string>{"list --project nlp", "submit " + Spec().string() + " --project nlp",
-                                "estimate " + Spec().string() + " --project nlp"}) {
-    const Result r = As("bob", args);
-    EXPECT_EQ(r.rc, 4) << args << ": " << r.err;
-    EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED: bob may not act in project nlp"));
-  }
+  ExpectListsShowTheCallersProjectsOnly();
   // carol has two projects: she must say which.
   const Result ambiguous = As("carol", "submit " + Spec().string());
   EXPECT_EQ(ambiguous.rc, 1);

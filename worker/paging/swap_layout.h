@@ -26,9 +26,9 @@ namespace oomb {
 inline constexpr int64_t kSwapAlign = 256;
 
 // The rates SwapMinKeyTokens weighs, measured on an H100: cuDNN's fused attention forward at
-// 600 TFLOP/s (bench/results/2026-11-22-h100-sparse-sections), and the records' copies at
+// 600 TFLOP/s (the sparse-sections run in bench/results), and the records' copies at
 // 40 GB/s each way beside the trainer's kernels, a lower bound of the 48-54 GB/s the copy engine
-// moved them at in a 128K step (bench/results/2026-11-26-h100-last-chunk; a record is one
+// moved them at in a 128K step (the last-chunk run in bench/results; a record is one
 // contiguous block, unlike the pages' gathers).
 inline constexpr double kSwapAttentionFlopsPerSecond = 6e14;
 inline constexpr double kSwapPcieBytesPerSecond = 4e10;

@@ -30,7 +30,7 @@
 // attention is not estimated (its selection's cost is not modelled): step_seconds 0 and the
 // reason in `rates`.
 //
-// Checked against measured steps: on the CPU in CI (tests/server/estimate_integration_test.cc,
+// Checked against measured steps: on the CPU in CI (tests/python/test_estimate.py, ctest estimate_time,
 // within a factor, the machine being shared), on a GPU in bench/results (the README beside the
 // numbers).
 #ifndef OOMB_WORKER_PLAN_STEP_TIME_H_
@@ -48,7 +48,7 @@
 namespace oomb {
 
 // What the engine's parts take on one device, for one model shape, dtype and chunk size,
-// measured by worker/job/calibration.h and kept by the daemon (server/calibration_cache.h).
+// measured by worker/job/calibration.h and kept by the daemon (server/engine_rates_store.h).
 struct EngineRates {
   std::string device_name;  // "NVIDIA H200", "cpu"
   std::string measured_at;  // RFC 3339

@@ -19,17 +19,27 @@ namespace {
 
 using namespace testing;  // NOLINT(build/namespaces): the KV tests' shared helpers
 
-// Every cache operation, through both caches, on the same inputs: chunks of 6 tokens over pages
-// of 4 (so host pages are also written partly, twice), reads of ranges that straddle the tiers,
-// prefetched and not, gradients accumulated and read back, sparse gathers and page gradients
-// (prefetched and not, and a prefetch overtaken by a write), and release in reverse chunk order.
-void CheckEveryCacheOperation(const Target& target) {
-  const int64_t layers = 2, chunk = 6, chunks = 5, T = chunk * chunks;
-  const int64_t pages = layers * (T / kShape.page_tokens + 1);
-  OwnedKvPools device_only = MakeTiers(pages, 0, target);
-  OwnedKvPools tiered = MakeTiers(5, pages, target);
-  KvStore a(device_only.pools(), layers), b(tiered.pools(), layers);
-  for (int64_t i = 0; i < chunks; ++i) {
+// The two caches of CheckEveryCacheOperation: `a` on the device only, `b` over a device pool of
+// 5 pages and the host.
+struct TwoStores {
+  static constexpr int64_t kLayers = 2, kChunk = 6, kChunks = 5, kTokens = kChunk * kChunks;
+  explicit TwoStores(const Target& t)
+      : target(t),
+        device_only(MakeTiers(kLayers * (kTokens / kShape.page_tokens + 1), 0, t)),
+        tiered(MakeTiers(5, kLayers * (kTokens / kShape.page_tokens + 1), t)),
+        a(device_only.pools(), kLayers),
+        b(tiered.pools(), kLayers) {}
+  Target target;
+  OwnedKvPools device_only, tiered;
+  KvStore a, b;
+};
+
+// Appends the chunks to both, and reads ranges that straddle the tiers, prefetched and not.
+void CheckAppendsAndReads(TwoStores& s) {
+  const Target& target = s.target;
+  KvStore &a = s.a, &b = s.b;
+  const int64_t layers = s.kLayers, chunk = s.kChunk, T = s.kTokens;
+  for (int64_t i = 0; i < s.kChunks; ++i) {
     for (int64_t l = 0; l < layers; ++l) {
       const at::Tensor k = Random({chunk, kShape.kv_heads, kShape.head_dim}, 100 + 10 * i + l, target);
       const at::Tensor v = Random({chunk, kShape.kv_heads, kShape.head_dim}, 200 + 10 * i + l, target);
@@ -37,9 +47,10 @@ void CheckEveryCacheOperation(const Target& target) {
       ASSERT_TRUE(b.Append(l, k, v).ok());
     }
   }
-  EXPECT_EQ(tiered.kv->stats().used_pages, 5);
-  EXPECT_GT(tiered.kv_host->stats().used_pages, 0);
-  EXPECT_EQ(tiered.kv->stats().used_pages + tiered.kv_host->stats().used_pages, device_only.kv->stats().used_pages);
+  EXPECT_EQ(s.tiered.kv->stats().used_pages, 5);
+  EXPECT_GT(s.tiered.kv_host->stats().used_pages, 0);
+  EXPECT_EQ(s.tiered.kv->stats().used_pages + s.tiered.kv_host->stats().used_pages,
+            s.device_only.kv->stats().used_pages);
 
   for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, T}, {3, 17}, {13, 29}, {20, 21}}) {
     for (int64_t l = 0; l < layers; ++l) {
@@ -54,8 +65,13 @@ void CheckEveryCacheOperation(const Target& target) {
       ExpectSame(kc, ka, "K again " + what);
     }
   }
+}
 
-  for (int64_t l = 0; l < layers; ++l) {
+// Gradients accumulated into ranges and read back.
+void CheckGradients(TwoStores& s) {
+  const Target& target = s.target;
+  KvStore &a = s.a, &b = s.b;
+  for (int64_t l = 0; l < s.kLayers; ++l) {
     // A prefetch of gradient pages [0, 24) that a write to some of them overtakes: it must be
     // dropped, not used stale by the later accumulation into exactly those pages.
     ASSERT_TRUE(b.Prefetch(l, 0, 24, /*with_grads=*/true).ok());
@@ -65,15 +81,22 @@ void CheckEveryCacheOperation(const Target& target) {
       ASSERT_TRUE(a.AccumulateGrad(l, begin, dk, dv).ok());
       ASSERT_TRUE(b.AccumulateGrad(l, begin, dk, dv).ok());
     }
-    auto [ga, gva] = Ok(a.ReadGrad(l, 0, T));
-    auto [gb, gvb] = Ok(b.ReadGrad(l, 0, T));
+    auto [ga, gva] = Ok(a.ReadGrad(l, 0, s.kTokens));
+    auto [gb, gvb] = Ok(b.ReadGrad(l, 0, s.kTokens));
     ExpectSame(gb, ga, "dK layer " + std::to_string(l));
     ExpectSame(gvb, gva, "dV layer " + std::to_string(l));
   }
+}
 
-  // Sparse: selections over the 7 full pages of a layer, with repeats and -1.
-  const at::Tensor selection =
-      at::tensor({0, 6, 3, -1, 2, 2, 5, 1, 4, -1, 6, 0}, at::kLong).view({3, 2, 2}).to(target.device);
+// Sparse: selections over the 7 full pages of a layer, with repeats and -1.
+at::Tensor Selection(const Target& target) {
+  return at::tensor({0, 6, 3, -1, 2, 2, 5, 1, 4, -1, 6, 0}, at::kLong).view({3, 2, 2}).to(target.device);
+}
+
+void CheckGathersStartedEarly(TwoStores& s) {
+  KvStore &a = s.a, &b = s.b;
+  OwnedKvPools& tiered = s.tiered;
+  const at::Tensor selection = Selection(s.target);
   const at::Tensor host_selection = selection.cpu().to(at::kInt);
   {
     // Two gathers started at once (stage 1's two chunks in flight), collected in the other
@@ -97,7 +120,16 @@ void CheckEveryCacheOperation(const Target& target) {
     EXPECT_NE(other.fetch, nullptr);
     EXPECT_GT(tiered.copies->bytes_to_device(), fetched);
   }
-  for (int64_t l = 0; l < layers; ++l) {
+}
+
+// Sparse gathers and page gradients, prefetched and not, and a prefetch overtaken by a write.
+void CheckGathersAndPageGradients(TwoStores& s) {
+  const Target& target = s.target;
+  KvStore &a = s.a, &b = s.b;
+  OwnedKvPools& tiered = s.tiered;
+  const at::Tensor selection = Selection(target);
+  const at::Tensor host_selection = selection.cpu().to(at::kInt);
+  for (int64_t l = 0; l < s.kLayers; ++l) {
     // Layer 0 prefetched (pages and their gradients), layer 1 not.
     if (l == 0) {
       ASSERT_TRUE(b.PrefetchPages(l, host_selection, /*with_grads=*/true).ok());
@@ -140,25 +172,42 @@ void CheckEveryCacheOperation(const Target& target) {
     ASSERT_TRUE(b.PrefetchPages(l, host_selection, /*with_grads=*/true).ok());
     ASSERT_TRUE(a.AccumulatePageGrad(l, selection, host_selection, dv, dk).ok());
     ASSERT_TRUE(b.AccumulatePageGrad(l, selection, host_selection, dv, dk).ok());
-    auto [ga, gva] = Ok(a.ReadGrad(l, 0, T));
-    auto [gb, gvb] = Ok(b.ReadGrad(l, 0, T));
+    auto [ga, gva] = Ok(a.ReadGrad(l, 0, s.kTokens));
+    auto [gb, gvb] = Ok(b.ReadGrad(l, 0, s.kTokens));
     const double tolerance = target.device.is_cuda() ? 1e-6 : 0;
     ExpectSame(gb, ga, "dK after page gradients", tolerance);
     ExpectSame(gvb, gva, "dV after page gradients", tolerance);
   }
   EXPECT_GT(tiered.copies->bytes_to_device(), 0);
   EXPECT_GT(tiered.copies->bytes_to_host(), 0);
+}
 
-  for (int64_t i = chunks - 1; i >= 0; --i) {
-    a.ReleaseFrom(i * chunk);
-    b.ReleaseFrom(i * chunk);
-    for (int64_t l = 0; l < layers; ++l) {
+// Release in reverse chunk order: what is left reads the same, and at the end no page is used.
+void CheckRelease(TwoStores& s) {
+  for (int64_t i = s.kChunks - 1; i >= 0; --i) {
+    s.a.ReleaseFrom(i * s.kChunk);
+    s.b.ReleaseFrom(i * s.kChunk);
+    for (int64_t l = 0; l < s.kLayers; ++l) {
       if (i == 0) continue;
-      ExpectSame(Ok(b.Read(l, 0, i * chunk)).first, Ok(a.Read(l, 0, i * chunk)).first, "after release");
+      ExpectSame(Ok(s.b.Read(l, 0, i * s.kChunk)).first, Ok(s.a.Read(l, 0, i * s.kChunk)).first, "after release");
     }
   }
+  const OwnedKvPools& tiered = s.tiered;
   for (const PagePool* p : {tiered.kv.get(), tiered.grad.get(), tiered.kv_host.get(), tiered.grad_host.get()}) {
     EXPECT_EQ(p->stats().used_pages, 0);
+  }
+}
+
+// Every cache operation, through both caches, on the same inputs: chunks of 6 tokens over pages
+// of 4 (so host pages are also written partly, twice), reads of ranges that straddle the tiers,
+// prefetched and not, gradients accumulated and read back, sparse gathers and page gradients
+// (prefetched and not, and a prefetch overtaken by a write), and release in reverse chunk order.
+void CheckEveryCacheOperation(const Target& target) {
+  TwoStores s(target);
+  for (void (*step)(TwoStores&) :
+       {CheckAppendsAndReads, CheckGradients, CheckGathersStartedEarly, CheckGathersAndPageGradients, CheckRelease}) {
+    step(s);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
