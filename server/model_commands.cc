@@ -100,7 +100,7 @@ void AddEval(CLI::App* model) {
   eval->add_option("--seed", f->seed, "passkey / needle: seed of the keys and the haystack offsets (default 1)");
   eval->add_option("--haystack", f->haystack, "needle: UTF-8 text file to hide the fact in")->transform(AbsolutePath());
   eval->add_option("--dtype", f->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
-  eval->add_option("--device", f->device, "auto | cpu | cuda");
+  eval->add_option("--device", f->device, "auto | cpu | cuda | cuda:N");
   eval->add_option("--rope-scaling", *rope, kRopeScalingHelp);
   eval->callback([f, rope] {
     EvalOptions o = *f;
@@ -135,7 +135,7 @@ void AddGenerate(CLI::App* model) {
   generate->add_option("--chunk-tokens", gen->prefill_chunk_tokens, "prompt tokens per prefill forward (default 4096)")
       ->check(CLI::PositiveNumber);
   generate->add_option("--dtype", gen->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
-  generate->add_option("--device", gen->device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  generate->add_option("--device", gen->device, "auto | cpu | cuda | cuda:N");
   generate->add_option("--rope-scaling", *rope, kRopeScalingHelp);
   generate->callback([gen, rope] {
     GenerateOptions o = *gen;

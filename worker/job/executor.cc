@@ -20,6 +20,7 @@
 #include "worker/hf/chat_template.h"
 #include "worker/hf/tokenizer.h"
 #include "worker/job/build_info.h"
+#include "worker/job/device.h"
 #include "worker/job/eval_suites.h"
 #include "worker/metrics/metrics_log.h"
 #include "worker/model/transformer.h"
@@ -34,23 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-absl::StatusOr<at::Device> ResolveDevice(const std::string& requested) {
-  const std::string d = requested.empty() ? "auto" : requested;
-  if (d == "cpu") return at::Device(at::kCPU);
-  const bool cuda = torch::cuda::is_available();
-  if (d == "auto") return cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  if (d.rfind("cuda", 0) == 0) {
-    if (!cuda) return absl::FailedPreconditionError(absl::StrCat("resources.device: '", d, "' but no CUDA device"));
-    const int index = d == "cuda" ? 0 : std::stoi(d.substr(5));
-    if (index >= static_cast<int>(torch::cuda::device_count())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("resources.device: '", d, "' but only ", torch::cuda::device_count(), " CUDA devices"));
-    }
-    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("resources.device: '", d, "' is not auto, cpu, cuda or cuda:N"));
-}
-
 // The devices of the run's ranks: RunOptions::devices, or derived from the spec (see
 // executor.h). All CPU or all distinct CUDA devices.
 absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& spec, const std::vector<std::string>& given) {
@@ -62,11 +46,11 @@ absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& spec, co
           absl::StrCat("resources.gpus: ", k, " but the run was given ", given.size(), " devices"));
     }
     for (const std::string& d : given) {
-      OOMB_ASSIGN_OR_RETURN(at::Device device, ResolveDevice(d));
+      OOMB_ASSIGN_OR_RETURN(at::Device device, ResolveDevice(d, "resources.device"));
       devices.push_back(device);
     }
   } else {
-    OOMB_ASSIGN_OR_RETURN(at::Device first, ResolveDevice(spec.resources.device));
+    OOMB_ASSIGN_OR_RETURN(at::Device first, ResolveDevice(spec.resources.device, "resources.device"));
     for (size_t r = 0; r < k; ++r) {
       devices.push_back(first.is_cpu() ? first
                                        : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(first.index() + r)));

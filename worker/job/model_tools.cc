@@ -1,7 +1,6 @@
 #include "worker/job/model_tools.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <limits>
@@ -17,10 +16,12 @@
 #include "worker/hf/layer_spec.h"
 #include "worker/hf/safetensors.h"
 #include "worker/hf/tokenizer.h"
+#include "worker/job/device.h"
 #include "worker/job/eval_suites.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
 #include "worker/train/chunk_trainer.h"
+#include "worker/train/torch_status.h"
 
 namespace oomb {
 
@@ -74,11 +75,6 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
 
 namespace {
 
-at::Device DeviceOf(const std::string& name) {
-  const bool cpu = name == "cpu" || (name == "auto" && !torch::cuda::is_available());
-  return cpu ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
-}
-
 // The model of `model_dir` in `dtype` ("float32" | "bfloat16") on `device`, with the adapter of
 // `adapter_dir` when one is named. RoPE: `rope` when set, else the scaling the adapter was
 // trained with, else config.json's.
@@ -92,9 +88,9 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadModel(const Dir& model_dir, con
       OOMB_ASSIGN_OR_RETURN(rope, AdapterRopeScaling(*adapter));
     }
   }
-  OOMB_ASSIGN_OR_RETURN(
-      std::unique_ptr<Transformer> model,
-      Transformer::Load(model_dir, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, DeviceOf(device), rope));
+  OOMB_ASSIGN_OR_RETURN(const at::Device on, ResolveDevice(device, "--device"));
+  OOMB_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model,
+                        Transformer::Load(model_dir, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, on, rope));
   if (adapter.has_value()) OOMB_RETURN_IF_ERROR(model->LoadAdapter(*adapter));
   return model;
 }
@@ -163,58 +159,58 @@ absl::StatusOr<std::vector<TokenSequence>> ReadSamples(const EvalOptions& o, con
 }  // namespace
 
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
-  try {
-    for (const std::string& s : o.suites) {
-      if (s != "loss" && s != "positions" && s != "passkey" && s != "needle") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--suite: unknown suite '", s, "' (loss, positions, passkey, needle)"));
-      }
-    }
-    const bool on_data = Wants(o, "loss") || Wants(o, "positions");
-    if (on_data && o.data_path.empty())
-      return absl::InvalidArgumentError("--data: required by the loss and positions suites");
-    if (Wants(o, "needle") && o.haystack.empty())
-      return absl::InvalidArgumentError("--haystack: required by the needle suite");
-    OOMB_ASSIGN_OR_RETURN(const Dir model_dir, FileAccess::Unconfined()->OpenDir(o.model_dir));
-    ModelTokenizer tokenizer(model_dir, "--model");
-    std::vector<TokenSequence> seqs;
-    if (on_data) {
-      OOMB_ASSIGN_OR_RETURN(seqs, ReadSamples(o, model_dir, tokenizer));
-    }
-    RetrievalOptions ro{o.lengths, o.depths, o.trials, o.seed};
-    std::vector<RetrievalDoc> passkey, needle;
-    if (Wants(o, "passkey") || Wants(o, "needle")) {
-      OOMB_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, Tokenizer::FromModelDir(model_dir));
-      if (Wants(o, "passkey")) {
-        OOMB_ASSIGN_OR_RETURN(passkey, Annotated(PasskeyDocs(*tok, ro), "--lengths"));
-      }
-      if (Wants(o, "needle")) {
-        OOMB_ASSIGN_OR_RETURN(const std::string text, FileAccess::Unconfined()->ReadFile(o.haystack));
-        OOMB_ASSIGN_OR_RETURN(needle, Annotated(NeedleDocs(*tok, text, ro), "--haystack"));
-      }
-    }
-    int64_t longest = 1;
-    for (const TokenSequence& s : seqs) longest = std::max(longest, s.size());
-    for (const int64_t l : o.lengths) longest = std::max(longest, l);
-    OOMB_ASSIGN_OR_RETURN(Evaluator e, MakeEvaluator(o, model_dir, longest));
-    EvalResult r;
-    if (on_data) {
-      OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(*e.trainer, seqs, Wants(o, "positions")));
-      r.mean_loss = d.tokens > 0 ? d.loss_sum / static_cast<double>(d.tokens) : 0.0;
-      r.tokens = d.tokens;
-      r.samples = d.samples;
-      r.suites.positions = std::move(d.positions);
-    }
-    if (!passkey.empty()) {
-      OOMB_ASSIGN_OR_RETURN(r.suites.passkey, ScoreRetrieval(*e.trainer, passkey));
-    }
-    if (!needle.empty()) {
-      OOMB_ASSIGN_OR_RETURN(r.suites.needle, ScoreRetrieval(*e.trainer, needle));
-    }
-    return r;
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("evaluation: ", e.what_without_backtrace()));
-  }
+  return Guarded(
+      [&]() -> absl::StatusOr<EvalResult> {
+        for (const std::string& s : o.suites) {
+          if (s != "loss" && s != "positions" && s != "passkey" && s != "needle") {
+            return absl::InvalidArgumentError(
+                absl::StrCat("--suite: unknown suite '", s, "' (loss, positions, passkey, needle)"));
+          }
+        }
+        const bool on_data = Wants(o, "loss") || Wants(o, "positions");
+        if (on_data && o.data_path.empty())
+          return absl::InvalidArgumentError("--data: required by the loss and positions suites");
+        if (Wants(o, "needle") && o.haystack.empty())
+          return absl::InvalidArgumentError("--haystack: required by the needle suite");
+        OOMB_ASSIGN_OR_RETURN(const Dir model_dir, FileAccess::Unconfined()->OpenDir(o.model_dir));
+        ModelTokenizer tokenizer(model_dir, "--model");
+        std::vector<TokenSequence> seqs;
+        if (on_data) {
+          OOMB_ASSIGN_OR_RETURN(seqs, ReadSamples(o, model_dir, tokenizer));
+        }
+        RetrievalOptions ro{o.lengths, o.depths, o.trials, o.seed};
+        std::vector<RetrievalDoc> passkey, needle;
+        if (Wants(o, "passkey") || Wants(o, "needle")) {
+          OOMB_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, Tokenizer::FromModelDir(model_dir));
+          if (Wants(o, "passkey")) {
+            OOMB_ASSIGN_OR_RETURN(passkey, Annotated(PasskeyDocs(*tok, ro), "--lengths"));
+          }
+          if (Wants(o, "needle")) {
+            OOMB_ASSIGN_OR_RETURN(const std::string text, FileAccess::Unconfined()->ReadFile(o.haystack));
+            OOMB_ASSIGN_OR_RETURN(needle, Annotated(NeedleDocs(*tok, text, ro), "--haystack"));
+          }
+        }
+        int64_t longest = 1;
+        for (const TokenSequence& s : seqs) longest = std::max(longest, s.size());
+        for (const int64_t l : o.lengths) longest = std::max(longest, l);
+        OOMB_ASSIGN_OR_RETURN(Evaluator e, MakeEvaluator(o, model_dir, longest));
+        EvalResult r;
+        if (on_data) {
+          OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(*e.trainer, seqs, Wants(o, "positions")));
+          r.mean_loss = d.tokens > 0 ? d.loss_sum / static_cast<double>(d.tokens) : 0.0;
+          r.tokens = d.tokens;
+          r.samples = d.samples;
+          r.suites.positions = std::move(d.positions);
+        }
+        if (!passkey.empty()) {
+          OOMB_ASSIGN_OR_RETURN(r.suites.passkey, ScoreRetrieval(*e.trainer, passkey));
+        }
+        if (!needle.empty()) {
+          OOMB_ASSIGN_OR_RETURN(r.suites.needle, ScoreRetrieval(*e.trainer, needle));
+        }
+        return r;
+      },
+      "evaluation");
 }
 
 namespace {
@@ -283,45 +279,45 @@ int64_t ForwardSpan(const Transformer& model, GenerationCache& cache, const std:
 }  // namespace
 
 absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
-  try {
-    if (o.prompt.empty() == o.prompt_file.empty())
-      return absl::InvalidArgumentError("--prompt / --prompt-file: give exactly one");
-    if (o.max_new_tokens < 1) return absl::InvalidArgumentError("--max-new-tokens: must be >= 1");
-    if (o.prefill_chunk_tokens < 1) return absl::InvalidArgumentError("--chunk-tokens: must be >= 1");
-    OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(o.model_dir));
-    OOMB_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromModelDir(dir));
-    std::string prompt = o.prompt;
-    if (!o.prompt_file.empty()) {
-      OOMB_ASSIGN_OR_RETURN(prompt, FileAccess::Unconfined()->ReadFile(o.prompt_file));
-    }
-    GenerateResult r;
-    // As transformers encodes a prompt: with the template's special tokens (Gemma's <bos>).
-    OOMB_ASSIGN_OR_RETURN(r.prompt_ids, tokenizer->EncodeChecked(prompt, /*add_special_tokens=*/true));
-    if (r.prompt_ids.empty()) return absl::InvalidArgumentError("--prompt: no tokens");
-    OOMB_ASSIGN_OR_RETURN(auto model, LoadModel(dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
-    std::vector<int64_t> ids(r.prompt_ids.begin(), r.prompt_ids.end());
-    const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
-    at::NoGradGuard no_grad;
-    GenerationCache cache(model->config(), prompt_tokens + o.max_new_tokens,
-                          at::TensorOptions().dtype(model->dtype()).device(model->device()));
-    int64_t next = 0;
-    for (int64_t begin = 0; begin < prompt_tokens; begin += o.prefill_chunk_tokens) {
-      const int64_t end = std::min(prompt_tokens, begin + o.prefill_chunk_tokens);
-      next = ForwardSpan(*model, cache, ids, begin, end, prompt_tokens);
-      if (o.on_prefill) o.on_prefill(end, prompt_tokens);
-    }
-    while (true) {
-      r.new_ids.push_back(static_cast<int32_t>(next));
-      ids.push_back(next);
-      const bool eos = tokenizer->eos_id().has_value() && next == *tokenizer->eos_id();
-      if (eos || static_cast<int64_t>(r.new_ids.size()) == o.max_new_tokens) break;
-      next = ForwardSpan(*model, cache, ids, cache.length(), cache.length() + 1, cache.length() + 1);
-    }
-    OOMB_ASSIGN_OR_RETURN(r.text, tokenizer->Decode(r.new_ids));
-    return r;
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("generation: ", e.what_without_backtrace()));
-  }
+  return Guarded(
+      [&]() -> absl::StatusOr<GenerateResult> {
+        if (o.prompt.empty() == o.prompt_file.empty())
+          return absl::InvalidArgumentError("--prompt / --prompt-file: give exactly one");
+        if (o.max_new_tokens < 1) return absl::InvalidArgumentError("--max-new-tokens: must be >= 1");
+        if (o.prefill_chunk_tokens < 1) return absl::InvalidArgumentError("--chunk-tokens: must be >= 1");
+        OOMB_ASSIGN_OR_RETURN(const Dir dir, FileAccess::Unconfined()->OpenDir(o.model_dir));
+        OOMB_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromModelDir(dir));
+        std::string prompt = o.prompt;
+        if (!o.prompt_file.empty()) {
+          OOMB_ASSIGN_OR_RETURN(prompt, FileAccess::Unconfined()->ReadFile(o.prompt_file));
+        }
+        GenerateResult r;
+        // As transformers encodes a prompt: with the template's special tokens (Gemma's <bos>).
+        OOMB_ASSIGN_OR_RETURN(r.prompt_ids, tokenizer->EncodeChecked(prompt, /*add_special_tokens=*/true));
+        if (r.prompt_ids.empty()) return absl::InvalidArgumentError("--prompt: no tokens");
+        OOMB_ASSIGN_OR_RETURN(auto model, LoadModel(dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
+        std::vector<int64_t> ids(r.prompt_ids.begin(), r.prompt_ids.end());
+        const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
+        at::NoGradGuard no_grad;
+        GenerationCache cache(model->config(), prompt_tokens + o.max_new_tokens,
+                              at::TensorOptions().dtype(model->dtype()).device(model->device()));
+        int64_t next = 0;
+        for (int64_t begin = 0; begin < prompt_tokens; begin += o.prefill_chunk_tokens) {
+          const int64_t end = std::min(prompt_tokens, begin + o.prefill_chunk_tokens);
+          next = ForwardSpan(*model, cache, ids, begin, end, prompt_tokens);
+          if (o.on_prefill) o.on_prefill(end, prompt_tokens);
+        }
+        while (true) {
+          r.new_ids.push_back(static_cast<int32_t>(next));
+          ids.push_back(next);
+          const bool eos = tokenizer->eos_id().has_value() && next == *tokenizer->eos_id();
+          if (eos || static_cast<int64_t>(r.new_ids.size()) == o.max_new_tokens) break;
+          next = ForwardSpan(*model, cache, ids, cache.length(), cache.length() + 1, cache.length() + 1);
+        }
+        OOMB_ASSIGN_OR_RETURN(r.text, tokenizer->Decode(r.new_ids));
+        return r;
+      },
+      "generation");
 }
 
 }  // namespace oomb

@@ -20,9 +20,10 @@ namespace oomb {
 // The status of the exception `e`, its message prefixed by `what` when not empty.
 absl::Status StatusOfException(std::exception_ptr e, std::string_view what = "");
 
-// `f()`, an absl::Status-returning callable, with exceptions turned into their status.
+// `f()`, a callable returning absl::Status or absl::StatusOr<T>, with exceptions turned into
+// their status.
 template <typename F>
-absl::Status Guarded(F&& f, std::string_view what = "") {
+auto Guarded(F&& f, std::string_view what = "") -> decltype(f()) {
   try {
     return f();
   } catch (...) {

@@ -11,6 +11,7 @@
 // was lost or re-derived differently, so the test asserts equality of the double losses.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -22,6 +23,7 @@
 
 #include "tests/worker/test_files.h"
 #include "tests/worker/tiny_model.h"
+#include "worker/job/device.h"
 #include "worker/job/executor.h"
 #include "worker/job/model_tools.h"
 
@@ -352,6 +354,30 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
 // A pause asked for while the step's evaluation runs (at one of its chunk boundaries) stops the
 // run cleanly at the end of that step: the step is reported without an eval loss and its
 // checkpoint written, rather than the evaluation's CANCELLED failing the run.
+// `oombd model eval --device` is parsed as a job's resources.device (worker/job/device.h): a
+// device the machine lacks is an error naming the flag, not another device; a malformed one
+// is INVALID_ARGUMENT, not a crash.
+TEST(ModelToolsTest, TheDeviceIsTheOneAskedForOrAnError) {
+  EXPECT_EQ(ResolveDevice("cuda:x", "--device").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveDevice("gpu", "--device").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveDevice("cpu", "--device").value(), at::Device(at::kCPU));
+  const int64_t gpus = torch::cuda::device_count();
+  const std::string missing = "cuda:" + std::to_string(gpus);
+  EXPECT_EQ(ResolveDevice(missing, "--device").status().code(), absl::StatusCode::kFailedPrecondition);
+  const Fixture f = MakeFixture("device");
+  const std::string data = fs::path(f.model_dir).parent_path().string() + "/val.jsonl";
+  testing::WriteInputIdsJsonl(data, testing::RandomDocs(1, 12, 30, 61, 99));
+  EvalOptions e;
+  e.model_dir = f.model_dir;
+  e.data_path = data;
+  e.device = missing;
+  const absl::StatusOr<EvalResult> r = EvaluateModel(e);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("--device: '" + missing + "'"));
+  e.device = "cpu";
+  EXPECT_TRUE(EvaluateModel(e).ok());
+}
+
 TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
   const Fixture f = MakeFixture("eval_pause");
   JobConfig spec = MakeSpec(f);
