@@ -33,9 +33,15 @@ namespace {
 // Idempotency keys are stored with the job: a UUID or a hash fits many times over.
 constexpr size_t kMaxRequestIdBytes = 256;
 
+// What creating a job may take after the last look at the caller's deadline (the store's commit,
+// the reply): a caller with less time left is refused before anything is stored, rather than
+// told DEADLINE_EXCEEDED after its job was.
+constexpr auto kCreateMargin = std::chrono::milliseconds(250);
+
 absl::Status CallerGone() {
   return absl::DeadlineExceededError(
-      "the call's deadline passed (or it was cancelled) before the job was created: no job was created");
+      "the call's deadline passed, or would within the 250 ms that storing a job may take (or it was cancelled): no "
+      "job was created");
 }
 
 constexpr int kDefaultPageSize = 50;
@@ -456,7 +462,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
   // `req` and `resp` live until the reactor finishes.
   auto work = [this, ctx, reactor, req, resp, caller = *std::move(caller),
                peer = options_.auth != nullptr ? options_.auth->ClientIdentity(*ctx) : PeerIdentity(*ctx)] {
-    const auto abandoned = [ctx] { return ctx->IsCancelled() || ctx->deadline() <= std::chrono::system_clock::now(); };
+    const auto abandoned = [ctx] {
+      return ctx->IsCancelled() || ctx->deadline() <= std::chrono::system_clock::now() + kCreateMargin;
+    };
     reactor->Finish(ToGrpcStatus(Create(*req, caller, caller.user.empty() ? peer : caller.user, abandoned, resp)));
   };
   if (options_.work == nullptr) {
@@ -469,6 +477,25 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext*
   }
   return reactor;
 }
+
+namespace {
+
+// For a CreateJob whose request_id already created a job (a retry): that job in `resp`, and
+// true; ALREADY_EXISTS when the caller may not see it; false for a first request.
+absl::StatusOr<bool> AnswerRetry(Scheduler& scheduler, const v1::CreateJobRequest& req, const Caller& caller,
+                                 v1::Job* resp) {
+  if (req.request_id().empty() || req.validate_only()) return false;
+  OOMB_ASSIGN_OR_RETURN(std::optional<v1::Job> earlier, scheduler.JobOfRequest(req.request_id()));
+  if (!earlier.has_value()) return false;
+  if (!caller.MayActIn(ParseStoredName(earlier->name()).project)) {
+    return absl::AlreadyExistsError("request_id: used before, for a job in another project");
+  }
+  *resp = *std::move(earlier);
+  scheduler.FillQueueState(resp);
+  return true;
+}
+
+}  // namespace
 
 absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Caller& caller, const std::string& creator,
                                     const std::function<bool()>& abandoned, v1::Job* resp) const {
@@ -485,6 +512,11 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
     return absl::InvalidArgumentError(
         absl::StrCat("request_id: at most ", kMaxRequestIdBytes, " bytes, got ", req.request_id().size()));
   }
+  // A retry gets its job at once: the checks below take as long as the datasets are large, and
+  // a retry sent because the first answer came after the caller's deadline must not pass its
+  // own deadline the same way.
+  OOMB_ASSIGN_OR_RETURN(const bool retried, AnswerRetry(*scheduler_, req, caller, resp));
+  if (retried) return absl::OkStatus();
   v1::JobSpec effective = req.spec();
   absl::StatusOr<JobConfig> resolved_spec = ResolveJobSpec(&effective);
   if (!resolved_spec.ok()) return Annotate(resolved_spec.status(), "spec");

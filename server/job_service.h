@@ -110,9 +110,10 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   // job `caller` may see (`job` set to it), when its directory is on this daemon's disk;
   // NOT_FOUND otherwise.
   absl::StatusOr<v1::Checkpoint> VisibleCheckpoint(const Caller& caller, const std::string& name, v1::Job* job) const;
-  // CreateJob's work after authentication: checks, admission, dataset scan, Submit. `abandoned` says whether the caller
-  // has gone (its deadline passed, or it cancelled): checked first and last before the job is stored, so that no job is
-  // created for a caller told DEADLINE_EXCEEDED (a retry with the same request_id covers the moment between).
+  // CreateJob's work after authentication: a retry's job at once, else checks, admission, dataset scan, Submit.
+  // `abandoned` says whether the caller has gone (it cancelled, or its deadline is less than the time storing a job
+  // may take away): checked first and last before the job is stored, so that no job is created for a caller told
+  // DEADLINE_EXCEEDED (a retry with the same request_id covers a store slower than that margin).
   absl::Status Create(const v1::CreateJobRequest& req, const Caller& caller, const std::string& creator,
                       const std::function<bool()>& abandoned, v1::Job* resp) const;
   // options_.validate_data's summary for datasets within the size limit; nullopt otherwise.

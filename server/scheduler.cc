@@ -333,6 +333,15 @@ bool Overlap(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+absl::StatusOr<std::optional<v1::Job>> Scheduler::JobOfRequest(const std::string& request_id) {
+  OOMB_ASSIGN_OR_RETURN(const std::optional<std::string> id, store_->JobOfRequest(request_id));
+  if (!id.has_value()) return std::nullopt;
+  absl::StatusOr<v1::Job> job = store_->Get(*id);
+  if (absl::IsNotFound(job.status())) return std::nullopt;  // deleted since
+  if (!job.ok()) return job.status();
+  return *std::move(job);
+}
+
 absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobConfig& spec, const std::string& job_id,
                                                        const std::string& request_id) {
   if (!request_id.empty()) {

@@ -198,6 +198,11 @@ class Scheduler {
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& job_id, const std::string& request_id,
                                  bool* created = nullptr, const SubmitOptions& options = {});
 
+  // The job a Submit with this non-empty `request_id` created, as Submit returned it; nullopt
+  // when none did (or it was deleted). A retried CreateJob is answered from it before the spec
+  // and the datasets are checked again.
+  absl::StatusOr<std::optional<v1::Job>> JobOfRequest(const std::string& request_id);
+
   // The transitions a caller asks for; `actor` is recorded on the events they make.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& actor = "");
   absl::StatusOr<v1::Job> Pause(const std::string& job_id, const std::string& actor = "");
