@@ -2,6 +2,7 @@
 # Builds the libFuzzer targets (clang, ASan + UBSan; tests/fuzz/CMakeLists.txt) and runs each
 # for a bounded time. Exit status non-zero on any crash, leak, UB report or timeout.
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET (default 60)] [BUILD_DIR (default build-fuzz)]
+# (FUZZ_JOBS: parallel compile jobs, default nproc)
 # Findings (crash-*, leak-*, timeout-*) are left in BUILD_DIR/findings/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -10,7 +11,7 @@ build="${2:-build-fuzz}"
 CXX="${CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
 CC="${CC:-clang}" CXX="$CXX" cmake -S tests/fuzz -B "$build" -G Ninja >/dev/null
-ninja -C "$build" -j"${FUZZ_JOBS:-1}" fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec >"$build/ninja.log" 2>&1 ||
+ninja -C "$build" -j"${FUZZ_JOBS:-$(nproc)}" fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec >"$build/ninja.log" 2>&1 ||
   { tail -40 "$build/ninja.log" >&2; echo "fuzz: building the targets failed; see $build/ninja.log" >&2; exit 1; }
 
 # Seed corpora: the checked-in JSONL seeds, and a small valid safetensors file made here (two
