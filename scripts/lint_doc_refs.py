@@ -37,9 +37,9 @@ import re
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATTERNS = ["*.h", "*.cc", "*.cu", "*.cuh", "*.py", "*.sh", "*.proto", "*.cmake", "CMakeLists.txt",
-            "*/CMakeLists.txt"]
+from lint_common import ROOT, SOURCE_PATTERNS, tree_sources
+
+PATTERNS = SOURCE_PATTERNS
 EXCLUDED = ("bench/results/", "tests/data/")
 NAME = re.compile(r"[A-Za-z0-9_./-]*\.md(?![A-Za-z0-9_(])")
 PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*/")
@@ -56,13 +56,6 @@ def path_pattern(folders):
     """A repository path: a top-level folder, `/`, name characters, a listed extension, the end."""
     return re.compile(r"(?<![A-Za-z0-9_./$\-{}*~@%%])(?:%s)/[A-Za-z0-9_./-]*?\.(?:%s)(?![A-Za-z0-9_(-]|\.[A-Za-z0-9_])"
                       % ("|".join(re.escape(f) for f in folders), "|".join(EXTENSIONS)))
-
-
-def tree_sources():
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", *PATTERNS], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    return [os.path.join(ROOT, p) for p in sorted(set(out.split("\n")))
-            if p and not p.startswith(EXCLUDED) and os.path.isfile(os.path.join(ROOT, p))]
 
 
 def is_citation(text, m):
@@ -93,7 +86,7 @@ def resolves(name, citing_file):
 
 
 def main(argv):
-    files = argv if argv else tree_sources()
+    files = argv if argv else tree_sources(PATTERNS, EXCLUDED)
     paths = path_pattern(top_level_folders())
     bad = []
     for path in files:

@@ -19,22 +19,15 @@ it); without lizard it fails, saying how to install it.
 Usage: lint_function_length.py [FILE...]
 """
 import os
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from lint_common import ROOT, tree_sources
+
 PATTERNS = ["*.h", "*.cc", "*.cu", "*.cuh"]
 EXCLUDED = ("bench/", "tests/data/")
 MAX_LINES = 80
 # gtest's macros, which lizard reports by the macro's name: shown with their arguments.
 TEST_MACROS = {"TEST", "TEST_F", "TEST_P", "TYPED_TEST", "TYPED_TEST_P"}
-
-
-def tree_sources():
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", *PATTERNS], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    return [os.path.join(ROOT, p) for p in sorted(set(out.split("\n")))
-            if p and not p.startswith(EXCLUDED) and os.path.isfile(os.path.join(ROOT, p))]
 
 
 def shown_name(fn):
@@ -53,7 +46,7 @@ def main(argv):
               "run scripts/setup.sh, which installs it into the project's virtual environment "
               "(~/.cache/oomb/venv, or $OOMB_VENV)", file=sys.stderr)
         return 1
-    files = argv if argv else tree_sources()
+    files = argv if argv else tree_sources(PATTERNS, EXCLUDED)
     bad = []
     for path in files:
         try:

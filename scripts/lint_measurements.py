@@ -24,26 +24,18 @@ Usage: lint_measurements.py [FILE...]
 """
 import os
 import re
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATTERNS = ["*.h", "*.cc", "*.cu", "*.cuh", "*.py", "*.sh", "*.proto", "*.cmake", "CMakeLists.txt",
-            "*/CMakeLists.txt"]
+from lint_common import ROOT, SOURCE_PATTERNS, tree_sources
+
+PATTERNS = SOURCE_PATTERNS
 EXCLUDED = ("bench/results/", "tests/data/")
 DATE = re.compile(r"(?<![\w.])20\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?![\d]|T\d| \d\d:\d\d)")
 RESULT = re.compile(r"bench/results/[A-Za-z0-9_*-][A-Za-z0-9_.*/-]*")
 
 
-def tree_sources():
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", *PATTERNS], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    return [os.path.join(ROOT, p) for p in sorted(set(out.split("\n")))
-            if p and not p.startswith(EXCLUDED) and os.path.isfile(os.path.join(ROOT, p))]
-
-
 def main(argv):
-    files = argv if argv else tree_sources()
+    files = argv if argv else tree_sources(PATTERNS, EXCLUDED)
     bad = []
     for path in files:
         try:
