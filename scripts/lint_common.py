@@ -15,3 +15,15 @@ def tree_sources(patterns, excluded):
                          capture_output=True, text=True, check=True).stdout
     return [os.path.join(ROOT, p) for p in sorted(set(out.split("\n")))
             if p and not p.startswith(excluded) and os.path.isfile(os.path.join(ROOT, p))]
+
+
+def read_sources(argv, patterns, excluded, bad):
+    """(path, shown name, text) of each file named in `argv`, else of the tree's sources; a file
+    that cannot be read is appended to `bad`. Fixtures named in `argv` are shown as given."""
+    for path in argv if argv else tree_sources(patterns, excluded):
+        try:
+            text = open(path, encoding="utf-8", errors="replace").read()
+        except OSError as e:
+            bad.append(f"{path}: cannot read: {e}")
+            continue
+        yield path, os.path.relpath(path, ROOT) if not argv else path, text

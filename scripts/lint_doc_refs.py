@@ -37,7 +37,7 @@ import re
 import subprocess
 import sys
 
-from lint_common import ROOT, SOURCE_PATTERNS, tree_sources
+from lint_common import ROOT, SOURCE_PATTERNS, read_sources
 
 PATTERNS = SOURCE_PATTERNS
 EXCLUDED = ("bench/results/", "tests/data/")
@@ -86,16 +86,9 @@ def resolves(name, citing_file):
 
 
 def main(argv):
-    files = argv if argv else tree_sources(PATTERNS, EXCLUDED)
     paths = path_pattern(top_level_folders())
     bad = []
-    for path in files:
-        try:
-            text = open(path, encoding="utf-8", errors="replace").read()
-        except OSError as e:
-            bad.append(f"{path}: cannot read: {e}")
-            continue
-        shown = os.path.relpath(path, ROOT) if not argv else path
+    for path, shown, text in read_sources(argv, PATTERNS, EXCLUDED, bad):
         reported = set()  # (line, name): a Markdown path that fails both checks is reported once
         for m in NAME.finditer(text):
             if is_citation(text, m) and not resolves(m.group(0), path):

@@ -18,10 +18,9 @@ Runs with the project's virtual environment's Python, which has lizard (scripts/
 it); without lizard it fails, saying how to install it.
 Usage: lint_function_length.py [FILE...]
 """
-import os
 import sys
 
-from lint_common import ROOT, tree_sources
+from lint_common import read_sources
 
 PATTERNS = ["*.h", "*.cc", "*.cu", "*.cuh"]
 EXCLUDED = ("bench/", "tests/data/")
@@ -46,17 +45,10 @@ def main(argv):
               "run scripts/setup.sh, which installs it into the project's virtual environment "
               "(~/.cache/oomb/venv, or $OOMB_VENV)", file=sys.stderr)
         return 1
-    files = argv if argv else tree_sources(PATTERNS, EXCLUDED)
     bad = []
-    for path in files:
-        try:
-            text = open(path, encoding="utf-8", errors="replace").read()
-        except OSError as e:
-            bad.append(f"{path}: cannot read: {e}")
-            continue
+    for path, shown, text in read_sources(argv, PATTERNS, EXCLUDED, bad):
         # Named as C++ for lizard, whatever the file's name: .cu, .cuh and the fixtures' .txt too.
         info = lizard.analyze_file.analyze_source_code("source.cc", text)
-        shown = os.path.relpath(path, ROOT) if not argv else path
         for fn in info.function_list:
             if fn.length > MAX_LINES:
                 bad.append(f"{shown}:{fn.start_line}: function {shown_name(fn)} is {fn.length} lines "

@@ -22,11 +22,10 @@ tests/data/; Markdown is not checked); with them, those files whatever their nam
 fixture test).
 Usage: lint_measurements.py [FILE...]
 """
-import os
 import re
 import sys
 
-from lint_common import ROOT, SOURCE_PATTERNS, tree_sources
+from lint_common import SOURCE_PATTERNS, read_sources
 
 PATTERNS = SOURCE_PATTERNS
 EXCLUDED = ("bench/results/", "tests/data/")
@@ -35,15 +34,8 @@ RESULT = re.compile(r"bench/results/[A-Za-z0-9_*-][A-Za-z0-9_.*/-]*")
 
 
 def main(argv):
-    files = argv if argv else tree_sources(PATTERNS, EXCLUDED)
     bad = []
-    for path in files:
-        try:
-            text = open(path, encoding="utf-8", errors="replace").read()
-        except OSError as e:
-            bad.append(f"{path}: cannot read: {e}")
-            continue
-        shown = os.path.relpath(path, ROOT) if not argv else path
+    for path, shown, text in read_sources(argv, PATTERNS, EXCLUDED, bad):
         for n, line in enumerate(text.split("\n"), 1):
             results = [m.group(0).rstrip(".") for m in RESULT.finditer(line)]
             # A date inside a cited result's name is reported as the result, once.
