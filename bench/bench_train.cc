@@ -64,6 +64,9 @@
 // predicts from them ("estimated_s_per_step", worker/plan/step_time.h) over the measured one
 // ("estimated_over_measured").
 //
+// --device-mib N: the planner plans for a GPU of N MiB and the caching allocator is capped at it,
+// so a larger GPU reproduces a smaller one's plan and fit (an H100's on an H200).
+//
 // --lengths takes "max" beside numbers: the memory planner's longest context for the configuration
 // on this machine (what the planned_max_seq_len field reports), so a call need not know it.
 //
@@ -197,7 +200,14 @@ struct BenchSpec {
   int64_t rank = 16, chunk = 4096, page = 128, sparse_budget = 0;
   double chunk_fraction = 1.0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
-  bool swap = true;  // memory.swap_attention
+  bool swap = true;        // memory.swap_attention
+  int64_t device_mib = 0;  // --device-mib: plan for a device of this size (0: this device's)
+  // The machine the planner plans for: this one, its device memory replaced by --device-mib's.
+  PlanTarget Machine(const at::Device& d) const {
+    PlanTarget target = ThisMachine(d.is_cuda() ? "cuda:0" : "cpu");
+    if (device_mib > 0) target.device_bytes = device_mib << 20;
+    return target;
+  }
   kernels::GpuAttentionKernel AttentionKernel() const {
     return attention_kernel == "flash" ? kernels::GpuAttentionKernel::kFlash : kernels::GpuAttentionKernel::kCudnn;
   }
@@ -234,7 +244,7 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> MakeSession(Transformer& m, int
   SessionOptions o;
   o.should_stop = std::move(should_stop);
   o.device = d;
-  o.machine = ThisMachine(d.is_cuda() ? "cuda:0" : "cpu");
+  o.machine = b.Machine(d);
   o.longest_sequence = T;
   o.attention_kernel = b.AttentionKernel();
   return TrainingSession::Create(&m, b.At(T), std::move(o));
@@ -245,8 +255,8 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> MakeSession(Transformer& m, int
 absl::StatusOr<int64_t> ResolveLength(const std::string& length, const ModelConfig& c, const BenchSpec& b,
                                       at::Device d) {
   if (length == "max") {
-    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(c, b.At(b.chunk > 0 ? b.chunk : kAutoChunkMax),
-                                                            ThisMachine(d.is_cuda() ? "cuda:0" : "cpu")));
+    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan,
+                          PlanMemory(c, b.At(b.chunk > 0 ? b.chunk : kAutoChunkMax), b.Machine(d)));
     if (plan.max_seq_len_that_fits <= 0) return absl::ResourceExhaustedError(plan.limit);
     return plan.max_seq_len_that_fits;
   }
@@ -647,6 +657,11 @@ int Main(int argc, char** argv) {
   app.add_option("--fit-check", fit_check,
                  "K: instead of a step, stage 1 of the whole sequence and the first K chunks of stage 2 (where the "
                  "peaks are): measured device and host peaks against the plan's, and stage 1's rate");
+  int64_t device_mib = 0;
+  app.add_option("--device-mib", device_mib,
+                 "plan for a GPU of this many MiB instead of this one's, and cap the caching allocator at it "
+                 "(a smaller GPU's plan and fit on a larger one, e.g. 81559 for an H100 on an H200)")
+      ->check(CLI::PositiveNumber);
   std::string plan_only;
   app.add_option("--plan-only", plan_only,
                  "DEVICE_MIB:HOST_MIB: print the memory planner's plan for each length (and its longest "
@@ -684,8 +699,21 @@ int Main(int argc, char** argv) {
                         .offload = offload,
                         .kv_grad_dtype = kv_grad_dtype,
                         .attention_kernel = attention_kernel,
-                        .swap = swap == "on"};
+                        .swap = swap == "on",
+                        .device_mib = device_mib};
   if (!plan_only.empty()) return PrintPlans(model, config, bench, plan_only, lengths);
+#if defined(OOMB_HAVE_CUDA)
+  if (device_mib > 0 && d.is_cuda()) {
+    const double total = static_cast<double>(ThisMachine("cuda:0").device_bytes);
+    if (total < static_cast<double>(device_mib << 20)) {
+      std::cerr << "--device-mib " << device_mib << ": this GPU has only " << (static_cast<int64_t>(total) >> 20)
+                << " MiB" << std::endl;
+      return 2;
+    }
+    at::empty({1}, at::TensorOptions().device(d));  // the allocator's state for the device, to be capped
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(device_mib << 20) / total, d.index());
+  }
+#endif
   std::vector<int64_t> tokens;
   for (const std::string& length : lengths) {
     const absl::StatusOr<int64_t> resolved = ResolveLength(length, config, bench, d);
@@ -699,8 +727,7 @@ int Main(int argc, char** argv) {
   const double peak_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
   std::map<int64_t, EngineRates> rates;
   for (int64_t T : estimate ? tokens : std::vector<int64_t>{}) {
-    const absl::StatusOr<MemoryPlan> plan =
-        PlanMemory(config, bench.At(T), ThisMachine(d.is_cuda() ? "cuda:0" : "cpu"));
+    const absl::StatusOr<MemoryPlan> plan = PlanMemory(config, bench.At(T), bench.Machine(d));
     if (!plan.ok() || rates.contains(StepChunkTokens(*plan))) continue;
     absl::StatusOr<EngineRates> measured =
         MeasureEngineRates(config, bench.At(T), StepChunkTokens(*plan), d.is_cuda() ? "cuda:0" : "cpu");

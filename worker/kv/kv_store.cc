@@ -236,8 +236,10 @@ void KvStore::StoreImages(PageKind kind, const std::vector<PageId>& ids, const a
   const at::Device dev = device->options().device();
   const auto [device_pos, host_pos, device_ids, host_ids] = SplitByTier(ids);
   if (!device_ids.empty()) {
+    // Every page on the device: the images in order, converted without a gathered copy.
+    const at::Tensor device_images = host_ids.empty() ? images : images.index_select(0, Positions(device_pos, dev));
     device->arena().index_copy_(0, SlotTensor(device_ids, 0, device_ids.size(), dev).to(at::kLong),
-                                images.index_select(0, Positions(device_pos, dev)).to(device->options().dtype()));
+                                device_images.to(device->options().dtype()));
   }
   if (!host_ids.empty()) {
     DropPrefetch(kind, host_ids);

@@ -119,10 +119,8 @@ class Model {
   // One KV page (model.dtype), one KV-gradient page: bfloat16 when memory.kv_grad_dtype asks
   // and the model is bfloat16, else float32 (worker/kv/kv_pools.h, KvGradDtype).
   int64_t KvPageBytes() const { return 2 * c_.kv_dim() * spec_.memory.page_tokens * e_; }
-  int64_t GradPageBytes() const {
-    const int64_t g = spec_.memory.kv_grad_dtype == KvGradDtype::kBFloat16 && e_ == 2 ? 2 : kF32;
-    return 2 * c_.kv_dim() * spec_.memory.page_tokens * g;
-  }
+  int64_t GradElemBytes() const { return spec_.memory.kv_grad_dtype == KvGradDtype::kBFloat16 && e_ == 2 ? 2 : kF32; }
+  int64_t GradPageBytes() const { return 2 * c_.kv_dim() * spec_.memory.page_tokens * GradElemBytes(); }
   int64_t KvBytes(int64_t T) const { return KvPages(T) * KvPageBytes() + GradPages(T) * GradPageBytes(); }
 
   // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden): each
@@ -201,10 +199,14 @@ class Model {
     const int64_t blockwise = 7 * kF32 * block_elems / 2;
     // Fused path, one key block of the past at a time: its pages' images (host pages come in as
     // images), the block gathered and laid out for flash, and in backward its dK/dV from the
-    // kernel (dtype) and converted to float32. `past`: the keys a layer reads.
+    // kernel (dtype) and converted to float32; bfloat16 KV-gradient pages add their images while
+    // the block's gradient is added into them, read (bfloat16) and widened (float32) or written
+    // back (float32 and rounded) (KvStore::AccumulateGrad). `past`: the keys a layer reads.
+    const int64_t grad_images = GradElemBytes() < kF32 ? 2 * (GradElemBytes() + kF32) : 0;
     const auto dense = [&](int64_t past) {
-      return cuda_ && e_ == 2 ? std::max(blockwise, std::min(past, kGpuFlashKeyBlock) * KV * (6 * e_ + 2 * kF32))
-                              : blockwise;
+      return cuda_ && e_ == 2
+                 ? std::max(blockwise, std::min(past, kGpuFlashKeyBlock) * KV * (6 * e_ + 2 * kF32 + grad_images))
+                 : blockwise;
     };
     int64_t attention = dense(T);
     if (sparse()) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/worker/tiny_model.h"
+#include "worker/hf/family.h"
 #include "worker/paging/page_table.h"
 #include "worker/plan/memory_planner.h"
 #include "worker/session/training_session.h"
@@ -279,6 +280,29 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
   EXPECT_EQ(host->device_kv_pages, 0);
   EXPECT_EQ(host->kv_device_bytes, 0);
   EXPECT_EQ(host->kv_host_bytes, host->kv_bytes);
+}
+
+// On a GPU, a key block's gradient reaches bfloat16 KV-gradient pages through the pages' images
+// (KvStore::AccumulateGrad: read, widened to float32, added to, rounded back): the fused
+// attention's workspace counts them, 2 + 4 bytes per K and V element of the block (64K keys),
+// beside the float32 pages' in-place addition. Missing, the plan was 3% under the measured
+// peak of Gemma-3-12B (docs/PERFORMANCE.md, "The planner's predictions").
+TEST(MemoryPlannerTest, BFloat16GradientPagesCountTheirImagesInTheAttentionWorkspace) {
+  const absl::StatusOr<ModelConfig> c = PresetConfig("gemma-3-12b");  // where attention is the largest transient
+  ASSERT_TRUE(c.ok()) << c.status();
+  const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
+  const auto activations = [&](KvGradDtype dtype) {
+    JobConfig s;
+    s.model.dtype = ModelDtype::kBFloat16;
+    s.memory.chunk_tokens = 4096;
+    s.memory.kv_grad_dtype = dtype;
+    s.data.max_seq_len = 1 << 17;
+    const absl::StatusOr<MemoryPlan> plan = PlanMemory(*c, s, h100);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan->activation_bytes;
+  };
+  const int64_t block = 65536, images_per_key = 2 * c->kv_dim() * (2 + 4);
+  EXPECT_EQ(activations(KvGradDtype::kBFloat16) - activations(KvGradDtype::kFloat32), block * images_per_key);
 }
 
 // memory.kv_grad_dtype auto on an 80 GiB GPU: float32 while every page stays on the GPU; bfloat16
