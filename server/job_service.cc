@@ -393,30 +393,47 @@ absl::StatusOr<ResolvedInputs> JobServiceImpl::Inputs(const JobConfig& job, cons
   return r;
 }
 
-absl::StatusOr<ModelConfig> JobServiceImpl::ModelConfigOf(const JobConfig& spec, const std::string& project) const {
+absl::StatusOr<ModelConfig> JobServiceImpl::ModelConfigOf(const JobConfig& job, const std::string& project) const {
   std::shared_ptr<const FileAccess> access = FileAccess::Unconfined();
   if (options_.files != nullptr) {
     OOMB_ASSIGN_OR_RETURN(access, options_.files->Inputs(project));
   }
-  absl::StatusOr<Dir> model = access->OpenDir(spec.model.path);
+  absl::StatusOr<Dir> model = access->OpenDir(job.model.path);
   if (!model.ok()) return Annotate(model.status(), "model.path");
   return LoadModelConfig(*model);
 }
 
-absl::StatusOr<MemoryPlan> JobServiceImpl::Plan(const JobConfig& spec, const std::string& project) const {
-  OOMB_ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec, project));
+absl::StatusOr<JobServiceImpl::Admission> JobServiceImpl::Admit(const v1::JobSpec& spec, const std::string& project,
+                                                                const Caller& caller, const std::string* job_id) const {
+  Admission a;
+  a.effective = spec;
+  absl::StatusOr<JobConfig> resolved = ResolveJobSpec(&a.effective);
+  if (!resolved.ok()) return Annotate(resolved.status(), "spec");
+  // Inputs named by resource name, as paths of the daemon's (the stored spec keeps the names).
+  OOMB_ASSIGN_OR_RETURN(a.inputs, Inputs(*resolved, project, &caller));
+  const JobConfig& job = a.inputs.job;
+  if (options_.files != nullptr) {
+    OOMB_RETURN_IF_ERROR(Annotate(job_id != nullptr ? options_.files->CheckSpec(job, *job_id, project, a.inputs.grants)
+                                                    : options_.files->CheckPaths(job, project, a.inputs.grants),
+                                  "spec"));
+  }
+  OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(job), "spec"));
+  absl::StatusOr<ModelConfig> model = ModelConfigOf(job, project);
+  if (!model.ok()) return Annotate(model.status(), "spec");
+  a.model = *std::move(model);
   const int64_t host = options_.server_info.host_memory_bytes();
   std::optional<MemoryPlan> best;
-  for (const std::string& device : scheduler_->EligibleDevices(spec)) {
+  for (const std::string& device : scheduler_->EligibleDevices(job)) {  // one at least: CheckPlacement
     PlanTarget target{.device = device, .device_bytes = device == "cpu" ? host : 0, .host_bytes = host};
     for (const v1::ServerInfo::Device& d : options_.server_info.devices()) {
       if (d.name() == device) target.device_bytes = d.memory_bytes();
     }
-    OOMB_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config, spec, target));
-    if (!best || plan.device_capacity_bytes > best->device_capacity_bytes) best = std::move(plan);
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(a.model, job, target);
+    if (!plan.ok()) return Annotate(plan.status(), "spec");
+    if (!best || plan->device_capacity_bytes > best->device_capacity_bytes) best = *std::move(plan);
   }
-  if (!best) return Annotate(scheduler_->CheckPlacement(spec), "spec");
-  return *std::move(best);
+  a.plan = *std::move(best);
+  return a;
 }
 
 absl::StatusOr<Caller> JobServiceImpl::Authenticate(const grpc::CallbackServerContext* ctx) const {
@@ -517,38 +534,26 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
   // own deadline the same way.
   OOMB_ASSIGN_OR_RETURN(const bool retried, AnswerRetry(*scheduler_, req, caller, resp));
   if (retried) return absl::OkStatus();
-  v1::JobSpec effective = req.spec();
-  absl::StatusOr<JobConfig> resolved_spec = ResolveJobSpec(&effective);
-  if (!resolved_spec.ok()) return Annotate(resolved_spec.status(), "spec");
-  // Inputs named by resource name, as paths of the daemon's (the stored spec keeps the names).
-  OOMB_ASSIGN_OR_RETURN(const ResolvedInputs inputs, Inputs(*resolved_spec, project, &caller));
-  const JobConfig* spec = &inputs.job;
-  if (options_.files != nullptr) {
-    OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckSpec(*spec, req.job_id(), project, inputs.grants), "spec"));
-  }
   OOMB_RETURN_IF_ERROR(CheckProjectQueue(project));
-  OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
+  OOMB_ASSIGN_OR_RETURN(const Admission admitted, Admit(req.spec(), project, caller, &req.job_id()));
+  const JobConfig& job = admitted.inputs.job;
   // Admission: a job that cannot fit is refused now, naming the limit and the longest context
   // that would fit, rather than failing later with an out-of-memory error.
-  absl::StatusOr<MemoryPlan> plan = Plan(*spec, project);
-  if (!plan.ok()) return Annotate(plan.status(), "spec");
-  if (!plan->fits) return absl::ResourceExhaustedError(plan->limit);
-  // The model's config.json was read by Plan: the RoPE scaling checks cannot fail to read it.
-  OOMB_ASSIGN_OR_RETURN(const ModelConfig model, ModelConfigOf(*spec, project));
-  OOMB_RETURN_IF_ERROR(Annotate(CheckRopeScaling(model, *spec), "spec"));
-  absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(inputs, project);
+  if (!admitted.plan.fits) return absl::ResourceExhaustedError(admitted.plan.limit);
+  OOMB_RETURN_IF_ERROR(Annotate(CheckRopeScaling(admitted.model, job), "spec"));
+  absl::StatusOr<std::optional<v1::DatasetSummary>> summary = ValidateData(admitted.inputs, project);
   if (!summary.ok()) return Annotate(summary.status(), "spec");
   // Without the datasets read here, the warnings come when the job leaves VALIDATING, from its
   // longest sample (SchedulerOptions::context_warnings).
   std::vector<std::string> warnings = IgnoredSettingWarnings(req.spec());
   if (summary->has_value() || !scheduler_->validates()) {
     for (std::string& w :
-         ContextWindowWarnings(model, *spec, summary->has_value() ? (*summary)->longest_sample() : 0)) {
+         ContextWindowWarnings(admitted.model, job, summary->has_value() ? (*summary)->longest_sample() : 0)) {
       warnings.push_back(std::move(w));
     }
   }
   if (req.validate_only()) {
-    *resp->mutable_spec() = effective;
+    *resp->mutable_spec() = admitted.effective;
     if (!req.job_id().empty()) resp->set_name(JobName(project, req.job_id()));
     for (const std::string& w : warnings) resp->add_warnings(w);
     return absl::OkStatus();
@@ -563,7 +568,8 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
   submit.warnings = std::move(warnings);
   submit.project = project;
   submit.actor = caller.user;
-  OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Submit(effective, req.job_id(), req.request_id(), &created, submit));
+  OOMB_ASSIGN_OR_RETURN(*resp,
+                        scheduler_->Submit(admitted.effective, job, req.job_id(), req.request_id(), &created, submit));
   // A retried request_id returns its job, whoever asks: only to a caller who may see it.
   if (!created && !caller.MayActIn(ParseStoredName(resp->name()).project)) {
     return absl::AlreadyExistsError("request_id: used before, for a job in another project");
@@ -785,23 +791,16 @@ grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContex
                                                       v1::EstimateJobResponse* resp) {
   return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
     OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOfParent(caller, req->parent()));
-    absl::StatusOr<JobConfig> resolved_spec = ResolveJobSpec(req->spec());
-    if (!resolved_spec.ok()) return Annotate(resolved_spec.status(), "spec");
-    OOMB_ASSIGN_OR_RETURN(const ResolvedInputs inputs, Inputs(*resolved_spec, project, &caller));
-    const JobConfig* spec = &inputs.job;
-    if (options_.files != nullptr) {
-      OOMB_RETURN_IF_ERROR(Annotate(options_.files->CheckPaths(*spec, project, inputs.grants), "spec"));
-    }
-    OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(*spec), "spec"));
-    absl::StatusOr<MemoryPlan> plan = Plan(*spec, project);
-    if (!plan.ok()) return Annotate(plan.status(), "spec");
-    *resp = MemoryPlanToProto(*plan);
-    return EstimateTime(*spec, project, *plan, resp);
+    OOMB_ASSIGN_OR_RETURN(const Admission admitted, Admit(req->spec(), project, caller, nullptr));
+    *resp = MemoryPlanToProto(admitted.plan);
+    return EstimateTime(admitted, resp);
   });
 }
 
-absl::Status JobServiceImpl::EstimateTime(const JobConfig& spec, const std::string& project, const MemoryPlan& plan,
-                                          v1::EstimateJobResponse* resp) const {
+absl::Status JobServiceImpl::EstimateTime(const Admission& admitted, v1::EstimateJobResponse* resp) const {
+  const JobConfig& spec = admitted.inputs.job;
+  const MemoryPlan& plan = admitted.plan;
+  const ModelConfig& config = admitted.model;
   resp->set_total_steps(spec.training.max_steps);
   if (options_.rates == nullptr) {
     resp->set_rates("not estimated: this daemon measures no rates");
@@ -811,7 +810,6 @@ absl::Status JobServiceImpl::EstimateTime(const JobConfig& spec, const std::stri
     resp->set_rates("not estimated: the job does not fit");
     return absl::OkStatus();
   }
-  OOMB_ASSIGN_OR_RETURN(const ModelConfig config, ModelConfigOf(spec, project));
   const absl::StatusOr<EngineRates> rates = options_.rates->Get(config, spec, StepChunkTokens(plan), plan.device);
   const absl::StatusOr<StepTime> step = rates.ok() ? EstimateStepTime(config, spec, plan, *rates) : rates.status();
   if (!step.ok()) {

@@ -122,15 +122,24 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   // `job` with the inputs it names by resource name resolved for `caller` (server/named_inputs.h);
   // errors prefixed "spec: ".
   absl::StatusOr<ResolvedInputs> Inputs(const JobConfig& job, const std::string& project, const Caller* caller) const;
-  // The memory plan of `spec` on the eligible device of this server with the most memory
-  // (admission and EstimateJob). Errors name the field (model.path's config.json, or what
-  // the engine cannot run yet).
-  // The config.json of the spec's model, read through the confined inputs.
-  absl::StatusOr<ModelConfig> ModelConfigOf(const JobConfig& spec, const std::string& project) const;
-  absl::StatusOr<MemoryPlan> Plan(const JobConfig& spec, const std::string& project) const;
+  // A CreateJob or EstimateJob spec, resolved once: its defaults filled in (`effective`, the form
+  // stored), the inputs it names by resource name resolved to paths (`inputs.job`, the form the
+  // engine runs), checked against the daemon's confinement (with `job_id`, CreateJob's: its
+  // checkpoint dir too) and devices, its model's config.json read (`model`) and planned on the
+  // eligible device with the most memory (`plan`). Errors are prefixed "spec: " and name the
+  // field (model.path's config.json, or what the engine cannot run yet).
+  struct Admission {
+    v1::JobSpec effective;
+    ResolvedInputs inputs;
+    ModelConfig model;
+    MemoryPlan plan;
+  };
+  absl::StatusOr<Admission> Admit(const v1::JobSpec& spec, const std::string& project, const Caller& caller,
+                                  const std::string* job_id) const;
+  // The config.json of the job's model, read through the confined inputs.
+  absl::StatusOr<ModelConfig> ModelConfigOf(const JobConfig& job, const std::string& project) const;
   // EstimateJob's time and cost beside `plan` (EngineRatesStore, worker/plan/step_time.h).
-  absl::Status EstimateTime(const JobConfig& spec, const std::string& project, const MemoryPlan& plan,
-                            v1::EstimateJobResponse* resp) const;
+  absl::Status EstimateTime(const Admission& admitted, v1::EstimateJobResponse* resp) const;
   // RESOURCE_EXHAUSTED when `project` already has its max_queued_jobs waiting.
   absl::Status CheckProjectQueue(const std::string& project) const;
 

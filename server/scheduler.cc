@@ -243,14 +243,12 @@ void Scheduler::Committed(const std::string& id, const std::vector<v1::JobEvent>
 
 void Scheduler::WakeWorkersLocked() { cv_.SignalAll(); }
 
-absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& request, const std::string& job_id,
-                                          const std::string& request_id, bool* created, const SubmitOptions& options) {
+absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const JobConfig& spec,
+                                          const std::string& job_id, const std::string& request_id, bool* created,
+                                          const SubmitOptions& options) {
   const v1::DatasetSummary* dataset = options.dataset;
   const std::string& creator = options.creator;
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
-  v1::JobSpec effective = request;
-  OOMB_ASSIGN_OR_RETURN(const JobConfig spec, ResolveJobSpec(&effective));
-  OOMB_RETURN_IF_ERROR(CheckPlacement(spec));
   if (options_.projects != nullptr) {
     const int64_t most = options_.projects->Get(options.project).max_running_devices;
     if (most > 0 && spec.resources.gpus > most) {

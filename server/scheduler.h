@@ -189,14 +189,16 @@ class Scheduler {
   // inside it.
   bool validates() const { return static_cast<bool>(options_.validator); }
 
-  // Stores a job of `spec` (the effective spec: its defaults filled, server/job_spec.h):
+  // Stores a job of `spec` (the effective spec: its defaults filled, server/job_spec.h), resolved
+  // by the caller as `job` (ResolveJobSpec, its placement checked: CheckPlacement):
   // VALIDATING, or QUEUED when `options.dataset` is given. `job_id` empty: one is generated.
   // See JobStore::Create for `request_id`; `created` tells whether this call created the job.
-  // INVALID_ARGUMENT for a spec that does not resolve; UNAVAILABLE while draining;
-  // RESOURCE_EXHAUSTED when the creator already has max_queued_per_client jobs waiting. The
+  // UNAVAILABLE while draining; RESOURCE_EXHAUSTED when the creator already has
+  // max_queued_per_client jobs waiting or the project may not hold that many devices. The
   // warnings are recorded as Job.warnings and as WARNING events after the first state event.
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& job_id, const std::string& request_id,
-                                 bool* created = nullptr, const SubmitOptions& options = {});
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const JobConfig& job, const std::string& job_id,
+                                 const std::string& request_id, bool* created = nullptr,
+                                 const SubmitOptions& options = {});
 
   // The job a Submit with this non-empty `request_id` created, as Submit returned it; nullopt
   // when none did (or it was deleted). A retried CreateJob is answered from it before the spec

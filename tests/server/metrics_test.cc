@@ -15,6 +15,7 @@
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
 #include "tests/server/http_get.h"
+#include "tests/server/submit.h"
 
 namespace oomb::server {
 namespace {
@@ -332,7 +333,7 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
     v1::JobSpec spec;
     spec.mutable_model()->set_path("/m");
     spec.mutable_data()->set_train("/t");
-    ASSERT_TRUE(scheduler.Submit(spec, "a", "").ok());
+    ASSERT_TRUE(SubmitSpec(scheduler, spec, "a", "").ok());
     for (int i = 0; i < 500 && (sink.calls().empty() || sink.calls().back() != "stop cpu"); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }

@@ -19,6 +19,7 @@
 #include "server/scheduler.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
+#include "tests/server/submit.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -134,7 +135,7 @@ class SchedulerTest : public ::testing::Test {
 
 TEST_F(SchedulerTest, RunsToSuccessWithStepsAndCheckpoints) {
   StartScheduler();
-  absl::StatusOr<v1::Job> job = scheduler_->Submit(spec_, "a", "");
+  absl::StatusOr<v1::Job> job = SubmitSpec(*scheduler_, spec_, "a", "");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->name(), "projects/default/jobs/a");
   const v1::Job done = WaitFor("a", v1::Job::SUCCEEDED);
@@ -172,10 +173,10 @@ TEST_F(SchedulerTest, DataParallelJobTakesItsDevicesTogether) {
   dp.mutable_resources()->set_gpus(2);
   dp.mutable_training()->set_batch_sequences(2);
   later.set_display_name("later");
-  ASSERT_TRUE(scheduler_->Submit(one, "one", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, one, "one", "").ok());
   WaitFor("one", v1::Job::RUNNING);
-  ASSERT_TRUE(scheduler_->Submit(dp, "dp", "").ok());
-  ASSERT_TRUE(scheduler_->Submit(later, "later", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, dp, "dp", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, later, "later", "").ok());
   for (const char* id : {"one", "dp", "later"}) WaitFor(id, v1::Job::SUCCEEDED);
   absl::MutexLock lock(&runner_.mu);
   ASSERT_EQ(runner_.runs.size(), 3u);
@@ -192,23 +193,23 @@ TEST_F(SchedulerTest, DataParallelJobTakesItsDevicesTogether) {
 TEST_F(SchedulerTest, IdempotentCreateAndAlreadyExists) {
   StartScheduler(/*hold=*/true);
   bool created = false;
-  absl::StatusOr<v1::Job> a = scheduler_->Submit(spec_, "", "req-1", &created);
+  absl::StatusOr<v1::Job> a = SubmitSpec(*scheduler_, spec_, "", "req-1", &created);
   ASSERT_TRUE(a.ok());
   EXPECT_TRUE(created);
-  absl::StatusOr<v1::Job> b = scheduler_->Submit(spec_, "", "req-1", &created);
+  absl::StatusOr<v1::Job> b = SubmitSpec(*scheduler_, spec_, "", "req-1", &created);
   ASSERT_TRUE(b.ok());
   EXPECT_FALSE(created);
   EXPECT_EQ(a->name(), b->name());
-  ASSERT_TRUE(scheduler_->Submit(spec_, "x", "").ok());
-  EXPECT_EQ(scheduler_->Submit(spec_, "x", "").status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(SubmitSpec(*scheduler_, spec_, "x", "").ok());
+  EXPECT_EQ(SubmitSpec(*scheduler_, spec_, "x", "").status().code(), absl::StatusCode::kAlreadyExists);
 }
 
 TEST_F(SchedulerTest, QueueOrderAndTransitions) {
   StartScheduler(/*hold=*/true);
   v1::JobSpec high = spec_;
   high.mutable_resources()->set_priority(5);
-  ASSERT_TRUE(scheduler_->Submit(spec_, "low", "").ok());
-  ASSERT_TRUE(scheduler_->Submit(high, "high", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, spec_, "low", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, high, "high", "").ok());
   v1::Job low = *store_->Get("low");
   scheduler_->FillQueueState(&low);
   EXPECT_EQ(low.queue_position(), 2);
@@ -229,12 +230,12 @@ TEST_F(SchedulerTest, CancelAndPauseWhileRunning) {
   runner_.steps = 1000;
   runner_.step_delay_ms = 5;
   StartScheduler();
-  ASSERT_TRUE(scheduler_->Submit(spec_, "c", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, spec_, "c", "").ok());
   WaitFor("c", v1::Job::RUNNING);
   ASSERT_EQ(scheduler_->Cancel("c")->state(), v1::Job::CANCELLING);
   WaitFor("c", v1::Job::CANCELLED);
 
-  ASSERT_TRUE(scheduler_->Submit(spec_, "p", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, spec_, "p", "").ok());
   WaitFor("p", v1::Job::RUNNING);
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   ASSERT_EQ(scheduler_->Pause("p")->state(), v1::Job::PAUSING);
@@ -251,7 +252,7 @@ TEST_F(SchedulerTest, RetriesTransientErrorsThenFails) {
   runner_.error = oomb::WithReason(absl::InternalError("device fell off the bus"), oomb::Reason::kCudaError);
   spec_.mutable_resources()->set_max_retries(1);
   StartScheduler();
-  ASSERT_TRUE(scheduler_->Submit(spec_, "r", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, spec_, "r", "").ok());
   const v1::Job failed = WaitFor("r", v1::Job::FAILED);
   EXPECT_EQ(runner_.calls.load(), 2);
   EXPECT_EQ(failed.retries(), 1);
@@ -263,7 +264,7 @@ TEST_F(SchedulerTest, RetriesTransientErrorsThenFails) {
 TEST_F(SchedulerTest, NonTransientErrorFailsAtOnce) {
   runner_.error = oomb::WithReason(absl::InternalError("loss is nan at step 3"), oomb::Reason::kNanLoss);
   StartScheduler();
-  ASSERT_TRUE(scheduler_->Submit(spec_, "n", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, spec_, "n", "").ok());
   const v1::Job failed = WaitFor("n", v1::Job::FAILED);
   EXPECT_EQ(runner_.calls.load(), 1);
   EXPECT_EQ(failed.error().reason(), "NAN_LOSS");
@@ -277,7 +278,7 @@ TEST_F(SchedulerTest, DrainPastItsDeadlineStopsTheRunAndWaitsForIt) {
   runner_.step_delay_ms = 5;
   runner_.ignore_pause = true;
   StartScheduler();
-  ASSERT_TRUE(scheduler_->Submit(spec_, "slow", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, spec_, "slow", "").ok());
   WaitFor("slow", v1::Job::RUNNING);
   EXPECT_FALSE(scheduler_->Drain(absl::Milliseconds(200)));
   EXPECT_EQ(runner_.active.load(), 0) << "Drain returned while the run was still going";
@@ -293,11 +294,11 @@ TEST_F(SchedulerTest, DrainLeavesRunningJobQueuedAndRestartRecovers) {
   runner_.steps = 1000;
   runner_.step_delay_ms = 5;
   StartScheduler();
-  ASSERT_TRUE(scheduler_->Submit(spec_, "d", "").ok());
+  ASSERT_TRUE(SubmitSpec(*scheduler_, spec_, "d", "").ok());
   WaitFor("d", v1::Job::RUNNING);
   EXPECT_TRUE(scheduler_->Drain(absl::Seconds(10)));
   EXPECT_EQ(store_->Get("d")->state(), v1::Job::QUEUED);
-  EXPECT_EQ(scheduler_->Submit(spec_, "late", "").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(SubmitSpec(*scheduler_, spec_, "late", "").status().code(), absl::StatusCode::kUnavailable);
   scheduler_.reset();
 
   // A job the previous process left RUNNING (a crash) goes RECOVERING -> QUEUED -> runs.
@@ -340,7 +341,7 @@ class PreemptionTest : public SchedulerTest {
     SubmitOptions o;
     o.project = project;
     o.creator = "user-" + id;
-    return scheduler_->Submit(s, id, "", nullptr, o);
+    return SubmitSpec(*scheduler_, s, id, "", nullptr, o);
   }
   bool Said(const std::string& id, const std::string& text) {
     for (const v1::JobEvent& e : Events(id)) {
@@ -429,7 +430,7 @@ TEST_F(SchedulerTest, AProjectAtItsDeviceQuotaWaitsAndOthersRun) {
     s.mutable_training()->set_batch_sequences(gpus);
     SubmitOptions o;
     o.project = project;
-    return scheduler_->Submit(s, id, "", nullptr, o);
+    return SubmitSpec(*scheduler_, s, id, "", nullptr, o);
   };
   ASSERT_TRUE(submit("n1", "nlp").ok());
   WaitFor("n1", v1::Job::RUNNING);

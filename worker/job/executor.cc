@@ -1,5 +1,6 @@
-// The job executor: data, model, the training session's steps, schedules, checkpoints and
-// progress, for one job on its ranks. Contract: worker/job/executor.h.
+// The job executor: the step loop of one job on its ranks, around its data (job_data.h), model
+// (model_loader.h), evaluation schedule (evaluation_schedule.h) and checkpoints
+// (checkpointer.h). Contract: worker/job/executor.h.
 #include "worker/job/executor.h"
 
 #include <ATen/ATen.h>
@@ -17,11 +18,12 @@
 #include "absl/strings/strip.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
-#include "worker/hf/chat_template.h"
-#include "worker/hf/tokenizer.h"
 #include "worker/job/build_info.h"
+#include "worker/job/checkpointer.h"
 #include "worker/job/device.h"
-#include "worker/job/eval_suites.h"
+#include "worker/job/evaluation_schedule.h"
+#include "worker/job/job_data.h"
+#include "worker/job/model_loader.h"
 #include "worker/metrics/metrics_log.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/lr_schedule.h"
@@ -93,68 +95,19 @@ int64_t OomFailpointStep(const JobConfig& spec) {
   return step;
 }
 
-// The datasets of a job, read and checked, with the model directory and the tokenizer that
-// read them (null when every sample was pre-tokenized).
-struct JobData {
-  std::optional<Dir> model_dir;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::optional<ChatTemplate> chat;
-  std::vector<Document> train;
-  DatasetStats stats;
-  std::vector<Document> validation;
-};
-
-// The tokenizer is loaded lazily (ModelTokenizer): pre-tokenized data needs no tokenizer.json.
-// method.type evaluate reads no training data.
-absl::StatusOr<JobData> ReadJobData(const JobConfig& spec, const FileAccess& files) {
-  JobData data;
-  absl::StatusOr<Dir> model_dir = files.OpenDir(spec.model.path);
-  if (!model_dir.ok()) return Annotate(model_dir.status(), "model.path");
-  data.model_dir = *model_dir;
-  ModelTokenizer model_tokenizer(*model_dir, "model.path");
-  const TokenizerLoader loader = model_tokenizer.Loader();
-  DatasetOptions options;
-  options.max_seq_len = spec.data.max_seq_len;
-  options.too_long = spec.data.too_long;
-  absl::StatusOr<int64_t> vocab = ModelVocabSize(*model_dir);
-  if (!vocab.ok()) return Annotate(vocab.status(), "model.path");
-  options.vocab_size = *vocab;
-  if (spec.method.type != TrainMethod::kEvaluate) {
-    absl::StatusOr<File> train = files.OpenFile(spec.data.train);
-    if (!train.ok()) return Annotate(train.status(), "data.train");
-    OOMB_ASSIGN_OR_RETURN(data.train, ReadJsonlDataset(*train, loader, options, &data.stats));
-    if (data.stats.label_tokens == 0) {
-      return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                            "data.train: ", spec.data.train,
-                            ": no token carries a label (every label is -100, or no sample has an assistant turn "
-                            "or more than one token): there is nothing to train on")),
-                        Reason::kBadData);
-    }
-  }
-  if (!spec.data.validation.empty()) {
-    options.field = "data.validation";
-    absl::StatusOr<File> validation = files.OpenFile(spec.data.validation);
-    if (!validation.ok()) return Annotate(validation.status(), "data.validation");
-    OOMB_ASSIGN_OR_RETURN(data.validation, ReadJsonlDataset(*validation, loader, options, nullptr));
-  }
-  data.tokenizer = model_tokenizer.TakeTokenizer();
-  data.chat = model_tokenizer.TakeChat();
-  return data;
-}
-
 // One rank's run: its data, its model and session, the step loop and what it writes. It is
 // also the session's StepSync: the points where the ranks of a data-parallel run agree.
 class Run final : public StepSync {
  public:
-  Run(const JobConfig& spec, const RunOptions& options, at::Device device, Rank rank)
-      : spec_(spec), options_(options), device_(device), rank_(rank) {}
+  Run(const JobConfig& job, const RunOptions& options, at::Device device, Rank rank)
+      : job_(job), options_(options), device_(device), rank_(rank) {}
 
   absl::StatusOr<RunResult> Execute() {
     if (rank_.world > 1) {
       OOMB_ASSIGN_OR_RETURN(group_, DataParallelGroup::Join(*rank_.rendezvous, rank_.index, rank_.world, device_));
     }
     OOMB_RETURN_IF_ERROR(Agree(Guarded([this] { return Setup(); }), nullptr));
-    return spec_.method.type == TrainMethod::kEvaluate ? EvaluateOnly() : Train();
+    return job_.method.type == TrainMethod::kEvaluate ? EvaluateOnly() : Train();
   }
 
   // StepSync.
@@ -170,20 +123,15 @@ class Run final : public StepSync {
   bool lead() const { return rank_.index == 0; }
 
   absl::Status Setup();
-  absl::Status LoadModel();
+  absl::Status LoadModel(const JobData& data);
   absl::Status MakeSession(int64_t longest);
-  absl::Status ReadBaseFiles();
-  absl::Status PrepareEvaluation(const JobData& data);
-  bool EvaluationDue() const;
-  absl::StatusOr<EvalReport> Evaluate();
-  absl::Status Resume();
   bool PollStop(bool step_end);
   void Warn(const std::string& msg) {
     if (lead() && options_.on_warning) options_.on_warning(msg);
   }
-  const std::vector<TokenSequence>& EpochSequences(int64_t epoch);
-  std::vector<TokenSequence> NextBatch(TrainerState* next);
-  absl::StatusOr<CheckpointInfo> Checkpoint(bool final);
+  absl::StatusOr<CheckpointInfo> Checkpoint(bool final) {
+    return checkpointer_->Write(*model_, session_->optimizer(), state_, final);
+  }
   absl::StatusOr<RunResult> Train();
   // method.type evaluate: data.validation's loss and the evaluation section, once, reported as
   // step 0 of 0 (one metrics.jsonl line, one on_step); no checkpoint.
@@ -193,30 +141,17 @@ class Run final : public StepSync {
   absl::Status Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result);
   absl::StatusOr<RunResult> Stopped();
 
-  // A failure to read the model's files: the model's fault unless the cause says otherwise.
-  static absl::Status ModelError(const absl::Status& s) {
-    const absl::Status named = Annotate(s, "model.path");
-    return ReasonOf(s).has_value() ? named : WithReason(named, Reason::kBadModel);
-  }
-  static constexpr int64_t kMaxBaseFileBytes = int64_t{256} << 20;
-
-  const JobConfig& spec_;
+  const JobConfig& job_;
   const RunOptions& options_;
   const at::Device device_;
   const Rank rank_;
   std::unique_ptr<DataParallelGroup> group_;  // world > 1
-  std::optional<Dir> model_dir_;
-  std::map<std::string, std::string> base_files_;  // copied into every checkpoint
-  std::string base_config_json_;                   // the base model's config.json
-  std::vector<Document> docs_;
-  std::vector<TokenSequence> validation_;
-  // The evaluation section's inputs: data.validation's samples, one sequence each (positions),
-  // and the retrieval documents, made once.
-  std::vector<TokenSequence> eval_samples_;
-  std::vector<RetrievalDoc> eval_passkey_, eval_needle_;
-  std::vector<TokenSequence> epoch_sequences_;
-  int64_t packed_epoch_ = -1;
-  int64_t total_steps_ = 0;
+  // What the run is made of, set up by Setup(): its data, evaluation, checkpoints, model and
+  // session.
+  std::optional<TrainingBatches> batches_;
+  std::vector<TokenSequence> validation_;  // data.validation packed, for the validation loss
+  std::optional<EvaluationSchedule> evaluation_;
+  std::optional<Checkpointer> checkpointer_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<TrainingSession> session_;
   std::optional<MetricsLog> metrics_;  // rank 0
@@ -248,60 +183,36 @@ absl::Status Run::Agree(const absl::Status& mine, std::vector<double>* sums) {
 }
 
 absl::Status Run::Setup() {
-  OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec_, *options_.files));
-  model_dir_ = data.model_dir;
-  OOMB_RETURN_IF_ERROR(ReadBaseFiles());
-  docs_ = std::move(data.train);
-  if (!spec_.data.validation.empty()) {
-    validation_ = PackDocuments(data.validation, spec_.data.max_seq_len, spec_.data.packing, -1);
+  OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(job_, *options_.files));
+  OOMB_ASSIGN_OR_RETURN(checkpointer_,
+                        Checkpointer::Open(job_, *data.model_dir, *options_.checkpoint_dir, options_.on_checkpoint));
+  if (!job_.data.validation.empty()) {
+    validation_ = PackDocuments(data.validation, job_.data.max_seq_len, job_.data.packing, -1);
   }
-  const auto first_epoch = PackDocuments(docs_, spec_.data.max_seq_len, spec_.data.packing, spec_.data.shuffle_seed);
-  const int64_t per_epoch = static_cast<int64_t>(first_epoch.size());
-  const int64_t batch = spec_.training.batch_sequences;
-  total_steps_ = spec_.method.type == TrainMethod::kEvaluate ? 0
-                 : spec_.training.max_steps > 0              ? spec_.training.max_steps
-                                                : spec_.training.epochs * ((per_epoch + batch - 1) / batch);
-  OOMB_RETURN_IF_ERROR(PrepareEvaluation(data));
-  int64_t longest = 1;
-  for (const auto& s : first_epoch) longest = std::max(longest, s.size());
+  OOMB_ASSIGN_OR_RETURN(evaluation_, EvaluationSchedule::Prepare(job_, data, *options_.files));
+  batches_.emplace(job_, std::move(data.train));
+  int64_t longest = std::max(batches_->longest(), evaluation_->longest());
   for (const auto& s : validation_) longest = std::max(longest, s.size());
-  for (const auto& s : eval_samples_) longest = std::max(longest, s.size());
-  for (const auto* docs : {&eval_passkey_, &eval_needle_}) {
-    for (const RetrievalDoc& d : *docs) longest = std::max(longest, d.length);
-  }
-  OOMB_RETURN_IF_ERROR(LoadModel());
+  OOMB_RETURN_IF_ERROR(LoadModel(data));
   OOMB_RETURN_IF_ERROR(MakeSession(longest));
-  if (options_.resume) OOMB_RETURN_IF_ERROR(Resume());
+  if (options_.resume) {
+    state_ = checkpointer_->Resume(*model_, session_->optimizer(), [this](const std::string& m) { Warn(m); });
+  }
   return absl::OkStatus();
 }
 
-// RoPE: model.rope_scaling when set; for evaluate, else the scaling the adapter was trained with
-// (as `oombd model eval --adapter`); else config.json's.
-absl::Status Run::LoadModel() {
-  const bool evaluate = spec_.method.type == TrainMethod::kEvaluate;
-  std::optional<Dir> adapter;
-  std::optional<RopeScalingOverride> rope = spec_.model.rope_scaling;
-  if (!spec_.method.lora.init_adapter.empty()) {
-    absl::StatusOr<Dir> dir = options_.files->OpenDir(spec_.method.lora.init_adapter);
+// method.lora.init_adapter: the adapter evaluated, or the adapter training starts from.
+absl::Status Run::LoadModel(const JobData& data) {
+  ModelSource source{.model = *data.model_dir};
+  if (!job_.method.lora.init_adapter.empty()) {
+    absl::StatusOr<Dir> dir = options_.files->OpenDir(job_.method.lora.init_adapter);
     if (!dir.ok()) return Annotate(dir.status(), "method.lora.init_adapter");
-    adapter = *dir;
-    if (evaluate && !rope.has_value()) {
-      absl::StatusOr<std::optional<RopeScalingOverride>> trained = AdapterRopeScaling(*adapter);
-      if (!trained.ok()) return Annotate(trained.status(), "method.lora.init_adapter");
-      rope = *trained;
-    }
+    source.adapter = *dir;
   }
-  absl::StatusOr<std::unique_ptr<Transformer>> model =
-      Transformer::Load(*model_dir_, ModelScalarType(spec_), device_, rope);
-  if (!model.ok()) return ModelError(model.status());
-  model_ = *std::move(model);
-  if (evaluate) {
-    return adapter.has_value() ? Annotate(model_->LoadAdapter(*adapter), "method.lora.init_adapter") : absl::OkStatus();
-  }
-  OOMB_RETURN_IF_ERROR(PrepareTraining(*model_, spec_));
-  if (spec_.method.type == TrainMethod::kFull) return absl::OkStatus();
-  if (!adapter.has_value()) return absl::OkStatus();
-  return Annotate(model_->LoadLoraWeights(*adapter), "method.lora.init_adapter");
+  OOMB_ASSIGN_OR_RETURN(model_, job_.method.type == TrainMethod::kEvaluate
+                                    ? LoadForEvaluation(source, ModelScalarType(job_), device_, job_.model.rope_scaling)
+                                    : LoadForTraining(source, job_, device_));
+  return absl::OkStatus();
 }
 
 absl::Status Run::MakeSession(int64_t longest) {
@@ -313,109 +224,8 @@ absl::Status Run::MakeSession(int64_t longest) {
   o.kv_stats_slot = options_.devices.empty() ? device_.str() : options_.devices[rank_.index];
   o.should_stop = [this] { return PollStop(/*step_end=*/false); };
   o.sync = this;
-  o.oom_at_step = OomFailpointStep(spec_);
-  OOMB_ASSIGN_OR_RETURN(session_, TrainingSession::Create(model_.get(), spec_, std::move(o)));
-  return absl::OkStatus();
-}
-
-// The base model's files a checkpoint carries (the tokenizer's, and config.json for the config
-// as trained), read now: a file that cannot be read fails the job before any training.
-absl::Status Run::ReadBaseFiles() {
-  for (const char* name :
-       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
-    if (!model_dir_->Contains(name)) continue;
-    absl::StatusOr<std::string> contents = model_dir_->ReadFile(name, kMaxBaseFileBytes);
-    if (!contents.ok()) return Annotate(contents.status(), "model.path");
-    base_files_[name] = *std::move(contents);
-  }
-  absl::StatusOr<std::string> config = model_dir_->ReadFile("config.json", kMaxBaseFileBytes);
-  if (!config.ok()) return Annotate(config.status(), "model.path");
-  base_config_json_ = *std::move(config);
-  return absl::OkStatus();
-}
-
-absl::Status Run::PrepareEvaluation(const JobData& data) {
-  const JobConfig::Evaluation& e = spec_.evaluation;
-  const auto wants = [&](const char* suite) {
-    return std::find(e.suites.begin(), e.suites.end(), suite) != e.suites.end();
-  };
-  if (wants("positions")) {
-    for (const Document& d : data.validation) {
-      eval_samples_.emplace_back();
-      eval_samples_.back().Append(d);
-    }
-  }
-  if (!wants("passkey") && !wants("needle")) return absl::OkStatus();
-  const Tokenizer* tokenizer = data.tokenizer.get();
-  std::unique_ptr<Tokenizer> loaded;
-  if (tokenizer == nullptr) {  // pre-tokenized data: the tokenizer was not needed until now
-    absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromModelDir(*model_dir_);
-    if (!t.ok() && t.status().code() == absl::StatusCode::kNotFound && !ReasonOf(t.status()).has_value()) {
-      // A spec this model cannot run: the suites write their documents with its tokenizer.
-      return WithReason(
-          absl::FailedPreconditionError(absl::StrCat(
-              "evaluation.suites: passkey and needle need the model's tokenizer, and ", t.status().message())),
-          Reason::kBadSpec);
-    }
-    if (!t.ok()) return Annotate(t.status(), "evaluation.suites");
-    loaded = *std::move(t);
-    tokenizer = loaded.get();
-  }
-  const RetrievalOptions options{e.lengths, e.depths, e.trials, e.seed};
-  if (wants("passkey")) {
-    absl::StatusOr<std::vector<RetrievalDoc>> docs = PasskeyDocs(*tokenizer, options);
-    if (!docs.ok()) return Annotate(docs.status(), "evaluation.lengths");
-    eval_passkey_ = *std::move(docs);
-  }
-  if (wants("needle")) {
-    absl::StatusOr<File> file = options_.files->OpenFile(e.haystack);
-    absl::StatusOr<std::string> text = file.ok() ? file->ReadAll() : file.status();
-    absl::StatusOr<std::vector<RetrievalDoc>> docs = text.ok() ? NeedleDocs(*tokenizer, *text, options) : text.status();
-    if (!docs.ok()) return Annotate(docs.status(), "evaluation.haystack");
-    eval_needle_ = *std::move(docs);
-  }
-  return absl::OkStatus();
-}
-
-// After every every_steps-th step and the last, on rank 0 (whose report carries it).
-bool Run::EvaluationDue() const {
-  const JobConfig::Evaluation& e = spec_.evaluation;
-  if (e.suites.empty() || !lead()) return false;
-  return state_.step == total_steps_ || (e.every_steps > 0 && state_.step % e.every_steps == 0);
-}
-
-absl::StatusOr<EvalReport> Run::Evaluate() {
-  EvalReport report;
-  ChunkTrainer& trainer = session_->trainer();
-  OOMB_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
-    if (!eval_samples_.empty()) {
-      OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(trainer, eval_samples_, /*by_position=*/true));
-      report.positions = std::move(d.positions);
-    }
-    if (!eval_passkey_.empty()) {
-      OOMB_ASSIGN_OR_RETURN(report.passkey, ScoreRetrieval(trainer, eval_passkey_));
-    }
-    if (!eval_needle_.empty()) {
-      OOMB_ASSIGN_OR_RETURN(report.needle, ScoreRetrieval(trainer, eval_needle_));
-    }
-    return absl::OkStatus();
-  }));
-  return report;
-}
-
-absl::Status Run::Resume() {
-  const Dir& root = *options_.checkpoint_dir;
-  for (const std::string& name : ListCheckpointDirs(root)) {
-    absl::StatusOr<Dir> dir = root.OpenDir(name);
-    auto state = dir.ok() ? RestoreCheckpoint(*dir, *model_, session_->optimizer()) : dir.status();
-    if (state.ok()) {
-      state_ = *state;
-      Warn(absl::StrCat("resumed from ", root.PathOf(name), " at step ", state_.step));
-      return absl::OkStatus();
-    }
-    Warn(absl::StrCat("skipping checkpoint ", root.PathOf(name), ": ", state.status().message()));
-  }
-  if (state_.step == 0) Warn("no valid checkpoint to resume from: starting at step 0");
+  o.oom_at_step = OomFailpointStep(job_);
+  OOMB_ASSIGN_OR_RETURN(session_, TrainingSession::Create(model_.get(), job_, std::move(o)));
   return absl::OkStatus();
 }
 
@@ -439,52 +249,6 @@ bool Run::PollStop(bool step_end) {
   return stop_ != StopRequest::kNone;
 }
 
-const std::vector<TokenSequence>& Run::EpochSequences(int64_t epoch) {
-  if (epoch != packed_epoch_) {
-    const int64_t seed = spec_.data.shuffle_seed < 0 ? -1 : spec_.data.shuffle_seed + epoch;
-    epoch_sequences_ = PackDocuments(docs_, spec_.data.max_seq_len, spec_.data.packing, seed);
-    packed_epoch_ = epoch;
-  }
-  return epoch_sequences_;
-}
-
-// The global batch of the step after `state_`: training.batch_sequences sequences, and the state
-// after them. Held by value: a batch that crosses into the next epoch re-packs the epoch's
-// sequences, which would leave pointers into the previous epoch dangling.
-std::vector<TokenSequence> Run::NextBatch(TrainerState* next) {
-  std::vector<TokenSequence> batch;
-  *next = state_;
-  for (int64_t i = 0; i < spec_.training.batch_sequences; ++i) {
-    const auto& seqs = EpochSequences(next->epoch);
-    batch.push_back(seqs[next->cursor]);
-    if (++next->cursor == static_cast<int64_t>(seqs.size())) {
-      next->cursor = 0;
-      ++next->epoch;
-    }
-  }
-  return batch;
-}
-
-absl::StatusOr<CheckpointInfo> Run::Checkpoint(bool final) {
-  const Dir& root = *options_.checkpoint_dir;
-  const std::string name = final ? std::string("final") : absl::StrCat("checkpoint-", state_.step);
-  CheckpointWriteOptions w;
-  w.base_model_path = spec_.model.path;
-  w.base_files = base_files_;
-  // The config as trained (RoPE scaling included): full fine-tuning's config.json; beside an
-  // adapter, the config to load its base with.
-  OOMB_ASSIGN_OR_RETURN(std::string config,
-                        EffectiveConfigJson(base_config_json_, model_->config(), model_dir_->PathOf("config.json")));
-  (model_->has_lora() ? w.base_config_json : w.config_json) = std::move(config);
-  const auto started = Clock::now();
-  OOMB_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(root, name, *model_, session_->optimizer(), state_, w));
-  PruneCheckpoints(root, spec_.checkpoint.keep_last);
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  CheckpointInfo info{state_.step, root.PathOf(name), bytes, final, seconds};
-  if (options_.on_checkpoint) options_.on_checkpoint(info);
-  return info;
-}
-
 // The step loop. The ranks of a data-parallel run agree inside every step (TrainingSession), at
 // its evaluation, and after rank 0's reporting and checkpoint.
 absl::StatusOr<RunResult> Run::Train() {
@@ -494,10 +258,11 @@ absl::StatusOr<RunResult> Run::Train() {
   }
   const auto start = Clock::now();
   const int64_t first_step = state_.step;
-  while (state_.step < total_steps_) {
+  const int64_t total_steps = batches_->total_steps();
+  while (state_.step < total_steps) {
     TrainerState next;
-    const std::vector<TokenSequence> batch = NextBatch(&next);
-    const double lr = LearningRate(spec_.training, state_.step, total_steps_);
+    const std::vector<TokenSequence> batch = batches_->Next(state_, &next);
+    const double lr = LearningRate(job_.training, state_.step, total_steps);
     absl::StatusOr<StepReport> report = session_->Step(batch, state_.step + 1, lr);
     if (absl::IsCancelled(report.status())) return Stopped();
     if (!report.ok()) return report.status();
@@ -506,17 +271,17 @@ absl::StatusOr<RunResult> Run::Train() {
     state_.cursor = next.cursor;
     state_.tokens += report->step_tokens;
     state_.loss = report->loss;
-    const int64_t every = spec_.training.eval_every_steps;
-    if (!validation_.empty() && (state_.step == total_steps_ || (every > 0 && state_.step % every == 0))) {
+    const int64_t every = job_.training.eval_every_steps;
+    if (!validation_.empty() && (state_.step == total_steps || (every > 0 && state_.step % every == 0))) {
       OOMB_ASSIGN_OR_RETURN(report->eval_loss, session_->Evaluate(validation_));
     }
-    if (EvaluationDue()) {
-      absl::StatusOr<EvalReport> evaluation = Evaluate();
+    if (lead() && evaluation_->Due(state_.step, total_steps)) {  // rank 0's report carries it
+      absl::StatusOr<EvalReport> evaluation = evaluation_->Run(session_->trainer());
       if (absl::IsCancelled(evaluation.status())) return Stopped();
       if (!evaluation.ok()) return evaluation.status();
       report->evaluation = *std::move(evaluation);
     }
-    const bool last = state_.step == total_steps_;
+    const bool last = state_.step == total_steps;
     absl::Status reported;
     if (lead()) {
       reported = Report(*report, lr, std::chrono::duration<double>(Clock::now() - start).count(), first_step, &result);
@@ -544,8 +309,8 @@ absl::StatusOr<RunResult> Run::EvaluateOnly() {
                           Reason::kNanLoss);
       }
     }
-    if (!spec_.evaluation.suites.empty()) {
-      OOMB_ASSIGN_OR_RETURN(report.evaluation, Evaluate());
+    if (!job_.evaluation.suites.empty()) {
+      OOMB_ASSIGN_OR_RETURN(report.evaluation, evaluation_->Run(session_->trainer()));
     }
     return absl::OkStatus();
   }();
@@ -559,15 +324,16 @@ absl::StatusOr<RunResult> Run::EvaluateOnly() {
 
 absl::Status Run::Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result) {
   report.step = state_.step;
-  report.total_steps = total_steps_;
+  const int64_t total_steps = batches_->total_steps();
+  report.total_steps = total_steps;
   report.tokens = state_.tokens;
   report.learning_rate = lr;
-  report.eta_seconds = elapsed / static_cast<double>(state_.step - first_step) * (total_steps_ - state_.step);
+  report.eta_seconds = elapsed / static_cast<double>(state_.step - first_step) * (total_steps - state_.step);
   absl::Status written = metrics_->Append(report);
   if (options_.on_step) options_.on_step(report);
   OOMB_RETURN_IF_ERROR(written);
-  const bool last = state_.step == total_steps_;
-  if (last || spec_.checkpoint.every_steps <= 0 || state_.step % spec_.checkpoint.every_steps != 0) {
+  const bool last = state_.step == total_steps;
+  if (last || job_.checkpoint.every_steps <= 0 || state_.step % job_.checkpoint.every_steps != 0) {
     return absl::OkStatus();
   }
   OOMB_ASSIGN_OR_RETURN(result->final_checkpoint, Checkpoint(false));
@@ -581,7 +347,7 @@ absl::StatusOr<RunResult> Run::Stopped() {
   session_->optimizer().zero_grad(/*set_to_none=*/true);
   if (stop_ == StopRequest::kPause) {
     r.outcome = RunOutcome::kPaused;
-    if (!lead() || spec_.method.type == TrainMethod::kEvaluate) return r;
+    if (!lead() || job_.method.type == TrainMethod::kEvaluate) return r;
     OOMB_ASSIGN_OR_RETURN(r.final_checkpoint, Checkpoint(false));
   } else {
     r.outcome = RunOutcome::kCancelled;

@@ -18,6 +18,7 @@
 #include "worker/hf/tokenizer.h"
 #include "worker/job/device.h"
 #include "worker/job/eval_suites.h"
+#include "worker/job/model_loader.h"
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
 #include "worker/train/chunk_trainer.h"
@@ -76,23 +77,18 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
 namespace {
 
 // The model of `model_dir` in `dtype` ("float32" | "bfloat16") on `device`, with the adapter of
-// `adapter_dir` when one is named. RoPE: `rope` when set, else the scaling the adapter was
-// trained with, else config.json's.
+// `adapter_dir` when one is named, loaded as an evaluate job's (worker/job/model_loader.h).
 absl::StatusOr<std::unique_ptr<Transformer>> LoadModel(const Dir& model_dir, const std::string& adapter_dir,
                                                        const std::string& dtype, const std::string& device,
                                                        std::optional<RopeScalingOverride> rope) {
-  std::optional<Dir> adapter;
+  ModelSource source{.model = model_dir, .model_field = "--model", .adapter_field = "--adapter"};
   if (!adapter_dir.empty()) {
-    OOMB_ASSIGN_OR_RETURN(adapter, FileAccess::Unconfined()->OpenDir(adapter_dir));
-    if (!rope.has_value()) {
-      OOMB_ASSIGN_OR_RETURN(rope, AdapterRopeScaling(*adapter));
-    }
+    absl::StatusOr<Dir> adapter = FileAccess::Unconfined()->OpenDir(adapter_dir);
+    if (!adapter.ok()) return Annotate(adapter.status(), "--adapter");
+    source.adapter = *adapter;
   }
   OOMB_ASSIGN_OR_RETURN(const at::Device on, ResolveDevice(device, "--device"));
-  OOMB_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model,
-                        Transformer::Load(model_dir, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, on, rope));
-  if (adapter.has_value()) OOMB_RETURN_IF_ERROR(model->LoadAdapter(*adapter));
-  return model;
+  return LoadForEvaluation(source, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, on, std::move(rope));
 }
 
 // A model (and adapter) loaded for evaluation, with pools for sequences up to `longest` tokens.
