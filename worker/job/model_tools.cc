@@ -16,11 +16,12 @@
 #include "worker/hf/layer_spec.h"
 #include "worker/hf/safetensors.h"
 #include "worker/hf/tokenizer.h"
+#include "worker/job/build_info.h"
 #include "worker/job/device.h"
 #include "worker/job/eval_suites.h"
 #include "worker/job/model_loader.h"
-#include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
+#include "worker/session/training_session.h"
 #include "worker/train/chunk_trainer.h"
 #include "worker/train/torch_status.h"
 
@@ -91,27 +92,27 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadModel(const Dir& model_dir, con
   return LoadForEvaluation(source, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, on, std::move(rope));
 }
 
-// A model (and adapter) loaded for evaluation, with pools for sequences up to `longest` tokens.
+// A model (and adapter) loaded for evaluation, and the session an evaluate job of it would run
+// (method.type evaluate): its pages planned by the memory planner for sequences up to `longest`
+// tokens on this machine, in chunks of --chunk-tokens.
 struct Evaluator {
   std::unique_ptr<Transformer> model;
-  std::unique_ptr<PagePool> kv, grad;
-  std::unique_ptr<ChunkTrainer> trainer;
+  std::unique_ptr<TrainingSession> session;
 };
 
 absl::StatusOr<Evaluator> MakeEvaluator(const EvalOptions& o, const Dir& model_dir, int64_t longest) {
   Evaluator e;
   OOMB_ASSIGN_OR_RETURN(e.model, LoadModel(model_dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
-  const ModelConfig& c = e.model->config();
-  const auto options = at::TensorOptions().device(e.model->device());
-  const int64_t P = 128, pages = c.num_layers * ((longest + P - 1) / P + 1);
-  const PageShape shape{c.num_kv_heads, P, c.head_dim};
-  OOMB_ASSIGN_OR_RETURN(e.kv,
-                        PagePool::Create(PageKind::kKv, Tier::kDevice, shape, options.dtype(e.model->dtype()), pages));
-  OOMB_ASSIGN_OR_RETURN(e.grad,
-                        PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, options.dtype(at::kFloat), 0));
-  ChunkTrainerOptions trainer_options;
-  trainer_options.chunk_tokens = o.chunk_tokens;
-  e.trainer = std::make_unique<ChunkTrainer>(e.model.get(), e.kv.get(), e.grad.get(), trainer_options);
+  JobConfig job;
+  job.method.type = TrainMethod::kEvaluate;
+  job.model.dtype = o.dtype == "bfloat16" ? ModelDtype::kBFloat16 : ModelDtype::kFloat32;
+  job.memory.chunk_tokens = o.chunk_tokens;
+  job.data.max_seq_len = longest;
+  SessionOptions session;
+  session.device = e.model->device();
+  session.machine = ThisMachine(session.device.is_cuda() ? session.device.str() : "cpu");
+  session.longest_sequence = longest;
+  OOMB_ASSIGN_OR_RETURN(e.session, TrainingSession::Create(e.model.get(), job, std::move(session)));
   return e;
 }
 
@@ -192,17 +193,17 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
         OOMB_ASSIGN_OR_RETURN(Evaluator e, MakeEvaluator(o, model_dir, longest));
         EvalResult r;
         if (on_data) {
-          OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(*e.trainer, seqs, Wants(o, "positions")));
+          OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(e.session->trainer(), seqs, Wants(o, "positions")));
           r.mean_loss = d.tokens > 0 ? d.loss_sum / static_cast<double>(d.tokens) : 0.0;
           r.tokens = d.tokens;
           r.samples = d.samples;
           r.suites.positions = std::move(d.positions);
         }
         if (!passkey.empty()) {
-          OOMB_ASSIGN_OR_RETURN(r.suites.passkey, ScoreRetrieval(*e.trainer, passkey));
+          OOMB_ASSIGN_OR_RETURN(r.suites.passkey, ScoreRetrieval(e.session->trainer(), passkey));
         }
         if (!needle.empty()) {
-          OOMB_ASSIGN_OR_RETURN(r.suites.needle, ScoreRetrieval(*e.trainer, needle));
+          OOMB_ASSIGN_OR_RETURN(r.suites.needle, ScoreRetrieval(e.session->trainer(), needle));
         }
         return r;
       },
