@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/torch/matmul.h"
-#include "kernels/torch/paged_attention.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/hf/chat_template.h"
@@ -22,6 +21,7 @@
 #include "worker/job/model_loader.h"
 #include "worker/model/transformer.h"
 #include "worker/session/training_session.h"
+#include "worker/train/attention.h"
 #include "worker/train/chunk_trainer.h"
 #include "worker/train/torch_status.h"
 
@@ -92,27 +92,33 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadModel(const Dir& model_dir, con
   return LoadForEvaluation(source, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, on, std::move(rope));
 }
 
-// A model (and adapter) loaded for evaluation, and the session an evaluate job of it would run
-// (method.type evaluate): its pages planned by the memory planner for sequences up to `longest`
-// tokens on this machine, in chunks of --chunk-tokens.
+// A model (and adapter) loaded for evaluation, and its evaluate session (EvaluateSession).
 struct Evaluator {
   std::unique_ptr<Transformer> model;
   std::unique_ptr<TrainingSession> session;
 };
 
+// The session an evaluate job of `model` would run (method.type evaluate): its pages planned by
+// the memory planner for sequences up to `longest` tokens on this machine, in chunks of
+// `chunk_tokens`.
+absl::StatusOr<std::unique_ptr<TrainingSession>> EvaluateSession(Transformer& model, const std::string& dtype,
+                                                                 int64_t chunk_tokens, int64_t longest) {
+  JobConfig job;
+  job.method.type = TrainMethod::kEvaluate;
+  job.model.dtype = dtype == "bfloat16" ? ModelDtype::kBFloat16 : ModelDtype::kFloat32;
+  job.memory.chunk_tokens = chunk_tokens;
+  job.data.max_seq_len = longest;
+  SessionOptions session;
+  session.device = model.device();
+  session.machine = ThisMachine(session.device.is_cuda() ? session.device.str() : "cpu");
+  session.longest_sequence = longest;
+  return TrainingSession::Create(&model, job, std::move(session));
+}
+
 absl::StatusOr<Evaluator> MakeEvaluator(const EvalOptions& o, const Dir& model_dir, int64_t longest) {
   Evaluator e;
   OOMB_ASSIGN_OR_RETURN(e.model, LoadModel(model_dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
-  JobConfig job;
-  job.method.type = TrainMethod::kEvaluate;
-  job.model.dtype = o.dtype == "bfloat16" ? ModelDtype::kBFloat16 : ModelDtype::kFloat32;
-  job.memory.chunk_tokens = o.chunk_tokens;
-  job.data.max_seq_len = longest;
-  SessionOptions session;
-  session.device = e.model->device();
-  session.machine = ThisMachine(session.device.is_cuda() ? session.device.str() : "cpu");
-  session.longest_sequence = longest;
-  OOMB_ASSIGN_OR_RETURN(e.session, TrainingSession::Create(e.model.get(), job, std::move(session)));
+  OOMB_ASSIGN_OR_RETURN(e.session, EvaluateSession(*e.model, o.dtype, o.chunk_tokens, longest));
   return e;
 }
 
@@ -212,66 +218,56 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
 
 namespace {
 
-// The keys and values of every layer of one sequence, [kv_heads, capacity, head_dim] per layer,
-// as the paged attention's past: a chunk's forward reads tokens [0, length()) and writes its own
-// at [length(), length() + C) layer by layer; Commit(C) then makes them the past of the next.
-class GenerationCache {
+// One sequence run forward a span at a time over the session's KV pages, as training's stage 1
+// runs its chunks: each span attends over the tokens before it, read from the KV store by the
+// dense attention strategy (worker/train/attention.h), and appends its own keys and values.
+// Sliding-window layers keep the pages some later token still reads (a span may start at any
+// token).
+class PagedSequence {
  public:
-  GenerationCache(const ModelConfig& c, int64_t capacity, at::TensorOptions options) {
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      layers_.push_back(std::make_shared<Layer>(this, at::empty({c.num_kv_heads, capacity, c.head_dim}, options),
-                                                at::empty({c.num_kv_heads, capacity, c.head_dim}, options)));
-    }
-  }
+  PagedSequence(const Transformer& model, const TrainingSession& session, int64_t chunk_tokens)
+      : model_(model),
+        store_(session.pools().pools(), model.config().num_layers,
+               PastReach{.windows = model.spec().Windows(), .chunk_tokens = 1}),
+        attention_(MakeAttention(&model, session.pools().pools(), Options(chunk_tokens))) {}
+
   int64_t length() const { return length_; }
-  // Layer `layer`'s past (null while empty, as PagedAttention takes it) after storing the
-  // chunk's own k, v [C, kv_heads, head_dim].
-  std::shared_ptr<kernels::PastKv> Store(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
-    Layer& l = *layers_[layer];
-    l.k.narrow(1, length_, k.size(0)).copy_(k.transpose(0, 1));
-    l.v.narrow(1, length_, v.size(0)).copy_(v.transpose(0, 1));
-    return length_ == 0 ? nullptr : layers_[layer];
+
+  // Tokens [length(), end) of `ids` (dynamic NTK's sequence length: `rope_len`, as transformers
+  // uses the prompt's length for its tokens and then the length so far); the greedy next token
+  // after them.
+  absl::StatusOr<int64_t> Forward(const std::vector<int64_t>& ids, int64_t end, int64_t rope_len) {
+    const at::Device device = model_.device();
+    Chunk c;
+    c.begin = length_;
+    c.end = end;
+    c.doc_start_host = at::zeros({end - c.begin}, at::kLong);  // one document
+    c.input.ids = at::tensor(std::vector<int64_t>(ids.begin() + c.begin, ids.begin() + end), at::kLong).to(device);
+    c.input.positions = at::arange(c.begin, end, at::TensorOptions().dtype(at::kLong).device(device));
+    c.input.doc_start = c.doc_start_host.to(device);
+    c.input.rope_seq_len = rope_len;
+    const at::Tensor hidden =
+        model_.Hidden(c.input, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+          absl::StatusOr<at::Tensor> out = attention_->Forward(c, layer, q, k, v, nullptr, store_);
+          if (!out.ok()) throw StatusError(out.status());
+          return *out;
+        });
+    length_ = end;
+    return kernels::Matmul(hidden[end - c.begin - 1], model_.lm_head().t()).argmax().item<int64_t>();
   }
-  void Commit(int64_t tokens) { length_ += tokens; }
 
  private:
-  struct Layer final : kernels::PastKv {
-    Layer(const GenerationCache* cache, at::Tensor k, at::Tensor v) : cache(cache), k(std::move(k)), v(std::move(v)) {}
-    int64_t past_tokens() const override { return cache->length_; }
-    std::pair<at::Tensor, at::Tensor> Read(int64_t begin, int64_t end) override {
-      return {k.slice(1, begin, end), v.slice(1, begin, end)};
-    }
-    void AccumulateGrad(int64_t, const at::Tensor&, const at::Tensor&) override {
-      TORCH_CHECK(false, "generation runs without gradients");
-    }
-    const GenerationCache* cache;
-    at::Tensor k, v;
-  };
-  std::vector<std::shared_ptr<Layer>> layers_;
+  static ChunkTrainerOptions Options(int64_t chunk_tokens) {
+    ChunkTrainerOptions o;
+    o.chunk_tokens = chunk_tokens;
+    return o;
+  }
+
+  const Transformer& model_;
+  KvStore store_;
+  std::unique_ptr<Attention> attention_;
   int64_t length_ = 0;
 };
-
-// Runs tokens [begin, end) of `ids` over the cache (which holds [0, begin)) and returns the
-// greedy next token after `end - 1`. `rope_len`: dynamic NTK's sequence length (as transformers
-// does: the prompt's length for its tokens, then the length so far for each new token).
-int64_t ForwardSpan(const Transformer& model, GenerationCache& cache, const std::vector<int64_t>& ids, int64_t begin,
-                    int64_t end, int64_t rope_len) {
-  const at::Device device = model.device();
-  ChunkInput in;
-  in.ids = at::tensor(std::vector<int64_t>(ids.begin() + begin, ids.begin() + end), at::kLong).to(device);
-  in.positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong).device(device));
-  in.doc_start = at::zeros({end - begin}, at::kLong);  // one document; on the CPU (paged_attention.h)
-  in.rope_seq_len = rope_len;
-  const at::Tensor hidden =
-      model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        const int64_t window = model.spec().layers[layer].window;
-        const at::Tensor first_key =
-            window > 0 ? kernels::SlidingWindowStart(in.doc_start, begin, window) : in.doc_start;
-        return kernels::PagedAttention(q, k, v, first_key, cache.Store(layer, k, v));
-      });
-  cache.Commit(end - begin);
-  return kernels::Matmul(hidden[end - begin - 1], model.lm_head().t()).argmax().item<int64_t>();
-}
 
 }  // namespace
 
@@ -295,13 +291,16 @@ absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
         OOMB_ASSIGN_OR_RETURN(auto model, LoadModel(dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
         std::vector<int64_t> ids(r.prompt_ids.begin(), r.prompt_ids.end());
         const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
+        // Pages for every token: an evaluate plan leaves out a sequence's last chunk, which no
+        // later chunk reads, but every span of a generation is read by the next.
+        OOMB_ASSIGN_OR_RETURN(auto session, EvaluateSession(*model, o.dtype, o.prefill_chunk_tokens,
+                                                            prompt_tokens + o.max_new_tokens + o.prefill_chunk_tokens));
         at::NoGradGuard no_grad;
-        GenerationCache cache(model->config(), prompt_tokens + o.max_new_tokens,
-                              at::TensorOptions().dtype(model->dtype()).device(model->device()));
+        PagedSequence sequence(*model, *session, o.prefill_chunk_tokens);
         int64_t next = 0;
         for (int64_t begin = 0; begin < prompt_tokens; begin += o.prefill_chunk_tokens) {
           const int64_t end = std::min(prompt_tokens, begin + o.prefill_chunk_tokens);
-          next = ForwardSpan(*model, cache, ids, begin, end, prompt_tokens);
+          OOMB_ASSIGN_OR_RETURN(next, sequence.Forward(ids, end, prompt_tokens));
           if (o.on_prefill) o.on_prefill(end, prompt_tokens);
         }
         while (true) {
@@ -309,7 +308,7 @@ absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
           ids.push_back(next);
           const bool eos = tokenizer->eos_id().has_value() && next == *tokenizer->eos_id();
           if (eos || static_cast<int64_t>(r.new_ids.size()) == o.max_new_tokens) break;
-          next = ForwardSpan(*model, cache, ids, cache.length(), cache.length() + 1, cache.length() + 1);
+          OOMB_ASSIGN_OR_RETURN(next, sequence.Forward(ids, sequence.length() + 1, sequence.length() + 1));
         }
         OOMB_ASSIGN_OR_RETURN(r.text, tokenizer->Decode(r.new_ids));
         return r;
