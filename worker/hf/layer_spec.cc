@@ -41,6 +41,11 @@ std::vector<LinearSpec> LayerLinears(const ModelConfig& c) {
           {"down_proj", false, f, d, c.mlp_bias}};
 }
 
+// The weights outside the layers: the embeddings (and an untied LM head) and the final norm.
+int64_t OuterParameters(const ModelConfig& c) {
+  return c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) + c.hidden_size;
+}
+
 }  // namespace
 
 bool LayerSpec::Has(NormRole role) const {
@@ -66,13 +71,33 @@ bool ModelSpec::HasLocalRope() const {
   return std::any_of(layers.begin(), layers.end(), [](const LayerSpec& l) { return l.local_rope; });
 }
 
-int64_t ModelSpec::ParameterCount(const ModelConfig& c) const {
-  int64_t n = c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) + c.hidden_size;
-  for (const LayerSpec& l : layers) {
-    for (const NormSpec& norm : l.norms) n += norm.size;
-    for (const LinearSpec& linear : l.linears) n += linear.in * linear.out + (linear.bias ? linear.out : 0);
-  }
+int64_t LayerSpec::Parameters() const {
+  int64_t n = 0;
+  for (const NormSpec& norm : norms) n += norm.size;
+  for (const LinearSpec& linear : linears) n += linear.Parameters();
   return n;
+}
+
+double LayerSpec::AttentionPairs(int64_t tokens) const {
+  const double t = static_cast<double>(tokens), w = static_cast<double>(window);
+  return window > 0 && window < tokens ? w * t - w * w / 2 : t * t / 2;
+}
+
+double LayerSpec::TrainingFlops(int64_t q_dim, int64_t tokens) const {
+  return 6.0 * static_cast<double>(Parameters()) * static_cast<double>(tokens) +
+         12.0 * static_cast<double>(q_dim) * AttentionPairs(tokens);
+}
+
+int64_t ModelSpec::ParameterCount(const ModelConfig& c) const {
+  int64_t n = OuterParameters(c);
+  for (const LayerSpec& l : layers) n += l.Parameters();
+  return n;
+}
+
+double ModelSpec::TrainingFlops(const ModelConfig& c, int64_t tokens) const {
+  double flops = 6.0 * static_cast<double>(OuterParameters(c)) * static_cast<double>(tokens);
+  for (const LayerSpec& l : layers) flops += l.TrainingFlops(c.q_dim(), tokens);
+  return flops;
 }
 
 ModelSpec DescribeModel(const ModelConfig& c) {

@@ -48,6 +48,8 @@ struct LinearSpec {
   bool attention;
   int64_t in, out;
   bool bias;
+
+  int64_t Parameters() const { return in * out + (bias ? out : 0); }
 };
 
 struct LayerSpec {
@@ -63,6 +65,14 @@ struct LayerSpec {
   bool Has(NormRole role) const;
   // The norms of hidden_size (not the per-head ones).
   int64_t HiddenNorms() const;
+  // Its weights: the norms', the linear layers' weights and biases.
+  int64_t Parameters() const;
+  // The query-key pairs its attention sees over a sequence of `tokens`, per query feature:
+  // T^2 / 2 over the whole past, W T - W^2 / 2 within a window of W < T.
+  double AttentionPairs(int64_t tokens) const;
+  // Its model FLOPs of training over a sequence of `tokens` (forward and backward, counted once):
+  // 6 per weight per token, and 12 per query-key pair per query feature (`q_dim`).
+  double TrainingFlops(int64_t q_dim, int64_t tokens) const;
 };
 
 struct ModelSpec {
@@ -81,6 +91,12 @@ struct ModelSpec {
   // Parameters of the base model (LoRA excluded): embeddings (twice when untied), every layer's
   // norms, linear weights and biases, the final norm.
   int64_t ParameterCount(const ModelConfig& c) const;
+  // Model FLOPs of training one sequence of `tokens`, block by block (what MFU divides,
+  // worker/metrics/flops.h): every layer's TrainingFlops, and 6 per weight per token for the
+  // embeddings, the LM head and the final norm. In all: 6 N T + 12 d P (N = ParameterCount,
+  // d = q_dim, P the pairs summed over the layers). The trainer's recomputation and LoRA's
+  // matmuls are not model FLOPs.
+  double TrainingFlops(const ModelConfig& c, int64_t tokens) const;
 };
 
 // The layers of the model `c` describes.

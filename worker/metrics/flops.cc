@@ -2,17 +2,6 @@
 
 namespace oomb {
 
-double SequenceTrainingFlops(int64_t parameters, int64_t attention_dim, const std::vector<int64_t>& layer_windows,
-                             int64_t tokens) {
-  const double t = static_cast<double>(tokens);
-  double pairs = 0;
-  for (const int64_t window : layer_windows) {
-    const double w = static_cast<double>(window);
-    pairs += window > 0 && window < tokens ? w * t - w * w / 2 : t * t / 2;
-  }
-  return 6.0 * static_cast<double>(parameters) * t + 12.0 * static_cast<double>(attention_dim) * pairs;
-}
-
 double PeakDenseBf16Flops(std::string_view device_name) {
   // First match wins: variants before the family name they contain.
   struct Entry {

@@ -242,10 +242,9 @@ void TrainingSession::Measure(const std::vector<TokenSequence>& batch, const std
   const double N = static_cast<double>(parameters);
   double flops = 0;
   int64_t tokens = 0;
-  const std::vector<int64_t> windows = model_->spec().Windows();
   for (const TokenSequence& s : batch) {
     tokens += s.size();
-    flops += SequenceTrainingFlops(parameters, c.q_dim(), windows, s.size());
+    flops += model_->spec().TrainingFlops(c, s.size());
   }
   if (spec_.sparse.has_value()) {
     report->attention_density = sums[kPastPages] > 0 ? sums[kSelectedPages] / sums[kPastPages] : 1.0;

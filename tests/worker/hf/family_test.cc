@@ -52,6 +52,35 @@ TEST(FamilyTest, PresetsCountTheRealModelsParameters) {
   EXPECT_EQ(Preset("phi-4-mini").ParameterCount(), 3836021760);
 }
 
+// Model FLOPs of training, block by block: 6 per weight per token, 12 per query-key pair per
+// query feature. Two layers with one 10x10 linear each, q_dim 64, a window of 4 in the first:
+// over 10 tokens it sees 4 * 10 - 4 * 4 / 2 = 32 pairs, the second 10 * 10 / 2 = 50; a window as
+// long as the sequence is the whole past.
+TEST(FamilyTest, TrainingFlopsAddUpTheBlocks) {
+  ModelConfig c;
+  c.vocab_size = 10;
+  c.hidden_size = 4;
+  c.tie_word_embeddings = true;
+  c.num_heads = 2;
+  c.head_dim = 32;
+  ModelSpec spec;
+  LayerSpec layer;
+  layer.linears = {{"proj", true, 10, 10, false}};
+  spec.layers = {layer, layer};
+  spec.layers[0].window = 4;
+  const int64_t n = 10 * 4 + 4 + 2 * 100;
+  ASSERT_EQ(spec.ParameterCount(c), n);
+  EXPECT_DOUBLE_EQ(spec.TrainingFlops(c, 10), 6.0 * n * 10 + 12.0 * 64 * (32 + 50));
+  EXPECT_DOUBLE_EQ(spec.TrainingFlops(c, 0), 0);
+  spec.layers[0].window = 10;
+  EXPECT_DOUBLE_EQ(spec.TrainingFlops(c, 10), 6.0 * n * 10 + 12.0 * 64 * (50 + 50));
+  // Qwen2.5-7B, every layer global: 6 N T + 6 d L T^2.
+  const ModelConfig qwen = Preset("qwen2.5-7b");
+  const double t = 16384;
+  EXPECT_DOUBLE_EQ(DescribeModel(qwen).TrainingFlops(qwen, 16384),
+                   6.0 * 7615616512 * t + 6.0 * qwen.q_dim() * qwen.num_layers * t * t);
+}
+
 TEST(FamilyTest, PresetLayersAreTheFamilysLayers) {
   const ModelSpec qwen2 = DescribeModel(Preset("qwen2.5-7b"));
   EXPECT_EQ(qwen2.norm, NormKind::kRms);

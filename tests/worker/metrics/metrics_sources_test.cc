@@ -70,15 +70,6 @@ TEST(KvStatsRegistryTest, TransfersAccumulateIntoCumulativeBuckets) {
   EXPECT_STREQ(DirectionName(TransferDirection::kDeviceToHost), "d2h");
 }
 
-TEST(FlopsTest, SequenceTrainingFlopsIsSixNTPlusSixDLTSquared) {
-  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(1000, 64, {0, 0}, 10), 6.0 * 1000 * 10 + 6.0 * 64 * 2 * 100);
-  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(7'000'000'000, 3584, std::vector<int64_t>(28, 0), 0), 0);
-  // A sliding window of 4 over 10 tokens: 4 * 10 - 4 * 4 / 2 = 32 pairs, not 50; a window as
-  // long as the sequence is the whole past.
-  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(1000, 64, {4, 0}, 10), 6.0 * 1000 * 10 + 12.0 * 64 * (32 + 50));
-  EXPECT_DOUBLE_EQ(SequenceTrainingFlops(1000, 64, {10}, 10), SequenceTrainingFlops(1000, 64, {0}, 10));
-}
-
 TEST(FlopsTest, PeaksOfKnownDevicesAndNoneForOthers) {
   EXPECT_DOUBLE_EQ(PeakDenseBf16Flops("NVIDIA H100 80GB HBM3"), 989.4e12);
   EXPECT_DOUBLE_EQ(PeakDenseBf16Flops("NVIDIA H100 PCIe"), 756e12);
