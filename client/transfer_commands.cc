@@ -288,8 +288,8 @@ void AddDownload(CLI::App& app, const Cli& cli) {
   auto a = std::make_shared<Args>();
   auto* dl = app.add_subcommand("download", "Download a job's checkpoint (the final one, or STEP's) into DIR")
                  ->footer(
-                     "Examples:\n  oomb download job-abc123 -o ./adapter\n"
-                     "  oomb download job-abc123 40 -o ./step-40\n"
+                     "Examples:\n  oomb download job-abc123 --dir ./adapter\n"
+                     "  oomb download job-abc123 40 --dir ./step-40\n"
                      "A cut-off download resumes when run again with the same DIR.");
   dl->add_option("job", a->job, "Job id or name")->required();
   dl->add_option("step", a->step, "A checkpoint's step (default: the final checkpoint)");
