@@ -212,29 +212,29 @@ struct BenchSpec {
     return attention_kernel == "flash" ? kernels::GpuAttentionKernel::kFlash : kernels::GpuAttentionKernel::kCudnn;
   }
   JobConfig At(int64_t T) const {
-    JobConfig spec;
-    spec.model.dtype = ModelDtype::kBFloat16;
-    spec.method.type = full ? TrainMethod::kFull : TrainMethod::kLora;
-    spec.method.lora.rank = static_cast<int32_t>(rank);
-    spec.memory.chunk_tokens = chunk;
-    spec.memory.page_tokens = page;
-    spec.memory.kv_offload = offload == "host"   ? KvOffload::kHost
-                             : offload == "auto" ? KvOffload::kAuto
-                                                 : KvOffload::kNone;
-    spec.memory.kv_grad_dtype = kv_grad_dtype == "bfloat16" ? KvGradDtype::kBFloat16
-                                : kv_grad_dtype == "auto"   ? KvGradDtype::kAuto
-                                                            : KvGradDtype::kFloat32;
-    spec.memory.swap_attention = swap;
-    spec.data.max_seq_len = T;
-    spec.chunk_fraction = chunk_fraction;
+    JobConfig job;
+    job.model.dtype = ModelDtype::kBFloat16;
+    job.method.type = full ? TrainMethod::kFull : TrainMethod::kLora;
+    job.method.lora.rank = static_cast<int32_t>(rank);
+    job.memory.chunk_tokens = chunk;
+    job.memory.page_tokens = page;
+    job.memory.kv_offload = offload == "host"   ? KvOffload::kHost
+                            : offload == "auto" ? KvOffload::kAuto
+                                                : KvOffload::kNone;
+    job.memory.kv_grad_dtype = kv_grad_dtype == "bfloat16" ? KvGradDtype::kBFloat16
+                               : kv_grad_dtype == "auto"   ? KvGradDtype::kAuto
+                                                           : KvGradDtype::kFloat32;
+    job.memory.swap_attention = swap;
+    job.data.max_seq_len = T;
+    job.chunk_fraction = chunk_fraction;
     if (sparse_budget > 0) {
-      spec.sparse =
+      job.sparse =
           JobConfig::Sparse{.page_budget = sparse_budget,
                             .sink_pages = 1,
                             .local_pages = 4,
                             .selection = selection == "min_max" ? PageSummaryKind::kMinMax : PageSummaryKind::kMeanKey};
     }
-    return spec;
+    return job;
   }
 };
 
@@ -468,11 +468,11 @@ void AddPlan(const MemoryPlan& plan, at::Device d, nlohmann::json& r) {
 }
 
 // --estimate: EstimateJob's step time for this step (worker/plan/step_time.h) beside the measured one.
-void AddEstimate(const ModelConfig& c, const JobConfig& spec, const MemoryPlan& plan, const Measurement& how,
+void AddEstimate(const ModelConfig& c, const JobConfig& job, const MemoryPlan& plan, const Measurement& how,
                  const StepResult& step, nlohmann::json& r) {
   const auto rates = how.rates.find(StepChunkTokens(plan));
   if (rates == how.rates.end()) return;
-  const absl::StatusOr<StepTime> t = EstimateStepTime(c, spec, plan, rates->second);
+  const absl::StatusOr<StepTime> t = EstimateStepTime(c, job, plan, rates->second);
   if (!t.ok()) {
     r["estimated"] = std::string(t.status().message());
     return;

@@ -19,6 +19,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def buckets(ev):
+    """The positions suite's buckets: {"positions": {"buckets": [...]}} (EvalReportJson), or the
+    bare list the results committed before the suites became a map hold."""
+    pos = ev.get("positions", {})
+    return pos if isinstance(pos, list) else pos.get("buckets", [])
+
+
 def evaluations(d):
     """label -> evaluation JSON (EvalReportJson: positions, passkey, needle)."""
     out = {}
@@ -59,7 +66,7 @@ def main():
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     styles = ("-o", "-s", "-^", "-v", "--^", "--v")
     for (label, ev), style in zip(runs.items(), styles):
-        pos = ev.get("positions", [])
+        pos = buckets(ev)
         axes[0].plot([(p["begin"] + p["end"]) / 2 for p in pos], [p["loss"] for p in pos], style, label=label,
                      markersize=4)
         for ax, suite in ((axes[1], "passkey"), (axes[2], "needle")):
@@ -83,7 +90,7 @@ def main():
     print("| model | loss 4K-8K | loss 32K-64K | ratio | passkey 8K / 16K / 32K / 64K | needle 8K / 16K / 32K / 64K |")
     print("| --- | ---: | ---: | ---: | --- | --- |")
     for label, ev in runs.items():
-        pos = ev.get("positions", [])
+        pos = buckets(ev)
         near, far = mean_loss(pos, 4096, 8192), mean_loss(pos, 32768, 65536)
         cells = []
         for suite in ("passkey", "needle"):

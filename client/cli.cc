@@ -9,6 +9,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -91,16 +92,22 @@ std::string Printable(const std::string& text) {
 }
 
 std::string EvaluationLine(const v1::EvaluationResult& e) {
-  std::string line = e.step() > 0 ? fmt::format("step {}:", e.step()) : "";
-  if (e.has_passkey_accuracy()) line += fmt::format(" passkey {:.2f},", e.passkey_accuracy());
-  if (e.has_needle_accuracy()) line += fmt::format(" needle {:.2f},", e.needle_accuracy());
-  if (e.positions_size() > 0) line += " loss by position";
-  for (const v1::EvaluationResult::Bucket& b : e.positions()) {
-    line += fmt::format(" [{}K, {}K) {:.3f}", b.begin() / 1024, b.end() / 1024, b.loss());
+  // A map's order is no order: the retrieval suites' accuracies by name, then the loss by position.
+  const std::map<std::string, v1::EvaluationResult::Suite> suites(e.suites().begin(), e.suites().end());
+  std::string line;
+  const auto add = [&line](const std::string& part) { line += (line.empty() ? "" : ", ") + part; };
+  for (const auto& [name, s] : suites) {
+    if (s.has_accuracy()) add(fmt::format("{} {:.2f}", name, s.accuracy()));
   }
-  if (!line.empty() && line.back() == ',') line.pop_back();
-  if (!line.empty() && line.front() == ' ') line.erase(0, 1);
-  return line;
+  for (const auto& [name, s] : suites) {
+    if (s.buckets().empty()) continue;
+    std::string part = "loss by position";
+    for (const v1::EvaluationResult::Bucket& b : s.buckets()) {
+      part += fmt::format(" [{}K, {}K) {:.3f}", b.begin() / 1024, b.end() / 1024, b.loss());
+    }
+    add(part);
+  }
+  return e.step() > 0 ? fmt::format("step {}: {}", e.step(), line) : line;
 }
 
 Client::Client(const Globals& g) : g_(g) {

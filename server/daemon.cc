@@ -249,16 +249,16 @@ absl::Status Daemon::StartScheduler() {
   }
   o.runner = env_.runner;
   if (env_.validate_data) {
-    o.validator = [validate = env_.validate_data](const JobConfig& spec,
+    o.validator = [validate = env_.validate_data](const JobConfig& job,
                                                   const FileAccess& access) -> absl::StatusOr<v1::DatasetSummary> {
-      OOMB_ASSIGN_OR_RETURN(DataSummary summary, validate(spec, access));
+      OOMB_ASSIGN_OR_RETURN(DataSummary summary, validate(job, access));
       return DatasetSummaryToProto(summary);
     };
   }
-  o.context_warnings = [files = files_](const JobConfig& spec, int64_t longest) -> std::vector<std::string> {
-    absl::StatusOr<Dir> model_dir = files->inputs()->OpenDir(spec.model.path);
+  o.context_warnings = [files = files_](const JobConfig& job, int64_t longest) -> std::vector<std::string> {
+    absl::StatusOr<Dir> model_dir = files->inputs()->OpenDir(job.model.path);
     absl::StatusOr<ModelConfig> model = model_dir.ok() ? LoadModelConfig(*model_dir) : model_dir.status();
-    return model.ok() ? ContextWindowWarnings(*model, spec, longest) : std::vector<std::string>();
+    return model.ok() ? ContextWindowWarnings(*model, job, longest) : std::vector<std::string>();
   };
   o.hold = config_.hold;
   o.max_queued_per_client = config_.max_queued_jobs_per_client;

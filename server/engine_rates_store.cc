@@ -80,9 +80,9 @@ absl::Status EngineRatesStore::Keep(const std::string& key, const EngineRates& r
   return data_dir_.WriteFileAtomic(kFileName, kept.dump(2) + "\n", 0600);
 }
 
-absl::StatusOr<EngineRates> EngineRatesStore::Get(const ModelConfig& config, const JobConfig& spec,
-                                                  int64_t chunk_tokens, const std::string& device) {
-  const std::string key = key_(config, spec, chunk_tokens, device);
+absl::StatusOr<EngineRates> EngineRatesStore::Get(const ModelConfig& config, const JobConfig& job, int64_t chunk_tokens,
+                                                  const std::string& device) {
+  const std::string key = key_(config, job, chunk_tokens, device);
   std::shared_future<absl::StatusOr<EngineRates>> running;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -94,9 +94,9 @@ absl::StatusOr<EngineRates> EngineRatesStore::Get(const ModelConfig& config, con
     auto it = running_.find(key);
     if (it == running_.end()) {
       spdlog::info("measuring the engine's rates for {}", key);
-      auto measure = [this, config, spec, chunk_tokens, device, key]() -> absl::StatusOr<EngineRates> {
+      auto measure = [this, config, job, chunk_tokens, device, key]() -> absl::StatusOr<EngineRates> {
         absl::StatusOr<EngineRates> rates =
-            measure_(config, spec, chunk_tokens, device, [this] { return stopping_.load(); });
+            measure_(config, job, chunk_tokens, device, [this] { return stopping_.load(); });
         if (!rates.ok()) return rates;
         std::lock_guard<std::mutex> lock(mu_);
         OOMB_RETURN_IF_ERROR(Keep(key, *rates));

@@ -42,10 +42,10 @@ class EngineRatesStore {
   EngineRatesStore(Dir data_dir, Measure measure, Key key, absl::Duration wait = absl::ZeroDuration());
   ~EngineRatesStore();
 
-  // The rates of `spec`'s model on `device` at chunks of `chunk_tokens`: kept ones, else
+  // The rates of `job`'s model on `device` at chunks of `chunk_tokens`: kept ones, else
   // measured now (UNAVAILABLE while that takes longer than `wait`) and kept. A failed
   // measurement's error is returned once; the next call measures again.
-  absl::StatusOr<EngineRates> Get(const ModelConfig& config, const JobConfig& spec, int64_t chunk_tokens,
+  absl::StatusOr<EngineRates> Get(const ModelConfig& config, const JobConfig& job, int64_t chunk_tokens,
                                   const std::string& device);
 
   static constexpr char kFileName[] = "engine_rates.json";

@@ -128,8 +128,8 @@ absl::StatusOr<std::shared_ptr<const FileAccess>> JobFiles::Inputs(const std::st
   return access;
 }
 
-std::string JobFiles::CheckpointDir(const std::string& id, const JobConfig& spec) const {
-  if (!spec.checkpoint.dir.empty()) return spec.checkpoint.dir;
+std::string JobFiles::CheckpointDir(const std::string& id, const JobConfig& job) const {
+  if (!job.checkpoint.dir.empty()) return job.checkpoint.dir;
   return absl::StrCat(data_dir_, "/jobs/", id, "/checkpoints");
 }
 
@@ -151,47 +151,47 @@ absl::Status FieldError(const absl::Status& s, const char* field) {
 
 }  // namespace
 
-absl::Status JobFiles::CheckPaths(const JobConfig& spec, const std::string& project,
+absl::Status JobFiles::CheckPaths(const JobConfig& job, const std::string& project,
                                   const std::vector<std::string>& grants) const {
   OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, Inputs(project, grants));
   const std::pair<const char*, const std::string*> paths[] = {
-      {"model.path", &spec.model.path},
-      {"data.train", &spec.data.train},
-      {"data.validation", &spec.data.validation},
-      {"evaluation.haystack", &spec.evaluation.haystack},
-      {"method.lora.init_adapter", &spec.method.lora.init_adapter},
-      {"checkpoint.dir", &spec.checkpoint.dir}};
+      {"model.path", &job.model.path},
+      {"data.train", &job.data.train},
+      {"data.validation", &job.data.validation},
+      {"evaluation.haystack", &job.evaluation.haystack},
+      {"method.lora.init_adapter", &job.method.lora.init_adapter},
+      {"checkpoint.dir", &job.checkpoint.dir}};
   for (const auto& [field, path] : paths) {
     if (!path->empty()) OOMB_RETURN_IF_ERROR(Annotate(inputs->CheckPath(*path), field));
   }
   return absl::OkStatus();
 }
 
-absl::Status JobFiles::CheckSpec(const JobConfig& spec, const std::string& id, const std::string& project,
+absl::Status JobFiles::CheckSpec(const JobConfig& job, const std::string& id, const std::string& project,
                                  const std::vector<std::string>& grants) const {
-  OOMB_RETURN_IF_ERROR(CheckPaths(spec, project, grants));
+  OOMB_RETURN_IF_ERROR(CheckPaths(job, project, grants));
   OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, Inputs(project, grants));
-  absl::StatusOr<Dir> model = inputs->OpenDir(spec.model.path);
+  absl::StatusOr<Dir> model = inputs->OpenDir(job.model.path);
   if (!model.ok()) return FieldError(model.status(), "model.path");
   if (!model->Contains("config.json")) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.path: ", spec.model.path, ": no config.json (expected a Hugging Face model directory)"));
+        absl::StrCat("model.path: ", job.model.path, ": no config.json (expected a Hugging Face model directory)"));
   }
   OOMB_RETURN_IF_ERROR(FieldError(model->OpenFile("config.json").status(), "model.path"));
-  const std::pair<const char*, const std::string*> files[] = {{"data.train", &spec.data.train},  // empty: evaluate
-                                                              {"data.validation", &spec.data.validation},
-                                                              {"evaluation.haystack", &spec.evaluation.haystack}};
+  const std::pair<const char*, const std::string*> files[] = {{"data.train", &job.data.train},  // empty: evaluate
+                                                              {"data.validation", &job.data.validation},
+                                                              {"evaluation.haystack", &job.evaluation.haystack}};
   for (const auto& [field, path] : files) {
     if (!path->empty()) OOMB_RETURN_IF_ERROR(FieldError(inputs->OpenFile(*path).status(), field));
   }
-  if (!spec.method.lora.init_adapter.empty()) {
-    absl::StatusOr<Dir> adapter = inputs->OpenDir(spec.method.lora.init_adapter);
+  if (!job.method.lora.init_adapter.empty()) {
+    absl::StatusOr<Dir> adapter = inputs->OpenDir(job.method.lora.init_adapter);
     if (!adapter.ok()) return FieldError(adapter.status(), "method.lora.init_adapter");
     OOMB_RETURN_IF_ERROR(
         FieldError(adapter->OpenFile("adapter_model.safetensors").status(), "method.lora.init_adapter"));
   }
-  if (!spec.checkpoint.dir.empty()) {
-    OOMB_RETURN_IF_ERROR(Annotate(CheckCheckpointDirFree(*inputs, spec.checkpoint.dir, id), "checkpoint.dir"));
+  if (!job.checkpoint.dir.empty()) {
+    OOMB_RETURN_IF_ERROR(Annotate(CheckCheckpointDirFree(*inputs, job.checkpoint.dir, id), "checkpoint.dir"));
   }
   return absl::OkStatus();
 }

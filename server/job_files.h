@@ -54,15 +54,15 @@ class JobFiles {
   // paths.allowed_roots' (every project without roots of its own).
   const std::shared_ptr<const FileAccess>& inputs() const { return jobs_; }
   // Where job `id`'s checkpoints go: checkpoint.dir, else <data_dir>/jobs/<id>/checkpoints.
-  std::string CheckpointDir(const std::string& id, const JobConfig& spec) const;
+  std::string CheckpointDir(const std::string& id, const JobConfig& job) const;
 
   // The paths are absolute and allowed (each error names its field); nothing is opened.
-  absl::Status CheckPaths(const JobConfig& spec, const std::string& project = "",
+  absl::Status CheckPaths(const JobConfig& job, const std::string& project = "",
                           const std::vector<std::string>& grants = {}) const;
   // CreateJob's checks, each naming its field: the paths are absolute and allowed; the model
   // directory opens and holds config.json; the datasets open as regular files; the checkpoint
   // directory is free for job `id` (empty: any job). Nothing is created.
-  absl::Status CheckSpec(const JobConfig& spec, const std::string& id, const std::string& project = "",
+  absl::Status CheckSpec(const JobConfig& job, const std::string& id, const std::string& project = "",
                          const std::vector<std::string>& grants = {}) const;
 
   // Where uploaded datasets are: storage.datasets_dir.

@@ -366,18 +366,18 @@ JobServiceImpl::JobServiceImpl(JobStore* store, Scheduler* scheduler, WatchHub* 
 absl::StatusOr<std::optional<v1::DatasetSummary>> JobServiceImpl::ValidateData(const ResolvedInputs& resolved,
                                                                                const std::string& project) const {
   if (!options_.validate_data || options_.files == nullptr) return std::nullopt;
-  const JobConfig& spec = resolved.job;
+  const JobConfig& job = resolved.job;
   OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs,
                         options_.files->Inputs(project, resolved.grants));
   int64_t bytes = 0;
-  for (const std::string* path : {&spec.data.train, &spec.data.validation}) {
+  for (const std::string* path : {&job.data.train, &job.data.validation}) {
     if (path->empty()) continue;
     absl::StatusOr<File> f = inputs->OpenFile(*path);
     if (!f.ok()) return std::nullopt;  // the scan names the error, in the VALIDATING state
     bytes += f->size();
   }
   if (bytes > options_.validate_data_max_bytes) return std::nullopt;  // scanned in the VALIDATING state
-  absl::StatusOr<DataSummary> summary = options_.validate_data(spec, *inputs);
+  absl::StatusOr<DataSummary> summary = options_.validate_data(job, *inputs);
   if (summary.status().code() == absl::StatusCode::kNotFound) {  // e.g. removed since the checks
     return absl::InvalidArgumentError(summary.status().message());
   }
@@ -798,10 +798,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContex
 }
 
 absl::Status JobServiceImpl::EstimateTime(const Admission& admitted, v1::EstimateJobResponse* resp) const {
-  const JobConfig& spec = admitted.inputs.job;
+  const JobConfig& job = admitted.inputs.job;
   const MemoryPlan& plan = admitted.plan;
   const ModelConfig& config = admitted.model;
-  resp->set_total_steps(spec.training.max_steps);
+  resp->set_total_steps(job.training.max_steps);
   if (options_.rates == nullptr) {
     resp->set_rates("not estimated: this daemon measures no rates");
     return absl::OkStatus();
@@ -810,20 +810,20 @@ absl::Status JobServiceImpl::EstimateTime(const Admission& admitted, v1::Estimat
     resp->set_rates("not estimated: the job does not fit");
     return absl::OkStatus();
   }
-  const absl::StatusOr<EngineRates> rates = options_.rates->Get(config, spec, StepChunkTokens(plan), plan.device);
-  const absl::StatusOr<StepTime> step = rates.ok() ? EstimateStepTime(config, spec, plan, *rates) : rates.status();
+  const absl::StatusOr<EngineRates> rates = options_.rates->Get(config, job, StepChunkTokens(plan), plan.device);
+  const absl::StatusOr<StepTime> step = rates.ok() ? EstimateStepTime(config, job, plan, *rates) : rates.status();
   if (!step.ok()) {
     // A device too busy to measure on, or a job the model does not cover, still gets its plan.
     resp->set_rates(absl::StrCat("not estimated: ", step.status().message()));
     return absl::OkStatus();
   }
   resp->set_step_seconds(step->seconds);
-  resp->set_device_hours(static_cast<double>(spec.training.max_steps) * step->seconds *
-                         static_cast<double>(std::max(1, spec.resources.gpus)) / 3600.0);
+  resp->set_device_hours(static_cast<double>(job.training.max_steps) * step->seconds *
+                         static_cast<double>(std::max(1, job.resources.gpus)) / 3600.0);
   resp->set_rates(absl::StrCat(
-      "measured on ", rates->device_name, " (", spec.model.dtype == ModelDtype::kFloat32 ? "float32" : "bfloat16",
+      "measured on ", rates->device_name, " (", job.model.dtype == ModelDtype::kFloat32 ? "float32" : "bfloat16",
       ", chunks of ", rates->chunk_tokens, ") at ", rates->measured_at,
-      spec.training.max_steps == 0 ? "; no device-hours: training.epochs sets the steps once the data is read" : ""));
+      job.training.max_steps == 0 ? "; no device-hours: training.epochs sets the steps once the data is read" : ""));
   return absl::OkStatus();
 }
 

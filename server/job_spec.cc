@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/legacy_fields.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -17,18 +19,17 @@ absl::Status CheckEvaluation(const v1::JobSpec& s, const spec::Source& source, c
   };
   const v1::EvaluationSpec& e = s.evaluation();
   for (int i = 0; i < e.suites_size(); ++i) {
+    const std::string name = v1::Evaluation::Suite_Name(e.suites(i));
+    if (!SuiteNamed(name).has_value()) {
+      return error("evaluation.suites", absl::StrCat("unknown suite ", e.suites(i), " (", SuiteNames(), ")"));
+    }
     if (std::find(e.suites().begin(), e.suites().begin() + i, e.suites(i)) != e.suites().begin() + i) {
-      return error("evaluation.suites", absl::StrCat("'", e.suites(i), "' is listed twice"));
+      return error("evaluation.suites", absl::StrCat("'", name, "' is listed twice"));
     }
-  }
-  for (const std::string& suite : e.suites()) {
-    if (suite != "positions" && suite != "passkey" && suite != "needle") {
-      return error("evaluation.suites", absl::StrCat("unknown suite '", suite, "' (positions, passkey, needle)"));
-    }
-    if (suite == "positions" && s.data().validation().empty()) {
+    if (e.suites(i) == v1::Evaluation::positions && s.data().validation().empty()) {
       return error("evaluation.suites", "positions scores data.validation: set it");
     }
-    if (suite == "needle" && e.haystack().empty()) {
+    if (e.suites(i) == v1::Evaluation::needle && e.haystack().empty()) {
       return error("evaluation.haystack", "required by the needle suite (a UTF-8 text to hide the fact in)");
     }
   }
@@ -222,12 +223,10 @@ JobConfig ToConfig(const v1::JobSpec& s) {
   const v1::ResourcesSpec& r = s.resources();
   c.resources = {r.device(), r.gpus(), r.priority(), r.max_retries(), r.max_runtime_seconds()};
   const v1::EvaluationSpec& e = s.evaluation();
-  c.evaluation = {{e.suites().begin(), e.suites().end()},
-                  e.every_steps(),
-                  {e.lengths().begin(), e.lengths().end()},
-                  e.depths(),
-                  e.trials(),
-                  static_cast<uint64_t>(e.seed()),
+  std::vector<EvalSuite> suites;
+  for (const int suite : e.suites()) suites.push_back(*SuiteNamed(v1::Evaluation::Suite_Name(suite)));
+  c.evaluation = {std::move(suites), e.every_steps(), {e.lengths().begin(), e.lengths().end()},
+                  e.depths(),        e.trials(),      static_cast<uint64_t>(e.seed()),
                   e.haystack()};
   if (c.evaluation.lengths.empty()) c.evaluation.lengths = {c.data.max_seq_len};
   return c;
@@ -236,6 +235,7 @@ JobConfig ToConfig(const v1::JobSpec& s) {
 }  // namespace
 
 absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& source, const spec::Lines* lines) {
+  UpgradeLegacyFields(spec);  // a client built against an older proto/oomb/v1
   spec::FillDefaults(spec);
   absl::Status s = spec::CheckRules(*spec, /*check_required=*/true, source, lines);
   std::vector<std::string> choices;

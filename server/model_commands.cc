@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,7 @@
 #include "server/job_spec.h"
 #include "worker/hf/tokenize_tool.h"
 #include "worker/job/model_tools.h"
+#include "worker/metrics/eval_report.h"
 
 namespace oomb::server {
 
@@ -68,20 +70,22 @@ nlohmann::json EvalJson(const EvalResult& r) {
 void AddEval(CLI::App* model) {
   auto f = std::make_shared<EvalOptions>();
   auto rope = std::make_shared<std::string>();
-  f->suites.clear();
+  auto suites = std::make_shared<std::vector<std::string>>();
+  std::vector<std::string> choices = {"loss"};
+  for (const EvalSuite s : kEvalSuites) choices.push_back(SuiteName(s));
   auto* eval =
       model->add_subcommand("eval", "Evaluate a model (and adapter): loss, loss by position, passkey, needle")
           ->footer(
               "Prints {\"loss\", \"tokens\", \"samples\"} (mean cross-entropy over --data), with --suite positions\n"
-              "\"positions\": loss by position bucket, with passkey / needle {\"accuracy\", \"cells\"}: exact match "
-              "of\n"
-              "the greedy continuation at each length and depth.\nExamples:\n"
+              "\"positions\": {\"buckets\"} (loss by position), with passkey / needle {\"accuracy\", \"cells\"}: "
+              "exact\n"
+              "match of the greedy continuation at each length and depth.\nExamples:\n"
               "  oombd model eval --model DIR --data austen.jsonl --max-tokens 4096\n"
               "  oombd model eval --model DIR --adapter CKPT/final --suite passkey --lengths 8192 16384 --depths 5\n"
               "  oombd model eval --model DIR --suite needle --haystack persuasion.txt --lengths 32768");
   eval->add_option("--model", f->model_dir, "model directory")->required()->transform(AbsolutePath());
-  eval->add_option("--suite", f->suites, "loss | positions | passkey | needle (repeatable; default: loss)")
-      ->check(CLI::IsMember({"loss", "positions", "passkey", "needle"}));
+  eval->add_option("--suite", *suites, "loss | positions | passkey | needle (repeatable; default: loss)")
+      ->check(CLI::IsMember(choices));
   eval->add_option("--data", f->data_path, "JSONL dataset (loss, positions)")->transform(AbsolutePath());
   eval->add_option("--adapter", f->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)")
       ->transform(AbsolutePath());
@@ -102,10 +106,17 @@ void AddEval(CLI::App* model) {
   eval->add_option("--dtype", f->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
   eval->add_option("--device", f->device, "auto | cpu | cuda | cuda:N");
   eval->add_option("--rope-scaling", *rope, kRopeScalingHelp);
-  eval->callback([f, rope] {
+  eval->callback([f, rope, suites] {
     EvalOptions o = *f;
     SetRopeScaling(*rope, "oombd model eval", &o.rope_scaling);
-    if (o.suites.empty()) o.suites = {"loss"};
+    o.loss = suites->empty();
+    for (const std::string& name : *suites) {
+      if (name == "loss") {
+        o.loss = true;
+      } else if (std::find(o.suites.begin(), o.suites.end(), *SuiteNamed(name)) == o.suites.end()) {
+        o.suites.push_back(*SuiteNamed(name));
+      }
+    }
     auto r = EvaluateModel(o);
     if (!r.ok()) {
       std::cerr << "oombd model eval: " << r.status().message() << "\n";

@@ -66,30 +66,34 @@ absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f) {
   v1::JobSpec proto;
   spec::Lines lines;
   absl::Status loaded = spec::LoadYamlFile(f.spec_path, sets, &proto, &lines);
-  absl::StatusOr<JobConfig> spec = loaded.ok() ? ResolveJobSpec(&proto, {f.spec_path, ""}, &lines) : loaded;
-  if (!spec.ok()) return spec.status();
+  absl::StatusOr<JobConfig> job = loaded.ok() ? ResolveJobSpec(&proto, {f.spec_path, ""}, &lines) : loaded;
+  if (!job.ok()) return job.status();
   const std::string dir = !f.checkpoint_dir.empty() ? f.checkpoint_dir
-                          : !spec->checkpoint.dir.empty()
-                              ? spec->checkpoint.dir
-                              : "oomb-run-" + (spec->display_name.empty() ? std::string("job") : spec->display_name);
-  spec->checkpoint.dir = std::filesystem::absolute(dir).lexically_normal().string();
-  OOMB_RETURN_IF_ERROR(server::JobFiles::Unconfined(".").CheckSpec(*spec, kRunJobId));
-  absl::StatusOr<Dir> model_dir = FileAccess::Unconfined()->OpenDir(spec->model.path);
+                          : !job->checkpoint.dir.empty()
+                              ? job->checkpoint.dir
+                              : "oomb-run-" + (job->display_name.empty() ? std::string("job") : job->display_name);
+  job->checkpoint.dir = std::filesystem::absolute(dir).lexically_normal().string();
+  OOMB_RETURN_IF_ERROR(server::JobFiles::Unconfined(".").CheckSpec(*job, kRunJobId));
+  absl::StatusOr<Dir> model_dir = FileAccess::Unconfined()->OpenDir(job->model.path);
   if (!model_dir.ok()) return Annotate(model_dir.status(), "model.path");
   OOMB_ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(*model_dir));
-  OOMB_RETURN_IF_ERROR(CheckRopeScaling(model, *spec));
-  for (const std::string& w : ContextWindowWarnings(model, *spec)) std::cerr << "warning: " << w << "\n";
-  return spec;
+  OOMB_RETURN_IF_ERROR(CheckRopeScaling(model, *job));
+  for (const std::string& w : ContextWindowWarnings(model, *job)) std::cerr << "warning: " << w << "\n";
+  return job;
 }
 
 // The evaluation section's results after a step (step 0 of 0: method.type evaluate's), on one line.
 std::string EvaluationLine(const StepReport& p, const EvalReport& e) {
   std::string line = p.total_steps == 0 ? "evaluation:" : fmt::format("evaluation after step {}:", p.step);
-  for (const auto& [name, cells] : {std::pair{"passkey", &e.passkey}, std::pair{"needle", &e.needle}}) {
-    if (const std::optional<double> a = Accuracy(*cells)) line += fmt::format(" {} {:.0f}%", name, 100 * *a);
+  for (const auto& [suite, result] : e) {
+    if (const std::optional<double> a = result.accuracy())
+      line += fmt::format(" {} {:.0f}%", SuiteName(suite), 100 * *a);
   }
-  if (!e.positions.empty()) line += " loss by position";
-  for (const PositionLoss& b : e.positions) line += fmt::format(" [{}, {}) {:.4f}", b.begin, b.end, b.loss);
+  for (const auto& [suite, result] : e) {
+    if (result.buckets.empty()) continue;
+    line += " loss by position";
+    for (const PositionLoss& b : result.buckets) line += fmt::format(" [{}, {}) {:.4f}", b.begin, b.end, b.loss);
+  }
   return line;
 }
 
@@ -129,14 +133,14 @@ void ReportTo(bool tty, RunOptions* options) {
 }
 
 int RunMain(const RunFlags& f) {
-  absl::StatusOr<JobConfig> spec = LoadRunSpec(f);
-  if (!spec.ok()) {
-    std::cerr << "oombd run: " << spec.status().message() << "\n";
+  absl::StatusOr<JobConfig> job = LoadRunSpec(f);
+  if (!job.ok()) {
+    std::cerr << "oombd run: " << job.status().message() << "\n";
     return 2;
   }
   RunOptions options;
   options.files = FileAccess::Unconfined();  // the user's own files, at the user's terminal
-  const std::string& checkpoint_dir = spec->checkpoint.dir;
+  const std::string& checkpoint_dir = job->checkpoint.dir;
   absl::StatusOr<Dir> claimed = ClaimCheckpointDir(*options.files, checkpoint_dir, kRunJobId);
   if (!claimed.ok()) {
     std::cerr << "oombd run: --checkpoint-dir: " << claimed.status().message() << "\n";
@@ -148,7 +152,7 @@ int RunMain(const RunFlags& f) {
   ReportTo(tty, &options);
   std::signal(SIGINT, OnSigint);
   std::cerr << "oombd run: " << f.spec_path << " -> " << checkpoint_dir << "\n";
-  auto result = RunJob(*spec, options);
+  auto result = RunJob(*job, options);
   if (tty) std::cerr << "\n";
   if (!result.ok()) {
     std::cerr << "oombd run: job failed: " << result.status().message() << "\n";
@@ -164,7 +168,7 @@ int RunMain(const RunFlags& f) {
     case RunOutcome::kSucceeded:
       break;
   }
-  if (spec->method.type == TrainMethod::kEvaluate) {
+  if (job->method.type == TrainMethod::kEvaluate) {
     std::cerr << "oombd run: evaluated; the results are also in " << checkpoint_dir << "/metrics.jsonl\n";
     return 0;
   }
@@ -172,8 +176,8 @@ int RunMain(const RunFlags& f) {
   std::cout << out << "\n";
   LoadingCodeOptions load;
   load.checkpoint_path = out;
-  load.base_model_path = spec->model.path;
-  load.lora = spec->method.type != TrainMethod::kFull;
+  load.base_model_path = job->model.path;
+  load.lora = job->method.type != TrainMethod::kFull;
   std::cerr << "oombd run: done. Load it with transformers" << (load.lora ? " + PEFT" : "") << ":\n"
             << LoadingCode(load) << "\n";
   return 0;

@@ -198,24 +198,24 @@ bool Scheduler::Eligible(const std::string& requested, const std::string& device
   return requested == "cuda" && absl::StartsWith(device, "cuda");
 }
 
-absl::Status Scheduler::CheckPlacement(const JobConfig& spec) const {
-  const size_t eligible = EligibleDevices(spec).size();
-  if (eligible >= static_cast<size_t>(spec.resources.gpus)) return absl::OkStatus();
+absl::Status Scheduler::CheckPlacement(const JobConfig& job) const {
+  const size_t eligible = EligibleDevices(job).size();
+  if (eligible >= static_cast<size_t>(job.resources.gpus)) return absl::OkStatus();
   std::string devices;
   for (const std::string& d : options_.devices) absl::StrAppend(&devices, devices.empty() ? "" : ", ", d);
   if (eligible == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("resources.device: '", spec.resources.device,
+    return absl::InvalidArgumentError(absl::StrCat("resources.device: '", job.resources.device,
                                                    "' is not available on this server (devices: ", devices, ")"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("resources.gpus: ", spec.resources.gpus, " devices asked for, but ",
+  return absl::InvalidArgumentError(absl::StrCat("resources.gpus: ", job.resources.gpus, " devices asked for, but ",
                                                  eligible, " of this server's may run the job (resources.device '",
-                                                 spec.resources.device, "'; devices: ", devices, ")"));
+                                                 job.resources.device, "'; devices: ", devices, ")"));
 }
 
-std::vector<std::string> Scheduler::EligibleDevices(const JobConfig& spec) const {
+std::vector<std::string> Scheduler::EligibleDevices(const JobConfig& job) const {
   std::vector<std::string> out;
   for (const std::string& d : options_.devices) {
-    if (Eligible(spec.resources.device, d)) out.push_back(d);
+    if (Eligible(job.resources.device, d)) out.push_back(d);
   }
   return out;
 }
@@ -243,7 +243,7 @@ void Scheduler::Committed(const std::string& id, const std::vector<v1::JobEvent>
 
 void Scheduler::WakeWorkersLocked() { cv_.SignalAll(); }
 
-absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const JobConfig& spec,
+absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const JobConfig& config,
                                           const std::string& job_id, const std::string& request_id, bool* created,
                                           const SubmitOptions& options) {
   const v1::DatasetSummary* dataset = options.dataset;
@@ -251,9 +251,9 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const Jo
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   if (options_.projects != nullptr) {
     const int64_t most = options_.projects->Get(options.project).max_running_devices;
-    if (most > 0 && spec.resources.gpus > most) {
+    if (most > 0 && config.resources.gpus > most) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "resources.gpus: ", spec.resources.gpus, " ", DeviceWord(), " asked for, but project ", options.project,
+          "resources.gpus: ", config.resources.gpus, " ", DeviceWord(), " asked for, but project ", options.project,
           " may hold at most ", most, " at once (max_running_devices in tenancy.projects_file)"));
     }
   }
@@ -269,7 +269,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const Jo
                        options_.max_queued_per_client, "); submit more when some have started or ended"));
     }
   }
-  if (!spec.checkpoint.dir.empty()) OOMB_RETURN_IF_ERROR(CheckCheckpointDirUnusedLocked(spec, job_id, request_id));
+  if (!config.checkpoint.dir.empty()) OOMB_RETURN_IF_ERROR(CheckCheckpointDirUnusedLocked(config, job_id, request_id));
   for (int attempt = 0;; ++attempt) {
     std::string id = job_id;
     if (id.empty()) {
@@ -285,11 +285,11 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const Jo
     job.set_state(validate ? v1::Job::VALIDATING : v1::Job::QUEUED);
     if (dataset != nullptr) *job.mutable_dataset() = *dataset;
     *job.mutable_create_time() = TimeUtil::GetCurrentTime();
-    job.mutable_labels()->insert(spec.labels.begin(), spec.labels.end());
-    job.set_priority(spec.resources.priority);
+    job.mutable_labels()->insert(config.labels.begin(), config.labels.end());
+    job.set_priority(config.resources.priority);
     job.set_creator(creator);
-    job.set_checkpoint_dir(options_.files->CheckpointDir(id, spec));
-    job.mutable_progress()->set_total_steps(spec.training.max_steps);
+    job.set_checkpoint_dir(options_.files->CheckpointDir(id, config));
+    job.mutable_progress()->set_total_steps(config.training.max_steps);
     std::vector<v1::JobEvent> events = {
         validate ? StateEvent(v1::Job::VALIDATING, "validating: reading and checking the datasets")
                  : StateEvent(v1::Job::QUEUED, "queued")};
@@ -340,7 +340,7 @@ absl::StatusOr<std::optional<v1::Job>> Scheduler::JobOfRequest(const std::string
   return *std::move(job);
 }
 
-absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobConfig& spec, const std::string& job_id,
+absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobConfig& job, const std::string& job_id,
                                                        const std::string& request_id) {
   if (!request_id.empty()) {
     OOMB_ASSIGN_OR_RETURN(std::optional<std::string> earlier, store_->JobOfRequest(request_id));
@@ -351,10 +351,10 @@ absl::Status Scheduler::CheckCheckpointDirUnusedLocked(const JobConfig& spec, co
   for (;;) {
     OOMB_ASSIGN_OR_RETURN(ListResult page, store_->List(q));
     for (const v1::Job& other : page.jobs) {
-      if (ParseStoredName(other.name()).id != job_id && Overlap(other.checkpoint_dir(), spec.checkpoint.dir)) {
+      if (ParseStoredName(other.name()).id != job_id && Overlap(other.checkpoint_dir(), job.checkpoint.dir)) {
         return WithReason(
             absl::FailedPreconditionError(absl::StrCat(
-                "checkpoint.dir: ", spec.checkpoint.dir, " is or holds, or lies inside, ", other.checkpoint_dir(),
+                "checkpoint.dir: ", job.checkpoint.dir, " is or holds, or lies inside, ", other.checkpoint_dir(),
                 ", the checkpoint directory of ", other.name(), "; a checkpoint directory belongs to one job")),
             Reason::kCheckpointDirTaken);
       }
@@ -665,11 +665,11 @@ void Scheduler::Validate(const std::string& id) {
   if (!job.ok() || job->state() != v1::Job::VALIDATING) return;  // deleted or cancelled meanwhile
   spdlog::info("{}: validating the datasets", job->name());
   absl::StatusOr<v1::DatasetSummary> summary;
-  absl::StatusOr<JobConfig> spec = ResolveJobSpec(job->spec());
+  absl::StatusOr<JobConfig> config = ResolveJobSpec(job->spec());
   const std::string project = ParseStoredName(job->name()).project;
-  absl::StatusOr<ResolvedInputs> resolved = spec.ok() ? ResolveNamedInputs(*spec, project, *store_, *options_.files,
-                                                                           /*caller=*/nullptr)
-                                                      : absl::StatusOr<ResolvedInputs>(spec.status());
+  absl::StatusOr<ResolvedInputs> resolved = config.ok() ? ResolveNamedInputs(*config, project, *store_, *options_.files,
+                                                                             /*caller=*/nullptr)
+                                                        : absl::StatusOr<ResolvedInputs>(config.status());
   absl::StatusOr<std::shared_ptr<const FileAccess>> inputs =
       resolved.ok() ? options_.files->Inputs(project, resolved->grants) : resolved.status();
   if (!resolved.ok()) {
@@ -684,7 +684,8 @@ void Scheduler::Validate(const std::string& id) {
     }
   }
   std::vector<std::string> warnings;
-  if (summary.ok() && options_.context_warnings) warnings = options_.context_warnings(*spec, summary->longest_sample());
+  if (summary.ok() && options_.context_warnings)
+    warnings = options_.context_warnings(*config, summary->longest_sample());
   absl::MutexLock lock(&mu_);
   absl::StatusOr<v1::Job> done = TransitionLocked(id, [&](v1::Job* j, std::vector<v1::JobEvent>* events) {
     if (j->state() != v1::Job::VALIDATING) return absl::OkStatus();  // cancelled while scanning
@@ -717,7 +718,7 @@ void Scheduler::Validate(const std::string& id) {
 }
 
 RunOptions Scheduler::RunOptionsFor(const std::string& id, const std::vector<std::string>& devices,
-                                    const JobConfig& spec, std::shared_ptr<std::atomic<int>> stop, bool* timed_out) {
+                                    const JobConfig& job, std::shared_ptr<std::atomic<int>> stop, bool* timed_out) {
   const std::string device = devices.front();  // the slot its steps and checkpoints are reported under
   RunOptions o;
   o.devices = devices;
@@ -756,7 +757,7 @@ RunOptions Scheduler::RunOptionsFor(const std::string& id, const std::vector<std
     });
   };
   const auto started = std::chrono::steady_clock::now();
-  const int64_t max_runtime = spec.resources.max_runtime_seconds;
+  const int64_t max_runtime = job.resources.max_runtime_seconds;
   o.poll_stop = [stop, started, max_runtime, timed_out]() {
     const int f = stop->load();
     if (f == kStopCancel || f == kStopAbandon) return StopRequest::kCancel;
@@ -781,12 +782,12 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
   const std::string id = ParseStoredName(job.name()).id;
   absl::StatusOr<RunResult> result;
   bool timed_out = false;
-  absl::StatusOr<JobConfig> spec = ResolveJobSpec(job.spec());
+  absl::StatusOr<JobConfig> config = ResolveJobSpec(job.spec());
   const std::string project = ParseStoredName(job.name()).project;
   // The inputs it names by resource name, resolved again: one deleted meanwhile fails the run.
   absl::StatusOr<ResolvedInputs> resolved =
-      spec.ok() ? ResolveNamedInputs(*spec, project, *store_, *options_.files, /*caller=*/nullptr)
-                : absl::StatusOr<ResolvedInputs>(spec.status());
+      config.ok() ? ResolveNamedInputs(*config, project, *store_, *options_.files, /*caller=*/nullptr)
+                  : absl::StatusOr<ResolvedInputs>(config.status());
   absl::StatusOr<std::shared_ptr<const FileAccess>> inputs =
       resolved.ok() ? options_.files->Inputs(project, resolved->grants) : resolved.status();
   if (!resolved.ok()) {
@@ -880,12 +881,12 @@ void Scheduler::Retry(const absl::Status& s, int max_retries, v1::Job* j, std::v
 }
 
 absl::StatusOr<RunResult> Scheduler::Execute(const std::string& id, const std::string& checkpoint_dir,
-                                             const JobConfig& spec, RunOptions options, const std::string& project) {
+                                             const JobConfig& job, RunOptions options, const std::string& project) {
   absl::StatusOr<Dir> dir = options_.files->ClaimCheckpointDir(id, checkpoint_dir, project);
   if (!dir.ok()) return dir.status();
   options.checkpoint_dir = *std::move(dir);
   try {
-    return options_.runner(spec, options);
+    return options_.runner(job, options);
   } catch (const std::exception& e) {  // the runner's contract is not to throw; be safe anyway
     return WithReason(absl::InternalError(absl::StrCat("the trainer threw: ", e.what())), Reason::kInternal);
   }

@@ -127,7 +127,7 @@ struct SchedulerOptions {
   // What a validated job's datasets show of its context against its model's window
   // (worker/plan/context_window.h), given the longest sample: recorded as Job.warnings and
   // WARNING events when the job leaves VALIDATING. Null: none.
-  std::function<std::vector<std::string>(const JobConfig& spec, int64_t longest_sample)> context_warnings;
+  std::function<std::vector<std::string>(const JobConfig& job, int64_t longest_sample)> context_warnings;
   // Accept and queue jobs but start none (maintenance, tests of the queue).
   bool hold = false;
   // The most VALIDATING, QUEUED or PAUSED jobs one creator may have; 0: no limit.
@@ -179,11 +179,11 @@ class Scheduler {
   absl::Status Start();
 
   // INVALID_ARGUMENT when this server has fewer than resources.gpus devices that may run
-  // `spec` (resources.device).
-  absl::Status CheckPlacement(const JobConfig& spec) const;
+  // `job` (resources.device).
+  absl::Status CheckPlacement(const JobConfig& job) const;
 
-  // The devices of this server that may run `spec` (resources.device), in the server's order.
-  std::vector<std::string> EligibleDevices(const JobConfig& spec) const;
+  // The devices of this server that may run `job` (resources.device), in the server's order.
+  std::vector<std::string> EligibleDevices(const JobConfig& job) const;
 
   // Whether jobs are validated after CreateJob (VALIDATING) when their datasets were not read
   // inside it.
@@ -293,7 +293,7 @@ class Scheduler {
   void RunOne(const v1::Job& job, const std::vector<std::string>& devices, std::shared_ptr<std::atomic<int>> stop);
   // The run's callbacks: events recorded (while the job is still ours), metrics, stops polled
   // (`timed_out` set when resources.max_runtime_seconds stopped it).
-  RunOptions RunOptionsFor(const std::string& id, const std::vector<std::string>& devices, const JobConfig& spec,
+  RunOptions RunOptionsFor(const std::string& id, const std::vector<std::string>& devices, const JobConfig& job,
                            std::shared_ptr<std::atomic<int>> stop, bool* timed_out);
   // Appends a run's event (`what` names it in the log if that fails).
   void RecordEvent(const std::string& id, const char* what, JobMutation mutate);
@@ -310,11 +310,11 @@ class Scheduler {
   void Retry(const absl::Status& s, int max_retries, v1::Job* j, std::vector<v1::JobEvent>* events) const;
   // FAILED_PRECONDITION (CHECKPOINT_DIR_TAKEN) when spec.checkpoint.dir is, holds or lies inside
   // the checkpoint directory of a job in the store (not `job_id`, nor the job of `request_id`).
-  absl::Status CheckCheckpointDirUnusedLocked(const JobConfig& spec, const std::string& job_id,
+  absl::Status CheckCheckpointDirUnusedLocked(const JobConfig& job, const std::string& job_id,
                                               const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The run's outcome: the runner's, once its checkpoint directory is claimed (through the
   // inputs of `project` for a chosen checkpoint.dir).
-  absl::StatusOr<RunResult> Execute(const std::string& id, const std::string& checkpoint_dir, const JobConfig& spec,
+  absl::StatusOr<RunResult> Execute(const std::string& id, const std::string& checkpoint_dir, const JobConfig& job,
                                     RunOptions options, const std::string& project);
 
   JobStore* const store_;

@@ -42,25 +42,24 @@ v1::EstimateJobResponse MemoryPlanToProto(const MemoryPlan& plan) {
 v1::EvaluationResult EvaluationToProto(const EvalReport& report, int64_t step) {
   v1::EvaluationResult out;
   out.set_step(step);
-  for (const PositionLoss& p : report.positions) {
-    v1::EvaluationResult::Bucket* b = out.add_positions();
-    b->set_begin(p.begin);
-    b->set_end(p.end);
-    b->set_loss(p.loss);
-    b->set_tokens(p.tokens);
-  }
-  for (const auto& [cells, out_cells] :
-       {std::pair{&report.passkey, out.mutable_passkey()}, std::pair{&report.needle, out.mutable_needle()}}) {
-    for (const RetrievalScore& c : *cells) {
-      v1::EvaluationResult::Cell* x = out_cells->Add();
+  for (const auto& [suite, result] : report) {
+    v1::EvaluationResult::Suite& s = (*out.mutable_suites())[SuiteName(suite)];
+    for (const PositionLoss& p : result.buckets) {
+      v1::EvaluationResult::Bucket* b = s.add_buckets();
+      b->set_begin(p.begin);
+      b->set_end(p.end);
+      b->set_loss(p.loss);
+      b->set_tokens(p.tokens);
+    }
+    for (const RetrievalScore& c : result.cells) {
+      v1::EvaluationResult::Cell* x = s.add_cells();
       x->set_length(c.length);
       x->set_depth(c.depth);
       x->set_correct(c.correct);
       x->set_trials(c.trials);
     }
+    if (const std::optional<double> a = result.accuracy()) s.set_accuracy(*a);
   }
-  if (const std::optional<double> a = Accuracy(report.passkey)) out.set_passkey_accuracy(*a);
-  if (const std::optional<double> a = Accuracy(report.needle)) out.set_needle_accuracy(*a);
   return out;
 }
 

@@ -361,20 +361,21 @@ void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
 }
 
 void MetricsExporter::EvaluatedLocked(const std::string& slot, const EvalReport& e, JobSeries& j) {
-  for (const auto& [suite, cells] : {std::pair{"passkey", &e.passkey}, std::pair{"needle", &e.needle}}) {
-    const std::optional<double> accuracy = Accuracy(*cells);
-    if (!accuracy.has_value()) continue;
-    prometheus::Gauge*& g = j.eval_accuracy[suite];
-    if (g == nullptr) g = &f_->job_eval_accuracy.Add({{"slot", slot}, {"suite", suite}});
-    g->Set(*accuracy);
-  }
-  for (const PositionLoss& b : e.positions) {
-    const std::string begin = std::to_string(b.begin);
-    prometheus::Gauge*& g = j.eval_position_loss[begin];
-    if (g == nullptr) {
-      g = &f_->job_eval_position_loss.Add({{"slot", slot}, {"begin", begin}, {"end", std::to_string(b.end)}});
+  for (const auto& [suite, result] : e) {
+    const std::string name = SuiteName(suite);
+    if (const std::optional<double> accuracy = result.accuracy()) {
+      prometheus::Gauge*& g = j.eval_accuracy[name];
+      if (g == nullptr) g = &f_->job_eval_accuracy.Add({{"slot", slot}, {"suite", name}});
+      g->Set(*accuracy);
     }
-    g->Set(b.loss);
+    for (const PositionLoss& b : result.buckets) {
+      const std::string begin = std::to_string(b.begin);
+      prometheus::Gauge*& g = j.eval_position_loss[begin];
+      if (g == nullptr) {
+        g = &f_->job_eval_position_loss.Add({{"slot", slot}, {"begin", begin}, {"end", std::to_string(b.end)}});
+      }
+      g->Set(b.loss);
+    }
   }
 }
 

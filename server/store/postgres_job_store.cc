@@ -107,6 +107,7 @@ absl::StatusOr<T> Parse(const pqxx::field& f) {
   if (!m.ParseFromArray(b.data(), static_cast<int>(b.size()))) {
     return absl::DataLossError("corrupt record in the job store");
   }
+  store_internal::UpgradeStored(&m);
   return m;
 }
 

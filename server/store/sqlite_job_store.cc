@@ -125,6 +125,7 @@ template <typename T>
 absl::StatusOr<T> Parse(const SQLite::Column& c) {
   T m;
   if (!m.ParseFromArray(c.getBlob(), c.getBytes())) return absl::DataLossError("corrupt record in the job store");
+  store_internal::UpgradeStored(&m);
   return m;
 }
 

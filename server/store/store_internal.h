@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -13,9 +14,16 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/time_util.h"
 #include "oomb/v1/jobs.pb.h"
+#include "server/legacy_fields.h"
 #include "server/store/job_store.h"
 
 namespace oomb::server::store_internal {
+
+// A record as read from the store, its old fields in their present form (server/legacy_fields.h).
+template <typename T>
+void UpgradeStored(T* record) {
+  if constexpr (std::is_same_v<T, v1::Job> || std::is_same_v<T, v1::JobEvent>) UpgradeLegacyFields(record);
+}
 
 // The states in which a job is leased to the daemon running it.
 inline bool IsLeased(v1::Job::State s) {

@@ -181,8 +181,8 @@ TEST(Lifecycle, EvaluateJobScoresAnAdapterWithoutTraining) {
   EXPECT_FALSE(mine.contains("step"));  // 0: no training step
   theirs.erase("step");
   EXPECT_EQ(mine, theirs);
-  EXPECT_TRUE(mine.contains("passkey_accuracy")) << mine.dump(2);
-  EXPECT_EQ(mine["positions"].size(), 1u) << mine.dump(2);
+  EXPECT_TRUE(mine["suites"]["passkey"].contains("accuracy")) << mine.dump(2);
+  EXPECT_EQ(mine["suites"]["positions"]["buckets"].size(), 1u) << mine.dump(2);
   EXPECT_NEAR(got["progress"]["eval_loss"].get<double>(), train_job["progress"]["eval_loss"].get<double>(), 1e-9);
 
   std::vector<std::string> states;

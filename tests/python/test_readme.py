@@ -698,9 +698,10 @@ def check_eval(env, c, p):
                 fail(f"no finite loss: {p.stdout[:300]}")
             got.append(f"loss {j['loss']:.4f} over {j.get('tokens')} tokens")
         elif s == "positions":
-            if not j.get("positions"):
-                fail(f"no positions: {p.stdout[:300]}")
-            got.append(f"{len(j['positions'])} position buckets")
+            buckets = (j.get("positions") or {}).get("buckets")
+            if not buckets:
+                fail(f"no positions buckets: {p.stdout[:300]}")
+            got.append(f"{len(buckets)} position buckets")
         else:
             r = j.get(s)
             if not isinstance(r, dict) or "accuracy" not in r or not r.get("cells"):

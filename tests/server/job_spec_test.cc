@@ -6,6 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <google/protobuf/unknown_field_set.h>
+
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -330,6 +333,43 @@ TEST(JobSpecTest, RopeScalingNeedsType) {
               HasSubstr("job.yaml:3: model.rope_scaling.type: must be one of linear, dynamic, yarn, llama3"));
 }
 
+// The suites' words are the proto enum's (job_spec.proto Evaluation.Suite), each way.
+TEST(JobSpecTest, EvaluationSuitesAreTheProtoEnumsWords) {
+  const google::protobuf::EnumDescriptor* proto = v1::Evaluation::Suite_descriptor();
+  EXPECT_EQ(proto->value_count(), static_cast<int>(std::size(kEvalSuites)) + 1);  // + suite_unspecified
+  for (const EvalSuite s : kEvalSuites) {
+    ASSERT_NE(proto->FindValueByName(SuiteName(s)), nullptr) << SuiteName(s);
+    EXPECT_EQ(SuiteNamed(SuiteName(s)), s);
+  }
+  EXPECT_EQ(SuiteNamed("suite_unspecified"), std::nullopt);
+  // A number no suite has, as a client may send one, is refused naming the field.
+  v1::JobSpec spec;
+  spec.mutable_model()->set_path("/m");
+  spec.mutable_data()->set_train("/t");
+  spec.mutable_evaluation()->add_suites(static_cast<v1::Evaluation::Suite>(9));
+  EXPECT_THAT(std::string(ResolveJobSpec(spec).status().message()), HasSubstr("evaluation.suites"));
+}
+
+// A client built against the proto before the suites became an enum sends them as strings in
+// field 1 (now reserved; server/legacy_fields.h): they are read as the enum, and the effective
+// spec holds the present form.
+TEST(JobSpecTest, SuitesSentAsStringsByAnOlderClientAreRead) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_path("/m");
+  spec.mutable_data()->set_train("/t");
+  spec.mutable_data()->set_max_seq_len(4096);
+  v1::EvaluationSpec* e = spec.mutable_evaluation();
+  e->GetReflection()->MutableUnknownFields(e)->AddLengthDelimited(1, "passkey");
+  v1::JobSpec wire;
+  ASSERT_TRUE(wire.ParseFromString(spec.SerializeAsString()));  // as CreateJob receives it
+  absl::StatusOr<JobConfig> c = ResolveJobSpec(&wire);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->evaluation.suites, std::vector<EvalSuite>{EvalSuite::kPasskey});
+  ASSERT_EQ(wire.evaluation().suites_size(), 1);
+  EXPECT_EQ(wire.evaluation().suites(0), v1::Evaluation::passkey);
+  EXPECT_EQ(wire.evaluation().GetReflection()->GetUnknownFields(wire.evaluation()).field_count(), 0);
+}
+
 // The evaluation section: a list of suites and of lengths (each at most data.max_seq_len, by
 // default max_seq_len itself), each suite's input required, errors naming the line.
 TEST(JobSpecTest, EvaluationSectionSuitesLengthsAndTheirInputs) {
@@ -339,7 +379,8 @@ TEST(JobSpecTest, EvaluationSectionSuitesLengthsAndTheirInputs) {
       "model: {path: /m}\ndata: {train: /t, validation: /v, max_seq_len: 8192}\n"
       "evaluation:\n  suites: [positions, passkey, needle]\n  every_steps: 50\n  lengths: [2048, 8192]\n"
       "  depths: 3\n  trials: 2\n  seed: 7\n  haystack: /book.txt\n");
-  EXPECT_EQ(e.evaluation.suites, (std::vector<std::string>{"positions", "passkey", "needle"}));
+  EXPECT_EQ(e.evaluation.suites,
+            (std::vector<EvalSuite>{EvalSuite::kPositions, EvalSuite::kPasskey, EvalSuite::kNeedle}));
   EXPECT_EQ(e.evaluation.every_steps, 50);
   EXPECT_EQ(e.evaluation.lengths, (std::vector<int64_t>{2048, 8192}));
   EXPECT_EQ(e.evaluation.depths, 3);
@@ -352,7 +393,7 @@ TEST(JobSpecTest, EvaluationSectionSuitesLengthsAndTheirInputs) {
   EXPECT_EQ(d.evaluation.depths, 5);
 
   EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [perplexity]\n"),
-              HasSubstr("evaluation.suites: unknown suite 'perplexity' (positions, passkey, needle)"));
+              HasSubstr("job.yaml:4: evaluation.suites: must be one of positions, passkey, needle; got 'perplexity'"));
   EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [positions]\n"),
               HasSubstr("evaluation.suites: positions scores data.validation: set it"));
   EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [needle]\n"),

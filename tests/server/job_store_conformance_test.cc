@@ -3,11 +3,13 @@
 // one database per test). Includes two store objects on one database claiming and updating
 // concurrently: a job is never claimed twice and sequences stay without gaps.
 #include <gmock/gmock.h>
+#include <google/protobuf/unknown_field_set.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -259,6 +261,69 @@ TEST_P(JobStoreTest, EventsAreNumberedWithoutGapsAndCheckpointsRecorded) {
   EXPECT_EQ((*cps)[1].path(), "/ck/4");
   EXPECT_TRUE((*cps)[0].has_create_time());
   EXPECT_EQ(events[2].checkpoint().SerializeAsString(), (*cps)[0].SerializeAsString());
+}
+
+// The evaluation as an older daemon stored it (server/legacy_fields.h): the spec's suites as
+// strings (field 1), the results one field each (2 positions, 3 passkey, 5 its accuracy), written
+// here as the unknown fields they are now, which is the same wire form.
+v1::EvaluationResult OldEvaluationResult() {
+  v1::EvaluationResult r;
+  r.set_step(3);
+  v1::EvaluationResult::Bucket b;
+  b.set_begin(1024);
+  b.set_end(2048);
+  b.set_loss(2.5);
+  v1::EvaluationResult::Cell c;
+  c.set_length(4096);
+  c.set_correct(3);
+  c.set_trials(4);
+  google::protobuf::UnknownFieldSet* old = r.GetReflection()->MutableUnknownFields(&r);
+  old->AddLengthDelimited(2, b.SerializeAsString());
+  old->AddLengthDelimited(3, c.SerializeAsString());
+  const double accuracy = 0.75;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &accuracy, sizeof bits);
+  old->AddFixed64(5, bits);
+  return r;
+}
+
+void ExpectPresentForm(const v1::EvaluationResult& r) {
+  EXPECT_EQ(r.step(), 3);
+  EXPECT_EQ(r.GetReflection()->GetUnknownFields(r).field_count(), 0);
+  ASSERT_EQ(r.suites().size(), 2u);
+  ASSERT_EQ(r.suites().at("positions").buckets_size(), 1);
+  EXPECT_EQ(r.suites().at("positions").buckets(0).begin(), 1024);
+  EXPECT_EQ(r.suites().at("positions").buckets(0).loss(), 2.5);
+  ASSERT_EQ(r.suites().at("passkey").cells_size(), 1);
+  EXPECT_EQ(r.suites().at("passkey").cells(0).correct(), 3);
+  EXPECT_EQ(r.suites().at("passkey").accuracy(), 0.75);
+}
+
+TEST_P(JobStoreTest, JobsAndEventsStoredWithTheOldEvaluationFieldsAreReadInTheirPresentForm) {
+  v1::Job job = NewJob("old");
+  v1::EvaluationSpec* e = job.mutable_spec()->mutable_evaluation();
+  e->set_every_steps(5);
+  e->GetReflection()->MutableUnknownFields(e)->AddLengthDelimited(1, "needle");
+  e->GetReflection()->MutableUnknownFields(e)->AddLengthDelimited(1, "passkey");
+  *job.mutable_progress()->mutable_evaluation() = OldEvaluationResult();
+  v1::JobEvent step;
+  step.set_type(v1::JobEvent::STEP);
+  *step.mutable_progress()->mutable_evaluation() = OldEvaluationResult();
+  ASSERT_TRUE(store_->Create(job, "", {step}).ok());
+
+  absl::StatusOr<v1::Job> got = store_->Get("old");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(got->spec().evaluation().suites(), ElementsAre(v1::Evaluation::needle, v1::Evaluation::passkey));
+  EXPECT_EQ(got->spec().evaluation().every_steps(), 5);
+  EXPECT_EQ(got->spec().evaluation().GetReflection()->GetUnknownFields(got->spec().evaluation()).field_count(), 0);
+  ExpectPresentForm(got->progress().evaluation());
+  const std::vector<v1::JobEvent> events = Events("old");
+  ASSERT_EQ(events.size(), 1u);
+  ExpectPresentForm(events[0].progress().evaluation());
+  // Written back after an update, the job keeps the present form only.
+  ASSERT_TRUE(store_->Update("old", SetStateTo(v1::Job::CANCELLED)).ok());
+  EXPECT_THAT(store_->Get("old")->spec().evaluation().suites(),
+              ElementsAre(v1::Evaluation::needle, v1::Evaluation::passkey));
 }
 
 TEST_P(JobStoreTest, ListPaginationIsStableUnderInsertsAndFilters) {

@@ -95,9 +95,9 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   p.mfu = 0.42;
   p.swapped_bytes = 7168;
   p.swapped_chunks = 3;
-  p.evaluation = EvalReport{.positions = {{0, 1024, 2.5, 1000, 300}, {1024, 2048, 2.25, 500, 160}},
-                            .passkey = {{.length = 4096, .depth = 0, .correct = 3, .trials = 4}},
-                            .needle = {}};
+  p.evaluation = EvalReport{
+      {EvalSuite::kPositions, {.buckets = {{0, 1024, 2.5, 1000, 300}, {1024, 2048, 2.25, 500, 160}}, .cells = {}}},
+      {EvalSuite::kPasskey, {.buckets = {}, .cells = {{.length = 4096, .depth = 0, .correct = 3, .trials = 4}}}}};
   m.Step("cpu", p);
   m.CheckpointSaved("cpu", CheckpointInfo{.step = 2, .path = "/c", .bytes = 1000, .final = false, .seconds = 0.3});
 
@@ -322,8 +322,8 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
     r.on_step(StepReport{.step = 1, .total_steps = 2, .tokens = 10});
     r.on_checkpoint(CheckpointInfo{.step = 1, .path = r.checkpoint_dir->PathOf("c"), .bytes = 1});
     StepReport last{.step = 2, .total_steps = 2, .tokens = 20};
-    last.evaluation =
-        EvalReport{.positions = {}, .passkey = {{.length = 64, .depth = 1, .correct = 1, .trials = 2}}, .needle = {}};
+    last.evaluation = EvalReport{
+        {EvalSuite::kPasskey, {.buckets = {}, .cells = {{.length = 64, .depth = 1, .correct = 1, .trials = 2}}}}};
     r.on_step(last);
     return RunResult{};
   };
@@ -347,10 +347,12 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
   ASSERT_TRUE(job.ok());
   const v1::EvaluationResult& e = job->progress().evaluation();
   EXPECT_EQ(e.step(), 2);
-  ASSERT_EQ(e.passkey_size(), 1);
-  EXPECT_EQ(e.passkey(0).correct(), 1);
-  EXPECT_EQ(e.passkey_accuracy(), 0.5);
-  EXPECT_FALSE(e.has_needle_accuracy());
+  ASSERT_EQ(e.suites().size(), 1u);  // the suites that ran, by name
+  const v1::EvaluationResult::Suite& passkey = e.suites().at("passkey");
+  ASSERT_EQ(passkey.cells_size(), 1);
+  EXPECT_EQ(passkey.cells(0).correct(), 1);
+  EXPECT_EQ(passkey.accuracy(), 0.5);
+  EXPECT_TRUE(passkey.buckets().empty());
   store->reset();
   std::filesystem::remove_all(dir);
 }

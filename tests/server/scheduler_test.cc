@@ -44,12 +44,12 @@ struct ScriptedRunner {
   std::vector<std::pair<std::string, std::vector<std::string>>> runs;
   int devices_in_use = 0, max_devices_in_use = 0;
 
-  absl::StatusOr<RunResult> operator()(const JobConfig& spec, const RunOptions& o) {
+  absl::StatusOr<RunResult> operator()(const JobConfig& job, const RunOptions& o) {
     ++calls;
     last_resume = o.resume;
     {
       absl::MutexLock lock(&mu);
-      runs.emplace_back(spec.display_name, o.devices);
+      runs.emplace_back(job.display_name, o.devices);
       devices_in_use += static_cast<int>(o.devices.size());
       max_devices_in_use = std::max(max_devices_in_use, devices_in_use);
     }

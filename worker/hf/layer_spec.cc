@@ -88,6 +88,51 @@ double LayerSpec::TrainingFlops(int64_t q_dim, int64_t tokens) const {
          12.0 * static_cast<double>(q_dim) * AttentionPairs(tokens);
 }
 
+std::vector<LinearSpec> LayerSpec::Adapted(const std::vector<std::string>& targets) const {
+  std::vector<LinearSpec> out;
+  for (const LinearSpec& l : linears) {
+    if (std::find(targets.begin(), targets.end(), l.name) != targets.end()) out.push_back(l);
+  }
+  return out;
+}
+
+namespace {
+
+constexpr int64_t kF32 = 4;
+
+// One RMSNorm of hidden_size, per token (LayerSpec::SavedBytesPerToken).
+int64_t NormBytesPerToken(const ModelConfig& c, const Execution& x) {
+  return x.fused_norms ? 2 * x.elem_bytes * c.hidden_size + kF32 : (kF32 + x.elem_bytes) * c.hidden_size;
+}
+
+}  // namespace
+
+int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) const {
+  const int64_t Q = c.q_dim(), KV = c.kv_dim(), e = x.elem_bytes;
+  int64_t bytes = HiddenNorms() * NormBytesPerToken(c, x);
+  if (!x.fused_kernels) bytes += 2 * e * (Q + KV);  // RoPE
+  bytes += e * (2 * Q + 2 * KV) + kF32 * c.num_heads;
+  if (Has(NormRole::kQuery)) {
+    bytes += x.fused_norms ? e * (Q + KV) + kF32 * (c.num_heads + c.num_kv_heads) : (kF32 + e) * (Q + KV);
+  }
+  bool glu_down = false;
+  if (x.lora_rank > 0) {
+    for (const LinearSpec& l : Adapted(x.lora_targets)) {
+      bytes += e * x.lora_rank;
+      if (x.lora_dropout > 0) bytes += (kF32 + e) * l.in;
+      glu_down = glu_down || (l.name == "down_proj" && x.lora_dropout == 0);
+    }
+  }
+  const bool fused_mlp = x.fused_kernels || mlp == MlpKind::kGeluTanhGlu;
+  return bytes + (glu_down ? 2 : fused_mlp ? 3 : 4) * e * c.intermediate_size;
+}
+
+int64_t ModelSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) const {
+  int64_t per_token = NormBytesPerToken(c, x);
+  for (const LayerSpec& layer : layers) per_token += layer.SavedBytesPerToken(c, x);
+  return per_token;
+}
+
 int64_t ModelSpec::ParameterCount(const ModelConfig& c) const {
   int64_t n = OuterParameters(c);
   for (const LayerSpec& l : layers) n += l.Parameters();

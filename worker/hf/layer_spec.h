@@ -1,6 +1,6 @@
 // The layers of a decoder-only model as the engine builds them: the one description that the
-// transformer's forward (worker/model/transformer.h), the memory planner's count of what that
-// forward keeps (worker/plan/memory_planner.cc), the step-time estimate and the FLOP count read.
+// transformer's forward (worker/model/transformer.h), the memory planner (what each block keeps
+// for backward, declared here), the step-time estimate and the FLOP count read.
 // None of them interprets a family's config.json flags: DescribeModel does, once. Torch-free.
 //
 // A layer is: input norm -> attention (q, k, v projections, optional per-head q/k norms, RoPE,
@@ -52,6 +52,19 @@ struct LinearSpec {
   int64_t Parameters() const { return in * out + (bias ? out : 0); }
 };
 
+// How the layers run, for what their blocks keep for backward: model.dtype's element size,
+// whether the fused layer kernels run (kernels/torch/layer_ops.h: a bfloat16 / float16 model on
+// a GPU) and whether the RMSNorms do (frozen weights: on a GPU, or the 1 + weight norm on every
+// device), and LoRA's adapters.
+struct Execution {
+  int64_t elem_bytes = 2;
+  bool fused_kernels = false;
+  bool fused_norms = false;
+  int64_t lora_rank = 0;  // 0: no LoRA (full fine-tuning)
+  double lora_dropout = 0;
+  std::vector<std::string> lora_targets;  // ResolveLoraTargets' names
+};
+
 struct LayerSpec {
   int64_t window = 0;       // sliding window: query i sees keys j > i - window; 0: the whole past
   bool local_rope = false;  // rotates with ModelConfig::sliding_rope (Gemma 3's local layers)
@@ -73,6 +86,28 @@ struct LayerSpec {
   // Its model FLOPs of training over a sequence of `tokens` (forward and backward, counted once):
   // 6 per weight per token, and 12 per query-key pair per query feature (`q_dim`).
   double TrainingFlops(int64_t q_dim, int64_t tokens) const;
+  // Its linear layers that LoRA adapts: those `targets` names (ResolveLoraTargets' names).
+  std::vector<LinearSpec> Adapted(const std::vector<std::string>& targets) const;
+  // What autograd keeps of it per token for backward (Transformer::Hidden), block by block:
+  // with the composite ops (CPU, float32):
+  //   each RMSNorm: the float32 upcast of the input and the normalised output (dtype)
+  //   q, k before RoPE and their rotate_half (RoPE's multiplications save both)
+  //   the SwiGLU MLP's gate, silu(gate), up and silu(gate) * up (gate and up only, below)
+  // with the fused kernels (Execution::fused_kernels; the RMSNorms when fused_norms):
+  //   each RMSNorm: the input and the normalised output (dtype) and a float32 rstd a row
+  //   nothing of RoPE's
+  //   the MLP's gate, up and silu(gate) * up
+  // and on every device (kernels/torch/layer_ops.h) the 1 + weight RMSNorm (NormKind, weights
+  // frozen) as the fused one, and the GELU-tanh MLP's gate, up and gelu_tanh(gate) * up;
+  // and either way:
+  //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
+  //   per-head q and k norms: the fused one keeps its input and a float32 rstd per head; the
+  //   composite ops, a float32 copy and the output
+  //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
+  //   mask and the dropped input
+  //   with LoRA on down_proj and no dropout, of the MLP only gate and up, on every path: the
+  //   activation is recomputed in backward (kernels::GluDownLora).
+  int64_t SavedBytesPerToken(const ModelConfig& c, const Execution& x) const;
 };
 
 struct ModelSpec {
@@ -97,6 +132,9 @@ struct ModelSpec {
   // d = q_dim, P the pairs summed over the layers). The trainer's recomputation and LoRA's
   // matmuls are not model FLOPs.
   double TrainingFlops(const ModelConfig& c, int64_t tokens) const;
+  // What autograd keeps per token through every layer (LayerSpec::SavedBytesPerToken) and, once,
+  // the final norm: what the memory planner counts of a chunk's graph.
+  int64_t SavedBytesPerToken(const ModelConfig& c, const Execution& x) const;
 };
 
 // The layers of the model `c` describes.

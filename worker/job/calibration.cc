@@ -73,10 +73,10 @@ constexpr int64_t kMaxDifferenceLayers = 8;
 constexpr int64_t kCpuMeasuredChunk = 1024;
 constexpr int64_t kCpuMeasuredPast = 4096;
 constexpr int kMeasureAttempts = 3;
-int64_t DifferenceLayers(const ModelConfig& config, const JobConfig& spec) {
+int64_t DifferenceLayers(const ModelConfig& config, const JobConfig& job) {
   const int64_t embeddings = config.vocab_size * config.hidden_size * (config.tie_word_embeddings ? 1 : 2);
   const int64_t layer_bytes = std::max<int64_t>(1, (config.ParameterCount() - embeddings) / config.num_layers) *
-                              (spec.model.dtype == ModelDtype::kFloat32 ? 4 : 2);
+                              (job.model.dtype == ModelDtype::kFloat32 ? 4 : 2);
   return std::clamp<int64_t>((kUncachedBytes + layer_bytes - 1) / layer_bytes, 1,
                              std::max<int64_t>(1, config.num_layers - 1));
 }
@@ -87,13 +87,13 @@ struct Measured {
 };
 
 // One chunk through a copy of the model with `layers` decoder layers.
-absl::StatusOr<Measured> MeasureModel(ModelConfig config, const JobConfig& spec, int64_t layers, int64_t chunk_tokens,
+absl::StatusOr<Measured> MeasureModel(ModelConfig config, const JobConfig& job, int64_t layers, int64_t chunk_tokens,
                                       const ChunkTrainerOptions& trainer, const Timing& timing) {
   const at::Device& device = timing.device;
   config.num_layers = layers;
   if (config.sliding_layers.size() > static_cast<size_t>(layers)) config.sliding_layers.resize(layers);
-  std::unique_ptr<Transformer> model = Transformer::Random(config, ModelScalarType(spec), device, /*seed=*/1);
-  OOMB_RETURN_IF_ERROR(PrepareTraining(*model, spec));
+  std::unique_ptr<Transformer> model = Transformer::Random(config, ModelScalarType(job), device, /*seed=*/1);
+  OOMB_RETURN_IF_ERROR(PrepareTraining(*model, job));
   const at::Tensor ids = at::randint(0, config.vocab_size, {chunk_tokens + 1}, at::kLong);
   const TokenSequence seq = TokenSequence::FromDocument(
       std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + chunk_tokens + 1));
@@ -158,7 +158,7 @@ double HostCopyBytesPerSecond(const Timing& timing) {
 
 }  // namespace
 
-absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const JobConfig& spec, int64_t chunk_tokens,
+absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const JobConfig& job, int64_t chunk_tokens,
                                                const std::string& device_name,
                                                const std::function<bool()>& should_stop) {
   EngineRates rates;
@@ -167,7 +167,7 @@ absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const 
         const at::Device device(device_name);
         const Timing timing{.device = device, .runs = device.is_cuda() ? 7 : 3, .should_stop = should_stop};
         const ChunkTrainerOptions trainer;
-        const int64_t k = DifferenceLayers(config, spec);
+        const int64_t k = DifferenceLayers(config, job);
         // The chunk timed: the job's, or on the CPU at most kCpuMeasuredChunk tokens (scaled below).
         const int64_t c = device.is_cuda() ? chunk_tokens : std::min(chunk_tokens, kCpuMeasuredChunk);
         const int64_t past = device.is_cuda() ? kPastChunks * c : std::min(kPastChunks * c, kCpuMeasuredPast);
@@ -176,10 +176,10 @@ absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const 
         // measurement is taken again (kMeasureAttempts in all), and a difference still not
         // positive counts as none.
         for (int attempt = 0; attempt < kMeasureAttempts; ++attempt) {
-          OOMB_ASSIGN_OR_RETURN(one, MeasureModel(config, spec, 1, c, trainer, timing));
-          OOMB_ASSIGN_OR_RETURN(more, MeasureModel(config, spec, 1 + k, c, trainer, timing));
-          alone = MeasureAttention(config, ModelScalarType(spec), c, 0, trainer, timing);
-          with = MeasureAttention(config, ModelScalarType(spec), c, past, trainer, timing);
+          OOMB_ASSIGN_OR_RETURN(one, MeasureModel(config, job, 1, c, trainer, timing));
+          OOMB_ASSIGN_OR_RETURN(more, MeasureModel(config, job, 1 + k, c, trainer, timing));
+          alone = MeasureAttention(config, ModelScalarType(job), c, 0, trainer, timing);
+          with = MeasureAttention(config, ModelScalarType(job), c, past, trainer, timing);
           const bool positive = more.forward_s > one.forward_s && more.train_s > one.train_s &&
                                 with.forward_s > alone.forward_s &&
                                 with.train_s - with.forward_s > alone.train_s - alone.forward_s;
@@ -210,15 +210,15 @@ absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const 
   return rates;
 }
 
-std::string EngineRatesKey(const ModelConfig& config, const JobConfig& spec, int64_t chunk_tokens,
+std::string EngineRatesKey(const ModelConfig& config, const JobConfig& job, int64_t chunk_tokens,
                            const std::string& device) {
-  const bool lora = spec.method.type != TrainMethod::kFull;
+  const bool lora = job.method.type != TrainMethod::kFull;
   return absl::StrCat(
-      DeviceName(at::Device(device)), "|", spec.model.dtype == ModelDtype::kFloat32 ? "float32" : "bfloat16", "|",
+      DeviceName(at::Device(device)), "|", job.model.dtype == ModelDtype::kFloat32 ? "float32" : "bfloat16", "|",
       config.architecture, " v", config.vocab_size, " h", config.hidden_size, " i", config.intermediate_size, " a",
       config.num_heads, "/", config.num_kv_heads, "x", config.head_dim, config.tie_word_embeddings ? " tied" : "",
       "|chunk ", chunk_tokens, "|",
-      lora ? absl::StrCat("lora r", spec.method.lora.rank, " ", absl::StrJoin(spec.method.lora.target_modules, ","))
+      lora ? absl::StrCat("lora r", job.method.lora.rank, " ", absl::StrJoin(job.method.lora.target_modules, ","))
            : "full");
 }
 

@@ -40,17 +40,17 @@ namespace oomb {
 // block (ChunkTrainerOptions::gpu_attention_key_block), as a long context reads them.
 inline constexpr int64_t kPastChunks = 8;
 
-// The rates of `spec`'s model (`config`) on `device` ("cpu", "cuda:N") at chunks of
+// The rates of `job`'s model (`config`) on `device` ("cpu", "cuda:N") at chunks of
 // `chunk_tokens`. Errors as the trainer reports them (worker/train/torch_status.h): an
 // out-of-memory is RESOURCE_EXHAUSTED; CANCELLED once `should_stop` (asked between
 // repetitions) returns true.
-absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const JobConfig& spec, int64_t chunk_tokens,
+absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const JobConfig& job, int64_t chunk_tokens,
                                                const std::string& device,
                                                const std::function<bool()>& should_stop = {});
 
-// What rates of `config` in `spec` at `chunk_tokens` on `device` are kept under: rates differ
+// What rates of `config` in `job` at `chunk_tokens` on `device` are kept under: rates differ
 // with every part of the model's shape, the dtype, the method and LoRA's rank and targets.
-std::string EngineRatesKey(const ModelConfig& config, const JobConfig& spec, int64_t chunk_tokens,
+std::string EngineRatesKey(const ModelConfig& config, const JobConfig& job, int64_t chunk_tokens,
                            const std::string& device_name);
 
 }  // namespace oomb

@@ -4,7 +4,9 @@
 #include <bit>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
@@ -179,6 +181,69 @@ absl::StatusOr<std::vector<RetrievalScore>> ScoreRetrieval(ChunkTrainer& trainer
     ++out.back().trials;
   }
   return out;
+}
+
+namespace {
+
+class PositionsSuite final : public Suite {
+ public:
+  explicit PositionsSuite(const std::vector<Document>& samples) {
+    for (const Document& d : samples) {
+      seqs_.emplace_back();
+      seqs_.back().Append(d);
+    }
+  }
+  int64_t longest() const override {
+    int64_t longest = 0;
+    for (const TokenSequence& s : seqs_) longest = std::max(longest, s.size());
+    return longest;
+  }
+  absl::StatusOr<SuiteResult> Score(ChunkTrainer& trainer) const override {
+    SuiteResult r;
+    if (seqs_.empty()) return r;
+    OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(trainer, seqs_, /*by_position=*/true));
+    r.buckets = std::move(d.positions);
+    return r;
+  }
+
+ private:
+  std::vector<TokenSequence> seqs_;
+};
+
+class RetrievalSuite final : public Suite {
+ public:
+  explicit RetrievalSuite(std::vector<RetrievalDoc> docs) : docs_(std::move(docs)) {}
+  int64_t longest() const override {
+    int64_t longest = 0;
+    for (const RetrievalDoc& d : docs_) longest = std::max(longest, d.length);
+    return longest;
+  }
+  absl::StatusOr<SuiteResult> Score(ChunkTrainer& trainer) const override {
+    SuiteResult r;
+    OOMB_ASSIGN_OR_RETURN(r.cells, ScoreRetrieval(trainer, docs_));
+    return r;
+  }
+
+ private:
+  std::vector<RetrievalDoc> docs_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Suite>> MakeSuite(EvalSuite suite, const SuiteInputs& in) {
+  switch (suite) {
+    case EvalSuite::kPositions:
+      return std::make_unique<PositionsSuite>(in.samples);
+    case EvalSuite::kPasskey: {
+      OOMB_ASSIGN_OR_RETURN(std::vector<RetrievalDoc> docs, PasskeyDocs(*in.tokenizer, in.retrieval));
+      return std::make_unique<RetrievalSuite>(std::move(docs));
+    }
+    case EvalSuite::kNeedle: {
+      OOMB_ASSIGN_OR_RETURN(std::vector<RetrievalDoc> docs, NeedleDocs(*in.tokenizer, in.haystack, in.retrieval));
+      return std::make_unique<RetrievalSuite>(std::move(docs));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown suite ", static_cast<int>(suite)));
 }
 
 }  // namespace oomb

@@ -1,7 +1,8 @@
 // The long-context evaluation suites (`oombd model eval --suite ...`, a job's evaluation
-// section): their documents, the position buckets of the loss-by-position suite, and the
-// scoring of both with a trainer's forward pass (chunked over pages like training, so an
-// evaluation fits wherever a training step of its length does). Torch-free header.
+// section; EvalSuite in worker/metrics/eval_report.h): their documents, the position buckets of
+// the loss-by-position suite, and the scoring of both with a trainer's forward pass (chunked over
+// pages like training, so an evaluation fits wherever a training step of its length does), each
+// suite behind one interface (Suite, MakeSuite). Torch-free header.
 //
 // Retrieval suites, scored by exact match of the greedy continuation, never by wording: a
 // document is `length` tokens whose only labels are the answer's tokens; it is correct when
@@ -19,6 +20,7 @@
 #define OOMB_WORKER_JOB_EVAL_SUITES_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +74,30 @@ absl::StatusOr<DataScore> ScoreData(ChunkTrainer& trainer, const std::vector<Tok
 // documents' order.
 absl::StatusOr<std::vector<RetrievalScore>> ScoreRetrieval(ChunkTrainer& trainer,
                                                            const std::vector<RetrievalDoc>& docs);
+
+// One suite with its inputs made: the one interface a job's evaluation section and `oombd model
+// eval` run every suite through.
+class Suite {
+ public:
+  virtual ~Suite() = default;
+  // The longest sequence it runs, in tokens (0 when it has nothing to run).
+  virtual int64_t longest() const = 0;
+  // Its results with `trainer`'s forward; the trainer's errors (LibTorch's unconverted: callers
+  // run it inside their LibTorch boundary).
+  virtual absl::StatusOr<SuiteResult> Score(ChunkTrainer& trainer) const = 0;
+};
+
+// What the suites are made from; each suite reads its own.
+struct SuiteInputs {
+  std::vector<Document> samples;         // positions: each scored as its own sequence
+  const Tokenizer* tokenizer = nullptr;  // passkey, needle: writes their documents
+  RetrievalOptions retrieval;            // passkey, needle
+  std::string haystack;                  // needle: the UTF-8 text the fact is hidden in
+};
+
+// `suite` made from `inputs`: PasskeyDocs' and NeedleDocs' errors (callers prefix the field or
+// flag of the lengths, or of the haystack for needle).
+absl::StatusOr<std::unique_ptr<Suite>> MakeSuite(EvalSuite suite, const SuiteInputs& inputs);
 
 }  // namespace oomb
 

@@ -4,6 +4,8 @@
 #define OOMB_WORKER_JOB_EVALUATION_SCHEDULE_H_
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,12 +33,10 @@ class EvaluationSchedule {
   absl::StatusOr<EvalReport> Run(ChunkTrainer& trainer) const;
 
  private:
-  explicit EvaluationSchedule(const JobConfig::Evaluation& e) : every_steps_(e.every_steps), any_(!e.suites.empty()) {}
+  explicit EvaluationSchedule(const JobConfig::Evaluation& e) : every_steps_(e.every_steps) {}
 
   int64_t every_steps_ = 0;
-  bool any_ = false;
-  std::vector<TokenSequence> samples_;
-  std::vector<RetrievalDoc> passkey_, needle_;
+  std::vector<std::pair<EvalSuite, std::unique_ptr<Suite>>> suites_;  // in the spec's order
 };
 
 }  // namespace oomb

@@ -39,8 +39,8 @@ using Clock = std::chrono::steady_clock;
 
 // The devices of the run's ranks: RunOptions::devices, or derived from the spec (see
 // executor.h). All CPU or all distinct CUDA devices.
-absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& spec, const std::vector<std::string>& given) {
-  const auto k = static_cast<size_t>(spec.resources.gpus);
+absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& job, const std::vector<std::string>& given) {
+  const auto k = static_cast<size_t>(job.resources.gpus);
   std::vector<at::Device> devices;
   if (!given.empty()) {
     if (given.size() != k) {
@@ -52,7 +52,7 @@ absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& spec, co
       devices.push_back(device);
     }
   } else {
-    OOMB_ASSIGN_OR_RETURN(at::Device first, ResolveDevice(spec.resources.device, "resources.device"));
+    OOMB_ASSIGN_OR_RETURN(at::Device first, ResolveDevice(job.resources.device, "resources.device"));
     for (size_t r = 0; r < k; ++r) {
       devices.push_back(first.is_cpu() ? first
                                        : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(first.index() + r)));
@@ -86,12 +86,12 @@ struct Rank {
 // Failpoints for the reliability tests (RELIABILITY.md): only when the process runs with
 // OOMB_FAILPOINTS=1, a job labelled `failpoint: oom-at-step-N` gets a real
 // c10::OutOfMemoryError at the start of step N (SessionOptions::oom_at_step).
-int64_t OomFailpointStep(const JobConfig& spec) {
+int64_t OomFailpointStep(const JobConfig& job) {
   const char* enabled = std::getenv("OOMB_FAILPOINTS");
   if (enabled == nullptr || std::string(enabled) != "1") return 0;
-  auto it = spec.labels.find("failpoint");
+  auto it = job.labels.find("failpoint");
   int64_t step = 0;
-  if (it == spec.labels.end() || !absl::SimpleAtoi(absl::StripPrefix(it->second, "oom-at-step-"), &step)) return 0;
+  if (it == job.labels.end() || !absl::SimpleAtoi(absl::StripPrefix(it->second, "oom-at-step-"), &step)) return 0;
   return step;
 }
 
@@ -356,17 +356,17 @@ absl::StatusOr<RunResult> Run::Stopped() {
 }
 
 // The ranks of a run (one thread each beyond the first), and their outcome.
-absl::StatusOr<RunResult> RunRanks(const JobConfig& spec, const RunOptions& options) {
+absl::StatusOr<RunResult> RunRanks(const JobConfig& job, const RunOptions& options) {
   absl::StatusOr<std::vector<at::Device>> devices;
   OOMB_RETURN_IF_ERROR(Guarded([&] {
-    devices = ResolveDevices(spec, options.devices);
+    devices = ResolveDevices(job, options.devices);
     return devices.status();
   }));
   const int world = static_cast<int>(devices->size());
   if (world == 1) {
     absl::StatusOr<RunResult> result;
     OOMB_RETURN_IF_ERROR(Guarded([&] {
-      result = Run(spec, options, devices->front(), Rank{}).Execute();
+      result = Run(job, options, devices->front(), Rank{}).Execute();
       return absl::OkStatus();
     }));
     return result;
@@ -380,7 +380,7 @@ absl::StatusOr<RunResult> RunRanks(const JobConfig& spec, const RunOptions& opti
     threads.emplace_back([&, r] {
       const Rank rank{.index = r, .world = world, .rendezvous = &rendezvous, .stop = &stop};
       absl::Status thrown = Guarded([&] {
-        results[r] = Run(spec, options, (*devices)[r], rank).Execute();
+        results[r] = Run(job, options, (*devices)[r], rank).Execute();
         return absl::OkStatus();
       });
       if (!thrown.ok()) results[r] = thrown;
@@ -397,24 +397,24 @@ absl::StatusOr<RunResult> RunRanks(const JobConfig& spec, const RunOptions& opti
 
 void InitExecutorProcess() { DisableFlightRecorder(); }
 
-absl::StatusOr<RunResult> RunJob(const JobConfig& spec, const RunOptions& options) {
+absl::StatusOr<RunResult> RunJob(const JobConfig& job, const RunOptions& options) {
   if (options.files == nullptr || !options.checkpoint_dir.has_value()) {
     return absl::InvalidArgumentError("RunJob: RunOptions::files and checkpoint_dir are required");
   }
   OOMB_RETURN_IF_ERROR(RemovePartialCheckpoints(*options.checkpoint_dir));
-  absl::StatusOr<RunResult> result = RunRanks(spec, options);
+  absl::StatusOr<RunResult> result = RunRanks(job, options);
   if (!result.ok()) (void)RemovePartialCheckpoints(*options.checkpoint_dir);
   return result;
 }
 
-absl::StatusOr<DataSummary> ValidateJobData(const JobConfig& spec, const FileAccess& files) {
+absl::StatusOr<DataSummary> ValidateJobData(const JobConfig& job, const FileAccess& files) {
   DataSummary summary;
   OOMB_RETURN_IF_ERROR(Guarded(
       [&]() -> absl::Status {
-        OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(spec, files));
+        OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(job, files));
         summary.train = data.stats;
         summary.sequences = static_cast<int64_t>(
-            PackDocuments(data.train, spec.data.max_seq_len, spec.data.packing, spec.data.shuffle_seed).size());
+            PackDocuments(data.train, job.data.max_seq_len, job.data.packing, job.data.shuffle_seed).size());
         return absl::OkStatus();
       },
       "reading the datasets"));

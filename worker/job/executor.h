@@ -93,7 +93,7 @@ void InitExecutorProcess();
 // PERMISSION_DENIED (a path refused by the confinement; PATH_DENIED), RESOURCE_EXHAUSTED (out of
 // memory, OUT_OF_MEMORY; pages exhausted, DOES_NOT_FIT; a full disk, DISK_FULL), INTERNAL (NaN
 // or infinite loss with the step, NAN_LOSS; LibTorch and CUDA errors, TORCH_ERROR, CUDA_ERROR).
-absl::StatusOr<RunResult> RunJob(const JobConfig& spec, const RunOptions& options);
+absl::StatusOr<RunResult> RunJob(const JobConfig& job, const RunOptions& options);
 
 // What a job's training data amounts to: the reader's summary of data.train (samples, tokens,
 // dropped, truncated, length histogram) and the sequences of one epoch after packing.
@@ -110,7 +110,7 @@ struct DataSummary {
 // sample needs one: a model without tokenizer.json trains on pre-tokenized {"input_ids"} data
 // (ids checked against config.json's vocab_size), and a text sample is then an error naming
 // its line.
-absl::StatusOr<DataSummary> ValidateJobData(const JobConfig& spec, const FileAccess& files);
+absl::StatusOr<DataSummary> ValidateJobData(const JobConfig& job, const FileAccess& files);
 
 }  // namespace oomb
 

@@ -129,13 +129,13 @@ absl::StatusOr<T> Annotated(absl::StatusOr<T> r, const char* flag) {
   return r;
 }
 
-bool Wants(const EvalOptions& o, const char* suite) {
+bool Wants(const EvalOptions& o, EvalSuite suite) {
   return std::find(o.suites.begin(), o.suites.end(), suite) != o.suites.end();
 }
 
-// The data's samples, each its own sequence, cut after max_tokens tokens in all.
-absl::StatusOr<std::vector<TokenSequence>> ReadSamples(const EvalOptions& o, const Dir& model_dir,
-                                                       ModelTokenizer& tokenizer) {
+// The data's samples, cut after max_tokens tokens in all.
+absl::StatusOr<std::vector<Document>> ReadSamples(const EvalOptions& o, const Dir& model_dir,
+                                                  ModelTokenizer& tokenizer) {
   const std::shared_ptr<const FileAccess> files = FileAccess::Unconfined();
   DatasetOptions d;
   d.field = "--data";
@@ -144,7 +144,7 @@ absl::StatusOr<std::vector<TokenSequence>> ReadSamples(const EvalOptions& o, con
   OOMB_ASSIGN_OR_RETURN(const File data, files->OpenFile(o.data_path));
   OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadJsonlDataset(data, tokenizer.Loader(), d, nullptr));
   int64_t budget = o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int64_t>::max();
-  std::vector<TokenSequence> seqs;
+  std::vector<Document> kept;
   for (Document& doc : docs) {
     if (budget <= 0) break;
     if (static_cast<int64_t>(doc.ids.size()) > budget) {
@@ -152,11 +152,52 @@ absl::StatusOr<std::vector<TokenSequence>> ReadSamples(const EvalOptions& o, con
       doc.labels.resize(budget);
     }
     budget -= static_cast<int64_t>(doc.ids.size());
-    TokenSequence s;
-    s.Append(doc);
-    seqs.push_back(std::move(s));
+    kept.push_back(std::move(doc));
   }
-  return seqs;
+  return kept;
+}
+
+// The suites' inputs: --data's samples (the loss, positions), the model's tokenizer (passkey,
+// needle) and the haystack's text (needle).
+absl::StatusOr<SuiteInputs> EvalInputs(const EvalOptions& o, const Dir& model_dir,
+                                       std::unique_ptr<Tokenizer>* tokenizer) {
+  SuiteInputs in;
+  in.retrieval = {o.lengths, o.depths, o.trials, o.seed};
+  if (o.loss || Wants(o, EvalSuite::kPositions)) {
+    if (o.data_path.empty()) return absl::InvalidArgumentError("--data: required by the loss and positions suites");
+    ModelTokenizer data_tokenizer(model_dir, "--model");
+    OOMB_ASSIGN_OR_RETURN(in.samples, ReadSamples(o, model_dir, data_tokenizer));
+  }
+  if (Wants(o, EvalSuite::kPasskey) || Wants(o, EvalSuite::kNeedle)) {
+    OOMB_ASSIGN_OR_RETURN(*tokenizer, Tokenizer::FromModelDir(model_dir));
+    in.tokenizer = tokenizer->get();
+  }
+  if (Wants(o, EvalSuite::kNeedle)) {
+    if (o.haystack.empty()) return absl::InvalidArgumentError("--haystack: required by the needle suite");
+    OOMB_ASSIGN_OR_RETURN(in.haystack, Annotated(FileAccess::Unconfined()->ReadFile(o.haystack), "--haystack"));
+  }
+  return in;
+}
+
+// The mean loss over `samples`, each its own sequence: from the positions suite's buckets when
+// it ran (they cover every position), else a forward of its own.
+absl::Status ScoreLoss(ChunkTrainer& trainer, const std::vector<Document>& samples, EvalResult* r) {
+  r->samples = static_cast<int64_t>(samples.size());
+  double loss_sum = 0;
+  if (const auto p = r->suites.find(EvalSuite::kPositions); p != r->suites.end()) {
+    for (const PositionLoss& b : p->second.buckets) {
+      loss_sum += b.loss * static_cast<double>(b.tokens);
+      r->tokens += b.tokens;
+    }
+  } else {
+    std::vector<TokenSequence> seqs(samples.size());
+    for (size_t i = 0; i < samples.size(); ++i) seqs[i].Append(samples[i]);
+    OOMB_ASSIGN_OR_RETURN(const DataScore d, ScoreData(trainer, seqs, /*by_position=*/false));
+    loss_sum = d.loss_sum;
+    r->tokens = d.tokens;
+  }
+  r->mean_loss = r->tokens > 0 ? loss_sum / static_cast<double>(r->tokens) : 0.0;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -164,53 +205,25 @@ absl::StatusOr<std::vector<TokenSequence>> ReadSamples(const EvalOptions& o, con
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
   return Guarded(
       [&]() -> absl::StatusOr<EvalResult> {
-        for (const std::string& s : o.suites) {
-          if (s != "loss" && s != "positions" && s != "passkey" && s != "needle") {
-            return absl::InvalidArgumentError(
-                absl::StrCat("--suite: unknown suite '", s, "' (loss, positions, passkey, needle)"));
-          }
-        }
-        const bool on_data = Wants(o, "loss") || Wants(o, "positions");
-        if (on_data && o.data_path.empty())
-          return absl::InvalidArgumentError("--data: required by the loss and positions suites");
-        if (Wants(o, "needle") && o.haystack.empty())
-          return absl::InvalidArgumentError("--haystack: required by the needle suite");
         OOMB_ASSIGN_OR_RETURN(const Dir model_dir, FileAccess::Unconfined()->OpenDir(o.model_dir));
-        ModelTokenizer tokenizer(model_dir, "--model");
-        std::vector<TokenSequence> seqs;
-        if (on_data) {
-          OOMB_ASSIGN_OR_RETURN(seqs, ReadSamples(o, model_dir, tokenizer));
-        }
-        RetrievalOptions ro{o.lengths, o.depths, o.trials, o.seed};
-        std::vector<RetrievalDoc> passkey, needle;
-        if (Wants(o, "passkey") || Wants(o, "needle")) {
-          OOMB_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, Tokenizer::FromModelDir(model_dir));
-          if (Wants(o, "passkey")) {
-            OOMB_ASSIGN_OR_RETURN(passkey, Annotated(PasskeyDocs(*tok, ro), "--lengths"));
-          }
-          if (Wants(o, "needle")) {
-            OOMB_ASSIGN_OR_RETURN(const std::string text, FileAccess::Unconfined()->ReadFile(o.haystack));
-            OOMB_ASSIGN_OR_RETURN(needle, Annotated(NeedleDocs(*tok, text, ro), "--haystack"));
-          }
-        }
+        std::unique_ptr<Tokenizer> tokenizer;
+        OOMB_ASSIGN_OR_RETURN(const SuiteInputs inputs, EvalInputs(o, model_dir, &tokenizer));
+        std::vector<std::pair<EvalSuite, std::unique_ptr<Suite>>> suites;
         int64_t longest = 1;
-        for (const TokenSequence& s : seqs) longest = std::max(longest, s.size());
-        for (const int64_t l : o.lengths) longest = std::max(longest, l);
+        for (const Document& d : inputs.samples) longest = std::max(longest, static_cast<int64_t>(d.ids.size()));
+        for (const EvalSuite suite : o.suites) {
+          OOMB_ASSIGN_OR_RETURN(
+              std::unique_ptr<Suite> made,
+              Annotated(MakeSuite(suite, inputs), suite == EvalSuite::kNeedle ? "--haystack" : "--lengths"));
+          longest = std::max(longest, made->longest());
+          suites.emplace_back(suite, std::move(made));
+        }
         OOMB_ASSIGN_OR_RETURN(Evaluator e, MakeEvaluator(o, model_dir, longest));
         EvalResult r;
-        if (on_data) {
-          OOMB_ASSIGN_OR_RETURN(DataScore d, ScoreData(e.session->trainer(), seqs, Wants(o, "positions")));
-          r.mean_loss = d.tokens > 0 ? d.loss_sum / static_cast<double>(d.tokens) : 0.0;
-          r.tokens = d.tokens;
-          r.samples = d.samples;
-          r.suites.positions = std::move(d.positions);
+        for (const auto& [suite, s] : suites) {
+          OOMB_ASSIGN_OR_RETURN(r.suites[suite], s->Score(e.session->trainer()));
         }
-        if (!passkey.empty()) {
-          OOMB_ASSIGN_OR_RETURN(r.suites.passkey, ScoreRetrieval(e.session->trainer(), passkey));
-        }
-        if (!needle.empty()) {
-          OOMB_ASSIGN_OR_RETURN(r.suites.needle, ScoreRetrieval(e.session->trainer(), needle));
-        }
+        if (o.loss) OOMB_RETURN_IF_ERROR(ScoreLoss(e.session->trainer(), inputs.samples, &r));
         return r;
       },
       "evaluation");

@@ -23,9 +23,10 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir);
 
 struct EvalOptions {
   std::string model_dir;
-  // Any of: "loss" (mean loss over the data), "positions" (the data's loss by position
-  // bucket), "passkey" and "needle" (retrieval at lengths x depths, trials each; eval_suites.h).
-  std::vector<std::string> suites = {"loss"};
+  // The mean loss over the data, and the suites (eval_suites.h): positions (the data's loss by
+  // position bucket), passkey and needle (retrieval at lengths x depths, trials each).
+  bool loss = true;
+  std::vector<EvalSuite> suites;
   std::string data_path;    // JSONL in any dataset format (loss, positions)
   std::string adapter_dir;  // optional PEFT adapter (adapter_config.json + adapter_model.safetensors)
   int64_t max_tokens = 0;   // 0: every sample; else stop after this many tokens (the last sample cut)
@@ -48,12 +49,12 @@ struct EvalResult {
   double mean_loss = 0;  // mean next-token cross-entropy over the label tokens
   int64_t tokens = 0;    // label tokens scored
   int64_t samples = 0;
-  EvalReport suites;  // positions, passkey, needle: those asked for
+  EvalReport suites;  // those asked for
 };
 
 // Scores every sample separately (no packing) with the chunked forward (so a long evaluation
 // fits wherever a training step of its length does), then the retrieval suites' documents.
-// INVALID_ARGUMENT naming the flag for an unknown suite or a missing input.
+// INVALID_ARGUMENT naming the flag of a missing input.
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& options);
 
 struct GenerateOptions {

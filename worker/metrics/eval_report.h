@@ -5,11 +5,24 @@
 #define OOMB_WORKER_METRICS_EVAL_REPORT_H_
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace oomb {
+
+// The suites (proto Evaluation.Suite, whose words SuiteName spells), in the order they run and
+// are reported: positions (a data set's loss by position), passkey and needle (retrieval).
+enum class EvalSuite { kPositions, kPasskey, kNeedle };
+inline constexpr EvalSuite kEvalSuites[] = {EvalSuite::kPositions, EvalSuite::kPasskey, EvalSuite::kNeedle};
+
+const char* SuiteName(EvalSuite suite);
+std::optional<EvalSuite> SuiteNamed(std::string_view name);
+// "positions, passkey, needle": for messages naming the choices.
+std::string SuiteNames();
 
 struct PositionLoss {
   int64_t begin = 0, end = 0;  // positions [begin, end) within a sample (t predicts token t + 1)
@@ -24,25 +37,22 @@ struct RetrievalScore {
   int64_t correct = 0, trials = 0;  // exact matches of the greedy continuation
 };
 
-// Correct over trials across the cells; nullopt without any trial.
-inline std::optional<double> Accuracy(const std::vector<RetrievalScore>& cells) {
-  int64_t correct = 0, trials = 0;
-  for (const RetrievalScore& c : cells) {
-    correct += c.correct;
-    trials += c.trials;
-  }
-  if (trials == 0) return std::nullopt;
-  return static_cast<double>(correct) / static_cast<double>(trials);
-}
+// One suite's results: positions fills buckets; passkey and needle fill cells, by (length,
+// depth) in the order run.
+struct SuiteResult {
+  std::vector<PositionLoss> buckets;
+  std::vector<RetrievalScore> cells;
 
-struct EvalReport {
-  std::vector<PositionLoss> positions;          // the positions suite
-  std::vector<RetrievalScore> passkey, needle;  // by (length, depth), in the order run
+  // Correct over trials across the cells; nullopt without any trial.
+  std::optional<double> accuracy() const;
 };
 
-// As `oombd model eval` prints it and metrics.jsonl records it: "positions": [{begin, end,
-// loss, tokens, hits}], and per retrieval suite run {"accuracy", "cells": [{length, depth,
-// correct, trials}]}.
+// The suites that ran, by suite.
+using EvalReport = std::map<EvalSuite, SuiteResult>;
+
+// As `oombd model eval` prints it, metrics.jsonl records it and the API's EvaluationResult.suites
+// maps it to JSON: {"positions": {"buckets": [{begin, end, loss, tokens, hits}]}, "passkey":
+// {"accuracy", "cells": [{length, depth, correct, trials}]}, ...} for the suites that ran.
 nlohmann::json EvalReportJson(const EvalReport& report);
 
 }  // namespace oomb

@@ -16,6 +16,7 @@
 
 #include "worker/data/dataset.h"
 #include "worker/hf/model_config.h"
+#include "worker/metrics/eval_report.h"
 
 namespace oomb {
 
@@ -129,9 +130,9 @@ struct JobConfig {
 
   // Long-context evaluation while training (proto EvaluationSpec); no suites: none.
   struct Evaluation {
-    std::vector<std::string> suites;  // positions | passkey | needle
-    int64_t every_steps = 0;          // 0: after the last step only
-    std::vector<int64_t> lengths;     // resolved: data.max_seq_len when the spec gives none
+    std::vector<EvalSuite> suites;  // each once, in the order given
+    int64_t every_steps = 0;        // 0: after the last step only
+    std::vector<int64_t> lengths;   // resolved: data.max_seq_len when the spec gives none
     int64_t depths = 5;
     int64_t trials = 1;
     uint64_t seed = 1;

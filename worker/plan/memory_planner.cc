@@ -35,37 +35,35 @@ constexpr int64_t kGpuFlashKeyBlock = 65536;  // ChunkTrainerOptions::gpu_attent
 constexpr int64_t kAutoMarginDivisor = 16;
 // What the copy engine's additions into host pages hold on the device at most: the contributions
 // queued (worker/paging/page_id.h), and as much again for the page images they are packed from.
+// Only sparse backward adds this way (KvStore::AccumulatePageGrad); dense backward adds into a
+// key block's page images (KvStore::AccumulateGrad; Model::GradWriteBackBytes).
 constexpr int64_t kDeviceAddBytes = 2 * kHostAddBytesInFlight;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The linear layers of `layer` that LoRA adapts: `targets` (ResolveLoraTargets' names; PlanMemory
-// refuses targets that do not resolve).
-std::vector<LinearSpec> LoraLayers(const LayerSpec& layer, const std::vector<std::string>& targets) {
-  std::vector<LinearSpec> out;
-  for (const LinearSpec& l : layer.linears) {
-    if (std::find(targets.begin(), targets.end(), l.name) != targets.end()) out.push_back(l);
-  }
-  return out;
-}
-
 // Everything that depends on the sequence length T, for a fixed model and spec.
 class Model {
  public:
-  Model(const ModelConfig& c, const JobConfig& spec, bool cuda)
-      : c_(c), layers_(DescribeModel(c)), spec_(spec), cuda_(cuda) {
-    e_ = spec.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
+  Model(const ModelConfig& c, const JobConfig& job, bool cuda)
+      : c_(c), layers_(DescribeModel(c)), job_(job), cuda_(cuda) {
+    e_ = job.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
+    exec_.elem_bytes = e_;
+    exec_.fused_kernels = cuda && e_ == 2;
+    exec_.fused_norms =
+        job.method.type != TrainMethod::kFull && (layers_.norm == NormKind::kRmsOnePlusWeight || exec_.fused_kernels);
     // evaluate is planned as the LoRA job of method.lora's shape: it runs the same chunks, and
     // its adapter (whatever its rank) is a small part of the weights.
-    const bool lora = spec.method.type != TrainMethod::kFull;
+    const bool lora = job.method.type != TrainMethod::kFull;
     const int64_t parameters = layers_.ParameterCount(c);
     weights_ = parameters * e_;
     if (lora) {
-      lora_targets_ = ResolveLoraTargets(c, spec.method.lora.target_modules).value_or(std::vector<std::string>{});
+      exec_.lora_targets = ResolveLoraTargets(c, job.method.lora.target_modules).value_or(std::vector<std::string>{});
+      exec_.lora_rank = job.method.lora.rank;
+      exec_.lora_dropout = job.method.lora.dropout;
       int64_t lora_params = 0;
       for (const LayerSpec& layer : layers_.layers) {
-        for (const LinearSpec& l : LoraLayers(layer, lora_targets_))
-          lora_params += spec.method.lora.rank * (l.in + l.out);
+        for (const LinearSpec& l : layer.Adapted(exec_.lora_targets))
+          lora_params += job.method.lora.rank * (l.in + l.out);
       }
       // float32 masters, their gradients, AdamW's exp_avg and exp_avg_sq.
       trainable_ = lora_params * kF32 * 4;
@@ -82,12 +80,12 @@ class Model {
   // the host together, for the PagedTokens; sliding-window layers hold only the pages later
   // chunks read (worker/paging/page_table.h).
   int64_t KvPages(int64_t T) const {
-    return SequencePagesBound(PagedTokens(T), spec_.memory.page_tokens, Reach(), c_.num_layers);
+    return SequencePagesBound(PagedTokens(T), job_.memory.page_tokens, Reach(), c_.num_layers);
   }
   // The tokens of a T-token sequence that take pages: dense attention does not append the last
   // chunk, which no later chunk reads (worker/train/attention.h); sparse attention appends all.
-  int64_t PagedTokens(int64_t T) const { return sparse() ? T : TokensBeforeLastChunk(T, spec_.memory.chunk_tokens); }
-  PastReach Reach() const { return PastReach{.windows = layers_.Windows(), .chunk_tokens = spec_.memory.chunk_tokens}; }
+  int64_t PagedTokens(int64_t T) const { return sparse() ? T : TokensBeforeLastChunk(T, job_.memory.chunk_tokens); }
+  PastReach Reach() const { return PastReach{.windows = layers_.Windows(), .chunk_tokens = job_.memory.chunk_tokens}; }
   // KV-gradient pages. A layer attending its whole past: as many as its KV pages, but under
   // SpaCO (backward.chunk_fraction p < 1) only the pages of the chunks stage 2 keeps get them
   // (ChunkTrainer::DropUnreadGradients), and the plan makes room for SpacoKeptChunksBound of the
@@ -97,8 +95,8 @@ class Model {
   // before chunk j and the one before chunk j + 1, min(W + C, 2 W) tokens, and a page more at
   // either end of each.
   int64_t GradPages(int64_t T) const {
-    const double p = spec_.chunk_fraction;
-    const int64_t C = spec_.memory.chunk_tokens, P = spec_.memory.page_tokens, paged = PagedTokens(T);
+    const double p = job_.chunk_fraction;
+    const int64_t C = job_.memory.chunk_tokens, P = job_.memory.page_tokens, paged = PagedTokens(T);
     const int64_t per_chunk = C % P == 0 ? C / P : C / P + 2;  // the pages a chunk's tokens touch
     const int64_t global =
         p >= 1 ? CeilDiv(paged, P) + 1
@@ -118,67 +116,22 @@ class Model {
   }
   // One KV page (model.dtype), one KV-gradient page: bfloat16 when memory.kv_grad_dtype asks
   // and the model is bfloat16, else float32 (worker/kv/kv_pools.h, KvGradDtype).
-  int64_t KvPageBytes() const { return 2 * c_.kv_dim() * spec_.memory.page_tokens * e_; }
-  int64_t GradElemBytes() const { return spec_.memory.kv_grad_dtype == KvGradDtype::kBFloat16 && e_ == 2 ? 2 : kF32; }
-  int64_t GradPageBytes() const { return 2 * c_.kv_dim() * spec_.memory.page_tokens * GradElemBytes(); }
+  int64_t KvPageBytes() const { return 2 * c_.kv_dim() * job_.memory.page_tokens * e_; }
+  int64_t GradElemBytes() const { return job_.memory.kv_grad_dtype == KvGradDtype::kBFloat16 && e_ == 2 ? 2 : kF32; }
+  int64_t GradPageBytes() const { return 2 * c_.kv_dim() * job_.memory.page_tokens * GradElemBytes(); }
   int64_t KvBytes(int64_t T) const { return KvPages(T) * KvPageBytes() + GradPages(T) * GradPageBytes(); }
+  // Dense backward with gradient pages on the host: the gradient images of a key block, in the
+  // pages' dtype, are written back while the next block is added to, and the copy engine holds
+  // them until the copy is done (CopyEngine::WritePages): two blocks' (the newest queued behind
+  // the one being copied), the most measured (docs/PERFORMANCE.md, "The planner's predictions").
+  int64_t GradWriteBackBytes(int64_t T) const {
+    const int64_t block = cuda_ && e_ == 2 ? kGpuFlashKeyBlock : kGpuKeyBlock;
+    return std::min(T, 2 * block) * c_.kv_dim() * 2 * GradElemBytes();
+  }
 
-  // What autograd keeps of one chunk of C tokens through every layer (Transformer::Hidden): each
-  // layer's blocks (LayerBytesPerToken) and, once, the final norm.
-  int64_t GraphBytes(int64_t C) const {
-    int64_t per_token = NormBytesPerToken();
-    for (const LayerSpec& layer : layers_.layers) per_token += LayerBytesPerToken(layer);
-    return C * per_token;
-  }
-  // What one layer keeps per token, block by block:
-  // with the composite ops (CPU, float32):
-  //   each RMSNorm: the float32 upcast of the input and the normalised output (dtype)
-  //   q, k before RoPE and their rotate_half (RoPE's multiplications save both)
-  //   the SwiGLU MLP's gate, silu(gate), up and silu(gate) * up (gate and up only, below)
-  // with the fused kernels (kernels/torch/layer_ops.h: a bfloat16 / float16 model on a GPU; the
-  // RMSNorms only when their weights are frozen):
-  //   each RMSNorm: the input and the normalised output (dtype) and a float32 rstd a row
-  //   nothing of RoPE's
-  //   the MLP's gate, up and silu(gate) * up
-  // and on every device (kernels/torch/layer_ops.h) the 1 + weight RMSNorm (NormKind, weights
-  // frozen) as the fused one, and the GELU-tanh MLP's gate, up and gelu_tanh(gate) * up;
-  // and either way:
-  //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
-  //   per-head q and k norms: the fused one keeps its input and a float32 rstd per head; the
-  //   composite ops, a float32 copy and the output
-  //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
-  //   mask and the dropped input
-  //   with LoRA on down_proj and no dropout, of the MLP only gate and up, on every path: the
-  //   activation is recomputed in backward (kernels::GluDownLora).
-  int64_t LayerBytesPerToken(const LayerSpec& layer) const {
-    const int64_t Q = c_.q_dim(), KV = c_.kv_dim();
-    int64_t bytes = layer.HiddenNorms() * NormBytesPerToken();
-    if (!FusedKernels()) bytes += 2 * e_ * (Q + KV);  // RoPE
-    bytes += e_ * (2 * Q + 2 * KV) + kF32 * c_.num_heads;
-    if (layer.Has(NormRole::kQuery)) {
-      bytes += FusedNorms() ? e_ * (Q + KV) + kF32 * (c_.num_heads + c_.num_kv_heads) : (kF32 + e_) * (Q + KV);
-    }
-    bool glu_down = false;
-    if (spec_.method.type != TrainMethod::kFull) {
-      for (const LinearSpec& l : LoraLayers(layer, lora_targets_)) {
-        bytes += e_ * spec_.method.lora.rank;
-        if (spec_.method.lora.dropout > 0) bytes += (kF32 + e_) * l.in;
-        glu_down = glu_down || (l.name == "down_proj" && spec_.method.lora.dropout == 0);
-      }
-    }
-    const bool fused_mlp = FusedKernels() || layer.mlp == MlpKind::kGeluTanhGlu;
-    return bytes + (glu_down ? 2 : fused_mlp ? 3 : 4) * e_ * c_.intermediate_size;
-  }
-  // A bfloat16 / float16 model on a GPU runs the fused layer kernels.
-  bool FusedKernels() const { return cuda_ && e_ == 2; }
-  // The RMSNorms run the fused kernel: with frozen weights, on a GPU or for the 1 + weight norm.
-  bool FusedNorms() const {
-    return spec_.method.type != TrainMethod::kFull && (layers_.norm == NormKind::kRmsOnePlusWeight || FusedKernels());
-  }
-  int64_t NormBytesPerToken() const {
-    const int64_t H = c_.hidden_size;
-    return FusedNorms() ? 2 * e_ * H + kF32 : (kF32 + e_) * H;
-  }
+  // What autograd keeps of one chunk of C tokens (ModelSpec::SavedBytesPerToken: block by block,
+  // as the layer description declares it).
+  int64_t GraphBytes(int64_t C) const { return C * layers_.SavedBytesPerToken(c_, exec_); }
 
   // The largest transient on top of the graph. T: tokens up to and including the chunk.
   int64_t WorkspaceBytes(int64_t C, int64_t T) const {
@@ -219,7 +172,7 @@ class Model {
     return std::max({ce, layer_backward, attention});
   }
 
-  bool sparse() const { return spec_.sparse.has_value(); }
+  bool sparse() const { return job_.sparse.has_value(); }
 
   // Sparse attention (kernels/torch/sparse_attention.cc) of a chunk of C tokens ending at T:
   // the selected pages gathered per (query tile, KV head), keys and values, G elements each.
@@ -227,9 +180,9 @@ class Model {
   // adds into the pages in place (2 e + 2 e per element). CPU: also their float32 gradients,
   // and one tile's float32 scores and what is made from them (3.5x).
   int64_t SparseAttentionBytes(int64_t C, int64_t T) const {
-    const int64_t P = spec_.memory.page_tokens, D = c_.head_dim, Hkv = c_.num_kv_heads;
+    const int64_t P = job_.memory.page_tokens, D = c_.head_dim, Hkv = c_.num_kv_heads;
     const int64_t tiles = CeilDiv(C, P);
-    const int64_t selected = std::min(CeilDiv(T, P), spec_.sparse->page_budget);
+    const int64_t selected = std::min(CeilDiv(T, P), job_.sparse->page_budget);
     const int64_t gathered = tiles * Hkv * selected * P * D;
     if (cuda_ && e_ == 2) return gathered * 4 * e_;
     const int64_t tile_scores = c_.num_heads * P * (selected * P + C);
@@ -247,32 +200,32 @@ class Model {
   // per KV head, in the KV pages' dtype.
   int64_t SummaryBytes(int64_t T) const {
     if (!sparse()) return 0;
-    const int64_t per = spec_.sparse->selection == PageSummaryKind::kMinMax ? 2 : 1;
-    return GlobalLayers() * CeilDiv(T, spec_.memory.page_tokens) * per * c_.kv_dim() * e_;
+    const int64_t per = job_.sparse->selection == PageSummaryKind::kMinMax ? 2 : 1;
+    return GlobalLayers() * CeilDiv(T, job_.memory.page_tokens) * per * c_.kv_dim() * e_;
   }
 
   // Sparse attention's selections of the global layers, kept on the host from stage 1 to
   // stage 2 (int32).
   int64_t SelectionHostBytes(int64_t T) const {
     if (!sparse()) return 0;
-    const int64_t P = spec_.memory.page_tokens, C = std::min(T, spec_.memory.chunk_tokens);
+    const int64_t P = job_.memory.page_tokens, C = std::min(T, job_.memory.chunk_tokens);
     const int64_t per_chunk =
-        CeilDiv(C, P) * c_.num_kv_heads * std::min(CeilDiv(T, P), spec_.sparse->page_budget) * kF32;
+        CeilDiv(C, P) * c_.num_kv_heads * std::min(CeilDiv(T, P), job_.sparse->page_budget) * kF32;
     return CeilDiv(T, C) * GlobalLayers() * per_chunk;
   }
 
   // Everything on the device but the page pools.
   int64_t DeviceFixed(int64_t T) const {
-    const int64_t C = std::min(T, spec_.memory.chunk_tokens);
+    const int64_t C = std::min(T, job_.memory.chunk_tokens);
     return weights_ + trainable_ + SummaryBytes(T) + GraphBytes(C) + WorkspaceBytes(C, T);
   }
 
  private:
   const ModelConfig& c_;
   const ModelSpec layers_;
-  const JobConfig& spec_;
+  const JobConfig& job_;
   const bool cuda_;
-  std::vector<std::string> lora_targets_;  // ResolveLoraTargets' names; empty for full fine-tuning
+  Execution exec_;  // how the layers run: what their blocks keep for backward
   int64_t e_ = 2;
   int64_t weights_ = 0;
   int64_t trainable_ = 0;
@@ -288,11 +241,13 @@ struct Placement {
   bool fits = false;
 };
 
-Placement Place(const Model& m, const JobConfig& spec, bool cuda, int64_t T, int64_t device_capacity,
+Placement Place(const Model& m, const JobConfig& job, bool cuda, int64_t T, int64_t device_capacity,
                 int64_t host_capacity) {
   Placement p;
   const int64_t pages = m.KvPages(T), grad_pages = m.GradPages(T), fixed = m.DeviceFixed(T);
-  const KvOffload offload = spec.memory.kv_offload;
+  const KvOffload offload = job.memory.kv_offload;
+  // With gradient pages on the host: what the copy engine holds on the device for them.
+  const int64_t in_flight = !cuda ? 0 : m.sparse() ? kDeviceAddBytes : m.GradWriteBackBytes(T);
   // The share of both kinds of pages kept on the device.
   double on_device = 1;
   if (offload == KvOffload::kHost) {
@@ -302,8 +257,8 @@ Placement Place(const Model& m, const JobConfig& spec, bool cuda, int64_t T, int
     // into host pages in flight.
     const int64_t margin = device_capacity / kAutoMarginDivisor;
     on_device = std::clamp(
-        static_cast<double>(device_capacity - fixed - kDeviceAddBytes - margin) / static_cast<double>(m.KvBytes(T)),
-        0.0, 1.0);
+        static_cast<double>(device_capacity - fixed - in_flight - margin) / static_cast<double>(m.KvBytes(T)), 0.0,
+        1.0);
   }
   p.device_pages = static_cast<int64_t>(on_device * static_cast<double>(pages));
   p.device_grad_pages = static_cast<int64_t>(on_device * static_cast<double>(grad_pages));
@@ -312,9 +267,9 @@ Placement Place(const Model& m, const JobConfig& spec, bool cuda, int64_t T, int
   p.device_page_bytes = p.device_pages * m.KvPageBytes() + p.device_grad_pages * m.GradPageBytes();
   p.host_page_bytes = p.host_pages * m.KvPageBytes() + p.host_grad_pages * m.GradPageBytes();
   p.peak_device = fixed + p.device_page_bytes;
-  // The copy engine's additions into host gradient pages in flight, summed on the device
+  // The copy engine's additions or write-backs into host gradient pages in flight
   // (worker/kv/copy_engine.h).
-  if (cuda && p.host_grad_pages > 0) p.peak_device += kDeviceAddBytes;
+  if (p.host_grad_pages > 0) p.peak_device += in_flight;
   p.peak_host = p.host_page_bytes + m.SelectionHostBytes(T);
   // On the CPU the device is the host: one budget.
   if (!cuda) p.peak_host += p.peak_device;
@@ -325,20 +280,20 @@ Placement Place(const Model& m, const JobConfig& spec, bool cuda, int64_t T, int
 // Swap instead of recompute: the records of the latest chunks of a T-token sequence that the
 // host memory left over holds (`left`: after everything else the plan places there), in whole
 // chunks; none for sparse attention, SpaCO or evaluation.
-void PlanSwap(const ModelConfig& c, const JobConfig& spec, bool cuda, int64_t T, int64_t left, MemoryPlan* plan) {
-  const int64_t C = spec.memory.chunk_tokens, chunks = CeilDiv(T, C), L = c.num_layers;
+void PlanSwap(const ModelConfig& c, const JobConfig& job, bool cuda, int64_t T, int64_t left, MemoryPlan* plan) {
+  const int64_t C = job.memory.chunk_tokens, chunks = CeilDiv(T, C), L = c.num_layers;
   const char* off = nullptr;
-  if (!spec.memory.swap_attention) off = "memory.swap_attention is false";
-  if (spec.sparse.has_value()) off = "sparse attention recomputes with its selections";
-  if (spec.chunk_fraction < 1) off = "backward.chunk_fraction < 1 (SpaCO)";
-  if (spec.method.type == TrainMethod::kEvaluate) off = "method.type evaluate does not train";
+  if (!job.memory.swap_attention) off = "memory.swap_attention is false";
+  if (job.sparse.has_value()) off = "sparse attention recomputes with its selections";
+  if (job.chunk_fraction < 1) off = "backward.chunk_fraction < 1 (SpaCO)";
+  if (job.method.type == TrainMethod::kEvaluate) off = "method.type evaluate does not train";
   if (chunks <= 1) off = "a sequence of one chunk runs once, in stage 2";
   if (off != nullptr) {
     plan->choices.push_back(
         absl::StrCat("attention swap: none (", off, "); stage 2 recomputes every attention forward"));
     return;
   }
-  const int64_t e = spec.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
+  const int64_t e = job.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
   const SwapLayout layout =
       MakeSwapLayout(C, c.num_heads, c.head_dim, SwapOutputBytes(e, cuda), cuda ? SwapMinKeyTokens(e) : 0);
   const int64_t none = std::max<int64_t>(0, chunks - 1);
@@ -399,7 +354,7 @@ namespace {
 
 // Why `plan` does not fit, in words, with the numbers (`host_pages`, `host_grad_pages`: the
 // pages it places on the host).
-std::string LimitInWords(const MemoryPlan& plan, int64_t host_pages, int64_t host_grad_pages, const JobConfig& spec,
+std::string LimitInWords(const MemoryPlan& plan, int64_t host_pages, int64_t host_grad_pages, const JobConfig& job,
                          const PlanTarget& target) {
   const int64_t lo = plan.max_seq_len_that_fits;
   const std::string longest = lo > 0 ? absl::StrCat("the longest context that fits is ", lo, " tokens")
@@ -411,7 +366,7 @@ std::string LimitInWords(const MemoryPlan& plan, int64_t host_pages, int64_t hos
         ", activations ", FormatBytes(plan.activation_bytes), ") and ", FormatBytes(plan.device_capacity_bytes),
         " is usable (", FormatBytes(target.device_bytes), " less ", FormatBytes(kDeviceReserveBytes), " reserved); ",
         longest,
-        spec.memory.kv_offload == KvOffload::kNone ? " (memory.kv_offload: none keeps every page on the device)" : "");
+        job.memory.kv_offload == KvOffload::kNone ? " (memory.kv_offload: none keeps every page on the device)" : "");
   }
   return absl::StrCat("host memory: the job needs ", FormatBytes(plan.peak_host_bytes),
                       " of pinned host memory at data.max_seq_len ", plan.seq_len, " (", host_pages, " KV and ",
@@ -435,42 +390,42 @@ namespace {
 
 // memory.chunk_tokens auto: the first of AutoChunkCandidates whose plan fits with a sixteenth of
 // the device to spare (the smallest when none does; its plan then says what does not fit).
-absl::StatusOr<int64_t> ChooseChunkTokens(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target,
+absl::StatusOr<int64_t> ChooseChunkTokens(const ModelConfig& config, const JobConfig& job, const PlanTarget& target,
                                           std::string* why) {
-  const std::vector<int64_t> candidates = AutoChunkCandidates(spec.memory.page_tokens);
+  const std::vector<int64_t> candidates = AutoChunkCandidates(job.memory.page_tokens);
   const int64_t capacity = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
   for (const int64_t c : candidates) {
-    JobConfig trial = spec;
+    JobConfig trial = job;
     trial.memory.chunk_tokens = c;
     OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(config, trial, target));
     if (plan.fits && plan.peak_device_bytes <= capacity - capacity / kAutoMarginDivisor) {
       *why = absl::StrCat("memory.chunk_tokens auto: ", c, ", the largest of ", absl::StrJoin(candidates, ", "),
-                          " whose plan leaves a sixteenth of ", target.device, " free at ", spec.data.max_seq_len,
+                          " whose plan leaves a sixteenth of ", target.device, " free at ", job.data.max_seq_len,
                           " tokens (larger chunks run faster: fewer, larger matmuls and less of stage 1)");
       return c;
     }
   }
   *why = absl::StrCat("memory.chunk_tokens auto: ", candidates.back(), ", the smallest of ",
                       absl::StrJoin(candidates, ", "), "; none leaves a sixteenth of ", target.device, " free at ",
-                      spec.data.max_seq_len, " tokens");
+                      job.data.max_seq_len, " tokens");
   return candidates.back();
 }
 
 // memory.kv_grad_dtype auto (PlanMemory's contract): both plans, and the one it picks, with why.
-absl::StatusOr<MemoryPlan> PlanAutoGradDtype(const ModelConfig& config, const JobConfig& spec,
+absl::StatusOr<MemoryPlan> PlanAutoGradDtype(const ModelConfig& config, const JobConfig& job,
                                              const PlanTarget& target) {
-  JobConfig trial = spec;
+  JobConfig trial = job;
   trial.memory.kv_grad_dtype = KvGradDtype::kFloat32;
   OOMB_ASSIGN_OR_RETURN(MemoryPlan exact, PlanMemory(config, trial, target));
   const std::string prefix = "memory.kv_grad_dtype auto: ";
-  if (spec.model.dtype != ModelDtype::kBFloat16) {
+  if (job.model.dtype != ModelDtype::kBFloat16) {
     exact.choices.push_back(absl::StrCat(prefix, "float32, as the model's dtype"));
     return exact;
   }
   trial.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
   OOMB_ASSIGN_OR_RETURN(MemoryPlan half, PlanMemory(config, trial, target));
   const bool cuda = target.device != "cpu";
-  const int64_t T = spec.data.max_seq_len;
+  const int64_t T = job.data.max_seq_len;
   if (exact.fits && !(cuda && exact.host_grad_pages > 0)) {
     exact.max_seq_len_that_fits = std::max(exact.max_seq_len_that_fits, half.max_seq_len_that_fits);
     exact.choices.push_back(absl::StrCat(
@@ -491,41 +446,40 @@ absl::StatusOr<MemoryPlan> PlanAutoGradDtype(const ModelConfig& config, const Jo
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& requested, const PlanTarget& target) {
   if (requested.memory.kv_grad_dtype == KvGradDtype::kAuto) return PlanAutoGradDtype(config, requested, target);
-  JobConfig spec = requested;
+  JobConfig job = requested;
   std::string chunk_choice;
-  if (spec.memory.chunk_tokens <= 0) {
-    OOMB_ASSIGN_OR_RETURN(spec.memory.chunk_tokens, ChooseChunkTokens(config, spec, target, &chunk_choice));
+  if (job.memory.chunk_tokens <= 0) {
+    OOMB_ASSIGN_OR_RETURN(job.memory.chunk_tokens, ChooseChunkTokens(config, job, target, &chunk_choice));
   }
   const bool cuda = target.device != "cpu";
-  if (spec.method.type != TrainMethod::kFull) {
-    OOMB_RETURN_IF_ERROR(ResolveLoraTargets(config, spec.method.lora.target_modules).status());
+  if (job.method.type != TrainMethod::kFull) {
+    OOMB_RETURN_IF_ERROR(ResolveLoraTargets(config, job.method.lora.target_modules).status());
   } else if (config.multimodal_text) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "method.type: full fine-tuning of the language model of ", spec.model.path,
+        "method.type: full fine-tuning of the language model of ", job.model.path,
         " (a vision-language checkpoint) would write a model without its vision tower; train it with lora"));
   }
-  const Model m(config, spec, cuda);
+  const Model m(config, job, cuda);
 
   MemoryPlan plan;
   plan.device = target.device;
-  plan.seq_len = spec.data.max_seq_len;
-  plan.chunk_tokens = spec.memory.chunk_tokens;
-  plan.kv_grad_dtype = spec.memory.kv_grad_dtype;
-  plan.choices = spec.choices;
+  plan.seq_len = job.data.max_seq_len;
+  plan.chunk_tokens = job.memory.chunk_tokens;
+  plan.kv_grad_dtype = job.memory.kv_grad_dtype;
+  plan.choices = job.choices;
   if (!chunk_choice.empty()) plan.choices.push_back(chunk_choice);
   plan.weights_bytes = m.weights();
   plan.trainable_state_bytes = m.trainable();
   const int64_t T = plan.seq_len;
-  const int64_t C = std::min(T, spec.memory.chunk_tokens);
+  const int64_t C = std::min(T, job.memory.chunk_tokens);
   plan.activation_bytes = m.GraphBytes(C) + m.WorkspaceBytes(C, T) + m.SummaryBytes(T);
   plan.kv_bytes = m.KvBytes(T);
   // Per token of context: over 1M tokens past the first chunk (whose pages dense attention
   // never takes, when it is the last).
-  plan.kv_bytes_per_token =
-      (m.KvBytes((1 << 20) + spec.memory.chunk_tokens) - m.KvBytes(spec.memory.chunk_tokens)) >> 20;
+  plan.kv_bytes_per_token = (m.KvBytes((1 << 20) + job.memory.chunk_tokens) - m.KvBytes(job.memory.chunk_tokens)) >> 20;
   plan.device_capacity_bytes = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
   plan.host_capacity_bytes = std::max<int64_t>(0, target.host_bytes - kHostReserveBytes);
-  const Placement p = Place(m, spec, cuda, T, plan.device_capacity_bytes, plan.host_capacity_bytes);
+  const Placement p = Place(m, job, cuda, T, plan.device_capacity_bytes, plan.host_capacity_bytes);
   plan.kv_device_bytes = p.device_page_bytes;
   plan.kv_host_bytes = p.host_page_bytes;
   plan.device_kv_pages = p.device_pages;
@@ -540,18 +494,17 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
           : absl::StrCat(p.device_pages, " KV and ", p.device_grad_pages, " KV-gradient pages on ", target.device, ", ",
                          p.host_pages, " KV and ", p.host_grad_pages, " KV-gradient pages in the host tier (",
                          FormatBytes(plan.kv_host_bytes), cuda ? ", pinned)" : ")");
-  if (spec.chunk_fraction < 1) {
+  if (job.chunk_fraction < 1) {
     absl::StrAppend(&plan.placement, "; KV-gradient pages for ",
-                    SpacoKeptChunksBound(CeilDiv(T, spec.memory.chunk_tokens), spec.chunk_fraction), " of ",
-                    CeilDiv(T, spec.memory.chunk_tokens), " chunks (backward.chunk_fraction ", spec.chunk_fraction,
-                    ")");
+                    SpacoKeptChunksBound(CeilDiv(T, job.memory.chunk_tokens), job.chunk_fraction), " of ",
+                    CeilDiv(T, job.memory.chunk_tokens), " chunks (backward.chunk_fraction ", job.chunk_fraction, ")");
   }
 
   // The longest T that fits (neither peak decreases with T).
   int64_t lo = 0, hi = int64_t{1} << 31;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (Place(m, spec, cuda, mid, plan.device_capacity_bytes, plan.host_capacity_bytes).fits) {
+    if (Place(m, job, cuda, mid, plan.device_capacity_bytes, plan.host_capacity_bytes).fits) {
       lo = mid;
     } else {
       hi = mid - 1;
@@ -560,11 +513,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   plan.max_seq_len_that_fits = lo;
   plan.fits = p.fits;
   if (p.fits) {
-    PlanSwap(config, spec, cuda, T,
+    PlanSwap(config, job, cuda, T,
              cuda ? plan.host_capacity_bytes - p.peak_host : plan.device_capacity_bytes - p.peak_host, &plan);
     plan.peak_host_bytes += plan.swap_bytes;
   }
-  if (!plan.fits) plan.limit = LimitInWords(plan, p.host_pages, p.host_grad_pages, spec, target);
+  if (!plan.fits) plan.limit = LimitInWords(plan, p.host_pages, p.host_grad_pages, job, target);
   return plan;
 }
 

@@ -22,9 +22,10 @@
 //                                               attention's working set (CUDA: one key block
 //                                               of the past, gathered, with its gradient;
 //                                               CPU: one key block's scores)
-//               + additions in flight           CUDA, with gradient pages on the host: the
-//                                               copy engine's queued additions into them
-//                                               (twice kHostAddBytesInFlight, worker/paging/page_id.h)
+//               + copies in flight              CUDA, with gradient pages on the host: sparse,
+//                                               the copy engine's queued additions into them
+//                                               (twice kHostAddBytesInFlight, worker/paging/page_id.h);
+//                                               dense, one key block's gradient images written back
 //
 //   host peak   = host page pools               the pages not placed on the device, pinned
 //               + sparse selections             (below)
@@ -133,14 +134,14 @@ inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
 // cache. (Measured: 112 GiB of a 128 GiB machine pinned, docs/ARCHITECTURE.md §4.)
 inline constexpr int64_t kHostReserveBytes = int64_t{16} << 30;
 
-// The plan of `spec` on `target`, for the model `config` (the spec's model.path's
+// The plan of `job` on `target`, for the model `config` (the spec's model.path's
 // config.json). memory.kv_grad_dtype auto is resolved first: float32 when its plan fits and
 // (on a GPU) places no KV-gradient page in the host tier, else bfloat16 for a bfloat16 model
 // (half the pages' PCIe traffic, or what fits), else float32. Then memory.chunk_tokens 0 (auto):
 // the first of AutoChunkCandidates whose plan fits with a sixteenth of the device to spare, else
 // the last. plan.kv_grad_dtype and plan.chunk_tokens are what was planned for, and plan.choices
 // says why.
-absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& spec, const PlanTarget& target);
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& job, const PlanTarget& target);
 
 // memory.chunk_tokens auto's candidates, largest first: the powers of two from kAutoChunkMax down
 // to kAutoChunkMin, each rounded down to a multiple of `page_tokens` (at least one page).

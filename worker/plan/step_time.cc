@@ -30,12 +30,12 @@ double PastPairs(const Chunks& c, int64_t i, int64_t window) {
 
 }  // namespace
 
-absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobConfig& spec, const MemoryPlan& plan,
+absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobConfig& job, const MemoryPlan& plan,
                                           const EngineRates& rates) {
-  if (spec.method.type == TrainMethod::kEvaluate) {
+  if (job.method.type == TrainMethod::kEvaluate) {
     return absl::FailedPreconditionError("method.type evaluate runs no training step");
   }
-  if (spec.sparse.has_value()) {
+  if (job.sparse.has_value()) {
     return absl::FailedPreconditionError("sparse attention's step time is not modelled (its page selection)");
   }
   const int64_t chunk_tokens = StepChunkTokens(plan);
@@ -46,7 +46,7 @@ absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobCo
   const Chunks chunks{plan.seq_len, chunk_tokens};
   const int64_t n = chunks.count();
   const double C = static_cast<double>(chunk_tokens);
-  const double p = spec.chunk_fraction;
+  const double p = job.chunk_fraction;
   const bool exact = p >= 1.0;
   // Stage 1 runs chunks 0..N-2 (exact), every chunk with SpaCO (its LM head too: its losses).
   const int64_t stage1_chunks = exact ? n - 1 : n;
@@ -75,15 +75,15 @@ absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobCo
   // The host tier: pages fill the device first, in chunk order, layer by layer; and the swapped
   // attention results, down in stage 1 and back in stage 2.
   if (rates.host_copy_bytes_per_s > 0) {
-    const double e = spec.model.dtype == ModelDtype::kBFloat16 ? 2 : 4;
+    const double e = job.model.dtype == ModelDtype::kBFloat16 ? 2 : 4;
     const double record = C * static_cast<double>(config.q_dim()) * e + C * static_cast<double>(config.num_heads) * 4;
     t.host_copy_s = 2 * static_cast<double>(n - 1 - swapped_from > 0 ? n - 1 - swapped_from : 0) * L * record /
                     rates.host_copy_bytes_per_s;
   }
   if (plan.host_kv_pages > 0 && rates.host_copy_bytes_per_s > 0) {
-    const double page_tokens = static_cast<double>(spec.memory.page_tokens);
+    const double page_tokens = static_cast<double>(job.memory.page_tokens);
     const double device_pages_per_layer = static_cast<double>(plan.device_kv_pages) / L;
-    const double e = spec.model.dtype == ModelDtype::kBFloat16 ? 2 : 4;
+    const double e = job.model.dtype == ModelDtype::kBFloat16 ? 2 : 4;
     const double g = plan.kv_grad_dtype == KvGradDtype::kBFloat16 && e == 2 ? 2 : 4;
     const double kv_page = 2 * static_cast<double>(config.kv_dim()) * page_tokens * e;
     const double grad_page = 2 * static_cast<double>(config.kv_dim()) * page_tokens * g;
@@ -98,8 +98,8 @@ absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobCo
   }
 
   // Data parallelism: sequence i of the batch runs on rank i mod gpus (worker/train/data_parallel.h).
-  const int64_t ranks = std::max<int64_t>(1, spec.resources.gpus);
-  const double sequences = static_cast<double>((spec.training.batch_sequences + ranks - 1) / ranks);
+  const int64_t ranks = std::max<int64_t>(1, job.resources.gpus);
+  const double sequences = static_cast<double>((job.training.batch_sequences + ranks - 1) / ranks);
   t.compute_s *= sequences;
   t.attention_s *= sequences;
   t.host_copy_s *= sequences;

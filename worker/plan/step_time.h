@@ -73,10 +73,10 @@ struct StepTime {
 // whole sequence when it is shorter.
 inline int64_t StepChunkTokens(const MemoryPlan& plan) { return std::min(plan.chunk_tokens, plan.seq_len); }
 
-// The step of `spec` as `plan` (its chunk size, KV-gradient dtype and page placement) lays it
+// The step of `job` as `plan` (its chunk size, KV-gradient dtype and page placement) lays it
 // out, at `rates` (measured at StepChunkTokens(plan)). FAILED_PRECONDITION for what is not
 // estimated (sparse attention, evaluation-only jobs), saying why.
-absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobConfig& spec, const MemoryPlan& plan,
+absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobConfig& job, const MemoryPlan& plan,
                                           const EngineRates& rates);
 
 }  // namespace oomb

@@ -35,10 +35,10 @@ enum Sum : size_t {
   kSums
 };
 
-kernels::PageSelectOptions PageSelection(const JobConfig& spec) {
-  const JobConfig::Sparse& sp = *spec.sparse;
+kernels::PageSelectOptions PageSelection(const JobConfig& job) {
+  const JobConfig::Sparse& sp = *job.sparse;
   kernels::PageSelectOptions o;
-  o.page_tokens = spec.memory.page_tokens;
+  o.page_tokens = job.memory.page_tokens;
   o.page_budget = sp.page_budget;
   o.sink_pages = sp.sink_pages;
   o.local_pages = sp.local_pages;
@@ -81,65 +81,65 @@ void KeepPeak(const TrainerMemory& m, TrainerMemory* peak) {
 
 }  // namespace
 
-at::ScalarType ModelScalarType(const JobConfig& spec) {
-  return spec.model.dtype == ModelDtype::kFloat32 ? at::kFloat : at::kBFloat16;
+at::ScalarType ModelScalarType(const JobConfig& job) {
+  return job.model.dtype == ModelDtype::kFloat32 ? at::kFloat : at::kBFloat16;
 }
 
-absl::Status PrepareTraining(Transformer& model, const JobConfig& spec) {
-  if (spec.method.type == TrainMethod::kFull) {
+absl::Status PrepareTraining(Transformer& model, const JobConfig& job) {
+  if (job.method.type == TrainMethod::kFull) {
     model.EnableFullFineTuning();
     return absl::OkStatus();
   }
-  if (spec.method.type == TrainMethod::kEvaluate) return absl::OkStatus();
+  if (job.method.type == TrainMethod::kEvaluate) return absl::OkStatus();
   LoraOptions lora;
-  lora.rank = spec.method.lora.rank;
-  lora.alpha = spec.method.lora.alpha;
-  lora.dropout = spec.method.lora.dropout;
-  lora.target_modules = spec.method.lora.target_modules;
-  return model.AddLora(lora, static_cast<uint64_t>(spec.training.seed));
+  lora.rank = job.method.lora.rank;
+  lora.alpha = job.method.lora.alpha;
+  lora.dropout = job.method.lora.dropout;
+  lora.target_modules = job.method.lora.target_modules;
+  return model.AddLora(lora, static_cast<uint64_t>(job.training.seed));
 }
 
-TrainingSession::TrainingSession(Transformer* model, const JobConfig& spec, SessionOptions options)
-    : model_(model), spec_(spec), options_(std::move(options)), sync_(options_.sync ? options_.sync : &one_device_) {}
+TrainingSession::TrainingSession(Transformer* model, const JobConfig& job, SessionOptions options)
+    : model_(model), job_(job), options_(std::move(options)), sync_(options_.sync ? options_.sync : &one_device_) {}
 
-absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(Transformer* model, const JobConfig& spec,
+absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(Transformer* model, const JobConfig& job,
                                                                          SessionOptions options) {
-  std::unique_ptr<TrainingSession> session(new TrainingSession(model, spec, std::move(options)));
+  std::unique_ptr<TrainingSession> session(new TrainingSession(model, job, std::move(options)));
   OOMB_RETURN_IF_ERROR(Guarded([&] { return session->Init(); }));
   return session;
 }
 
 absl::Status TrainingSession::Init() {
   for (auto& [name, p] : model_->TrainableParameters()) params_.push_back(p);
-  torch::optim::AdamWOptions adam(spec_.training.learning_rate);
-  adam.betas({spec_.training.beta1, spec_.training.beta2});
-  adam.eps(spec_.training.eps);
-  adam.weight_decay(spec_.training.weight_decay);
+  torch::optim::AdamWOptions adam(job_.training.learning_rate);
+  adam.betas({job_.training.beta1, job_.training.beta2});
+  adam.eps(job_.training.eps);
+  adam.weight_decay(job_.training.weight_decay);
   optimizer_ = std::make_unique<torch::optim::AdamW>(params_, adam);
 
   // KV and KV-gradient pages for the longest sequence (plus one straddling page a layer),
   // placed by the memory planner: what fits on the device, the rest in the host tier.
   const ModelConfig& c = model_->config();
   const at::Device device = options_.device;
-  JobConfig planned = spec_;
+  JobConfig planned = job_;
   planned.data.max_seq_len = std::max<int64_t>(options_.longest_sequence, 1);
   OOMB_ASSIGN_OR_RETURN(plan_, PlanMemory(c, planned, options_.machine));
-  spec_.memory.chunk_tokens = plan_.chunk_tokens;
-  spec_.memory.kv_grad_dtype = plan_.kv_grad_dtype;
+  job_.memory.chunk_tokens = plan_.chunk_tokens;
+  job_.memory.kv_grad_dtype = plan_.kv_grad_dtype;
   const at::ScalarType dtype = model_->dtype();
-  OOMB_ASSIGN_OR_RETURN(pools_, MakeKvPools({c.num_kv_heads, spec_.memory.page_tokens, c.head_dim}, dtype,
+  OOMB_ASSIGN_OR_RETURN(pools_, MakeKvPools({c.num_kv_heads, job_.memory.page_tokens, c.head_dim}, dtype,
                                             GradPageDtype(plan_.kv_grad_dtype == KvGradDtype::kBFloat16, dtype), device,
                                             PoolSizes(plan_)));
   AttachKvStats();
   peak_flops_ = PeakFlops(device);
 
   ChunkTrainerOptions trainer;
-  trainer.chunk_tokens = spec_.memory.chunk_tokens;
-  trainer.chunk_fraction = spec_.chunk_fraction;
+  trainer.chunk_tokens = job_.memory.chunk_tokens;
+  trainer.chunk_fraction = job_.chunk_fraction;
   trainer.swap_budget_bytes = plan_.swap_bytes;
   trainer.swap_min_key_tokens = plan_.swap_min_key_tokens;
   trainer.gpu_attention_kernel = options_.attention_kernel;
-  if (spec_.sparse.has_value()) trainer.sparse = PageSelection(spec_);
+  if (job_.sparse.has_value()) trainer.sparse = PageSelection(job_);
   trainer.should_stop = options_.should_stop;
   trainer_ = std::make_unique<ChunkTrainer>(model_, pools_.pools(), trainer);
   return absl::OkStatus();
@@ -212,7 +212,7 @@ absl::Status TrainingSession::TrainLocal(const std::vector<TokenSequence>& batch
     (*sums)[kAttendedPairs] += st.attended_pairs;
     (*sums)[kSwappedBytes] += static_cast<double>(trainer_->memory().swapped_bytes);
     (*sums)[kSwappedChunks] += static_cast<double>(trainer_->memory().swapped_chunks);
-    const int64_t C = spec_.memory.chunk_tokens, T = batch[i].size();
+    const int64_t C = job_.memory.chunk_tokens, T = batch[i].size();
     for (int64_t chunk = 0; chunk < trainer_->NumChunks(batch[i]); ++chunk) {
       if (trainer_->KeepChunk(chunk, dropout_seed)) (*sums)[kKeptTokens] += std::min(T, (chunk + 1) * C) - chunk * C;
     }
@@ -221,14 +221,14 @@ absl::Status TrainingSession::TrainLocal(const std::vector<TokenSequence>& batch
 }
 
 uint64_t TrainingSession::DropoutSeed(int64_t step, size_t index) const {
-  return static_cast<uint64_t>(spec_.training.seed) * 1000003u + static_cast<uint64_t>(step - 1) * 131u + index;
+  return static_cast<uint64_t>(job_.training.seed) * 1000003u + static_cast<uint64_t>(step - 1) * 131u + index;
 }
 
 absl::Status TrainingSession::ApplyGradients(double lr) {
   kernels::timeline::Mark("optimizer");
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-  if (spec_.training.max_grad_norm > 0) {
-    torch::nn::utils::clip_grad_norm_(optimizer_->param_groups()[0].params(), spec_.training.max_grad_norm);
+  if (job_.training.max_grad_norm > 0) {
+    torch::nn::utils::clip_grad_norm_(optimizer_->param_groups()[0].params(), job_.training.max_grad_norm);
   }
   optimizer_->step();
   optimizer_->zero_grad(/*set_to_none=*/true);
@@ -246,12 +246,12 @@ void TrainingSession::Measure(const std::vector<TokenSequence>& batch, const std
     tokens += s.size();
     flops += model_->spec().TrainingFlops(c, s.size());
   }
-  if (spec_.sparse.has_value()) {
+  if (job_.sparse.has_value()) {
     report->attention_density = sums[kPastPages] > 0 ? sums[kSelectedPages] / sums[kPastPages] : 1.0;
     flops = 6.0 * N * static_cast<double>(tokens) + 12.0 * static_cast<double>(c.head_dim) * sums[kAttendedPairs];
   }
   // SpaCO: the backward (4 of the 6) of the kept tokens only.
-  if (spec_.chunk_fraction < 1.0 && tokens > 0) flops *= (2.0 + 4.0 * sums[kKeptTokens] / tokens) / 6.0;
+  if (job_.chunk_fraction < 1.0 && tokens > 0) flops *= (2.0 + 4.0 * sums[kKeptTokens] / tokens) / 6.0;
   report->step_tokens = tokens;
   report->model_flops = flops;
   report->step_seconds = seconds;

@@ -50,12 +50,12 @@ class StepSync {
 };
 
 // The dtype a job's model is loaded in (model.dtype).
-at::ScalarType ModelScalarType(const JobConfig& spec);
+at::ScalarType ModelScalarType(const JobConfig& job);
 
-// What `spec` trains in `model`: every base weight (method.type full), or LoRA adapters as
+// What `job` trains in `model`: every base weight (method.type full), or LoRA adapters as
 // method.lora sets them, initialised like PEFT from training.seed (lora; evaluate: nothing).
 // An adapter to start from (method.lora.init_adapter) is the caller's to load.
-absl::Status PrepareTraining(Transformer& model, const JobConfig& spec);
+absl::Status PrepareTraining(Transformer& model, const JobConfig& job);
 
 struct SessionOptions {
   at::Device device = at::kCPU;
@@ -85,7 +85,7 @@ class TrainingSession {
   // the pools (host slabs are pinned by their own threads from now on) and AdamW from
   // spec.training. RESOURCE_EXHAUSTED when the pools cannot be allocated; a plan that does not
   // fit is not refused here (admission, CreateJob, refuses such jobs before they run).
-  static absl::StatusOr<std::unique_ptr<TrainingSession>> Create(Transformer* model, const JobConfig& spec,
+  static absl::StatusOr<std::unique_ptr<TrainingSession>> Create(Transformer* model, const JobConfig& job,
                                                                  SessionOptions options);
 
   // One optimizer step, number `step` (1-based), over the global batch at learning rate `lr`:
@@ -111,7 +111,7 @@ class TrainingSession {
   ChunkTrainer& trainer() const { return *trainer_; }
 
  private:
-  TrainingSession(Transformer* model, const JobConfig& spec, SessionOptions options);
+  TrainingSession(Transformer* model, const JobConfig& job, SessionOptions options);
   absl::Status Init();
   // Publishes the pools' page counts and the copy engine's transfers to options_.kv_stats.
   void AttachKvStats();
@@ -126,7 +126,7 @@ class TrainingSession {
                double seconds, StepReport* report) const;
 
   Transformer* model_;
-  JobConfig spec_;  // memory.chunk_tokens auto resolved by the plan (Init)
+  JobConfig job_;  // memory.chunk_tokens auto resolved by the plan (Init)
   SessionOptions options_;
   StepSync one_device_;
   StepSync* sync_;

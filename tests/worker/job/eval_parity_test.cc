@@ -53,7 +53,7 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
   for (const int64_t chunk : {512, 4096}) {
     EvalOptions o;
     o.model_dir = model;
-    o.suites = {"loss", "positions"};
+    o.suites = {EvalSuite::kPositions};
     o.data_path = data;
     o.chunk_tokens = chunk;
     o.dtype = "float32";
@@ -62,20 +62,21 @@ TEST(EvalParityTest, SmolLM2LossEqualsTransformers) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->tokens, want["tokens"].get<int64_t>());
     EXPECT_EQ(got->samples, 2);
+    const std::vector<PositionLoss>& positions = got->suites.at(EvalSuite::kPositions).buckets;
     const double hf = want["loss"].get<double>();
     std::cout << "chunk " << chunk << ": oomb " << got->mean_loss << " transformers " << hf << " |diff| "
               << std::abs(got->mean_loss - hf) << "\n";
     EXPECT_NEAR(got->mean_loss, hf, 1e-4);
     const nlohmann::json& buckets = want["positions"];
-    ASSERT_EQ(got->suites.positions.size(), buckets.size());
+    ASSERT_EQ(positions.size(), buckets.size());
     int64_t hits = 0;
-    for (const PositionLoss& p : got->suites.positions) hits += p.hits;
+    for (const PositionLoss& p : positions) hits += p.hits;
     // The argmax the retrieval suites score by: the same tokens but for near-ties.
     EXPECT_NEAR(hits, want["hits"].get<int64_t>(), 2);
     for (size_t b = 0; b < buckets.size(); ++b) {
-      EXPECT_EQ(got->suites.positions[b].begin, b == 0 ? 0 : int64_t{512} << b);
-      EXPECT_EQ(got->suites.positions[b].tokens, buckets[b]["tokens"].get<int64_t>()) << "bucket " << b;
-      EXPECT_NEAR(got->suites.positions[b].loss, buckets[b]["loss"].get<double>(), 1e-4) << "bucket " << b;
+      EXPECT_EQ(positions[b].begin, b == 0 ? 0 : int64_t{512} << b);
+      EXPECT_EQ(positions[b].tokens, buckets[b]["tokens"].get<int64_t>()) << "bucket " << b;
+      EXPECT_NEAR(positions[b].loss, buckets[b]["loss"].get<double>(), 1e-4) << "bucket " << b;
     }
   }
 }
@@ -98,7 +99,7 @@ TEST(EvalParityTest, Gemma3LossWithSlidingWindowsEqualsTransformers) {
   for (const int64_t chunk : {192, 4096}) {
     EvalOptions o;
     o.model_dir = model;
-    o.suites = {"loss", "positions"};
+    o.suites = {EvalSuite::kPositions};
     o.data_path = data;
     o.chunk_tokens = chunk;
     o.dtype = "float32";
@@ -111,7 +112,7 @@ TEST(EvalParityTest, Gemma3LossWithSlidingWindowsEqualsTransformers) {
               << std::abs(got->mean_loss - hf) << "\n";
     EXPECT_NEAR(got->mean_loss, hf, 1e-4);
     int64_t hits = 0;
-    for (const PositionLoss& p : got->suites.positions) hits += p.hits;
+    for (const PositionLoss& p : got->suites.at(EvalSuite::kPositions).buckets) hits += p.hits;
     EXPECT_NEAR(hits, want["hits"].get<int64_t>(), 2);
     EXPECT_GT(hits, 0);
   }
@@ -180,8 +181,7 @@ TEST(EvalParityTest, RopeScalingOverrideEqualsTransformersWithTheSameScaling) {
 }
 
 // The retrieval suites on the real model: every (length, depth) cell scored, in order, each
-// document by the exact match of its answer; an unknown suite or a missing input is refused
-// naming the flag.
+// document by the exact match of its answer; a missing input is refused naming the flag.
 TEST(EvalSuitesOnSmolLM2Test, PasskeyAndNeedleScoreEveryCell) {
   const std::string model = testing::DataDir() + "/models/SmolLM2-135M-Instruct";
   const std::string text = testing::DataDir() + "/texts/austen/emma.txt";
@@ -190,7 +190,8 @@ TEST(EvalSuitesOnSmolLM2Test, PasskeyAndNeedleScoreEveryCell) {
   }
   EvalOptions o;
   o.model_dir = model;
-  o.suites = {"passkey", "needle"};
+  o.loss = false;
+  o.suites = {EvalSuite::kPasskey, EvalSuite::kNeedle};
   o.lengths = {256, 512};
   o.depths = 2;
   o.trials = 2;
@@ -199,7 +200,7 @@ TEST(EvalSuitesOnSmolLM2Test, PasskeyAndNeedleScoreEveryCell) {
   o.device = "cpu";
   auto got = EvaluateModel(o);
   ASSERT_TRUE(got.ok()) << got.status();
-  for (const auto* cells : {&got->suites.passkey, &got->suites.needle}) {
+  for (const auto* cells : {&got->suites.at(EvalSuite::kPasskey).cells, &got->suites.at(EvalSuite::kNeedle).cells}) {
     ASSERT_EQ(cells->size(), 4u);
     for (size_t i = 0; i < cells->size(); ++i) {
       EXPECT_EQ((*cells)[i].length, i < 2 ? 256 : 512);
@@ -209,9 +210,7 @@ TEST(EvalSuitesOnSmolLM2Test, PasskeyAndNeedleScoreEveryCell) {
     }
   }
   EXPECT_EQ(got->samples, 0);  // no --data, no loss suite
-  o.suites = {"perplexity"};
-  EXPECT_THAT(std::string(EvaluateModel(o).status().message()), ::testing::HasSubstr("--suite: unknown suite"));
-  o.suites = {"needle"};
+  o.suites = {EvalSuite::kNeedle};
   o.haystack.clear();
   EXPECT_THAT(std::string(EvaluateModel(o).status().message()), ::testing::HasSubstr("--haystack: required"));
 }

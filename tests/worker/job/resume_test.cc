@@ -86,7 +86,7 @@ struct Outcome {
 // Runs the job; `pause_at_poll` > 0 asks for a pause at that poll_stop call counted from the end
 // of step `pause_after_step` (1: the poll right after the step; larger: a chunk boundary inside
 // the next step).
-Outcome RunOnce(const JobConfig& spec, const std::string& ckpt, bool resume, int64_t pause_after_step = -1,
+Outcome RunOnce(const JobConfig& job, const std::string& ckpt, bool resume, int64_t pause_after_step = -1,
                 int pause_at_poll = 0) {
   Outcome o;
   int64_t last_step = 0;
@@ -108,7 +108,7 @@ Outcome RunOnce(const JobConfig& spec, const std::string& ckpt, bool resume, int
     }
     return StopRequest::kNone;
   };
-  auto r = RunJob(spec, options);
+  auto r = RunJob(job, options);
   EXPECT_TRUE(r.ok()) << r.status();
   if (r.ok()) o.outcome = r->outcome;
   return o;
@@ -137,24 +137,24 @@ class ResumeTest : public ::testing::TestWithParam<int> {};
 // chunk boundary inside step 4, whose partial gradients must be discarded).
 TEST_P(ResumeTest, ResumedLossesEqualUninterruptedRun) {
   const Fixture f = MakeFixture("resume_" + std::to_string(GetParam()));
-  const JobConfig spec = MakeSpec(f);
+  const JobConfig job = MakeSpec(f);
   const std::string full_dir = fs::path(f.model_dir).parent_path().string() + "/full";
   const std::string split_dir = fs::path(f.model_dir).parent_path().string() + "/split";
 
-  const Outcome full = RunOnce(spec, full_dir, false);
+  const Outcome full = RunOnce(job, full_dir, false);
   ASSERT_EQ(full.outcome, RunOutcome::kSucceeded);
   ASSERT_EQ(full.losses.size(), 8u);
   for (const auto& [step, loss] : full.losses) std::cout << "step " << step << " loss " << loss << "\n";
   // The loss moves: the test would see a resumed run that silently restarted from scratch.
   EXPECT_NE(full.losses.front().second, full.losses.back().second);
 
-  const Outcome first = RunOnce(spec, split_dir, false, /*pause_after_step=*/3, GetParam());
+  const Outcome first = RunOnce(job, split_dir, false, /*pause_after_step=*/3, GetParam());
   ASSERT_EQ(first.outcome, RunOutcome::kPaused);
   ASSERT_EQ(first.losses.size(), 3u);
   ASSERT_TRUE(fs::exists(split_dir + "/checkpoint-3"));
   EXPECT_FALSE(fs::exists(split_dir + "/checkpoint-4"));
 
-  const Outcome second = RunOnce(spec, split_dir, true);
+  const Outcome second = RunOnce(job, split_dir, true);
   ASSERT_EQ(second.outcome, RunOutcome::kSucceeded);
   ExpectSameLosses(second.losses, full.losses, 4);
   // The same adapter, byte for byte.
@@ -178,41 +178,41 @@ INSTANTIATE_TEST_SUITE_P(PausePoints, ResumeTest, ::testing::Values(1, 4),
 // missing adapter fails the job naming the field.
 TEST(ResumeTest, InitAdapterStartsFromAnotherRunsWeights) {
   const Fixture f = MakeFixture("init_adapter");
-  JobConfig spec = MakeSpec(f);
-  spec.method.lora.dropout = 0;
+  JobConfig job = MakeSpec(f);
+  job.method.lora.dropout = 0;
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  ASSERT_EQ(RunOnce(spec, root + "/first", false).outcome, RunOutcome::kSucceeded);
+  ASSERT_EQ(RunOnce(job, root + "/first", false).outcome, RunOutcome::kSucceeded);
   const std::string trained = ReadBytes(root + "/first/checkpoint-4/adapter_model.safetensors");
   ASSERT_FALSE(trained.empty());
 
-  spec.training.max_steps = 1;  // warmup_steps 2: the learning rate of step 1 is 0
-  const Outcome fresh = RunOnce(spec, root + "/fresh", false);
+  job.training.max_steps = 1;  // warmup_steps 2: the learning rate of step 1 is 0
+  const Outcome fresh = RunOnce(job, root + "/fresh", false);
   EXPECT_FALSE(trained == ReadBytes(root + "/fresh/final/adapter_model.safetensors"));
-  spec.method.lora.init_adapter = root + "/first/checkpoint-4";
-  const Outcome continued = RunOnce(spec, root + "/continued", false);
+  job.method.lora.init_adapter = root + "/first/checkpoint-4";
+  const Outcome continued = RunOnce(job, root + "/continued", false);
   ASSERT_EQ(continued.outcome, RunOutcome::kSucceeded);
   EXPECT_TRUE(trained == ReadBytes(root + "/continued/final/adapter_model.safetensors"));
   EXPECT_NE(fresh.losses[0].second, continued.losses[0].second);  // the loaded weights act
 
-  spec.method.lora.init_adapter = root + "/no-such-adapter";
+  job.method.lora.init_adapter = root + "/no-such-adapter";
   RunOptions options;
   options.files = FileAccess::Unconfined();
   options.checkpoint_dir = testing::MakeDirs(root + "/missing");
   options.devices = {"cpu"};
-  auto r = RunJob(spec, options);
+  auto r = RunJob(job, options);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("method.lora.init_adapter"));
 }
 
-// Runs `spec` uninterrupted under root/full, and under root/split paused inside step 4 (at a
+// Runs `job` uninterrupted under root/full, and under root/split paused inside step 4 (at a
 // chunk boundary) then resumed; expects the same losses and the same final adapter bytes.
 // Returns the uninterrupted run.
-Outcome ExpectPauseInsideAStepResumesExactly(const JobConfig& spec, const std::string& root) {
-  const Outcome full = RunOnce(spec, root + "/full", false);
+Outcome ExpectPauseInsideAStepResumesExactly(const JobConfig& job, const std::string& root) {
+  const Outcome full = RunOnce(job, root + "/full", false);
   EXPECT_EQ(full.outcome, RunOutcome::kSucceeded);
-  const Outcome first = RunOnce(spec, root + "/split", false, /*pause_after_step=*/3, /*pause_at_poll=*/4);
+  const Outcome first = RunOnce(job, root + "/split", false, /*pause_after_step=*/3, /*pause_at_poll=*/4);
   EXPECT_EQ(first.outcome, RunOutcome::kPaused);
-  const Outcome second = RunOnce(spec, root + "/split", true);
+  const Outcome second = RunOnce(job, root + "/split", true);
   EXPECT_EQ(second.outcome, RunOutcome::kSucceeded);
   ExpectSameLosses(second.losses, full.losses, 4);
   EXPECT_TRUE(ReadBytes(root + "/full/final/adapter_model.safetensors") ==
@@ -225,11 +225,11 @@ Outcome ExpectPauseInsideAStepResumesExactly(const JobConfig& spec, const std::s
 // not the exact run (some chunks were dropped).
 TEST(ResumeTest, SpacoRunResumesExactly) {
   const Fixture f = MakeFixture("resume_spaco");
-  JobConfig spec = MakeSpec(f);
+  JobConfig job = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  const Outcome exact = RunOnce(spec, root + "/exact", false);
-  spec.chunk_fraction = 0.5;
-  const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
+  const Outcome exact = RunOnce(job, root + "/exact", false);
+  job.chunk_fraction = 0.5;
+  const Outcome full = ExpectPauseInsideAStepResumesExactly(job, root);
   EXPECT_NE(exact.losses.back().second, full.losses.back().second);
 }
 
@@ -238,12 +238,12 @@ TEST(ResumeTest, SpacoRunResumesExactly) {
 // reports the attention's density, and the sparse run is not the dense one.
 TEST(ResumeTest, SparseRunResumesExactly) {
   const Fixture f = MakeFixture("resume_sparse");
-  JobConfig spec = MakeSpec(f);
+  JobConfig job = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  const Outcome dense = RunOnce(spec, root + "/dense", false);
-  spec.sparse =
+  const Outcome dense = RunOnce(job, root + "/dense", false);
+  job.sparse =
       JobConfig::Sparse{.page_budget = 2, .sink_pages = 1, .local_pages = 0, .selection = PageSummaryKind::kMeanKey};
-  const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
+  const Outcome full = ExpectPauseInsideAStepResumesExactly(job, root);
   EXPECT_NE(dense.losses.back().second, full.losses.back().second);
   // Short sequences have no more past pages than the budget: density 1 on those steps.
   for (double d : full.densities) {
@@ -260,12 +260,12 @@ TEST(ResumeTest, SparseRunResumesExactly) {
 // engine's bytes each way and the host-tier peak.
 TEST(ResumeTest, HostTierRunEqualsDeviceRunAndResumesExactly) {
   const Fixture f = MakeFixture("resume_host_tier");
-  JobConfig spec = MakeSpec(f);
+  JobConfig job = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  spec.memory.kv_offload = KvOffload::kNone;
-  const Outcome device = RunOnce(spec, root + "/device", false);
-  spec.memory.kv_offload = KvOffload::kHost;
-  const Outcome full = ExpectPauseInsideAStepResumesExactly(spec, root);
+  job.memory.kv_offload = KvOffload::kNone;
+  const Outcome device = RunOnce(job, root + "/device", false);
+  job.memory.kv_offload = KvOffload::kHost;
+  const Outcome full = ExpectPauseInsideAStepResumesExactly(job, root);
   ExpectSameLosses(full.losses, device.losses, 1);
   std::ifstream metrics(root + "/full/metrics.jsonl");
   std::string line;
@@ -284,19 +284,19 @@ TEST(ResumeTest, HostTierRunEqualsDeviceRunAndResumesExactly) {
 // it) fails its checksum; resume warns, takes the one before, and the losses still match.
 TEST(ResumeTest, TornCheckpointIsSkipped) {
   const Fixture f = MakeFixture("torn");
-  const JobConfig spec = MakeSpec(f);
+  const JobConfig job = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  const Outcome full = RunOnce(spec, root + "/full", false);
+  const Outcome full = RunOnce(job, root + "/full", false);
   ASSERT_EQ(full.losses.size(), 8u);
 
-  const Outcome first = RunOnce(spec, root + "/split", false, /*pause_after_step=*/5, 1);
+  const Outcome first = RunOnce(job, root + "/split", false, /*pause_after_step=*/5, 1);
   ASSERT_EQ(first.outcome, RunOutcome::kPaused);
   const std::string newest = root + "/split/checkpoint-5";
   const fs::path victim = newest + "/adapter_model.safetensors";
   ASSERT_TRUE(fs::exists(victim));
   fs::resize_file(victim, fs::file_size(victim) - 7);
 
-  const Outcome second = RunOnce(spec, root + "/split", true);
+  const Outcome second = RunOnce(job, root + "/split", true);
   ASSERT_EQ(second.outcome, RunOutcome::kSucceeded);
   bool skipped = false, resumed_at_4 = false;
   for (const std::string& w : second.warnings) {
@@ -315,13 +315,13 @@ TEST(ResumeTest, TornCheckpointIsSkipped) {
 // epoch 1, which once left the batch pointing into the re-packed previous epoch.)
 TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   const Fixture f = MakeFixture("eval");
-  JobConfig spec = MakeSpec(f);
+  JobConfig job = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  spec.data.validation = root + "/val.jsonl";
-  spec.data.packing = false;  // one sample a sequence, as the evaluation scores them
-  testing::WriteInputIdsJsonl(spec.data.validation, testing::RandomDocs(3, 12, 30, 61, 99));
-  spec.training.max_steps = 5;  // evaluations after steps 2 and 4, and after the last
-  spec.training.eval_every_steps = 2;
+  job.data.validation = root + "/val.jsonl";
+  job.data.packing = false;  // one sample a sequence, as the evaluation scores them
+  testing::WriteInputIdsJsonl(job.data.validation, testing::RandomDocs(3, 12, 30, 61, 99));
+  job.training.max_steps = 5;  // evaluations after steps 2 and 4, and after the last
+  job.training.eval_every_steps = 2;
   std::vector<std::pair<int64_t, double>> evals;
   RunOptions options;
   options.files = FileAccess::Unconfined();
@@ -330,7 +330,7 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   options.on_step = [&](const StepReport& p) {
     if (p.eval_loss > 0) evals.emplace_back(p.step, p.eval_loss);
   };
-  auto r = RunJob(spec, options);
+  auto r = RunJob(job, options);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(evals.size(), 3u);
   EXPECT_EQ(evals[0].first, 2);
@@ -339,10 +339,9 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
   for (const auto& [step, loss] : evals) {
     EvalOptions e;
     e.model_dir = f.model_dir;
-    e.data_path = spec.data.validation;
-    e.adapter_dir =
-        root + "/ckpt/" + (step == spec.training.max_steps ? "final" : "checkpoint-" + std::to_string(step));
-    e.chunk_tokens = spec.memory.chunk_tokens;
+    e.data_path = job.data.validation;
+    e.adapter_dir = root + "/ckpt/" + (step == job.training.max_steps ? "final" : "checkpoint-" + std::to_string(step));
+    e.chunk_tokens = job.memory.chunk_tokens;
     e.device = "cpu";
     auto want = EvaluateModel(e);
     ASSERT_TRUE(want.ok()) << want.status();
@@ -380,11 +379,11 @@ TEST(ModelToolsTest, TheDeviceIsTheOneAskedForOrAnError) {
 
 TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
   const Fixture f = MakeFixture("eval_pause");
-  JobConfig spec = MakeSpec(f);
+  JobConfig job = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
   testing::WriteInputIdsJsonl(root + "/val.jsonl", testing::RandomDocs(3, 30, 40, 61, 23));
-  spec.data.validation = root + "/val.jsonl";
-  spec.training.eval_every_steps = 2;
+  job.data.validation = root + "/val.jsonl";
+  job.training.eval_every_steps = 2;
   // Step 2's polls, counted from step 1's report: its training chunks, then its evaluation's;
   // step 2's report comes after both. A first run counts them; the second pauses at the last.
   auto run = [&](const std::string& dir, int pause_at) {
@@ -403,7 +402,7 @@ TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
       if (reported == 1) ++polls;
       return reported == 1 && polls == pause_at ? StopRequest::kPause : StopRequest::kNone;
     };
-    auto r = RunJob(spec, options);
+    auto r = RunJob(job, options);
     EXPECT_TRUE(r.ok()) << r.status();
     return std::make_tuple(r.ok() ? r->outcome : RunOutcome::kCancelled, polls, eval_losses);
   };

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/hf/family.h"
+#include "worker/paging/page_id.h"
 #include "worker/paging/page_table.h"
 #include "worker/plan/memory_planner.h"
 #include "worker/session/training_session.h"
@@ -61,18 +62,18 @@ ModelConfig CaseModel(const Case& k) {
 }
 
 JobConfig CaseSpec(const Case& k) {
-  JobConfig spec;
-  spec.model.dtype = ModelDtype::kFloat32;
-  spec.method.type = k.method == "full" ? TrainMethod::kFull : TrainMethod::kLora;
-  spec.method.lora.rank = 8;
-  spec.method.lora.dropout = k.dropout;
-  spec.memory.chunk_tokens = k.chunk;
-  spec.memory.page_tokens = 64;
-  spec.data.max_seq_len = k.tokens;
+  JobConfig job;
+  job.model.dtype = ModelDtype::kFloat32;
+  job.method.type = k.method == "full" ? TrainMethod::kFull : TrainMethod::kLora;
+  job.method.lora.rank = 8;
+  job.method.lora.dropout = k.dropout;
+  job.memory.chunk_tokens = k.chunk;
+  job.memory.page_tokens = 64;
+  job.data.max_seq_len = k.tokens;
   if (k.sparse) {
-    spec.sparse = JobConfig::Sparse{.page_budget = 8, .sink_pages = 1, .local_pages = 4};
+    job.sparse = JobConfig::Sparse{.page_budget = 8, .sink_pages = 1, .local_pages = 4};
   }
-  return spec;
+  return job;
 }
 
 // What training keeps besides the weights: the trainable parameters (LoRA's; full fine-tuning
@@ -91,11 +92,11 @@ int64_t TrainableStateBytes(const Transformer& model, torch::optim::AdamW& adam,
 TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   const Case& k = GetParam();
   const ModelConfig c = CaseModel(k);
-  const JobConfig spec = CaseSpec(k);
+  const JobConfig job = CaseSpec(k);
   PlanTarget target;
   target.device = "cpu";
   target.device_bytes = target.host_bytes = int64_t{64} << 30;
-  auto plan = PlanMemory(c, spec, target);
+  auto plan = PlanMemory(c, job, target);
   ASSERT_TRUE(plan.ok()) << plan.status();
 
   auto model = Transformer::Random(c, at::kFloat, at::kCPU, /*seed=*/1, /*init_std=*/0.05);
@@ -104,7 +105,7 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   EXPECT_EQ(plan->weights_bytes, weights);
   if (k.method == "lora") {
     LoraOptions lora;
-    lora.rank = spec.method.lora.rank;
+    lora.rank = job.method.lora.rank;
     lora.dropout = k.dropout;
     ASSERT_TRUE(model->AddLora(lora, 2).ok());
   } else {
@@ -115,15 +116,15 @@ TEST_P(PlannerVsTrainer, TermsMatchTheEngine) {
   SessionOptions options;
   options.machine = target;
   options.longest_sequence = k.tokens;
-  auto session = TrainingSession::Create(model.get(), spec, options);
+  auto session = TrainingSession::Create(model.get(), job, options);
   ASSERT_TRUE(session.ok()) << session.status();
   const PagePool& kv = *(*session)->pools().kv;
   const PagePool& grad = *(*session)->pools().grad;
-  const int64_t P = spec.memory.page_tokens;
+  const int64_t P = job.memory.page_tokens;
   // The tokens that take pages: dense attention does not append the last chunk.
   const int64_t paged = k.sparse ? k.tokens : (k.tokens - 1) / k.chunk * k.chunk;
   // Every layer attending its whole past: ceil(T' / P) + 1 pages; sliding-window layers fewer.
-  const PastReach reach{.windows = DescribeModel(c).Windows(), .chunk_tokens = spec.memory.chunk_tokens};
+  const PastReach reach{.windows = DescribeModel(c).Windows(), .chunk_tokens = job.memory.chunk_tokens};
   const int64_t all_pages = c.num_layers * ((paged + P - 1) / P + 1);
   EXPECT_EQ(kv.stats().capacity_pages, SequencePagesBound(paged, P, reach, c.num_layers));
   if (!DescribeModel(c).HasWindows()) {
@@ -176,29 +177,29 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(MemoryPlannerTest, LongestContextThatFitsAndTheLimitInWords) {
   ModelConfig c = testing::TinyLlamaConfig(512, 256, 2, 4, 2);
-  JobConfig spec;
-  spec.model.dtype = ModelDtype::kFloat32;
-  spec.data.max_seq_len = int64_t{1} << 30;
+  JobConfig job;
+  job.model.dtype = ModelDtype::kFloat32;
+  job.data.max_seq_len = int64_t{1} << 30;
   PlanTarget target;
   target.device = "cpu";
   target.device_bytes = target.host_bytes = int64_t{8} << 30;
-  auto plan = PlanMemory(c, spec, target);
+  auto plan = PlanMemory(c, job, target);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->fits);
   EXPECT_GT(plan->max_seq_len_that_fits, 0);
-  EXPECT_LT(plan->max_seq_len_that_fits, spec.data.max_seq_len);
+  EXPECT_LT(plan->max_seq_len_that_fits, job.data.max_seq_len);
   EXPECT_NE(plan->limit.find("the longest context that fits is " + std::to_string(plan->max_seq_len_that_fits)),
             std::string::npos)
       << plan->limit;
   // The boundary: the longest context fits, one more token does not (or lands on a page the
   // plan already counts).
-  spec.data.max_seq_len = plan->max_seq_len_that_fits;
-  auto at = PlanMemory(c, spec, target);
+  job.data.max_seq_len = plan->max_seq_len_that_fits;
+  auto at = PlanMemory(c, job, target);
   ASSERT_TRUE(at.ok());
   EXPECT_TRUE(at->fits) << at->limit;
   EXPECT_LE(at->peak_device_bytes, at->device_capacity_bytes);
-  spec.data.max_seq_len += spec.memory.page_tokens;
-  auto over = PlanMemory(c, spec, target);
+  job.data.max_seq_len += job.memory.page_tokens;
+  auto over = PlanMemory(c, job, target);
   ASSERT_TRUE(over.ok());
   EXPECT_FALSE(over->fits);
   // KV bytes per token: K and V in float32 plus their float32 gradient pages, every layer.
@@ -220,20 +221,20 @@ ModelConfig Qwen7B() {
 TEST(MemoryPlannerTest, HostTierPlacement) {
   const ModelConfig c = Qwen7B();
   const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
-  JobConfig spec;
-  spec.model.dtype = ModelDtype::kBFloat16;
-  spec.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
-  spec.data.max_seq_len = 1 << 20;
+  JobConfig job;
+  job.model.dtype = ModelDtype::kBFloat16;
+  job.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
+  job.data.max_seq_len = 1 << 20;
 
-  spec.memory.kv_offload = KvOffload::kNone;
-  auto none = PlanMemory(c, spec, h100);
+  job.memory.kv_offload = KvOffload::kNone;
+  auto none = PlanMemory(c, job, h100);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE(none->fits);
   EXPECT_EQ(none->host_kv_pages, 0);
   EXPECT_NE(none->limit.find("memory.kv_offload: none"), std::string::npos) << none->limit;
 
-  spec.memory.kv_offload = KvOffload::kAuto;
-  auto one_m = PlanMemory(c, spec, h100);
+  job.memory.kv_offload = KvOffload::kAuto;
+  auto one_m = PlanMemory(c, job, h100);
   ASSERT_TRUE(one_m.ok());
   EXPECT_TRUE(one_m->fits) << one_m->limit;
   EXPECT_GT(one_m->device_kv_pages, 0);
@@ -244,21 +245,21 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
   EXPECT_GE(one_m->max_seq_len_that_fits, 1 << 20);
   EXPECT_NE(one_m->placement.find("in the host tier"), std::string::npos) << one_m->placement;
   // The GPU peak is flat in the context once pages spill to the host.
-  spec.data.max_seq_len = 1 << 19;
-  auto half_m = PlanMemory(c, spec, h100);
+  job.data.max_seq_len = 1 << 19;
+  auto half_m = PlanMemory(c, job, h100);
   ASSERT_TRUE(half_m.ok());
   EXPECT_EQ(half_m->peak_device_bytes, one_m->peak_device_bytes);
   EXPECT_LT(half_m->peak_host_bytes, one_m->peak_host_bytes);
   // A context that fits on the GPU stays there.
-  spec.data.max_seq_len = 1 << 16;
-  auto short_ctx = PlanMemory(c, spec, h100);
+  job.data.max_seq_len = 1 << 16;
+  auto short_ctx = PlanMemory(c, job, h100);
   ASSERT_TRUE(short_ctx.ok());
   EXPECT_EQ(short_ctx->host_kv_pages, 0);
 
   // float32 gradient pages: 1.5x the page bytes, more than the host holds at 1M tokens.
-  spec.memory.kv_grad_dtype = KvGradDtype::kFloat32;
-  spec.data.max_seq_len = 1 << 20;
-  auto f32 = PlanMemory(c, spec, h100);
+  job.memory.kv_grad_dtype = KvGradDtype::kFloat32;
+  job.data.max_seq_len = 1 << 20;
+  auto f32 = PlanMemory(c, job, h100);
   ASSERT_TRUE(f32.ok());
   EXPECT_FALSE(f32->fits);
   EXPECT_NE(f32->limit.find("host memory"), std::string::npos) << f32->limit;
@@ -266,16 +267,16 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
   EXPECT_TRUE(PlanMemory(
                   c,
                   [&] {
-                    JobConfig s = spec;
+                    JobConfig s = job;
                     s.data.max_seq_len = f32->max_seq_len_that_fits;
                     return s;
                   }(),
                   h100)
                   ->fits);
 
-  spec.memory.kv_offload = KvOffload::kHost;
-  spec.data.max_seq_len = 1 << 16;
-  auto host = PlanMemory(c, spec, h100);
+  job.memory.kv_offload = KvOffload::kHost;
+  job.data.max_seq_len = 1 << 16;
+  auto host = PlanMemory(c, job, h100);
   ASSERT_TRUE(host.ok());
   EXPECT_EQ(host->device_kv_pages, 0);
   EXPECT_EQ(host->kv_device_bytes, 0);
@@ -305,6 +306,31 @@ TEST(MemoryPlannerTest, BFloat16GradientPagesCountTheirImagesInTheAttentionWorks
   EXPECT_EQ(activations(KvGradDtype::kBFloat16) - activations(KvGradDtype::kFloat32), block * images_per_key);
 }
 
+// Gradient pages on the host: sparse backward adds into them through the copy engine, whose
+// queued additions the device peak holds (twice kHostAddBytesInFlight); dense backward adds into
+// a key block's page images (in the attention's workspace) and holds two blocks' images, in the
+// pages' dtype, while they are written back.
+TEST(MemoryPlannerTest, HostGradientPagesCountTheCopiesInFlightOfTheirBackward) {
+  const ModelConfig c = Qwen7B();
+  const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{512} << 30};
+  const auto beyond_state = [&](bool sparse) {
+    JobConfig job;
+    job.model.dtype = ModelDtype::kBFloat16;
+    job.memory.chunk_tokens = 4096;
+    job.memory.kv_offload = KvOffload::kHost;
+    job.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
+    job.data.max_seq_len = 1 << 17;
+    if (sparse) job.sparse = JobConfig::Sparse{};
+    const absl::StatusOr<MemoryPlan> plan = PlanMemory(c, job, h100);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    EXPECT_GT(plan->host_grad_pages, 0);
+    EXPECT_EQ(plan->kv_device_bytes, 0);
+    return plan->peak_device_bytes - plan->weights_bytes - plan->trainable_state_bytes - plan->activation_bytes;
+  };
+  EXPECT_EQ(beyond_state(false), 2 * int64_t{65536} * c.kv_dim() * 2 * 2);  // two flash key blocks, K and V, bfloat16
+  EXPECT_GE(beyond_state(true), 2 * kHostAddBytesInFlight);
+}
+
 // memory.kv_grad_dtype auto on an 80 GiB GPU: float32 while every page stays on the GPU; bfloat16
 // once KV-gradient pages go to the host (half their PCIe traffic) or only bfloat16 fits; the
 // choice is planned with (the same plan as the fixed dtype), said in words, and the longest
@@ -312,10 +338,10 @@ TEST(MemoryPlannerTest, BFloat16GradientPagesCountTheirImagesInTheAttentionWorks
 TEST(MemoryPlannerTest, AutoGradDtypeKeepsFloat32OnTheDeviceAndHalvesWhatGoesToTheHost) {
   const ModelConfig c = Qwen7B();
   const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
-  JobConfig spec;
-  spec.model.dtype = ModelDtype::kBFloat16;
+  JobConfig job;
+  job.model.dtype = ModelDtype::kBFloat16;
   const auto plan_with = [&](KvGradDtype dtype, int64_t T, const PlanTarget& target) {
-    JobConfig s = spec;
+    JobConfig s = job;
     s.memory.kv_grad_dtype = dtype;
     s.data.max_seq_len = T;
     absl::StatusOr<MemoryPlan> plan = PlanMemory(c, s, target);
@@ -358,14 +384,14 @@ TEST(MemoryPlannerTest, AutoGradDtypeKeepsFloat32OnTheDeviceAndHalvesWhatGoesToT
   EXPECT_THAT(absl::StrJoin(one_m.choices, "\n"), HasSubstr("float32 pages do not fit at 1048576 tokens"));
 
   // A float32 model: float32 pages whatever the placement.
-  spec.model.dtype = ModelDtype::kFloat32;
+  job.model.dtype = ModelDtype::kFloat32;
   const MemoryPlan f32_model = plan_with(KvGradDtype::kAuto, 1 << 19, h100);
   EXPECT_EQ(f32_model.kv_grad_dtype, KvGradDtype::kFloat32);
   EXPECT_THAT(absl::StrJoin(f32_model.choices, "\n"), HasSubstr("float32, as the model's dtype"));
 
   // The CPU: the host tier is the same memory, so float32 while it fits, even with every page there.
-  spec.model.dtype = ModelDtype::kBFloat16;
-  spec.memory.kv_offload = KvOffload::kHost;
+  job.model.dtype = ModelDtype::kBFloat16;
+  job.memory.kv_offload = KvOffload::kHost;
   const PlanTarget cpu{.device = "cpu", .device_bytes = int64_t{64} << 30, .host_bytes = int64_t{64} << 30};
   const MemoryPlan cpu_host = plan_with(KvGradDtype::kAuto, 1 << 14, cpu);
   ASSERT_GT(cpu_host.host_grad_pages, 0);
@@ -377,14 +403,14 @@ TEST(MemoryPlannerTest, AutoGradDtypeKeepsFloat32OnTheDeviceAndHalvesWhatGoesToT
 // KV-gradient pages do not fit and bfloat16 ones do gets bfloat16 gradient pools, and trains.
 TEST(MemoryPlannerTest, SessionTrainsWithAutoGradDtypesChoice) {
   const ModelConfig c = testing::TinyLlamaConfig(256, 64, 2, 4, 2);
-  JobConfig spec;
-  spec.model.dtype = ModelDtype::kBFloat16;
-  spec.memory.chunk_tokens = 128;
-  spec.memory.page_tokens = 64;
-  spec.data.max_seq_len = 512;
+  JobConfig job;
+  job.model.dtype = ModelDtype::kBFloat16;
+  job.memory.chunk_tokens = 128;
+  job.memory.page_tokens = 64;
+  job.data.max_seq_len = 512;
   const PlanTarget roomy{.device = "cpu", .device_bytes = int64_t{64} << 30, .host_bytes = int64_t{64} << 30};
   const auto peak = [&](KvGradDtype dtype) {
-    JobConfig s = spec;
+    JobConfig s = job;
     s.memory.kv_grad_dtype = dtype;
     return PlanMemory(c, s, roomy)->peak_device_bytes;
   };
@@ -395,13 +421,13 @@ TEST(MemoryPlannerTest, SessionTrainsWithAutoGradDtypesChoice) {
 
   auto model = Transformer::Random(c, at::kBFloat16, at::kCPU, /*seed=*/1, /*init_std=*/0.05);
   LoraOptions lora;
-  lora.rank = spec.method.lora.rank;
+  lora.rank = job.method.lora.rank;
   ASSERT_TRUE(model->AddLora(lora, 2).ok());
-  spec.memory.kv_grad_dtype = KvGradDtype::kAuto;
+  job.memory.kv_grad_dtype = KvGradDtype::kAuto;
   SessionOptions options;
   options.machine = tight;
-  options.longest_sequence = spec.data.max_seq_len;
-  auto session = TrainingSession::Create(model.get(), spec, options);
+  options.longest_sequence = job.data.max_seq_len;
+  auto session = TrainingSession::Create(model.get(), job, options);
   ASSERT_TRUE(session.ok()) << session.status();
   EXPECT_EQ((*session)->plan().kv_grad_dtype, KvGradDtype::kBFloat16);
   EXPECT_EQ((*session)->pools().grad->options().dtype(), at::kBFloat16);
@@ -412,8 +438,8 @@ TEST(MemoryPlannerTest, SessionTrainsWithAutoGradDtypesChoice) {
   EXPECT_GT(loss->label_tokens, 0);
 
   // float32 pages, asked for, would not fit this machine (admission would refuse the job).
-  spec.memory.kv_grad_dtype = KvGradDtype::kFloat32;
-  EXPECT_FALSE(PlanMemory(c, spec, tight)->fits);
+  job.memory.kv_grad_dtype = KvGradDtype::kFloat32;
+  EXPECT_FALSE(PlanMemory(c, job, tight)->fits);
 }
 
 // SpaCO's bound on the kept chunks is the binomial quantile it states: P(K > k) <= 1e-9 <
@@ -456,21 +482,21 @@ TEST(MemoryPlannerTest, SpacoPlansGradientPagesForTheKeptChunks) {
   const ModelConfig tiny = testing::TinyLlamaConfig();
   PlanTarget target;
   target.device_bytes = target.host_bytes = int64_t{8} << 30;
-  JobConfig spec;
-  spec.data.max_seq_len = 40960;  // 10 chunks of 4096
-  const auto exact = PlanMemory(tiny, spec, target);
-  spec.chunk_fraction = 0.5;
-  const auto spaco = PlanMemory(tiny, spec, target);
+  JobConfig job;
+  job.data.max_seq_len = 40960;  // 10 chunks of 4096
+  const auto exact = PlanMemory(tiny, job, target);
+  job.chunk_fraction = 0.5;
+  const auto spaco = PlanMemory(tiny, job, target);
   ASSERT_TRUE(exact.ok() && spaco.ok()) << spaco.status();
   EXPECT_EQ(spaco->device_kv_pages, exact->device_kv_pages);
   EXPECT_EQ(exact->device_grad_pages, exact->device_kv_pages);
-  const int64_t pages_per_chunk = 4096 / spec.memory.page_tokens;
+  const int64_t pages_per_chunk = 4096 / job.memory.page_tokens;
   EXPECT_EQ(spaco->device_grad_pages,
             std::min(exact->device_kv_pages, tiny.num_layers * (SpacoKeptChunksBound(10, 0.5) * pages_per_chunk + 1)));
   // 400 chunks at p = 0.25: room for 153 (the mean is 100).
-  spec.data.max_seq_len = 4096 * 400;
-  spec.chunk_fraction = 0.25;
-  const auto long_spaco = PlanMemory(tiny, spec, target);
+  job.data.max_seq_len = 4096 * 400;
+  job.chunk_fraction = 0.25;
+  const auto long_spaco = PlanMemory(tiny, job, target);
   ASSERT_TRUE(long_spaco.ok());
   EXPECT_LT(long_spaco->device_grad_pages, long_spaco->device_kv_pages * 4 / 10);
   EXPECT_NE(long_spaco->placement.find("backward.chunk_fraction 0.25"), std::string::npos) << long_spaco->placement;
@@ -502,12 +528,12 @@ TEST(MemoryPlannerTest, SpacoPlansGradientPagesForTheKeptChunks) {
 TEST(MemoryPlannerTest, SwapPlansTheLatestChunksWithinTheHostMemoryLeft) {
   const ModelConfig c = Qwen7B();
   const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
-  JobConfig spec;
-  spec.model.dtype = ModelDtype::kBFloat16;
-  spec.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
-  spec.memory.chunk_tokens = 8192;
-  spec.data.max_seq_len = 131072;
-  const auto plan = PlanMemory(c, spec, h100);
+  JobConfig job;
+  job.model.dtype = ModelDtype::kBFloat16;
+  job.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
+  job.memory.chunk_tokens = 8192;
+  job.data.max_seq_len = 131072;
+  const auto plan = PlanMemory(c, job, h100);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const int64_t record = (8192 * 28 * 128 * 2) + 8192 * 28 * 4;  // both multiples of 256
   EXPECT_EQ(plan->swap_min_key_tokens, 15000);
@@ -518,9 +544,9 @@ TEST(MemoryPlannerTest, SwapPlansTheLatestChunksWithinTheHostMemoryLeft) {
   EXPECT_NE(plan->choices[0].find("the last 13 chunks"), std::string::npos) << plan->choices[0];
   EXPECT_NE(plan->choices[0].find("fewer than 15000 keys"), std::string::npos) << plan->choices[0];
 
-  spec.data.max_seq_len = 1 << 20;
-  spec.memory.kv_offload = KvOffload::kAuto;
-  const auto long_plan = PlanMemory(c, spec, h100);
+  job.data.max_seq_len = 1 << 20;
+  job.memory.kv_offload = KvOffload::kAuto;
+  const auto long_plan = PlanMemory(c, job, h100);
   ASSERT_TRUE(long_plan.ok() && long_plan->fits) << long_plan->limit;
   EXPECT_GT(long_plan->swap_chunks, 0);
   EXPECT_LT(long_plan->swap_chunks, 128 - 1 - 1);
@@ -528,22 +554,22 @@ TEST(MemoryPlannerTest, SwapPlansTheLatestChunksWithinTheHostMemoryLeft) {
   EXPECT_GT(long_plan->peak_host_bytes + 28 * record, long_plan->host_capacity_bytes);  // not one chunk more
   EXPECT_NE(long_plan->choices[0].find("the host memory the plan leaves"), std::string::npos) << long_plan->choices[0];
   EXPECT_EQ(long_plan->max_seq_len_that_fits, [&] {
-    JobConfig off = spec;
+    JobConfig off = job;
     off.memory.swap_attention = false;
     return PlanMemory(c, off, h100)->max_seq_len_that_fits;
   }());  // never a limit of its own
 
   PlanTarget cpu;  // the CPU's blockwise attention keeps float32 outputs: records twice as large
   cpu.device_bytes = cpu.host_bytes = int64_t{512} << 30;
-  spec.data.max_seq_len = 131072;
-  const auto on_cpu = PlanMemory(c, spec, cpu);
+  job.data.max_seq_len = 131072;
+  const auto on_cpu = PlanMemory(c, job, cpu);
   ASSERT_TRUE(on_cpu.ok());
   EXPECT_EQ(on_cpu->swap_min_key_tokens, 0);
   EXPECT_EQ(on_cpu->swap_chunks, 15);
   EXPECT_EQ(on_cpu->swap_bytes, int64_t{15} * 28 * ((8192 * 28 * 128 * 4) + 8192 * 28 * 4));
 
   for (const std::string what : {"off", "sparse", "spaco"}) {
-    JobConfig none = spec;
+    JobConfig none = job;
     if (what == "off") none.memory.swap_attention = false;
     if (what == "sparse") none.sparse = JobConfig::Sparse{};
     if (what == "spaco") none.chunk_fraction = 0.5;

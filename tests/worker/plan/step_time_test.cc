@@ -99,18 +99,18 @@ TEST(StepTimeTest, AWindowBoundsThePast) {
 }
 
 TEST(StepTimeTest, RanksShareTheBatch) {
-  JobConfig spec = Spec();
-  spec.training.batch_sequences = 3;
+  JobConfig job = Spec();
+  job.training.batch_sequences = 3;
   const double one = EstimateStepTime(Config(), Spec(), Plan(kC), Rates())->seconds;
-  EXPECT_DOUBLE_EQ(EstimateStepTime(Config(), spec, Plan(kC), Rates())->seconds, 3 * one);
-  spec.resources.gpus = 2;  // sequences 0 and 2 on rank 0
-  EXPECT_DOUBLE_EQ(EstimateStepTime(Config(), spec, Plan(kC), Rates())->seconds, 2 * one);
+  EXPECT_DOUBLE_EQ(EstimateStepTime(Config(), job, Plan(kC), Rates())->seconds, 3 * one);
+  job.resources.gpus = 2;  // sequences 0 and 2 on rank 0
+  EXPECT_DOUBLE_EQ(EstimateStepTime(Config(), job, Plan(kC), Rates())->seconds, 2 * one);
 }
 
 TEST(StepTimeTest, SpacoRunsEveryChunkInStageOneAndAFractionInStageTwo) {
-  JobConfig spec = Spec();
-  spec.chunk_fraction = 0.5;
-  const StepTime t = *EstimateStepTime(Config(), spec, Plan(2 * kC), Rates());
+  JobConfig job = Spec();
+  job.chunk_fraction = 0.5;
+  const StepTime t = *EstimateStepTime(Config(), job, Plan(2 * kC), Rates());
   const double attention = kL * kC2 * (1e-3 + 0.5 * (1e-3 + 1e-2));
   EXPECT_NEAR(t.seconds, kL * (2 * 1 + 0.5 * 2 * 10) + (0.5 * 2 + 2.0 / 3) * 100 + attention, 1e-9);
 }

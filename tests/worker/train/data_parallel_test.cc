@@ -107,17 +107,17 @@ struct Outcome {
   std::vector<double> losses;
 };
 
-Outcome RunOnce(const JobConfig& spec, const std::string& ckpt, bool resume = false,
+Outcome RunOnce(const JobConfig& job, const std::string& ckpt, bool resume = false,
                 std::function<StopRequest()> poll = nullptr) {
   Outcome o;
   RunOptions options;
   options.files = FileAccess::Unconfined();
   options.checkpoint_dir = testing::MakeDirs(ckpt);
-  options.devices.assign(static_cast<size_t>(spec.resources.gpus), "cpu");
+  options.devices.assign(static_cast<size_t>(job.resources.gpus), "cpu");
   options.resume = resume;
   options.on_step = [&](const StepReport& p) { o.losses.push_back(p.loss); };
   options.poll_stop = poll ? poll : [] { return StopRequest::kNone; };
-  o.result = RunJob(spec, options);
+  o.result = RunJob(job, options);
   return o;
 }
 
@@ -166,8 +166,8 @@ TEST(DataParallelTest, TwoCpuRanksTrainLikeOneDevice) {
 
 TEST(DataParallelTest, PauseAndResumeAcrossRanksContinueTheRun) {
   const Fixture f = MakeFixture("dp_pause");
-  const JobConfig spec = MakeSpec(f, 2);
-  const Outcome whole = RunOnce(spec, f.root + "/whole");
+  const JobConfig job = MakeSpec(f, 2);
+  const Outcome whole = RunOnce(job, f.root + "/whole");
   ASSERT_TRUE(whole.result.ok()) << whole.result.status();
   // Pause at the first poll inside step 3 (a chunk boundary of rank 0's first sequence).
   int steps = 0;
@@ -183,12 +183,12 @@ TEST(DataParallelTest, PauseAndResumeAcrossRanksContinueTheRun) {
       steps = static_cast<int>(p.step);
     };
     options.poll_stop = [&] { return steps == 2 && ++polls_in_step3 == 2 ? StopRequest::kPause : StopRequest::kNone; };
-    paused.result = RunJob(spec, options);
+    paused.result = RunJob(job, options);
   }
   ASSERT_TRUE(paused.result.ok()) << paused.result.status();
   EXPECT_EQ(paused.result->outcome, RunOutcome::kPaused);
   EXPECT_EQ(paused.result->final_checkpoint.step, 2);
-  const Outcome resumed = RunOnce(spec, f.root + "/paused", /*resume=*/true);
+  const Outcome resumed = RunOnce(job, f.root + "/paused", /*resume=*/true);
   ASSERT_TRUE(resumed.result.ok()) << resumed.result.status();
   std::vector<double> losses = paused.losses;
   losses.insert(losses.end(), resumed.losses.begin(), resumed.losses.end());
@@ -207,12 +207,12 @@ TEST(DataParallelTest, CancelInsideAStepStopsEveryRank) {
 
 TEST(DataParallelTest, DevicesMustMatchTheRanks) {
   const Fixture f = MakeFixture("dp_devices");
-  JobConfig spec = MakeSpec(f, 2);
+  JobConfig job = MakeSpec(f, 2);
   RunOptions options;
   options.files = FileAccess::Unconfined();
   options.checkpoint_dir = testing::MakeDirs(f.root + "/x");
   options.devices = {"cpu"};
-  const auto r = RunJob(spec, options);
+  const auto r = RunJob(job, options);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("resources.gpus: 2 but the run was given 1 devices"), std::string::npos)
