@@ -36,6 +36,7 @@ data under $OOMB_DATA_DIR or ~/.cache/oomb/data, or the SDK not installed).
 import argparse
 import asyncio
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -501,6 +502,33 @@ def test_restart(daemon, tmp, records):
 def test_async(daemon, train):
     t = time.monotonic()
 
+    async def transfers(client):
+        # Data in, models out: the same dataset record and checkpoint files as the sync client's.
+        data = await client.datasets.upload(train, dataset_id="async-ids")
+        check(data.spec_name == "datasets/async-ids" and data.records == 4, f"async upload {data}")
+        with open(train, "rb") as f:
+            check(data.sha256 == hashlib.sha256(f.read()).hexdigest(), "async upload's SHA-256")
+        check((await client.datasets.get("async-ids")) == data, "async get of the dataset")
+        check([d.id async for d in client.datasets.list()] == ["async-ids"], "async list of datasets")
+        with tempfile.TemporaryDirectory() as d:
+            got = await client.jobs.download("sdk-async", os.path.join(d, "async"))
+            want = oomb.Client(endpoint=daemon.endpoint).jobs.download("sdk-async", os.path.join(d, "sync"))
+            names = sorted(os.listdir(got))
+            check("adapter_model.safetensors" in names and names == sorted(os.listdir(want)), f"async download {names}")
+            for n in names:
+                with open(os.path.join(got, n), "rb") as a, open(os.path.join(want, n), "rb") as b:
+                    check(a.read() == b.read(), f"async download: {n} differs from the sync client's")
+            check(any(c.step == 1 and not c.final for c in await client.jobs.checkpoints("sdk-async")),
+                  "no checkpoint of step 1 to download")
+            step1 = await (await client.jobs.get("sdk-async")).download(os.path.join(d, "step1"), step=1)
+            check("adapter_model.safetensors" in os.listdir(step1), f"async download of step 1 {os.listdir(step1)}")
+        await client.datasets.delete("async-ids")
+        try:
+            await client.datasets.get("async-ids")
+            check(False, "async get of a deleted dataset")
+        except oomb.NotFound:
+            pass
+
     async def run():
         async with oomb.AsyncClient(endpoint=daemon.endpoint) as client:
             check(await client.health() == "SERVING", "async health")
@@ -518,6 +546,7 @@ def test_async(daemon, train):
             check(job.name in names and len(names) == len(set(names)) > 4, f"async list {names}")
             cps = await job.checkpoints()
             check(any(c.final and c.step == 2 for c in cps), f"async checkpoints {cps}")
+            await transfers(client)
             try:
                 await client.jobs.get("no-such-job")
                 check(False, "async get of a missing job")

@@ -36,7 +36,7 @@ from oomb._names import job_id, job_name, project_name
 from oomb._retry import RetryPolicy
 from oomb._spec import SpecLike, load_spec
 from oomb._transfer import Dataset, Datasets, dataset_name
-from oomb.aio import AsyncClient, AsyncJob, AsyncJobs
+from oomb.aio import AsyncClient, AsyncDatasets, AsyncJob, AsyncJobs
 
 try:
     from importlib.metadata import PackageNotFoundError, version as _version
@@ -46,7 +46,8 @@ except PackageNotFoundError:  # pragma: no cover - imported from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
-    "Client", "Jobs", "Job", "AsyncClient", "AsyncJobs", "AsyncJob", "JobState", "TERMINAL_STATES", "Checkpoint",
+    "Client", "Jobs", "Job", "AsyncClient", "AsyncJobs", "AsyncJob", "AsyncDatasets", "JobState", "TERMINAL_STATES",
+    "Checkpoint",
     "Caller", "RetryPolicy", "SpecLike", "load_spec", "job_name", "job_id", "project_name", "Dataset", "Datasets",
     "dataset_name",
     "OombError", "InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied", "Unauthenticated",

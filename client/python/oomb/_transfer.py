@@ -33,7 +33,7 @@ from oomb.v1 import datasets_pb2, jobs_pb2
 if TYPE_CHECKING:  # pragma: no cover
     from oomb._client import Client
 
-__all__ = ["Dataset", "Datasets", "dataset_name", "download_checkpoint"]
+__all__ = ["Dataset", "Datasets", "Download", "dataset_name", "download_checkpoint"]
 
 CHUNK = 1 << 20
 PARTIAL = ".oomb-download.tar"
@@ -82,7 +82,7 @@ class Dataset:
                    proto=d)
 
 
-def _sha256(path: Path) -> "tuple[str, int]":
+def file_sha256(path: Path) -> "tuple[str, int]":
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
@@ -90,6 +90,24 @@ def _sha256(path: Path) -> "tuple[str, int]":
             h.update(chunk)
             size += len(chunk)
     return h.hexdigest(), size
+
+
+def upload_header(path: Path, sha: str, size: int, dataset_id: Optional[str], display_name: Optional[str],
+                  parent_name: str) -> datasets_pb2.UploadDatasetRequest:
+    """The first UploadDatasetRequest's fields but its data (Datasets.upload's defaults)."""
+    return datasets_pb2.UploadDatasetRequest(
+        parent=parent_name, dataset_id=dataset_id or f"ds-{sha[:12]}",
+        display_name=display_name if display_name is not None else path.name, sha256=sha, size_bytes=size)
+
+
+def upload_message(header: Optional[datasets_pb2.UploadDatasetRequest],
+                   chunk: bytes) -> datasets_pb2.UploadDatasetRequest:
+    """One message of the upload stream: the header's fields (the first) and a chunk of the file."""
+    message = datasets_pb2.UploadDatasetRequest()
+    if header is not None:
+        message.CopyFrom(header)
+    message.data = chunk
+    return message
 
 
 class Datasets:
@@ -119,20 +137,14 @@ class Datasets:
           content), ResourceExhausted (the project's max_storage_bytes), ...
         """
         path = Path(path)
-        sha, size = _sha256(path)
-        first = datasets_pb2.UploadDatasetRequest(
-            parent=self._client._parent(project), dataset_id=dataset_id or f"ds-{sha[:12]}",
-            display_name=display_name if display_name is not None else path.name, sha256=sha, size_bytes=size)
+        first = upload_header(path, *file_sha256(path), dataset_id, display_name, self._client._parent(project))
 
         def messages() -> Iterator[datasets_pb2.UploadDatasetRequest]:
             with open(path, "rb") as f:
                 chunk = f.read(CHUNK)
-                first_message = datasets_pb2.UploadDatasetRequest()
-                first_message.CopyFrom(first)
-                first_message.data = chunk
-                yield first_message
+                yield upload_message(first, chunk)
                 while chunk := f.read(CHUNK):
-                    yield datasets_pb2.UploadDatasetRequest(data=chunk)
+                    yield upload_message(None, chunk)
 
         for attempt in range(attempts):
             try:
@@ -180,23 +192,6 @@ class Datasets:
             raise from_rpc_error(e) from e
 
 
-def _receive(client: "Client", request: jobs_pb2.DownloadCheckpointRequest, partial: Path,
-             archive: jobs_pb2.CheckpointArchive) -> None:
-    """Appends the stream to `partial`; fills `archive` from its first message. RpcError on failure."""
-    call = client.stub.DownloadCheckpoint(request, metadata=client.metadata)
-    try:
-        with open(partial, "ab") as out:
-            for message in call:
-                if message.HasField("archive"):
-                    archive.CopyFrom(message.archive)
-                else:
-                    out.write(message.data)
-            out.flush()
-            os.fsync(out.fileno())
-    finally:
-        call.cancel()
-
-
 def _unpack(partial: Path, directory: Path, archive: jobs_pb2.CheckpointArchive) -> None:
     """Unpacks the archive's files (its top directory stripped) into `directory`, CRC-32 checked."""
     crcs = {f.path: f.crc32 for f in archive.files}
@@ -223,37 +218,75 @@ def _unpack(partial: Path, directory: Path, archive: jobs_pb2.CheckpointArchive)
             tmp.replace(target)
 
 
+class Download:
+    """One checkpoint download into a directory, call by call (download_checkpoint runs it; the
+    asyncio client runs it with its own stream): each attempt's request resumes from the bytes
+    already in the partial archive; after a failed attempt, `retry_after` says whether and when to
+    try again; `finish` unpacks the complete archive."""
+
+    def __init__(self, name: str, directory: Union[str, os.PathLike], attempts: int = 6) -> None:
+        self.name, self.directory, self.attempts = name, Path(directory), attempts
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.partial, self.etag_file = self.directory / PARTIAL, self.directory / ETAG
+        self.archive = jobs_pb2.CheckpointArchive()
+        self.offset = 0
+
+    def request(self) -> jobs_pb2.DownloadCheckpointRequest:
+        self.offset = self.partial.stat().st_size if self.partial.exists() else 0
+        etag = self.etag_file.read_text().strip() if self.offset and self.etag_file.exists() else ""
+        return jobs_pb2.DownloadCheckpointRequest(name=self.name, offset=self.offset, etag=etag)
+
+    def accept(self, message: jobs_pb2.DownloadCheckpointResponse, out: Any) -> None:
+        """One streamed message: the archive's description, or bytes appended to `out`."""
+        if message.HasField("archive"):
+            self.archive.CopyFrom(message.archive)
+        else:
+            out.write(message.data)
+
+    def ended(self) -> None:
+        """After an attempt, done or failed: the archive's etag kept for the next one."""
+        if self.archive.etag:
+            self.etag_file.write_text(self.archive.etag + "\n")
+
+    def retry_after(self, e: grpc.RpcError, attempt: int) -> float:
+        """Seconds to wait before the next attempt after `e`; raises the typed error when none is left."""
+        code = e.code()  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.ABORTED and self.offset:  # the checkpoint changed: start over
+            self.partial.unlink()
+            return 0.0
+        if code not in _RESUMABLE or attempt + 1 == self.attempts:
+            raise from_rpc_error(e) from e
+        return 0.25 * 2 ** attempt
+
+    def finish(self) -> Path:
+        have = self.partial.stat().st_size if self.partial.exists() else 0
+        if have != self.archive.total_bytes:
+            raise InvalidArgument(
+                f"the archive has {have} of its {self.archive.total_bytes} bytes; call again to resume")
+        _unpack(self.partial, self.directory, self.archive)
+        self.partial.unlink()
+        self.etag_file.unlink(missing_ok=True)
+        return self.directory
+
+
 def download_checkpoint(client: "Client", name: str, directory: Union[str, os.PathLike],
                         attempts: int = 6) -> Path:
     """Downloads the checkpoint `name` (`projects/p/jobs/j/checkpoints/{step|final}`) into
     `directory` (created); resumes a download cut off there before. Returns the directory."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    partial, etag_file = directory / PARTIAL, directory / ETAG
-    archive = jobs_pb2.CheckpointArchive()
+    d = Download(name, directory, attempts)
     for attempt in range(attempts):
-        offset = partial.stat().st_size if partial.exists() else 0
-        etag = etag_file.read_text().strip() if offset and etag_file.exists() else ""
-        request = jobs_pb2.DownloadCheckpointRequest(name=name, offset=offset, etag=etag)
+        call = client.stub.DownloadCheckpoint(d.request(), metadata=client.metadata)
         try:
-            _receive(client, request, partial, archive)
-            if archive.etag:
-                etag_file.write_text(archive.etag + "\n")
+            with open(d.partial, "ab") as out:
+                for message in call:
+                    d.accept(message, out)
+                out.flush()
+                os.fsync(out.fileno())
+            d.ended()
             break
         except grpc.RpcError as e:
-            if archive.etag:
-                etag_file.write_text(archive.etag + "\n")
-            code = e.code()  # type: ignore[attr-defined]
-            if code == grpc.StatusCode.ABORTED and offset:  # the checkpoint changed: start over
-                partial.unlink()
-                continue
-            if code not in _RESUMABLE or attempt + 1 == attempts:
-                raise from_rpc_error(e) from e
-            time.sleep(0.25 * 2 ** attempt)
-    have = partial.stat().st_size if partial.exists() else 0
-    if have != archive.total_bytes:
-        raise InvalidArgument(f"the archive has {have} of its {archive.total_bytes} bytes; call again to resume")
-    _unpack(partial, directory, archive)
-    partial.unlink()
-    etag_file.unlink(missing_ok=True)
-    return directory
+            d.ended()
+            time.sleep(d.retry_after(e, attempt))
+        finally:
+            call.cancel()
+    return d.finish()

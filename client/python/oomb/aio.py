@@ -7,14 +7,19 @@
         job = await job.wait()
 
 Create it inside the event loop that uses it (a grpc.aio channel belongs to one loop).
-Retries, reconnection and errors are those of Client.
+Retries, reconnection and errors are those of Client. Datasets (`client.datasets`) and
+checkpoint downloads (`jobs.download`) stream on the channel as Client's do (oomb._transfer);
+reading, hashing, writing and unpacking files run in a worker thread, off the event loop.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, TypeVar
+from pathlib import Path
+from typing import (Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, TypeVar,
+                    Union)
 
 import grpc
 import grpc.aio
@@ -28,10 +33,11 @@ from oomb._names import job_name, parent
 from oomb._requests import StateLike, create_request, estimate_request, list_request, update_request
 from oomb._retry import CREATE, IDEMPOTENT, RetryPolicy, async_call_with_retry
 from oomb._spec import SpecLike
+from oomb._transfer import CHUNK, Dataset, Download, file_sha256, dataset_name, upload_header, upload_message
 from oomb._watch import ENDED_EARLY, Watch, drop_reason
-from oomb.v1 import health_pb2, health_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from oomb.v1 import datasets_pb2, datasets_pb2_grpc, health_pb2, health_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
-__all__ = ["AsyncClient", "AsyncJobs", "AsyncJob"]
+__all__ = ["AsyncClient", "AsyncDatasets", "AsyncJobs", "AsyncJob"]
 
 log = logging.getLogger("oomb")
 T = TypeVar("T")
@@ -84,6 +90,10 @@ class AsyncJob(_JobBase):
                 yield event
         finally:
             await events.aclose()  # closing the generator cancels the stream
+
+    async def download(self, directory: Union[str, os.PathLike], step: Optional[int] = None) -> Path:
+        """As Job.download."""
+        return await self._jobs.download(self.name, directory, step)
 
     async def checkpoints(self) -> List[Checkpoint]:
         """The job's checkpoints still on disk, oldest first."""
@@ -209,6 +219,30 @@ class AsyncJobs:
                                              jobs_pb2.ListCheckpointsRequest(name=self._name(name_or_id)), timeout)
         return [Checkpoint.from_proto(c) for c in response.checkpoints]
 
+    async def download(self, name_or_id: str, directory: Union[str, os.PathLike], step: Optional[int] = None,
+                       attempts: int = 6) -> Path:
+        """As Jobs.download: the final checkpoint, or that of `step`, into `directory`, resumable,
+        each file's CRC-32 checked."""
+        name = f"{self._name(name_or_id)}/checkpoints/{'final' if step is None else step}"
+        client = self._client
+        d = Download(name, directory, attempts)
+        for attempt in range(attempts):
+            call = client.stub.DownloadCheckpoint(d.request(), metadata=client.metadata)
+            out = await asyncio.to_thread(open, d.partial, "ab")
+            try:
+                async for message in call:
+                    await asyncio.to_thread(d.accept, message, out)
+                await asyncio.to_thread(lambda: (out.flush(), os.fsync(out.fileno())))
+                d.ended()
+                break
+            except grpc.RpcError as e:
+                d.ended()
+                await asyncio.sleep(d.retry_after(e, attempt))
+            finally:
+                out.close()
+                call.cancel()
+        return await asyncio.to_thread(d.finish)
+
     async def wait(self, name_or_id: str, timeout: Optional[float] = None, poll: float = DEFAULT_POLL,
                    raise_on_failure: bool = True) -> AsyncJob:
         """As Jobs.wait."""
@@ -255,6 +289,67 @@ class AsyncJobs:
             await asyncio.sleep(watch.on_drop(failure))
 
 
+class AsyncDatasets:
+    """`AsyncClient.datasets`: Datasets' calls as coroutines (oomb._transfer.Datasets)."""
+
+    def __init__(self, client: "AsyncClient") -> None:
+        self._client = client
+        self.stub = datasets_pb2_grpc.DatasetServiceStub(client.channel)
+
+    async def upload(self, path: Union[str, os.PathLike], dataset_id: Optional[str] = None,
+                     display_name: Optional[str] = None, project: Optional[str] = None,
+                     attempts: int = 4) -> Dataset:
+        """As Datasets.upload."""
+        path = Path(path)
+        sha, size = await asyncio.to_thread(file_sha256, path)
+        header = upload_header(path, sha, size, dataset_id, display_name, self._client._parent(project))
+
+        async def messages() -> AsyncIterator[datasets_pb2.UploadDatasetRequest]:
+            f = await asyncio.to_thread(open, path, "rb")
+            try:
+                first = True
+                while True:
+                    chunk = await asyncio.to_thread(f.read, CHUNK)
+                    if not chunk and not first:
+                        return
+                    yield upload_message(header if first else None, chunk)
+                    first = False
+            finally:
+                f.close()
+
+        for attempt in range(attempts):
+            try:
+                return Dataset.from_proto(await self.stub.UploadDataset(messages(), metadata=self._client.metadata))
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or attempt + 1 == attempts:  # type: ignore[attr-defined]
+                    raise from_rpc_error(e) from e
+                await asyncio.sleep(0.5 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    async def get(self, name_or_id: str, timeout: Optional[float] = None) -> Dataset:
+        """As Datasets.get."""
+        request = datasets_pb2.GetDatasetRequest(name=dataset_name(name_or_id, self._client.project))
+        return Dataset.from_proto(await self._client._unary("GetDataset", request, timeout, stub=self.stub))
+
+    async def list(self, project: Optional[str] = None, all_projects: bool = False, page_size: Optional[int] = None,
+                   timeout: Optional[float] = None) -> AsyncIterator[Dataset]:
+        """As Datasets.list, an async iterator."""
+        request = datasets_pb2.ListDatasetsRequest(parent=self._client._parent(project, all_projects),
+                                                   page_size=page_size or 0)
+        while True:
+            response = await self._client._unary("ListDatasets", request, timeout, stub=self.stub)
+            for d in response.datasets:
+                yield Dataset.from_proto(d)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    async def delete(self, name_or_id: str, timeout: Optional[float] = None) -> None:
+        """As Datasets.delete."""
+        request = datasets_pb2.DeleteDatasetRequest(name=dataset_name(name_or_id, self._client.project))
+        await self._client._unary("DeleteDataset", request, timeout, stub=self.stub)
+
+
 class AsyncClient:
     """Client's asyncio twin (grpc.aio); the same arguments (see Client). Use `async with`, or
     `await close()`."""
@@ -274,6 +369,7 @@ class AsyncClient:
         self.stub = jobs_pb2_grpc.JobServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.jobs = AsyncJobs(self)
+        self.datasets = AsyncDatasets(self)
 
     @property
     def endpoint(self) -> str:
@@ -325,8 +421,9 @@ class AsyncClient:
     def _parent(self, project: Optional[str], all_projects: bool = False) -> str:
         return parent(self.project if project is None and not all_projects else project, all_projects)
 
-    def _raw(self, method: str, request: Any, timeout: Optional[float]) -> Awaitable[Any]:
-        return getattr(self.stub, method)(request, timeout=self._deadline(timeout), metadata=self._conn.metadata)
+    def _raw(self, method: str, request: Any, timeout: Optional[float], stub: Any = None) -> Awaitable[Any]:
+        return getattr(stub or self.stub, method)(request, timeout=self._deadline(timeout),
+                                                  metadata=self._conn.metadata)
 
     async def _retrying(self, attempt: Callable[[int], Awaitable[T]], retry_on: frozenset, what: str) -> T:
         try:
@@ -335,8 +432,9 @@ class AsyncClient:
             raise from_rpc_error(e) from e
 
     async def _unary(self, method: str, request: Any, timeout: Optional[float],
-                     retry_on: frozenset = IDEMPOTENT) -> Any:
+                     retry_on: frozenset = IDEMPOTENT, stub: Any = None) -> Any:
+        """One unary call of the JobService (or of `stub`), retried as Client's are."""
         async def attempt(_: int) -> Any:
-            return await self._raw(method, request, timeout)
+            return await self._raw(method, request, timeout, stub)
 
         return await self._retrying(attempt, retry_on, method)
