@@ -16,6 +16,7 @@
 #include <thread>
 
 #include <SQLiteCpp/SQLiteCpp.h>
+#include <pqxx/pqxx>
 
 #include "absl/synchronization/mutex.h"
 #include "server/store/job_store.h"
@@ -820,6 +821,64 @@ TEST(SqliteJobStoreTest, MigratesAFileWithoutTheQueueColumns) {
   EXPECT_EQ((*c)->update.job.name(), "jobs/old-high");
   store->reset();
   fs::remove(path);
+}
+
+// A database an oombd of schema version 1 made (before projects: no jobs.project column, no
+// device_usage or datasets tables) opens as version 2: each job's project is read from its stored
+// name, so lists by project find it and it is claimable; a second open changes nothing.
+TEST(PostgresJobStoreTest, MigratesASchemaVersion1Database) {
+  if (oomb::testing::PostgresServer::BinDir().empty()) GTEST_SKIP() << "PostgreSQL is not installed";
+  const fs::path dir = fs::temp_directory_path() / ("oomb_store_pg_migrate_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::string error;
+  std::unique_ptr<oomb::testing::PostgresServer> pg = oomb::testing::PostgresServer::Start(dir, &error);
+  ASSERT_NE(pg, nullptr) << error;
+  const std::string url = pg->CreateDatabase("version1");
+  ASSERT_FALSE(url.empty()) << pg->log();
+  {
+    pqxx::connection c(url);
+    pqxx::work tx(c);
+    tx.exec(
+        "CREATE TABLE oomb_schema (version INTEGER NOT NULL); INSERT INTO oomb_schema (version) VALUES (1); "
+        "CREATE TABLE jobs (position BIGSERIAL PRIMARY KEY, id TEXT NOT NULL UNIQUE, state INTEGER NOT NULL, "
+        "priority INTEGER NOT NULL DEFAULT 0, device TEXT NOT NULL DEFAULT '', gpus INTEGER NOT NULL DEFAULT 1, "
+        "last_sequence BIGINT NOT NULL DEFAULT 0, owner TEXT, lease_expires TIMESTAMPTZ, queued_at TIMESTAMPTZ, "
+        "job BYTEA NOT NULL)");
+    for (const auto& [id, name] : std::vector<std::pair<std::string, std::string>>{
+             {"old", "jobs/old"}, {"nlp-job", "projects/nlp/jobs/nlp-job"}}) {
+      v1::Job j = NewJob(id);
+      j.set_name(name);
+      tx.exec_params("INSERT INTO jobs (id, state, job) VALUES ($1, $2, $3)", id, static_cast<int>(v1::Job::QUEUED),
+                     pqxx::binarystring(j.SerializeAsString()));
+    }
+    tx.commit();
+  }
+  for (int open = 0; open < 2; ++open) {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = OpenPostgresJobStore(url);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ListQuery nlp;
+    nlp.projects = {"nlp"};
+    absl::StatusOr<ListResult> listed = (*store)->List(nlp);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    ASSERT_EQ(listed->jobs.size(), 1u);
+    EXPECT_EQ(listed->jobs[0].name(), "projects/nlp/jobs/nlp-job");
+    ListQuery defaults;
+    defaults.projects = {kDefaultProject};
+    listed = (*store)->List(defaults);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    ASSERT_EQ(listed->jobs.size(), 1u);
+    EXPECT_EQ(listed->jobs[0].name(), "jobs/old");
+    EXPECT_EQ(*(*store)->QueuePosition("old"), 1);
+  }
+  {
+    pqxx::connection c(url);
+    pqxx::work tx(c);
+    EXPECT_EQ(tx.exec("SELECT MAX(version) FROM oomb_schema")[0][0].as<int>(), 2);
+    EXPECT_EQ(tx.exec("SELECT COUNT(*) FROM jobs WHERE project = ''")[0][0].as<int>(), 0);
+  }
+  pg.reset();
+  fs::remove_all(dir);
 }
 
 // An unreachable or malformed PostgreSQL URL is UNAVAILABLE, and its password never appears.
