@@ -19,6 +19,7 @@
 #include "server/checkpoint_archive.h"
 #include "server/grpc_status.h"
 #include "server/job_spec.h"
+#include "server/legacy_fields.h"
 #include "server/named_inputs.h"
 #include "server/page_token.h"
 #include "server/to_proto.h"
@@ -407,6 +408,7 @@ absl::StatusOr<JobServiceImpl::Admission> JobServiceImpl::Admit(const v1::JobSpe
                                                                 const Caller& caller, const std::string* job_id) const {
   Admission a;
   a.effective = spec;
+  UpgradeLegacyFields(&a.effective);  // a client built against an older proto/oomb/v1
   absl::StatusOr<JobConfig> resolved = ResolveJobSpec(&a.effective);
   if (!resolved.ok()) return Annotate(resolved.status(), "spec");
   // Inputs named by resource name, as paths of the daemon's (the stored spec keeps the names).

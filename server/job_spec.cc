@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/legacy_fields.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -235,7 +234,6 @@ JobConfig ToConfig(const v1::JobSpec& s) {
 }  // namespace
 
 absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& source, const spec::Lines* lines) {
-  UpgradeLegacyFields(spec);  // a client built against an older proto/oomb/v1
   spec::FillDefaults(spec);
   absl::Status s = spec::CheckRules(*spec, /*check_required=*/true, source, lines);
   std::vector<std::string> choices;

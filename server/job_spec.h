@@ -23,9 +23,8 @@
 
 namespace oomb::server {
 
-// Reads its old fields into their present form (server/legacy_fields.h) and fills `spec`'s
-// defaults in place (what is stored and shown to clients is the effective spec), checks it, and
-// resolves it.
+// Fills `spec`'s defaults in place (what is stored and shown to clients is the effective spec),
+// checks it, and resolves it.
 absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& source = {},
                                          const spec::Lines* lines = nullptr);
 

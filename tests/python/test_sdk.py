@@ -327,6 +327,14 @@ def test_held(daemon, tmp, train, main_yaml):
     check(checked.spec.training.adam.beta1 > 0, "validate_only did not return the effective spec (defaults)")
     checked = client.jobs.create(spec, job_id="sdk-checked", validate_only=True)
     check(checked.id == "sdk-checked", f"validate_only with job_id: {checked.name}")
+    # A client built before evaluation.suites became an enum sends the suites as strings in field 1
+    # (now reserved): CreateJob reads them as the enum (server/legacy_fields.h).
+    legacy = oomb.load_spec(spec)
+    legacy.evaluation.MergeFromString(b"\x0a\x07passkey")  # field 1, length-delimited: "passkey"
+    check(not legacy.evaluation.suites, "the old field parsed as the new one")
+    checked = client.jobs.create(legacy, validate_only=True)
+    check(list(checked.spec.evaluation.suites) == [job_spec_pb2.Evaluation.passkey],
+          f"the old suites field was not read: {checked.spec.evaluation}")
     expect_error(oomb.NotFound, lambda: client.jobs.get("sdk-checked"), "validate_only stored a job")
     check(list(client.jobs.list()) == [], "validate_only stored a job")
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "oomb/v1/rules.pb.h"
+#include "server/legacy_fields.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -351,8 +352,8 @@ TEST(JobSpecTest, EvaluationSuitesAreTheProtoEnumsWords) {
 }
 
 // A client built against the proto before the suites became an enum sends them as strings in
-// field 1 (now reserved; server/legacy_fields.h): they are read as the enum, and the effective
-// spec holds the present form.
+// field 1 (now reserved): CreateJob reads them as the enum (server/legacy_fields.h) before the
+// spec is resolved, and the effective spec holds the present form.
 TEST(JobSpecTest, SuitesSentAsStringsByAnOlderClientAreRead) {
   v1::JobSpec spec;
   spec.mutable_model()->set_path("/m");
@@ -362,6 +363,7 @@ TEST(JobSpecTest, SuitesSentAsStringsByAnOlderClientAreRead) {
   e->GetReflection()->MutableUnknownFields(e)->AddLengthDelimited(1, "passkey");
   v1::JobSpec wire;
   ASSERT_TRUE(wire.ParseFromString(spec.SerializeAsString()));  // as CreateJob receives it
+  UpgradeLegacyFields(&wire);
   absl::StatusOr<JobConfig> c = ResolveJobSpec(&wire);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->evaluation.suites, std::vector<EvalSuite>{EvalSuite::kPasskey});
