@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang, ASan + UBSan; tests/fuzz/CMakeLists.txt) and runs each
-# for a bounded time. Exit status non-zero on any crash, leak, UB report or timeout.
+# Builds the libFuzzer targets (clang, ASan + UBSan; tests/fuzz/CMakeLists.txt) and runs the
+# three at once, each for a bounded time. Exit status non-zero on any crash, leak, UB report or timeout.
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET (default 60)] [BUILD_DIR (default build-fuzz)]
 # (FUZZ_JOBS: parallel compile jobs, default nproc)
 # Findings (crash-*, leak-*, timeout-*) are left in BUILD_DIR/findings/<target>/.
@@ -32,22 +32,30 @@ PY
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-status=0
+# The three targets fuzz at once (each for SECONDS), then each one's result is reported.
+pids=()
 for target in fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec; do
-  corpus="$work/${target#fuzz_}"
   [ "$target" = fuzz_jsonl_dataset ] && corpus="$work/jsonl" dict=tests/fuzz/jsonl.dict
   [ "$target" = fuzz_safetensors ] && corpus="$work/safetensors" dict=tests/fuzz/safetensors.dict
   [ "$target" = fuzz_job_spec ] && corpus="$work/job_spec" dict=tests/fuzz/job_spec.dict
   findings="$build/findings/$target"
   mkdir -p "$findings"
   echo "fuzz: $target for ${seconds}s" >&2
-  if ! "$build/$target" "$corpus" -dict="$dict" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-      -max_len=4096 -artifact_prefix="$findings/" -print_final_stats=1 >"$findings/log.txt" 2>&1; then
+  "$build/$target" "$corpus" -dict="$dict" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -max_len=4096 -artifact_prefix="$findings/" -print_final_stats=1 >"$findings/log.txt" 2>&1 &
+  pids+=("$!")
+done
+status=0
+i=0
+for target in fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec; do
+  findings="$build/findings/$target"
+  if ! wait "${pids[$i]}"; then
     echo "fuzz: $target FAILED; see $findings/log.txt" >&2
     tail -40 "$findings/log.txt" >&2
     status=1
   else
-    grep -E '^(stat::number_of_executed_units|Done)' "$findings/log.txt" | tail -2 >&2 || true
+    echo "fuzz: $target: $(grep -E '^(stat::number_of_executed_units|Done)' "$findings/log.txt" | tail -1)" >&2
   fi
+  i=$((i + 1))
 done
 exit $status

@@ -72,7 +72,7 @@ constexpr int64_t kMaxDifferenceLayers = 8;
 // 16K-token chunk through a few layers would take the CPU many minutes).
 constexpr int64_t kCpuMeasuredChunk = 1024;
 constexpr int64_t kCpuMeasuredPast = 4096;
-constexpr int kMeasureAttempts = 3;
+constexpr int kMeasureAttempts = 5;
 int64_t DifferenceLayers(const ModelConfig& config, const JobConfig& job) {
   const int64_t embeddings = config.vocab_size * config.hidden_size * (config.tie_word_embeddings ? 1 : 2);
   const int64_t layer_bytes = std::max<int64_t>(1, (config.ParameterCount() - embeddings) / config.num_layers) *
@@ -172,17 +172,19 @@ absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const 
         const int64_t c = device.is_cuda() ? chunk_tokens : std::min(chunk_tokens, kCpuMeasuredChunk);
         const int64_t past = device.is_cuda() ? kPastChunks * c : std::min(kPastChunks * c, kCpuMeasuredPast);
         Measured one, more, alone, with;
-        // Differences of medians: noise on a busy machine can make one zero or negative; such a
-        // measurement is taken again (kMeasureAttempts in all), and a difference still not
-        // positive counts as none.
+        // Differences of medians: noise on a busy machine can make one zero or negative, or a
+        // layer's training look cheaper than its forward; such a measurement is taken again
+        // (kMeasureAttempts in all). A difference still not positive counts as none, and a
+        // layer's training as at least its forward.
         for (int attempt = 0; attempt < kMeasureAttempts; ++attempt) {
           OOMB_ASSIGN_OR_RETURN(one, MeasureModel(config, job, 1, c, trainer, timing));
           OOMB_ASSIGN_OR_RETURN(more, MeasureModel(config, job, 1 + k, c, trainer, timing));
           alone = MeasureAttention(config, ModelScalarType(job), c, 0, trainer, timing);
           with = MeasureAttention(config, ModelScalarType(job), c, past, trainer, timing);
-          const bool positive = more.forward_s > one.forward_s && more.train_s > one.train_s &&
-                                with.forward_s > alone.forward_s &&
-                                with.train_s - with.forward_s > alone.train_s - alone.forward_s;
+          // A layer's training includes its forward, so its difference must be the larger.
+          const bool positive =
+              more.forward_s > one.forward_s && more.train_s - one.train_s > more.forward_s - one.forward_s &&
+              with.forward_s > alone.forward_s && with.train_s - with.forward_s > alone.train_s - alone.forward_s;
           if (positive) break;
         }
         const double pairs = static_cast<double>(c) * static_cast<double>(past);
@@ -192,7 +194,8 @@ absl::StatusOr<EngineRates> MeasureEngineRates(const ModelConfig& config, const 
         rates.past_backward_s_per_pair =
             std::max(0.0, (with.train_s - with.forward_s) - (alone.train_s - alone.forward_s)) / pairs;
         const double layer_forward_s = std::max(0.0, more.forward_s - one.forward_s) / static_cast<double>(k);
-        const double layer_train_s = std::max(0.0, more.train_s - one.train_s) / static_cast<double>(k);
+        const double layer_train_s =
+            std::max(layer_forward_s, std::max(0.0, more.train_s - one.train_s) / static_cast<double>(k));
         // A longer chunk: the layers' per-token work grows with its tokens, and its own causal
         // attention by the pairs it adds, C (C - c) / 2, at the past's rate per pair.
         const double f = static_cast<double>(chunk_tokens) / static_cast<double>(c);
