@@ -215,7 +215,8 @@ JobConfig ToConfig(const v1::JobSpec& s) {
             d.too_long() == v1::DataSpec::drop    ? TooLong::kDrop
             : d.too_long() == v1::DataSpec::error ? TooLong::kError
                                                   : TooLong::kTruncate,
-            d.shuffle_seed()};
+            d.shuffle_seed(),
+            d.validation_max_tokens()};
   SetTraining(s.training(), &c.training);
   SetMemoryAndAttention(s, &c);
   c.checkpoint = {s.checkpoint().every_steps(), s.checkpoint().keep_last(), s.checkpoint().dir()};

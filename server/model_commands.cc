@@ -117,6 +117,7 @@ void AddEval(CLI::App* model) {
         o.suites.push_back(*SuiteNamed(name));
       }
     }
+    o.on_warning = [](const std::string& m) { std::cerr << "oombd model eval: warning: " << m << "\n"; };
     auto r = EvaluateModel(o);
     if (!r.ok()) {
       std::cerr << "oombd model eval: " << r.status().message() << "\n";

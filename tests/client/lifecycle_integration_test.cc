@@ -183,7 +183,11 @@ TEST(Lifecycle, EvaluateJobScoresAnAdapterWithoutTraining) {
   EXPECT_EQ(mine, theirs);
   EXPECT_TRUE(mine["suites"]["passkey"].contains("accuracy")) << mine.dump(2);
   EXPECT_EQ(mine["suites"]["positions"]["buckets"].size(), 1u) << mine.dump(2);
-  EXPECT_NEAR(got["progress"]["eval_loss"].get<double>(), train_job["progress"]["eval_loss"].get<double>(), 1e-9);
+  // The evaluate job takes the validation loss from the positions suite's buckets (the same
+  // samples, one sequence each), the training job from a forward of its own over them packed:
+  // float32 summation apart.
+  const double want_loss = train_job["progress"]["eval_loss"].get<double>();
+  EXPECT_NEAR(got["progress"]["eval_loss"].get<double>(), want_loss, 1e-6 * want_loss);
 
   std::vector<std::string> states;
   int steps = 0;

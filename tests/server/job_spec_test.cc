@@ -144,6 +144,7 @@ data:
   packing: false
   too_long: drop
   shuffle_seed: -3
+  validation_max_tokens: 4096
 training:
   max_steps: 7
   batch_sequences: 2
@@ -174,6 +175,7 @@ resources: {device: "cuda:1", gpus: 1, priority: -5, max_retries: 0, max_runtime
   EXPECT_FALSE(s.data.packing);
   EXPECT_EQ(s.data.too_long, TooLong::kDrop);
   EXPECT_EQ(s.data.shuffle_seed, -3);
+  EXPECT_EQ(s.data.validation_max_tokens, 4096);
   EXPECT_EQ(s.training.lr_schedule, LrSchedule::kLinear);
   EXPECT_EQ(s.memory.chunk_tokens, 1024);
   EXPECT_EQ(s.memory.kv_offload, KvOffload::kHost);

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -136,6 +137,10 @@ class Run final : public StepSync {
   // method.type evaluate: data.validation's loss and the evaluation section, once, reported as
   // step 0 of 0 (one metrics.jsonl line, one on_step); no checkpoint.
   absl::StatusOr<RunResult> EvaluateOnly();
+  // data.validation's mean loss, with what it is over, into `report`: from the positions
+  // suite's buckets when given (they score the same samples, one sequence each), else a
+  // forward of its own (every rank its share).
+  absl::Status Validate(const SuiteResult* positions, StepReport* report);
   // Rank 0: completes the step's report with its place in the run, writes its metrics.jsonl
   // line, announces it and writes the periodic checkpoint (into `result`).
   absl::Status Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result);
@@ -149,7 +154,8 @@ class Run final : public StepSync {
   // What the run is made of, set up by Setup(): its data, evaluation, checkpoints, model and
   // session.
   std::optional<TrainingBatches> batches_;
-  std::vector<TokenSequence> validation_;  // data.validation packed, for the validation loss
+  std::vector<TokenSequence> validation_;                   // data.validation packed, for the validation loss
+  int64_t validation_samples_ = 0, validation_tokens_ = 0;  // its samples and label tokens
   std::optional<EvaluationSchedule> evaluation_;
   std::optional<Checkpointer> checkpointer_;
   std::unique_ptr<Transformer> model_;
@@ -188,6 +194,11 @@ absl::Status Run::Setup() {
                         Checkpointer::Open(job_, *data.model_dir, *options_.checkpoint_dir, options_.on_checkpoint));
   if (!job_.data.validation.empty()) {
     validation_ = PackDocuments(data.validation, job_.data.max_seq_len, job_.data.packing, -1);
+    validation_samples_ = static_cast<int64_t>(data.validation.size());
+    for (const TokenSequence& s : validation_) {
+      validation_tokens_ +=
+          std::count_if(s.labels.begin(), s.labels.end(), [](int64_t l) { return l != kIgnoreLabel; });
+    }
   }
   OOMB_ASSIGN_OR_RETURN(evaluation_, EvaluationSchedule::Prepare(job_, data, *options_.files));
   batches_.emplace(job_, std::move(data.train));
@@ -273,7 +284,7 @@ absl::StatusOr<RunResult> Run::Train() {
     state_.loss = report->loss;
     const int64_t every = job_.training.eval_every_steps;
     if (!validation_.empty() && (state_.step == total_steps || (every > 0 && state_.step % every == 0))) {
-      OOMB_ASSIGN_OR_RETURN(report->eval_loss, session_->Evaluate(validation_));
+      OOMB_RETURN_IF_ERROR(Validate(/*positions=*/nullptr, &*report));
     }
     if (lead() && evaluation_->Due(state_.step, total_steps)) {  // rank 0's report carries it
       absl::StatusOr<EvalReport> evaluation = evaluation_->Run(session_->trainer());
@@ -301,16 +312,20 @@ absl::StatusOr<RunResult> Run::EvaluateOnly() {
   OOMB_ASSIGN_OR_RETURN(metrics_, MetricsLog::Open(*options_.checkpoint_dir));
   StepReport report;
   absl::Status evaluated = [&]() -> absl::Status {
+    if (!job_.evaluation.suites.empty()) {
+      OOMB_ASSIGN_OR_RETURN(report.evaluation, evaluation_->Run(session_->trainer()));
+    }
     if (!validation_.empty()) {
-      OOMB_ASSIGN_OR_RETURN(report.eval_loss, session_->Evaluate(validation_));
+      const SuiteResult* positions = nullptr;
+      if (report.evaluation && report.evaluation->count(EvalSuite::kPositions) > 0) {
+        positions = &report.evaluation->at(EvalSuite::kPositions);
+      }
+      OOMB_RETURN_IF_ERROR(Validate(positions, &report));
       if (!std::isfinite(report.eval_loss)) {  // a NaN or infinite adapter: a failure, never a result
         return WithReason(absl::InternalError(absl::StrCat("the validation loss is ", report.eval_loss,
                                                            " (non-finite weights in method.lora.init_adapter?)")),
                           Reason::kNanLoss);
       }
-    }
-    if (!job_.evaluation.suites.empty()) {
-      OOMB_ASSIGN_OR_RETURN(report.evaluation, evaluation_->Run(session_->trainer()));
     }
     return absl::OkStatus();
   }();
@@ -320,6 +335,23 @@ absl::StatusOr<RunResult> Run::EvaluateOnly() {
   if (options_.on_step) options_.on_step(report);
   OOMB_RETURN_IF_ERROR(written);
   return RunResult{};
+}
+
+absl::Status Run::Validate(const SuiteResult* positions, StepReport* report) {
+  report->eval_samples = validation_samples_;
+  if (positions == nullptr) {
+    report->eval_tokens = validation_tokens_;
+    OOMB_ASSIGN_OR_RETURN(report->eval_loss, session_->Evaluate(validation_));
+    return absl::OkStatus();
+  }
+  double loss_sum = 0;
+  report->eval_tokens = 0;
+  for (const PositionLoss& b : positions->buckets) {
+    loss_sum += b.loss * static_cast<double>(b.tokens);
+    report->eval_tokens += b.tokens;
+  }
+  report->eval_loss = report->eval_tokens > 0 ? loss_sum / static_cast<double>(report->eval_tokens) : 0.0;
+  return absl::OkStatus();
 }
 
 absl::Status Run::Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result) {

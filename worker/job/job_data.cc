@@ -9,6 +9,25 @@
 #include "worker/common/status.h"
 
 namespace oomb {
+namespace {
+
+// The first `max_tokens` tokens of `docs` in their order, the last document kept cut; 0: all.
+void KeepFirstTokens(int64_t max_tokens, std::vector<Document>* docs) {
+  if (max_tokens <= 0) return;
+  int64_t budget = max_tokens;
+  size_t kept = 0;
+  for (; kept < docs->size() && budget > 0; ++kept) {
+    Document& doc = (*docs)[kept];
+    if (static_cast<int64_t>(doc.ids.size()) > budget) {
+      doc.ids.resize(budget);
+      doc.labels.resize(budget);
+    }
+    budget -= static_cast<int64_t>(doc.ids.size());
+  }
+  docs->resize(kept);
+}
+
+}  // namespace
 
 absl::StatusOr<JobData> ReadJobData(const JobConfig& job, const FileAccess& files) {
   JobData data;
@@ -40,6 +59,7 @@ absl::StatusOr<JobData> ReadJobData(const JobConfig& job, const FileAccess& file
     absl::StatusOr<File> validation = files.OpenFile(job.data.validation);
     if (!validation.ok()) return Annotate(validation.status(), "data.validation");
     OOMB_ASSIGN_OR_RETURN(data.validation, ReadJsonlDataset(*validation, loader, options, nullptr));
+    KeepFirstTokens(job.data.validation_max_tokens, &data.validation);
   }
   data.tokenizer = model_tokenizer.TakeTokenizer();
   data.chat = model_tokenizer.TakeChat();

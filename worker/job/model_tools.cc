@@ -2,13 +2,18 @@
 
 #include <ATen/ATen.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
-#include <limits>
+#include <cerrno>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "kernels/torch/matmul.h"
+#include "worker/common/checkpoint_dir.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/hf/chat_template.h"
@@ -17,7 +22,7 @@
 #include "worker/hf/tokenizer.h"
 #include "worker/job/build_info.h"
 #include "worker/job/device.h"
-#include "worker/job/eval_suites.h"
+#include "worker/job/executor.h"
 #include "worker/job/model_loader.h"
 #include "worker/model/transformer.h"
 #include "worker/session/training_session.h"
@@ -92,12 +97,6 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadModel(const Dir& model_dir, con
   return LoadForEvaluation(source, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, on, std::move(rope));
 }
 
-// A model (and adapter) loaded for evaluation, and its evaluate session (EvaluateSession).
-struct Evaluator {
-  std::unique_ptr<Transformer> model;
-  std::unique_ptr<TrainingSession> session;
-};
-
 // The session an evaluate job of `model` would run (method.type evaluate): its pages planned by
 // the memory planner for sequences up to `longest` tokens on this machine, in chunks of
 // `chunk_tokens`.
@@ -115,118 +114,100 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> EvaluateSession(Transformer& mo
   return TrainingSession::Create(&model, job, std::move(session));
 }
 
-absl::StatusOr<Evaluator> MakeEvaluator(const EvalOptions& o, const Dir& model_dir, int64_t longest) {
-  Evaluator e;
-  OOMB_ASSIGN_OR_RETURN(e.model, LoadModel(model_dir, o.adapter_dir, o.dtype, o.device, o.rope_scaling));
-  OOMB_ASSIGN_OR_RETURN(e.session, EvaluateSession(*e.model, o.dtype, o.chunk_tokens, longest));
-  return e;
+// The evaluate job `oombd model eval` runs: its flags as the spec's fields. Samples are scored
+// one sequence each (no packing, no length limit), and the pages are the planner's for the
+// longest.
+JobConfig EvaluateJob(const EvalOptions& o) {
+  JobConfig job;
+  job.display_name = "oombd model eval";
+  job.model.path = o.model_dir;
+  job.model.dtype = o.dtype == "bfloat16" ? ModelDtype::kBFloat16 : ModelDtype::kFloat32;
+  job.model.rope_scaling = o.rope_scaling;
+  job.method.type = TrainMethod::kEvaluate;
+  job.method.lora.init_adapter = o.adapter_dir;
+  const bool positions = std::find(o.suites.begin(), o.suites.end(), EvalSuite::kPositions) != o.suites.end();
+  if (o.loss || positions) job.data.validation = o.data_path;
+  job.data.max_seq_len = int64_t{1} << 31;  // the spec's largest: no sample is cut
+  job.data.packing = false;
+  job.data.validation_max_tokens = o.max_tokens;
+  job.memory.chunk_tokens = o.chunk_tokens;
+  job.checkpoint.every_steps = 0;
+  job.resources.device = o.device;
+  job.evaluation = {.suites = o.suites,
+                    .every_steps = 0,
+                    .lengths = o.lengths,
+                    .depths = o.depths,
+                    .trials = o.trials,
+                    .seed = o.seed,
+                    .haystack = o.haystack};
+  return job;
 }
 
-// `r`, its error prefixed with `flag`.
-template <typename T>
-absl::StatusOr<T> Annotated(absl::StatusOr<T> r, const char* flag) {
-  if (!r.ok()) return Annotate(r.status(), flag);
-  return r;
+// `s` with the spec's field names in its message replaced by the command's flags.
+absl::Status NamingFlags(const absl::Status& s) {
+  const std::string message = absl::StrReplaceAll(s.message(), {{"model.path", "--model"},
+                                                                {"method.lora.init_adapter", "--adapter"},
+                                                                {"data.validation", "--data"},
+                                                                {"evaluation.haystack", "--haystack"},
+                                                                {"evaluation.lengths", "--lengths"},
+                                                                {"resources.device", "--device"},
+                                                                {"memory.chunk_tokens", "--chunk-tokens"}});
+  absl::Status out(s.code(), message);
+  s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
 }
 
-bool Wants(const EvalOptions& o, EvalSuite suite) {
-  return std::find(o.suites.begin(), o.suites.end(), suite) != o.suites.end();
-}
+// A fresh directory for the job's metrics.jsonl, removed with this object.
+class ScratchDir {
+ public:
+  static absl::StatusOr<ScratchDir> Make() {
+    std::string path = (std::filesystem::temp_directory_path() / "oomb-eval-XXXXXX").string();
+    if (::mkdtemp(path.data()) == nullptr) return ErrnoStatus(errno, "mkdtemp", path);
+    return ScratchDir(std::move(path));
+  }
+  ScratchDir(ScratchDir&& other) noexcept : path_(std::exchange(other.path_, "")) {}
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  ScratchDir& operator=(ScratchDir&&) = delete;
+  ~ScratchDir() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
 
-// The data's samples, cut after max_tokens tokens in all.
-absl::StatusOr<std::vector<Document>> ReadSamples(const EvalOptions& o, const Dir& model_dir,
-                                                  ModelTokenizer& tokenizer) {
-  const std::shared_ptr<const FileAccess> files = FileAccess::Unconfined();
-  DatasetOptions d;
-  d.field = "--data";
-  d.max_seq_len = int64_t{1} << 31;
-  OOMB_ASSIGN_OR_RETURN(d.vocab_size, ModelVocabSize(model_dir));
-  OOMB_ASSIGN_OR_RETURN(const File data, files->OpenFile(o.data_path));
-  OOMB_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadJsonlDataset(data, tokenizer.Loader(), d, nullptr));
-  int64_t budget = o.max_tokens > 0 ? o.max_tokens : std::numeric_limits<int64_t>::max();
-  std::vector<Document> kept;
-  for (Document& doc : docs) {
-    if (budget <= 0) break;
-    if (static_cast<int64_t>(doc.ids.size()) > budget) {
-      doc.ids.resize(budget);
-      doc.labels.resize(budget);
-    }
-    budget -= static_cast<int64_t>(doc.ids.size());
-    kept.push_back(std::move(doc));
-  }
-  return kept;
-}
-
-// The suites' inputs: --data's samples (the loss, positions), the model's tokenizer (passkey,
-// needle) and the haystack's text (needle).
-absl::StatusOr<SuiteInputs> EvalInputs(const EvalOptions& o, const Dir& model_dir,
-                                       std::unique_ptr<Tokenizer>* tokenizer) {
-  SuiteInputs in;
-  in.retrieval = {o.lengths, o.depths, o.trials, o.seed};
-  if (o.loss || Wants(o, EvalSuite::kPositions)) {
-    if (o.data_path.empty()) return absl::InvalidArgumentError("--data: required by the loss and positions suites");
-    ModelTokenizer data_tokenizer(model_dir, "--model");
-    OOMB_ASSIGN_OR_RETURN(in.samples, ReadSamples(o, model_dir, data_tokenizer));
-  }
-  if (Wants(o, EvalSuite::kPasskey) || Wants(o, EvalSuite::kNeedle)) {
-    OOMB_ASSIGN_OR_RETURN(*tokenizer, Tokenizer::FromModelDir(model_dir));
-    in.tokenizer = tokenizer->get();
-  }
-  if (Wants(o, EvalSuite::kNeedle)) {
-    if (o.haystack.empty()) return absl::InvalidArgumentError("--haystack: required by the needle suite");
-    OOMB_ASSIGN_OR_RETURN(in.haystack, Annotated(FileAccess::Unconfined()->ReadFile(o.haystack), "--haystack"));
-  }
-  return in;
-}
-
-// The mean loss over `samples`, each its own sequence: from the positions suite's buckets when
-// it ran (they cover every position), else a forward of its own.
-absl::Status ScoreLoss(ChunkTrainer& trainer, const std::vector<Document>& samples, EvalResult* r) {
-  r->samples = static_cast<int64_t>(samples.size());
-  double loss_sum = 0;
-  if (const auto p = r->suites.find(EvalSuite::kPositions); p != r->suites.end()) {
-    for (const PositionLoss& b : p->second.buckets) {
-      loss_sum += b.loss * static_cast<double>(b.tokens);
-      r->tokens += b.tokens;
-    }
-  } else {
-    std::vector<TokenSequence> seqs(samples.size());
-    for (size_t i = 0; i < samples.size(); ++i) seqs[i].Append(samples[i]);
-    OOMB_ASSIGN_OR_RETURN(const DataScore d, ScoreData(trainer, seqs, /*by_position=*/false));
-    loss_sum = d.loss_sum;
-    r->tokens = d.tokens;
-  }
-  r->mean_loss = r->tokens > 0 ? loss_sum / static_cast<double>(r->tokens) : 0.0;
-  return absl::OkStatus();
-}
+ private:
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
 
 }  // namespace
 
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
-  return Guarded(
-      [&]() -> absl::StatusOr<EvalResult> {
-        OOMB_ASSIGN_OR_RETURN(const Dir model_dir, FileAccess::Unconfined()->OpenDir(o.model_dir));
-        std::unique_ptr<Tokenizer> tokenizer;
-        OOMB_ASSIGN_OR_RETURN(const SuiteInputs inputs, EvalInputs(o, model_dir, &tokenizer));
-        std::vector<std::pair<EvalSuite, std::unique_ptr<Suite>>> suites;
-        int64_t longest = 1;
-        for (const Document& d : inputs.samples) longest = std::max(longest, static_cast<int64_t>(d.ids.size()));
-        for (const EvalSuite suite : o.suites) {
-          OOMB_ASSIGN_OR_RETURN(
-              std::unique_ptr<Suite> made,
-              Annotated(MakeSuite(suite, inputs), suite == EvalSuite::kNeedle ? "--haystack" : "--lengths"));
-          longest = std::max(longest, made->longest());
-          suites.emplace_back(suite, std::move(made));
-        }
-        OOMB_ASSIGN_OR_RETURN(Evaluator e, MakeEvaluator(o, model_dir, longest));
-        EvalResult r;
-        for (const auto& [suite, s] : suites) {
-          OOMB_ASSIGN_OR_RETURN(r.suites[suite], s->Score(e.session->trainer()));
-        }
-        if (o.loss) OOMB_RETURN_IF_ERROR(ScoreLoss(e.session->trainer(), inputs.samples, &r));
-        return r;
-      },
-      "evaluation");
+  const bool positions = std::find(o.suites.begin(), o.suites.end(), EvalSuite::kPositions) != o.suites.end();
+  if ((o.loss || positions) && o.data_path.empty()) {
+    return absl::InvalidArgumentError("--data: required by the loss and positions suites");
+  }
+  if (std::find(o.suites.begin(), o.suites.end(), EvalSuite::kNeedle) != o.suites.end() && o.haystack.empty()) {
+    return absl::InvalidArgumentError("--haystack: required by the needle suite");
+  }
+  OOMB_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Make());
+  RunOptions run;
+  run.files = FileAccess::Unconfined();
+  OOMB_ASSIGN_OR_RETURN(run.checkpoint_dir, ClaimCheckpointDir(*run.files, scratch.path(), "oombd-model-eval"));
+  std::optional<StepReport> report;
+  run.on_step = [&](const StepReport& r) { report = r; };
+  run.on_warning = o.on_warning;
+  const absl::StatusOr<RunResult> ran = RunJob(EvaluateJob(o), run);
+  if (!ran.ok()) return NamingFlags(ran.status());
+  if (!report.has_value()) return absl::InternalError("the evaluate job reported nothing");
+  EvalResult r;
+  if (o.loss) {
+    r.mean_loss = report->eval_loss;
+    r.tokens = report->eval_tokens;
+    r.samples = report->eval_samples;
+  }
+  if (report->evaluation.has_value()) r.suites = *std::move(report->evaluation);
+  return r;
 }
 
 namespace {

@@ -43,6 +43,8 @@ struct EvalOptions {
   // RoPE scaling over config.json's and the adapter's (e.g. the base model evaluated with the
   // scaling a fine-tune will use: the "before" figures).
   std::optional<RopeScalingOverride> rope_scaling = std::nullopt;
+  // The run's warnings (worker/job/executor.h, RunOptions::on_warning); may be empty.
+  std::function<void(const std::string&)> on_warning;
 };
 
 struct EvalResult {
@@ -52,9 +54,13 @@ struct EvalResult {
   EvalReport suites;  // those asked for
 };
 
-// Scores every sample separately (no packing) with the chunked forward (so a long evaluation
-// fits wherever a training step of its length does), then the retrieval suites' documents.
-// INVALID_ARGUMENT naming the flag of a missing input.
+// Runs the evaluate job (method.type evaluate) of these options through the job executor
+// (worker/job/executor.h, RunJob): --data as data.validation, each sample its own sequence (no
+// packing, no length limit) cut after max_tokens tokens in all (data.validation_max_tokens), the
+// suites as the evaluation section, pages planned by the memory planner, its metrics.jsonl in a
+// scratch directory removed afterwards. Errors are the job's, naming the command's flags instead
+// of the spec's fields (--data for data.validation), with their reasons; INVALID_ARGUMENT naming
+// the flag of a missing input.
 absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& options);
 
 struct GenerateOptions {

@@ -27,7 +27,8 @@ absl::Status MetricsLog::Append(const StepReport& r) {
                          {"pcie_d2h_bytes", r.pcie_d2h_bytes},
                          {"swapped_bytes", r.swapped_bytes},
                          {"swapped_chunks", r.swapped_chunks}};
-  if (r.eval_loss > 0) line["eval_loss"] = r.eval_loss;
+  if (r.eval_loss > 0)
+    line.update({{"eval_loss", r.eval_loss}, {"eval_tokens", r.eval_tokens}, {"eval_samples", r.eval_samples}});
   if (r.evaluation.has_value()) line["evaluation"] = EvalReportJson(*r.evaluation);
   if (r.attention_density > 0) line["attention_density"] = r.attention_density;
   const std::string text = line.dump() + "\n";

@@ -3,7 +3,7 @@
 // the file; its fields:
 //   step, loss, lr, tokens, seconds, tokens_per_second, peak_device_bytes, peak_host_bytes,
 //   pcie_h2d_bytes, pcie_d2h_bytes, swapped_bytes, swapped_chunks (StepReport), and
-//   eval_loss / attention_density / evaluation (the
+//   eval_loss with eval_tokens and eval_samples / attention_density / evaluation (the
 //   evaluation section's results: positions, passkey, needle) where the step has them.
 // Torch-free. Thread-safety: one writer per file.
 #ifndef OOMB_WORKER_METRICS_METRICS_LOG_H_

@@ -21,6 +21,9 @@ struct StepReport {
   double learning_rate = 0;
   double eta_seconds = 0;
   double eval_loss = 0;  // > 0 when an eval ran at this step
+  // What eval_loss is the mean over: data.validation's label tokens and samples.
+  int64_t eval_tokens = 0;
+  int64_t eval_samples = 0;
   // The evaluation section's suites, when they ran at this step.
   std::optional<EvalReport> evaluation = std::nullopt;
 

@@ -67,6 +67,7 @@ struct JobConfig {
     bool packing = true;
     TooLong too_long = TooLong::kTruncate;
     int64_t shuffle_seed = 0;
+    int64_t validation_max_tokens = 0;  // 0: every validation token
   } data;
 
   struct Training {

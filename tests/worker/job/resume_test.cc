@@ -377,6 +377,58 @@ TEST(ModelToolsTest, TheDeviceIsTheOneAskedForOrAnError) {
   EXPECT_TRUE(EvaluateModel(e).ok());
 }
 
+// `oombd model eval` is the evaluate job (method.type evaluate) run by the executor: its loss,
+// label tokens and samples over --data cut after --max-tokens are those of the job with
+// data.validation and data.validation_max_tokens (each sample its own sequence), which writes
+// them to metrics.jsonl. The cut keeps whole samples and cuts the last one.
+TEST(ModelToolsTest, ModelEvalIsTheEvaluateJob) {
+  const Fixture f = MakeFixture("evaljob");
+  const std::string root = fs::path(f.model_dir).parent_path().string();
+  const std::vector<std::vector<int64_t>> docs = testing::RandomDocs(4, 12, 30, 61, 7);
+  const std::string data = root + "/val.jsonl";
+  testing::WriteInputIdsJsonl(data, docs);
+  const int64_t max_tokens = static_cast<int64_t>(docs[0].size() + docs[1].size()) + 5;  // 2 whole, 5 of the 3rd
+  JobConfig job = MakeSpec(f);
+  job.method.type = TrainMethod::kEvaluate;
+  job.data.train.clear();
+  job.data.validation = data;
+  job.data.packing = false;
+  job.data.validation_max_tokens = max_tokens;
+  RunOptions options;
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(root + "/evaljob");
+  options.devices = {"cpu"};
+  std::optional<StepReport> report;
+  options.on_step = [&](const StepReport& p) { report = p; };
+  ASSERT_TRUE(RunJob(job, options).ok());
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->eval_samples, 3);
+  // A sample of n tokens has n - 1 labels (each token predicts the next).
+  EXPECT_EQ(report->eval_tokens, static_cast<int64_t>(docs[0].size() - 1 + docs[1].size() - 1 + 5 - 1));
+  std::ifstream metrics(root + "/evaljob/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  const auto logged = nlohmann::json::parse(line);
+  EXPECT_EQ(logged["eval_tokens"], report->eval_tokens);
+  EXPECT_EQ(logged["eval_samples"], 3);
+
+  EvalOptions e;
+  e.model_dir = f.model_dir;
+  e.data_path = data;
+  e.max_tokens = max_tokens;
+  e.chunk_tokens = job.memory.chunk_tokens;
+  e.dtype = "float32";
+  e.device = "cpu";
+  const absl::StatusOr<EvalResult> r = EvaluateModel(e);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->samples, report->eval_samples);
+  EXPECT_EQ(r->tokens, report->eval_tokens);
+  EXPECT_NEAR(r->mean_loss, report->eval_loss, 1e-6 * report->eval_loss);
+  // The job's errors name the command's flags.
+  e.data_path = root + "/missing.jsonl";
+  EXPECT_THAT(std::string(EvaluateModel(e).status().message()), ::testing::StartsWith("--data: "));
+}
+
 TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
   const Fixture f = MakeFixture("eval_pause");
   JobConfig job = MakeSpec(f);
