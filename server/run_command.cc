@@ -13,7 +13,9 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <utility>
 
+#include "proto/spec/spec_codec.h"
 #include "server/commands.h"
 #include "server/job_files.h"
 #include "server/job_spec.h"
@@ -59,8 +61,8 @@ struct RunFlags {
 
 // The spec at f.spec_path with f's overrides, resolved; its checkpoint directory made absolute
 // (the flag, else the spec's, else oomb-run-NAME) and checked; its RoPE scaling checked against
-// the model's config.json, whose warnings are printed.
-absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f) {
+// the model's config.json, whose warnings are printed. `spec_yaml`: the spec as resolved.
+absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f, std::string* spec_yaml) {
   std::vector<std::string> sets = f.sets;
   if (!f.device.empty()) sets.push_back("resources.device=" + f.device);  // rank 0's; more: the next ones
   v1::JobSpec proto;
@@ -68,6 +70,7 @@ absl::StatusOr<JobConfig> LoadRunSpec(const RunFlags& f) {
   absl::Status loaded = spec::LoadYamlFile(f.spec_path, sets, &proto, &lines);
   absl::StatusOr<JobConfig> job = loaded.ok() ? ResolveJobSpec(&proto, {f.spec_path, ""}, &lines) : loaded;
   if (!job.ok()) return job.status();
+  *spec_yaml = spec::ToYaml(proto);
   const std::string dir = !f.checkpoint_dir.empty() ? f.checkpoint_dir
                           : !job->checkpoint.dir.empty()
                               ? job->checkpoint.dir
@@ -133,7 +136,8 @@ void ReportTo(bool tty, RunOptions* options) {
 }
 
 int RunMain(const RunFlags& f) {
-  absl::StatusOr<JobConfig> job = LoadRunSpec(f);
+  std::string spec_yaml;
+  absl::StatusOr<JobConfig> job = LoadRunSpec(f, &spec_yaml);
   if (!job.ok()) {
     std::cerr << "oombd run: " << job.status().message() << "\n";
     return 2;
@@ -148,6 +152,7 @@ int RunMain(const RunFlags& f) {
   }
   options.checkpoint_dir = *std::move(claimed);
   options.resume = f.resume;
+  options.spec_yaml = std::move(spec_yaml);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   ReportTo(tty, &options);
   std::signal(SIGINT, OnSigint);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/time_util.h"
+#include "proto/spec/spec_codec.h"
 #include "server/job_spec.h"
 #include "server/named_inputs.h"
 #include "server/to_proto.h"
@@ -797,6 +798,7 @@ void Scheduler::RunOne(const v1::Job& job, const std::vector<std::string>& devic
   } else {
     RunOptions o = RunOptionsFor(id, devices, resolved->job, stop, &timed_out);
     o.files = *std::move(inputs);  // the project's roots, and the grants of its named inputs
+    o.spec_yaml = spec::ToYaml(job.spec());
     spdlog::info("{}: running on {} (resume={})", job.name(), absl::StrJoin(devices, ","), o.resume);
     result = Execute(id, job.checkpoint_dir(), resolved->job, std::move(o), project);
   }

@@ -190,8 +190,8 @@ absl::Status Run::Agree(const absl::Status& mine, std::vector<double>* sums) {
 
 absl::Status Run::Setup() {
   OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(job_, *options_.files));
-  OOMB_ASSIGN_OR_RETURN(checkpointer_,
-                        Checkpointer::Open(job_, *data.model_dir, *options_.checkpoint_dir, options_.on_checkpoint));
+  OOMB_ASSIGN_OR_RETURN(checkpointer_, Checkpointer::Open(job_, *data.model_dir, *options_.checkpoint_dir,
+                                                          options_.spec_yaml, options_.on_checkpoint));
   if (!job_.data.validation.empty()) {
     validation_ = PackDocuments(data.validation, job_.data.max_seq_len, job_.data.packing, -1);
     validation_samples_ = static_cast<int64_t>(data.validation.size());

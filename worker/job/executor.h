@@ -68,6 +68,8 @@ struct RunOptions {
   // devices for the other ranks (the CPU: every rank on the CPU).
   std::vector<std::string> devices;
   bool resume = false;  // continue from the newest valid checkpoint in checkpoint_dir
+  // The job's spec as it runs (YAML), shown in each checkpoint's model card; empty: not shown.
+  std::string spec_yaml;
   std::function<void(const StepReport&)> on_step;
   std::function<void(const CheckpointInfo&)> on_checkpoint;
   std::function<void(const std::string&)> on_warning;

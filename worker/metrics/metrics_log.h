@@ -9,6 +9,8 @@
 #ifndef OOMB_WORKER_METRICS_METRICS_LOG_H_
 #define OOMB_WORKER_METRICS_METRICS_LOG_H_
 
+#include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,9 +19,30 @@
 
 namespace oomb {
 
+// What Hugging Face's TrainerState holds beside its log: the checkpoint's place and the run's
+// settings.
+struct HfTrainerFacts {
+  int64_t global_step = 0;  // the checkpoint's step
+  double epoch = 0;         // the epoch of the next sequence
+  int64_t max_steps = 0;    // training.max_steps (0 when training.epochs decides)
+  int64_t num_train_epochs = 0;
+  int64_t train_batch_size = 1;  // training.batch_sequences
+  int64_t save_steps = 0;        // checkpoint.every_steps
+  int64_t eval_steps = 0;        // training.eval_every_steps
+  int64_t num_input_tokens_seen = 0;
+};
+
 class MetricsLog {
  public:
   static constexpr char kFileName[] = "metrics.jsonl";
+
+  // Hugging Face's trainer_state.json (transformers.TrainerState: TrainerState.load_from_json
+  // reads it, and the tools that plot its log_history) for a checkpoint at facts.global_step,
+  // from `dir`/metrics.jsonl: every step up to it (of a step a resumed run logged twice, the
+  // newer line) as {"step", "loss", "learning_rate", "num_input_tokens_seen"}, and after a step
+  // that evaluated, {"step", "eval_loss", "eval_<suite>_accuracy"}. A line that is not JSON (a
+  // torn last line) is skipped; no file: an empty log. Errors: reading the file.
+  static absl::StatusOr<nlohmann::json> HfTrainerState(const Dir& dir, const HfTrainerFacts& facts);
 
   // Opens (creating) `dir`/metrics.jsonl for appending.
   static absl::StatusOr<MetricsLog> Open(const Dir& dir);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/common/status.h"
 #include "worker/hf/loading_code.h"
+#include "worker/hf/model_card.h"
 #include "worker/hf/safetensors.h"
 
 namespace oomb {
@@ -23,7 +24,8 @@ namespace {
 using nlohmann::json;
 
 constexpr char kManifest[] = "oomb_checkpoint.json";
-constexpr char kState[] = "trainer_state.json";
+constexpr char kState[] = "oomb_state.json";
+constexpr char kHfState[] = "trainer_state.json";  // Hugging Face's; oomb's state before kState
 constexpr char kOptimizer[] = "optimizer.pt";
 constexpr char kPartial[] = ".tmp-";
 
@@ -43,11 +45,22 @@ absl::StatusOr<uint32_t> FileCrc32(const Dir& dir, const std::string& name, int6
   return static_cast<uint32_t>(crc);
 }
 
+// The resume state of `dir` (TrainerState's keys): kState, or kHfState in a checkpoint written
+// before kState existed.
+absl::StatusOr<json> ReadState(const Dir& dir) {
+  absl::StatusOr<std::string> text = dir.ReadFile(kState, 1 << 20);
+  if (absl::IsNotFound(text.status())) text = dir.ReadFile(kHfState, 1 << 20);
+  if (!text.ok()) return text.status();
+  json j = json::parse(*text, nullptr, false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() || !j.contains("cursor")) {
+    return absl::DataLossError(absl::StrCat(dir.path(), ": ", kState, " is not valid"));
+  }
+  return j;
+}
+
 int64_t StepOf(const Dir& dir) {
-  auto text = dir.ReadFile(kState, 1 << 20);
-  if (!text.ok()) return -1;
-  const json j = json::parse(*text, nullptr, false);
-  return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : -1;
+  absl::StatusOr<json> j = ReadState(dir);
+  return j.ok() ? (*j)["step"].get<int64_t>() : -1;
 }
 
 // LibTorch's serializer writing into `fd` (it calls back with each block).
@@ -105,6 +118,10 @@ absl::Status WriteFiles(const Dir& tmp, const Transformer& model, torch::optim::
                    {"tokens", state.tokens},
                    {"loss", state.loss}};
   OOMB_RETURN_IF_ERROR(tmp.WriteFileAtomic(kState, st.dump(2) + "\n"));
+  if (!options.hf_trainer_state_json.empty()) {
+    OOMB_RETURN_IF_ERROR(tmp.WriteFileAtomic(kHfState, options.hf_trainer_state_json));
+  }
+  if (!options.model_card.empty()) OOMB_RETURN_IF_ERROR(tmp.WriteFileAtomic(kModelCardFile, options.model_card));
   for (const auto& [name, contents] : options.base_files) OOMB_RETURN_IF_ERROR(tmp.WriteFileAtomic(name, contents));
   return absl::OkStatus();
 }
@@ -197,9 +214,7 @@ absl::StatusOr<TrainerState> RestoreCheckpoint(const Dir& dir, Transformer& mode
     }
   }
   OOMB_RETURN_IF_ERROR(LoadOptimizer(optimizer, dir));
-  OOMB_ASSIGN_OR_RETURN(std::string text, dir.ReadFile(kState, 1 << 20));
-  const json j = json::parse(text, nullptr, false);
-  if (!j.is_object()) return absl::DataLossError(absl::StrCat(dir.path(), ": trainer_state.json is not valid"));
+  OOMB_ASSIGN_OR_RETURN(const json j, ReadState(dir));
   TrainerState s;
   s.step = j.value("step", int64_t{0});
   s.epoch = j.value("epoch", int64_t{0});

@@ -7,7 +7,9 @@
 //   model.safetensors + config.json                   (full fine-tuning; HF's layout)
 //   tokenizer.json, tokenizer_config.json, ...        copied from the base model
 //   optimizer.pt                                      AdamW state (LibTorch serialization)
-//   trainer_state.json                                step, epoch, data position, tokens
+//   oomb_state.json                                   step, epoch, data position, tokens (resume)
+//   trainer_state.json                                Hugging Face's TrainerState: the loss log
+//   README.md                                         the model card
 //   oomb_checkpoint.json                              the manifest: every file's size and CRC-32
 // It is written into `<name>.tmp-<pid>`, every file fsync'ed, then renamed into place and the
 // parent fsync'ed: a crash leaves either the previous set of checkpoints or the new one. On
@@ -49,6 +51,10 @@ struct CheckpointWriteOptions {
   // Files copied from the base model (tokenizer.json, tokenizer_config.json, ...): name ->
   // contents, read once when the job started.
   std::map<std::string, std::string> base_files;
+  // trainer_state.json's contents, in Hugging Face's schema (MetricsLog::HfTrainerState); empty:
+  // none.
+  std::string hf_trainer_state_json;
+  std::string model_card;  // README.md (worker/hf/model_card.h); empty: none
 };
 
 // Writes the checkpoint `name` ("checkpoint-<step>" or "final") in `root` atomically (see
@@ -66,7 +72,9 @@ absl::Status VerifyCheckpoint(const Dir& dir);
 // first.
 std::vector<std::string> ListCheckpointDirs(const Dir& root);
 
-// Loads trainable weights, optimizer state and trainer state from a verified checkpoint.
+// Loads trainable weights, optimizer state and trainer state from a verified checkpoint (the
+// state from oomb_state.json, or from trainer_state.json in a checkpoint written before
+// oomb_state.json existed, which kept the same keys there).
 absl::StatusOr<TrainerState> RestoreCheckpoint(const Dir& dir, Transformer& model, torch::optim::Optimizer& optimizer);
 
 // Removes checkpoint-<step> directories beyond the newest `keep_last` (never `final`).

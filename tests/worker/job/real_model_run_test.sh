@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `oombd run` fine-tunes the real SmolLM2-135M-Instruct on one Austen sample of TOKENS tokens
 # (8 chunks, pages of 128) for one optimizer step on DEVICE: metrics.jsonl has the step, and the
-# final adapter loads in PEFT and lowers the loss on its training text. Exit 77 (skipped)
+# final adapter loads in PEFT and lowers the loss on its training text; its trainer_state.json
+# loads as transformers' TrainerState with that loss, and its README.md as the Hugging Face Hub's
+# ModelCard naming the base model, with the loading code and the spec. Exit 77 (skipped)
 # without the test data, or on cuda without a GPU.
 # Usage: real_model_run_test.sh OOMBD PYTHON [TOKENS (4096)] [DEVICE cpu|cuda (cpu)]
 set -euo pipefail
@@ -53,6 +55,17 @@ with torch.no_grad():
     tuned = peft.PeftModel.from_pretrained(base, os.path.join(out, "final"))
     after = tuned(input_ids=ids, labels=ids).loss.item()
 print(f"PEFT: loss on the first 512 tokens {before:.4f} -> {after:.4f}")
+# The checkpoint's trainer_state.json is Hugging Face's TrainerState, its log the run's loss.
+from transformers.trainer_callback import TrainerState
+state = TrainerState.load_from_json(os.path.join(out, "final", "trainer_state.json"))
+assert state.global_step == 1 and state.log_history[0]["loss"] == steps[0]["loss"], state
+print("trainer_state.json: global_step", state.global_step, "loss", state.log_history[0]["loss"])
+# Its model card, as the Hugging Face Hub's client reads it.
+from huggingface_hub import ModelCard
+card = ModelCard.load(os.path.join(out, "final", "README.md"))
+assert card.data.base_model == model_dir and card.data.library_name == "peft", card.data
+assert "PeftModel.from_pretrained" in card.text and f"display_name: austen-{target}" in card.text, card.text
+print("README.md: base_model", card.data.base_model, "tags", card.data.tags)
 assert after < before - 1e-3, "the adapter loaded in PEFT does not lower the loss on its training text"
 PY
 echo PASS

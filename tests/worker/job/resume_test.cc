@@ -309,6 +309,41 @@ TEST(ResumeTest, TornCheckpointIsSkipped) {
   ExpectSameLosses(second.losses, full.losses, 5);
 }
 
+// A checkpoint's trainer_state.json is Hugging Face's TrainerState, its log the run's losses;
+// the resume state is oomb_state.json. A checkpoint written before oomb_state.json existed kept
+// that state in trainer_state.json (oomb's keys), and still resumes exactly.
+TEST(ResumeTest, CheckpointOfTheOlderLayoutResumesExactly) {
+  const Fixture f = MakeFixture("older");
+  const JobConfig job = MakeSpec(f);
+  const std::string root = fs::path(f.model_dir).parent_path().string();
+  const Outcome full = RunOnce(job, root + "/full", false);
+  ASSERT_EQ(full.losses.size(), 8u);
+  const Outcome first = RunOnce(job, root + "/split", false, /*pause_after_step=*/5, 1);
+  ASSERT_EQ(first.outcome, RunOutcome::kPaused);
+  const std::string ckpt = root + "/split/checkpoint-5";
+  const auto hf = nlohmann::json::parse(ReadBytes(ckpt + "/trainer_state.json"));
+  EXPECT_EQ(hf["global_step"], 5);
+  ASSERT_EQ(hf["log_history"].size(), 5u) << hf.dump(2);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(hf["log_history"][i]["step"], full.losses[i].first);
+    EXPECT_EQ(hf["log_history"][i]["loss"].get<double>(), full.losses[i].second);
+  }
+  ASSERT_TRUE(fs::exists(ckpt + "/oomb_state.json"));
+
+  // The older layout: oomb's state in trainer_state.json, the manifest naming it so.
+  fs::remove(ckpt + "/trainer_state.json");
+  fs::rename(ckpt + "/oomb_state.json", ckpt + "/trainer_state.json");
+  auto manifest = nlohmann::json::parse(ReadBytes(ckpt + "/oomb_checkpoint.json"));
+  manifest["files"]["trainer_state.json"] = manifest["files"]["oomb_state.json"];
+  manifest["files"].erase("oomb_state.json");
+  std::ofstream(ckpt + "/oomb_checkpoint.json") << manifest.dump(2);
+
+  const Outcome second = RunOnce(job, root + "/split", true);
+  ASSERT_EQ(second.outcome, RunOutcome::kSucceeded);
+  EXPECT_THAT(second.warnings, ::testing::Contains(::testing::HasSubstr("checkpoint-5 at step 5")));
+  ExpectSameLosses(second.losses, full.losses, 6);
+}
+
 // The eval loss of a job with a validation set (every training.eval_every_steps, and after the
 // last step) is the loss `oombd model eval` computes on the validation file with that step's
 // adapter. (Without packing, 7 sequences an epoch and batches of 2: step 4's batch crosses into

@@ -1,12 +1,19 @@
-// The torch-free metric sources: the KV stats registry, MFU arithmetic, PCIe line rates, and
-// NVML's graceful absence (CPU machines) or presence (GPU machines).
+// The torch-free metric sources: the KV stats registry, MFU arithmetic, PCIe line rates,
+// NVML's graceful absence (CPU machines) or presence (GPU machines), and metrics.jsonl read back
+// as Hugging Face's TrainerState.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tests/worker/test_files.h"
 #include "worker/metrics/flops.h"
 #include "worker/metrics/kv_stats.h"
+#include "worker/metrics/metrics_log.h"
 #include "worker/metrics/nvml.h"
 
 namespace oomb {
@@ -104,6 +111,61 @@ TEST(NvmlTest, OpensWhereTheDriverIsAndFailsCleanlyElsewhere) {
     EXPECT_GT(s.memory_total_bytes, 0);
     EXPECT_GE(s.memory_used_bytes, 0);
   }
+}
+
+// trainer_state.json in Hugging Face's schema from metrics.jsonl: the steps up to the
+// checkpoint's, the newer line of a step logged twice (a resumed run), the evaluation's entries
+// after their step, a torn last line skipped.
+TEST(MetricsLogTest, HfTrainerStateFromTheLog) {
+  const std::string path = ::testing::TempDir() + "/hf_state_" + std::to_string(::getpid());
+  std::filesystem::remove_all(path);
+  const Dir dir = testing::MakeDirs(path);
+  {
+    absl::StatusOr<MetricsLog> log = MetricsLog::Open(dir);
+    ASSERT_TRUE(log.ok()) << log.status();
+    const auto step = [&](int64_t n, double loss, int64_t tokens) {
+      StepReport r;
+      r.step = n;
+      r.loss = loss;
+      r.learning_rate = 1e-3 * static_cast<double>(n);
+      r.tokens = tokens;
+      return r;
+    };
+    ASSERT_TRUE(log->Append(step(1, 3.0, 100)).ok());
+    ASSERT_TRUE(log->Append(step(2, 2.9, 200)).ok());
+    ASSERT_TRUE(log->Append(step(3, 2.8, 300)).ok());  // after the checkpoint at 2: the run died
+    StepReport again = step(2, 2.5, 200);              // the resumed run's step 2
+    again.eval_loss = 2.25;
+    again.evaluation = EvalReport{{EvalSuite::kPasskey, SuiteResult{.buckets = {}, .cells = {{4096, 0.5, 1, 2}}}}};
+    ASSERT_TRUE(log->Append(again).ok());
+  }
+  {
+    absl::StatusOr<UniqueFd> fd = dir.OpenAppend(MetricsLog::kFileName);
+    ASSERT_TRUE(fd.ok());
+    ASSERT_EQ(::write(fd->get(), "{\"step\": 4, \"lo", 15), 15);
+  }
+  absl::StatusOr<nlohmann::json> state = MetricsLog::HfTrainerState(dir, {.global_step = 2,
+                                                                          .epoch = 0,
+                                                                          .max_steps = 10,
+                                                                          .num_train_epochs = 0,
+                                                                          .train_batch_size = 2,
+                                                                          .save_steps = 2,
+                                                                          .eval_steps = 2,
+                                                                          .num_input_tokens_seen = 200});
+  ASSERT_TRUE(state.ok()) << state.status();
+  const nlohmann::json& j = *state;
+  EXPECT_EQ(j["global_step"], 2);
+  EXPECT_EQ(j["max_steps"], 10);
+  EXPECT_EQ(j["train_batch_size"], 2);
+  EXPECT_EQ(j["num_input_tokens_seen"], 200);
+  const nlohmann::json& log = j["log_history"];
+  ASSERT_EQ(log.size(), 3u) << log.dump(2);
+  EXPECT_EQ(log[0],
+            (nlohmann::json{{"step", 1}, {"loss", 3.0}, {"learning_rate", 1e-3}, {"num_input_tokens_seen", 100}}));
+  EXPECT_EQ(log[1]["step"], 2);
+  EXPECT_EQ(log[1]["loss"], 2.5);
+  EXPECT_EQ(log[2], (nlohmann::json{{"step", 2}, {"eval_loss", 2.25}, {"eval_passkey_accuracy", 0.5}}));
+  std::filesystem::remove_all(path);
 }
 
 }  // namespace
