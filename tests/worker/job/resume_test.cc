@@ -114,6 +114,16 @@ Outcome RunOnce(const JobConfig& job, const std::string& ckpt, bool resume, int6
   return o;
 }
 
+// The job run uninterrupted into `root`/full and again into `root`/split, paused after step 5
+// (its newest checkpoint checkpoint-5): the uninterrupted run's outcome.
+Outcome RunFullAndPausedAfterStep5(const JobConfig& job, const std::string& root) {
+  Outcome full = RunOnce(job, root + "/full", false);
+  EXPECT_EQ(full.losses.size(), 8u);
+  const Outcome first = RunOnce(job, root + "/split", false, /*pause_after_step=*/5, 1);
+  EXPECT_EQ(first.outcome, RunOutcome::kPaused);
+  return full;
+}
+
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -286,11 +296,8 @@ TEST(ResumeTest, TornCheckpointIsSkipped) {
   const Fixture f = MakeFixture("torn");
   const JobConfig job = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  const Outcome full = RunOnce(job, root + "/full", false);
-  ASSERT_EQ(full.losses.size(), 8u);
-
-  const Outcome first = RunOnce(job, root + "/split", false, /*pause_after_step=*/5, 1);
-  ASSERT_EQ(first.outcome, RunOutcome::kPaused);
+  const Outcome full = RunFullAndPausedAfterStep5(job, root);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string newest = root + "/split/checkpoint-5";
   const fs::path victim = newest + "/adapter_model.safetensors";
   ASSERT_TRUE(fs::exists(victim));
@@ -316,10 +323,8 @@ TEST(ResumeTest, CheckpointOfTheOlderLayoutResumesExactly) {
   const Fixture f = MakeFixture("older");
   const JobConfig job = MakeSpec(f);
   const std::string root = fs::path(f.model_dir).parent_path().string();
-  const Outcome full = RunOnce(job, root + "/full", false);
-  ASSERT_EQ(full.losses.size(), 8u);
-  const Outcome first = RunOnce(job, root + "/split", false, /*pause_after_step=*/5, 1);
-  ASSERT_EQ(first.outcome, RunOutcome::kPaused);
+  const Outcome full = RunFullAndPausedAfterStep5(job, root);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string ckpt = root + "/split/checkpoint-5";
   const auto hf = nlohmann::json::parse(ReadBytes(ckpt + "/trainer_state.json"));
   EXPECT_EQ(hf["global_step"], 5);
