@@ -205,8 +205,9 @@ JobConfig ToConfig(const v1::JobSpec& s) {
                   : s.method().type() == v1::Method::evaluate ? TrainMethod::kEvaluate
                                                               : TrainMethod::kLora;
   const v1::LoraSpec& l = s.method().lora();
-  c.method.lora = {
-      l.rank(), l.alpha(), l.dropout(), {l.target_modules().begin(), l.target_modules().end()}, l.init_adapter()};
+  c.method.lora = {l.rank(),         l.alpha(),
+                   l.dropout(),      {l.target_modules().begin(), l.target_modules().end()},
+                   l.init_adapter(), {l.target_parameters().begin(), l.target_parameters().end()}};
   const v1::DataSpec& d = s.data();
   c.data = {d.train(),
             d.validation(),
@@ -266,9 +267,13 @@ std::vector<std::string> IgnoredSettingWarnings(const v1::JobSpec& sent) {
   if (sent.method().type() == v1::Method::evaluate) {
     const v1::LoraSpec& lora = sent.method().lora();
     const std::pair<bool, const char*> ignored[] = {
-        {lora.has_rank(), "method.lora.rank"},       {lora.has_alpha(), "method.lora.alpha"},
-        {lora.has_dropout(), "method.lora.dropout"}, {lora.target_modules_size() > 0, "method.lora.target_modules"},
-        {sent.has_training(), "training"},           {sent.has_checkpoint(), "checkpoint"},
+        {lora.has_rank(), "method.lora.rank"},
+        {lora.has_alpha(), "method.lora.alpha"},
+        {lora.has_dropout(), "method.lora.dropout"},
+        {lora.target_modules_size() > 0, "method.lora.target_modules"},
+        {lora.target_parameters_size() > 0, "method.lora.target_parameters"},
+        {sent.has_training(), "training"},
+        {sent.has_checkpoint(), "checkpoint"},
     };
     for (const auto& [set, field] : ignored) {
       if (set) {

@@ -11,7 +11,7 @@ model.safetensors.index.json + shards) and DIR/NAME/reference.safetensors with
                                     over all 96 positions (position ids 0..95), no attention mask
   loss       float32 []             mean next-token cross-entropy with labels = input_ids
 and DIR/NAME/lora/: a PEFT LoRA adapter (r 4, alpha 8, every linear layer of the language
-model, A and B drawn at random so that every gradient is non-zero) as PEFT saves it, with
+model and, of a mixture of experts, its expert banks (target_parameters), A and B drawn at random so that every gradient is non-zero) as PEFT saves it, with
 DIR/NAME/lora/reference.safetensors holding transformers + PEFT's
   loss        float32 []              the same loss with the adapter
   input_grad  float32 [1, 96, hidden] its gradient with respect to the input embeddings
@@ -41,7 +41,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
 
-GENERATOR_VERSION = 5
+GENERATOR_VERSION = 6
 SEQ_LEN = 96
 INIT_STD = 0.2
 
@@ -144,6 +144,25 @@ def model_specs():
                                   "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}),
         ),
         (
+            # Qwen3-MoE: 4 experts, 2 per token, not renormalised (norm_topk_prob false), layer 1
+            # dense (mlp_only_layers) beside two sparse ones; Qwen3's q/k norms.
+            "qwen3-moe",
+            "qwen3_moe",
+            dict(common, vocab_size=320, num_hidden_layers=3, max_position_embeddings=256, num_experts=4,
+                 num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[1],
+                 decoder_sparse_step=1, tie_word_embeddings=False,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        ),
+        (
+            # Mixtral: every layer sparse, 4 experts, 2 per token (renormalised, weights applied in
+            # float32), a sliding window (40) shorter than the sequence; block_sparse_moe w1/w2/w3.
+            "mixtral-window",
+            "mixtral",
+            dict(common, vocab_size=288, num_hidden_layers=2, max_position_embeddings=256, num_local_experts=4,
+                 num_experts_per_tok=2, sliding_window=40, tie_word_embeddings=False,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        ),
+        (
             "llama-sharded",
             "llama",
             dict(common, vocab_size=512, num_hidden_layers=3, max_position_embeddings=256,
@@ -210,13 +229,16 @@ def make_one(out_root, index, name, family, cfg_kwargs):
     from safetensors.torch import save_file
     from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig,
                               LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
-                              Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              MixtralConfig, MixtralForCausalLM, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     seed = 1000 + index
     cfg_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+        "mixtral": (MixtralConfig, MixtralForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
         "gemma3cg": (Gemma3Config, Gemma3ForConditionalGeneration),
@@ -302,7 +324,10 @@ def make_lora_reference(model, out, family, seed, input_ids):
                ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     # A vision-language model: the language model's layers only (its vision tower has q_proj too).
     targets = (r".*language_model.*\.(" + "|".join(linears) + ")$") if family == "gemma3cg" else linears
-    tuned = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
+    # A mixture of experts: its expert banks too (target_modules reaches only the dense layers').
+    banks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if family in ("qwen3_moe", "mixtral") else None
+    tuned = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0,
+                                                       target_parameters=banks))
     g = torch.Generator().manual_seed(seed + 11)
     with torch.no_grad():
         for name, p in sorted(tuned.named_parameters()):

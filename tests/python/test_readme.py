@@ -56,7 +56,7 @@ AUSTEN = os.path.join(DATA, "texts", "austen")
 # counts and lengths, suite sizes and step counts; nothing else of a command changes.
 SHRINK = {
     "--tokens": ["512"],            # oombd data build: 65536-token samples -> 512
-    "--lengths": ["256", "512"],    # passkey / needle documents: 8192 ... 65536 tokens -> 256, 512
+    "--lengths": ["256"],           # passkey / needle documents: 8192 ... 65536 tokens -> 256
     "--max-tokens": ["256"],        # oombd model eval --max-tokens N
     "--max-new-tokens": ["8"],      # oombd model generate: 64 -> 8
     "--depths": ["2"],              # 5 or 9 depths -> 2

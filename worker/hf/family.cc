@@ -9,13 +9,16 @@ namespace oomb {
 Family LlamaFamily();
 Family Qwen2Family();
 Family Qwen3Family();
+Family Qwen3MoeFamily();
+Family MixtralFamily();
 Family MistralFamily();
 Family Gemma3Family();
 Family Phi3Family();
 
 const std::vector<Family>& Families() {
-  static const std::vector<Family>* const kFamilies = new std::vector<Family>{
-      LlamaFamily(), Qwen2Family(), Qwen3Family(), MistralFamily(), Gemma3Family(), Phi3Family()};
+  static const std::vector<Family>* const kFamilies =
+      new std::vector<Family>{LlamaFamily(),   Qwen2Family(),   Qwen3Family(),  Qwen3MoeFamily(),
+                              MixtralFamily(), MistralFamily(), Gemma3Family(), Phi3Family()};
   return *kFamilies;
 }
 

@@ -4,8 +4,9 @@
 // (worker/hf/layer_spec.h), and holds its benchmark presets. Families() is the registry, in the
 // order a config.json is matched against it.
 //
-// Adding a dense family: its file, its line in Families() (worker/hf/family.cc), its chat
-// template (worker/hf/chat_template.cc), and its tests.
+// Adding a family: its file, its line in Families() (worker/hf/family.cc), its chat
+// template (worker/hf/chat_template.cc), and its tests; a mixture of experts also reads
+// ModelConfig::moe (families::ParseMoe) and names where its checkpoints keep the experts.
 // Torch-free.
 #ifndef OOMB_WORKER_HF_FAMILY_H_
 #define OOMB_WORKER_HF_FAMILY_H_

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -27,8 +28,14 @@ std::vector<NormSpec> LayerNorms(const ModelConfig& c) {
   return out;
 }
 
-std::vector<LinearSpec> LayerLinears(const ModelConfig& c) {
+std::vector<LinearSpec> LayerLinears(const ModelConfig& c, bool sparse) {
   const int64_t d = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size;
+  if (sparse) {
+    return {{"q_proj", true, d, q, c.qkv_bias},
+            {"k_proj", true, d, kv, c.qkv_bias},
+            {"v_proj", true, d, kv, c.qkv_bias},
+            {"o_proj", true, q, d, c.o_bias}};
+  }
   if (c.fused_projections) {
     return {{"qkv_proj", true, d, q + 2 * kv, false},
             {"o_proj", true, q, d, false},
@@ -47,6 +54,18 @@ int64_t OuterParameters(const ModelConfig& c) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::vector<std::string>>> ExpertBankParts(const ModelConfig& c) {
+  if (c.moe.experts == 0) return {};
+  const std::vector<std::string>& own = c.moe.stored_projections;
+  std::vector<std::pair<std::string, std::vector<std::string>>> out = {{"gate_up_proj", {own[0], own[1]}},
+                                                                       {"down_proj", {own[2]}}};
+  if (own[0] != "gate_proj") {
+    out.push_back({"gate_up_proj", {"gate_proj", "up_proj"}});
+    out.push_back({"down_proj", {"down_proj"}});
+  }
+  return out;
+}
 
 bool LayerSpec::Has(NormRole role) const {
   return std::any_of(norms.begin(), norms.end(), [&](const NormSpec& n) { return n.role == role; });
@@ -71,11 +90,23 @@ bool ModelSpec::HasLocalRope() const {
   return std::any_of(layers.begin(), layers.end(), [](const LayerSpec& l) { return l.local_rope; });
 }
 
+std::vector<ExpertBankSpec> MoeSpec::Banks() const {
+  return {{"gate_up_proj", experts, hidden, 2 * intermediate}, {"down_proj", experts, intermediate, hidden}};
+}
+
+int64_t MoeSpec::Parameters() const { return experts * hidden + experts * 3 * hidden * intermediate; }
+
+int64_t MoeSpec::ActiveParameters() const { return experts * hidden + top_k * 3 * hidden * intermediate; }
+
 int64_t LayerSpec::Parameters() const {
-  int64_t n = 0;
+  int64_t n = moe.has_value() ? moe->Parameters() : 0;
   for (const NormSpec& norm : norms) n += norm.size;
   for (const LinearSpec& linear : linears) n += linear.Parameters();
   return n;
+}
+
+int64_t LayerSpec::ActiveParameters() const {
+  return moe.has_value() ? Parameters() - moe->Parameters() + moe->ActiveParameters() : Parameters();
 }
 
 double LayerSpec::AttentionPairs(int64_t tokens) const {
@@ -84,7 +115,7 @@ double LayerSpec::AttentionPairs(int64_t tokens) const {
 }
 
 double LayerSpec::TrainingFlops(int64_t q_dim, int64_t tokens) const {
-  return 6.0 * static_cast<double>(Parameters()) * static_cast<double>(tokens) +
+  return 6.0 * static_cast<double>(ActiveParameters()) * static_cast<double>(tokens) +
          12.0 * static_cast<double>(q_dim) * AttentionPairs(tokens);
 }
 
@@ -96,13 +127,29 @@ std::vector<LinearSpec> LayerSpec::Adapted(const std::vector<std::string>& targe
   return out;
 }
 
+std::vector<std::pair<ExpertBankSpec, int64_t>> LayerSpec::AdaptedExperts(
+    const std::vector<ExpertLoraTarget>& targets) const {
+  std::vector<std::pair<ExpertBankSpec, int64_t>> out;
+  if (!moe.has_value()) return out;
+  for (const ExpertBankSpec& b : moe->Banks()) {
+    for (const ExpertLoraTarget& t : targets) {
+      if (t.bank == b.name) out.emplace_back(b, t.rank_factor);
+    }
+  }
+  return out;
+}
+
 namespace {
 
-constexpr int64_t kF32 = 4;
+constexpr int64_t kF32 = 4, kI64 = 8;
+
+// One feature of a composite RMSNorm (LayerSpec::SavedBytesPerToken): its float32 input and its
+// output, and in full fine-tuning its normalised input too (the weight's gradient reads it).
+int64_t CompositeNormBytes(const Execution& x) { return kF32 + x.elem_bytes * (x.lora_rank == 0 ? 2 : 1); }
 
 // One RMSNorm of hidden_size, per token (LayerSpec::SavedBytesPerToken).
 int64_t NormBytesPerToken(const ModelConfig& c, const Execution& x) {
-  return x.fused_norms ? 2 * x.elem_bytes * c.hidden_size + kF32 : (kF32 + x.elem_bytes) * c.hidden_size;
+  return x.fused_norms ? 2 * x.elem_bytes * c.hidden_size + kF32 : CompositeNormBytes(x) * c.hidden_size;
 }
 
 }  // namespace
@@ -113,7 +160,7 @@ int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) 
   if (!x.fused_kernels) bytes += 2 * e * (Q + KV);  // RoPE
   bytes += e * (2 * Q + 2 * KV) + kF32 * c.num_heads;
   if (Has(NormRole::kQuery)) {
-    bytes += x.fused_norms ? e * (Q + KV) + kF32 * (c.num_heads + c.num_kv_heads) : (kF32 + e) * (Q + KV);
+    bytes += x.fused_norms ? e * (Q + KV) + kF32 * (c.num_heads + c.num_kv_heads) : CompositeNormBytes(x) * (Q + KV);
   }
   bool glu_down = false;
   if (x.lora_rank > 0) {
@@ -124,7 +171,15 @@ int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) 
     }
   }
   const bool fused_mlp = x.fused_kernels || mlp == MlpKind::kGeluTanhGlu;
-  return bytes + (glu_down ? 2 : fused_mlp ? 3 : 4) * e * c.intermediate_size;
+  const int64_t glu = fused_mlp ? 3 : 4;
+  if (moe.has_value()) {
+    const int64_t k = moe->top_k, H = moe->hidden;
+    bytes += kF32 * moe->experts + kF32 + k * (kF32 + 3 * kI64);
+    bytes += k * (e * (2 * H + glu * moe->intermediate) + kF32);
+    for (const auto& [bank, factor] : AdaptedExperts(x.lora_expert_targets)) bytes += k * e * x.lora_rank * factor;
+    return bytes;
+  }
+  return bytes + (glu_down ? 2 : glu) * e * c.intermediate_size;
 }
 
 int64_t ModelSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) const {
@@ -157,9 +212,18 @@ ModelSpec DescribeModel(const ModelConfig& c) {
   layer.fused_projections = c.fused_projections;
   layer.mlp = c.gemma_layers ? MlpKind::kGeluTanhGlu : MlpKind::kSwiGlu;
   layer.norms = LayerNorms(c);
-  layer.linears = LayerLinears(c);
+  layer.linears = LayerLinears(c, /*sparse=*/false);
   spec.layers.assign(c.num_layers, layer);
   for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (c.moe.experts > 0 && c.moe.layers[i]) {
+      spec.layers[i].linears = LayerLinears(c, /*sparse=*/true);
+      spec.layers[i].moe = MoeSpec{.experts = c.moe.experts,
+                                   .top_k = c.moe.top_k,
+                                   .hidden = c.hidden_size,
+                                   .intermediate = c.moe.intermediate,
+                                   .renormalize = c.moe.renormalize,
+                                   .float_scores = c.moe.float_scores};
+    }
     const bool sliding = i < static_cast<int64_t>(c.sliding_layers.size()) && c.sliding_layers[i];
     spec.layers[i].window = sliding ? c.sliding_window : 0;
     spec.layers[i].local_rope = sliding && c.sliding_window > 0 && c.sliding_rope.has_value();
@@ -167,7 +231,15 @@ ModelSpec DescribeModel(const ModelConfig& c) {
   return spec;
 }
 
-std::vector<LinearSpec> LinearLayers(const ModelConfig& c) { return DescribeModel(c).layers.front().linears; }
+std::vector<LinearSpec> LinearLayers(const ModelConfig& c) {
+  std::vector<LinearSpec> out;
+  for (const LayerSpec& layer : DescribeModel(c).layers) {
+    for (const LinearSpec& l : layer.linears) {
+      if (std::none_of(out.begin(), out.end(), [&](const LinearSpec& o) { return o.name == l.name; })) out.push_back(l);
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c,
                                                             const std::vector<std::string>& targets) {
@@ -188,6 +260,20 @@ absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c
       want.insert(fused);
     }
   }
+  // On a mixture of experts the MLP's names stand for the expert banks (ExpertBankParts), as
+  // PEFT converts them for transformers 5: they adapt no dense layer's MLP.
+  for (const auto& [bank, parts] : ExpertBankParts(c)) {
+    const auto named = std::count_if(parts.begin(), parts.end(), [&](const std::string& p) { return want.count(p); });
+    if (named > 0 && named < static_cast<int64_t>(parts.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("method.lora.target_modules: ", c.architecture, "'s experts fuse ",
+                                                     absl::StrJoin(parts, ", "), " into one bank (mlp.experts.", bank,
+                                                     "): name all of ", absl::StrJoin(parts, ", "),
+                                                     ", or the bank in target_parameters"));
+    }
+    if (named > 0) {
+      for (const std::string& p : parts) want.erase(p);
+    }
+  }
   std::vector<std::string> out, known;
   for (const LinearSpec& l : linears) {
     known.push_back(l.name);
@@ -199,6 +285,58 @@ absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c
                                                    " (its linear layers: ", absl::StrJoin(known, ", "), ")"));
   }
   return out;
+}
+
+absl::StatusOr<std::vector<ExpertLoraTarget>> ResolveLoraExpertTargets(const ModelConfig& c,
+                                                                       const std::vector<std::string>& modules,
+                                                                       const std::vector<std::string>& targets,
+                                                                       double dropout) {
+  std::vector<ExpertBankSpec> banks;
+  for (const LayerSpec& layer : DescribeModel(c).layers) {
+    if (layer.moe.has_value()) banks = layer.moe->Banks();
+  }
+  std::vector<std::string> known, out;
+  std::map<std::string, int64_t> factor;
+  for (const auto& [bank, parts] : ExpertBankParts(c)) {
+    if (std::all_of(parts.begin(), parts.end(), [&](const std::string& p) {
+          return std::find(modules.begin(), modules.end(), p) != modules.end();
+        })) {
+      out.push_back(bank);
+      factor[bank] = static_cast<int64_t>(parts.size());
+    }
+  }
+  for (const ExpertBankSpec& b : banks) known.push_back("mlp.experts." + b.name);
+  for (const std::string& t : targets) {
+    const auto names = [&](const std::string& parameter) {
+      return t == parameter ||
+             (t.size() < parameter.size() && parameter.compare(parameter.size() - t.size(), t.size(), t) == 0 &&
+              parameter[parameter.size() - t.size() - 1] == '.');
+    };
+    const auto hit = std::find_if(banks.begin(), banks.end(),
+                                  [&](const ExpertBankSpec& b) { return names("mlp.experts." + b.name); });
+    if (hit == banks.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "method.lora.target_parameters: '", t, "' names no parameter of ", c.architecture,
+          known.empty() ? std::string(" (a dense model: it has no expert banks; adapt its linear layers with "
+                                      "target_modules)")
+                        : absl::StrCat(" (its expert banks: ", absl::StrJoin(known, ", "), ")")));
+    }
+    if (std::find(out.begin(), out.end(), hit->name) == out.end()) out.push_back(hit->name);
+  }
+  std::vector<ExpertLoraTarget> ordered;  // the forward's order
+  for (const ExpertBankSpec& b : banks) {
+    if (std::find(out.begin(), out.end(), b.name) != out.end()) {
+      ordered.push_back({b.name, factor.count(b.name) > 0 ? factor[b.name] : 1});
+    }
+  }
+  if (!ordered.empty() && dropout > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("method.lora.dropout: LoRA on the experts' banks (",
+                     absl::StrJoin(ordered, ", ", [](std::string* o, const ExpertLoraTarget& t) { o->append(t.bank); }),
+                     ") takes no dropout, as PEFT's target_parameters take none; set it to 0, or adapt attention only "
+                     "(target_modules without the MLP's names, no target_parameters)"));
+  }
+  return ordered;
 }
 
 }  // namespace oomb

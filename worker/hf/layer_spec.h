@@ -5,12 +5,15 @@
 //
 // A layer is: input norm -> attention (q, k, v projections, optional per-head q/k norms, RoPE,
 // causal attention within its window, o projection) [-> output norm] -> residual -> MLP input
-// norm -> gated MLP (gate, up, down) [-> output norm] -> residual.
+// norm -> gated MLP (gate, up, down), or a mixture of such MLPs behind a router (MoeSpec)
+// [-> output norm] -> residual.
 #ifndef OOMB_WORKER_HF_LAYER_SPEC_H_
 #define OOMB_WORKER_HF_LAYER_SPEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,6 +55,38 @@ struct LinearSpec {
   int64_t Parameters() const { return in * out + (bias ? out : 0); }
 };
 
+// One projection of every expert of a mixture-of-experts MLP, a [experts, out, in] tensor as
+// transformers holds it (mlp.experts.<name>) and PEFT's target_parameters adapt it:
+// gate_up_proj (gate's rows first, then up's) and down_proj.
+struct ExpertBankSpec {
+  std::string name;
+  int64_t experts, in, out;
+
+  int64_t Parameters() const { return experts * in * out; }
+};
+
+// A mixture-of-experts MLP (MoeConfig, worker/hf/model_config.h): the router mlp.gate.weight
+// [experts, hidden] and the expert banks; each token runs top_k experts.
+struct MoeSpec {
+  int64_t experts = 0, top_k = 0, hidden = 0, intermediate = 0;
+  bool renormalize = false;
+  bool float_scores = false;
+
+  // gate_up_proj and down_proj, in the forward's order.
+  std::vector<ExpertBankSpec> Banks() const;
+  int64_t Parameters() const;        // the router's and every expert's
+  int64_t ActiveParameters() const;  // the router's and top_k experts': what one token computes with
+};
+
+// An expert bank LoRA adapts (ExpertBankSpec::name) and the multiple of method.lora.rank and
+// alpha its adapter has: PEFT fuses the adapters of gate_proj and up_proj that target_modules
+// names into one on gate_up_proj of twice the rank and alpha (its rank_pattern and
+// alpha_pattern), as transformers fuses the weights; 1 otherwise.
+struct ExpertLoraTarget {
+  std::string bank;
+  int64_t rank_factor = 1;
+};
+
 // How the layers run, for what their blocks keep for backward: model.dtype's element size,
 // whether the fused layer kernels run (kernels/torch/layer_ops.h: a bfloat16 / float16 model on
 // a GPU) and whether the RMSNorms do (frozen weights: on a GPU, or the 1 + weight norm on every
@@ -62,7 +97,8 @@ struct Execution {
   bool fused_norms = false;
   int64_t lora_rank = 0;  // 0: no LoRA (full fine-tuning)
   double lora_dropout = 0;
-  std::vector<std::string> lora_targets;  // ResolveLoraTargets' names
+  std::vector<std::string> lora_targets;              // ResolveLoraTargets' names
+  std::vector<ExpertLoraTarget> lora_expert_targets;  // ResolveLoraExpertTargets
 };
 
 struct LayerSpec {
@@ -73,24 +109,31 @@ struct LayerSpec {
   bool fused_projections = false;
   MlpKind mlp = MlpKind::kSwiGlu;
   std::vector<NormSpec> norms;      // in the checkpoint's order
-  std::vector<LinearSpec> linears;  // in the forward's order
+  std::vector<LinearSpec> linears;  // in the forward's order; of a mixture of experts, attention's only
+  std::optional<MoeSpec> moe;       // the MLP is a mixture of experts
 
   bool Has(NormRole role) const;
   // The norms of hidden_size (not the per-head ones).
   int64_t HiddenNorms() const;
-  // Its weights: the norms', the linear layers' weights and biases.
+  // Its weights: the norms', the linear layers' weights and biases, the router's and experts'.
   int64_t Parameters() const;
+  // The weights one token computes with: all but the experts it is not routed to.
+  int64_t ActiveParameters() const;
   // The query-key pairs its attention sees over a sequence of `tokens`, per query feature:
   // T^2 / 2 over the whole past, W T - W^2 / 2 within a window of W < T.
   double AttentionPairs(int64_t tokens) const;
   // Its model FLOPs of training over a sequence of `tokens` (forward and backward, counted once):
-  // 6 per weight per token, and 12 per query-key pair per query feature (`q_dim`).
+  // 6 per active weight per token (ActiveParameters), and 12 per query-key pair per query
+  // feature (`q_dim`).
   double TrainingFlops(int64_t q_dim, int64_t tokens) const;
   // Its linear layers that LoRA adapts: those `targets` names (ResolveLoraTargets' names).
   std::vector<LinearSpec> Adapted(const std::vector<std::string>& targets) const;
+  // Its expert banks that LoRA adapts (ResolveLoraExpertTargets), with their rank factors.
+  std::vector<std::pair<ExpertBankSpec, int64_t>> AdaptedExperts(const std::vector<ExpertLoraTarget>& targets) const;
   // What autograd keeps of it per token for backward (Transformer::Hidden), block by block:
   // with the composite ops (CPU, float32):
-  //   each RMSNorm: the float32 upcast of the input and the normalised output (dtype)
+  //   each RMSNorm: the float32 upcast of the input and the normalised output (dtype); in
+  //   full fine-tuning (lora_rank 0) also the normalised input before the weight (dtype)
   //   q, k before RoPE and their rotate_half (RoPE's multiplications save both)
   //   the SwiGLU MLP's gate, silu(gate), up and silu(gate) * up (gate and up only, below)
   // with the fused kernels (Execution::fused_kernels; the RMSNorms when fused_norms):
@@ -102,11 +145,17 @@ struct LayerSpec {
   // and either way:
   //   the attention's q, k (after RoPE), v, output and float32 log-sum-exp per head
   //   per-head q and k norms: the fused one keeps its input and a float32 rstd per head; the
-  //   composite ops, a float32 copy and the output
+  //   composite ops, as an RMSNorm above
   //   LoRA: the rank-r intermediate of each adapted linear; with dropout also the float32 keep
   //   mask and the dropped input
   //   with LoRA on down_proj and no dropout, of the MLP only gate and up, on every path: the
   //   activation is recomputed in backward (kernels::GluDownLora).
+  // A mixture of experts instead of the MLP, on every path: the router's float32 probabilities
+  // (E per token) and the top_k weights' sum, per (token, expert) pair its top-k weight before
+  // and after renormalising, its index, position in the expert order and token (int64), the
+  // expert's input (hidden), its SwiGLU (the MLP's count, above, of intermediate), its output
+  // (hidden) and its weight; LoRA on a bank, the rank-r intermediate (times its rank factor)
+  // per pair.
   int64_t SavedBytesPerToken(const ModelConfig& c, const Execution& x) const;
 };
 
@@ -124,13 +173,13 @@ struct ModelSpec {
   // Whether a layer rotates with ModelConfig::sliding_rope.
   bool HasLocalRope() const;
   // Parameters of the base model (LoRA excluded): embeddings (twice when untied), every layer's
-  // norms, linear weights and biases, the final norm.
+  // norms, linear weights and biases, routers and experts, the final norm.
   int64_t ParameterCount(const ModelConfig& c) const;
   // Model FLOPs of training one sequence of `tokens`, block by block (what MFU divides,
   // worker/metrics/flops.h): every layer's TrainingFlops, and 6 per weight per token for the
-  // embeddings, the LM head and the final norm. In all: 6 N T + 12 d P (N = ParameterCount,
-  // d = q_dim, P the pairs summed over the layers). The trainer's recomputation and LoRA's
-  // matmuls are not model FLOPs.
+  // embeddings, the LM head and the final norm. In all: 6 N T + 12 d P (N = the active
+  // parameters: ParameterCount less the experts a token is not routed to; d = q_dim, P the pairs
+  // summed over the layers). The trainer's recomputation and LoRA's matmuls are not model FLOPs.
   double TrainingFlops(const ModelConfig& c, int64_t tokens) const;
   // What autograd keeps per token through every layer (LayerSpec::SavedBytesPerToken) and, once,
   // the final norm: what the memory planner counts of a chunk's graph.
@@ -140,15 +189,37 @@ struct ModelSpec {
 // The layers of the model `c` describes.
 ModelSpec DescribeModel(const ModelConfig& c);
 
-// The linear layers of a decoder layer (the first; every layer has the same), in the forward's order.
+// The linear layers of the decoder layers, each name once, in the forward's order (a model
+// whose dense and sparse layers differ: the attention's, then the dense MLP's).
 std::vector<LinearSpec> LinearLayers(const ModelConfig& c);
 
 // `targets` (a job's method.lora.target_modules) as this model's linear layer names, in the
 // order of LinearLayers. On a model with fused projections, q_proj, k_proj and v_proj together
 // name qkv_proj and gate_proj with up_proj names gate_up_proj. INVALID_ARGUMENT naming the
-// field for a module the model does not have, or for part of a fused layer.
+// field for a module the model does not have, or for part of a fused layer. On a mixture of
+// experts the MLP's names stand for the expert banks (all of a bank's parts, ExpertBankParts;
+// ResolveLoraExpertTargets gives the banks) and adapt no dense layer's MLP (mlp_only_layers'),
+// as PEFT converts such targets for transformers 5.
 absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c,
                                                             const std::vector<std::string>& targets);
+
+// On a mixture-of-experts model, the MLP's linear layer names that stand for each expert bank:
+// its family's own (PEFT converts them: Qwen3-MoE's gate_proj with up_proj for gate_up_proj,
+// down_proj for down_proj; Mixtral's w1 with w3, w2), then the common ones (gate_proj, up_proj,
+// down_proj) where they differ; none on a dense model.
+std::vector<std::pair<std::string, std::vector<std::string>>> ExpertBankParts(const ModelConfig& c);
+
+// The expert banks LoRA adapts, in the forward's order: those `targets`
+// (a job's method.lora.target_parameters, PEFT's target_parameters) name, each by its parameter
+// name or a suffix of it at a dot ("mlp.experts.gate_up_proj", "experts.down_proj",
+// "gate_up_proj"), and those whose parts (ExpertBankParts) `modules` (target_modules) all name,
+// so that the MLP names adapt the experts of a sparse layer as they adapt a dense one.
+// INVALID_ARGUMENT naming the field for a target that names no parameter of the model (a dense
+// model has none), and for a `dropout` above 0 with a bank adapted (PEFT takes none there).
+absl::StatusOr<std::vector<ExpertLoraTarget>> ResolveLoraExpertTargets(const ModelConfig& c,
+                                                                       const std::vector<std::string>& modules,
+                                                                       const std::vector<std::string>& targets,
+                                                                       double dropout);
 
 }  // namespace oomb
 

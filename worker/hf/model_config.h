@@ -1,7 +1,8 @@
 // A decoder-only model's architecture, read from a Hugging Face config.json. Torch-free.
 //
 // Supported: LlamaForCausalLM (Llama 2/3/3.1, SmolLM2), Qwen2ForCausalLM (Qwen2, Qwen2.5),
-// Qwen3ForCausalLM (Qwen3 dense), MistralForCausalLM (with its sliding window),
+// Qwen3ForCausalLM (Qwen3 dense), Qwen3MoeForCausalLM and MixtralForCausalLM (mixtures of
+// experts), MistralForCausalLM (with its sliding window),
 // Gemma3ForCausalLM (local and global layers; also the text part of a
 // Gemma3ForConditionalGeneration config) and Phi3ForCausalLM (Phi-3, Phi-4-mini: fused
 // projections, longrope, partial rotary).
@@ -47,12 +48,34 @@ struct RopeConfig {
   std::vector<double> short_factor, long_factor;
 };
 
+// A mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router (a linear layer without bias, one
+// output per expert) scores each token, softmax over the experts in float32, the top_k experts
+// run (gated SwiGLU MLPs of `intermediate` features) and their outputs are summed weighted by
+// those probabilities, renormalised to sum 1 over the top_k when `renormalize`.
+struct MoeConfig {
+  int64_t experts = 0;  // 0: every layer's MLP is dense
+  int64_t top_k = 0;
+  int64_t intermediate = 0;
+  bool renormalize = false;
+  // The weights multiply the experts' outputs in float32 (Mixtral) rather than in the model's
+  // dtype (Qwen3-MoE), as transformers does for each.
+  bool float_scores = false;
+  std::vector<bool> layers = {};  // which layers are sparse (the others keep the dense MLP)
+  // Where the checkpoint keeps a sparse layer's MLP under model.layers.{i}.: "mlp" (Qwen3-MoE)
+  // or "block_sparse_moe" (Mixtral); its router is <block>.gate.weight and expert e's gate, up
+  // and down projections <block>.experts.{e}.<name>.weight with these names.
+  std::string stored_block = "mlp";
+  std::vector<std::string> stored_projections = {"gate_proj", "up_proj", "down_proj"};
+};
+
 struct ModelConfig {
-  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "MistralForCausalLM" |
-  // "Gemma3ForCausalLM" | "Phi3ForCausalLM"; a Gemma3ForConditionalGeneration checkpoint is read
-  // as the Gemma3ForCausalLM of its text_config, with multimodal_text set.
+  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" |
+  // "MixtralForCausalLM" | "MistralForCausalLM" | "Gemma3ForCausalLM" | "Phi3ForCausalLM"; a
+  // Gemma3ForConditionalGeneration checkpoint is read as the Gemma3ForCausalLM of its text_config, with multimodal_text
+  // set.
   std::string architecture;
-  std::string model_type;  // "llama" | "qwen2" | "qwen3" | "mistral" | "gemma3_text" | "phi3"
+  // "llama" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "mistral" | "gemma3_text" | "phi3"
+  std::string model_type;
   // The model is the language model of a vision-language checkpoint (Gemma3ForConditionalGeneration),
   // whose vision tower is left alone: its weights sit under language_model.model. (or
   // model.language_model.), PEFT names its modules model.language_model.*, and it trains with
@@ -93,6 +116,7 @@ struct ModelConfig {
   RopeConfig rope;
   // The RoPE of the sliding-window layers when it is not `rope` (Gemma 3's local base).
   std::optional<RopeConfig> sliding_rope;
+  MoeConfig moe;
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
   std::string torch_dtype;  // as written in config.json ("float32", "bfloat16", ...)

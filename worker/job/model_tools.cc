@@ -45,7 +45,7 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
   }
   const ModelSpec spec = DescribeModel(c);
   std::vector<std::string> lora_targets;  // the names PEFT adapts
-  for (const LinearSpec& l : spec.layers.front().linears) lora_targets.emplace_back(l.name);
+  for (const LinearSpec& l : LinearLayers(c)) lora_targets.emplace_back(l.name);
   const std::vector<int64_t> windows = spec.Windows();
   nlohmann::json j = {
       {"path", model_dir},
@@ -71,6 +71,22 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir) {
       {"sliding_window_layers", std::count_if(windows.begin(), windows.end(), [](int64_t w) { return w > 0; })},
       {"rope", {{"type", RopeTypeName(c.rope.type)}, {"theta", c.rope.theta}, {"factor", c.rope.factor}}},
       {"kv_bytes_per_token_bf16", 2 * c.num_layers * c.kv_dim() * 2}};
+  if (c.moe.experts > 0) {
+    int64_t active = spec.ParameterCount(c);
+    for (const LayerSpec& l : spec.layers) active -= l.Parameters() - l.ActiveParameters();
+    std::vector<std::string> banks;
+    for (const auto& [bank, parts] : ExpertBankParts(c)) {
+      if (std::find(banks.begin(), banks.end(), "mlp.experts." + bank) == banks.end())
+        banks.push_back("mlp.experts." + bank);
+    }
+    j["experts"] = {{"experts", c.moe.experts},
+                    {"per_token", c.moe.top_k},
+                    {"intermediate_size", c.moe.intermediate},
+                    {"renormalize", c.moe.renormalize},
+                    {"sparse_layers", std::count(c.moe.layers.begin(), c.moe.layers.end(), true)},
+                    {"active_parameters", active},
+                    {"lora_target_parameters", banks}};
+  }
   auto tok = Tokenizer::FromModelDir(dir);
   if (tok.ok()) {
     j["tokenizer"] = {{"vocab_size", (*tok)->vocab_size()}, {"chat_template", !(*tok)->chat_template().empty()}};

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -200,6 +201,49 @@ std::vector<Transformer::NamedNorm> Transformer::NamedNorms(int64_t i) {
   return out;
 }
 
+std::vector<Transformer::NamedBank> Transformer::NamedBanks() {
+  std::vector<NamedBank> out;
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    const std::optional<MoeSpec>& moe = spec_.layers[i].moe;
+    if (!moe.has_value()) continue;
+    for (const ExpertBankSpec& b : moe->Banks()) {
+      out.push_back({absl::StrCat("model.layers.", i, ".mlp.experts.", b.name), i, b,
+                     b.name == "gate_up_proj" ? &layers_[i].gate_up_experts : &layers_[i].down_experts});
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::StoredMoe(int64_t i) const {
+  const MoeConfig& moe = config_.moe;
+  const DecoderLayer& l = layers_[i];
+  const std::string block = absl::StrCat("model.layers.", i, ".", moe.stored_block, ".");
+  const int64_t I = moe.intermediate;
+  std::vector<std::pair<std::string, at::Tensor>> out = {{block + "gate.weight", l.router}};
+  for (int64_t e = 0; e < moe.experts; ++e) {
+    const std::string expert = absl::StrCat(block, "experts.", e, ".");
+    const at::Tensor gate_up = l.gate_up_experts.weight[e];  // gate's rows, then up's
+    out.emplace_back(expert + moe.stored_projections[0] + ".weight", gate_up.narrow(0, 0, I));
+    out.emplace_back(expert + moe.stored_projections[1] + ".weight", gate_up.narrow(0, I, I));
+    out.emplace_back(expert + moe.stored_projections[2] + ".weight", l.down_experts.weight[e]);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::StoredWeights() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, t] : BaseParameters()) {
+    if (name.find(".mlp.experts.") == std::string::npos && name.find(".mlp.gate.weight") == std::string::npos) {
+      out.emplace_back(std::move(name), std::move(t));
+    }
+  }
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    if (!spec_.layers[i].moe.has_value()) continue;
+    for (auto& named : StoredMoe(i)) out.push_back(std::move(named));
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.emplace_back("model.embed_tokens.weight", embed_);
@@ -210,6 +254,11 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() co
     out.emplace_back(name + ".weight", l->weight);
     if (l->bias.defined()) out.emplace_back(name + ".bias", l->bias);
   }
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    if (!spec_.layers[i].moe.has_value()) continue;
+    out.emplace_back(absl::StrCat("model.layers.", i, ".mlp.gate.weight"), layers_[i].router);
+  }
+  for (const NamedBank& b : const_cast<Transformer*>(this)->NamedBanks()) out.emplace_back(b.name, b.bank->weight);
   out.emplace_back("model.norm.weight", final_norm_);
   if (!config_.tie_word_embeddings) out.emplace_back("lm_head.weight", lm_head_);
   return out;
@@ -223,6 +272,17 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::TrainableParameters
     const std::string module = "base_model.model." + PeftModuleName(config_, name);
     out.emplace_back(module + ".lora_A.weight", l->lora_a);
     out.emplace_back(module + ".lora_B.weight", l->lora_b);
+  }
+  // PEFT wraps mlp.experts once per adapted bank, the first (gate_up_proj) innermost: with both
+  // adapted, gate_up_proj's adapter is experts.base_layer.lora_*, down_proj's experts.lora_*.
+  const std::vector<std::string> banks = lora_.has_value() ? lora_->target_parameters : std::vector<std::string>{};
+  for (const NamedBank& b : const_cast<Transformer*>(this)->NamedBanks()) {
+    if (!b.bank->lora_a.defined()) continue;
+    const bool inner = banks.size() == 2 && b.spec.name == banks.front();
+    const std::string module =
+        absl::StrCat("base_model.model.model.layers.", b.layer, ".mlp.experts", inner ? ".base_layer" : "");
+    out.emplace_back(module + ".lora_A.weight", b.bank->lora_a);
+    out.emplace_back(module + ".lora_B.weight", b.bank->lora_b);
   }
   return out;
 }
@@ -272,6 +332,19 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
     OOMB_RETURN_IF_ERROR(take(l.name + ".weight", {l.spec->out, l.spec->in}, &l.linear->weight));
     if (l.spec->bias) OOMB_RETURN_IF_ERROR(take(l.name + ".bias", {l.spec->out}, &l.linear->bias));
   }
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  for (int64_t i = 0; i < config.num_layers; ++i) {  // each expert's tensors into its bank
+    if (!m->spec_.layers[i].moe.has_value()) continue;
+    m->layers_[i].router = at::empty({config.moe.experts, d}, options);
+    for (const NamedBank& b : m->NamedBanks()) {
+      if (b.layer == i) b.bank->weight = at::empty({b.spec.experts, b.spec.out, b.spec.in}, options);
+    }
+    for (auto& [name, view] : m->StoredMoe(i)) {
+      at::Tensor stored;
+      OOMB_RETURN_IF_ERROR(take(name, view.sizes().vec(), &stored));
+      view.copy_(stored);
+    }
+  }
   std::vector<std::string> unexpected;
   for (const std::string& n : weights->names()) {
     // A vision-language checkpoint's other tensors (vision tower, projector, a tied head) stay.
@@ -306,15 +379,17 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
     for (const NamedNorm& n : m->NamedNorms(i)) *n.weight = norm(n.spec->size);
   }
   const std::vector<NamedLinear> linears = m->NamedLinears();  // a layer's weights, then its biases
-  const size_t per_layer = linears.size() / static_cast<size_t>(config.num_layers);
-  for (size_t first = 0; first < linears.size(); first += per_layer) {
-    for (size_t i = first; i < first + per_layer; ++i) {
-      linears[i].linear->weight = randn({linears[i].spec->out, linears[i].spec->in});
-    }
-    for (size_t i = first; i < first + per_layer; ++i) {
+  for (size_t layer = 0, first = 0, end = 0; layer < m->spec_.layers.size(); ++layer, first = end) {
+    end = first + m->spec_.layers[layer].linears.size();
+    for (size_t i = first; i < end; ++i) linears[i].linear->weight = randn({linears[i].spec->out, linears[i].spec->in});
+    for (size_t i = first; i < end; ++i) {
       if (linears[i].spec->bias) linears[i].linear->bias = randn({linears[i].spec->out});
     }
   }
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    if (m->spec_.layers[i].moe.has_value()) m->layers_[i].router = randn({config.moe.experts, d});
+  }
+  for (const NamedBank& b : m->NamedBanks()) b.bank->weight = randn({b.spec.experts, b.spec.out, b.spec.in});
   return m;
 }
 
@@ -343,6 +418,16 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
     d.lora_scaling = s.lora_scaling;
     d.lora_dropout = s.lora_dropout;
   }
+  for (int64_t i = 0; i < config_.num_layers; ++i) m->layers_[i].router = cast(layers_[i].router);
+  const auto dst_banks = m->NamedBanks(), src_banks = const_cast<Transformer*>(this)->NamedBanks();
+  for (size_t i = 0; i < src_banks.size(); ++i) {
+    ExpertBank& d = *dst_banks[i].bank;
+    const ExpertBank& s = *src_banks[i].bank;
+    d.weight = cast(s.weight);
+    d.lora_a = master(s.lora_a);
+    d.lora_b = master(s.lora_b);
+    d.lora_scaling = s.lora_scaling;
+  }
   m->lora_ = lora_;
   if (full_) m->EnableFullFineTuning();
   return m;
@@ -355,24 +440,53 @@ absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
         absl::StrCat("LoRA rank must be in [1, ", JobConfig::kMaxLoraRank, "], got ", options.rank));
   }
   OOMB_ASSIGN_OR_RETURN(const std::vector<std::string> resolved, ResolveLoraTargets(config_, options.target_modules));
+  OOMB_ASSIGN_OR_RETURN(
+      const std::vector<ExpertLoraTarget> banks,
+      ResolveLoraExpertTargets(config_, options.target_modules, options.target_parameters, options.dropout));
   const std::set<std::string> targets(resolved.begin(), resolved.end());
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const auto opts = at::TensorOptions().dtype(MasterType(dtype_));
+  // A: kaiming_uniform_(a = sqrt(5)) over `in` inputs; B: zeros.
+  const auto lora_pair = [&](int64_t a_rows, int64_t in, int64_t out, at::Tensor* a, at::Tensor* b) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    *a = at::empty({a_rows, in}, at::TensorOptions().dtype(at::kDouble))
+             .uniform_(-bound, bound, gen)
+             .to(device_, opts.dtype().toScalarType())
+             .set_requires_grad(true);
+    *b = at::zeros({out, a_rows}, opts.device(device_)).set_requires_grad(true);
+  };
   for (const NamedLinear& named : NamedLinears()) {
     if (!targets.count(named.spec->name)) continue;
     Linear* l = named.linear;
-    const int64_t in = l->weight.size(1), out = l->weight.size(0);
-    const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform_(a = sqrt(5))
-    l->lora_a = at::empty({options.rank, in}, at::TensorOptions().dtype(at::kDouble))
-                    .uniform_(-bound, bound, gen)
-                    .to(device_, opts.dtype().toScalarType())
-                    .set_requires_grad(true);
-    l->lora_b = at::zeros({out, options.rank}, opts.device(device_)).set_requires_grad(true);
+    lora_pair(options.rank, l->weight.size(1), l->weight.size(0), &l->lora_a, &l->lora_b);
     l->lora_scaling = options.alpha / static_cast<double>(options.rank);
     l->lora_dropout = options.dropout;
   }
-  lora_ = options;
-  lora_->target_modules = resolved;
+  LoraOptions applied = options;
+  applied.target_modules = resolved;
+  applied.target_parameters.clear();
+  applied.bank_ranks.clear();
+  applied.bank_alphas.clear();
+  for (const ExpertLoraTarget& t : banks) {
+    const auto rank = options.bank_ranks.find(t.bank);
+    const auto alpha = options.bank_alphas.find(t.bank);
+    const int64_t r = rank != options.bank_ranks.end() ? rank->second : options.rank * t.rank_factor;
+    const double a = alpha != options.bank_alphas.end() ? alpha->second : options.alpha * t.rank_factor;
+    if (r <= 0 || r > JobConfig::kMaxLoraRank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoRA rank of mlp.experts.", t.bank, " must be in [1, ", JobConfig::kMaxLoraRank, "], got ", r));
+    }
+    for (const NamedBank& named : NamedBanks()) {
+      if (named.spec.name != t.bank) continue;
+      ExpertBank* b = named.bank;
+      lora_pair(r * named.spec.experts, named.spec.in, named.spec.out, &b->lora_a, &b->lora_b);
+      b->lora_scaling = a / static_cast<double>(r);
+    }
+    applied.target_parameters.push_back(t.bank);
+    if (r != options.rank) applied.bank_ranks[t.bank] = r;
+    if (a != options.alpha) applied.bank_alphas[t.bank] = a;
+  }
+  lora_ = std::move(applied);
   return absl::OkStatus();
 }
 
@@ -421,8 +535,41 @@ absl::Status Transformer::LoadAdapter(const Dir& adapter) {
     } else {
       lora.target_modules = targets.get<std::vector<std::string>>();
     }
+    if (const auto it = cfg.find("target_parameters"); it != cfg.end() && !it->is_null()) {
+      lora.target_parameters = it->get<std::vector<std::string>>();
+    }
+    if (config_.moe.experts > 0) {
+      // PEFT converts the family's own names of the experts' projections to their banks and
+      // ignores names that match nothing (Mixtral's gate_proj).
+      const std::vector<LinearSpec> linears = LinearLayers(config_);
+      const std::vector<std::string>& own = config_.moe.stored_projections;
+      std::erase_if(lora.target_modules, [&](const std::string& t) {
+        return std::find(own.begin(), own.end(), t) == own.end() &&
+               std::none_of(linears.begin(), linears.end(), [&](const LinearSpec& l) { return l.name == t; });
+      });
+    }
+    // rank_pattern and alpha_pattern: the keys that name an expert bank, as PEFT matches them
+    // (a regular expression over the parameter's name, from a dot).
+    const auto banks = ExpertBankParts(config_);
+    for (const auto& [field, into] : {std::pair{"rank_pattern", false}, std::pair{"alpha_pattern", true}}) {
+      const auto it = cfg.find(field);
+      if (it == cfg.end() || !it->is_object()) continue;
+      for (const auto& [key, value] : it->items()) {
+        const std::regex pattern("(.*\\.)?(" + key + ")");
+        for (const auto& [bank, parts] : banks) {
+          if (!std::regex_match("model.layers.0.mlp.experts." + bank, pattern)) continue;
+          if (into) {
+            lora.bank_alphas[bank] = value.get<double>();
+          } else {
+            lora.bank_ranks[bank] = value.get<int64_t>();
+          }
+        }
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": rank_pattern / alpha_pattern: ", e.what()));
   }
   OOMB_RETURN_IF_ERROR(Annotate(AddLora(lora, 0), path));
   return LoadLoraWeights(adapter);
@@ -439,6 +586,7 @@ absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model
       {"lora_alpha", lora_->alpha},
       {"lora_dropout", lora_->dropout},
       {"target_modules", SavedTargets(config_, lora_->target_modules)},
+      {"target_parameters", nullptr},
       {"bias", "none"},
       {"fan_in_fan_out", false},
       {"inference_mode", true},
@@ -449,12 +597,21 @@ absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model
       {"layers_to_transform", nullptr},
       {"revision", nullptr},
   };
+  if (!lora_->target_parameters.empty()) {
+    std::vector<std::string> banks;
+    for (const std::string& b : lora_->target_parameters) banks.push_back("mlp.experts." + b);
+    cfg["target_parameters"] = banks;
+  }
+  nlohmann::json ranks = nlohmann::json::object(), alphas = nlohmann::json::object();  // as PEFT writes them
+  for (const auto& [bank, r] : lora_->bank_ranks) ranks[".*\\." + bank] = r;
+  for (const auto& [bank, a] : lora_->bank_alphas) alphas[".*\\." + bank] = a;
+  cfg["rank_pattern"] = ranks;
+  cfg["alpha_pattern"] = alphas;
   return dir.WriteFileAtomic("adapter_config.json", cfg.dump(2) + "\n");
 }
 
 absl::Status Transformer::SaveFull(const Dir& dir, const std::string& config_json) const {
-  std::vector<std::pair<std::string, at::Tensor>> params = BaseParameters();
-  OOMB_RETURN_IF_ERROR(SaveTensors(dir, "model.safetensors", params, {{"format", "pt"}}));
+  OOMB_RETURN_IF_ERROR(SaveTensors(dir, "model.safetensors", StoredWeights(), {{"format", "pt"}}));
   return dir.WriteFileAtomic("config.json", config_json);
 }
 
@@ -609,7 +766,16 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
   at::Tensor attn_out = LinearForward(l.o, attn, &cursor.gen, cursor.training);
   if (spec.Has(NormRole::kAttentionOutput)) attn_out = RmsNorm(attn_out, l.attn_out_norm);
   const at::Tensor h = cursor.h + attn_out;
-  const at::Tensor y = RmsNorm(h, l.post_norm);
+  at::Tensor mlp_out = Mlp(cursor, RmsNorm(h, l.post_norm));
+  if (spec.Has(NormRole::kMlpOutput)) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
+  cursor.h = h + mlp_out;
+  ++cursor.layer;
+}
+
+at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& y) const {
+  const DecoderLayer& l = layers_[cursor.layer];
+  const LayerSpec& spec = spec_.layers[cursor.layer];
+  if (spec.moe.has_value()) return Experts(l, *spec.moe, y);
   at::Tensor gate, up;
   if (spec.fused_projections) {  // gate's rows first
     const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
@@ -632,9 +798,58 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
     const at::Tensor act = gelu ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
     mlp_out = LinearForward(down, act, &cursor.gen, cursor.training);
   }
-  if (spec.Has(NormRole::kMlpOutput)) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
-  cursor.h = h + mlp_out;
-  ++cursor.layer;
+  return mlp_out;
+}
+
+namespace {
+
+// Every expert's weight and LoRA factors of a bank as views, split once per forward: autograd
+// then gathers their gradients into one tensor per bank (UnbindBackward), where taking expert e's
+// slice from the bank each time would build a bank-sized gradient per expert.
+struct ExpertViews {
+  ExpertViews(const ExpertBank& bank, at::ScalarType t) : scaling(bank.lora_scaling) {
+    weights = bank.weight.unbind(0);
+    if (!bank.lora_a.defined()) return;
+    const int64_t experts = bank.weight.size(0), rank = bank.lora_a.size(0) / experts;
+    a = bank.lora_a.to(t).view({experts, rank, -1}).unbind(0);                               // [r, in] each
+    b = (bank.lora_b * scaling).to(t).view({bank.lora_b.size(0), rank, experts}).unbind(2);  // [out, r] each
+  }
+  // Expert e over its tokens x [n, in]: x W_e^T + (x A_e^T) B_e^T alpha / r.
+  at::Tensor Forward(int64_t e, const at::Tensor& x) const {
+    at::Tensor y = kernels::Linear(x, weights[e], c10::nullopt);
+    if (!a.empty()) kernels::AddMatmul_(y, kernels::Linear(x, a[e]), b[e].t());
+    return y;
+  }
+  std::vector<at::Tensor> weights, a, b;
+  double scaling;
+};
+
+}  // namespace
+
+at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y) const {
+  // Routing, as transformers': softmax of the router's logits in float32, the top_k, renormalised.
+  const at::Tensor logits = kernels::Linear(y, l.router, c10::nullopt);  // [C, E]
+  auto [weights, experts] = at::topk(at::softmax(logits, -1, MasterType(dtype_)), moe.top_k, -1);
+  if (moe.renormalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  if (!moe.float_scores) weights = weights.to(dtype_);
+  // The (token, slot) pairs in expert order, once: each expert's pairs are one slice.
+  const at::Tensor order = at::argsort(experts.reshape(-1), /*stable=*/true);
+  const at::Tensor tokens = at::floor_divide(order, moe.top_k);
+  const at::Tensor pair_weights = weights.reshape(-1).index_select(0, order).unsqueeze(1);
+  const at::Tensor x = y.index_select(0, tokens);
+  const at::Tensor counts = at::bincount(experts.reshape(-1), {}, moe.experts).cpu();
+  const ExpertViews gate_up(l.gate_up_experts, y.scalar_type()), down(l.down_experts, y.scalar_type());
+  at::Tensor out = at::zeros_like(y);
+  int64_t start = 0;
+  for (int64_t e = 0; e < moe.experts; ++e) {
+    const int64_t n = counts[e].item<int64_t>();
+    if (n == 0) continue;
+    const auto parts = gate_up.Forward(e, x.narrow(0, start, n)).chunk(2, -1);  // gate's rows first
+    const at::Tensor expert_out = down.Forward(e, kernels::SwiGlu(parts[0], parts[1]));
+    out.index_add_(0, tokens.narrow(0, start, n), (expert_out * pair_weights.narrow(0, start, n)).to(dtype_));
+    start += n;
+  }
+  return out;
 }
 
 at::Tensor Transformer::Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {

@@ -1,5 +1,5 @@
-// The decoder-only transformer (Llama, Qwen2, Qwen3, Mistral, Gemma 3 and Phi-3 families) on
-// LibTorch, with LoRA.
+// The decoder-only transformer (Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Mistral, Gemma 3 and
+// Phi-3 families) on LibTorch, with LoRA.
 //
 // One model serves training and inference: a forward pass runs over one chunk of one sequence,
 // and attention is a callback, so the chunk-recurrent trainer routes it through the paged KV
@@ -12,11 +12,19 @@
 // them) over the first rotary_dim features of a head, SwiGLU MLP, q/k/v biases for Qwen2, an
 // RMSNorm over each head of q and k before RoPE for Qwen3 and Gemma 3, softmax scale
 // 1/sqrt(head_dim) (Gemma 3: query_pre_attn_scalar), Gemma 3's layer,
-// Phi-3's fused projections split as transformers splits them.
+// Phi-3's fused projections split as transformers splits them; a mixture of experts as
+// transformers' Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock (softmax over the router's logits
+// in float32, float64 for float64 models, top-k, renormalised where the family does; each
+// expert's SwiGLU over its tokens, weighted and summed). Experts run as one loop over the
+// experts hit, their tokens gathered once per layer and chunk in expert order.
 //
 // LoRA (PEFT semantics): y = x W^T + b + (dropout(x) A^T B^T) * alpha / r on the target
 // modules; A is initialised like PEFT (kaiming-uniform, a = sqrt(5)), B with zeros. LoRA
-// parameters are kept in float32 for bfloat16 models (float64 for float64 models).
+// parameters are kept in float32 for bfloat16 models (float64 for float64 models). On an expert
+// bank (PEFT's target_parameters: a ParamWrapper over mlp.experts.<bank>), one A of [E r, in]
+// and one B of [out, r E] hold every expert's: expert e's update is B[:, k E + e] A[e r + k]
+// summed over k, times alpha / r, as PEFT lays them out; applied per expert to its tokens,
+// never as a weight. PEFT takes no dropout there.
 //
 // Thread-safety: a Transformer is used by one training thread at a time.
 #ifndef OOMB_WORKER_MODEL_TRANSFORMER_H_
@@ -46,6 +54,14 @@ struct LoraOptions {
   double dropout = 0.0;
   std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
+  // Expert banks (ResolveLoraExpertTargets, worker/hf/layer_spec.h), beside those the MLP names
+  // in target_modules stand for.
+  std::vector<std::string> target_parameters = {};
+  // An expert bank's rank and alpha where they are not rank and alpha times its rank factor
+  // (ExpertLoraTarget), by bank name: PEFT's rank_pattern and alpha_pattern of a loaded adapter.
+  // After AddLora: every adapted bank's whose rank is not `rank`.
+  std::map<std::string, int64_t> bank_ranks = {};
+  std::map<std::string, double> bank_alphas = {};
 };
 
 // A linear layer with an optional LoRA adapter.
@@ -58,6 +74,15 @@ struct Linear {
   double lora_dropout = 0;
 };
 
+// One projection of every expert ([experts, out, in], ExpertBankSpec) with an optional LoRA
+// adapter in PEFT's layout (above).
+struct ExpertBank {
+  at::Tensor weight;  // [E, out, in]
+  at::Tensor lora_a;  // [E rank, in] or undefined
+  at::Tensor lora_b;  // [out, rank E]
+  double lora_scaling = 0;
+};
+
 struct DecoderLayer {
   at::Tensor input_norm;  // [hidden]
   at::Tensor post_norm;   // [hidden], the MLP's input norm (Gemma's pre_feedforward_layernorm)
@@ -66,6 +91,9 @@ struct DecoderLayer {
   at::Tensor q_norm, k_norm;               // [head_dim]
   Linear q, k, v, o, gate, up, down;
   Linear qkv, gate_up;  // LayerSpec::fused_projections, instead of q, k, v and gate, up
+  // LayerSpec::moe, instead of gate, up and down: the router [E, hidden] and the expert banks.
+  at::Tensor router;
+  ExpertBank gate_up_experts, down_experts;
 };
 
 // The inputs of one forward pass over one chunk (C tokens) of one sequence.
@@ -128,8 +156,14 @@ class Transformer {
 
   // What the optimizer updates, with the names checkpoints use (HF / PEFT names).
   std::vector<std::pair<std::string, at::Tensor>> TrainableParameters() const;
-  // Every base weight with its HF name.
+  // Every base weight with its HF name (transformers' in-memory name: an expert bank is one
+  // [E, out, in] tensor, mlp.experts.gate_up_proj).
   std::vector<std::pair<std::string, at::Tensor>> BaseParameters() const;
+  // Every base weight under its name in the family's checkpoints, as views of BaseParameters:
+  // an expert bank as each expert's projections (mlp.experts.{e}.gate_proj.weight; Mixtral's
+  // block_sparse_moe.experts.{e}.w1.weight). What SaveFull writes and a checkpoint of full
+  // fine-tuning restores.
+  std::vector<std::pair<std::string, at::Tensor>> StoredWeights() const;
 
   // The final-norm hidden states of the chunk, [C, hidden].
   at::Tensor Hidden(const ChunkInput& input, const AttentionFn& attention) const;
@@ -166,6 +200,9 @@ class Transformer {
  private:
   Transformer(ModelConfig config, at::ScalarType dtype, at::Device device);
   at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const;
+  // The MLP of layer `layer` over its input norm's output y [C, hidden]: dense or of experts.
+  at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
+  at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [rotary_dim / 2], float32 (float64)
   // RoPE over the first rotary_dim features of each head of x [C, heads, head_dim].
@@ -185,6 +222,17 @@ class Transformer {
   std::vector<NamedNorm> NamedNorms(int64_t i);
   std::vector<NamedLinear> NamedLinears();
   std::vector<std::pair<std::string, const Linear*>> NamedLinears() const;
+  // The expert banks of the sparse layers, with their HF names (mlp.experts.gate_up_proj).
+  struct NamedBank {
+    std::string name;
+    int64_t layer;
+    ExpertBankSpec spec;
+    ExpertBank* bank;
+  };
+  std::vector<NamedBank> NamedBanks();
+  // The router's and the experts' weights of sparse layer i under their checkpoint names, as
+  // views of its tensors (which must exist).
+  std::vector<std::pair<std::string, at::Tensor>> StoredMoe(int64_t i) const;
 
   ModelConfig config_;
   ModelSpec spec_;

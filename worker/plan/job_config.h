@@ -54,7 +54,8 @@ struct JobConfig {
     double dropout = 0;
     std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                "gate_proj", "up_proj", "down_proj"};
-    std::string init_adapter;  // a PEFT adapter directory to start from; empty: PEFT's initialisation
+    std::string init_adapter;                    // a PEFT adapter directory to start from; empty: PEFT's initialisation
+    std::vector<std::string> target_parameters;  // expert banks (PEFT's target_parameters)
   };
   struct Method {
     TrainMethod type = TrainMethod::kLora;

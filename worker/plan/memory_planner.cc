@@ -57,13 +57,18 @@ class Model {
     const int64_t parameters = layers_.ParameterCount(c);
     weights_ = parameters * e_;
     if (lora) {
-      exec_.lora_targets = ResolveLoraTargets(c, job.method.lora.target_modules).value_or(std::vector<std::string>{});
+      const JobConfig::Lora& spec = job.method.lora;
+      exec_.lora_targets = ResolveLoraTargets(c, spec.target_modules).value_or(std::vector<std::string>{});
+      exec_.lora_expert_targets = ResolveLoraExpertTargets(c, spec.target_modules, spec.target_parameters, spec.dropout)
+                                      .value_or(std::vector<ExpertLoraTarget>{});
       exec_.lora_rank = job.method.lora.rank;
       exec_.lora_dropout = job.method.lora.dropout;
       int64_t lora_params = 0;
       for (const LayerSpec& layer : layers_.layers) {
         for (const LinearSpec& l : layer.Adapted(exec_.lora_targets))
           lora_params += job.method.lora.rank * (l.in + l.out);
+        for (const auto& [b, factor] : layer.AdaptedExperts(exec_.lora_expert_targets))
+          lora_params += job.method.lora.rank * factor * b.experts * (b.in + b.out);
       }
       // float32 masters, their gradients, AdamW's exp_avg and exp_avg_sq.
       trainable_ = lora_params * kF32 * 4;
@@ -142,7 +147,15 @@ class Model {
     const int64_t ce_elem = cuda_ && e_ == 2 ? e_ : e_ + 2 * kF32;
     const int64_t ce = std::min(C, kCeRowsPerBlock) * c_.vocab_size * ce_elem + C * H * e_;
     // One layer's backward: gradients of the MLP's intermediates and of the residual stream.
-    const int64_t layer_backward = C * (3 * I + 4 * H) * e_;
+    int64_t layer_backward = C * (3 * I + 4 * H) * e_;
+    for (const LayerSpec& layer : layers_.layers) {
+      if (!layer.moe.has_value()) continue;
+      // A mixture of experts: those of the top_k pairs of each token; in full fine-tuning also
+      // the gradient of a whole expert bank, gathered from its experts' at once.
+      const MoeSpec& moe = *layer.moe;
+      const int64_t bank = job_.method.type == TrainMethod::kFull ? 2 * moe.intermediate * H * moe.experts * e_ : 0;
+      layer_backward = std::max(layer_backward, C * moe.top_k * (3 * moe.intermediate + 4 * H) * e_ + bank);
+    }
     // Attention. Blockwise path: the float32 scores of one block of queries against one block
     // of keys, and what is made from them (probabilities, their gradient, temporaries): 3.5
     // blocks, the most measured on the CPU (tests/worker/plan/memory_planner_test.cc).
@@ -452,7 +465,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
     OOMB_ASSIGN_OR_RETURN(job.memory.chunk_tokens, ChooseChunkTokens(config, job, target, &chunk_choice));
   }
   const bool cuda = target.device != "cpu";
-  if (job.method.type != TrainMethod::kFull) {
+  if (job.method.type == TrainMethod::kLora) {
+    const JobConfig::Lora& l = job.method.lora;
+    OOMB_RETURN_IF_ERROR(ResolveLoraTargets(config, l.target_modules).status());
+    OOMB_RETURN_IF_ERROR(ResolveLoraExpertTargets(config, l.target_modules, l.target_parameters, l.dropout).status());
+  } else if (job.method.type == TrainMethod::kEvaluate) {
     OOMB_RETURN_IF_ERROR(ResolveLoraTargets(config, job.method.lora.target_modules).status());
   } else if (config.multimodal_text) {
     return absl::InvalidArgumentError(absl::StrCat(

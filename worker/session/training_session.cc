@@ -96,6 +96,7 @@ absl::Status PrepareTraining(Transformer& model, const JobConfig& job) {
   lora.alpha = job.method.lora.alpha;
   lora.dropout = job.method.lora.dropout;
   lora.target_modules = job.method.lora.target_modules;
+  lora.target_parameters = job.method.lora.target_parameters;
   return model.AddLora(lora, static_cast<uint64_t>(job.training.seed));
 }
 

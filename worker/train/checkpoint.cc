@@ -206,7 +206,7 @@ absl::StatusOr<TrainerState> RestoreCheckpoint(const Dir& dir, Transformer& mode
   } else {
     OOMB_ASSIGN_OR_RETURN(auto weights, WeightSet::Open(dir));
     at::NoGradGuard no_grad;
-    for (auto& [name, p] : model.BaseParameters()) {
+    for (auto& [name, p] : model.StoredWeights()) {
       const TensorView* v = weights->Find(name);
       if (v == nullptr) return absl::DataLossError(absl::StrCat(dir.path(), ": missing tensor '", name, "'"));
       const auto src = at::from_blob(const_cast<void*>(v->data), v->shape, at::TensorOptions().dtype(p.scalar_type()));

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "worker/hf/layer_spec.h"
@@ -36,8 +37,9 @@ TEST(FamilyTest, TheFirstFamilyThatMatchesWins) {
   EXPECT_EQ(FindFamily("GPTNeoXForCausalLM", "gpt_neox"), nullptr);
   std::vector<std::string> architectures;
   for (const Family& f : Families()) architectures.push_back(f.architecture);
-  EXPECT_THAT(architectures, ElementsAre("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                         "MistralForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"));
+  EXPECT_THAT(architectures,
+              ElementsAre("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                          "MixtralForCausalLM", "MistralForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"));
 }
 
 TEST(FamilyTest, AnUnknownPresetNamesTheOthers) {
@@ -50,6 +52,66 @@ TEST(FamilyTest, AnUnknownPresetNamesTheOthers) {
 TEST(FamilyTest, PresetsCountTheRealModelsParameters) {
   EXPECT_EQ(Preset("qwen2.5-7b").ParameterCount(), 7615616512);
   EXPECT_EQ(Preset("phi-4-mini").ParameterCount(), 3836021760);
+  EXPECT_EQ(Preset("mixtral-8x7b").ParameterCount(), 46702792704);
+}
+
+// A mixture of experts: which layers are sparse, the parameters Qwen3-30B-A3B has (30.5B) and
+// those a token computes with (3.3B, what model FLOPs count), the expert banks LoRA adapts, and
+// the configs and targets refused, naming the key or field.
+TEST(FamilyTest, MixtureOfExpertsLayers) {
+  const ModelConfig q = Preset("qwen3-30b-a3b");
+  const ModelSpec spec = DescribeModel(q);
+  ASSERT_TRUE(spec.layers[0].moe.has_value());
+  EXPECT_EQ(spec.ParameterCount(q), 30532122624);
+  const double t = 4096, active = 3353032704;
+  EXPECT_DOUBLE_EQ(spec.TrainingFlops(q, 4096), 6.0 * active * t + 6.0 * q.q_dim() * q.num_layers * t * t);
+  EXPECT_EQ(spec.layers[0].linears.size(), 4u);  // the attention's: the MLP is the experts
+
+  const std::string sparse_every_2nd = R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+      "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 4,
+      "num_attention_heads": 2, "max_position_embeddings": 64, "num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 4, "decoder_sparse_step": 2, "mlp_only_layers": [1], "norm_topk_prob": true})";
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(sparse_every_2nd, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->moe.layers, ElementsAre(false, false, false, true));
+  EXPECT_TRUE(c->moe.renormalize);
+  EXPECT_EQ(DescribeModel(*c).layers[3].moe->intermediate, 4);
+  for (const auto& [from, to, key] :
+       {std::tuple{"\"norm_topk_prob\": true", "\"output_router_logits\": true", "output_router_logits"},
+        {"\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "num_experts_per_tok"},
+        {"[1]", "[7]", "mlp_only_layers"}}) {
+    std::string text = sparse_every_2nd;
+    text.replace(text.find(from), std::string(from).size(), to);
+    const absl::Status bad = ParseModelConfig(text, "config.json").status();
+    EXPECT_FALSE(bad.ok()) << key;
+    EXPECT_THAT(bad.message(), HasSubstr(key));
+  }
+
+  // The MLP's names adapt the experts (gate_proj with up_proj: gate_up_proj at twice the rank,
+  // as PEFT fuses them); target_parameters by a suffix at a dot.
+  const std::vector<std::string> every = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  auto banks = ResolveLoraExpertTargets(q, every, {}, 0);
+  ASSERT_TRUE(banks.ok()) << banks.status();
+  ASSERT_EQ(banks->size(), 2u);
+  EXPECT_EQ((*banks)[0].bank, "gate_up_proj");
+  EXPECT_EQ((*banks)[0].rank_factor, 2);
+  EXPECT_EQ((*banks)[1].bank, "down_proj");
+  EXPECT_EQ((*banks)[1].rank_factor, 1);
+  EXPECT_THAT(*ResolveLoraTargets(q, every), ElementsAre("q_proj", "k_proj", "v_proj", "o_proj"));
+  banks = ResolveLoraExpertTargets(q, {"q_proj"}, {"experts.down_proj", "mlp.experts.gate_up_proj"}, 0);
+  ASSERT_TRUE(banks.ok()) << banks.status();
+  ASSERT_EQ(banks->size(), 2u);
+  EXPECT_EQ((*banks)[0].bank, "gate_up_proj");
+  EXPECT_EQ((*banks)[0].rank_factor, 1);
+  EXPECT_TRUE(ResolveLoraExpertTargets(q, {"q_proj"}, {}, 0.1)->empty());  // attention only: dropout is fine
+  // Refused: a target naming nothing, experts with dropout, half of a fused bank, experts of a dense model.
+  for (const absl::Status& bad :
+       {ResolveLoraExpertTargets(q, {"q_proj"}, {"mlp.experts.up_proj"}, 0).status(),
+        ResolveLoraExpertTargets(q, every, {}, 0.1).status(), ResolveLoraTargets(q, {"gate_proj"}).status(),
+        ResolveLoraExpertTargets(Preset("qwen3-8b"), {"q_proj"}, {"down_proj"}, 0).status()}) {
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(bad.message(), HasSubstr("method.lora."));
+  }
 }
 
 // Model FLOPs of training, block by block: 6 per weight per token, 12 per query-key pair per

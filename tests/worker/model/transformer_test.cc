@@ -1,8 +1,9 @@
 // The model computes what transformers computes: logits, loss and LoRA gradients of tiny
-// random-weight Qwen2, Qwen3, Llama, Mistral, Gemma 3 (also as the text part of a vision-language
-// checkpoint) and Phi-3 models (q/k/v biases, GQA, tied and untied embeddings, every rope_scaling
-// type, partial rotary, sliding windows shorter than the sequence, local and global layers,
-// fused projections, sharded weights) made by tests/python/make_tiny_models.py, against
+// random-weight Qwen2, Qwen3, Qwen3-MoE, Mixtral, Llama, Mistral, Gemma 3 (also as the text part
+// of a vision-language checkpoint) and Phi-3 models (q/k/v biases, GQA, tied and untied
+// embeddings, every rope_scaling type, partial rotary, sliding windows shorter than the sequence,
+// local and global layers, fused projections, sharded weights, routed experts with and without
+// renormalisation beside a dense layer, LoRA on the expert banks) made by tests/python/make_tiny_models.py, against
 // transformers' and PEFT's own outputs stored beside each model; adapters oomb saves load in
 // PEFT; plus the model's error handling.
 #include "worker/model/transformer.h"
@@ -221,7 +222,41 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TinyModelParityTest);
 
 TEST(TransformerTest, TinyModelsArePresent) {
   if (TinyModels().empty()) GTEST_SKIP() << "no tiny models under " << testing::DataDir() << "/tiny";
-  EXPECT_GE(TinyModels().size(), 14u);
+  EXPECT_GE(TinyModels().size(), 16u);
+}
+
+// A mixture of experts' full fine-tuning output is written in its family's checkpoint layout (each
+// expert's projections, Mixtral's block_sparse_moe w1/w3/w2), the names a checkpoint of full
+// fine-tuning restores (StoredWeights), and loads back to the same logits.
+TEST(TransformerTest, ExpertsSaveInTheirFamilysLayout) {
+  for (const std::string name : {"qwen3-moe", "mixtral-window"}) {
+    const std::string dir = testing::DataDir() + "/tiny/" + name;
+    if (!fs::exists(dir)) GTEST_SKIP() << "no tiny models";
+    auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const std::string out = testing::ScratchDir("experts_" + name);
+    std::ifstream config(dir + "/config.json");
+    const std::string config_json((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+    ASSERT_TRUE((*model)->SaveFull(testing::OpenDir(out), config_json).ok());
+    auto original = WeightSet::Open(testing::OpenDir(dir));
+    auto saved = WeightSet::Open(testing::OpenDir(out));
+    ASSERT_TRUE(original.ok() && saved.ok());
+    std::vector<std::string> want = (*original)->names(), got = (*saved)->names(), stored;
+    std::sort(want.begin(), want.end());
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, want) << name;
+    for (const auto& [n, t] : (*model)->StoredWeights()) stored.push_back(n);
+    std::sort(stored.begin(), stored.end());
+    EXPECT_EQ(stored, want) << name;
+    auto reloaded = Transformer::Load(testing::OpenDir(out), at::kFloat, at::kCPU);
+    ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+    auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
+    ASSERT_TRUE(ref.ok());
+    const ChunkInput in = WholeSequence(ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0]);
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(at::equal(WholeSequenceLogits(**model, in), WholeSequenceLogits(**reloaded, in))) << name;
+    fs::remove_all(out);
+  }
 }
 
 // Bad model directories fail with errors naming the problem, never a crash.

@@ -39,6 +39,7 @@ struct Case {
   bool sparse = false;   // attention.mode: sparse, page_budget 8 of pages of 64
   bool qk_norm = false;  // Qwen3's per-head q/k norms, head_dim 2 x hidden / heads
   bool gemma = false;    // Gemma 3's layer (with q/k norms) and a window of 100 in every other layer
+  bool moe = false;      // Qwen3-MoE's layer: 8 experts, 2 per token (LoRA on both expert banks)
 };
 
 int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -51,6 +52,11 @@ ModelConfig CaseModel(const Case& k) {
   if (k.qk_norm || k.gemma) {
     c.qk_norm = true;
     c.head_dim = 2 * k.hidden / k.heads;
+  }
+  if (k.moe) {
+    c.architecture = "Qwen3MoeForCausalLM";
+    c.moe = MoeConfig{.experts = 8, .top_k = 2, .intermediate = k.hidden / 2, .renormalize = true};
+    c.moe.layers.assign(k.layers, true);
   }
   if (k.gemma) {
     c.gemma_layers = true;
@@ -172,7 +178,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gemma_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, false, true},
                       // Sparse: the global layer selects pages, the sliding-window one attends
                       // densely over its window.
-                      Case{"gemma_sparse", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, true, false, true}),
+                      Case{"gemma_sparse", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, true, false, true},
+                      Case{"moe_c256", 256, 2, 4, 2, 512, "lora", 0.0, 256, 1024, false, true, false, true},
+                      Case{"moe_full", 192, 2, 6, 2, 384, "full", 0.0, 128, 768, false, true, false, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(MemoryPlannerTest, LongestContextThatFitsAndTheLimitInWords) {

@@ -1,6 +1,7 @@
 // Exactness of the chunk-recurrent trainer (docs/ARCHITECTURE.md §3): parameter gradients of chunked
 // training equal those of ordinary full-sequence backpropagation, for any chunk and page size,
-// LoRA and full fine-tuning, with and without packed documents.
+// LoRA and full fine-tuning, with and without packed documents, dense and mixture-of-experts
+// layers (LoRA on the experts' banks).
 #include "worker/train/chunk_trainer.h"
 
 #include <gtest/gtest.h>
@@ -36,12 +37,14 @@ using testing::TakeGrads;
 ModelConfig TinyConfig(const std::string& family) {
   ModelConfig c;
   c.model_type = family;
-  c.architecture = family == "qwen2"     ? "Qwen2ForCausalLM"
-                   : family == "qwen3"   ? "Qwen3ForCausalLM"
-                   : family == "mistral" ? "MistralForCausalLM"
-                   : family == "gemma3"  ? "Gemma3ForCausalLM"
-                   : family == "phi3"    ? "Phi3ForCausalLM"
-                                         : "LlamaForCausalLM";
+  c.architecture = family == "qwen2"       ? "Qwen2ForCausalLM"
+                   : family == "qwen3"     ? "Qwen3ForCausalLM"
+                   : family == "mistral"   ? "MistralForCausalLM"
+                   : family == "gemma3"    ? "Gemma3ForCausalLM"
+                   : family == "phi3"      ? "Phi3ForCausalLM"
+                   : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                   : family == "mixtral"   ? "MixtralForCausalLM"
+                                           : "LlamaForCausalLM";
   c.vocab_size = 61;
   c.hidden_size = 32;
   c.intermediate_size = 40;
@@ -52,8 +55,8 @@ ModelConfig TinyConfig(const std::string& family) {
   c.max_position_embeddings = 64;
   c.rms_norm_eps = 1e-6;
   c.qkv_bias = family == "qwen2";
-  c.qk_norm = family == "qwen3";
-  if (family == "qwen3") c.head_dim = 16;  // independent of hidden / heads, as in Qwen3
+  c.qk_norm = family == "qwen3" || family == "qwen3_moe";
+  if (c.qk_norm) c.head_dim = 16;  // independent of hidden / heads, as in Qwen3
   c.tie_word_embeddings = family != "qwen2";
   c.rope.theta = 10000;
   if (family == "phi3") {  // fused projections, RoPE over 6 of 8 features, longrope's long factors
@@ -65,8 +68,15 @@ ModelConfig TinyConfig(const std::string& family) {
     c.rope.short_factor = {1.0, 1.5, 2.0};
     c.rope.long_factor = {1.0, 3.0, 7.0};
   }
-  if (family == "mistral" || family == "gemma3" ||
-      family == "phi3") {  // a window of 11 (no page size's multiple here) in layer 0
+  if (family == "qwen3_moe" || family == "mixtral") {  // 4 experts, 2 per token
+    c.moe.experts = 4;
+    c.moe.top_k = 2;
+    c.moe.intermediate = 24;
+    c.moe.layers = {true, family == "mixtral"};  // Qwen3-MoE: layer 1 dense (mlp_only_layers)
+    c.moe.renormalize = c.moe.float_scores = family == "mixtral";
+  }
+  if (family == "mistral" || family == "gemma3" || family == "phi3" ||
+      family == "mixtral") {  // a window of 11 (no page size's multiple here) in layer 0
     c.sliding_window = 11;
     c.sliding_layers = {true, false};
   }
@@ -239,7 +249,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mistral", true, at::kFloat, true}, Case{"gemma3", false, at::kDouble, false},
                       Case{"gemma3", true, at::kDouble, true}, Case{"gemma3", true, at::kFloat, true},
                       Case{"phi3", false, at::kDouble, false}, Case{"phi3", true, at::kDouble, true},
-                      Case{"phi3", true, at::kFloat, true}),
+                      Case{"phi3", true, at::kFloat, true}, Case{"qwen3_moe", false, at::kDouble, true},
+                      Case{"qwen3_moe", true, at::kDouble, false}, Case{"qwen3_moe", false, at::kFloat, false},
+                      Case{"mixtral", false, at::kDouble, false}, Case{"mixtral", true, at::kDouble, true}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + (c.full ? "_full" : "_lora") + (c.dtype == at::kDouble ? "_f64" : "_f32") +

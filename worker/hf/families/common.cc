@@ -62,6 +62,49 @@ absl::Status ParseAttentionBias(const json& root, const std::string& source, Mod
   return absl::OkStatus();
 }
 
+absl::Status ParseMoe(const json& root, const std::string& source, const char* experts_key, ModelConfig* c) {
+  const JsonReader r(root, source);
+  MoeConfig& moe = c->moe;
+  constexpr int64_t kMaxExperts = 1 << 12;
+  const char* key = root.contains(experts_key) ? experts_key : "num_local_experts";
+  OOMB_RETURN_IF_ERROR(r.IntIn(key, &moe.experts, 1, kMaxExperts, /*required=*/true));
+  OOMB_RETURN_IF_ERROR(r.IntIn("num_experts_per_tok", &moe.top_k, 1, moe.experts, /*required=*/true));
+  int64_t step = 1;
+  OOMB_RETURN_IF_ERROR(r.IntIn("decoder_sparse_step", &step, 1, c->num_layers));
+  moe.layers.assign(c->num_layers, false);
+  for (int64_t i = 0; i < c->num_layers; ++i) moe.layers[i] = (i + 1) % step == 0;
+  if (const auto it = root.find("mlp_only_layers"); it != root.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(source,
+                                                     ": key 'mlp_only_layers': expected a list of layer "
+                                                     "indices, got ",
+                                                     it->dump()));
+    }
+    for (const json& i : *it) {
+      if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= c->num_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": key 'mlp_only_layers': entry ", i.dump(),
+                                                       " is not a layer index in [0, ", c->num_layers, ")"));
+      }
+      moe.layers[i.get<int64_t>()] = false;
+    }
+  }
+  bool router_logits = false;
+  OOMB_RETURN_IF_ERROR(r.Bool("output_router_logits", &router_logits));
+  if (router_logits) {
+    return absl::UnimplementedError(
+        absl::StrCat(source,
+                     ": output_router_logits true (the router's auxiliary load-balancing loss) is not supported yet; "
+                     "set it to false (transformers' default) to train without the auxiliary loss"));
+  }
+  double jitter = 0;
+  OOMB_RETURN_IF_ERROR(r.Double("router_jitter_noise", &jitter, /*required=*/false));
+  if (jitter != 0) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": router_jitter_noise ", jitter, " is not supported (only 0: no jitter)"));
+  }
+  return absl::OkStatus();
+}
+
 json PresetConfig(const std::string& architecture, const std::string& model_type, json shape) {
   json config = {{"architectures", {architecture}},
                  {"model_type", model_type},

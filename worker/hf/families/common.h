@@ -27,6 +27,13 @@ absl::Status RefuseSlidingWindows(const nlohmann::json& root, const std::string&
 // attention_bias: q, k, v and o all biased, or none.
 absl::Status ParseAttentionBias(const nlohmann::json& root, const std::string& source, ModelConfig* c);
 
+// The mixture of experts of a config.json (MoeConfig): the number of experts from `experts_key`
+// (or num_local_experts, as transformers 5 writes it), num_experts_per_tok, and which layers are
+// sparse: those not in mlp_only_layers with (i + 1) a multiple of decoder_sparse_step (1: all).
+// UNIMPLEMENTED for output_router_logits true (the router's auxiliary loss) and a
+// router_jitter_noise other than 0.
+absl::Status ParseMoe(const nlohmann::json& root, const std::string& source, const char* experts_key, ModelConfig* c);
+
 // A preset's config.json: `shape` over the keys every preset shares (RMSNorm epsilon 1e-6,
 // rope_theta 1e6, max_position_embeddings 2^23).
 nlohmann::json PresetConfig(const std::string& architecture, const std::string& model_type, nlohmann::json shape);
