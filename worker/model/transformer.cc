@@ -836,18 +836,20 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   const at::Tensor order = at::argsort(experts.reshape(-1), /*stable=*/true);
   const at::Tensor tokens = at::floor_divide(order, moe.top_k);
   const at::Tensor pair_weights = weights.reshape(-1).index_select(0, order).unsqueeze(1);
-  const at::Tensor x = y.index_select(0, tokens);
   const at::Tensor counts = at::bincount(experts.reshape(-1), {}, moe.experts).cpu();
+  const std::vector<int64_t> sizes(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + moe.experts);
+  // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
+  // rather than widening each to the whole [C k, hidden].
+  const std::vector<at::Tensor> x = y.index_select(0, tokens).split_with_sizes(sizes);
+  const std::vector<at::Tensor> w = pair_weights.split_with_sizes(sizes);
+  const std::vector<at::Tensor> to = tokens.split_with_sizes(sizes);
   const ExpertViews gate_up(l.gate_up_experts, y.scalar_type()), down(l.down_experts, y.scalar_type());
   at::Tensor out = at::zeros_like(y);
-  int64_t start = 0;
   for (int64_t e = 0; e < moe.experts; ++e) {
-    const int64_t n = counts[e].item<int64_t>();
-    if (n == 0) continue;
-    const auto parts = gate_up.Forward(e, x.narrow(0, start, n)).chunk(2, -1);  // gate's rows first
+    if (sizes[e] == 0) continue;
+    const auto parts = gate_up.Forward(e, x[e]).chunk(2, -1);  // gate's rows first
     const at::Tensor expert_out = down.Forward(e, kernels::SwiGlu(parts[0], parts[1]));
-    out.index_add_(0, tokens.narrow(0, start, n), (expert_out * pair_weights.narrow(0, start, n)).to(dtype_));
-    start += n;
+    out.index_add_(0, to[e], (expert_out * w[e]).to(dtype_));
   }
   return out;
 }
