@@ -200,7 +200,7 @@ class Transformer {
  private:
   Transformer(ModelConfig config, at::ScalarType dtype, at::Device device);
   at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const;
-  // The MLP of layer `layer` over its input norm's output y [C, hidden]: dense or of experts.
+  // The MLP of layer cursor.layer over its input norm's output y [C, hidden]: dense or of experts.
   at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
   at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
