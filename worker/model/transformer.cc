@@ -835,23 +835,23 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   // The (token, slot) pairs in expert order, once: each expert's pairs are one slice.
   const at::Tensor order = at::argsort(experts.reshape(-1), /*stable=*/true);
   const at::Tensor tokens = at::floor_divide(order, moe.top_k);
-  const at::Tensor pair_weights = weights.reshape(-1).index_select(0, order).unsqueeze(1);
   const at::Tensor counts = at::bincount(experts.reshape(-1), {}, moe.experts).cpu();
   const std::vector<int64_t> sizes(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + moe.experts);
   // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
   // rather than widening each to the whole [C k, hidden].
   const std::vector<at::Tensor> x = y.index_select(0, tokens).split_with_sizes(sizes);
-  const std::vector<at::Tensor> w = pair_weights.split_with_sizes(sizes);
-  const std::vector<at::Tensor> to = tokens.split_with_sizes(sizes);
   const ExpertViews gate_up(l.gate_up_experts, y.scalar_type()), down(l.down_experts, y.scalar_type());
-  at::Tensor out = at::zeros_like(y);
+  std::vector<at::Tensor> outputs;
   for (int64_t e = 0; e < moe.experts; ++e) {
     if (sizes[e] == 0) continue;
     const auto parts = gate_up.Forward(e, x[e]).chunk(2, -1);  // gate's rows first
-    const at::Tensor expert_out = down.Forward(e, kernels::SwiGlu(parts[0], parts[1]));
-    out.index_add_(0, to[e], (expert_out * w[e]).to(dtype_));
+    outputs.push_back(down.Forward(e, kernels::SwiGlu(parts[0], parts[1])));
   }
-  return out;
+  // Back to (token, slot) order, weighted and summed over the slots: autograd keeps the outputs
+  // once (the product's), where adding each expert's into place would keep it a second time.
+  const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
+  const at::Tensor slots = at::cat(outputs).index_select(0, inverse).view({y.size(0), moe.top_k, y.size(1)});
+  return (slots * weights.unsqueeze(-1)).sum(1).to(dtype_);
 }
 
 at::Tensor Transformer::Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
