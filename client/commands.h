@@ -10,7 +10,7 @@
 
 namespace oomb::client {
 
-// submit, list, get, watch, events, cancel, pause, resume, delete, checkpoints.
+// submit, list, get, watch, events, logs, cancel, pause, resume, delete, checkpoints.
 void AddJobCommands(CLI::App& app, const Cli& cli);
 // estimate, health, server-info, version.
 void AddServerCommands(CLI::App& app, const Cli& cli);
@@ -24,6 +24,11 @@ int Watch(Client& c, const std::string& name, int64_t after);
 
 // "  SEQ TIME what happened": how `watch` and `events` print an event.
 std::string EventLine(const v1::JobEvent& e);
+
+// Prints what the daemon said about a job: every event but its steps (LOG lines, warnings,
+// state changes, checkpoints) as "TIME LEVEL message", one JSON event a line with -o json;
+// with `follow`, then the new ones until the job ends, exiting as Watch does.
+int Logs(Client& c, const std::string& name, bool follow);
 
 }  // namespace oomb::client
 

@@ -37,6 +37,7 @@ void PrintJobDetail(const v1::Job& j) {
   if (j.queue_position() > 0) std::cout << fmt::format("queue:       position {}\n", j.queue_position());
   if (!j.waiting_reason().empty()) std::cout << fmt::format("waiting:     {}\n", Printable(j.waiting_reason()));
   if (!j.preempted_by().empty()) std::cout << fmt::format("preempted:   by {}\n", j.preempted_by());
+  if (!j.mlflow_run().empty()) std::cout << fmt::format("mlflow:      {}\n", Printable(j.mlflow_run()));
   if (!j.daemon().empty()) std::cout << fmt::format("daemon:      {}\n", j.daemon());
   if (!j.spec().display_name().empty())
     std::cout << fmt::format("display:     {}\n", Printable(j.spec().display_name()));
@@ -252,6 +253,18 @@ void AddWatchAndEvents(CLI::App& app, const Cli& cli) {
   });
 }
 
+void AddLogs(CLI::App& app, const Cli& cli) {
+  auto job = std::make_shared<std::string>();
+  auto follow = std::make_shared<bool>(false);
+  auto* logs =
+      JobCommand(app, "logs",
+                 "Show what the daemon said about a job: the data it read, the model, the memory plan's "
+                 "choices and why, warnings, retries, state changes and checkpoints",
+                 "Examples:\n  oomb logs job-abc123\n  oomb logs job-abc123 -f\n  oomb logs job-abc123 -o json", job);
+  logs->add_flag("-f,--follow", *follow, "Then follow new ones until the job ends (exit code as `oomb watch`)");
+  OnRun(logs, [cli, job, follow] { return Logs(cli.client(), JobName(cli.globals, *job), *follow); });
+}
+
 // cancel, pause, resume: one JOB in, the job out.
 template <typename Request, typename Call>
 void AddStateCommand(CLI::App& app, const Cli& cli, const char* name, const char* help, Call call) {
@@ -368,6 +381,7 @@ void AddJobCommands(CLI::App& app, const Cli& cli) {
   AddList(app, cli);
   AddGet(app, cli);
   AddWatchAndEvents(app, cli);
+  AddLogs(app, cli);
   using Stub = v1::JobService::Stub;
   AddStateCommand<v1::CancelJobRequest>(app, cli, "cancel", "Cancel a job (it stops at the next chunk boundary)",
                                         &Stub::CancelJob);

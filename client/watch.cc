@@ -10,6 +10,17 @@
 namespace oomb::client {
 namespace {
 
+// `line` cut to fit `columns` ("..." at the end), at a UTF-8 character's start: a line that
+// wrapped above the live progress line would leave its remainder behind at the next redraw.
+// The whole text is in `oomb logs` and `oomb events`.
+std::string FitTo(std::string line, int columns) {
+  if (columns < 8 || static_cast<int>(line.size()) < columns) return line;
+  size_t cut = static_cast<size_t>(columns - 4);
+  while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;
+  line.resize(cut);
+  return line + "...";
+}
+
 // The exit code of a job that ended in `state`, with `failure` its error.
 int Outcome(const std::string& name, v1::Job::State state, const std::string& failure) {
   if (state == v1::Job::FAILED) {
@@ -56,6 +67,78 @@ std::string EventLine(const v1::JobEvent& e) {
   return fmt::format("{:>5} {} {}", e.sequence(), Time(e.time()), what);
 }
 
+namespace {
+
+// "TIME LEVEL message"; empty for a step, which is progress, not a log line.
+std::string LogLine(const v1::JobEvent& e) {
+  const char* level = "info";
+  std::string text = e.message();
+  switch (e.type()) {
+    case v1::JobEvent::STEP:
+      return "";
+    case v1::JobEvent::WARNING:
+      level = "warn";
+      break;
+    case v1::JobEvent::STATE_CHANGED:
+      level = e.state() == v1::Job::FAILED ? "error" : "info";
+      text = fmt::format("state {}{}", v1::Job::State_Name(e.state()), text.empty() ? "" : ": " + text);
+      break;
+    default:
+      break;
+  }
+  if (!e.actor().empty()) text += " (by " + Printable(e.actor()) + ")";
+  return fmt::format("{} {:<5} {}", Time(e.time()), level, Printable(text));
+}
+
+void PrintLog(const Globals& g, const v1::JobEvent& e) {
+  if (e.type() == v1::JobEvent::STEP) return;
+  if (g.output == "json") {
+    std::cout << ToJson(e, false) << std::endl;
+  } else {
+    std::cout << LogLine(e) << std::endl;
+  }
+}
+
+}  // namespace
+
+int Logs(Client& c, const std::string& name, bool follow) {
+  int64_t after = 0;
+  for (;;) {  // what is stored, page by page
+    v1::ListJobEventsRequest req;
+    req.set_name(name);
+    req.set_after_sequence(after);
+    v1::ListJobEventsResponse resp;
+    const grpc::Status s = c.Call(&v1::JobService::Stub::ListJobEvents, req, &resp);
+    if (!s.ok()) return Fail(s);
+    for (const v1::JobEvent& e : resp.events()) PrintLog(c.globals(), e);
+    if (!resp.events().empty()) after = resp.events(resp.events_size() - 1).sequence();
+    if (!resp.more()) break;
+  }
+  if (!follow) return kOk;
+  v1::WatchJobRequest req;
+  req.set_name(name);
+  req.set_after_sequence(after);
+  auto ctx = c.Context(/*unary=*/false);
+  auto reader = c.jobs().WatchJob(ctx.get(), req);
+  v1::WatchJobResponse r;
+  v1::Job::State state = v1::Job::STATE_UNSPECIFIED;
+  std::string failure;
+  while (reader->Read(&r)) {
+    if (r.has_snapshot()) {
+      state = r.snapshot().state();
+      if (r.snapshot().has_error()) failure = r.snapshot().error().message();
+      continue;
+    }
+    const v1::JobEvent& e = r.event();
+    if (e.type() == v1::JobEvent::STATE_CHANGED) state = e.state();
+    if (e.has_error()) failure = e.error().message();
+    PrintLog(c.globals(), e);
+  }
+  const grpc::Status s = reader->Finish();
+  if (!s.ok()) return Fail(s);
+  return Outcome(name, state, failure);
+}
+
 int Watch(Client& c, const std::string& name, int64_t after) {
   v1::WatchJobRequest req;
   req.set_name(name);
@@ -77,7 +160,9 @@ int Watch(Client& c, const std::string& name, int64_t after) {
       line.Apply(e, ProgressLine::Clock::now());
       if (e.has_error()) failure = e.error().message();
       if (output == "table" && !live) std::cout << EventLine(e) << std::endl;
-      if (live && e.type() != v1::JobEvent::STEP) std::cerr << "\r\033[K" << EventLine(e) << "\n";
+      if (live && e.type() != v1::JobEvent::STEP) {
+        std::cerr << "\r\033[K" << FitTo(EventLine(e), TerminalColumns()) << "\n";
+      }
     }
     if (live) std::cerr << "\r\033[K" << line.Render(TerminalColumns()) << std::flush;
   }

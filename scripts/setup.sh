@@ -5,6 +5,8 @@
 #   scripts/setup.sh            Debian packages + the Python virtual environment (LibTorch)
 #
 # Environment:
+#   OOMB_MLFLOW_VENV  where MLflow's tracking server is installed, for the tracking test
+#               (default: ~/.cache/oomb/mlflow-venv)
 #   OOMB_VENV   where the virtual environment lives (default: ~/.cache/oomb/venv). It holds
 #               the PyPI wheel torch==2.11.0, whose share/cmake is LibTorch's CMake package,
 #               the Python packages the reference-parity tests use, and lizard, which the
@@ -23,8 +25,8 @@ APT_PACKAGES=(
   libabsl-dev prometheus-cpp-dev libyaml-cpp-dev libsqlite3-dev libsqlitecpp-dev
   nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
   libpqxx-dev libsystemd-dev zlib1g-dev libssl-dev
-  # integration surface: the HTTP/JSON gateway's server, checkpoint archives (tar)
-  libcpp-httplib-dev libarchive-dev
+  # integration surface: the HTTP/JSON gateway's server, checkpoint archives (tar), webhooks' client
+  libcpp-httplib-dev libarchive-dev libcurl4-openssl-dev
   # engine: Gloo's headers for LibTorch's c10d ProcessGroupGloo (data parallelism on the CPU)
   libgloo-dev
   # tests
@@ -62,6 +64,8 @@ PY_PACKAGES=(
   # google/api/{annotations,http}.proto and google/rpc/{status,error_details}.proto, which the
   # API's .proto files import (proto/CMakeLists.txt, the SDK's build); httpx for the HTTP tests
   "googleapis-common-protos" "httpx" "openapi-spec-validator"
+  # the webhook tests' receiver verifies signatures with the Standard Webhooks reference library
+  "standardwebhooks"
   # the C++ function-length lint's parser (scripts/lint.sh, scripts/lint_function_length.py);
   # pinned, so that a new release cannot move the lengths it reports
   "lizard==1.24.3"
@@ -75,6 +79,17 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 else
   log "Python environment present ($OOMB_VENV)"
+fi
+
+# MLflow's own tracking server, which the tracking test talks to (tests/python/test_mlflow.py):
+# in an environment of its own, so that its many dependencies stay out of the reference stack.
+MLFLOW_VENV="${OOMB_MLFLOW_VENV:-$HOME/.cache/oomb/mlflow-venv}"
+MLFLOW_VERSION=3.17.2
+if [ ! -f "$MLFLOW_VENV/.oomb-mlflow-$MLFLOW_VERSION" ]; then
+  log "installing MLflow $MLFLOW_VERSION in $MLFLOW_VENV"
+  python3 -m venv "$MLFLOW_VENV"
+  "$MLFLOW_VENV/bin/python" -m pip install -q "mlflow==$MLFLOW_VERSION"
+  touch "$MLFLOW_VENV/.oomb-mlflow-$MLFLOW_VERSION"
 fi
 
 # The Python SDK (client/python, package `oomb`), which the Python tests and bench/load import.

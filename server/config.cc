@@ -64,7 +64,15 @@ const std::vector<Key>& Keys() {
       {"storage.datasets_dir", &ServerConfig::datasets_dir},
       {"storage.retention_days", &ServerConfig::retention_days},
       {"paths.allowed_roots", &ServerConfig::allowed_roots},
+      {"notifications.job_webhooks", &ServerConfig::job_webhooks},
+      {"notifications.ca_file", &ServerConfig::webhooks_ca_file},
+      {"notifications.retry_initial_seconds", &ServerConfig::webhook_retry_initial_seconds},
+      {"notifications.retry_max_seconds", &ServerConfig::webhook_retry_max_seconds},
+      {"notifications.give_up_hours", &ServerConfig::webhook_give_up_hours},
+      {"tracking.mlflow_uri", &ServerConfig::mlflow_uri},
+      {"tracking.mlflow_token_file", &ServerConfig::mlflow_token_file},
       {"log.level", &ServerConfig::log_level},
+      {"log.format", &ServerConfig::log_format},
   };
   return *kKeys;
 }
@@ -261,6 +269,15 @@ absl::Status Check(const ServerConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat("store.lease_seconds: must be longer than store.heartbeat_seconds (",
                                                    config.heartbeat_seconds, "), got ", config.lease_seconds,
                                                    "; two or three heartbeats per lease ride out a slow one"));
+  }
+  if (config.log_format != "text" && config.log_format != "json") {
+    return absl::InvalidArgumentError(absl::StrCat("log.format: must be text or json; got '", config.log_format, "'"));
+  }
+  if (config.webhook_retry_initial_seconds < 1 ||
+      config.webhook_retry_max_seconds < config.webhook_retry_initial_seconds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("notifications.retry_initial_seconds / retry_max_seconds: need 1 <= initial <= max; got ",
+                     config.webhook_retry_initial_seconds, " and ", config.webhook_retry_max_seconds));
   }
   static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error"};
   if (std::find(std::begin(kLevels), std::end(kLevels), config.log_level) == std::end(kLevels)) {

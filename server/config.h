@@ -76,8 +76,22 @@
 //                                     # default: the daemon user's home and /tmp. The data dir
 //                                     # is never allowed, whatever the roots say; a job without
 //                                     # checkpoint.dir writes to <data_dir>/jobs/<id>/checkpoints
+//   notifications:                  # webhooks (server/notify/webhooks.h, docs/API.md, "Being told")
+//     job_webhooks: true              # jobs may name endpoints of their own
+//                                     # (notifications.webhooks); false: only the projects' (projects_file)
+//     ca_file: ""                     # CA bundle (PEM) for https endpoints; default: the system's
+//     retry_initial_seconds: 5        # a failed delivery is retried after this, doubling each time
+//     retry_max_seconds: 3600         # up to this
+//     give_up_hours: 72               # and dropped (logged) this long after its event
+//   tracking:
+//     mlflow_uri: ""                  # MLflow tracking server every job logs to unless its spec names
+//                                     # one (spec.tracking.mlflow; server/notify/mlflow_tracker.h)
+//     mlflow_token_file: ""           # bearer token for it (secret)
 //   log:
 //     level: info                     # trace | debug | info | warn | error
+//     format: text                    # text, or json: one JSON object a line ({time, level,
+//                                     # logger, thread, message}) for Loki or ELK; the readiness
+//                                     # lines ("oombd: listening on ...") stay as they are
 #ifndef OOMB_SERVER_CONFIG_H_
 #define OOMB_SERVER_CONFIG_H_
 
@@ -123,7 +137,15 @@ struct ServerConfig {
   std::string datasets_dir;  // empty: <data_dir>/datasets
   int64_t retention_days = 0;
   std::string allowed_roots;  // filled with "$HOME,/tmp" when unset
+  bool job_webhooks = true;
+  std::string webhooks_ca_file;
+  int64_t webhook_retry_initial_seconds = 5;
+  int64_t webhook_retry_max_seconds = 3600;
+  int64_t webhook_give_up_hours = 72;
+  std::string mlflow_uri;
+  std::string mlflow_token_file;
   std::string log_level = "info";
+  std::string log_format = "text";
 };
 
 struct ConfigSources {

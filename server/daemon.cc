@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/util/time_util.h"
+#include "server/notify/webhooks.h"
 #include "server/to_proto.h"
 #include "worker/common/status.h"
 #include "worker/hf/model_config.h"
@@ -150,6 +151,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ServerConfig& config
   OOMB_RETURN_IF_ERROR(d->OpenStore());
   OOMB_RETURN_IF_ERROR(d->StartMetrics());
   OOMB_RETURN_IF_ERROR(d->StartScheduler());
+  d->StartWebhooks();
   OOMB_RETURN_IF_ERROR(d->StartServers());
   OOMB_RETURN_IF_ERROR(d->Announce());
   d->SetServing(true);
@@ -194,6 +196,7 @@ absl::Status Daemon::OpenDataDir() {
 absl::Status Daemon::OpenStore() {
   if (config_.store_backend != "postgres") {
     OOMB_ASSIGN_OR_RETURN(store_, OpenSqliteJobStore(config_.data_dir + "/oombd.db"));
+    store_->SetOutboxPolicy(WebhookOutboxPolicy(projects_, config_.job_webhooks));
     return absl::OkStatus();
   }
   std::string url = config_.postgres_url;
@@ -201,6 +204,7 @@ absl::Status Daemon::OpenStore() {
     OOMB_ASSIGN_OR_RETURN(url, ReadSecretFile(config_.postgres_url_file, "store.postgres_url_file"));
   }
   OOMB_ASSIGN_OR_RETURN(store_, OpenPostgresJobStore(url));
+  store_->SetOutboxPolicy(WebhookOutboxPolicy(projects_, config_.job_webhooks));
   spdlog::info("fleet mode: PostgreSQL job store; daemon id {}, lease {} s, heartbeat {} s", DaemonId(config_),
                config_.lease_seconds, config_.heartbeat_seconds);
   return absl::OkStatus();
@@ -220,6 +224,7 @@ absl::Status Daemon::StartMetrics() {
   o.build = env_.build;
   o.kv_stats = &kv_stats_;
   o.count_jobs = [store = store_.get()] { return store->CountByState(); };
+  o.pending_webhooks = [store = store_.get()] { return store->PendingWebhooks(); };
   o.projects = [store = store_.get(), projects = projects_]() -> absl::StatusOr<std::vector<ProjectSample>> {
     const std::map<std::string, ProjectSettings> listed = projects->All();
     std::vector<ProjectSample> out;
@@ -271,10 +276,20 @@ absl::Status Daemon::StartScheduler() {
   o.lease = absl::Seconds(config_.lease_seconds);
   o.heartbeat = absl::Seconds(config_.heartbeat_seconds);
   o.shared_store = config_.store_backend == "postgres";
+  MlflowTrackerOptions tracking{
+      .default_uri = config_.mlflow_uri, .ca_file = config_.webhooks_ca_file, .version = env_.server_info.version()};
+  if (!config_.mlflow_token_file.empty()) {
+    OOMB_ASSIGN_OR_RETURN(tracking.token, ReadSecretFile(config_.mlflow_token_file, "tracking.mlflow_token_file"));
+  }
+  tracker_ = std::make_unique<MlflowTracker>(store_.get(), std::move(tracking));
+  tracker_->Start();
+  std::vector<MetricsSink*> sinks = {tracker_.get()};
   if (metrics_ != nullptr) {
-    o.metrics = metrics_.get();
+    sinks.push_back(metrics_.get());
     o.kv_stats = &kv_stats_;
   }
+  sinks_ = std::make_unique<MetricsFanOut>(std::move(sinks));
+  o.metrics = sinks_.get();
   scheduler_ = std::make_unique<Scheduler>(store_.get(), &hub_, std::move(o));
   return scheduler_->Start();
 }
@@ -297,6 +312,19 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Daemon::TcpCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+void Daemon::StartWebhooks() {
+  WebhookSenderOptions o;
+  o.retry_initial = absl::Seconds(config_.webhook_retry_initial_seconds);
+  o.retry_max = absl::Seconds(config_.webhook_retry_max_seconds);
+  o.give_up_after = absl::Hours(config_.webhook_give_up_hours);
+  o.ca_file = config_.webhooks_ca_file;
+  o.user_agent = absl::StrCat("oombd/", env_.server_info.version());
+  if (metrics_ != nullptr)
+    o.on_attempt = [m = metrics_.get()](const std::string& result) { m->WebhookAttempt(result); };
+  webhooks_ = std::make_unique<WebhookSender>(store_.get(), files_.get(), std::move(o));
+  webhooks_->Start();
+}
+
 absl::Status Daemon::StartServers() {
   create_pool_ = std::make_unique<WorkPool>(/*threads=*/2, /*max_queued=*/64);
   JobServiceOptions jopts;
@@ -306,6 +334,7 @@ absl::Status Daemon::StartServers() {
   jopts.projects = projects_;
   jopts.validate_data = env_.validate_data;
   jopts.validate_data_max_bytes = config_.validate_inline_max_bytes;
+  jopts.job_webhooks = config_.job_webhooks;
   if (env_.measure_rates) {
     rates_ = std::make_unique<EngineRatesStore>(*data_dir_, env_.measure_rates, env_.rates_key);
     jopts.rates = rates_.get();
@@ -453,7 +482,9 @@ bool Daemon::Shutdown(absl::Time deadline) {
     if (!checkpointed) spdlog::warn("jobs stopped without a checkpoint of their own; they resume from their last one");
   }
   hub_.Shutdown();
-  if (http_ != nullptr) http_->Stop();  // its streams end with the gRPC streams they relay
+  if (webhooks_ != nullptr) webhooks_->Stop();
+  if (tracker_ != nullptr) tracker_->Stop();  // after the drain: the runs' last steps and ends
+  if (http_ != nullptr) http_->Stop();        // its streams end with the gRPC streams they relay
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (health_server_ != nullptr) {  // last: probes see NOT_SERVING until the main server is down
     health_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

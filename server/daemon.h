@@ -5,15 +5,14 @@
 //
 // Start (docs/CONVENTIONS.md §2): the data dir (0700, locked: one daemon per data dir), the job-file
 // confinement, the store, /metrics (metrics.listen), the scheduler (recovering the previous
-// process's jobs), CreateJob's work pool, the gRPC server, the HTTP/JSON gateway (http.listen,
-// server/http/gateway.h) over the gRPC server's in-process channel and, with
-// server.health_listen, a plaintext grpc.health.v1 server (Kubernetes' probes cannot do TLS)
-// whose status follows the main one. Readiness: once every port is bound it prints "oombd:
-// listening on HOST:PORT" (and the metrics, HTTP and health addresses) on stderr, writes the
-// ports to <data_dir>/oombd.port, oombd.metrics.port, oombd.http.port and oombd.health.port
-// (oombd.port last: whoever waits for it finds the others), and tells systemd READY=1 (Type=notify), refreshing STATUS=
-// with the addresses and the store's job counts every 5 s and sending WATCHDOG=1 at half of WatchdogSec= when the unit
-// sets it.
+// process's jobs) with the MLflow tracker beside /metrics, the webhook sender
+// (notifications.*), CreateJob's work pool, the gRPC server, the HTTP/JSON gateway
+// (http.listen, server/http/gateway.h) over the gRPC server's in-process channel and, with server.health_listen, a
+// plaintext grpc.health.v1 server (Kubernetes' probes cannot do TLS) whose status follows the main one. Readiness: once
+// every port is bound it prints "oombd: listening on HOST:PORT" (and the metrics, HTTP and health addresses) on stderr,
+// writes the ports to <data_dir>/oombd.port, oombd.metrics.port, oombd.http.port and oombd.health.port (oombd.port
+// last: whoever waits for it finds the others), and tells systemd READY=1 (Type=notify), refreshing STATUS= with the
+// addresses and the store's job counts every 5 s and sending WATCHDOG=1 at half of WatchdogSec= when the unit sets it.
 //
 // Shutdown(deadline):
 //   1. health NOT_SERVING, systemd STOPPING=1, new work refused with UNAVAILABLE;
@@ -22,8 +21,9 @@
 //      running then stops at its next chunk boundary without one (QUEUED, to resume from its
 //      last checkpoint) and its thread is joined;
 //   3. WatchJob streams ended (UNAVAILABLE, with the sequence to resume from);
-//   4. the HTTP gateway stops (its open streams end), the gRPC servers shut down (open RPCs get
-//      5 s), the port files and the socket removed.
+//   4. the webhook sender stops after its attempt in flight (what it has not delivered stays in
+//      the store's outbox for the next start); the HTTP gateway stops (its open streams end), the gRPC servers shut
+//      down (open RPCs get 5 s), the port files and the socket removed.
 //
 // Thread-safety: Start and Shutdown from one thread (main's).
 #ifndef OOMB_SERVER_DAEMON_H_
@@ -47,6 +47,8 @@
 #include "server/job_files.h"
 #include "server/job_service.h"
 #include "server/metrics/exporter.h"
+#include "server/notify/mlflow_tracker.h"
+#include "server/notify/webhook_sender.h"
 #include "server/retention.h"
 #include "server/scheduler.h"
 #include "server/serve.h"
@@ -79,6 +81,7 @@ class Daemon {
   absl::Status OpenStore();
   absl::Status StartMetrics();
   absl::Status StartScheduler();
+  void StartWebhooks();
   absl::Status StartServers();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials() const;
   absl::Status StartHealthServer();
@@ -102,8 +105,11 @@ class Daemon {
   KvStatsRegistry kv_stats_;
   std::unique_ptr<MetricsExporter> metrics_;
   WatchHub hub_;
+  std::unique_ptr<MlflowTracker> tracker_;  // spec.tracking.mlflow (server/notify/mlflow_tracker.h)
+  std::unique_ptr<MetricsFanOut> sinks_;    // what the scheduler reports to: the tracker, /metrics
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<WorkPool> create_pool_;  // CreateJob's checks, off gRPC's threads
+  std::unique_ptr<WebhookSender> webhooks_;  // delivers the outbox (server/notify/webhook_sender.h)
+  std::unique_ptr<WorkPool> create_pool_;    // CreateJob's checks, off gRPC's threads
   std::unique_ptr<JobServiceImpl> service_;
   std::unique_ptr<DatasetServiceImpl> datasets_;
   std::unique_ptr<RetentionSweeper> retention_;  // storage.retention_days > 0

@@ -21,6 +21,7 @@
 #include "server/job_spec.h"
 #include "server/legacy_fields.h"
 #include "server/named_inputs.h"
+#include "server/notify/webhooks.h"
 #include "server/page_token.h"
 #include "server/to_proto.h"
 #include "worker/common/status.h"
@@ -418,6 +419,10 @@ absl::StatusOr<JobServiceImpl::Admission> JobServiceImpl::Admit(const v1::JobSpe
     OOMB_RETURN_IF_ERROR(Annotate(job_id != nullptr ? options_.files->CheckSpec(job, *job_id, project, a.inputs.grants)
                                                     : options_.files->CheckPaths(job, project, a.inputs.grants),
                                   "spec"));
+    if (job_id != nullptr) {
+      OOMB_ASSIGN_OR_RETURN(const std::shared_ptr<const FileAccess> inputs, options_.files->Inputs(project));
+      OOMB_RETURN_IF_ERROR(Annotate(CheckJobWebhooks(a.effective, *inputs, options_.job_webhooks), "spec"));
+    }
   }
   OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(job), "spec"));
   absl::StatusOr<ModelConfig> model = ModelConfigOf(job, project);

@@ -59,6 +59,8 @@ struct JobServiceOptions {
   // The device rates EstimateJob's time and cost come from (null: none estimated). Must outlive
   // the service.
   EngineRatesStore* rates = nullptr;
+  // Jobs may name webhooks of their own (notifications.job_webhooks).
+  bool job_webhooks = true;
   // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
   // filled per call.
   v1::ServerInfo server_info;

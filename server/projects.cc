@@ -4,11 +4,51 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "proto/spec/resource_names.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
+namespace {
+
+// A project's endpoint: {url, secret_file, events}, as a job spec's notifications.webhooks[].
+absl::StatusOr<v1::WebhookSpec> ParseWebhook(const YAML::Node& node) {
+  if (!node.IsMap()) return absl::InvalidArgumentError("expected a mapping {url, secret_file, events}");
+  v1::WebhookSpec w;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (key == "url") {
+      w.set_url(kv.second.as<std::string>());
+    } else if (key == "secret_file") {
+      w.set_secret_file(kv.second.as<std::string>());
+    } else if (key == "events") {
+      if (!kv.second.IsSequence()) return absl::InvalidArgumentError("events: expected a list of event words");
+      for (const auto& e : kv.second) {
+        v1::Notification::Event event;
+        if (!v1::Notification::Event_Parse(e.as<std::string>(), &event) ||
+            event == v1::Notification::event_unspecified) {
+          return absl::InvalidArgumentError(absl::StrCat("events: '", e.as<std::string>(),
+                                                         "' is not one of job_succeeded, job_failed, job_cancelled, "
+                                                         "job_paused, job_preempted, checkpoint_saved, "
+                                                         "evaluation_finished"));
+        }
+        w.add_events(event);
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": unknown key (url, secret_file, events)"));
+    }
+  }
+  if (!absl::StartsWith(w.url(), "http://") && !absl::StartsWith(w.url(), "https://")) {
+    return absl::InvalidArgumentError("url: an http:// or https:// URL is required");
+  }
+  if (w.secret_file().empty() || w.secret_file()[0] != '/') {
+    return absl::InvalidArgumentError("secret_file: an absolute path is required");
+  }
+  return w;
+}
+
+}  // namespace
 
 absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const std::string& text,
                                                                          const std::string& source) {
@@ -60,10 +100,19 @@ absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const s
           } else if (name == "max_storage_bytes") {
             settings.max_storage_bytes = kv.second.as<int64_t>();
             if (settings.max_storage_bytes < 0) return error(kv.second, field, "must be >= 0");
+          } else if (name == "webhooks") {
+            if (!kv.second.IsSequence())
+              return error(kv.second, field, "expected a list of {url, secret_file, events}");
+            for (size_t i = 0; i < kv.second.size(); ++i) {
+              absl::StatusOr<v1::WebhookSpec> w = ParseWebhook(kv.second[i]);
+              if (!w.ok())
+                return error(kv.second[i], absl::StrCat(field, "[", i, "]"), std::string(w.status().message()));
+              settings.webhooks.push_back(*std::move(w));
+            }
           } else {
             return error(kv.first, field,
                          "unknown key (allowed_roots, max_queued_jobs, max_running_devices, "
-                         "max_device_hours_per_day, max_storage_bytes)");
+                         "max_device_hours_per_day, max_storage_bytes, webhooks)");
           }
         } catch (const YAML::Exception& e) {
           return error(kv.second, field, e.msg);

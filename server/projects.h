@@ -12,6 +12,8 @@
 //       max_device_hours_per_day: 96         # device-hours its jobs ran in the last 24 h
 //                                            # (rolling); 0 or absent: no limit
 //       max_storage_bytes: 107374182400      # bytes of its uploaded datasets; 0 or absent: none
+//       webhooks:                            # told of every job's events (server/notify/webhooks.h)
+//         - {url: https://ml.example/hooks, secret_file: /etc/oomb/nlp.whsec, events: [job_failed]}
 //     vision: {}
 //
 // A job over its project's running-device or device-hour quota waits QUEUED (Job.waiting_reason
@@ -37,6 +39,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "oomb/v1/job_spec.pb.h"
 #include "server/watched_file.h"
 
 namespace oomb::server {
@@ -47,6 +50,7 @@ struct ProjectSettings {
   int64_t max_running_devices = 0;         // 0: no limit
   double max_device_hours_per_day = 0;     // 0: no limit
   int64_t max_storage_bytes = 0;           // 0: no limit
+  std::vector<v1::WebhookSpec> webhooks;   // the daemon's files: secret_file read as it is
 };
 
 // Parses a projects file's text; INVALID_ARGUMENT naming `source` and the key otherwise.

@@ -40,6 +40,20 @@ v1::JobEvent WarningEvent(const std::string& message) {
   return e;
 }
 
+v1::JobEvent LogEvent(const std::string& message) {
+  v1::JobEvent e;
+  e.set_type(v1::JobEvent::LOG);
+  e.set_message(BoundedText(message));
+  return e;
+}
+
+// What CreateJob's scan of the datasets found, as a LOG event.
+v1::JobEvent DataScanEvent(const v1::DatasetSummary& d) {
+  return LogEvent(absl::StrCat("data scan: ", d.samples(), " samples, ", d.tokens(), " tokens, ", d.sequences(),
+                               " sequences per epoch, the longest sample ", d.longest_sample(), " tokens; ",
+                               d.dropped(), " dropped, ", d.truncated(), " truncated"));
+}
+
 void SetState(v1::Job* job, State state, const std::string& message, std::vector<v1::JobEvent>* events) {
   job->set_state(state);
   if (IsTerminal(state)) {
@@ -294,6 +308,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const Jo
     std::vector<v1::JobEvent> events = {
         validate ? StateEvent(v1::Job::VALIDATING, "validating: reading and checking the datasets")
                  : StateEvent(v1::Job::QUEUED, "queued")};
+    if (dataset != nullptr) events.push_back(DataScanEvent(*dataset));
     for (const std::string& w : options.warnings) {
       job.add_warnings(w);
       events.push_back(WarningEvent(w));
@@ -754,6 +769,12 @@ RunOptions Scheduler::RunOptionsFor(const std::string& id, const std::vector<std
   o.on_warning = [this, id](const std::string& message) {
     RecordEvent(id, "a warning", [&message](v1::Job*, std::vector<v1::JobEvent>* events) {
       events->push_back(WarningEvent(message));
+      return absl::OkStatus();
+    });
+  };
+  o.on_log = [this, id](const std::string& message) {
+    RecordEvent(id, "a log line", [&message](v1::Job*, std::vector<v1::JobEvent>* events) {
+      events->push_back(LogEvent(message));
       return absl::OkStatus();
     });
   };

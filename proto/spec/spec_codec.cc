@@ -127,6 +127,8 @@ const char* TypeWord(const FieldDescriptor* f) {
       return "booleans";
     case FieldDescriptor::CPPTYPE_ENUM:
       return "names";
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      return "mappings";
     case FieldDescriptor::CPPTYPE_DOUBLE:
     case FieldDescriptor::CPPTYPE_FLOAT:
       return "numbers";
@@ -315,7 +317,15 @@ absl::Status ReadField(const YAML::Node& node, const FieldDescriptor* f, const s
     if (!node.IsSequence()) {
       return r.Error(path, absl::StrCat("expected a list of ", TypeWord(f), ", got ", Describe(node)));
     }
+    int index = 0;
     for (const YAML::Node& item : node) {
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {  // a list of sections: path[i].key
+        const std::string item_path = absl::StrCat(path, "[", index++, "]");
+        if (r.lines != nullptr) (*r.lines)[item_path] = item.Mark().line + 1;
+        if (!item.IsMap()) return r.Error(item_path, absl::StrCat("expected a mapping, got ", Describe(item)));
+        OOMB_SPEC_TRY(ReadMessage(item, item_path + ".", refl->AddMessage(msg, f), r));
+        continue;
+      }
       Scalar v;
       OOMB_SPEC_TRY(ReadScalar(item, f, path, r, &v));
       SetScalar(msg, f, v);
@@ -429,8 +439,9 @@ absl::Status CheckValue(const Message& msg, const FieldDescriptor* f, int index,
   const v1::FieldRules& rules = RulesOf(f);
   switch (f->cpp_type()) {
     case FieldDescriptor::CPPTYPE_MESSAGE:
-      return CheckMessage(index >= 0 ? refl->GetRepeatedMessage(msg, f, index) : refl->GetMessage(msg, f), path + ".",
-                          required, r);
+      // A list's item is named by its index: notifications.webhooks[1].url.
+      return CheckMessage(index >= 0 ? refl->GetRepeatedMessage(msg, f, index) : refl->GetMessage(msg, f),
+                          index >= 0 ? absl::StrCat(path, "[", index, "].") : path + ".", required, r);
     case FieldDescriptor::CPPTYPE_STRING:
       return CheckText(index >= 0 ? refl->GetRepeatedString(msg, f, index) : refl->GetString(msg, f), rules, path, r);
     case FieldDescriptor::CPPTYPE_BOOL:
@@ -584,6 +595,10 @@ void EmitField(YAML::Emitter& out, const Message& msg, const FieldDescriptor* f)
       EmitScalar(out, e, f->message_type()->map_value(), -1);
     }
     out << YAML::EndMap;
+  } else if (f->is_repeated() && f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+    out << YAML::BeginSeq;
+    for (int i = 0; i < refl->FieldSize(msg, f); ++i) EmitMessage(out, refl->GetRepeatedMessage(msg, f, i));
+    out << YAML::EndSeq;
   } else if (f->is_repeated()) {
     out << YAML::Flow << YAML::BeginSeq;
     for (int i = 0; i < refl->FieldSize(msg, f); ++i) EmitScalar(out, msg, f, i);

@@ -175,6 +175,9 @@ struct MetricsExporter::Families {
         job_attention_density(NewGauge(r, "oomb_job_attention_density_ratio",
                                        "Sparse attention: past KV pages attended / past KV pages there were, over the "
                                        "running job's last step (0-1; jobs with attention.mode: sparse only).")),
+        webhook_attempts(NewCounter(r, "oomb_webhook_attempts_total",
+                                    "Webhook deliveries attempted, by result: delivered, failed (retried later), "
+                                    "given_up.")),
         rpc_handled(NewCounter(r, "oomb_grpc_server_handled_total",
                                "RPCs the gRPC server finished, by service, method and status code.")),
         rpc_seconds(NewHistogram(r, "oomb_grpc_server_handling_seconds",
@@ -207,6 +210,7 @@ struct MetricsExporter::Families {
   Family<Gauge>& job_swapped_chunks;
   Family<Gauge>& job_mfu;
   Family<Gauge>& job_attention_density;
+  Family<Counter>& webhook_attempts;
   Family<Counter>& rpc_handled;
   Family<Histogram>& rpc_seconds;
   Histogram* queue_wait_all = nullptr;
@@ -252,6 +256,7 @@ MetricsExporter::MetricsExporter(MetricsExporterOptions options)
     f_->transitions.Add({{"state", states->value(i)->name()}});
   }
   f_->queue_wait_all = &f_->queue_wait.Add({}, kQueueBuckets);
+  for (const char* result : {"delivered", "failed", "given_up"}) f_->webhook_attempts.Add({{"result", result}});
   absl::MutexLock lock(&mu_);
   for (const std::string& slot : options_.slots) SlotLocked(slot);
 }
@@ -396,6 +401,10 @@ void MetricsExporter::RunStopped(const std::string& slot) {
 
 void MetricsExporter::StateEntered(v1::Job::State state) {
   f_->transitions.Add({{"state", v1::Job::State_Name(state)}}).Increment();
+}
+
+void MetricsExporter::WebhookAttempt(const std::string& result) {
+  f_->webhook_attempts.Add({{"result", result}}).Increment();
 }
 
 void MetricsExporter::RpcFinished(const std::string& full_method, int code, double seconds) {

@@ -76,6 +76,7 @@ struct MetricsExporterOptions {
   std::function<absl::StatusOr<std::vector<ProjectSample>>()> projects;
   std::function<std::vector<DeviceMemoryStats>()> device_memory;  // CUDA devices; empty on the CPU
   std::function<int64_t()> pinned_host_bytes;
+  std::function<absl::StatusOr<int64_t>()> pending_webhooks;  // JobStore::PendingWebhooks
   // Load NVML (libnvidia-ml.so.1) for device-wide memory and PCIe counters when present.
   bool nvml = true;
 };
@@ -106,6 +107,10 @@ class MetricsExporter final : public MetricsSink {
   void CheckpointSaved(const std::string& slot, const CheckpointInfo& checkpoint) override;
   void RunStopped(const std::string& slot) override;
   void StateEntered(v1::Job::State state) override;
+
+  // One webhook attempt ended (server/notify/webhook_sender.h): "delivered", "failed" (to be
+  // retried) or "given_up".
+  void WebhookAttempt(const std::string& result);
 
   // Records one finished RPC (what the interceptor calls). `seconds` < 0: not timed (streams).
   void RpcFinished(const std::string& full_method, int code, double seconds);

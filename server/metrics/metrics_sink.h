@@ -12,6 +12,8 @@
 #define OOMB_SERVER_METRICS_METRICS_SINK_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "oomb/v1/jobs.pb.h"
@@ -34,6 +36,31 @@ class MetricsSink {
   virtual void RunStopped(const std::string& slot) = 0;
   // A job entered `state` (one call per committed STATE_CHANGED event).
   virtual void StateEntered(v1::Job::State state) = 0;
+};
+
+// Tells each of its sinks (not null; they outlive it) what it is told, in order: the exporter
+// and the MLflow tracker hear the same scheduler.
+class MetricsFanOut final : public MetricsSink {
+ public:
+  explicit MetricsFanOut(std::vector<MetricsSink*> sinks) : sinks_(std::move(sinks)) {}
+  void RunStarted(const std::string& slot, const v1::Job& job, absl::Duration queue_wait) override {
+    for (MetricsSink* s : sinks_) s->RunStarted(slot, job, queue_wait);
+  }
+  void Step(const std::string& slot, const StepReport& progress) override {
+    for (MetricsSink* s : sinks_) s->Step(slot, progress);
+  }
+  void CheckpointSaved(const std::string& slot, const CheckpointInfo& checkpoint) override {
+    for (MetricsSink* s : sinks_) s->CheckpointSaved(slot, checkpoint);
+  }
+  void RunStopped(const std::string& slot) override {
+    for (MetricsSink* s : sinks_) s->RunStopped(slot);
+  }
+  void StateEntered(v1::Job::State state) override {
+    for (MetricsSink* s : sinks_) s->StateEntered(state);
+  }
+
+ private:
+  const std::vector<MetricsSink*> sinks_;
 };
 
 }  // namespace oomb::server

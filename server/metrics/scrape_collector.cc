@@ -83,6 +83,17 @@ void ScrapeCollector::CollectJobs(std::vector<MetricFamily>* out) const {
     AddValue(&f, {{"state", states->value(i)->name()}}, it == counts->end() ? 0 : static_cast<double>(it->second));
   }
   out->push_back(std::move(f));
+  if (!options_.pending_webhooks) return;
+  absl::StatusOr<int64_t> pending = options_.pending_webhooks();
+  if (!pending.ok()) {
+    spdlog::warn("metrics: counting webhook messages: {}", pending.status().ToString());
+    return;
+  }
+  MetricFamily outbox =
+      NewFamily("oomb_webhook_outbox_messages",
+                "Webhook messages waiting in the job store's outbox (not yet delivered), now.", MetricType::Gauge);
+  AddValue(&outbox, {}, static_cast<double>(*pending));
+  out->push_back(std::move(outbox));
 }
 
 void ScrapeCollector::CollectProjects(std::vector<MetricFamily>* out) const {

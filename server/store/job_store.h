@@ -44,10 +44,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -162,6 +164,27 @@ struct JobChange {
   v1::Job::State state = v1::Job::STATE_UNSPECIFIED;  // after the change; unspecified: deleted
 };
 
+// A webhook delivery waiting in the outbox (server/notify/webhooks.h says what goes in it).
+struct OutboxMessage {
+  int64_t id = 0;          // the store's; 0 before it is stored
+  std::string webhook_id;  // the webhook-id header, the same on every attempt
+  std::string job_id;
+  std::string url;
+  std::string secret_file;
+  // Non-empty: `secret_file` is the job's and is read beneath this project's allowed roots;
+  // empty: the daemon's own (tenancy.projects_file).
+  std::string secret_project;
+  std::string type;                           // the payload's type, e.g. "job.succeeded"
+  std::string payload;                        // the request body, JSON
+  int32_t attempts = 0;                       // failed attempts so far
+  absl::Time created = absl::InfinitePast();  // when the event was stored
+  std::string last_error;
+};
+
+// The webhook deliveries an event of a job calls for (empty: none); called inside the
+// transaction that stores the event, with the job as it is after the change.
+using OutboxPolicy = std::function<std::vector<OutboxMessage>(const v1::Job& job, const v1::JobEvent& event)>;
+
 // Changes a job inside the store's transaction: edit `job` and append events (their `job`,
 // `sequence` and `time` are filled in by the store). Return a non-OK status to abort without
 // changing anything (e.g. FAILED_PRECONDITION for an illegal transition).
@@ -170,6 +193,10 @@ using JobMutation = std::function<absl::Status(v1::Job* job, std::vector<v1::Job
 class JobStore {
  public:
   virtual ~JobStore() = default;
+
+  // Sets what each stored event adds to the webhook outbox (none until set); before any other
+  // call, once.
+  void SetOutboxPolicy(OutboxPolicy policy) { outbox_policy_ = std::move(policy); }
 
   // Stores a new job (its `name` must be set, "jobs/{id}") and its first events atomically.
   // With a non-empty `request_id` seen before, stores nothing and returns the job that
@@ -268,6 +295,36 @@ class JobStore {
   // database are missed (UNAVAILABLE is returned while it cannot reconnect), so callers also
   // poll (Claim, Heartbeat) now and then.
   virtual absl::StatusOr<std::vector<JobChange>> WaitForChanges(absl::Duration timeout) = 0;
+
+  // --- The webhook outbox (server/notify/webhook_sender.h) ---
+  // Every event's OutboxPolicy messages are stored in the transaction that stores the event, so
+  // a committed change is never without its deliveries, and a delivery is never lost to a
+  // crash: it stays until FinishWebhook() removes it.
+
+  // At most `limit` messages due now (next attempt reached, not held by another claim), oldest
+  // first, held for `hold` (other claims pass them over; after it they are due again, as when
+  // the daemon sending them died). PostgreSQL: FOR UPDATE SKIP LOCKED across daemons.
+  virtual absl::StatusOr<std::vector<OutboxMessage>> ClaimWebhooks(int limit, absl::Duration hold) = 0;
+  // Ends an attempt: `retry_in` nullopt removes the message (delivered, or given up); else it is
+  // due again after `retry_in`, its attempts + 1 and `error` recorded. NOT_FOUND when absent.
+  virtual absl::Status FinishWebhook(int64_t id, std::optional<absl::Duration> retry_in, const std::string& error) = 0;
+  // How many messages wait (for /metrics and tests).
+  virtual absl::StatusOr<int64_t> PendingWebhooks() = 0;
+
+ protected:
+  // The messages for `events` of `job` (none without a policy), their ids unset.
+  std::vector<OutboxMessage> OutboxFor(const v1::Job& job, const std::vector<v1::JobEvent>& events) const {
+    std::vector<OutboxMessage> out;
+    if (!outbox_policy_) return out;
+    for (const v1::JobEvent& e : events) {
+      std::vector<OutboxMessage> m = outbox_policy_(job, e);
+      out.insert(out.end(), std::make_move_iterator(m.begin()), std::make_move_iterator(m.end()));
+    }
+    return out;
+  }
+
+ private:
+  OutboxPolicy outbox_policy_;
 };
 
 // Opens (creating if needed) the SQLite store at `path`: WAL journal, busy_timeout, synchronous

@@ -92,6 +92,22 @@ CREATE TABLE IF NOT EXISTS datasets (
   bytes BIGINT NOT NULL,
   dataset BYTEA NOT NULL
 );
+CREATE TABLE IF NOT EXISTS webhook_outbox (
+  id BIGSERIAL PRIMARY KEY,
+  webhook_id TEXT NOT NULL,
+  job_id TEXT NOT NULL,
+  url TEXT NOT NULL,
+  secret_file TEXT NOT NULL,
+  secret_project TEXT NOT NULL,
+  type TEXT NOT NULL,
+  payload TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  created TIMESTAMPTZ NOT NULL DEFAULT now(),
+  next_attempt TIMESTAMPTZ NOT NULL DEFAULT now(),
+  held_until TIMESTAMPTZ NOT NULL DEFAULT '-infinity',
+  last_error TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS webhook_outbox_due ON webhook_outbox (next_attempt);
 )sql";
 
 // lease_expires in ApplyLocked: keep it, clear it, or start a new lease of this many µs.
@@ -232,7 +248,7 @@ class PostgresJobStore : public JobStore {
         if (!request_id.empty()) {
           tx.exec_params("INSERT INTO idempotency_keys (request_id, job_id) VALUES ($1, $2)", request_id, id);
         }
-        AppendEvents(tx, id, stored.name(), 0, &evs);
+        AppendEvents(tx, id, stored, 0, &evs);
         Notify(tx, id, stored.state());
         tx.commit();
         return CreateResult{stored, true};
@@ -597,6 +613,53 @@ class PostgresJobStore : public JobStore {
     }
   }
 
+  absl::StatusOr<std::vector<OutboxMessage>> ClaimWebhooks(int limit, absl::Duration hold) override {
+    return Run("claim webhooks", [&](pqxx::work& tx) -> absl::StatusOr<std::vector<OutboxMessage>> {
+      const pqxx::result r = tx.exec_params(
+          "UPDATE webhook_outbox SET held_until = now() + $2::bigint * interval '1 microsecond' WHERE id IN "
+          "(SELECT id FROM webhook_outbox WHERE next_attempt <= now() AND held_until <= now() ORDER BY id "
+          "LIMIT $1::integer FOR UPDATE SKIP LOCKED) RETURNING id, webhook_id, job_id, url, secret_file, "
+          "secret_project, type, payload, attempts, (EXTRACT(EPOCH FROM created) * 1000000)::bigint, last_error",
+          limit, absl::ToInt64Microseconds(hold));
+      std::vector<OutboxMessage> out;
+      for (const pqxx::row& row : r) {
+        OutboxMessage m;
+        m.id = row[0].as<int64_t>();
+        std::string* text[] = {&m.webhook_id,     &m.job_id, &m.url,    &m.secret_file,
+                               &m.secret_project, &m.type,   &m.payload};
+        for (int i = 0; i < 7; ++i) *text[i] = row[i + 1].as<std::string>();
+        m.attempts = row[8].as<int32_t>();
+        m.created = absl::FromUnixMicros(row[9].as<int64_t>());
+        m.last_error = row[10].as<std::string>();
+        out.push_back(std::move(m));
+      }
+      std::sort(out.begin(), out.end(), [](const OutboxMessage& a, const OutboxMessage& b) { return a.id < b.id; });
+      tx.commit();
+      return out;
+    });
+  }
+
+  absl::Status FinishWebhook(int64_t id, std::optional<absl::Duration> retry_in, const std::string& error) override {
+    return Run("finish a webhook", [&](pqxx::work& tx) -> absl::Status {
+      const pqxx::result r =
+          retry_in.has_value() ? tx.exec_params(
+                                     "UPDATE webhook_outbox SET attempts = attempts + 1, next_attempt = now() + "
+                                     "$2::bigint * interval '1 microsecond', held_until = '-infinity', last_error = $3 "
+                                     "WHERE id = $1",
+                                     id, absl::ToInt64Microseconds(*retry_in), error)
+                               : tx.exec_params("DELETE FROM webhook_outbox WHERE id = $1", id);
+      if (r.affected_rows() == 0) return absl::NotFoundError(absl::StrCat("webhook message ", id, " not found"));
+      tx.commit();
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<int64_t> PendingWebhooks() override {
+    return Run("count webhooks", [&](pqxx::work& tx) -> absl::StatusOr<int64_t> {
+      return tx.exec("SELECT COUNT(*) FROM webhook_outbox")[0][0].as<int64_t>();
+    });
+  }
+
  private:
   struct Row {
     std::string id;
@@ -691,7 +754,7 @@ class PostgresJobStore : public JobStore {
         row.id, static_cast<int>(result.job.state()), Bytes(result.job),
         row.last_sequence + static_cast<int64_t>(result.events.size()), leased ? owner : std::string(), lease_us,
         store_internal::EntersQueue(before, result.job.state()), result.job.priority());
-    AppendEvents(tx, row.id, row.job.name(), row.last_sequence, &result.events);
+    AppendEvents(tx, row.id, result.job, row.last_sequence, &result.events);
     Notify(tx, row.id, result.job.state());
     return result;
   }
@@ -741,9 +804,17 @@ class PostgresJobStore : public JobStore {
     return out;
   }
 
-  static void AppendEvents(pqxx::work& tx, const std::string& job_id, const std::string& job_name,
-                           int64_t last_sequence, std::vector<v1::JobEvent>* events) {
-    store_internal::StampEvents(job_name, last_sequence, events);
+  // Numbers the events after `last_sequence`, stamps them and inserts them, with checkpoint
+  // records for CHECKPOINT_SAVED events and the outbox's messages.
+  void AppendEvents(pqxx::work& tx, const std::string& job_id, const v1::Job& job, int64_t last_sequence,
+                    std::vector<v1::JobEvent>* events) const {
+    store_internal::StampEvents(job.name(), last_sequence, events);
+    for (const OutboxMessage& m : OutboxFor(job, *events)) {
+      tx.exec_params(
+          "INSERT INTO webhook_outbox (webhook_id, job_id, url, secret_file, secret_project, type, payload) VALUES "
+          "($1, $2, $3, $4, $5, $6, $7)",
+          m.webhook_id, m.job_id, m.url, m.secret_file, m.secret_project, m.type, m.payload);
+    }
     for (const v1::JobEvent& e : *events) {
       tx.exec_params("INSERT INTO job_events (job_id, sequence, event) VALUES ($1, $2, $3)", job_id, e.sequence(),
                      Bytes(e));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -80,6 +81,22 @@ CREATE TABLE IF NOT EXISTS datasets (
   bytes INTEGER NOT NULL,
   dataset BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS webhook_outbox (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  webhook_id TEXT NOT NULL,
+  job_id TEXT NOT NULL,
+  url TEXT NOT NULL,
+  secret_file TEXT NOT NULL,
+  secret_project TEXT NOT NULL,
+  type TEXT NOT NULL,
+  payload TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  created INTEGER NOT NULL,
+  next_attempt INTEGER NOT NULL,
+  held_until INTEGER NOT NULL DEFAULT 0,
+  last_error TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS webhook_outbox_due ON webhook_outbox(next_attempt);
 )sql";
 
 // Columns added for the queue and leases (fleet mode), to files made before them.
@@ -177,7 +194,7 @@ class SqliteJobStore : public JobStore {
         k.bind(2, id);
         k.exec();
       }
-      AppendEventsLocked(id, stored.name(), 0, &events);
+      AppendEventsLocked(id, stored, 0, &events);
       SetLastSequenceLocked(id, static_cast<int64_t>(events.size()));
       tx.Commit();
       return CreateResult{stored, true};
@@ -563,6 +580,71 @@ class SqliteJobStore : public JobStore {
     return std::vector<JobChange>();
   }
 
+  absl::StatusOr<std::vector<OutboxMessage>> ClaimWebhooks(int limit, absl::Duration hold) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("claim webhooks", [&]() -> absl::StatusOr<std::vector<OutboxMessage>> {
+      const int64_t now = NowMicros();
+      WriteTransaction tx(*db_);
+      SQLite::Statement q(*db_,
+                          "SELECT id, webhook_id, job_id, url, secret_file, secret_project, type, payload, attempts, "
+                          "created, last_error FROM webhook_outbox WHERE next_attempt <= ?1 AND held_until <= ?1 "
+                          "ORDER BY id LIMIT ?2");
+      q.bind(1, now);
+      q.bind(2, limit);
+      std::vector<OutboxMessage> out;
+      while (q.executeStep()) {
+        OutboxMessage m;
+        m.id = q.getColumn(0).getInt64();
+        std::string* text[] = {&m.webhook_id,     &m.job_id, &m.url,    &m.secret_file,
+                               &m.secret_project, &m.type,   &m.payload};
+        for (int i = 0; i < 7; ++i) *text[i] = q.getColumn(i + 1).getString();
+        m.attempts = q.getColumn(8).getInt();
+        m.created = absl::FromUnixMicros(q.getColumn(9).getInt64());
+        m.last_error = q.getColumn(10).getString();
+        out.push_back(std::move(m));
+      }
+      for (const OutboxMessage& m : out) {
+        SQLite::Statement up(*db_, "UPDATE webhook_outbox SET held_until = ? WHERE id = ?");
+        up.bind(1, now + absl::ToInt64Microseconds(hold));
+        up.bind(2, m.id);
+        up.exec();
+      }
+      tx.Commit();
+      return out;
+    });
+  }
+
+  absl::Status FinishWebhook(int64_t id, std::optional<absl::Duration> retry_in, const std::string& error) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("finish a webhook", [&]() -> absl::Status {
+      WriteTransaction tx(*db_);
+      std::unique_ptr<SQLite::Statement> q;
+      if (retry_in.has_value()) {
+        q = std::make_unique<SQLite::Statement>(*db_,
+                                                "UPDATE webhook_outbox SET attempts = attempts + 1, next_attempt = ?, "
+                                                "held_until = 0, last_error = ? WHERE id = ?");
+        q->bind(1, NowMicros() + absl::ToInt64Microseconds(*retry_in));
+        q->bind(2, error);
+        q->bind(3, id);
+      } else {
+        q = std::make_unique<SQLite::Statement>(*db_, "DELETE FROM webhook_outbox WHERE id = ?");
+        q->bind(1, id);
+      }
+      if (q->exec() == 0) return absl::NotFoundError(absl::StrCat("webhook message ", id, " not found"));
+      tx.Commit();
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<int64_t> PendingWebhooks() override {
+    absl::MutexLock lock(&mu_);
+    return Guard("count webhooks", [&]() -> absl::StatusOr<int64_t> {
+      SQLite::Statement q(*db_, "SELECT COUNT(*) FROM webhook_outbox");
+      q.executeStep();
+      return q.getColumn(0).getInt64();
+    });
+  }
+
  private:
   // A job's row, as read inside a write transaction.
   struct Row {
@@ -618,7 +700,7 @@ class SqliteJobStore : public JobStore {
     up.bind(8, row.id);
     RecordDevicesLocked(row.id, before, result.job);  // before the update: it reads the lease
     up.exec();
-    AppendEventsLocked(row.id, row.job.name(), row.last_sequence, &result.events);
+    AppendEventsLocked(row.id, result.job, row.last_sequence, &result.events);
     return result;
   }
 
@@ -718,9 +800,23 @@ class SqliteJobStore : public JobStore {
 
   // Numbers the events after `last_sequence`, stamps them and inserts them (and checkpoint
   // records for CHECKPOINT_SAVED events).
-  void AppendEventsLocked(const std::string& job_id, const std::string& job_name, int64_t last_sequence,
+  void AppendEventsLocked(const std::string& job_id, const v1::Job& job, int64_t last_sequence,
                           std::vector<v1::JobEvent>* events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    store_internal::StampEvents(job_name, last_sequence, events);
+    store_internal::StampEvents(job.name(), last_sequence, events);
+    const int64_t now = NowMicros();
+    for (const OutboxMessage& m : OutboxFor(job, *events)) {
+      SQLite::Statement ins(*db_,
+                            "INSERT INTO webhook_outbox (webhook_id, job_id, url, secret_file, secret_project, type, "
+                            "payload, created, next_attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
+      int i = 1;
+      for (const std::string* v :
+           {&m.webhook_id, &m.job_id, &m.url, &m.secret_file, &m.secret_project, &m.type, &m.payload}) {
+        ins.bind(i++, *v);
+      }
+      ins.bind(i++, now);
+      ins.bind(i, now);
+      ins.exec();
+    }
     for (v1::JobEvent& e : *events) {
       SQLite::Statement ins(*db_, "INSERT INTO job_events (job_id, sequence, event) VALUES (?, ?, ?)");
       ins.bind(1, job_id);

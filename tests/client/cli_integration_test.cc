@@ -177,9 +177,10 @@ TEST_F(CliTest, SubmitGetListEventsCheckpointsJsonAndYaml) {
   ASSERT_EQ(list["jobs"].size(), 1u);
   EXPECT_EQ(OombJson("list --label team=other").count("jobs"), 0u);
   json events = OombJson("events first");
-  ASSERT_EQ(events["events"].size(), 1u);
+  ASSERT_EQ(events["events"].size(), 2u);
   EXPECT_EQ(events["events"][0]["type"], "STATE_CHANGED");
   EXPECT_EQ(events["events"][0]["sequence"], "1");
+  EXPECT_EQ(events["events"][1]["type"], "LOG");  // CreateJob's data scan
   EXPECT_EQ(OombJson("checkpoints first").count("checkpoints"), 0u);
   Result yaml = Oomb("get first -o yaml");
   EXPECT_EQ(yaml.rc, 0);
@@ -212,9 +213,9 @@ TEST_F(CliTest, ContextPastTheModelsWindowWarnsAndRopeScalingIsChecked) {
   json got = OombJson("get long");
   ASSERT_EQ(got["warnings"].size(), 1u);
   json events = OombJson("events long");
-  ASSERT_EQ(events["events"].size(), 2u);
-  EXPECT_EQ(events["events"][1]["type"], "WARNING");
-  EXPECT_EQ(events["events"][1]["message"], got["warnings"][0]);
+  ASSERT_EQ(events["events"].size(), 3u);  // QUEUED, the data scan, the warning
+  EXPECT_EQ(events["events"][2]["type"], "WARNING");
+  EXPECT_EQ(events["events"][2]["message"], got["warnings"][0]);
 
   Result scaled =
       Oomb("submit " + job + " --validate-only --set model.rope_scaling.type=yarn --set model.rope_scaling.factor=2");
@@ -292,7 +293,7 @@ TEST_F(CliTest, TransitionsAndIllegalOnes) {
   Result watch = Oomb("watch j");
   EXPECT_EQ(watch.rc, 7) << watch.err;
   EXPECT_THAT(watch.out, HasSubstr("state CANCELLED"));
-  EXPECT_EQ(OombJson("events j --after 2")["events"].size(), 2u);  // PAUSED, QUEUED, CANCELLED after seq 1
+  EXPECT_EQ(OombJson("events j --after 2")["events"].size(), 3u);  // after QUEUED and the data scan
   EXPECT_EQ(Oomb("delete j").rc, 0);
   EXPECT_EQ(Oomb("get j").rc, 3);
 }
@@ -419,6 +420,40 @@ TEST_F(CliTest, LargeDatasetsAreScannedInTheValidatingState) {
   EXPECT_EQ(job["state"], "FAILED");
   EXPECT_EQ(job["error"]["reason"], "BAD_DATA");
   EXPECT_THAT(job["error"]["message"].get<std::string>(), HasSubstr("bad.jsonl:2"));
+}
+
+// `oomb logs`: what the daemon said about a job (here CreateJob's data scan and the state
+// changes), one line each; -o json one event a line; -f follows until the job ends.
+TEST_F(CliTest, LogsShowTheDataScanAndStateChangesAndFollowToTheEnd) {
+  StartDaemon();
+  const std::string name = Submit("--job-id logged");
+  Result logs = Oomb("logs logged");
+  ASSERT_EQ(logs.rc, 0) << logs.err;
+  EXPECT_THAT(logs.out, HasSubstr("info  state QUEUED: queued"));
+  EXPECT_THAT(logs.out, ::testing::ContainsRegex("info  data scan: 1 samples, 3 tokens, 1 sequences per epoch, the "
+                                                 "longest sample 3 tokens; 0 dropped, 0 truncated"));
+  Result json_lines = Oomb("logs logged -o json");
+  ASSERT_EQ(json_lines.rc, 0) << json_lines.err;
+  std::istringstream lines(json_lines.out);
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    const json e = json::parse(line);
+    EXPECT_NE(e.value("type", ""), "STEP");
+    ++n;
+  }
+  EXPECT_EQ(n, 2);  // QUEUED, the data scan
+  // Following: the cancel's events arrive, and the exit code is the job's (7: CANCELLED).
+  std::thread cancel([&] {  // its own output files: Oomb's are the follower's
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const std::string cmd = BinaryDir() + "/client/oomb --endpoint " + endpoint_ + " cancel logged >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+  });
+  Result follow = Oomb("logs logged -f");
+  cancel.join();
+  EXPECT_EQ(follow.rc, 7) << follow.out << follow.err;
+  EXPECT_THAT(follow.out, HasSubstr("state CANCELLED"));
+  EXPECT_EQ(Oomb("logs nope").rc, 3);
 }
 
 TEST_F(CliTest, JobPathsAreConfinedToTheAllowedRoots) {

@@ -632,6 +632,13 @@ def check_events(env, c, p):
     return f"{len(p.stdout.strip().splitlines())} events"
 
 
+def check_logs(env, c, p):
+    for what in ("info  model: ", "info  plan: chunks of ", "info  state SUCCEEDED"):
+        if what not in p.stdout:
+            fail(f"no '{what}' line:\n{tail(p.stdout)}")
+    return f"{len(p.stdout.strip().splitlines())} log lines"
+
+
 def check_datasets(env, c, p):
     name = p.stdout.strip()
     if not re.fullmatch(r"projects/[a-z0-9-]+/datasets/ds-[0-9a-f]{12}", name):
@@ -771,6 +778,7 @@ CHECKS = {
     ("oomb", "list"): check_list,
     ("oomb", "get"): check_get,
     ("oomb", "events"): check_events,
+    ("oomb", "logs"): check_logs,
     ("oomb", "checkpoints"): check_checkpoints,
     ("oomb", "datasets"): check_datasets,
     ("oomb", "download"): check_download,

@@ -329,6 +329,23 @@ TEST(JobSpecTest, OutOfRangeValuesNameLineAndPath) {
               HasSubstr("job.yaml:3: model.dtype: must be one of bfloat16, float32; got 'fp16'"));
 }
 
+// notifications.webhooks: each endpoint's fields checked, an item named by its index.
+TEST(JobSpecTest, WebhooksAreCheckedAndNamedByTheirIndex) {
+  const std::string hooks =
+      "notifications:\n  webhooks:\n    - {url: 'https://a.example/h', secret_file: /s/a, events: [job_failed]}\n";
+  v1::JobSpec spec;
+  ASSERT_TRUE(Load(std::string(kMinimal) + hooks, &spec).ok()) << LoadError(std::string(kMinimal) + hooks);
+  ASSERT_EQ(spec.notifications().webhooks_size(), 1);
+  EXPECT_EQ(spec.notifications().webhooks(0).events(0), v1::Notification::job_failed);
+  EXPECT_THAT(LoadError(std::string(kMinimal) + hooks + "    - {url: 'ftp://b.example', secret_file: /s/b}\n"),
+              HasSubstr("job.yaml:8: notifications.webhooks[1].url: must be an http:// or https:// URL; got "
+                        "'ftp://b.example'"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + hooks + "    - {url: 'https://b.example'}\n"),
+              HasSubstr("notifications.webhooks[1].secret_file: is required"));
+  EXPECT_THAT(LoadError(std::string(kMinimal) + hooks + "    - {url: 'https://b', secret_file: /s, events: [done]}\n"),
+              HasSubstr("must be one of"));
+}
+
 TEST(JobSpecTest, RopeScalingNeedsType) {
   EXPECT_THAT(LoadError("model:\n  path: /m\n  rope_scaling: {factor: 8}\ndata: {train: /t}\n"),
               HasSubstr("job.yaml:3: model.rope_scaling.type: is required"));

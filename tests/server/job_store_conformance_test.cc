@@ -18,6 +18,7 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <pqxx/pqxx>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/store/job_store.h"
 #include "tests/server/postgres_harness.h"
@@ -789,6 +790,90 @@ TEST_P(JobStoreTest, WaitForChangesReportsWhatOtherStoreObjectsCommitted) {
   ASSERT_EQ(deleted->size(), 1u);
   EXPECT_EQ((*deleted)[0].state, v1::Job::STATE_UNSPECIFIED);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// The outbox: the messages an event calls for are stored in the event's transaction (none for a
+// refused change), claimed by one store object at a time, held for the claim's time, retried
+// when an attempt fails, removed when delivered, and kept across a reopen.
+TEST_P(JobStoreTest, WebhookMessagesAreStoredWithTheirEventsAndClaimedOnceUntilFinished) {
+  const OutboxPolicy policy = [](const v1::Job& job, const v1::JobEvent& e) {
+    std::vector<OutboxMessage> out;
+    if (e.type() != v1::JobEvent::STATE_CHANGED || e.state() == v1::Job::RUNNING) return out;
+    OutboxMessage m;
+    m.webhook_id = absl::StrCat("msg_", ParseStoredName(job.name()).id, "_", e.sequence());
+    m.job_id = ParseStoredName(job.name()).id;
+    m.url = "http://127.0.0.1:1/hook";
+    m.secret_file = "/secrets/s";
+    m.secret_project = "nlp";
+    m.type = absl::StrCat("job.", v1::Job::State_Name(e.state()));
+    m.payload = absl::StrCat("{\"sequence\": ", e.sequence(), "}");
+    out.push_back(m);
+    return out;
+  };
+  store_->SetOutboxPolicy(policy);
+  std::unique_ptr<JobStore> other = OpenAnother();
+  ASSERT_NE(other, nullptr);
+  other->SetOutboxPolicy(policy);
+  Add("w");  // its QUEUED event: one message
+  EXPECT_EQ(*store_->PendingWebhooks(), 1);
+  // A refused change stores no message.
+  EXPECT_FALSE(store_
+                   ->Update("w",
+                            [](v1::Job* j, std::vector<v1::JobEvent>* events) {
+                              events->push_back(StateEvent(v1::Job::FAILED));
+                              return absl::FailedPreconditionError("no");
+                            })
+                   .ok());
+  ASSERT_TRUE(store_->Update("w", SetStateTo(v1::Job::RUNNING)).ok());  // the policy asks for none
+  ASSERT_TRUE(store_->Update("w", SetStateTo(v1::Job::SUCCEEDED)).ok());
+  EXPECT_EQ(*store_->PendingWebhooks(), 2);
+
+  absl::StatusOr<std::vector<OutboxMessage>> claimed = store_->ClaimWebhooks(1, absl::Hours(1));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_EQ(claimed->size(), 1u);
+  const OutboxMessage first = (*claimed)[0];
+  EXPECT_EQ(first.webhook_id, "msg_w_1");  // oldest first
+  EXPECT_EQ(first.job_id, "w");
+  EXPECT_EQ(first.url, "http://127.0.0.1:1/hook");
+  EXPECT_EQ(first.secret_file, "/secrets/s");
+  EXPECT_EQ(first.secret_project, "nlp");
+  EXPECT_EQ(first.type, "job.QUEUED");
+  EXPECT_EQ(first.payload, "{\"sequence\": 1}");
+  EXPECT_EQ(first.attempts, 0);
+  EXPECT_LT(absl::Now() - first.created, absl::Minutes(5));
+  // Held: neither this store object nor another takes it again; the other takes the next one.
+  absl::StatusOr<std::vector<OutboxMessage>> rest = other->ClaimWebhooks(10, absl::Hours(1));
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  ASSERT_EQ(rest->size(), 1u);
+  EXPECT_EQ((*rest)[0].webhook_id, "msg_w_3");
+  EXPECT_TRUE(store_->ClaimWebhooks(10, absl::Hours(1))->empty());
+
+  // A failed attempt: due again after its wait, its attempts and error recorded.
+  ASSERT_TRUE(store_->FinishWebhook(first.id, absl::ZeroDuration(), "HTTP 503").ok());
+  claimed = store_->ClaimWebhooks(10, absl::Milliseconds(1));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_EQ(claimed->size(), 1u);
+  EXPECT_EQ((*claimed)[0].webhook_id, "msg_w_1");
+  EXPECT_EQ((*claimed)[0].attempts, 1);
+  EXPECT_EQ((*claimed)[0].last_error, "HTTP 503");
+  // A claim whose sender died: due again once its hold has passed.
+  absl::SleepFor(absl::Milliseconds(20));
+  claimed = other->ClaimWebhooks(10, absl::Hours(1));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_EQ(claimed->size(), 1u);
+  ASSERT_TRUE(other->FinishWebhook(first.id, absl::Hours(1), "HTTP 500").ok());
+  EXPECT_TRUE(store_->ClaimWebhooks(10, absl::Hours(1))->empty());  // not due for an hour
+
+  // Delivered: removed; finishing it again is NOT_FOUND.
+  ASSERT_TRUE(store_->FinishWebhook((*rest)[0].id, std::nullopt, "").ok());
+  EXPECT_EQ(store_->FinishWebhook((*rest)[0].id, std::nullopt, "").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*store_->PendingWebhooks(), 1);
+  // Durable: a new store object (a restarted daemon) finds what waits.
+  other.reset();
+  store_.reset();
+  store_ = OpenAnother();
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(*store_->PendingWebhooks(), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, JobStoreTest, ::testing::Values("sqlite", "postgres"),

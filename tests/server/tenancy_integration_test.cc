@@ -325,7 +325,7 @@ TEST(TenancyProjectsTest, ProjectsHaveTheirOwnRootsAndQueueLimits) {
   Daemon bad(d / "data-bad", bad_options);
   EXPECT_EQ(bad.port(), 0);
   EXPECT_THAT(bad.log(), HasSubstr("bad.yaml:3: projects.nlp.max_queued: unknown key (allowed_roots, max_queued_jobs, "
-                                   "max_running_devices, max_device_hours_per_day, max_storage_bytes)"));
+                                   "max_running_devices, max_device_hours_per_day, max_storage_bytes, webhooks)"));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
@@ -28,6 +29,7 @@
 #include "worker/metrics/metrics_log.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/lr_schedule.h"
+#include "worker/plan/memory_planner.h"
 #include "worker/session/training_session.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/data_parallel.h"
@@ -130,6 +132,11 @@ class Run final : public StepSync {
   void Warn(const std::string& msg) {
     if (lead() && options_.on_warning) options_.on_warning(msg);
   }
+  void Log(const std::string& msg) {
+    if (lead() && options_.on_log) options_.on_log(msg);
+  }
+  // The LOG lines of Setup: the data, the model, the plan.
+  void LogSetup(const DatasetStats& data, double load_seconds);
   absl::StatusOr<CheckpointInfo> Checkpoint(bool final) {
     return checkpointer_->Write(*model_, session_->optimizer(), state_, final);
   }
@@ -204,12 +211,33 @@ absl::Status Run::Setup() {
   batches_.emplace(job_, std::move(data.train));
   int64_t longest = std::max(batches_->longest(), evaluation_->longest());
   for (const auto& s : validation_) longest = std::max(longest, s.size());
+  const auto load_start = Clock::now();
   OOMB_RETURN_IF_ERROR(LoadModel(data));
+  const double load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
   OOMB_RETURN_IF_ERROR(MakeSession(longest));
+  LogSetup(data.stats, load_seconds);
   if (options_.resume) {
     state_ = checkpointer_->Resume(*model_, session_->optimizer(), [this](const std::string& m) { Warn(m); });
+    if (state_.step > 0) Log(absl::StrCat("resumed from the checkpoint of step ", state_.step));
   }
   return absl::OkStatus();
+}
+
+void Run::LogSetup(const DatasetStats& data, double load_seconds) {
+  if (job_.method.type != TrainMethod::kEvaluate) {
+    Log(absl::StrCat("data.train: ", data.samples, " samples, ", data.tokens, " tokens (", data.label_tokens,
+                     " with labels), the longest ", data.longest, "; ", data.dropped, " dropped, ", data.truncated,
+                     " truncated; ", batches_->total_steps(), " steps"));
+  }
+  int64_t trainable = 0;
+  for (const auto& [name, p] : model_->TrainableParameters()) trainable += p.numel();
+  Log(absl::StrCat("model: ", model_->config().architecture, " from ", job_.model.path, " on ", device_.str(),
+                   ", loaded in ", absl::StrFormat("%.1f", load_seconds), " s; ", trainable, " trainable parameters"));
+  const MemoryPlan& plan = session_->plan();
+  Log(absl::StrCat("plan: chunks of ", plan.chunk_tokens, " tokens; KV ", plan.placement, "; planned peak ",
+                   FormatBytes(plan.peak_device_bytes), " of ", FormatBytes(plan.device_capacity_bytes), " on ",
+                   plan.device));
+  for (const std::string& choice : plan.choices) Log("plan: " + choice);
 }
 
 // method.lora.init_adapter: the adapter evaluated, or the adapter training starts from.

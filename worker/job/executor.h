@@ -73,6 +73,9 @@ struct RunOptions {
   std::function<void(const StepReport&)> on_step;
   std::function<void(const CheckpointInfo&)> on_checkpoint;
   std::function<void(const std::string&)> on_warning;
+  // What the run did and chose, for people (the job's LOG events): the data read, the model
+  // loaded, the memory plan's choices and why, the checkpoint it resumed from. Rank 0 only.
+  std::function<void(const std::string&)> on_log;
   std::function<StopRequest()> poll_stop;
   // Where the run's KV page pools publish their live page counts (for /metrics), under the
   // slot of each rank's device; null: nowhere. Must outlive the run.
