@@ -10,7 +10,9 @@ Run by ctest as `mlflow_tracking` (tests/CMakeLists.txt): test_mlflow.py OOMBD.
      loss history equal to metrics.jsonl step by step, the other per-step metrics present, the
      resolved spec as params (defaults filled in), the tags (job, project, version, the final
      checkpoint's directory), and Job.mlflow_run pointing at it;
-  3. a second job, the server up, with the experiment left to its default ("oomb/default").
+  3. a second job, the server up, with the experiment left to its default ("oomb/default") and
+     an evaluation section (the positions suite on data.validation): its eval_loss and
+     eval.positions.loss.0-1024 equal to metrics.jsonl's.
 
 Prints "mlflow_tracking: ok" at the end. Exit status: 0 ok, 1 a check failed, 77 skipped (no
 test data, the SDK or MLflow not installed).
@@ -136,6 +138,16 @@ def check_run(mlflow, run, job, steps):
         check(k in keys, f"metric {k} missing: {sorted(keys)}")
 
 
+def check_evaluation(mlflow, run, job):
+    last = [r for r in metrics_jsonl(job) if "evaluation" in r][-1]
+    bucket = last["evaluation"]["positions"]["buckets"][0]
+    key = f"eval.positions.loss.{bucket['begin']}-{bucket['end']}"
+    for name, want in ((key, bucket["loss"]), ("eval_loss", last.get("eval_loss"))):
+        history = mlflow.get("metrics/get-history", run_id=run["info"]["run_id"], metric_key=name)["metrics"]
+        check(history and want is not None and abs(history[-1]["value"] - want) <= 1e-6 * max(1.0, abs(want)),
+              f"{name}: MLflow {history} vs metrics.jsonl {want}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("oombd")
@@ -172,10 +184,15 @@ def main():
         check_run(mlflow, run, job, 8)
         print("mlflow_tracking: the run logged after the server came up matches metrics.jsonl", flush=True)
 
-        second = client.jobs.create(tiny_dict(train, 3, 0), job_id="tracked-2").wait(timeout=300)
+        spec = tiny_dict(train, 3, 0)
+        spec["data"]["validation"] = train
+        spec["evaluation"] = {"suites": ["positions"]}
+        second = client.jobs.create(spec, job_id="tracked-2").wait(timeout=300)
+        check(second.state == oomb.JobState.SUCCEEDED, f"the evaluated job: {second.state} {second.error}")
         run = mlflow.finished_run("oomb/default")
         check(run["info"]["run_name"] == "tracked-2", f"default run name {run['info']['run_name']}")
         check_run(mlflow, run, client.jobs.get("tracked-2"), 3)
+        check_evaluation(mlflow, run, client.jobs.get("tracked-2"))
         logs = [e.message for e in second.events(follow=False) if e.message.startswith("tracking: MLflow run ")]
         check(len(logs) == 1, f"the run's LOG event: {logs}")
         client.close()
