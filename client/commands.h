@@ -10,7 +10,7 @@
 
 namespace oomb::client {
 
-// submit, list, get, watch, events, logs, cancel, pause, resume, delete, checkpoints.
+// submit, list, get, watch, events, logs, plot, cancel, pause, resume, delete, checkpoints.
 void AddJobCommands(CLI::App& app, const Cli& cli);
 // estimate, health, server-info, version.
 void AddServerCommands(CLI::App& app, const Cli& cli);

@@ -1,6 +1,9 @@
-// The job subcommands: submit, list, get, watch, events, cancel, pause, resume, delete,
-// checkpoints.
+// The job subcommands: submit, list, get, watch, events, logs, plot, cancel, pause, resume,
+// delete, checkpoints.
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -12,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "client/commands.h"
+#include "client/plot.h"
 
 namespace oomb::client {
 namespace {
@@ -67,6 +71,17 @@ void PrintJobDetail(const v1::Job& j) {
   if (j.has_error()) {
     std::cout << fmt::format("error:       {} {}: {}\n", j.error().code(), j.error().reason(), j.error().message());
   }
+}
+
+// "loss:        ▇▆▅▄▃▂▁  3.1200 → 1.0500 (steps 1-40)", from the job's STEP events; nothing when
+// they cannot be read (the rest of `get` was printed).
+void PrintLossSparkline(Client& client, const std::string& name) {
+  std::vector<v1::JobEvent> events;
+  if (!ReadAllEvents(client, name, &events).ok()) return;
+  const JobCurves c = CurvesFromEvents(events);
+  if (c.loss.empty()) return;
+  std::cout << fmt::format("loss:        {}  {:.4f} → {:.4f} (steps {:.0f}-{:.0f})\n", Sparkline(c.loss, 40),
+                           c.loss.front(), c.loss.back(), c.step.front(), c.step.back());
 }
 
 // A subcommand taking one JOB argument; `job` receives it.
@@ -215,7 +230,47 @@ void AddGet(CLI::App& app, const Cli& cli) {
     v1::Job out;
     const grpc::Status s = cli.client().Call(&v1::JobService::Stub::GetJob, req, &out);
     if (!s.ok()) return Fail(s);
-    if (!PrintStructured(cli.globals, out)) PrintJobDetail(out);
+    if (PrintStructured(cli.globals, out)) return 0;
+    PrintJobDetail(out);
+    if (out.progress().step() > 0) PrintLossSparkline(cli.client(), out.name());
+    return 0;
+  });
+}
+
+void AddPlot(CLI::App& app, const Cli& cli) {
+  auto job = std::make_shared<std::string>();
+  auto file = std::make_shared<std::string>();
+  auto* plot = JobCommand(app, "plot",
+                          "Draw a job's loss (and validation loss), learning rate, tokens/s and memory by step "
+                          "as an SVG image",
+                          "Examples:\n  oomb plot job-abc123 -o curves.svg\n"
+                          "Open the SVG in a browser; cairosvg or Inkscape turn it into a PNG.",
+                          job);
+  plot->add_option("-o,--out", *file, "The SVG file to write (default: JOB.svg)");
+  OnRun(plot, [cli, job, file] {
+    const std::string name = JobName(cli.globals, *job);
+    std::string path = *file;
+    if (path.empty()) path = name.substr(name.rfind('/') + 1) + ".svg";
+    if (path.size() < 4 || path.compare(path.size() - 4, 4, ".svg") != 0) {
+      std::cerr << "oomb: plot: -o " << path << ": oomb plot writes SVG; name a .svg file\n";
+      return static_cast<int>(kUsage);
+    }
+    std::vector<v1::JobEvent> events;
+    const grpc::Status s = ReadAllEvents(cli.client(), name, &events);
+    if (!s.ok()) return Fail(s);
+    const JobCurves curves = CurvesFromEvents(events);
+    if (curves.step.empty()) {
+      std::cerr << "oomb: plot: " << name << " has no finished steps yet\n";
+      return static_cast<int>(kError);
+    }
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << PlotSvg(curves, name);
+    out.close();
+    if (!out) {
+      std::cerr << "oomb: plot: cannot write " << path << ": " << std::strerror(errno) << "\n";
+      return static_cast<int>(kError);
+    }
+    std::cout << path << "\n";
     return 0;
   });
 }
@@ -382,6 +437,7 @@ void AddJobCommands(CLI::App& app, const Cli& cli) {
   AddGet(app, cli);
   AddWatchAndEvents(app, cli);
   AddLogs(app, cli);
+  AddPlot(app, cli);
   using Stub = v1::JobService::Stub;
   AddStateCommand<v1::CancelJobRequest>(app, cli, "cancel", "Cancel a job (it stops at the next chunk boundary)",
                                         &Stub::CancelJob);

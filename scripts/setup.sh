@@ -30,7 +30,9 @@ APT_PACKAGES=(
   # engine: Gloo's headers for LibTorch's c10d ProcessGroupGloo (data parallelism on the CPU)
   libgloo-dev
   # tests
-  libgtest-dev libgmock-dev libbenchmark-dev prometheus postgresql tmux openssl
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus postgresql tmux openssl libcairo2
+  # the metrics test draws a job's curve in a real browser (Prometheus' graph page)
+  chromium-headless-shell
   python3-venv
   # fuzzing (tests/fuzz/run.sh): clang with libFuzzer and the sanitizer runtimes
   clang clang-14 libclang-rt-14-dev
@@ -66,6 +68,8 @@ PY_PACKAGES=(
   "googleapis-common-protos" "httpx" "openapi-spec-validator"
   # the webhook tests' receiver verifies signatures with the Standard Webhooks reference library
   "standardwebhooks"
+  # the README test renders `oomb plot`'s SVG to pixels (through Debian's libcairo2)
+  "cairosvg"
   # the C++ function-length lint's parser (scripts/lint.sh, scripts/lint_function_length.py);
   # pinned, so that a new release cannot move the lengths it reports
   "lizard==1.24.3"

@@ -148,7 +148,7 @@ absl::Status Scheduler::Start() {
       return absl::OkStatus();
     });
     if (!r.ok()) return r.status();
-    Committed(id, r->events);
+    Committed(r->job, r->events);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -197,7 +197,7 @@ absl::Status Scheduler::ReapLeases(const ReapRequest& request, bool at_start) {
   bool queued = false;
   for (const UpdateResult& r : reaped) {
     const std::string id = ParseStoredName(r.job.name()).id;
-    Committed(id, r.events);
+    Committed(r.job, r.events);
     queued |= r.job.state() == v1::Job::QUEUED;
     spdlog::info("recovered {}: now {}", r.job.name(), v1::Job::State_Name(r.job.state()));
   }
@@ -237,22 +237,22 @@ std::vector<std::string> Scheduler::EligibleDevices(const JobConfig& job) const 
 
 absl::StatusOr<v1::Job> Scheduler::TransitionLocked(const std::string& id, const JobMutation& mutate) {
   OOMB_ASSIGN_OR_RETURN(UpdateResult r, store_->Update(id, mutate));
-  Committed(id, r.events);
+  Committed(r.job, r.events);
   cv_.SignalAll();
   return r.job;
 }
 
 absl::StatusOr<v1::Job> Scheduler::Append(const std::string& id, const JobMutation& mutate) {
   OOMB_ASSIGN_OR_RETURN(UpdateResult r, store_->Update(id, mutate));
-  Committed(id, r.events);
+  Committed(r.job, r.events);
   return r.job;
 }
 
-void Scheduler::Committed(const std::string& id, const std::vector<v1::JobEvent>& events) {
-  hub_->Publish(id, events);
+void Scheduler::Committed(const v1::Job& job, const std::vector<v1::JobEvent>& events) {
+  hub_->Publish(ParseStoredName(job.name()).id, events);
   if (options_.metrics == nullptr) return;
   for (const v1::JobEvent& e : events) {
-    if (e.type() == v1::JobEvent::STATE_CHANGED) options_.metrics->StateEntered(e.state());
+    if (e.type() == v1::JobEvent::STATE_CHANGED) options_.metrics->StateEntered(job, e.state());
   }
 }
 
@@ -318,7 +318,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const Jo
     if (!r.ok() && r.status().code() == absl::StatusCode::kAlreadyExists && job_id.empty() && attempt < 5) continue;
     if (!r.ok()) return r.status();
     if (created != nullptr) *created = r->created;
-    if (r->created && options_.metrics != nullptr) options_.metrics->StateEntered(r->job.state());
+    if (r->created && options_.metrics != nullptr) options_.metrics->StateEntered(r->job, r->job.state());
     if (r->created && validate) {
       validating_.push_back(id);
       cv_.SignalAll();
@@ -603,7 +603,7 @@ absl::StatusOr<std::optional<ClaimResult>> Scheduler::ClaimNextLocked(size_t slo
     return claimed;
   }
   for (size_t s : *slots) busy_[s] = true;
-  Committed(ParseStoredName((*claimed)->update.job.name()).id, (*claimed)->update.events);
+  Committed((*claimed)->update.job, (*claimed)->update.events);
   return claimed;
 }
 

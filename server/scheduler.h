@@ -284,7 +284,7 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Job> Append(const std::string& id, const JobMutation& mutate);
   // Publishes committed events to watchers and reports their state changes to the metrics.
-  void Committed(const std::string& id, const std::vector<v1::JobEvent>& events);
+  void Committed(const v1::Job& job, const std::vector<v1::JobEvent>& events);
   // The thread of options_.devices[slot].
   void WorkerLoop(size_t slot);
   void ValidatorLoop();

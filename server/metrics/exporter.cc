@@ -41,6 +41,8 @@ const Histogram::BucketBoundaries kCheckpointBuckets = {0.01, 0.05, 0.1, 0.25, 0
 const Histogram::BucketBoundaries kRpcBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                  0.1,    0.25,  0.5,    1,     2.5,  5,     10};
 
+double UnixSeconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
+
 // "models/Qwen2.5-7B/" -> "Qwen2.5-7B": the job_info label names the model, not the path.
 std::string ModelName(const std::string& path) {
   absl::string_view p = path;
@@ -148,8 +150,19 @@ struct MetricsExporter::Families {
         checkpoint_bytes(NewCounter(r, "oomb_checkpoint_bytes_total", "Bytes of the checkpoints written.")),
         checkpoint_seconds(
             NewHistogram(r, "oomb_checkpoint_duration_seconds", "Time to write a checkpoint, fsyncs included.")),
-        job_info(
-            NewGauge(r, "oomb_job_info", "1 for the job running on a slot; join on slot for its job_id and model.")),
+        job_info(NewGauge(r, "oomb_job_info",
+                          "1 for the job running on a slot; join on (instance, slot) for its job_id, project and "
+                          "model.")),
+        job_start_time(NewGauge(r, "oomb_job_start_time_seconds",
+                                "When the running job's run on this slot started, in seconds since the Unix epoch.")),
+        job_end_time(NewGauge(r, "oomb_job_end_time_seconds",
+                              "When a job's run ended (state: SUCCEEDED, FAILED, CANCELLED, PAUSED, QUEUED when "
+                              "preempted or requeued), in seconds since the Unix epoch; kept for an hour.")),
+        job_device_memory_peak(NewGauge(r, "oomb_job_device_memory_peak_bytes",
+                                        "Most bytes the running job's last step held on its device at once.")),
+        job_host_kv(NewGauge(r, "oomb_job_host_kv_bytes",
+                             "KV and KV-gradient bytes the running job's last step held in the host tier at its "
+                             "peak.")),
         job_step(NewGauge(r, "oomb_job_step", "Optimizer steps the running job has finished.")),
         job_total_steps(NewGauge(r, "oomb_job_total_steps", "Optimizer steps the running job will take in all.")),
         job_loss(NewGauge(r, "oomb_job_loss", "Mean training loss of the running job's last step.")),
@@ -197,6 +210,10 @@ struct MetricsExporter::Families {
   Family<Counter>& checkpoint_bytes;
   Family<Histogram>& checkpoint_seconds;
   Family<Gauge>& job_info;
+  Family<Gauge>& job_start_time;
+  Family<Gauge>& job_end_time;
+  Family<Gauge>& job_device_memory_peak;
+  Family<Gauge>& job_host_kv;
   Family<Gauge>& job_step;
   Family<Gauge>& job_total_steps;
   Family<Gauge>& job_loss;
@@ -290,14 +307,20 @@ void MetricsExporter::RemoveJobLocked(SlotSeries& s) {
   if (!s.has_job) return;
   JobSeries& j = s.job;
   f_->job_info.Remove(j.info);
+  f_->job_start_time.Remove(j.start_time);
   f_->job_step.Remove(j.step);
   f_->job_total_steps.Remove(j.total_steps);
-  f_->job_loss.Remove(j.loss);
-  f_->job_learning_rate.Remove(j.learning_rate);
-  f_->job_tokens_per_second.Remove(j.tokens_per_second);
-  f_->job_eta.Remove(j.eta);
-  f_->job_swapped_bytes.Remove(j.swapped_bytes);
-  f_->job_swapped_chunks.Remove(j.swapped_chunks);
+  const auto remove = [](Family<Gauge>& family, prometheus::Gauge* g) {
+    if (g != nullptr) family.Remove(g);
+  };
+  remove(f_->job_loss, j.loss);
+  remove(f_->job_learning_rate, j.learning_rate);
+  remove(f_->job_tokens_per_second, j.tokens_per_second);
+  remove(f_->job_eta, j.eta);
+  remove(f_->job_device_memory_peak, j.device_memory_peak);
+  remove(f_->job_host_kv, j.host_kv);
+  remove(f_->job_swapped_bytes, j.swapped_bytes);
+  remove(f_->job_swapped_chunks, j.swapped_chunks);
   if (j.eval_loss != nullptr) f_->job_eval_loss.Remove(j.eval_loss);
   for (const auto& [suite, g] : j.eval_accuracy) f_->job_eval_accuracy.Remove(g);
   for (const auto& [begin, g] : j.eval_position_loss) f_->job_eval_position_loss.Remove(g);
@@ -312,26 +335,36 @@ void MetricsExporter::RunStarted(const std::string& slot, const v1::Job& job, ab
   absl::MutexLock lock(&mu_);
   SlotSeries& s = SlotLocked(slot);
   RemoveJobLocked(s);  // a run that never reported its stop
-  const prometheus::Labels l = {{"slot", slot}};
-  const std::string job_id = ParseStoredName(job.name()).id;
-  s.job.info = &f_->job_info.Add({{"slot", slot}, {"job_id", job_id}, {"model", ModelName(job.spec().model().path())}});
+  const JobRef name = ParseStoredName(job.name());
+  const prometheus::Labels l = {{"slot", slot}, {"job_id", name.id}, {"project", name.project}};
+  prometheus::Labels info = l;
+  info["model"] = ModelName(job.spec().model().path());
+  s.job.id = name.id;
+  s.job.labels = l;
+  s.job.info = &f_->job_info.Add(info);
   s.job.info->Set(1);
+  s.job.start_time = &f_->job_start_time.Add(l);
+  s.job.start_time->Set(UnixSeconds(absl::Now()));
   s.job.step = &f_->job_step.Add(l);
   s.job.step->Set(static_cast<double>(job.progress().step()));
   s.job.total_steps = &f_->job_total_steps.Add(l);
   s.job.total_steps->Set(static_cast<double>(job.progress().total_steps()));
-  s.job.loss = &f_->job_loss.Add(l);
-  s.job.learning_rate = &f_->job_learning_rate.Add(l);
-  s.job.tokens_per_second = &f_->job_tokens_per_second.Add(l);
-  s.job.eta = &f_->job_eta.Add(l);
-  s.job.swapped_bytes = &f_->job_swapped_bytes.Add(l);
-  s.job.swapped_chunks = &f_->job_swapped_chunks.Add(l);
+  const v1::Progress& p = job.progress();
+  if (p.step() > 0) {  // a run that resumes: its last step's values until this run's first
+    SetLastStepLocked(s.job, {.loss = p.loss(),
+                              .learning_rate = p.learning_rate(),
+                              .tokens_per_second = p.tokens_per_second(),
+                              .eta_seconds = p.eta_seconds(),
+                              .device_bytes = static_cast<double>(p.gpu_memory_bytes()),
+                              .host_kv_bytes = static_cast<double>(p.host_memory_bytes())});
+  }
   s.has_job = true;
   s.busy->Set(1);
 }
 
 void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
   absl::MutexLock lock(&mu_);
+  PruneEndedLocked(absl::Now());
   SlotSeries& s = SlotLocked(slot);
   s.tokens->Increment(static_cast<double>(p.step_tokens));
   s.steps->Increment();
@@ -343,18 +376,20 @@ void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
   JobSeries& j = s.job;
   j.step->Set(static_cast<double>(p.step));
   j.total_steps->Set(static_cast<double>(p.total_steps));
-  j.loss->Set(p.loss);
-  j.learning_rate->Set(p.learning_rate);
-  j.tokens_per_second->Set(p.tokens_per_second);
-  j.eta->Set(p.eta_seconds);
-  j.swapped_bytes->Set(static_cast<double>(p.swapped_bytes));
-  j.swapped_chunks->Set(static_cast<double>(p.swapped_chunks));
-  const prometheus::Labels l = {{"slot", slot}};
+  SetLastStepLocked(j, {.loss = p.loss,
+                        .learning_rate = p.learning_rate,
+                        .tokens_per_second = p.tokens_per_second,
+                        .eta_seconds = p.eta_seconds,
+                        .device_bytes = static_cast<double>(p.peak_device_bytes),
+                        .host_kv_bytes = static_cast<double>(p.host_kv_bytes),
+                        .swapped_bytes = static_cast<double>(p.swapped_bytes),
+                        .swapped_chunks = static_cast<double>(p.swapped_chunks)});
+  const prometheus::Labels& l = j.labels;
   if (p.eval_loss > 0) {
     if (j.eval_loss == nullptr) j.eval_loss = &f_->job_eval_loss.Add(l);
     j.eval_loss->Set(p.eval_loss);
   }
-  if (p.evaluation.has_value()) EvaluatedLocked(slot, *p.evaluation, j);
+  if (p.evaluation.has_value()) EvaluatedLocked(*p.evaluation, j);
   if (p.mfu > 0) {
     if (j.mfu == nullptr) j.mfu = &f_->job_mfu.Add(l);
     j.mfu->Set(p.mfu);
@@ -365,19 +400,41 @@ void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
   }
 }
 
-void MetricsExporter::EvaluatedLocked(const std::string& slot, const EvalReport& e, JobSeries& j) {
+void MetricsExporter::SetLastStepLocked(JobSeries& j, const LastStep& v) {
+  const auto set = [&](Family<Gauge>& family, prometheus::Gauge*& g, double value) {
+    if (g == nullptr) g = &family.Add(j.labels);
+    g->Set(value);
+  };
+  set(f_->job_loss, j.loss, v.loss);
+  set(f_->job_learning_rate, j.learning_rate, v.learning_rate);
+  set(f_->job_tokens_per_second, j.tokens_per_second, v.tokens_per_second);
+  set(f_->job_eta, j.eta, v.eta_seconds);
+  set(f_->job_device_memory_peak, j.device_memory_peak, v.device_bytes);
+  set(f_->job_host_kv, j.host_kv, v.host_kv_bytes);
+  set(f_->job_swapped_bytes, j.swapped_bytes, v.swapped_bytes);
+  set(f_->job_swapped_chunks, j.swapped_chunks, v.swapped_chunks);
+}
+
+void MetricsExporter::EvaluatedLocked(const EvalReport& e, JobSeries& j) {
   for (const auto& [suite, result] : e) {
     const std::string name = SuiteName(suite);
     if (const std::optional<double> accuracy = result.accuracy()) {
       prometheus::Gauge*& g = j.eval_accuracy[name];
-      if (g == nullptr) g = &f_->job_eval_accuracy.Add({{"slot", slot}, {"suite", name}});
+      if (g == nullptr) {
+        prometheus::Labels l = j.labels;
+        l["suite"] = name;
+        g = &f_->job_eval_accuracy.Add(l);
+      }
       g->Set(*accuracy);
     }
     for (const PositionLoss& b : result.buckets) {
       const std::string begin = std::to_string(b.begin);
       prometheus::Gauge*& g = j.eval_position_loss[begin];
       if (g == nullptr) {
-        g = &f_->job_eval_position_loss.Add({{"slot", slot}, {"begin", begin}, {"end", std::to_string(b.end)}});
+        prometheus::Labels l = j.labels;
+        l["begin"] = begin;
+        l["end"] = std::to_string(b.end);
+        g = &f_->job_eval_position_loss.Add(l);
       }
       g->Set(b.loss);
     }
@@ -399,8 +456,36 @@ void MetricsExporter::RunStopped(const std::string& slot) {
   s.busy->Set(0);
 }
 
-void MetricsExporter::StateEntered(v1::Job::State state) {
+void MetricsExporter::StateEntered(const v1::Job& job, v1::Job::State state) {
   f_->transitions.Add({{"state", v1::Job::State_Name(state)}}).Increment();
+  const JobRef name = ParseStoredName(job.name());
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  PruneEndedLocked(now);
+  bool ran_here = false;
+  for (const auto& [slot, s] : slots_) ran_here |= s.has_job && s.job.id == name.id;
+  const bool finished = state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
+  const bool run_ended = ran_here && (state == v1::Job::PAUSED || state == v1::Job::QUEUED);
+  if (!finished && !run_ended) return;
+  Ended& e = ended_[name.id];
+  if (e.series != nullptr) f_->job_end_time.Remove(e.series);
+  e.when = now;
+  e.series = &f_->job_end_time.Add({{"job_id", name.id},
+                                    {"project", name.project},
+                                    {"state", v1::Job::State_Name(state)},
+                                    {"reason", state == v1::Job::FAILED ? job.error().reason() : ""}});
+  e.series->Set(UnixSeconds(now));
+}
+
+void MetricsExporter::PruneEndedLocked(absl::Time now) {
+  for (auto it = ended_.begin(); it != ended_.end();) {
+    if (now - it->second.when < kEndedKept) {
+      ++it;
+      continue;
+    }
+    f_->job_end_time.Remove(it->second.series);
+    it = ended_.erase(it);
+  }
 }
 
 void MetricsExporter::WebhookAttempt(const std::string& result) {

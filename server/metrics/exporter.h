@@ -11,16 +11,20 @@
 //     and transfers from the KvStatsRegistry, pinned host bytes.
 //
 // Cardinality is bounded: per-device series are labelled `gpu` and `UUID` (DCGM's spelling, so
-// dashboards can join with DCGM_FI_* series) or `slot` (a scheduler device); a job appears only
-// as `oomb_job_info{slot,job_id,model} 1` and the per-job gauges of its slot, all removed when
-// its run stops; a project only when tenancy.projects_file lists it. gRPC labels come from the
-// methods the server registers.
+// dashboards can join with DCGM_FI_* series) or `slot` (a scheduler device); a job appears as
+// `oomb_job_info{slot,job_id,project,model} 1` and its per-job gauges, labelled `slot`, `job_id`
+// and `project`, while it runs on a slot of this daemon (removed when its run stops), and as
+// `oomb_job_end_time_seconds{job_id,project,state,reason}` for an hour after its run ended here
+// (or it reached a final state here without running); a project only when
+// tenancy.projects_file lists it. gRPC labels come from the methods the server registers.
+// (`job_id`, not `job`: Prometheus gives every scraped series the target's `job` label.)
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef OOMB_SERVER_METRICS_EXPORTER_H_
 #define OOMB_SERVER_METRICS_EXPORTER_H_
 
 #include <grpcpp/support/server_interceptor.h>
+#include <prometheus/labels.h>
 
 #include <cstdint>
 #include <functional>
@@ -106,7 +110,7 @@ class MetricsExporter final : public MetricsSink {
   void Step(const std::string& slot, const StepReport& progress) override;
   void CheckpointSaved(const std::string& slot, const CheckpointInfo& checkpoint) override;
   void RunStopped(const std::string& slot) override;
-  void StateEntered(v1::Job::State state) override;
+  void StateEntered(const v1::Job& job, v1::Job::State state) override;
 
   // One webhook attempt ended (server/notify/webhook_sender.h): "delivered", "failed" (to be
   // retried) or "given_up".
@@ -116,9 +120,16 @@ class MetricsExporter final : public MetricsSink {
   void RpcFinished(const std::string& full_method, int code, double seconds);
 
  private:
-  // The gauges of the job running on a slot; removed when its run stops.
+  // The gauges of the job running on a slot; removed when its run stops. Those of its last step
+  // exist from its first step (or, for a run that resumes, from its start, with the values of
+  // the step before).
   struct JobSeries {
+    std::string id;             // the job's id
+    prometheus::Labels labels;  // slot, job_id, project
     prometheus::Gauge* info = nullptr;
+    prometheus::Gauge* start_time = nullptr;
+    prometheus::Gauge* device_memory_peak = nullptr;
+    prometheus::Gauge* host_kv = nullptr;
     prometheus::Gauge* step = nullptr;
     prometheus::Gauge* total_steps = nullptr;
     prometheus::Gauge* loss = nullptr;
@@ -147,12 +158,26 @@ class MetricsExporter final : public MetricsSink {
     bool has_job = false;
     JobSeries job;
   };
+  // What a job's last step measured (StepReport; Progress for a run that resumes).
+  struct LastStep {
+    double loss = 0, learning_rate = 0, tokens_per_second = 0, eta_seconds = 0;
+    double device_bytes = 0, host_kv_bytes = 0, swapped_bytes = 0, swapped_chunks = 0;
+  };
+  // The end of a job's last run (oomb_job_end_time_seconds), kept kEndedKept.
+  struct Ended {
+    absl::Time when;
+    prometheus::Gauge* series = nullptr;
+  };
+  static constexpr absl::Duration kEndedKept = absl::Hours(1);
   struct Families;
 
   explicit MetricsExporter(MetricsExporterOptions options);
   SlotSeries& SlotLocked(const std::string& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJobLocked(SlotSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EvaluatedLocked(const std::string& slot, const EvalReport& e, JobSeries& j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvaluatedLocked(const EvalReport& e, JobSeries& j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetLastStepLocked(JobSeries& j, const LastStep& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the end-time series older than kEndedKept.
+  void PruneEndedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MetricsExporterOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -163,6 +188,7 @@ class MetricsExporter final : public MetricsSink {
 
   absl::Mutex mu_;
   std::map<std::string, SlotSeries> slots_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Ended> ended_ ABSL_GUARDED_BY(mu_);  // by job id
 };
 
 }  // namespace oomb::server

@@ -34,8 +34,9 @@ class MetricsSink {
   virtual void CheckpointSaved(const std::string& slot, const CheckpointInfo& checkpoint) = 0;
   // The run on `slot` returned, whatever its outcome; the slot is idle.
   virtual void RunStopped(const std::string& slot) = 0;
-  // A job entered `state` (one call per committed STATE_CHANGED event).
-  virtual void StateEntered(v1::Job::State state) = 0;
+  // A job entered `state` (one call per committed STATE_CHANGED event); `job` as the commit
+  // left it (its error set when it FAILED).
+  virtual void StateEntered(const v1::Job& job, v1::Job::State state) = 0;
 };
 
 // Tells each of its sinks (not null; they outlive it) what it is told, in order: the exporter
@@ -55,8 +56,8 @@ class MetricsFanOut final : public MetricsSink {
   void RunStopped(const std::string& slot) override {
     for (MetricsSink* s : sinks_) s->RunStopped(slot);
   }
-  void StateEntered(v1::Job::State state) override {
-    for (MetricsSink* s : sinks_) s->StateEntered(state);
+  void StateEntered(const v1::Job& job, v1::Job::State state) override {
+    for (MetricsSink* s : sinks_) s->StateEntered(job, state);
   }
 
  private:

@@ -84,7 +84,7 @@ class MlflowTracker final : public MetricsSink {
   void Step(const std::string& slot, const StepReport& progress) override;
   void CheckpointSaved(const std::string& slot, const CheckpointInfo& checkpoint) override;
   void RunStopped(const std::string& slot) override;
-  void StateEntered(v1::Job::State) override {}
+  void StateEntered(const v1::Job&, v1::Job::State) override {}
 
   // One pass of the thread: makes runs, sends buffers, ends the runs of jobs that ended.
   void Flush();

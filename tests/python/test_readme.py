@@ -623,7 +623,28 @@ def check_list(env, c, p):
 def check_get(env, c, p):
     if "SUCCEEDED" not in p.stdout or "checkpoints:" not in p.stdout:
         fail(f"no state SUCCEEDED / checkpoints line:\n{tail(p.stdout)}")
-    return "state SUCCEEDED"
+    m = re.search(r"^loss: +([▁-█]+)  \d", p.stdout, re.M)
+    if not m:
+        fail(f"no loss sparkline:\n{tail(p.stdout)}")
+    return f"state SUCCEEDED, loss {m.group(1)}"
+
+
+def check_plot(env, c, p):
+    """The SVG `oomb plot` wrote, rendered to pixels by cairosvg and opened by Pillow: its size,
+    and the loss curve's colour drawn."""
+    import io
+    import cairosvg
+    from PIL import Image
+    path = os.path.join(env.files, p.stdout.strip())
+    try:
+        image = Image.open(io.BytesIO(cairosvg.svg2png(url=path))).convert("RGB")
+    except Exception as e:  # noqa: BLE001 - any failure to render is the check's failure
+        fail(f"{path} does not render as an image: {e}")
+    loss_pixels = sum(1 for r, g, b in image.getdata()  # the loss curve's colour, #1f77b4 (antialiased)
+                      if abs(r - 31) + abs(g - 119) + abs(b - 180) < 60)
+    if image.size != (960, 640) or loss_pixels < 50:
+        fail(f"{path}: {image.size[0]}x{image.size[1]}, {loss_pixels} pixels of the loss curve's colour")
+    return f"{os.path.basename(path)} renders as a {image.size[0]}x{image.size[1]} image, loss curve drawn"
 
 
 def check_events(env, c, p):
@@ -779,6 +800,7 @@ CHECKS = {
     ("oomb", "get"): check_get,
     ("oomb", "events"): check_events,
     ("oomb", "logs"): check_logs,
+    ("oomb", "plot"): check_plot,
     ("oomb", "checkpoints"): check_checkpoints,
     ("oomb", "datasets"): check_datasets,
     ("oomb", "download"): check_download,

@@ -32,7 +32,7 @@ double Sample(const std::string& text, const std::string& series) {
 
 v1::Job RunningJob(const std::string& id, int64_t total_steps) {
   v1::Job job;
-  job.set_name("jobs/" + id);
+  job.set_name("projects/nlp/jobs/" + id);
   job.mutable_spec()->mutable_model()->set_path("/models/SmolLM2-135M-Instruct/");
   job.mutable_progress()->set_total_steps(total_steps);
   return job;
@@ -69,11 +69,9 @@ TEST(MetricsExporterTest, BuildInfoAndSlotSeriesExistFromTheStart) {
   EXPECT_THAT(text, Not(HasSubstr("oomb_kv_pages")));
 }
 
-TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
-  auto e = MetricsExporter::Start(Options());
-  ASSERT_TRUE(e.ok()) << e.status();
-  MetricsExporter& m = **e;
-  m.RunStarted("cpu", RunningJob("job-a", 10), absl::Seconds(3));
+// Two steps of job-a on slot cpu: the second with an evaluation, MFU, swapped attention and
+// memory peaks.
+void TwoSteps(MetricsExporter& m) {
   StepReport p;
   p.step = 1;
   p.total_steps = 10;
@@ -95,25 +93,41 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   p.mfu = 0.42;
   p.swapped_bytes = 7168;
   p.swapped_chunks = 3;
+  p.peak_device_bytes = 5'000'000;
+  p.host_kv_bytes = 3'000'000;
   p.evaluation = EvalReport{
       {EvalSuite::kPositions, {.buckets = {{0, 1024, 2.5, 1000, 300}, {1024, 2048, 2.25, 500, 160}}, .cells = {}}},
       {EvalSuite::kPasskey, {.buckets = {}, .cells = {{.length = 4096, .depth = 0, .correct = 3, .trials = 4}}}}};
   m.Step("cpu", p);
+}
+
+TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
+  auto e = MetricsExporter::Start(Options());
+  ASSERT_TRUE(e.ok()) << e.status();
+  MetricsExporter& m = **e;
+  m.RunStarted("cpu", RunningJob("job-a", 10), absl::Seconds(3));
+  TwoSteps(m);
   m.CheckpointSaved("cpu", CheckpointInfo{.step = 2, .path = "/c", .bytes = 1000, .final = false, .seconds = 0.3});
 
   std::string text = m.Scrape();
-  EXPECT_EQ(Sample(text, R"(oomb_job_info{job_id="job-a",model="SmolLM2-135M-Instruct",slot="cpu"})"), 1);
-  EXPECT_EQ(Sample(text, R"(oomb_job_step{slot="cpu"})"), 2);
-  EXPECT_EQ(Sample(text, R"(oomb_job_total_steps{slot="cpu"})"), 10);
-  EXPECT_EQ(Sample(text, R"(oomb_job_loss{slot="cpu"})"), 2.25);
-  EXPECT_EQ(Sample(text, R"(oomb_job_eval_loss{slot="cpu"})"), 2.4);
-  EXPECT_EQ(Sample(text, R"(oomb_job_mfu_ratio{slot="cpu"})"), 0.42);
-  EXPECT_EQ(Sample(text, R"(oomb_job_eval_accuracy_ratio{slot="cpu",suite="passkey"})"), 0.75);
+  EXPECT_EQ(Sample(text, R"(oomb_job_info{job_id="job-a",model="SmolLM2-135M-Instruct",project="nlp",slot="cpu"})"), 1);
+  EXPECT_EQ(Sample(text, R"(oomb_job_step{job_id="job-a",project="nlp",slot="cpu"})"), 2);
+  EXPECT_EQ(Sample(text, R"(oomb_job_total_steps{job_id="job-a",project="nlp",slot="cpu"})"), 10);
+  EXPECT_EQ(Sample(text, R"(oomb_job_loss{job_id="job-a",project="nlp",slot="cpu"})"), 2.25);
+  EXPECT_EQ(Sample(text, R"(oomb_job_eval_loss{job_id="job-a",project="nlp",slot="cpu"})"), 2.4);
+  EXPECT_EQ(Sample(text, R"(oomb_job_mfu_ratio{job_id="job-a",project="nlp",slot="cpu"})"), 0.42);
+  EXPECT_EQ(Sample(text, R"(oomb_job_eval_accuracy_ratio{job_id="job-a",project="nlp",slot="cpu",suite="passkey"})"),
+            0.75);
   EXPECT_THAT(text, Not(HasSubstr(R"(suite="needle")")));  // not run
-  EXPECT_EQ(Sample(text, R"(oomb_job_eval_position_loss{begin="1024",end="2048",slot="cpu"})"), 2.25);
-  EXPECT_EQ(Sample(text, R"(oomb_job_eta_seconds{slot="cpu"})"), 1.8);
-  EXPECT_EQ(Sample(text, R"(oomb_job_swapped_bytes{slot="cpu"})"), 7168);
-  EXPECT_EQ(Sample(text, R"(oomb_job_swapped_chunks{slot="cpu"})"), 3);
+  EXPECT_EQ(
+      Sample(text, R"(oomb_job_eval_position_loss{begin="1024",end="2048",job_id="job-a",project="nlp",slot="cpu"})"),
+      2.25);
+  EXPECT_EQ(Sample(text, R"(oomb_job_device_memory_peak_bytes{job_id="job-a",project="nlp",slot="cpu"})"), 5e6);
+  EXPECT_EQ(Sample(text, R"(oomb_job_host_kv_bytes{job_id="job-a",project="nlp",slot="cpu"})"), 3e6);
+  EXPECT_GT(Sample(text, R"(oomb_job_start_time_seconds{job_id="job-a",project="nlp",slot="cpu"})"), 1.7e9);
+  EXPECT_EQ(Sample(text, R"(oomb_job_eta_seconds{job_id="job-a",project="nlp",slot="cpu"})"), 1.8);
+  EXPECT_EQ(Sample(text, R"(oomb_job_swapped_bytes{job_id="job-a",project="nlp",slot="cpu"})"), 7168);
+  EXPECT_EQ(Sample(text, R"(oomb_job_swapped_chunks{job_id="job-a",project="nlp",slot="cpu"})"), 3);
   EXPECT_EQ(Sample(text, R"(oomb_slot_busy{slot="cpu"})"), 1);
   EXPECT_EQ(Sample(text, R"(oomb_tokens_total{slot="cpu"})"), 256);
   EXPECT_EQ(Sample(text, R"(oomb_steps_total{slot="cpu"})"), 2);
@@ -131,10 +145,11 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
 
   m.RunStopped("cpu");
   text = m.Scrape();
-  for (const char* gone : {"oomb_job_info{", "oomb_job_step{", "oomb_job_total_steps{", "oomb_job_loss{",
-                           "oomb_job_eval_loss{", "oomb_job_eval_accuracy_ratio{", "oomb_job_eval_position_loss{",
-                           "oomb_job_mfu_ratio{", "oomb_job_eta_seconds{", "oomb_job_learning_rate{",
-                           "oomb_job_tokens_per_second{", "oomb_job_swapped_bytes{", "oomb_job_swapped_chunks{"}) {
+  for (const char* gone :
+       {"oomb_job_info{", "oomb_job_step{", "oomb_job_total_steps{", "oomb_job_loss{", "oomb_job_eval_loss{",
+        "oomb_job_eval_accuracy_ratio{", "oomb_job_eval_position_loss{", "oomb_job_mfu_ratio{", "oomb_job_eta_seconds{",
+        "oomb_job_learning_rate{", "oomb_job_tokens_per_second{", "oomb_job_swapped_bytes{", "oomb_job_swapped_chunks{",
+        "oomb_job_start_time_seconds{", "oomb_job_device_memory_peak_bytes{", "oomb_job_host_kv_bytes{"}) {
     EXPECT_THAT(text, Not(HasSubstr(gone)));
   }
   EXPECT_EQ(Sample(text, R"(oomb_slot_busy{slot="cpu"})"), 0);
@@ -143,7 +158,7 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   // The next job on the slot gets fresh per-job series; no MFU until a step reports one.
   m.RunStarted("cpu", RunningJob("job-b", 5), absl::ZeroDuration());
   text = m.Scrape();
-  EXPECT_EQ(Sample(text, R"(oomb_job_info{job_id="job-b",model="SmolLM2-135M-Instruct",slot="cpu"})"), 1);
+  EXPECT_EQ(Sample(text, R"(oomb_job_info{job_id="job-b",model="SmolLM2-135M-Instruct",project="nlp",slot="cpu"})"), 1);
   EXPECT_THAT(text, Not(HasSubstr("job-a")));
   EXPECT_THAT(text, Not(HasSubstr("oomb_job_mfu_ratio{")));
 }
@@ -152,9 +167,9 @@ TEST(MetricsExporterTest, StateTransitionsAndRpcLabelsAreBounded) {
   auto e = MetricsExporter::Start(Options());
   ASSERT_TRUE(e.ok()) << e.status();
   MetricsExporter& m = **e;
-  m.StateEntered(v1::Job::QUEUED);
-  m.StateEntered(v1::Job::QUEUED);
-  m.StateEntered(v1::Job::FAILED);
+  m.StateEntered(RunningJob("job-a", 1), v1::Job::QUEUED);
+  m.StateEntered(RunningJob("job-b", 1), v1::Job::QUEUED);
+  m.StateEntered(RunningJob("job-a", 1), v1::Job::FAILED);
   m.RpcFinished("/oomb.v1.JobService/GetJob", 5, 0.002);
   m.RpcFinished("/oomb.v1.JobService/GetJob", 0, 0.001);
   m.RpcFinished("/oomb.v1.JobService/WatchJob", 1, -1);  // a stream: counted, not timed
@@ -185,6 +200,35 @@ TEST(MetricsExporterTest, StateTransitionsAndRpcLabelsAreBounded) {
             1);
   EXPECT_THAT(text, Not(HasSubstr("evil")));
   EXPECT_THAT(text, Not(HasSubstr("NoSuchMethod")));
+}
+
+// oomb_job_end_time_seconds: a job's run that ended here (paused, preempted back to the queue,
+// or finished) and any job that reached a final state here, one series per job (its latest end),
+// FAILED with the error's reason; entering the queue without having run here is no end.
+TEST(MetricsExporterTest, JobEndsAreNamedWithTheirStateAndReason) {
+  auto e = MetricsExporter::Start(Options());
+  ASSERT_TRUE(e.ok()) << e.status();
+  MetricsExporter& m = **e;
+  m.StateEntered(RunningJob("job-a", 1), v1::Job::QUEUED);  // submitted
+  EXPECT_THAT(m.Scrape(), Not(HasSubstr("oomb_job_end_time_seconds{")));
+  m.RunStarted("cpu", RunningJob("job-a", 1), absl::ZeroDuration());
+  m.StateEntered(RunningJob("job-a", 1), v1::Job::PAUSED);
+  m.RunStopped("cpu");
+  std::string text = m.Scrape();
+  EXPECT_GT(Sample(text, R"(oomb_job_end_time_seconds{job_id="job-a",project="nlp",reason="",state="PAUSED"})"), 1.7e9);
+  m.StateEntered(RunningJob("job-a", 1), v1::Job::QUEUED);  // resumed: waits, has not run here
+  m.RunStarted("cpu", RunningJob("job-a", 1), absl::ZeroDuration());
+  v1::Job failed = RunningJob("job-a", 1);
+  failed.mutable_error()->set_reason("NAN_LOSS");
+  m.StateEntered(failed, v1::Job::FAILED);
+  m.RunStopped("cpu");
+  m.StateEntered(RunningJob("job-b", 1), v1::Job::CANCELLED);  // cancelled while queued
+  text = m.Scrape();
+  EXPECT_THAT(text, Not(HasSubstr(R"(reason="",state="PAUSED")")));  // the latest end only
+  EXPECT_GT(Sample(text, R"(oomb_job_end_time_seconds{job_id="job-a",project="nlp",reason="NAN_LOSS",state="FAILED"})"),
+            1.7e9);
+  EXPECT_GT(Sample(text, R"(oomb_job_end_time_seconds{job_id="job-b",project="nlp",reason="",state="CANCELLED"})"),
+            1.7e9);
 }
 
 TEST(MetricsExporterTest, ScrapeTimeSourcesAreReadAtEveryScrape) {
@@ -286,7 +330,7 @@ class RecordingSink final : public MetricsSink {
     Add("checkpoint " + slot + " " + std::to_string(c.step));
   }
   void RunStopped(const std::string& slot) override { Add("stop " + slot); }
-  void StateEntered(v1::Job::State state) override { Add(v1::Job::State_Name(state)); }
+  void StateEntered(const v1::Job&, v1::Job::State state) override { Add(v1::Job::State_Name(state)); }
 
   std::vector<std::string> calls() {
     absl::MutexLock lock(&mu_);

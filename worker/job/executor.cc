@@ -149,7 +149,9 @@ class Run final : public StepSync {
   // forward of its own (every rank its share).
   absl::Status Validate(const SuiteResult* positions, StepReport* report);
   // Rank 0: completes the step's report with its place in the run, writes its metrics.jsonl
-  // line, announces it and writes the periodic checkpoint (into `result`).
+  // line and announces it (on_step).
+  absl::Status Announce(StepReport& report, double lr, double elapsed, int64_t first_step);
+  // Rank 0: Announce, then the periodic checkpoint (into `result`).
   absl::Status Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result);
   absl::StatusOr<RunResult> Stopped();
 
@@ -316,7 +318,11 @@ absl::StatusOr<RunResult> Run::Train() {
     }
     if (lead() && evaluation_->Due(state_.step, total_steps)) {  // rank 0's report carries it
       absl::StatusOr<EvalReport> evaluation = evaluation_->Run(session_->trainer());
-      if (absl::IsCancelled(evaluation.status())) return Stopped();
+      if (absl::IsCancelled(evaluation.status())) {  // the step is trained (a pause checkpoints it): told, then stop
+        OOMB_RETURN_IF_ERROR(
+            Announce(*report, lr, std::chrono::duration<double>(Clock::now() - start).count(), first_step));
+        return Stopped();
+      }
       if (!evaluation.ok()) return evaluation.status();
       report->evaluation = *std::move(evaluation);
     }
@@ -382,7 +388,7 @@ absl::Status Run::Validate(const SuiteResult* positions, StepReport* report) {
   return absl::OkStatus();
 }
 
-absl::Status Run::Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result) {
+absl::Status Run::Announce(StepReport& report, double lr, double elapsed, int64_t first_step) {
   report.step = state_.step;
   const int64_t total_steps = batches_->total_steps();
   report.total_steps = total_steps;
@@ -391,7 +397,12 @@ absl::Status Run::Report(StepReport& report, double lr, double elapsed, int64_t 
   report.eta_seconds = elapsed / static_cast<double>(state_.step - first_step) * (total_steps - state_.step);
   absl::Status written = metrics_->Append(report);
   if (options_.on_step) options_.on_step(report);
-  OOMB_RETURN_IF_ERROR(written);
+  return written;
+}
+
+absl::Status Run::Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result) {
+  OOMB_RETURN_IF_ERROR(Announce(report, lr, elapsed, first_step));
+  const int64_t total_steps = batches_->total_steps();
   const bool last = state_.step == total_steps;
   if (last || job_.checkpoint.every_steps <= 0 || state_.step % job_.checkpoint.every_steps != 0) {
     return absl::OkStatus();

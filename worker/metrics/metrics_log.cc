@@ -29,7 +29,9 @@ absl::StatusOr<nlohmann::json> MetricsLog::HfTrainerState(const Dir& dir, const 
     if (step >= 1 && step <= facts.global_step) by_step[step] = std::move(j);
   }
   json log = json::array();
+  double total_flos = 0;  // the model FLOPs of the steps up to the checkpoint's
   for (const auto& [step, j] : by_step) {
+    total_flos += j.value("model_flops", 0.0);
     log.push_back({{"step", step},
                    {"loss", j.value("loss", 0.0)},
                    {"learning_rate", j.value("lr", 0.0)},
@@ -54,7 +56,7 @@ absl::StatusOr<nlohmann::json> MetricsLog::HfTrainerState(const Dir& dir, const 
               {"train_batch_size", facts.train_batch_size},
               {"num_train_epochs", facts.num_train_epochs},
               {"num_input_tokens_seen", facts.num_input_tokens_seen},
-              {"total_flos", 0},
+              {"total_flos", total_flos},
               {"log_history", std::move(log)},
               {"best_metric", nullptr},
               {"best_global_step", nullptr},
@@ -79,7 +81,8 @@ absl::Status MetricsLog::Append(const StepReport& r) {
                          {"pcie_h2d_bytes", r.pcie_h2d_bytes},
                          {"pcie_d2h_bytes", r.pcie_d2h_bytes},
                          {"swapped_bytes", r.swapped_bytes},
-                         {"swapped_chunks", r.swapped_chunks}};
+                         {"swapped_chunks", r.swapped_chunks},
+                         {"model_flops", r.model_flops}};
   if (r.eval_loss > 0)
     line.update({{"eval_loss", r.eval_loss}, {"eval_tokens", r.eval_tokens}, {"eval_samples", r.eval_samples}});
   if (r.evaluation.has_value()) line["evaluation"] = EvalReportJson(*r.evaluation);

@@ -2,7 +2,7 @@
 // checkpoint directory (a resumed run continues it), written by rank 0 alone. The one writer of
 // the file; its fields:
 //   step, loss, lr, tokens, seconds, tokens_per_second, peak_device_bytes, peak_host_bytes,
-//   pcie_h2d_bytes, pcie_d2h_bytes, swapped_bytes, swapped_chunks (StepReport), and
+//   pcie_h2d_bytes, pcie_d2h_bytes, swapped_bytes, swapped_chunks, model_flops (StepReport), and
 //   eval_loss with eval_tokens and eval_samples / attention_density / evaluation (the
 //   evaluation section's results: positions, passkey, needle) where the step has them.
 // Torch-free. Thread-safety: one writer per file.
@@ -40,8 +40,10 @@ class MetricsLog {
   // reads it, and the tools that plot its log_history) for a checkpoint at facts.global_step,
   // from `dir`/metrics.jsonl: every step up to it (of a step a resumed run logged twice, the
   // newer line) as {"step", "loss", "learning_rate", "num_input_tokens_seen"}, and after a step
-  // that evaluated, {"step", "eval_loss", "eval_<suite>_accuracy"}. A line that is not JSON (a
-  // torn last line) is skipped; no file: an empty log. Errors: reading the file.
+  // that evaluated, {"step", "eval_loss", "eval_<suite>_accuracy"}; total_flos the sum of those
+  // steps' model_flops (oomb's count, worker/metrics/flops.h, where HF estimates 6 N T). A line
+  // that is not JSON (a torn last line) is skipped; no file: an empty log. Errors: reading the
+  // file.
   static absl::StatusOr<nlohmann::json> HfTrainerState(const Dir& dir, const HfTrainerFacts& facts);
 
   // Opens (creating) `dir`/metrics.jsonl for appending.

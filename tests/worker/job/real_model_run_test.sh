@@ -59,6 +59,7 @@ print(f"PEFT: loss on the first 512 tokens {before:.4f} -> {after:.4f}")
 from transformers.trainer_callback import TrainerState
 state = TrainerState.load_from_json(os.path.join(out, "final", "trainer_state.json"))
 assert state.global_step == 1 and state.log_history[0]["loss"] == steps[0]["loss"], state
+assert state.total_flos == steps[0]["model_flops"] > 0, state
 print("trainer_state.json: global_step", state.global_step, "loss", state.log_history[0]["loss"])
 # Its model card, as the Hugging Face Hub's client reads it.
 from huggingface_hub import ModelCard

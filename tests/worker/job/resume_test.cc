@@ -508,5 +508,45 @@ TEST(ResumeTest, PauseDuringTheEvaluationPausesAtTheStepsEnd) {
   EXPECT_TRUE(fs::exists(root + "/ckpt/checkpoint-2"));
 }
 
+// The same for the evaluation section (suite positions at step 2): the step is trained and in
+// the pause's checkpoint, so it is reported (metrics.jsonl, on_step) without the evaluation.
+TEST(ResumeTest, PauseDuringTheEvaluationSectionReportsTheTrainedStep) {
+  const Fixture f = MakeFixture("suite_pause");
+  JobConfig job = MakeSpec(f);
+  const std::string root = fs::path(f.model_dir).parent_path().string();
+  testing::WriteInputIdsJsonl(root + "/val.jsonl", testing::RandomDocs(3, 30, 40, 61, 23));
+  job.data.validation = root + "/val.jsonl";
+  job.evaluation.suites = {EvalSuite::kPositions};
+  job.evaluation.every_steps = 2;
+  job.evaluation.lengths = {job.data.max_seq_len};
+  auto run = [&](const std::string& dir, int pause_at) {
+    std::vector<int64_t> reported;
+    int polls = 0;
+    RunOptions options;
+    options.files = FileAccess::Unconfined();
+    options.checkpoint_dir = testing::MakeDirs(dir);
+    options.devices = {"cpu"};
+    options.on_step = [&](const StepReport& p) { reported.push_back(p.evaluation.has_value() ? -p.step : p.step); };
+    options.poll_stop = [&] {
+      if (reported.size() == 1) ++polls;
+      return reported.size() == 1 && polls == pause_at ? StopRequest::kPause : StopRequest::kNone;
+    };
+    auto r = RunJob(job, options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return std::make_tuple(r.ok() ? r->outcome : RunOutcome::kCancelled, polls, reported);
+  };
+  const auto [outcome, step2_polls, evaluated] = run(root + "/count", 0);
+  ASSERT_EQ(outcome, RunOutcome::kSucceeded);
+  ASSERT_EQ(evaluated.at(1), -2);  // step 2 ran the suite
+  const auto [paused, polls, reported] = run(root + "/ckpt", step2_polls);
+  EXPECT_EQ(paused, RunOutcome::kPaused);
+  EXPECT_THAT(reported, ::testing::ElementsAre(1, 2));  // step 2 told, without its evaluation
+  EXPECT_TRUE(fs::exists(root + "/ckpt/checkpoint-2"));
+  std::ifstream log(root + "/ckpt/metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(log, line);) ++lines;
+  EXPECT_EQ(lines, 2);
+}
+
 }  // namespace
 }  // namespace oomb

@@ -129,6 +129,7 @@ TEST(MetricsLogTest, HfTrainerStateFromTheLog) {
       r.loss = loss;
       r.learning_rate = 1e-3 * static_cast<double>(n);
       r.tokens = tokens;
+      r.model_flops = 1e9 * static_cast<double>(n);
       return r;
     };
     ASSERT_TRUE(log->Append(step(1, 3.0, 100)).ok());
@@ -158,6 +159,7 @@ TEST(MetricsLogTest, HfTrainerStateFromTheLog) {
   EXPECT_EQ(j["max_steps"], 10);
   EXPECT_EQ(j["train_batch_size"], 2);
   EXPECT_EQ(j["num_input_tokens_seen"], 200);
+  EXPECT_EQ(j["total_flos"], 1e9 + 2e9);  // steps 1 and 2 (the resumed one's), not 3
   const nlohmann::json& log = j["log_history"];
   ASSERT_EQ(log.size(), 3u) << log.dump(2);
   EXPECT_EQ(log[0],
