@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "kernels/torch/attention_inputs.h"
 #include "kernels/torch/fused_attention.h"
@@ -131,26 +132,57 @@ std::pair<at::Tensor, at::Tensor> SegmentKv(const Segment& s, PastKv* past, cons
   return {k.to(ct), v.to(ct)};
 }
 
-// The fused path on a GPU: bf16/fp16 inputs, one document for the whole chunk (all doc_start
-// equal), head_dim a multiple of 8 up to 256 (see the header). Returns the document's start, or
-// -1 when the path does not apply.
-int64_t FusedDocStart(const at::Tensor& q, const at::Tensor& doc_start_cpu) {
-  if (!q.is_cuda() || (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)) return -1;
-  if (q.size(2) % 8 != 0 || q.size(2) > 256) return -1;
+// The fused path on a GPU: bf16/fp16 inputs, head_dim a multiple of 8 up to 256 (see the
+// header), and one document for the whole chunk, every query seeing it from its start s0
+// (all doc_start equal), or a sliding window of W keys over it: doc_start[i] =
+// max(s0, S + i - W + 1) (SlidingWindowStart, with the window reaching back past the chunk's
+// start for some query). Windows run the flash kernel, the only one that takes them.
+struct FusedPlan {
+  int64_t s0 = 0;
+  int64_t window = 0;  // 0: none
+  int64_t first_key(const Geometry& g) const { return window > 0 ? std::max(s0, g.S - window + 1) : s0; }
+};
+
+std::optional<FusedPlan> PlanFused(const Geometry& g, const at::Tensor& q, const at::Tensor& doc_start_cpu) {
+  if (!q.is_cuda() || (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)) return std::nullopt;
+  if (q.size(2) % 8 != 0 || q.size(2) > 256 || g.C == 0) return std::nullopt;
   const int64_t* ds = doc_start_cpu.data_ptr<int64_t>();
-  const int64_t n = doc_start_cpu.size(0);
-  return std::all_of(ds, ds + n, [&](int64_t x) { return x == ds[0]; }) ? ds[0] : -1;
+  if (std::all_of(ds, ds + g.C, [&](int64_t x) { return x == ds[0]; })) return FusedPlan{ds[0], 0};
+  // The last query's start is its window's (it moved, so the window is active there).
+  FusedPlan p{ds[0], g.S + g.C - ds[g.C - 1]};
+  if (p.window <= 0 || ds[0] > g.S) return std::nullopt;
+  for (int64_t i = 0; i < g.C; ++i) {
+    if (ds[i] != std::max(p.s0, g.S + i - p.window + 1)) return std::nullopt;  // packed documents: blockwise
+  }
+  return p;
 }
 
-// The fused path's key blocks: the past from the document's start s0 in blocks of
+// The fused path's key blocks: the past from the first key any query sees in blocks of
 // `key_block` tokens, then the chunk (the only causal block).
-std::vector<Segment> FusedBlocks(const Geometry& g, int64_t s0, int64_t key_block) {
+std::vector<Segment> FusedBlocks(const Geometry& g, const FusedPlan& plan, int64_t key_block) {
   std::vector<Segment> out;
-  for (int64_t b = std::max<int64_t>(s0, 0); b < g.S; b += key_block) {
+  for (int64_t b = std::max<int64_t>(plan.first_key(g), 0); b < g.S; b += key_block) {
     out.push_back({b, std::min(g.S, b + key_block), true});
   }
   out.push_back({g.S, g.S + g.C, false});
   return out;
+}
+
+// Which queries of a fused block see any of its keys, and through what window: all queries
+// and none (no window), or with a window W, for a past block [b0, b1) the first
+// r = min(C, b1 - S + W - 1) queries (query i sees key j >= S + i - W + 1) with
+// left = b1 - r - S + W - 1 (query i's first key, i + (n - r) - left, is S + i - W + 1 - b0), and
+// for the chunk itself every query, causal, left W - 1.
+struct BlockQueries {
+  int64_t rows;
+  LocalWindow window;
+};
+
+BlockQueries QueriesOf(const Geometry& g, const FusedPlan& plan, const Segment& s) {
+  if (plan.window == 0) return {g.C, {}};
+  if (!s.past) return {g.C, {plan.window - 1, -1}};
+  const int64_t rows = std::min(g.C, s.end - g.S + plan.window - 1);
+  return {rows, {s.end - rows - g.S + plan.window - 1, -1}};
 }
 
 // Keys and values of one block, [kv_heads, keys, D] (the chunk's: a view of k, v); prefetches
@@ -163,19 +195,34 @@ std::pair<at::Tensor, at::Tensor> FusedBlockKv(const std::vector<Segment>& block
   return {pk.to(k.scalar_type()), pv.to(v.scalar_type())};
 }
 
-// The fused path's forward (FusedDocStart: the document starts at s0): the blocks merged by
-// log-sum-exp, out = sum_b exp(lse_b - lse) out_b, lse = logsumexp_b lse_b.
+// The kernel a fused plan runs: a window's is flash.
+GpuAttentionKernel PlanKernel(const at::Tensor& q, const FusedPlan& plan, GpuAttentionKernel asked) {
+  return plan.window > 0 ? GpuAttentionKernel::kFlash : FusedKernel(q, asked);
+}
+
+// The fused path's forward: the blocks merged by log-sum-exp, out = sum_b exp(lse_b - lse)
+// out_b, lse = logsumexp_b lse_b, each block over the queries that see some of its keys (a
+// window's: from out 0, lse -inf, which the first merge replaces).
 AttentionResult FusedForward(const Geometry& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             int64_t s0, PastKv* past, int64_t key_block, GpuAttentionKernel fused) {
-  const std::vector<Segment> blocks = FusedBlocks(g, s0, key_block);
+                             const FusedPlan& plan, PastKv* past, int64_t key_block, GpuAttentionKernel fused) {
+  const std::vector<Segment> blocks = FusedBlocks(g, plan, key_block);
   const at::Tensor q4 = q.unsqueeze(0);
   AttentionResult r;  // float32 [1, C, Hq, D], [1, Hq, C] while merging
+  if (plan.window > 0) {
+    r.out = at::zeros({1, g.C, g.Hq, g.D}, q.options().dtype(at::kFloat));
+    r.lse = at::full({1, g.Hq, g.C}, kNegInf, q.options().dtype(at::kFloat));
+  }
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto [keys, values] = FusedBlockKv(blocks, i, past, k, v, /*backward=*/false);
-    FusedBlock b =
-        FusedBlockForward(fused, q4, keys.unsqueeze(0), values.unsqueeze(0), /*causal=*/!blocks[i].past, g.scale);
+    const BlockQueries seen = QueriesOf(g, plan, blocks[i]);
+    FusedBlock b = FusedBlockForward(fused, q4.slice(1, 0, seen.rows), keys.unsqueeze(0), values.unsqueeze(0),
+                                     /*causal=*/!blocks[i].past, g.scale, seen.window);
     r.aux = b.aux;
-    MergeFusedBlock(&r.out, &r.lse, b.out, b.lse);
+    if (seen.rows == g.C) {
+      MergeFusedBlock(&r.out, &r.lse, b.out, b.lse);
+    } else {
+      MergeFusedRows(r.out, r.lse, seen.rows, b.out, b.lse);
+    }
   }
   r.out = r.out.to(q.scalar_type());
   return r;
@@ -223,22 +270,23 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     const Geometry g = Check(q, k, v, doc_start, past.get(), key_block);
     const at::Tensor doc_cpu = doc_start.cpu().contiguous();  // no wait for a CPU doc_start
     ctx->saved_data["doc_start_cpu"] = doc_cpu;
-    const int64_t s0 = FusedDocStart(q, doc_cpu);
-    const at::Tensor doc = s0 >= 0 ? doc_start : Upload(doc_start, q.device());
+    const std::optional<FusedPlan> plan = PlanFused(g, q, doc_cpu);
+    const at::Tensor doc = plan ? doc_start : Upload(doc_start, q.device());
     AttentionResult r;
     if (swap.replay != nullptr) {
       r = *swap.replay;
     } else {
-      r = s0 >= 0 ? FusedForward(g, q, k, v, s0, past.get(), key_block, FusedKernel(q, kernel))
-                  : BlockwiseForward(g, q, k, v, doc, doc_cpu, past.get());
+      r = plan ? FusedForward(g, q, k, v, *plan, past.get(), key_block, PlanKernel(q, *plan, kernel))
+               : BlockwiseForward(g, q, k, v, doc, doc_cpu, past.get());
       if (past != nullptr) past->Finished(/*backward=*/false);
     }
     if (swap.keep != nullptr) *swap.keep = r;
     ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(std::move(past), key_block));
-    if (s0 >= 0) {
+    if (plan) {
       ctx->save_for_backward({q, k, v, doc, r.out, r.lse, r.aux[0], r.aux[1]});
-      ctx->saved_data["fused_s0"] = s0;
-      ctx->saved_data["fused_kernel"] = static_cast<int64_t>(FusedKernel(q, kernel));
+      ctx->saved_data["fused_s0"] = plan->s0;
+      ctx->saved_data["fused_window"] = plan->window;
+      ctx->saved_data["fused_kernel"] = static_cast<int64_t>(PlanKernel(q, *plan, kernel));
       return r.out.squeeze(0);
     }
     ctx->save_for_backward({q, k, v, doc, r.out, r.lse});
@@ -299,19 +347,22 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[4], &lse = saved[5];
     const std::array<at::Tensor, 2> aux = {saved[6], saved[7]};
-    const int64_t s0 = ctx->saved_data["fused_s0"].toInt();
+    const FusedPlan plan{ctx->saved_data["fused_s0"].toInt(), ctx->saved_data["fused_window"].toInt()};
     const auto fused = static_cast<GpuAttentionKernel>(ctx->saved_data["fused_kernel"].toInt());
     const int64_t key_block =
         c10::static_intrusive_pointer_cast<PastHolder>(ctx->saved_data["past"].toCapsule())->key_block;
-    const std::vector<Segment> blocks = FusedBlocks(g, s0, key_block);
+    const std::vector<Segment> blocks = FusedBlocks(g, plan, key_block);
     const at::Tensor dout4 = dout.unsqueeze(0).contiguous(), q4 = q.unsqueeze(0);
     at::Tensor dq = at::zeros(q4.sizes(), q.options().dtype(at::kFloat));
     at::Tensor dk, dv;
     for (size_t i = 0; i < blocks.size(); ++i) {
       auto [keys, values] = FusedBlockKv(blocks, i, past, k, v, /*backward=*/true);
-      auto [dq_b, dkeys, dvalues] = FusedBlockBackward(fused, dout4, q4, keys.unsqueeze(0), values.unsqueeze(0), out,
-                                                       lse, /*causal=*/!blocks[i].past, aux, g.scale);
-      dq.add_(dq_b);
+      const BlockQueries seen = QueriesOf(g, plan, blocks[i]);
+      const int64_t n = seen.rows;
+      auto [dq_b, dkeys, dvalues] = FusedBlockBackward(
+          fused, dout4.slice(1, 0, n), q4.slice(1, 0, n), keys.unsqueeze(0), values.unsqueeze(0), out.slice(1, 0, n),
+          lse.slice(2, 0, n), /*causal=*/!blocks[i].past, aux, g.scale, seen.window);
+      dq.slice(1, 0, n).add_(dq_b);
       if (blocks[i].past) {
         past->AccumulateGrad(blocks[i].begin, dkeys[0].to(at::kFloat).contiguous(),
                              dvalues[0].to(at::kFloat).contiguous());

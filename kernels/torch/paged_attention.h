@@ -112,7 +112,10 @@ struct AttentionSwap {
 // every query sees every past key) and once over the chunk (causal), and merges the blocks by
 // log-sum-exp, forward and backward as fused_attention.h describes. The next block is
 // prefetched (PastKv::Prefetch) before the current one computes. Memory: one block, whatever
-// the past's length.
+// the past's length. A sliding-window layer (doc_start from SlidingWindowStart over one
+// document) takes it too, with the flash kernel's local windows whatever `kernel` asks: the
+// past from the window's first key, each block over only the queries that see some of it; the
+// blockwise path stays the reference the GPU tests compare it with.
 //
 // Every path calls PastKv::Finished when it is done with the past, in forward (not when it
 // replays) and backward.

@@ -215,6 +215,36 @@ TEST_F(KernelsGpuTest, PagedAttentionBfloat16) {
   }
 }
 
+// Sliding-window layers (Gemma 3, gpt-oss, Mistral) on the fused path: the flash kernel's local
+// windows, whichever kernel is asked for. Windows shorter than the chunk (the past block's
+// later queries see none of it and are left out of it), longer, not a multiple of anything,
+// reaching back past a document's start, without a past; head dims 128 and 256 (Gemma 3's).
+TEST_F(KernelsGpuTest, PagedAttentionSlidingWindowsBfloat16) {
+  struct Case {
+    int64_t S, C, D, window;
+    std::vector<int64_t> docs;
+  };
+  for (const Case& c :
+       {Case{4096, 1024, 128, 512, {0}}, Case{4096, 1024, 128, 1500, {0}}, Case{4096, 1024, 256, 3000, {0, 2000}},
+        Case{0, 1024, 256, 300, {0}}, Case{2048, 1000, 256, 1024, {0}}}) {
+    const auto e = testing::CheckPagedAttention(at::kCUDA, at::kBFloat16, c.S, c.C, 16, 8, c.D, c.docs, 1024, 8,
+                                                kernels::GpuAttentionKernel::kCudnn, c.window);
+    EXPECT_LE(e.max(), 2e-2) << "S " << c.S << " C " << c.C << " window " << c.window << ": out " << e.out << " dq "
+                             << e.dq << " dk " << e.dk << " dk_past " << e.dk_past;
+    std::cout << "window " << c.window << " S " << c.S << " D " << c.D << ": max relative error " << e.max() << "\n";
+  }
+}
+
+// Head dim 256 (Gemma 3's global layers) with either kernel.
+TEST_F(KernelsGpuTest, PagedAttentionHeadDim256Bfloat16) {
+  for (const auto kernel : {kernels::GpuAttentionKernel::kCudnn, kernels::GpuAttentionKernel::kFlash}) {
+    const auto e =
+        testing::CheckPagedAttention(at::kCUDA, at::kBFloat16, 4096, 1024, 16, 8, 256, {0, 1000}, 1024, 9, kernel);
+    EXPECT_LE(e.max(), 2e-2) << (kernel == kernels::GpuAttentionKernel::kCudnn ? "cudnn" : "flash") << ": out " << e.out
+                             << " dq " << e.dq << " dk " << e.dk << " dk_past " << e.dk_past;
+  }
+}
+
 // Sparse attention on CUDA against float64 attention masked to the same selection (made on the
 // GPU from the bf16 / float32 keys): Qwen2.5-7B's head layout, 32 past pages of 128, 8 selected.
 kernels::PageSelectOptions SevenBSelection() {

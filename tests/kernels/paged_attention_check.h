@@ -26,13 +26,16 @@ inline double RelErr(const at::Tensor& got, const at::Tensor& want) {
 }
 
 // Chunk of C queries at start S (past of S tokens), Hq query heads over Hkv KV heads, head dim
-// D; documents start at the given global indices. Inputs are drawn in float64 on the CPU (never
-// zeros), the paged function runs in `dtype` on `device` (its fused GPU path with `kernel`);
-// both are compared to the dense float64 reference over the whole S + C sequence.
+// D; documents start at the given global indices; `window` > 0: a sliding-window layer (query p
+// sees key j iff j > p - window, as transformers masks it; the paged function gets its
+// SlidingWindowStart). Inputs are drawn in float64 on the CPU (never zeros), the paged function
+// runs in `dtype` on `device` (its fused GPU path with `kernel`); both are compared to the
+// dense float64 reference over the whole S + C sequence.
 inline AttentionErrors CheckPagedAttention(at::Device device, at::ScalarType dtype, int64_t S, int64_t C, int64_t Hq,
                                            int64_t Hkv, int64_t D, std::vector<int64_t> doc_starts, int64_t key_block,
                                            uint64_t seed,
-                                           kernels::GpuAttentionKernel kernel = kernels::GpuAttentionKernel::kCudnn) {
+                                           kernels::GpuAttentionKernel kernel = kernels::GpuAttentionKernel::kCudnn,
+                                           int64_t window = 0) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const int64_t T = S + C;
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
@@ -40,11 +43,13 @@ inline AttentionErrors CheckPagedAttention(at::Device device, at::ScalarType dty
                    v = at::randn({T, Hkv, D}, gen, f64), dout = at::randn({T, Hq, D}, gen, f64);
   at::Tensor doc_start = at::zeros({T}, at::kLong);
   for (int64_t s : doc_starts) doc_start.slice(0, s).fill_(s);
+  // What the reference sees: each query's first key, its document's start or its window's.
+  const at::Tensor first_key = window > 0 ? at::maximum(doc_start, at::arange(T, at::kLong) - window + 1) : doc_start;
 
   // Reference: dense attention over all T tokens in float64; gradients of the chunk's outputs.
   const at::Tensor rq = q.clone().requires_grad_(true), rk = k.clone().requires_grad_(true),
                    rv = v.clone().requires_grad_(true);
-  const at::Tensor rout = kernels::DenseAttentionReference(rq, rk, rv, doc_start);
+  const at::Tensor rout = kernels::DenseAttentionReference(rq, rk, rv, first_key);
   (rout.slice(0, S) * dout.slice(0, S)).sum().backward();
 
   auto past = std::make_shared<TensorPast>(k.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype),
@@ -52,8 +57,10 @@ inline AttentionErrors CheckPagedAttention(at::Device device, at::ScalarType dty
   const at::Tensor cq = q.slice(0, S).to(device, dtype).requires_grad_(true);
   const at::Tensor ck = k.slice(0, S).to(device, dtype).requires_grad_(true);
   const at::Tensor cv = v.slice(0, S).to(device, dtype).requires_grad_(true);
+  const at::Tensor chunk_docs = doc_start.slice(0, S).to(device);
   const at::Tensor out =
-      kernels::PagedAttention(cq, ck, cv, doc_start.slice(0, S).to(device), S > 0 ? past : nullptr, key_block, kernel);
+      kernels::PagedAttention(cq, ck, cv, window > 0 ? kernels::SlidingWindowStart(chunk_docs, S, window) : chunk_docs,
+                              S > 0 ? past : nullptr, key_block, kernel);
   (out * dout.slice(0, S).to(device, dtype)).sum().backward();
 
   AttentionErrors e;

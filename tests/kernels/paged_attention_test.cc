@@ -25,6 +25,16 @@ TEST(PagedAttentionTest, NoPast) {
   EXPECT_LE(e.max(), 1e-12);
 }
 
+// A sliding-window layer: windows shorter than the chunk (13) and longer (30), one reaching back
+// past a document's start (20, in the past), over key blocks of 8.
+TEST(PagedAttentionTest, SlidingWindows) {
+  for (const int64_t window : {13, 30}) {
+    const auto e = testing::CheckPagedAttention(at::kCPU, at::kDouble, 37, 19, 6, 2, 8, {20}, 8, 5,
+                                                kernels::GpuAttentionKernel::kCudnn, window);
+    EXPECT_LE(e.max(), 1e-12) << "window " << window << ": out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past;
+  }
+}
+
 // float32 against float64: within twice the error of the same dense computation done in
 // float32 (docs/CONVENTIONS.md §6.10), and never worse than 1e-5.
 TEST(PagedAttentionTest, Float32Precision) {
