@@ -88,7 +88,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
         authorized_(std::move(authorized)),
         last_sequence_(after_sequence) {
     // Subscribe before reading, so no event committed after the snapshot is missed; duplicates
-    // are dropped by sequence number.
+    // are dropped by sequence number. Events that arrive meanwhile are queued behind the
+    // snapshot, and nothing is written or re-read before it is queued (started_).
     hub_->Subscribe(job_id_, this);
     absl::StatusOr<v1::Job> job = store_->Get(job_id_);
     // Before taking mu_: the scheduler's lock is taken before the hub's and ours when events
@@ -101,10 +102,11 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
       } else {
         v1::WatchJobResponse snap;
         *snap.mutable_snapshot() = *job;
-        pending_.push_back(std::move(snap));
-        terminal_ = IsTerminal(job->state());
+        pending_.push_front(std::move(snap));
+        terminal_ = terminal_ || IsTerminal(job->state());
         reread_ = true;  // replay what the store has after `after_sequence`
       }
+      started_ = true;
     }
     Pump();
   }
@@ -183,7 +185,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
       std::optional<grpc::Status> finish;
       {
         absl::MutexLock lock(&mu_);
-        if (writing_ || finished_ || rereading_) return;
+        if (!started_ || writing_ || finished_ || rereading_) return;
         if (finish_status_) {
           finished_ = true;
           finish = *finish_status_;
@@ -235,6 +237,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
 
   absl::Mutex mu_;
   std::deque<v1::WatchJobResponse> pending_ ABSL_GUARDED_BY(mu_);
+  bool started_ ABSL_GUARDED_BY(mu_) = false;   // the snapshot (or the error) is queued
   v1::WatchJobResponse current_;                // the message being written; owned by the write in flight
   int64_t last_sequence_ ABSL_GUARDED_BY(mu_);  // last event queued
   int64_t last_sent_sequence_ ABSL_GUARDED_BY(mu_) = 0;

@@ -196,7 +196,6 @@ absl::Status Scheduler::ReapLeases(const ReapRequest& request, bool at_start) {
                         }));
   bool queued = false;
   for (const UpdateResult& r : reaped) {
-    const std::string id = ParseStoredName(r.job.name()).id;
     Committed(r.job, r.events);
     queued |= r.job.state() == v1::Job::QUEUED;
     spdlog::info("recovered {}: now {}", r.job.name(), v1::Job::State_Name(r.job.state()));
