@@ -25,6 +25,9 @@ int Watch(Client& c, const std::string& name, int64_t after);
 // "  SEQ TIME what happened": how `watch` and `events` print an event.
 std::string EventLine(const v1::JobEvent& e);
 
+// Every event of job `name`, ListJobEvents page by page (logs, plot, get's sparkline).
+grpc::Status ReadAllEvents(Client& c, const std::string& name, std::vector<v1::JobEvent>* out);
+
 // Prints what the daemon said about a job: every event but its steps (LOG lines, warnings,
 // state changes, checkpoints) as "TIME LEVEL message", one JSON event a line with -o json;
 // with `follow`, then the new ones until the job ends, exiting as Watch does.

@@ -143,21 +143,6 @@ JobCurves CurvesFromEvents(const std::vector<v1::JobEvent>& events) {
   return c;
 }
 
-grpc::Status ReadAllEvents(Client& c, const std::string& name, std::vector<v1::JobEvent>* out) {
-  int64_t after = 0;
-  for (;;) {
-    v1::ListJobEventsRequest req;
-    req.set_name(name);
-    req.set_after_sequence(after);
-    v1::ListJobEventsResponse resp;
-    const grpc::Status s = c.Call(&v1::JobService::Stub::ListJobEvents, req, &resp);
-    if (!s.ok()) return s;
-    for (v1::JobEvent& e : *resp.mutable_events()) out->push_back(std::move(e));
-    if (!out->empty()) after = out->back().sequence();
-    if (!resp.more() || resp.events().empty()) return grpc::Status::OK;
-  }
-}
-
 std::string Sparkline(const std::vector<double>& values, int width) {
   static constexpr const char* kBlocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
   if (values.empty() || width < 1) return "";

@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "client/cli.h"
 #include "oomb/v1/jobs.pb.h"
 
 namespace oomb::client {
@@ -32,9 +31,6 @@ struct JobCurves {
 // The curves of a job's STEP events (other events are ignored). A step reported twice (a run
 // resumed from an earlier checkpoint trains it again) keeps its newest report.
 JobCurves CurvesFromEvents(const std::vector<v1::JobEvent>& events);
-
-// Every event of job `name`, ListJobEvents page by page.
-grpc::Status ReadAllEvents(Client& c, const std::string& name, std::vector<v1::JobEvent>* out);
 
 // "▇▆▅▄▃▂▂▁": `values` in at most `width` (≥ 1) characters, each the mean of its share of the
 // values, scaled from their minimum (▁) to their maximum (█); all equal: a flat line of ▄.

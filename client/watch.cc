@@ -101,19 +101,26 @@ void PrintLog(const Globals& g, const v1::JobEvent& e) {
 
 }  // namespace
 
-int Logs(Client& c, const std::string& name, bool follow) {
+grpc::Status ReadAllEvents(Client& c, const std::string& name, std::vector<v1::JobEvent>* out) {
   int64_t after = 0;
-  for (;;) {  // what is stored, page by page
+  for (;;) {
     v1::ListJobEventsRequest req;
     req.set_name(name);
     req.set_after_sequence(after);
     v1::ListJobEventsResponse resp;
     const grpc::Status s = c.Call(&v1::JobService::Stub::ListJobEvents, req, &resp);
-    if (!s.ok()) return Fail(s);
-    for (const v1::JobEvent& e : resp.events()) PrintLog(c.globals(), e);
-    if (!resp.events().empty()) after = resp.events(resp.events_size() - 1).sequence();
-    if (!resp.more()) break;
+    if (!s.ok()) return s;
+    for (v1::JobEvent& e : *resp.mutable_events()) out->push_back(std::move(e));
+    if (!out->empty()) after = out->back().sequence();
+    if (!resp.more() || resp.events().empty()) return grpc::Status::OK;
   }
+}
+
+int Logs(Client& c, const std::string& name, bool follow) {
+  std::vector<v1::JobEvent> stored;
+  if (const grpc::Status s = ReadAllEvents(c, name, &stored); !s.ok()) return Fail(s);
+  for (const v1::JobEvent& e : stored) PrintLog(c.globals(), e);
+  const int64_t after = stored.empty() ? 0 : stored.back().sequence();
   if (!follow) return kOk;
   v1::WatchJobRequest req;
   req.set_name(name);
