@@ -4,12 +4,12 @@
 // what arrives damaged; the id defaults to "ds-" and the first 12 hex digits of the SHA-256, so
 // an upload retried after a lost answer finds the same dataset instead of making a second one.
 //
-// download: the checkpoint's tar stream (DownloadCheckpoint) is appended to DIR/.oomb-download.tar
-// (its etag beside it in .oomb-download.etag); a stream cut off (the server restarting, the
-// network) is resumed from the bytes already there, by this run (a few attempts, with backoff)
-// or by running the command again. When complete, the archive is unpacked into DIR (its files
-// flat, as the checkpoint directory holds them), each file's CRC-32 checked against the
-// checkpoint's manifest, and the partial files removed.
+// download: the checkpoint's tar stream (DownloadCheckpoint) is unpacked into DIR as it arrives
+// (its files flat, as the checkpoint directory holds them; each written to .NAME.part, its CRC-32
+// checked against the checkpoint's manifest, fsynced, then renamed), so every byte is written
+// once. DIR/.oomb-download keeps the archive's etag and the offset of the first entry not yet
+// unpacked: a stream cut off (the server restarting, the network) resumes from that entry, by
+// this run (a few attempts, with backoff) or by running the command again.
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
@@ -202,54 +202,109 @@ void AddDatasetQueries(CLI::App& datasets, const Cli& cli) {
   });
 }
 
-// Reads the stream into `tar` from its current size; returns the archive's description (from the
-// first message) and the final status.
-grpc::Status ReceiveArchive(Client& client, v1::DownloadCheckpointRequest req, const fs::path& tar,
-                            v1::CheckpointArchive* archive) {
-  std::unique_ptr<grpc::ClientContext> ctx = client.Context(/*unary=*/false);
-  std::unique_ptr<grpc::ClientReader<v1::DownloadCheckpointResponse>> reader =
-      client.jobs().DownloadCheckpoint(ctx.get(), req);
-  std::FILE* out = std::fopen(tar.c_str(), "ab");
-  if (out == nullptr) return grpc::Status(grpc::StatusCode::INTERNAL, tar.string() + ": cannot be written");
-  v1::DownloadCheckpointResponse m;
-  int64_t have = req.offset();
-  while (reader->Read(&m)) {
-    if (m.has_archive()) {
-      *archive = m.archive();
-      continue;
+// One attempt's stream, handed to libarchive message by message (archive_read_open's callback):
+// the archive's description comes first, then its bytes from the request's offset.
+struct ArchiveStream {
+  grpc::ClientReader<v1::DownloadCheckpointResponse>* reader = nullptr;
+  v1::DownloadCheckpointResponse message;
+  v1::CheckpointArchive archive;  // the first message's
+  int64_t offset = 0;             // where the stream began in the archive
+  int64_t received = 0;           // bytes of the archive received, from `offset`
+
+  static la_ssize_t Read(struct archive* /*a*/, void* self, const void** buf) {
+    auto* s = static_cast<ArchiveStream*>(self);
+    while (s->reader->Read(&s->message)) {
+      if (s->message.data().empty()) continue;
+      *buf = s->message.data().data();
+      s->received += static_cast<int64_t>(s->message.data().size());
+      if (Tty() && s->archive.total_bytes() > 0) {
+        std::cerr << fmt::format("\rdownloading {}: {} of {}", s->archive.name(), Bytes(s->offset + s->received),
+                                 Bytes(s->archive.total_bytes()))
+                  << std::flush;
+      }
+      return static_cast<la_ssize_t>(s->message.data().size());
     }
-    if (std::fwrite(m.data().data(), 1, m.data().size(), out) != m.data().size()) {
-      std::fclose(out);
-      ctx->TryCancel();
-      return grpc::Status(grpc::StatusCode::INTERNAL, tar.string() + ": write failed (disk full?)");
-    }
-    have += static_cast<int64_t>(m.data().size());
-    if (Tty() && archive->total_bytes() > 0) {
-      std::cerr << fmt::format("\rdownloading {}: {} of {}", archive->name(), Bytes(have),
-                               Bytes(archive->total_bytes()))
-                << std::flush;
+    return 0;  // the stream ended: its status comes from Finish
+  }
+};
+
+// Where a download stands, kept in DIR/.oomb-download (the archive's etag, then the offset of the
+// first entry not yet in DIR) so that a cut-off download resumes there, in this run or the next.
+struct DownloadState {
+  std::string etag;
+  int64_t offset = 0;
+
+  static DownloadState Load(const fs::path& file) {
+    DownloadState st;
+    std::ifstream in(file);
+    if (!(in >> st.etag >> st.offset) || st.offset < 0) return {};
+    return st;
+  }
+  void Save(const fs::path& file) const {
+    const fs::path tmp = file.string() + ".tmp";
+    std::ofstream(tmp) << etag << "\n" << offset << "\n";
+    fs::rename(tmp, file);
+  }
+};
+
+// Writes the entry libarchive is at into dir/name (through dir/.name.part, fsynced, renamed when
+// its CRC-32 is the manifest's). False with `error` otherwise, the part removed.
+bool WriteEntry(struct archive* a, const fs::path& dir, const std::string& name, uint32_t want_crc,
+                std::string* error) {
+  const fs::path tmp = dir / ("." + name + ".part");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *error = tmp.string() + ": cannot be written";
+    return false;
+  }
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const void* block = nullptr;
+  size_t size = 0;
+  la_int64_t at = 0;
+  int r = ARCHIVE_OK;
+  bool written = true;
+  while ((r = archive_read_data_block(a, &block, &size, &at)) == ARCHIVE_OK && written) {
+    crc = crc32(crc, static_cast<const Bytef*>(block), static_cast<uInt>(size));
+    for (size_t done = 0; written && done < size;) {
+      const ssize_t n = ::pwrite(fd, static_cast<const char*>(block) + done, size - done, at + done);
+      written = n > 0 || (n < 0 && errno == EINTR);
+      done += n > 0 ? static_cast<size_t>(n) : 0;
     }
   }
-  std::fflush(out);
-  ::fsync(::fileno(out));
-  std::fclose(out);
-  return reader->Finish();
+  written = written && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!written || r != ARCHIVE_EOF || (want_crc != 0 && static_cast<uint32_t>(crc) != want_crc)) {
+    *error = !written           ? tmp.string() + ": write failed (disk full?)"
+             : r != ARCHIVE_EOF ? std::string(archive_error_string(a) ? archive_error_string(a) : "read failed")
+                                : fmt::format("{}: CRC-32 {:08x}, the checkpoint's manifest says {:08x}", name,
+                                              static_cast<uint32_t>(crc), want_crc);
+    fs::remove(tmp);
+    return false;
+  }
+  fs::rename(tmp, dir / name);
+  return true;
 }
 
-// Unpacks `tar` into `dir`, its entries' top directory stripped, each file's CRC-32 checked.
-bool Unpack(const fs::path& tar, const fs::path& dir, const v1::CheckpointArchive& archive, std::string* error) {
+// Unpacks one attempt's stream into `dir` as it arrives (its top directory stripped, each file's
+// CRC-32 checked), moving `state` to each entry it starts. False with `error` when an entry is
+// not the checkpoint's or a file fails its check; a stream cut off returns false too, with
+// libarchive's error, and the caller reads the stream's status.
+bool UnpackStream(ArchiveStream& stream, const fs::path& dir, DownloadState& state, const fs::path& state_file,
+                  std::string* error) {
   std::map<std::string, uint32_t> crcs;
-  for (const auto& f : archive.files()) crcs[f.path()] = f.crc32();
+  for (const auto& f : stream.archive.files()) crcs[f.path()] = f.crc32();
   std::unique_ptr<struct archive, decltype(&archive_read_free)> a(archive_read_new(), archive_read_free);
   archive_read_support_format_tar(a.get());
-  if (archive_read_open_filename(a.get(), tar.c_str(), 1 << 20) != ARCHIVE_OK) {
+  if (archive_read_open(a.get(), &stream, nullptr, &ArchiveStream::Read, nullptr) != ARCHIVE_OK) {
     *error = archive_error_string(a.get());
     return false;
   }
+  const std::string prefix = stream.archive.root() + "/";
   struct archive_entry* e = nullptr;
-  const std::string prefix = archive.root() + "/";
-  std::string buf(kChunk, '\0');
-  while (archive_read_next_header(a.get(), &e) == ARCHIVE_OK) {
+  int r = ARCHIVE_OK;
+  while ((r = archive_read_next_header(a.get(), &e)) == ARCHIVE_OK) {
+    state.offset = stream.offset + archive_read_header_position(a.get());
+    state.Save(state_file);
     const std::string path = archive_entry_pathname(e);
     if (path == prefix) continue;
     const std::string name = path.rfind(prefix, 0) == 0 ? path.substr(prefix.size()) : "";
@@ -258,27 +313,48 @@ bool Unpack(const fs::path& tar, const fs::path& dir, const v1::CheckpointArchiv
       *error = "unexpected entry in the archive: " + path;
       return false;
     }
-    const fs::path tmp = dir / ("." + name + ".part");
-    std::FILE* out = std::fopen(tmp.c_str(), "wb");
-    if (out == nullptr) {
-      *error = tmp.string() + ": cannot be written";
+    if (!WriteEntry(a.get(), dir, name, crcs[name], error)) return false;
+  }
+  if (r != ARCHIVE_EOF) {
+    *error = archive_error_string(a.get()) ? archive_error_string(a.get()) : "the archive ended early";
+    return false;
+  }
+  for (const auto& [name, crc] : crcs) {
+    if (!fs::exists(dir / name)) {
+      *error = name + " is missing from the archive";
       return false;
     }
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (la_ssize_t n; (n = archive_read_data(a.get(), buf.data(), buf.size())) > 0;) {
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
-      std::fwrite(buf.data(), 1, static_cast<size_t>(n), out);
-    }
-    std::fclose(out);
-    if (crcs[name] != 0 && static_cast<uint32_t>(crc) != crcs[name]) {
-      fs::remove(tmp);
-      *error = fmt::format("{}: CRC-32 {:08x}, the checkpoint's manifest says {:08x}", name, static_cast<uint32_t>(crc),
-                           crcs[name]);
-      return false;
-    }
-    fs::rename(tmp, dir / name);
   }
   return true;
+}
+
+// One attempt: the stream from `state`, unpacked into `dir`. The stream's status, or
+// INTERNAL/DATA_LOSS from the unpacking when the stream itself ended well.
+grpc::Status DownloadAttempt(Client& client, const std::string& name, const fs::path& dir, DownloadState& state,
+                             const fs::path& state_file, v1::CheckpointArchive* archive) {
+  v1::DownloadCheckpointRequest req;
+  req.set_name(name);
+  req.set_offset(state.offset);
+  req.set_etag(state.offset > 0 ? state.etag : "");
+  std::unique_ptr<grpc::ClientContext> ctx = client.Context(/*unary=*/false);
+  std::unique_ptr<grpc::ClientReader<v1::DownloadCheckpointResponse>> reader =
+      client.jobs().DownloadCheckpoint(ctx.get(), req);
+  ArchiveStream stream;
+  stream.reader = reader.get();
+  stream.offset = state.offset;
+  std::string error;
+  bool unpacked = false;
+  if (reader->Read(&stream.message) && stream.message.has_archive()) {
+    stream.archive = stream.message.archive();
+    *archive = stream.archive;
+    state.etag = stream.archive.etag();
+    unpacked = UnpackStream(stream, dir, state, state_file, &error);
+  }
+  if (!unpacked) ctx->TryCancel();
+  const grpc::Status s = reader->Finish();
+  if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) return s;
+  if (!unpacked) return grpc::Status(grpc::StatusCode::DATA_LOSS, error.empty() ? "an empty stream" : error);
+  return grpc::Status::OK;
 }
 
 void AddDownload(CLI::App& app, const Cli& cli) {
@@ -296,22 +372,19 @@ void AddDownload(CLI::App& app, const Cli& cli) {
   dl->add_option("-d,--dir", a->dir, "Where the files go (default: ./<job id>-<checkpoint>)");
   OnRun(dl, [cli, a] {
     const std::string job = JobName(cli.globals, a->job);
-    v1::DownloadCheckpointRequest req;
-    req.set_name(job + "/checkpoints/" + (a->step.empty() ? "final" : a->step));
+    const std::string name = job + "/checkpoints/" + (a->step.empty() ? "final" : a->step);
     const std::string id = job.substr(job.rfind('/') + 1);
     const fs::path dir = a->dir.empty() ? fs::path(id + "-" + (a->step.empty() ? "final" : a->step)) : fs::path(a->dir);
     std::error_code ec;
     fs::create_directories(dir, ec);
-    const fs::path tar = dir / ".oomb-download.tar", etag_file = dir / ".oomb-download.etag";
+    const fs::path state_file = dir / ".oomb-download";
+    DownloadState state = DownloadState::Load(state_file);
     v1::CheckpointArchive archive;
     grpc::Status s;
     for (int attempt = 0;; ++attempt) {
-      req.set_offset(fs::exists(tar) ? static_cast<int64_t>(fs::file_size(tar)) : 0);
-      req.set_etag(req.offset() > 0 && fs::exists(etag_file) ? Trim(ReadAll(etag_file.string())) : "");
-      s = ReceiveArchive(cli.client(), req, tar, &archive);
-      if (!archive.etag().empty()) std::ofstream(etag_file) << archive.etag() << "\n";
-      if (s.error_code() == grpc::StatusCode::ABORTED && req.offset() > 0) {  // the checkpoint changed: start over
-        fs::remove(tar);
+      s = DownloadAttempt(cli.client(), name, dir, state, state_file, &archive);
+      if (s.error_code() == grpc::StatusCode::ABORTED && state.offset > 0) {  // the checkpoint changed: start over
+        state = {};
         continue;
       }
       const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -324,19 +397,7 @@ void AddDownload(CLI::App& app, const Cli& cli) {
     }
     if (Tty()) std::cerr << "\n";
     if (!s.ok()) return Fail(s);
-    const int64_t have = fs::exists(tar) ? static_cast<int64_t>(fs::file_size(tar)) : 0;
-    if (have != archive.total_bytes()) {
-      std::cerr << fmt::format("oomb: error: the archive has {} of its {} bytes; run the command again\n", have,
-                               archive.total_bytes());
-      return int{kError};
-    }
-    std::string error;
-    if (!Unpack(tar, dir, archive, &error)) {
-      std::cerr << "oomb: error: " << error << " (" << tar.string() << " is kept)\n";
-      return int{kError};
-    }
-    fs::remove(tar);
-    fs::remove(etag_file);
+    fs::remove(state_file);
     if (!PrintStructured(cli.globals, archive)) std::cout << fs::absolute(dir).lexically_normal().string() << "\n";
     return 0;
   });

@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <deque>
+#include <functional>
+#include <optional>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -66,16 +69,13 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
     if (!ok) {  // the client sent its last message, or went away
       if (ctx_->IsCancelled()) return Fail(absl::CancelledError("the client went away"));
       if (!started_) return Fail(absl::InvalidArgumentError("the upload sent no message"));
-      if (service_->options_.work == nullptr || !service_->options_.work->TrySubmit([this] { Complete(); })) {
-        Complete();  // the pool is full: here, rather than lose the bytes sent
-      }
-      return;
+      return LastArrived();
     }
     absl::Status s = started_ ? absl::OkStatus() : Begin(message_);
     if (s.ok()) s = Append(message_.data());
+    if (s.ok()) s = CheckStatus();  // a bad line ends the upload without waiting for the rest
     if (!s.ok()) return Fail(s);
-    message_.Clear();
-    StartRead(&message_);
+    Queue(std::move(*message_.mutable_data()));
   }
 
   void OnDone() override { delete this; }
@@ -120,7 +120,86 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
     fd_ = UniqueFd(::openat(dir_->fd(), temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd_.valid()) return ErrnoStatus(errno, "create", dir_->PathOf(temp_));
     EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr);
+    checker_.emplace("data", display_name_.empty() ? id_ : display_name_);
     return absl::OkStatus();
+  }
+
+  // ---- the check, on the WorkPool as the bytes arrive ----
+  // Each message's bytes are queued for one drain task at a time, which feeds them to checker_.
+  // Beyond kMaxPendingBytes queued, the next read waits for the drain to make room (the client
+  // is held back, memory stays bounded). Whoever of the drain and the reactor is last to act
+  // ends the upload: Complete after the last message, or the failure.
+
+  static constexpr size_t kMaxPendingBytes = size_t{16} << 20;
+
+  void Queue(std::string bytes) {
+    message_.Clear();
+    bool drain = false, read = false;
+    {
+      absl::MutexLock lock(&check_mu_);
+      pending_bytes_ += bytes.size();
+      pending_.push_back(std::move(bytes));
+      drain = !draining_;
+      draining_ = true;
+      read = pending_bytes_ <= kMaxPendingBytes;
+      read_held_ = !read;
+    }
+    if (drain) Submit([this] { Drain(); });
+    if (read) StartRead(&message_);
+  }
+
+  void Drain() {
+    for (;;) {
+      std::string piece;
+      std::optional<absl::Status> end;
+      bool stop = false, complete = false;
+      {
+        absl::MutexLock lock(&check_mu_);
+        stop = pending_.empty() || end_.has_value();
+        if (stop) {
+          draining_ = false;
+          end = end_;
+          complete = !end.has_value() && last_;
+        } else {
+          piece = std::move(pending_.front());
+          pending_.pop_front();
+        }
+      }
+      if (end.has_value()) return End(*end);
+      if (complete) return Complete();
+      if (stop) return;
+      const absl::Status s = checker_->Feed(piece);
+      bool read = false;
+      {
+        absl::MutexLock lock(&check_mu_);
+        pending_bytes_ -= piece.size();
+        if (!s.ok() && check_status_.ok()) check_status_ = s;
+        read = read_held_ && (pending_bytes_ <= kMaxPendingBytes / 2 || !s.ok());
+        read_held_ = read_held_ && !read;
+      }
+      if (read) StartRead(&message_);
+    }
+  }
+
+  // After the client's last message: Complete, now or when the drain has checked everything.
+  void LastArrived() {
+    bool now = false;
+    {
+      absl::MutexLock lock(&check_mu_);
+      last_ = true;
+      now = !draining_;
+    }
+    if (now) Submit([this] { Complete(); });
+  }
+
+  absl::Status CheckStatus() {
+    absl::MutexLock lock(&check_mu_);
+    return check_status_;
+  }
+
+  // On the WorkPool; here when it is full (rather than lose what was sent).
+  void Submit(std::function<void()> task) {
+    if (service_->options_.work == nullptr || !service_->options_.work->TrySubmit(task)) task();
   }
 
   absl::Status Append(const std::string& data) {
@@ -167,9 +246,7 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
     if (want_size_ > 0 && bytes_ != want_size_) {
       return absl::InvalidArgumentError(absl::StrCat("size_bytes: ", want_size_, " declared, ", bytes_, " arrived"));
     }
-    OOMB_ASSIGN_OR_RETURN(const File file, dir_->OpenFile(temp_));
-    OOMB_ASSIGN_OR_RETURN(const RecordCounts counts,
-                          CheckJsonlRecords(file, "data", display_name_.empty() ? id_ : display_name_));
+    OOMB_ASSIGN_OR_RETURN(const RecordCounts counts, checker_->Finish());
     v1::Dataset d;
     d.set_name(name_);
     d.set_display_name(display_name_);
@@ -205,7 +282,19 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
     return recorded;
   }
 
+  // Ends the upload with `s`, now or, while the drain runs, when it stops.
   void Fail(const absl::Status& s) {
+    {
+      absl::MutexLock lock(&check_mu_);
+      if (draining_) {
+        if (!end_.has_value()) end_ = s;
+        return;
+      }
+    }
+    End(s);
+  }
+
+  void End(const absl::Status& s) {
     Cleanup();
     Finish(ToGrpcStatus(s));
   }
@@ -230,6 +319,15 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
   std::optional<Dir> dir_;
   std::string temp_;
   UniqueFd fd_;
+  std::optional<JsonlRecordChecker> checker_;  // created by Begin; fed by the drain, then read by Complete
+  absl::Mutex check_mu_;
+  std::deque<std::string> pending_ ABSL_GUARDED_BY(check_mu_);  // bytes the drain has not checked
+  size_t pending_bytes_ ABSL_GUARDED_BY(check_mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(check_mu_) = false;            // a drain task is queued or running
+  bool read_held_ ABSL_GUARDED_BY(check_mu_) = false;           // the next read waits for the drain
+  bool last_ ABSL_GUARDED_BY(check_mu_) = false;                // the client sent its last message
+  absl::Status check_status_ ABSL_GUARDED_BY(check_mu_);        // the check's first error
+  std::optional<absl::Status> end_ ABSL_GUARDED_BY(check_mu_);  // a failure waiting for the drain
 };
 
 DatasetServiceImpl::DatasetServiceImpl(JobStore* store, DatasetServiceOptions options)

@@ -4,11 +4,13 @@
 // An upload streams into a temporary file in the project's datasets directory
 // (".upload-<random>", mode 0600) as its messages arrive, its SHA-256 computed on the way, so
 // memory stays bounded whatever the file's size; a declared size_bytes, or the project's
-// max_storage_bytes, ends it as soon as the bytes pass them. When the client has sent the last
-// message, the file is checked line by line as a training dataset (worker/data/dataset.h
-// CheckJsonlRecords) on the WorkPool, off gRPC's threads; then it takes its name
-// (<id>.jsonl, hard-linked so that an existing file is never replaced), and the record is stored
-// (the storage quota checked again, atomically). A failure at any point removes what was
+// max_storage_bytes, ends it as soon as the bytes pass them. The bytes are checked line by line
+// as a training dataset while they arrive (worker/data/dataset.h JsonlRecordChecker), on the
+// WorkPool, off gRPC's threads: a bad line ends the upload at once, and the check of the last
+// bytes is all that remains when the client has sent them (at most 16 MiB wait for the check; the
+// client is held back beyond). Then the file takes its name (<id>.jsonl, hard-linked so that
+// an existing file is never replaced), and the record is stored (the storage quota checked
+// again, atomically). A failure at any point removes what was
 // written; temporary files a crash left are removed when the service starts. Uploads of one
 // name at a time in a daemon (ABORTED for a second one meanwhile).
 //

@@ -44,8 +44,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_sdk import TINY, Daemon, Failure, check, write_ids  # noqa: E402
 
 try:
+    import grpc
     import httpx
     import oomb
+    from oomb._transfer import Download
     from oomb.v1 import jobs_pb2
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"http_api: skipped: {e} (scripts/setup.sh installs the SDK and httpx)")
@@ -343,6 +345,24 @@ def test_sdk_transfers(daemon, tmp, train, oomb_cli):
     except oomb.InvalidArgument as err:
         e = err
     check(e is not None and "data: bad.jsonl:2: input_ids[1]" in e.message, f"bad line: {e}")
+    # Uploads past the 16 MiB the server's check may lag behind (the client is held back): every
+    # line counted; a bad first line ends the upload, its temporary file removed.
+    line = json.dumps({"input_ids": list(range(1000))}) + "\n"
+    big = os.path.join(tmp, "big.jsonl")
+    with open(big, "w") as f:
+        f.write(line * 12000)
+    counted = alice.datasets.upload(big, dataset_id="big")
+    check(counted.records == 12000 and counted.record_kinds == {"input_ids": 12000}, f"big upload {counted}")
+    alice.datasets.delete("big")
+    with open(big, "w") as f:
+        f.write('{"input_ids": [1, "x"]}\n' + line * 12000)
+    try:
+        alice.datasets.upload(big, dataset_id="big-bad")
+        raise Failure("a dataset with a bad first line was accepted")
+    except oomb.InvalidArgument as err:
+        check("data: big.jsonl:1: input_ids[1]" in err.message, err.message)
+    left = [n for _, _, names in os.walk(daemon.dir) for n in names if n.startswith(".upload-")]
+    check(not left, f"temporary upload files left: {left}")
     try:
         alice.datasets.upload(train, dataset_id=mixed.id)
         raise Failure("other content under a taken id was accepted")
@@ -365,27 +385,59 @@ def test_sdk_transfers(daemon, tmp, train, oomb_cli):
     for name in os.listdir(server):
         with open(os.path.join(server, name), "rb") as a, open(os.path.join(local, name), "rb") as b:
             check(a.read() == b.read(), f"{name}: the downloaded copy differs from the server's")
-    check(not os.path.exists(os.path.join(local, ".oomb-download.tar")), "the partial archive was left")
-    # A download cut halfway, resumed: the first half written by hand, then download resumes.
+    check(sorted(os.listdir(local)) == sorted(os.listdir(server)), f"left beside the files: {os.listdir(local)}")
+    # A download cut off in the middle of the archive's second file, then resumed from that
+    # file's header: the stream's messages cut into 4 KiB pieces, the first attempt's stream
+    # broken off (UNAVAILABLE) there.
     stream = alice.stub.DownloadCheckpoint(jobs_pb2.DownloadCheckpointRequest(name=f"{job.name}/checkpoints/2"),
                                            metadata=alice.metadata)
-    archive, head = None, b""
+    archive, data = None, b""
     for m in stream:
         if m.HasField("archive"):
             archive = m.archive
         else:
-            head += m.data
-    cut_dir = os.path.join(tmp, "s1-step2")
-    os.makedirs(cut_dir)
-    with open(os.path.join(cut_dir, ".oomb-download.tar"), "wb") as f:
-        f.write(head[: len(head) // 2])
-    with open(os.path.join(cut_dir, ".oomb-download.etag"), "w") as f:
-        f.write(archive.etag + "\n")
+            data += m.data
+    with tarfile.open(fileobj=io.BytesIO(data)) as packed:
+        files = [m for m in packed.getmembers() if m.isfile()]
+    check(len(files) >= 2 and files[1].size > 1, f"the archive's files {[m.name for m in files]}")
+    cut = files[1].offset_data + files[1].size // 2
+
+    class Cut(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+    def cut_stream():
+        yield jobs_pb2.DownloadCheckpointResponse(archive=archive)
+        for at in range(0, cut, 4096):
+            yield jobs_pb2.DownloadCheckpointResponse(data=data[at:min(at + 4096, cut)])
+        raise Cut()
+
+    cut_dir, cli_dir = os.path.join(tmp, "s1-step2"), os.path.join(tmp, "s1-step2-cli")
+    first = Download(f"{job.name}/checkpoints/2", cut_dir)
+    try:
+        first.unpack(cut_stream())
+        raise Failure("the cut stream unpacked")
+    except Cut as e:
+        check(first.retry_after(e, 0) > 0, "a cut stream is retried")
+    with open(os.path.join(cut_dir, ".oomb-download")) as f:
+        check(f.read().split() == [archive.etag, str(files[1].offset)], "the state after the cut")
+    done = os.path.join(cut_dir, os.path.basename(files[0].name))
+    check(sorted(os.listdir(cut_dir)) == sorted([".oomb-download", os.path.basename(done)]),
+          f"after the cut: {os.listdir(cut_dir)}")
+    shutil.copytree(cut_dir, cli_dir)
+    inode = os.stat(done).st_ino
     step2 = [c for c in job.checkpoints() if c.step == 2 and not c.final][0]
-    step2.download(cut_dir)
-    with open(os.path.join(step2.path, "adapter_model.safetensors"), "rb") as a, \
-            open(os.path.join(cut_dir, "adapter_model.safetensors"), "rb") as b:
-        check(a.read() == b.read(), "the resumed download differs")
+    step2.download(cut_dir)  # resumes at the second file
+    check(os.stat(done).st_ino == inode, "the file finished before the cut was downloaded again")
+    # The CLI resumes from the same state.
+    r = subprocess.run([oomb_cli, "--endpoint", daemon.endpoint, "download", "s1", "2", "--dir", cli_dir],
+                       capture_output=True, text=True, env=dict(os.environ, OOMB_TOKEN="alice-token"))
+    check(r.returncode == 0, f"oomb download, resumed: {r.returncode} {r.stderr}")
+    for d in (cut_dir, cli_dir):
+        check(sorted(os.listdir(d)) == sorted(os.listdir(step2.path)), f"{d}: {os.listdir(d)}")
+        for name in os.listdir(step2.path):
+            with open(os.path.join(step2.path, name), "rb") as a, open(os.path.join(d, name), "rb") as b:
+                check(a.read() == b.read(), f"{d}: {name}: the resumed download differs")
     # PEFT loads the downloaded adapter, with the logits of the server's copy.
     import torch
     check(torch.equal(logits(local), logits(server)), "the downloaded adapter gives other logits")

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -374,43 +375,49 @@ absl::StatusOr<RecordKind> CheckLine(const json& j, const LineError& err) {
 // The fast path for pre-tokenized lines, where parsing is the whole cost: simdjson parses a
 // long id list many times faster than nlohmann. It accepts only a clean {"input_ids": [...]}
 // or {"input_ids": [...], "labels": [...]} line whose every value is valid; anything else
-// (another format, a duplicate or extra key, any error) returns false and the line goes
-// through nlohmann and ParseLine, which give the error messages. So both paths agree on every
-// accepted line, and messages are unchanged.
-bool FastInputIds(simdjson::dom::parser& parser, const std::string& line, int64_t vocab_size, Document* d) {
+// (another format, a duplicate or extra key, any error, invalid UTF-8: simdjson checks the whole
+// line) returns false and the line goes through nlohmann and ParseLine, which give the error
+// messages. So both paths agree on every accepted line, and messages are unchanged. (The DOM
+// API, not On-Demand: simdjson picks the DOM's SIMD kernels when it runs; On-Demand's are fixed
+// when it is compiled, the portable scalar ones here.)
+// `line` has SIMDJSON_PADDING readable bytes after its end; `d` null: the line is only checked.
+bool FastInputIds(simdjson::dom::parser& parser, std::string_view line, int64_t vocab_size, Document* d) {
+  using simdjson::SUCCESS;
   if (vocab_size <= 0) return false;
   simdjson::dom::object obj;
-  if (parser.parse(line).get_object().get(obj) != simdjson::SUCCESS) return false;
+  if (parser.parse(line.data(), line.size(), /*realloc_if_needed=*/false).get_object().get(obj) != SUCCESS) {
+    return false;
+  }
   simdjson::dom::array ids, labels;
   bool has_ids = false, has_labels = false;
   for (const auto field : obj) {
     if (field.key == "input_ids" && !has_ids) {
-      has_ids = field.value.get_array().get(ids) == simdjson::SUCCESS;
+      has_ids = field.value.get_array().get(ids) == SUCCESS;
       if (!has_ids) return false;
     } else if (field.key == "labels" && !has_labels) {
-      has_labels = field.value.get_array().get(labels) == simdjson::SUCCESS;
+      has_labels = field.value.get_array().get(labels) == SUCCESS;
       if (!has_labels) return false;
     } else {
       return false;
     }
   }
   if (!has_ids || ids.size() == 0 || (has_labels && labels.size() != ids.size())) return false;
-  d->ids.reserve(ids.size());
+  if (d != nullptr) d->ids.reserve(ids.size());
   for (const auto v : ids) {
     int64_t id = 0;
-    if (!v.is_int64() || v.get_int64().get(id) != simdjson::SUCCESS || id < 0 || id >= vocab_size) return false;
-    d->ids.push_back(id);
+    if (v.get_int64().get(id) != SUCCESS || id < 0 || id >= vocab_size) return false;
+    if (d != nullptr) d->ids.push_back(id);
   }
   if (!has_labels) {
-    d->labels = d->ids;
+    if (d != nullptr) d->labels = d->ids;
     return true;
   }
-  d->labels.reserve(labels.size());
+  if (d != nullptr) d->labels.reserve(labels.size());
   for (const auto v : labels) {
     int64_t l = 0;
-    if (!v.is_int64() || v.get_int64().get(l) != simdjson::SUCCESS) return false;
+    if (v.get_int64().get(l) != SUCCESS) return false;
     if (l != kIgnoreLabel && (l < 0 || l >= vocab_size)) return false;
-    d->labels.push_back(l);
+    if (d != nullptr) d->labels.push_back(l);
   }
   return true;
 }
@@ -446,12 +453,12 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const LineError err(options, path, line_no);
-    size_t bad = 0;
-    if (!ValidUtf8(line, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
     Document d;
-    line.reserve(line.size() + simdjson::SIMDJSON_PADDING);  // parsed in place, not copied
-    if (!FastInputIds(parser, line, options.vocab_size, &d)) {
+    line.reserve(line.size() + simdjson::SIMDJSON_PADDING);     // parsed in place, not copied
+    if (!FastInputIds(parser, line, options.vocab_size, &d)) {  // what it accepts is valid UTF-8
       d = Document();
+      size_t bad = 0;
+      if (!ValidUtf8(line, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
       json j;
       try {
         j = json::parse(line);
@@ -501,50 +508,99 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
   return docs;
 }
 
+struct JsonlRecordChecker::Parser {
+  simdjson::dom::parser simdjson;
+};
+
+JsonlRecordChecker::JsonlRecordChecker(std::string field, std::string shown_path)
+    : field_(std::move(field)),
+      shown_path_(std::move(shown_path)),
+      max_line_bytes_(MaxLineBytes(int64_t{1} << 31)),
+      parser_(std::make_unique<Parser>()) {}
+
+JsonlRecordChecker::~JsonlRecordChecker() = default;
+
+absl::Status JsonlRecordChecker::Feed(std::string_view bytes) {
+  for (size_t pos = 0; status_.ok() && pos < bytes.size();) {
+    const void* found = std::memchr(bytes.data() + pos, '\n', bytes.size() - pos);
+    const size_t end =
+        found != nullptr ? static_cast<size_t>(static_cast<const char*>(found) - bytes.data()) : bytes.size();
+    if (partial_.size() + (end - pos) > max_line_bytes_) {
+      status_ = LineError(DatasetOptions{.field = field_}, shown_path_, line_no_)(
+          absl::StrCat("the line is longer than ", max_line_bytes_, " bytes; split long texts into samples"));
+      break;
+    }
+    if (found == nullptr) {
+      partial_.append(bytes.data() + pos, end - pos);
+      break;
+    }
+    if (partial_.empty() && end + simdjson::SIMDJSON_PADDING <= bytes.size()) {
+      status_ = Check(bytes.substr(pos, end - pos));  // in place: the rest of `bytes` pads it
+    } else {
+      partial_.append(bytes.data() + pos, end - pos);
+      status_ = CheckPartial();
+    }
+    pos = end + 1;
+  }
+  return status_;
+}
+
+absl::StatusOr<RecordCounts> JsonlRecordChecker::Finish() {
+  if (status_.ok() && !partial_.empty()) status_ = CheckPartial();
+  if (status_.ok() && counts_.records == 0) {
+    status_ = WithReason(absl::InvalidArgumentError(absl::StrCat(field_, ": ", shown_path_, ": no samples")),
+                         Reason::kBadData);
+  }
+  if (!status_.ok()) return status_;
+  return counts_;
+}
+
+absl::Status JsonlRecordChecker::CheckPartial() {
+  partial_.reserve(partial_.size() + simdjson::SIMDJSON_PADDING);
+  const absl::Status s = Check(partial_);
+  partial_.clear();
+  return s;
+}
+
+absl::Status JsonlRecordChecker::Check(std::string_view line) {
+  const int64_t line_no = line_no_++;
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  if (line.find_first_not_of(" \t") == std::string_view::npos) return absl::OkStatus();
+  // Pre-tokenized lines, any vocabulary: FastInputIds accepts only what CheckLine would.
+  if (FastInputIds(parser_->simdjson, line, std::numeric_limits<int64_t>::max(), nullptr)) {
+    ++counts_.by_kind[static_cast<size_t>(RecordKind::kInputIds)];
+    ++counts_.records;
+    return absl::OkStatus();
+  }
+  const LineError err(DatasetOptions{.field = field_}, shown_path_, line_no);
+  const std::string text(line);
+  size_t bad = 0;
+  if (!ValidUtf8(text, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    return err(absl::StrCat("invalid JSON: ", e.what()));
+  }
+  OOMB_ASSIGN_OR_RETURN(const RecordKind kind, CheckLine(j, err));
+  ++counts_.by_kind[static_cast<size_t>(kind)];
+  ++counts_.records;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RecordCounts> CheckJsonlRecords(const File& file, const std::string& field,
                                                const std::string& shown_path) {
-  const DatasetOptions options{.field = field};
-  const size_t max_line_bytes = MaxLineBytes(int64_t{1} << 31);
-  LineReader in(file, max_line_bytes);
-  RecordCounts counts;
-  std::string line;
-  simdjson::dom::parser parser;
-  Document scratch;
-  int64_t line_no = 1;
-  for (; in.Next(&line); ++line_no) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    const LineError err(options, shown_path, line_no);
-    size_t bad = 0;
-    if (!ValidUtf8(line, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
-    // Pre-tokenized lines, any vocabulary: FastInputIds accepts only what CheckLine would.
-    scratch.ids.clear();
-    scratch.labels.clear();
-    if (FastInputIds(parser, line, std::numeric_limits<int64_t>::max(), &scratch)) {
-      ++counts.by_kind[static_cast<size_t>(RecordKind::kInputIds)];
-      ++counts.records;
-      continue;
-    }
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      return err(absl::StrCat("invalid JSON: ", e.what()));
-    }
-    OOMB_ASSIGN_OR_RETURN(const RecordKind kind, CheckLine(j, err));
-    ++counts.by_kind[static_cast<size_t>(kind)];
-    ++counts.records;
+  JsonlRecordChecker checker(field, shown_path);
+  std::string block(size_t{4} << 20, '\0');
+  for (off_t offset = 0;;) {
+    const ssize_t n = ::pread(file.fd(), block.data(), block.size(), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Annotate(ErrnoStatus(errno, "read", file.path()), field);
+    if (n == 0) break;
+    offset += n;
+    OOMB_RETURN_IF_ERROR(checker.Feed(std::string_view(block.data(), static_cast<size_t>(n))));
   }
-  if (!in.status().ok()) return Annotate(in.status(), field);
-  if (in.too_long()) {
-    return LineError(options, shown_path, line_no)(
-        absl::StrCat("the line is longer than ", max_line_bytes, " bytes; split long texts into samples"));
-  }
-  if (counts.records == 0) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(field, ": ", shown_path, ": no samples")),
-                      Reason::kBadData);
-  }
-  return counts;
+  return checker.Finish();
 }
 
 std::string_view RecordKindName(RecordKind kind) {

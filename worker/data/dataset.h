@@ -149,6 +149,35 @@ struct RecordCounts {
 absl::StatusOr<RecordCounts> CheckJsonlRecords(const File& file, const std::string& field,
                                                const std::string& shown_path);
 
+// CheckJsonlRecords over bytes that come in pieces (an upload's, as they arrive), a line split
+// anywhere between two: Feed every piece in order, then Finish. The first error ends the check
+// (Feed returns it, and Finish); memory: one line at most, where a piece cuts it.
+// Thread-compatible.
+class JsonlRecordChecker {
+ public:
+  JsonlRecordChecker(std::string field, std::string shown_path);
+  ~JsonlRecordChecker();
+  JsonlRecordChecker(const JsonlRecordChecker&) = delete;
+  JsonlRecordChecker& operator=(const JsonlRecordChecker&) = delete;
+
+  absl::Status Feed(std::string_view bytes);
+  // The counts, once the last line (without its "\n") is checked; "no samples" when none.
+  absl::StatusOr<RecordCounts> Finish();
+
+ private:
+  struct Parser;
+  absl::Status Check(std::string_view line);
+  absl::Status CheckPartial();  // partial_ as one line
+
+  const std::string field_, shown_path_;
+  const size_t max_line_bytes_;
+  std::unique_ptr<Parser> parser_;
+  std::string partial_;  // the line the last piece ended in
+  int64_t line_no_ = 1;
+  RecordCounts counts_;
+  absl::Status status_;
+};
+
 // Orders the documents (a seeded shuffle unless shuffle_seed < 0) and forms sequences of at
 // most max_seq_len tokens: with packing, consecutive documents share a sequence (positions
 // restart, no attention across them); without, one document per sequence.

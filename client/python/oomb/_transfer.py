@@ -5,19 +5,20 @@ size, computed first, so the server refuses what arrives damaged. The id default
 first 12 hex digits of the SHA-256: an upload retried after a lost answer (UNAVAILABLE) finds the
 dataset the first one made instead of making another.
 
-Downloads (JobService.DownloadCheckpoint) append the checkpoint's tar stream to
-`<dir>/.oomb-download.tar` (its etag beside it); a stream cut off (the server restarting or
-draining, the network) resumes from the bytes already there, by the same call (with backoff) or by
-calling again with the same directory. The complete archive is unpacked into `dir` (its files
-flat, as the checkpoint directory holds them: `PeftModel.from_pretrained(dir)` loads an adapter),
-each file's CRC-32 checked against the checkpoint's manifest.
+Downloads (JobService.DownloadCheckpoint) unpack the checkpoint's tar stream into `dir` as it
+arrives (its files flat, as the checkpoint directory holds them: `PeftModel.from_pretrained(dir)`
+loads an adapter), each file's CRC-32 checked against the checkpoint's manifest; a stream cut off
+(the server restarting or draining, the network) resumes from the entry it was in, by the same
+call (with backoff) or by calling again with the same directory (`<dir>/.oomb-download`).
 """
 from __future__ import annotations
 
 import datetime
 import hashlib
 import os
+import queue
 import tarfile
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -36,8 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Dataset", "Datasets", "Download", "dataset_name", "download_checkpoint"]
 
 CHUNK = 1 << 20
-PARTIAL = ".oomb-download.tar"
-ETAG = ".oomb-download.etag"
+STATE = ".oomb-download"
 _RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL})
 
 
@@ -192,80 +192,168 @@ class Datasets:
             raise from_rpc_error(e) from e
 
 
-def _unpack(partial: Path, directory: Path, archive: jobs_pb2.CheckpointArchive) -> None:
-    """Unpacks the archive's files (its top directory stripped) into `directory`, CRC-32 checked."""
-    crcs = {f.path: f.crc32 for f in archive.files}
-    prefix = archive.root + "/"
-    with tarfile.open(partial, "r:") as tar:
-        for member in tar:
-            if member.name.rstrip("/") == archive.root and member.isdir():
-                continue
-            name = member.name[len(prefix):] if member.name.startswith(prefix) else ""
-            if not name or "/" in name or name in (".", "..") or name not in crcs or not member.isfile():
-                raise InvalidArgument(f"unexpected entry in the checkpoint archive: {member.name!r}")
-            source = tar.extractfile(member)
-            assert source is not None
-            target = directory / name
-            tmp = directory / f".{name}.part"
-            crc = 0
-            with open(tmp, "wb") as out:
-                while block := source.read(CHUNK):
-                    crc = zlib.crc32(block, crc)
-                    out.write(block)
-            if crcs[name] and crc != crcs[name]:
-                tmp.unlink()
-                raise InvalidArgument(f"{name}: CRC-32 {crc:08x}, the checkpoint's manifest says {crcs[name]:08x}")
-            tmp.replace(target)
+class _ArchiveBytes:
+    """A stream's archive bytes as the file `tarfile` reads in stream mode ("r|")."""
+
+    def __init__(self, messages: Iterator[jobs_pb2.DownloadCheckpointResponse]) -> None:
+        self._messages = messages
+        self._buf = memoryview(b"")
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._buf:
+            message = next(self._messages, None)
+            if message is None:
+                return b""
+            self._buf = memoryview(message.data)
+        n = len(self._buf) if size < 0 else min(size, len(self._buf))
+        out, self._buf = self._buf[:n].tobytes(), self._buf[n:]
+        return out
+
+
+class _FileWriter:
+    """Writes an archive's files on a thread of its own while the stream is read (file writes,
+    fsync and CRC-32 release the GIL), behind a queue of at most 16 blocks: each file to
+    `.NAME.part`, its CRC-32 checked, fsynced, renamed. A file begins only when the one before it
+    is in place; the download's state moves to it then. The first error stops the writing and is
+    raised to the reader at its next call."""
+
+    def __init__(self, download: "Download") -> None:
+        self._download = download
+        self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=16)
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="oomb-download-writer", daemon=True)
+        self._thread.start()
+
+    def begin(self, name: str, crc: int, offset: int) -> None:
+        """The entry at `offset` of the archive, file `name` with that CRC-32 (0: unchecked)."""
+        self._put(("begin", name, crc, offset))
+
+    def write(self, block: bytes) -> None:
+        self._put(block)
+
+    def end(self) -> None:
+        self._put(("end",))
+
+    def close(self, abort: bool = False) -> None:
+        """Waits for the writing to end (a file begun and not ended is removed); raises its error
+        unless `abort`."""
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None and not abort:
+            raise self.error
+
+    def _put(self, item: Any) -> None:
+        if self.error is not None:
+            raise self.error
+        self._queue.put(item)
+
+    def _run(self) -> None:
+        out, tmp, crc, name, want = None, None, 0, "", 0
+        directory = self._download.directory
+        while (item := self._queue.get()) is not None:
+            if self.error is not None:
+                continue  # consumed, so that the reader never waits on a full queue
+            try:
+                if isinstance(item, bytes):
+                    crc = zlib.crc32(item, crc)
+                    out.write(item)  # type: ignore[union-attr]
+                elif item[0] == "begin":
+                    _, name, want, offset = item
+                    self._download.offset = offset
+                    self._download._save_state()
+                    tmp, crc = directory / f".{name}.part", 0
+                    out = open(tmp, "wb")
+                else:
+                    out.flush()  # type: ignore[union-attr]
+                    os.fsync(out.fileno())  # type: ignore[union-attr]
+                    out.close()  # type: ignore[union-attr]
+                    out = None
+                    if want and crc != want:
+                        raise InvalidArgument(f"{name}: CRC-32 {crc:08x}, the checkpoint's manifest says {want:08x}")
+                    tmp.replace(directory / name)  # type: ignore[union-attr]
+                    tmp = None
+            except BaseException as e:  # noqa: B036 - handed to the reader
+                self.error = e
+        if out is not None:
+            out.close()
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 class Download:
-    """One checkpoint download into a directory, call by call (download_checkpoint runs it; the
-    asyncio client runs it with its own stream): each attempt's request resumes from the bytes
-    already in the partial archive; after a failed attempt, `retry_after` says whether and when to
-    try again; `finish` unpacks the complete archive."""
+    """One checkpoint download into a directory, attempt by attempt (download_checkpoint runs it;
+    the asyncio client runs it with its own stream). Each attempt's stream is unpacked as it
+    arrives (_FileWriter): every file written once, to `.NAME.part`, its CRC-32 checked against
+    the manifest, fsynced, then renamed. `<dir>/.oomb-download` keeps the archive's etag and the offset of the
+    first entry not yet unpacked, so an attempt resumes there, as does a later call with the same
+    directory. After a failed attempt, `retry_after` says whether and when to try again."""
 
     def __init__(self, name: str, directory: Union[str, os.PathLike], attempts: int = 6) -> None:
         self.name, self.directory, self.attempts = name, Path(directory), attempts
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.partial, self.etag_file = self.directory / PARTIAL, self.directory / ETAG
+        self.state_file = self.directory / STATE
         self.archive = jobs_pb2.CheckpointArchive()
-        self.offset = 0
+        self.etag, self.offset = "", 0
+        try:
+            etag, offset = self.state_file.read_text().split()
+            self.etag, self.offset = etag, max(0, int(offset))
+        except (OSError, ValueError):
+            pass
 
     def request(self) -> jobs_pb2.DownloadCheckpointRequest:
-        self.offset = self.partial.stat().st_size if self.partial.exists() else 0
-        etag = self.etag_file.read_text().strip() if self.offset and self.etag_file.exists() else ""
-        return jobs_pb2.DownloadCheckpointRequest(name=self.name, offset=self.offset, etag=etag)
+        return jobs_pb2.DownloadCheckpointRequest(name=self.name, offset=self.offset,
+                                                  etag=self.etag if self.offset else "")
 
-    def accept(self, message: jobs_pb2.DownloadCheckpointResponse, out: Any) -> None:
-        """One streamed message: the archive's description, or bytes appended to `out`."""
-        if message.HasField("archive"):
-            self.archive.CopyFrom(message.archive)
-        else:
-            out.write(message.data)
+    def unpack(self, messages: Iterator[jobs_pb2.DownloadCheckpointResponse]) -> None:
+        """One attempt: unpacks the stream of `request()` (its description first). A stream that
+        breaks off raises its grpc.RpcError, the state at the entry it was in."""
+        first = next(messages, None)
+        if first is None or not first.HasField("archive"):
+            raise InvalidArgument("the download stream did not begin with the archive's description")
+        self.archive.CopyFrom(first.archive)
+        self.etag = first.archive.etag
+        crcs = {f.path: f.crc32 for f in self.archive.files}
+        prefix, start = self.archive.root + "/", self.offset
+        writer = _FileWriter(self)
+        try:
+            with tarfile.open(fileobj=_ArchiveBytes(messages), mode="r|", bufsize=CHUNK) as tar:  # type: ignore
+                for member in tar:
+                    if member.name.rstrip("/") == self.archive.root and member.isdir():
+                        continue
+                    name = member.name[len(prefix):] if member.name.startswith(prefix) else ""
+                    if not name or "/" in name or name in (".", "..") or name not in crcs or not member.isfile():
+                        raise InvalidArgument(f"unexpected entry in the checkpoint archive: {member.name!r}")
+                    source = tar.extractfile(member)
+                    assert source is not None
+                    writer.begin(name, crcs[name], start + member.offset)
+                    while block := source.read(CHUNK):
+                        writer.write(block)
+                    writer.end()
+        except BaseException:
+            writer.close(abort=True)
+            raise
+        writer.close()
+        missing = sorted(n for n in crcs if not (self.directory / n).is_file())
+        if missing:
+            raise InvalidArgument(f"the checkpoint archive ended without {', '.join(missing)}")
 
-    def ended(self) -> None:
-        """After an attempt, done or failed: the archive's etag kept for the next one."""
-        if self.archive.etag:
-            self.etag_file.write_text(self.archive.etag + "\n")
+    def _save_state(self) -> None:
+        tmp = self.state_file.with_name(STATE + ".tmp")
+        tmp.write_text(f"{self.etag}\n{self.offset}\n")
+        tmp.replace(self.state_file)
 
     def retry_after(self, e: grpc.RpcError, attempt: int) -> float:
         """Seconds to wait before the next attempt after `e`; raises the typed error when none is left."""
         code = e.code()  # type: ignore[attr-defined]
         if code == grpc.StatusCode.ABORTED and self.offset:  # the checkpoint changed: start over
-            self.partial.unlink()
+            self.offset, self.etag = 0, ""
             return 0.0
         if code not in _RESUMABLE or attempt + 1 == self.attempts:
             raise from_rpc_error(e) from e
         return 0.25 * 2 ** attempt
 
     def finish(self) -> Path:
-        have = self.partial.stat().st_size if self.partial.exists() else 0
-        if have != self.archive.total_bytes:
-            raise InvalidArgument(
-                f"the archive has {have} of its {self.archive.total_bytes} bytes; call again to resume")
-        _unpack(self.partial, self.directory, self.archive)
-        self.partial.unlink()
-        self.etag_file.unlink(missing_ok=True)
+        self.state_file.unlink(missing_ok=True)
         return self.directory
 
 
@@ -277,15 +365,9 @@ def download_checkpoint(client: "Client", name: str, directory: Union[str, os.Pa
     for attempt in range(attempts):
         call = client.stub.DownloadCheckpoint(d.request(), metadata=client.metadata)
         try:
-            with open(d.partial, "ab") as out:
-                for message in call:
-                    d.accept(message, out)
-                out.flush()
-                os.fsync(out.fileno())
-            d.ended()
+            d.unpack(iter(call))
             break
         except grpc.RpcError as e:
-            d.ended()
             time.sleep(d.retry_after(e, attempt))
         finally:
             call.cancel()

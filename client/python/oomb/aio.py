@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
+import threading
 import time
 from pathlib import Path
-from typing import (Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, TypeVar,
+from typing import (Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, List, Mapping, Optional, TypeVar,
                     Union)
 
 import grpc
@@ -43,6 +45,45 @@ log = logging.getLogger("oomb")
 T = TypeVar("T")
 AsyncEvents = AsyncGenerator[jobs_pb2.JobEvent, None]
 
+
+
+async def _unpack_on_a_thread(d: Download, call: Any) -> None:
+    """Download.unpack (blocking: tarfile and file writes) on a thread, fed the async stream's
+    messages through a bounded queue; the stream's RpcError is raised inside it, as the sync
+    client's would be."""
+    q: "queue.Queue[Any]" = queue.Queue(maxsize=8)
+    stopped = threading.Event()
+
+    def messages() -> Iterator[jobs_pb2.DownloadCheckpointResponse]:
+        while (item := q.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def run() -> None:
+        try:
+            d.unpack(messages())
+        finally:
+            stopped.set()
+
+    def put(item: Any) -> None:
+        while not stopped.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                pass
+
+    unpacking = asyncio.ensure_future(asyncio.to_thread(run))
+    try:
+        async for message in call:
+            if stopped.is_set():
+                break
+            await asyncio.to_thread(put, message)
+        await asyncio.to_thread(put, None)
+    except grpc.RpcError as e:
+        await asyncio.to_thread(put, e)
+    await unpacking
 
 class AsyncJob(_JobBase):
     """A job (see _JobBase for its fields) with coroutine calls; Job's asyncio twin."""
@@ -228,18 +269,12 @@ class AsyncJobs:
         d = Download(name, directory, attempts)
         for attempt in range(attempts):
             call = client.stub.DownloadCheckpoint(d.request(), metadata=client.metadata)
-            out = await asyncio.to_thread(open, d.partial, "ab")
             try:
-                async for message in call:
-                    await asyncio.to_thread(d.accept, message, out)
-                await asyncio.to_thread(lambda: (out.flush(), os.fsync(out.fileno())))
-                d.ended()
+                await _unpack_on_a_thread(d, call)
                 break
             except grpc.RpcError as e:
-                d.ended()
                 await asyncio.sleep(d.retry_after(e, attempt))
             finally:
-                out.close()
                 call.cancel()
         return await asyncio.to_thread(d.finish)
 
