@@ -1,8 +1,9 @@
 // Data in, models out: `oomb datasets upload|list|get|delete` and `oomb download`.
 //
-// upload: the file's SHA-256 and size are computed first and sent with it, so the server refuses
-// what arrives damaged; the id defaults to "ds-" and the first 12 hex digits of the SHA-256, so
-// an upload retried after a lost answer finds the same dataset instead of making a second one.
+// upload: the file's SHA-256 and size are sent with it, so the server refuses what arrives
+// damaged; the id defaults to "ds-" and the first 12 hex digits of the SHA-256 (hashed before
+// sending), so an upload retried after a lost answer finds the same dataset instead of making a
+// second one; with --id the file is hashed as it is sent (the hash in a last message).
 //
 // download: the checkpoint's tar stream (DownloadCheckpoint) is unpacked into DIR as it arrives
 // (its files flat, as the checkpoint directory holds them; each written to .NAME.part, its CRC-32
@@ -43,6 +44,22 @@ constexpr size_t kChunk = size_t{1} << 20;
 
 bool Tty() { return ::isatty(STDERR_FILENO) != 0; }
 
+// SHA-256, fed piece by piece.
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) { EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr); }
+  void Update(const char* data, size_t n) { EVP_DigestUpdate(ctx_.get(), data, n); }
+  std::string Hex() {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx_.get(), digest, &len);
+    return absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(digest), len));
+  }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
+};
+
 // The SHA-256 (hex) and size of a file; an error message when it cannot be read.
 bool HashFile(const std::string& path, std::string* sha, int64_t* size, std::string* error) {
   std::ifstream in(path, std::ios::binary);
@@ -50,22 +67,48 @@ bool HashFile(const std::string& path, std::string* sha, int64_t* size, std::str
     *error = path + ": cannot be read";
     return false;
   }
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  Sha256 hash;
   std::string buf(kChunk, '\0');
   *size = 0;
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const std::streamsize n = in.gcount();
     if (n <= 0) break;
-    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
+    hash.Update(buf.data(), static_cast<size_t>(n));
     *size += n;
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx.get(), digest, &len);
-  *sha = absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(digest), len));
+  *sha = hash.Hex();
   return true;
+}
+
+// Streams the file after `first` (its fields, with the first bytes), hashing it on the way when
+// `hash` is given; false when the server ended the stream early (Finish says why).
+bool SendFile(grpc::ClientWriter<v1::UploadDatasetRequest>& writer, const v1::UploadDatasetRequest& first,
+              const std::string& path, int64_t size, Sha256* hash) {
+  std::ifstream in(path, std::ios::binary);
+  v1::UploadDatasetRequest m = first;
+  int64_t sent = 0;
+  bool open = true;
+  while (open && in) {
+    std::string* data = m.mutable_data();  // read into the message: no copy
+    data->resize(kChunk);
+    in.read(data->data(), static_cast<std::streamsize>(kChunk));
+    const std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    data->resize(static_cast<size_t>(n));
+    if (hash != nullptr) hash->Update(data->data(), data->size());
+    open = writer.Write(m);
+    m.Clear();
+    sent += n;
+    if (Tty()) std::cerr << fmt::format("\ruploading {}: {} of {}", path, Bytes(sent), Bytes(size)) << std::flush;
+  }
+  if (open && sent == 0) open = writer.Write(first);  // an empty file: the server says what is wrong with it
+  if (open && hash != nullptr) {
+    v1::UploadDatasetRequest last;
+    last.set_sha256(hash->Hex());
+    open = writer.Write(last);
+  }
+  return open;
 }
 
 // A dataset's name from what a user typed: a full name as it is, "datasets/x" or an id as
@@ -102,38 +145,32 @@ void AddUpload(CLI::App& datasets, const Cli& cli) {
   up->add_option("--id", a->id, "The dataset's id (default: ds- and the start of its SHA-256)");
   up->add_option("--display-name", a->display_name, "A name for people");
   OnRun(up, [cli, a] {
+    // The default id is made of the SHA-256: hashed first. A named upload hashes the file as it
+    // sends it (the hash in a last message), reading it once.
+    const bool hash_first = a->id.empty();
     std::string sha, error;
     int64_t size = 0;
-    if (!HashFile(a->file, &sha, &size, &error)) {
-      std::cerr << "oomb: error: " << error << "\n";
+    std::ifstream readable(a->file, std::ios::binary);
+    if (!readable) error = a->file + ": cannot be read";
+    if (hash_first && error.empty()) HashFile(a->file, &sha, &size, &error);
+    std::error_code ec;
+    if (!hash_first && error.empty()) size = static_cast<int64_t>(fs::file_size(a->file, ec));
+    if (!error.empty() || ec) {
+      std::cerr << "oomb: error: " << (error.empty() ? a->file + ": " + ec.message() : error) << "\n";
       return int{kError};
     }
     v1::UploadDatasetRequest first;
     first.set_parent(Parent(cli.globals));
-    first.set_dataset_id(a->id.empty() ? "ds-" + sha.substr(0, 12) : a->id);
+    first.set_dataset_id(hash_first ? "ds-" + sha.substr(0, 12) : a->id);
     first.set_display_name(a->display_name.empty() ? fs::path(a->file).filename().string() : a->display_name);
     first.set_sha256(sha);
     first.set_size_bytes(size);
-    std::ifstream in(a->file, std::ios::binary);
     v1::Dataset dataset;
     std::unique_ptr<grpc::ClientContext> ctx = cli.client().Context(/*unary=*/false);
     std::unique_ptr<grpc::ClientWriter<v1::UploadDatasetRequest>> writer =
         cli.client().datasets().UploadDataset(ctx.get(), &dataset);
-    v1::UploadDatasetRequest m = first;
-    std::string buf(kChunk, '\0');
-    int64_t sent = 0;
-    bool open = true;
-    while (open && in) {
-      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      const std::streamsize n = in.gcount();
-      if (n <= 0) break;
-      m.set_data(buf.data(), static_cast<size_t>(n));
-      open = writer->Write(m);
-      m.Clear();
-      sent += n;
-      if (Tty()) std::cerr << fmt::format("\ruploading {}: {} of {}", a->file, Bytes(sent), Bytes(size)) << std::flush;
-    }
-    if (size == 0) writer->Write(first);  // an empty file: the server says what is wrong with it
+    Sha256 hash;
+    SendFile(*writer, first, a->file, size, hash_first ? nullptr : &hash);
     writer->WritesDone();
     const grpc::Status s = writer->Finish();
     if (Tty()) std::cerr << "\n";

@@ -2,17 +2,18 @@
 // their records in the JobStore, their files in the datasets dir (JobFiles::DatasetPath).
 //
 // An upload streams into a temporary file in the project's datasets directory
-// (".upload-<random>", mode 0600) as its messages arrive, its SHA-256 computed on the way, so
-// memory stays bounded whatever the file's size; a declared size_bytes, or the project's
-// max_storage_bytes, ends it as soon as the bytes pass them. The bytes are checked line by line
-// as a training dataset while they arrive (worker/data/dataset.h JsonlRecordChecker), on the
-// WorkPool, off gRPC's threads: a bad line ends the upload at once, and the check of the last
-// bytes is all that remains when the client has sent them (at most 16 MiB wait for the check; the
-// client is held back beyond). Then the file takes its name (<id>.jsonl, hard-linked so that
-// an existing file is never replaced), and the record is stored (the storage quota checked
-// again, atomically). A failure at any point removes what was
-// written; temporary files a crash left are removed when the service starts. Uploads of one
-// name at a time in a daemon (ABORTED for a second one meanwhile).
+// (".upload-<random>", mode 0600) as its messages arrive; a declared size_bytes, or the
+// project's max_storage_bytes, ends it as soon as the bytes pass them. gRPC's thread only
+// receives: hashing (SHA-256), writing and checking each line as a training dataset
+// (worker/data/dataset.h JsonlRecordChecker) run side by side on threads of their own
+// (server/piece_pipeline.h), at most 16 MiB behind what arrived (the client is held back
+// beyond), so memory stays bounded whatever the file's size and a bad line ends the upload at
+// once. After the client's last message (on the WorkPool): the stages finish, the file is
+// fsynced, verified against the declared sha256 and size, and takes its name (<id>.jsonl,
+// hard-linked so that an existing file is never replaced), and the record is stored (the
+// storage quota checked again, atomically). A failure at any point removes what was written;
+// temporary files a crash left are removed when the service starts. Uploads of one name at a
+// time in a daemon (ABORTED for a second one meanwhile).
 //
 // Callers and projects as in JobService (server/auth.h): a dataset of a project the caller may
 // not act in is NOT_FOUND.

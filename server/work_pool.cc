@@ -25,9 +25,13 @@ bool WorkPool::TrySubmit(std::function<void()> task) {
   return true;
 }
 
-void WorkPool::Loop() {
+void LowerThisThreadsPriority() {
   // Linux: a thread's nice value is its own (setpriority on its thread id).
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 5);
+}
+
+void WorkPool::Loop() {
+  LowerThisThreadsPriority();
   for (;;) {
     std::function<void()> task;
     {

@@ -40,6 +40,9 @@ class WorkPool {
   std::vector<std::thread> threads_;
 };
 
+// Lowers the calling thread's CPU priority to the pool's (nice +5).
+void LowerThisThreadsPriority();
+
 }  // namespace oomb::server
 
 #endif  // OOMB_SERVER_WORK_POOL_H_

@@ -9,15 +9,16 @@ Starts `oombd serve` on loopback (port 0, its own data dir), then:
      (`oomb datasets upload`), the SDK (`client.datasets.upload`), HTTP (`curl -T`); each upload
      is timed whole (the server checks every line before it answers) and the rate reported is
      bytes / seconds;
-  2. trains a model with full fine-tuning for one step on the CPU (a checkpoint of its weights
-     and AdamW moments in float32: 1.6 GB for the default SmolLM2-135M; --model names another,
+  2. trains a model with full fine-tuning for one step (--device, default the CPU; a checkpoint
+     of its weights and AdamW moments in float32: 1.6 GB for the default SmolLM2-135M; --model names another,
      --make-model-layers N makes a random Llama-shaped one of N layers of width 1024 with
      transformers, 12 bytes a parameter: 3.2 GB for N = 12, for a machine without SmolLM2), and
      downloads the final checkpoint with the CLI (`oomb download`), the SDK (`job.download`) and
      HTTP (`curl`), each timed whole;
   3. samples the daemon's resident memory (VmRSS, every 10 ms) during each transfer: its growth
      over the value when the transfer began is what the transfer held (the daemon's peak before
-     and after, VmHWM, also includes the training step).
+     and after, VmHWM, also includes the training step); and the CPU seconds of the daemon's
+     busiest threads during it (`daemon_threads_cpu_s`, by thread name), where its time went.
 Writes OUT_DIR/transfer.jsonl (one JSON line per transfer) and prints a summary.
 """
 import argparse
@@ -57,12 +58,31 @@ class RssSampler:
         self._stop = threading.Event()
 
     def _run(self):
+        n = 0
         while not self._stop.is_set():
             self.peak = max(self.peak, rss(self.pid)["VmRSS"])
+            if n % 10 == 0:  # every 100 ms: a thread that ends keeps its last reading
+                self.last.update(self.threads())
+            n += 1
             time.sleep(0.01)
+
+    def threads(self):
+        """CPU seconds (user + system) of each of the daemon's threads, by id: (name, seconds)."""
+        out = {}
+        for tid in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[tid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        return out
 
     def __enter__(self):
         self.start = self.peak = rss(self.pid)["VmRSS"]
+        self.first, self.last = self.threads(), {}
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -70,6 +90,13 @@ class RssSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+        self.last.update(self.threads())
+
+    @property
+    def busiest(self):
+        """The 6 threads of the most CPU seconds during the block: [[name, seconds], ...]."""
+        used = [(name, seconds - self.first.get(tid, (name, 0.0))[1]) for tid, (name, seconds) in self.last.items()]
+        return [[name, round(seconds, 2)] for name, seconds in sorted(used, key=lambda u: -u[1])[:6] if seconds > 0]
 
     @property
     def growth(self):
@@ -107,6 +134,7 @@ def main():
     p.add_argument("--dataset-gib", type=float, default=2.0)
     p.add_argument("--model", default=SMOL)
     p.add_argument("--make-model-layers", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where the one training step runs (cpu, cuda)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="oomb_transfer_")
@@ -115,12 +143,15 @@ def main():
     pid = daemon.proc.pid
     try:
         env = dict(os.environ, OOMB_ENDPOINT=daemon.endpoint)
+        # curl with the system's libraries (scripts/gpu_run.sh puts the carried ones first).
+        curl_env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
         http = "http://127.0.0.1:" + open(os.path.join(daemon.dir, "oombd.http.port")).read().strip()
         before = rss(pid)
 
         def record(what, nbytes, seconds, sampler):
             r = {"what": what, "bytes": nbytes, "seconds": round(seconds, 3),
                  "MB_per_s": round(nbytes / seconds / 1e6, 1), "daemon_rss_growth_bytes": sampler.growth,
+                 "daemon_threads_cpu_s": sampler.busiest,
                  "daemon": rss(pid)}
             results.append(r)
             print(json.dumps(r), flush=True)
@@ -135,7 +166,7 @@ def main():
                 ("upload: SDK datasets.upload", lambda: client.datasets.upload(data, dataset_id="sdk")),
                 ("upload: curl -T (HTTP PUT)", lambda: subprocess.run(
                     ["curl", "-sS", "--fail-with-body", "-T", data, f"{http}/v1/projects/default/datasets/curl"],
-                    check=True, stdout=subprocess.DEVNULL))):
+                    check=True, stdout=subprocess.DEVNULL, env=curl_env))):
             if "curl" in what and not shutil.which("curl"):
                 print(f"{what}: skipped, no curl on this machine", flush=True)
                 continue
@@ -151,7 +182,7 @@ def main():
         model = make_model(os.path.join(tmp, "model"), a.make_model_layers) if a.make_model_layers else a.model
         spec = {"model": {"path": model, "dtype": "float32"}, "method": {"type": "full"},
                 "data": {"train": train, "max_seq_len": 256}, "training": {"max_steps": 1},
-                "memory": {"chunk_tokens": 256}, "resources": {"device": "cpu"}}
+                "memory": {"chunk_tokens": 256}, "resources": {"device": a.device}}
         job = client.jobs.create(spec, job_id="full").wait(timeout=1800)
         final = os.path.join(job.checkpoint_dir, "final")
         ckpt_bytes = sum(os.path.getsize(os.path.join(final, n)) for n in os.listdir(final))
@@ -161,7 +192,7 @@ def main():
                 ("download: SDK job.download", lambda d: job.download(d)),
                 ("download: curl (HTTP GET, the tar)", lambda d: subprocess.run(
                     ["curl", "-sS", "--fail-with-body", "-o", os.path.join(tmp, "c.tar"),
-                     f"{http}/v1/projects/default/jobs/full/checkpoints/final:download"], check=True))):
+                     f"{http}/v1/projects/default/jobs/full/checkpoints/final:download"], check=True, env=curl_env))):
             if "curl" in what and not shutil.which("curl"):
                 print(f"{what}: skipped, no curl on this machine", flush=True)
                 continue

@@ -48,7 +48,7 @@ try:
     import httpx
     import oomb
     from oomb._transfer import Download
-    from oomb.v1 import jobs_pb2
+    from oomb.v1 import datasets_pb2, jobs_pb2
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"http_api: skipped: {e} (scripts/setup.sh installs the SDK and httpx)")
     sys.exit(77)
@@ -361,6 +361,20 @@ def test_sdk_transfers(daemon, tmp, train, oomb_cli):
         raise Failure("a dataset with a bad first line was accepted")
     except oomb.InvalidArgument as err:
         check("data: big.jsonl:1: input_ids[1]" in err.message, err.message)
+    # The hash in a last message (how a named upload is sent): checked as the first message's is.
+    body = b'{"input_ids": [1, 2]}\n'
+    for hashes, want in (([None, hashlib.sha256(body).hexdigest()], None),
+                         ([None, "0" * 64], "sha256: " + "0" * 64 + " declared"),
+                         ([hashlib.sha256(body).hexdigest()] * 2, "sha256: given in more than one message")):
+        first = datasets_pb2.UploadDatasetRequest(parent="projects/nlp", dataset_id="late", data=body,
+                                                  sha256=hashes[0] or "")
+        try:
+            got = alice.datasets.stub.UploadDataset(iter([first, datasets_pb2.UploadDatasetRequest(sha256=hashes[1])]),
+                                                    metadata=alice.metadata)
+            check(want is None and got.sha256 == hashlib.sha256(body).hexdigest(), f"late hash: {got}")
+            alice.datasets.delete("late")
+        except grpc.RpcError as err:
+            check(want is not None and want in err.details(), f"late hash {hashes}: {err.details()}")
     left = [n for _, _, names in os.walk(daemon.dir) for n in names if n.startswith(".upload-")]
     check(not left, f"temporary upload files left: {left}")
     try:

@@ -1,18 +1,22 @@
 #include "worker/data/dataset.h"
 
+#include <pthread.h>
 #include <simdjson.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/common/status.h"
 
 namespace oomb {
@@ -512,15 +516,49 @@ struct JsonlRecordChecker::Parser {
   simdjson::dom::parser simdjson;
 };
 
-JsonlRecordChecker::JsonlRecordChecker(std::string field, std::string shown_path)
+// Whole lines, from line `first_line`, checked by a worker.
+struct JsonlRecordChecker::Block {
+  std::string bytes;
+  int64_t first_line = 0;
+  bool done = false;
+  RecordCounts counts;
+  absl::Status status;
+};
+
+struct JsonlRecordChecker::Workers {
+  explicit Workers(size_t n) : max_blocks(2 * n) {}
+  const size_t max_blocks;  // dispatched and not yet collected
+  absl::Mutex mu;
+  std::deque<std::shared_ptr<Block>> queue ABSL_GUARDED_BY(mu);  // not taken yet
+  std::deque<std::shared_ptr<Block>> order ABSL_GUARDED_BY(mu);  // not collected yet, in order
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  std::vector<std::thread> threads;
+};
+
+JsonlRecordChecker::JsonlRecordChecker(std::string field, std::string shown_path, int threads)
     : field_(std::move(field)),
       shown_path_(std::move(shown_path)),
       max_line_bytes_(MaxLineBytes(int64_t{1} << 31)),
-      parser_(std::make_unique<Parser>()) {}
+      parser_(std::make_unique<Parser>()) {
+  if (threads <= 1) return;
+  workers_ = std::make_unique<Workers>(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) workers_->threads.emplace_back([this] { Work(); });
+}
 
-JsonlRecordChecker::~JsonlRecordChecker() = default;
+JsonlRecordChecker::~JsonlRecordChecker() {
+  if (workers_ == nullptr) return;
+  {
+    absl::MutexLock lock(&workers_->mu);
+    workers_->stopping = true;
+  }
+  for (std::thread& t : workers_->threads) t.join();
+}
 
 absl::Status JsonlRecordChecker::Feed(std::string_view bytes) {
+  return workers_ != nullptr ? FeedBlocks(bytes) : FeedLines(bytes);
+}
+
+absl::Status JsonlRecordChecker::FeedLines(std::string_view bytes) {
   for (size_t pos = 0; status_.ok() && pos < bytes.size();) {
     const void* found = std::memchr(bytes.data() + pos, '\n', bytes.size() - pos);
     const size_t end =
@@ -545,8 +583,94 @@ absl::Status JsonlRecordChecker::Feed(std::string_view bytes) {
   return status_;
 }
 
+absl::Status JsonlRecordChecker::FeedBlocks(std::string_view bytes) {
+  Collect(/*all=*/false);
+  if (!status_.ok()) return status_;
+  const void* last = ::memrchr(bytes.data(), '\n', bytes.size());
+  if (last != nullptr) {  // whole lines to the workers, the rest begins the next line
+    const size_t cut = static_cast<size_t>(static_cast<const char*>(last) - bytes.data()) + 1;
+    std::string block = std::move(partial_);
+    block.append(bytes.data(), cut);
+    partial_.clear();
+    Dispatch(std::move(block));
+    bytes.remove_prefix(cut);
+  }
+  if (partial_.size() + bytes.size() > max_line_bytes_) {
+    Collect(/*all=*/true);  // an error in an earlier line comes first
+    if (!status_.ok()) return status_;
+    status_ = LineError(DatasetOptions{.field = field_}, shown_path_, line_no_)(
+        absl::StrCat("the line is longer than ", max_line_bytes_, " bytes; split long texts into samples"));
+    return status_;
+  }
+  partial_.append(bytes);
+  return status_;
+}
+
+void JsonlRecordChecker::Dispatch(std::string bytes) {
+  auto block = std::make_shared<Block>();
+  block->first_line = line_no_;
+  line_no_ += std::count(bytes.begin(), bytes.end(), '\n');
+  block->bytes = std::move(bytes);
+  {
+    absl::MutexLock lock(&workers_->mu);
+    workers_->queue.push_back(block);
+    workers_->order.push_back(block);
+  }
+  Collect(/*all=*/false);
+}
+
+void JsonlRecordChecker::Collect(bool all) {
+  Workers& w = *workers_;
+  absl::MutexLock lock(&w.mu);
+  while (!w.order.empty()) {
+    Block* front = w.order.front().get();
+    if (!front->done) {
+      if (!all && w.order.size() <= w.max_blocks) break;
+      w.mu.Await(absl::Condition(
+          +[](Block* b) { return b->done; }, front));
+    }
+    for (size_t k = 0; k < kRecordKinds; ++k) counts_.by_kind[k] += front->counts.by_kind[k];
+    counts_.records += front->counts.records;
+    if (!front->status.ok() && status_.ok()) status_ = front->status;
+    w.order.pop_front();
+  }
+}
+
+void JsonlRecordChecker::Work() {
+  ::pthread_setname_np(::pthread_self(), "oomb-check");
+  Workers& w = *workers_;
+  JsonlRecordChecker lines(field_, shown_path_);  // one thread's check, reused block after block
+  for (;;) {
+    std::shared_ptr<Block> block;
+    {
+      absl::MutexLock lock(&w.mu);
+      w.mu.Await(absl::Condition(
+          +[](Workers* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) { return w->stopping || !w->queue.empty(); }, &w));
+      if (w.stopping) return;
+      block = std::move(w.queue.front());
+      w.queue.pop_front();
+    }
+    lines.line_no_ = block->first_line;
+    lines.counts_ = RecordCounts();
+    lines.status_ = absl::OkStatus();
+    absl::Status s = lines.FeedLines(block->bytes);
+    if (s.ok() && !lines.partial_.empty()) s = lines.CheckPartial();  // the file's last line
+    lines.partial_.clear();
+    absl::MutexLock lock(&w.mu);
+    block->counts = lines.counts_;
+    block->status = s;
+    block->done = true;
+  }
+}
+
 absl::StatusOr<RecordCounts> JsonlRecordChecker::Finish() {
-  if (status_.ok() && !partial_.empty()) status_ = CheckPartial();
+  if (workers_ != nullptr) {
+    if (status_.ok() && !partial_.empty()) Dispatch(std::move(partial_));
+    partial_.clear();
+    Collect(/*all=*/true);
+  } else if (status_.ok() && !partial_.empty()) {
+    status_ = CheckPartial();
+  }
   if (status_.ok() && counts_.records == 0) {
     status_ = WithReason(absl::InvalidArgumentError(absl::StrCat(field_, ": ", shown_path_, ": no samples")),
                          Reason::kBadData);

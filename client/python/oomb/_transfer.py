@@ -1,9 +1,10 @@
 """Data in, models out: uploaded datasets (`client.datasets`) and checkpoint downloads.
 
 Uploads stream the file in 1 MiB messages (DatasetService.UploadDataset) with its SHA-256 and
-size, computed first, so the server refuses what arrives damaged. The id defaults to "ds-" and the
-first 12 hex digits of the SHA-256: an upload retried after a lost answer (UNAVAILABLE) finds the
-dataset the first one made instead of making another.
+size, so the server refuses what arrives damaged. The id defaults to "ds-" and the first 12 hex
+digits of the SHA-256 (the file hashed before it is sent): an upload retried after a lost answer
+(UNAVAILABLE) finds the dataset the first one made instead of making another. A named upload
+(dataset_id) hashes the file as it sends it and sends the hash last: the file is read once.
 
 Downloads (JobService.DownloadCheckpoint) unpack the checkpoint's tar stream into `dir` as it
 arrives (its files flat, as the checkpoint directory holds them: `PeftModel.from_pretrained(dir)`
@@ -110,6 +111,35 @@ def upload_message(header: Optional[datasets_pb2.UploadDatasetRequest],
     return message
 
 
+def upload_plan(path: Path, dataset_id: Optional[str], display_name: Optional[str],
+                parent_name: str) -> "tuple[datasets_pb2.UploadDatasetRequest, bool]":
+    """The first message's fields but its data, and whether the file is hashed as it is sent: the
+    default id is made of the SHA-256, so the file is hashed first; a named upload reads it once,
+    its hash in a last message."""
+    if dataset_id:
+        return upload_header(path, "", path.stat().st_size, dataset_id, display_name, parent_name), True
+    return upload_header(path, *file_sha256(path), None, display_name, parent_name), False
+
+
+def upload_messages(path: Path, header: datasets_pb2.UploadDatasetRequest,
+                    hash_late: bool) -> Iterator[datasets_pb2.UploadDatasetRequest]:
+    """The upload stream: the header with the first chunk, the rest of the file in 1 MiB messages,
+    then (hash_late) the file's SHA-256 alone."""
+    h = hashlib.sha256() if hash_late else None
+    with open(path, "rb") as f:
+        chunk = f.read(CHUNK)
+        while True:
+            if h is not None:
+                h.update(chunk)
+            yield upload_message(header, chunk)
+            header = None  # type: ignore[assignment]
+            chunk = f.read(CHUNK)
+            if not chunk:
+                break
+    if h is not None:
+        yield datasets_pb2.UploadDatasetRequest(sha256=h.hexdigest())
+
+
 class Datasets:
     """`client.datasets`: the DatasetService calls (proto/oomb/v1/datasets.proto)."""
 
@@ -137,14 +167,10 @@ class Datasets:
           content), ResourceExhausted (the project's max_storage_bytes), ...
         """
         path = Path(path)
-        first = upload_header(path, *file_sha256(path), dataset_id, display_name, self._client._parent(project))
+        header, hash_late = upload_plan(path, dataset_id, display_name, self._client._parent(project))
 
         def messages() -> Iterator[datasets_pb2.UploadDatasetRequest]:
-            with open(path, "rb") as f:
-                chunk = f.read(CHUNK)
-                yield upload_message(first, chunk)
-                while chunk := f.read(CHUNK):
-                    yield upload_message(None, chunk)
+            return upload_messages(path, header, hash_late)
 
         for attempt in range(attempts):
             try:

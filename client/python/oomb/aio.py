@@ -35,7 +35,7 @@ from oomb._names import job_name, parent
 from oomb._requests import StateLike, create_request, estimate_request, list_request, update_request
 from oomb._retry import CREATE, IDEMPOTENT, RetryPolicy, async_call_with_retry
 from oomb._spec import SpecLike
-from oomb._transfer import CHUNK, Dataset, Download, file_sha256, dataset_name, upload_header, upload_message
+from oomb._transfer import Dataset, Download, dataset_name, upload_messages, upload_plan
 from oomb._watch import ENDED_EARLY, Watch, drop_reason
 from oomb.v1 import datasets_pb2, datasets_pb2_grpc, health_pb2, health_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
@@ -336,21 +336,16 @@ class AsyncDatasets:
                      attempts: int = 4) -> Dataset:
         """As Datasets.upload."""
         path = Path(path)
-        sha, size = await asyncio.to_thread(file_sha256, path)
-        header = upload_header(path, sha, size, dataset_id, display_name, self._client._parent(project))
+        header, hash_late = await asyncio.to_thread(upload_plan, path, dataset_id, display_name,
+                                                    self._client._parent(project))
 
         async def messages() -> AsyncIterator[datasets_pb2.UploadDatasetRequest]:
-            f = await asyncio.to_thread(open, path, "rb")
+            stream = upload_messages(path, header, hash_late)  # reads and hashes on a thread
             try:
-                first = True
-                while True:
-                    chunk = await asyncio.to_thread(f.read, CHUNK)
-                    if not chunk and not first:
-                        return
-                    yield upload_message(header if first else None, chunk)
-                    first = False
+                while (message := await asyncio.to_thread(next, stream, None)) is not None:
+                    yield message
             finally:
-                f.close()
+                stream.close()
 
         for attempt in range(attempts):
             try:

@@ -323,10 +323,10 @@ TEST_F(DatasetTest, PreTokenizedDataNeedsNoTokenizer) {
 
 // ---- the upload's check, fed in pieces --------------------------------------------------------
 
-// Feeds `contents` to a JsonlRecordChecker in pieces of `piece` bytes (each copied into a buffer
-// of its own size, so that a line at a piece's end has no bytes after it).
-absl::StatusOr<RecordCounts> CheckInPieces(const std::string& contents, size_t piece) {
-  JsonlRecordChecker checker("data", "up.jsonl");
+// Feeds `contents` to a JsonlRecordChecker of `threads` in pieces of `piece` bytes (each copied
+// into a buffer of its own size, so that a line at a piece's end has no bytes after it).
+absl::StatusOr<RecordCounts> CheckInPieces(const std::string& contents, size_t piece, int threads) {
+  JsonlRecordChecker checker("data", "up.jsonl", threads);
   for (size_t at = 0; at < contents.size(); at += piece) {
     const std::vector<char> copy(contents.begin() + static_cast<std::ptrdiff_t>(at),
                                  contents.begin() + static_cast<std::ptrdiff_t>(std::min(contents.size(), at + piece)));
@@ -339,32 +339,41 @@ absl::StatusOr<RecordCounts> CheckInPieces(const std::string& contents, size_t p
   return checker.Finish();
 }
 
-TEST_F(DatasetTest, RecordCheckerGivesTheSameAnswerWhereverPiecesEnd) {
+TEST_F(DatasetTest, RecordCheckerGivesTheSameAnswerWhereverPiecesEndOnAnyThreads) {
   const std::string good =
       "\n{\"text\": \"a\"}\r\n  \n{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n"
       "{\"prompt\": \"q\", \"completion\": \"r\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n"
       "{\"input_ids\": [7]}";  // the last line without its newline
   const std::string bad = std::string(kGood) + kGood + "{\"input_ids\": [1, -2]}\n" + kGood;
   const std::string bad_utf8 = std::string(kGood) + "{\"text\": \"a\xff\"}\n";
-  for (size_t piece : {size_t{1}, size_t{2}, size_t{7}, size_t{64}, size_t{1} << 20}) {
-    SCOPED_TRACE(piece);
-    auto r = CheckInPieces(good, piece);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->records, 5);
-    EXPECT_EQ(r->by_kind[static_cast<size_t>(RecordKind::kInputIds)], 2);
-    EXPECT_EQ(r->by_kind[static_cast<size_t>(RecordKind::kText)], 1);
-    EXPECT_EQ(r->by_kind[static_cast<size_t>(RecordKind::kMessages)], 1);
-    EXPECT_EQ(r->by_kind[static_cast<size_t>(RecordKind::kPromptCompletion)], 1);
-    auto e = CheckInPieces(bad, piece);
-    ASSERT_FALSE(e.ok());
-    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(e.status().message()), HasSubstr("data: up.jsonl:3: input_ids[1]"));
-    e = CheckInPieces(bad_utf8, piece);
-    ASSERT_FALSE(e.ok());
-    EXPECT_THAT(std::string(e.status().message()), HasSubstr("data: up.jsonl:2: invalid UTF-8 at byte 12"));
-    e = CheckInPieces("\n \r\n", piece);
-    ASSERT_FALSE(e.ok());
-    EXPECT_THAT(std::string(e.status().message()), HasSubstr("data: up.jsonl: no samples"));
+  // Two bad lines far apart: the first is the one reported, however the lines were split.
+  std::string two_bad = std::string(kGood) + kGood + "{\"text\": 5}\n";
+  for (int i = 0; i < 400; ++i) two_bad += kGood;
+  two_bad += "{\"input_ids\": [1, -2]}\n";
+  for (int threads : {1, 3}) {
+    for (size_t piece : {size_t{1}, size_t{2}, size_t{7}, size_t{64}, size_t{1} << 20}) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads, pieces of " << piece);
+      auto r = CheckInPieces(good, piece, threads);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->records, 5);
+      EXPECT_EQ(r->by_kind[static_cast<size_t>(RecordKind::kInputIds)], 2);
+      EXPECT_EQ(r->by_kind[static_cast<size_t>(RecordKind::kText)], 1);
+      EXPECT_EQ(r->by_kind[static_cast<size_t>(RecordKind::kMessages)], 1);
+      EXPECT_EQ(r->by_kind[static_cast<size_t>(RecordKind::kPromptCompletion)], 1);
+      auto e = CheckInPieces(bad, piece, threads);
+      ASSERT_FALSE(e.ok());
+      EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(e.status().message()), HasSubstr("data: up.jsonl:3: input_ids[1]"));
+      e = CheckInPieces(bad_utf8, piece, threads);
+      ASSERT_FALSE(e.ok());
+      EXPECT_THAT(std::string(e.status().message()), HasSubstr("data: up.jsonl:2: invalid UTF-8 at byte 12"));
+      e = CheckInPieces(two_bad, piece, threads);
+      ASSERT_FALSE(e.ok());
+      EXPECT_THAT(std::string(e.status().message()), HasSubstr("data: up.jsonl:3: field 'text'"));
+      e = CheckInPieces("\n \r\n", piece, threads);
+      ASSERT_FALSE(e.ok());
+      EXPECT_THAT(std::string(e.status().message()), HasSubstr("data: up.jsonl: no samples"));
+    }
   }
   // The file's check reads it in pieces too, and agrees.
   path_ = Write(good);
@@ -374,15 +383,17 @@ TEST_F(DatasetTest, RecordCheckerGivesTheSameAnswerWhereverPiecesEnd) {
 }
 
 TEST_F(DatasetTest, RecordCheckerEndsALineLongerThanItsLimitAsItGrows) {
-  JsonlRecordChecker checker("data", "up.jsonl");
-  ASSERT_TRUE(checker.Feed(kGood).ok());
-  const std::string mib(size_t{1} << 20, 'x');
-  absl::Status s;
-  size_t fed = 0;
-  for (; s.ok() && fed <= (size_t{257} << 20); fed += mib.size()) s = checker.Feed(mib);
-  ASSERT_FALSE(s.ok());
-  EXPECT_LE(fed, size_t{257} << 20);  // stopped at 256 MiB, not at the line's end
-  EXPECT_THAT(std::string(s.message()), HasSubstr("data: up.jsonl:2: the line is longer than 268435456 bytes"));
+  for (int threads : {1, 2}) {
+    JsonlRecordChecker checker("data", "up.jsonl", threads);
+    ASSERT_TRUE(checker.Feed(kGood).ok());
+    const std::string mib(size_t{1} << 20, 'x');
+    absl::Status s;
+    size_t fed = 0;
+    for (; s.ok() && fed <= (size_t{257} << 20); fed += mib.size()) s = checker.Feed(mib);
+    ASSERT_FALSE(s.ok());
+    EXPECT_LE(fed, size_t{257} << 20);  // stopped at 256 MiB, not at the line's end
+    EXPECT_THAT(std::string(s.message()), HasSubstr("data: up.jsonl:2: the line is longer than 268435456 bytes"));
+  }
 }
 
 }  // namespace
