@@ -41,6 +41,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kChunk = size_t{1} << 20;
+constexpr la_int64_t kWritebackBytes = la_int64_t{8} << 20;
 
 bool Tty() { return ::isatty(STDERR_FILENO) != 0; }
 
@@ -300,12 +301,18 @@ bool WriteEntry(struct archive* a, const fs::path& dir, const std::string& name,
   la_int64_t at = 0;
   int r = ARCHIVE_OK;
   bool written = true;
+  la_int64_t flushed = 0;
   while ((r = archive_read_data_block(a, &block, &size, &at)) == ARCHIVE_OK && written) {
     crc = crc32(crc, static_cast<const Bytef*>(block), static_cast<uInt>(size));
     for (size_t done = 0; written && done < size;) {
       const ssize_t n = ::pwrite(fd, static_cast<const char*>(block) + done, size - done, at + done);
       written = n > 0 || (n < 0 && errno == EINTR);
       done += n > 0 ? static_cast<size_t>(n) : 0;
+    }
+    // Writeback starts as the bytes come (without waiting), so the fsync below has little left.
+    if (at + static_cast<la_int64_t>(size) - flushed >= kWritebackBytes) {
+      ::sync_file_range(fd, flushed, at + static_cast<la_int64_t>(size) - flushed, SYNC_FILE_RANGE_WRITE);
+      flushed = at + static_cast<la_int64_t>(size);
     }
   }
   written = written && ::fsync(fd) == 0;

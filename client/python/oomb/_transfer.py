@@ -121,23 +121,54 @@ def upload_plan(path: Path, dataset_id: Optional[str], display_name: Optional[st
     return upload_header(path, *file_sha256(path), None, display_name, parent_name), False
 
 
+class _Hasher:
+    """SHA-256 on a thread of its own (hashlib releases the GIL), fed the chunks being sent."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self._queue: "queue.Queue[Optional[bytes]]" = queue.Queue(maxsize=8)
+        self._thread = threading.Thread(target=self._run, name="oomb-upload-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            self._sha.update(chunk)
+
+    def update(self, chunk: bytes) -> None:
+        self._queue.put(chunk)
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self._sha.hexdigest()
+
+    def close(self) -> None:
+        """Stops the thread once it has hashed what it was given (again: nothing)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+
 def upload_messages(path: Path, header: datasets_pb2.UploadDatasetRequest,
                     hash_late: bool) -> Iterator[datasets_pb2.UploadDatasetRequest]:
     """The upload stream: the header with the first chunk, the rest of the file in 1 MiB messages,
-    then (hash_late) the file's SHA-256 alone."""
-    h = hashlib.sha256() if hash_late else None
-    with open(path, "rb") as f:
-        chunk = f.read(CHUNK)
-        while True:
-            if h is not None:
-                h.update(chunk)
-            yield upload_message(header, chunk)
-            header = None  # type: ignore[assignment]
+    then (hash_late) the file's SHA-256 alone, computed beside the sending."""
+    h = _Hasher() if hash_late else None
+    try:
+        with open(path, "rb") as f:
             chunk = f.read(CHUNK)
-            if not chunk:
-                break
-    if h is not None:
-        yield datasets_pb2.UploadDatasetRequest(sha256=h.hexdigest())
+            while True:
+                if h is not None:
+                    h.update(chunk)
+                yield upload_message(header, chunk)
+                header = None  # type: ignore[assignment]
+                chunk = f.read(CHUNK)
+                if not chunk:
+                    break
+        if h is not None:
+            yield datasets_pb2.UploadDatasetRequest(sha256=h.hexdigest())
+    finally:
+        if h is not None:
+            h.close()  # the stream may have ended early
 
 
 class Datasets:
