@@ -478,6 +478,8 @@ def test_restart(daemon, tmp, records):
     states = [jobs_pb2.Job.State.Name(e.state) for e in events if e.type == jobs_pb2.JobEvent.STATE_CHANGED]
     check(states[0] == "QUEUED" and states[-2:] == ["RUNNING", "SUCCEEDED"], f"states {states}")
     check(list(main.events(after=len(seqs) - 2)) == events[-2:], "events(after=n-2) is not the last two")
+    reach = [e.message for e in stored if e.type == jobs_pb2.JobEvent.LOG and e.message.startswith("gradients at ")]
+    check(reach and "reached every trainable module: self_attn.q_proj" in reach[0], f"the gradients' reach: {reach}")
     check(main.end_time is not None and main.start_time is not None and main.create_time <= main.end_time, "times")
 
     cps = main.checkpoints()

@@ -135,6 +135,16 @@ class Run final : public StepSync {
   void Log(const std::string& msg) {
     if (lead() && options_.on_log) options_.on_log(msg);
   }
+  // Where the run's first step's gradients reached: a LOG line, and a warning naming what
+  // received none (a target the data never reaches, experts no token was routed to).
+  void ReportReach(const GradientReach& reach, int64_t step) {
+    if (reach.every())
+      return Log(absl::StrCat("gradients at step ", step, " reached every trainable module: ", reach.Describe()));
+    Warn(absl::StrCat("gradients at step ", step,
+                      " did not reach every trainable module (reached/trainable): ", reach.Describe(),
+                      "; what received none does not train: check method.lora's targets, or the data (an expert "
+                      "no token was routed to receives nothing)"));
+  }
   // The LOG lines of Setup: the data, the model, the plan.
   void LogSetup(const DatasetStats& data, double load_seconds);
   absl::StatusOr<CheckpointInfo> Checkpoint(bool final) {
@@ -307,6 +317,7 @@ absl::StatusOr<RunResult> Run::Train() {
     absl::StatusOr<StepReport> report = session_->Step(batch, state_.step + 1, lr);
     if (absl::IsCancelled(report.status())) return Stopped();
     if (!report.ok()) return report.status();
+    if (state_.step == first_step) ReportReach(*session_->first_step_reach(), state_.step + 1);
     state_.step += 1;
     state_.epoch = next.epoch;
     state_.cursor = next.cursor;

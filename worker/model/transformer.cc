@@ -3,12 +3,15 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/torch/layer_ops.h"
@@ -283,6 +286,75 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::TrainableParameters
         absl::StrCat("base_model.model.model.layers.", b.layer, ".mlp.experts", inner ? ".base_layer" : "");
     out.emplace_back(module + ".lora_A.weight", b.bank->lora_a);
     out.emplace_back(module + ".lora_B.weight", b.bank->lora_b);
+  }
+  return out;
+}
+
+bool GradientReach::every() const {
+  return std::all_of(groups.begin(), groups.end(),
+                     [](const Group& g) { return g.reached == g.modules && g.experts_reached == g.experts; });
+}
+
+std::string GradientReach::Describe() const {
+  return absl::StrJoin(groups, ", ", [](std::string* out, const Group& g) {
+    absl::StrAppend(out, g.name, " ", g.reached, "/", g.modules);
+    if (g.experts > 0) absl::StrAppend(out, " (experts ", g.experts_reached, "/", g.experts, ")");
+  });
+}
+
+namespace {
+
+// A parameter's name without "model.layers.{i}." (and PEFT's "base_model.model." and the
+// ".weight"): what its copies in every layer share.
+std::string ModuleName(std::string name) {
+  if (absl::StartsWith(name, "base_model.model.")) name = name.substr(17);
+  if (absl::EndsWith(name, ".weight")) name.resize(name.size() - 7);
+  if (absl::StartsWith(name, "model.")) name = name.substr(6);
+  if (absl::StartsWith(name, "layers.")) name = name.substr(name.find('.', 7) + 1);
+  return name;
+}
+
+bool Nonzero(const at::Tensor& t) { return t.grad().defined() && t.grad().ne(0).any().item<bool>(); }
+
+// How many of the E experts a gradient reaches, the expert of each slice along `dim` of
+// `grad` viewed as `shape`.
+int64_t ExpertsReached(const at::Tensor& grad, at::IntArrayRef shape, int64_t dim) {
+  if (!grad.defined()) return 0;
+  at::Tensor any = grad.reshape(shape).ne(0).movedim(dim, 0).flatten(1).any(1);
+  return any.sum().item<int64_t>();
+}
+
+}  // namespace
+
+GradientReach Transformer::Reach() const {
+  GradientReach out;
+  std::map<std::string, size_t> index;
+  auto count = [&](const std::string& name, bool reached, int64_t experts, int64_t experts_reached) {
+    auto [it, added] = index.emplace(name, out.groups.size());
+    if (added) out.groups.push_back({name});
+    GradientReach::Group& g = out.groups[it->second];
+    g.modules += 1;
+    g.reached += reached ? 1 : 0;
+    g.experts += experts;
+    g.experts_reached += experts_reached;
+  };
+  auto* self = const_cast<Transformer*>(this);
+  if (full_) {
+    for (const auto& [name, p] : BaseParameters()) {
+      const bool bank = p.dim() == 3 && absl::StrContains(name, ".mlp.experts.");  // [E, out, in]
+      const int64_t E = bank ? p.size(0) : 0;
+      count(ModuleName(name), Nonzero(p), E, bank ? ExpertsReached(p.grad(), p.sizes(), 0) : 0);
+    }
+    return out;
+  }
+  for (const auto& [name, l] : NamedLinears()) {
+    if (l->lora_b.defined()) count(ModuleName(name), Nonzero(l->lora_b), 0, 0);
+  }
+  for (const NamedBank& b : self->NamedBanks()) {
+    const at::Tensor& B = b.bank->lora_b;  // [out, r E]: expert e's columns k E + e
+    if (!B.defined()) continue;
+    const int64_t E = b.bank->weight.size(0);
+    count(ModuleName(b.name), Nonzero(B), E, ExpertsReached(B.grad(), {B.size(0), B.size(1) / E, E}, 2));
   }
   return out;
 }

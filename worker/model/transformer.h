@@ -115,6 +115,25 @@ struct ChunkInput {
 using AttentionFn =
     std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
+// Which trainable modules the gradients of a step reached (Transformer::GradientReach), by
+// module across layers ("self_attn.q_proj", "mlp.experts.gate_up_proj", "embed_tokens"): a LoRA
+// pair counts once and its B decides (at a run's first step A's gradient is zero, B being zero);
+// a weight of full fine-tuning counts alone. On an expert bank, each expert's share is counted
+// too: an expert no token was routed to receives nothing. What a job reports after its first
+// step, the silent failure it catches being an adapter whose targets the training never reaches.
+struct GradientReach {
+  struct Group {
+    std::string name;
+    int64_t modules = 0, reached = 0;          // across layers
+    int64_t experts = 0, experts_reached = 0;  // expert banks: experts across layers
+  };
+  std::vector<Group> groups;  // in the model's order
+
+  bool every() const;  // every module and every expert reached
+  // "self_attn.q_proj 24/24, mlp.experts.gate_up_proj 24/24 (experts 1530/1536)".
+  std::string Describe() const;
+};
+
 class Transformer {
  public:
   // Loads config.json and the safetensors weights of a Hugging Face directory, converting to
@@ -156,6 +175,8 @@ class Transformer {
 
   // What the optimizer updates, with the names checkpoints use (HF / PEFT names).
   std::vector<std::pair<std::string, at::Tensor>> TrainableParameters() const;
+  // Where the trainable parameters' gradients, as they are now (after a backward), are nonzero.
+  GradientReach Reach() const;
   // Every base weight with its HF name (transformers' in-memory name: an expert bank is one
   // [E, out, in] tensor, mlp.experts.gate_up_proj).
   std::vector<std::pair<std::string, at::Tensor>> BaseParameters() const;

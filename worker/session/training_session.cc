@@ -180,6 +180,7 @@ absl::StatusOr<StepReport> TrainingSession::Step(const std::vector<TokenSequence
     return absl::CancelledError(absl::StrCat("stopped during step ", step));
   }
   OOMB_RETURN_IF_ERROR(sync_->AllReduceGradients(params_));
+  if (!first_step_reach_.has_value()) first_step_reach_ = model_->Reach();
   report.loss = label_tokens > 0 ? sums[kLoss] / static_cast<double>(label_tokens) : 0.0;
   if (!std::isfinite(report.loss)) {
     return WithReason(absl::InternalError(absl::StrCat("loss is ", report.loss, " at step ", step)), Reason::kNanLoss);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,10 @@ class TrainingSession {
   // not finite; the trainer's errors (worker/train/chunk_trainer.h) and the other ranks'.
   absl::StatusOr<StepReport> Step(const std::vector<TokenSequence>& batch, int64_t step, double lr);
 
+  // Where the gradients of this session's first step reached, all ranks' (Transformer::Reach,
+  // measured once, after the all-reduce); empty before that step.
+  const std::optional<GradientReach>& first_step_reach() const { return first_step_reach_; }
+
   // The mean loss over `sequences` (each rank its share), without gradients; 0 when a stop was
   // asked meanwhile.
   absl::StatusOr<double> Evaluate(const std::vector<TokenSequence>& sequences);
@@ -136,6 +141,7 @@ class TrainingSession {
   OwnedKvPools pools_;
   std::unique_ptr<ChunkTrainer> trainer_;
   double peak_flops_ = 0;  // the device's datasheet peak, for MFU; 0: unknown
+  std::optional<GradientReach> first_step_reach_;
 };
 
 }  // namespace oomb

@@ -220,6 +220,84 @@ INSTANTIATE_TEST_SUITE_P(Tiny, TinyModelParityTest, ::testing::ValuesIn(TinyMode
 });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TinyModelParityTest);
 
+// The gradients' reach after a chunked pass over the reference sequence, on the tiny Qwen3-MoE
+// (3 layers, layer 1 dense, 4 experts, top-2): LoRA on attention and both expert banks, then
+// full fine-tuning. Each bank's experts are told apart along its layout (LoRA B [out, r E]:
+// expert e's columns k E + e; a weight [E, out, in]), checked with gradients set by hand.
+TEST(TransformerTest, ReachCountsTheModulesAndExpertsTheGradientsReached) {
+  const std::string dir = testing::DataDir() + "/tiny/qwen3-moe";
+  if (!fs::exists(dir)) GTEST_SKIP() << "no " << dir;
+  auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->LoadAdapter(testing::OpenDir(dir + "/lora")).ok());
+  auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
+  ASSERT_TRUE(ref.ok());
+  const at::Tensor ids = ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0];
+  auto group = [](const GradientReach& r, const std::string& name) {
+    for (const GradientReach::Group& g : r.groups) {
+      if (g.name == name) return g;
+    }
+    ADD_FAILURE() << "no group " << name << " in " << r.Describe();
+    return GradientReach::Group{};
+  };
+  auto layer_of = [](const std::string& name) {
+    const size_t at = name.find("layers.") + 7;
+    return std::stoll(name.substr(at, name.find('.', at) - at));
+  };
+  const GradientReach none = (*model)->Reach();
+  EXPECT_FALSE(none.every());
+  EXPECT_EQ(none.Describe(),
+            "self_attn.q_proj 0/3, self_attn.k_proj 0/3, self_attn.v_proj 0/3, self_attn.o_proj 0/3, "
+            "mlp.experts.gate_up_proj 0/2 (experts 0/8), mlp.experts.down_proj 0/2 (experts 0/8)");
+
+  Chunked chunked(**model, ids.size(0));
+  ASSERT_TRUE(chunked.trainer->TrainSequence(Document(ids), 1.0, 0).ok());
+  const GradientReach trained = (*model)->Reach();
+  for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}) {
+    EXPECT_EQ(group(trained, name).reached, 3) << name;
+  }
+  for (const char* name : {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}) {
+    const GradientReach::Group g = group(trained, name);
+    EXPECT_EQ(g.reached, 2) << name;
+    EXPECT_GE(g.experts_reached, 4) << name;  // top-2 of each sparse layer, at least
+    EXPECT_LE(g.experts_reached, 8) << name;
+  }
+  // By hand: each bank's B reaches expert (layer % 4) alone; layer 0's q_proj nothing.
+  for (auto& [name, p] : (*model)->TrainableParameters()) {
+    if (name.find(".mlp.experts") != std::string::npos && name.find("lora_B") != std::string::npos) {
+      at::Tensor g = at::zeros_like(p);
+      const int64_t E = 4, e = layer_of(name) % E;
+      for (int64_t k = 0; k < p.size(1) / E; ++k) g.select(1, k * E + e).fill_(1);
+      p.mutable_grad() = g;
+    }
+    if (name.find("layers.0.self_attn.q_proj.lora_B") != std::string::npos) p.mutable_grad() = at::zeros_like(p);
+  }
+  const GradientReach by_hand = (*model)->Reach();
+  EXPECT_FALSE(by_hand.every());
+  EXPECT_EQ(group(by_hand, "self_attn.q_proj").reached, 2);
+  EXPECT_EQ(group(by_hand, "mlp.experts.gate_up_proj").experts_reached, 2);
+  EXPECT_EQ(group(by_hand, "mlp.experts.down_proj").experts_reached, 2);
+
+  // Full fine-tuning: every weight reached; a bank [E, out, in] by its first dimension.
+  auto full = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
+  ASSERT_TRUE(full.ok());
+  (*full)->EnableFullFineTuning();
+  Chunked full_chunked(**full, ids.size(0));
+  ASSERT_TRUE(full_chunked.trainer->TrainSequence(Document(ids), 1.0, 0).ok());
+  const GradientReach weights = (*full)->Reach();
+  for (const GradientReach::Group& g : weights.groups) EXPECT_EQ(g.reached, g.modules) << g.name;
+  EXPECT_EQ(group(weights, "embed_tokens").modules, 1);
+  EXPECT_EQ(group(weights, "mlp.experts.gate_up_proj").experts, 8);
+  for (auto& [name, p] : (*full)->BaseParameters()) {
+    if (p.dim() == 3) {
+      at::Tensor g = at::zeros_like(p);
+      g[1].fill_(1);
+      p.mutable_grad() = g;
+    }
+  }
+  EXPECT_EQ(group((*full)->Reach(), "mlp.experts.down_proj").experts_reached, 2);
+}
+
 TEST(TransformerTest, TinyModelsArePresent) {
   if (TinyModels().empty()) GTEST_SKIP() << "no tiny models under " << testing::DataDir() << "/tiny";
   EXPECT_GE(TinyModels().size(), 16u);
