@@ -134,12 +134,12 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
     checker_.emplace("data", display_name_.empty() ? id_ : display_name_, CheckThreads());
     // Hashing, writing and checking side by side, this thread only receiving.
     std::vector<PiecePipeline::Stage> stages = {
-        [this](const std::string& piece) {
-          EVP_DigestUpdate(sha_, piece.data(), piece.size());
+        [this](const PiecePipeline::Piece& piece) {
+          EVP_DigestUpdate(sha_, piece->data(), piece->size());
           return absl::OkStatus();
         },
-        [this](const std::string& piece) { return Write(piece); },
-        [this](const std::string& piece) { return checker_->Feed(piece); },
+        [this](const PiecePipeline::Piece& piece) { return Write(*piece); },
+        [this](const PiecePipeline::Piece& piece) { return checker_->Feed(piece); },
     };
     pipeline_ = std::make_unique<PiecePipeline>(std::move(stages), kMaxPendingBytes, [this] { StartRead(&message_); });
     return absl::OkStatus();

@@ -55,7 +55,7 @@ void PiecePipeline::Run(size_t stage) {
   LowerThisThreadsPriority();
   ::pthread_setname_np(::pthread_self(), ("oombd-stage-" + std::to_string(stage)).c_str());
   for (;;) {
-    std::shared_ptr<const std::string> piece;
+    Piece piece;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this, stage]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -65,7 +65,7 @@ void PiecePipeline::Run(size_t stage) {
       if (stopping_ || !status_.ok() || Idle(stage)) return;  // Idle here: closing, nothing left
       piece = pieces_[static_cast<size_t>(next_[stage] - first_)];
     }
-    const absl::Status s = stages_[stage](*piece);
+    const absl::Status s = stages_[stage](piece);
     bool room = false;
     {
       absl::MutexLock lock(&mu_);

@@ -27,7 +27,9 @@ namespace oomb::server {
 
 class PiecePipeline {
  public:
-  using Stage = std::function<absl::Status(const std::string& piece)>;
+  // A stage may keep the piece (its bytes never change) beyond the call.
+  using Piece = std::shared_ptr<const std::string>;
+  using Stage = std::function<absl::Status(const Piece& piece)>;
 
   PiecePipeline(std::vector<Stage> stages, size_t max_pending_bytes, std::function<void()> on_room);
   ~PiecePipeline();  // Abort()
@@ -54,7 +56,7 @@ class PiecePipeline {
   const size_t max_pending_bytes_;
   const std::function<void()> on_room_;
   absl::Mutex mu_;
-  std::deque<std::shared_ptr<const std::string>> pieces_ ABSL_GUARDED_BY(mu_);  // from index first_
+  std::deque<Piece> pieces_ ABSL_GUARDED_BY(mu_);  // from index first_
   int64_t first_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> next_ ABSL_GUARDED_BY(mu_);  // each stage's next piece
   size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -516,9 +516,12 @@ struct JsonlRecordChecker::Parser {
   simdjson::dom::parser simdjson;
 };
 
-// Whole lines, from line `first_line`, checked by a worker.
+// Whole lines: `head` (the line the pieces before began, ended in this piece), then
+// piece[begin, end).
 struct JsonlRecordChecker::Block {
-  std::string bytes;
+  std::string head;
+  std::shared_ptr<const std::string> piece;  // may be null
+  size_t begin = 0, end = 0;
   int64_t first_line = 0;
   bool done = false;
   RecordCounts counts;
@@ -555,7 +558,11 @@ JsonlRecordChecker::~JsonlRecordChecker() {
 }
 
 absl::Status JsonlRecordChecker::Feed(std::string_view bytes) {
-  return workers_ != nullptr ? FeedBlocks(bytes) : FeedLines(bytes);
+  return workers_ != nullptr ? FeedBlocks(std::make_shared<const std::string>(bytes)) : FeedLines(bytes);
+}
+
+absl::Status JsonlRecordChecker::Feed(std::shared_ptr<const std::string> piece) {
+  return workers_ != nullptr ? FeedBlocks(std::move(piece)) : FeedLines(*piece);
 }
 
 absl::Status JsonlRecordChecker::FeedLines(std::string_view bytes) {
@@ -583,16 +590,35 @@ absl::Status JsonlRecordChecker::FeedLines(std::string_view bytes) {
   return status_;
 }
 
-absl::Status JsonlRecordChecker::FeedBlocks(std::string_view bytes) {
+namespace {
+
+int64_t CountLines(std::string_view bytes) {
+  int64_t n = 0;
+  for (const char *p = bytes.data(), *end = p + bytes.size();
+       (p = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)))) != nullptr; ++p) {
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+absl::Status JsonlRecordChecker::FeedBlocks(std::shared_ptr<const std::string> piece) {
   Collect(/*all=*/false);
   if (!status_.ok()) return status_;
+  std::string_view bytes(*piece);
   const void* last = ::memrchr(bytes.data(), '\n', bytes.size());
   if (last != nullptr) {  // whole lines to the workers, the rest begins the next line
     const size_t cut = static_cast<size_t>(static_cast<const char*>(last) - bytes.data()) + 1;
-    std::string block = std::move(partial_);
-    block.append(bytes.data(), cut);
-    partial_.clear();
-    Dispatch(std::move(block));
+    size_t begin = 0;
+    std::string head;
+    if (!partial_.empty()) {  // the line the pieces before began ends at this one's first newline
+      begin = static_cast<size_t>(static_cast<const char*>(std::memchr(bytes.data(), '\n', cut)) - bytes.data()) + 1;
+      head = std::move(partial_);
+      head.append(bytes.data(), begin);
+      partial_.clear();
+    }
+    Dispatch(std::move(head), piece, begin, cut);
     bytes.remove_prefix(cut);
   }
   if (partial_.size() + bytes.size() > max_line_bytes_) {
@@ -606,11 +632,16 @@ absl::Status JsonlRecordChecker::FeedBlocks(std::string_view bytes) {
   return status_;
 }
 
-void JsonlRecordChecker::Dispatch(std::string bytes) {
+void JsonlRecordChecker::Dispatch(std::string head, std::shared_ptr<const std::string> piece, size_t begin,
+                                  size_t end) {
   auto block = std::make_shared<Block>();
   block->first_line = line_no_;
-  line_no_ += std::count(bytes.begin(), bytes.end(), '\n');
-  block->bytes = std::move(bytes);
+  line_no_ +=
+      CountLines(head) + (piece != nullptr ? CountLines(std::string_view(*piece).substr(begin, end - begin)) : 0);
+  block->head = std::move(head);
+  block->piece = std::move(piece);
+  block->begin = begin;
+  block->end = end;
   {
     absl::MutexLock lock(&workers_->mu);
     workers_->queue.push_back(block);
@@ -653,7 +684,10 @@ void JsonlRecordChecker::Work() {
     lines.line_no_ = block->first_line;
     lines.counts_ = RecordCounts();
     lines.status_ = absl::OkStatus();
-    absl::Status s = lines.FeedLines(block->bytes);
+    absl::Status s = lines.FeedLines(block->head);
+    if (s.ok() && block->piece != nullptr) {
+      s = lines.FeedLines(std::string_view(*block->piece).substr(block->begin, block->end - block->begin));
+    }
     if (s.ok() && !lines.partial_.empty()) s = lines.CheckPartial();  // the file's last line
     lines.partial_.clear();
     absl::MutexLock lock(&w.mu);
@@ -665,7 +699,7 @@ void JsonlRecordChecker::Work() {
 
 absl::StatusOr<RecordCounts> JsonlRecordChecker::Finish() {
   if (workers_ != nullptr) {
-    if (status_.ok() && !partial_.empty()) Dispatch(std::move(partial_));
+    if (status_.ok() && !partial_.empty()) Dispatch(std::move(partial_), nullptr, 0, 0);
     partial_.clear();
     Collect(/*all=*/true);
   } else if (status_.ok() && !partial_.empty()) {

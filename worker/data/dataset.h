@@ -168,6 +168,9 @@ class JsonlRecordChecker {
   JsonlRecordChecker& operator=(const JsonlRecordChecker&) = delete;
 
   absl::Status Feed(std::string_view bytes);
+  // The same for a piece the checker may keep: with threads, its lines are checked where they
+  // are, not copied.
+  absl::Status Feed(std::shared_ptr<const std::string> piece);
   // The counts, once the last line (without its "\n") is checked; "no samples" when none.
   absl::StatusOr<RecordCounts> Finish();
 
@@ -175,9 +178,9 @@ class JsonlRecordChecker {
   struct Parser;
   struct Block;
   struct Workers;
-  absl::Status FeedLines(std::string_view bytes);   // on this thread
-  absl::Status FeedBlocks(std::string_view bytes);  // to the workers
-  void Dispatch(std::string bytes);
+  absl::Status FeedLines(std::string_view bytes);                     // on this thread
+  absl::Status FeedBlocks(std::shared_ptr<const std::string> piece);  // to the workers
+  void Dispatch(std::string head, std::shared_ptr<const std::string> piece, size_t begin, size_t end);
   void Collect(bool all);  // folds the blocks checked, in order
   void Work();             // a worker's loop
   absl::Status Check(std::string_view line);
