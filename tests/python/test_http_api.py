@@ -368,9 +368,9 @@ def test_sdk_transfers(daemon, tmp, train, oomb_cli):
                          ([hashlib.sha256(body).hexdigest()] * 2, "sha256: given in more than one message")):
         first = datasets_pb2.UploadDatasetRequest(parent="projects/nlp", dataset_id="late", data=body,
                                                   sha256=hashes[0] or "")
+        last = datasets_pb2.UploadDatasetRequest(sha256=hashes[1])  # no data: the hash alone
         try:
-            got = alice.datasets.stub.UploadDataset(iter([first, datasets_pb2.UploadDatasetRequest(sha256=hashes[1])]),
-                                                    metadata=alice.metadata)
+            got = alice.datasets.stub.UploadDataset(iter([first, last]), metadata=alice.metadata)
             check(want is None and got.sha256 == hashlib.sha256(body).hexdigest(), f"late hash: {got}")
             alice.datasets.delete("late")
         except grpc.RpcError as err:
