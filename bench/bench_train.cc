@@ -613,7 +613,7 @@ int Main(int argc, char** argv) {
   bool sections = false;
   int64_t sparse_budget = 0;
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
-  std::string swap = "on";
+  std::string swap = "on", experts = "auto";
   app.add_option("--model", model, "a model preset (worker/hf/families/): " + absl::StrJoin(PresetNames(), " | "))
       ->check(CLI::IsMember(PresetNames()));
   app.add_option("--sparse-budget", sparse_budget, "page-level sparse attention with this page_budget (0: dense)");
@@ -631,6 +631,10 @@ int Main(int argc, char** argv) {
   app.add_option("--attention-kernel", attention_kernel,
                  "the GPU attention's fused kernel: cudnn (flash where cuDNN's does not apply) | flash")
       ->check(CLI::IsMember({"cudnn", "flash"}));
+  app.add_option("--experts", experts,
+                 "a mixture of experts' kernel (ExpertKernel): auto (grouped GEMMs on a GPU of compute capability 9.0 "
+                 "or more) | grouped | loop")
+      ->check(CLI::IsMember({"auto", "grouped", "loop"}));
   app.add_option("--lengths", lengths,
                  "sequence lengths; \"max\": the memory planner's longest context on this machine for this "
                  "configuration");
@@ -759,6 +763,7 @@ int Main(int argc, char** argv) {
                               {"kv_grad_dtype", kv_grad_dtype},
                               {"attention_kernel", attention_kernel},
                               {"swap", swap},
+                              {"experts", experts},
                               {"selection", sparse ? selection : ""}}
                    .dump()
             << std::endl;
@@ -770,6 +775,14 @@ int Main(int argc, char** argv) {
       LoraOptions lora;
       lora.rank = rank;
       if (!m->AddLora(lora, 0).ok()) return 1;
+    }
+    m->set_expert_kernel(experts == "grouped" ? ExpertKernel::kGrouped
+                         : experts == "loop"  ? ExpertKernel::kLoop
+                                              : ExpertKernel::kAuto);
+    if (config.moe.experts > 0) {
+      std::cout
+          << nlohmann::json{{"expert_kernel", m->expert_kernel() == ExpertKernel::kGrouped ? "grouped" : "loop"}}.dump()
+          << std::endl;
     }
     const Measurement how{.sections = sections,
                           .kernel_profile = kernel_profile,

@@ -1,6 +1,7 @@
 #include "kernels/torch/matmul.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 
 namespace oomb::kernels {
 
@@ -51,6 +52,23 @@ void AddMatmul_(at::Tensor& y, const at::Tensor& a, const at::Tensor& b) {
   }
   // The sum in float32, one rounding; autograd takes the copy's gradient to the sum's operands.
   y.copy_(at::addmm(y.to(at::kFloat), a.to(at::kFloat), b.to(at::kFloat)));
+}
+
+at::Tensor GroupedMatmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  return at::_grouped_mm(a, b, offs);
+}
+
+bool GroupedMatmulTakes(at::ScalarType dtype, at::IntArrayRef sizes) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  const int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  for (const int64_t n : sizes) {
+    if (n * bytes % 16 != 0) return false;
+  }
+  return true;
+}
+
+bool GroupedMatmulIsNative(const at::Device& device) {
+  return device.is_cuda() && at::cuda::getDeviceProperties(device.index())->major >= 9;
 }
 
 }  // namespace oomb::kernels

@@ -32,6 +32,21 @@ void MatmulOut(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 // y += a b for 2-D y [M, N], a [M, K], b [K, N], in place (y.addmm_(a, b)), rounded once.
 void AddMatmul_(at::Tensor& y, const at::Tensor& a, const at::Tensor& b);
 
+// Grouped products (at::_grouped_mm, differentiable through its autograd): a [M, K] whose rows
+// come in G groups, group g's rows [offs[g-1], offs[g]) (offs [G] int32, cumulative, on a's
+// device; empty groups allowed), each times b[g] ([G, K, N], taken as PyTorch's grouped GEMM
+// takes it: b[g] column-major, b.stride(1) == 1, as a transposed [G, N, K] tensor is) -> [M, N].
+// One kernel for every group on a GPU, with no host synchronisation; PyTorch's loop on a CPU.
+at::Tensor GroupedMatmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs);
+
+// Whether GroupedMatmul takes operands of this dtype with these inner sizes (K, N and every
+// other size the products' operands and gradients have in their rows): float32, bfloat16 or
+// float16 with rows of a multiple of 16 bytes.
+bool GroupedMatmulTakes(at::ScalarType dtype, at::IntArrayRef sizes);
+
+// Whether GroupedMatmul runs as one kernel on `device`: a GPU of compute capability 9.0 or more.
+bool GroupedMatmulIsNative(const at::Device& device);
+
 }  // namespace oomb::kernels
 
 #endif  // OOMB_KERNELS_TORCH_MATMUL_H_

@@ -317,6 +317,7 @@ nlohmann::json MlflowTracker::StepMetrics(const StepReport& p, int64_t timestamp
   add("pcie_h2d_bytes", static_cast<double>(p.pcie_h2d_bytes));
   add("pcie_d2h_bytes", static_cast<double>(p.pcie_d2h_bytes));
   if (p.mfu > 0) add("mfu", p.mfu);
+  if (p.router_aux_loss > 0) add("router_aux_loss", p.router_aux_loss);
   if (p.eval_loss > 0) add("eval_loss", p.eval_loss);
   if (p.evaluation.has_value()) {
     for (const auto& [suite, result] : *p.evaluation) {

@@ -5,7 +5,8 @@
 // by the spec (default: the job's id) with tags oomb.job, oomb.project, oomb.version; params, the
 // job's spec with its defaults filled in, flattened ("training.learning_rate"); per step the
 // metrics loss, learning_rate, tokens_per_second, step_seconds, mfu, peak_device_bytes,
-// host_kv_bytes, pcie_h2d_bytes, pcie_d2h_bytes, tokens and eval_loss, and the evaluation's
+// host_kv_bytes, pcie_h2d_bytes, pcie_d2h_bytes, tokens, eval_loss and router_aux_loss (where
+// the step has them), and the evaluation's
 // eval.{suite}.accuracy and eval.positions.loss.{begin}-{end}; at the end the tag
 // oomb.final_checkpoint (the final adapter's directory) and the run's status (FINISHED, FAILED
 // or KILLED). A paused or preempted job leaves its run RUNNING and goes on logging to it when it

@@ -10,10 +10,15 @@ model.safetensors.index.json + shards) and DIR/NAME/reference.safetensors with
   logits     float32 [1, 96, vocab] transformers' forward in float32, eager attention, one pass
                                     over all 96 positions (position ids 0..95), no attention mask
   loss       float32 []             mean next-token cross-entropy with labels = input_ids
+  router_aux_loss float32 []        a mixture of experts with output_router_logits: the router's
+                                    auxiliary loss (transformers' aux_loss; its loss is then
+                                    loss + router_aux_loss_coef * router_aux_loss)
 and DIR/NAME/lora/: a PEFT LoRA adapter (r 4, alpha 8, every linear layer of the language
 model and, of a mixture of experts, its expert banks (target_parameters), A and B drawn at random so that every gradient is non-zero) as PEFT saves it, with
 DIR/NAME/lora/reference.safetensors holding transformers + PEFT's
-  loss        float32 []              the same loss with the adapter
+  loss        float32 []              the same loss with the adapter (transformers': with
+                                      router_aux_loss_coef * router_aux_loss where it has one)
+  router_aux_loss float32 []          output_router_logits: the router's auxiliary loss
   input_grad  float32 [1, 96, hidden] its gradient with respect to the input embeddings
                                       (the embedding layer's output, Gemma's scaling included)
   NAME        float32                 its gradient with respect to each LoRA weight, under the
@@ -41,7 +46,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
 
-GENERATOR_VERSION = 6
+GENERATOR_VERSION = 7
 SEQ_LEN = 96
 INIT_STD = 0.2
 
@@ -203,6 +208,16 @@ def model_specs():
                                     num_attention_heads=2, image_size=28, patch_size=14),
                  mm_tokens_per_image=4, image_token_index=300, boi_token_index=301, eoi_token_index=302),
         ),
+        (
+            # Qwen3-MoE trained with the router's auxiliary loss (output_router_logits, a coefficient
+            # large enough to show in the gradients), renormalised (norm_topk_prob), layer 0 dense.
+            "qwen3-moe-aux",
+            "qwen3_moe",
+            dict(common, vocab_size=320, num_hidden_layers=3, max_position_embeddings=256, num_experts=4,
+                 num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[0],
+                 decoder_sparse_step=1, tie_word_embeddings=False, output_router_logits=True,
+                 router_aux_loss_coef=0.25, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        ),
     ]
     return specs
 
@@ -268,11 +283,19 @@ def make_one(out_root, index, name, family, cfg_kwargs):
         res = loaded(input_ids=input_ids, labels=input_ids)
     logits = res.logits.float().contiguous()
     loss = res.loss.float().reshape(())
-    # The loss must be the plain shifted mean CE of these logits.
+    # The loss must be the plain shifted mean CE of these logits (and the router's auxiliary loss).
     ce = torch.nn.functional.cross_entropy(logits[0, :-1], input_ids[0, 1:])
+    tensors = {"input_ids": input_ids.contiguous(), "logits": logits}
+    text = config.get_text_config()
+    if getattr(text, "output_router_logits", False):
+        aux = res.aux_loss.float().reshape(())
+        assert torch.allclose(ce + text.router_aux_loss_coef * aux, loss, atol=1e-5), (ce, aux, loss)
+        tensors["router_aux_loss"] = aux.contiguous()
+        loss = ce
     assert torch.allclose(ce, loss, atol=1e-5), (ce, loss)
+    tensors["loss"] = loss.contiguous()
     save_file(
-        {"input_ids": input_ids.contiguous(), "logits": logits, "loss": loss.contiguous()},
+        tensors,
         os.path.join(out, "reference.safetensors"),
         metadata={"format": "pt"},  # one key: safetensors writes several in random order
     )
@@ -335,9 +358,12 @@ def make_lora_reference(model, out, family, seed, input_ids):
                 p.copy_(INIT_STD * torch.randn(p.shape, generator=g, dtype=torch.float32))
     tuned.save_pretrained(out)
     embeds = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
-    loss = tuned(inputs_embeds=embeds, labels=input_ids).loss
-    loss.backward()
-    grads = {"loss": loss.detach().float().reshape(()).contiguous(), "input_grad": embeds.grad.float().contiguous()}
+    res = tuned(inputs_embeds=embeds, labels=input_ids)
+    res.loss.backward()
+    grads = {"loss": res.loss.detach().float().reshape(()).contiguous(),
+             "input_grad": embeds.grad.float().contiguous()}
+    if getattr(res, "aux_loss", None) is not None:
+        grads["router_aux_loss"] = res.aux_loss.detach().float().reshape(()).contiguous()
     for name, p in tuned.named_parameters():
         if "lora_" in name:
             grads[name.replace(".default", "")] = p.grad.float().contiguous()

@@ -176,7 +176,11 @@ def test_tiny(data):
         with torch.no_grad():
             out = model(ref["input_ids"], labels=ref["input_ids"])
         diff = (out.logits - ref["logits"]).abs().max().item()
-        dl = abs(out.loss.item() - ref["loss"].item())
+        loss = out.loss.item()
+        if "router_aux_loss" in ref:  # transformers' loss adds the router's auxiliary loss; the reference keeps both
+            loss -= model.config.router_aux_loss_coef * out.aux_loss.item()
+            check(abs(out.aux_loss.item() - ref["router_aux_loss"].item()) <= 1e-5, f"tiny {m['name']}: router aux loss")
+        dl = abs(loss - ref["loss"].item())
         check(diff <= 1e-5 and dl <= 1e-5, f"tiny {m['name']}: logits |diff| {diff:.2g}, loss {ref['loss'].item():.4f}")
 
 

@@ -61,6 +61,10 @@ struct MoeConfig {
   // dtype (Qwen3-MoE), as transformers does for each.
   bool float_scores = false;
   std::vector<bool> layers = {};  // which layers are sparse (the others keep the dense MLP)
+  // The router's auxiliary load-balancing loss enters the training loss times this
+  // (router_aux_loss_coef, when config.json's output_router_logits is true; else 0: none).
+  // RouterBalance (worker/model/transformer.h) says what the loss is.
+  double aux_loss_coef = 0;
   // Where the checkpoint keeps a sparse layer's MLP under model.layers.{i}.: "mlp" (Qwen3-MoE)
   // or "block_sparse_moe" (Mixtral); its router is <block>.gate.weight and expert e's gate, up
   // and down projections <block>.experts.{e}.<name>.weight with these names.

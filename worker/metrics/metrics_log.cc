@@ -87,6 +87,7 @@ absl::Status MetricsLog::Append(const StepReport& r) {
     line.update({{"eval_loss", r.eval_loss}, {"eval_tokens", r.eval_tokens}, {"eval_samples", r.eval_samples}});
   if (r.evaluation.has_value()) line["evaluation"] = EvalReportJson(*r.evaluation);
   if (r.attention_density > 0) line["attention_density"] = r.attention_density;
+  if (r.router_aux_loss > 0) line["router_aux_loss"] = r.router_aux_loss;
   const std::string text = line.dump() + "\n";
   if (::write(fd_.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
     return ErrnoStatus(errno, "write", path_);

@@ -30,6 +30,10 @@ struct StepReport {
   // What the step did (the session's), over every rank of a data-parallel run.
   int64_t step_tokens = 0;  // tokens of this step's sequences
   double loss = 0;          // mean loss over the step's label tokens
+  // A mixture of experts with the router's auxiliary loss (MoeConfig::aux_loss_coef > 0): its
+  // mean over the step's sequences, not weighted (the training loss adds it times the
+  // coefficient; `loss` above is the cross-entropy alone). 0 otherwise.
+  double router_aux_loss = 0;
   double step_seconds = 0;  // wall clock of the step: forward, backward, optimizer
   double tokens_per_second = 0;
   int64_t peak_device_bytes = 0;  // peak allocated on the device (CPU: tracked tensors and pages)

@@ -781,6 +781,32 @@ std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const RopeConfig& r, c
   return {(emb.cos() * attention_factor).to(dtype_), (emb.sin() * attention_factor).to(dtype_)};
 }
 
+void RouterBalance::Add(const at::Tensor& probs, const at::Tensor& counts) {
+  if (weighed()) {
+    const at::Tensor rows_term = at::matmul(probs, weights.to(probs.scalar_type())).sum();
+    term = term.defined() ? term + rows_term : rows_term;
+    return;
+  }
+  const at::Tensor n = counts.to(at::kDouble);
+  const at::Tensor s = probs.sum(0).to(at::kDouble);
+  this->counts = this->counts.defined() ? this->counts + n : n;
+  prob_sums = prob_sums.defined() ? prob_sums + s : s;
+  rows += probs.size(0);
+}
+
+at::Tensor RouterBalance::Loss() const {
+  if (rows == 0) return {};
+  const double N = static_cast<double>(rows);
+  return at::dot(counts, prob_sums) * (static_cast<double>(counts.size(0)) / (N * N));
+}
+
+void RouterBalance::Weigh() {
+  const double N = static_cast<double>(rows);
+  weights = counts * (static_cast<double>(counts.size(0)) / (N * N));
+  prob_sums = prob_sums.detach();
+  term = at::Tensor();
+}
+
 Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
   Cursor cursor;
   cursor.gen = at::detail::createCPUGenerator(input.dropout_seed);
@@ -797,6 +823,7 @@ Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
     cursor.h = cursor.h * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), dtype_).item();
   }
   cursor.training = input.training;
+  cursor.balance = input.balance;
   return cursor;
 }
 
@@ -847,7 +874,7 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
 at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& y) const {
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
-  if (spec.moe.has_value()) return Experts(l, *spec.moe, y);
+  if (spec.moe.has_value()) return Experts(l, *spec.moe, y, cursor.balance);
   at::Tensor gate, up;
   if (spec.fused_projections) {  // gate's rows first
     const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
@@ -896,34 +923,93 @@ struct ExpertViews {
   double scaling;
 };
 
+// A bank as kernels::GroupedMatmul takes it, each expert's matrix column-major: W_e^T, and LoRA's
+// A_e^T and (B_e alpha / r)^T.
+struct GroupedBank {
+  GroupedBank(const ExpertBank& bank, at::ScalarType t) {
+    weight = bank.weight.transpose(1, 2);  // [E, in, out]
+    if (!bank.lora_a.defined()) return;
+    const int64_t experts = bank.weight.size(0), rank = bank.lora_a.size(0) / experts, out = bank.lora_b.size(0);
+    a = bank.lora_a.to(t).view({experts, rank, -1}).transpose(1, 2);  // [E, in, r]
+    // PEFT's B [out, r E] (expert e's column k at k E + e): to [E, out, r], then [E, r, out].
+    b = (bank.lora_b * bank.lora_scaling)
+            .to(t)
+            .view({out, rank, experts})
+            .permute({2, 0, 1})
+            .contiguous()
+            .transpose(1, 2);
+  }
+  // The pairs x [M, in] sorted by expert, offs their groups' ends: x W_e^T + (x A_e^T) B_e^T alpha / r.
+  at::Tensor Forward(const at::Tensor& x, const at::Tensor& offs) const {
+    at::Tensor y = kernels::GroupedMatmul(x, weight, offs);
+    if (a.defined()) y = y + kernels::GroupedMatmul(kernels::GroupedMatmul(x, a, offs), b, offs);
+    return y;
+  }
+  at::Tensor weight, a, b;
+};
+
 }  // namespace
 
-at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y) const {
+at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y,
+                                RouterBalance* balance) const {
   // Routing, as transformers': softmax of the router's logits in float32, the top_k, renormalised.
   const at::Tensor logits = kernels::Linear(y, l.router, c10::nullopt);  // [C, E]
-  auto [weights, experts] = at::topk(at::softmax(logits, -1, MasterType(dtype_)), moe.top_k, -1);
+  const at::Tensor probs = at::softmax(logits, -1, MasterType(dtype_));
+  auto [weights, experts] = at::topk(probs, moe.top_k, -1);
   if (moe.renormalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
   if (!moe.float_scores) weights = weights.to(dtype_);
-  // The (token, slot) pairs in expert order, once: each expert's pairs are one slice.
-  const at::Tensor order = at::argsort(experts.reshape(-1), /*stable=*/true);
-  const at::Tensor tokens = at::floor_divide(order, moe.top_k);
-  const at::Tensor counts = at::bincount(experts.reshape(-1), {}, moe.experts).cpu();
-  const std::vector<int64_t> sizes(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + moe.experts);
-  // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
-  // rather than widening each to the whole [C k, hidden].
-  const std::vector<at::Tensor> x = y.index_select(0, tokens).split_with_sizes(sizes);
-  const ExpertViews gate_up(l.gate_up_experts, y.scalar_type()), down(l.down_experts, y.scalar_type());
-  std::vector<at::Tensor> outputs;
-  for (int64_t e = 0; e < moe.experts; ++e) {
-    if (sizes[e] == 0) continue;
-    const auto parts = gate_up.Forward(e, x[e]).chunk(2, -1);  // gate's rows first
-    outputs.push_back(down.Forward(e, kernels::SwiGlu(parts[0], parts[1])));
-  }
+  // The (token, slot) pairs in expert order, once, and each expert's count, on the device (a
+  // scatter, where bincount would read the largest id on the host).
+  const at::Tensor flat = experts.reshape(-1);
+  const at::Tensor counts = at::zeros({moe.experts}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
+  if (balance != nullptr) balance->Add(probs, counts);
+  const at::Tensor order = at::argsort(flat, /*stable=*/true);
+  const at::Tensor x = y.index_select(0, at::floor_divide(order, moe.top_k));
+  const at::Tensor out =
+      expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, x, counts) : LoopExperts(l, x, counts);
   // Back to (token, slot) order, weighted and summed over the slots: autograd keeps the outputs
   // once (the product's), where adding each expert's into place would keep it a second time.
   const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
-  const at::Tensor slots = at::cat(outputs).index_select(0, inverse).view({y.size(0), moe.top_k, y.size(1)});
+  const at::Tensor slots = out.index_select(0, inverse).view({y.size(0), moe.top_k, y.size(1)});
   return (slots * weights.unsqueeze(-1)).sum(1).to(dtype_);
+}
+
+at::Tensor Transformer::LoopExperts(const DecoderLayer& l, const at::Tensor& x, const at::Tensor& counts) const {
+  const at::Tensor host = counts.cpu();
+  const std::vector<int64_t> sizes(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
+  // rather than widening each to the whole [C k, hidden].
+  const std::vector<at::Tensor> inputs = x.split_with_sizes(sizes);
+  const ExpertViews gate_up(l.gate_up_experts, x.scalar_type()), down(l.down_experts, x.scalar_type());
+  std::vector<at::Tensor> outputs;
+  for (size_t e = 0; e < sizes.size(); ++e) {
+    if (sizes[e] == 0) continue;
+    const auto parts = gate_up.Forward(static_cast<int64_t>(e), inputs[e]).chunk(2, -1);  // gate's rows first
+    outputs.push_back(down.Forward(static_cast<int64_t>(e), kernels::SwiGlu(parts[0], parts[1])));
+  }
+  return at::cat(outputs);
+}
+
+at::Tensor Transformer::GroupedExperts(const DecoderLayer& l, const at::Tensor& x, const at::Tensor& counts) const {
+  const at::Tensor offs = counts.cumsum(0).to(at::kInt);
+  const GroupedBank gate_up(l.gate_up_experts, x.scalar_type()), down(l.down_experts, x.scalar_type());
+  const auto parts = gate_up.Forward(x, offs).chunk(2, -1);  // gate's rows first
+  return down.Forward(kernels::SwiGlu(parts[0], parts[1]), offs);
+}
+
+ExpertKernel Transformer::expert_kernel() const {
+  if (expert_kernel_ != ExpertKernel::kAuto) return expert_kernel_;
+  if (!kernels::GroupedMatmulIsNative(device_) || (dtype_ != at::kBFloat16 && dtype_ != at::kHalf)) {
+    return ExpertKernel::kLoop;
+  }
+  // The products' inner sizes: hidden, the experts' intermediate (and twice it), the LoRA ranks.
+  std::vector<int64_t> sizes = {config_.hidden_size, config_.moe.intermediate};
+  for (const DecoderLayer& l : layers_) {
+    for (const ExpertBank* b : {&l.gate_up_experts, &l.down_experts}) {
+      if (b->lora_a.defined()) sizes.push_back(b->lora_a.size(0) / b->weight.size(0));
+    }
+  }
+  return kernels::GroupedMatmulTakes(dtype_, sizes) ? ExpertKernel::kGrouped : ExpertKernel::kLoop;
 }
 
 at::Tensor Transformer::Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {

@@ -96,6 +96,41 @@ struct DecoderLayer {
   ExpertBank gate_up_experts, down_experts;
 };
 
+// The router's auxiliary load-balancing loss of one sequence (MoeConfig::aux_loss_coef > 0), as
+// transformers' load_balancing_loss_func computes it over one forward:
+//   aux = E * sum_e (n_e / N) * (S_e / N)
+// over the N rows (token, sparse layer) of the sequence, n_e how many of the rows' top-k choices
+// are expert e and S_e the sum of the rows' router probabilities of e (the routing's softmax, in
+// float32; float64 for float64 models). The counts have no gradient, so once they are known aux
+// is linear in the probabilities and its gradient is that of sum_rows <P_row, w>,
+// w_e = E n_e / N^2. The chunked trainer tallies n, S and N over the chunks' forwards (stage 1),
+// then each chunk's backward adds sum_rows <P_row, w> over its rows (Weigh); a forward that
+// tallies with its graph (the last chunk's, when stage 1 skipped it; a whole-sequence forward)
+// takes Loss()'s gradient instead. transformers takes the softmax in the model's dtype (bfloat16
+// for bfloat16 models); the two agree for float32 and float64 models.
+struct RouterBalance {
+  // A forward's sparse layers add their rows here (Transformer::Cursor::balance): before Weigh,
+  // to the tally (with their graph where the forward has one); after, to `term`.
+  void Add(const at::Tensor& probs, const at::Tensor& counts);  // [C, E] probabilities, [E] top-k choices
+  at::Tensor Loss() const;  // aux of the rows tallied, a scalar (undefined before any)
+  // Fixes w from the tally: the rows added from here add sum <P_row, w> to `term`.
+  void Weigh();
+  bool weighed() const { return weights.defined(); }
+
+  at::Tensor counts, prob_sums;  // [E] float64: n and S
+  int64_t rows = 0;              // N
+  at::Tensor weights;            // [E] float64: w, once weighed
+  at::Tensor term;               // sum <P_row, w> over the rows added since weighed (or reset)
+};
+
+// How a sparse layer computes its experts. kLoop: a loop over the experts hit, a few kernels per
+// expert, the routing's counts read on the host once per layer. kGrouped: grouped GEMMs over
+// every expert at once (kernels::GroupedMatmul; one kernel per product, LoRA's included, nothing
+// read on the host). kAuto: grouped on a GPU where that is one kernel (GroupedMatmulIsNative),
+// in bfloat16 or float16 with sizes it takes, the loop elsewhere (the CPU, float64). Both give
+// the same values up to the order of additions.
+enum class ExpertKernel { kAuto, kLoop, kGrouped };
+
 // The inputs of one forward pass over one chunk (C tokens) of one sequence.
 struct ChunkInput {
   at::Tensor ids;        // [C] int64 token ids
@@ -108,6 +143,8 @@ struct ChunkInput {
   // recomputation gives identical masks. Unused when dropout is 0 or `training` is false.
   bool training = false;
   uint64_t dropout_seed = 0;
+  // Where the sparse layers add their routing, when the router's auxiliary loss is computed.
+  RouterBalance* balance = nullptr;
 };
 
 // attention(layer, q [C, heads, D], k [C, kv_heads, D], v [C, kv_heads, D]) -> [C, heads, D];
@@ -170,6 +207,12 @@ class Transformer {
   // Writes model.safetensors + config.json (full fine-tuning output) in the model's dtype.
   absl::Status SaveFull(const Dir& dir, const std::string& config_json) const;
 
+  // How the sparse layers compute their experts (default kAuto); kGrouped where the sizes or the
+  // dtype do not suit grouped GEMMs fails the forward (kernels::GroupedMatmulTakes).
+  void set_expert_kernel(ExpertKernel kernel) { expert_kernel_ = kernel; }
+  // What the sparse layers run now: kLoop or kGrouped.
+  ExpertKernel expert_kernel() const;
+
   // Full fine-tuning: every base weight trains (and no LoRA). Requires no adapters.
   void EnableFullFineTuning();
 
@@ -202,6 +245,7 @@ class Transformer {
     at::Tensor sliding_cos, sliding_sin;  // ModelConfig::sliding_rope's, when it has one
     at::Generator gen;
     bool training = false;
+    RouterBalance* balance = nullptr;  // ChunkInput's
   };
   Cursor Begin(const ChunkInput& input) const;
   // q [C, heads, D], k and v [C, kv_heads, D] of layer cursor.layer, q and k after RoPE.
@@ -223,7 +267,11 @@ class Transformer {
   at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const;
   // The MLP of layer cursor.layer over its input norm's output y [C, hidden]: dense or of experts.
   at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
-  at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y) const;
+  at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y, RouterBalance* balance) const;
+  // The experts' SwiGLU over the pairs x [M, hidden] sorted by expert, `counts` [E] of each
+  // (ExpertKernel's two ways).
+  at::Tensor LoopExperts(const DecoderLayer& l, const at::Tensor& x, const at::Tensor& counts) const;
+  at::Tensor GroupedExperts(const DecoderLayer& l, const at::Tensor& x, const at::Tensor& counts) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [rotary_dim / 2], float32 (float64)
   // RoPE over the first rotary_dim features of each head of x [C, heads, head_dim].
@@ -265,6 +313,7 @@ class Transformer {
   std::vector<DecoderLayer> layers_;
   std::optional<LoraOptions> lora_;
   bool full_ = false;
+  ExpertKernel expert_kernel_ = ExpertKernel::kAuto;
 };
 
 }  // namespace oomb

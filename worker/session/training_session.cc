@@ -32,6 +32,7 @@ enum Sum : size_t {
   kKeptTokens,
   kSwappedBytes,
   kSwappedChunks,
+  kRouterAux,
   kSums
 };
 
@@ -182,6 +183,7 @@ absl::StatusOr<StepReport> TrainingSession::Step(const std::vector<TokenSequence
   OOMB_RETURN_IF_ERROR(sync_->AllReduceGradients(params_));
   if (!first_step_reach_.has_value()) first_step_reach_ = model_->Reach();
   report.loss = label_tokens > 0 ? sums[kLoss] / static_cast<double>(label_tokens) : 0.0;
+  report.router_aux_loss = batch.empty() ? 0.0 : sums[kRouterAux] / static_cast<double>(batch.size());
   if (!std::isfinite(report.loss)) {
     return WithReason(absl::InternalError(absl::StrCat("loss is ", report.loss, " at step ", step)), Reason::kNanLoss);
   }
@@ -200,8 +202,11 @@ absl::Status TrainingSession::TrainLocal(const std::vector<TokenSequence>& batch
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!sync_->Owns(static_cast<int64_t>(i))) continue;
     const uint64_t dropout_seed = DropoutSeed(step, i);
-    OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer_->TrainSequence(batch[i], loss_scale, dropout_seed));
+    // The router's auxiliary loss, where the model has one: the mean of the batch's sequences'.
+    OOMB_ASSIGN_OR_RETURN(SequenceLoss l, trainer_->TrainSequence(batch[i], loss_scale, dropout_seed,
+                                                                  1.0 / static_cast<double>(batch.size())));
     (*sums)[kLoss] += l.loss_sum;
+    (*sums)[kRouterAux] += l.router_aux;
     const ChunkTimes& times = trainer_->chunk_times();
     auto& fwd = report->forward_chunk_seconds;
     auto& bwd = report->backward_chunk_seconds;

@@ -54,6 +54,7 @@ struct ChunkTrainerOptions {
 struct SequenceLoss {
   double loss_sum = 0;       // sum of CE over label tokens (not scaled)
   int64_t label_tokens = 0;  // tokens that carried a label
+  double router_aux = 0;     // training, MoeConfig::aux_loss_coef > 0: the router's auxiliary loss (not weighted)
 };
 
 // Per position of an evaluated sequence (ChunkTrainer::EvalSequence): the cross-entropy of its

@@ -188,7 +188,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq
 }
 
 absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& seq, double loss_scale,
-                                                         uint64_t dropout_seed) {
+                                                         uint64_t dropout_seed, double aux_scale) {
   auto tracker = std::make_shared<AllocationTracker>();
   c10::DebugInfoGuard track(c10::DebugInfoKind::PROFILER_STATE, tracker);
   for (PagePool* pool : {pools_.kv, pools_.grad, pools_.kv_host, pools_.grad_host}) {
@@ -201,7 +201,11 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
   const absl::Status s = Guarded([&]() -> absl::Status {
     ChunkClock clock(model_->device());
     KvStore store(pools_, model_->config().num_layers, Reach());
-    absl::StatusOr<SequenceLoss> stages = RunStages(seq, loss_scale, dropout_seed, store, clock);
+    StageTwo two;
+    two.loss_scale = loss_scale;
+    two.aux_scale = aux_scale;
+    two.dropout_seed = dropout_seed;
+    absl::StatusOr<SequenceLoss> stages = RunStages(seq, two, store, clock);
     if (absl::IsCancelled(stages.status())) clock.Finish();  // the laps until the stop (chunk_times)
     OOMB_ASSIGN_OR_RETURN(loss, std::move(stages));
     return absl::OkStatus();
@@ -225,48 +229,50 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::TrainSequence(const TokenSequence& se
   return loss;
 }
 
-absl::StatusOr<SequenceLoss> ChunkTrainer::RunStages(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed,
-                                                     KvStore& store, ChunkClock& clock) {
+absl::StatusOr<SequenceLoss> ChunkTrainer::RunStages(const TokenSequence& seq, StageTwo& two, KvStore& store,
+                                                     ChunkClock& clock) {
   const int64_t last = NumChunks(seq) - 1;
-  OOMB_RETURN_IF_ERROR(DropUnreadGradients(seq, dropout_seed, store));
+  OOMB_RETURN_IF_ERROR(DropUnreadGradients(seq, two.dropout_seed, store));
   // Exact training: stage 2 gives every chunk's loss; dense, chunk N-1's KV is never read (see
   // the header).
-  const bool stage2_losses = options_.chunk_fraction == 1.0;
-  const bool trimmed = stage2_losses && !options_.sparse.has_value();
+  two.with_loss = options_.chunk_fraction == 1.0;
+  const bool trimmed = two.with_loss && !options_.sparse.has_value();
+  RouterBalance balance;
+  if (model_->config().moe.aux_loss_coef > 0) two.balance = &balance;
   if (swap_ != nullptr) swap_->BeginSequence(last + 1);
   kernels::timeline::Stage("stage1");
   const absl::Cleanup no_stage = [] { kernels::timeline::Stage(nullptr); };
-  OOMB_ASSIGN_OR_RETURN(SequenceLoss loss,
-                        stage_one_.Run(seq, trimmed ? last : last + 1, /*with_loss=*/!stage2_losses,
-                                       /*training=*/true, dropout_seed, store, &clock, &chunk_times_));
+  OOMB_ASSIGN_OR_RETURN(SequenceLoss loss, stage_one_.Run(seq, trimmed ? last : last + 1, /*with_loss=*/!two.with_loss,
+                                                          /*training=*/true, two.dropout_seed, store, &clock,
+                                                          &chunk_times_, /*scores=*/nullptr, two.balance));
+  if (two.balance != nullptr && !trimmed) {  // stage 1 tallied every chunk
+    loss.router_aux = balance.Loss().item<double>();
+    balance.Weigh();
+  }
   kernels::timeline::Stage("stage2");
   kernels::timeline::Mark("model");
-  // Stage 2's losses, summed on the device and read once.
-  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(model_->device()));
-  int64_t label_tokens = 0;
+  two.loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(model_->device()));
   for (int64_t index = last; index >= 0; --index) {
-    if (KeepChunk(index, dropout_seed)) {
-      OOMB_RETURN_IF_ERROR(
-          Backpropagate(seq, index, last, loss_scale, dropout_seed, stage2_losses, store, loss_sum, label_tokens));
-    }
+    if (KeepChunk(index, two.dropout_seed)) OOMB_RETURN_IF_ERROR(Backpropagate(seq, index, last, two, store));
     // After chunk `index`'s backward (or its drop, SpaCO's: it passes nothing on), nothing reads
     // its pages again.
     store.ReleaseFrom(index * options_.chunk_tokens);
     clock.Lap(&chunk_times_.backward);
     OOMB_RETURN_IF_ERROR(CheckStop());
+    if (index == last && two.balance != nullptr && trimmed) loss.router_aux = balance.Loss().item<double>();
   }
   clock.Finish();
-  if (stage2_losses) {
-    loss.loss_sum = loss_sum.item<double>();
-    loss.label_tokens = label_tokens;
+  if (two.with_loss) {
+    loss.loss_sum = two.loss_sum.item<double>();
+    loss.label_tokens = two.label_tokens;
   }
   return loss;
 }
 
-absl::Status ChunkTrainer::Backpropagate(const TokenSequence& seq, int64_t index, int64_t last, double loss_scale,
-                                         uint64_t dropout_seed, bool with_loss, KvStore& store, at::Tensor& loss_sum,
-                                         int64_t& label_tokens) {
-  const Chunk c = MakeChunk(*model_, seq, index, options_.chunk_tokens, /*training=*/true, dropout_seed);
+absl::Status ChunkTrainer::Backpropagate(const TokenSequence& seq, int64_t index, int64_t last, StageTwo& two,
+                                         KvStore& store) {
+  Chunk c = MakeChunk(*model_, seq, index, options_.chunk_tokens, /*training=*/true, two.dropout_seed);
+  c.input.balance = two.balance;
   OOMB_RETURN_IF_ERROR(attention_->BeforeRecompute(c, store));
   const double p = options_.chunk_fraction;
   const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k_in,
@@ -284,11 +290,22 @@ absl::Status ChunkTrainer::Backpropagate(const TokenSequence& seq, int64_t index
   if (index != last) OOMB_RETURN_IF_ERROR(store.PrefetchGrad(model_->config().num_layers - 1, c.begin, c.end));
   const at::Tensor chunk_loss =
       kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels_host, options_.ce_rows_per_block);
-  if (with_loss) {
-    loss_sum.add_(chunk_loss.detach());
-    label_tokens += c.label_tokens;
+  if (two.with_loss) {
+    two.loss_sum.add_(chunk_loss.detach());
+    two.label_tokens += c.label_tokens;
   }
-  torch::autograd::backward({chunk_loss * loss_scale}, {at::full({}, 1.0 / p, chunk_loss.options())});
+  at::Tensor objective = chunk_loss * two.loss_scale;
+  if (two.balance != nullptr) {
+    // Weighed: this chunk's share of the auxiliary loss's gradient; else the chunk completed the
+    // tally (stage 1 skipped it) and the loss itself carries it.
+    RouterBalance& b = *two.balance;
+    const at::Tensor aux = b.weighed() ? b.term : b.Loss();
+    if (aux.defined())
+      objective = objective + aux.to(objective.scalar_type()) * (two.aux_scale * model_->config().moe.aux_loss_coef);
+    if (!b.weighed()) b.Weigh();
+    b.term = at::Tensor();
+  }
+  torch::autograd::backward({objective}, {at::full({}, 1.0 / p, chunk_loss.options())});
   return absl::OkStatus();
 }
 

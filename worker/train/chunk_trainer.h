@@ -43,6 +43,13 @@
 // its past), attention_swap.h (the swapped results), stage_one.h (stage 1 and its schedule), the
 // KV store (worker/kv/kv_store.h); this class is stage 2 and the sequence around both stages.
 //
+// The router's auxiliary loss (a mixture of experts with MoeConfig::aux_loss_coef > 0;
+// RouterBalance, worker/model/transformer.h): the sequence's routing counts are tallied over
+// stage 1's chunks, so stage 2 can add each chunk's share of the loss's gradient. Exact dense
+// training's stage 1 does not run the last chunk: stage 2 runs it first, tallies it with its
+// graph and backpropagates the loss itself, then the earlier chunks their shares. The loss is
+// then aux_scale * aux_loss_coef * aux beside loss_scale * sum(CE), with the same contract.
+//
 // Labels: `labels[t]` is the target of position t (already shifted: the token at t+1), or
 // kIgnoreIndex. The data pipeline shifts over the whole sequence before chunking, so the last
 // token of chunk i predicts the first token of chunk i+1.
@@ -95,12 +102,14 @@ class ChunkTrainer {
   ChunkTrainer(const Transformer* model, PagePool* kv_pool, PagePool* grad_pool, ChunkTrainerOptions options)
       : ChunkTrainer(model, KvPools{kv_pool, grad_pool}, std::move(options)) {}
 
-  // Stages 1 and 2 over the sequence; accumulates gradients of loss_scale * sum(CE) into the
+  // Stages 1 and 2 over the sequence; accumulates gradients of loss_scale * sum(CE) (plus
+  // aux_scale * aux_loss_coef * the router's auxiliary loss, where the model has one) into the
   // trainable parameters' .grad (with chunk_fraction < 1: SpaCO's unbiased estimate of it).
   // `dropout_seed` makes LoRA dropout masks and SpaCO's draws reproducible.
   // Errors: RESOURCE_EXHAUSTED when the KV pages do not fit; CANCELLED when should_stop
   // asked; INTERNAL when LibTorch fails (the message carries its error).
-  absl::StatusOr<SequenceLoss> TrainSequence(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed);
+  absl::StatusOr<SequenceLoss> TrainSequence(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed,
+                                             double aux_scale = 1.0);
 
   // Stage 1 only: the loss without gradients (evaluation); with `scores`, also every position's
   // (TokenScores; resized to the sequence).
@@ -120,14 +129,20 @@ class ChunkTrainer {
   bool KeepChunk(int64_t index, uint64_t dropout_seed) const;
 
  private:
+  // What stage 2 backpropagates over a sequence, and what it sums.
+  struct StageTwo {
+    double loss_scale = 0, aux_scale = 0;
+    uint64_t dropout_seed = 0;
+    bool with_loss = false;            // stage 2 gives the losses (exact training)
+    RouterBalance* balance = nullptr;  // the router's auxiliary loss, when the model has one
+    at::Tensor loss_sum;               // on the device, float64, read once
+    int64_t label_tokens = 0;
+  };
   // Both stages over `seq` into `store`; the loss.
-  absl::StatusOr<SequenceLoss> RunStages(const TokenSequence& seq, double loss_scale, uint64_t dropout_seed,
-                                         KvStore& store, ChunkClock& clock);
+  absl::StatusOr<SequenceLoss> RunStages(const TokenSequence& seq, StageTwo& two, KvStore& store, ChunkClock& clock);
   // Stage 2's recompute and backward of chunk `index` (the sequence's last is `last`); adds its
-  // loss to `loss_sum` when `with_loss`.
-  absl::Status Backpropagate(const TokenSequence& seq, int64_t index, int64_t last, double loss_scale,
-                             uint64_t dropout_seed, bool with_loss, KvStore& store, at::Tensor& loss_sum,
-                             int64_t& label_tokens);
+  // loss to two.loss_sum when two.with_loss.
+  absl::Status Backpropagate(const TokenSequence& seq, int64_t index, int64_t last, StageTwo& two, KvStore& store);
   // SpaCO: marks the gradients of the chunks stage 2 drops as never read (no gradient pages
   // for them, KvStore::DropGradients), and checks that the pools hold those of the kept ones
   // (RESOURCE_EXHAUSTED if not, before any work).

@@ -21,14 +21,15 @@ struct StageOne::Pass {
   at::Tensor loss_sum;  // with_loss: on the device, in float64
   SequenceLoss loss;
   TokenScores* scores = nullptr;
+  RouterBalance* balance = nullptr;
 };
 
 absl::StatusOr<SequenceLoss> StageOne::Run(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
                                            uint64_t dropout_seed, KvStore& store, ChunkClock* clock, ChunkTimes* times,
-                                           TokenScores* scores) {
+                                           TokenScores* scores, RouterBalance* balance) {
   at::NoGradGuard no_grad;
   attention_->BeginSequence(seq, chunks, training);
-  Pass pass{seq, chunks, with_loss, training, dropout_seed, store, clock, times, {}, {}, 0, {}, {}, scores};
+  Pass pass{seq, chunks, with_loss, training, dropout_seed, store, clock, times, {}, {}, 0, {}, {}, scores, balance};
   StartLanes(pass);
   PrepareReady(pass);
   while (!pass.ready.empty()) OOMB_RETURN_IF_ERROR(RunNext(pass));
@@ -40,6 +41,7 @@ void StageOne::StartLanes(Pass& pass) const {
   while (pass.lanes.size() < attention_->lanes() && pass.next < pass.chunks) {
     auto lane = std::make_unique<Lane>();
     lane->c = MakeChunk(*model_, pass.seq, pass.next++, options_.chunk_tokens, pass.training, pass.dropout_seed);
+    lane->c.input.balance = pass.balance;
     lane->cursor = model_->Begin(lane->c.input);
     lane->qkv = model_->AttentionInputs(lane->cursor);
     pass.lanes.push_back(std::move(lane));

@@ -40,11 +40,12 @@ class StageOne {
   // Runs chunks [0, chunks) of `seq` into `store`, with their summed loss when `with_loss` (else
   // zero). `training`: the attention keeps what stage 2 needs. `clock`, when set, takes a lap
   // into times->forward after every chunk. `scores`, when set (with `with_loss`), gets every
-  // position's (sized to the sequence by the caller). CANCELLED when should_stop asked at a
-  // chunk boundary; the store's errors otherwise.
+  // position's (sized to the sequence by the caller). `balance`, when set, tallies the chunks'
+  // routing (RouterBalance). CANCELLED when should_stop asked at a chunk boundary; the store's
+  // errors otherwise.
   absl::StatusOr<SequenceLoss> Run(const TokenSequence& seq, int64_t chunks, bool with_loss, bool training,
                                    uint64_t dropout_seed, KvStore& store, ChunkClock* clock, ChunkTimes* times,
-                                   TokenScores* scores = nullptr);
+                                   TokenScores* scores = nullptr, RouterBalance* balance = nullptr);
 
  private:
   // A chunk in flight: its forward so far, the attention inputs of its next layer and, sparse,

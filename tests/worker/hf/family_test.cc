@@ -76,8 +76,17 @@ TEST(FamilyTest, MixtureOfExpertsLayers) {
   EXPECT_THAT(c->moe.layers, ElementsAre(false, false, false, true));
   EXPECT_TRUE(c->moe.renormalize);
   EXPECT_EQ(DescribeModel(*c).layers[3].moe->intermediate, 4);
+  EXPECT_EQ(c->moe.aux_loss_coef, 0);  // output_router_logits false (transformers' default): no auxiliary loss
+  // The router's auxiliary loss: transformers' default coefficient, or the config's.
+  std::string aux = sparse_every_2nd;
+  aux.insert(aux.rfind('}'), R"(, "output_router_logits": true)");
+  EXPECT_EQ(ParseModelConfig(aux, "config.json")->moe.aux_loss_coef, 0.001);
+  aux.insert(aux.rfind('}'), R"(, "router_aux_loss_coef": 0.25)");
+  EXPECT_EQ(ParseModelConfig(aux, "config.json")->moe.aux_loss_coef, 0.25);
   for (const auto& [from, to, key] :
-       {std::tuple{"\"norm_topk_prob\": true", "\"output_router_logits\": true", "output_router_logits"},
+       {std::tuple{"\"norm_topk_prob\": true",
+                   "\"norm_topk_prob\": true, \"output_router_logits\": true, \"router_aux_loss_coef\": -1",
+                   "router_aux_loss_coef"},
         {"\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "num_experts_per_tok"},
         {"[1]", "[7]", "mlp_only_layers"}}) {
     std::string text = sparse_every_2nd;

@@ -3,9 +3,9 @@
 // of a vision-language checkpoint) and Phi-3 models (q/k/v biases, GQA, tied and untied
 // embeddings, every rope_scaling type, partial rotary, sliding windows shorter than the sequence,
 // local and global layers, fused projections, sharded weights, routed experts with and without
-// renormalisation beside a dense layer, LoRA on the expert banks) made by tests/python/make_tiny_models.py, against
-// transformers' and PEFT's own outputs stored beside each model; adapters oomb saves load in
-// PEFT; plus the model's error handling.
+// renormalisation beside a dense layer, LoRA on the expert banks, the router's auxiliary loss) made by
+// tests/python/make_tiny_models.py, against transformers' and PEFT's own outputs stored beside each model; adapters
+// oomb saves load in PEFT; plus the model's error handling.
 #include "worker/model/transformer.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "kernels/torch/paged_attention.h"
@@ -141,10 +142,14 @@ TEST_P(TinyModelParityTest, LoraGradientsMatchTransformersAndPeft) {
     return (got - want).abs().max().item<double>() / want.abs().max().item<double>();
   };
   const auto params = (*model)->TrainableParameters();
-  ASSERT_EQ(params.size() + 2, (*ref)->names().size()) << "one reference gradient per LoRA weight";
+  // The router's auxiliary loss, where the model has one: transformers' loss adds it.
+  const double aux_coef = (*model)->config().moe.aux_loss_coef;
+  ASSERT_EQ(params.size() + (aux_coef > 0 ? 3 : 2), (*ref)->names().size()) << "one reference gradient per LoRA weight";
 
   // Autograd over one full-sequence forward, from the input embeddings.
-  const ChunkInput in = WholeSequence(ids);
+  ChunkInput in = WholeSequence(ids);
+  RouterBalance balance;
+  if (aux_coef > 0) in.balance = &balance;
   Transformer::Cursor cursor = (*model)->Begin(in);
   const at::Tensor embeds = cursor.h.detach().requires_grad_(true);
   cursor.h = embeds;
@@ -153,7 +158,12 @@ TEST_P(TinyModelParityTest, LoraGradientsMatchTransformersAndPeft) {
     (*model)->FinishLayer(cursor, WholeSequenceAttention(**model, in, cursor.layer, q, k, v));
   }
   const at::Tensor logits = at::matmul((*model)->End(cursor), (*model)->lm_head().t());
-  const at::Tensor loss = at::cross_entropy_loss(logits.slice(0, 0, T - 1), ids.slice(0, 1));
+  at::Tensor loss = at::cross_entropy_loss(logits.slice(0, 0, T - 1), ids.slice(0, 1));
+  if (aux_coef > 0) {
+    const double want_aux = ToTensor(*(*ref)->Find("router_aux_loss"), at::kFloat).item<double>();
+    EXPECT_NEAR(balance.Loss().item<double>(), want_aux, 1e-5);
+    loss = loss + balance.Loss() * aux_coef;
+  }
   loss.backward();
   EXPECT_NEAR(loss.item<double>(), ToTensor(*(*ref)->Find("loss"), at::kFloat).item<double>(), 1e-5);
   EXPECT_LE(relative_error(embeds.grad(), ToTensor(*(*ref)->Find("input_grad"), at::kFloat)[0]), 1e-4);
@@ -170,6 +180,9 @@ TEST_P(TinyModelParityTest, LoraGradientsMatchTransformersAndPeft) {
   const TokenSequence seq = Document(ids);
   auto trained = trainer.TrainSequence(seq, 1.0 / static_cast<double>(T - 1), 0);
   ASSERT_TRUE(trained.ok()) << trained.status();
+  if (aux_coef > 0) {
+    EXPECT_NEAR(trained->router_aux, ToTensor(*(*ref)->Find("router_aux_loss"), at::kFloat).item<double>(), 1e-5);
+  }
   for (const auto& [name, p] : params) {
     EXPECT_LE(relative_error(p.grad(), ToTensor(*(*ref)->Find(name), at::kFloat)), 1e-4) << "chunked " << name;
   }
@@ -298,9 +311,56 @@ TEST(TransformerTest, ReachCountsTheModulesAndExpertsTheGradientsReached) {
   EXPECT_EQ(group((*full)->Reach(), "mlp.experts.down_proj").experts_reached, 2);
 }
 
+// The experts' two kernels (ExpertKernel): grouped GEMMs give the loop's logits, and gradients
+// of the LoRA weights (attention and both banks) and, in full fine-tuning, of every weight, on
+// the tiny Qwen3-MoE and Mixtral in float32 over the chunked trainer (the CPU runs PyTorch's
+// grouped loop; the GPU's one kernel is ExpertsGpuTest's). Float64 has no grouped GEMM: kAuto
+// takes the loop there, as on every CPU.
+TEST(TransformerTest, GroupedExpertsGiveTheLoopsValuesAndGradients) {
+  for (const std::string name : {"qwen3-moe", "mixtral-window", "qwen3-moe-aux"}) {
+    const std::string dir = testing::DataDir() + "/tiny/" + name;
+    if (!fs::exists(dir)) GTEST_SKIP() << "no " << dir;
+    auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
+    ASSERT_TRUE(ref.ok());
+    const at::Tensor ids = ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0];
+    for (const bool full : {false, true}) {
+      auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
+      ASSERT_TRUE(model.ok()) << model.status();
+      if (full) {
+        (*model)->EnableFullFineTuning();
+      } else {
+        ASSERT_TRUE((*model)->LoadAdapter(testing::OpenDir(dir + "/lora")).ok());
+      }
+      EXPECT_EQ((*model)->expert_kernel(), ExpertKernel::kLoop) << "kAuto on a CPU";
+      std::map<ExpertKernel, std::pair<at::Tensor, std::map<std::string, at::Tensor>>> got;
+      for (const ExpertKernel kernel : {ExpertKernel::kLoop, ExpertKernel::kGrouped}) {
+        (*model)->set_expert_kernel(kernel);
+        {
+          at::NoGradGuard no_grad;
+          got[kernel].first = WholeSequenceLogits(**model, WholeSequence(ids));
+        }
+        Chunked chunked(**model, ids.size(0));
+        ASSERT_TRUE(chunked.trainer->TrainSequence(Document(ids), 1.0 / static_cast<double>(ids.size(0) - 1), 0).ok());
+        for (auto& [param, p] : (*model)->TrainableParameters()) {
+          got[kernel].second[param] = p.grad().clone();
+          p.mutable_grad() = at::Tensor();
+        }
+      }
+      const auto& [loop_logits, loop_grads] = got[ExpertKernel::kLoop];
+      const auto& [grouped_logits, grouped_grads] = got[ExpertKernel::kGrouped];
+      EXPECT_LE((grouped_logits - loop_logits).abs().max().item<double>(), 1e-5) << name;
+      for (const auto& [param, want] : loop_grads) {
+        const double scale = want.abs().max().item<double>();
+        EXPECT_GT(scale, 0) << name << " " << param;
+        EXPECT_LE((grouped_grads.at(param) - want).abs().max().item<double>(), 1e-5 * scale) << name << " " << param;
+      }
+    }
+  }
+}
+
 TEST(TransformerTest, TinyModelsArePresent) {
   if (TinyModels().empty()) GTEST_SKIP() << "no tiny models under " << testing::DataDir() << "/tiny";
-  EXPECT_GE(TinyModels().size(), 16u);
+  EXPECT_GE(TinyModels().size(), 17u);
 }
 
 // A mixture of experts' full fine-tuning output is written in its family's checkpoint layout (each

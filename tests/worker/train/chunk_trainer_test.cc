@@ -15,12 +15,14 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
 #include <utility>
 
 #include "kernels/torch/chunked_cross_entropy.h"
+#include "kernels/torch/matmul.h"
 #include "kernels/torch/paged_attention.h"
 #include "tests/kernels/sparse_attention_check.h"
 #include "tests/worker/tiny_model.h"
@@ -74,6 +76,8 @@ ModelConfig TinyConfig(const std::string& family) {
     c.moe.intermediate = 24;
     c.moe.layers = {true, family == "mixtral"};  // Qwen3-MoE: layer 1 dense (mlp_only_layers)
     c.moe.renormalize = c.moe.float_scores = family == "mixtral";
+    // Mixtral with the router's auxiliary loss, its coefficient large enough to show in the gradients.
+    if (family == "mixtral") c.moe.aux_loss_coef = 0.5;
   }
   if (family == "mistral" || family == "gemma3" || family == "phi3" ||
       family == "mixtral") {  // a window of 11 (no page size's multiple here) in layer 0
@@ -98,7 +102,8 @@ std::vector<int64_t> RandomIds(int64_t n, int64_t vocab, uint64_t seed) {
 }
 
 // Full-sequence backpropagation: one forward over all T tokens, attention by `attention`
-// (layer, q, k, v, doc_start [T]), gradients of scale * sum(CE).
+// (layer, q, k, v, doc_start [T]), gradients of scale * sum(CE) (plus aux_loss_coef times the
+// router's auxiliary loss of the forward, where the model has one: RouterBalance).
 using FullAttention = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                                const at::Tensor& v, const at::Tensor& doc_start)>;
 Grads FullSequenceGrads(const Transformer& model, const TokenSequence& seq, double scale,
@@ -108,6 +113,9 @@ Grads FullSequenceGrads(const Transformer& model, const TokenSequence& seq, doub
   in.positions = at::tensor(seq.positions, at::kLong);
   in.doc_start = at::tensor(seq.doc_start, at::kLong);
   in.rope_seq_len = *std::max_element(seq.positions.begin(), seq.positions.end()) + 1;
+  RouterBalance balance;
+  const double aux_coef = model.config().moe.aux_loss_coef;
+  if (aux_coef > 0) in.balance = &balance;
   const at::Tensor hidden =
       model.Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         return attention(layer, q, k, v, in.doc_start);
@@ -115,7 +123,9 @@ Grads FullSequenceGrads(const Transformer& model, const TokenSequence& seq, doub
   const at::Tensor logits = at::matmul(hidden, model.lm_head().t());
   const at::Tensor loss =
       at::cross_entropy_loss(logits, at::tensor(seq.labels, at::kLong), {}, at::Reduction::Sum, kernels::kIgnoreIndex);
-  (loss * scale).backward();
+  at::Tensor objective = loss * scale;
+  if (aux_coef > 0) objective = objective + balance.Loss() * aux_coef;
+  objective.backward();
   return TakeGrads(model);
 }
 
@@ -163,8 +173,10 @@ struct Case {
 
 class ChunkTrainerExactnessTest : public ::testing::TestWithParam<Case> {};
 
-std::unique_ptr<Transformer> MakeModel(const Case& c, at::ScalarType dtype) {
-  auto model = Transformer::Random(TinyConfig(c.family), dtype, at::kCPU, /*seed=*/7, /*init_std=*/0.2);
+// The case's model, of `config` (default: TinyConfig(c.family)).
+std::unique_ptr<Transformer> MakeModel(const Case& c, at::ScalarType dtype, std::optional<ModelConfig> config = {}) {
+  auto model =
+      Transformer::Random(config.value_or(TinyConfig(c.family)), dtype, at::kCPU, /*seed=*/7, /*init_std=*/0.2);
   if (c.full) {
     model->EnableFullFineTuning();
     return model;
@@ -365,6 +377,51 @@ TEST(SwapGpuTest, SwappedGradientsMatchTheRecomputedOnes) {
 }
 
 // The loss of chunked training equals the full-sequence loss too.
+// On a GPU: the experts' grouped GEMMs (ExpertKernel::kGrouped, what kAuto takes on a GPU of
+// compute capability 9.0 and more in bfloat16) against the loop, over the chunked trainer with
+// LoRA on attention and both banks (rank 8: grouped GEMMs want rows of 16 bytes) and the
+// router's auxiliary loss: in bfloat16, the grouped gradients are as close to the float32
+// loop's as the bfloat16 loop's are (within twice its error).
+TEST(ExpertsGpuTest, GroupedGradientsMatchTheLoops) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  ModelConfig config = TinyConfig("qwen3_moe");
+  config.moe.aux_loss_coef = 0.5;
+  const TokenSequence seq = TokenSequence::FromDocument(RandomIds(256, config.vocab_size, 5));
+  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+  auto bf16 = Transformer::Random(config, at::kBFloat16, cuda, /*seed=*/7, /*init_std=*/0.2);
+  LoraOptions lora;
+  lora.rank = 8;
+  ASSERT_TRUE(bf16->AddLora(lora, 11).ok());
+  testing::RandomizeLoraB(*bf16, 13);
+  const auto f32 = bf16->CastTo(at::kFloat);
+  f32->set_expert_kernel(ExpertKernel::kLoop);
+  const auto grads = [&](const Transformer& model) {
+    const PageShape shape{config.num_kv_heads, 16, config.head_dim};
+    const int64_t pages = config.num_layers * (256 / 16 + 1);
+    auto kv = *PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
+                                at::TensorOptions().dtype(model.dtype()).device(cuda), pages);
+    auto grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
+                                  at::TensorOptions().dtype(at::kFloat).device(cuda), pages);
+    ChunkTrainerOptions options;
+    options.chunk_tokens = 64;
+    ChunkTrainer trainer(&model, kv.get(), grad.get(), options);
+    EXPECT_TRUE(trainer.TrainSequence(seq, scale, 1).ok());
+    Grads g = TakeGrads(model);
+    for (auto& [name, t] : g) t = t.to(at::kCPU, at::kDouble);
+    return g;
+  };
+  const Grads want = grads(*f32);
+  EXPECT_EQ(bf16->expert_kernel(), kernels::GroupedMatmulIsNative(cuda) ? ExpertKernel::kGrouped : ExpertKernel::kLoop);
+  std::string worst;
+  bf16->set_expert_kernel(ExpertKernel::kLoop);
+  const double loop_error = MaxRelativeError(grads(*bf16), want, &worst);
+  bf16->set_expert_kernel(ExpertKernel::kGrouped);
+  const double grouped_error = MaxRelativeError(grads(*bf16), want, &worst);
+  std::cout << "bfloat16 against the float32 loop: loop " << loop_error << ", grouped " << grouped_error << "\n";
+  EXPECT_LE(grouped_error, 2 * loop_error) << worst;
+}
+
 TEST(ChunkTrainerTest, EvalLossMatchesFullSequence) {
   const ModelConfig config = TinyConfig("qwen2");
   auto model = Transformer::Random(config, at::kDouble, at::kCPU, 3, 0.2);
@@ -530,6 +587,86 @@ TEST(SpacoTest, MeanOfRandomEstimatesIsUnbiased) {
     EXPECT_LT(std::abs(t), 4.0);
   }
   EXPECT_GT(std::abs(t_statistics(0.5)[0]), 10.0);
+}
+
+// The router's auxiliary loss (RouterBalance; chunk_trainer.h): the chunked trainer gives the
+// full-sequence gradients of CE + coef * aux (float64, 1e-9) both ways it gets the routing
+// counts — exact dense training (stage 1 skips the last chunk: stage 2 tallies it) and sparse
+// attention at a budget covering every page (stage 1 tallies every chunk) — and SpaCO's
+// expectation over all 2^5 selections is that gradient; the loss it reports is the
+// whole-sequence forward's; aux_scale weighs it (0: the gradients without it, which differ).
+TEST(RouterAuxLossTest, ChunkedGradientsIncludeTheLoadBalancingLoss) {
+  const Case c{"mixtral", false, at::kDouble, false};
+  auto model = MakeModel(c, at::kDouble);
+  ASSERT_GT(model->config().moe.aux_loss_coef, 0);
+  const TokenSequence seq = TokenSequence::FromDocument(RandomIds(40, 61, 9));
+  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
+  const Grads want = ReferenceGrads(*model, seq, scale);
+  // The whole sequence's loss, as transformers' load_balancing_loss_func computes it.
+  RouterBalance whole;
+  {
+    at::NoGradGuard no_grad;
+    ChunkInput in;
+    in.ids = at::tensor(seq.ids, at::kLong);
+    in.positions = at::tensor(seq.positions, at::kLong);
+    in.doc_start = at::tensor(seq.doc_start, at::kLong);
+    in.balance = &whole;
+    model->Hidden(in, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return DenseReference(*model, seq, layer, q, k, v, in.doc_start);
+    });
+  }
+  EXPECT_EQ(whole.rows, 40 * 2);  // both layers are sparse
+  EXPECT_EQ(whole.counts.sum().item<double>(), 40 * 2 * 2);
+  const double want_aux = whole.Loss().item<double>();
+  EXPECT_GT(want_aux, 1.0);  // E * sum_e F_e P_e: 1 when balanced, up to top_k
+
+  const auto train = [&](ChunkTrainerOptions options, double aux_scale, double* aux) {
+    Pools pools = MakePools(model->config(), 4, seq.size(), at::kDouble);
+    ChunkTrainer trainer(model.get(), pools.kv.get(), pools.grad.get(), options);
+    auto loss = trainer.TrainSequence(seq, scale, 0, aux_scale);
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    if (aux != nullptr) *aux = loss.ok() ? loss->router_aux : 0;
+    return TakeGrads(*model);
+  };
+  std::string worst;
+  for (const int64_t chunk : {1, 8, 16, 64}) {
+    ChunkTrainerOptions options;
+    options.chunk_tokens = chunk;
+    double aux = 0;
+    EXPECT_LE(MaxRelativeError(train(options, 1.0, &aux), want, &worst), 1e-9) << "chunk " << chunk << ": " << worst;
+    EXPECT_NEAR(aux, want_aux, 1e-12) << "chunk " << chunk;
+  }
+  ChunkTrainerOptions sparse;
+  sparse.chunk_tokens = 12;
+  sparse.sparse = kernels::PageSelectOptions{.page_budget = 13, .sink_pages = 1, .local_pages = 2};
+  double aux = 0;
+  EXPECT_LE(MaxRelativeError(train(sparse, 1.0, &aux), want, &worst), 1e-9) << "sparse: " << worst;
+  EXPECT_NEAR(aux, want_aux, 1e-12);
+
+  ChunkTrainerOptions spaco;
+  spaco.chunk_tokens = 8;  // 5 chunks
+  const double p = 0.6;
+  spaco.chunk_fraction = p;
+  Grads expectation;
+  for (int mask = 0; mask < 32; ++mask) {
+    spaco.keep_chunk = [mask](int64_t chunk) { return ((mask >> chunk) & 1) != 0; };
+    const int kept = __builtin_popcount(mask);
+    const double probability = std::pow(p, kept) * std::pow(1 - p, 5 - kept);
+    for (const auto& [name, g] : train(spaco, 1.0, nullptr)) {
+      expectation[name] = expectation.count(name) ? expectation[name] + probability * g : probability * g;
+    }
+  }
+  EXPECT_LE(MaxRelativeError(expectation, want, &worst), 1e-10) << "SpaCO: " << worst;
+
+  // aux_scale 0: the gradients of the cross-entropy alone, which the loss changes.
+  ModelConfig plain = TinyConfig("mixtral");
+  plain.moe.aux_loss_coef = 0;
+  auto without = MakeModel(c, at::kDouble, plain);
+  const Grads want_plain = ReferenceGrads(*without, seq, scale);
+  ChunkTrainerOptions options;
+  options.chunk_tokens = 8;
+  EXPECT_LE(MaxRelativeError(train(options, 0.0, nullptr), want_plain, &worst), 1e-9) << worst;
+  EXPECT_GT(MaxRelativeError(want_plain, want, &worst), 1e-3) << worst;
 }
 
 // SpaCO's dropped chunks get no gradient pages. Keeping chunks 0, 2 and 4 of 5 (chunks of 8,

@@ -1,6 +1,7 @@
 #include "worker/hf/families/common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -91,10 +92,12 @@ absl::Status ParseMoe(const json& root, const std::string& source, const char* e
   bool router_logits = false;
   OOMB_RETURN_IF_ERROR(r.Bool("output_router_logits", &router_logits));
   if (router_logits) {
-    return absl::UnimplementedError(
-        absl::StrCat(source,
-                     ": output_router_logits true (the router's auxiliary load-balancing loss) is not supported yet; "
-                     "set it to false (transformers' default) to train without the auxiliary loss"));
+    moe.aux_loss_coef = 0.001;  // transformers' default for every family that has the loss
+    OOMB_RETURN_IF_ERROR(r.Double("router_aux_loss_coef", &moe.aux_loss_coef, /*required=*/false));
+    if (!std::isfinite(moe.aux_loss_coef) || moe.aux_loss_coef < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": router_aux_loss_coef ", moe.aux_loss_coef, " is not a finite number >= 0"));
+    }
   }
   double jitter = 0;
   OOMB_RETURN_IF_ERROR(r.Double("router_jitter_noise", &jitter, /*required=*/false));

@@ -30,7 +30,8 @@ absl::Status ParseAttentionBias(const nlohmann::json& root, const std::string& s
 // The mixture of experts of a config.json (MoeConfig): the number of experts from `experts_key`
 // (or num_local_experts, as transformers 5 writes it), num_experts_per_tok, and which layers are
 // sparse: those not in mlp_only_layers with (i + 1) a multiple of decoder_sparse_step (1: all).
-// UNIMPLEMENTED for output_router_logits true (the router's auxiliary loss) and a
+// output_router_logits true: the router's auxiliary loss, weighted by router_aux_loss_coef
+// (default 0.001, as transformers'; INVALID_ARGUMENT if negative). UNIMPLEMENTED for a
 // router_jitter_noise other than 0.
 absl::Status ParseMoe(const nlohmann::json& root, const std::string& source, const char* experts_key, ModelConfig* c);
 
