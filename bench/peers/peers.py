@@ -13,6 +13,11 @@ the shared HF baseline (shared/bench/hf_baseline.py beside the repository):
   liger-offload  liger + every tensor autograd saves (with gradient checkpointing on, mostly the
                  per-layer checkpoints) offloaded to pinned host memory by
                  torch.autograd.graph.save_on_cpu(pin_memory=True) around forward + backward
+  hf-offload     hf + the same offloading, without Liger: the stack for the mixture-of-experts
+                 presets (qwen3-30b-a3b, tiny-moe), where LoRA adapts attention (target_modules
+                 q,k,v,o) and every expert bank (PEFT's target_parameters, mlp.experts.gate_up_proj
+                 and down_proj) and transformers computes the experts with grouped GEMMs
+                 (experts_implementation="grouped_mm")
   unsloth        Unsloth FastLanguageModel, bf16 LoRA (load_in_4bit=False), Unsloth's offloaded
                  gradient checkpointing (use_gradient_checkpointing="unsloth"). Unsloth loads from a
                  directory, so the random-weight model (config, safetensors, a small stand-in
@@ -59,6 +64,16 @@ PRESETS = {
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
                          num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                          rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # Qwen3-30B-A3B architecture (a mixture of experts: 128 experts, 8 per token).
+    "qwen3-30b-a3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+                          rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    # A tiny mixture of experts: checks the MoE plumbing on a CPU.
+    "tiny-moe": dict(vocab_size=1000, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                     rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False),
     # A few hundred thousand parameters: checks the plumbing on a CPU.
     "tiny": dict(vocab_size=1000, hidden_size=64, intermediate_size=128,
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -66,8 +81,16 @@ PRESETS = {
 }
 MAX_POSITIONS = 1 << 23  # as hf_baseline.py: no length we try is refused or RoPE-scaled
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# A mixture of experts: attention by name, the experts' banks as parameters (what oomb's default
+# targets amount to there).
+MOE_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MOE_LORA_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 LORA_R, LORA_ALPHA = 16, 32
-STACKS = ["hf", "liger", "liger-offload", "unsloth"]
+STACKS = ["hf", "liger", "liger-offload", "hf-offload", "unsloth"]
+
+
+def is_moe(preset):
+    return "num_experts" in PRESETS[preset]
 
 
 # JSON lines go to the original stdout; everything else written to stdout (Unsloth's banners,
@@ -102,6 +125,9 @@ def version_of(dist):
 
 
 def qwen2_config(transformers, preset):
+    if is_moe(preset):
+        return transformers.Qwen3MoeConfig(max_position_embeddings=MAX_POSITIONS, attn_implementation="sdpa",
+                                           experts_implementation="grouped_mm", **PRESETS[preset])
     return transformers.Qwen2Config(max_position_embeddings=MAX_POSITIONS, attn_implementation="sdpa",
                                     **PRESETS[preset])
 
@@ -139,8 +165,12 @@ def build_hf_like(args, liger):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
-    model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA,
-                                                       target_modules=LORA_TARGETS))
+    if is_moe(args.model):
+        lora = peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, target_modules=MOE_LORA_TARGETS,
+                               target_parameters=MOE_LORA_PARAMETERS)
+    else:
+        lora = peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, target_modules=LORA_TARGETS)
+    model = peft.get_peft_model(model, lora)
     model.train()
     return model
 
@@ -271,7 +301,9 @@ def main():
     torch.manual_seed(args.seed)
 
     meta = {"meta": True, "stack": stack, "model": args.model, "method": "lora",
-            "lora": {"r": LORA_R, "alpha": LORA_ALPHA, "targets": LORA_TARGETS},
+            "lora": ({"r": LORA_R, "alpha": LORA_ALPHA, "targets": MOE_LORA_TARGETS,
+                      "target_parameters": MOE_LORA_PARAMETERS} if is_moe(args.model) else
+                     {"r": LORA_R, "alpha": LORA_ALPHA, "targets": LORA_TARGETS}),
             "batch": 1, "dtype": "bfloat16", "warmup": args.warmup,
             "torch": torch.__version__, "transformers": version_of("transformers"),
             "peft": version_of("peft"), "accelerate": version_of("accelerate"),
@@ -289,8 +321,10 @@ def main():
     emit(meta)
 
     try:
-        if stack in ("hf", "liger", "liger-offload"):
-            model = build_hf_like(args, liger=stack != "hf")
+        if is_moe(args.model) and stack not in ("hf", "hf-offload"):
+            raise ValueError(f"--model {args.model} (a mixture of experts) runs with --stack hf or hf-offload")
+        if stack in ("hf", "liger", "liger-offload", "hf-offload"):
+            model = build_hf_like(args, liger=stack in ("liger", "liger-offload"))
         else:
             model = build_unsloth(args, max_seq)
     except Exception as e:  # a stack that cannot be built here must not look like a crash
@@ -301,7 +335,9 @@ def main():
     if stack == "unsloth":
         log(f"unsloth attention/kernels: see the Unsloth banner above; max_seq_length={max_seq}")
 
-    offload = stack == "liger-offload"
+    if hasattr(model, "config"):
+        log(f"experts implementation: {getattr(model.config, '_experts_implementation', None)}")
+    offload = stack in ("liger-offload", "hf-offload")
     vocab = cfg_d["vocab_size"]
 
     def step(S):

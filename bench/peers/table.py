@@ -18,9 +18,9 @@ import argparse
 import json
 import sys
 
-STACK_ORDER = ["hf", "liger", "liger-offload", "unsloth"]
+STACK_ORDER = ["hf", "liger", "liger-offload", "hf-offload", "unsloth"]
 STACK_LABEL = {"hf": "HF transformers + PEFT + GC", "liger": "+ Liger kernels",
-               "liger-offload": "+ Liger + save_on_cpu offload", "unsloth": "Unsloth (offloaded GC)"}
+               "liger-offload": "+ Liger + save_on_cpu offload", "hf-offload": "+ save_on_cpu offload", "unsloth": "Unsloth (offloaded GC)"}
 
 
 def kfmt(S):
