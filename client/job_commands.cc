@@ -58,6 +58,10 @@ void PrintJobDetail(const v1::Job& j) {
     std::cout << fmt::format("data:        {}\n", j.spec().data().train());
     std::cout << fmt::format("progress:    step {}/{}, {} tokens, loss {:.4f}\n", j.progress().step(),
                              j.progress().total_steps(), j.progress().tokens(), j.progress().loss());
+    if (j.progress().router_aux_loss() > 0) {
+      std::cout << fmt::format("router aux:  {:.4f} (the router's load-balancing loss, not weighted)\n",
+                               j.progress().router_aux_loss());
+    }
   }
   if (j.progress().has_evaluation()) {
     std::cout << fmt::format("evaluation:  {}\n", EvaluationLine(j.progress().evaluation()));

@@ -201,6 +201,7 @@ JobConfig ToConfig(const v1::JobSpec& s) {
   c.model.path = s.model().path();
   c.model.dtype = s.model().dtype() == v1::ModelSpec::float32 ? ModelDtype::kFloat32 : ModelDtype::kBFloat16;
   if (s.model().has_rope_scaling()) c.model.rope_scaling = RopeOf(s.model().rope_scaling());
+  if (s.model().has_router_aux_loss_coef()) c.model.router_aux_loss_coef = s.model().router_aux_loss_coef();
   c.method.type = s.method().type() == v1::Method::full       ? TrainMethod::kFull
                   : s.method().type() == v1::Method::evaluate ? TrainMethod::kEvaluate
                                                               : TrainMethod::kLora;

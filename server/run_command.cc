@@ -110,8 +110,9 @@ void ReportTo(bool tty, RunOptions* options) {
       return;
     }
     const std::string line =
-        fmt::format("step {}/{} loss {:.4f} lr {:.3g} {:.0f} tok/s mem {} eta {}{}", p.step, p.total_steps, p.loss,
-                    p.learning_rate, p.tokens_per_second, Bytes(p.peak_device_bytes), Duration(p.eta_seconds),
+        fmt::format("step {}/{} loss {:.4f}{} lr {:.3g} {:.0f} tok/s mem {} eta {}{}", p.step, p.total_steps, p.loss,
+                    p.router_aux_loss > 0 ? fmt::format(" router aux {:.4f}", p.router_aux_loss) : "", p.learning_rate,
+                    p.tokens_per_second, Bytes(p.peak_device_bytes), Duration(p.eta_seconds),
                     p.eval_loss > 0 ? fmt::format(" eval {:.4f}", p.eval_loss) : "");
     if (tty) {
       const int width = 24;

@@ -550,6 +550,20 @@ def test_async(daemon, train):
             check(job.state == oomb.JobState.SUCCEEDED, f"the snapshot did not update the job: {job.state}")
             done = await client.jobs.wait("sdk-async", timeout=30, poll=0.1)
             check(done.state == oomb.JobState.SUCCEEDED and done.progress.step == 2, f"async wait {done}")
+            # A mixture of experts with the router's auxiliary loss (model.router_aux_loss_coef) and
+            # LoRA on its expert banks: the progress carries the loss (at least top_k = 2, its value
+            # at perfect balance), the gradients reached every expert bank.
+            moe = tiny_dict(train, 1)
+            moe["model"] = {"path": os.path.join(DATA, "tiny", "qwen3-moe"), "dtype": "float32",
+                            "router_aux_loss_coef": 0.5}
+            moe["method"]["lora"]["target_parameters"] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+            await client.jobs.create(moe, job_id="sdk-moe")
+            trained = await client.jobs.wait("sdk-moe", timeout=60, poll=0.1)
+            check(trained.state == oomb.JobState.SUCCEEDED and trained.progress.router_aux_loss >= 2 - 1e-9,
+                  f"the mixture of experts' job: {trained.state}, progress {trained.progress}")
+            reach = [e.message async for e in trained.events(follow=False)
+                     if e.type == jobs_pb2.JobEvent.LOG and e.message.startswith("gradients at ")]
+            check(reach and "mlp.experts.down_proj 2/2 (experts" in reach[0], f"the experts' reach: {reach}")
             stored = [e async for e in job.events(follow=False)]
             check(stored == events, "async events: stored and followed differ")
             names = [j.name async for j in client.jobs.list(page_size=2)]

@@ -68,6 +68,7 @@ TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_EQ(s.model.path, "/models/m");
   EXPECT_EQ(s.model.dtype, ModelDtype::kBFloat16);
   EXPECT_FALSE(s.model.rope_scaling.has_value());
+  EXPECT_FALSE(s.model.router_aux_loss_coef.has_value());  // config.json's
   EXPECT_EQ(s.method.type, TrainMethod::kLora);
   EXPECT_EQ(s.method.lora.rank, 16);
   EXPECT_EQ(s.method.lora.alpha, 32);
@@ -134,6 +135,7 @@ model:
   path: /models/SmolLM2-135M-Instruct
   dtype: bfloat16
   rope_scaling: {type: yarn, factor: 8.0, original_max_position_embeddings: 8192}
+  router_aux_loss_coef: 0.01
 method:
   type: lora
   lora: {rank: 8, alpha: 16, dropout: 0.05, target_modules: [q_proj, v_proj]}
@@ -170,6 +172,7 @@ resources: {device: "cuda:1", gpus: 1, priority: -5, max_retries: 0, max_runtime
   EXPECT_EQ(s.model.rope_scaling->type, RopeType::kYarn);
   EXPECT_EQ(s.model.rope_scaling->factor, 8.0);
   EXPECT_EQ(s.model.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(s.model.router_aux_loss_coef, 0.01);
   EXPECT_EQ(s.method.lora.target_modules.size(), 2u);
   EXPECT_EQ(s.data.max_seq_len, int64_t{1} << 31);
   EXPECT_FALSE(s.data.packing);

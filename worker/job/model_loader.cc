@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadForTraining(const ModelSource& 
                                                              at::Device device) {
   OOMB_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model,
                         Load(source, ModelScalarType(job), device, job.model.rope_scaling));
+  if (job.model.router_aux_loss_coef.has_value()) model->set_router_aux_loss_coef(*job.model.router_aux_loss_coef);
   OOMB_RETURN_IF_ERROR(PrepareTraining(*model, job));
   if (job.method.type == TrainMethod::kFull || !source.adapter.has_value()) return model;
   OOMB_RETURN_IF_ERROR(Annotate(model->LoadLoraWeights(*source.adapter), source.adapter_field));

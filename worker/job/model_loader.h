@@ -31,8 +31,9 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadForEvaluation(const ModelSource
                                                                at::Device device,
                                                                std::optional<RopeScalingOverride> rope);
 
-// For training `job` (method lora or full): RoPE is model.rope_scaling or config.json's; the
-// model is prepared for the method (PrepareTraining) and LoRA starts from the adapter's weights.
+// For training `job` (method lora or full): RoPE is model.rope_scaling or config.json's, the
+// router's auxiliary loss model.router_aux_loss_coef or config.json's; the model is prepared for
+// the method (PrepareTraining) and LoRA starts from the adapter's weights.
 absl::StatusOr<std::unique_ptr<Transformer>> LoadForTraining(const ModelSource& source, const JobConfig& job,
                                                              at::Device device);
 

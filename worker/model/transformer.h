@@ -207,6 +207,9 @@ class Transformer {
   // Writes model.safetensors + config.json (full fine-tuning output) in the model's dtype.
   absl::Status SaveFull(const Dir& dir, const std::string& config_json) const;
 
+  // The router's auxiliary loss weight over config.json's (MoeConfig::aux_loss_coef; 0: none).
+  void set_router_aux_loss_coef(double coef) { config_.moe.aux_loss_coef = coef; }
+
   // How the sparse layers compute their experts (default kAuto); kGrouped where the sizes or the
   // dtype do not suit grouped GEMMs fails the forward (kernels::GroupedMatmulTakes).
   void set_expert_kernel(ExpertKernel kernel) { expert_kernel_ = kernel; }

@@ -41,6 +41,7 @@ struct JobConfig {
     std::string path;
     ModelDtype dtype = ModelDtype::kBFloat16;
     std::optional<RopeScalingOverride> rope_scaling;
+    std::optional<double> router_aux_loss_coef;  // over config.json's (MoeConfig::aux_loss_coef)
   } model;
 
   // The bounds of an adapter's rank and alpha, wherever they come from: the job spec's

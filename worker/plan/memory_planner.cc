@@ -455,16 +455,13 @@ absl::StatusOr<MemoryPlan> PlanAutoGradDtype(const ModelConfig& config, const Jo
   return half;
 }
 
-}  // namespace
-
-absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& requested, const PlanTarget& target) {
-  if (requested.memory.kv_grad_dtype == KvGradDtype::kAuto) return PlanAutoGradDtype(config, requested, target);
-  JobConfig job = requested;
-  std::string chunk_choice;
-  if (job.memory.chunk_tokens <= 0) {
-    OOMB_ASSIGN_OR_RETURN(job.memory.chunk_tokens, ChooseChunkTokens(config, job, target, &chunk_choice));
+// What the job asks of the model that the model has: a router for router_aux_loss_coef, the
+// LoRA targets, a whole model for full fine-tuning.
+absl::Status CheckJobAgainstModel(const ModelConfig& config, const JobConfig& job) {
+  if (job.model.router_aux_loss_coef.has_value() && config.moe.experts == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.router_aux_loss_coef: ", job.model.path,
+                                                   " has no experts (no router to balance); leave the field out"));
   }
-  const bool cuda = target.device != "cpu";
   if (job.method.type == TrainMethod::kLora) {
     const JobConfig::Lora& l = job.method.lora;
     OOMB_RETURN_IF_ERROR(ResolveLoraTargets(config, l.target_modules).status());
@@ -476,6 +473,20 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
         "method.type: full fine-tuning of the language model of ", job.model.path,
         " (a vision-language checkpoint) would write a model without its vision tower; train it with lora"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& requested, const PlanTarget& target) {
+  if (requested.memory.kv_grad_dtype == KvGradDtype::kAuto) return PlanAutoGradDtype(config, requested, target);
+  JobConfig job = requested;
+  std::string chunk_choice;
+  if (job.memory.chunk_tokens <= 0) {
+    OOMB_ASSIGN_OR_RETURN(job.memory.chunk_tokens, ChooseChunkTokens(config, job, target, &chunk_choice));
+  }
+  const bool cuda = target.device != "cpu";
+  OOMB_RETURN_IF_ERROR(CheckJobAgainstModel(config, job));
   const Model m(config, job, cuda);
 
   MemoryPlan plan;

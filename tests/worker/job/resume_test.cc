@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/worker/test_env.h"
 #include "tests/worker/test_files.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/job/device.h"
@@ -262,6 +263,39 @@ TEST(ResumeTest, SparseRunResumesExactly) {
   }
   EXPECT_LT(*std::min_element(full.densities.begin(), full.densities.end()), 1.0);
   for (double d : dense.densities) EXPECT_EQ(d, 0.0);
+}
+
+// The router's auxiliary loss through the executor, on the tiny Qwen3-MoE (whose config.json has
+// none) with model.router_aux_loss_coef and LoRA on attention and the expert banks: every
+// metrics.jsonl line carries router_aux_loss (the batch's mean, at least top_k = 2: its value at
+// perfect balance), the run trains differently from the one without it (whose lines have no
+// such field), and a run paused inside a step resumes exactly.
+TEST(ResumeTest, RouterAuxLossRunResumesExactly) {
+  const std::string model = testing::DataDir() + "/tiny/qwen3-moe";
+  if (!fs::exists(model)) GTEST_SKIP() << "no " << model;
+  const std::string root = FreshDir("resume_router_aux");
+  const Fixture f{.model_dir = model, .data_path = root + "/train.jsonl"};
+  testing::WriteInputIdsJsonl(f.data_path, testing::RandomDocs(7, 10, 40, /*vocab=*/320, 17));
+  JobConfig job = MakeSpec(f);
+  job.method.lora.dropout = 0;  // PEFT takes none on expert banks
+  const Outcome without = RunOnce(job, root + "/without", false);
+  ASSERT_EQ(without.outcome, RunOutcome::kSucceeded);
+  job.model.router_aux_loss_coef = 0.5;
+  const Outcome full = ExpectPauseInsideAStepResumesExactly(job, root);
+  EXPECT_NE(without.losses.back().second, full.losses.back().second);
+  const auto lines = [](const std::string& path) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+    return out;
+  };
+  const std::vector<nlohmann::json> with_aux = lines(root + "/full/metrics.jsonl");
+  ASSERT_EQ(with_aux.size(), 8u);
+  for (const nlohmann::json& j : with_aux) {
+    ASSERT_TRUE(j.contains("router_aux_loss")) << j.dump();
+    EXPECT_GE(j["router_aux_loss"].get<double>(), 2.0 - 1e-9) << j.dump();
+  }
+  for (const nlohmann::json& j : lines(root + "/without/metrics.jsonl")) EXPECT_FALSE(j.contains("router_aux_loss"));
 }
 
 // The host tier through the executor (memory.kv_offload: host, every page in host pools moved by

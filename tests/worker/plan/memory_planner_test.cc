@@ -214,6 +214,27 @@ TEST(MemoryPlannerTest, LongestContextThatFitsAndTheLimitInWords) {
   EXPECT_EQ(plan->kv_bytes_per_token, c.num_layers * 2 * c.kv_dim() * (4 + 4));
 }
 
+// model.router_aux_loss_coef weighs a mixture of experts' router loss: a dense model has none to
+// weigh, and the field is refused by name; a mixture of experts plans with it.
+TEST(MemoryPlannerTest, RouterAuxLossCoefNeedsARouter) {
+  JobConfig job;
+  job.model.path = "/models/dense";
+  job.model.router_aux_loss_coef = 0.01;
+  job.data.max_seq_len = 256;
+  PlanTarget target;
+  target.device = "cpu";
+  target.device_bytes = target.host_bytes = int64_t{8} << 30;
+  const absl::Status dense = PlanMemory(testing::TinyLlamaConfig(), job, target).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(dense)) << dense;
+  EXPECT_THAT(std::string(dense.message()), HasSubstr("model.router_aux_loss_coef: /models/dense has no experts"));
+  ModelConfig moe = testing::TinyLlamaConfig();
+  moe.architecture = "Qwen3MoeForCausalLM";
+  moe.moe = MoeConfig{.experts = 4, .top_k = 2, .intermediate = 16, .renormalize = true};
+  moe.moe.layers.assign(moe.num_layers, true);
+  job.method.lora.target_modules = {"q_proj", "v_proj"};
+  EXPECT_TRUE(PlanMemory(moe, job, target).ok());
+}
+
 // Qwen2.5-7B's shapes (the GPU benchmarks' model).
 ModelConfig Qwen7B() {
   ModelConfig c = testing::TinyLlamaConfig(152064, 3584, 28, 28, 4);
