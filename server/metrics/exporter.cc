@@ -188,6 +188,9 @@ struct MetricsExporter::Families {
         job_attention_density(NewGauge(r, "oomb_job_attention_density_ratio",
                                        "Sparse attention: past KV pages attended / past KV pages there were, over the "
                                        "running job's last step (0-1; jobs with attention.mode: sparse only).")),
+        job_router_aux_loss(NewGauge(r, "oomb_job_router_aux_loss",
+                                     "A mixture of experts trained with the router's auxiliary loss: the running "
+                                     "job's last step's, not weighted (jobs with the loss only).")),
         webhook_attempts(NewCounter(r, "oomb_webhook_attempts_total",
                                     "Webhook deliveries attempted, by result: delivered, failed (retried later), "
                                     "given_up.")),
@@ -227,6 +230,7 @@ struct MetricsExporter::Families {
   Family<Gauge>& job_swapped_chunks;
   Family<Gauge>& job_mfu;
   Family<Gauge>& job_attention_density;
+  Family<Gauge>& job_router_aux_loss;
   Family<Counter>& webhook_attempts;
   Family<Counter>& rpc_handled;
   Family<Histogram>& rpc_seconds;
@@ -326,6 +330,7 @@ void MetricsExporter::RemoveJobLocked(SlotSeries& s) {
   for (const auto& [begin, g] : j.eval_position_loss) f_->job_eval_position_loss.Remove(g);
   if (j.mfu != nullptr) f_->job_mfu.Remove(j.mfu);
   if (j.attention_density != nullptr) f_->job_attention_density.Remove(j.attention_density);
+  if (j.router_aux_loss != nullptr) f_->job_router_aux_loss.Remove(j.router_aux_loss);
   s.job = JobSeries();
   s.has_job = false;
 }
@@ -397,6 +402,10 @@ void MetricsExporter::Step(const std::string& slot, const StepReport& p) {
   if (p.attention_density > 0) {
     if (j.attention_density == nullptr) j.attention_density = &f_->job_attention_density.Add(l);
     j.attention_density->Set(p.attention_density);
+  }
+  if (p.router_aux_loss > 0) {
+    if (j.router_aux_loss == nullptr) j.router_aux_loss = &f_->job_router_aux_loss.Add(l);
+    j.router_aux_loss->Set(p.router_aux_loss);
   }
 }
 

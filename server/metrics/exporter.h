@@ -143,6 +143,7 @@ class MetricsExporter final : public MetricsSink {
     std::map<std::string, prometheus::Gauge*> eval_accuracy, eval_position_loss;
     prometheus::Gauge* mfu = nullptr;                // where the device's peak is known
     prometheus::Gauge* attention_density = nullptr;  // sparse attention only
+    prometheus::Gauge* router_aux_loss = nullptr;    // the router's auxiliary loss only
   };
   struct SlotSeries {
     prometheus::Gauge* busy = nullptr;

@@ -551,15 +551,15 @@ def test_async(daemon, train):
             done = await client.jobs.wait("sdk-async", timeout=30, poll=0.1)
             check(done.state == oomb.JobState.SUCCEEDED and done.progress.step == 2, f"async wait {done}")
             # A mixture of experts with the router's auxiliary loss (model.router_aux_loss_coef) and
-            # LoRA on its expert banks: the progress carries the loss (at least top_k = 2, its value
-            # at perfect balance), the gradients reached every expert bank.
+            # LoRA on its expert banks: the progress carries the loss (in (0, E top_k] = (0, 8]), the
+            # gradients reached every expert bank.
             moe = tiny_dict(train, 1)
             moe["model"] = {"path": os.path.join(DATA, "tiny", "qwen3-moe"), "dtype": "float32",
                             "router_aux_loss_coef": 0.5}
             moe["method"]["lora"]["target_parameters"] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
             await client.jobs.create(moe, job_id="sdk-moe")
             trained = await client.jobs.wait("sdk-moe", timeout=60, poll=0.1)
-            check(trained.state == oomb.JobState.SUCCEEDED and trained.progress.router_aux_loss >= 2 - 1e-9,
+            check(trained.state == oomb.JobState.SUCCEEDED and 0 < trained.progress.router_aux_loss <= 8,
                   f"the mixture of experts' job: {trained.state}, progress {trained.progress}")
             reach = [e.message async for e in trained.events(follow=False)
                      if e.type == jobs_pb2.JobEvent.LOG and e.message.startswith("gradients at ")]

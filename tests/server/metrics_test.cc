@@ -91,6 +91,7 @@ void TwoSteps(MetricsExporter& m) {
   p.loss = 2.25;
   p.eval_loss = 2.4;
   p.mfu = 0.42;
+  p.router_aux_loss = 2.125;
   p.swapped_bytes = 7168;
   p.swapped_chunks = 3;
   p.peak_device_bytes = 5'000'000;
@@ -116,6 +117,7 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   EXPECT_EQ(Sample(text, R"(oomb_job_loss{job_id="job-a",project="nlp",slot="cpu"})"), 2.25);
   EXPECT_EQ(Sample(text, R"(oomb_job_eval_loss{job_id="job-a",project="nlp",slot="cpu"})"), 2.4);
   EXPECT_EQ(Sample(text, R"(oomb_job_mfu_ratio{job_id="job-a",project="nlp",slot="cpu"})"), 0.42);
+  EXPECT_EQ(Sample(text, R"(oomb_job_router_aux_loss{job_id="job-a",project="nlp",slot="cpu"})"), 2.125);
   EXPECT_EQ(Sample(text, R"(oomb_job_eval_accuracy_ratio{job_id="job-a",project="nlp",slot="cpu",suite="passkey"})"),
             0.75);
   EXPECT_THAT(text, Not(HasSubstr(R"(suite="needle")")));  // not run
@@ -148,8 +150,9 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   for (const char* gone :
        {"oomb_job_info{", "oomb_job_step{", "oomb_job_total_steps{", "oomb_job_loss{", "oomb_job_eval_loss{",
         "oomb_job_eval_accuracy_ratio{", "oomb_job_eval_position_loss{", "oomb_job_mfu_ratio{", "oomb_job_eta_seconds{",
-        "oomb_job_learning_rate{", "oomb_job_tokens_per_second{", "oomb_job_swapped_bytes{", "oomb_job_swapped_chunks{",
-        "oomb_job_start_time_seconds{", "oomb_job_device_memory_peak_bytes{", "oomb_job_host_kv_bytes{"}) {
+        "oomb_job_router_aux_loss{", "oomb_job_learning_rate{", "oomb_job_tokens_per_second{",
+        "oomb_job_swapped_bytes{", "oomb_job_swapped_chunks{", "oomb_job_start_time_seconds{",
+        "oomb_job_device_memory_peak_bytes{", "oomb_job_host_kv_bytes{"}) {
     EXPECT_THAT(text, Not(HasSubstr(gone)));
   }
   EXPECT_EQ(Sample(text, R"(oomb_slot_busy{slot="cpu"})"), 0);
@@ -161,6 +164,7 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
   EXPECT_EQ(Sample(text, R"(oomb_job_info{job_id="job-b",model="SmolLM2-135M-Instruct",project="nlp",slot="cpu"})"), 1);
   EXPECT_THAT(text, Not(HasSubstr("job-a")));
   EXPECT_THAT(text, Not(HasSubstr("oomb_job_mfu_ratio{")));
+  EXPECT_THAT(text, Not(HasSubstr("oomb_job_router_aux_loss{")));
 }
 
 TEST(MetricsExporterTest, StateTransitionsAndRpcLabelsAreBounded) {

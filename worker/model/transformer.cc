@@ -804,6 +804,7 @@ void RouterBalance::Weigh() {
   const double N = static_cast<double>(rows);
   weights = counts * (static_cast<double>(counts.size(0)) / (N * N));
   prob_sums = prob_sums.detach();
+  value = Loss();
   term = at::Tensor();
 }
 

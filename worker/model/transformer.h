@@ -113,13 +113,14 @@ struct RouterBalance {
   // to the tally (with their graph where the forward has one); after, to `term`.
   void Add(const at::Tensor& probs, const at::Tensor& counts);  // [C, E] probabilities, [E] top-k choices
   at::Tensor Loss() const;  // aux of the rows tallied, a scalar (undefined before any)
-  // Fixes w from the tally: the rows added from here add sum <P_row, w> to `term`.
+  // Fixes w from the tally, and `value`: the rows added from here add sum <P_row, w> to `term`.
   void Weigh();
   bool weighed() const { return weights.defined(); }
 
   at::Tensor counts, prob_sums;  // [E] float64: n and S
   int64_t rows = 0;              // N
   at::Tensor weights;            // [E] float64: w, once weighed
+  at::Tensor value;              // aux of the tally, once weighed (no graph; on the device)
   at::Tensor term;               // sum <P_row, w> over the rows added since weighed (or reset)
 };
 

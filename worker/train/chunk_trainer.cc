@@ -245,10 +245,7 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::RunStages(const TokenSequence& seq, S
   OOMB_ASSIGN_OR_RETURN(SequenceLoss loss, stage_one_.Run(seq, trimmed ? last : last + 1, /*with_loss=*/!two.with_loss,
                                                           /*training=*/true, two.dropout_seed, store, &clock,
                                                           &chunk_times_, /*scores=*/nullptr, two.balance));
-  if (two.balance != nullptr && !trimmed) {  // stage 1 tallied every chunk
-    loss.router_aux = balance.Loss().item<double>();
-    balance.Weigh();
-  }
+  if (two.balance != nullptr && !trimmed) balance.Weigh();  // stage 1 tallied every chunk
   kernels::timeline::Stage("stage2");
   kernels::timeline::Mark("model");
   two.loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(model_->device()));
@@ -259,13 +256,13 @@ absl::StatusOr<SequenceLoss> ChunkTrainer::RunStages(const TokenSequence& seq, S
     store.ReleaseFrom(index * options_.chunk_tokens);
     clock.Lap(&chunk_times_.backward);
     OOMB_RETURN_IF_ERROR(CheckStop());
-    if (index == last && two.balance != nullptr && trimmed) loss.router_aux = balance.Loss().item<double>();
   }
   clock.Finish();
   if (two.with_loss) {
     loss.loss_sum = two.loss_sum.item<double>();
     loss.label_tokens = two.label_tokens;
   }
+  if (balance.weighed()) loss.router_aux = balance.value.item<double>();
   return loss;
 }
 

@@ -267,9 +267,9 @@ TEST(ResumeTest, SparseRunResumesExactly) {
 
 // The router's auxiliary loss through the executor, on the tiny Qwen3-MoE (whose config.json has
 // none) with model.router_aux_loss_coef and LoRA on attention and the expert banks: every
-// metrics.jsonl line carries router_aux_loss (the batch's mean, at least top_k = 2: its value at
-// perfect balance), the run trains differently from the one without it (whose lines have no
-// such field), and a run paused inside a step resumes exactly.
+// metrics.jsonl line carries router_aux_loss (the batch's mean, in (0, E top_k] = (0, 8]), the run
+// trains differently from the one without it (whose lines have no such field), and a run paused
+// inside a step resumes exactly.
 TEST(ResumeTest, RouterAuxLossRunResumesExactly) {
   const std::string model = testing::DataDir() + "/tiny/qwen3-moe";
   if (!fs::exists(model)) GTEST_SKIP() << "no " << model;
@@ -293,7 +293,8 @@ TEST(ResumeTest, RouterAuxLossRunResumesExactly) {
   ASSERT_EQ(with_aux.size(), 8u);
   for (const nlohmann::json& j : with_aux) {
     ASSERT_TRUE(j.contains("router_aux_loss")) << j.dump();
-    EXPECT_GE(j["router_aux_loss"].get<double>(), 2.0 - 1e-9) << j.dump();
+    EXPECT_GT(j["router_aux_loss"].get<double>(), 0.0) << j.dump();
+    EXPECT_LE(j["router_aux_loss"].get<double>(), 8.0) << j.dump();
   }
   for (const nlohmann::json& j : lines(root + "/without/metrics.jsonl")) EXPECT_FALSE(j.contains("router_aux_loss"));
 }

@@ -327,42 +327,57 @@ TEST_P(ChunkTrainerExactnessTest, SwappedAttentionGivesTheRecomputedGradientsBit
   }
 }
 
+// The GPU tests' model: `config` in bfloat16 on the GPU with LoRA of `rank` (B drawn at random,
+// so every gradient is non-zero).
+std::unique_ptr<Transformer> GpuLoraModel(const ModelConfig& config, int64_t rank) {
+  auto model = Transformer::Random(config, at::kBFloat16, at::Device(at::kCUDA, 0), /*seed=*/7, /*init_std=*/0.2);
+  LoraOptions lora;
+  lora.rank = rank;
+  EXPECT_TRUE(model->AddLora(lora, 11).ok());
+  testing::RandomizeLoraB(*model, 13);
+  return model;
+}
+
+// The GPU tests' step: `seq` (256 tokens) through the chunked trainer on `model` (chunks of 64,
+// pages of 16 in device pools, float32 gradient pages), the gradients in float64 on the host.
+Grads GpuGrads(const Transformer& model, const TokenSequence& seq, ChunkTrainerOptions options,
+               TrainerMemory* memory = nullptr) {
+  const ModelConfig& config = model.config();
+  const PageShape shape{config.num_kv_heads, 16, config.head_dim};
+  const int64_t pages = config.num_layers * (256 / 16 + 1);
+  const at::TensorOptions on_gpu = at::TensorOptions().device(model.device());
+  auto kv = *PagePool::Create(PageKind::kKv, Tier::kDevice, shape, on_gpu.dtype(model.dtype()), pages);
+  auto grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape, on_gpu.dtype(at::kFloat), pages);
+  options.chunk_tokens = 64;
+  ChunkTrainer trainer(&model, kv.get(), grad.get(), options);
+  EXPECT_TRUE(trainer.TrainSequence(seq, 1.0 / static_cast<double>(seq.label_tokens()), 1).ok());
+  if (memory != nullptr) *memory = trainer.memory();
+  Grads g = TakeGrads(model);
+  for (auto& [name, t] : g) t = t.to(at::kCPU, at::kDouble);
+  return g;
+}
+
 // On a GPU: the swap's gradients against the recompute path's, on pools on the device. float32
 // (the blockwise attention) within 1e-5, the GPU tests' tolerance; bfloat16 (the fused kernels)
 // closer to the recompute path's than bfloat16 itself is to float32 (on the H100 the 7B step at
 // 64K differed by 1.8% where bfloat16 is 8.4% from float32: docs/PERFORMANCE.md, dense training speed).
 TEST(SwapGpuTest, SwappedGradientsMatchTheRecomputedOnes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const at::Device cuda(at::kCUDA, 0);
   const ModelConfig config = TinyConfig("qwen3");  // head_dim 16: the fused kernels' shapes
   const TokenSequence seq = TokenSequence::FromDocument(RandomIds(256, config.vocab_size, 5));
-  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
-  auto bf16 = Transformer::Random(config, at::kBFloat16, cuda, /*seed=*/7, /*init_std=*/0.2);
-  LoraOptions lora;
-  lora.rank = 4;
-  ASSERT_TRUE(bf16->AddLora(lora, 11).ok());
-  testing::RandomizeLoraB(*bf16, 13);
+  const auto bf16 = GpuLoraModel(config, 4);
   const auto f32 = bf16->CastTo(at::kFloat);  // the same bf16-valued weights
   const auto grads = [&](const Transformer& model, bool swap) {
-    const PageShape shape{config.num_kv_heads, 16, config.head_dim};
-    const int64_t pages = config.num_layers * (256 / 16 + 1);
-    auto kv = *PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
-                                at::TensorOptions().dtype(model.dtype()).device(cuda), pages);
-    auto grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
-                                  at::TensorOptions().dtype(at::kFloat).device(cuda), pages);
     ChunkTrainerOptions options;
-    options.chunk_tokens = 64;
     if (swap) {
       const SwapLayout layout =
           MakeSwapLayout(64, config.num_heads, config.head_dim,
                          SwapOutputBytes(static_cast<int64_t>(c10::elementSize(model.dtype())), /*cuda=*/true), 0);
       options.swap_budget_bytes = 3 * config.num_layers * layout.record_bytes;
     }
-    ChunkTrainer trainer(&model, kv.get(), grad.get(), options);
-    EXPECT_TRUE(trainer.TrainSequence(seq, scale, 1).ok());
-    EXPECT_EQ(trainer.memory().swapped_chunks, swap ? 3 : 0);
-    Grads g = TakeGrads(model);
-    for (auto& [name, t] : g) t = t.to(at::kCPU, at::kDouble);
+    TrainerMemory memory;
+    Grads g = GpuGrads(model, seq, options, &memory);
+    EXPECT_EQ(memory.swapped_chunks, swap ? 3 : 0);
     return g;
   };
   std::string worst;
@@ -376,7 +391,6 @@ TEST(SwapGpuTest, SwappedGradientsMatchTheRecomputedOnes) {
   EXPECT_LT(swap_error, bf16_error);
 }
 
-// The loss of chunked training equals the full-sequence loss too.
 // On a GPU: the experts' grouped GEMMs (ExpertKernel::kGrouped, what kAuto takes on a GPU of
 // compute capability 9.0 and more in bfloat16) against the loop, over the chunked trainer with
 // LoRA on attention and both banks (rank 8: grouped GEMMs want rows of 16 bytes) and the
@@ -384,44 +398,25 @@ TEST(SwapGpuTest, SwappedGradientsMatchTheRecomputedOnes) {
 // loop's as the bfloat16 loop's are (within twice its error).
 TEST(ExpertsGpuTest, GroupedGradientsMatchTheLoops) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const at::Device cuda(at::kCUDA, 0);
   ModelConfig config = TinyConfig("qwen3_moe");
   config.moe.aux_loss_coef = 0.5;
   const TokenSequence seq = TokenSequence::FromDocument(RandomIds(256, config.vocab_size, 5));
-  const double scale = 1.0 / static_cast<double>(seq.label_tokens());
-  auto bf16 = Transformer::Random(config, at::kBFloat16, cuda, /*seed=*/7, /*init_std=*/0.2);
-  LoraOptions lora;
-  lora.rank = 8;
-  ASSERT_TRUE(bf16->AddLora(lora, 11).ok());
-  testing::RandomizeLoraB(*bf16, 13);
+  const auto bf16 = GpuLoraModel(config, 8);
   const auto f32 = bf16->CastTo(at::kFloat);
   f32->set_expert_kernel(ExpertKernel::kLoop);
-  const auto grads = [&](const Transformer& model) {
-    const PageShape shape{config.num_kv_heads, 16, config.head_dim};
-    const int64_t pages = config.num_layers * (256 / 16 + 1);
-    auto kv = *PagePool::Create(PageKind::kKv, Tier::kDevice, shape,
-                                at::TensorOptions().dtype(model.dtype()).device(cuda), pages);
-    auto grad = *PagePool::Create(PageKind::kKvGrad, Tier::kDevice, shape,
-                                  at::TensorOptions().dtype(at::kFloat).device(cuda), pages);
-    ChunkTrainerOptions options;
-    options.chunk_tokens = 64;
-    ChunkTrainer trainer(&model, kv.get(), grad.get(), options);
-    EXPECT_TRUE(trainer.TrainSequence(seq, scale, 1).ok());
-    Grads g = TakeGrads(model);
-    for (auto& [name, t] : g) t = t.to(at::kCPU, at::kDouble);
-    return g;
-  };
-  const Grads want = grads(*f32);
-  EXPECT_EQ(bf16->expert_kernel(), kernels::GroupedMatmulIsNative(cuda) ? ExpertKernel::kGrouped : ExpertKernel::kLoop);
+  const Grads want = GpuGrads(*f32, seq, {});
+  EXPECT_EQ(bf16->expert_kernel(),
+            kernels::GroupedMatmulIsNative(bf16->device()) ? ExpertKernel::kGrouped : ExpertKernel::kLoop);
   std::string worst;
   bf16->set_expert_kernel(ExpertKernel::kLoop);
-  const double loop_error = MaxRelativeError(grads(*bf16), want, &worst);
+  const double loop_error = MaxRelativeError(GpuGrads(*bf16, seq, {}), want, &worst);
   bf16->set_expert_kernel(ExpertKernel::kGrouped);
-  const double grouped_error = MaxRelativeError(grads(*bf16), want, &worst);
+  const double grouped_error = MaxRelativeError(GpuGrads(*bf16, seq, {}), want, &worst);
   std::cout << "bfloat16 against the float32 loop: loop " << loop_error << ", grouped " << grouped_error << "\n";
   EXPECT_LE(grouped_error, 2 * loop_error) << worst;
 }
 
+// The loss of chunked training equals the full-sequence loss too.
 TEST(ChunkTrainerTest, EvalLossMatchesFullSequence) {
   const ModelConfig config = TinyConfig("qwen2");
   auto model = Transformer::Random(config, at::kDouble, at::kCPU, 3, 0.2);
@@ -618,7 +613,8 @@ TEST(RouterAuxLossTest, ChunkedGradientsIncludeTheLoadBalancingLoss) {
   EXPECT_EQ(whole.rows, 40 * 2);  // both layers are sparse
   EXPECT_EQ(whole.counts.sum().item<double>(), 40 * 2 * 2);
   const double want_aux = whole.Loss().item<double>();
-  EXPECT_GT(want_aux, 1.0);  // E * sum_e F_e P_e: 1 when balanced, up to top_k
+  EXPECT_GT(want_aux, 0.0);  // E * sum_e F_e P_e: top_k (2) where the routing is uniform
+  EXPECT_LE(want_aux, 4.0 * 2.0);
 
   const auto train = [&](ChunkTrainerOptions options, double aux_scale, double* aux) {
     Pools pools = MakePools(model->config(), 4, seq.size(), at::kDouble);
