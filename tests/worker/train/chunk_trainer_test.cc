@@ -510,6 +510,22 @@ Grads SpacoGrads(Transformer& model, const TokenSequence& seq, ChunkTrainerOptio
   return TakeGrads(model);
 }
 
+// The exact expectation of SpaCO's estimate at chunk_fraction p over `seq` cut into 5 chunks
+// (options.chunk_tokens): every one of the 2^5 selections' gradients times its probability.
+Grads SpacoExpectation(Transformer& model, const TokenSequence& seq, ChunkTrainerOptions options, double p) {
+  options.chunk_fraction = p;
+  Grads expectation;
+  for (int mask = 0; mask < 32; ++mask) {
+    options.keep_chunk = [mask](int64_t chunk) { return ((mask >> chunk) & 1) != 0; };
+    const int kept = __builtin_popcount(mask);
+    const double probability = std::pow(p, kept) * std::pow(1 - p, 5 - kept);
+    for (const auto& [name, g] : SpacoGrads(model, seq, options, 0)) {
+      expectation[name] = expectation.count(name) ? expectation[name] + probability * g : probability * g;
+    }
+  }
+  return expectation;
+}
+
 // The exact expectation of SpaCO's estimate, summed over all 2^5 selections of 5 chunks with
 // their probabilities, is the exact gradient (float64, to 1e-10): the estimator is unbiased by
 // construction, not only in the mean of a sample. At chunk_fraction 1 it is the exact trainer.
@@ -523,19 +539,9 @@ TEST(SpacoTest, ExpectationOverEverySelectionIsTheExactGradient) {
   std::string worst;
   EXPECT_EQ(MaxRelativeError(SpacoGrads(*model, seq, options, 123), exact, &worst), 0.0) << worst;
 
-  const double p = 0.6;
-  options.chunk_fraction = p;
-  Grads expectation;
-  for (int mask = 0; mask < 32; ++mask) {
-    options.keep_chunk = [mask](int64_t chunk) { return ((mask >> chunk) & 1) != 0; };
-    const int kept = __builtin_popcount(mask);
-    const double probability = std::pow(p, kept) * std::pow(1 - p, 5 - kept);
-    for (const auto& [name, g] : SpacoGrads(*model, seq, options, 0)) {
-      expectation[name] = expectation.count(name) ? expectation[name] + probability * g : probability * g;
-    }
-  }
-  EXPECT_LE(MaxRelativeError(expectation, exact, &worst), 1e-10) << worst;
+  EXPECT_LE(MaxRelativeError(SpacoExpectation(*model, seq, options, 0.6), exact, &worst), 1e-10) << worst;
   // A single selection is not the exact gradient (the test can tell them apart).
+  options.chunk_fraction = 0.6;
   options.keep_chunk = [](int64_t chunk) { return chunk % 2 == 0; };
   EXPECT_GT(MaxRelativeError(SpacoGrads(*model, seq, options, 0), exact, &worst), 1e-2);
 }
@@ -641,18 +647,7 @@ TEST(RouterAuxLossTest, ChunkedGradientsIncludeTheLoadBalancingLoss) {
 
   ChunkTrainerOptions spaco;
   spaco.chunk_tokens = 8;  // 5 chunks
-  const double p = 0.6;
-  spaco.chunk_fraction = p;
-  Grads expectation;
-  for (int mask = 0; mask < 32; ++mask) {
-    spaco.keep_chunk = [mask](int64_t chunk) { return ((mask >> chunk) & 1) != 0; };
-    const int kept = __builtin_popcount(mask);
-    const double probability = std::pow(p, kept) * std::pow(1 - p, 5 - kept);
-    for (const auto& [name, g] : train(spaco, 1.0, nullptr)) {
-      expectation[name] = expectation.count(name) ? expectation[name] + probability * g : probability * g;
-    }
-  }
-  EXPECT_LE(MaxRelativeError(expectation, want, &worst), 1e-10) << "SpaCO: " << worst;
+  EXPECT_LE(MaxRelativeError(SpacoExpectation(*model, seq, spaco, 0.6), want, &worst), 1e-10) << "SpaCO: " << worst;
 
   // aux_scale 0: the gradients of the cross-entropy alone, which the loss changes.
   ModelConfig plain = TinyConfig("mixtral");
