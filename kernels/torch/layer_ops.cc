@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <array>
@@ -219,6 +220,25 @@ class GeluTanhGluFn : public torch::autograd::Function<GeluTanhGluFn> {
   }
 };
 
+// ClampedSwiGlu keeping only its input: backward recomputes the composite ops' values from it
+// and takes their gradient.
+class ClampedSwiGluFn : public torch::autograd::Function<ClampedSwiGluFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up, double alpha, double limit) {
+    ctx->save_for_backward({gate_up});
+    ctx->saved_data["alpha"] = alpha;
+    ctx->saved_data["limit"] = limit;
+    return ClampedSwiGluComposite(gate_up, alpha, limit);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const at::AutoGradMode grad_mode(true);
+    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    const at::Tensor y =
+        ClampedSwiGluComposite(x, ctx->saved_data["alpha"].toDouble(), ctx->saved_data["limit"].toDouble());
+    return {torch::autograd::grad({y}, {x}, {grad_outputs[0]})[0], at::Tensor(), at::Tensor()};
+  }
+};
+
 // GluDownLora (the header's contract). The forward runs the separate ops' operations (the same
 // values, bit for bit); the backward is their gradient written out, with act = glu(gate, up)
 // recomputed: for y = act W^T + d B^T with d = act A^T,
@@ -278,6 +298,17 @@ at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double ep
 at::Tensor GeluTanhGluComposite(const at::Tensor& gate, const at::Tensor& up) { return at::gelu(gate, "tanh") * up; }
 
 at::Tensor GeluTanhGlu(const at::Tensor& gate, const at::Tensor& up) { return GeluTanhGluFn::apply(gate, up); }
+
+at::Tensor ClampedSwiGluComposite(const at::Tensor& gate_up, double alpha, double limit) {
+  const at::Tensor gate = gate_up.slice(-1, 0, c10::nullopt, 2).clamp_max(limit);
+  const at::Tensor up = gate_up.slice(-1, 1, c10::nullopt, 2).clamp(-limit, limit);
+  return (up + 1) * (gate * at::sigmoid(gate * alpha));
+}
+
+at::Tensor ClampedSwiGlu(const at::Tensor& gate_up, double alpha, double limit) {
+  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "ClampedSwiGlu: gate_up's last dimension must be even, got ", gate_up.sizes());
+  return ClampedSwiGluFn::apply(gate_up, alpha, limit);
+}
 
 at::Tensor GluDownLora(GluKind kind, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
                        const at::Tensor& a, const at::Tensor& b) {

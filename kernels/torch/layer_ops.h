@@ -29,6 +29,12 @@ at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double ep
 // gate and up for backward.
 at::Tensor GeluTanhGlu(const at::Tensor& gate, const at::Tensor& up);
 
+// gpt-oss's experts' activation over their gate_up product [rows, 2 n], gate and up
+// interleaved (gate the even columns, up the odd): (clamp(up, -limit, limit) + 1) * g *
+// sigmoid(alpha g) with g = min(gate, limit), [rows, n] (the composite ops' values, as
+// transformers computes them), keeping only its input for backward.
+at::Tensor ClampedSwiGlu(const at::Tensor& gate_up, double alpha, double limit);
+
 // The gated MLP's activation: silu(gate) * up (SwiGlu) or gelu_tanh(gate) * up (GeluTanhGlu).
 enum class GluKind { kSilu, kGeluTanh };
 
@@ -63,6 +69,7 @@ at::Tensor ApplyRopeComposite(const at::Tensor& x, const at::Tensor& cos, const 
 at::Tensor SwiGluComposite(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor GemmaRmsNormComposite(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor GeluTanhGluComposite(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor ClampedSwiGluComposite(const at::Tensor& gate_up, double alpha, double limit);
 at::Tensor CrossEntropyRowsComposite(at::Tensor& logits, const at::Tensor& labels, bool write_grad);
 
 }  // namespace oomb::kernels

@@ -204,7 +204,8 @@ GpuAttentionKernel PlanKernel(const at::Tensor& q, const FusedPlan& plan, GpuAtt
 // out_b, lse = logsumexp_b lse_b, each block over the queries that see some of its keys (a
 // window's: from out 0, lse -inf, which the first merge replaces).
 AttentionResult FusedForward(const Geometry& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const FusedPlan& plan, PastKv* past, int64_t key_block, GpuAttentionKernel fused) {
+                             const FusedPlan& plan, PastKv* past, int64_t key_block, GpuAttentionKernel fused,
+                             const at::Tensor& sinks) {
   const std::vector<Segment> blocks = FusedBlocks(g, plan, key_block);
   const at::Tensor q4 = q.unsqueeze(0);
   AttentionResult r;  // float32 [1, C, Hq, D], [1, Hq, C] while merging
@@ -224,13 +225,16 @@ AttentionResult FusedForward(const Geometry& g, const at::Tensor& q, const at::T
       MergeFusedRows(r.out, r.lse, seen.rows, b.out, b.lse);
     }
   }
+  if (sinks.defined())
+    r.out.mul_(FoldSinks(r.lse, sinks.to(at::kFloat).view({1, g.Hq, 1})).transpose(1, 2).unsqueeze(-1));
   r.out = r.out.to(q.scalar_type());
   return r;
 }
 
 // The blockwise path's forward: query blocks against key segments with an online softmax.
 AttentionResult BlockwiseForward(const Geometry& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& doc, const at::Tensor& doc_cpu, PastKv* past) {
+                                 const at::Tensor& doc, const at::Tensor& doc_cpu, PastKv* past,
+                                 const at::Tensor& sinks) {
   const at::ScalarType ct = AttentionComputeType(q.scalar_type());
   const at::Tensor qg = g.ToGrouped(q.to(ct));
   const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
@@ -259,6 +263,7 @@ AttentionResult BlockwiseForward(const Geometry& g, const at::Tensor& q, const a
     r.out.slice(2, b.i0, b.i1).copy_((acc / l).view({g.Hkv, g.G, B, g.D}));
     r.lse.slice(2, b.i0, b.i1).copy_((m + at::log(l)).view({g.Hkv, g.G, B}));
   }
+  if (sinks.defined()) r.out.mul_(FoldSinks(r.lse, sinks.to(ct).view({g.Hkv, g.G, 1})).unsqueeze(-1));
   return r;
 }
 
@@ -266,8 +271,11 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& doc_start, std::shared_ptr<PastKv> past, int64_t key_block,
-                            GpuAttentionKernel kernel, AttentionSwap swap) {
+                            GpuAttentionKernel kernel, AttentionSwap swap, const at::Tensor& sinks_argument) {
+    const at::Tensor sinks = SinksOrNone(sinks_argument);
     const Geometry g = Check(q, k, v, doc_start, past.get(), key_block);
+    CheckSinks(sinks, q);
+    ctx->saved_data["sinks"] = sinks;
     const at::Tensor doc_cpu = doc_start.cpu().contiguous();  // no wait for a CPU doc_start
     ctx->saved_data["doc_start_cpu"] = doc_cpu;
     const std::optional<FusedPlan> plan = PlanFused(g, q, doc_cpu);
@@ -276,8 +284,8 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     if (swap.replay != nullptr) {
       r = *swap.replay;
     } else {
-      r = plan ? FusedForward(g, q, k, v, *plan, past.get(), key_block, PlanKernel(q, *plan, kernel))
-               : BlockwiseForward(g, q, k, v, doc, doc_cpu, past.get());
+      r = plan ? FusedForward(g, q, k, v, *plan, past.get(), key_block, PlanKernel(q, *plan, kernel), sinks)
+               : BlockwiseForward(g, q, k, v, doc, doc_cpu, past.get(), sinks);
       if (past != nullptr) past->Finished(/*backward=*/false);
     }
     if (swap.keep != nullptr) *swap.keep = r;
@@ -306,6 +314,12 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     const at::Tensor kc = k.to(ct).permute({1, 0, 2}).contiguous(), vc = v.to(ct).permute({1, 0, 2}).contiguous();
     const at::Tensor dog = g.ToGrouped(grad_outputs[0].to(ct));
     const at::Tensor di = (dog * out).sum(-1);  // [Hkv, G, C]
+    const at::Tensor sinks = ctx->saved_data["sinks"].toTensor();
+    at::Tensor dsinks;
+    if (sinks.defined()) {
+      dsinks =
+          SinkGradTerms(lse, sinks.to(ct).view({g.Hkv, g.G, 1}), di).sum(-1).reshape({g.Hq}).to(sinks.scalar_type());
+    }
     at::Tensor dqg = at::zeros_like(qg);
     at::Tensor dkc = at::zeros_like(kc), dvc = at::zeros_like(vc);
     const at::ScalarType acc_type = ct == at::kDouble ? at::kDouble : at::kFloat;
@@ -339,7 +353,7 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
     at::Tensor dq = g.FromGrouped(dqg).to(q.scalar_type());
     at::Tensor dk = dkc.permute({1, 0, 2}).to(k.scalar_type()).contiguous();
     at::Tensor dv = dvc.permute({1, 0, 2}).to(v.scalar_type()).contiguous();
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), dsinks};
   }
 
  private:
@@ -372,6 +386,14 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
       }
     }
     if (past != nullptr) past->Finished(/*backward=*/true);
+    const at::Tensor sinks = ctx->saved_data["sinks"].toTensor();
+    at::Tensor dsinks;
+    if (sinks.defined()) {
+      const at::Tensor di = (dout4.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(1, 2);  // [1, Hq, C]
+      dsinks = SinkGradTerms(lse, sinks.to(at::kFloat).view({1, g.Hq, 1}), di)
+                   .sum(at::IntArrayRef{0, 2})
+                   .to(sinks.scalar_type());
+    }
     return {dq.squeeze(0).to(q.scalar_type()),
             dk,
             dv,
@@ -379,7 +401,8 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
-            at::Tensor()};
+            at::Tensor(),
+            dsinks};
   }
 };
 
@@ -387,8 +410,9 @@ class PagedAttentionFn : public torch::autograd::Function<PagedAttentionFn> {
 
 at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
                           std::shared_ptr<PastKv> past, int64_t key_block_tokens, GpuAttentionKernel kernel,
-                          AttentionSwap swap) {
-  return PagedAttentionFn::apply(q, k, v, doc_start, std::move(past), key_block_tokens, kernel, swap);
+                          AttentionSwap swap, const at::Tensor& sinks) {
+  return PagedAttentionFn::apply(q, k, v, doc_start, std::move(past), key_block_tokens, kernel, swap,
+                                 SinksArgument(sinks));
 }
 
 at::Tensor SlidingWindowStart(const at::Tensor& doc_start, int64_t S, int64_t window) {
@@ -398,7 +422,7 @@ at::Tensor SlidingWindowStart(const at::Tensor& doc_start, int64_t S, int64_t wi
 }
 
 at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const at::Tensor& doc_start) {
+                                   const at::Tensor& doc_start, const at::Tensor& sinks) {
   const int64_t T = q.size(0), Hq = q.size(1), Hkv = k.size(1), D = q.size(2);
   const at::Tensor kk = k.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});  // [Hq, T, D]
   const at::Tensor vv = v.repeat_interleave(Hq / Hkv, 1).permute({1, 0, 2});
@@ -406,7 +430,10 @@ at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, con
   const at::Tensor j = at::arange(T, doc_start.options());
   const at::Tensor blocked = (j.unsqueeze(0) < doc_start.unsqueeze(1)) | (j.unsqueeze(0) > j.unsqueeze(1));
   scores = scores.masked_fill(blocked.unsqueeze(0), kNegInf);
-  return Matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
+  if (!sinks.defined()) return Matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});
+  const at::Tensor with_sinks =
+      at::cat({scores, sinks.to(scores.scalar_type()).view({Hq, 1, 1}).expand({Hq, T, 1})}, -1);
+  return Matmul(at::softmax(with_sinks, -1).narrow(-1, 0, T), vv).permute({1, 0, 2});
 }
 
 TensorPast::TensorPast(at::Tensor k, at::Tensor v) : k_(std::move(k)), v_(std::move(v)) {

@@ -14,6 +14,8 @@
 // which is read from the smallest doc_start on only (a sliding window's first keys passed as
 // doc_start: what lies before may have been released).
 // Softmax scale 1/sqrt(head_dim). GQA: query head h reads KV head h / (num_heads / kv_heads).
+// `sinks` (gpt-oss; undefined: none): [num_heads], a logit each query head's softmax takes
+// beside its keys' scores, with a zero value (FoldSinks, attention_inputs.h); differentiable.
 //
 // Autograd (docs/ARCHITECTURE.md §3): forward saves only chunk-local tensors (q, k, v, out, the
 // log-sum-exp) and the PastKv handle, never the past itself. Backward re-reads the past through
@@ -121,7 +123,8 @@ struct AttentionSwap {
 // replays) and backward.
 at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start,
                           std::shared_ptr<PastKv> past, int64_t key_block_tokens = 2048,
-                          GpuAttentionKernel kernel = GpuAttentionKernel::kCudnn, AttentionSwap swap = {});
+                          GpuAttentionKernel kernel = GpuAttentionKernel::kCudnn, AttentionSwap swap = {},
+                          const at::Tensor& sinks = {});
 
 // The doc_start of a sliding-window layer (Mistral's sliding_window; transformers' mask: the
 // query at global index p sees key j iff j > p - window): each query's first visible key,
@@ -130,10 +133,11 @@ at::Tensor PagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
 at::Tensor SlidingWindowStart(const at::Tensor& doc_start, int64_t S, int64_t window);
 
 // Plain masked softmax attention over full sequences, for tests and for checking the paged
-// path: q [T, num_heads, D], k, v [T, kv_heads, D], doc_start [T]. Differentiable through
-// ordinary autograd (it materialises the T x T scores).
+// path: q [T, num_heads, D], k, v [T, kv_heads, D], doc_start [T], `sinks` as PagedAttention's
+// (a column of the scores, dropped after the softmax, as transformers' gpt-oss computes them).
+// Differentiable through ordinary autograd (it materialises the T x T scores).
 at::Tensor DenseAttentionReference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const at::Tensor& doc_start);
+                                   const at::Tensor& doc_start, const at::Tensor& sinks = {});
 
 }  // namespace oomb::kernels
 

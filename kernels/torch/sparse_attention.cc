@@ -174,8 +174,11 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& doc_start, std::shared_ptr<SparsePast> past, const at::Tensor& selection,
-                            int64_t page_tokens, GpuAttentionKernel kernel) {
+                            int64_t page_tokens, GpuAttentionKernel kernel, const at::Tensor& sinks_argument) {
+    const at::Tensor sinks = SinksOrNone(sinks_argument);
     const Geometry g = Check(q, k, v, doc_start, past.get(), selection, page_tokens);
+    CheckSinks(sinks, q);
+    ctx->saved_data["sinks"] = sinks;
     ctx->saved_data["past"] = c10::IValue::make_capsule(c10::make_intrusive<PastHolder>(past));
     ctx->saved_data["page_tokens"] = page_tokens;
     if (Fused(q, doc_start.cpu())) {  // no wait for a CPU doc_start
@@ -194,6 +197,9 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
           FusedBlockForward(fused, q.unsqueeze(0), ChunkBlock(k), ChunkBlock(v), /*causal=*/true, g.scale);
       timeline::Mark("sparse.merge");
       MergeFusedBlock(&out, &lse, chunk.out, chunk.lse);
+      if (sinks.defined()) {
+        out.mul_(FoldSinks(lse, sinks.to(at::kFloat).view({1, g.Hq, 1})).transpose(1, 2).unsqueeze(-1));
+      }
       out = out.to(q.scalar_type());
       ctx->save_for_backward({q, k, v, doc_start, selection, out, lse, chunk.aux[0], chunk.aux[1]});
       ctx->saved_data["fused_kernel"] = static_cast<int64_t>(fused);
@@ -217,6 +223,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       out.slice(2, i0, i1).copy_(Matmul(at::exp(scores - lb), TileKeys(g, t, vp, vc)).view({g.Hkv, g.G, B, g.D}));
       lse.slice(2, i0, i1).copy_(lb.view({g.Hkv, g.G, B}));
     }
+    if (sinks.defined()) out.mul_(FoldSinks(lse, sinks.to(ct).view({g.Hkv, g.G, 1})).unsqueeze(-1));
     ctx->save_for_backward({q, k, v, doc, selection, out, lse});
     if (past != nullptr) past->Finished(/*backward=*/false);
     return g.FromGrouped(out).to(q.scalar_type());
@@ -230,11 +237,17 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     SparsePast* past = holder->past.get();
     const Geometry g = Check(q, k, v, doc_start, past, selection, ctx->saved_data["page_tokens"].toInt());
     at::Tensor dq, dk, dv, dkp, dvp;
+    const at::Tensor sinks = ctx->saved_data["sinks"].toTensor();
+    at::Tensor dsinks;
     if (ctx->saved_data.count("fused_kernel")) {
       const auto fused = static_cast<GpuAttentionKernel>(ctx->saved_data["fused_kernel"].toInt());
       const std::array<at::Tensor, 2> aux = {saved[7], saved[8]};
       timeline::Mark("sparse.chunk_kernel_bwd");
       const at::Tensor dout = grad_outputs[0].contiguous();
+      if (sinks.defined()) {
+        const at::Tensor di = (dout.to(at::kFloat) * out[0].to(at::kFloat)).sum(-1).t().unsqueeze(0);  // [1, Hq, C]
+        dsinks = SinkGradTerms(lse, sinks.to(at::kFloat).view({1, g.Hq, 1}), di).sum(at::IntArrayRef{0, 2});
+      }
       auto [dq_chunk, dk_chunk, dv_chunk] = FusedBlockBackward(fused, dout.unsqueeze(0), q.unsqueeze(0), ChunkBlock(k),
                                                                ChunkBlock(v), out, lse, /*causal=*/true, aux, g.scale);
       dq = dq_chunk[0].to(at::kFloat);
@@ -260,6 +273,9 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       auto [kp, vp] = Gather(g, past, selection, qg.options());
       const at::Tensor dog = g.ToGrouped(grad_outputs[0].to(ct));
       const at::Tensor di = (dog * out).sum(-1);  // [Hkv, G, C]
+      if (sinks.defined()) {
+        dsinks = SinkGradTerms(lse, sinks.to(ct).view({g.Hkv, g.G, 1}), di).sum(-1).reshape({g.Hq});
+      }
       at::Tensor dqg = at::empty_like(qg);
       at::Tensor dkc = at::zeros_like(kc), dvc = at::zeros_like(vc);
       dkp = at::empty_like(kp);
@@ -289,7 +305,8 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     timeline::Mark("sparse.prefetch");
     if (past != nullptr) past->Finished(/*backward=*/true);
     timeline::Mark("model");
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (dsinks.defined()) dsinks = dsinks.to(sinks.scalar_type());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), dsinks};
   }
 };
 
@@ -297,8 +314,10 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
 
 at::Tensor SparsePagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& doc_start, std::shared_ptr<SparsePast> past,
-                                const at::Tensor& selection, int64_t page_tokens, GpuAttentionKernel kernel) {
-  return SparseAttentionFn::apply(q, k, v, doc_start, std::move(past), selection, page_tokens, kernel);
+                                const at::Tensor& selection, int64_t page_tokens, GpuAttentionKernel kernel,
+                                const at::Tensor& sinks) {
+  return SparseAttentionFn::apply(q, k, v, doc_start, std::move(past), selection, page_tokens, kernel,
+                                  SinksArgument(sinks));
 }
 
 }  // namespace oomb::kernels

@@ -72,11 +72,12 @@ class SparsePast {
 // Differentiable in q, k and v. `past` may be null when the chunk has no past (S == 0, the
 // selection [n_tiles, kv_heads, 0]). `page_tokens` is P (also the query tile's rows). `kernel`:
 // the fused path's (fused_attention.h).
+// `sinks` as PagedAttention's (paged_attention.h).
 // Raises c10::Error (TORCH_CHECK) for shape, dtype or device mismatches, naming the argument.
 at::Tensor SparsePagedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& doc_start, std::shared_ptr<SparsePast> past,
                                 const at::Tensor& selection, int64_t page_tokens,
-                                GpuAttentionKernel kernel = GpuAttentionKernel::kCudnn);
+                                GpuAttentionKernel kernel = GpuAttentionKernel::kCudnn, const at::Tensor& sinks = {});
 
 }  // namespace oomb::kernels
 

@@ -35,6 +35,24 @@ TEST(PagedAttentionTest, SlidingWindows) {
   }
 }
 
+// Attention sinks (gpt-oss): one more logit per query head, with a zero value, folded into the
+// log-sum-exp; the output, every gradient and the sinks' own against the dense reference's
+// softmax over the scores and the sink column, with and without a past, packed documents, GQA
+// and windows (shorter than the chunk, not a multiple of the key block).
+TEST(PagedAttentionTest, AttentionSinks) {
+  struct Case {
+    int64_t S, C, window;
+    std::vector<int64_t> docs;
+  };
+  for (const Case& c : {Case{37, 19, 0, {0}}, Case{0, 33, 0, {0, 9}}, Case{37, 19, 13, {20}}, Case{37, 19, 30, {0}},
+                        Case{37, 19, 0, {20, 41, 50}}}) {
+    const auto e = testing::CheckPagedAttention(at::kCPU, at::kDouble, c.S, c.C, 6, 2, 8, c.docs, 8, 12,
+                                                kernels::GpuAttentionKernel::kCudnn, c.window, /*sinks=*/true);
+    EXPECT_LE(e.max(), 1e-12) << "S " << c.S << " window " << c.window << ": out " << e.out << " dq " << e.dq
+                              << " dk_past " << e.dk_past << " dsinks " << e.dsinks;
+  }
+}
+
 // float32 against float64: within twice the error of the same dense computation done in
 // float32 (docs/CONVENTIONS.md §6.10), and never worse than 1e-5.
 TEST(PagedAttentionTest, Float32Precision) {

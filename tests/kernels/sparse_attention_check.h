@@ -65,8 +65,8 @@ class TensorSparsePast final : public kernels::SparsePast {
 };
 
 struct SparseErrors {
-  double out = 0, dq = 0, dk = 0, dv = 0, dk_past = 0, dv_past = 0;
-  double max() const { return std::max({out, dq, dk, dv, dk_past, dv_past}); }
+  double out = 0, dq = 0, dk = 0, dv = 0, dk_past = 0, dv_past = 0, dsinks = 0;
+  double max() const { return std::max({out, dq, dk, dv, dk_past, dv_past, dsinks}); }
 };
 
 inline double SparseRelErr(const at::Tensor& got, const at::Tensor& want) {
@@ -135,17 +135,21 @@ inline at::Tensor SelectionMask(const at::Tensor& selection, const at::Tensor& d
 // from the past's summaries (or covering every page when page_budget >= S / P). Inputs are
 // drawn in float64 on the CPU (never zeros); sparse attention runs in `dtype` on `device` (the
 // fused path with `kernel`); both are compared with masked float64 attention over the whole
-// S + C sequence.
+// S + C sequence; `sinks`: with attention sinks (gpt-oss), a column of the reference's scores.
 inline SparseErrors CheckSparseAttention(at::Device device, at::ScalarType dtype, int64_t S, int64_t C, int64_t Hq,
                                          int64_t Hkv, int64_t D, std::vector<int64_t> doc_starts,
                                          kernels::PageSelectOptions options, uint64_t seed,
                                          at::Tensor* selection_out = nullptr,
-                                         kernels::GpuAttentionKernel kernel = kernels::GpuAttentionKernel::kCudnn) {
+                                         kernels::GpuAttentionKernel kernel = kernels::GpuAttentionKernel::kCudnn,
+                                         bool sinks = false) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const int64_t T = S + C, P = options.page_tokens;
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor q = at::randn({T, Hq, D}, gen, f64), k = at::randn({T, Hkv, D}, gen, f64),
                    v = at::randn({T, Hkv, D}, gen, f64), dout = at::randn({T, Hq, D}, gen, f64);
+  const at::Tensor sink_values = sinks ? at::randn({Hq}, gen, f64).mul_(2) : at::Tensor();
+  const at::Tensor rsinks = sinks ? sink_values.clone().requires_grad_(true) : at::Tensor();
+  const at::Tensor csinks = sinks ? sink_values.to(device, dtype).requires_grad_(true) : at::Tensor();
   at::Tensor doc_start = at::zeros({T}, at::kLong);
   for (int64_t s : doc_starts) doc_start.slice(0, s).fill_(s);
 
@@ -163,7 +167,7 @@ inline SparseErrors CheckSparseAttention(at::Device device, at::ScalarType dtype
   auto past = std::make_shared<TensorSparsePast>(k.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype),
                                                  v.slice(0, 0, S).permute({1, 0, 2}).contiguous().to(device, dtype), P);
   const at::Tensor out =
-      kernels::SparsePagedAttention(cq, ck, cv, chunk_doc, S > 0 ? past : nullptr, selection, P, kernel);
+      kernels::SparsePagedAttention(cq, ck, cv, chunk_doc, S > 0 ? past : nullptr, selection, P, kernel, csinks);
   (out * dout.slice(0, S).to(device, dtype)).sum().backward();
 
   // Reference: float64 attention of the chunk's queries over all T keys, masked to the selection.
@@ -174,7 +178,9 @@ inline SparseErrors CheckSparseAttention(at::Device device, at::ScalarType dtype
   at::Tensor scores = at::matmul(rq.slice(0, S).permute({1, 0, 2}), kk.transpose(1, 2)) / std::sqrt(double(D));
   scores = scores.masked_fill(SelectionMask(selection, doc_start, S, C, Hq, P).logical_not(),
                               -std::numeric_limits<double>::infinity());
-  const at::Tensor rout = at::matmul(at::softmax(scores, -1), vv).permute({1, 0, 2});  // [C, Hq, D]
+  if (sinks) scores = at::cat({scores, rsinks.view({Hq, 1, 1}).expand({Hq, C, 1})}, -1);
+  const at::Tensor probs = at::softmax(scores, -1).narrow(-1, 0, T);
+  const at::Tensor rout = at::matmul(probs, vv).permute({1, 0, 2});  // [C, Hq, D]
   (rout * dout.slice(0, S)).sum().backward();
 
   SparseErrors e;
@@ -182,6 +188,7 @@ inline SparseErrors CheckSparseAttention(at::Device device, at::ScalarType dtype
   e.dq = SparseRelErr(cq.grad(), rq.grad().slice(0, S));
   e.dk = SparseRelErr(ck.grad(), rk.grad().slice(0, S));
   e.dv = SparseRelErr(cv.grad(), rv.grad().slice(0, S));
+  if (sinks) e.dsinks = SparseRelErr(csinks.grad(), rsinks.grad());
   if (S > 0) {
     e.dk_past = SparseRelErr(past->dk_.permute({1, 0, 2}), rk.grad().slice(0, 0, S));
     e.dv_past = SparseRelErr(past->dv_.permute({1, 0, 2}), rv.grad().slice(0, 0, S));

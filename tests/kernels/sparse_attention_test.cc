@@ -142,6 +142,10 @@ TEST_P(SparseAttentionTest, EqualsAttentionMaskedToTheSelection) {
   // float32 against the same float64 reference.
   const auto f = testing::CheckSparseAttention(at::kCPU, at::kFloat, c.S, c.C, c.Hq, c.Hkv, c.D, c.docs, o, 5);
   EXPECT_LE(f.max(), 1e-5);
+  // With attention sinks (gpt-oss): folded into the log-sum-exp, the sinks' gradient too.
+  const auto s = testing::CheckSparseAttention(at::kCPU, at::kDouble, c.S, c.C, c.Hq, c.Hkv, c.D, c.docs, o, 5, nullptr,
+                                               kernels::GpuAttentionKernel::kCudnn, /*sinks=*/true);
+  EXPECT_LE(s.max(), 1e-12) << "sinks: out " << s.out << " dq " << s.dq << " dsinks " << s.dsinks;
 }
 
 INSTANTIATE_TEST_SUITE_P(

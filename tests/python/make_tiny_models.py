@@ -46,7 +46,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
 
-GENERATOR_VERSION = 7
+GENERATOR_VERSION = 8
 SEQ_LEN = 96
 INIT_STD = 0.2
 
@@ -218,8 +218,90 @@ def model_specs():
                  decoder_sparse_step=1, tie_word_embeddings=False, output_router_logits=True,
                  router_aux_loss_coef=0.25, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
         ),
+        (
+            # gpt-oss: attention sinks, q/k/v/o biases, layers alternating a window of 20 (not a
+            # page multiple) with global attention, YaRN (factor 4 over 64 positions, not
+            # truncated), 4 experts with biases, 2 per token (a softmax over their logits), the
+            # clamped SwiGLU with a limit low enough to clamp, the router's auxiliary loss.
+            "gpt-oss",
+            "gpt_oss",
+            dict(GPT_OSS, output_router_logits=True, router_aux_loss_coef=0.25),
+        ),
+        (
+            # The same shape with its expert banks in MXFP4 (gate_up_proj_blocks / _scales), as the
+            # published gpt-oss checkpoints keep them: the reference is transformers on the
+            # dequantized weights (convert_moe_packed_tensors).
+            "gpt-oss-mxfp4",
+            "gpt_oss",
+            dict(GPT_OSS, num_hidden_layers=2),
+        ),
     ]
     return specs
+
+
+# The tiny gpt-oss's shape (model_specs).
+GPT_OSS = dict(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               rms_norm_eps=1e-5, initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+               vocab_size=288, num_hidden_layers=3, max_position_embeddings=256, num_local_experts=4,
+               num_experts_per_tok=2, sliding_window=20, swiglu_limit=1.5, tie_word_embeddings=False,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64})
+
+# MXFP4's E2M1 values by 4-bit code (transformers' FP4_VALUES).
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def quantize_mxfp4(w):
+    """A bank [E, in, out] (transformers' gpt-oss layout) as MXFP4: blocks uint8 [E, out, in / 32, 16]
+    (two codes a byte, the even element in the low nibble) and scales uint8 [E, out, in / 32]
+    (2^(s - 127) per 32 values), each value the nearest E2M1 value of its block's scale."""
+    import torch
+
+    rows = w.transpose(1, 2).contiguous()  # [E, out, in]
+    E, O, I = rows.shape
+    groups = rows.reshape(E, O, I // 32, 32)
+    amax = groups.abs().amax(-1).clamp_min(1e-30)
+    exponent = torch.ceil(torch.log2(amax / 6.0)).to(torch.int32)
+    scaled = groups / torch.ldexp(torch.ones_like(amax), exponent).unsqueeze(-1)
+    values = torch.tensor(E2M1)
+    codes = (scaled.unsqueeze(-1) - values).abs().argmin(-1).to(torch.uint8)  # [E, O, G, 32]
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.contiguous(), (exponent + 127).to(torch.uint8).contiguous()
+
+
+def to_mxfp4_checkpoint(model):
+    """Rounds `model`'s expert banks to MXFP4 in place (their dequantized values, as transformers'
+    convert_moe_packed_tensors gives them) and returns the checkpoint tensors that replace the
+    banks in `out`'s model.safetensors."""
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    packed = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                blocks, scales = quantize_mxfp4(p.detach())
+                p.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+                packed[name + "_blocks"] = blocks
+                packed[name + "_scales"] = scales
+    return packed
+
+
+def write_mxfp4_checkpoint(model, out, packed):
+    """`out`'s model.safetensors with the banks as `packed`, and quantization_config in its
+    config.json, as gpt-oss's published checkpoints."""
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(out, "model.safetensors")
+    tensors = {n: t for n, t in load_file(path).items() if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    tensors.update(packed)
+    save_file(tensors, path, metadata={"format": "pt"})
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
 
 
 def init_weights(model, seed):
@@ -243,7 +325,8 @@ def make_one(out_root, index, name, family, cfg_kwargs):
     import torch
     from safetensors.torch import save_file
     from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig,
-                              LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                              GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                              MistralForCausalLM, Phi3Config,
                               MixtralConfig, MixtralForCausalLM, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                               Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -254,6 +337,7 @@ def make_one(out_root, index, name, family, cfg_kwargs):
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
         "mixtral": (MixtralConfig, MixtralForCausalLM),
+        "gpt_oss": (GptOssConfig, GptOssForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
         "gemma3cg": (Gemma3Config, Gemma3ForConditionalGeneration),
@@ -264,6 +348,7 @@ def make_one(out_root, index, name, family, cfg_kwargs):
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32).eval()
     init_weights(model, seed)
+    mxfp4 = to_mxfp4_checkpoint(model) if name.endswith("-mxfp4") else None
 
     out = os.path.join(out_root, name)
     if os.path.isdir(out):
@@ -301,6 +386,8 @@ def make_one(out_root, index, name, family, cfg_kwargs):
     )
 
     make_lora_reference(loaded, os.path.join(out, "lora"), family, seed, input_ids)
+    if mxfp4 is not None:  # the reference is of these weights: now stored as MXFP4
+        write_mxfp4_checkpoint(model, out, mxfp4)
 
     files = sorted(os.listdir(out))
     size = sum(os.path.getsize(os.path.join(out, f)) for f in files if os.path.isfile(os.path.join(out, f)))
@@ -344,11 +431,12 @@ def make_lora_reference(model, out, family, seed, input_ids):
     from safetensors.torch import save_file
 
     linears = (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"] if family == "phi3" else
+               ["q_proj", "k_proj", "v_proj", "o_proj"] if family == "gpt_oss" else
                ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     # A vision-language model: the language model's layers only (its vision tower has q_proj too).
     targets = (r".*language_model.*\.(" + "|".join(linears) + ")$") if family == "gemma3cg" else linears
     # A mixture of experts: its expert banks too (target_modules reaches only the dense layers').
-    banks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if family in ("qwen3_moe", "mixtral") else None
+    banks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if family in ("qwen3_moe", "mixtral", "gpt_oss") else None
     tuned = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0,
                                                        target_parameters=banks))
     g = torch.Generator().manual_seed(seed + 11)

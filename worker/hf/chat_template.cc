@@ -21,6 +21,10 @@ constexpr absl::string_view kEndOfTurn = "<end_of_turn>";
 constexpr absl::string_view kThinkOpen = "<think>";
 constexpr absl::string_view kThinkClose = "</think>";
 constexpr absl::string_view kPhiEnd = "<|end|>";
+constexpr absl::string_view kHarmonyStart = "<|start|>";
+constexpr absl::string_view kHarmonyMessage = "<|message|>";
+constexpr absl::string_view kHarmonyEnd = "<|end|>";
+constexpr absl::string_view kHarmonyReturn = "<|return|>";
 
 bool Contains(absl::string_view s, absl::string_view what) { return s.find(what) != absl::string_view::npos; }
 
@@ -323,6 +327,81 @@ RenderedChat RenderPhi(ChatFamily family, const std::vector<ChatMessage>& messag
   return out;
 }
 
+// The lines of gpt-oss's template whose output RenderHarmony writes; a harmony template without
+// one of them (an earlier revision, a fine-tuner's variant) renders otherwise.
+constexpr absl::string_view kHarmonyLines[] = {
+    R"({%- set model_identity = "You are ChatGPT, a large language model trained by OpenAI." %})",
+    R"({{- "Knowledge cutoff: 2024-06\n" }})",
+    R"({{- "Current date: " + strftime_now("%Y-%m-%d") + "\n\n" }})",
+    R"({%- set reasoning_effort = "medium" %})",
+    R"({{- "Reasoning: " + reasoning_effort + "\n\n" }})",
+    R"({{- "# Valid channels: analysis, commentary, final. Channel must be included for every message." }})",
+    R"({%- if messages[0].role == "developer" or messages[0].role == "system" %})",
+    R"({{- "# Instructions\n\n" }})",
+    "{{- developer_message }}\n        {{- \"\\n\\n\" }}",
+    R"({%- elif loop.last and not add_generation_prompt %})",
+    R"({{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|return|>" }})",
+    R"({{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>" }})",
+    R"({{- "<|start|>user<|message|>" + message.content + "<|end|>" }})",
+    "{%- if add_generation_prompt -%}\n<|start|>assistant\n{%- endif -%}",
+};
+
+// What gpt-oss's template refuses among plain messages (its raise_exception calls).
+absl::Status CheckHarmony(const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) return absl::InvalidArgumentError("the chat template needs at least one message");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "tool") {
+      return absl::InvalidArgumentError(absl::StrCat("message ", i,
+                                                     " ('tool'): the chat template needs an earlier assistant "
+                                                     "message with a tool call (tool_calls), which chat messages "
+                                                     "here do not carry"));
+    }
+    if (m.role == "assistant" &&
+        (Contains(m.content, "<|channel|>analysis<|message|>") || Contains(m.content, "<|channel|>final<|message|>"))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("message ", i,
+                       " ('assistant'): the chat template refuses <|channel|> tags in the content: it takes the "
+                       "reasoning in a 'thinking' field, which chat messages here do not carry, and the final answer "
+                       "as the content"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// gpt-oss (harmony): the system turn with its date, the developer turn from a leading system or
+// developer message, then user turns and assistant replies on the final channel.
+absl::StatusOr<RenderedChat> RenderHarmony(const std::vector<ChatMessage>& messages, const std::string& date,
+                                           bool add_generation_prompt) {
+  OOMB_RETURN_IF_ERROR(CheckHarmony(messages));
+  RenderedChat out;
+  std::string& s = out.text;
+  absl::StrAppend(&s, kHarmonyStart, "system", kHarmonyMessage,
+                  "You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\n"
+                  "Current date: ",
+                  date,
+                  "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be "
+                  "included for every message.",
+                  kHarmonyEnd);
+  const bool has_developer = messages[0].role == "system" || messages[0].role == "developer";
+  if (has_developer && !messages[0].content.empty()) {
+    absl::StrAppend(&s, kHarmonyStart, "developer", kHarmonyMessage, "# Instructions\n\n", messages[0].content, "\n\n",
+                    kHarmonyEnd);
+  }
+  for (size_t i = has_developer ? 1 : 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      absl::StrAppend(&s, kHarmonyStart, "user", kHarmonyMessage, m.content, kHarmonyEnd);
+    } else if (m.role == "assistant") {
+      absl::StrAppend(&s, kHarmonyStart, "assistant<|channel|>final", kHarmonyMessage);
+      const bool ends = i + 1 == messages.size() && !add_generation_prompt;
+      AppendReply(&out, m.content, ends ? kHarmonyReturn : kHarmonyEnd);
+    }
+  }
+  if (add_generation_prompt) absl::StrAppend(&s, kHarmonyStart, "assistant");
+  return out;
+}
+
 }  // namespace
 
 std::string_view ChatFamilyName(ChatFamily family) {
@@ -347,6 +426,8 @@ std::string_view ChatFamilyName(ChatFamily family) {
       return "phi3";
     case ChatFamily::kPhi4Mini:
       return "phi4-mini";
+    case ChatFamily::kHarmony:
+      return "gpt-oss";
   }
   return "unknown";
 }
@@ -355,6 +436,15 @@ namespace {
 
 // The family of a template, or UNIMPLEMENTED naming the family it resembles.
 absl::StatusOr<ChatFamily> Recognise(absl::string_view t) {
+  if (Contains(t, kHarmonyStart) && Contains(t, "<|channel|>")) {
+    for (const absl::string_view line : kHarmonyLines) {
+      if (!Contains(t, line)) {
+        return absl::UnimplementedError(
+            "chat template family 'harmony' other than gpt-oss's (its current revision) is not supported");
+      }
+    }
+    return ChatFamily::kHarmony;
+  }
   if (Contains(t, kImStart)) {
     if (!Contains(t, kThinkOpen)) return ChatFamily::kChatMl;
     if (Contains(t, "last_query_index") && Contains(t, "reasoning_content")) return ChatFamily::kQwen3;
@@ -412,6 +502,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view text, Chat
     ct.date_ =
         Contains(t, "strftime_now") ? absl::FormatTime("%d %b %Y", absl::Now(), absl::LocalTimeZone()) : "26 Jul 2024";
   }
+  if (family == ChatFamily::kHarmony) ct.date_ = absl::FormatTime("%Y-%m-%d", absl::Now(), absl::LocalTimeZone());
   if (family == ChatFamily::kPhi3)
     ct.skip_empty_system_ = Contains(t, "message['role'] == 'system' and message['content']");
   const bool mistral = family == ChatFamily::kMistral || family == ChatFamily::kMistralNemo;
@@ -455,6 +546,8 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(const std::vector<ChatMessage>
     case ChatFamily::kPhi3:
     case ChatFamily::kPhi4Mini:
       return RenderPhi(family_, messages, skip_empty_system_, tokens_.eos, add_generation_prompt);
+    case ChatFamily::kHarmony:
+      return RenderHarmony(messages, date_, add_generation_prompt);
   }
   return absl::InternalError("unknown chat family");
 }

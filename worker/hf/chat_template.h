@@ -45,10 +45,28 @@
 //             message), then "{eos}" unless a generation prompt "<|assistant|>\n" is asked for.
 //   kPhi4Mini (Phi-4-mini): "<|{role}|>{content}<|end|>" for every role, then "{eos}" unless a
 //             generation prompt "<|assistant|>" is asked for.
+//   kHarmony  (gpt-oss-20b and -120b, OpenAI's "harmony" format; the template's current revision,
+//             the one in tests/worker/hf/testdata): a system turn "<|start|>system<|message|>You
+//             are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\n
+//             Current date: {date}\n\nReasoning: medium\n\n# Valid channels: analysis,
+//             commentary, final. Channel must be included for every message.<|end|>" ({date}: the
+//             day the template was loaded, "%Y-%m-%d" in local time, as transformers renders the
+//             template's strftime_now); a first message that is a system or developer message
+//             becomes "<|start|>developer<|message|># Instructions\n\n{content}\n\n<|end|>"
+//             (nothing when its content is empty); then "<|start|>user<|message|>{content}<|end|>"
+//             per user message and "<|start|>assistant<|channel|>final<|message|>{content}<|end|>"
+//             per assistant message, ended "<|return|>" instead when it is the last message and no
+//             generation prompt ("<|start|>assistant") is asked for; other roles are left out, as
+//             the template leaves them out. Refused as the template refuses them: an empty
+//             conversation, "tool" messages (they need an earlier assistant message's tool_calls,
+//             which ChatMessage does not carry) and assistant content holding
+//             "<|channel|>analysis<|message|>" or "<|channel|>final<|message|>" (the template takes
+//             the reasoning in a "thinking" field, which ChatMessage does not carry either).
 // Where the template refuses a conversation (raise_exception), Render is INVALID_ARGUMENT
 // with the template's reason. Other templates (date-header templates other than those above,
-// Llama-3.2 Vision's, older [INST] templates, Mistral's [SYSTEM_PROMPT] templates, ...) are
-// UNIMPLEMENTED, with the family named in the message.
+// Llama-3.2 Vision's, older [INST] templates, Mistral's [SYSTEM_PROMPT] templates, harmony
+// templates other than gpt-oss's current one, ...) are UNIMPLEMENTED, with the family named in
+// the message.
 //
 // Immutable after construction; thread-safe.
 #ifndef OOMB_WORKER_HF_CHAT_TEMPLATE_H_
@@ -76,8 +94,8 @@ struct AssistantSpan {
                              // for a Qwen3 reply after the last user message)
   size_t content_end = 0;    // one past its last byte
   size_t turn_end = 0;       // one past the end-of-turn marker (<|im_end|>, <|eot_id|>,
-                             // <end_of_turn>, </s>, <|end|>), for callers that also train the
-                             // model to stop
+                             // <end_of_turn>, </s>, <|end|>, gpt-oss's <|return|>), for callers
+                             // that also train the model to stop
 };
 
 struct RenderedChat {
@@ -85,10 +103,22 @@ struct RenderedChat {
   std::vector<AssistantSpan> assistant_spans;  // in message order
 };
 
-enum class ChatFamily { kChatMl, kQwen3, kLlama3, kLlama31, kGemma, kGemma2, kMistral, kMistralNemo, kPhi3, kPhi4Mini };
+enum class ChatFamily {
+  kChatMl,
+  kQwen3,
+  kLlama3,
+  kLlama31,
+  kGemma,
+  kGemma2,
+  kMistral,
+  kMistralNemo,
+  kPhi3,
+  kPhi4Mini,
+  kHarmony
+};
 
-// "chatml", "qwen3", "llama3", "llama3.1", "gemma", "gemma2", "mistral", "mistral-nemo", "phi3" or
-// "phi4-mini".
+// "chatml", "qwen3", "llama3", "llama3.1", "gemma", "gemma2", "mistral", "mistral-nemo", "phi3",
+// "phi4-mini" or "gpt-oss".
 std::string_view ChatFamilyName(ChatFamily family);
 
 // What the template's `bos_token` and `eos_token` variables hold (tokenizer_config.json).
@@ -122,7 +152,7 @@ class ChatTemplate {
   ChatFamily family_ = ChatFamily::kChatMl;
   std::optional<std::string> default_system_;  // ChatML
   bool skip_empty_system_ = false;             // Phi-3.5
-  std::string date_;                           // Llama-3.1: "Today Date: {date_}"
+  std::string date_;                           // Llama-3.1: "Today Date: {date_}"; gpt-oss: "Current date: {date_}"
   ChatSpecialTokens tokens_;
 };
 

@@ -11,14 +11,15 @@ Family Qwen2Family();
 Family Qwen3Family();
 Family Qwen3MoeFamily();
 Family MixtralFamily();
+Family GptOssFamily();
 Family MistralFamily();
 Family Gemma3Family();
 Family Phi3Family();
 
 const std::vector<Family>& Families() {
   static const std::vector<Family>* const kFamilies =
-      new std::vector<Family>{LlamaFamily(),   Qwen2Family(),   Qwen3Family(),  Qwen3MoeFamily(),
-                              MixtralFamily(), MistralFamily(), Gemma3Family(), Phi3Family()};
+      new std::vector<Family>{LlamaFamily(),  Qwen2Family(),   Qwen3Family(),  Qwen3MoeFamily(), MixtralFamily(),
+                              GptOssFamily(), MistralFamily(), Gemma3Family(), Phi3Family()};
   return *kFamilies;
 }
 

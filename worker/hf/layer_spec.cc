@@ -94,12 +94,22 @@ std::vector<ExpertBankSpec> MoeSpec::Banks() const {
   return {{"gate_up_proj", experts, hidden, 2 * intermediate}, {"down_proj", experts, intermediate, hidden}};
 }
 
-int64_t MoeSpec::Parameters() const { return experts * hidden + experts * 3 * hidden * intermediate; }
+namespace {
 
-int64_t MoeSpec::ActiveParameters() const { return experts * hidden + top_k * 3 * hidden * intermediate; }
+// The router's parameters, and one expert's.
+int64_t RouterParameters(const MoeSpec& m) { return m.experts * (m.hidden + (m.biases ? 1 : 0)); }
+int64_t ExpertParameters(const MoeSpec& m) {
+  return 3 * m.hidden * m.intermediate + (m.biases ? 2 * m.intermediate + m.hidden : 0);
+}
+
+}  // namespace
+
+int64_t MoeSpec::Parameters() const { return RouterParameters(*this) + experts * ExpertParameters(*this); }
+
+int64_t MoeSpec::ActiveParameters() const { return RouterParameters(*this) + top_k * ExpertParameters(*this); }
 
 int64_t LayerSpec::Parameters() const {
-  int64_t n = moe.has_value() ? moe->Parameters() : 0;
+  int64_t n = (moe.has_value() ? moe->Parameters() : 0) + sinks;
   for (const NormSpec& norm : norms) n += norm.size;
   for (const LinearSpec& linear : linears) n += linear.Parameters();
   return n;
@@ -175,7 +185,7 @@ int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) 
   if (moe.has_value()) {
     const int64_t k = moe->top_k, H = moe->hidden;
     bytes += kF32 * moe->experts + kF32 + k * (kF32 + 3 * kI64);
-    bytes += k * (e * (2 * H + glu * moe->intermediate) + kF32);
+    bytes += k * (e * (2 * H + (moe->swiglu_limit > 0 ? 3 : glu) * moe->intermediate) + kF32);
     for (const auto& [bank, factor] : AdaptedExperts(x.lora_expert_targets)) bytes += k * e * x.lora_rank * factor;
     return bytes;
   }
@@ -222,10 +232,14 @@ ModelSpec DescribeModel(const ModelConfig& c) {
                                    .hidden = c.hidden_size,
                                    .intermediate = c.moe.intermediate,
                                    .renormalize = c.moe.renormalize,
-                                   .float_scores = c.moe.float_scores};
+                                   .float_scores = c.moe.float_scores,
+                                   .biases = c.moe.biases,
+                                   .swiglu_limit = c.moe.swiglu_limit,
+                                   .swiglu_alpha = c.moe.swiglu_alpha};
     }
     const bool sliding = i < static_cast<int64_t>(c.sliding_layers.size()) && c.sliding_layers[i];
     spec.layers[i].window = sliding ? c.sliding_window : 0;
+    spec.layers[i].sinks = c.attention_sinks ? c.num_heads : 0;
     spec.layers[i].local_rope = sliding && c.sliding_window > 0 && c.sliding_rope.has_value();
   }
   return spec;

@@ -56,8 +56,9 @@ struct LinearSpec {
 };
 
 // One projection of every expert of a mixture-of-experts MLP, a [experts, out, in] tensor as
-// transformers holds it (mlp.experts.<name>) and PEFT's target_parameters adapt it:
-// gate_up_proj (gate's rows first, then up's) and down_proj.
+// transformers holds it (mlp.experts.<name>; gpt-oss holds its transpose) and PEFT's
+// target_parameters adapt it: gate_up_proj (gate's rows first, then up's; gpt-oss's interleaved)
+// and down_proj.
 struct ExpertBankSpec {
   std::string name;
   int64_t experts, in, out;
@@ -66,11 +67,15 @@ struct ExpertBankSpec {
 };
 
 // A mixture-of-experts MLP (MoeConfig, worker/hf/model_config.h): the router mlp.gate.weight
-// [experts, hidden] and the expert banks; each token runs top_k experts.
+// [experts, hidden] (gpt-oss: mlp.router, with a bias) and the expert banks; each token runs
+// top_k experts.
 struct MoeSpec {
   int64_t experts = 0, top_k = 0, hidden = 0, intermediate = 0;
   bool renormalize = false;
   bool float_scores = false;
+  bool biases = false;  // the router's and the experts' (MoeConfig::biases)
+  // The clamped SwiGLU over interleaved rows when swiglu_limit > 0 (MoeConfig).
+  double swiglu_limit = 0, swiglu_alpha = 0;
 
   // gate_up_proj and down_proj, in the forward's order.
   std::vector<ExpertBankSpec> Banks() const;
@@ -103,6 +108,7 @@ struct Execution {
 
 struct LayerSpec {
   int64_t window = 0;       // sliding window: query i sees keys j > i - window; 0: the whole past
+  int64_t sinks = 0;        // self_attn.sinks: a sink logit per query head (gpt-oss); 0: none
   bool local_rope = false;  // rotates with ModelConfig::sliding_rope (Gemma 3's local layers)
   // q, k and v are one linear layer (qkv_proj, rows in that order) and gate and up another
   // (gate_up_proj, gate's rows first), split as transformers splits them (Phi-3).
@@ -136,6 +142,7 @@ struct LayerSpec {
   //   full fine-tuning (lora_rank 0) also the normalised input before the weight (dtype)
   //   q, k before RoPE and their rotate_half (RoPE's multiplications save both)
   //   the SwiGLU MLP's gate, silu(gate), up and silu(gate) * up (gate and up only, below)
+  //   (the clamped SwiGLU of gpt-oss's experts, on every path: its input and output)
   // with the fused kernels (Execution::fused_kernels; the RMSNorms when fused_norms):
   //   each RMSNorm: the input and the normalised output (dtype) and a float32 rstd a row
   //   nothing of RoPE's

@@ -1,8 +1,8 @@
 // A decoder-only model's architecture, read from a Hugging Face config.json. Torch-free.
 //
 // Supported: LlamaForCausalLM (Llama 2/3/3.1, SmolLM2), Qwen2ForCausalLM (Qwen2, Qwen2.5),
-// Qwen3ForCausalLM (Qwen3 dense), Qwen3MoeForCausalLM and MixtralForCausalLM (mixtures of
-// experts), MistralForCausalLM (with its sliding window),
+// Qwen3ForCausalLM (Qwen3 dense), Qwen3MoeForCausalLM, MixtralForCausalLM and GptOssForCausalLM
+// (mixtures of experts), MistralForCausalLM (with its sliding window),
 // Gemma3ForCausalLM (local and global layers; also the text part of a
 // Gemma3ForConditionalGeneration config) and Phi3ForCausalLM (Phi-3, Phi-4-mini: fused
 // projections, longrope, partial rotary).
@@ -48,10 +48,11 @@ struct RopeConfig {
   std::vector<double> short_factor, long_factor;
 };
 
-// A mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router (a linear layer without bias, one
-// output per expert) scores each token, softmax over the experts in float32, the top_k experts
-// run (gated SwiGLU MLPs of `intermediate` features) and their outputs are summed weighted by
-// those probabilities, renormalised to sum 1 over the top_k when `renormalize`.
+// A mixture-of-experts MLP (Qwen3-MoE, Mixtral, gpt-oss): a router (a linear layer, one output
+// per expert) scores each token, softmax over the experts in float32, the top_k experts run
+// (gated SwiGLU MLPs of `intermediate` features) and their outputs are summed weighted by those
+// probabilities, renormalised to sum 1 over the top_k when `renormalize` (gpt-oss's softmax over
+// the top_k logits is that renormalisation).
 struct MoeConfig {
   int64_t experts = 0;  // 0: every layer's MLP is dense
   int64_t top_k = 0;
@@ -70,15 +71,29 @@ struct MoeConfig {
   // and down projections <block>.experts.{e}.<name>.weight with these names.
   std::string stored_block = "mlp";
   std::vector<std::string> stored_projections = {"gate_proj", "up_proj", "down_proj"};
+  // gpt-oss's experts. `biases`: the router has a bias (mlp.router.bias) and so has each expert's
+  // projections (mlp.experts.gate_up_proj_bias [E, 2 intermediate], down_proj_bias [E, hidden]).
+  // `swiglu_limit` > 0: the clamped SwiGLU over gate_up_proj's interleaved rows (gate the even,
+  // up the odd ones), (clamp(up, -limit, limit) + 1) * g * sigmoid(swiglu_alpha * g) with
+  // g = min(gate, limit); 0: SwiGLU over its halves (gate's rows first).
+  // `stored_banks`: the checkpoint keeps each bank whole as transformers holds it, [E, in, out]
+  // (mlp.experts.gate_up_proj, or MXFP4's gate_up_proj_blocks and _scales, dequantized at load),
+  // its router as mlp.router, rather than each expert's projections.
+  bool biases = false;
+  double swiglu_limit = 0;
+  double swiglu_alpha = 0;
+  bool stored_banks = false;
 };
 
 struct ModelConfig {
   // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" |
-  // "MixtralForCausalLM" | "MistralForCausalLM" | "Gemma3ForCausalLM" | "Phi3ForCausalLM"; a
+  // "MixtralForCausalLM" | "GptOssForCausalLM" | "MistralForCausalLM" | "Gemma3ForCausalLM" |
+  // "Phi3ForCausalLM"; a
   // Gemma3ForConditionalGeneration checkpoint is read as the Gemma3ForCausalLM of its text_config, with multimodal_text
   // set.
   std::string architecture;
-  // "llama" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "mistral" | "gemma3_text" | "phi3"
+  // "llama" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "gpt_oss" | "mistral" | "gemma3_text" |
+  // "phi3"
   std::string model_type;
   // The model is the language model of a vision-language checkpoint (Gemma3ForConditionalGeneration),
   // whose vision tower is left alone: its weights sit under language_model.model. (or
@@ -102,6 +117,9 @@ struct ModelConfig {
   bool o_bias = false;    // Llama's attention_bias also biases o_proj
   bool mlp_bias = false;
   bool qk_norm = false;  // Qwen3: an RMSNorm over each head of q and of k, before RoPE
+  // gpt-oss: each head's softmax has one more logit, self_attn.sinks [num_heads], whose value is
+  // zero (kernels/torch/paged_attention.h).
+  bool attention_sinks = false;
   // Phi-3: q, k and v are one linear layer (qkv_proj, rows in that order), gate and up another
   // (gate_up_proj, gate's rows first); LoRA adapts the fused layers as PEFT names them.
   bool fused_projections = false;

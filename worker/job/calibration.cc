@@ -99,8 +99,9 @@ absl::StatusOr<Measured> MeasureModel(ModelConfig config, const JobConfig& job, 
       std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + chunk_tokens + 1));
   const Chunk c = MakeChunk(*model, seq, 0, chunk_tokens, /*training=*/true, /*dropout_seed=*/1);
   const int64_t key_block = device.is_cuda() ? trainer.gpu_attention_key_block : trainer.attention_key_block;
-  const AttentionFn attention = [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return kernels::PagedAttention(q, k, v, c.doc_start_host, nullptr, key_block, trainer.gpu_attention_kernel);
+  const AttentionFn attention = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return kernels::PagedAttention(q, k, v, c.doc_start_host, nullptr, key_block, trainer.gpu_attention_kernel, {},
+                                   model->sinks(layer));
   };
   Measured m;
   m.forward_s = timing.MedianSeconds([&] {

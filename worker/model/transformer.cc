@@ -76,6 +76,42 @@ at::Tensor FromView(const TensorView& v, at::ScalarType dtype, at::Device device
   return raw.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
 }
 
+// Dequantizes gpt-oss's MXFP4 expert bank `name` into `weight` [E, out, in], as transformers'
+// convert_moe_packed_tensors does: <name>_blocks uint8 [E, out, in / 32, 16] holds two E2M1
+// values a byte (the low nibble first), <name>_scales uint8 [E, out, in / 32] a power of two
+// 2^(s - 127) for each 32 of them. One expert at a time, so the host holds one expert's floats.
+absl::Status DequantizeMxfp4(const WeightSet& weights, const std::string& name, const std::string& dir,
+                             at::Tensor weight) {
+  const TensorView* blocks = weights.Find(name + "_blocks");
+  const TensorView* scales = weights.Find(name + "_scales");
+  const int64_t E = weight.size(0), out = weight.size(1), in = weight.size(2);
+  const std::vector<int64_t> blocks_shape = {E, out, in / 32, 16}, scales_shape = {E, out, in / 32};
+  if (scales == nullptr) return absl::InvalidArgumentError(absl::StrCat(dir, ": missing tensor '", name, "_scales'"));
+  if (in % 32 != 0 || blocks->dtype != DType::kU8 || scales->dtype != DType::kU8 || blocks->shape != blocks_shape ||
+      scales->shape != scales_shape) {
+    const auto describe = [](const TensorView& v) {
+      return absl::StrCat(std::string(DTypeName(v.dtype)), " [", absl::StrJoin(v.shape, ", "), "]");
+    };
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": MXFP4 tensors '", name, "_blocks' ", describe(*blocks), " and '", name, "_scales' ", describe(*scales),
+        ": expected U8 [", absl::StrJoin(blocks_shape, ", "), "] and U8 [", absl::StrJoin(scales_shape, ", "), "]"));
+  }
+  static const float kE2m1[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const at::Tensor lut = at::from_blob(const_cast<float*>(kE2m1), {16}, at::kFloat);
+  const at::Tensor all_blocks = FromView(*blocks, at::kByte, at::kCPU),
+                   all_scales = FromView(*scales, at::kByte, at::kCPU);
+  for (int64_t e = 0; e < E; ++e) {
+    const at::Tensor b = all_blocks[e];  // [out, in / 32, 16]
+    const at::Tensor low = lut.index({at::bitwise_and(b, 0x0F).to(at::kLong)});
+    const at::Tensor high = lut.index({at::bitwise_right_shift(b, 4).to(at::kLong)});
+    const at::Tensor values = at::stack({low, high}, -1).view({out, in / 32, 32});
+    const at::Tensor exponents = (all_scales[e].to(at::kInt) - 127).unsqueeze(-1);
+    weight[e].copy_(at::ldexp(values, exponents).view({out, in}));
+  }
+  return absl::OkStatus();
+}
+
 // Writes named tensors as safetensors (contiguous CPU copies in their own dtype).
 absl::Status SaveTensors(const Dir& dir, const std::string& name,
                          const std::vector<std::pair<std::string, at::Tensor>>& named,
@@ -217,12 +253,33 @@ std::vector<Transformer::NamedBank> Transformer::NamedBanks() {
   return out;
 }
 
+std::string Transformer::RouterName(int64_t i) const {
+  return absl::StrCat("model.layers.", i, config_.moe.stored_banks ? ".mlp.router" : ".mlp.gate");
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::MoeBiases(int64_t i) const {
+  if (!config_.moe.biases) return {};
+  const DecoderLayer& l = layers_[i];
+  const std::string experts = absl::StrCat("model.layers.", i, ".mlp.experts.");
+  return {{RouterName(i) + ".bias", l.router_bias},
+          {experts + "gate_up_proj_bias", l.gate_up_experts.bias},
+          {experts + "down_proj_bias", l.down_experts.bias}};
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Transformer::StoredMoe(int64_t i) const {
   const MoeConfig& moe = config_.moe;
   const DecoderLayer& l = layers_[i];
+  std::vector<std::pair<std::string, at::Tensor>> out = MoeBiases(i);
+  if (moe.stored_banks) {  // whole, [E, in, out]
+    const std::string experts = absl::StrCat("model.layers.", i, ".mlp.experts.");
+    out.emplace_back(RouterName(i) + ".weight", l.router);
+    out.emplace_back(experts + "gate_up_proj", l.gate_up_experts.weight.transpose(1, 2));
+    out.emplace_back(experts + "down_proj", l.down_experts.weight.transpose(1, 2));
+    return out;
+  }
   const std::string block = absl::StrCat("model.layers.", i, ".", moe.stored_block, ".");
   const int64_t I = moe.intermediate;
-  std::vector<std::pair<std::string, at::Tensor>> out = {{block + "gate.weight", l.router}};
+  out.emplace_back(block + "gate.weight", l.router);
   for (int64_t e = 0; e < moe.experts; ++e) {
     const std::string expert = absl::StrCat(block, "experts.", e, ".");
     const at::Tensor gate_up = l.gate_up_experts.weight[e];  // gate's rows, then up's
@@ -236,7 +293,8 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::StoredMoe(int64_t i
 std::vector<std::pair<std::string, at::Tensor>> Transformer::StoredWeights() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (auto& [name, t] : BaseParameters()) {
-    if (name.find(".mlp.experts.") == std::string::npos && name.find(".mlp.gate.weight") == std::string::npos) {
+    if (name.find(".mlp.experts.") == std::string::npos && name.find(".mlp.gate.weight") == std::string::npos &&
+        name.find(".mlp.router.") == std::string::npos) {
       out.emplace_back(std::move(name), std::move(t));
     }
   }
@@ -252,6 +310,8 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() co
   out.emplace_back("model.embed_tokens.weight", embed_);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     for (const NamedNorm& n : const_cast<Transformer*>(this)->NamedNorms(i)) out.emplace_back(n.name, *n.weight);
+    if (layers_[i].sinks.defined())
+      out.emplace_back(absl::StrCat("model.layers.", i, ".self_attn.sinks"), layers_[i].sinks);
   }
   for (const auto& [name, l] : NamedLinears()) {
     out.emplace_back(name + ".weight", l->weight);
@@ -259,9 +319,14 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() co
   }
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     if (!spec_.layers[i].moe.has_value()) continue;
-    out.emplace_back(absl::StrCat("model.layers.", i, ".mlp.gate.weight"), layers_[i].router);
+    out.emplace_back(RouterName(i) + ".weight", layers_[i].router);
   }
   for (const NamedBank& b : const_cast<Transformer*>(this)->NamedBanks()) out.emplace_back(b.name, b.bank->weight);
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    if (spec_.layers[i].moe.has_value()) {
+      for (auto& named : MoeBiases(i)) out.push_back(std::move(named));
+    }
+  }
   out.emplace_back("model.norm.weight", final_norm_);
   if (!config_.tie_word_embeddings) out.emplace_back("lm_head.weight", lm_head_);
   return out;
@@ -399,6 +464,10 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
     for (const NamedNorm& n : m->NamedNorms(i)) OOMB_RETURN_IF_ERROR(take(n.name, {n.spec->size}, n.weight));
+    if (m->spec_.layers[i].sinks > 0) {
+      OOMB_RETURN_IF_ERROR(
+          take(absl::StrCat("model.layers.", i, ".self_attn.sinks"), {config.num_heads}, &m->layers_[i].sinks));
+    }
   }
   for (const NamedLinear& l : m->NamedLinears()) {
     OOMB_RETURN_IF_ERROR(take(l.name + ".weight", {l.spec->out, l.spec->in}, &l.linear->weight));
@@ -407,12 +476,14 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
   const auto options = at::TensorOptions().dtype(dtype).device(device);
   for (int64_t i = 0; i < config.num_layers; ++i) {  // each expert's tensors into its bank
     if (!m->spec_.layers[i].moe.has_value()) continue;
-    m->layers_[i].router = at::empty({config.moe.experts, d}, options);
-    for (const NamedBank& b : m->NamedBanks()) {
-      if (b.layer == i) b.bank->weight = at::empty({b.spec.experts, b.spec.out, b.spec.in}, options);
-    }
+    m->AllocateMoe(i, options);
     for (auto& [name, view] : m->StoredMoe(i)) {
       at::Tensor stored;
+      if (config.moe.stored_banks && weights->Find(name) == nullptr && weights->Find(name + "_blocks") != nullptr) {
+        OOMB_RETURN_IF_ERROR(DequantizeMxfp4(*weights, name, dir, view.transpose(1, 2)));
+        used.insert({name + "_blocks", name + "_scales"});
+        continue;
+      }
       OOMB_RETURN_IF_ERROR(take(name, view.sizes().vec(), &stored));
       view.copy_(stored);
     }
@@ -427,6 +498,17 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
     return absl::InvalidArgumentError(absl::StrCat(dir, ": unexpected tensors: ", absl::StrJoin(unexpected, ", ")));
   }
   return m;
+}
+
+void Transformer::AllocateMoe(int64_t i, const at::TensorOptions& options) {
+  const MoeConfig& moe = config_.moe;
+  layers_[i].router = at::empty({moe.experts, config_.hidden_size}, options);
+  if (moe.biases) layers_[i].router_bias = at::empty({moe.experts}, options);
+  for (const NamedBank& b : NamedBanks()) {
+    if (b.layer != i) continue;
+    b.bank->weight = at::empty({b.spec.experts, b.spec.out, b.spec.in}, options);
+    if (moe.biases) b.bank->bias = at::empty({b.spec.experts, b.spec.out}, options);
+  }
 }
 
 std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::ScalarType dtype, at::Device device,
@@ -460,8 +542,15 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
     if (m->spec_.layers[i].moe.has_value()) m->layers_[i].router = randn({config.moe.experts, d});
+    if (m->spec_.layers[i].sinks > 0) m->layers_[i].sinks = randn({config.num_heads});
   }
   for (const NamedBank& b : m->NamedBanks()) b.bank->weight = randn({b.spec.experts, b.spec.out, b.spec.in});
+  if (config.moe.biases) {
+    for (int64_t i = 0; i < config.num_layers; ++i) {
+      if (m->spec_.layers[i].moe.has_value()) m->layers_[i].router_bias = randn({config.moe.experts});
+    }
+    for (const NamedBank& b : m->NamedBanks()) b.bank->bias = randn({b.spec.experts, b.spec.out});
+  }
   return m;
 }
 
@@ -490,12 +579,17 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
     d.lora_scaling = s.lora_scaling;
     d.lora_dropout = s.lora_dropout;
   }
-  for (int64_t i = 0; i < config_.num_layers; ++i) m->layers_[i].router = cast(layers_[i].router);
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    m->layers_[i].router = cast(layers_[i].router);
+    m->layers_[i].router_bias = cast(layers_[i].router_bias);
+    m->layers_[i].sinks = cast(layers_[i].sinks);
+  }
   const auto dst_banks = m->NamedBanks(), src_banks = const_cast<Transformer*>(this)->NamedBanks();
   for (size_t i = 0; i < src_banks.size(); ++i) {
     ExpertBank& d = *dst_banks[i].bank;
     const ExpertBank& s = *src_banks[i].bank;
     d.weight = cast(s.weight);
+    d.bias = cast(s.bias);
     d.lora_a = master(s.lora_a);
     d.lora_b = master(s.lora_b);
     d.lora_scaling = s.lora_scaling;
@@ -909,25 +1003,26 @@ namespace {
 struct ExpertViews {
   ExpertViews(const ExpertBank& bank, at::ScalarType t) : scaling(bank.lora_scaling) {
     weights = bank.weight.unbind(0);
+    if (bank.bias.defined()) biases = bank.bias.unbind(0);
     if (!bank.lora_a.defined()) return;
     const int64_t experts = bank.weight.size(0), rank = bank.lora_a.size(0) / experts;
     a = bank.lora_a.to(t).view({experts, rank, -1}).unbind(0);                               // [r, in] each
     b = (bank.lora_b * scaling).to(t).view({bank.lora_b.size(0), rank, experts}).unbind(2);  // [out, r] each
   }
-  // Expert e over its tokens x [n, in]: x W_e^T + (x A_e^T) B_e^T alpha / r.
+  // Expert e over its tokens x [n, in]: x W_e^T + b_e + (x A_e^T) B_e^T alpha / r.
   at::Tensor Forward(int64_t e, const at::Tensor& x) const {
-    at::Tensor y = kernels::Linear(x, weights[e], c10::nullopt);
+    at::Tensor y = kernels::Linear(x, weights[e], biases.empty() ? c10::nullopt : c10::optional<at::Tensor>(biases[e]));
     if (!a.empty()) kernels::AddMatmul_(y, kernels::Linear(x, a[e]), b[e].t());
     return y;
   }
-  std::vector<at::Tensor> weights, a, b;
+  std::vector<at::Tensor> weights, biases, a, b;
   double scaling;
 };
 
 // A bank as kernels::GroupedMatmul takes it, each expert's matrix column-major: W_e^T, and LoRA's
 // A_e^T and (B_e alpha / r)^T.
 struct GroupedBank {
-  GroupedBank(const ExpertBank& bank, at::ScalarType t) {
+  GroupedBank(const ExpertBank& bank, at::ScalarType t) : bias(bank.bias) {
     weight = bank.weight.transpose(1, 2);  // [E, in, out]
     if (!bank.lora_a.defined()) return;
     const int64_t experts = bank.weight.size(0), rank = bank.lora_a.size(0) / experts, out = bank.lora_b.size(0);
@@ -940,13 +1035,15 @@ struct GroupedBank {
             .contiguous()
             .transpose(1, 2);
   }
-  // The pairs x [M, in] sorted by expert, offs their groups' ends: x W_e^T + (x A_e^T) B_e^T alpha / r.
-  at::Tensor Forward(const at::Tensor& x, const at::Tensor& offs) const {
+  // The pairs x [M, in] sorted by expert, offs their groups' ends, `experts` [M] each pair's
+  // expert (where the bank has biases): x W_e^T + b_e + (x A_e^T) B_e^T alpha / r.
+  at::Tensor Forward(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& experts) const {
     at::Tensor y = kernels::GroupedMatmul(x, weight, offs);
+    if (bias.defined()) y = y + bias.index_select(0, experts);
     if (a.defined()) y = y + kernels::GroupedMatmul(kernels::GroupedMatmul(x, a, offs), b, offs);
     return y;
   }
-  at::Tensor weight, a, b;
+  at::Tensor weight, bias, a, b;
 };
 
 }  // namespace
@@ -954,7 +1051,8 @@ struct GroupedBank {
 at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y,
                                 RouterBalance* balance) const {
   // Routing, as transformers': softmax of the router's logits in float32, the top_k, renormalised.
-  const at::Tensor logits = kernels::Linear(y, l.router, c10::nullopt);  // [C, E]
+  const at::Tensor logits = kernels::Linear(
+      y, l.router, l.router_bias.defined() ? c10::optional<at::Tensor>(l.router_bias) : c10::nullopt);  // [C, E]
   const at::Tensor probs = at::softmax(logits, -1, MasterType(dtype_));
   auto [weights, experts] = at::topk(probs, moe.top_k, -1);
   if (moe.renormalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
@@ -967,7 +1065,7 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   const at::Tensor order = at::argsort(flat, /*stable=*/true);
   const at::Tensor x = y.index_select(0, at::floor_divide(order, moe.top_k));
   const at::Tensor out =
-      expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, x, counts) : LoopExperts(l, x, counts);
+      expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, moe, x, counts) : LoopExperts(l, moe, x, counts);
   // Back to (token, slot) order, weighted and summed over the slots: autograd keeps the outputs
   // once (the product's), where adding each expert's into place would keep it a second time.
   const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
@@ -975,7 +1073,14 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   return (slots * weights.unsqueeze(-1)).sum(1).to(dtype_);
 }
 
-at::Tensor Transformer::LoopExperts(const DecoderLayer& l, const at::Tensor& x, const at::Tensor& counts) const {
+at::Tensor Transformer::ExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up) const {
+  if (moe.swiglu_limit > 0) return kernels::ClampedSwiGlu(gate_up, moe.swiglu_alpha, moe.swiglu_limit);
+  const auto parts = gate_up.chunk(2, -1);  // gate's rows first
+  return kernels::SwiGlu(parts[0], parts[1]);
+}
+
+at::Tensor Transformer::LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
+                                    const at::Tensor& counts) const {
   const at::Tensor host = counts.cpu();
   const std::vector<int64_t> sizes(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
@@ -985,17 +1090,21 @@ at::Tensor Transformer::LoopExperts(const DecoderLayer& l, const at::Tensor& x, 
   std::vector<at::Tensor> outputs;
   for (size_t e = 0; e < sizes.size(); ++e) {
     if (sizes[e] == 0) continue;
-    const auto parts = gate_up.Forward(static_cast<int64_t>(e), inputs[e]).chunk(2, -1);  // gate's rows first
-    outputs.push_back(down.Forward(static_cast<int64_t>(e), kernels::SwiGlu(parts[0], parts[1])));
+    const at::Tensor act = ExpertActivation(moe, gate_up.Forward(static_cast<int64_t>(e), inputs[e]));
+    outputs.push_back(down.Forward(static_cast<int64_t>(e), act));
   }
   return at::cat(outputs);
 }
 
-at::Tensor Transformer::GroupedExperts(const DecoderLayer& l, const at::Tensor& x, const at::Tensor& counts) const {
+at::Tensor Transformer::GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
+                                       const at::Tensor& counts) const {
   const at::Tensor offs = counts.cumsum(0).to(at::kInt);
+  // Each pair's expert, for the biases (the output size given: nothing read on the host).
+  const at::Tensor experts =
+      moe.biases ? at::repeat_interleave(at::arange(moe.experts, counts.options()), counts, 0, x.size(0))
+                 : at::Tensor();
   const GroupedBank gate_up(l.gate_up_experts, x.scalar_type()), down(l.down_experts, x.scalar_type());
-  const auto parts = gate_up.Forward(x, offs).chunk(2, -1);  // gate's rows first
-  return down.Forward(kernels::SwiGlu(parts[0], parts[1]), offs);
+  return down.Forward(ExpertActivation(moe, gate_up.Forward(x, offs, experts)), offs, experts);
 }
 
 ExpertKernel Transformer::expert_kernel() const {

@@ -1,12 +1,13 @@
-// The decoder-only transformer (Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Mistral, Gemma 3 and
-// Phi-3 families) on LibTorch, with LoRA.
+// The decoder-only transformer (Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, gpt-oss, Mistral, Gemma 3
+// and Phi-3 families) on LibTorch, with LoRA.
 //
 // One model serves training and inference: a forward pass runs over one chunk of one sequence,
 // and attention is a callback, so the chunk-recurrent trainer routes it through the paged KV
 // cache (kernels/torch/paged_attention.h) while a plain full-sequence forward (evaluation,
 // `oombd model eval`, tests) uses the same callback with no past.
 //
-// Numerics follow transformers (modeling_llama / _qwen2 / _qwen3 / _mistral / _gemma3 / _phi3):
+// Numerics follow transformers (modeling_llama / _qwen2 / _qwen3 / _mistral / _gemma3 / _phi3 /
+// _qwen3_moe / _mixtral / _gpt_oss):
 // RMSNorm in float32 (float64 for float64 models), RoPE tables from float32 inverse frequencies
 // (rope types default, linear, dynamic, yarn, llama3, longrope, as modeling_rope_utils computes
 // them) over the first rotary_dim features of a head, SwiGLU MLP, q/k/v biases for Qwen2, an
@@ -15,8 +16,10 @@
 // Phi-3's fused projections split as transformers splits them; a mixture of experts as
 // transformers' Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock (softmax over the router's logits
 // in float32, float64 for float64 models, top-k, renormalised where the family does; each
-// expert's SwiGLU over its tokens, weighted and summed). Experts run as one loop over the
-// experts hit, their tokens gathered once per layer and chunk in expert order.
+// expert's SwiGLU over its tokens, weighted and summed), and gpt-oss's (the router's and the
+// experts' biases, its clamped SwiGLU; its attention sinks enter the attention callback).
+// Experts run as one loop over the experts hit, or grouped GEMMs (ExpertKernel), their tokens
+// gathered once per layer and chunk in expert order.
 //
 // LoRA (PEFT semantics): y = x W^T + b + (dropout(x) A^T B^T) * alpha / r on the target
 // modules; A is initialised like PEFT (kaiming-uniform, a = sqrt(5)), B with zeros. LoRA
@@ -78,6 +81,7 @@ struct Linear {
 // adapter in PEFT's layout (above).
 struct ExpertBank {
   at::Tensor weight;  // [E, out, in]
+  at::Tensor bias;    // [E, out] (MoeSpec::biases) or undefined
   at::Tensor lora_a;  // [E rank, in] or undefined
   at::Tensor lora_b;  // [out, rank E]
   double lora_scaling = 0;
@@ -91,9 +95,11 @@ struct DecoderLayer {
   at::Tensor q_norm, k_norm;               // [head_dim]
   Linear q, k, v, o, gate, up, down;
   Linear qkv, gate_up;  // LayerSpec::fused_projections, instead of q, k, v and gate, up
-  // LayerSpec::moe, instead of gate, up and down: the router [E, hidden] and the expert banks.
-  at::Tensor router;
+  // LayerSpec::moe, instead of gate, up and down: the router [E, hidden] (and its bias [E],
+  // MoeSpec::biases) and the expert banks.
+  at::Tensor router, router_bias;
   ExpertBank gate_up_experts, down_experts;
+  at::Tensor sinks;  // [num_heads] (LayerSpec::sinks) or undefined
 };
 
 // The router's auxiliary load-balancing loss of one sequence (MoeConfig::aux_loss_coef > 0), as
@@ -149,7 +155,8 @@ struct ChunkInput {
 };
 
 // attention(layer, q [C, heads, D], k [C, kv_heads, D], v [C, kv_heads, D]) -> [C, heads, D];
-// q and k are after RoPE.
+// q and k are after RoPE. A layer with sinks (Transformer::sinks) attends with them
+// (kernels::PagedAttention's `sinks`).
 using AttentionFn =
     std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
@@ -225,7 +232,7 @@ class Transformer {
   // Where the trainable parameters' gradients, as they are now (after a backward), are nonzero.
   GradientReach Reach() const;
   // Every base weight with its HF name (transformers' in-memory name: an expert bank is one
-  // [E, out, in] tensor, mlp.experts.gate_up_proj).
+  // [E, out, in] tensor, mlp.experts.gate_up_proj, also for gpt-oss, which holds [E, in, out]).
   std::vector<std::pair<std::string, at::Tensor>> BaseParameters() const;
   // Every base weight under its name in the family's checkpoints, as views of BaseParameters:
   // an expert bank as each expert's projections (mlp.experts.{e}.gate_proj.weight; Mixtral's
@@ -261,6 +268,8 @@ class Transformer {
   at::Tensor End(const Cursor& cursor) const;
   // The LM head weight [vocab, hidden] (the embedding when tied).
   const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_ : lm_head_; }
+  // Layer `layer`'s attention sinks [num_heads] (gpt-oss), undefined where it has none.
+  const at::Tensor& sinks(int64_t layer) const { return layers_[layer].sinks; }
 
   // RoPE cos and sin tables of `rope` for the positions, [C, rotary_dim] each, in the model's dtype.
   std::pair<at::Tensor, at::Tensor> RopeTables(const RopeConfig& rope, const at::Tensor& positions,
@@ -272,10 +281,14 @@ class Transformer {
   // The MLP of layer cursor.layer over its input norm's output y [C, hidden]: dense or of experts.
   at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
   at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y, RouterBalance* balance) const;
-  // The experts' SwiGLU over the pairs x [M, hidden] sorted by expert, `counts` [E] of each
+  // The experts' MLPs over the pairs x [M, hidden] sorted by expert, `counts` [E] of each
   // (ExpertKernel's two ways).
-  at::Tensor LoopExperts(const DecoderLayer& l, const at::Tensor& x, const at::Tensor& counts) const;
-  at::Tensor GroupedExperts(const DecoderLayer& l, const at::Tensor& x, const at::Tensor& counts) const;
+  at::Tensor LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
+                         const at::Tensor& counts) const;
+  at::Tensor GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
+                            const at::Tensor& counts) const;
+  // The experts' activation over their gate_up product: SwiGLU, or gpt-oss's clamped one.
+  at::Tensor ExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [rotary_dim / 2], float32 (float64)
   // RoPE over the first rotary_dim features of each head of x [C, heads, head_dim].
@@ -306,6 +319,13 @@ class Transformer {
   // The router's and the experts' weights of sparse layer i under their checkpoint names, as
   // views of its tensors (which must exist).
   std::vector<std::pair<std::string, at::Tensor>> StoredMoe(int64_t i) const;
+  // The router's and the expert banks' biases of sparse layer i (MoeSpec::biases) under their
+  // names, in the checkpoint's order (none without).
+  std::vector<std::pair<std::string, at::Tensor>> MoeBiases(int64_t i) const;
+  // Sparse layer i's router and expert banks (and their biases), uninitialised.
+  void AllocateMoe(int64_t i, const at::TensorOptions& options);
+  // The router's name in sparse layer i: model.layers.{i}.mlp.gate (gpt-oss: mlp.router).
+  std::string RouterName(int64_t i) const;
 
   ModelConfig config_;
   ModelSpec spec_;

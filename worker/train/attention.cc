@@ -130,11 +130,11 @@ class LayerSparsePast final : public kernels::SparsePast {
 class DensePast {
  public:
   // `prefetches(layer)`: whether `layer` reads ranges of the past (so a neighbour prefetches it).
-  DensePast(const ModelSpec& layers, const ChunkTrainerOptions& options, bool cuda,
-            std::function<bool(int64_t)> prefetches)
-      : layers_(layers),
+  DensePast(const Transformer* model, const ChunkTrainerOptions& options, std::function<bool(int64_t)> prefetches)
+      : model_(model),
+        layers_(model->spec()),
         kernel_(options.gpu_attention_kernel),
-        key_block_(cuda ? options.gpu_attention_key_block : options.attention_key_block),
+        key_block_(model->device().is_cuda() ? options.gpu_attention_key_block : options.attention_key_block),
         prefetches_(std::move(prefetches)) {}
 
   at::Tensor Attend(const Chunk& c, int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -147,7 +147,7 @@ class DensePast {
     const int64_t window = layers_.layers[layer].window;
     const at::Tensor first_key =
         window > 0 ? kernels::SlidingWindowStart(c.doc_start_host, c.begin, window) : c.doc_start_host;
-    return kernels::PagedAttention(q, k, v, first_key, past, key_block_, kernel_, swap);
+    return kernels::PagedAttention(q, k, v, first_key, past, key_block_, kernel_, swap, model_->sinks(layer));
   }
 
  private:
@@ -161,6 +161,7 @@ class DensePast {
     return window > 0 ? std::max(doc, c.begin - window + 1) : doc;
   }
 
+  const Transformer* model_;
   const ModelSpec& layers_;
   const kernels::GpuAttentionKernel kernel_;
   const int64_t key_block_;
@@ -170,7 +171,7 @@ class DensePast {
 class DenseAttention final : public Attention {
  public:
   DenseAttention(const Transformer* model, const ChunkTrainerOptions& options, SwappedAttention* swap)
-      : dense_(model->spec(), options, model->device().is_cuda(), [](int64_t) { return true; }), swap_(swap) {}
+      : dense_(model, options, [](int64_t) { return true; }), swap_(swap) {}
 
   size_t lanes() const override { return 1; }
   void BeginSequence(const TokenSequence&, int64_t, bool) override {}
@@ -208,7 +209,7 @@ class SparseAttention final : public Attention {
         pools_(pools),
         options_(options),
         select_(*options.sparse),
-        dense_(model->spec(), options, model->device().is_cuda(), [this](int64_t layer) { return Windowed(layer); }) {
+        dense_(model, options, [this](int64_t layer) { return Windowed(layer); }) {
     select_.page_tokens = pools.kv->shape().page_tokens;
     for (int64_t layer = 0; layer < L(); ++layer) {
       summary_row_.push_back(Windowed(layer) ? -1 : global_layers_++);
@@ -314,8 +315,8 @@ absl::StatusOr<at::Tensor> SparseAttention::Forward(const Chunk& c, int64_t laye
   if (c.begin > 0) {
     past = std::make_shared<LayerSparsePast>(&store, layer, c.begin, s.host, absl::Span<const at::Tensor>(), &s.pages);
   }
-  at::Tensor out =
-      kernels::SparsePagedAttention(q, k, v, c.doc_start_host, past, s.device, P(), options_.gpu_attention_kernel);
+  at::Tensor out = kernels::SparsePagedAttention(q, k, v, c.doc_start_host, past, s.device, P(),
+                                                 options_.gpu_attention_kernel, model_->sinks(layer));
   kernels::timeline::Mark("sparse.append_summarize");
   OOMB_RETURN_IF_ERROR(store.Append(layer, k, v));
   const at::ScalarType summary_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -350,7 +351,8 @@ at::Tensor SparseAttention::Recompute(const Chunk& c, int64_t layer, const at::T
     past = std::make_shared<LayerSparsePast>(&store, layer, c.begin, host,
                                              absl::MakeConstSpan(selections_).subspan(c.index * L(), L()));
   }
-  return kernels::SparsePagedAttention(q, k, v, c.doc_start_host, past, device, P(), options_.gpu_attention_kernel);
+  return kernels::SparsePagedAttention(q, k, v, c.doc_start_host, past, device, P(), options_.gpu_attention_kernel,
+                                       model_->sinks(layer));
 }
 
 }  // namespace

@@ -68,20 +68,40 @@ std::vector<Case> Cases() {
   };
 }
 
-// Renders every case with transformers' apply_chat_template (the tokenizer's own template when
+// Conversations where gpt-oss's template differs from the others: a leading developer message,
+// a lone system message, later system and developer messages (left out), <|channel|> tags in the
+// content (refused in an assistant's content only), a tool message after the developer message.
+std::vector<Case> HarmonyCases() {
+  return {
+      {{{"developer", "Dev says"}, {"user", "u"}, {"assistant", "a"}}, true},
+      {{{"developer", "D"}, {"user", "u"}, {"assistant", "a"}}, false},
+      {{{"system", "only"}}, true},
+      {{{"system", "only"}}, false},
+      {{{"user", "u"}, {"assistant", "a"}, {"assistant", "b"}}, true},
+      {{{"system", "s"}, {"developer", "d"}, {"user", "u"}, {"ipython", "i"}, {"assistant", "a"}}, false},
+      {{{"user", "<|channel|>final<|message|>u"}, {"assistant", "x<|channel|>commentary<|message|>y"}}, false},
+      {{{"user", "u"}, {"assistant", "x<|channel|>final<|message|>y"}}, false},
+      {{{"user", "u"}, {"assistant", "<|channel|>analysis<|message|>y"}, {"user", "v"}}, true},
+      {{{"system", "s"}, {"tool", "t"}}, false},
+      {{{"developer", ""}, {"assistant", " a \n"}}, false},
+  };
+}
+
+// Renders `cases` with transformers' apply_chat_template (the tokenizer's own template when
 // `template_file` is empty); nullopt for the cases the template refuses. Empty (the test skips)
 // without the venv or the test data.
-std::vector<std::optional<std::string>> Reference(const std::string& template_file, const ChatSpecialTokens& tokens) {
+std::vector<std::optional<std::string>> Reference(const std::string& template_file, const ChatSpecialTokens& tokens,
+                                                  const std::vector<Case>& cases) {
   const std::string py = testing::VenvPython();
   if (py.empty() || !std::filesystem::exists(SmolDir())) return {};
   const std::string dir = testing::ScratchDir("chat_ref");
-  nlohmann::json cases = nlohmann::json::array();
-  for (const Case& c : Cases()) {
+  nlohmann::json json_cases = nlohmann::json::array();
+  for (const Case& c : cases) {
     nlohmann::json msgs = nlohmann::json::array();
     for (const ChatMessage& m : c.messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
-    cases.push_back({{"messages", msgs}, {"add_generation_prompt", c.add_generation_prompt}});
+    json_cases.push_back({{"messages", msgs}, {"add_generation_prompt", c.add_generation_prompt}});
   }
-  EXPECT_TRUE(FileAccess::Unconfined()->OpenDir(dir)->WriteFileAtomic("cases.json", cases.dump()).ok());
+  EXPECT_TRUE(FileAccess::Unconfined()->OpenDir(dir)->WriteFileAtomic("cases.json", json_cases.dump()).ok());
   std::string cmd = py + " " + testing::SourceDir() + "/tests/python/chat_template_reference.py --tokenizer-dir " +
                     SmolDir() + " --cases " + dir + "/cases.json --out " + dir + "/out.json";
   if (!template_file.empty()) {
@@ -106,9 +126,11 @@ std::string WithoutThinkBlock(const std::string& reply) {
   return at == std::string::npos ? reply : reply.substr(at + close.size());
 }
 
-void CheckAgainstReference(const ChatTemplate& ct, const std::vector<std::optional<std::string>>& want,
-                           const std::string& end_marker) {
-  const auto cases = Cases();
+// `last_end_marker` ends an assistant message that ends the conversation without a generation
+// prompt (gpt-oss's <|return|>); `end_marker` every other one.
+void CheckAgainstReference(const ChatTemplate& ct, const std::vector<Case>& cases,
+                           const std::vector<std::optional<std::string>>& want, const std::string& end_marker,
+                           const std::string& last_end_marker) {
   ASSERT_EQ(want.size(), cases.size());
   int refused = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -122,13 +144,17 @@ void CheckAgainstReference(const ChatTemplate& ct, const std::vector<std::option
     EXPECT_EQ(r->text, *want[i]) << "case " << i;
     // Each span covers an assistant message's reply as written, followed by the end marker.
     size_t k = 0;
-    for (const ChatMessage& m : cases[i].messages) {
+    const std::vector<ChatMessage>& messages = cases[i].messages;
+    for (size_t j = 0; j < messages.size(); ++j) {
+      const ChatMessage& m = messages[j];
       if (m.role != "assistant") continue;
       ASSERT_LT(k, r->assistant_spans.size());
       const AssistantSpan& s = r->assistant_spans[k++];
       const std::string reply = r->text.substr(s.content_begin, s.content_end - s.content_begin);
       EXPECT_NE(m.content.find(WithoutThinkBlock(reply)), std::string::npos) << "case " << i << ": " << reply;
-      EXPECT_EQ(r->text.substr(s.content_end, s.turn_end - s.content_end), end_marker) << "case " << i;
+      const bool ends = j + 1 == messages.size() && !cases[i].add_generation_prompt;
+      EXPECT_EQ(r->text.substr(s.content_end, s.turn_end - s.content_end), ends ? last_end_marker : end_marker)
+          << "case " << i;
     }
     EXPECT_EQ(k, r->assistant_spans.size());
   }
@@ -143,9 +169,9 @@ TEST(ChatTemplateTest, SmolLm2MatchesTransformers) {
   ASSERT_TRUE(ct.ok()) << ct.status();
   EXPECT_EQ(ct->family(), ChatFamily::kChatMl);
   EXPECT_EQ(ct->default_system(), "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
-  const auto want = Reference("", {});
+  const auto want = Reference("", {}, Cases());
   if (want.empty()) GTEST_SKIP() << "Python venv not found (set OOMB_VENV or run the setup script)";
-  CheckAgainstReference(*ct, want, "<|im_end|>");
+  CheckAgainstReference(*ct, Cases(), want, "<|im_end|>", "<|im_end|>");
 }
 
 struct FamilyCase {
@@ -153,6 +179,7 @@ struct FamilyCase {
   ChatSpecialTokens tokens;
   ChatFamily family;
   std::string end_marker;
+  std::string last_end_marker;  // of an assistant message that ends the conversation (no generation prompt)
 };
 
 void PrintTo(const FamilyCase& c, std::ostream* os) { *os << c.template_name; }
@@ -166,20 +193,22 @@ TEST_P(ChatFamilyTest, MatchesTransformers) {
   auto ct = ChatTemplate::FromJinja(*text, fc.tokens);
   ASSERT_TRUE(ct.ok()) << ct.status();
   EXPECT_EQ(ct->family(), fc.family);
-  const auto want = Reference(TemplatePath(fc.template_name), fc.tokens);
+  const auto want = Reference(TemplatePath(fc.template_name), fc.tokens, Cases());
   if (want.empty()) GTEST_SKIP() << "Python venv or test data not found";
-  CheckAgainstReference(*ct, want, fc.end_marker);
+  CheckAgainstReference(*ct, Cases(), want, fc.end_marker, fc.last_end_marker);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Families, ChatFamilyTest,
-    ::testing::Values(FamilyCase{"llama3", {"<|begin_of_text|>", ""}, ChatFamily::kLlama3, "<|eot_id|>"},
-                      FamilyCase{"qwen3", {}, ChatFamily::kQwen3, "<|im_end|>"},
-                      FamilyCase{"gemma3", {"<bos>", "<eos>"}, ChatFamily::kGemma, "<end_of_turn>"},
-                      FamilyCase{"mistral_v0.3", {"<s>", "</s>"}, ChatFamily::kMistral, "</s>"},
-                      FamilyCase{"phi3", {"<s>", "<|endoftext|>"}, ChatFamily::kPhi3, "<|end|>"},
-                      FamilyCase{"phi3.5", {"<s>", "<|endoftext|>"}, ChatFamily::kPhi3, "<|end|>"},
-                      FamilyCase{"phi4_mini", {"", "<|endoftext|>"}, ChatFamily::kPhi4Mini, "<|end|>"}),
+    ::testing::Values(FamilyCase{"llama3", {"<|begin_of_text|>", ""}, ChatFamily::kLlama3, "<|eot_id|>", "<|eot_id|>"},
+                      FamilyCase{"qwen3", {}, ChatFamily::kQwen3, "<|im_end|>", "<|im_end|>"},
+                      FamilyCase{"gemma3", {"<bos>", "<eos>"}, ChatFamily::kGemma, "<end_of_turn>", "<end_of_turn>"},
+                      FamilyCase{"mistral_v0.3", {"<s>", "</s>"}, ChatFamily::kMistral, "</s>", "</s>"},
+                      FamilyCase{"phi3", {"<s>", "<|endoftext|>"}, ChatFamily::kPhi3, "<|end|>", "<|end|>"},
+                      FamilyCase{"phi3.5", {"<s>", "<|endoftext|>"}, ChatFamily::kPhi3, "<|end|>", "<|end|>"},
+                      FamilyCase{"phi4_mini", {"", "<|endoftext|>"}, ChatFamily::kPhi4Mini, "<|end|>", "<|end|>"},
+                      // gpt-oss writes its special tokens as text: no bos_token or eos_token.
+                      FamilyCase{"gpt_oss", {}, ChatFamily::kHarmony, "<|end|>", "<|return|>"}),
     [](const ::testing::TestParamInfo<FamilyCase>& info) {
       std::string name;
       for (char c : info.param.template_name) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -371,6 +400,124 @@ TEST(ChatTemplateTest, MistralNemoWritesNoSpacesAndRefusesToolMessages) {
   EXPECT_EQ(ct->Render({{"user", "u"}, {"user", "v"}}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// gpt-oss's system turn as its template writes it on `date` (no tools, default reasoning effort).
+std::string HarmonySystem(const std::string& date) {
+  return "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+         "Knowledge cutoff: 2024-06\nCurrent date: " +
+         date +
+         "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+         "every message.<|end|>";
+}
+
+absl::StatusOr<ChatTemplate> GptOss() {
+  auto text = FileAccess::Unconfined()->ReadFile(TemplatePath("gpt_oss"));
+  if (!text.ok()) return text.status();
+  return ChatTemplate::FromJinja(*text);
+}
+
+// On more conversations than the other families: those where harmony's rules differ.
+TEST(ChatTemplateTest, GptOssMatchesTransformersOnHarmonyConversations) {
+  auto ct = GptOss();
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  const auto want = Reference(TemplatePath("gpt_oss"), {}, HarmonyCases());
+  if (want.empty()) GTEST_SKIP() << "Python venv or test data not found";
+  CheckAgainstReference(*ct, HarmonyCases(), want, "<|end|>", "<|return|>");
+}
+
+// The expected strings are what gpt-oss's template renders, read off its Jinja rule by rule and
+// checked against transformers.
+TEST(ChatTemplateTest, GptOssWritesTheHarmonyHeaderAndReturnAfterTheLastReply) {
+  const std::string before = absl::FormatTime("%Y-%m-%d", absl::Now(), absl::LocalTimeZone());
+  auto ct = GptOss();
+  const std::string after = absl::FormatTime("%Y-%m-%d", absl::Now(), absl::LocalTimeZone());
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  EXPECT_EQ(ct->family(), ChatFamily::kHarmony);
+  EXPECT_EQ(ChatFamilyName(ct->family()), "gpt-oss");
+  auto r = ct->Render(
+      {{"system", "Be terse."}, {"user", "2+2?"}, {"assistant", "4"}, {"user", "3+3?"}, {"assistant", " 6\n"}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  // The date is the day the template was loaded.
+  const std::string date = absl::StrContains(r->text, "Current date: " + before + "\n") ? before : after;
+  EXPECT_EQ(r->text, HarmonySystem(date) +
+                         "<|start|>developer<|message|># Instructions\n\nBe terse.\n\n<|end|>"
+                         "<|start|>user<|message|>2+2?<|end|><|start|>assistant<|channel|>final<|message|>4<|end|>"
+                         "<|start|>user<|message|>3+3?<|end|><|start|>assistant<|channel|>final<|message|> 6\n"
+                         "<|return|>");
+  ASSERT_EQ(r->assistant_spans.size(), 2u);
+  const auto piece = [&r](size_t begin, size_t end) { return r->text.substr(begin, end - begin); };
+  const AssistantSpan first = r->assistant_spans[0];
+  const AssistantSpan last = r->assistant_spans[1];
+  EXPECT_EQ(piece(first.content_begin, first.content_end), "4");
+  EXPECT_EQ(piece(first.content_end, first.turn_end), "<|end|>");
+  EXPECT_EQ(piece(last.content_begin, last.content_end), " 6\n");
+  EXPECT_EQ(piece(last.content_end, last.turn_end), "<|return|>");
+  EXPECT_EQ(last.turn_end, r->text.size());
+  // With a generation prompt the last reply ends <|end|>. A leading developer message is the
+  // instructions too; later system and developer messages, and other roles, are left out.
+  r = ct->Render({{"developer", "D"}, {"user", "u"}, {"system", "s"}, {"developer", "d"}, {"assistant", "a"}}, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->text, HarmonySystem(date) +
+                         "<|start|>developer<|message|># Instructions\n\nD\n\n<|end|><|start|>user<|message|>u<|end|>"
+                         "<|start|>assistant<|channel|>final<|message|>a<|end|><|start|>assistant");
+  // An empty system message writes no developer turn.
+  r = ct->Render({{"system", ""}, {"assistant", "a"}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->text, HarmonySystem(date) + "<|start|>assistant<|channel|>final<|message|>a<|return|>");
+}
+
+TEST(ChatTemplateTest, GptOssRefusesToolMessagesAndChannelTagsInReplies) {
+  auto ct = GptOss();
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  const auto expect_refused = [&ct](const std::vector<ChatMessage>& messages, const std::string& fragment) {
+    auto r = ct->Render(messages);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << fragment;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(fragment));
+  };
+  expect_refused({{"user", "q"}, {"assistant", "a"}, {"tool", "r"}},
+                 "message 2 ('tool'): the chat template needs an earlier assistant message with a tool call "
+                 "(tool_calls)");
+  expect_refused({{"user", "q"}, {"assistant", "x<|channel|>analysis<|message|>y"}},
+                 "message 1 ('assistant'): the chat template refuses <|channel|> tags");
+  expect_refused({{"user", "q"}, {"assistant", "<|channel|>final<|message|>y"}}, "'thinking' field");
+  expect_refused({}, "at least one message");
+  // Other tags, and channel tags outside an assistant's content, are text.
+  auto r = ct->Render({{"user", "<|channel|>final<|message|>u"}, {"assistant", "x<|channel|>commentary<|message|>y"}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(absl::StrContains(r->text,
+                                "<|start|>user<|message|><|channel|>final<|message|>u<|end|>"
+                                "<|start|>assistant<|channel|>final<|message|>x<|channel|>commentary<|message|>y"
+                                "<|return|>"))
+      << r->text;
+}
+
+// `text` with the first `from` replaced by `to`.
+std::string Replaced(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+// Harmony templates that render plain conversations otherwise are not taken for gpt-oss's.
+TEST(ChatTemplateTest, GptOssVariantsAreUnimplemented) {
+  auto text = FileAccess::Unconfined()->ReadFile(TemplatePath("gpt_oss"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  const auto expect_unimplemented = [](const std::string& t) {
+    auto ct = ChatTemplate::FromJinja(t);
+    ASSERT_FALSE(ct.ok());
+    EXPECT_EQ(ct.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(std::string(ct.status().message()), HasSubstr("'harmony' other than gpt-oss's"));
+  };
+  // Unsloth's variant ends the last reply <|end|>.
+  expect_unimplemented(Replaced(*text, R"(message.content + "<|return|>" }})", R"(message.content + "<|end|>" }})"));
+  // The revision before the current one writes no "\n\n" after the developer instructions.
+  expect_unimplemented(
+      Replaced(*text, "{{- developer_message }}\n        {{- \"\\n\\n\" }}", "{{- developer_message }}"));
+  // A template whose generation prompt is another.
+  expect_unimplemented(
+      Replaced(*text, "\n<|start|>assistant\n{%- endif -%}", "\n<|start|>assistant<|channel|>\n{%- endif -%}"));
+}
+
 TEST(ChatTemplateTest, UnsupportedFamiliesAreNamed) {
   auto expect = [](const std::string& t, const std::string& fragment) {
     auto ct = ChatTemplate::FromJinja(t);
@@ -385,6 +532,7 @@ TEST(ChatTemplateTest, UnsupportedFamiliesAreNamed) {
   expect("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023", "llama3.x");
   expect("<|im_start|>assistant\n<think>\n", "chatml-reasoning");
   expect(std::string(kLlama31Lines) + "<|image|>", "llama3.x");
+  expect(R"({{- "<|start|>assistant<|channel|>final<|message|>" }})", "'harmony' other than gpt-oss's");
   expect("{{ messages }}", "unknown");
   EXPECT_EQ(ChatTemplate::FromJinja("").status().code(), absl::StatusCode::kInvalidArgument);
   auto ct = ChatTemplate::FromJinja("<|im_start|>");

@@ -37,9 +37,44 @@ TEST(FamilyTest, TheFirstFamilyThatMatchesWins) {
   EXPECT_EQ(FindFamily("GPTNeoXForCausalLM", "gpt_neox"), nullptr);
   std::vector<std::string> architectures;
   for (const Family& f : Families()) architectures.push_back(f.architecture);
-  EXPECT_THAT(architectures,
-              ElementsAre("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                          "MixtralForCausalLM", "MistralForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"));
+  EXPECT_THAT(architectures, ElementsAre("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                         "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM",
+                                         "MistralForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"));
+}
+
+// gpt-oss: sinks, biases and windows by default (GptOssConfig's: layer_types alternating a window
+// of 128, the window first), the experts' clamped SwiGLU, banks stored whole; MXFP4 checkpoints
+// read, other quantizations refused naming the key.
+TEST(FamilyTest, GptOss) {
+  const ModelConfig g = Preset("gpt-oss-20b");
+  const ModelSpec spec = DescribeModel(g);
+  EXPECT_TRUE(g.attention_sinks && g.qkv_bias && g.o_bias && g.moe.biases && g.moe.stored_banks && g.moe.renormalize);
+  EXPECT_EQ(g.rope.type, RopeType::kYarn);
+  EXPECT_FALSE(g.rope.truncate);
+  EXPECT_EQ(Count(spec.Windows(), 128), 12);
+  EXPECT_EQ(spec.layers[0].window, 128);
+  EXPECT_EQ(spec.layers[1].window, 0);
+  EXPECT_EQ(spec.layers[1].sinks, 64);
+  EXPECT_EQ(spec.layers[1].moe->swiglu_limit, 7.0);
+  // Every tensor of the published checkpoint's shapes, dequantized: 20.9B parameters, 3.6B active.
+  const int64_t H = 2880, I = 2880, E = 32, attention = H * 4096 + 4096 + 2 * (H * 512 + 512) + 4096 * H + H + 64;
+  const int64_t expert = H * 2 * I + 2 * I + I * H + H, layer = attention + 2 * H + E * (H + 1) + E * expert;
+  EXPECT_EQ(spec.ParameterCount(g), 2 * 201088 * H + H + 24 * layer);
+  EXPECT_EQ(spec.ParameterCount(g), 20914757184);
+
+  const std::string text = R"({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 10,
+      "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 64, "num_local_experts": 4,
+      "num_experts_per_tok": 2, "sliding_window": 8, "quantization_config": {"quant_method": "mxfp4"}})";
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(text, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->sliding_layers, ElementsAre(true, false, true, false));
+  EXPECT_EQ(c->moe.swiglu_alpha, 1.702);
+  std::string other = text;
+  other.replace(other.find("mxfp4"), 5, "bitsandbytes");
+  const absl::Status bad = ParseModelConfig(other, "config.json").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(bad.message(), HasSubstr("quantization_config"));
 }
 
 TEST(FamilyTest, AnUnknownPresetNamesTheOthers) {

@@ -84,8 +84,9 @@ ChunkInput WholeSequence(const at::Tensor& ids) {
 at::Tensor WholeSequenceAttention(const Transformer& model, const ChunkInput& in, int64_t layer, const at::Tensor& q,
                                   const at::Tensor& k, const at::Tensor& v) {
   const int64_t window = model.spec().layers[layer].window;
-  return kernels::PagedAttention(
-      q, k, v, window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start, nullptr);
+  return kernels::PagedAttention(q, k, v,
+                                 window > 0 ? kernels::SlidingWindowStart(in.doc_start, 0, window) : in.doc_start,
+                                 nullptr, 2048, kernels::GpuAttentionKernel::kCudnn, {}, model.sinks(layer));
 }
 
 // The logits of one forward over the whole sequence through the paged attention.
@@ -317,7 +318,7 @@ TEST(TransformerTest, ReachCountsTheModulesAndExpertsTheGradientsReached) {
 // grouped loop; the GPU's one kernel is ExpertsGpuTest's). Float64 has no grouped GEMM: kAuto
 // takes the loop there, as on every CPU.
 TEST(TransformerTest, GroupedExpertsGiveTheLoopsValuesAndGradients) {
-  for (const std::string name : {"qwen3-moe", "mixtral-window", "qwen3-moe-aux"}) {
+  for (const std::string name : {"qwen3-moe", "mixtral-window", "qwen3-moe-aux", "gpt-oss"}) {
     const std::string dir = testing::DataDir() + "/tiny/" + name;
     if (!fs::exists(dir)) GTEST_SKIP() << "no " << dir;
     auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");

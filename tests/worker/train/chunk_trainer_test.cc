@@ -46,6 +46,7 @@ ModelConfig TinyConfig(const std::string& family) {
                    : family == "phi3"      ? "Phi3ForCausalLM"
                    : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                    : family == "mixtral"   ? "MixtralForCausalLM"
+                   : family == "gpt_oss"   ? "GptOssForCausalLM"
                                            : "LlamaForCausalLM";
   c.vocab_size = 61;
   c.hidden_size = 32;
@@ -79,8 +80,24 @@ ModelConfig TinyConfig(const std::string& family) {
     // Mixtral with the router's auxiliary loss, its coefficient large enough to show in the gradients.
     if (family == "mixtral") c.moe.aux_loss_coef = 0.5;
   }
-  if (family == "mistral" || family == "gemma3" || family == "phi3" ||
-      family == "mixtral") {  // a window of 11 (no page size's multiple here) in layer 0
+  if (family == "gpt_oss") {  // sinks, biases, YaRN; experts with biases and the clamped SwiGLU (a low limit, reached)
+    c.attention_sinks = true;
+    c.qkv_bias = c.o_bias = true;
+    c.rope.type = RopeType::kYarn;
+    c.rope.factor = 4;
+    c.rope.original_max_position_embeddings = 16;
+    c.rope.truncate = false;
+    c.moe.experts = 4;
+    c.moe.top_k = 2;
+    c.moe.intermediate = 24;
+    c.moe.layers = {true, true};
+    c.moe.renormalize = c.moe.biases = c.moe.stored_banks = true;
+    c.moe.swiglu_alpha = 1.702;
+    c.moe.swiglu_limit = 1.0;
+    c.moe.aux_loss_coef = 0.5;
+  }
+  if (family == "mistral" || family == "gemma3" || family == "phi3" || family == "mixtral" ||
+      family == "gpt_oss") {  // a window of 11 (no page size's multiple here) in layer 0
     c.sliding_window = 11;
     c.sliding_layers = {true, false};
   }
@@ -134,12 +151,12 @@ Grads FullSequenceGrads(const Transformer& model, const TokenSequence& seq, doub
 at::Tensor DenseReference(const Transformer& model, const TokenSequence& seq, int64_t layer, const at::Tensor& q,
                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc_start) {
   const int64_t window = model.spec().layers[layer].window;
-  if (window == 0) return kernels::DenseAttentionReference(q, k, v, doc_start);
+  if (window == 0) return kernels::DenseAttentionReference(q, k, v, doc_start, model.sinks(layer));
   std::vector<int64_t> first(seq.doc_start);
   for (int64_t t = 0; t < static_cast<int64_t>(first.size()); ++t) {
     first[t] = std::max(first[t], t - window + 1);
   }
-  return kernels::DenseAttentionReference(q, k, v, at::tensor(first, at::kLong));
+  return kernels::DenseAttentionReference(q, k, v, at::tensor(first, at::kLong), model.sinks(layer));
 }
 
 Grads ReferenceGrads(const Transformer& model, const TokenSequence& seq, double scale) {
@@ -263,7 +280,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"phi3", false, at::kDouble, false}, Case{"phi3", true, at::kDouble, true},
                       Case{"phi3", true, at::kFloat, true}, Case{"qwen3_moe", false, at::kDouble, true},
                       Case{"qwen3_moe", true, at::kDouble, false}, Case{"qwen3_moe", false, at::kFloat, false},
-                      Case{"mixtral", false, at::kDouble, false}, Case{"mixtral", true, at::kDouble, true}),
+                      Case{"mixtral", false, at::kDouble, false}, Case{"mixtral", true, at::kDouble, true},
+                      Case{"gpt_oss", false, at::kDouble, false}, Case{"gpt_oss", true, at::kDouble, true},
+                      Case{"gpt_oss", true, at::kFloat, false}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + (c.full ? "_full" : "_lora") + (c.dtype == at::kDouble ? "_f64" : "_f32") +
