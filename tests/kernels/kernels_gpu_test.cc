@@ -293,6 +293,23 @@ TEST_F(KernelsGpuTest, SparseAttentionFloat32PackedReferencePath) {
   EXPECT_LE(e.max(), 1e-4) << "out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past;
 }
 
+// Attention sinks (gpt-oss: 64 heads over 8, head dim 64, windows of 128) in the fused paths:
+// dense over the whole past with either kernel, a window (the flash kernel's), and sparse, with
+// the sinks' gradients, against float64 with a sink column.
+TEST_F(KernelsGpuTest, AttentionSinksBfloat16) {
+  for (const auto kernel : {kernels::GpuAttentionKernel::kCudnn, kernels::GpuAttentionKernel::kFlash}) {
+    for (const int64_t window : {0, 128}) {
+      const auto e = testing::CheckPagedAttention(at::kCUDA, at::kBFloat16, 4096, 1024, 64, 8, 64, {0}, 1024, 13,
+                                                  kernel, window, /*sinks=*/true);
+      EXPECT_LE(e.max(), 2e-2) << "window " << window << ": out " << e.out << " dq " << e.dq << " dk_past " << e.dk_past
+                               << " dsinks " << e.dsinks;
+    }
+  }
+  const auto s = testing::CheckSparseAttention(at::kCUDA, at::kBFloat16, 4096, 512, 64, 8, 64, {0}, SevenBSelection(),
+                                               14, nullptr, kernels::GpuAttentionKernel::kCudnn, /*sinks=*/true);
+  EXPECT_LE(s.max(), 2e-2) << "sparse: out " << s.out << " dq " << s.dq << " dsinks " << s.dsinks;
+}
+
 // ---- Fused layer ops (kernels/torch/layer_ops.h) against the composite ops ----------------
 
 // The output and the input gradients of `op` on leaves made from `inputs` for upstream `dy`.

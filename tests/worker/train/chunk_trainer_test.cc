@@ -410,14 +410,8 @@ TEST(SwapGpuTest, SwappedGradientsMatchTheRecomputedOnes) {
   EXPECT_LT(swap_error, bf16_error);
 }
 
-// On a GPU: the experts' grouped GEMMs (ExpertKernel::kGrouped, what kAuto takes on a GPU of
-// compute capability 9.0 and more in bfloat16) against the loop, over the chunked trainer with
-// LoRA on attention and both banks (rank 8: grouped GEMMs want rows of 16 bytes) and the
-// router's auxiliary loss: in bfloat16, the grouped gradients are as close to the float32
-// loop's as the bfloat16 loop's are (within twice its error).
-TEST(ExpertsGpuTest, GroupedGradientsMatchTheLoops) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ModelConfig config = TinyConfig("qwen3_moe");
+void ExpectGroupedGradientsMatchTheLoops(const std::string& family) {
+  ModelConfig config = TinyConfig(family);
   config.moe.aux_loss_coef = 0.5;
   const TokenSequence seq = TokenSequence::FromDocument(RandomIds(256, config.vocab_size, 5));
   const auto bf16 = GpuLoraModel(config, 8);
@@ -431,8 +425,23 @@ TEST(ExpertsGpuTest, GroupedGradientsMatchTheLoops) {
   const double loop_error = MaxRelativeError(GpuGrads(*bf16, seq, {}), want, &worst);
   bf16->set_expert_kernel(ExpertKernel::kGrouped);
   const double grouped_error = MaxRelativeError(GpuGrads(*bf16, seq, {}), want, &worst);
-  std::cout << "bfloat16 against the float32 loop: loop " << loop_error << ", grouped " << grouped_error << "\n";
+  std::cout << family << ": bfloat16 against the float32 loop: loop " << loop_error << ", grouped " << grouped_error
+            << "\n";
   EXPECT_LE(grouped_error, 2 * loop_error) << worst;
+}
+
+// On a GPU: the experts' grouped GEMMs (ExpertKernel::kGrouped, what kAuto takes on a GPU of
+// compute capability 9.0 and more in bfloat16) against the loop, over the chunked trainer with
+// LoRA on attention and both banks (rank 8: grouped GEMMs want rows of 16 bytes) and the
+// router's auxiliary loss: in bfloat16, the grouped gradients are as close to the float32
+// loop's as the bfloat16 loop's are (within twice its error). Qwen3-MoE's experts, and gpt-oss's
+// (biases, the clamped SwiGLU; its attention sinks in the fused kernels' path).
+TEST(ExpertsGpuTest, GroupedGradientsMatchTheLoops) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string family : {"qwen3_moe", "gpt_oss"}) {
+    SCOPED_TRACE(family);
+    ExpectGroupedGradientsMatchTheLoops(family);
+  }
 }
 
 // The loss of chunked training equals the full-sequence loss too.
