@@ -23,7 +23,10 @@ DIR/NAME/lora/reference.safetensors holding transformers + PEFT's
                                       (the embedding layer's output, Gemma's scaling included)
   NAME        float32                 its gradient with respect to each LoRA weight, under the
                                       adapter file's tensor names
-and DIR/manifest.json with the models' key config facts and the reference loss.
+and DIR/manifest.json with the models' key config facts and the reference loss. A model whose
+name ends in -mxfp4 keeps its expert banks as MXFP4 (<bank>_blocks, <bank>_scales and
+quantization_config, as gpt-oss's published checkpoints): its references are of the dequantized
+weights, which transformers reloads from those files bit for bit.
 
 Everything is seeded: the same transformers / torch versions give the same files. A second run
 with DIR/manifest.json present and of the same GENERATOR_VERSION does nothing (use --force).
