@@ -778,6 +778,10 @@ absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model
 
 absl::Status Transformer::SaveFull(const Dir& dir, const std::string& config_json) const {
   OOMB_RETURN_IF_ERROR(SaveTensors(dir, "model.safetensors", StoredWeights(), {{"format", "pt"}}));
+  nlohmann::json config = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (config.is_object() && config.erase("quantization_config") > 0) {  // the weights are written dequantized
+    return dir.WriteFileAtomic("config.json", config.dump(2) + "\n");
+  }
   return dir.WriteFileAtomic("config.json", config_json);
 }
 

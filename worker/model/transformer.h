@@ -212,7 +212,9 @@ class Transformer {
   absl::Status LoadAdapter(const Dir& adapter);
   // Writes adapter_model.safetensors + adapter_config.json into `dir` in PEFT's layout.
   absl::Status SaveLora(const Dir& dir, const std::string& base_model_path) const;
-  // Writes model.safetensors + config.json (full fine-tuning output) in the model's dtype.
+  // Writes model.safetensors + config.json (full fine-tuning output) in the model's dtype;
+  // `config_json` less its quantization_config (an MXFP4 checkpoint's banks are written
+  // dequantized).
   absl::Status SaveFull(const Dir& dir, const std::string& config_json) const;
 
   // The router's auxiliary loss weight over config.json's (MoeConfig::aux_loss_coef; 0: none).

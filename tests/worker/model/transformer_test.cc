@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "kernels/torch/paged_attention.h"
 #include "tests/worker/test_env.h"
 #include "tests/worker/test_files.h"
@@ -365,10 +366,12 @@ TEST(TransformerTest, TinyModelsArePresent) {
 }
 
 // A mixture of experts' full fine-tuning output is written in its family's checkpoint layout (each
-// expert's projections, Mixtral's block_sparse_moe w1/w3/w2), the names a checkpoint of full
-// fine-tuning restores (StoredWeights), and loads back to the same logits.
+// expert's projections, Mixtral's block_sparse_moe w1/w3/w2; gpt-oss's whole banks [E, in, out]
+// with their biases and its router), the names a checkpoint of full fine-tuning restores
+// (StoredWeights), and loads back to the same logits. An MXFP4 checkpoint's banks are written
+// dequantized, under the banks' names, without its quantization_config.
 TEST(TransformerTest, ExpertsSaveInTheirFamilysLayout) {
-  for (const std::string name : {"qwen3-moe", "mixtral-window"}) {
+  for (const std::string name : {"qwen3-moe", "mixtral-window", "gpt-oss", "gpt-oss-mxfp4"}) {
     const std::string dir = testing::DataDir() + "/tiny/" + name;
     if (!fs::exists(dir)) GTEST_SKIP() << "no tiny models";
     auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
@@ -380,13 +383,21 @@ TEST(TransformerTest, ExpertsSaveInTheirFamilysLayout) {
     auto original = WeightSet::Open(testing::OpenDir(dir));
     auto saved = WeightSet::Open(testing::OpenDir(out));
     ASSERT_TRUE(original.ok() && saved.ok());
-    std::vector<std::string> want = (*original)->names(), got = (*saved)->names(), stored;
+    std::vector<std::string> want, got = (*saved)->names(), stored;
+    for (const std::string& n : (*original)->names()) {
+      if (absl::EndsWith(n, "_scales")) continue;
+      want.push_back(absl::EndsWith(n, "_blocks") ? n.substr(0, n.size() - 7) : n);  // MXFP4: the bank
+    }
     std::sort(want.begin(), want.end());
     std::sort(got.begin(), got.end());
     EXPECT_EQ(got, want) << name;
     for (const auto& [n, t] : (*model)->StoredWeights()) stored.push_back(n);
     std::sort(stored.begin(), stored.end());
     EXPECT_EQ(stored, want) << name;
+    std::ifstream saved_config(out + "/config.json");
+    const std::string saved_json((std::istreambuf_iterator<char>(saved_config)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(saved_json.find("quantization_config"), std::string::npos) << name;
+    EXPECT_EQ(config_json.find("quantization_config") != std::string::npos, name == "gpt-oss-mxfp4");
     auto reloaded = Transformer::Load(testing::OpenDir(out), at::kFloat, at::kCPU);
     ASSERT_TRUE(reloaded.ok()) << reloaded.status();
     auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
