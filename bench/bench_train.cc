@@ -15,6 +15,10 @@
 // MFU = model FLOPs / step time / the bf16 matmul rate measured at the start of the same run,
 // with model FLOPs = 6 N T + 6 d L T^2 (N parameters of the base model, d = heads * head_dim,
 // L layers; causal attention; the recomputation is not counted).
+// --tensor N (CUDA): tensor parallelism over GPUs 0..N-1 (worker/model/tensor_parallel.h), one
+// thread a rank over NCCL; the planner plans a rank (parallel.tensor N), memory figures are rank
+// 0's, MFU divides by N GPUs' matmul rate, and --sections shows the collectives' time
+// ("tensor_parallel.sum", "tensor_parallel.vocab", "tensor_parallel.gradients").
 // --grad-check T: LoRA gradients of a bfloat16 run against a float32 run of the same weights
 // (the chunked trainer is exact, so the float32 run is the float32 reference), reported as
 // cosine similarity and relative error; and against the same bfloat16 run with --swap the other
@@ -87,6 +91,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -112,6 +117,7 @@
 #include "worker/plan/step_time.h"
 #include "worker/session/training_session.h"
 #include "worker/train/chunk_trainer.h"
+#include "worker/train/rank_group.h"
 
 namespace oomb {
 namespace {
@@ -202,6 +208,7 @@ struct BenchSpec {
   std::string selection = "mean_key", offload = "none", kv_grad_dtype = "float32", attention_kernel = "cudnn";
   bool swap = true;        // memory.swap_attention
   int64_t device_mib = 0;  // --device-mib: plan for a device of this size (0: this device's)
+  int tensor = 1;          // --tensor: parallel.tensor over the GPUs 0..tensor-1
   // The machine the planner plans for: this one, its device memory replaced by --device-mib's.
   PlanTarget Machine(const at::Device& d) const {
     PlanTarget target = ThisMachine(d.is_cuda() ? "cuda:0" : "cpu");
@@ -227,6 +234,8 @@ struct BenchSpec {
     job.memory.swap_attention = swap;
     job.data.max_seq_len = T;
     job.chunk_fraction = chunk_fraction;
+    job.parallel.tensor = tensor;
+    job.resources.gpus = tensor;
     if (sparse_budget > 0) {
       job.sparse =
           JobConfig::Sparse{.page_budget = sparse_budget,
@@ -238,10 +247,30 @@ struct BenchSpec {
   }
 };
 
+// --tensor: what a rank's session agrees with the others: the partial gradients summed in the
+// group (as the executor's run does), MFU over the group's GPUs.
+class TensorParallelSync final : public StepSync {
+ public:
+  TensorParallelSync(const Transformer& m, RankGroup& group) : m_(m), group_(group) {}
+  int world() const override { return group_.size(); }
+  absl::Status AllReduceGradients(const std::vector<at::Tensor>&) override {
+    kernels::timeline::Mark("tensor_parallel.gradients");
+    absl::Status s = group_.AllReduceGradients(m_.PartialGradients());
+    kernels::timeline::Mark("optimizer");
+    return s;
+  }
+
+ private:
+  const Transformer& m_;
+  RankGroup& group_;
+};
+thread_local StepSync* tensor_parallel_sync = nullptr;  // the rank thread's, under --tensor
+
 // A session (plan, pools, trainer, AdamW) for sequences of T tokens on `m`.
 absl::StatusOr<std::unique_ptr<TrainingSession>> MakeSession(Transformer& m, int64_t T, const BenchSpec& b,
                                                              at::Device d, std::function<bool()> should_stop = {}) {
   SessionOptions o;
+  o.sync = tensor_parallel_sync;
   o.should_stop = std::move(should_stop);
   o.device = d;
   o.machine = b.Machine(d);
@@ -506,7 +535,7 @@ void AddStep(const StepResult& step, int64_t T, const BenchSpec& bench, const Me
   r["swapped_bytes"] = step.report.swapped_bytes;
   r["swapped_chunks"] = step.report.swapped_chunks;
   r["model_tflops"] = step.report.model_flops / s / 1e12;
-  if (how.peak_tflops > 0) r["mfu"] = step.report.model_flops / s / 1e12 / how.peak_tflops;
+  if (how.peak_tflops > 0) r["mfu"] = step.report.model_flops / s / 1e12 / how.peak_tflops / bench.tensor;
 }
 
 // Stops a sequence at the trainer's `limit`-th chunk boundary (both stages count; stage 1 of
@@ -670,7 +699,14 @@ int Main(int argc, char** argv) {
   app.add_option("--plan-only", plan_only,
                  "DEVICE_MIB:HOST_MIB: print the memory planner's plan for each length (and its longest "
                  "context) on a machine of that much device and host memory, and run nothing");
+  int tensor = 1;
+  app.add_option("--tensor", tensor, "tensor parallelism over GPUs 0..N-1 (CUDA; parallel.tensor N)")
+      ->check(CLI::Range(1, 8));
   CLI11_PARSE(app, argc, argv);
+  if (tensor > 1 && device == "cpu") {
+    std::cerr << "--tensor: GPUs only (the CPU path is tested with Gloo ranks in tests/)" << std::endl;
+    return 2;
+  }
   // --kernel-trace: length -> (start, seconds).
   std::map<int64_t, std::pair<double, double>> trace_windows;
   for (const std::string& t : kernel_traces) {
@@ -704,7 +740,8 @@ int Main(int argc, char** argv) {
                         .kv_grad_dtype = kv_grad_dtype,
                         .attention_kernel = attention_kernel,
                         .swap = swap == "on",
-                        .device_mib = device_mib};
+                        .device_mib = device_mib,
+                        .tensor = tensor};
   if (!plan_only.empty()) return PrintPlans(model, config, bench, plan_only, lengths);
 #if defined(OOMB_HAVE_CUDA)
   if (device_mib > 0 && d.is_cuda()) {
@@ -755,6 +792,7 @@ int Main(int argc, char** argv) {
                               {"chunk", chunk},
                               {"page", page},
                               {"matmul_bf16_tflops", peak_tflops},
+                              {"tensor", tensor},
                               {"device", d.is_cuda() ? "cuda" : "cpu"},
                               {"attention", sparse ? "sparse" : "dense"},
                               {"page_budget", sparse_budget},
@@ -767,8 +805,14 @@ int Main(int argc, char** argv) {
                               {"selection", sparse ? selection : ""}}
                    .dump()
             << std::endl;
-  {
-    auto m = Transformer::Random(config, at::kBFloat16, d, 0, 0.02);
+  // One rank's models and lengths (--tensor: rank `group`'s on its GPU; only rank 0 prints).
+  std::mutex draw;  // Random reseeds every device's generator: one rank draws at a time
+  const auto run = [&](at::Device d, RankGroup* group) -> int {
+    std::unique_ptr<Transformer> m;
+    {
+      std::lock_guard<std::mutex> lock(draw);
+      m = Transformer::Random(config, at::kBFloat16, d, 0, 0.02);
+    }
     if (full) {
       m->EnableFullFineTuning();
     } else {
@@ -776,10 +820,20 @@ int Main(int argc, char** argv) {
       lora.rank = rank;
       if (!m->AddLora(lora, 0).ok()) return 1;
     }
+    std::optional<TensorParallelSync> sync;
+    if (group != nullptr) {
+      if (const absl::Status s = m->Shard(*group); !s.ok()) {
+        std::cerr << "--tensor: " << s.message() << std::endl;
+        return 2;
+      }
+      sync.emplace(*m, *group);
+      tensor_parallel_sync = &*sync;
+    }
+    const bool lead = group == nullptr || group->rank() == 0;
     m->set_expert_kernel(experts == "grouped" ? ExpertKernel::kGrouped
                          : experts == "loop"  ? ExpertKernel::kLoop
                                               : ExpertKernel::kAuto);
-    if (config.moe.experts > 0) {
+    if (config.moe.experts > 0 && lead) {
       std::cout
           << nlohmann::json{{"expert_kernel", m->expert_kernel() == ExpertKernel::kGrouped ? "grouped" : "loop"}}.dump()
           << std::endl;
@@ -791,7 +845,34 @@ int Main(int argc, char** argv) {
                           .peak_tflops = peak_tflops,
                           .fit_check = fit_check,
                           .rates = rates};
-    for (int64_t T : tokens) std::cout << MeasureLength(*m, T, bench, how, d).dump() << std::endl;
+    for (int64_t T : tokens) {
+      const nlohmann::json r = MeasureLength(*m, T, bench, how, d);
+      if (lead) std::cout << r.dump() << std::endl;
+    }
+    return 0;
+  };
+  if (tensor == 1) {
+    if (const int rc = run(d, nullptr); rc != 0) return rc;
+  } else {
+    const Rendezvous rendezvous = Rendezvous::InProcess();
+    std::vector<int> rcs(tensor, 0);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < tensor; ++r) {
+      ranks.emplace_back([&, r] {
+        const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(r));
+        auto group = RankGroup::Join(rendezvous, r, tensor, device);
+        if (!group.ok()) {
+          std::cerr << "--tensor: " << group.status() << std::endl;
+          rcs[r] = 1;
+          return;
+        }
+        rcs[r] = run(device, group->get());
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    for (const int rc : rcs) {
+      if (rc != 0) return rc;
+    }
   }
   if (grad_check > 0 && !full) {
     EmptyCache(d);
@@ -829,4 +910,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace oomb
 
-int main(int argc, char** argv) { return oomb::Main(argc, argv); }
+int main(int argc, char** argv) {
+  oomb::DisableFlightRecorder();  // NCCL ranks as threads (--tensor): before any thread starts
+  return oomb::Main(argc, argv);
+}

@@ -96,9 +96,20 @@ absl::Status CheckRelations(const v1::JobSpec& s, const spec::Source& source, co
   const auto error = [&](const std::string& path, absl::string_view what) {
     return spec::FieldError(source, lines, path, what);
   };
-  if (s.training().batch_sequences() < s.resources().gpus()) {
+  const int32_t tensor = s.parallel().tensor();
+  if (s.resources().gpus() % tensor != 0) {
+    return error("parallel.tensor", absl::StrCat("must divide resources.gpus (", s.resources().gpus(),
+                                                 "): the ranks form groups of parallel.tensor; got ", tensor));
+  }
+  if (tensor > 1 && !s.evaluation().suites().empty()) {
+    return error("evaluation.suites",
+                 absl::StrCat("the evaluation suites run on one device; with parallel.tensor ", tensor,
+                              " leave them out (data.validation's loss is computed across the ranks)"));
+  }
+  const int32_t replicas = s.resources().gpus() / tensor;
+  if (s.training().batch_sequences() < replicas) {
     return error("training.batch_sequences",
-                 absl::StrCat("must be >= resources.gpus (", s.resources().gpus(),
+                 absl::StrCat("must be >= resources.gpus / parallel.tensor (", replicas,
                               "): each data-parallel rank trains whole sequences of the global batch; got ",
                               s.training().batch_sequences()));
   }
@@ -224,6 +235,7 @@ JobConfig ToConfig(const v1::JobSpec& s) {
   c.checkpoint = {s.checkpoint().every_steps(), s.checkpoint().keep_last(), s.checkpoint().dir()};
   const v1::ResourcesSpec& r = s.resources();
   c.resources = {r.device(), r.gpus(), r.priority(), r.max_retries(), r.max_runtime_seconds()};
+  c.parallel.tensor = s.parallel().tensor();
   const v1::EvaluationSpec& e = s.evaluation();
   std::vector<EvalSuite> suites;
   for (const int suite : e.suites()) suites.push_back(*SuiteNamed(v1::Evaluation::Suite_Name(suite)));

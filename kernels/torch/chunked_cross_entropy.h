@@ -24,20 +24,24 @@
 
 #include <utility>
 
+#include "kernels/torch/tensor_parallel.h"
+
 namespace oomb::kernels {
 
 inline constexpr int64_t kIgnoreIndex = -100;
 
 at::Tensor ChunkedLmHeadCrossEntropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                                     int64_t rows_per_block = 1024);
+                                     int64_t rows_per_block = 1024, const VocabShard* shard = nullptr);
 
 // Per row, without autograd and with the same numerics: the cross-entropy of its label, and
 // whether the label is the argmax of its logits (what greedy decoding would emit there).
 // Returns {loss [N] float32 (float64 for float64 inputs), hit [N] bool} on hidden's device;
 // kIgnoreIndex rows get 0 and false. Their sum over rows equals ChunkedLmHeadCrossEntropy's
-// value to rounding.
+// value to rounding. With `shard`, every rank returns the whole vocabulary's scores; the argmax
+// is the first index of the largest logit, as on one device.
 std::pair<at::Tensor, at::Tensor> LmHeadTokenScores(const at::Tensor& hidden, const at::Tensor& weight,
-                                                    const at::Tensor& labels, int64_t rows_per_block = 1024);
+                                                    const at::Tensor& labels, int64_t rows_per_block = 1024,
+                                                    const VocabShard* shard = nullptr);
 
 }  // namespace oomb::kernels
 

@@ -321,7 +321,15 @@ TEST(JobSpecTest, OutOfRangeValuesNameLineAndPath) {
       {"memory: {chunk_tokens: 1000}\nattention: {mode: sparse}\n",
        "job.yaml:5: memory.chunk_tokens: must be a multiple of memory.page_tokens (256) with attention.mode: sparse"},
       {"training: {batch_sequences: 1}\nresources: {gpus: 2}\n",
-       "job.yaml:5: training.batch_sequences: must be >= resources.gpus (2)"},
+       "job.yaml:5: training.batch_sequences: must be >= resources.gpus / parallel.tensor (2)"},
+      // Tensor parallelism: groups of parallel.tensor ranks, data-parallel between them.
+      {"parallel: {tensor: 0}\n", "job.yaml:5: parallel.tensor: must be in [1, 8], got 0"},
+      {"resources: {gpus: 4}\nparallel: {tensor: 3}\ntraining: {batch_sequences: 4}\n",
+       "job.yaml:6: parallel.tensor: must divide resources.gpus (4): the ranks form groups of parallel.tensor; got 3"},
+      {"resources: {gpus: 4}\nparallel: {tensor: 2}\ntraining: {batch_sequences: 1}\n",
+       "job.yaml:7: training.batch_sequences: must be >= resources.gpus / parallel.tensor (2)"},
+      {"resources: {gpus: 2}\nparallel: {tensor: 2}\nevaluation: {suites: [passkey]}\n",
+       "evaluation.suites: the evaluation suites run on one device; with parallel.tensor 2 leave them out"},
   };
   for (const Case& c : cases) {
     EXPECT_THAT(LoadError(std::string(kMinimal) + c.yaml), HasSubstr(c.want)) << c.yaml;

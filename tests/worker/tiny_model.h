@@ -44,6 +44,85 @@ inline ModelConfig TinyLlamaConfig(int64_t vocab = 61, int64_t hidden = 32, int6
   return c;
 }
 
+// A tiny model of each family the trainer tests cover ("llama", "qwen2", "qwen3", "mistral",
+// "gemma3", "phi3", "qwen3_moe", "mixtral", "gpt_oss"), each with what makes its family: biases,
+// q/k norms, windows shorter than a chunk and no page multiple, fused projections, experts, sinks.
+inline ModelConfig TinyConfig(const std::string& family) {
+  ModelConfig c;
+  c.model_type = family;
+  c.architecture = family == "qwen2"       ? "Qwen2ForCausalLM"
+                   : family == "qwen3"     ? "Qwen3ForCausalLM"
+                   : family == "mistral"   ? "MistralForCausalLM"
+                   : family == "gemma3"    ? "Gemma3ForCausalLM"
+                   : family == "phi3"      ? "Phi3ForCausalLM"
+                   : family == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                   : family == "mixtral"   ? "MixtralForCausalLM"
+                   : family == "gpt_oss"   ? "GptOssForCausalLM"
+                                           : "LlamaForCausalLM";
+  c.vocab_size = 61;
+  c.hidden_size = 32;
+  c.intermediate_size = 40;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-6;
+  c.qkv_bias = family == "qwen2";
+  c.qk_norm = family == "qwen3" || family == "qwen3_moe";
+  if (c.qk_norm) c.head_dim = 16;  // independent of hidden / heads, as in Qwen3
+  c.tie_word_embeddings = family != "qwen2";
+  c.rope.theta = 10000;
+  if (family == "phi3") {  // fused projections, RoPE over 6 of 8 features, longrope's long factors
+    c.fused_projections = true;
+    c.rotary_dim = 6;
+    c.rope.type = RopeType::kLongrope;
+    c.rope.original_max_position_embeddings = 16;
+    c.rope.attention_factor = 1.2;
+    c.rope.short_factor = {1.0, 1.5, 2.0};
+    c.rope.long_factor = {1.0, 3.0, 7.0};
+  }
+  if (family == "qwen3_moe" || family == "mixtral") {  // 4 experts, 2 per token
+    c.moe.experts = 4;
+    c.moe.top_k = 2;
+    c.moe.intermediate = 24;
+    c.moe.layers = {true, family == "mixtral"};  // Qwen3-MoE: layer 1 dense (mlp_only_layers)
+    c.moe.renormalize = c.moe.float_scores = family == "mixtral";
+    // Mixtral with the router's auxiliary loss, its coefficient large enough to show in the gradients.
+    if (family == "mixtral") c.moe.aux_loss_coef = 0.5;
+  }
+  if (family == "gpt_oss") {  // sinks, biases, YaRN; experts with biases and the clamped SwiGLU (a low limit, reached)
+    c.attention_sinks = true;
+    c.qkv_bias = c.o_bias = true;
+    c.rope.type = RopeType::kYarn;
+    c.rope.factor = 4;
+    c.rope.original_max_position_embeddings = 16;
+    c.rope.truncate = false;
+    c.moe.experts = 4;
+    c.moe.top_k = 2;
+    c.moe.intermediate = 24;
+    c.moe.layers = {true, true};
+    c.moe.renormalize = c.moe.biases = c.moe.stored_banks = true;
+    c.moe.swiglu_alpha = 1.702;
+    c.moe.swiglu_limit = 1.0;
+    c.moe.aux_loss_coef = 0.5;
+  }
+  if (family == "mistral" || family == "gemma3" || family == "phi3" || family == "mixtral" ||
+      family == "gpt_oss") {  // a window of 11 (no page size's multiple here) in layer 0
+    c.sliding_window = 11;
+    c.sliding_layers = {true, false};
+  }
+  if (family == "gemma3") {  // its layer, an attention scale unlike head_dim's, the local layer's own RoPE
+    c.gemma_layers = true;
+    c.qk_norm = true;
+    c.query_pre_attn_scalar = 12;
+    c.rope.type = RopeType::kLinear;
+    c.rope.factor = 2;
+    c.sliding_rope.emplace().theta = 100;
+  }
+  return c;
+}
+
 // config.json for `c` as transformers writes it for LlamaForCausalLM (the keys LoadModelConfig
 // reads).
 inline std::string LlamaConfigJson(const ModelConfig& c, const std::string& dtype) {

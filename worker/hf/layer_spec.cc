@@ -28,24 +28,38 @@ std::vector<NormSpec> LayerNorms(const ModelConfig& c) {
   return out;
 }
 
+// Tensor parallelism's split of each layer (LinearSpec::row_parallel, parts).
+std::vector<LinearSpec> WithSplits(const ModelConfig& c, std::vector<LinearSpec> linears) {
+  for (LinearSpec& l : linears) {
+    l.row_parallel = l.name == "o_proj" || l.name == "down_proj";
+    l.parts = l.name == "qkv_proj"       ? std::vector<int64_t>{c.q_dim(), c.kv_dim(), c.kv_dim()}
+              : l.name == "gate_up_proj" ? std::vector<int64_t>{l.out / 2, l.out / 2}
+                                         : std::vector<int64_t>{l.row_parallel ? l.in : l.out};
+  }
+  return linears;
+}
+
 std::vector<LinearSpec> LayerLinears(const ModelConfig& c, bool sparse) {
   const int64_t d = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size;
   if (sparse) {
-    return {{"q_proj", true, d, q, c.qkv_bias},
-            {"k_proj", true, d, kv, c.qkv_bias},
-            {"v_proj", true, d, kv, c.qkv_bias},
-            {"o_proj", true, q, d, c.o_bias}};
+    return WithSplits(c, {{"q_proj", true, d, q, c.qkv_bias},
+                          {"k_proj", true, d, kv, c.qkv_bias},
+                          {"v_proj", true, d, kv, c.qkv_bias},
+                          {"o_proj", true, q, d, c.o_bias}});
   }
   if (c.fused_projections) {
-    return {{"qkv_proj", true, d, q + 2 * kv, false},
-            {"o_proj", true, q, d, false},
-            {"gate_up_proj", false, d, 2 * f, false},
-            {"down_proj", false, f, d, false}};
+    return WithSplits(c, {{"qkv_proj", true, d, q + 2 * kv, false},
+                          {"o_proj", true, q, d, false},
+                          {"gate_up_proj", false, d, 2 * f, false},
+                          {"down_proj", false, f, d, false}});
   }
-  return {{"q_proj", true, d, q, c.qkv_bias},     {"k_proj", true, d, kv, c.qkv_bias},
-          {"v_proj", true, d, kv, c.qkv_bias},    {"o_proj", true, q, d, c.o_bias},
-          {"gate_proj", false, d, f, c.mlp_bias}, {"up_proj", false, d, f, c.mlp_bias},
-          {"down_proj", false, f, d, c.mlp_bias}};
+  return WithSplits(c, {{"q_proj", true, d, q, c.qkv_bias},
+                        {"k_proj", true, d, kv, c.qkv_bias},
+                        {"v_proj", true, d, kv, c.qkv_bias},
+                        {"o_proj", true, q, d, c.o_bias},
+                        {"gate_proj", false, d, f, c.mlp_bias},
+                        {"up_proj", false, d, f, c.mlp_bias},
+                        {"down_proj", false, f, d, c.mlp_bias}});
 }
 
 // The weights outside the layers: the embeddings (and an untied LM head) and the final norm.
@@ -91,7 +105,10 @@ bool ModelSpec::HasLocalRope() const {
 }
 
 std::vector<ExpertBankSpec> MoeSpec::Banks() const {
-  return {{"gate_up_proj", experts, hidden, 2 * intermediate}, {"down_proj", experts, intermediate, hidden}};
+  const bool interleaved = swiglu_limit > 0;
+  return {{"gate_up_proj", experts, hidden, 2 * intermediate, false,
+           interleaved ? std::vector<int64_t>{2 * intermediate} : std::vector<int64_t>{intermediate, intermediate}},
+          {"down_proj", experts, intermediate, hidden, true, {intermediate}}};
 }
 
 namespace {
@@ -351,6 +368,30 @@ absl::StatusOr<std::vector<ExpertLoraTarget>> ResolveLoraExpertTargets(const Mod
                      "(target_modules without the MLP's names, no target_parameters)"));
   }
   return ordered;
+}
+
+absl::Status CheckTensorParallel(const ModelConfig& c, int ranks) {
+  const std::pair<const char*, int64_t> sizes[] = {{"num_attention_heads", c.num_heads},
+                                                   {"num_key_value_heads", c.num_kv_heads},
+                                                   {"intermediate_size", c.intermediate_size},
+                                                   {"moe_intermediate_size", c.moe.intermediate}};
+  for (const auto& [key, size] : sizes) {
+    if (size % ranks != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor parallelism over ", ranks, " ranks: ", key, " = ", size,
+                                                     " is not a multiple of ", ranks));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ModelConfig ShardConfig(const ModelConfig& c, int ranks) {
+  ModelConfig s = c;
+  s.num_heads /= ranks;
+  s.num_kv_heads /= ranks;
+  s.intermediate_size /= ranks;
+  s.moe.intermediate /= ranks;
+  s.vocab_size = (c.vocab_size + ranks - 1) / ranks;
+  return s;
 }
 
 }  // namespace oomb

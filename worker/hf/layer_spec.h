@@ -51,6 +51,12 @@ struct LinearSpec {
   bool attention;
   int64_t in, out;
   bool bias;
+  // How tensor parallelism splits it (worker/model/tensor_parallel.h): a row-parallel layer
+  // (o_proj, down_proj) its input features, the others (column-parallel) their output features;
+  // `parts`: the sizes of the split dimension's parts, each split evenly over the ranks (a fused
+  // projection's: q, k, v or gate, up).
+  bool row_parallel = false;
+  std::vector<int64_t> parts = {};
 
   int64_t Parameters() const { return in * out + (bias ? out : 0); }
 };
@@ -62,6 +68,10 @@ struct LinearSpec {
 struct ExpertBankSpec {
   std::string name;
   int64_t experts, in, out;
+  // As LinearSpec's: down_proj is row-parallel; gate_up_proj's parts are gate's and up's rows
+  // (one part where they are interleaved, its pairs staying together).
+  bool row_parallel = false;
+  std::vector<int64_t> parts = {};
 
   int64_t Parameters() const { return experts * in * out; }
 };
@@ -227,6 +237,19 @@ absl::StatusOr<std::vector<ExpertLoraTarget>> ResolveLoraExpertTargets(const Mod
                                                                        const std::vector<std::string>& modules,
                                                                        const std::vector<std::string>& targets,
                                                                        double dropout);
+
+// Whether tensor parallelism over `ranks` can split the model (worker/model/tensor_parallel.h):
+// the heads, the KV heads and the MLP's (and experts') intermediate features each a multiple of
+// it. INVALID_ARGUMENT naming the config.json key that is not.
+absl::Status CheckTensorParallel(const ModelConfig& c, int ranks);
+
+// One rank's share of the model under tensor parallelism over `ranks` (CheckTensorParallel
+// holding): the config whose layers have that rank's shapes — 1/ranks of the heads, the KV
+// heads, the MLP's and the experts' intermediate features, and of the vocabulary (rounded up: the
+// first ranks' share). Its layers' weights, LoRA factors, KV pages and activations are the
+// rank's (a column-parallel layer's replicated A and a row-parallel one's replicated B
+// included); what the memory planner plans a rank with.
+ModelConfig ShardConfig(const ModelConfig& c, int ranks);
 
 }  // namespace oomb
 

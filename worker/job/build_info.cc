@@ -7,6 +7,14 @@
 #include <torch/version.h>
 
 #include <cstdio>
+#include <memory>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "worker/metrics/nvml.h"
 
 #if defined(OOMB_HAVE_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -70,6 +78,58 @@ BuildInfo GetBuildInfo() {
   }
 #endif
   return info;
+}
+
+std::string DescribeTensorParallelLinks(const std::vector<std::string>& devices, int tensor,
+                                        const NvLinkQuery& nvlinked) {
+  std::vector<std::string> groups, without, unknown;
+  for (size_t g = 0; g + tensor <= devices.size(); g += tensor) {
+    groups.push_back(absl::StrJoin(devices.begin() + g, devices.begin() + g + tensor, ", "));
+    for (size_t i = g; i < g + tensor; ++i) {
+      for (size_t j = i + 1; j < g + tensor; ++j) {
+        int a = 0, b = 0;
+        if (!absl::SimpleAtoi(absl::StripPrefix(devices[i], "cuda:"), &a) ||
+            !absl::SimpleAtoi(absl::StripPrefix(devices[j], "cuda:"), &b)) {
+          continue;  // CPU ranks
+        }
+        const absl::StatusOr<bool> linked = nvlinked(a, b);
+        if (!linked.ok()) {
+          unknown.push_back(std::string(linked.status().message()));
+        } else if (!*linked) {
+          without.push_back(absl::StrCat(devices[i], "-", devices[j]));
+        }
+      }
+    }
+  }
+  std::string out = absl::StrCat("tensor parallel: ", groups.size(), groups.size() == 1 ? " group" : " groups", " of ",
+                                 tensor, " ranks (", absl::StrJoin(groups, " | "), ")");
+  if (absl::StartsWith(devices.front(), "cpu")) return absl::StrCat(out, ", Gloo over loopback");
+  if (!unknown.empty()) return absl::StrCat(out, ", links unknown (", unknown.front(), ")");
+  if (without.empty()) return absl::StrCat(out, ", NVLink between every pair of a group (NCCL)");
+  return absl::StrCat(out, ", without NVLink (PCIe or the host) between ", absl::StrJoin(without, ", "),
+                      ": each layer's sums cross that link (NCCL)");
+}
+
+std::string TensorParallelLinks(const std::vector<std::string>& devices, int tensor) {
+  std::unique_ptr<Nvml> nvml;
+  absl::Status opened = absl::OkStatus();
+  if (!devices.empty() && !absl::StartsWith(devices.front(), "cpu")) {
+    absl::StatusOr<std::unique_ptr<Nvml>> n = Nvml::Open();
+    if (n.ok()) nvml = *std::move(n);
+    opened = n.status();
+  }
+  return DescribeTensorParallelLinks(devices, tensor, [&](int a, int b) -> absl::StatusOr<bool> {
+    if (nvml == nullptr) return opened;
+#if defined(OOMB_HAVE_CUDA)
+    const std::vector<std::string>& uuids = CudaUuids();
+    if (a >= static_cast<int>(uuids.size()) || b >= static_cast<int>(uuids.size())) {
+      return absl::UnavailableError("a device CUDA does not see");
+    }
+    return nvml->NvLinked(uuids[a], uuids[b]);
+#else
+    return absl::UnavailableError("a build without CUDA");
+#endif
+  });
 }
 
 PlanTarget ThisMachine(const std::string& device) {

@@ -5,9 +5,11 @@
 #define OOMB_WORKER_JOB_BUILD_INFO_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "worker/plan/memory_planner.h"
 
 namespace oomb {
@@ -38,6 +40,16 @@ PlanTarget ThisMachine(const std::string& device);
 
 // The commit this binary was built from (written at build time by cmake/GitSha.cmake).
 const char* BuildGitSha();
+
+// How the devices of each tensor-parallel group reach each other, in words, for the run's log:
+// the groups (`devices`, "cpu" or "cuda:N" in rank order, in groups of `tensor`) and, on GPUs,
+// "NVLink between every pair of a group" or the pairs that are not ("cuda:0-cuda:2 without
+// NVLink (PCIe or the host)"), or why that is unknown. `nvlinked(a, b)` answers for CUDA indices
+// a and b (TensorParallelLinks: NVML's peer-to-peer status).
+using NvLinkQuery = std::function<absl::StatusOr<bool>(int a, int b)>;
+std::string DescribeTensorParallelLinks(const std::vector<std::string>& devices, int tensor,
+                                        const NvLinkQuery& nvlinked);
+std::string TensorParallelLinks(const std::vector<std::string>& devices, int tensor);
 
 // One CUDA device's memory as LibTorch's caching allocator accounts it.
 struct DeviceMemoryStats {

@@ -110,8 +110,7 @@ absl::StatusOr<Measured> MeasureModel(ModelConfig config, const JobConfig& job, 
   });
   m.train_s = timing.MedianSeconds([&] {
     const at::Tensor hidden = model->Hidden(c.input, attention);
-    const at::Tensor loss =
-        kernels::ChunkedLmHeadCrossEntropy(hidden, model->lm_head(), c.labels_host, trainer.ce_rows_per_block);
+    const at::Tensor loss = model->LmHeadLoss(hidden, c.labels_host, trainer.ce_rows_per_block);
     torch::autograd::backward({loss});
   });
   return m;

@@ -32,7 +32,8 @@
 #include "worker/plan/memory_planner.h"
 #include "worker/session/training_session.h"
 #include "worker/train/checkpoint.h"
-#include "worker/train/data_parallel.h"
+#include "worker/train/rank_group.h"
+#include "worker/train/sharded_state.h"
 #include "worker/train/torch_status.h"
 
 namespace oomb {
@@ -78,12 +79,21 @@ absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& job, con
   return devices;
 }
 
-// One rank of a run: which, of how many, and what the ranks of a data-parallel run share.
+// One rank of a run: which, of how many, and what the ranks of a run share. With tensor
+// parallelism (parallel.tensor t > 1) ranks [g t, (g + 1) t) form tensor-parallel group g, which
+// is data-parallel rank g of world / t; the ranks with one place in their groups form a
+// data-parallel group.
 struct Rank {
   int index = 0;
   int world = 1;
+  int tensor = 1;                          // parallel.tensor
   const Rendezvous* rendezvous = nullptr;  // world > 1
   std::atomic<int>* stop = nullptr;        // world > 1: rank 0's StopRequest, read by the others
+  const std::string* links = nullptr;      // tensor > 1: TensorParallelLinks, for the log
+
+  int replica() const { return index / tensor; }  // its data-parallel rank
+  int replicas() const { return world / tensor; }
+  int shard() const { return index % tensor; }  // its place in its tensor-parallel group
 };
 
 // Failpoints for the reliability tests (RELIABILITY.md): only when the process runs with
@@ -106,24 +116,33 @@ class Run final : public StepSync {
       : job_(job), options_(options), device_(device), rank_(rank) {}
 
   absl::StatusOr<RunResult> Execute() {
-    if (rank_.world > 1) {
-      OOMB_ASSIGN_OR_RETURN(group_, DataParallelGroup::Join(*rank_.rendezvous, rank_.index, rank_.world, device_));
-    }
+    OOMB_RETURN_IF_ERROR(JoinGroups());
     OOMB_RETURN_IF_ERROR(Agree(Guarded([this] { return Setup(); }), nullptr));
     return job_.method.type == TrainMethod::kEvaluate ? EvaluateOnly() : Train();
   }
 
   // StepSync.
   int world() const override { return rank_.world; }
-  bool Owns(int64_t index) const override { return group_ == nullptr || group_->Owns(index); }
+  bool Owns(int64_t index) const override { return index % rank_.replicas() == rank_.replica(); }
   absl::Status Agree(const absl::Status& mine, std::vector<double>* sums) override;
+  // The tensor-parallel group's partial gradients summed in it, then every gradient over the
+  // data-parallel ranks.
   absl::Status AllReduceGradients(const std::vector<at::Tensor>& params) override {
-    return group_ == nullptr ? absl::OkStatus() : group_->AllReduceGradients(params);
+    if (tensor_group_ != nullptr) OOMB_RETURN_IF_ERROR(tensor_group_->AllReduceGradients(model_->PartialGradients()));
+    RankGroup* data = data_group();
+    return data == nullptr ? absl::OkStatus() : data->AllReduceGradients(params);
   }
   bool stopping() const override { return stop_ != StopRequest::kNone; }
 
  private:
   bool lead() const { return rank_.index == 0; }
+  // The ranks that take part in writing checkpoints: the first tensor-parallel group (rank 0
+  // writes what they gather).
+  bool writes_checkpoints() const { return rank_.replica() == 0; }
+  // The run's groups: every rank (world > 1), the tensor-parallel group (tensor > 1), the
+  // data-parallel one (the world's without tensor parallelism).
+  absl::Status JoinGroups();
+  RankGroup* data_group() const { return rank_.tensor == 1 ? group_.get() : data_group_.get(); }
 
   absl::Status Setup();
   absl::Status LoadModel(const JobData& data);
@@ -147,9 +166,8 @@ class Run final : public StepSync {
   }
   // The LOG lines of Setup: the data, the model, the plan.
   void LogSetup(const DatasetStats& data, double load_seconds);
-  absl::StatusOr<CheckpointInfo> Checkpoint(bool final) {
-    return checkpointer_->Write(*model_, session_->optimizer(), state_, final);
-  }
+  // Rank 0 writes; under tensor parallelism the first group's every rank calls it (it gathers).
+  absl::StatusOr<CheckpointInfo> Checkpoint(bool final);
   absl::StatusOr<RunResult> Train();
   // method.type evaluate: data.validation's loss and the evaluation section, once, reported as
   // step 0 of 0 (one metrics.jsonl line, one on_step); no checkpoint.
@@ -161,15 +179,15 @@ class Run final : public StepSync {
   // Rank 0: completes the step's report with its place in the run, writes its metrics.jsonl
   // line and announces it (on_step).
   absl::Status Announce(StepReport& report, double lr, double elapsed, int64_t first_step);
-  // Rank 0: Announce, then the periodic checkpoint (into `result`).
-  absl::Status Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result);
   absl::StatusOr<RunResult> Stopped();
 
   const JobConfig& job_;
   const RunOptions& options_;
   const at::Device device_;
   const Rank rank_;
-  std::unique_ptr<DataParallelGroup> group_;  // world > 1
+  std::unique_ptr<RankGroup> group_;         // world > 1: every rank
+  std::unique_ptr<RankGroup> tensor_group_;  // tensor > 1
+  std::unique_ptr<RankGroup> data_group_;    // tensor > 1 and replicas > 1
   // What the run is made of, set up by Setup(): its data, evaluation, checkpoints, model and
   // session.
   std::optional<TrainingBatches> batches_;
@@ -184,6 +202,26 @@ class Run final : public StepSync {
   StopRequest stop_ = StopRequest::kNone;
   bool pause_at_step_end_ = false;  // kPauseAtStepEnd was asked: stop_ becomes kPause at the step's end
 };
+
+absl::Status Run::JoinGroups() {
+  if (rank_.world == 1) return absl::OkStatus();
+  OOMB_ASSIGN_OR_RETURN(group_, RankGroup::Join(*rank_.rendezvous, rank_.index, rank_.world, device_));
+  if (rank_.tensor == 1) return absl::OkStatus();
+  OOMB_ASSIGN_OR_RETURN(tensor_group_,
+                        RankGroup::Join(rank_.rendezvous->Prefixed(absl::StrCat("tp", rank_.replica(), "/")),
+                                        rank_.shard(), rank_.tensor, device_));
+  if (rank_.replicas() == 1) return absl::OkStatus();
+  OOMB_ASSIGN_OR_RETURN(data_group_, RankGroup::Join(rank_.rendezvous->Prefixed(absl::StrCat("dp", rank_.shard(), "/")),
+                                                     rank_.replica(), rank_.replicas(), device_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointInfo> Run::Checkpoint(bool final) {
+  if (tensor_group_ == nullptr) return checkpointer_->Write(*model_, session_->optimizer(), state_, final);
+  const WholeTraining whole = GatherTraining(*model_, session_->optimizer());
+  if (!lead()) return CheckpointInfo{};
+  return checkpointer_->Write(*whole.model, *whole.optimizer, state_, final);
+}
 
 // Data parallel: every rank learns, at the same point of the run, whether any rank failed or
 // was asked to stop (one small collective), and `sums` are summed over the ranks on the way.
@@ -229,7 +267,14 @@ absl::Status Run::Setup() {
   OOMB_RETURN_IF_ERROR(MakeSession(longest));
   LogSetup(data.stats, load_seconds);
   if (options_.resume) {
-    state_ = checkpointer_->Resume(*model_, session_->optimizer(), [this](const std::string& m) { Warn(m); });
+    const auto warn = [this](const std::string& m) { Warn(m); };
+    if (tensor_group_ == nullptr) {
+      state_ = checkpointer_->Resume(*model_, session_->optimizer(), warn);
+    } else {  // the whole state, read by every rank, each keeping its share
+      const WholeTraining whole = GatherTraining(*model_, session_->optimizer());
+      state_ = checkpointer_->Resume(*whole.model, *whole.optimizer, warn);
+      ShardTraining(whole, *model_, session_->optimizer());
+    }
     if (state_.step > 0) Log(absl::StrCat("resumed from the checkpoint of step ", state_.step));
   }
   return absl::OkStatus();
@@ -250,6 +295,7 @@ void Run::LogSetup(const DatasetStats& data, double load_seconds) {
                    FormatBytes(plan.peak_device_bytes), " of ", FormatBytes(plan.device_capacity_bytes), " on ",
                    plan.device));
   for (const std::string& choice : plan.choices) Log("plan: " + choice);
+  if (rank_.links != nullptr) Log(*rank_.links);
 }
 
 // method.lora.init_adapter: the adapter evaluated, or the adapter training starts from.
@@ -262,7 +308,7 @@ absl::Status Run::LoadModel(const JobData& data) {
   }
   OOMB_ASSIGN_OR_RETURN(model_, job_.method.type == TrainMethod::kEvaluate
                                     ? LoadForEvaluation(source, ModelScalarType(job_), device_, job_.model.rope_scaling)
-                                    : LoadForTraining(source, job_, device_));
+                                    : LoadForTraining(source, job_, device_, tensor_group_.get()));
   return absl::OkStatus();
 }
 
@@ -340,13 +386,19 @@ absl::StatusOr<RunResult> Run::Train() {
     const bool last = state_.step == total_steps;
     absl::Status reported;
     if (lead()) {
-      reported = Report(*report, lr, std::chrono::duration<double>(Clock::now() - start).count(), first_step, &result);
+      reported = Announce(*report, lr, std::chrono::duration<double>(Clock::now() - start).count(), first_step);
+    }
+    const int64_t checkpoint_every = job_.checkpoint.every_steps;
+    if (!last && checkpoint_every > 0 && state_.step % checkpoint_every == 0 && writes_checkpoints()) {
+      absl::StatusOr<CheckpointInfo> written = Checkpoint(false);
+      if (lead() && written.ok()) result.final_checkpoint = *std::move(written);
+      if (reported.ok()) reported = written.status();
     }
     if (!last) PollStop(/*step_end=*/true);
     OOMB_RETURN_IF_ERROR(Agree(reported, nullptr));
     if (!last && stop_ != StopRequest::kNone) return Stopped();
   }
-  if (lead()) {
+  if (writes_checkpoints()) {
     OOMB_ASSIGN_OR_RETURN(result.final_checkpoint, Checkpoint(true));
   }
   result.outcome = RunOutcome::kSucceeded;
@@ -411,17 +463,6 @@ absl::Status Run::Announce(StepReport& report, double lr, double elapsed, int64_
   return written;
 }
 
-absl::Status Run::Report(StepReport& report, double lr, double elapsed, int64_t first_step, RunResult* result) {
-  OOMB_RETURN_IF_ERROR(Announce(report, lr, elapsed, first_step));
-  const int64_t total_steps = batches_->total_steps();
-  const bool last = state_.step == total_steps;
-  if (last || job_.checkpoint.every_steps <= 0 || state_.step % job_.checkpoint.every_steps != 0) {
-    return absl::OkStatus();
-  }
-  OOMB_ASSIGN_OR_RETURN(result->final_checkpoint, Checkpoint(false));
-  return absl::OkStatus();
-}
-
 // Cancel: nothing more is written. Pause: a checkpoint of the last completed step (rank 0);
 // none for evaluate, which starts over when resumed.
 absl::StatusOr<RunResult> Run::Stopped() {
@@ -429,7 +470,7 @@ absl::StatusOr<RunResult> Run::Stopped() {
   session_->optimizer().zero_grad(/*set_to_none=*/true);
   if (stop_ == StopRequest::kPause) {
     r.outcome = RunOutcome::kPaused;
-    if (!lead() || job_.method.type == TrainMethod::kEvaluate) return r;
+    if (!writes_checkpoints() || job_.method.type == TrainMethod::kEvaluate) return r;
     OOMB_ASSIGN_OR_RETURN(r.final_checkpoint, Checkpoint(false));
   } else {
     r.outcome = RunOutcome::kCancelled;
@@ -456,11 +497,19 @@ absl::StatusOr<RunResult> RunRanks(const JobConfig& job, const RunOptions& optio
   // Data parallel: one thread per rank; the run's outcome is rank 0's, unless a rank failed.
   const Rendezvous rendezvous = Rendezvous::InProcess();
   std::atomic<int> stop{static_cast<int>(StopRequest::kNone)};
+  std::vector<std::string> names;
+  for (const at::Device& d : *devices) names.push_back(d.str());
+  const std::string links = job.parallel.tensor > 1 ? TensorParallelLinks(names, job.parallel.tensor) : "";
   std::vector<absl::StatusOr<RunResult>> results(world, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      const Rank rank{.index = r, .world = world, .rendezvous = &rendezvous, .stop = &stop};
+      const Rank rank{.index = r,
+                      .world = world,
+                      .tensor = job.parallel.tensor,
+                      .rendezvous = &rendezvous,
+                      .stop = &stop,
+                      .links = links.empty() ? nullptr : &links};
       absl::Status thrown = Guarded([&] {
         results[r] = Run(job, options, (*devices)[r], rank).Execute();
         return absl::OkStatus();

@@ -19,7 +19,7 @@
 //     run once, on the base model with method.lora.init_adapter when set, and come back as one
 //     on_step report (step 0 of 0; one metrics.jsonl line); no checkpoint is written, and a
 //     paused evaluation starts over when resumed.
-//   - resources.gpus = k > 1: data parallel over k devices (worker/train/data_parallel.h), one
+//   - resources.gpus = k > 1: data parallel over k devices (worker/train/rank_group.h), one
 //     thread per device started by Run(); each step's global batch of
 //     training.batch_sequences sequences is split between them and the result is that of one
 //     device with the same global batch (to float rounding). The callbacks come from the
@@ -90,7 +90,7 @@ struct RunResult {
 };
 
 // Process-wide settings runs need, made from main() before any other thread starts: LibTorch's
-// c10d flight recorder off (worker/train/data_parallel.h). Idempotent.
+// c10d flight recorder off (worker/train/rank_group.h). Idempotent.
 void InitExecutorProcess();
 
 // Runs the job. Errors carry a Reason (worker/common/status.h) where the cause is known:

@@ -33,9 +33,11 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadForEvaluation(const ModelSource
 
 // For training `job` (method lora or full): RoPE is model.rope_scaling or config.json's, the
 // router's auxiliary loss model.router_aux_loss_coef or config.json's; the model is prepared for
-// the method (PrepareTraining) and LoRA starts from the adapter's weights.
+// the method (PrepareTraining) and LoRA starts from the adapter's weights. `tensor_parallel`:
+// loaded sharded over that group (Transformer::Load), adapters included.
 absl::StatusOr<std::unique_ptr<Transformer>> LoadForTraining(const ModelSource& source, const JobConfig& job,
-                                                             at::Device device);
+                                                             at::Device device,
+                                                             const kernels::Collectives* tensor_parallel = nullptr);
 
 }  // namespace oomb
 

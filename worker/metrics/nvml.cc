@@ -14,6 +14,8 @@ namespace {
 using nvmlReturn_t = int;
 using nvmlDevice_t = struct nvmlDevice_st*;
 constexpr nvmlReturn_t NVML_SUCCESS = 0;
+constexpr int kP2PCapsIndexNvlink = 2;       // NVML_P2P_CAPS_INDEX_NVLINK
+constexpr int kP2PStatusOk = 0;              // NVML_P2P_STATUS_OK
 constexpr unsigned kFieldPcieTxBytes = 197;  // NVML_FI_DEV_PCIE_COUNT_TX_BYTES
 constexpr unsigned kFieldPcieRxBytes = 198;  // NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 constexpr int kValueTypeUnsignedInt = 1;     // NVML_VALUE_TYPE_UNSIGNED_INT
@@ -60,6 +62,8 @@ struct Nvml::Api {
   nvmlReturn_t (*field_values)(nvmlDevice_t, int, nvmlFieldValue_t*);
   nvmlReturn_t (*max_link_generation)(nvmlDevice_t, unsigned*);
   nvmlReturn_t (*max_link_width)(nvmlDevice_t, unsigned*);
+  nvmlReturn_t (*handle_by_uuid)(const char*, nvmlDevice_t*);
+  nvmlReturn_t (*p2p_status)(nvmlDevice_t, nvmlDevice_t, int, int*);
 };
 
 absl::StatusOr<std::unique_ptr<Nvml>> Nvml::Open() {
@@ -81,6 +85,8 @@ absl::StatusOr<std::unique_ptr<Nvml>> Nvml::Open() {
   bind(&api->field_values, "nvmlDeviceGetFieldValues");
   bind(&api->max_link_generation, "nvmlDeviceGetMaxPcieLinkGeneration");
   bind(&api->max_link_width, "nvmlDeviceGetMaxPcieLinkWidth");
+  bind(&api->handle_by_uuid, "nvmlDeviceGetHandleByUUID");
+  bind(&api->p2p_status, "nvmlDeviceGetP2PStatus");
   if (!missing.empty()) {
     ::dlclose(lib);
     return absl::UnavailableError(absl::StrCat("NVML: libnvidia-ml.so.1 lacks ", missing));
@@ -97,6 +103,19 @@ Nvml::Nvml(void* library, std::unique_ptr<Api> api) : library_(library), api_(st
 Nvml::~Nvml() {
   api_->shutdown();
   ::dlclose(library_);
+}
+
+absl::StatusOr<bool> Nvml::NvLinked(const std::string& uuid_a, const std::string& uuid_b) {
+  nvmlDevice_t a = nullptr, b = nullptr;
+  if (api_->handle_by_uuid(uuid_a.c_str(), &a) != NVML_SUCCESS ||
+      api_->handle_by_uuid(uuid_b.c_str(), &b) != NVML_SUCCESS) {
+    return absl::UnavailableError(absl::StrCat("NVML: no device ", uuid_a, " or ", uuid_b));
+  }
+  int status = -1;
+  if (const nvmlReturn_t r = api_->p2p_status(a, b, kP2PCapsIndexNvlink, &status); r != NVML_SUCCESS) {
+    return absl::UnavailableError(absl::StrCat("NVML: nvmlDeviceGetP2PStatus returned ", r));
+  }
+  return status == kP2PStatusOk;
 }
 
 uint64_t Nvml::Extend(Extended* c, uint64_t raw, uint64_t modulus) {

@@ -54,6 +54,11 @@ class Nvml {
   // Every device NVML sees; a device NVML cannot open is left out.
   std::vector<NvmlDeviceSample> Sample();
 
+  // Whether the devices of these UUIDs reach each other over NVLink (NVML's peer-to-peer status
+  // for NVLink, nvmlDeviceGetP2PStatus); UNAVAILABLE when NVML cannot say (a device it does not
+  // know, a driver without the query).
+  absl::StatusOr<bool> NvLinked(const std::string& uuid_a, const std::string& uuid_b);
+
  private:
   struct Api;  // the entry points (nvml.cc)
   // A counter NVML reports raw, made monotonic across wraps and resets.

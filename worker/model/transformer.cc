@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/torch/chunked_cross_entropy.h"
 #include "kernels/torch/layer_ops.h"
 #include "kernels/torch/matmul.h"
 #include "kernels/torch/upload.h"
@@ -130,6 +131,20 @@ absl::Status SaveTensors(const Dir& dir, const std::string& name,
     views.push_back(std::move(v));
   }
   return WriteSafetensors(dir, name, views, metadata);
+}
+
+// INVALID_ARGUMENT naming the tensors of `weights` a load did not use (`used`), but for a
+// vision-language checkpoint's other model's (vision tower, projector, a tied head) and RoPE
+// tables.
+absl::Status CheckEveryTensorUsed(const WeightSet& weights, const std::set<std::string>& used,
+                                  const ModelConfig& config, const std::string& prefix, const std::string& dir) {
+  std::vector<std::string> unexpected;
+  for (const std::string& n : weights.names()) {
+    const bool other_model = config.multimodal_text && n.rfind(prefix, 0) != 0;
+    if (!used.count(n) && !other_model && n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
+  }
+  if (unexpected.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(dir, ": unexpected tensors: ", absl::StrJoin(unexpected, ", ")));
 }
 
 // The member of `l` that holds the norm of `role`.
@@ -424,9 +439,146 @@ GradientReach Transformer::Reach() const {
   return out;
 }
 
+std::vector<Transformer::Slot> Transformer::Slots() {
+  std::vector<Slot> out;
+  const Split vocab = Split::Vocabulary(config_.vocab_size);
+  out.push_back({&embed_, vocab});
+  out.push_back({&lm_head_, vocab});
+  out.push_back({&final_norm_, Split::Replicated()});
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    for (const NamedNorm& n : NamedNorms(i)) {  // a per-head norm sees the rank's heads alone
+      const bool per_head = n.spec->role == NormRole::kQuery || n.spec->role == NormRole::kKey;
+      out.push_back({n.weight, per_head ? Split::Partial() : Split::Replicated()});
+    }
+    out.push_back({&layers_[i].sinks, Split::Along(0, {config_.num_heads})});
+    out.push_back({&layers_[i].router, Split::Partial()});
+    out.push_back({&layers_[i].router_bias, Split::Partial()});
+  }
+  // A layer's (or bank's) weight, bias and LoRA factors; `dim`: the weight's split dimension.
+  const auto add = [&](bool row, const std::vector<int64_t>& parts, int64_t dim, at::Tensor* weight, at::Tensor* bias,
+                       at::Tensor* a, at::Tensor* b) {
+    const Split split = Split::Along(dim, parts);
+    // The bias and B of a column-parallel layer split like the weight's rows (a bias [out] or,
+    // a bank's, [E, out]; B [out, r]); a row-parallel layer's A [r, in] like its columns.
+    const Split bias_split = Split::Along(bias->defined() ? bias->dim() - 1 : 0, parts);
+    const Split a_split = Split::Along(1, parts), b_split = Split::Along(0, parts);
+    out.push_back({weight, split});
+    out.push_back({bias, row ? Split::Partial() : bias_split});
+    out.push_back({a, row ? a_split : Split::Partial()});
+    out.push_back({b, row ? Split::Partial() : b_split});
+  };
+  for (const NamedLinear& l : NamedLinears()) {
+    Linear& x = *l.linear;
+    add(l.spec->row_parallel, l.spec->parts, l.spec->row_parallel ? 1 : 0, &x.weight, &x.bias, &x.lora_a, &x.lora_b);
+  }
+  for (const NamedBank& b : NamedBanks()) {
+    ExpertBank& x = *b.bank;
+    add(b.spec.row_parallel, b.spec.parts, b.spec.row_parallel ? 2 : 1, &x.weight, &x.bias, &x.lora_a, &x.lora_b);
+  }
+  return out;
+}
+
+Split Transformer::SlotSplit(const at::Tensor* slot) {
+  for (const Slot& s : Slots()) {
+    if (s.tensor == slot) return s.split;
+  }
+  TORCH_CHECK(false, "not a tensor of the model");
+}
+
+void Transformer::JoinGroup(const kernels::Collectives& group) {
+  const int rank = group.rank(), n = group.size();
+  for (const NamedLinear& l : NamedLinears()) {
+    if (!l.spec->row_parallel) continue;
+    l.linear->whole_in = l.spec->in;
+    l.linear->in_begin = ShardRanges(Split::Along(1, l.spec->parts), rank, n)[0].first;
+  }
+  vocab_begin_ = ShardRanges(Split::Vocabulary(config_.vocab_size), rank, n)[0].first;
+  tp_ = &group;
+}
+
+at::Tensor Transformer::ShardOf(const at::Tensor* slot, const at::Tensor& whole) {
+  if (tp_ == nullptr) return whole;
+  at::NoGradGuard no_grad;
+  return TakeShard(whole, SlotSplit(slot), tp_->rank(), tp_->size());
+}
+
+absl::Status Transformer::Shard(const kernels::Collectives& group) {
+  if (tp_ != nullptr) return absl::FailedPreconditionError("the model is already sharded");
+  OOMB_RETURN_IF_ERROR(CheckTensorParallel(config_, group.size()));
+  JoinGroup(group);
+  for (const Slot& slot : Slots()) *slot.tensor = ShardOf(slot.tensor, *slot.tensor);
+  return absl::OkStatus();
+}
+
+Split Transformer::SplitOf(const at::Tensor& tensor) const {
+  for (const Slot& slot : const_cast<Transformer*>(this)->Slots()) {
+    if (slot.tensor->defined() && slot.tensor->is_same(tensor)) return slot.split;
+  }
+  return Split::Replicated();
+}
+
+std::vector<at::Tensor> Transformer::PartialGradients() const {
+  std::vector<at::Tensor> out;
+  if (tp_ == nullptr) return out;
+  for (const Slot& slot : const_cast<Transformer*>(this)->Slots()) {
+    const at::Tensor& t = *slot.tensor;
+    if (slot.split.kind == Split::Kind::kPartial && t.defined() && t.requires_grad()) out.push_back(t);
+  }
+  return out;
+}
+
+std::unique_ptr<Transformer> Transformer::Whole(bool trainable_only) const {
+  std::unique_ptr<Transformer> m(new Transformer(config_, dtype_, device_));
+  const std::vector<Slot> from = const_cast<Transformer*>(this)->Slots(), to = m->Slots();
+  for (size_t i = 0; i < from.size(); ++i) {
+    const at::Tensor& t = *from[i].tensor;
+    if (!t.defined() || (trainable_only && !t.requires_grad())) continue;
+    at::Tensor whole = tp_ != nullptr ? GatherWhole(t, from[i].split, *tp_) : t.detach().clone();
+    if (whole.data_ptr() == t.data_ptr()) whole = whole.detach().clone();
+    whole.set_requires_grad(t.requires_grad());
+    if (t.grad().defined()) {
+      whole.mutable_grad() = tp_ != nullptr ? GatherWhole(t.grad(), from[i].split, *tp_) : t.grad().clone();
+    }
+    *to[i].tensor = whole;
+  }
+  const std::vector<NamedLinear> src = const_cast<Transformer*>(this)->NamedLinears(), dst = m->NamedLinears();
+  for (size_t i = 0; i < src.size(); ++i) {
+    dst[i].linear->lora_scaling = src[i].linear->lora_scaling;
+    dst[i].linear->lora_dropout = src[i].linear->lora_dropout;
+  }
+  const std::vector<NamedBank> src_banks = const_cast<Transformer*>(this)->NamedBanks(), dst_banks = m->NamedBanks();
+  for (size_t i = 0; i < src_banks.size(); ++i) dst_banks[i].bank->lora_scaling = src_banks[i].bank->lora_scaling;
+  m->lora_ = lora_;
+  m->full_ = full_;
+  m->expert_kernel_ = expert_kernel_;
+  return m;
+}
+
+at::Tensor Transformer::EnterShards(const at::Tensor& x) const {
+  return tp_ == nullptr ? x : kernels::EnterShards(x, *tp_);
+}
+
+at::Tensor Transformer::SumShards(const at::Tensor& x) const {
+  return tp_ == nullptr ? x : kernels::SumShards(x, *tp_);
+}
+
+at::Tensor Transformer::LmHeadLoss(const at::Tensor& hidden, const at::Tensor& labels, int64_t rows_per_block) const {
+  if (tp_ == nullptr) return kernels::ChunkedLmHeadCrossEntropy(hidden, lm_head(), labels, rows_per_block);
+  const kernels::VocabShard shard{tp_, vocab_begin_, config_.vocab_size};
+  return kernels::ChunkedLmHeadCrossEntropy(hidden, lm_head(), labels, rows_per_block, &shard);
+}
+
+std::pair<at::Tensor, at::Tensor> Transformer::LmHeadScores(const at::Tensor& hidden, const at::Tensor& labels,
+                                                            int64_t rows_per_block) const {
+  if (tp_ == nullptr) return kernels::LmHeadTokenScores(hidden, lm_head(), labels, rows_per_block);
+  const kernels::VocabShard shard{tp_, vocab_begin_, config_.vocab_size};
+  return kernels::LmHeadTokenScores(hidden, lm_head(), labels, rows_per_block, &shard);
+}
+
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_dir, at::ScalarType dtype,
                                                                at::Device device,
-                                                               const std::optional<RopeScalingOverride>& rope_scaling) {
+                                                               const std::optional<RopeScalingOverride>& rope_scaling,
+                                                               const kernels::Collectives* tensor_parallel) {
   OOMB_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   if (rope_scaling.has_value() && config.rope.type == RopeType::kLongrope) {
     return absl::InvalidArgumentError(absl::StrCat(model_dir.PathOf("config.json"),
@@ -437,10 +589,16 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
   OOMB_ASSIGN_OR_RETURN(std::unique_ptr<WeightSet> weights, WeightSet::Open(model_dir));
   const std::string& dir = model_dir.path();
   std::unique_ptr<Transformer> m(new Transformer(config, dtype, device));
+  if (tensor_parallel != nullptr) {
+    OOMB_RETURN_IF_ERROR(CheckTensorParallel(config, tensor_parallel->size()));
+    m->JoinGroup(*tensor_parallel);
+  }
   const int64_t d = config.hidden_size;
   std::set<std::string> used;
   const std::string prefix = StoredPrefix(config, *weights);
-  auto take = [&](const std::string& hf_name, std::vector<int64_t> shape, at::Tensor* out) -> absl::Status {
+  // Into `out`, one of the model's tensors (its share: ShardOf), or with `whole` a tensor of the caller's.
+  auto take = [&](const std::string& hf_name, std::vector<int64_t> shape, at::Tensor* out,
+                  bool whole = false) -> absl::Status {
     const std::string name = StoredName(config, *weights, prefix, hf_name);
     const TensorView* v = weights->Find(name);
     if (v == nullptr) return absl::InvalidArgumentError(absl::StrCat(dir, ": missing tensor '", name, "'"));
@@ -453,7 +611,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
       return absl::InvalidArgumentError(
           absl::StrCat(dir, ": tensor '", name, "' has non-float dtype ", std::string(DTypeName(v->dtype))));
     }
-    *out = FromView(*v, dtype, device);
+    *out = whole ? FromView(*v, dtype, device) : m->ShardOf(out, FromView(*v, dtype, device));
     used.insert(name);
     return absl::OkStatus();
   };
@@ -484,19 +642,15 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
         used.insert({name + "_blocks", name + "_scales"});
         continue;
       }
-      OOMB_RETURN_IF_ERROR(take(name, view.sizes().vec(), &stored));
+      OOMB_RETURN_IF_ERROR(take(name, view.sizes().vec(), &stored, /*whole=*/true));
       view.copy_(stored);
     }
+    for (at::Tensor* t : {&m->layers_[i].gate_up_experts.weight, &m->layers_[i].gate_up_experts.bias,
+                          &m->layers_[i].down_experts.weight, &m->layers_[i].down_experts.bias}) {
+      *t = m->ShardOf(t, *t);  // the bank whole, then split
+    }
   }
-  std::vector<std::string> unexpected;
-  for (const std::string& n : weights->names()) {
-    // A vision-language checkpoint's other tensors (vision tower, projector, a tied head) stay.
-    const bool other_model = config.multimodal_text && n.rfind(prefix, 0) != 0;
-    if (!used.count(n) && !other_model && n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
-  }
-  if (!unexpected.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": unexpected tensors: ", absl::StrJoin(unexpected, ", ")));
-  }
+  OOMB_RETURN_IF_ERROR(CheckEveryTensorUsed(*weights, used, config, prefix, dir));
   return m;
 }
 
@@ -578,6 +732,8 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
     d.lora_b = master(s.lora_b);
     d.lora_scaling = s.lora_scaling;
     d.lora_dropout = s.lora_dropout;
+    d.whole_in = s.whole_in;
+    d.in_begin = s.in_begin;
   }
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     m->layers_[i].router = cast(layers_[i].router);
@@ -595,6 +751,8 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
     d.lora_scaling = s.lora_scaling;
   }
   m->lora_ = lora_;
+  m->tp_ = tp_;
+  m->vocab_begin_ = vocab_begin_;
   if (full_) m->EnableFullFineTuning();
   return m;
 }
@@ -613,18 +771,19 @@ absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const auto opts = at::TensorOptions().dtype(MasterType(dtype_));
   // A: kaiming_uniform_(a = sqrt(5)) over `in` inputs; B: zeros.
+  // Drawn whole (the layer's whole in and out), then this rank's share.
   const auto lora_pair = [&](int64_t a_rows, int64_t in, int64_t out, at::Tensor* a, at::Tensor* b) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    *a = at::empty({a_rows, in}, at::TensorOptions().dtype(at::kDouble))
-             .uniform_(-bound, bound, gen)
-             .to(device_, opts.dtype().toScalarType())
+    *a = ShardOf(a, at::empty({a_rows, in}, at::TensorOptions().dtype(at::kDouble))
+                        .uniform_(-bound, bound, gen)
+                        .to(device_, opts.dtype().toScalarType()))
              .set_requires_grad(true);
-    *b = at::zeros({out, a_rows}, opts.device(device_)).set_requires_grad(true);
+    *b = ShardOf(b, at::zeros({out, a_rows}, opts.device(device_))).set_requires_grad(true);
   };
   for (const NamedLinear& named : NamedLinears()) {
     if (!targets.count(named.spec->name)) continue;
     Linear* l = named.linear;
-    lora_pair(options.rank, l->weight.size(1), l->weight.size(0), &l->lora_a, &l->lora_b);
+    lora_pair(options.rank, named.spec->in, named.spec->out, &l->lora_a, &l->lora_b);
     l->lora_scaling = options.alpha / static_cast<double>(options.rank);
     l->lora_dropout = options.dropout;
   }
@@ -669,13 +828,22 @@ absl::Status Transformer::LoadLoraWeights(const Dir& adapter) {
   for (auto& [name, t] : TrainableParameters()) {
     const TensorView* v = weights->Find(name);
     if (v == nullptr) return absl::InvalidArgumentError(absl::StrCat(adapter_dir, ": missing tensor '", name, "'"));
-    if (v->shape != std::vector<int64_t>(t.sizes().begin(), t.sizes().end())) {
-      return absl::InvalidArgumentError(absl::StrCat(adapter_dir, ": tensor '", name, "' has shape [",
-                                                     absl::StrJoin(v->shape, ", "), "], expected [",
-                                                     absl::StrJoin(t.sizes(), ", "), "]"));
+    const at::Tensor whole = FromView(*v, t.scalar_type(), t.device());
+    at::Tensor share = whole;
+    if (tp_ != nullptr && whole.dim() == t.dim()) {
+      try {
+        share = TakeShard(whole, SplitOf(t), tp_->rank(), tp_->size());
+      } catch (const c10::Error&) {  // too small to split: the shape check below says so
+      }
+    }
+    if (share.sizes() != t.sizes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(adapter_dir, ": tensor '", name, "' has shape [", absl::StrJoin(v->shape, ", "),
+                       "], which does not fit this model ([", absl::StrJoin(t.sizes(), ", "), "]",
+                       tp_ == nullptr ? "" : " on each rank of tensor parallelism", ")"));
     }
     at::NoGradGuard no_grad;
-    t.copy_(FromView(*v, t.scalar_type(), t.device()));
+    t.copy_(share);
   }
   return absl::OkStatus();
 }
@@ -785,13 +953,18 @@ absl::Status Transformer::SaveFull(const Dir& dir, const std::string& config_jso
   return dir.WriteFileAtomic("config.json", config_json);
 }
 
-at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const {
-  at::Tensor y = kernels::Linear(x, l.weight, l.bias.defined() ? c10::optional<at::Tensor>(l.bias) : c10::nullopt);
+at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training,
+                                      bool with_bias) const {
+  const bool bias = with_bias && l.bias.defined();
+  at::Tensor y = kernels::Linear(x, l.weight, bias ? c10::optional<at::Tensor>(l.bias) : c10::nullopt);
   if (!l.lora_a.defined()) return y;
   at::Tensor xin = x;
   if (training && l.lora_dropout > 0) {
-    const at::Tensor keep =
-        at::bernoulli(at::full(x.sizes(), 1.0 - l.lora_dropout, x.options().dtype(at::kFloat)), *gen);
+    // A row-parallel layer's rank draws the whole input's mask and keeps its columns.
+    std::vector<int64_t> mask_shape = x.sizes().vec();
+    if (l.whole_in > 0) mask_shape.back() = l.whole_in;
+    at::Tensor keep = at::bernoulli(at::full(mask_shape, 1.0 - l.lora_dropout, x.options().dtype(at::kFloat)), *gen);
+    if (l.whole_in > 0) keep = keep.narrow(-1, l.in_begin, x.size(-1));
     xin = x * keep.to(x.scalar_type()) / (1.0 - l.lora_dropout);
   }
   // y + scaling * (xin A^T) B^T, the addition in the second product's epilogue (in place: the
@@ -917,7 +1090,14 @@ Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
     cursor.sliding_cos = local_cos.unsqueeze(1);
     cursor.sliding_sin = local_sin.unsqueeze(1);
   }
-  cursor.h = at::embedding(embed_, input.ids);
+  if (tp_ == nullptr) {
+    cursor.h = at::embedding(embed_, input.ids);
+  } else {  // the rank's rows of the vocabulary, the others' tokens zeros, summed over the group
+    const int64_t rows = embed_.size(0);
+    const at::Tensor local = input.ids - vocab_begin_;
+    const at::Tensor own = local.ge(0) & local.lt(rows);
+    cursor.h = SumShards(at::embedding(embed_, local.clamp(0, rows - 1)) * own.unsqueeze(1).to(dtype_));
+  }
   if (spec_.scale_embeddings) {  // times sqrt(hidden) rounded to the model's dtype, as transformers does
     cursor.h = cursor.h * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), dtype_).item();
   }
@@ -928,14 +1108,14 @@ Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
 
 std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
   const int64_t C = cursor.h.size(0);
-  const int64_t H = config_.num_heads, Hkv = config_.num_kv_heads, D = config_.head_dim;
+  const int64_t H = local_heads(), Hkv = local_kv_heads(), D = config_.head_dim;
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
-  const at::Tensor x = RmsNorm(cursor.h, l.input_norm);
+  const at::Tensor x = EnterShards(RmsNorm(cursor.h, l.input_norm));
   at::Tensor q, k, v;
   if (spec.fused_projections) {  // one product, split into views as transformers does
-    const auto parts = LinearForward(l.qkv, x, &cursor.gen, cursor.training)
-                           .split_with_sizes({config_.q_dim(), config_.kv_dim(), config_.kv_dim()}, -1);
+    const auto parts =
+        LinearForward(l.qkv, x, &cursor.gen, cursor.training).split_with_sizes({H * D, Hkv * D, Hkv * D}, -1);
     q = parts[0].view({C, H, D});
     k = parts[1].view({C, Hkv, D});
     // A copy: the attention saves v, and a view would keep the whole [C, q + 2 kv] product alive.
@@ -960,8 +1140,8 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
 void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const {
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
-  const at::Tensor attn = attention.reshape({cursor.h.size(0), config_.num_heads * config_.head_dim});
-  at::Tensor attn_out = LinearForward(l.o, attn, &cursor.gen, cursor.training);
+  const at::Tensor attn = attention.reshape({cursor.h.size(0), local_heads() * config_.head_dim});
+  at::Tensor attn_out = SumShards(LinearForward(l.o, attn, &cursor.gen, cursor.training, LeadsGroup()));
   if (spec.Has(NormRole::kAttentionOutput)) attn_out = RmsNorm(attn_out, l.attn_out_norm);
   const at::Tensor h = cursor.h + attn_out;
   at::Tensor mlp_out = Mlp(cursor, RmsNorm(h, l.post_norm));
@@ -970,10 +1150,11 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
   ++cursor.layer;
 }
 
-at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& y) const {
+at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& input) const {
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
-  if (spec.moe.has_value()) return Experts(l, *spec.moe, y, cursor.balance);
+  const at::Tensor y = EnterShards(input);
+  if (spec.moe.has_value()) return SumShards(Experts(l, *spec.moe, y, cursor.balance));
   at::Tensor gate, up;
   if (spec.fused_projections) {  // gate's rows first
     const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
@@ -986,7 +1167,7 @@ at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& y) const {
   at::Tensor mlp_out;
   const Linear& down = l.down;
   const bool gelu = spec.mlp == MlpKind::kGeluTanhGlu;
-  if (down.lora_a.defined() && !down.bias.defined() && !down.weight.requires_grad() &&
+  if (down.lora_a.defined() && (!down.bias.defined() || !LeadsGroup()) && !down.weight.requires_grad() &&
       (down.lora_dropout == 0 || !cursor.training)) {
     // The same values as below, keeping one intermediate-wide tensor less for backward.
     const at::ScalarType t = gate.scalar_type();
@@ -994,9 +1175,9 @@ at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& y) const {
                                    down.lora_a.to(t), (down.lora_b * down.lora_scaling).to(t));
   } else {
     const at::Tensor act = gelu ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
-    mlp_out = LinearForward(down, act, &cursor.gen, cursor.training);
+    mlp_out = LinearForward(down, act, &cursor.gen, cursor.training, LeadsGroup());
   }
-  return mlp_out;
+  return SumShards(mlp_out);
 }
 
 namespace {
@@ -1005,9 +1186,10 @@ namespace {
 // then gathers their gradients into one tensor per bank (UnbindBackward), where taking expert e's
 // slice from the bank each time would build a bank-sized gradient per expert.
 struct ExpertViews {
-  ExpertViews(const ExpertBank& bank, at::ScalarType t) : scaling(bank.lora_scaling) {
+  // with_bias false: without the bank's biases (a row-parallel bank's, on ranks other than 0).
+  ExpertViews(const ExpertBank& bank, at::ScalarType t, bool with_bias) : scaling(bank.lora_scaling) {
     weights = bank.weight.unbind(0);
-    if (bank.bias.defined()) biases = bank.bias.unbind(0);
+    if (bank.bias.defined() && with_bias) biases = bank.bias.unbind(0);
     if (!bank.lora_a.defined()) return;
     const int64_t experts = bank.weight.size(0), rank = bank.lora_a.size(0) / experts;
     a = bank.lora_a.to(t).view({experts, rank, -1}).unbind(0);                               // [r, in] each
@@ -1026,7 +1208,7 @@ struct ExpertViews {
 // A bank as kernels::GroupedMatmul takes it, each expert's matrix column-major: W_e^T, and LoRA's
 // A_e^T and (B_e alpha / r)^T.
 struct GroupedBank {
-  GroupedBank(const ExpertBank& bank, at::ScalarType t) : bias(bank.bias) {
+  GroupedBank(const ExpertBank& bank, at::ScalarType t, bool with_bias) : bias(with_bias ? bank.bias : at::Tensor()) {
     weight = bank.weight.transpose(1, 2);  // [E, in, out]
     if (!bank.lora_a.defined()) return;
     const int64_t experts = bank.weight.size(0), rank = bank.lora_a.size(0) / experts, out = bank.lora_b.size(0);
@@ -1065,7 +1247,9 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   // scatter, where bincount would read the largest id on the host).
   const at::Tensor flat = experts.reshape(-1);
   const at::Tensor counts = at::zeros({moe.experts}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
-  if (balance != nullptr) balance->Add(probs, counts);
+  // Under tensor parallelism the experts' outputs are partial and the router's gradient with
+  // them: rank 0 alone adds the auxiliary loss's share (tensor_parallel.h).
+  if (balance != nullptr) balance->Add(LeadsGroup() ? probs : probs.detach(), counts);
   const at::Tensor order = at::argsort(flat, /*stable=*/true);
   const at::Tensor x = y.index_select(0, at::floor_divide(order, moe.top_k));
   const at::Tensor out =
@@ -1090,7 +1274,8 @@ at::Tensor Transformer::LoopExperts(const DecoderLayer& l, const MoeSpec& moe, c
   // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
   // rather than widening each to the whole [C k, hidden].
   const std::vector<at::Tensor> inputs = x.split_with_sizes(sizes);
-  const ExpertViews gate_up(l.gate_up_experts, x.scalar_type()), down(l.down_experts, x.scalar_type());
+  const ExpertViews gate_up(l.gate_up_experts, x.scalar_type(), true),
+      down(l.down_experts, x.scalar_type(), LeadsGroup());
   std::vector<at::Tensor> outputs;
   for (size_t e = 0; e < sizes.size(); ++e) {
     if (sizes[e] == 0) continue;
@@ -1107,7 +1292,8 @@ at::Tensor Transformer::GroupedExperts(const DecoderLayer& l, const MoeSpec& moe
   const at::Tensor experts =
       moe.biases ? at::repeat_interleave(at::arange(moe.experts, counts.options()), counts, 0, x.size(0))
                  : at::Tensor();
-  const GroupedBank gate_up(l.gate_up_experts, x.scalar_type()), down(l.down_experts, x.scalar_type());
+  const GroupedBank gate_up(l.gate_up_experts, x.scalar_type(), true),
+      down(l.down_experts, x.scalar_type(), LeadsGroup());
   return down.Forward(ExpertActivation(moe, gate_up.Forward(x, offs, experts)), offs, experts);
 }
 
@@ -1117,7 +1303,7 @@ ExpertKernel Transformer::expert_kernel() const {
     return ExpertKernel::kLoop;
   }
   // The products' inner sizes: hidden, the experts' intermediate (and twice it), the LoRA ranks.
-  std::vector<int64_t> sizes = {config_.hidden_size, config_.moe.intermediate};
+  std::vector<int64_t> sizes = {config_.hidden_size, config_.moe.intermediate / tensor_parallel_size()};
   for (const DecoderLayer& l : layers_) {
     for (const ExpertBank* b : {&l.gate_up_experts, &l.down_experts}) {
       if (b->lora_a.defined()) sizes.push_back(b->lora_a.size(0) / b->weight.size(0));

@@ -29,6 +29,11 @@
 // summed over k, times alpha / r, as PEFT lays them out; applied per expert to its tokens,
 // never as a weight. PEFT takes no dropout there.
 //
+// Tensor parallelism (Shard; the layout in worker/model/tensor_parallel.h): a model sharded over
+// a group keeps its rank's heads, intermediate features and vocabulary rows, and its forward
+// takes the group's collectives (kernels/torch/tensor_parallel.h): the attention callback sees
+// the rank's heads alone.
+//
 // Thread-safety: a Transformer is used by one training thread at a time.
 #ifndef OOMB_WORKER_MODEL_TRANSFORMER_H_
 #define OOMB_WORKER_MODEL_TRANSFORMER_H_
@@ -48,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "worker/hf/layer_spec.h"
 #include "worker/hf/model_config.h"
+#include "worker/model/tensor_parallel.h"
 
 namespace oomb {
 
@@ -75,6 +81,9 @@ struct Linear {
   at::Tensor lora_b;  // [out, rank]
   double lora_scaling = 0;
   double lora_dropout = 0;
+  // A row-parallel layer under tensor parallelism: its whole input's width and where this rank's
+  // columns start, so that LoRA dropout draws the mask one device would draw (0: not split).
+  int64_t whole_in = 0, in_begin = 0;
 };
 
 // One projection of every expert ([experts, out, in], ExpertBankSpec) with an optional LoRA
@@ -184,9 +193,12 @@ class Transformer {
   // Loads config.json and the safetensors weights of a Hugging Face directory, converting to
   // `dtype` on `device`. Missing or unexpected tensor names, and shape mismatches, are
   // INVALID_ARGUMENT naming the tensor. `rope_scaling` applies over config.json's RoPE.
+  // `tensor_parallel`: the model comes sharded over that group (as Shard leaves it), each tensor
+  // split as it is read, so the device holds the rank's share and one whole tensor at most.
   static absl::StatusOr<std::unique_ptr<Transformer>> Load(const Dir& model_dir, at::ScalarType dtype,
                                                            at::Device device,
-                                                           const std::optional<RopeScalingOverride>& rope_scaling = {});
+                                                           const std::optional<RopeScalingOverride>& rope_scaling = {},
+                                                           const kernels::Collectives* tensor_parallel = nullptr);
   // A model with random weights (normal, std `init_std`), for tests and benchmarks.
   static std::unique_ptr<Transformer> Random(const ModelConfig& config, at::ScalarType dtype, at::Device device,
                                              uint64_t seed, double init_std = 0.02);
@@ -229,6 +241,39 @@ class Transformer {
   // Full fine-tuning: every base weight trains (and no LoRA). Requires no adapters.
   void EnableFullFineTuning();
 
+  // Tensor parallelism: keeps this rank's share of every weight and adapter (every rank of
+  // `group` holds the same whole model before) and runs the forward with the group's
+  // collectives. Call once the adapters exist (AddLora, LoadAdapter) or after
+  // EnableFullFineTuning. INVALID_ARGUMENT naming the size that the group's size does not divide
+  // (heads, KV heads, intermediate features). `group` must outlive the model.
+  absl::Status Shard(const kernels::Collectives& group);
+  // The group (nullptr without tensor parallelism), this rank's place in it.
+  const kernels::Collectives* tensor_parallel() const { return tp_; }
+  int tensor_parallel_rank() const { return tp_ == nullptr ? 0 : tp_->rank(); }
+  int tensor_parallel_size() const { return tp_ == nullptr ? 1 : tp_->size(); }
+  // This rank's query and KV heads (all of them without tensor parallelism).
+  int64_t local_heads() const { return config_.num_heads / tensor_parallel_size(); }
+  int64_t local_kv_heads() const { return config_.num_kv_heads / tensor_parallel_size(); }
+  // How tensor parallelism splits `tensor`, one of the model's (by identity; Replicated for
+  // any other).
+  Split SplitOf(const at::Tensor& tensor) const;
+  // The trainable parameters each rank holds a share of the gradient of (Split::kPartial): the
+  // caller sums their gradients over the group after the backward, before the optimizer step.
+  std::vector<at::Tensor> PartialGradients() const;
+  // The whole model gathered from the group's ranks (weights, adapters, and the gradients of
+  // those that have one), on every rank; every rank of the group must call it. What a sharded
+  // model saves (SaveLora, SaveFull) and tests compare. Without tensor parallelism, a copy.
+  // trainable_only: the trainable parameters alone (a LoRA model's base weights left
+  // undefined: enough for SaveLora).
+  std::unique_ptr<Transformer> Whole(bool trainable_only = false) const;
+
+  // The LM head's summed cross-entropy over hidden [N, hidden] and labels [N]
+  // (kernels::ChunkedLmHeadCrossEntropy; vocabulary-parallel under tensor parallelism), and its
+  // per-token scores (kernels::LmHeadTokenScores).
+  at::Tensor LmHeadLoss(const at::Tensor& hidden, const at::Tensor& labels, int64_t rows_per_block) const;
+  std::pair<at::Tensor, at::Tensor> LmHeadScores(const at::Tensor& hidden, const at::Tensor& labels,
+                                                 int64_t rows_per_block) const;
+
   // What the optimizer updates, with the names checkpoints use (HF / PEFT names).
   std::vector<std::pair<std::string, at::Tensor>> TrainableParameters() const;
   // Where the trainable parameters' gradients, as they are now (after a backward), are nonzero.
@@ -268,7 +313,8 @@ class Transformer {
   void FinishLayer(Cursor& cursor, const at::Tensor& attention) const;
   // The final-norm hidden states, once every layer ran.
   at::Tensor End(const Cursor& cursor) const;
-  // The LM head weight [vocab, hidden] (the embedding when tied).
+  // The LM head weight [vocab, hidden] (the embedding when tied; this rank's rows under tensor
+  // parallelism).
   const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_ : lm_head_; }
   // Layer `layer`'s attention sinks [num_heads] (gpt-oss), undefined where it has none.
   const at::Tensor& sinks(int64_t layer) const { return layers_[layer].sinks; }
@@ -279,7 +325,16 @@ class Transformer {
 
  private:
   Transformer(ModelConfig config, at::ScalarType dtype, at::Device device);
-  at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training) const;
+  // x W^T (+ b unless with_bias is false) + LoRA's update.
+  at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training,
+                           bool with_bias = true) const;
+  // Whether this rank adds what is replicated inside a partial region (a row-parallel layer's
+  // bias, the router's auxiliary loss): rank 0 alone (tensor_parallel.h).
+  bool LeadsGroup() const { return tensor_parallel_rank() == 0; }
+  // A column-parallel region's input, and a row-parallel region's output summed over the group
+  // (the identity without tensor parallelism).
+  at::Tensor EnterShards(const at::Tensor& x) const;
+  at::Tensor SumShards(const at::Tensor& x) const;
   // The MLP of layer cursor.layer over its input norm's output y [C, hidden]: dense or of experts.
   at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
   at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y, RouterBalance* balance) const;
@@ -328,6 +383,20 @@ class Transformer {
   void AllocateMoe(int64_t i, const at::TensorOptions& options);
   // The router's name in sparse layer i: model.layers.{i}.mlp.gate (gpt-oss: mlp.router).
   std::string RouterName(int64_t i) const;
+  // Every tensor of the model (weights, biases, norms, sinks, routers, adapters; undefined ones
+  // too) with how tensor parallelism splits it (tensor_parallel.h): the one place that says so.
+  struct Slot {
+    at::Tensor* tensor;
+    Split split;
+  };
+  std::vector<Slot> Slots();
+  // The split of the tensor `slot` points at (one of Slots()'s).
+  Split SlotSplit(const at::Tensor* slot);
+  // Joins `group` (CheckTensorParallel holding) before any tensor is split: what the forward
+  // needs to know of the rank's place.
+  void JoinGroup(const kernels::Collectives& group);
+  // This rank's share of the whole tensor in `slot` (itself without tensor parallelism).
+  at::Tensor ShardOf(const at::Tensor* slot, const at::Tensor& whole);
 
   ModelConfig config_;
   ModelSpec spec_;
@@ -340,6 +409,8 @@ class Transformer {
   std::optional<LoraOptions> lora_;
   bool full_ = false;
   ExpertKernel expert_kernel_ = ExpertKernel::kAuto;
+  const kernels::Collectives* tp_ = nullptr;  // Shard's group
+  int64_t vocab_begin_ = 0;                   // this rank's first row of the vocabulary
 };
 
 }  // namespace oomb

@@ -131,6 +131,12 @@ struct JobConfig {
     int64_t max_runtime_seconds = 0;
   } resources;
 
+  // proto ParallelSpec: resources.gpus ranks in groups of `tensor` (tensor parallelism,
+  // worker/model/tensor_parallel.h), the groups data-parallel.
+  struct Parallel {
+    int32_t tensor = 1;
+  } parallel;
+
   // Long-context evaluation while training (proto EvaluationSpec); no suites: none.
   struct Evaluation {
     std::vector<EvalSuite> suites;  // each once, in the order given

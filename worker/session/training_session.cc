@@ -112,7 +112,10 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(Transfo
 }
 
 absl::Status TrainingSession::Init() {
-  for (auto& [name, p] : model_->TrainableParameters()) params_.push_back(p);
+  for (auto& [name, p] : model_->TrainableParameters()) {
+    params_.push_back(p);
+    split_params_.push_back(model_->SplitOf(p).kind == Split::Kind::kSharded);
+  }
   torch::optim::AdamWOptions adam(job_.training.learning_rate);
   adam.betas({job_.training.beta1, job_.training.beta2});
   adam.eps(job_.training.eps);
@@ -129,7 +132,7 @@ absl::Status TrainingSession::Init() {
   job_.memory.chunk_tokens = plan_.chunk_tokens;
   job_.memory.kv_grad_dtype = plan_.kv_grad_dtype;
   const at::ScalarType dtype = model_->dtype();
-  OOMB_ASSIGN_OR_RETURN(pools_, MakeKvPools({c.num_kv_heads, job_.memory.page_tokens, c.head_dim}, dtype,
+  OOMB_ASSIGN_OR_RETURN(pools_, MakeKvPools({model_->local_kv_heads(), job_.memory.page_tokens, c.head_dim}, dtype,
                                             GradPageDtype(plan_.kv_grad_dtype == KvGradDtype::kBFloat16, dtype), device,
                                             PoolSizes(plan_)));
   AttachKvStats();
@@ -175,6 +178,7 @@ absl::StatusOr<StepReport> TrainingSession::Step(const std::vector<TokenSequence
                       &peak);
   });
   if (absl::IsCancelled(local)) local = absl::OkStatus();  // the stop is seen by every rank next
+  CountOncePerGroup(&sums, {kLoss, kRouterAux, kKeptTokens});
   OOMB_RETURN_IF_ERROR(sync_->Agree(local, &sums));
   if (sync_->stopping()) {
     optimizer_->zero_grad(/*set_to_none=*/true);
@@ -234,12 +238,35 @@ uint64_t TrainingSession::DropoutSeed(int64_t step, size_t index) const {
 absl::Status TrainingSession::ApplyGradients(double lr) {
   kernels::timeline::Mark("optimizer");
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-  if (job_.training.max_grad_norm > 0) {
-    torch::nn::utils::clip_grad_norm_(optimizer_->param_groups()[0].params(), job_.training.max_grad_norm);
-  }
+  if (job_.training.max_grad_norm > 0) ClipGradients(job_.training.max_grad_norm);
   optimizer_->step();
   optimizer_->zero_grad(/*set_to_none=*/true);
   return absl::OkStatus();
+}
+
+void TrainingSession::ClipGradients(double max_norm) {
+  const kernels::Collectives* group = model_->tensor_parallel();
+  if (group == nullptr) {
+    torch::nn::utils::clip_grad_norm_(params_, max_norm);
+    return;
+  }
+  // As clip_grad_norm_: the coefficient max_norm / (norm + 1e-6), applied where it is below 1.
+  at::Tensor split = at::zeros({1}, params_.front().options().dtype(at::kDouble)), replicated = split.clone();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].grad().defined()) continue;
+    (split_params_[i] ? split : replicated).add_(params_[i].grad().norm().to(at::kDouble).square());
+  }
+  group->AllReduce(split, kernels::ReduceOp::kSum);
+  const double coef = max_norm / (std::sqrt((split + replicated).item<double>()) + 1e-6);
+  if (coef >= 1.0) return;
+  for (const at::Tensor& p : params_) {
+    if (p.grad().defined()) p.grad().mul_(coef);
+  }
+}
+
+void TrainingSession::CountOncePerGroup(std::vector<double>* sums, std::initializer_list<size_t> fields) const {
+  if (model_->tensor_parallel_rank() == 0) return;
+  for (const size_t f : fields) (*sums)[f] = 0;
 }
 
 void TrainingSession::Measure(const std::vector<TokenSequence>& batch, const std::vector<double>& sums,
@@ -286,6 +313,7 @@ absl::StatusOr<double> TrainingSession::Evaluate(const std::vector<TokenSequence
     return absl::OkStatus();
   });
   if (absl::IsCancelled(local)) local = absl::OkStatus();  // the stop is seen by every rank next
+  CountOncePerGroup(&sums, {0, 1});
   OOMB_RETURN_IF_ERROR(sync_->Agree(local, &sums));
   if (sync_->stopping()) return 0.0;
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,6 +127,12 @@ class TrainingSession {
                           std::vector<double>* sums, StepReport* report, TrainerMemory* peak);
   // Clips and applies the gradients.
   absl::Status ApplyGradients(double lr);
+  // training.max_grad_norm over the whole model's gradient: under tensor parallelism a split
+  // parameter's squares summed over the group, a replicated one's counted once.
+  void ClipGradients(double max_norm);
+  // Under tensor parallelism the ranks of a group train the same sequences: what the sums count
+  // once per sequence (the losses, the kept tokens) is counted by the group's rank 0 alone.
+  void CountOncePerGroup(std::vector<double>* sums, std::initializer_list<size_t> fields) const;
   // The step's measured numbers, from what the ranks summed.
   void Measure(const std::vector<TokenSequence>& batch, const std::vector<double>& sums, const TrainerMemory& peak,
                double seconds, StepReport* report) const;
@@ -136,6 +143,7 @@ class TrainingSession {
   StepSync one_device_;
   StepSync* sync_;
   std::vector<at::Tensor> params_;  // the trainable parameters, in the optimizer's order
+  std::vector<bool> split_params_;  // tensor parallelism: whether params_[i] is split (Split::kSharded)
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   MemoryPlan plan_;
   OwnedKvPools pools_;

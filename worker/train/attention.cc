@@ -289,7 +289,7 @@ absl::Status SparseAttention::StartFetch(const Chunk& c, int64_t layer, LayerSel
   s->fetching = true;
   if (s->copied.has_value()) s->copied->synchronize();
   const int64_t C = c.end - c.begin;
-  const int64_t H = model_->config().num_heads, G = H / model_->config().num_kv_heads;
+  const int64_t H = model_->local_heads(), G = H / model_->local_kv_heads();
   const at::Tensor per_tile = s->host.ge(0).sum(at::IntArrayRef{1, 2}).to(at::kDouble);  // [n_tiles]
   const at::Tensor rows = (C - at::arange(0, C, P(), at::kLong)).clamp_max(P()).to(at::kDouble);
   stats_.selected_pages += s->host.ge(0).sum().item<int64_t>();

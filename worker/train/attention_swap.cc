@@ -22,7 +22,7 @@ SwappedAttention::SwappedAttention(const Transformer* model, CopyEngine* copies,
       layers_(model->config().num_layers),
       chunk_tokens_(chunk_tokens),
       layout_(MakeSwapLayout(
-          chunk_tokens, model->config().num_heads, model->config().head_dim,
+          chunk_tokens, model->local_heads(), model->config().head_dim,
           SwapOutputBytes(static_cast<int64_t>(c10::elementSize(model->dtype())), model->device().is_cuda()),
           min_key_tokens)) {
   const int64_t records = layout_.RecordsWithin(budget_bytes);

@@ -285,8 +285,7 @@ absl::Status ChunkTrainer::Backpropagate(const TokenSequence& seq, int64_t index
   const at::Tensor hidden = model_->Hidden(c.input, attention);
   // The top layer's gradients are read first in backward.
   if (index != last) OOMB_RETURN_IF_ERROR(store.PrefetchGrad(model_->config().num_layers - 1, c.begin, c.end));
-  const at::Tensor chunk_loss =
-      kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), c.labels_host, options_.ce_rows_per_block);
+  const at::Tensor chunk_loss = model_->LmHeadLoss(hidden, c.labels_host, options_.ce_rows_per_block);
   if (two.with_loss) {
     two.loss_sum.add_(chunk_loss.detach());
     two.label_tokens += c.label_tokens;

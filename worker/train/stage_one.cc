@@ -94,12 +94,10 @@ absl::Status StageOne::RunNext(Pass& pass) {
 void StageOne::AddLoss(Pass& pass, Lane& lane) const {
   const at::Tensor hidden = model_->End(lane.cursor);
   if (!pass.loss_sum.defined()) pass.loss_sum = at::zeros({}, hidden.options().dtype(at::kDouble));
-  pass.loss_sum.add_(
-      kernels::ChunkedLmHeadCrossEntropy(hidden, model_->lm_head(), lane.c.labels_host, options_.ce_rows_per_block));
+  pass.loss_sum.add_(model_->LmHeadLoss(hidden, lane.c.labels_host, options_.ce_rows_per_block));
   pass.loss.label_tokens += lane.c.label_tokens;
   if (pass.scores == nullptr) return;
-  const auto [loss, hit] =
-      kernels::LmHeadTokenScores(hidden, model_->lm_head(), lane.c.labels_host, options_.ce_rows_per_block);
+  const auto [loss, hit] = model_->LmHeadScores(hidden, lane.c.labels_host, options_.ce_rows_per_block);
   const at::Tensor l = loss.to(at::kDouble).cpu(), h = hit.cpu();
   const int64_t* labels = lane.c.labels_host.data_ptr<int64_t>();
   for (int64_t i = 0; i < lane.c.end - lane.c.begin; ++i) {

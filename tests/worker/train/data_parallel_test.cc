@@ -1,16 +1,25 @@
-// Data parallelism (worker/train/data_parallel.h, executor.h): k ranks with the same global
-// batch give the gradients and the training of one device.
+// Data and tensor parallelism (worker/train/rank_group.h, worker/model/tensor_parallel.h,
+// executor.h): k ranks with the same global batch give the gradients and the training of one
+// device.
 //   - Two processes joined over Gloo (c10d FileStore rendezvous): the all-reduced LoRA
 //     gradients equal single-process gradients within 1e-6 (float32, relative to the largest).
 //   - RunJob with resources.gpus = 2 on the CPU (two threads, Gloo): the same losses step for
 //     step and the same adapter as one device; pause and resume across ranks continue the
 //     same run; a cancel in the middle of a step stops every rank (no rank left waiting in a
 //     collective).
+//   - RunJob with parallel.tensor = 2 (alone, and twice data-parallel over 4 ranks): the losses
+//     and the adapter of one device; a run paused on 2 tensor-parallel ranks resumes on one
+//     device, and one paused on one device resumes on 2 ranks (the checkpoint is whole); on two
+//     GPUs over NCCL, with an adapter to start from, the losses and adapter of one GPU.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <torch/cuda.h>
+
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -78,7 +87,7 @@ Fixture MakeFixture(const std::string& name) {
   return f;
 }
 
-JobConfig MakeSpec(const Fixture& f, int gpus) {
+JobConfig MakeSpec(const Fixture& f, int gpus, int tensor = 1) {
   JobConfig s;
   s.model.path = f.model_dir;
   s.model.dtype = ModelDtype::kFloat32;
@@ -99,12 +108,14 @@ JobConfig MakeSpec(const Fixture& f, int gpus) {
   s.checkpoint.keep_last = 20;
   s.resources.device = "cpu";
   s.resources.gpus = gpus;
+  s.parallel.tensor = tensor;
   return s;
 }
 
 struct Outcome {
   absl::StatusOr<RunResult> result;
   std::vector<double> losses;
+  std::vector<std::string> logs;
 };
 
 Outcome RunOnce(const JobConfig& job, const std::string& ckpt, bool resume = false,
@@ -113,9 +124,12 @@ Outcome RunOnce(const JobConfig& job, const std::string& ckpt, bool resume = fal
   RunOptions options;
   options.files = FileAccess::Unconfined();
   options.checkpoint_dir = testing::MakeDirs(ckpt);
-  options.devices.assign(static_cast<size_t>(job.resources.gpus), "cpu");
+  for (int r = 0; r < job.resources.gpus; ++r) {
+    options.devices.push_back(job.resources.device == "cpu" ? "cpu" : "cuda:" + std::to_string(r));
+  }
   options.resume = resume;
   options.on_step = [&](const StepReport& p) { o.losses.push_back(p.loss); };
+  options.on_log = [&](const std::string& line) { o.logs.push_back(line); };
   options.poll_stop = poll ? poll : [] { return StopRequest::kNone; };
   o.result = RunJob(job, options);
   return o;
@@ -217,6 +231,111 @@ TEST(DataParallelTest, DevicesMustMatchTheRanks) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("resources.gpus: 2 but the run was given 1 devices"), std::string::npos)
       << r.status();
+}
+
+// The adapter of `b` equals `a`'s within `rel` of the largest value.
+void ExpectSameAdapter(const std::string& a, const std::string& b, double rel) {
+  const std::vector<float> x = AdapterValues(a), y = AdapterValues(b);
+  ASSERT_EQ(x.size(), y.size());
+  ASSERT_FALSE(x.empty());
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(x[i] - y[i])));
+    max_abs = std::max(max_abs, static_cast<double>(std::abs(x[i])));
+  }
+  EXPECT_LE(max_diff, rel * max_abs);
+}
+
+TEST(TensorParallelRunTest, TwoRanksAloneAndTwiceDataParallelTrainLikeOneDevice) {
+  const Fixture f = MakeFixture("tp_run");
+  const Outcome one = RunOnce(MakeSpec(f, 1), f.root + "/one");
+  ASSERT_TRUE(one.result.ok()) << one.result.status();
+  for (const int gpus : {2, 4}) {
+    const std::string dir = f.root + "/tp2x" + std::to_string(gpus / 2);
+    const Outcome tp = RunOnce(MakeSpec(f, gpus, /*tensor=*/2), dir);
+    ASSERT_TRUE(tp.result.ok()) << tp.result.status();
+    const std::string groups =
+        gpus == 2 ? "1 group of 2 ranks (cpu, cpu)" : "2 groups of 2 ranks (cpu, cpu | cpu, cpu)";
+    EXPECT_THAT(tp.logs, ::testing::Contains("tensor parallel: " + groups + ", Gloo over loopback"));
+    ExpectClose(tp.losses, one.losses, 1e-5);
+    ExpectSameAdapter(one.result->final_checkpoint.path, tp.result->final_checkpoint.path, 1e-5);
+    // The periodic checkpoints are whole too.
+    ExpectSameAdapter(f.root + "/one/checkpoint-2", dir + "/checkpoint-2", 1e-5);
+  }
+}
+
+// Paused at the end of step 2 with `paused_job`, resumed with `resumed_job`: the losses of the
+// whole run.
+void ExpectPauseAndResumeContinue(const JobConfig& paused_job, const JobConfig& resumed_job,
+                                  const std::vector<double>& whole, const std::string& dir) {
+  std::vector<double> losses;
+  RunOptions options;
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(dir);
+  options.devices.assign(static_cast<size_t>(paused_job.resources.gpus), "cpu");
+  options.on_step = [&](const StepReport& p) { losses.push_back(p.loss); };
+  options.poll_stop = [&] { return losses.size() == 2 ? StopRequest::kPauseAtStepEnd : StopRequest::kNone; };
+  const absl::StatusOr<RunResult> paused = RunJob(paused_job, options);
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  EXPECT_EQ(paused->outcome, RunOutcome::kPaused);
+  EXPECT_EQ(paused->final_checkpoint.step, 2);
+  const Outcome resumed = RunOnce(resumed_job, dir, /*resume=*/true);
+  ASSERT_TRUE(resumed.result.ok()) << resumed.result.status();
+  losses.insert(losses.end(), resumed.losses.begin(), resumed.losses.end());
+  ExpectClose(losses, whole, 1e-5);
+}
+
+TEST(TensorParallelRunTest, CheckpointsResumeAtAnotherDegree) {
+  const Fixture f = MakeFixture("tp_resume");
+  const Outcome whole = RunOnce(MakeSpec(f, 1), f.root + "/whole");
+  ASSERT_TRUE(whole.result.ok()) << whole.result.status();
+  ExpectPauseAndResumeContinue(MakeSpec(f, 2, 2), MakeSpec(f, 1), whole.losses, f.root + "/two_to_one");
+  ExpectPauseAndResumeContinue(MakeSpec(f, 1), MakeSpec(f, 2, 2), whole.losses, f.root + "/one_to_two");
+}
+
+// On GPUs over NCCL (skipped with fewer than two), float32, starting from an adapter: two
+// tensor-parallel ranks train as one GPU does.
+TEST(TensorParallelGpuTest, TwoGpusOverNcclTrainLikeOne) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const Fixture f = MakeFixture("tp_gpu");
+  JobConfig start = MakeSpec(f, 1);
+  start.training.max_steps = 1;
+  const Outcome adapter = RunOnce(start, f.root + "/start");
+  ASSERT_TRUE(adapter.result.ok()) << adapter.result.status();
+  JobConfig one = MakeSpec(f, 1), two = MakeSpec(f, 2, /*tensor=*/2);
+  for (JobConfig* job : {&one, &two}) {
+    job->resources.device = "cuda";
+    job->method.lora.init_adapter = adapter.result->final_checkpoint.path;
+  }
+  const Outcome a = RunOnce(one, f.root + "/one"), b = RunOnce(two, f.root + "/two");
+  ASSERT_TRUE(a.result.ok()) << a.result.status();
+  ASSERT_TRUE(b.result.ok()) << b.result.status();
+  ExpectClose(b.losses, a.losses, 1e-4);
+  ExpectSameAdapter(a.result->final_checkpoint.path, b.result->final_checkpoint.path, 1e-4);
+  // The group's links, as NVML reports them.
+  bool reported = false;
+  for (const std::string& line : b.logs) {
+    if (line.rfind("tensor parallel: 1 group of 2 ranks (cuda:0, cuda:1), ", 0) != 0) continue;
+    reported = true;
+    EXPECT_EQ(line.find("unknown"), std::string::npos) << line;
+    std::cout << line << "\n";
+  }
+  EXPECT_TRUE(reported);
+}
+
+TEST(TensorParallelRunTest, StartsFromAnAdapterLikeOneDevice) {
+  const Fixture f = MakeFixture("tp_init");
+  JobConfig start = MakeSpec(f, 1);
+  start.training.max_steps = 1;
+  const Outcome adapter = RunOnce(start, f.root + "/start");
+  ASSERT_TRUE(adapter.result.ok()) << adapter.result.status();
+  JobConfig one = MakeSpec(f, 1), two = MakeSpec(f, 2, /*tensor=*/2);
+  one.method.lora.init_adapter = two.method.lora.init_adapter = adapter.result->final_checkpoint.path;
+  const Outcome a = RunOnce(one, f.root + "/one"), b = RunOnce(two, f.root + "/two");
+  ASSERT_TRUE(a.result.ok()) << a.result.status();
+  ASSERT_TRUE(b.result.ok()) << b.result.status();
+  ExpectClose(b.losses, a.losses, 1e-5);
+  ExpectSameAdapter(a.result->final_checkpoint.path, b.result->final_checkpoint.path, 1e-5);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include "worker/kv/page_pool.h"
 #include "worker/model/transformer.h"
 #include "worker/train/chunk_trainer.h"
-#include "worker/train/data_parallel.h"
+#include "worker/train/rank_group.h"
 
 namespace oomb::testing {
 
@@ -46,7 +46,7 @@ inline DpCase MakeDpCase() {
 // Trains the sequences of `c.batch` that `group` owns (all of them without a group), each
 // scaled by 1 / (label tokens of the whole batch) as the executor does, sums the gradients
 // over the group, and returns them flattened in TrainableParameters order.
-inline at::Tensor TrainShare(DpCase& c, DataParallelGroup* group) {
+inline at::Tensor TrainShare(DpCase& c, RankGroup* group) {
   const ModelConfig& config = c.model->config();
   const int64_t page = 8;
   const PageShape shape{config.num_kv_heads, page, config.head_dim};

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   }
   const int rank = std::atoi(argv[1]);
   const int world = std::atoi(argv[2]);
-  auto group = oomb::DataParallelGroup::Join(oomb::Rendezvous::File(argv[3], world), rank, world, at::kCPU);
+  auto group = oomb::RankGroup::Join(oomb::Rendezvous::File(argv[3], world), rank, world, at::kCPU);
   if (!group.ok()) {
     std::cerr << "rank " << rank << ": " << group.status() << "\n";
     return 1;

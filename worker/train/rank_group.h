@@ -1,3 +1,10 @@
+// A group of ranks over LibTorch's c10d (ProcessGroupNCCL between CUDA devices,
+// ProcessGroupGloo on the CPU), and what data and tensor parallelism do over it.
+//
+// Tensor parallelism: the group is the model's kernels::Collectives (Transformer::Shard; the
+// layout and its gradients in worker/model/tensor_parallel.h); after a step's backward the
+// ranks sum the partial gradients (Transformer::PartialGradients) with AllReduceGradients.
+//
 // Data parallelism (resources.gpus: k): k ranks, each a full replica of the model on its own
 // device, train disjoint sequences of the same global batch; gradients are summed over the
 // ranks with LibTorch's c10d collectives (ProcessGroupNCCL between CUDA devices,
@@ -23,9 +30,9 @@
 //
 // Thread-safety: a group is used by the one thread of its rank. Ranks of one process on CUDA
 // devices need LibTorch's flight recorder off (DisableFlightRecorder) before any thread
-// starts: see data_parallel.cc.
-#ifndef OOMB_WORKER_TRAIN_DATA_PARALLEL_H_
-#define OOMB_WORKER_TRAIN_DATA_PARALLEL_H_
+// starts: see rank_group.cc.
+#ifndef OOMB_WORKER_TRAIN_RANK_GROUP_H_
+#define OOMB_WORKER_TRAIN_RANK_GROUP_H_
 
 #include <ATen/ATen.h>
 
@@ -36,6 +43,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/torch/tensor_parallel.h"
 
 namespace oomb {
 
@@ -47,6 +55,9 @@ class Rendezvous {
   // For k processes of one host: a file they all open (c10d FileStore); the file must not
   // exist yet or be left over from a finished group.
   static Rendezvous File(const std::string& path, int world_size);
+  // For a subgroup of the ranks that met here: the same store, its keys under `prefix` (c10d
+  // PrefixStore), one prefix per subgroup.
+  Rendezvous Prefixed(const std::string& prefix) const;
 
   struct Store;  // c10d::Store, hidden from this header
   std::shared_ptr<Store> store;
@@ -56,20 +67,22 @@ class Rendezvous {
 // any other thread exists (it changes the environment).
 void DisableFlightRecorder();
 
-class DataParallelGroup {
+class RankGroup : public kernels::Collectives {
  public:
   // Joins the group as `rank` of `world_size` on `device` (all CUDA or all CPU across ranks).
   // Blocks until every rank joined. INVALID_ARGUMENT for a bad rank or device mix;
   // UNAVAILABLE when c10d fails to connect (the message carries its error).
-  static absl::StatusOr<std::unique_ptr<DataParallelGroup>> Join(const Rendezvous& rendezvous, int rank, int world_size,
-                                                                 at::Device device,
-                                                                 absl::Duration timeout = absl::Hours(2));
-  ~DataParallelGroup();
-  DataParallelGroup(const DataParallelGroup&) = delete;
-  DataParallelGroup& operator=(const DataParallelGroup&) = delete;
+  static absl::StatusOr<std::unique_ptr<RankGroup>> Join(const Rendezvous& rendezvous, int rank, int world_size,
+                                                         at::Device device, absl::Duration timeout = absl::Hours(2));
+  ~RankGroup() override;
+  RankGroup(const RankGroup&) = delete;
+  RankGroup& operator=(const RankGroup&) = delete;
 
-  int rank() const { return rank_; }
-  int world_size() const { return world_size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return world_size_; }
+  // kernels::Collectives: failures throw c10::Error with the group's rank in the message.
+  void AllReduce(at::Tensor& t, kernels::ReduceOp op) const override;
+  std::vector<at::Tensor> AllGather(const at::Tensor& t) const override;
   // Whether sequence `index` of a global batch is this rank's.
   bool Owns(int64_t index) const { return index % world_size_ == rank_; }
 
@@ -84,7 +97,7 @@ class DataParallelGroup {
   struct Impl;
 
  private:
-  DataParallelGroup(int rank, int world_size, std::unique_ptr<Impl> impl);
+  RankGroup(int rank, int world_size, std::unique_ptr<Impl> impl);
   const int rank_;
   const int world_size_;
   std::unique_ptr<Impl> impl_;
@@ -92,4 +105,4 @@ class DataParallelGroup {
 
 }  // namespace oomb
 
-#endif  // OOMB_WORKER_TRAIN_DATA_PARALLEL_H_
+#endif  // OOMB_WORKER_TRAIN_RANK_GROUP_H_

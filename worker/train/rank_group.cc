@@ -1,9 +1,10 @@
-#include "worker/train/data_parallel.h"
+#include "worker/train/rank_group.h"
 
 // The PyPI wheel's libtorch_cpu and libtorch_cuda export both process groups; the Gloo and
 // NCCL headers they need come from worker/CMakeLists.txt (OOMB_HAVE_NCCL: NCCL's were found).
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef OOMB_HAVE_NCCL
 #include <c10/cuda/CUDAFunctions.h>
@@ -35,11 +36,21 @@ std::mutex& EnqueueMutex() {
   return mu;
 }
 
-c10::intrusive_ptr<c10d::Work> StartAllReduce(c10d::Backend& backend, bool serialise,
-                                              std::vector<at::Tensor>& tensors) {
-  if (!serialise) return backend.allreduce(tensors);
+c10::intrusive_ptr<c10d::Work> StartAllReduce(c10d::Backend& backend, bool serialise, std::vector<at::Tensor>& tensors,
+                                              c10d::ReduceOp op = c10d::ReduceOp::SUM) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  if (!serialise) return backend.allreduce(tensors, options);
   std::lock_guard<std::mutex> lock(EnqueueMutex());
-  return backend.allreduce(tensors);
+  return backend.allreduce(tensors, options);
+}
+
+c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& backend, bool serialise,
+                                              std::vector<std::vector<at::Tensor>>& outputs,
+                                              std::vector<at::Tensor>& inputs) {
+  if (!serialise) return backend.allgather(outputs, inputs);
+  std::lock_guard<std::mutex> lock(EnqueueMutex());
+  return backend.allgather(outputs, inputs);
 }
 
 }  // namespace
@@ -58,15 +69,19 @@ Rendezvous Rendezvous::File(const std::string& path, int world_size) {
   return Rendezvous{std::make_shared<Store>(Store{c10::make_intrusive<c10d::FileStore>(path, world_size)})};
 }
 
-struct DataParallelGroup::Impl {
+Rendezvous Rendezvous::Prefixed(const std::string& prefix) const {
+  return Rendezvous{std::make_shared<Store>(Store{c10::make_intrusive<c10d::PrefixStore>(prefix, store->store)})};
+}
+
+struct RankGroup::Impl {
   at::Device device = at::kCPU;
   c10::intrusive_ptr<c10d::Backend> backend;
 };
 
-DataParallelGroup::DataParallelGroup(int rank, int world_size, std::unique_ptr<Impl> impl)
+RankGroup::RankGroup(int rank, int world_size, std::unique_ptr<Impl> impl)
     : rank_(rank), world_size_(world_size), impl_(std::move(impl)) {}
 
-DataParallelGroup::~DataParallelGroup() = default;
+RankGroup::~RankGroup() = default;
 
 // OOMB_DP_TRACE=1: each rank prints where it is (joining, connected, each collective) to
 // stderr, for diagnosing a group that does not make progress.
@@ -78,9 +93,8 @@ static void Trace(int rank, const std::string& what) {
   if (on) std::fprintf(stderr, "[dp rank %d] %s\n", rank, what.c_str());
 }
 
-absl::StatusOr<std::unique_ptr<DataParallelGroup>> DataParallelGroup::Join(const Rendezvous& rendezvous, int rank,
-                                                                           int world_size, at::Device device,
-                                                                           absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const Rendezvous& rendezvous, int rank, int world_size,
+                                                           at::Device device, absl::Duration timeout) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat("data parallel: rank ", rank, " of ", world_size));
   }
@@ -115,10 +129,10 @@ absl::StatusOr<std::unique_ptr<DataParallelGroup>> DataParallelGroup::Join(const
     return absl::UnavailableError(absl::StrCat("data parallel: joining as rank ", rank, " of ", world_size, " on ",
                                                device.str(), ": ", e.what()));
   }
-  return std::unique_ptr<DataParallelGroup>(new DataParallelGroup(rank, world_size, std::move(impl)));
+  return std::unique_ptr<RankGroup>(new RankGroup(rank, world_size, std::move(impl)));
 }
 
-absl::Status DataParallelGroup::AllReduceGradients(const std::vector<at::Tensor>& params, int64_t bucket_bytes) {
+absl::Status RankGroup::AllReduceGradients(const std::vector<at::Tensor>& params, int64_t bucket_bytes) {
   if (world_size_ == 1) return absl::OkStatus();
   try {
     // Buckets of one dtype each, in the parameters' order: every rank builds the same ones.
@@ -164,7 +178,32 @@ absl::Status DataParallelGroup::AllReduceGradients(const std::vector<at::Tensor>
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<double>> DataParallelGroup::SumAcrossRanks(const std::vector<double>& values) {
+void RankGroup::AllReduce(at::Tensor& t, kernels::ReduceOp op) const {
+  const c10d::ReduceOp reduce = op == kernels::ReduceOp::kSum   ? c10d::ReduceOp::SUM
+                                : op == kernels::ReduceOp::kMax ? c10d::ReduceOp::MAX
+                                                                : c10d::ReduceOp::MIN;
+  TORCH_CHECK(t.is_contiguous(), "rank group: all-reduce of a non-contiguous tensor");
+  std::vector<at::Tensor> tensors{t};
+  try {
+    StartAllReduce(*impl_->backend, impl_->device.is_cpu(), tensors, reduce)->wait();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", rank_, " of ", world_size_, ": all-reduce: ", e.what());
+  }
+}
+
+std::vector<at::Tensor> RankGroup::AllGather(const at::Tensor& t) const {
+  std::vector<at::Tensor> inputs{t.contiguous()};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
+  try {
+    StartAllGather(*impl_->backend, impl_->device.is_cpu(), outputs, inputs)->wait();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", rank_, " of ", world_size_, ": all-gather: ", e.what());
+  }
+  return outputs[0];
+}
+
+absl::StatusOr<std::vector<double>> RankGroup::SumAcrossRanks(const std::vector<double>& values) {
   if (world_size_ == 1) return values;
   try {
     at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(impl_->device);
