@@ -729,6 +729,10 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const ModelConfig& config = *preset;
+  if (const absl::Status s = CheckTensorParallel(config, tensor); !s.ok()) {
+    std::cerr << "--tensor: " << s.message() << std::endl;
+    return 2;
+  }
   const BenchSpec bench{.full = full,
                         .rank = rank,
                         .chunk = chunk,
@@ -811,7 +815,7 @@ int Main(int argc, char** argv) {
     std::unique_ptr<Transformer> m;
     {
       std::lock_guard<std::mutex> lock(draw);
-      m = Transformer::Random(config, at::kBFloat16, d, 0, 0.02);
+      m = Transformer::Random(config, at::kBFloat16, d, 0, 0.02, group);  // sharded as drawn
     }
     if (full) {
       m->EnableFullFineTuning();
@@ -822,10 +826,6 @@ int Main(int argc, char** argv) {
     }
     std::optional<TensorParallelSync> sync;
     if (group != nullptr) {
-      if (const absl::Status s = m->Shard(*group); !s.ok()) {
-        std::cerr << "--tensor: " << s.message() << std::endl;
-        return 2;
-      }
       sync.emplace(*m, *group);
       tensor_parallel_sync = &*sync;
     }

@@ -15,13 +15,15 @@
 namespace oomb::kernels::timeline {
 namespace {
 
-std::atomic<bool> enabled{false};
-std::atomic<const char*> current_stage{nullptr};
-
 #if defined(OOMB_HAVE_CUDA)
+constexpr int kMaxDevices = 64;
+std::atomic<int> enabled_devices{0};  // the flag a mark tests first
+
+// One device's timeline.
 struct Marks {
   std::mutex mu;
-  int device = -1;  // the first mark's
+  bool enabled = false;
+  const char* stage = nullptr;  // Stage's
   struct Event {
     const char* stage;  // null: none
     const char* name;
@@ -31,68 +33,86 @@ struct Marks {
   std::vector<Event> events;
 };
 
-Marks& State() {
-  static Marks* marks = new Marks();  // never destroyed: events outlive static destruction order
-  return *marks;
+// The current device's timeline; null on the CPU.
+Marks* State() {
+  static Marks* marks = new Marks[kMaxDevices];  // never destroyed: events outlive static destruction order
+  if (c10::cuda::device_count() == 0) return nullptr;
+  const int device = c10::cuda::current_device();
+  return device < kMaxDevices ? &marks[device] : nullptr;
 }
 #endif
 
 }  // namespace
 
 void Enable(bool on) {
-  enabled = on;
 #if defined(OOMB_HAVE_CUDA)
-  Marks& m = State();
-  const std::lock_guard<std::mutex> lock(m.mu);
-  m.events.clear();
-  m.device = -1;
+  Marks* m = State();
+  if (m == nullptr) return;
+  const std::lock_guard<std::mutex> lock(m->mu);
+  if (m->enabled != on) enabled_devices += on ? 1 : -1;
+  m->enabled = on;
+  m->events.clear();
+#else
+  (void)on;
 #endif
 }
 
 void Mark(const char* name) {
-  if (!enabled) return;
 #if defined(OOMB_HAVE_CUDA)
-  if (c10::cuda::device_count() == 0) return;
-  const int device = c10::cuda::current_device();
-  Marks& m = State();
-  const std::lock_guard<std::mutex> lock(m.mu);
-  if (m.device < 0) m.device = device;
-  if (device != m.device) return;
-  m.events.push_back(
-      {current_stage.load(), name, at::cuda::CUDAEvent(cudaEventDefault), std::chrono::steady_clock::now()});
-  m.events.back().event.record(at::cuda::getCurrentCUDAStream(device));
+  if (enabled_devices.load() == 0) return;
+  Marks* m = State();
+  if (m == nullptr) return;
+  const std::lock_guard<std::mutex> lock(m->mu);
+  if (!m->enabled) return;
+  m->events.push_back({m->stage, name, at::cuda::CUDAEvent(cudaEventDefault), std::chrono::steady_clock::now()});
+  m->events.back().event.record(at::cuda::getCurrentCUDAStream(c10::cuda::current_device()));
 #else
   (void)name;
 #endif
 }
 
-void Stage(const char* stage) { current_stage = stage; }
+void Stage(const char* stage) {
+#if defined(OOMB_HAVE_CUDA)
+  Marks* m = State();
+  if (m == nullptr) return;
+  const std::lock_guard<std::mutex> lock(m->mu);
+  m->stage = stage;
+#else
+  (void)stage;
+#endif
+}
 
 std::map<std::string, double> Collect(std::map<std::string, double>* host_seconds) {
   std::map<std::string, double> seconds;
 #if defined(OOMB_HAVE_CUDA)
-  Marks& m = State();
-  const std::lock_guard<std::mutex> lock(m.mu);
-  if (m.events.empty()) return seconds;
+  Marks* m = State();
+  if (m == nullptr) return seconds;
+  std::vector<Marks::Event> events;
+  {
+    // Taken out, so that the wait below holds no lock (another thread of this device, the
+    // autograd engine's, may still mark).
+    const std::lock_guard<std::mutex> lock(m->mu);
+    events = std::move(m->events);
+    m->events.clear();
+  }
+  if (events.empty()) return seconds;
   const auto host_end = std::chrono::steady_clock::now();
   at::cuda::CUDAEvent end(cudaEventDefault);
-  end.record(at::cuda::getCurrentCUDAStream(m.device));
+  end.record(at::cuda::getCurrentCUDAStream(c10::cuda::current_device()));
   end.synchronize();
   const auto add = [](std::map<std::string, double>* to, const Marks::Event& e, double s) {
     (*to)[e.name] += s;
     if (e.stage != nullptr) (*to)[std::string(e.stage) + "/" + e.name] += s;
   };
-  for (size_t i = 0; i < m.events.size(); ++i) {
-    const bool last = i + 1 == m.events.size();
-    const at::cuda::CUDAEvent& next = last ? end : m.events[i + 1].event;
-    add(&seconds, m.events[i], static_cast<double>(m.events[i].event.elapsed_time(next)) / 1000.0);
+  for (size_t i = 0; i < events.size(); ++i) {
+    const bool last = i + 1 == events.size();
+    const at::cuda::CUDAEvent& next = last ? end : events[i + 1].event;
+    add(&seconds, events[i], static_cast<double>(events[i].event.elapsed_time(next)) / 1000.0);
     if (host_seconds != nullptr) {
-      const auto host_next = last ? host_end : m.events[i + 1].host;
-      add(host_seconds, m.events[i], std::chrono::duration<double>(host_next - m.events[i].host).count());
+      const auto host_next = last ? host_end : events[i + 1].host;
+      add(host_seconds, events[i], std::chrono::duration<double>(host_next - events[i].host).count());
     }
   }
-  m.events.clear();
-  m.device = -1;
 #else
   (void)host_seconds;
 #endif

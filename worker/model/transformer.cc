@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#if defined(OOMB_HAVE_CUDA)
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
 
 #include <algorithm>
 #include <cctype>
@@ -454,13 +457,14 @@ std::vector<Transformer::Slot> Transformer::Slots() {
     out.push_back({&layers_[i].router, Split::Partial()});
     out.push_back({&layers_[i].router_bias, Split::Partial()});
   }
-  // A layer's (or bank's) weight, bias and LoRA factors; `dim`: the weight's split dimension.
-  const auto add = [&](bool row, const std::vector<int64_t>& parts, int64_t dim, at::Tensor* weight, at::Tensor* bias,
-                       at::Tensor* a, at::Tensor* b) {
+  // A layer's (or bank's) weight, bias and LoRA factors; `dim`: the weight's split dimension,
+  // `bank`: an expert bank's (weight [E, out, in], bias [E, out]).
+  const auto add = [&](bool row, const std::vector<int64_t>& parts, int64_t dim, bool bank, at::Tensor* weight,
+                       at::Tensor* bias, at::Tensor* a, at::Tensor* b) {
     const Split split = Split::Along(dim, parts);
     // The bias and B of a column-parallel layer split like the weight's rows (a bias [out] or,
     // a bank's, [E, out]; B [out, r]); a row-parallel layer's A [r, in] like its columns.
-    const Split bias_split = Split::Along(bias->defined() ? bias->dim() - 1 : 0, parts);
+    const Split bias_split = Split::Along(bank ? 1 : 0, parts);
     const Split a_split = Split::Along(1, parts), b_split = Split::Along(0, parts);
     out.push_back({weight, split});
     out.push_back({bias, row ? Split::Partial() : bias_split});
@@ -469,11 +473,12 @@ std::vector<Transformer::Slot> Transformer::Slots() {
   };
   for (const NamedLinear& l : NamedLinears()) {
     Linear& x = *l.linear;
-    add(l.spec->row_parallel, l.spec->parts, l.spec->row_parallel ? 1 : 0, &x.weight, &x.bias, &x.lora_a, &x.lora_b);
+    add(l.spec->row_parallel, l.spec->parts, l.spec->row_parallel ? 1 : 0, false, &x.weight, &x.bias, &x.lora_a,
+        &x.lora_b);
   }
   for (const NamedBank& b : NamedBanks()) {
     ExpertBank& x = *b.bank;
-    add(b.spec.row_parallel, b.spec.parts, b.spec.row_parallel ? 2 : 1, &x.weight, &x.bias, &x.lora_a, &x.lora_b);
+    add(b.spec.row_parallel, b.spec.parts, b.spec.row_parallel ? 2 : 1, true, &x.weight, &x.bias, &x.lora_a, &x.lora_b);
   }
   return out;
 }
@@ -666,8 +671,15 @@ void Transformer::AllocateMoe(int64_t i, const at::TensorOptions& options) {
 }
 
 std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::ScalarType dtype, at::Device device,
-                                                 uint64_t seed, double init_std) {
+                                                 uint64_t seed, double init_std,
+                                                 const kernels::Collectives* tensor_parallel) {
   std::unique_ptr<Transformer> m(new Transformer(config, dtype, device));
+  if (tensor_parallel != nullptr) {
+    TORCH_CHECK(CheckTensorParallel(config, tensor_parallel->size()).ok(),
+                "Random: ", CheckTensorParallel(config, tensor_parallel->size()).message());
+    m->JoinGroup(*tensor_parallel);
+  }
+  const auto put = [&](at::Tensor* slot, at::Tensor whole) { *slot = m->ShardOf(slot, whole); };
   at::Generator gen = at::detail::createCPUGenerator(seed);
   // On the CPU drawn in float64 whatever the dtype, so models of different dtypes from one seed
   // hold the same weights up to rounding (tests compare them). On a GPU drawn there directly
@@ -680,30 +692,32 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
   auto randn = [&](std::vector<int64_t> shape) { return draw(shape, 0.0, init_std); };
   auto norm = [&](int64_t n) { return draw({n}, 1.0, 0.1); };
   const int64_t d = config.hidden_size;
-  m->embed_ = randn({config.vocab_size, d});
-  m->final_norm_ = norm(d);
-  if (!config.tie_word_embeddings) m->lm_head_ = randn({config.vocab_size, d});
+  put(&m->embed_, randn({config.vocab_size, d}));
+  put(&m->final_norm_, norm(d));
+  if (!config.tie_word_embeddings) put(&m->lm_head_, randn({config.vocab_size, d}));
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    for (const NamedNorm& n : m->NamedNorms(i)) *n.weight = norm(n.spec->size);
+    for (const NamedNorm& n : m->NamedNorms(i)) put(n.weight, norm(n.spec->size));
   }
   const std::vector<NamedLinear> linears = m->NamedLinears();  // a layer's weights, then its biases
   for (size_t layer = 0, first = 0, end = 0; layer < m->spec_.layers.size(); ++layer, first = end) {
     end = first + m->spec_.layers[layer].linears.size();
-    for (size_t i = first; i < end; ++i) linears[i].linear->weight = randn({linears[i].spec->out, linears[i].spec->in});
     for (size_t i = first; i < end; ++i) {
-      if (linears[i].spec->bias) linears[i].linear->bias = randn({linears[i].spec->out});
+      put(&linears[i].linear->weight, randn({linears[i].spec->out, linears[i].spec->in}));
+    }
+    for (size_t i = first; i < end; ++i) {
+      if (linears[i].spec->bias) put(&linears[i].linear->bias, randn({linears[i].spec->out}));
     }
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    if (m->spec_.layers[i].moe.has_value()) m->layers_[i].router = randn({config.moe.experts, d});
-    if (m->spec_.layers[i].sinks > 0) m->layers_[i].sinks = randn({config.num_heads});
+    if (m->spec_.layers[i].moe.has_value()) put(&m->layers_[i].router, randn({config.moe.experts, d}));
+    if (m->spec_.layers[i].sinks > 0) put(&m->layers_[i].sinks, randn({config.num_heads}));
   }
-  for (const NamedBank& b : m->NamedBanks()) b.bank->weight = randn({b.spec.experts, b.spec.out, b.spec.in});
+  for (const NamedBank& b : m->NamedBanks()) put(&b.bank->weight, randn({b.spec.experts, b.spec.out, b.spec.in}));
   if (config.moe.biases) {
     for (int64_t i = 0; i < config.num_layers; ++i) {
-      if (m->spec_.layers[i].moe.has_value()) m->layers_[i].router_bias = randn({config.moe.experts});
+      if (m->spec_.layers[i].moe.has_value()) put(&m->layers_[i].router_bias, randn({config.moe.experts}));
     }
-    for (const NamedBank& b : m->NamedBanks()) b.bank->bias = randn({b.spec.experts, b.spec.out});
+    for (const NamedBank& b : m->NamedBanks()) put(&b.bank->bias, randn({b.spec.experts, b.spec.out}));
   }
   return m;
 }
@@ -1081,7 +1095,18 @@ void RouterBalance::Weigh() {
 
 Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
   Cursor cursor;
+  // LoRA dropout's masks are drawn where the activations are: a generator of that device, seeded
+  // for the chunk (a CUDA generator's masks are the same on every device for one seed).
+#if defined(OOMB_HAVE_CUDA)
+  if (device_.is_cuda()) {
+    cursor.gen = at::cuda::detail::createCUDAGenerator(device_.index());
+    cursor.gen.set_current_seed(input.dropout_seed);
+  } else {
+    cursor.gen = at::detail::createCPUGenerator(input.dropout_seed);
+  }
+#else
   cursor.gen = at::detail::createCPUGenerator(input.dropout_seed);
+#endif
   auto [cos, sin] = RopeTables(config_.rope, input.positions, input.rope_seq_len);
   cursor.cos = cos.unsqueeze(1);  // [C, 1, D]
   cursor.sin = sin.unsqueeze(1);

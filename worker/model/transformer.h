@@ -199,9 +199,12 @@ class Transformer {
                                                            at::Device device,
                                                            const std::optional<RopeScalingOverride>& rope_scaling = {},
                                                            const kernels::Collectives* tensor_parallel = nullptr);
-  // A model with random weights (normal, std `init_std`), for tests and benchmarks.
+  // A model with random weights (normal, std `init_std`), for tests and benchmarks;
+  // `tensor_parallel`: sharded over that group as each tensor is drawn (Shard's layout; the
+  // device holds one whole tensor at most beside the rank's share).
   static std::unique_ptr<Transformer> Random(const ModelConfig& config, at::ScalarType dtype, at::Device device,
-                                             uint64_t seed, double init_std = 0.02);
+                                             uint64_t seed, double init_std = 0.02,
+                                             const kernels::Collectives* tensor_parallel = nullptr);
 
   // A copy of the model (base weights and adapters) in another dtype, on the same device.
   std::unique_ptr<Transformer> CastTo(at::ScalarType dtype) const;

@@ -184,6 +184,7 @@ void RankGroup::AllReduce(at::Tensor& t, kernels::ReduceOp op) const {
                                                                 : c10d::ReduceOp::MIN;
   TORCH_CHECK(t.is_contiguous(), "rank group: all-reduce of a non-contiguous tensor");
   std::vector<at::Tensor> tensors{t};
+  Trace(rank_, absl::StrCat("all-reduce of ", t.numel(), " values"));
   try {
     StartAllReduce(*impl_->backend, impl_->device.is_cpu(), tensors, reduce)->wait();
   } catch (const std::exception& e) {
@@ -195,6 +196,7 @@ std::vector<at::Tensor> RankGroup::AllGather(const at::Tensor& t) const {
   std::vector<at::Tensor> inputs{t.contiguous()};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
+  Trace(rank_, absl::StrCat("all-gather of ", t.numel(), " values"));
   try {
     StartAllGather(*impl_->backend, impl_->device.is_cpu(), outputs, inputs)->wait();
   } catch (const std::exception& e) {

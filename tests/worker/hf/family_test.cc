@@ -88,6 +88,8 @@ TEST(FamilyTest, PresetsCountTheRealModelsParameters) {
   EXPECT_EQ(Preset("qwen2.5-7b").ParameterCount(), 7615616512);
   EXPECT_EQ(Preset("phi-4-mini").ParameterCount(), 3836021760);
   EXPECT_EQ(Preset("mixtral-8x7b").ParameterCount(), 46702792704);
+  EXPECT_EQ(Preset("qwen3-32b").ParameterCount(), 32762123264);      // 65,524,246,528 bytes in bfloat16
+  EXPECT_EQ(Preset("llama-3.3-70b").ParameterCount(), 70553706496);  // 141,107,412,992 bytes
 }
 
 // A mixture of experts: which layers are sparse, the parameters Qwen3-30B-A3B has (30.5B) and

@@ -174,6 +174,21 @@ TEST(TensorParallelLayoutTest, ShardThenWholeGivesTheModelBack) {
       bool equal = true;
       const auto a = back->BaseParameters(), b = whole->BaseParameters();
       const auto la = back->TrainableParameters(), lb = whole->TrainableParameters();
+
+      // Drawn sharded (Random's tensor_parallel): the same weights and LoRA A as drawn whole.
+      auto drawn = Transformer::Random(TpConfig(family), at::kFloat, at::kCPU, /*seed=*/7, /*init_std=*/0.2, group);
+      LoraOptions lora;
+      lora.rank = 4;
+      EXPECT_TRUE(drawn->AddLora(lora, 11).ok());
+      const auto drawn_whole = drawn->Whole();
+      const auto d = drawn_whole->BaseParameters(), ld = drawn_whole->TrainableParameters();
+      for (size_t i = 0; i < d.size() && i < b.size(); ++i) {
+        EXPECT_TRUE(d[i].second.equal(b[i].second)) << family << " drawn sharded: " << d[i].first;
+      }
+      for (size_t i = 0; i < ld.size() && i < lb.size(); ++i) {
+        if (ld[i].first.find("lora_A") == std::string::npos) continue;
+        EXPECT_TRUE(ld[i].second.equal(lb[i].second)) << family << " drawn sharded: " << ld[i].first;
+      }
       EXPECT_EQ(a.size(), b.size());
       EXPECT_EQ(la.size(), lb.size());
       for (size_t i = 0; i < a.size() && i < b.size(); ++i) {

@@ -17,7 +17,26 @@ absl::Status ParseLlama(const nlohmann::json& root, const std::string& source, M
 }  // namespace
 
 Family LlamaFamily() {
-  return {.architecture = "LlamaForCausalLM", .model_type = "llama", .parse = ParseLlama, .presets = {}};
+  // Llama-3.3-70B's shape (its config.json: llama3 RoPE scaling of 8 over 8,192 positions).
+  return {.architecture = "LlamaForCausalLM",
+          .model_type = "llama",
+          .parse = ParseLlama,
+          .presets = {{"llama-3.3-70b", families::PresetConfig("LlamaForCausalLM", "llama",
+                                                               {{"vocab_size", 128256},
+                                                                {"hidden_size", 8192},
+                                                                {"intermediate_size", 28672},
+                                                                {"num_hidden_layers", 80},
+                                                                {"num_attention_heads", 64},
+                                                                {"num_key_value_heads", 8},
+                                                                {"rms_norm_eps", 1e-5},
+                                                                {"rope_theta", 500000.0},
+                                                                {"rope_scaling",
+                                                                 {{"rope_type", "llama3"},
+                                                                  {"factor", 8.0},
+                                                                  {"low_freq_factor", 1.0},
+                                                                  {"high_freq_factor", 4.0},
+                                                                  {"original_max_position_embeddings", 8192}}},
+                                                                {"tie_word_embeddings", false}})}}};
 }
 
 }  // namespace oomb

@@ -26,7 +26,16 @@ Family Qwen3Family() {
                                                            {"num_hidden_layers", 36},
                                                            {"num_attention_heads", 32},
                                                            {"num_key_value_heads", 8},
-                                                           {"tie_word_embeddings", false}})}}};
+                                                           {"tie_word_embeddings", false}})},
+                      {"qwen3-32b", families::PresetConfig("Qwen3ForCausalLM", "qwen3",
+                                                           {{"vocab_size", 151936},
+                                                            {"hidden_size", 5120},
+                                                            {"intermediate_size", 25600},
+                                                            {"num_hidden_layers", 64},
+                                                            {"num_attention_heads", 64},
+                                                            {"num_key_value_heads", 8},
+                                                            {"head_dim", 128},
+                                                            {"tie_word_embeddings", false}})}}};
 }
 
 }  // namespace oomb
