@@ -246,6 +246,7 @@ absl::Status TrainingSession::ApplyGradients(double lr) {
 
 void TrainingSession::ClipGradients(double max_norm) {
   const kernels::Collectives* group = model_->tensor_parallel();
+  if (params_.empty()) return;
   if (group == nullptr) {
     torch::nn::utils::clip_grad_norm_(params_, max_norm);
     return;

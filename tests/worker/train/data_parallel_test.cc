@@ -153,6 +153,19 @@ void ExpectClose(const std::vector<double>& got, const std::vector<double>& want
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], rel * std::abs(want[i])) << "step " << i + 1;
 }
 
+// The adapter of `b` equals `a`'s within `rel` of the largest value.
+void ExpectSameAdapter(const std::string& a, const std::string& b, double rel) {
+  const std::vector<float> x = AdapterValues(a), y = AdapterValues(b);
+  ASSERT_EQ(x.size(), y.size());
+  ASSERT_FALSE(x.empty());
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(x[i] - y[i])));
+    max_abs = std::max(max_abs, static_cast<double>(std::abs(x[i])));
+  }
+  EXPECT_LE(max_diff, rel * max_abs);
+}
+
 TEST(DataParallelTest, TwoCpuRanksTrainLikeOneDevice) {
   const Fixture f = MakeFixture("dp_run");
   const Outcome one = RunOnce(MakeSpec(f, 1), f.root + "/one");
@@ -161,16 +174,7 @@ TEST(DataParallelTest, TwoCpuRanksTrainLikeOneDevice) {
   ASSERT_TRUE(two.result.ok()) << two.result.status();
   ASSERT_EQ(one.losses.size(), 4u);
   ExpectClose(two.losses, one.losses, 1e-5);
-  const std::vector<float> a = AdapterValues(one.result->final_checkpoint.path);
-  const std::vector<float> b = AdapterValues(two.result->final_checkpoint.path);
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_FALSE(a.empty());
-  double max_diff = 0, max_abs = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::abs(a[i] - b[i])));
-    max_abs = std::max(max_abs, static_cast<double>(std::abs(a[i])));
-  }
-  EXPECT_LE(max_diff, 1e-5 * max_abs);
+  ExpectSameAdapter(one.result->final_checkpoint.path, two.result->final_checkpoint.path, 1e-5);
   // Rank 0 alone writes metrics.jsonl: one line per step.
   std::ifstream metrics(f.root + "/two/metrics.jsonl");
   int lines = 0;
@@ -231,19 +235,6 @@ TEST(DataParallelTest, DevicesMustMatchTheRanks) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("resources.gpus: 2 but the run was given 1 devices"), std::string::npos)
       << r.status();
-}
-
-// The adapter of `b` equals `a`'s within `rel` of the largest value.
-void ExpectSameAdapter(const std::string& a, const std::string& b, double rel) {
-  const std::vector<float> x = AdapterValues(a), y = AdapterValues(b);
-  ASSERT_EQ(x.size(), y.size());
-  ASSERT_FALSE(x.empty());
-  double max_diff = 0, max_abs = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::abs(x[i] - y[i])));
-    max_abs = std::max(max_abs, static_cast<double>(std::abs(x[i])));
-  }
-  EXPECT_LE(max_diff, rel * max_abs);
 }
 
 TEST(TensorParallelRunTest, TwoRanksAloneAndTwiceDataParallelTrainLikeOneDevice) {
