@@ -5,11 +5,11 @@
 // layout and its gradients in worker/model/tensor_parallel.h); after a step's backward the
 // ranks sum the partial gradients (Transformer::PartialGradients) with AllReduceGradients.
 //
-// Data parallelism (resources.gpus: k): k ranks, each a full replica of the model on its own
-// device, train disjoint sequences of the same global batch; gradients are summed over the
-// ranks with LibTorch's c10d collectives (ProcessGroupNCCL between CUDA devices,
-// ProcessGroupGloo on the CPU), so every rank takes the optimizer step one device would take
-// with the same global batch.
+// Data parallelism (resources.gpus: k, or k / parallel.tensor groups of ranks): k ranks, each a
+// full replica of the model (or a tensor-parallel group, one), train disjoint sequences of the
+// same global batch; gradients are summed over the ranks with LibTorch's c10d collectives
+// (ProcessGroupNCCL between CUDA devices, ProcessGroupGloo on the CPU), so every rank takes the
+// optimizer step one device would take with the same global batch.
 //
 // Exactness: every rank scales its sequences' losses by 1 / (label tokens of the whole global
 // batch), so the sum of the ranks' gradients is the single-device gradient; only the order of
@@ -28,7 +28,8 @@
 // every rank then stops at the same point (executor.cc). A rank that dies without that (the
 // process crashed) takes its peers with it; collectives time out after `timeout`.
 //
-// Thread-safety: a group is used by the one thread of its rank. Ranks of one process on CUDA
+// Thread-safety: a group is used by the one thread of its rank (and, inside a backward on a
+// GPU, by the autograd engine's thread working for it; never both at once). Ranks of one process on CUDA
 // devices need LibTorch's flight recorder off (DisableFlightRecorder) before any thread
 // starts: see rank_group.cc.
 #ifndef OOMB_WORKER_TRAIN_RANK_GROUP_H_
