@@ -123,7 +123,10 @@ class Run final : public StepSync {
 
   // StepSync.
   int world() const override { return rank_.world; }
-  bool Owns(int64_t index) const override { return index % rank_.replicas() == rank_.replica(); }
+  bool Owns(int64_t index) const override {
+    const RankGroup* data = data_group();
+    return data == nullptr || data->Owns(index);
+  }
   absl::Status Agree(const absl::Status& mine, std::vector<double>* sums) override;
   // The tensor-parallel group's partial gradients summed in it, then every gradient over the
   // data-parallel ranks.
