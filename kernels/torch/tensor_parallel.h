@@ -16,8 +16,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <functional>
-#include <memory>
 #include <vector>
 
 namespace oomb::kernels {
@@ -35,18 +33,6 @@ class Collectives {
   virtual void AllReduce(at::Tensor& t, ReduceOp op) const = 0;
   // Every rank's `t` (same shape on every rank), in rank order.
   virtual std::vector<at::Tensor> AllGather(const at::Tensor& t) const = 0;
-
-  // A collective started and not yet waited for.
-  class Pending {
-   public:
-    virtual ~Pending() = default;
-    // Makes what the caller runs next wait for it: on a GPU the caller's current stream (the
-    // thread goes on), on the CPU the thread.
-    virtual void Wait() = 0;
-  };
-  // Starts the element-wise sum of `t` over the ranks, in place: `t` must not be read or written
-  // until Wait() returned. Sums started by one thread complete in the order they were started.
-  virtual std::unique_ptr<Pending> StartSum(at::Tensor& t) const = 0;
 };
 
 // f: the identity; backward sums the incoming gradient over the ranks (a replicated activation
@@ -54,18 +40,6 @@ class Collectives {
 at::Tensor EnterShards(const at::Tensor& x, const Collectives& group);
 // g: the sum over the ranks; backward is the identity (a row-parallel product's partial sums).
 at::Tensor SumShards(const at::Tensor& x, const Collectives& group);
-
-// fn over blocks of rows of a replicated x [rows, ...]: with `enter`, each block enters fn as
-// through EnterShards, and with `sum` each of fn's outputs leaves it as through SumShards; the
-// outputs' blocks are concatenated again. The values are EnterShards / SumShards around fn on
-// the whole x (fn must treat rows independently; it is called once per block, in order), but
-// the sums of a block run while the next block computes: forward, each block's partial outputs
-// are summed while the next block's fn runs; backward, each block's input gradient is summed
-// while the previous block's backward runs. The sums still exposed are the last block's (the
-// GPU's time waiting for them is --sections' "tensor_parallel.sum"). blocks 1 is the plain
-// EnterShards / SumShards.
-std::vector<at::Tensor> OverlapShards(const at::Tensor& x, const Collectives& group, int64_t blocks, bool enter,
-                                      bool sum, const std::function<std::vector<at::Tensor>(const at::Tensor&)>& fn);
 
 // A rank's rows [begin, begin + rows of its LM head) of a vocabulary of `vocab` tokens, for the
 // vocabulary-parallel LM head and cross-entropy (kernels/torch/chunked_cross_entropy.h).

@@ -567,16 +567,6 @@ at::Tensor Transformer::SumShards(const at::Tensor& x) const {
   return tp_ == nullptr ? x : kernels::SumShards(x, *tp_);
 }
 
-std::vector<at::Tensor> Transformer::Sharded(
-    const Cursor& cursor, const at::Tensor& x, bool enter, bool sum, std::initializer_list<const Linear*> linears,
-    const std::function<std::vector<at::Tensor>(const at::Tensor&)>& fn) const {
-  if (tp_ == nullptr) return fn(x);
-  const bool draws = cursor.training && std::any_of(linears.begin(), linears.end(), [](const Linear* l) {
-                       return l->lora_a.defined() && l->lora_dropout > 0;
-                     });
-  return kernels::OverlapShards(x, *tp_, draws ? 1 : kOverlapBlocks, enter, sum, fn);
-}
-
 at::Tensor Transformer::LmHeadLoss(const at::Tensor& hidden, const at::Tensor& labels, int64_t rows_per_block) const {
   if (tp_ == nullptr) return kernels::ChunkedLmHeadCrossEntropy(hidden, lm_head(), labels, rows_per_block);
   const kernels::VocabShard shard{tp_, vocab_begin_, config_.vocab_size};
@@ -1146,19 +1136,20 @@ std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
   const int64_t H = local_heads(), Hkv = local_kv_heads(), D = config_.head_dim;
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
-  const auto project = [&](const at::Tensor& x) -> std::vector<at::Tensor> {
-    if (spec.fused_projections) {  // one product, split into views as transformers does
-      const auto parts =
-          LinearForward(l.qkv, x, &cursor.gen, cursor.training).split_with_sizes({H * D, Hkv * D, Hkv * D}, -1);
-      // A copy of v: the attention saves v, and a view would keep the whole [C, q + 2 kv] product alive.
-      return {parts[0], parts[1], parts[2].contiguous()};
-    }
-    return {LinearForward(l.q, x, &cursor.gen, cursor.training), LinearForward(l.k, x, &cursor.gen, cursor.training),
-            LinearForward(l.v, x, &cursor.gen, cursor.training)};
-  };
-  const std::vector<at::Tensor> qkv = Sharded(cursor, RmsNorm(cursor.h, l.input_norm), /*enter=*/true, /*sum=*/false,
-                                              {&l.qkv, &l.q, &l.k, &l.v}, project);
-  at::Tensor q = qkv[0].view({C, H, D}), k = qkv[1].view({C, Hkv, D}), v = qkv[2].view({C, Hkv, D});
+  const at::Tensor x = EnterShards(RmsNorm(cursor.h, l.input_norm));
+  at::Tensor q, k, v;
+  if (spec.fused_projections) {  // one product, split into views as transformers does
+    const auto parts =
+        LinearForward(l.qkv, x, &cursor.gen, cursor.training).split_with_sizes({H * D, Hkv * D, Hkv * D}, -1);
+    q = parts[0].view({C, H, D});
+    k = parts[1].view({C, Hkv, D});
+    // A copy: the attention saves v, and a view would keep the whole [C, q + 2 kv] product alive.
+    v = parts[2].contiguous().view({C, Hkv, D});
+  } else {
+    q = LinearForward(l.q, x, &cursor.gen, cursor.training).view({C, H, D});
+    k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
+    v = LinearForward(l.v, x, &cursor.gen, cursor.training).view({C, Hkv, D});
+  }
   if (spec.Has(NormRole::kQuery)) {  // per head, before RoPE
     q = RmsNorm(q, l.q_norm);
     k = RmsNorm(k, l.k_norm);
@@ -1175,9 +1166,7 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
   const at::Tensor attn = attention.reshape({cursor.h.size(0), local_heads() * config_.head_dim});
-  at::Tensor attn_out = Sharded(cursor, attn, /*enter=*/false, /*sum=*/true, {&l.o}, [&](const at::Tensor& rows) {
-    return std::vector<at::Tensor>{LinearForward(l.o, rows, &cursor.gen, cursor.training, LeadsGroup())};
-  })[0];
+  at::Tensor attn_out = SumShards(LinearForward(l.o, attn, &cursor.gen, cursor.training, LeadsGroup()));
   if (spec.Has(NormRole::kAttentionOutput)) attn_out = RmsNorm(attn_out, l.attn_out_norm);
   const at::Tensor h = cursor.h + attn_out;
   at::Tensor mlp_out = Mlp(cursor, RmsNorm(h, l.post_norm));
@@ -1189,31 +1178,31 @@ void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const
 at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& input) const {
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
-  if (spec.moe.has_value()) return SumShards(Experts(l, *spec.moe, EnterShards(input), cursor.balance));
-  const auto dense = [&](const at::Tensor& y) {
-    at::Tensor gate, up;
-    if (spec.fused_projections) {  // gate's rows first
-      const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
-      gate = parts[0];
-      up = parts[1];
-    } else {
-      gate = LinearForward(l.gate, y, &cursor.gen, cursor.training);
-      up = LinearForward(l.up, y, &cursor.gen, cursor.training);
-    }
-    const Linear& down = l.down;
-    const bool gelu = spec.mlp == MlpKind::kGeluTanhGlu;
-    if (down.lora_a.defined() && (!down.bias.defined() || !LeadsGroup()) && !down.weight.requires_grad() &&
-        (down.lora_dropout == 0 || !cursor.training)) {
-      // The same values as below, keeping one intermediate-wide tensor less for backward.
-      const at::ScalarType t = gate.scalar_type();
-      return std::vector<at::Tensor>{kernels::GluDownLora(gelu ? kernels::GluKind::kGeluTanh : kernels::GluKind::kSilu,
-                                                          gate, up, down.weight, down.lora_a.to(t),
-                                                          (down.lora_b * down.lora_scaling).to(t))};
-    }
+  const at::Tensor y = EnterShards(input);
+  if (spec.moe.has_value()) return SumShards(Experts(l, *spec.moe, y, cursor.balance));
+  at::Tensor gate, up;
+  if (spec.fused_projections) {  // gate's rows first
+    const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
+    gate = parts[0];
+    up = parts[1];
+  } else {
+    gate = LinearForward(l.gate, y, &cursor.gen, cursor.training);
+    up = LinearForward(l.up, y, &cursor.gen, cursor.training);
+  }
+  at::Tensor mlp_out;
+  const Linear& down = l.down;
+  const bool gelu = spec.mlp == MlpKind::kGeluTanhGlu;
+  if (down.lora_a.defined() && (!down.bias.defined() || !LeadsGroup()) && !down.weight.requires_grad() &&
+      (down.lora_dropout == 0 || !cursor.training)) {
+    // The same values as below, keeping one intermediate-wide tensor less for backward.
+    const at::ScalarType t = gate.scalar_type();
+    mlp_out = kernels::GluDownLora(gelu ? kernels::GluKind::kGeluTanh : kernels::GluKind::kSilu, gate, up, down.weight,
+                                   down.lora_a.to(t), (down.lora_b * down.lora_scaling).to(t));
+  } else {
     const at::Tensor act = gelu ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
-    return std::vector<at::Tensor>{LinearForward(down, act, &cursor.gen, cursor.training, LeadsGroup())};
-  };
-  return Sharded(cursor, input, /*enter=*/true, /*sum=*/true, {&l.gate_up, &l.gate, &l.up, &l.down}, dense)[0];
+    mlp_out = LinearForward(down, act, &cursor.gen, cursor.training, LeadsGroup());
+  }
+  return SumShards(mlp_out);
 }
 
 namespace {

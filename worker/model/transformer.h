@@ -338,14 +338,6 @@ class Transformer {
   // (the identity without tensor parallelism).
   at::Tensor EnterShards(const at::Tensor& x) const;
   at::Tensor SumShards(const at::Tensor& x) const;
-  // fn over the rows of x between EnterShards (`enter`) and SumShards (`sum`) of its outputs,
-  // in kOverlapBlocks blocks of rows so that a block's sums run while the next block computes
-  // (kernels::OverlapShards); in one block where a LoRA dropout of `linears` draws masks (their
-  // draws follow the rows of the whole chunk); fn(x) without tensor parallelism.
-  std::vector<at::Tensor> Sharded(const Cursor& cursor, const at::Tensor& x, bool enter, bool sum,
-                                  std::initializer_list<const Linear*> linears,
-                                  const std::function<std::vector<at::Tensor>(const at::Tensor&)>& fn) const;
-  static constexpr int64_t kOverlapBlocks = 2;
   // The MLP of layer cursor.layer over its input norm's output y [C, hidden]: dense or of experts.
   at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
   at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y, RouterBalance* balance) const;

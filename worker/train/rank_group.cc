@@ -192,40 +192,6 @@ void RankGroup::AllReduce(at::Tensor& t, kernels::ReduceOp op) const {
   }
 }
 
-namespace {
-
-// A sum of a RankGroup in flight (c10d's work: NCCL's on its stream, Gloo's on its threads).
-class StartedSum : public kernels::Collectives::Pending {
- public:
-  StartedSum(c10::intrusive_ptr<c10d::Work> work, int rank, int size)
-      : work_(std::move(work)), rank_(rank), size_(size) {}
-  void Wait() override {
-    try {
-      work_->wait();
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "rank ", rank_, " of ", size_, ": all-reduce: ", e.what());
-    }
-  }
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  int rank_, size_;
-};
-
-}  // namespace
-
-std::unique_ptr<kernels::Collectives::Pending> RankGroup::StartSum(at::Tensor& t) const {
-  TORCH_CHECK(t.is_contiguous(), "rank group: all-reduce of a non-contiguous tensor");
-  std::vector<at::Tensor> tensors{t};
-  Trace(rank_, absl::StrCat("all-reduce of ", t.numel(), " values started"));
-  try {
-    return std::make_unique<StartedSum>(StartAllReduce(*impl_->backend, impl_->device.is_cpu(), tensors), rank_,
-                                        world_size_);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "rank ", rank_, " of ", world_size_, ": all-reduce: ", e.what());
-  }
-}
-
 std::vector<at::Tensor> RankGroup::AllGather(const at::Tensor& t) const {
   std::vector<at::Tensor> inputs{t.contiguous()};
   std::vector<std::vector<at::Tensor>> outputs(1);

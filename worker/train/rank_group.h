@@ -84,7 +84,6 @@ class RankGroup : public kernels::Collectives {
   // kernels::Collectives: failures throw c10::Error with the group's rank in the message.
   void AllReduce(at::Tensor& t, kernels::ReduceOp op) const override;
   std::vector<at::Tensor> AllGather(const at::Tensor& t) const override;
-  std::unique_ptr<Pending> StartSum(at::Tensor& t) const override;
   // Whether sequence `index` of a global batch is this rank's.
   bool Owns(int64_t index) const { return index % world_size_ == rank_; }
 

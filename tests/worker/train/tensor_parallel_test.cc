@@ -12,10 +12,8 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
-#include "kernels/torch/tensor_parallel.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/job/build_info.h"
 #include "worker/kv/page_pool.h"
@@ -160,76 +158,6 @@ INSTANTIATE_TEST_SUITE_P(Tiny, TensorParallelTest,
                            return c.family + (c.full ? "_full" : "_lora") + (c.dtype == at::kDouble ? "_f64" : "_f32") +
                                   (c.sparse ? "_sparse" : "") + (c.dropout > 0 ? "_dropout" : "");
                          });
-
-// A group that counts the sums started without waiting (the overlapped ones) and the others.
-class CountingGroup : public kernels::Collectives {
- public:
-  explicit CountingGroup(const RankGroup& group) : group_(group) {}
-  int rank() const override { return group_.rank(); }
-  int size() const override { return group_.size(); }
-  void AllReduce(at::Tensor& t, kernels::ReduceOp op) const override {
-    ++waited;
-    group_.AllReduce(t, op);
-  }
-  std::vector<at::Tensor> AllGather(const at::Tensor& t) const override { return group_.AllGather(t); }
-  std::unique_ptr<Pending> StartSum(at::Tensor& t) const override {
-    ++started;
-    return group_.StartSum(t);
-  }
-  mutable int waited = 0, started = 0;
-
- private:
-  const RankGroup& group_;
-};
-
-struct OverlapOutcome {
-  at::Tensor y, grad_x, grad_w1, grad_w2;
-  int waited = 0, started = 0;
-};
-
-// A column-then-row MLP of 2 ranks over rows x [7, 6] (rank r holds features [5r, 5r + 5) of
-// 10), in `blocks` blocks: y = sum over ranks of relu(x W1_r^T) W2_r^T, and its gradients.
-OverlapOutcome OverlapMlp(const kernels::Collectives& group, int64_t blocks) {
-  const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
-  at::Generator gen = at::detail::createCPUGenerator(5);  // the same x and whole weights on every rank
-  const at::Tensor x = at::randn({7, 6}, gen, f64).requires_grad_(true);
-  const at::Tensor w1 = at::randn({10, 6}, gen, f64).narrow(0, 5 * group.rank(), 5).clone().requires_grad_(true);
-  const at::Tensor w2 = at::randn({6, 10}, gen, f64).narrow(1, 5 * group.rank(), 5).clone().requires_grad_(true);
-  const at::Tensor y =
-      kernels::OverlapShards(x, group, blocks, /*enter=*/true, /*sum=*/true, [&](const at::Tensor& rows) {
-        return std::vector<at::Tensor>{at::relu(at::matmul(rows, w1.t())).matmul(w2.t())};
-      })[0];
-  (y * at::arange(y.numel(), f64).view_as(y)).sum().backward();
-  return {y.detach(), x.grad(), w1.grad(), w2.grad()};
-}
-
-// OverlapShards in blocks gives the values and gradients of one block (EnterShards and
-// SumShards around the whole x), its sums started and waited for later: one per block forward
-// (the outputs) and one per block backward (the inputs' gradients).
-TEST(TensorParallelOverlapTest, BlocksGiveTheValuesOfOneBlock) {
-  for (const int64_t blocks : {2, 3}) {
-    const auto both = OnRanks(2, [&](RankGroup* rank_group) {
-      CountingGroup group(*rank_group);
-      OverlapOutcome whole = OverlapMlp(group, 1);
-      whole.waited = std::exchange(group.waited, 0);
-      whole.started = std::exchange(group.started, 0);
-      OverlapOutcome split = OverlapMlp(group, blocks);
-      split.waited = group.waited;
-      split.started = group.started;
-      return std::make_pair(whole, split);
-    });
-    const OverlapOutcome& whole = both.first;
-    const OverlapOutcome& split = both.second;
-    EXPECT_EQ(whole.waited, 2);
-    EXPECT_EQ(whole.started, 0);
-    EXPECT_EQ(split.waited, 0) << blocks << " blocks";
-    EXPECT_EQ(split.started, 2 * blocks) << blocks << " blocks";
-    EXPECT_TRUE(at::allclose(split.y, whole.y, 1e-12, 1e-12)) << blocks << " blocks";
-    EXPECT_TRUE(at::allclose(split.grad_x, whole.grad_x, 1e-12, 1e-12)) << blocks << " blocks";
-    EXPECT_TRUE(at::allclose(split.grad_w1, whole.grad_w1, 1e-12, 1e-12)) << blocks << " blocks";
-    EXPECT_TRUE(at::allclose(split.grad_w2, whole.grad_w2, 1e-12, 1e-12)) << blocks << " blocks";
-  }
-}
 
 // Shard, then Whole, gives every weight and adapter back bit for bit, under the names
 // checkpoints use; every rank holds a share of each split tensor, no more.
