@@ -25,6 +25,7 @@
 #include "server/page_token.h"
 #include "server/to_proto.h"
 #include "worker/common/status.h"
+#include "worker/hf/layer_spec.h"
 #include "worker/hf/loading_code.h"
 #include "worker/plan/context_window.h"
 #include "worker/plan/step_time.h"
@@ -810,7 +811,6 @@ grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContex
 absl::Status JobServiceImpl::EstimateTime(const Admission& admitted, v1::EstimateJobResponse* resp) const {
   const JobConfig& job = admitted.inputs.job;
   const MemoryPlan& plan = admitted.plan;
-  const ModelConfig& config = admitted.model;
   resp->set_total_steps(job.training.max_steps);
   if (options_.rates == nullptr) {
     resp->set_rates("not estimated: this daemon measures no rates");
@@ -820,8 +820,11 @@ absl::Status JobServiceImpl::EstimateTime(const Admission& admitted, v1::Estimat
     resp->set_rates("not estimated: the job does not fit");
     return absl::OkStatus();
   }
-  const absl::StatusOr<EngineRates> rates = options_.rates->Get(config, job, StepChunkTokens(plan), plan.device);
-  const absl::StatusOr<StepTime> step = rates.ok() ? EstimateStepTime(config, job, plan, *rates) : rates.status();
+  // Under tensor parallelism one rank's shard is measured and timed (its plan is of the shard too).
+  const int tensor = job.parallel.tensor;
+  const ModelConfig rank_model = tensor > 1 ? ShardConfig(admitted.model, tensor) : admitted.model;
+  const absl::StatusOr<EngineRates> rates = options_.rates->Get(rank_model, job, StepChunkTokens(plan), plan.device);
+  const absl::StatusOr<StepTime> step = rates.ok() ? EstimateStepTime(rank_model, job, plan, *rates) : rates.status();
   if (!step.ok()) {
     // A device too busy to measure on, or a job the model does not cover, still gets its plan.
     resp->set_rates(absl::StrCat("not estimated: ", step.status().message()));
@@ -833,6 +836,8 @@ absl::Status JobServiceImpl::EstimateTime(const Admission& admitted, v1::Estimat
   resp->set_rates(absl::StrCat(
       "measured on ", rates->device_name, " (", job.model.dtype == ModelDtype::kFloat32 ? "float32" : "bfloat16",
       ", chunks of ", rates->chunk_tokens, ") at ", rates->measured_at,
+      tensor > 1 ? absl::StrCat("; one rank's shard of ", tensor, " (parallel.tensor), the group's sums not counted")
+                 : "",
       job.training.max_steps == 0 ? "; no device-hours: training.epochs sets the steps once the data is read" : ""));
   return absl::OkStatus();
 }

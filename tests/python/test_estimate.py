@@ -10,7 +10,8 @@ Run by ctest as `estimate_time` (tests/CMakeLists.txt): test_estimate.py OOMBD O
      device_hours = steps x step_seconds / 3600, `rates` names the device and the time; the CLI
      prints the same;
   2. the next estimate of the same shape, after a daemon restart too, reuses them (the same
-     measurement time); another chunk size is another entry;
+     measurement time); another chunk size is another entry; a tensor-parallel job
+     (`parallel.tensor`) measures one rank's shard, another entry, and says so in `rates`;
   3. what is not estimated says why, with the plan still given: sparse attention, and the
      device-hours of a job that trains for epochs; a daemon whose rates file is not JSON
      measures again;
@@ -82,7 +83,7 @@ def main():
         sys.exit(77)
     tmp = tempfile.mkdtemp(prefix="oomb_estimate_test_")
     data_dir = os.path.join(tmp, "data")
-    daemon = Daemon(a.oombd, data_dir)
+    daemon = Daemon(a.oombd, data_dir, extra=["--set", "scheduler.devices=cpu,cpu,cpu"])  # 3 CPU ranks for 2.
     try:
         train = os.path.join(tmp, "train.jsonl")
         subprocess.run([a.oombd, "data", "build", "--model", MODEL, "--tokens", "512", "--max-samples", "4", TEXT,
@@ -117,6 +118,12 @@ def main():
         check(client.jobs.estimate(spec(train)).rates == first.rates, "the kept rates reused after a restart")
         other = estimate(client, spec(train, chunk_tokens=256))
         check(other.step_seconds > 0 and "chunks of 256" in other.rates and len(kept(data_dir)) == 2, other.rates)
+        # Tensor parallelism over 3 CPU ranks: one rank's shard (3 of the 9 heads, 1 of the 3 KV
+        # heads) measured and timed, another entry.
+        tp = estimate(client, {**spec(train), "resources": {"device": "cpu", "gpus": 3}, "parallel": {"tensor": 3}})
+        check(tp.fits and tp.step_seconds > 0 and "one rank's shard of 3 (parallel.tensor)" in tp.rates, tp.rates)
+        check(any(" a3/1x64" in key for key in kept(data_dir)) and len(kept(data_dir)) == 3, list(kept(data_dir)))
+        print(f"estimate_time: tensor-parallel estimate {tp.step_seconds:.2f} s a step ({tp.rates})", flush=True)
 
         # 3. Not estimated, and why; an unreadable file is measured again.
         sparse = client.jobs.estimate({**spec(train, page_tokens=128), "attention": {"mode": "sparse", "sparse": {"page_budget": 2, "sink_pages": 1, "local_pages": 1}}})

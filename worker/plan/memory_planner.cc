@@ -388,25 +388,27 @@ std::string LimitInWords(const MemoryPlan& plan, int64_t host_pages, int64_t hos
                       " reserved); ", longest);
 }
 
-// parallel.tensor N > 1: one rank's plan, of its shard of the model (ShardConfig) with its share
-// of the memory the node's ranks (resources.gpus) share: the host's pinned tier (each rank pins
-// its own), and on the CPU the device's too.
-absl::StatusOr<MemoryPlan> PlanTensorParallelRank(const ModelConfig& config, const JobConfig& requested,
-                                                  const PlanTarget& target) {
+// resources.gpus > 1 ranks on the node: one rank's plan, with its share of the memory the ranks
+// share: the host's pinned tier (each rank pins its own), and on the CPU the device's too; under
+// parallel.tensor N > 1, of its shard of the model (ShardConfig).
+absl::StatusOr<MemoryPlan> PlanRank(const ModelConfig& config, const JobConfig& requested, const PlanTarget& target) {
   const int n = requested.parallel.tensor, ranks = std::max(1, requested.resources.gpus);
-  OOMB_RETURN_IF_ERROR(Annotate(CheckTensorParallel(config, n), "parallel.tensor"));
+  if (n > 1) OOMB_RETURN_IF_ERROR(Annotate(CheckTensorParallel(config, n), "parallel.tensor"));
   JobConfig one = requested;
   one.parallel.tensor = 1;
+  one.resources.gpus = 1;
   PlanTarget rank = target;
   rank.host_bytes = kHostReserveBytes + std::max<int64_t>(0, target.host_bytes - kHostReserveBytes) / ranks;
   if (target.device == "cpu") {
     rank.device_bytes = kDeviceReserveBytes + std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes) / ranks;
   }
-  OOMB_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(ShardConfig(config, n), one, rank));
-  plan.choices.insert(plan.choices.begin(),
-                      absl::StrCat("parallel.tensor ", n, ": the plan of one rank, its 1/", n,
-                                   " of the heads, KV heads, MLP features and vocabulary, and 1/", ranks,
-                                   " of the host's pinned memory (", ranks, " ranks on the node)"));
+  OOMB_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(n > 1 ? ShardConfig(config, n) : config, one, rank));
+  const std::string share = absl::StrCat("1/", ranks, " of the host's pinned memory (", ranks, " ranks on the node)");
+  plan.choices.insert(
+      plan.choices.begin(),
+      n > 1 ? absl::StrCat("parallel.tensor ", n, ": the plan of one rank, its 1/", n,
+                           " of the heads, KV heads, MLP features and vocabulary, and ", share)
+            : absl::StrCat("resources.gpus ", ranks, ": the plan of one data-parallel rank, with ", share));
   return plan;
 }
 
@@ -501,7 +503,7 @@ absl::Status CheckJobAgainstModel(const ModelConfig& config, const JobConfig& jo
 }  // namespace
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& requested, const PlanTarget& target) {
-  if (requested.parallel.tensor > 1) return PlanTensorParallelRank(config, requested, target);
+  if (requested.parallel.tensor > 1 || requested.resources.gpus > 1) return PlanRank(config, requested, target);
   if (requested.memory.kv_grad_dtype == KvGradDtype::kAuto) return PlanAutoGradDtype(config, requested, target);
   JobConfig job = requested;
   std::string chunk_choice;

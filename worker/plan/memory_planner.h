@@ -127,8 +127,10 @@ struct MemoryPlan {
 };
 
 // Memory kept back from a device's total for what the plan does not count: the CUDA context,
-// cuBLAS / cuDNN workspaces and the caching allocator's fragmentation (CPU: the OS and the
-// process's code and libraries).
+// cuBLAS / cuDNN workspaces, NCCL's communicators (several ranks) and the caching allocator's
+// fragmentation (CPU: the OS and the process's code and libraries); what it holds was measured
+// beside PyTorch's peak for one GPU and for 2 tensor-parallel ranks (docs/PERFORMANCE.md, "The
+// planner's predictions").
 inline constexpr int64_t kDeviceReserveBytes = int64_t{3} << 30;
 // Host memory kept back from pinning: the OS, the daemon, the model while it loads, the page
 // cache. (Measured: 112 GiB of a 128 GiB machine pinned, docs/ARCHITECTURE.md §4.)
@@ -140,7 +142,9 @@ inline constexpr int64_t kHostReserveBytes = int64_t{16} << 30;
 // (half the pages' PCIe traffic, or what fits), else float32. Then memory.chunk_tokens 0 (auto):
 // the first of AutoChunkCandidates whose plan fits with a sixteenth of the device to spare, else
 // the last. plan.kv_grad_dtype and plan.chunk_tokens are what was planned for, and plan.choices
-// says why.
+// says why. With resources.gpus > 1 the plan is one rank's: the node's ranks share the host's
+// pinned memory (and on the CPU its RAM) equally, and under parallel.tensor N a rank holds its
+// shard of the model (ShardConfig, worker/hf/layer_spec.h).
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig& job, const PlanTarget& target);
 
 // memory.chunk_tokens auto's candidates, largest first: the powers of two from kAutoChunkMax down

@@ -97,8 +97,9 @@ absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobCo
     t.host_copy_s += L * bytes / rates.host_copy_bytes_per_s;
   }
 
-  // Data parallelism: sequence i of the batch runs on rank i mod gpus (worker/train/rank_group.h).
-  const int64_t ranks = std::max<int64_t>(1, job.resources.gpus);
+  // Data parallelism: sequence i of the batch runs on group i mod (gpus / parallel.tensor)
+  // (worker/train/rank_group.h).
+  const int64_t ranks = std::max<int64_t>(1, job.resources.gpus / std::max(1, job.parallel.tensor));
   const double sequences = static_cast<double>((job.training.batch_sequences + ranks - 1) / ranks);
   t.compute_s *= sequences;
   t.attention_s *= sequences;

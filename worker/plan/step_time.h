@@ -17,6 +17,9 @@
 //             every chunk of both stages, and in stage 2 their gradient pages read and written
 //             back; pages fill the device first, in chunk order (worker/kv/kv_store.h); and the
 //             swapped results, down and back
+// Tensor parallelism (parallel.tensor N): the step of one rank, whose model is its shard
+// (ShardConfig, worker/hf/layer_spec.h; its rates measured on that shape, one device), the
+// groups data-parallel over the batch; the group's sums are not counted.
 // Every sequence is taken to be data.max_seq_len tokens long (packing makes them so; without it
 // the estimate is an upper bound). Seconds = batch sequences per rank x (layers x (stage-1 tokens x layer_forward_s +
 // stage-2 tokens x layer_train_s) / C + stage-2 tokens x head_train_s / C + past pairs x the
@@ -74,7 +77,8 @@ struct StepTime {
 inline int64_t StepChunkTokens(const MemoryPlan& plan) { return std::min(plan.chunk_tokens, plan.seq_len); }
 
 // The step of `job` as `plan` (its chunk size, KV-gradient dtype and page placement) lays it
-// out, at `rates` (measured at StepChunkTokens(plan)). FAILED_PRECONDITION for what is not
+// out, at `rates` (measured at StepChunkTokens(plan)); `config` is one rank's model (ShardConfig
+// under parallel.tensor). FAILED_PRECONDITION for what is not
 // estimated (sparse attention, evaluation-only jobs), saying why.
 absl::StatusOr<StepTime> EstimateStepTime(const ModelConfig& config, const JobConfig& job, const MemoryPlan& plan,
                                           const EngineRates& rates);

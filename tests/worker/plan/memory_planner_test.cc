@@ -312,6 +312,40 @@ TEST(MemoryPlannerTest, HostTierPlacement) {
   EXPECT_EQ(host->kv_host_bytes, host->kv_bytes);
 }
 
+// Data-parallel ranks on one node each pin their own host tier: a rank plans with its share of
+// the host, so 4 ranks of a 1M-token job that one rank fits with the host do not fit, and the
+// plan is that of one rank on a quarter of the host.
+TEST(MemoryPlannerTest, DataParallelRanksShareTheHost) {
+  const ModelConfig c = Qwen7B();
+  const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
+  JobConfig job;
+  job.model.dtype = ModelDtype::kBFloat16;
+  job.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
+  job.memory.kv_offload = KvOffload::kAuto;
+  job.data.max_seq_len = 1 << 20;
+  const auto one = PlanMemory(c, job, h100);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(one->fits) << one->limit;
+
+  job.resources.gpus = 4;
+  const auto rank = PlanMemory(c, job, h100);
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  EXPECT_FALSE(rank->fits);
+  EXPECT_NE(rank->limit.find("host memory"), std::string::npos) << rank->limit;
+  EXPECT_EQ(rank->host_capacity_bytes, (h100.host_bytes - kHostReserveBytes) / 4);
+  EXPECT_NE(rank->choices.front().find("resources.gpus 4: the plan of one data-parallel rank"), std::string::npos)
+      << rank->choices.front();
+  JobConfig alone = job;
+  alone.resources.gpus = 1;
+  PlanTarget quarter = h100;
+  quarter.host_bytes = kHostReserveBytes + (h100.host_bytes - kHostReserveBytes) / 4;
+  const auto same = PlanMemory(c, alone, quarter);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(rank->max_seq_len_that_fits, same->max_seq_len_that_fits);
+  EXPECT_EQ(rank->peak_device_bytes, same->peak_device_bytes);
+  EXPECT_LT(rank->max_seq_len_that_fits, one->max_seq_len_that_fits);
+}
+
 // On a GPU, a key block's gradient reaches bfloat16 KV-gradient pages through the pages' images
 // (KvStore::AccumulateGrad: read, widened to float32, added to, rounded back): the fused
 // attention's workspace counts them, 2 + 4 bytes per K and V element of the block (64K keys),

@@ -105,6 +105,11 @@ TEST(StepTimeTest, RanksShareTheBatch) {
   EXPECT_DOUBLE_EQ(EstimateStepTime(Config(), job, Plan(kC), Rates())->seconds, 3 * one);
   job.resources.gpus = 2;  // sequences 0 and 2 on rank 0
   EXPECT_DOUBLE_EQ(EstimateStepTime(Config(), job, Plan(kC), Rates())->seconds, 2 * one);
+  job.resources.gpus = 4;  // two tensor-parallel groups of 2: sequences 0 and 2 on group 0
+  job.parallel.tensor = 2;
+  EXPECT_DOUBLE_EQ(EstimateStepTime(Config(), job, Plan(kC), Rates())->seconds, 2 * one);
+  job.parallel.tensor = 4;  // one group: every sequence
+  EXPECT_DOUBLE_EQ(EstimateStepTime(Config(), job, Plan(kC), Rates())->seconds, 3 * one);
 }
 
 TEST(StepTimeTest, SpacoRunsEveryChunkInStageOneAndAFractionInStageTwo) {
