@@ -174,7 +174,7 @@ constexpr int64_t kF32 = 4, kI64 = 8;
 // output, and in full fine-tuning its normalised input too (the weight's gradient reads it).
 int64_t CompositeNormBytes(const Execution& x) { return kF32 + x.elem_bytes * (x.lora_rank == 0 ? 2 : 1); }
 
-// One RMSNorm of hidden_size, per token (LayerSpec::SavedBytesPerToken).
+// One RMSNorm of hidden_size, per token (LayerSpec::SavedBytesPerToken), with its output.
 int64_t NormBytesPerToken(const ModelConfig& c, const Execution& x) {
   return x.fused_norms ? 2 * x.elem_bytes * c.hidden_size + kF32 : CompositeNormBytes(x) * c.hidden_size;
 }
@@ -183,7 +183,11 @@ int64_t NormBytesPerToken(const ModelConfig& c, const Execution& x) {
 
 int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) const {
   const int64_t Q = c.q_dim(), KV = c.kv_dim(), e = x.elem_bytes;
-  int64_t bytes = HiddenNorms() * NormBytesPerToken(c, x);
+  // A norm's output counts as the input the product it feeds keeps; the norms of a branch's
+  // output (Gemma 3's post-attention and post-MLP norms) feed the residual sum, which keeps
+  // nothing.
+  const int64_t branch_output_norms = (Has(NormRole::kAttentionOutput) ? 1 : 0) + (Has(NormRole::kMlpOutput) ? 1 : 0);
+  int64_t bytes = HiddenNorms() * NormBytesPerToken(c, x) - branch_output_norms * e * c.hidden_size;
   if (!x.fused_kernels) bytes += 2 * e * (Q + KV);  // RoPE
   bytes += e * (2 * Q + 2 * KV) + kF32 * c.num_heads;
   if (Has(NormRole::kQuery)) {
