@@ -65,6 +65,12 @@ __device__ __forceinline__ void Store(void* base, int64_t i, const Pack<T, V>& x
   *reinterpret_cast<Pack<T, V>*>(static_cast<T*>(base) + i) = x;
 }
 
+// What an RMSNorm multiplies the normalised input by: w, or Gemma's 1 + w.
+template <typename T>
+__device__ __forceinline__ float Scale(const RmsNormParams& p, T w) {
+  return p.one_plus_weight ? ToFloat(w) + 1.f : ToFloat(w);
+}
+
 template <typename T, int V>
 __global__ void RmsNormForwardKernel(RmsNormParams p) {
   const int64_t row = blockIdx.x * p.cols;
@@ -77,7 +83,10 @@ __global__ void RmsNormForwardKernel(RmsNormParams p) {
   for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
     const Pack<T, V> x = Load<T, V>(p.x, row + i), w = Load<T, V>(p.weight, i);
     Pack<T, V> y;
-    for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(ToFloat(w.v[k]) * Round<T>(ToFloat(x.v[k]) * rstd));
+    for (int k = 0; k < V; ++k) {
+      y.v[k] = p.one_plus_weight ? FromFloat<T>(ToFloat(x.v[k]) * rstd * (ToFloat(w.v[k]) + 1.f))
+                                 : FromFloat<T>(ToFloat(w.v[k]) * Round<T>(ToFloat(x.v[k]) * rstd));
+    }
     Store<T, V>(p.out, row + i, y);
   }
   if (threadIdx.x == 0) p.rstd[blockIdx.x] = rstd;
@@ -90,14 +99,14 @@ __global__ void RmsNormBackwardKernel(RmsNormParams p) {
   float dot = 0;
   for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
     const Pack<T, V> x = Load<T, V>(p.x, row + i), dy = Load<T, V>(p.dy, row + i), w = Load<T, V>(p.weight, i);
-    for (int k = 0; k < V; ++k) dot += ToFloat(dy.v[k]) * ToFloat(w.v[k]) * (ToFloat(x.v[k]) * rstd);
+    for (int k = 0; k < V; ++k) dot += ToFloat(dy.v[k]) * Scale(p, w.v[k]) * (ToFloat(x.v[k]) * rstd);
   }
   const float mean = BlockSum(dot) / static_cast<float>(p.cols);
   for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
     const Pack<T, V> x = Load<T, V>(p.x, row + i), dy = Load<T, V>(p.dy, row + i), w = Load<T, V>(p.weight, i);
     Pack<T, V> dx;
     for (int k = 0; k < V; ++k) {
-      const float g = ToFloat(dy.v[k]) * ToFloat(w.v[k]), xhat = ToFloat(x.v[k]) * rstd;
+      const float g = ToFloat(dy.v[k]) * Scale(p, w.v[k]), xhat = ToFloat(x.v[k]) * rstd;
       dx.v[k] = FromFloat<T>(rstd * (g - xhat * mean));
     }
     Store<T, V>(p.out, row + i, dx);

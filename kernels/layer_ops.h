@@ -9,6 +9,8 @@
 //              rstd [rows] is kept for backward. Backward: dx = rstd * (g - xhat * mean(g * xhat))
 //              with g = dy * w and xhat = x * rstd, in float32 (the composite rounds g to the
 //              stored dtype first), rounded once. Not the weight's gradient.
+//              one_plus_weight (Gemma's RMSNorm): y = r(f(x) * rstd * (1 + f(w))), all in
+//              float32 as Hugging Face's Gemma3RMSNorm, and g = dy * (1 + w) in backward.
 //   Rope       y = r(r(x * cos) + r(rotate_half(x) * sin)), rotate_half(x) = [-x2, x1] over the
 //              last dim; backward dx = r(r(dy * cos) + rotate_half^T(r(dy * sin))). Both equal
 //              the composite ops bit for bit.
@@ -44,6 +46,7 @@ struct RmsNormParams {
   float* rstd = nullptr;         // [rows]: written forward, read backward
   int64_t rows = 0, cols = 0;
   float eps = 0;
+  bool one_plus_weight = false;  // Gemma's (1 + w), the product in float32
   HalfDtype dtype = HalfDtype::kBFloat16;
 };
 cudaError_t LaunchRmsNormForward(const RmsNormParams& p, cudaStream_t stream);

@@ -68,15 +68,19 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     return p;
   }
 
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  // one_plus_weight: Gemma's RMSNorm (kernels/layer_ops.h).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight, double eps,
+                            bool one_plus_weight) {
     const at::Tensor x = x_in.contiguous();
     const int64_t cols = x.size(-1);
     at::Tensor y = at::empty_like(x);
     at::Tensor rstd = at::empty({x.numel() / cols}, x.options().dtype(at::kFloat));
     RmsNormParams p = Params(x, weight, rstd, y);
     p.eps = static_cast<float>(eps);
+    p.one_plus_weight = one_plus_weight;
     Run(x, LaunchRmsNormForward, p, "RMSNorm forward");
     ctx->save_for_backward({x, weight, rstd});
+    ctx->saved_data["one_plus_weight"] = one_plus_weight;
     return y;
   }
 
@@ -87,8 +91,9 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     at::Tensor dx = at::empty_like(x);
     RmsNormParams p = Params(x, weight, rstd, dx);
     p.dy = dy.data_ptr();
+    p.one_plus_weight = ctx->saved_data["one_plus_weight"].toBool();
     Run(x, LaunchRmsNormBackward, p, "RMSNorm backward");
-    return {dx, at::Tensor(), at::Tensor()};
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -292,6 +297,7 @@ at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double ep
   TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "GemmaRmsNorm: weight [", x.size(-1),
               "] expected, got ", weight.sizes());
   if (weight.requires_grad()) return GemmaRmsNormComposite(x, weight, eps);
+  if (Fusable({&x, &weight}) && weight.is_contiguous()) return RmsNormFn::apply(x, weight, eps, /*one_plus_weight=*/true);
   return GemmaRmsNormFn::apply(x, weight, eps);
 }
 
@@ -349,7 +355,7 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (!Fusable({&x, &weight}) || weight.requires_grad() || !weight.is_contiguous()) {
     return RmsNormComposite(x, weight, eps);
   }
-  return RmsNormFn::apply(x, weight, eps);
+  return RmsNormFn::apply(x, weight, eps, /*one_plus_weight=*/false);
 }
 
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -19,10 +19,11 @@ namespace oomb::kernels {
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + weight), all in float32 (float64 for
-// float64 x), cast to x's dtype at the end. The composite ops' values on every device; with a
-// frozen weight, an autograd function that keeps only x and one rstd a row for backward (the
-// composite ops keep float32 copies of the row), a weight that requires a gradient (full
-// fine-tuning) takes the composite path.
+// float64 x), cast to x's dtype at the end. With a frozen weight, an autograd function that
+// keeps only x and one rstd a row for backward (the composite ops keep float32 copies of the
+// row): on a GPU in bfloat16 / float16 the RMSNorm kernel (kernels/layer_ops.h, the composite's
+// values up to the order of the row's sums), elsewhere the composite ops' values bit for bit.
+// A weight that requires a gradient (full fine-tuning) takes the composite path.
 at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // Gemma's gated MLP activation, gelu_tanh(gate) * up (the composite ops' values), keeping only

@@ -385,30 +385,39 @@ TEST_F(KernelsGpuTest, GluDownLoraEqualsTheSeparateOps) {
   }
 }
 
-// RMSNorm: the kernel sums in another order than ATen, so it is checked against float64: its
-// output and input gradient are as close to it as the composite's (within a rounding step of
-// the dtype), in bfloat16 and float16, 8 elements a thread and one (999 columns). A weight that needs a gradient takes
-// the composite path.
+// RMSNorm, and Gemma's (1 + w) variant: the kernel sums in another order than ATen, so it is
+// checked against float64: its output and input gradient are as close to it as the
+// composite's (within a rounding step of the dtype), in bfloat16 and float16, 8 elements a
+// thread and one (999 columns), Gemma's also over a head's 256 features of [rows, heads, 256]
+// (its q/k norms). A weight that needs a gradient takes the composite path.
 TEST_F(KernelsGpuTest, RmsNormMatchesFloat64AsCloselyAsTheCompositeOps) {
-  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
-    SCOPED_TRACE(c10::toString(dt));
-    const auto o = at::device(at::kCUDA).dtype(dt);
-    for (const int64_t cols : {999, 1000, 3584}) {
-      const at::Tensor x = at::randn({301, cols}, o) * 2, w = at::rand({cols}, o) + 0.5, dy = at::randn({301, cols}, o);
-      const double eps = 1e-6;
-      const auto fused = OutputAndGrads([&](const auto& in) { return kernels::RmsNorm(in[0], w, eps); }, {x}, dy);
-      const auto comp =
-          OutputAndGrads([&](const auto& in) { return kernels::RmsNormComposite(in[0], w, eps); }, {x}, dy);
-      const auto exact =
-          OutputAndGrads([&](const auto& in) { return kernels::RmsNormComposite(in[0], w.to(at::kDouble), eps); },
-                         {x.to(at::kDouble)}, dy.to(at::kDouble));
-      const double step = dt == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // a rounding step at 1
-      for (size_t i = 0; i < 2; ++i) {
-        const double scale = exact[i].abs().max().item<double>();
-        const double e_fused = (fused[i].to(at::kDouble) - exact[i]).abs().max().item<double>() / scale;
-        const double e_comp = (comp[i].to(at::kDouble) - exact[i]).abs().max().item<double>() / scale;
-        EXPECT_LE(e_fused, e_comp + step) << "cols " << cols << (i == 0 ? " output" : " dx");
-        EXPECT_LE(e_fused, 2 * step) << "cols " << cols << (i == 0 ? " output" : " dx");
+  using Norm = at::Tensor (*)(const at::Tensor&, const at::Tensor&, double);
+  const struct {
+    const char* name;
+    Norm kernel, composite;
+  } norms[] = {{"rms", kernels::RmsNorm, kernels::RmsNormComposite},
+               {"gemma", kernels::GemmaRmsNorm, kernels::GemmaRmsNormComposite}};
+  for (const auto& norm : norms) {
+    for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+      SCOPED_TRACE(std::string(norm.name) + " " + c10::toString(dt));
+      const auto o = at::device(at::kCUDA).dtype(dt);
+      for (const std::vector<int64_t>& shape : {std::vector<int64_t>{301, 999}, {301, 1000}, {301, 3584}, {37, 8, 256}}) {
+        const int64_t cols = shape.back();
+        const at::Tensor x = at::randn(shape, o) * 2, w = at::rand({cols}, o) + 0.5, dy = at::randn(shape, o);
+        const double eps = 1e-6;
+        const auto fused = OutputAndGrads([&](const auto& in) { return norm.kernel(in[0], w, eps); }, {x}, dy);
+        const auto comp = OutputAndGrads([&](const auto& in) { return norm.composite(in[0], w, eps); }, {x}, dy);
+        const auto exact =
+            OutputAndGrads([&](const auto& in) { return norm.composite(in[0], w.to(at::kDouble), eps); },
+                           {x.to(at::kDouble)}, dy.to(at::kDouble));
+        const double step = dt == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // a rounding step at 1
+        for (size_t i = 0; i < 2; ++i) {
+          const double scale = exact[i].abs().max().item<double>();
+          const double e_fused = (fused[i].to(at::kDouble) - exact[i]).abs().max().item<double>() / scale;
+          const double e_comp = (comp[i].to(at::kDouble) - exact[i]).abs().max().item<double>() / scale;
+          EXPECT_LE(e_fused, e_comp + step) << "cols " << cols << (i == 0 ? " output" : " dx");
+          EXPECT_LE(e_fused, 2 * step) << "cols " << cols << (i == 0 ? " output" : " dx");
+        }
       }
     }
   }
