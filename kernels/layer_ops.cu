@@ -1,7 +1,8 @@
 // CUDA RMSNorm, rotary embedding and SwiGLU. Contract: kernels/layer_ops.h.
 //
-// RMSNorm: one block of 256 threads a row, the row's sum of squares (or dot product) reduced
-// through warp shuffles, then a second pass over the row (from L1 / L2). Rope: a thread a pair
+// RMSNorm: one block of 256 threads a row (a warp a row, 8 rows a block, for rows of at most
+// 1024 features: a head's q/k norm), the row's sum of squares (or dot product) reduced through
+// warp shuffles, then a second pass over the row (from L1 / L2). Rope: a thread a pair
 // of elements (x1, x2) of one head. SwiGlu: a thread an element. Each takes 8 elements at a time
 // (16-byte loads) where the sizes and pointers allow, else one. CrossEntropyRows: one block a
 // row, an online max and sum of exponentials per thread merged through warp shuffles, then a
@@ -71,16 +72,39 @@ __device__ __forceinline__ float Scale(const RmsNormParams& p, T w) {
   return p.one_plus_weight ? ToFloat(w) + 1.f : ToFloat(w);
 }
 
-template <typename T, int V>
+// A warp's sum of v (every lane gets it).
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The threads that take one row of an RMSNorm: the block (kWarp false), or a warp, kThreads / 32
+// rows a block (kWarp true: rows of at most kWarpRowCols, such as a head's q/k norm, where a
+// block would leave most of its threads idle).
+constexpr int64_t kWarpRowCols = 1024;
+template <bool kWarp>
+struct RowTeam {
+  int64_t row;  // >= rows: past the last row (the whole team)
+  int lane, size;
+  __device__ RowTeam()
+      : row(kWarp ? static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32 : blockIdx.x),
+        lane(kWarp ? threadIdx.x % 32 : threadIdx.x),
+        size(kWarp ? 32 : kThreads) {}
+  __device__ float Sum(float v) const { return kWarp ? WarpSum(v) : BlockSum(v); }
+};
+
+template <typename T, int V, bool kWarp>
 __global__ void RmsNormForwardKernel(RmsNormParams p) {
-  const int64_t row = blockIdx.x * p.cols;
+  const RowTeam<kWarp> team;
+  if (team.row >= p.rows) return;
+  const int64_t row = team.row * p.cols;
   float sq = 0;
-  for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
+  for (int64_t i = team.lane * V; i < p.cols; i += team.size * V) {
     const Pack<T, V> x = Load<T, V>(p.x, row + i);
     for (int k = 0; k < V; ++k) sq += ToFloat(x.v[k]) * ToFloat(x.v[k]);
   }
-  const float rstd = rsqrtf(BlockSum(sq) / static_cast<float>(p.cols) + p.eps);
-  for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
+  const float rstd = rsqrtf(team.Sum(sq) / static_cast<float>(p.cols) + p.eps);
+  for (int64_t i = team.lane * V; i < p.cols; i += team.size * V) {
     const Pack<T, V> x = Load<T, V>(p.x, row + i), w = Load<T, V>(p.weight, i);
     Pack<T, V> y;
     for (int k = 0; k < V; ++k) {
@@ -89,20 +113,22 @@ __global__ void RmsNormForwardKernel(RmsNormParams p) {
     }
     Store<T, V>(p.out, row + i, y);
   }
-  if (threadIdx.x == 0) p.rstd[blockIdx.x] = rstd;
+  if (team.lane == 0) p.rstd[team.row] = rstd;
 }
 
-template <typename T, int V>
+template <typename T, int V, bool kWarp>
 __global__ void RmsNormBackwardKernel(RmsNormParams p) {
-  const int64_t row = blockIdx.x * p.cols;
-  const float rstd = p.rstd[blockIdx.x];
+  const RowTeam<kWarp> team;
+  if (team.row >= p.rows) return;
+  const int64_t row = team.row * p.cols;
+  const float rstd = p.rstd[team.row];
   float dot = 0;
-  for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
+  for (int64_t i = team.lane * V; i < p.cols; i += team.size * V) {
     const Pack<T, V> x = Load<T, V>(p.x, row + i), dy = Load<T, V>(p.dy, row + i), w = Load<T, V>(p.weight, i);
     for (int k = 0; k < V; ++k) dot += ToFloat(dy.v[k]) * Scale(p, w.v[k]) * (ToFloat(x.v[k]) * rstd);
   }
-  const float mean = BlockSum(dot) / static_cast<float>(p.cols);
-  for (int64_t i = threadIdx.x * V; i < p.cols; i += kThreads * V) {
+  const float mean = team.Sum(dot) / static_cast<float>(p.cols);
+  for (int64_t i = team.lane * V; i < p.cols; i += team.size * V) {
     const Pack<T, V> x = Load<T, V>(p.x, row + i), dy = Load<T, V>(p.dy, row + i), w = Load<T, V>(p.weight, i);
     Pack<T, V> dx;
     for (int k = 0; k < V; ++k) {
@@ -266,15 +292,31 @@ cudaError_t Launch(const Params& p, const Kernels<Params>& k, bool x8, unsigned 
   return cudaGetLastError();
 }
 
+// An RMSNorm kernel's instances a row of a warp (`warp`, rows of at most kWarpRowCols) and a
+// row of a block (`block`), and the launch of the one for p.
+#define OOMB_RMS_NORM_KERNELS(K, W) \
+  { K<__nv_bfloat16, 1, W>, K<__nv_bfloat16, 8, W>, K<__half, 1, W>, K<__half, 8, W> }
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, bool x8, const Kernels<RmsNormParams>& warp,
+                          const Kernels<RmsNormParams>& block, cudaStream_t stream) {
+  if (p.cols <= kWarpRowCols) {
+    constexpr int64_t kRowsPerBlock = kThreads / 32;
+    return Launch<RmsNormParams>(p, warp, x8, static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                                 stream);
+  }
+  return Launch<RmsNormParams>(p, block, x8, static_cast<unsigned>(p.rows), stream);
+}
+
 }  // namespace
 
 cudaError_t LaunchRmsNormForward(const RmsNormParams& p, cudaStream_t stream) {
   const bool x8 = p.cols % 8 == 0 && Aligned16({p.x, p.weight, p.out});
-  return Launch<RmsNormParams>(p, OOMB_LAYER_KERNELS(RmsNormForwardKernel), x8, static_cast<unsigned>(p.rows), stream);
+  return LaunchRmsNorm(p, x8, OOMB_RMS_NORM_KERNELS(RmsNormForwardKernel, true),
+                       OOMB_RMS_NORM_KERNELS(RmsNormForwardKernel, false), stream);
 }
 cudaError_t LaunchRmsNormBackward(const RmsNormParams& p, cudaStream_t stream) {
   const bool x8 = p.cols % 8 == 0 && Aligned16({p.x, p.weight, p.dy, p.out});
-  return Launch<RmsNormParams>(p, OOMB_LAYER_KERNELS(RmsNormBackwardKernel), x8, static_cast<unsigned>(p.rows), stream);
+  return LaunchRmsNorm(p, x8, OOMB_RMS_NORM_KERNELS(RmsNormBackwardKernel, true),
+                       OOMB_RMS_NORM_KERNELS(RmsNormBackwardKernel, false), stream);
 }
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   const bool x8 = (p.head_dim / 2) % 8 == 0 && Aligned16({p.x, p.cos, p.sin, p.out});

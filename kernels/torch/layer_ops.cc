@@ -297,7 +297,8 @@ at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double ep
   TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "GemmaRmsNorm: weight [", x.size(-1),
               "] expected, got ", weight.sizes());
   if (weight.requires_grad()) return GemmaRmsNormComposite(x, weight, eps);
-  if (Fusable({&x, &weight}) && weight.is_contiguous()) return RmsNormFn::apply(x, weight, eps, /*one_plus_weight=*/true);
+  if (Fusable({&x, &weight}) && weight.is_contiguous())
+    return RmsNormFn::apply(x, weight, eps, /*one_plus_weight=*/true);
   return GemmaRmsNormFn::apply(x, weight, eps);
 }
 

@@ -388,8 +388,9 @@ TEST_F(KernelsGpuTest, GluDownLoraEqualsTheSeparateOps) {
 // RMSNorm, and Gemma's (1 + w) variant: the kernel sums in another order than ATen, so it is
 // checked against float64: its output and input gradient are as close to it as the
 // composite's (within a rounding step of the dtype), in bfloat16 and float16, 8 elements a
-// thread and one (999 columns), Gemma's also over a head's 256 features of [rows, heads, 256]
-// (its q/k norms). A weight that needs a gradient takes the composite path.
+// thread and one (999 columns), a warp a row (up to 1024 columns; 301 rows leave the last block
+// of 8 rows part empty) and a block a row (3584), and over the 256 features of each head of
+// [rows, heads, 256] (q/k norms). A weight that needs a gradient takes the composite path.
 TEST_F(KernelsGpuTest, RmsNormMatchesFloat64AsCloselyAsTheCompositeOps) {
   using Norm = at::Tensor (*)(const at::Tensor&, const at::Tensor&, double);
   const struct {
@@ -401,15 +402,15 @@ TEST_F(KernelsGpuTest, RmsNormMatchesFloat64AsCloselyAsTheCompositeOps) {
     for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
       SCOPED_TRACE(std::string(norm.name) + " " + c10::toString(dt));
       const auto o = at::device(at::kCUDA).dtype(dt);
-      for (const std::vector<int64_t>& shape : {std::vector<int64_t>{301, 999}, {301, 1000}, {301, 3584}, {37, 8, 256}}) {
+      for (const std::vector<int64_t>& shape :
+           {std::vector<int64_t>{301, 999}, {301, 1000}, {301, 3584}, {37, 8, 256}}) {
         const int64_t cols = shape.back();
         const at::Tensor x = at::randn(shape, o) * 2, w = at::rand({cols}, o) + 0.5, dy = at::randn(shape, o);
         const double eps = 1e-6;
         const auto fused = OutputAndGrads([&](const auto& in) { return norm.kernel(in[0], w, eps); }, {x}, dy);
         const auto comp = OutputAndGrads([&](const auto& in) { return norm.composite(in[0], w, eps); }, {x}, dy);
-        const auto exact =
-            OutputAndGrads([&](const auto& in) { return norm.composite(in[0], w.to(at::kDouble), eps); },
-                           {x.to(at::kDouble)}, dy.to(at::kDouble));
+        const auto exact = OutputAndGrads([&](const auto& in) { return norm.composite(in[0], w.to(at::kDouble), eps); },
+                                          {x.to(at::kDouble)}, dy.to(at::kDouble));
         const double step = dt == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // a rounding step at 1
         for (size_t i = 0; i < 2; ++i) {
           const double scale = exact[i].abs().max().item<double>();
