@@ -1,9 +1,10 @@
-// CUDA RMSNorm, rotary embedding and SwiGLU. Contract: kernels/layer_ops.h.
+// CUDA RMSNorm, rotary embedding and gated activations (SwiGLU, Gemma's GELU-tanh GLU).
+// Contract: kernels/layer_ops.h.
 //
 // RMSNorm: one block of 256 threads a row (a warp a row, 8 rows a block, for rows of at most
 // 1024 features: a head's q/k norm), the row's sum of squares (or dot product) reduced through
 // warp shuffles, then a second pass over the row (from L1 / L2). Rope: a thread a pair
-// of elements (x1, x2) of one head. SwiGlu: a thread an element. Each takes 8 elements at a time
+// of elements (x1, x2) of one head. Glu: a thread an element. Each takes 8 elements at a time
 // (16-byte loads) where the sizes and pointers allow, else one. CrossEntropyRows: one block a
 // row, an online max and sum of exponentials per thread merged through warp shuffles, then a
 // second pass that writes the gradient over the row.
@@ -174,26 +175,53 @@ __device__ __forceinline__ float SiluBackward(float dy, float x) {
   return dy * s * (1.f + x * (1.f - s));
 }
 
+// gelu with the tanh approximation as ATen's kernel computes it (ActivationGeluKernel.cu), and
+// its derivative.
+constexpr float kGeluBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+constexpr float kGeluKappa = 0.044715f;
+__device__ __forceinline__ float GeluTanh(float x) {
+  const float x_cube = x * x * x;
+  const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
+  return 0.5f * x * (1.f + ::tanhf(inner));
+}
+__device__ __forceinline__ float GeluTanhBackward(float dy, float x) {
+  const float x_sq = x * x, x_cube = x_sq * x;
+  const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
+  const float tanh_inner = ::tanhf(inner);
+  const float left = 0.5f * x, right = 1.f + tanh_inner;
+  const float left_derivative = 0.5f * right;
+  const float right_derivative = left * (1.f - tanh_inner * tanh_inner);
+  const float inner_derivative = kGeluBeta * (1.f + 3.f * kGeluKappa * x_sq);
+  return dy * (left_derivative + right_derivative * inner_derivative);
+}
+
+__device__ __forceinline__ float Activation(const GluParams& p, float x) {
+  return p.act == GluActivation::kGeluTanh ? GeluTanh(x) : Silu(x);
+}
+__device__ __forceinline__ float ActivationBackward(const GluParams& p, float dy, float x) {
+  return p.act == GluActivation::kGeluTanh ? GeluTanhBackward(dy, x) : SiluBackward(dy, x);
+}
+
 template <typename T, int V>
-__global__ void SwiGluForwardKernel(SwiGluParams p) {
+__global__ void GluForwardKernel(GluParams p) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
   if (i >= p.n) return;
   const Pack<T, V> g = Load<T, V>(p.gate, i), u = Load<T, V>(p.up, i);
   Pack<T, V> y;
-  for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(Round<T>(Silu(ToFloat(g.v[k]))) * ToFloat(u.v[k]));
+  for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(Round<T>(Activation(p, ToFloat(g.v[k]))) * ToFloat(u.v[k]));
   Store<T, V>(p.out, i, y);
 }
 
 template <typename T, int V>
-__global__ void SwiGluBackwardKernel(SwiGluParams p) {
+__global__ void GluBackwardKernel(GluParams p) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
   if (i >= p.n) return;
   const Pack<T, V> g = Load<T, V>(p.gate, i), u = Load<T, V>(p.up, i), dy = Load<T, V>(p.dy, i);
   Pack<T, V> d_gate, d_up;
   for (int k = 0; k < V; ++k) {
     const float gk = ToFloat(g.v[k]), dk = ToFloat(dy.v[k]);
-    d_up.v[k] = FromFloat<T>(dk * Round<T>(Silu(gk)));
-    d_gate.v[k] = FromFloat<T>(SiluBackward(Round<T>(dk * ToFloat(u.v[k])), gk));
+    d_up.v[k] = FromFloat<T>(dk * Round<T>(Activation(p, gk)));
+    d_gate.v[k] = FromFloat<T>(ActivationBackward(p, Round<T>(dk * ToFloat(u.v[k])), gk));
   }
   Store<T, V>(p.out, i, d_gate);
   Store<T, V>(p.d_up, i, d_up);
@@ -323,13 +351,13 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   return Launch<RopeParams>(p, OOMB_LAYER_KERNELS(RopeKernel), x8,
                             Blocks(p.rows * p.heads * p.head_dim / 2 / (x8 ? 8 : 1)), stream);
 }
-cudaError_t LaunchSwiGluForward(const SwiGluParams& p, cudaStream_t stream) {
+cudaError_t LaunchGluForward(const GluParams& p, cudaStream_t stream) {
   const bool x8 = p.n % 8 == 0 && Aligned16({p.gate, p.up, p.out});
-  return Launch<SwiGluParams>(p, OOMB_LAYER_KERNELS(SwiGluForwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
+  return Launch<GluParams>(p, OOMB_LAYER_KERNELS(GluForwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
 }
-cudaError_t LaunchSwiGluBackward(const SwiGluParams& p, cudaStream_t stream) {
+cudaError_t LaunchGluBackward(const GluParams& p, cudaStream_t stream) {
   const bool x8 = p.n % 8 == 0 && Aligned16({p.gate, p.up, p.dy, p.out, p.d_up});
-  return Launch<SwiGluParams>(p, OOMB_LAYER_KERNELS(SwiGluBackwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
+  return Launch<GluParams>(p, OOMB_LAYER_KERNELS(GluBackwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
 }
 
 cudaError_t LaunchCrossEntropyRows(const CrossEntropyParams& p, cudaStream_t stream) {

@@ -14,9 +14,10 @@
 //   Rope       y = r(r(x * cos) + r(rotate_half(x) * sin)), rotate_half(x) = [-x2, x1] over the
 //              last dim; backward dx = r(r(dy * cos) + rotate_half^T(r(dy * sin))). Both equal
 //              the composite ops bit for bit.
-//   SwiGlu     y = r(r(silu(gate)) * up); backward d_up = r(dy * r(silu(gate))) and
-//              d_gate = r(silu'(gate) * r(dy * up)), silu and silu' as ATen computes them in
-//              float32: bit for bit the composite's.
+//   Glu        y = r(r(act(gate)) * up); backward d_up = r(dy * r(act(gate))) and
+//              d_gate = r(act'(gate) * r(dy * up)), act silu (SwiGLU) or gelu with the tanh
+//              approximation (Gemma's), act and act' written as ATen's kernels compute them in
+//              float32: the composite's values bit for bit (the GPU tests check both).
 //   CrossEntropyRows  per row of logits x [rows, vocab]: lse = log(sum(exp(f(x)))) (an online
 //              max and sum in float32), loss = lse - f(x[label]) in float32, and, where asked,
 //              x overwritten in place with r(exp(f(x) - lse) - onehot(label)), the loss's
@@ -63,7 +64,9 @@ struct RopeParams {
 };
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 
-struct SwiGluParams {
+enum class GluActivation { kSilu, kGeluTanh };
+struct GluParams {
+  GluActivation act = GluActivation::kSilu;
   const void* gate = nullptr;  // [n]
   const void* up = nullptr;    // [n]
   const void* dy = nullptr;    // [n] (backward)
@@ -72,8 +75,8 @@ struct SwiGluParams {
   int64_t n = 0;
   HalfDtype dtype = HalfDtype::kBFloat16;
 };
-cudaError_t LaunchSwiGluForward(const SwiGluParams& p, cudaStream_t stream);
-cudaError_t LaunchSwiGluBackward(const SwiGluParams& p, cudaStream_t stream);
+cudaError_t LaunchGluForward(const GluParams& p, cudaStream_t stream);
+cudaError_t LaunchGluBackward(const GluParams& p, cudaStream_t stream);
 
 struct CrossEntropyParams {
   void* logits = nullptr;           // [rows, vocab], the gradient written in place if write_grad

@@ -127,9 +127,10 @@ class RopeFn : public torch::autograd::Function<RopeFn> {
   }
 };
 
-// SwiGLU through the kernels: gate and up of one shape, Fusable; y, or d_gate and d_up.
-SwiGluParams SwiGluKernelParams(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
-  SwiGluParams p;
+// A gated activation through the kernels: gate and up of one shape, Fusable; y, or d_gate and d_up.
+GluParams GluKernelParams(GluKind kind, const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  GluParams p;
+  p.act = kind == GluKind::kGeluTanh ? GluActivation::kGeluTanh : GluActivation::kSilu;
   p.gate = gate.data_ptr();
   p.up = up.data_ptr();
   p.out = out.data_ptr();
@@ -138,36 +139,35 @@ SwiGluParams SwiGluKernelParams(const at::Tensor& gate, const at::Tensor& up, at
   return p;
 }
 
-at::Tensor SwiGluKernelForward(const at::Tensor& gate_in, const at::Tensor& up_in) {
+at::Tensor GluKernelForward(GluKind kind, const at::Tensor& gate_in, const at::Tensor& up_in) {
   const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
   at::Tensor y = at::empty_like(gate);
-  Run(gate, LaunchSwiGluForward, SwiGluKernelParams(gate, up, y), "SwiGLU forward");
+  Run(gate, LaunchGluForward, GluKernelParams(kind, gate, up, y), "gated activation forward");
   return y;
 }
 
-std::array<at::Tensor, 2> SwiGluKernelBackward(const at::Tensor& gate_in, const at::Tensor& up_in,
-                                               const at::Tensor& dy_in) {
+std::array<at::Tensor, 2> GluKernelBackward(GluKind kind, const at::Tensor& gate_in, const at::Tensor& up_in,
+                                            const at::Tensor& dy_in) {
   const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous(), dy = dy_in.contiguous();
   at::Tensor d_gate = at::empty_like(gate), d_up = at::empty_like(up);
-  SwiGluParams p = SwiGluKernelParams(gate, up, d_gate);
+  GluParams p = GluKernelParams(kind, gate, up, d_gate);
   p.dy = dy.data_ptr();
   p.d_up = d_up.data_ptr();
-  Run(gate, LaunchSwiGluBackward, p, "SwiGLU backward");
+  Run(gate, LaunchGluBackward, p, "gated activation backward");
   return {d_gate, d_up};
 }
 
 // The gated activation's value and its gradients with respect to gate and up, without autograd:
-// the kernels where they apply (SwiGLU), else the composite ops' own operations (the same
-// values and gradients as autograd through them).
+// the kernels where they apply (bfloat16 / float16 on a GPU), else the composite ops' own
+// operations (the same values and gradients as autograd through them).
 at::Tensor GluValue(GluKind kind, const at::Tensor& gate, const at::Tensor& up) {
-  if (kind == GluKind::kGeluTanh) return GeluTanhGluComposite(gate, up);
-  if (Fusable({&gate, &up})) return SwiGluKernelForward(gate, up);
-  return SwiGluComposite(gate, up);
+  if (Fusable({&gate, &up})) return GluKernelForward(kind, gate, up);
+  return kind == GluKind::kGeluTanh ? GeluTanhGluComposite(gate, up) : SwiGluComposite(gate, up);
 }
 
 std::array<at::Tensor, 2> GluGrads(GluKind kind, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy) {
+  if (Fusable({&gate, &up, &dy})) return GluKernelBackward(kind, gate, up, dy);
   if (kind == GluKind::kGeluTanh) return {at::gelu_backward(dy * up, gate, "tanh"), dy * at::gelu(gate, "tanh")};
-  if (Fusable({&gate, &up, &dy})) return SwiGluKernelBackward(gate, up, dy);
   return {at::silu_backward(dy * up, gate), dy * at::silu(gate)};
 }
 
@@ -175,11 +175,11 @@ class SwiGluFn : public torch::autograd::Function<SwiGluFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate.contiguous(), up.contiguous()});
-    return SwiGluKernelForward(gate, up);
+    return GluKernelForward(GluKind::kSilu, gate, up);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const auto [d_gate, d_up] = SwiGluKernelBackward(saved[0], saved[1], grad_outputs[0]);
+    const auto [d_gate, d_up] = GluKernelBackward(GluKind::kSilu, saved[0], saved[1], grad_outputs[0]);
     return {d_gate, d_up};
   }
 };

@@ -26,8 +26,9 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // A weight that requires a gradient (full fine-tuning) takes the composite path.
 at::Tensor GemmaRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// Gemma's gated MLP activation, gelu_tanh(gate) * up (the composite ops' values), keeping only
-// gate and up for backward.
+// Gemma's gated MLP activation, gelu_tanh(gate) * up (the composite ops' values; bfloat16 /
+// float16 on a GPU through the gated-activation kernel, kernels/layer_ops.h), keeping only gate
+// and up for backward.
 at::Tensor GeluTanhGlu(const at::Tensor& gate, const at::Tensor& up);
 
 // gpt-oss's experts' activation over their gate_up product [rows, 2 n], gate and up

@@ -83,7 +83,8 @@ def main():
         sys.exit(77)
     tmp = tempfile.mkdtemp(prefix="oomb_estimate_test_")
     data_dir = os.path.join(tmp, "data")
-    daemon = Daemon(a.oombd, data_dir, extra=["--set", "scheduler.devices=cpu,cpu,cpu"])  # 3 CPU ranks for 2.
+    # Three CPU devices: check 2 estimates a job of 3 tensor-parallel CPU ranks.
+    daemon = Daemon(a.oombd, data_dir, extra=["--set", "scheduler.devices=cpu,cpu,cpu"])
     try:
         train = os.path.join(tmp, "train.jsonl")
         subprocess.run([a.oombd, "data", "build", "--model", MODEL, "--tokens", "512", "--max-samples", "4", TEXT,
