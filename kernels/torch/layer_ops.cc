@@ -173,8 +173,9 @@ std::array<at::Tensor, 2> GluGrads(GluKind kind, const at::Tensor& gate, const a
 
 class SwiGluFn : public torch::autograd::Function<SwiGluFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
-    ctx->save_for_backward({gate.contiguous(), up.contiguous()});
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
+    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();  // once (views of a gate_up product)
+    ctx->save_for_backward({gate, up});
     return GluKernelForward(GluKind::kSilu, gate, up);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {

@@ -1,9 +1,12 @@
-// Gemma's RMSNorm and GELU-tanh gate, and the gated activation with the LoRA down projection,
-// as autograd functions that keep less for backward (kernels/torch/layer_ops.h) against the
+// Gemma's RMSNorm and GELU-tanh gate, the gated activation with the LoRA down projection, and a
+// mixture of experts' pair permutations and scaled activation, as autograd functions that keep
+// less for backward (kernels/torch/layer_ops.h, kernels/torch/expert_ops.h) against the
 // composite ATen ops they replace: the same forward values bit for bit, and the same gradients
 // (float64: 1e-12 relative; float32 and bfloat16 inputs: as close as the composite ops are to
 // float64).
 #include "kernels/torch/layer_ops.h"
+
+#include "kernels/torch/expert_ops.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
@@ -173,6 +176,104 @@ TEST(LayerOpsTest, GluDownLoraEqualsTheSeparateOpsAndKeepsLess) {
     EXPECT_EQ(fused, rows * rank * 4) << static_cast<int>(kind);  // act A^T (gate and up are inputs)
     EXPECT_GE(separate - fused, act) << static_cast<int>(kind);
   }
+}
+
+// A mixture of experts' permutations of the (token, slot) pairs against index_select and a sum
+// over each token's slots: the same values bit for bit (float64, bfloat16) and the same
+// gradients (index_add_ there, gathers here: float64 1e-15; bfloat16 within the separate ops'
+// own distance from float64, where index_add_ rounds after each addition).
+TEST(LayerOpsTest, PairPermutationsEqualIndexSelectAndSum) {
+  at::manual_seed(6);
+  const int64_t tokens = 11, top_k = 3, hidden = 40, experts = 5;
+  const at::Tensor order = at::argsort(at::randint(experts, {tokens * top_k}, at::kLong), /*stable=*/true);
+  const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(tokens * top_k, at::kLong));
+  const at::Tensor x = at::randn({tokens, hidden}, at::kDouble),
+                   rows = at::randn({tokens * top_k, hidden}, at::kDouble);
+  const at::Tensor d_rows = at::randn({tokens * top_k, hidden}, at::kDouble),
+                   d_x = at::randn({tokens, hidden}, at::kDouble);
+  const auto separate_to = [&](const auto& in) { return in[0].index_select(0, at::div(order, top_k, "floor")); };
+  const auto separate_from = [&](const auto& in) {
+    return in[0].index_select(0, inverse).view({tokens, top_k, hidden}).sum(1);
+  };
+  const Result exact_to = OutputAndGrads(separate_to, {x}, d_rows);
+  const Result exact_from = OutputAndGrads(separate_from, {rows}, d_x);
+  for (const at::ScalarType t : {at::kDouble, at::kBFloat16}) {
+    const Result want_to = OutputAndGrads(separate_to, {x.to(t)}, d_rows);
+    const Result got_to =
+        OutputAndGrads([&](const auto& in) { return ToPairs(in[0], order, inverse, top_k); }, {x.to(t)}, d_rows);
+    EXPECT_TRUE(at::equal(got_to.out, want_to.out)) << t;
+    EXPECT_LE(RelativeError(got_to.grads[0], exact_to.grads[0]),
+              t == at::kDouble ? 1e-15 : std::max(RelativeError(want_to.grads[0], exact_to.grads[0]), 1e-2))
+        << t;
+    const Result want_from = OutputAndGrads(separate_from, {rows.to(t)}, d_x);
+    const Result got_from =
+        OutputAndGrads([&](const auto& in) { return FromPairs(in[0], order, inverse, top_k); }, {rows.to(t)}, d_x);
+    EXPECT_TRUE(at::equal(got_from.out, want_from.out)) << t;
+    EXPECT_TRUE(at::equal(got_from.grads[0], want_from.grads[0])) << t;  // a gather both ways
+  }
+  EXPECT_TRUE(at::equal(
+      OutputAndGrads([&](const auto& in) { return FromPairs(in[0], order, inverse, top_k); }, {rows}, d_x).grads[0],
+      exact_from.grads[0]));
+  EXPECT_THROW(ToPairs(x, order.narrow(0, 0, 5), inverse, top_k), c10::Error);
+  EXPECT_THROW(FromPairs(x, order, inverse, top_k), c10::Error);
+}
+
+// The experts' scaled activation against the separate ops (SwiGlu over gate_up's halves, or
+// ClampedSwiGlu, times each row's scale): the same values bit for bit, gradients for gate_up
+// and the scale as close as the separate ops' (float64 1e-12, float32 1e-5, bfloat16 within twice
+// the separate ops' own distance from float64), and keeping gate_up and the scale alone where the
+// separate ops also keep the activation.
+TEST(LayerOpsTest, ScaledExpertActivationEqualsTheSeparateOpsAndKeepsLess) {
+  at::manual_seed(7);
+  const int64_t rows = 13, n = 48;
+  const at::Tensor gate_up = at::randn({rows, 2 * n}, at::kDouble) * 2, scale = at::rand({rows}, at::kDouble);
+  const at::Tensor dy = at::randn({rows, n}, at::kDouble);
+  for (const double limit : {0.0, 1.5}) {
+    const double alpha = 1.702;
+    const auto separate = [&](const std::vector<at::Tensor>& in) {
+      const auto parts = in[0].chunk(2, -1);
+      const at::Tensor act = limit > 0 ? ClampedSwiGlu(in[0], alpha, limit) : SwiGlu(parts[0], parts[1]);
+      return (act * in[1].unsqueeze(-1)).to(in[0].scalar_type());
+    };
+    const auto fused = [&](const std::vector<at::Tensor>& in) {
+      return ScaledExpertActivation(in[0], in[1], alpha, limit);
+    };
+    const Result exact = OutputAndGrads(separate, {gate_up, scale}, dy);
+    for (const at::ScalarType t : {at::kDouble, at::kFloat, at::kBFloat16}) {
+      // Mixtral's routing weights stay float32 beside bfloat16 activations.
+      const at::ScalarType s = t == at::kBFloat16 && limit == 0 ? at::kFloat : t;
+      const std::vector<at::Tensor> in = {gate_up.to(t), scale.to(s)};
+      const Result want = OutputAndGrads(separate, in, dy);
+      const Result got = OutputAndGrads(fused, in, dy);
+      EXPECT_TRUE(at::equal(got.out, want.out)) << t << " limit " << limit;
+      for (size_t i = 0; i < 2; ++i) {
+        const double tolerance = t == at::kDouble  ? 1e-12
+                                 : t == at::kFloat ? 1e-5
+                                                   : std::max(2 * RelativeError(want.grads[i], exact.grads[i]), 1e-2);
+        EXPECT_LE(RelativeError(got.grads[i], exact.grads[i]), tolerance) << t << " limit " << limit << " input " << i;
+      }
+    }
+  }
+  // What the graph keeps (float32, bytes allocated in forward and alive after it, less the
+  // output): the separate ops at least the activation, the function nothing (gate_up and the
+  // scale are inputs).
+  const auto kept = [&](const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f) {
+    const std::vector<at::Tensor> in = {gate_up.to(at::kFloat).requires_grad_(true),
+                                        scale.to(at::kFloat).requires_grad_(true)};
+    auto live = std::make_shared<LiveBytes>();
+    at::Tensor y;
+    {
+      c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, live);
+      y = f(in);
+    }
+    return live->bytes() - Bytes(y);
+  };
+  const int64_t separate = kept([](const std::vector<at::Tensor>& in) {
+    const auto parts = in[0].chunk(2, -1);
+    return SwiGlu(parts[0], parts[1]) * in[1].unsqueeze(-1);
+  });
+  EXPECT_EQ(kept([](const std::vector<at::Tensor>& in) { return ScaledExpertActivation(in[0], in[1], 0, 0); }), 0);
+  EXPECT_GE(separate, rows * n * 4);
 }
 
 }  // namespace

@@ -206,7 +206,9 @@ int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) 
   if (moe.has_value()) {
     const int64_t k = moe->top_k, H = moe->hidden;
     bytes += kF32 * moe->experts + kF32 + k * (kF32 + 3 * kI64);
-    bytes += k * (e * (2 * H + (moe->swiglu_limit > 0 ? 3 : glu) * moe->intermediate) + kF32);
+    // Each pair's input row (LoRA A's input), its gate_up product (the scaled activation's input)
+    // and its scaled activation (the down bank's LoRA A's input).
+    bytes += k * (e * (H + 3 * moe->intermediate) + kF32);
     for (const auto& [bank, factor] : AdaptedExperts(x.lora_expert_targets)) bytes += k * e * x.lora_rank * factor;
     return bytes;
   }

@@ -58,8 +58,9 @@ struct MoeConfig {
   int64_t top_k = 0;
   int64_t intermediate = 0;
   bool renormalize = false;
-  // The weights multiply the experts' outputs in float32 (Mixtral) rather than in the model's
-  // dtype (Qwen3-MoE), as transformers does for each.
+  // The routing weights multiply in float32 (Mixtral) rather than in the model's dtype
+  // (Qwen3-MoE), as transformers does for each (transformers multiplies the experts' outputs;
+  // oomb their activations, before the linear down projection: Transformer::Experts).
   bool float_scores = false;
   std::vector<bool> layers = {};  // which layers are sparse (the others keep the dense MLP)
   // The router's auxiliary load-balancing loss enters the training loss times this

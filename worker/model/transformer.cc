@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/torch/chunked_cross_entropy.h"
+#include "kernels/torch/expert_ops.h"
 #include "kernels/torch/layer_ops.h"
 #include "kernels/torch/matmul.h"
 #include "kernels/torch/upload.h"
@@ -1220,9 +1221,13 @@ struct ExpertViews {
     a = bank.lora_a.to(t).view({experts, rank, -1}).unbind(0);                               // [r, in] each
     b = (bank.lora_b * scaling).to(t).view({bank.lora_b.size(0), rank, experts}).unbind(2);  // [out, r] each
   }
-  // Expert e over its tokens x [n, in]: x W_e^T + b_e + (x A_e^T) B_e^T alpha / r.
-  at::Tensor Forward(int64_t e, const at::Tensor& x) const {
-    at::Tensor y = kernels::Linear(x, weights[e], biases.empty() ? c10::nullopt : c10::optional<at::Tensor>(biases[e]));
+  // Expert e over its pairs x [n, in]: x W_e^T + b_e bias_scale + (x A_e^T) B_e^T alpha / r
+  // (bias_scale [n], the pairs' routing weights, or undefined: 1).
+  at::Tensor Forward(int64_t e, const at::Tensor& x, const at::Tensor& bias_scale) const {
+    const bool scaled_bias = !biases.empty() && bias_scale.defined();
+    at::Tensor y = kernels::Linear(x, weights[e],
+                                   biases.empty() || scaled_bias ? c10::nullopt : c10::optional<at::Tensor>(biases[e]));
+    if (scaled_bias) y = y + (biases[e] * bias_scale.unsqueeze(-1)).to(biases[e].scalar_type());
     if (!a.empty()) kernels::AddMatmul_(y, kernels::Linear(x, a[e]), b[e].t());
     return y;
   }
@@ -1247,12 +1252,23 @@ struct GroupedBank {
             .transpose(1, 2);
   }
   // The pairs x [M, in] sorted by expert, offs their groups' ends, `experts` [M] each pair's
-  // expert (where the bank has biases): x W_e^T + b_e + (x A_e^T) B_e^T alpha / r.
-  at::Tensor Forward(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& experts) const {
+  // expert (where the bank has biases), bias_scale as ExpertViews::Forward's:
+  // x W_e^T + b_e bias_scale + (x A_e^T) B_e^T alpha / r.
+  at::Tensor Forward(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& experts,
+                     const at::Tensor& bias_scale) const {
     at::Tensor y = kernels::GroupedMatmul(x, weight, offs);
-    if (bias.defined()) y = y + bias.index_select(0, experts);
+    if (bias.defined()) y = y + PairBiases(experts, bias_scale);
     if (a.defined()) y = y + kernels::GroupedMatmul(kernels::GroupedMatmul(x, a, offs), b, offs);
     return y;
+  }
+  // Each pair's expert's bias, times its bias_scale where defined: scaled, a one-hot [M, E] of
+  // the pairs' experts holding their scales times the bias [E, out] (the scales' gradient then
+  // keeps nothing out-wide, where gathering the rows and scaling them would keep the rows).
+  at::Tensor PairBiases(const at::Tensor& experts, const at::Tensor& bias_scale) const {
+    if (!bias_scale.defined()) return bias.index_select(0, experts);
+    const at::Tensor pick = at::zeros({experts.size(0), bias.size(0)}, bias.options())
+                                .scatter(1, experts.unsqueeze(1), bias_scale.to(bias.scalar_type()).unsqueeze(1));
+    return kernels::Matmul(pick, bias);
   }
   at::Tensor weight, bias, a, b;
 };
@@ -1276,42 +1292,43 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   // them: rank 0 alone adds the auxiliary loss's share (tensor_parallel.h).
   if (balance != nullptr) balance->Add(LeadsGroup() ? probs : probs.detach(), counts);
   const at::Tensor order = at::argsort(flat, /*stable=*/true);
-  const at::Tensor x = y.index_select(0, at::floor_divide(order, moe.top_k));
-  const at::Tensor out =
-      expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, moe, x, counts) : LoopExperts(l, moe, x, counts);
-  // Back to (token, slot) order, weighted and summed over the slots: autograd keeps the outputs
-  // once (the product's), where adding each expert's into place would keep it a second time.
   const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
-  const at::Tensor slots = out.index_select(0, inverse).view({y.size(0), moe.top_k, y.size(1)});
-  return (slots * weights.unsqueeze(-1)).sum(1).to(dtype_);
+  const at::Tensor x = kernels::ToPairs(y, order, inverse, moe.top_k);
+  // Each pair's routing weight scales its activation, before the (linear) down projection: the
+  // pairs' outputs are then summed per token as they are, and no hidden-wide output is kept for
+  // the weights' gradient.
+  const at::Tensor scale = weights.reshape(-1).index_select(0, order);
+  const at::Tensor out = expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, moe, x, counts, scale)
+                                                                   : LoopExperts(l, moe, x, counts, scale);
+  return kernels::FromPairs(out, order, inverse, moe.top_k).to(dtype_);
 }
 
-at::Tensor Transformer::ExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up) const {
-  if (moe.swiglu_limit > 0) return kernels::ClampedSwiGlu(gate_up, moe.swiglu_alpha, moe.swiglu_limit);
-  const auto parts = gate_up.chunk(2, -1);  // gate's rows first
-  return kernels::SwiGlu(parts[0], parts[1]);
+at::Tensor Transformer::ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up,
+                                               const at::Tensor& scale) const {
+  return kernels::ScaledExpertActivation(gate_up, scale, moe.swiglu_alpha, moe.swiglu_limit);
 }
 
 at::Tensor Transformer::LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
-                                    const at::Tensor& counts) const {
+                                    const at::Tensor& counts, const at::Tensor& scale) const {
   const at::Tensor host = counts.cpu();
   const std::vector<int64_t> sizes(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
   // rather than widening each to the whole [C k, hidden].
-  const std::vector<at::Tensor> inputs = x.split_with_sizes(sizes);
+  const std::vector<at::Tensor> inputs = x.split_with_sizes(sizes), scales = scale.split_with_sizes(sizes);
   const ExpertViews gate_up(l.gate_up_experts, x.scalar_type(), true),
       down(l.down_experts, x.scalar_type(), LeadsGroup());
   std::vector<at::Tensor> outputs;
   for (size_t e = 0; e < sizes.size(); ++e) {
     if (sizes[e] == 0) continue;
-    const at::Tensor act = ExpertActivation(moe, gate_up.Forward(static_cast<int64_t>(e), inputs[e]));
-    outputs.push_back(down.Forward(static_cast<int64_t>(e), act));
+    const auto expert = static_cast<int64_t>(e);
+    const at::Tensor act = ScaledExpertActivation(moe, gate_up.Forward(expert, inputs[e], at::Tensor()), scales[e]);
+    outputs.push_back(down.Forward(expert, act, scales[e]));
   }
   return at::cat(outputs);
 }
 
 at::Tensor Transformer::GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
-                                       const at::Tensor& counts) const {
+                                       const at::Tensor& counts, const at::Tensor& scale) const {
   const at::Tensor offs = counts.cumsum(0).to(at::kInt);
   // Each pair's expert, for the biases (the output size given: nothing read on the host).
   const at::Tensor experts =
@@ -1319,7 +1336,8 @@ at::Tensor Transformer::GroupedExperts(const DecoderLayer& l, const MoeSpec& moe
                  : at::Tensor();
   const GroupedBank gate_up(l.gate_up_experts, x.scalar_type(), true),
       down(l.down_experts, x.scalar_type(), LeadsGroup());
-  return down.Forward(ExpertActivation(moe, gate_up.Forward(x, offs, experts)), offs, experts);
+  const at::Tensor act = ScaledExpertActivation(moe, gate_up.Forward(x, offs, experts, at::Tensor()), scale);
+  return down.Forward(act, offs, experts, scale);
 }
 
 ExpertKernel Transformer::expert_kernel() const {

@@ -16,7 +16,8 @@
 // Phi-3's fused projections split as transformers splits them; a mixture of experts as
 // transformers' Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock (softmax over the router's logits
 // in float32, float64 for float64 models, top-k, renormalised where the family does; each
-// expert's SwiGLU over its tokens, weighted and summed), and gpt-oss's (the router's and the
+// expert's SwiGLU over its tokens, weighted and summed; oomb weights the activation before the
+// down projection, kernels/torch/expert_ops.h), and gpt-oss's (the router's and the
 // experts' biases, its clamped SwiGLU; its attention sinks enter the attention callback).
 // Experts run as one loop over the experts hit, or grouped GEMMs (ExpertKernel), their tokens
 // gathered once per layer and chunk in expert order.
@@ -341,14 +342,15 @@ class Transformer {
   // The MLP of layer cursor.layer over its input norm's output y [C, hidden]: dense or of experts.
   at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
   at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y, RouterBalance* balance) const;
-  // The experts' MLPs over the pairs x [M, hidden] sorted by expert, `counts` [E] of each
-  // (ExpertKernel's two ways).
-  at::Tensor LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
-                         const at::Tensor& counts) const;
-  at::Tensor GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
-                            const at::Tensor& counts) const;
-  // The experts' activation over their gate_up product: SwiGLU, or gpt-oss's clamped one.
-  at::Tensor ExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up) const;
+  // The experts' MLPs over the pairs x [M, hidden] sorted by expert, `counts` [E] of each, each
+  // pair's output times its routing weight scale [M] (ExpertKernel's two ways).
+  at::Tensor LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
+                         const at::Tensor& scale) const;
+  at::Tensor GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
+                            const at::Tensor& scale) const;
+  // The experts' activation over their gate_up product (SwiGLU, or gpt-oss's clamped one), each
+  // row times its pair's routing weight scale.
+  at::Tensor ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up, const at::Tensor& scale) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [rotary_dim / 2], float32 (float64)
   // RoPE over the first rotary_dim features of each head of x [C, heads, head_dim].

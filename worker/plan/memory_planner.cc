@@ -425,6 +425,21 @@ std::vector<int64_t> AutoChunkCandidates(int64_t page_tokens) {
 
 namespace {
 
+// The longest sequence whose pages and peaks fit (neither peak decreases with T: a bisection).
+int64_t LongestThatFits(const Model& m, const JobConfig& job, bool cuda, int64_t device_capacity,
+                        int64_t host_capacity) {
+  int64_t lo = 0, hi = int64_t{1} << 31;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (Place(m, job, cuda, mid, device_capacity, host_capacity).fits) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 // memory.chunk_tokens auto: the first of AutoChunkCandidates whose plan fits with a sixteenth of
 // the device to spare (the smallest when none does; its plan then says what does not fit).
 absl::StatusOr<int64_t> ChooseChunkTokens(const ModelConfig& config, const JobConfig& job, const PlanTarget& target,
@@ -553,17 +568,18 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
                     CeilDiv(T, job.memory.chunk_tokens), " chunks (backward.chunk_fraction ", job.chunk_fraction, ")");
   }
 
-  // The longest T that fits (neither peak decreases with T).
-  int64_t lo = 0, hi = int64_t{1} << 31;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (Place(m, job, cuda, mid, plan.device_capacity_bytes, plan.host_capacity_bytes).fits) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
+  plan.max_seq_len_that_fits = LongestThatFits(m, job, cuda, plan.device_capacity_bytes, plan.host_capacity_bytes);
+  if (requested.memory.chunk_tokens <= 0) {
+    // auto: a longer sequence gets a smaller chunk (ChooseChunkTokens), so the longest context is
+    // the longest any candidate fits.
+    for (const int64_t c : AutoChunkCandidates(job.memory.page_tokens)) {
+      JobConfig trial = job;
+      trial.memory.chunk_tokens = c;
+      plan.max_seq_len_that_fits =
+          std::max(plan.max_seq_len_that_fits, LongestThatFits(Model(config, trial, cuda), trial, cuda,
+                                                               plan.device_capacity_bytes, plan.host_capacity_bytes));
     }
   }
-  plan.max_seq_len_that_fits = lo;
   plan.fits = p.fits;
   if (p.fits) {
     PlanSwap(config, job, cuda, T,

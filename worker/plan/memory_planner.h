@@ -121,7 +121,8 @@ struct MemoryPlan {
   bool fits = false;
   std::string limit;  // when !fits: which limit, in words, with the numbers
   // 0 when not even one token fits. With memory.kv_grad_dtype auto and a bfloat16 model: the
-  // longest with bfloat16 KV-gradient pages (what auto picks at that length).
+  // longest with bfloat16 KV-gradient pages (what auto picks at that length); with
+  // memory.chunk_tokens auto, the longest of any of its candidates (the chunk auto picks there).
   int64_t max_seq_len_that_fits = 0;
   std::string placement;  // where the KV pages live, in words
 };

@@ -243,6 +243,40 @@ ModelConfig Qwen7B() {
   return c;
 }
 
+// memory.chunk_tokens auto picks a chunk for the job's length; a longer sequence would get a
+// smaller one, so the longest context the plan reports is the longest any candidate fits, not
+// the picked chunk's own (shorter: a larger chunk's workspace leaves fewer pages on the GPU).
+TEST(MemoryPlannerTest, AutoChunksLongestContextIsItsCandidatesLongest) {
+  const ModelConfig c = Qwen7B();
+  const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
+  JobConfig job;
+  job.model.dtype = ModelDtype::kBFloat16;
+  job.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
+  job.memory.kv_offload = KvOffload::kAuto;
+  job.data.max_seq_len = 16384;
+  job.memory.chunk_tokens = 0;
+  auto automatic = PlanMemory(c, job, h100);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  int64_t longest = 0, picked_longest = 0;
+  for (const int64_t chunk : AutoChunkCandidates(job.memory.page_tokens)) {
+    JobConfig fixed = job;
+    fixed.memory.chunk_tokens = chunk;
+    auto plan = PlanMemory(c, fixed, h100);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    longest = std::max(longest, plan->max_seq_len_that_fits);
+    if (chunk == automatic->chunk_tokens) picked_longest = plan->max_seq_len_that_fits;
+  }
+  EXPECT_GT(automatic->chunk_tokens, AutoChunkCandidates(job.memory.page_tokens).back());
+  EXPECT_EQ(automatic->max_seq_len_that_fits, longest);
+  EXPECT_GT(longest, picked_longest);
+  // At that length auto picks a chunk that fits.
+  job.data.max_seq_len = longest;
+  auto there = PlanMemory(c, job, h100);
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_TRUE(there->fits) << there->limit;
+  EXPECT_LT(there->chunk_tokens, automatic->chunk_tokens);
+}
+
 // Placement (memory.kv_offload) on an 80 GiB GPU with 128 GiB of host memory, LoRA in bf16:
 // none keeps every page on the GPU and runs out of it; auto keeps what fits there, the rest in
 // pinned host memory, with a GPU peak that no longer grows with the context; host moves every

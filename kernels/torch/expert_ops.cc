@@ -1,0 +1,112 @@
+#include "kernels/torch/expert_ops.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "kernels/torch/layer_ops.h"
+
+namespace oomb::kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor PairTokens(const at::Tensor& order, int64_t top_k) { return at::div(order, top_k, "floor"); }
+
+// ToPairs and FromPairs are each other's transpose: each one's backward is the other's forward.
+class ToPairsFn : public torch::autograd::Function<ToPairsFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& order,
+                            const at::Tensor& inverse, int64_t top_k) {
+    ctx->save_for_backward({order, inverse});
+    ctx->saved_data["top_k"] = top_k;
+    return x.index_select(0, PairTokens(order, top_k));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    return {FromPairs(grad_outputs[0], saved[0], saved[1], ctx->saved_data["top_k"].toInt()), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+class FromPairsFn : public torch::autograd::Function<FromPairsFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& order,
+                            const at::Tensor& inverse, int64_t top_k) {
+    ctx->save_for_backward({order, inverse});
+    ctx->saved_data["top_k"] = top_k;
+    return rows.index_select(0, inverse).view({-1, top_k, rows.size(1)}).sum(1);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    return {ToPairs(grad_outputs[0], saved[0], saved[1], ctx->saved_data["top_k"].toInt()), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+at::Tensor ScaledActivationValue(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit) {
+  at::Tensor act;
+  if (limit > 0) {
+    act = ClampedSwiGlu(gate_up, alpha, limit);
+  } else {
+    const auto parts = gate_up.chunk(2, -1);  // gate's columns first
+    act = SwiGlu(parts[0], parts[1]);
+  }
+  return (act * scale.unsqueeze(-1)).to(gate_up.scalar_type());
+}
+
+// ScaledExpertActivation keeping gate_up and scale: backward recomputes the activation's values
+// and takes their gradient.
+class ScaledExpertActivationFn : public torch::autograd::Function<ScaledExpertActivationFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up, const at::Tensor& scale, double alpha,
+                            double limit) {
+    ctx->save_for_backward({gate_up, scale});
+    ctx->saved_data["alpha"] = alpha;
+    ctx->saved_data["limit"] = limit;
+    return ScaledActivationValue(gate_up, scale, alpha, limit);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::AutoGradMode grad_mode(true);
+    const at::Tensor x = saved[0].detach().requires_grad_(true), s = saved[1].detach().requires_grad_(true);
+    const at::Tensor y =
+        ScaledActivationValue(x, s, ctx->saved_data["alpha"].toDouble(), ctx->saved_data["limit"].toDouble());
+    const auto grads = torch::autograd::grad({y}, {x, s}, {grad_outputs[0]});
+    return {grads[0], grads[1], at::Tensor(), at::Tensor()};
+  }
+};
+
+void CheckPairs(const char* op, const at::Tensor& order, const at::Tensor& inverse, int64_t rows, int64_t top_k) {
+  TORCH_CHECK(top_k > 0 && order.dim() == 1 && inverse.sizes() == order.sizes() && order.size(0) == rows, op,
+              ": order and inverse must be [", rows, "] (the pairs), got ", order.sizes(), " and ", inverse.sizes(),
+              " with top_k ", top_k);
+}
+
+}  // namespace
+
+at::Tensor ToPairs(const at::Tensor& x, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k) {
+  TORCH_CHECK(x.dim() == 2, "ToPairs: x must be [tokens, hidden], got ", x.sizes());
+  CheckPairs("ToPairs", order, inverse, x.size(0) * top_k, top_k);
+  return ToPairsFn::apply(x, order, inverse, top_k);
+}
+
+at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k) {
+  TORCH_CHECK(rows.dim() == 2, "FromPairs: rows must be [pairs, hidden], got ", rows.sizes());
+  CheckPairs("FromPairs", order, inverse, rows.size(0), top_k);
+  TORCH_CHECK(rows.size(0) % top_k == 0, "FromPairs: ", rows.size(0), " rows are not whole tokens of ", top_k,
+              " pairs");
+  return FromPairsFn::apply(rows, order, inverse, top_k);
+}
+
+at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
+              "ScaledExpertActivation: gate_up must be [rows, 2 n], got ", gate_up.sizes());
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == gate_up.size(0), "ScaledExpertActivation: scale must be [",
+              gate_up.size(0), "], got ", scale.sizes());
+  return ScaledExpertActivationFn::apply(gate_up, scale, alpha, limit);
+}
+
+}  // namespace oomb::kernels
