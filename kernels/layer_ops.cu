@@ -4,7 +4,8 @@
 // RMSNorm: one block of 256 threads a row (a warp a row, 8 rows a block, for rows of at most
 // 1024 features: a head's q/k norm), the row's sum of squares (or dot product) reduced through
 // warp shuffles, then a second pass over the row (from L1 / L2). Rope: a thread a pair
-// of elements (x1, x2) of one head. Glu: a thread an element. Each takes 8 elements at a time
+// of elements (x1, x2) of one head. Glu: a thread an element (of rows read and written at their
+// strides where GluParams gives them: the halves of one gate_up tensor). Each takes 8 elements at a time
 // (16-byte loads) where the sizes and pointers allow, else one. CrossEntropyRows: one block a
 // row, an online max and sum of exponentials per thread merged through warp shuffles, then a
 // second pass that writes the gradient over the row.
@@ -202,11 +203,19 @@ __device__ __forceinline__ float ActivationBackward(const GluParams& p, float dy
   return p.act == GluActivation::kGeluTanh ? GeluTanhBackward(dy, x) : SiluBackward(dy, x);
 }
 
+// Element i of a GluParams tensor of rows `cols` long, `ld` apart (ld 0: contiguous).
+__device__ __forceinline__ int64_t GluOffset(int64_t i, int64_t cols, int64_t ld) {
+  if (ld == 0) return i;
+  const int64_t row = i / cols;
+  return row * ld + (i - row * cols);
+}
+
 template <typename T, int V>
 __global__ void GluForwardKernel(GluParams p) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
   if (i >= p.n) return;
-  const Pack<T, V> g = Load<T, V>(p.gate, i), u = Load<T, V>(p.up, i);
+  const int64_t in = GluOffset(i, p.cols, p.in_ld);
+  const Pack<T, V> g = Load<T, V>(p.gate, in), u = Load<T, V>(p.up, in);
   Pack<T, V> y;
   for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(Round<T>(Activation(p, ToFloat(g.v[k]))) * ToFloat(u.v[k]));
   Store<T, V>(p.out, i, y);
@@ -216,15 +225,16 @@ template <typename T, int V>
 __global__ void GluBackwardKernel(GluParams p) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
   if (i >= p.n) return;
-  const Pack<T, V> g = Load<T, V>(p.gate, i), u = Load<T, V>(p.up, i), dy = Load<T, V>(p.dy, i);
+  const int64_t in = GluOffset(i, p.cols, p.in_ld), grad = GluOffset(i, p.cols, p.grad_ld);
+  const Pack<T, V> g = Load<T, V>(p.gate, in), u = Load<T, V>(p.up, in), dy = Load<T, V>(p.dy, i);
   Pack<T, V> d_gate, d_up;
   for (int k = 0; k < V; ++k) {
     const float gk = ToFloat(g.v[k]), dk = ToFloat(dy.v[k]);
     d_up.v[k] = FromFloat<T>(dk * Round<T>(Activation(p, gk)));
     d_gate.v[k] = FromFloat<T>(ActivationBackward(p, Round<T>(dk * ToFloat(u.v[k])), gk));
   }
-  Store<T, V>(p.out, i, d_gate);
-  Store<T, V>(p.d_up, i, d_up);
+  Store<T, V>(p.out, grad, d_gate);
+  Store<T, V>(p.d_up, grad, d_up);
 }
 
 // (m, s): a running max and sum of exp(x - m); merges (m2, s2) into it. m = -inf: empty.
@@ -334,6 +344,11 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, bool x8, const Kernels<RmsNorm
   return Launch<RmsNormParams>(p, block, x8, static_cast<unsigned>(p.rows), stream);
 }
 
+// Whether a GluParams' rows keep 8-element groups whole and 16-byte aligned.
+bool GluRowsTake8(const GluParams& p) {
+  return p.n % 8 == 0 && (p.in_ld == 0 || (p.cols % 8 == 0 && p.in_ld % 8 == 0 && p.grad_ld % 8 == 0));
+}
+
 }  // namespace
 
 cudaError_t LaunchRmsNormForward(const RmsNormParams& p, cudaStream_t stream) {
@@ -352,11 +367,11 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
                             Blocks(p.rows * p.heads * p.head_dim / 2 / (x8 ? 8 : 1)), stream);
 }
 cudaError_t LaunchGluForward(const GluParams& p, cudaStream_t stream) {
-  const bool x8 = p.n % 8 == 0 && Aligned16({p.gate, p.up, p.out});
+  const bool x8 = GluRowsTake8(p) && Aligned16({p.gate, p.up, p.out});
   return Launch<GluParams>(p, OOMB_LAYER_KERNELS(GluForwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
 }
 cudaError_t LaunchGluBackward(const GluParams& p, cudaStream_t stream) {
-  const bool x8 = p.n % 8 == 0 && Aligned16({p.gate, p.up, p.dy, p.out, p.d_up});
+  const bool x8 = GluRowsTake8(p) && Aligned16({p.gate, p.up, p.dy, p.out, p.d_up});
   return Launch<GluParams>(p, OOMB_LAYER_KERNELS(GluBackwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
 }
 

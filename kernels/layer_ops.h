@@ -73,6 +73,10 @@ struct GluParams {
   void* out = nullptr;         // y (forward) or d_gate (backward)
   void* d_up = nullptr;        // backward
   int64_t n = 0;
+  // Rows (in_ld > 0): the n elements are rows of `cols`; gate's and up's rows lie in_ld elements
+  // apart, d_gate's and d_up's grad_ld apart (the halves of one [rows, 2 cols] tensor: 2 cols);
+  // y and dy stay contiguous. in_ld 0: every tensor contiguous.
+  int64_t cols = 0, in_ld = 0, grad_ld = 0;
   HalfDtype dtype = HalfDtype::kBFloat16;
 };
 cudaError_t LaunchGluForward(const GluParams& p, cudaStream_t stream);

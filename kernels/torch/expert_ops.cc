@@ -51,8 +51,7 @@ at::Tensor ScaledActivationValue(const at::Tensor& gate_up, const at::Tensor& sc
   if (limit > 0) {
     act = ClampedSwiGlu(gate_up, alpha, limit);
   } else {
-    const auto parts = gate_up.chunk(2, -1);  // gate's columns first
-    act = SwiGlu(parts[0], parts[1]);
+    act = SwiGluHalves(gate_up);
   }
   return (act * scale.unsqueeze(-1)).to(gate_up.scalar_type());
 }

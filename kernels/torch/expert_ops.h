@@ -27,7 +27,7 @@ at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::
 
 // The experts' activation over their gate_up product [rows, 2 n], each row scaled by its pair's
 // routing weight scale [rows]: act(gate_up) * scale, cast to gate_up's dtype (the product taken in
-// scale's dtype when wider), [rows, n]. act is SwiGLU over gate_up's halves (gate first, SwiGlu)
+// scale's dtype when wider), [rows, n]. act is SwiGLU over gate_up's halves (SwiGluHalves)
 // or, where limit > 0, gpt-oss's clamped SwiGLU (ClampedSwiGlu with alpha and limit). Keeps only
 // gate_up and scale for backward and recomputes act there (the separate ops also keep act).
 // Differentiable in gate_up and scale.

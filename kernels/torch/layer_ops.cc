@@ -185,6 +185,41 @@ class SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   }
 };
 
+// SwiGLU over the halves of gate_up [rows, 2 n] on the gated-activation kernel, which reads the
+// halves in place and writes the gradient into one [rows, 2 n] tensor.
+class SwiGluHalvesFn : public torch::autograd::Function<SwiGluHalvesFn> {
+ public:
+  // gate_up's halves, and `out` (y [rows, n] forward; [rows, 2 n], d_gate then d_up, backward).
+  static GluParams Params(const at::Tensor& gate_up, at::Tensor& out) {
+    const int64_t n = gate_up.size(1) / 2, half_bytes = n * static_cast<int64_t>(gate_up.element_size());
+    GluParams p;
+    p.gate = gate_up.data_ptr();
+    p.up = static_cast<char*>(gate_up.data_ptr()) + half_bytes;
+    p.out = out.data_ptr();
+    if (out.size(1) == 2 * n) p.d_up = static_cast<char*>(out.data_ptr()) + half_bytes;
+    p.n = gate_up.size(0) * n;
+    p.cols = n;
+    p.in_ld = gate_up.stride(0);
+    p.grad_ld = 2 * n;
+    p.dtype = DtypeOf(gate_up);
+    return p;
+  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
+    ctx->save_for_backward({gate_up});
+    at::Tensor y = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+    Run(gate_up, LaunchGluForward, Params(gate_up, y), "gated activation forward");
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const at::Tensor gate_up = ctx->get_saved_variables()[0], dy = grad_outputs[0].contiguous();
+    at::Tensor d = at::empty_like(gate_up, at::MemoryFormat::Contiguous);
+    GluParams p = Params(gate_up, d);
+    p.dy = dy.data_ptr();
+    Run(gate_up, LaunchGluBackward, p, "gated activation backward");
+    return {d};
+  }
+};
+
 // Gemma's RMSNorm with a frozen weight, keeping for backward only x and rstd (one a row, in the
 // compute dtype) instead of the composite ops' float32 intermediates. The forward runs the
 // composite ops (the same values, bit for bit); the backward is their gradient written out:
@@ -371,6 +406,14 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
     return ApplyRopeComposite(x, cos, sin);
   }
   return RopeFn::apply(x, cos, sin);
+}
+
+at::Tensor SwiGluHalves(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "SwiGluHalves: gate_up must be [rows, 2 n], got ",
+              gate_up.sizes());
+  if (Fusable({&gate_up}) && gate_up.stride(1) == 1) return SwiGluHalvesFn::apply(gate_up);
+  const auto parts = gate_up.chunk(2, -1);
+  return SwiGlu(parts[0], parts[1]);
 }
 
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {

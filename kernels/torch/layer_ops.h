@@ -57,6 +57,13 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 // silu(gate) * up, both of one shape and dtype. Differentiable in both.
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up);
 
+// SwiGlu over the halves of gate_up [rows, 2 n] (gate's columns first) -> [rows, n], SwiGlu's
+// values bit for bit. In bfloat16 / float16 on a GPU the gated-activation kernel reads the halves
+// in place and writes the gradient as one [rows, 2 n] tensor (SwiGlu over the halves' views
+// copies them contiguous first, and autograd joins their two gradients). Keeps gate_up for
+// backward. Differentiable in gate_up.
+at::Tensor SwiGluHalves(const at::Tensor& gate_up);
+
 // The cross-entropy of each row of logits [rows, vocab] against its label (labels [rows] int64 on
 // logits' device, each in [0, vocab), or negative: ignored, loss 0), float32 [rows] (float64
 // for float64 logits). Where write_grad, logits is overwritten in place with the loss's

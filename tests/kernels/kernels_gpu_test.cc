@@ -324,9 +324,9 @@ std::vector<at::Tensor> OutputAndGrads(Op op, const std::vector<at::Tensor>& inp
   return r;
 }
 
-// RoPE and SwiGLU: the kernels equal the composite ops bit for bit, forward and backward, in
-// bfloat16 and float16, at sizes that are no multiple of the block, 8 elements a thread (16-byte
-// loads) and one (sizes not divisible by 8).
+// RoPE and SwiGLU (also over the halves of one gate_up tensor, SwiGluHalves): the kernels equal
+// the composite ops bit for bit, forward and backward, in bfloat16 and float16, at sizes that are
+// no multiple of the block, 8 elements a thread (16-byte loads) and one (sizes not divisible by 8).
 TEST_F(KernelsGpuTest, RopeAndSwiGluEqualTheCompositeOpsBitForBit) {
   for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
     SCOPED_TRACE(c10::toString(dt));
@@ -349,6 +349,11 @@ TEST_F(KernelsGpuTest, RopeAndSwiGluEqualTheCompositeOpsBitForBit) {
       const auto ref =
           OutputAndGrads([](const auto& in) { return kernels::SwiGluComposite(in[0], in[1]); }, {gate, up}, dy);
       for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(at::equal(fused[i], ref[i])) << "swiglu " << cols << " " << i;
+      // Over the halves of one gate_up tensor, read in place (rows 2 cols apart).
+      const at::Tensor gate_up = at::cat({gate, up}, 1);
+      const auto halves = OutputAndGrads([](const auto& in) { return kernels::SwiGluHalves(in[0]); }, {gate_up}, dy);
+      EXPECT_TRUE(at::equal(halves[0], ref[0])) << "halves " << cols;
+      EXPECT_TRUE(at::equal(halves[1], at::cat({ref[1], ref[2]}, 1))) << "halves' gradient " << cols;
     }
   }
 }
