@@ -13,7 +13,9 @@
 // choice), as long as
 //   - the chunk's attention reads at least `min_key_tokens` keys per query on average (its past
 //     plus half its own tokens): below, moving its records down and back costs more time than
-//     the attention forward they save (SwapMinKeyTokens); and
+//     the attention forward they save when they share the bus with KV pages (SwapMinKeyTokens;
+//     0 where nothing else crosses it: the CPU, or a plan that keeps every page on the GPU,
+//     whose records' copies overlap the trainer's kernels); and
 //   - its records fit in the budget.
 #ifndef OOMB_WORKER_PAGING_SWAP_LAYOUT_H_
 #define OOMB_WORKER_PAGING_SWAP_LAYOUT_H_
@@ -54,14 +56,15 @@ inline int64_t SwapOutputBytes(int64_t dtype_bytes, bool cuda) {
 
 // The layout of chunks of `chunk_tokens` for a model of `q_heads` x `head_dim` query heads whose
 // attention output has `out_bytes` per element (SwapOutputBytes); `min_key_tokens` as
-// SwapMinKeyTokens gives it (0: every chunk is worth swapping, as on the CPU, where nothing
-// crosses a bus).
+// SwapMinKeyTokens gives it (0: every chunk is worth swapping, as where nothing else crosses
+// the bus).
 SwapLayout MakeSwapLayout(int64_t chunk_tokens, int64_t q_heads, int64_t head_dim, int64_t out_bytes,
                           int64_t min_key_tokens);
 
-// On a GPU: a record of `dtype_bytes` elements crosses the bus twice (down in stage 1, up in
-// stage 2), 2 * C * q_heads * head_dim * dtype_bytes bytes, and saves an attention forward of
-// 4 * C * q_heads * head_dim * K FLOPs over K keys per query: swapping pays when
+// On a GPU whose KV pages cross the bus too: a record of `dtype_bytes` elements crosses it
+// twice (down in stage 1, up in stage 2), 2 * C * q_heads * head_dim * dtype_bytes bytes, and
+// saves an attention forward of 4 * C * q_heads * head_dim * K FLOPs over K keys per query,
+// counted as if the copies held the trainer up: swapping pays when
 // K >= dtype_bytes * kSwapAttentionFlopsPerSecond / (2 * kSwapPcieBytesPerSecond), whatever the
 // model's shape (15,000 keys in bfloat16).
 int64_t SwapMinKeyTokens(int64_t dtype_bytes);

@@ -293,7 +293,11 @@ Placement Place(const Model& m, const JobConfig& job, bool cuda, int64_t T, int6
 // Swap instead of recompute: the records of the latest chunks of a T-token sequence that the
 // host memory left over holds (`left`: after everything else the plan places there), in whole
 // chunks; none for sparse attention, SpaCO or evaluation.
-void PlanSwap(const ModelConfig& c, const JobConfig& job, bool cuda, int64_t T, int64_t left, MemoryPlan* plan) {
+// On a GPU whose plan keeps every KV page on the device, nothing else crosses the bus: the
+// records' copies overlap the trainer's kernels (queued a layer ahead), and every chunk is worth
+// swapping; with pages on the host the records share the bus with them (SwapMinKeyTokens).
+void PlanSwap(const ModelConfig& c, const JobConfig& job, bool cuda, bool pages_on_host, int64_t T, int64_t left,
+              MemoryPlan* plan) {
   const int64_t C = job.memory.chunk_tokens, chunks = CeilDiv(T, C), L = c.num_layers;
   const char* off = nullptr;
   if (!job.memory.swap_attention) off = "memory.swap_attention is false";
@@ -307,8 +311,8 @@ void PlanSwap(const ModelConfig& c, const JobConfig& job, bool cuda, int64_t T, 
     return;
   }
   const int64_t e = job.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
-  const SwapLayout layout =
-      MakeSwapLayout(C, c.num_heads, c.head_dim, SwapOutputBytes(e, cuda), cuda ? SwapMinKeyTokens(e) : 0);
+  const SwapLayout layout = MakeSwapLayout(C, c.num_heads, c.head_dim, SwapOutputBytes(e, cuda),
+                                           cuda && pages_on_host ? SwapMinKeyTokens(e) : 0);
   const int64_t none = std::max<int64_t>(0, chunks - 1);
   const int64_t worth = none - layout.FirstSwappedChunk(chunks, C, L, std::numeric_limits<int64_t>::max());
   const int64_t chunk_bytes = L * layout.record_bytes;
@@ -316,9 +320,9 @@ void PlanSwap(const ModelConfig& c, const JobConfig& job, bool cuda, int64_t T, 
   plan->swap_bytes = plan->swap_chunks * chunk_bytes;
   plan->swap_min_key_tokens = layout.min_key_tokens;
   std::string why = absl::StrCat(worth, " of the ", none, " chunks stage 2 recomputes are worth swapping");
-  if (cuda && worth < none) {
-    absl::StrAppend(&why, " (on a GPU, a chunk whose attention reads fewer than ", layout.min_key_tokens,
-                    " keys per query recomputes faster than its records cross PCIe)");
+  if (layout.min_key_tokens > 0 && worth < none) {
+    absl::StrAppend(&why, " (with KV pages crossing PCIe too, a chunk whose attention reads fewer than ",
+                    layout.min_key_tokens, " keys per query recomputes faster than its records cross it)");
   }
   if (plan->swap_chunks < worth) {
     absl::StrAppend(&why, "; the host memory the plan leaves (", FormatBytes(std::max<int64_t>(0, left)), ") holds ",
@@ -582,7 +586,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   }
   plan.fits = p.fits;
   if (p.fits) {
-    PlanSwap(config, job, cuda, T,
+    PlanSwap(config, job, cuda, p.host_pages + p.host_grad_pages > 0, T,
              cuda ? plan.host_capacity_bytes - p.peak_host : plan.device_capacity_bytes - p.peak_host, &plan);
     plan.peak_host_bytes += plan.swap_bytes;
   }

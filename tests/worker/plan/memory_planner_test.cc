@@ -618,10 +618,11 @@ TEST(MemoryPlannerTest, SpacoPlansGradientPagesForTheKeptChunks) {
 }
 
 // Swap instead of recompute (worker/paging/swap_layout.h): on an H100 with 128 GiB of host
-// memory, Qwen2.5-7B at 128K in chunks of 8192 swaps the 13 latest of the 15 chunks stage 2
-// recomputes (chunks 0 and 1 read fewer keys per query than make the copies pay), in records of
-// the output and log-sum-exp of every layer; at 1M the host memory the pages leave limits it; on
-// the CPU every chunk is worth it; off, sparse and SpaCO plan none; the choice is in words.
+// memory, Qwen2.5-7B at 128K in chunks of 8192 with its pages on the host swaps the 13 latest
+// of the 15 chunks stage 2 recomputes (chunks 0 and 1 read fewer keys per query than make the
+// copies pay beside the pages'), in records of the output and log-sum-exp of every layer; with
+// every page on the GPU, all 15; at 1M the host memory the pages leave limits it; on the CPU
+// every chunk is worth it; off, sparse and SpaCO plan none; the choice is in words.
 TEST(MemoryPlannerTest, SwapPlansTheLatestChunksWithinTheHostMemoryLeft) {
   const ModelConfig c = Qwen7B();
   const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
@@ -630,9 +631,19 @@ TEST(MemoryPlannerTest, SwapPlansTheLatestChunksWithinTheHostMemoryLeft) {
   job.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
   job.memory.chunk_tokens = 8192;
   job.data.max_seq_len = 131072;
+  const int64_t record = (8192 * 28 * 128 * 2) + 8192 * 28 * 4;  // both multiples of 256
+  const auto on_gpu = PlanMemory(c, job, h100);
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  EXPECT_EQ(on_gpu->host_kv_pages, 0);
+  EXPECT_EQ(on_gpu->swap_min_key_tokens, 0);
+  EXPECT_EQ(on_gpu->swap_chunks, 15);
+  EXPECT_EQ(on_gpu->peak_host_bytes, on_gpu->swap_bytes);
+  EXPECT_NE(on_gpu->choices[0].find("the last 15 chunks"), std::string::npos) << on_gpu->choices[0];
+
+  job.memory.kv_offload = KvOffload::kHost;
   const auto plan = PlanMemory(c, job, h100);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  const int64_t record = (8192 * 28 * 128 * 2) + 8192 * 28 * 4;  // both multiples of 256
+  EXPECT_GT(plan->host_kv_pages, 0);
   EXPECT_EQ(plan->swap_min_key_tokens, 15000);
   EXPECT_EQ(plan->swap_chunks, 13);
   EXPECT_EQ(plan->swap_bytes, 13 * 28 * record);
