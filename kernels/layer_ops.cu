@@ -8,7 +8,8 @@
 // strides where GluParams gives them: the halves of one gate_up tensor). Each takes 8 elements at a time
 // (16-byte loads) where the sizes and pointers allow, else one. CrossEntropyRows: one block a
 // row, an online max and sum of exponentials per thread merged through warp shuffles, then a
-// second pass that writes the gradient over the row.
+// second pass that writes the gradient over the row. PairSum: a thread 8 (or 1) elements of a
+// token's output, summed over its pairs' rows in float32.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -237,6 +238,25 @@ __global__ void GluBackwardKernel(GluParams p) {
   Store<T, V>(p.d_up, grad, d_up);
 }
 
+template <typename T, int V>
+__global__ void PairSumKernel(PairSumParams p) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
+  if (i >= p.tokens * p.cols) return;
+  const int64_t t = i / p.cols, c = i - t * p.cols;
+  float acc[V] = {};
+  for (int64_t j = 0; j < p.top_k; ++j) {
+    const int64_t row = p.inverse[t * p.top_k + j] * p.cols + c;
+    const Pack<T, V> r = Load<T, V>(p.rows, row);
+    for (int k = 0; k < V; ++k) acc[k] += ToFloat(r.v[k]);
+    if (p.extra == nullptr) continue;
+    const Pack<T, V> e = Load<T, V>(p.extra, row);
+    for (int k = 0; k < V; ++k) acc[k] += ToFloat(e.v[k]);
+  }
+  Pack<T, V> y;
+  for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(acc[k]);
+  Store<T, V>(p.out, i, y);
+}
+
 // (m, s): a running max and sum of exp(x - m); merges (m2, s2) into it. m = -inf: empty.
 __device__ __forceinline__ void MergeMaxSum(float& m, float& s, float m2, float s2) {
   const float mx = fmaxf(m, m2);
@@ -373,6 +393,12 @@ cudaError_t LaunchGluForward(const GluParams& p, cudaStream_t stream) {
 cudaError_t LaunchGluBackward(const GluParams& p, cudaStream_t stream) {
   const bool x8 = GluRowsTake8(p) && Aligned16({p.gate, p.up, p.dy, p.out, p.d_up});
   return Launch<GluParams>(p, OOMB_LAYER_KERNELS(GluBackwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
+}
+
+cudaError_t LaunchPairSum(const PairSumParams& p, cudaStream_t stream) {
+  const bool x8 = p.cols % 8 == 0 && Aligned16({p.rows, p.extra, p.out});
+  return Launch<PairSumParams>(p, OOMB_LAYER_KERNELS(PairSumKernel), x8, Blocks(p.tokens * p.cols / (x8 ? 8 : 1)),
+                               stream);
 }
 
 cudaError_t LaunchCrossEntropyRows(const CrossEntropyParams& p, cudaStream_t stream) {

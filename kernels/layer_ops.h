@@ -1,7 +1,7 @@
-// Fused elementwise parts of a decoder layer (RMSNorm, rotary embedding, SwiGLU), forward and
-// backward, and of the LM head's loss (cross-entropy rows), one kernel each, for bfloat16 /
-// float16 tensors. Each does in one pass over memory what the composite ATen ops (the CPU path
-// and reference, kernels/torch/layer_ops.h) do in several kernels.
+// Fused elementwise parts of a decoder layer (RMSNorm, rotary embedding, SwiGLU, the experts'
+// sum over a token's pairs), forward and backward, and of the LM head's loss (cross-entropy rows), one kernel each, for
+// bfloat16 / float16 tensors. Each does in one pass over memory what the composite ATen ops (the CPU path and
+// reference, kernels/torch/layer_ops.h) do in several kernels.
 //
 // Numerics (x: the stored dtype, f(): float32, r(): rounding to the stored dtype):
 //   RmsNorm    y = r(w * r(x * rstd)),  rstd = 1 / sqrt(mean(f(x)^2) + eps), as Hugging Face's
@@ -18,6 +18,11 @@
 //              d_gate = r(act'(gate) * r(dy * up)), act silu (SwiGLU) or gelu with the tanh
 //              approximation (Gemma's), act and act' written as ATen's kernels compute them in
 //              float32: the composite's values bit for bit (the GPU tests check both).
+//   PairSum    the experts' outputs back to their tokens: out[t] = r(sum over token t's top_k
+//              pairs j and the given sources s of f(s[inverse[t top_k + j]])), in float32
+//              (a mixture-of-experts layer's pair rows and, as a second source, their LoRA
+//              update), rounded once; the composite (kernels/torch/layer_ops.h PairSumComposite) sums the
+//              same float32 values in another order.
 //   CrossEntropyRows  per row of logits x [rows, vocab]: lse = log(sum(exp(f(x)))) (an online
 //              max and sum in float32), loss = lse - f(x[label]) in float32, and, where asked,
 //              x overwritten in place with r(exp(f(x) - lse) - onehot(label)), the loss's
@@ -81,6 +86,16 @@ struct GluParams {
 };
 cudaError_t LaunchGluForward(const GluParams& p, cudaStream_t stream);
 cudaError_t LaunchGluBackward(const GluParams& p, cudaStream_t stream);
+
+struct PairSumParams {
+  const void* rows = nullptr;        // [pairs, cols]
+  const void* extra = nullptr;       // [pairs, cols], a second source, or nullptr
+  const int64_t* inverse = nullptr;  // [tokens * top_k]: the row of token t's pair j at t * top_k + j
+  void* out = nullptr;               // [tokens, cols]
+  int64_t tokens = 0, top_k = 0, cols = 0;
+  HalfDtype dtype = HalfDtype::kBFloat16;
+};
+cudaError_t LaunchPairSum(const PairSumParams& p, cudaStream_t stream);
 
 struct CrossEntropyParams {
   void* logits = nullptr;           // [rows, vocab], the gradient written in place if write_grad

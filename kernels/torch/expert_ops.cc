@@ -33,16 +33,17 @@ class ToPairsFn : public torch::autograd::Function<ToPairsFn> {
 
 class FromPairsFn : public torch::autograd::Function<FromPairsFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& order,
-                            const at::Tensor& inverse, int64_t top_k) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& extra,
+                            const at::Tensor& order, const at::Tensor& inverse, int64_t top_k) {
     ctx->save_for_backward({order, inverse});
     ctx->saved_data["top_k"] = top_k;
-    return rows.index_select(0, inverse).view({-1, top_k, rows.size(1)}).sum(1);
+    ctx->saved_data["extra"] = extra.numel() > 0;
+    return PairSum(rows, extra.numel() > 0 ? extra : at::Tensor(), inverse, top_k);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    return {ToPairs(grad_outputs[0], saved[0], saved[1], ctx->saved_data["top_k"].toInt()), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    const at::Tensor pairs = ToPairs(grad_outputs[0], saved[0], saved[1], ctx->saved_data["top_k"].toInt());
+    return {pairs, ctx->saved_data["extra"].toBool() ? pairs : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -92,12 +93,14 @@ at::Tensor ToPairs(const at::Tensor& x, const at::Tensor& order, const at::Tenso
   return ToPairsFn::apply(x, order, inverse, top_k);
 }
 
-at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k) {
+at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k,
+                     const at::Tensor& extra) {
   TORCH_CHECK(rows.dim() == 2, "FromPairs: rows must be [pairs, hidden], got ", rows.sizes());
   CheckPairs("FromPairs", order, inverse, rows.size(0), top_k);
   TORCH_CHECK(rows.size(0) % top_k == 0, "FromPairs: ", rows.size(0), " rows are not whole tokens of ", top_k,
               " pairs");
-  return FromPairsFn::apply(rows, order, inverse, top_k);
+  // An undefined tensor is no autograd function's input: none as an empty one.
+  return FromPairsFn::apply(rows, extra.defined() ? extra : at::empty({0}, rows.options()), order, inverse, top_k);
 }
 
 at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit) {

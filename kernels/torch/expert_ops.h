@@ -21,9 +21,13 @@ namespace oomb::kernels {
 at::Tensor ToPairs(const at::Tensor& x, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k);
 
 // Each token's sum over its top_k pairs' rows: rows [C k, hidden] in expert order -> [C, hidden]
-// (summed in float32 for bfloat16 / float16 rows, rounded once). Its gradient is ToPairs of the
+// (summed in float32 for bfloat16 / float16 rows, rounded once; layer_ops.h PairSum: on a GPU
+// one kernel that gathers and sums). `extra`, where defined, is added to rows in the same sum
+// (rows' shape and dtype: the experts' LoRA update, not first added to their product in a
+// pair-wide tensor of its own). Its gradient, for rows and extra alike, is ToPairs of the
 // output's; nothing is kept for backward but the permutations.
-at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k);
+at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k,
+                     const at::Tensor& extra = at::Tensor());
 
 // The experts' activation over their gate_up product [rows, 2 n], each row scaled by its pair's
 // routing weight scale [rows]: act(gate_up) * scale, cast to gate_up's dtype (the product taken in

@@ -422,6 +422,42 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
   return SwiGluFn::apply(gate, up);
 }
 
+at::Tensor PairSumComposite(const at::Tensor& rows, const at::Tensor& extra, const at::Tensor& inverse, int64_t top_k) {
+  const auto sum = [&](const at::Tensor& r) { return r.index_select(0, inverse).view({-1, top_k, r.size(1)}).sum(1); };
+  if (!extra.defined()) return sum(rows);  // the reduction accumulates in float32 for half types
+  const at::ScalarType ct = at::promote_types(rows.scalar_type(), at::kFloat);
+  return sum(rows.to(ct) + extra.to(ct)).to(rows.scalar_type());
+}
+
+at::Tensor PairSum(const at::Tensor& rows, const at::Tensor& extra, const at::Tensor& inverse, int64_t top_k) {
+  TORCH_CHECK(rows.dim() == 2 && top_k > 0 && rows.size(0) % top_k == 0 && inverse.dim() == 1 &&
+                  inverse.size(0) == rows.size(0) && inverse.scalar_type() == at::kLong &&
+                  inverse.device() == rows.device(),
+              "PairSum: rows [pairs, cols] in whole tokens of top_k ", top_k,
+              " and int64 inverse [pairs] on rows' "
+              "device expected, got ",
+              rows.sizes(), " and ", inverse.scalar_type(), " ", inverse.sizes());
+  TORCH_CHECK(!extra.defined() || (extra.sizes() == rows.sizes() && extra.scalar_type() == rows.scalar_type()),
+              "PairSum: extra must be rows' shape and dtype, got ", extra.sizes(), " for ", rows.sizes());
+  if (!Fusable({&rows}) || !rows.is_contiguous() ||
+      (extra.defined() && (!Fusable({&rows, &extra}) || !extra.is_contiguous()))) {
+    return PairSumComposite(rows, extra, inverse, top_k);
+  }
+  const at::Tensor inv = inverse.contiguous();
+  at::Tensor out = at::empty({rows.size(0) / top_k, rows.size(1)}, rows.options());
+  PairSumParams p;
+  p.rows = rows.data_ptr();
+  p.extra = extra.defined() ? extra.data_ptr() : nullptr;
+  p.inverse = inv.data_ptr<int64_t>();
+  p.out = out.data_ptr();
+  p.tokens = out.size(0);
+  p.top_k = top_k;
+  p.cols = rows.size(1);
+  p.dtype = DtypeOf(rows);
+  Run(rows, LaunchPairSum, p, "pair sum");
+  return out;
+}
+
 at::Tensor CrossEntropyRows(at::Tensor& logits, const at::Tensor& labels, bool write_grad) {
   TORCH_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) &&
                   labels.scalar_type() == at::kLong && labels.device() == logits.device(),

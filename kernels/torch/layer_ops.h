@@ -1,8 +1,7 @@
 // RMSNorm, rotary embedding and SwiGLU as LibTorch autograd functions, and the rows of the LM
-// head's cross-entropy: one CUDA kernel each way (kernels/layer_ops.h) for bfloat16 / float16
-// tensors on a GPU, else the composite ATen ops,
-// which are the CPU path and the reference the kernels are checked against
-// (tests/kernels/kernels_gpu_test.cc). Numerics: kernels/layer_ops.h. Gemma's RMSNorm and
+// head's cross-entropy and the experts' sum over a token's pairs: one CUDA kernel each way (kernels/layer_ops.h) for
+// bfloat16 / float16 tensors on a GPU, else the composite ATen ops, which are the CPU path and the reference the
+// kernels are checked against (tests/kernels/kernels_gpu_test.cc). Numerics: kernels/layer_ops.h. Gemma's RMSNorm and
 // GELU-tanh gate, and the gated activation with the down projection and its LoRA adapter: ATen
 // ops (and the SwiGLU kernels) on every device, as autograd functions that keep less for
 // backward than the separate ops (tests/kernels/layer_ops_test.cc).
@@ -72,6 +71,13 @@ at::Tensor SwiGluHalves(const at::Tensor& gate_up);
 // logits it never keeps.
 at::Tensor CrossEntropyRows(at::Tensor& logits, const at::Tensor& labels, bool write_grad);
 
+// The experts' outputs summed back to their tokens: rows [pairs, cols] (and, where defined, extra
+// of the same shape and dtype, added to every row: a LoRA update kept apart from the product it
+// updates), token t's pairs at rows inverse[t top_k + j] (inverse int64 [pairs] on rows' device)
+// -> [pairs / top_k, cols] in rows' dtype, summed in float32 (float64 for float64 rows) and
+// rounded once. Not an autograd function: kernels/torch/expert_ops.h FromPairs is.
+at::Tensor PairSum(const at::Tensor& rows, const at::Tensor& extra, const at::Tensor& inverse, int64_t top_k);
+
 // The composite forms (the reference): what the functions above compute where no kernel applies.
 at::Tensor RmsNormComposite(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor ApplyRopeComposite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
@@ -80,6 +86,7 @@ at::Tensor GemmaRmsNormComposite(const at::Tensor& x, const at::Tensor& weight, 
 at::Tensor GeluTanhGluComposite(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor ClampedSwiGluComposite(const at::Tensor& gate_up, double alpha, double limit);
 at::Tensor CrossEntropyRowsComposite(at::Tensor& logits, const at::Tensor& labels, bool write_grad);
+at::Tensor PairSumComposite(const at::Tensor& rows, const at::Tensor& extra, const at::Tensor& inverse, int64_t top_k);
 
 }  // namespace oomb::kernels
 

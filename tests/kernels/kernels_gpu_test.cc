@@ -1,7 +1,8 @@
 // GPU checks of kernels/ against their CPU references on random inputs (never zeros): the page
 // copy and addition kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
 // against dense float64 attention; the fused layer ops (RMSNorm, RoPE, SwiGLU, cross-entropy
-// rows) against their composite ATen forms; the GPU timeline's sections. Skips without a CUDA device.
+// rows, the experts' pair sums) against their composite ATen forms; the GPU timeline's sections. Skips without a CUDA
+// device.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <torch/cuda.h>
 
 #include "kernels/page_copy.h"
+#include "kernels/torch/expert_ops.h"
 #include "kernels/torch/gpu_timeline.h"
 #include "kernels/torch/layer_ops.h"
 #include "kernels/torch/page_ops.h"
@@ -354,6 +356,38 @@ TEST_F(KernelsGpuTest, RopeAndSwiGluEqualTheCompositeOpsBitForBit) {
       const auto halves = OutputAndGrads([](const auto& in) { return kernels::SwiGluHalves(in[0]); }, {gate_up}, dy);
       EXPECT_TRUE(at::equal(halves[0], ref[0])) << "halves " << cols;
       EXPECT_TRUE(at::equal(halves[1], at::cat({ref[1], ref[2]}, 1))) << "halves' gradient " << cols;
+    }
+  }
+}
+
+// The experts' sum over each token's pairs (kernels::PairSum, and FromPairs through it) on the
+// pair-sum kernel: as close to the float64 sum as one rounding to the dtype, with and without the
+// LoRA update as a second source, 8 elements a thread (2048 columns) and one (77); FromPairs'
+// gradient, for both sources, the output gradient gathered to the pairs bit for bit.
+TEST_F(KernelsGpuTest, PairSumsEqualTheFloat64SumsRounded) {
+  const int64_t tokens = 301, top_k = 8, experts = 16;
+  const auto cuda = at::device(at::kCUDA);
+  const at::Tensor order = at::argsort(at::randint(experts, {tokens * top_k}, cuda.dtype(at::kLong)), /*stable=*/true);
+  const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(tokens * top_k, order.options()));
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dt));
+    const double eps = dt == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+    for (const int64_t cols : {77, 2048}) {
+      const at::Tensor rows = at::randn({tokens * top_k, cols}, cuda.dtype(dt)),
+                       extra = at::randn({tokens * top_k, cols}, cuda.dtype(dt)) * 0.1;
+      for (const bool with_extra : {false, true}) {
+        const at::Tensor e = with_extra ? extra : at::Tensor();
+        const at::Tensor got = kernels::PairSum(rows, e, inverse, top_k);
+        const at::Tensor want =
+            kernels::PairSumComposite(rows.to(at::kDouble), with_extra ? extra.to(at::kDouble) : e, inverse, top_k);
+        EXPECT_TRUE(at::allclose(got.to(at::kDouble), want, eps, 1e-3)) << cols << " " << with_extra;
+      }
+      const at::Tensor dy = at::randn({tokens, cols}, cuda.dtype(dt));
+      const auto fused = OutputAndGrads(
+          [&](const auto& in) { return kernels::FromPairs(in[0], order, inverse, top_k, in[1]); }, {rows, extra}, dy);
+      const at::Tensor pairs_dy = dy.index_select(0, at::div(order, top_k, "floor"));
+      EXPECT_TRUE(at::equal(fused[1], pairs_dy) && at::equal(fused[2], pairs_dy)) << cols;
+      EXPECT_TRUE(at::equal(fused[0], kernels::PairSum(rows, extra, inverse, top_k))) << cols;
     }
   }
 }

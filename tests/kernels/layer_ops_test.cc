@@ -214,8 +214,21 @@ TEST(LayerOpsTest, PairPermutationsEqualIndexSelectAndSum) {
   EXPECT_TRUE(at::equal(
       OutputAndGrads([&](const auto& in) { return FromPairs(in[0], order, inverse, top_k); }, {rows}, d_x).grads[0],
       exact_from.grads[0]));
+  // A second source (the experts' LoRA update) in the same sum: rows + extra's values (bfloat16:
+  // rounded once, from float32 sums), and the gradient of each is rows' alone.
+  const at::Tensor extra = at::randn({tokens * top_k, hidden}, at::kDouble);
+  const Result exact_both = OutputAndGrads(separate_from, {rows + extra}, d_x);
+  for (const at::ScalarType t : {at::kDouble, at::kBFloat16}) {
+    const Result got = OutputAndGrads([&](const auto& in) { return FromPairs(in[0], order, inverse, top_k, in[1]); },
+                                      {rows.to(t), extra.to(t)}, d_x);
+    const at::Tensor want =
+        separate_from(std::vector<at::Tensor>{rows.to(t).to(at::kDouble) + extra.to(t).to(at::kDouble)}).to(t);
+    EXPECT_TRUE(at::equal(got.out, want)) << t;
+    EXPECT_TRUE(at::equal(got.grads[0], exact_both.grads[0].to(t)) && at::equal(got.grads[1], got.grads[0])) << t;
+  }
   EXPECT_THROW(ToPairs(x, order.narrow(0, 0, 5), inverse, top_k), c10::Error);
   EXPECT_THROW(FromPairs(x, order, inverse, top_k), c10::Error);
+  EXPECT_THROW(FromPairs(rows, order, inverse, top_k, extra.narrow(1, 0, 5)), c10::Error);
 }
 
 // The experts' scaled activation against the separate ops (SwiGlu over gate_up's halves, or

@@ -1254,11 +1254,15 @@ struct GroupedBank {
   // The pairs x [M, in] sorted by expert, offs their groups' ends, `experts` [M] each pair's
   // expert (where the bank has biases), bias_scale as ExpertViews::Forward's:
   // x W_e^T + b_e bias_scale + (x A_e^T) B_e^T alpha / r.
+  // With `lora_apart`, LoRA's update goes there (undefined without an adapter), not into the sum.
   at::Tensor Forward(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& experts,
-                     const at::Tensor& bias_scale) const {
+                     const at::Tensor& bias_scale, at::Tensor* lora_apart = nullptr) const {
     at::Tensor y = kernels::GroupedMatmul(x, weight, offs);
     if (bias.defined()) y = y + PairBiases(experts, bias_scale);
-    if (a.defined()) y = y + kernels::GroupedMatmul(kernels::GroupedMatmul(x, a, offs), b, offs);
+    if (!a.defined()) return y;
+    const at::Tensor update = kernels::GroupedMatmul(kernels::GroupedMatmul(x, a, offs), b, offs);
+    if (lora_apart == nullptr) return y + update;
+    *lora_apart = update;
     return y;
   }
   // Each pair's expert's bias, times its bias_scale where defined: scaled, a one-hot [M, E] of
@@ -1298,9 +1302,9 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   // pairs' outputs are then summed per token as they are, and no hidden-wide output is kept for
   // the weights' gradient.
   const at::Tensor scale = weights.reshape(-1).index_select(0, order);
-  const at::Tensor out = expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, moe, x, counts, scale)
-                                                                   : LoopExperts(l, moe, x, counts, scale);
-  return kernels::FromPairs(out, order, inverse, moe.top_k).to(dtype_);
+  const PairOutputs out = expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, moe, x, counts, scale)
+                                                                    : LoopExperts(l, moe, x, counts, scale);
+  return kernels::FromPairs(out.rows, order, inverse, moe.top_k, out.lora).to(dtype_);
 }
 
 at::Tensor Transformer::ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up,
@@ -1308,8 +1312,8 @@ at::Tensor Transformer::ScaledExpertActivation(const MoeSpec& moe, const at::Ten
   return kernels::ScaledExpertActivation(gate_up, scale, moe.swiglu_alpha, moe.swiglu_limit);
 }
 
-at::Tensor Transformer::LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
-                                    const at::Tensor& counts, const at::Tensor& scale) const {
+Transformer::PairOutputs Transformer::LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
+                                                  const at::Tensor& counts, const at::Tensor& scale) const {
   const at::Tensor host = counts.cpu();
   const std::vector<int64_t> sizes(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
@@ -1324,11 +1328,11 @@ at::Tensor Transformer::LoopExperts(const DecoderLayer& l, const MoeSpec& moe, c
     const at::Tensor act = ScaledExpertActivation(moe, gate_up.Forward(expert, inputs[e], at::Tensor()), scales[e]);
     outputs.push_back(down.Forward(expert, act, scales[e]));
   }
-  return at::cat(outputs);
+  return {.rows = at::cat(outputs), .lora = at::Tensor()};
 }
 
-at::Tensor Transformer::GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
-                                       const at::Tensor& counts, const at::Tensor& scale) const {
+Transformer::PairOutputs Transformer::GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
+                                                     const at::Tensor& counts, const at::Tensor& scale) const {
   const at::Tensor offs = counts.cumsum(0).to(at::kInt);
   // Each pair's expert, for the biases (the output size given: nothing read on the host).
   const at::Tensor experts =
@@ -1337,7 +1341,9 @@ at::Tensor Transformer::GroupedExperts(const DecoderLayer& l, const MoeSpec& moe
   const GroupedBank gate_up(l.gate_up_experts, x.scalar_type(), true),
       down(l.down_experts, x.scalar_type(), LeadsGroup());
   const at::Tensor act = ScaledExpertActivation(moe, gate_up.Forward(x, offs, experts, at::Tensor()), scale);
-  return down.Forward(act, offs, experts, scale);
+  PairOutputs out;
+  out.rows = down.Forward(act, offs, experts, scale, &out.lora);
+  return out;
 }
 
 ExpertKernel Transformer::expert_kernel() const {

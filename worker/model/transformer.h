@@ -343,11 +343,16 @@ class Transformer {
   at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
   at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y, RouterBalance* balance) const;
   // The experts' MLPs over the pairs x [M, hidden] sorted by expert, `counts` [E] of each, each
-  // pair's output times its routing weight scale [M] (ExpertKernel's two ways).
-  at::Tensor LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
-                         const at::Tensor& scale) const;
-  at::Tensor GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
-                            const at::Tensor& scale) const;
+  // pair's output times its routing weight scale [M] (ExpertKernel's two ways): `rows`, and where
+  // the down projection's LoRA update is kept apart (the grouped way's: FromPairs adds it in its
+  // sum, where adding it to the product would write a pair-wide tensor more), `lora`.
+  struct PairOutputs {
+    at::Tensor rows, lora;
+  };
+  PairOutputs LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
+                          const at::Tensor& scale) const;
+  PairOutputs GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
+                             const at::Tensor& scale) const;
   // The experts' activation over their gate_up product (SwiGLU, or gpt-oss's clamped one), each
   // row times its pair's routing weight scale.
   at::Tensor ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up, const at::Tensor& scale) const;
