@@ -1,7 +1,8 @@
 // Fused elementwise parts of a decoder layer (RMSNorm, rotary embedding, SwiGLU, the experts'
-// sum over a token's pairs), forward and backward, and of the LM head's loss (cross-entropy rows), one kernel each, for
-// bfloat16 / float16 tensors. Each does in one pass over memory what the composite ATen ops (the CPU path and
-// reference, kernels/torch/layer_ops.h) do in several kernels.
+// sum over a token's pairs), forward and backward, and of the LM head's loss (cross-entropy
+// rows), one kernel each, for bfloat16 / float16 tensors. Each does in one pass over memory what
+// the composite ATen ops (the CPU path and reference, kernels/torch/layer_ops.h) do in several
+// kernels.
 //
 // Numerics (x: the stored dtype, f(): float32, r(): rounding to the stored dtype):
 //   RmsNorm    y = r(w * r(x * rstd)),  rstd = 1 / sqrt(mean(f(x)^2) + eps), as Hugging Face's
@@ -21,8 +22,8 @@
 //   PairSum    the experts' outputs back to their tokens: out[t] = r(sum over token t's top_k
 //              pairs j and the given sources s of f(s[inverse[t top_k + j]])), in float32
 //              (a mixture-of-experts layer's pair rows and, as a second source, their LoRA
-//              update), rounded once; the composite (kernels/torch/layer_ops.h PairSumComposite) sums the
-//              same float32 values in another order.
+//              update), rounded once; the composite (kernels/torch/layer_ops.h
+//              PairSumComposite) sums the same float32 values in another order.
 //   CrossEntropyRows  per row of logits x [rows, vocab]: lse = log(sum(exp(f(x)))) (an online
 //              max and sum in float32), loss = lse - f(x[label]) in float32, and, where asked,
 //              x overwritten in place with r(exp(f(x) - lse) - onehot(label)), the loss's

@@ -434,9 +434,8 @@ at::Tensor PairSum(const at::Tensor& rows, const at::Tensor& extra, const at::Te
                   inverse.size(0) == rows.size(0) && inverse.scalar_type() == at::kLong &&
                   inverse.device() == rows.device(),
               "PairSum: rows [pairs, cols] in whole tokens of top_k ", top_k,
-              " and int64 inverse [pairs] on rows' "
-              "device expected, got ",
-              rows.sizes(), " and ", inverse.scalar_type(), " ", inverse.sizes());
+              " and int64 inverse [pairs] on their device expected, got ", rows.sizes(), " and ", inverse.scalar_type(),
+              " ", inverse.sizes());
   TORCH_CHECK(!extra.defined() || (extra.sizes() == rows.sizes() && extra.scalar_type() == rows.scalar_type()),
               "PairSum: extra must be rows' shape and dtype, got ", extra.sizes(), " for ", rows.sizes());
   if (!Fusable({&rows}) || !rows.is_contiguous() ||

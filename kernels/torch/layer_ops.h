@@ -1,7 +1,8 @@
 // RMSNorm, rotary embedding and SwiGLU as LibTorch autograd functions, and the rows of the LM
-// head's cross-entropy and the experts' sum over a token's pairs: one CUDA kernel each way (kernels/layer_ops.h) for
-// bfloat16 / float16 tensors on a GPU, else the composite ATen ops, which are the CPU path and the reference the
-// kernels are checked against (tests/kernels/kernels_gpu_test.cc). Numerics: kernels/layer_ops.h. Gemma's RMSNorm and
+// head's cross-entropy and the experts' sum over a token's pairs: one CUDA kernel each way
+// (kernels/layer_ops.h) for bfloat16 / float16 tensors on a GPU, else the composite ATen ops,
+// which are the CPU path and the reference the kernels are checked against
+// (tests/kernels/kernels_gpu_test.cc). Numerics: kernels/layer_ops.h. Gemma's RMSNorm and
 // GELU-tanh gate, and the gated activation with the down projection and its LoRA adapter: ATen
 // ops (and the SwiGLU kernels) on every device, as autograd functions that keep less for
 // backward than the separate ops (tests/kernels/layer_ops_test.cc).

@@ -1,8 +1,8 @@
 // GPU checks of kernels/ against their CPU references on random inputs (never zeros): the page
 // copy and addition kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
 // against dense float64 attention; the fused layer ops (RMSNorm, RoPE, SwiGLU, cross-entropy
-// rows, the experts' pair sums) against their composite ATen forms; the GPU timeline's sections. Skips without a CUDA
-// device.
+// rows, the experts' pair sums) against their composite ATen forms; the GPU timeline's
+// sections. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <chrono>
