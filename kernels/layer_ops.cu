@@ -5,11 +5,13 @@
 // 1024 features: a head's q/k norm), the row's sum of squares (or dot product) reduced through
 // warp shuffles, then a second pass over the row (from L1 / L2). Rope: a thread a pair
 // of elements (x1, x2) of one head. Glu: a thread an element (of rows read and written at their
-// strides where GluParams gives them: the halves of one gate_up tensor). Each takes 8 elements at a time
+// strides where GluParams gives them: the halves of one gate_up tensor; with a row scale, a warp a
+// row in backward, which sums the scale's gradient). Each takes 8 elements at a time
 // (16-byte loads) where the sizes and pointers allow, else one. CrossEntropyRows: one block a
 // row, an online max and sum of exponentials per thread merged through warp shuffles, then a
 // second pass that writes the gradient over the row. PairSum: a thread 8 (or 1) elements of a
-// token's output, summed over its pairs' rows in float32.
+// token's output, summed over its pairs' rows in float32. AttentionMerge: a thread 8 (or 1)
+// elements of one head's output row.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -211,14 +213,36 @@ __device__ __forceinline__ int64_t GluOffset(int64_t i, int64_t cols, int64_t ld
   return row * ld + (i - row * cols);
 }
 
+// The gated activation's value r(r(act(g)) * u), unrounded.
+template <typename T>
+__device__ __forceinline__ float GluValue(const GluParams& p, float g, float u) {
+  return Round<T>(Activation(p, g)) * u;
+}
+
 template <typename T, int V>
 __global__ void GluForwardKernel(GluParams p) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
   if (i >= p.n) return;
   const int64_t in = GluOffset(i, p.cols, p.in_ld);
-  const Pack<T, V> g = Load<T, V>(p.gate, in), u = Load<T, V>(p.up, in);
+  Pack<T, V> g = Load<T, V>(p.gate, in), u = Load<T, V>(p.up, in);
+  if (p.gate_add != nullptr) {
+    const Pack<T, V> ga = Load<T, V>(p.gate_add, in), ua = Load<T, V>(p.up_add, in);
+    for (int k = 0; k < V; ++k) {
+      g.v[k] = FromFloat<T>(ToFloat(g.v[k]) + ToFloat(ga.v[k]));
+      u.v[k] = FromFloat<T>(ToFloat(u.v[k]) + ToFloat(ua.v[k]));
+    }
+    if (p.gate_sum != nullptr) {
+      Store<T, V>(p.gate_sum, in, g);
+      Store<T, V>(p.up_sum, in, u);
+    }
+  }
+  // Scaled rows: a pack lies in one row (GluRowsTake8).
+  const float s = p.scale == nullptr ? 0.f : ToFloat(static_cast<const T*>(p.scale)[i / p.cols]);
   Pack<T, V> y;
-  for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(Round<T>(Activation(p, ToFloat(g.v[k]))) * ToFloat(u.v[k]));
+  for (int k = 0; k < V; ++k) {
+    const float a = GluValue<T>(p, ToFloat(g.v[k]), ToFloat(u.v[k]));
+    y.v[k] = FromFloat<T>(p.scale == nullptr ? a : Round<T>(a) * s);
+  }
   Store<T, V>(p.out, i, y);
 }
 
@@ -238,6 +262,33 @@ __global__ void GluBackwardKernel(GluParams p) {
   Store<T, V>(p.d_up, grad, d_up);
 }
 
+// Scaled rows' backward: a warp a row, its lanes V elements at a time along the row; the row's
+// d_scale summed in float32 through warp shuffles.
+template <typename T, int V>
+__global__ void ScaledGluBackwardKernel(GluParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.n / p.cols) return;  // the whole warp
+  const float s = ToFloat(static_cast<const T*>(p.scale)[row]);
+  float d_s = 0.f;
+  for (int64_t c = static_cast<int64_t>(lane) * V; c < p.cols; c += 32 * V) {
+    const int64_t in = row * p.in_ld + c, grad = row * p.grad_ld + c, i = row * p.cols + c;
+    const Pack<T, V> g = Load<T, V>(p.gate, in), u = Load<T, V>(p.up, in), dy = Load<T, V>(p.dy, i);
+    Pack<T, V> d_gate, d_up;
+    for (int k = 0; k < V; ++k) {
+      const float gk = ToFloat(g.v[k]), uk = ToFloat(u.v[k]), dk = ToFloat(dy.v[k]);
+      d_s += Round<T>(dk * Round<T>(GluValue<T>(p, gk, uk)));
+      const float d_glu = Round<T>(dk * s);
+      d_up.v[k] = FromFloat<T>(d_glu * Round<T>(Activation(p, gk)));
+      d_gate.v[k] = FromFloat<T>(ActivationBackward(p, Round<T>(d_glu * uk), gk));
+    }
+    Store<T, V>(p.out, grad, d_gate);
+    Store<T, V>(p.d_up, grad, d_up);
+  }
+  for (int o = 16; o > 0; o /= 2) d_s += __shfl_xor_sync(0xffffffffu, d_s, o);
+  if (lane == 0) static_cast<T*>(p.d_scale)[row] = FromFloat<T>(d_s);
+}
+
 template <typename T, int V>
 __global__ void PairSumKernel(PairSumParams p) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
@@ -255,6 +306,41 @@ __global__ void PairSumKernel(PairSumParams p) {
   Pack<T, V> y;
   for (int k = 0; k < V; ++k) y.v[k] = FromFloat<T>(acc[k]);
   Store<T, V>(p.out, i, y);
+}
+
+// V elements of a float32 tensor (`f32`) or of T's, as float32.
+template <typename T, int V>
+__device__ __forceinline__ void LoadFloats(const void* base, bool f32, int64_t i, float* x) {
+  if (f32) {
+    const Pack<float, V> v = Load<float, V>(base, i);
+    for (int k = 0; k < V; ++k) x[k] = v.v[k];
+  } else {
+    const Pack<T, V> v = Load<T, V>(base, i);
+    for (int k = 0; k < V; ++k) x[k] = ToFloat(v.v[k]);
+  }
+}
+
+template <typename T, int V>
+__global__ void AttentionMergeKernel(AttentionMergeParams p) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
+  if (i >= p.batch * p.rows * p.heads * p.head_dim) return;
+  const int64_t row_head = i / p.head_dim, h = row_head % p.heads, batch_row = row_head / p.heads;
+  const int64_t l = (batch_row / p.rows * p.heads + h) * p.rows + batch_row % p.rows;
+  const float wa = expf(__fsub_rn(p.lse_a[l], p.lse[l])), wb = expf(__fsub_rn(p.lse_b[l], p.lse[l]));
+  float a[V];
+  LoadFloats<T, V>(p.a, p.a_f32, i, a);
+  const Pack<T, V> b = Load<T, V>(p.b, i);
+  float y[V];
+  for (int k = 0; k < V; ++k) y[k] = __fadd_rn(__fmul_rn(a[k], wa), __fmul_rn(ToFloat(b.v[k]), wb));
+  if (p.out_f32) {
+    Pack<float, V> o;
+    for (int k = 0; k < V; ++k) o.v[k] = y[k];
+    Store<float, V>(p.out, i, o);
+  } else {
+    Pack<T, V> o;
+    for (int k = 0; k < V; ++k) o.v[k] = FromFloat<T>(y[k]);
+    Store<T, V>(p.out, i, o);
+  }
 }
 
 // (m, s): a running max and sum of exp(x - m); merges (m2, s2) into it. m = -inf: empty.
@@ -322,10 +408,10 @@ __global__ void CrossEntropyRowsKernel(CrossEntropyParams p) {
 
 unsigned Blocks(int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
 
-// Whether every pointer allows loads of 16 bytes.
-bool Aligned16(std::initializer_list<const void*> ptrs) {
+// Whether every pointer is aligned to `bytes` (16: the 16-byte loads of 8 half elements).
+bool Aligned(std::initializer_list<const void*> ptrs, uintptr_t bytes = 16) {
   for (const void* q : ptrs) {
-    if (q != nullptr && reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+    if (q != nullptr && reinterpret_cast<uintptr_t>(q) % bytes != 0) return false;
   }
   return true;
 }
@@ -372,37 +458,50 @@ bool GluRowsTake8(const GluParams& p) {
 }  // namespace
 
 cudaError_t LaunchRmsNormForward(const RmsNormParams& p, cudaStream_t stream) {
-  const bool x8 = p.cols % 8 == 0 && Aligned16({p.x, p.weight, p.out});
+  const bool x8 = p.cols % 8 == 0 && Aligned({p.x, p.weight, p.out});
   return LaunchRmsNorm(p, x8, OOMB_RMS_NORM_KERNELS(RmsNormForwardKernel, true),
                        OOMB_RMS_NORM_KERNELS(RmsNormForwardKernel, false), stream);
 }
 cudaError_t LaunchRmsNormBackward(const RmsNormParams& p, cudaStream_t stream) {
-  const bool x8 = p.cols % 8 == 0 && Aligned16({p.x, p.weight, p.dy, p.out});
+  const bool x8 = p.cols % 8 == 0 && Aligned({p.x, p.weight, p.dy, p.out});
   return LaunchRmsNorm(p, x8, OOMB_RMS_NORM_KERNELS(RmsNormBackwardKernel, true),
                        OOMB_RMS_NORM_KERNELS(RmsNormBackwardKernel, false), stream);
 }
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
-  const bool x8 = (p.head_dim / 2) % 8 == 0 && Aligned16({p.x, p.cos, p.sin, p.out});
+  const bool x8 = (p.head_dim / 2) % 8 == 0 && Aligned({p.x, p.cos, p.sin, p.out});
   return Launch<RopeParams>(p, OOMB_LAYER_KERNELS(RopeKernel), x8,
                             Blocks(p.rows * p.heads * p.head_dim / 2 / (x8 ? 8 : 1)), stream);
 }
 cudaError_t LaunchGluForward(const GluParams& p, cudaStream_t stream) {
-  const bool x8 = GluRowsTake8(p) && Aligned16({p.gate, p.up, p.out});
+  const bool x8 = GluRowsTake8(p) && Aligned({p.gate, p.up, p.out, p.gate_add, p.up_add, p.gate_sum, p.up_sum});
   return Launch<GluParams>(p, OOMB_LAYER_KERNELS(GluForwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
 }
 cudaError_t LaunchGluBackward(const GluParams& p, cudaStream_t stream) {
-  const bool x8 = GluRowsTake8(p) && Aligned16({p.gate, p.up, p.dy, p.out, p.d_up});
+  const bool x8 = GluRowsTake8(p) && Aligned({p.gate, p.up, p.dy, p.out, p.d_up});
+  if (p.scale != nullptr) {
+    constexpr int64_t kRowsPerBlock = kThreads / 32;
+    return Launch<GluParams>(p, OOMB_LAYER_KERNELS(ScaledGluBackwardKernel), x8,
+                             static_cast<unsigned>((p.n / p.cols + kRowsPerBlock - 1) / kRowsPerBlock), stream);
+  }
   return Launch<GluParams>(p, OOMB_LAYER_KERNELS(GluBackwardKernel), x8, Blocks(p.n / (x8 ? 8 : 1)), stream);
 }
 
 cudaError_t LaunchPairSum(const PairSumParams& p, cudaStream_t stream) {
-  const bool x8 = p.cols % 8 == 0 && Aligned16({p.rows, p.extra, p.out});
+  const bool x8 = p.cols % 8 == 0 && Aligned({p.rows, p.extra, p.out});
   return Launch<PairSumParams>(p, OOMB_LAYER_KERNELS(PairSumKernel), x8, Blocks(p.tokens * p.cols / (x8 ? 8 : 1)),
                                stream);
 }
 
+cudaError_t LaunchAttentionMerge(const AttentionMergeParams& p, cudaStream_t stream) {
+  // 8 elements of a float32 tensor: 32-byte loads.
+  const bool x8 = p.head_dim % 8 == 0 && Aligned({p.b}) && Aligned({p.a}, p.a_f32 ? 32 : 16) &&
+                  Aligned({p.out}, p.out_f32 ? 32 : 16);
+  return Launch<AttentionMergeParams>(p, OOMB_LAYER_KERNELS(AttentionMergeKernel), x8,
+                                      Blocks(p.batch * p.rows * p.heads * p.head_dim / (x8 ? 8 : 1)), stream);
+}
+
 cudaError_t LaunchCrossEntropyRows(const CrossEntropyParams& p, cudaStream_t stream) {
-  const bool x8 = p.vocab % 8 == 0 && Aligned16({p.logits});
+  const bool x8 = p.vocab % 8 == 0 && Aligned({p.logits});
   return Launch<CrossEntropyParams>(p, OOMB_LAYER_KERNELS(CrossEntropyRowsKernel), x8, static_cast<unsigned>(p.rows),
                                     stream);
 }

@@ -1,8 +1,8 @@
 // Fused elementwise parts of a decoder layer (RMSNorm, rotary embedding, SwiGLU, the experts'
-// sum over a token's pairs), forward and backward, and of the LM head's loss (cross-entropy
-// rows), one kernel each, for bfloat16 / float16 tensors. Each does in one pass over memory what
-// the composite ATen ops (the CPU path and reference, kernels/torch/layer_ops.h) do in several
-// kernels.
+// sum over a token's pairs, the merge of attention blocks), forward and backward, and of the LM
+// head's loss (cross-entropy rows), one kernel each, for bfloat16 / float16 tensors. Each does in
+// one pass over memory what the composite ATen ops (the CPU path and reference,
+// kernels/torch/layer_ops.h) do in several kernels.
 //
 // Numerics (x: the stored dtype, f(): float32, r(): rounding to the stored dtype):
 //   RmsNorm    y = r(w * r(x * rstd)),  rstd = 1 / sqrt(mean(f(x)^2) + eps), as Hugging Face's
@@ -19,11 +19,23 @@
 //              d_gate = r(act'(gate) * r(dy * up)), act silu (SwiGLU) or gelu with the tanh
 //              approximation (Gemma's), act and act' written as ATen's kernels compute them in
 //              float32: the composite's values bit for bit (the GPU tests check both).
+//              With an addend (forward): gate and up first r(f(gate) + f(add)), the sums kept
+//              where asked. Scaled (a mixture-of-experts pair's activation times its routing
+//              weight, scale [rows] in the stored dtype): y = r(glu * scale[row]) with glu the value
+//              above; backward from dy of y: d_glu = r(dy * scale[row]) into the gradients above
+//              (the composite's bit for bit) and d_scale[row] = r(sum over the row of
+//              r(dy * glu)) in float32 (the composite sums the same values in another order).
 //   PairSum    the experts' outputs back to their tokens: out[t] = r(sum over token t's top_k
 //              pairs j and the given sources s of f(s[inverse[t top_k + j]])), in float32
 //              (a mixture-of-experts layer's pair rows and, as a second source, their LoRA
 //              update), rounded once; the composite (kernels/torch/layer_ops.h
 //              PairSumComposite) sums the same float32 values in another order.
+//   AttentionMerge  two attention outputs over disjoint keys, a and b [batch, rows, heads, D],
+//              merged by their log-sum-exps [batch, heads, rows] given the merged one m =
+//              logaddexp(lse_a, lse_b): out = f(a) * exp(lse_a - m) + f(b) * exp(lse_b - m),
+//              rounded to out's dtype; a and out float32 or the stored dtype, b the stored dtype.
+//              The float32 products and sum are not contracted: the composite's float32 ops
+//              (kernels/torch/fused_attention.h MergeFusedBlock) bit for bit.
 //   CrossEntropyRows  per row of logits x [rows, vocab]: lse = log(sum(exp(f(x)))) (an online
 //              max and sum in float32), loss = lse - f(x[label]) in float32, and, where asked,
 //              x overwritten in place with r(exp(f(x) - lse) - onehot(label)), the loss's
@@ -83,6 +95,15 @@ struct GluParams {
   // apart, d_gate's and d_up's grad_ld apart (the halves of one [rows, 2 cols] tensor: 2 cols);
   // y and dy stay contiguous. in_ld 0: every tensor contiguous.
   int64_t cols = 0, in_ld = 0, grad_ld = 0;
+  // Scaled rows (rows given by cols): scale [n / cols], and d_scale [n / cols] written backward.
+  const void* scale = nullptr;
+  void* d_scale = nullptr;
+  // Forward: a second addend of gate and up at their offsets (a LoRA update), added first (each
+  // sum rounded, as the composite's addition), and where given the sums written at their offsets.
+  const void* gate_add = nullptr;
+  const void* up_add = nullptr;
+  void* gate_sum = nullptr;
+  void* up_sum = nullptr;
   HalfDtype dtype = HalfDtype::kBFloat16;
 };
 cudaError_t LaunchGluForward(const GluParams& p, cudaStream_t stream);
@@ -97,6 +118,19 @@ struct PairSumParams {
   HalfDtype dtype = HalfDtype::kBFloat16;
 };
 cudaError_t LaunchPairSum(const PairSumParams& p, cudaStream_t stream);
+
+struct AttentionMergeParams {
+  const void* a = nullptr;  // [batch, rows, heads, head_dim], float32 where a_f32
+  const void* b = nullptr;  // [batch, rows, heads, head_dim]
+  const float* lse_a = nullptr;
+  const float* lse_b = nullptr;
+  const float* lse = nullptr;  // the merged; each [batch, heads, rows]
+  void* out = nullptr;         // [batch, rows, heads, head_dim], float32 where out_f32
+  int64_t batch = 0, rows = 0, heads = 0, head_dim = 0;
+  bool a_f32 = true, out_f32 = true;
+  HalfDtype dtype = HalfDtype::kBFloat16;
+};
+cudaError_t LaunchAttentionMerge(const AttentionMergeParams& p, cudaStream_t stream);
 
 struct CrossEntropyParams {
   void* logits = nullptr;           // [rows, vocab], the gradient written in place if write_grad

@@ -57,25 +57,48 @@ at::Tensor ScaledActivationValue(const at::Tensor& gate_up, const at::Tensor& sc
   return (act * scale.unsqueeze(-1)).to(gate_up.scalar_type());
 }
 
-// ScaledExpertActivation keeping gate_up and scale: backward recomputes the activation's values
-// and takes their gradient.
+// ScaledExpertActivation keeping the activation's input (gate_up, plus `add` where given) and
+// scale: SwiGLU's on the scaled gated-activation kernels where they apply, else backward
+// recomputes the activation's values and takes their gradient. `keep`: whether a backward may
+// follow (else nothing is kept, and no sum written).
 class ScaledExpertActivationFn : public torch::autograd::Function<ScaledExpertActivationFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up, const at::Tensor& scale, double alpha,
-                            double limit) {
-    ctx->save_for_backward({gate_up, scale});
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up, const at::Tensor& add_argument,
+                            const at::Tensor& scale, double alpha, double limit, bool keep) {
+    const at::Tensor add = add_argument.numel() > 0 ? add_argument : at::Tensor();
     ctx->saved_data["alpha"] = alpha;
     ctx->saved_data["limit"] = limit;
-    return ScaledActivationValue(gate_up, scale, alpha, limit);
+    ctx->saved_data["add"] = add.defined();
+    at::Tensor input, y;
+    if (limit <= 0 && ScaledSwiGluHalvesFused(gate_up, scale, add)) {
+      y = ScaledSwiGluHalves(gate_up, scale, add, keep && add.defined() ? &input : nullptr);
+      if (!add.defined()) input = gate_up;
+    } else {
+      input = add.defined() ? gate_up + add : gate_up;
+      y = ScaledActivationValue(input, scale, alpha, limit);
+    }
+    if (keep) ctx->save_for_backward({input, scale});
+    return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::AutoGradMode grad_mode(true);
-    const at::Tensor x = saved[0].detach().requires_grad_(true), s = saved[1].detach().requires_grad_(true);
-    const at::Tensor y =
-        ScaledActivationValue(x, s, ctx->saved_data["alpha"].toDouble(), ctx->saved_data["limit"].toDouble());
-    const auto grads = torch::autograd::grad({y}, {x, s}, {grad_outputs[0]});
-    return {grads[0], grads[1], at::Tensor(), at::Tensor()};
+    TORCH_CHECK(saved.size() == 2, "ScaledExpertActivation: backward of a forward that kept nothing");
+    const double alpha = ctx->saved_data["alpha"].toDouble(), limit = ctx->saved_data["limit"].toDouble();
+    at::Tensor d_input, d_scale;
+    if (limit <= 0 && ScaledSwiGluHalvesFused(saved[0], saved[1])) {
+      const auto grads = ScaledSwiGluHalvesGrads(saved[0], saved[1], grad_outputs[0]);
+      d_input = grads[0];
+      d_scale = grads[1];
+    } else {
+      const at::AutoGradMode grad_mode(true);
+      const at::Tensor x = saved[0].detach().requires_grad_(true), s = saved[1].detach().requires_grad_(true);
+      const at::Tensor y = ScaledActivationValue(x, s, alpha, limit);
+      const auto grads = torch::autograd::grad({y}, {x, s}, {grad_outputs[0]});
+      d_input = grads[0];
+      d_scale = grads[1];
+    }
+    return {d_input,     ctx->saved_data["add"].toBool() ? d_input : at::Tensor(), d_scale, at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -103,12 +126,19 @@ at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::
   return FromPairsFn::apply(rows, extra.defined() ? extra : at::empty({0}, rows.options()), order, inverse, top_k);
 }
 
-at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit) {
+at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit,
+                                  const at::Tensor& add) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
               "ScaledExpertActivation: gate_up must be [rows, 2 n], got ", gate_up.sizes());
   TORCH_CHECK(scale.dim() == 1 && scale.size(0) == gate_up.size(0), "ScaledExpertActivation: scale must be [",
               gate_up.size(0), "], got ", scale.sizes());
-  return ScaledExpertActivationFn::apply(gate_up, scale, alpha, limit);
+  TORCH_CHECK(!add.defined() || (add.sizes() == gate_up.sizes() && add.scalar_type() == gate_up.scalar_type()),
+              "ScaledExpertActivation: add must be gate_up's shape and dtype, got ", add.sizes());
+  const bool keep = at::GradMode::is_enabled() &&
+                    (gate_up.requires_grad() || scale.requires_grad() || (add.defined() && add.requires_grad()));
+  // An undefined tensor is no autograd function's input: none as an empty one.
+  return ScaledExpertActivationFn::apply(gate_up, add.defined() ? add : at::empty({0}, gate_up.options()), scale, alpha,
+                                         limit, keep);
 }
 
 }  // namespace oomb::kernels

@@ -29,13 +29,17 @@ at::Tensor ToPairs(const at::Tensor& x, const at::Tensor& order, const at::Tenso
 at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k,
                      const at::Tensor& extra = at::Tensor());
 
-// The experts' activation over their gate_up product [rows, 2 n], each row scaled by its pair's
-// routing weight scale [rows]: act(gate_up) * scale, cast to gate_up's dtype (the product taken in
-// scale's dtype when wider), [rows, n]. act is SwiGLU over gate_up's halves (SwiGluHalves)
+// The experts' activation over their gate_up product [rows, 2 n] (plus `add`, where defined:
+// gate_up's shape and dtype, the bank's LoRA update, added first as in a separate addition but
+// not written to a pair-wide tensor of its own on the kernels), each row scaled by its pair's
+// routing weight scale [rows]: act(gate_up + add) * scale, cast to gate_up's dtype (the product
+// taken in scale's dtype when wider), [rows, n]. act is SwiGLU over the halves (SwiGluHalves)
 // or, where limit > 0, gpt-oss's clamped SwiGLU (ClampedSwiGlu with alpha and limit). Keeps only
-// gate_up and scale for backward and recomputes act there (the separate ops also keep act).
-// Differentiable in gate_up and scale.
-at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit);
+// the activation's input and scale for backward, and only where a backward may follow, and
+// recomputes act there (the separate ops also keep act); with SwiGLU on a GPU one kernel forward
+// and one backward (layer_ops.h ScaledSwiGluHalves). Differentiable in gate_up, add and scale.
+at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit,
+                                  const at::Tensor& add = at::Tensor());
 
 }  // namespace oomb::kernels
 

@@ -2,9 +2,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
+
+#include "kernels/layer_ops.h"
 
 namespace oomb::kernels {
 
@@ -65,16 +68,63 @@ std::array<at::Tensor, 3> FusedBlockBackward(GpuAttentionKernel kernel, const at
   return {dq, dk.permute({0, 2, 1, 3}), dv.permute({0, 2, 1, 3})};
 }
 
-void MergeFusedBlock(at::Tensor* out, at::Tensor* lse, const at::Tensor& block_out, const at::Tensor& block_lse) {
+namespace {
+
+// The merge of MergeFusedBlock on the AttentionMerge kernel: false where it does not apply (then
+// nothing is written).
+bool MergeOnKernel(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& block_out,
+                   const at::Tensor& block_lse, const at::Tensor& merged, at::ScalarType result, at::Tensor* y) {
+#if defined(OOMB_HAVE_CUDA)
+  const at::ScalarType half = block_out.scalar_type();
+  if (!block_out.is_cuda() || (half != at::kBFloat16 && half != at::kHalf) ||
+      (out.scalar_type() != at::kFloat && out.scalar_type() != half) || (result != at::kFloat && result != half) ||
+      out.sizes() != block_out.sizes() || block_out.dim() != 4 || lse.scalar_type() != at::kFloat ||
+      block_lse.scalar_type() != at::kFloat) {
+    return false;
+  }
+  const at::Tensor a = out.contiguous(), b = block_out.contiguous(), lse_a = lse.contiguous(),
+                   lse_b = block_lse.contiguous();
+  *y = at::empty(b.sizes(), b.options().dtype(result));
+  AttentionMergeParams p;
+  p.a = a.data_ptr();
+  p.b = b.data_ptr();
+  p.lse_a = lse_a.data_ptr<float>();
+  p.lse_b = lse_b.data_ptr<float>();
+  p.lse = merged.data_ptr<float>();
+  p.out = y->data_ptr();
+  p.batch = b.size(0);
+  p.rows = b.size(1);
+  p.heads = b.size(2);
+  p.head_dim = b.size(3);
+  p.a_f32 = a.scalar_type() == at::kFloat;
+  p.out_f32 = result == at::kFloat;
+  p.dtype = half == at::kBFloat16 ? HalfDtype::kBFloat16 : HalfDtype::kFloat16;
+  const c10::cuda::CUDAGuard guard(b.device());
+  const cudaError_t err = LaunchAttentionMerge(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "attention merge kernel: ", cudaGetErrorString(err));
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void MergeFusedBlock(at::Tensor* out, at::Tensor* lse, const at::Tensor& block_out, const at::Tensor& block_lse,
+                     at::ScalarType result) {
   if (!out->defined()) {
-    *out = block_out.to(at::kFloat);
+    *out = block_out.to(result);
     *lse = block_lse;
     return;
   }
-  const at::Tensor merged = at::logaddexp(*lse, block_lse);
-  const at::Tensor w = at::exp(*lse - merged).transpose(1, 2).unsqueeze(-1);  // [B, Cq, H, 1]
-  const at::Tensor w_b = at::exp(block_lse - merged).transpose(1, 2).unsqueeze(-1);
-  *out = *out * w + block_out.to(at::kFloat) * w_b;
+  const at::Tensor merged = at::logaddexp(*lse, block_lse).contiguous();
+  at::Tensor y;
+  if (!MergeOnKernel(*out, *lse, block_out, block_lse, merged, result, &y)) {
+    const at::Tensor w = at::exp(*lse - merged).transpose(1, 2).unsqueeze(-1);  // [B, Cq, H, 1]
+    const at::Tensor w_b = at::exp(block_lse - merged).transpose(1, 2).unsqueeze(-1);
+    y = (out->to(at::kFloat) * w + block_out.to(at::kFloat) * w_b).to(result);
+  }
+  *out = y;
   *lse = merged;
 }
 

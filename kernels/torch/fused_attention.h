@@ -59,9 +59,14 @@ std::array<at::Tensor, 3> FusedBlockBackward(GpuAttentionKernel kernel, const at
                                              const at::Tensor& lse, bool causal, const std::array<at::Tensor, 2>& aux,
                                              double scale, LocalWindow window = {});
 
-// Merges block `b` (out [B, Cq, num_heads, D], lse [B, num_heads, Cq]) into the running
-// float32 output and log-sum-exp of the same shapes (undefined before the first block).
-void MergeFusedBlock(at::Tensor* out, at::Tensor* lse, const at::Tensor& block_out, const at::Tensor& block_lse);
+// Merges block `b` (out [B, Cq, num_heads, D] in q's dtype, lse [B, num_heads, Cq]) into the
+// running output and log-sum-exp of the same shapes (undefined before the first block). The
+// merged output is float32, or `result` where the caller merges its last block and keeps no
+// float32 sum (the first block alone: the block's output in `result`). On a GPU one kernel
+// (kernels/layer_ops.h AttentionMerge), which reads the blocks' outputs in their dtypes; the
+// same values as the composite ops in float32 (the CPU path).
+void MergeFusedBlock(at::Tensor* out, at::Tensor* lse, const at::Tensor& block_out, const at::Tensor& block_lse,
+                     at::ScalarType result = at::kFloat);
 // The same for a block of the first `rows` queries only (a window's past block: the later
 // queries see none of its keys), into running tensors of all queries, in place.
 void MergeFusedRows(at::Tensor& out, at::Tensor& lse, int64_t rows, const at::Tensor& block_out,

@@ -416,6 +416,53 @@ at::Tensor SwiGluHalves(const at::Tensor& gate_up) {
   return SwiGlu(parts[0], parts[1]);
 }
 
+bool ScaledSwiGluHalvesFused(const at::Tensor& gate_up, const at::Tensor& scale, const at::Tensor& add) {
+  if (!Fusable({&gate_up, &scale}) || gate_up.dim() != 2 || gate_up.size(1) % 2 != 0 || gate_up.stride(1) != 1 ||
+      gate_up.size(1) == 0 || scale.dim() != 1 || scale.size(0) != gate_up.size(0) || !scale.is_contiguous()) {
+    return false;
+  }
+  return !add.defined() || (Fusable({&gate_up, &add}) && add.sizes() == gate_up.sizes() && add.is_contiguous() &&
+                            gate_up.is_contiguous());
+}
+
+at::Tensor ScaledSwiGluHalves(const at::Tensor& gate_up, const at::Tensor& scale, const at::Tensor& add,
+                              at::Tensor* sum) {
+  TORCH_CHECK(ScaledSwiGluHalvesFused(gate_up, scale, add), "ScaledSwiGluHalves: gate_up ", gate_up.sizes(), ", scale ",
+              scale.sizes(), " and add ", add.sizes(),
+              " are not the kernels' (one GPU, one half dtype, rows contiguous)");
+  at::Tensor y = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  GluParams p = SwiGluHalvesFn::Params(gate_up, y);
+  p.scale = scale.data_ptr();
+  if (add.defined()) {
+    const int64_t half_bytes = p.cols * static_cast<int64_t>(gate_up.element_size());
+    p.gate_add = add.data_ptr();
+    p.up_add = static_cast<const char*>(add.data_ptr()) + half_bytes;
+    if (sum != nullptr) {
+      *sum = at::empty_like(gate_up);
+      p.gate_sum = sum->data_ptr();
+      p.up_sum = static_cast<char*>(sum->data_ptr()) + half_bytes;
+    }
+  }
+  Run(gate_up, LaunchGluForward, p, "scaled gated activation forward");
+  return y;
+}
+
+std::array<at::Tensor, 2> ScaledSwiGluHalvesGrads(const at::Tensor& gate_up, const at::Tensor& scale,
+                                                  const at::Tensor& dy_in) {
+  TORCH_CHECK(ScaledSwiGluHalvesFused(gate_up, scale) && dy_in.dim() == 2 && dy_in.size(0) == gate_up.size(0) &&
+                  2 * dy_in.size(1) == gate_up.size(1) && dy_in.scalar_type() == gate_up.scalar_type(),
+              "ScaledSwiGluHalvesGrads: gate_up ", gate_up.sizes(), ", scale ", scale.sizes(), " and dy ",
+              dy_in.sizes(), " are not the kernels'");
+  const at::Tensor dy = dy_in.contiguous();
+  at::Tensor d = at::empty_like(gate_up, at::MemoryFormat::Contiguous), d_scale = at::empty_like(scale);
+  GluParams p = SwiGluHalvesFn::Params(gate_up, d);
+  p.dy = dy.data_ptr();
+  p.scale = scale.data_ptr();
+  p.d_scale = d_scale.data_ptr();
+  Run(gate_up, LaunchGluBackward, p, "scaled gated activation backward");
+  return {d, d_scale};
+}
+
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes(), "SwiGlu: gate ", gate.sizes(), " and up ", up.sizes(), " differ");
   if (!Fusable({&gate, &up})) return SwiGluComposite(gate, up);

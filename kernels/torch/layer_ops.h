@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
+
 namespace oomb::kernels {
 
 // Hugging Face's RMSNorm: weight * (x / sqrt(mean(x^2) + eps)) in float32 (float64 for float64
@@ -63,6 +65,20 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up);
 // copies them contiguous first, and autograd joins their two gradients). Keeps gate_up for
 // backward. Differentiable in gate_up.
 at::Tensor SwiGluHalves(const at::Tensor& gate_up);
+
+// SwiGluHalves with each row scaled, r(SwiGluHalves(gate_up) * scale[:, None]) (scale [rows] in
+// gate_up's dtype: a mixture of experts' routing weights), and its gradients from dy [rows, n]:
+// d_gate_up [rows, 2 n] (the composite ops' bit for bit) and d_scale [rows] (their row sums, in
+// another order), each one pass of the gated-activation kernels. With `add` (forward: a LoRA
+// update of gate_up), the activation of gate_up + add (rounded as the composite's addition),
+// the sum written to *sum where sum is given (what the gradients read). Not autograd functions
+// (expert_ops.h ScaledExpertActivation is one); only where ScaledSwiGluHalvesFused: bfloat16 /
+// float16 on one GPU, gate_up's rows contiguous (with `add`: both contiguous).
+bool ScaledSwiGluHalvesFused(const at::Tensor& gate_up, const at::Tensor& scale, const at::Tensor& add = at::Tensor());
+at::Tensor ScaledSwiGluHalves(const at::Tensor& gate_up, const at::Tensor& scale, const at::Tensor& add = at::Tensor(),
+                              at::Tensor* sum = nullptr);
+std::array<at::Tensor, 2> ScaledSwiGluHalvesGrads(const at::Tensor& gate_up, const at::Tensor& scale,
+                                                  const at::Tensor& dy);
 
 // The cross-entropy of each row of logits [rows, vocab] against its label (labels [rows] int64 on
 // logits' device, each in [0, vocab), or negative: ignored, loss 0), float32 [rows] (float64

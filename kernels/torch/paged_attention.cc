@@ -208,7 +208,7 @@ AttentionResult FusedForward(const Geometry& g, const at::Tensor& q, const at::T
                              const at::Tensor& sinks) {
   const std::vector<Segment> blocks = FusedBlocks(g, plan, key_block);
   const at::Tensor q4 = q.unsqueeze(0);
-  AttentionResult r;  // float32 [1, C, Hq, D], [1, Hq, C] while merging
+  AttentionResult r;  // float32 [1, C, Hq, D] (q's dtype after the last block), [1, Hq, C] while merging
   if (plan.window > 0) {
     r.out = at::zeros({1, g.C, g.Hq, g.D}, q.options().dtype(at::kFloat));
     r.lse = at::full({1, g.Hq, g.C}, kNegInf, q.options().dtype(at::kFloat));
@@ -220,7 +220,9 @@ AttentionResult FusedForward(const Geometry& g, const at::Tensor& q, const at::T
                                      /*causal=*/!blocks[i].past, g.scale, seen.window);
     r.aux = b.aux;
     if (seen.rows == g.C) {
-      MergeFusedBlock(&r.out, &r.lse, b.out, b.lse);
+      // The last block without sinks to fold merges straight into q's dtype.
+      const bool last = i + 1 == blocks.size() && !sinks.defined();
+      MergeFusedBlock(&r.out, &r.lse, b.out, b.lse, last ? q.scalar_type() : at::kFloat);
     } else {
       MergeFusedRows(r.out, r.lse, seen.rows, b.out, b.lse);
     }

@@ -183,7 +183,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
     ctx->saved_data["page_tokens"] = page_tokens;
     if (Fused(q, doc_start.cpu())) {  // no wait for a CPU doc_start
       const GpuAttentionKernel fused = FusedKernel(q, kernel);
-      at::Tensor out, lse;  // float32 [1, C, Hq, D], [1, Hq, C]
+      at::Tensor out, lse;  // float32 [1, C, Hq, D] (q's dtype after the chunk's block), [1, Hq, C]
       if (g.n_sel > 0) {
         timeline::Mark("sparse.gather");
         auto [kp, vp] = Gather(g, past.get(), selection, q.options());
@@ -196,7 +196,7 @@ class SparseAttentionFn : public torch::autograd::Function<SparseAttentionFn> {
       const FusedBlock chunk =
           FusedBlockForward(fused, q.unsqueeze(0), ChunkBlock(k), ChunkBlock(v), /*causal=*/true, g.scale);
       timeline::Mark("sparse.merge");
-      MergeFusedBlock(&out, &lse, chunk.out, chunk.lse);
+      MergeFusedBlock(&out, &lse, chunk.out, chunk.lse, sinks.defined() ? at::kFloat : q.scalar_type());
       if (sinks.defined()) {
         out.mul_(FoldSinks(lse, sinks.to(at::kFloat).view({1, g.Hq, 1})).transpose(1, 2).unsqueeze(-1));
       }

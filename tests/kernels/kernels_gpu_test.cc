@@ -1,8 +1,8 @@
 // GPU checks of kernels/ against their CPU references on random inputs (never zeros): the page
 // copy and addition kernels (bit-exact), and the attention over KV pages on CUDA in float32 and bfloat16
-// against dense float64 attention; the fused layer ops (RMSNorm, RoPE, SwiGLU, cross-entropy
-// rows, the experts' pair sums) against their composite ATen forms; the GPU timeline's
-// sections. Skips without a CUDA device.
+// against dense float64 attention; the fused layer ops (RMSNorm, RoPE, SwiGLU and its scaled
+// form, cross-entropy rows, the experts' pair sums, the attention blocks' merge) against their
+// composite ATen forms; the GPU timeline's sections. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -18,6 +18,7 @@
 
 #include "kernels/page_copy.h"
 #include "kernels/torch/expert_ops.h"
+#include "kernels/torch/fused_attention.h"
 #include "kernels/torch/gpu_timeline.h"
 #include "kernels/torch/layer_ops.h"
 #include "kernels/torch/page_ops.h"
@@ -356,6 +357,93 @@ TEST_F(KernelsGpuTest, RopeAndSwiGluEqualTheCompositeOpsBitForBit) {
       const auto halves = OutputAndGrads([](const auto& in) { return kernels::SwiGluHalves(in[0]); }, {gate_up}, dy);
       EXPECT_TRUE(at::equal(halves[0], ref[0])) << "halves " << cols;
       EXPECT_TRUE(at::equal(halves[1], at::cat({ref[1], ref[2]}, 1))) << "halves' gradient " << cols;
+    }
+  }
+}
+
+// The merge of two attention blocks by log-sum-exp (MergeFusedBlock on the AttentionMerge kernel)
+// equals the composite float32 ops bit for bit: a running output in float32 or the blocks' dtype,
+// merged into float32 or that dtype, bfloat16 and float16, head_dim 128 (8 elements a thread) and
+// 12 (one); two blocks' merge and a third's.
+TEST_F(KernelsGpuTest, AttentionMergesEqualTheCompositeOpsBitForBit) {
+  const int64_t B = 2, C = 301, H = 5;
+  const auto cuda = at::device(at::kCUDA);
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dt));
+    for (const int64_t D : {128, 12}) {
+      std::vector<at::Tensor> outs, lses;
+      for (int b = 0; b < 3; ++b) {
+        outs.push_back(at::randn({B, C, H, D}, cuda.dtype(dt)));
+        lses.push_back(at::randn({B, H, C}, cuda.dtype(at::kFloat)) * 4);
+      }
+      const auto composite = [](const at::Tensor& a, const at::Tensor& la, const at::Tensor& b, const at::Tensor& lb,
+                                at::ScalarType result) {
+        const at::Tensor m = at::logaddexp(la, lb);
+        const at::Tensor w = at::exp(la - m).transpose(1, 2).unsqueeze(-1);
+        const at::Tensor w_b = at::exp(lb - m).transpose(1, 2).unsqueeze(-1);
+        return std::make_pair((a.to(at::kFloat) * w + b.to(at::kFloat) * w_b).to(result), m);
+      };
+      for (const at::ScalarType first : {dt, at::kFloat}) {
+        for (const at::ScalarType result : {at::kFloat, dt}) {
+          at::Tensor out, lse;
+          kernels::MergeFusedBlock(&out, &lse, outs[0], lses[0], first);
+          kernels::MergeFusedBlock(&out, &lse, outs[1], lses[1], result);
+          const auto [want, m] = composite(outs[0].to(first), lses[0], outs[1], lses[1], result);
+          EXPECT_EQ(out.scalar_type(), result);
+          EXPECT_TRUE(at::equal(out, want) && at::equal(lse, m)) << D << " " << first << " " << result;
+          if (result != at::kFloat) continue;
+          kernels::MergeFusedBlock(&out, &lse, outs[2], lses[2], dt);
+          const auto [want3, m3] = composite(want, m, outs[2], lses[2], dt);
+          EXPECT_TRUE(at::equal(out, want3) && at::equal(lse, m3)) << "third block " << D << " " << first;
+        }
+      }
+    }
+  }
+}
+
+// The experts' activation scaled by their routing weights (ScaledExpertActivation with SwiGLU) on
+// the scaled gated-activation kernels: the output and gate_up's gradient equal the composite ops'
+// (SwiGluHalves' halves times the scale) bit for bit, the scale's gradient their row sums within a
+// rounding of the dtype; with a LoRA update added in the same pass, as the composite's addition;
+// bfloat16 and float16, 8 elements a thread (768 columns, a warp's several passes over a row) and
+// one (77).
+TEST_F(KernelsGpuTest, ScaledSwiGluEqualsTheCompositeOps) {
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dt));
+    const auto o = at::device(at::kCUDA).dtype(dt);
+    const double eps = dt == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+    for (const int64_t cols : {77, 768}) {
+      const int64_t rows = 1031;
+      const at::Tensor gate_up = at::randn({rows, 2 * cols}, o) * 3, scale = at::rand({rows}, o) + 0.01;
+      const at::Tensor dy = at::randn({rows, cols}, o);
+      const auto fused = OutputAndGrads(
+          [](const auto& in) { return kernels::ScaledExpertActivation(in[0], in[1], 1.0, 0.0); }, {gate_up, scale}, dy);
+      const auto ref = OutputAndGrads(
+          [](const auto& in) {
+            const auto halves = in[0].chunk(2, -1);
+            return kernels::SwiGluComposite(halves[0], halves[1]) * in[1].unsqueeze(-1);
+          },
+          {gate_up, scale}, dy);
+      EXPECT_TRUE(at::equal(fused[0], ref[0])) << "value " << cols;
+      EXPECT_TRUE(at::equal(fused[1], ref[1])) << "gate_up's gradient " << cols;
+      EXPECT_TRUE(at::allclose(fused[2].to(at::kDouble), ref[2].to(at::kDouble), eps, 1e-3)) << "scale's " << cols;
+      // With a LoRA update added in the same pass: as the composite's addition first.
+      const at::Tensor add = at::randn({rows, 2 * cols}, o);
+      const auto fused_add =
+          OutputAndGrads([](const auto& in) { return kernels::ScaledExpertActivation(in[0], in[1], 1.0, 0.0, in[2]); },
+                         {gate_up, scale, add}, dy);
+      const auto ref_add = OutputAndGrads(
+          [](const auto& in) {
+            const auto halves = (in[0] + in[2]).chunk(2, -1);
+            return kernels::SwiGluComposite(halves[0], halves[1]) * in[1].unsqueeze(-1);
+          },
+          {gate_up, scale, add}, dy);
+      EXPECT_TRUE(at::equal(fused_add[0], ref_add[0])) << "value with the update " << cols;
+      EXPECT_TRUE(at::equal(fused_add[1], ref_add[1]) && at::equal(fused_add[3], ref_add[3]))
+          << "gate_up's and the update's gradients " << cols;
+      EXPECT_TRUE(at::allclose(fused_add[2].to(at::kDouble), ref_add[2].to(at::kDouble), eps, 1e-3)) << cols;
+      const at::NoGradGuard no_grad;  // nothing kept, the same value
+      EXPECT_TRUE(at::equal(kernels::ScaledExpertActivation(gate_up, scale, 1.0, 0.0, add), ref_add[0])) << cols;
     }
   }
 }

@@ -1307,9 +1307,9 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   return kernels::FromPairs(out.rows, order, inverse, moe.top_k, out.lora).to(dtype_);
 }
 
-at::Tensor Transformer::ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up,
-                                               const at::Tensor& scale) const {
-  return kernels::ScaledExpertActivation(gate_up, scale, moe.swiglu_alpha, moe.swiglu_limit);
+at::Tensor Transformer::ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up, const at::Tensor& scale,
+                                               const at::Tensor& lora) const {
+  return kernels::ScaledExpertActivation(gate_up, scale, moe.swiglu_alpha, moe.swiglu_limit, lora);
 }
 
 Transformer::PairOutputs Transformer::LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
@@ -1340,7 +1340,11 @@ Transformer::PairOutputs Transformer::GroupedExperts(const DecoderLayer& l, cons
                  : at::Tensor();
   const GroupedBank gate_up(l.gate_up_experts, x.scalar_type(), true),
       down(l.down_experts, x.scalar_type(), LeadsGroup());
-  const at::Tensor act = ScaledExpertActivation(moe, gate_up.Forward(x, offs, experts, at::Tensor()), scale);
+  // Both banks' LoRA updates kept apart from their products: gate_up's added in the
+  // activation's pass, down's in the pairs' sum.
+  at::Tensor gate_up_lora;
+  const at::Tensor gate_up_product = gate_up.Forward(x, offs, experts, at::Tensor(), &gate_up_lora);
+  const at::Tensor act = ScaledExpertActivation(moe, gate_up_product, scale, gate_up_lora);
   PairOutputs out;
   out.rows = down.Forward(act, offs, experts, scale, &out.lora);
   return out;

@@ -354,8 +354,10 @@ class Transformer {
   PairOutputs GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
                              const at::Tensor& scale) const;
   // The experts' activation over their gate_up product (SwiGLU, or gpt-oss's clamped one), each
-  // row times its pair's routing weight scale.
-  at::Tensor ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up, const at::Tensor& scale) const;
+  // row times its pair's routing weight scale; `lora`, where defined, the bank's LoRA update of
+  // the product, added in the activation's pass.
+  at::Tensor ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up, const at::Tensor& scale,
+                                    const at::Tensor& lora = at::Tensor()) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [rotary_dim / 2], float32 (float64)
   // RoPE over the first rotary_dim features of each head of x [C, heads, head_dim].

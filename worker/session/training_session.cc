@@ -1,10 +1,11 @@
 #include "worker/session/training_session.h"
 
-#include <torch/nn/utils/clip_grad.h>
+#include <ATen/ATen.h>
 
 #include <chrono>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #if defined(OOMB_HAVE_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -16,6 +17,7 @@
 #include "worker/common/status.h"
 #include "worker/kv/copy_engine.h"
 #include "worker/metrics/flops.h"
+#include "worker/train/fused_adamw.h"
 #include "worker/train/torch_status.h"
 
 namespace oomb {
@@ -120,7 +122,7 @@ absl::Status TrainingSession::Init() {
   adam.betas({job_.training.beta1, job_.training.beta2});
   adam.eps(job_.training.eps);
   adam.weight_decay(job_.training.weight_decay);
-  optimizer_ = std::make_unique<torch::optim::AdamW>(params_, adam);
+  optimizer_ = std::make_unique<FusedAdamW>(params_, adam);
 
   // KV and KV-gradient pages for the longest sequence (plus one straddling page a layer),
   // placed by the memory planner: what fits on the device, the rest in the host tier.
@@ -248,7 +250,15 @@ void TrainingSession::ClipGradients(double max_norm) {
   const kernels::Collectives* group = model_->tensor_parallel();
   if (params_.empty()) return;
   if (group == nullptr) {
-    torch::nn::utils::clip_grad_norm_(params_, max_norm);
+    // clip_grad_norm_'s values as PyTorch's foreach path computes them: two multi-tensor kernels
+    // and no wait for the device (LibTorch's runs two kernels per parameter and reads the norm).
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : params_) {
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
+    if (grads.empty()) return;
+    const at::Tensor norm = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
+    at::_foreach_mul_(grads, at::clamp_max(max_norm / (norm + 1e-6), 1.0));
     return;
   }
   // As clip_grad_norm_: the coefficient max_norm / (norm + 1e-6), applied where it is below 1.
