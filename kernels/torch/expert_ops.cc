@@ -97,8 +97,8 @@ class ScaledExpertActivationFn : public torch::autograd::Function<ScaledExpertAc
       d_input = grads[0];
       d_scale = grads[1];
     }
-    return {d_input,     ctx->saved_data["add"].toBool() ? d_input : at::Tensor(), d_scale, at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    const at::Tensor d_add = ctx->saved_data["add"].toBool() ? d_input : at::Tensor();
+    return {d_input, d_add, d_scale, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

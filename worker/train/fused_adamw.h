@@ -1,7 +1,7 @@
 // AdamW whose step updates every parameter of a group in one multi-tensor kernel
 // (at::_fused_adamw_, what PyTorch's AdamW(fused=True) runs; on the CPU and on GPUs) instead of
 // LibTorch's torch::optim::AdamW, which runs about ten kernels per parameter, each a pass over
-// it: a mixture-of-experts adapter has 576 tensors of 0.63 billion values in Qwen3-30B-A3B. The
+// it (a mixture-of-experts adapter has hundreds of tensors, one pair per bank and layer). The
 // state is AdamW's own (AdamWParamState: step, exp_avg, exp_avg_sq), so checkpoints,
 // sharded_state.h and whatever holds a torch::optim::AdamW& see no difference. The update is
 // AdamW's in the parameters' dtype with the kernel's own operation order: LibTorch's within
