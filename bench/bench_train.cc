@@ -33,6 +33,8 @@
 // check's float32 reference keeps float32 pages).
 // --swap on | off: memory.swap_attention (worker/train/attention_swap.h); the line carries the
 // bytes and chunks the step swapped and the plan's ("planned_swap_bytes", "planned_swap_chunks").
+// Every line also says in how many sparse layers the plan recomputes the experts' gate_up
+// product ("planned_expert_recompute_layers", MemoryPlan::expert_recompute_layers).
 // --kv-offload none | auto | host: where the pages go, as the job spec's memory.kv_offload, placed
 // by the memory planner for this machine (device and host memory). The line then carries the
 // pages on each tier, the pinned host bytes, the bytes the copy engine moved each way in the
@@ -329,6 +331,7 @@ int PrintPlans(const std::string& model, const ModelConfig& c, const BenchSpec& 
                                 {"chunk", plan->chunk_tokens},
                                 {"planned_kv_grad_dtype", KvGradDtypeName(plan->kv_grad_dtype)},
                                 {"planned_swap_chunks", plan->swap_chunks},
+                                {"planned_expert_recompute_layers", plan->expert_recompute_layers},
                                 {"planned_peak_bytes", plan->peak_device_bytes},
                                 {"planned_host_bytes", plan->peak_host_bytes},
                                 {"kv_bytes_per_token", plan->kv_bytes_per_token},
@@ -494,6 +497,7 @@ void AddPlan(const MemoryPlan& plan, at::Device d, nlohmann::json& r) {
   r["planned_kv_grad_dtype"] = KvGradDtypeName(plan.kv_grad_dtype);
   r["planned_swap_bytes"] = plan.swap_bytes;
   r["planned_swap_chunks"] = plan.swap_chunks;
+  r["planned_expert_recompute_layers"] = plan.expert_recompute_layers;
 }
 
 // --estimate: EstimateJob's step time for this step (worker/plan/step_time.h) beside the measured one.

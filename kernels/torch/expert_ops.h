@@ -41,6 +41,32 @@ at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::
 at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit,
                                   const at::Tensor& add = at::Tensor());
 
+// One expert bank's operands as GroupedMatmul takes them (kernels/torch/matmul.h: each expert's
+// matrix column-major): weight W_e^T [E, in, out] and, with LoRA, a = A_e^T [E, in, r] and
+// b = (B_e alpha / r)^T [E, r, out] (both undefined without an adapter).
+struct GroupedBankOperands {
+  at::Tensor weight, a, b;
+};
+
+// A mixture of experts' MLP over its tokens y [C, hidden] on grouped products, without biases
+// and with the experts' weights frozen (LoRA): each token's sum over its top_k pairs of
+//   d(act(g(x)) * scale),   g(x) = x Wg + (x Ag) Bg,   d(h) = h Wd + (h Ad) Bd,
+// x the pair's token's row, scale [C k] each sorted pair's routing weight, offs [E] int32 the
+// experts' groups' ends in the sorted pairs, act as in ScaledExpertActivation (alpha, limit):
+// the values of FromPairs over the separate functions and GroupedMatmul, in one autograd function
+// that keeps of the pairs only the activation's input ([C k, 2 n]) and the LoRA intermediates
+// ([C k, r]), where the separate functions also keep every pair's input row (LoRA A's input) and
+// activation (down's LoRA A's input): backward gathers the rows from y again and recomputes the
+// activation, and sums the pairs' two input gradients (through Wg and through Ag) into their
+// tokens in one pass (PairSum's two sources) rather than adding them pair-wide first. With
+// recompute_gate_up it keeps not even the activation's input: backward recomputes gate_up's
+// product (one grouped product more) from the rows it gathers anyway. Differentiable in y, scale
+// and the LoRA factors.
+at::Tensor GroupedExpertMlp(const at::Tensor& y, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k,
+                            const at::Tensor& offs, const at::Tensor& scale, const GroupedBankOperands& gate_up,
+                            const GroupedBankOperands& down, double alpha, double limit,
+                            bool recompute_gate_up = false);
+
 }  // namespace oomb::kernels
 
 #endif  // OOMB_KERNELS_TORCH_EXPERT_OPS_H_

@@ -1,5 +1,5 @@
 // Gemma's RMSNorm and GELU-tanh gate, the gated activation with the LoRA down projection, and a
-// mixture of experts' pair permutations and scaled activation, as autograd functions that keep
+// mixture of experts' pair permutations, scaled activation and whole MLP, as autograd functions that keep
 // less for backward (kernels/torch/layer_ops.h, kernels/torch/expert_ops.h) against the
 // composite ATen ops they replace: the same forward values bit for bit, and the same gradients
 // (float64: 1e-12 relative; float32 and bfloat16 inputs: as close as the composite ops are to
@@ -7,6 +7,7 @@
 #include "kernels/torch/layer_ops.h"
 
 #include "kernels/torch/expert_ops.h"
+#include "kernels/torch/matmul.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
@@ -50,6 +51,21 @@ Result OutputAndGrads(const std::function<at::Tensor(const std::vector<at::Tenso
   r.out.backward(dy.to(r.out.scalar_type()));
   for (const at::Tensor& t : in) r.grads.push_back(t.grad());
   return r;
+}
+
+// What f's graph keeps, run on leaves cloned from `inputs`: the bytes allocated in forward and
+// alive after it, less the output.
+int64_t KeptBytes(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
+                  const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& t : inputs) leaves.push_back(t.detach().clone().requires_grad_(true));
+  auto live = std::make_shared<LiveBytes>();
+  at::Tensor out;
+  {
+    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, live);
+    out = f(leaves);
+  }
+  return live->bytes() - Bytes(out);
 }
 
 double RelativeError(const at::Tensor& got, const at::Tensor& want) {
@@ -287,6 +303,88 @@ TEST(LayerOpsTest, ScaledExpertActivationEqualsTheSeparateOpsAndKeepsLess) {
   });
   EXPECT_EQ(kept([](const std::vector<at::Tensor>& in) { return ScaledExpertActivation(in[0], in[1], 0, 0); }), 0);
   EXPECT_GE(separate, rows * n * 4);
+}
+
+// A mixture of experts' MLP in one function (GroupedExpertMlp) against the separate functions it
+// replaces (ToPairs, GroupedMatmul, ScaledExpertActivation, FromPairs), float32 on the CPU's
+// grouped loop, with LoRA on both banks, on either and on none, SwiGLU and the clamped one, an
+// expert with no pairs: the same values bit for bit, gradients of the tokens, the routing
+// weights and the LoRA factors within 1e-5, and of the pairs keeping only the activation's input
+// and the rank-wide LoRA intermediates, where the separate functions also keep each pair's input
+// row and activation; recomputing the gate_up product, the intermediates alone.
+TEST(LayerOpsTest, GroupedExpertMlpEqualsTheSeparateFunctionsAndKeepsLess) {
+  at::manual_seed(8);
+  const int64_t tokens = 10, top_k = 2, hidden = 32, n = 16, rank = 4, experts = 4, pairs = tokens * top_k;
+  // Expert 2 gets no pair.
+  const at::Tensor routed = at::tensor({0, 1, 3}, at::kLong).index_select(0, at::randint(3, {pairs}, at::kLong));
+  const at::Tensor order = at::argsort(routed, /*stable=*/true);
+  const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(pairs, at::kLong));
+  const at::Tensor offs = at::bincount(routed, {}, experts).cumsum(0).to(at::kInt);
+  const at::Tensor y = at::randn({tokens, hidden}), scale = at::rand({pairs}), dy = at::randn({tokens, hidden});
+  // Each expert's matrix column-major, as GroupedBankOperands holds it.
+  const auto bank = [&](int64_t in, int64_t out, double s) {
+    return (at::randn({experts, out, in}) * s).transpose(1, 2);
+  };
+  const at::Tensor gate_up_w = bank(hidden, 2 * n, 0.3), down_w = bank(n, hidden, 0.3);
+  const at::Tensor gate_up_a = bank(hidden, rank, 0.3), gate_up_b = bank(rank, 2 * n, 0.3);
+  const at::Tensor down_a = bank(n, rank, 0.3), down_b = bank(rank, hidden, 0.3);
+  for (const double limit : {0.0, 1.5}) {
+    for (const bool gate_up_lora : {true, false}) {
+      for (const bool down_lora : {true, false}) {
+        SCOPED_TRACE(testing::Message() << "limit " << limit << " gate_up LoRA " << gate_up_lora << " down LoRA "
+                                        << down_lora);
+        // in: y, scale, gate_up's a and b, down's a and b.
+        const auto separate = [&](const std::vector<at::Tensor>& in) {
+          const at::Tensor x = ToPairs(in[0], order, inverse, top_k);
+          const at::Tensor add =
+              gate_up_lora ? GroupedMatmul(GroupedMatmul(x, in[2], offs), in[3], offs) : at::Tensor();
+          const at::Tensor act = ScaledExpertActivation(GroupedMatmul(x, gate_up_w, offs), in[1], 1.702, limit, add);
+          const at::Tensor extra =
+              down_lora ? GroupedMatmul(GroupedMatmul(act, in[4], offs), in[5], offs) : at::Tensor();
+          return FromPairs(GroupedMatmul(act, down_w, offs), order, inverse, top_k, extra);
+        };
+        const auto fused_with = [&](bool recompute, const std::vector<at::Tensor>& in) {
+          const GroupedBankOperands g{
+              .weight = gate_up_w, .a = gate_up_lora ? in[2] : at::Tensor(), .b = gate_up_lora ? in[3] : at::Tensor()};
+          const GroupedBankOperands d{
+              .weight = down_w, .a = down_lora ? in[4] : at::Tensor(), .b = down_lora ? in[5] : at::Tensor()};
+          return GroupedExpertMlp(in[0], order, inverse, top_k, offs, in[1], g, d, 1.702, limit, recompute);
+        };
+        const auto fused = [&](const std::vector<at::Tensor>& in) { return fused_with(false, in); };
+        const auto recomputing = [&](const std::vector<at::Tensor>& in) { return fused_with(true, in); };
+        const std::vector<at::Tensor> in = {y, scale, gate_up_a, gate_up_b, down_a, down_b};
+        const Result want = OutputAndGrads(separate, in, dy);
+        for (const bool recompute : {false, true}) {
+          const Result got = OutputAndGrads([&](const auto& v) { return fused_with(recompute, v); }, in, dy);
+          EXPECT_TRUE(at::equal(got.out, want.out)) << "recompute " << recompute;
+          for (size_t i = 0; i < in.size(); ++i) {
+            const bool used = i < 2 || (i < 4 ? gate_up_lora : down_lora);
+            ASSERT_EQ(got.grads[i].defined(), used) << "input " << i;
+            if (used) {
+              EXPECT_LE(RelativeError(got.grads[i], want.grads[i]), 1e-5)
+                  << "input " << i << " recompute " << recompute;
+            }
+          }
+        }
+        const auto kept = [&](const auto& f) { return KeptBytes(f, in); };
+        const int64_t intermediates = ((gate_up_lora ? 1 : 0) + (down_lora ? 1 : 0)) * pairs * rank * 4;
+        const int64_t fused_kept = kept(fused);
+        EXPECT_LE(fused_kept, pairs * 2 * n * 4 + intermediates + 1024);  // + the empty placeholders
+        EXPECT_LE(kept(recomputing), intermediates + 1024);
+        EXPECT_GE(fused_kept - kept(recomputing), pairs * 2 * n * 4);
+        if (gate_up_lora && down_lora) {
+          EXPECT_GE(kept(separate) - fused_kept, pairs * (hidden + n) * 4);
+        }
+      }
+    }
+  }
+  const GroupedBankOperands frozen_gate_up{.weight = gate_up_w, .a = at::Tensor(), .b = at::Tensor()},
+      frozen_down{.weight = down_w, .a = at::Tensor(), .b = at::Tensor()},
+      half{.weight = gate_up_w, .a = gate_up_a, .b = at::Tensor()};
+  EXPECT_THROW(
+      GroupedExpertMlp(y, order, inverse, top_k, offs, scale.narrow(0, 0, 5), frozen_gate_up, frozen_down, 0, 0),
+      c10::Error);
+  EXPECT_THROW(GroupedExpertMlp(y, order, inverse, top_k, offs, scale, half, frozen_down, 0, 0), c10::Error);
 }
 
 }  // namespace

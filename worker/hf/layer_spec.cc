@@ -181,7 +181,7 @@ int64_t NormBytesPerToken(const ModelConfig& c, const Execution& x) {
 
 }  // namespace
 
-int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) const {
+int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x, bool gate_up_recomputed) const {
   const int64_t Q = c.q_dim(), KV = c.kv_dim(), e = x.elem_bytes;
   // A norm's output counts as the input the product it feeds keeps; the norms of a branch's
   // output (Gemma 3's post-attention and post-MLP norms) feed the residual sum, which keeps
@@ -206,9 +206,11 @@ int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) 
   if (moe.has_value()) {
     const int64_t k = moe->top_k, H = moe->hidden;
     bytes += kF32 * moe->experts + kF32 + k * (kF32 + 3 * kI64);
-    // Each pair's input row (LoRA A's input), its gate_up product (the scaled activation's input)
-    // and its scaled activation (the down bank's LoRA A's input).
-    bytes += k * (e * (H + 3 * moe->intermediate) + kF32);
+    // Each pair's gate_up product (the scaled activation's input) and, but in GroupedExpertMlp,
+    // its input row (LoRA A's input) and scaled activation (the down bank's LoRA A's input).
+    const bool one_function = x.grouped_experts && x.lora_rank > 0 && !moe->biases;
+    const int64_t product = one_function && gate_up_recomputed ? 0 : 2 * moe->intermediate;
+    bytes += k * (e * (product + (one_function ? 0 : H + moe->intermediate)) + kF32);
     for (const auto& [bank, factor] : AdaptedExperts(x.lora_expert_targets)) bytes += k * e * x.lora_rank * factor;
     return bytes;
   }
@@ -216,8 +218,11 @@ int64_t LayerSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) 
 }
 
 int64_t ModelSpec::SavedBytesPerToken(const ModelConfig& c, const Execution& x) const {
-  int64_t per_token = NormBytesPerToken(c, x);
-  for (const LayerSpec& layer : layers) per_token += layer.SavedBytesPerToken(c, x);
+  int64_t per_token = NormBytesPerToken(c, x), sparse = 0;
+  for (const LayerSpec& layer : layers) {
+    per_token += layer.SavedBytesPerToken(c, x, layer.moe.has_value() && sparse < x.expert_recompute_layers);
+    if (layer.moe.has_value()) ++sparse;
+  }
   return per_token;
 }
 

@@ -110,6 +110,13 @@ struct Execution {
   int64_t elem_bytes = 2;
   bool fused_kernels = false;
   bool fused_norms = false;
+  // A mixture of experts' MLP on grouped products (ExpertKernel::kGrouped, which kAuto takes on
+  // a GPU of compute capability 9.0 or more): with LoRA and without biases one autograd function
+  // (kernels/torch/expert_ops.h GroupedExpertMlp).
+  bool grouped_experts = false;
+  // Of those layers, how many (the first) recompute the experts' gate_up product in backward
+  // (Transformer::set_expert_recompute_layers).
+  int64_t expert_recompute_layers = 0;
   int64_t lora_rank = 0;  // 0: no LoRA (full fine-tuning)
   double lora_dropout = 0;
   std::vector<std::string> lora_targets;              // ResolveLoraTargets' names
@@ -169,11 +176,12 @@ struct LayerSpec {
   //   activation is recomputed in backward (kernels::GluDownLora).
   // A mixture of experts instead of the MLP, on every path: the router's float32 probabilities
   // (E per token) and the top_k weights' sum, per (token, expert) pair its top-k weight before
-  // and after renormalising, its index, position in the expert order and token (int64), the
-  // expert's input (hidden), its SwiGLU (the MLP's count, above, of intermediate), its output
-  // (hidden) and its weight; LoRA on a bank, the rank-r intermediate (times its rank factor)
-  // per pair.
-  int64_t SavedBytesPerToken(const ModelConfig& c, const Execution& x) const;
+  // and after renormalising, its index, position in the expert order and token (int64), its
+  // gate_up product (the activation's input) and its weight; LoRA on a bank, the rank-r
+  // intermediate (times its rank factor) per pair; and but in GroupedExpertMlp (grouped_experts,
+  // LoRA, no biases), which gathers them again and recomputes it, each pair's input row (hidden)
+  // and its activation (intermediate); there, with gate_up_recomputed, not the product either.
+  int64_t SavedBytesPerToken(const ModelConfig& c, const Execution& x, bool gate_up_recomputed = false) const;
 };
 
 struct ModelSpec {

@@ -557,6 +557,7 @@ std::unique_ptr<Transformer> Transformer::Whole(bool trainable_only) const {
   m->lora_ = lora_;
   m->full_ = full_;
   m->expert_kernel_ = expert_kernel_;
+  m->expert_recompute_layers_ = expert_recompute_layers_;
   return m;
 }
 
@@ -1180,7 +1181,11 @@ at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& input) const {
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
   const at::Tensor y = EnterShards(input);
-  if (spec.moe.has_value()) return SumShards(Experts(l, *spec.moe, y, cursor.balance));
+  if (spec.moe.has_value()) {
+    const auto sparse_before = std::count_if(spec_.layers.begin(), spec_.layers.begin() + cursor.layer,
+                                             [](const LayerSpec& s) { return s.moe.has_value(); });
+    return SumShards(Experts(l, *spec.moe, sparse_before, y, cursor.balance));
+  }
   at::Tensor gate, up;
   if (spec.fused_projections) {  // gate's rows first
     const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
@@ -1274,12 +1279,13 @@ struct GroupedBank {
                                 .scatter(1, experts.unsqueeze(1), bias_scale.to(bias.scalar_type()).unsqueeze(1));
     return kernels::Matmul(pick, bias);
   }
+  kernels::GroupedBankOperands Operands() const { return {.weight = weight, .a = a, .b = b}; }
   at::Tensor weight, bias, a, b;
 };
 
 }  // namespace
 
-at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y,
+at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, int64_t sparse_layer, const at::Tensor& y,
                                 RouterBalance* balance) const {
   // Routing, as transformers': softmax of the router's logits in float32, the top_k, renormalised.
   const at::Tensor logits = kernels::Linear(
@@ -1297,11 +1303,21 @@ at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, const
   if (balance != nullptr) balance->Add(LeadsGroup() ? probs : probs.detach(), counts);
   const at::Tensor order = at::argsort(flat, /*stable=*/true);
   const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
-  const at::Tensor x = kernels::ToPairs(y, order, inverse, moe.top_k);
   // Each pair's routing weight scales its activation, before the (linear) down projection: the
   // pairs' outputs are then summed per token as they are, and no hidden-wide output is kept for
   // the weights' gradient.
   const at::Tensor scale = weights.reshape(-1).index_select(0, order);
+  // Grouped products over frozen banks without biases (LoRA's common case): one autograd function
+  // that keeps of the pairs only the activation's input; else the separate functions.
+  const bool frozen = !l.gate_up_experts.weight.requires_grad() && !l.down_experts.weight.requires_grad();
+  if (expert_kernel() == ExpertKernel::kGrouped && frozen && !moe.biases) {
+    const at::Tensor offs = counts.cumsum(0).to(at::kInt);
+    const GroupedBank gate_up(l.gate_up_experts, y.scalar_type(), false), down(l.down_experts, y.scalar_type(), false);
+    return kernels::GroupedExpertMlp(y, order, inverse, moe.top_k, offs, scale, gate_up.Operands(), down.Operands(),
+                                     moe.swiglu_alpha, moe.swiglu_limit, sparse_layer < expert_recompute_layers_)
+        .to(dtype_);
+  }
+  const at::Tensor x = kernels::ToPairs(y, order, inverse, moe.top_k);
   const PairOutputs out = expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, moe, x, counts, scale)
                                                                     : LoopExperts(l, moe, x, counts, scale);
   return kernels::FromPairs(out.rows, order, inverse, moe.top_k, out.lora).to(dtype_);

@@ -241,6 +241,10 @@ class Transformer {
   void set_expert_kernel(ExpertKernel kernel) { expert_kernel_ = kernel; }
   // What the sparse layers run now: kLoop or kGrouped.
   ExpertKernel expert_kernel() const;
+  // In the first n sparse layers that run kernels::GroupedExpertMlp (grouped, frozen banks
+  // without biases), backward recomputes the experts' gate_up product rather than keeping it (the
+  // memory plan's MemoryPlan::expert_recompute_layers; default 0).
+  void set_expert_recompute_layers(int64_t n) { expert_recompute_layers_ = n; }
 
   // Full fine-tuning: every base weight trains (and no LoRA). Requires no adapters.
   void EnableFullFineTuning();
@@ -341,7 +345,9 @@ class Transformer {
   at::Tensor SumShards(const at::Tensor& x) const;
   // The MLP of layer cursor.layer over its input norm's output y [C, hidden]: dense or of experts.
   at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
-  at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& y, RouterBalance* balance) const;
+  // sparse_layer: how many sparse layers come before this one.
+  at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, int64_t sparse_layer, const at::Tensor& y,
+                     RouterBalance* balance) const;
   // The experts' MLPs over the pairs x [M, hidden] sorted by expert, `counts` [E] of each, each
   // pair's output times its routing weight scale [M] (ExpertKernel's two ways): `rows`, and where
   // the down projection's LoRA update is kept apart (the grouped way's: FromPairs adds it in its
@@ -421,6 +427,7 @@ class Transformer {
   std::optional<LoraOptions> lora_;
   bool full_ = false;
   ExpertKernel expert_kernel_ = ExpertKernel::kAuto;
+  int64_t expert_recompute_layers_ = 0;
   const kernels::Collectives* tp_ = nullptr;  // Shard's group
   int64_t vocab_begin_ = 0;                   // this rank's first row of the vocabulary
 };

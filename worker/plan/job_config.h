@@ -100,6 +100,9 @@ struct JobConfig {
     // Stage 1 keeps the latest chunks' attention results on the host for stage 2 (dense exact
     // training; worker/train/attention_swap.h), within what the planner leaves of the host.
     bool swap_attention = true;
+    // Not a spec field: what memory.chunk_tokens auto chooses with its chunk (PlanMemory's
+    // MemoryPlan::expert_recompute_layers, which the training session applies).
+    int64_t expert_recompute_layers = 0;
   } memory;
 
   // Sparse attention when set (attention.mode: sparse), dense otherwise.

@@ -49,6 +49,10 @@ class Model {
     e_ = job.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
     exec_.elem_bytes = e_;
     exec_.fused_kernels = cuda && e_ == 2;
+    // ExpertKernel::kAuto's choice on a Hopper GPU, the kind the plan's GPU is taken to be (an
+    // older one runs the loop, which keeps each pair's input row and activation besides).
+    exec_.grouped_experts = exec_.fused_kernels;
+    exec_.expert_recompute_layers = job.memory.expert_recompute_layers;
     exec_.fused_norms =
         job.method.type != TrainMethod::kFull && (layers_.norm == NormKind::kRmsOnePlusWeight || exec_.fused_kernels);
     // evaluate is planned as the LoRA job of method.lora's shape: it runs the same chunks, and
@@ -80,6 +84,21 @@ class Model {
 
   int64_t weights() const { return weights_; }
   int64_t trainable() const { return trainable_; }
+
+  // The sparse layers whose gate_up product backward can recompute (GroupedExpertMlp: grouped
+  // products, LoRA, no biases; LayerSpec::SavedBytesPerToken), and what recomputing it in one of
+  // them saves of a chunk of C tokens (bytes) and costs over T tokens (FLOPs).
+  int64_t RecomputableLayers() const {
+    if (!exec_.grouped_experts || exec_.lora_rank == 0) return 0;
+    return std::count_if(layers_.layers.begin(), layers_.layers.end(),
+                         [](const LayerSpec& l) { return l.moe.has_value() && !l.moe->biases; });
+  }
+  int64_t GateUpBytes(int64_t C) const { return C * c_.moe.top_k * 2 * c_.moe.intermediate * e_; }
+  double GateUpFlops(int64_t T) const {
+    return 2.0 * static_cast<double>(T) * c_.moe.top_k * c_.hidden_size * 2 * c_.moe.intermediate;
+  }
+  // The forward's FLOPs over T tokens (a third of training's).
+  double ForwardFlops(int64_t T) const { return layers_.TrainingFlops(c_, T) / 3; }
 
   // KV pages (model.dtype) for a sequence of T tokens: the executor's pools, on the device and
   // the host together, for the PagedTokens; sliding-window layers hold only the pages later
@@ -445,19 +464,43 @@ int64_t LongestThatFits(const Model& m, const JobConfig& job, bool cuda, int64_t
 }
 
 // memory.chunk_tokens auto: the first of AutoChunkCandidates whose plan fits with a sixteenth of
-// the device to spare (the smallest when none does; its plan then says what does not fit).
+// the device to spare (the smallest when none does; its plan then says what does not fit), with
+// *recompute_layers the sparse layers that recompute their experts' gate_up product for it.
 absl::StatusOr<int64_t> ChooseChunkTokens(const ModelConfig& config, const JobConfig& job, const PlanTarget& target,
-                                          std::string* why) {
+                                          std::string* why, int64_t* recompute_layers) {
   const std::vector<int64_t> candidates = AutoChunkCandidates(job.memory.page_tokens);
   const int64_t capacity = std::max<int64_t>(0, target.device_bytes - kDeviceReserveBytes);
+  const int64_t limit = capacity - capacity / kAutoMarginDivisor, T = job.data.max_seq_len;
+  *recompute_layers = 0;
   for (const int64_t c : candidates) {
     JobConfig trial = job;
     trial.memory.chunk_tokens = c;
-    OOMB_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(config, trial, target));
-    if (plan.fits && plan.peak_device_bytes <= capacity - capacity / kAutoMarginDivisor) {
+    trial.memory.expert_recompute_layers = 0;
+    OOMB_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config, trial, target));
+    // A mixture of experts: the gate_up products recomputed in as many sparse layers as bring the
+    // peak within the margin, where they cost fewer FLOPs than the stage-1 forward of the tokens
+    // the next smaller chunk would add to stage 1 (all but the last chunk run there).
+    const Model m(config, trial, target.device != "cpu");
+    const int64_t C = std::min(T, c), stage1_added = c / 2 * (CeilDiv(T, c / 2) - 1) - C * (CeilDiv(T, C) - 1);
+    while (plan.fits && plan.peak_device_bytes > limit && m.GateUpBytes(C) > 0 &&
+           trial.memory.expert_recompute_layers < m.RecomputableLayers()) {
+      const int64_t n =
+          std::max(trial.memory.expert_recompute_layers + 1, CeilDiv(plan.peak_device_bytes - limit, m.GateUpBytes(C)));
+      if (n > m.RecomputableLayers() || n * m.GateUpFlops(T) >= m.ForwardFlops(stage1_added)) break;
+      trial.memory.expert_recompute_layers = n;
+      OOMB_ASSIGN_OR_RETURN(plan, PlanMemory(config, trial, target));
+    }
+    if (plan.fits && plan.peak_device_bytes <= limit) {
       *why = absl::StrCat("memory.chunk_tokens auto: ", c, ", the largest of ", absl::StrJoin(candidates, ", "),
-                          " whose plan leaves a sixteenth of ", target.device, " free at ", job.data.max_seq_len,
+                          " whose plan leaves a sixteenth of ", target.device, " free at ", T,
                           " tokens (larger chunks run faster: fewer, larger matmuls and less of stage 1)");
+      if (trial.memory.expert_recompute_layers > 0) {
+        absl::StrAppend(why, ", with the experts' gate_up products recomputed in backward in ",
+                        trial.memory.expert_recompute_layers, " of ", m.RecomputableLayers(),
+                        " sparse layers (fewer FLOPs than the stage-1 forward of the ", stage1_added,
+                        " tokens chunks of ", c / 2, " would add)");
+      }
+      *recompute_layers = trial.memory.expert_recompute_layers;
       return c;
     }
   }
@@ -527,7 +570,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   JobConfig job = requested;
   std::string chunk_choice;
   if (job.memory.chunk_tokens <= 0) {
-    OOMB_ASSIGN_OR_RETURN(job.memory.chunk_tokens, ChooseChunkTokens(config, job, target, &chunk_choice));
+    OOMB_ASSIGN_OR_RETURN(job.memory.chunk_tokens,
+                          ChooseChunkTokens(config, job, target, &chunk_choice, &job.memory.expert_recompute_layers));
   }
   const bool cuda = target.device != "cpu";
   OOMB_RETURN_IF_ERROR(CheckJobAgainstModel(config, job));
@@ -538,6 +582,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   plan.seq_len = job.data.max_seq_len;
   plan.chunk_tokens = job.memory.chunk_tokens;
   plan.kv_grad_dtype = job.memory.kv_grad_dtype;
+  plan.expert_recompute_layers = job.memory.expert_recompute_layers;
   plan.choices = job.choices;
   if (!chunk_choice.empty()) plan.choices.push_back(chunk_choice);
   plan.weights_bytes = m.weights();
@@ -579,6 +624,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
     for (const int64_t c : AutoChunkCandidates(job.memory.page_tokens)) {
       JobConfig trial = job;
       trial.memory.chunk_tokens = c;
+      trial.memory.expert_recompute_layers = 0;
       plan.max_seq_len_that_fits =
           std::max(plan.max_seq_len_that_fits, LongestThatFits(Model(config, trial, cuda), trial, cuda,
                                                                plan.device_capacity_bytes, plan.host_capacity_bytes));

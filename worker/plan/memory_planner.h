@@ -114,6 +114,11 @@ struct MemoryPlan {
   int64_t swap_bytes = 0;
   int64_t swap_chunks = 0;
   int64_t swap_min_key_tokens = 0;
+  // Of a mixture of experts' sparse layers on grouped products with LoRA, how many (the first)
+  // recompute the experts' gate_up product in backward rather than keep it
+  // (Transformer::set_expert_recompute_layers): what lets memory.chunk_tokens auto take a larger
+  // chunk, where the products cost fewer FLOPs than the stage-1 forward the larger chunk saves.
+  int64_t expert_recompute_layers = 0;
   // What the plan chose where the spec leaves it the choice, and why, one line each (oomb
   // estimate prints them).
   std::vector<std::string> choices;

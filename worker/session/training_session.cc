@@ -133,6 +133,7 @@ absl::Status TrainingSession::Init() {
   OOMB_ASSIGN_OR_RETURN(plan_, PlanMemory(c, planned, options_.machine));
   job_.memory.chunk_tokens = plan_.chunk_tokens;
   job_.memory.kv_grad_dtype = plan_.kv_grad_dtype;
+  model_->set_expert_recompute_layers(plan_.expert_recompute_layers);
   const at::ScalarType dtype = model_->dtype();
   OOMB_ASSIGN_OR_RETURN(pools_, MakeKvPools({model_->local_kv_heads(), job_.memory.page_tokens, c.head_dim}, dtype,
                                             GradPageDtype(plan_.kv_grad_dtype == KvGradDtype::kBFloat16, dtype), device,

@@ -314,7 +314,8 @@ TEST(TransformerTest, ReachCountsTheModulesAndExpertsTheGradientsReached) {
 }
 
 // The experts' two kernels (ExpertKernel): grouped GEMMs give the loop's logits, and gradients
-// of the LoRA weights (attention and both banks) and, in full fine-tuning, of every weight, on
+// of the LoRA weights (attention and both banks) and, in full fine-tuning, of every weight, also
+// with backward recomputing the experts' gate_up products (Transformer::set_expert_recompute_layers), on
 // the tiny Qwen3-MoE and Mixtral in float32 over the chunked trainer (the CPU runs PyTorch's
 // grouped loop; the GPU's one kernel is ExpertsGpuTest's). Float64 has no grouped GEMM: kAuto
 // takes the loop there, as on every CPU.
@@ -334,27 +335,34 @@ TEST(TransformerTest, GroupedExpertsGiveTheLoopsValuesAndGradients) {
         ASSERT_TRUE((*model)->LoadAdapter(testing::OpenDir(dir + "/lora")).ok());
       }
       EXPECT_EQ((*model)->expert_kernel(), ExpertKernel::kLoop) << "kAuto on a CPU";
-      std::map<ExpertKernel, std::pair<at::Tensor, std::map<std::string, at::Tensor>>> got;
-      for (const ExpertKernel kernel : {ExpertKernel::kLoop, ExpertKernel::kGrouped}) {
-        (*model)->set_expert_kernel(kernel);
+      // The loop, the grouped products, and those recomputing the gate_up products in backward in
+      // every sparse layer (where GroupedExpertMlp runs them: LoRA, no biases).
+      std::vector<std::pair<at::Tensor, std::map<std::string, at::Tensor>>> got;
+      for (const int64_t recompute : {-1, 0, 1000}) {
+        (*model)->set_expert_kernel(recompute < 0 ? ExpertKernel::kLoop : ExpertKernel::kGrouped);
+        (*model)->set_expert_recompute_layers(std::max<int64_t>(recompute, 0));
+        auto& [logits, grads] = got.emplace_back();
         {
           at::NoGradGuard no_grad;
-          got[kernel].first = WholeSequenceLogits(**model, WholeSequence(ids));
+          logits = WholeSequenceLogits(**model, WholeSequence(ids));
         }
         Chunked chunked(**model, ids.size(0));
         ASSERT_TRUE(chunked.trainer->TrainSequence(Document(ids), 1.0 / static_cast<double>(ids.size(0) - 1), 0).ok());
         for (auto& [param, p] : (*model)->TrainableParameters()) {
-          got[kernel].second[param] = p.grad().clone();
+          grads[param] = p.grad().clone();
           p.mutable_grad() = at::Tensor();
         }
       }
-      const auto& [loop_logits, loop_grads] = got[ExpertKernel::kLoop];
-      const auto& [grouped_logits, grouped_grads] = got[ExpertKernel::kGrouped];
-      EXPECT_LE((grouped_logits - loop_logits).abs().max().item<double>(), 1e-5) << name;
-      for (const auto& [param, want] : loop_grads) {
-        const double scale = want.abs().max().item<double>();
-        EXPECT_GT(scale, 0) << name << " " << param;
-        EXPECT_LE((grouped_grads.at(param) - want).abs().max().item<double>(), 1e-5 * scale) << name << " " << param;
+      const auto& [loop_logits, loop_grads] = got[0];
+      for (size_t way = 1; way < got.size(); ++way) {
+        const auto& [grouped_logits, grouped_grads] = got[way];
+        EXPECT_LE((grouped_logits - loop_logits).abs().max().item<double>(), 1e-5) << name << " way " << way;
+        for (const auto& [param, want] : loop_grads) {
+          const double scale = want.abs().max().item<double>();
+          EXPECT_GT(scale, 0) << name << " " << param;
+          EXPECT_LE((grouped_grads.at(param) - want).abs().max().item<double>(), 1e-5 * scale)
+              << name << " " << param << " way " << way;
+        }
       }
     }
   }

@@ -243,18 +243,24 @@ ModelConfig Qwen7B() {
   return c;
 }
 
+// A bfloat16 LoRA job of T tokens with memory.chunk_tokens auto and kv_offload auto.
+JobConfig AutoChunkJob(int64_t T, KvGradDtype grad_dtype) {
+  JobConfig job;
+  job.model.dtype = ModelDtype::kBFloat16;
+  job.memory.kv_grad_dtype = grad_dtype;
+  job.memory.kv_offload = KvOffload::kAuto;
+  job.data.max_seq_len = T;
+  job.memory.chunk_tokens = 0;
+  return job;
+}
+
 // memory.chunk_tokens auto picks a chunk for the job's length; a longer sequence would get a
 // smaller one, so the longest context the plan reports is the longest any candidate fits, not
 // the picked chunk's own (shorter: a larger chunk's workspace leaves fewer pages on the GPU).
 TEST(MemoryPlannerTest, AutoChunksLongestContextIsItsCandidatesLongest) {
   const ModelConfig c = Qwen7B();
   const PlanTarget h100{.device = "cuda:0", .device_bytes = int64_t{80} << 30, .host_bytes = int64_t{128} << 30};
-  JobConfig job;
-  job.model.dtype = ModelDtype::kBFloat16;
-  job.memory.kv_grad_dtype = KvGradDtype::kBFloat16;
-  job.memory.kv_offload = KvOffload::kAuto;
-  job.data.max_seq_len = 16384;
-  job.memory.chunk_tokens = 0;
+  JobConfig job = AutoChunkJob(16384, KvGradDtype::kBFloat16);
   auto automatic = PlanMemory(c, job, h100);
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   int64_t longest = 0, picked_longest = 0;
@@ -275,6 +281,49 @@ TEST(MemoryPlannerTest, AutoChunksLongestContextIsItsCandidatesLongest) {
   ASSERT_TRUE(there.ok()) << there.status();
   EXPECT_TRUE(there->fits) << there->limit;
   EXPECT_LT(there->chunk_tokens, automatic->chunk_tokens);
+}
+
+// A mixture of experts on grouped products with LoRA (Qwen3-30B-A3B on an H200, LoRA r = 16 on
+// attention and both banks, the defaults' targets): at 32K, chunks of 16384 leave less than a
+// sixteenth of the device free unless backward recomputes the experts' gate_up product in some
+// sparse layers; auto takes that chunk with the fewest such layers that fit, and says so. The
+// plans of a given chunk (a spec's own memory.chunk_tokens) recompute nothing; nor does the CPU's
+// plan (its experts run the loop, which keeps the products).
+TEST(MemoryPlannerTest, AutoChunksRecomputeTheExpertsProductsWhereThatLetsALargerChunkFit) {
+  const absl::StatusOr<ModelConfig> c = PresetConfig("qwen3-30b-a3b");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const PlanTarget h200{.device = "cuda:0", .device_bytes = int64_t{143771} << 20, .host_bytes = int64_t{125} << 30};
+  const JobConfig job = AutoChunkJob(32768, KvGradDtype::kFloat32);
+  auto automatic = PlanMemory(*c, job, h200);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->chunk_tokens, 16384);
+  const int64_t n = automatic->expert_recompute_layers;
+  EXPECT_GT(n, 0);
+  EXPECT_LT(n, c->num_layers / 2);
+  EXPECT_THAT(absl::StrJoin(automatic->choices, "\n"), HasSubstr("gate_up products recomputed in backward in"));
+  const int64_t capacity = automatic->device_capacity_bytes, limit = capacity - capacity / 16;
+  EXPECT_LE(automatic->peak_device_bytes, limit);
+  const auto peak = [&](int64_t layers) {
+    JobConfig fixed = job;
+    fixed.memory.chunk_tokens = 16384;
+    fixed.memory.expert_recompute_layers = layers;
+    auto plan = PlanMemory(*c, fixed, h200);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->expert_recompute_layers, layers);
+    return plan->peak_device_bytes;
+  };
+  EXPECT_EQ(peak(n), automatic->peak_device_bytes);
+  EXPECT_GT(peak(n - 1), limit);
+  // Each such layer keeps 16384 tokens x 8 pairs x the gate_up product (2 x 768, bfloat16) less.
+  EXPECT_EQ(peak(0) - peak(1), int64_t{16384} * 8 * 2 * 768 * 2);
+  JobConfig given = job;
+  given.memory.chunk_tokens = 16384;
+  auto fixed = PlanMemory(*c, given, h200);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_EQ(fixed->expert_recompute_layers, 0);
+  auto cpu = PlanMemory(*c, job, PlanTarget{.device = "cpu", .device_bytes = int64_t{1} << 40, .host_bytes = 0});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->expert_recompute_layers, 0);
 }
 
 // Placement (memory.kv_offload) on an 80 GiB GPU with 128 GiB of host memory, LoRA in bf16:

@@ -351,16 +351,21 @@ void ExpectGroupedGradientsMatchTheLoops(const std::string& family) {
   const double loop_error = MaxRelativeError(GpuGrads(*bf16, seq, {}), want, &worst);
   bf16->set_expert_kernel(ExpertKernel::kGrouped);
   const double grouped_error = MaxRelativeError(GpuGrads(*bf16, seq, {}), want, &worst);
-  std::cout << family << ": bfloat16 against the float32 loop: loop " << loop_error << ", grouped " << grouped_error
-            << "\n";
   EXPECT_LE(grouped_error, 2 * loop_error) << worst;
+  bf16->set_expert_recompute_layers(config.num_layers);
+  const double recompute_error = MaxRelativeError(GpuGrads(*bf16, seq, {}), want, &worst);
+  bf16->set_expert_recompute_layers(0);
+  EXPECT_LE(recompute_error, 2 * loop_error) << worst;
+  std::cout << family << ": bfloat16 against the float32 loop: loop " << loop_error << ", grouped " << grouped_error
+            << ", recomputing gate_up " << recompute_error << "\n";
 }
 
 // On a GPU: the experts' grouped GEMMs (ExpertKernel::kGrouped, what kAuto takes on a GPU of
 // compute capability 9.0 and more in bfloat16) against the loop, over the chunked trainer with
 // LoRA on attention and both banks (rank 8: grouped GEMMs want rows of 16 bytes) and the
 // router's auxiliary loss: in bfloat16, the grouped gradients are as close to the float32
-// loop's as the bfloat16 loop's are (within twice its error). Qwen3-MoE's experts, and gpt-oss's
+// loop's as the bfloat16 loop's are (within twice its error), also with backward recomputing the
+// experts' gate_up products in every sparse layer. Qwen3-MoE's experts, and gpt-oss's
 // (biases, the clamped SwiGLU; its attention sinks in the fused kernels' path).
 TEST(ExpertsGpuTest, GroupedGradientsMatchTheLoops) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
