@@ -16,6 +16,13 @@ using torch::autograd::variable_list;
 
 at::Tensor PairTokens(const at::Tensor& order, int64_t top_k) { return at::div(order, top_k, "floor"); }
 
+// An undefined tensor is no autograd function's input (nor a saved one): none passes as an empty
+// tensor like `like`, and Defined turns it back.
+at::Tensor OrEmpty(const at::Tensor& t, const at::Tensor& like) {
+  return t.defined() ? t : at::empty({0}, like.options());
+}
+at::Tensor Defined(const at::Tensor& t) { return t.numel() > 0 ? t : at::Tensor(); }
+
 // ToPairs and FromPairs are each other's transpose: each one's backward is the other's forward.
 class ToPairsFn : public torch::autograd::Function<ToPairsFn> {
  public:
@@ -39,7 +46,7 @@ class FromPairsFn : public torch::autograd::Function<FromPairsFn> {
     ctx->save_for_backward({order, inverse});
     ctx->saved_data["top_k"] = top_k;
     ctx->saved_data["extra"] = extra.numel() > 0;
-    return PairSum(rows, extra.numel() > 0 ? extra : at::Tensor(), inverse, top_k);
+    return PairSum(rows, Defined(extra), inverse, top_k);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
@@ -92,7 +99,7 @@ class ScaledExpertActivationFn : public torch::autograd::Function<ScaledExpertAc
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up, const at::Tensor& add_argument,
                             const at::Tensor& scale, double alpha, double limit, bool keep) {
-    const at::Tensor add = add_argument.numel() > 0 ? add_argument : at::Tensor();
+    const at::Tensor add = Defined(add_argument);
     ctx->saved_data["alpha"] = alpha;
     ctx->saved_data["limit"] = limit;
     ctx->saved_data["add"] = add.defined();
@@ -121,8 +128,6 @@ at::Tensor GroupedOperandGrad(const at::Tensor& a, const at::Tensor& d, const at
 at::Tensor GroupedInputGrad(const at::Tensor& d, const at::Tensor& b, const at::Tensor& offs) {
   return GroupedMatmul(d, b.transpose(1, 2), offs);
 }
-
-at::Tensor Defined(const at::Tensor& t) { return t.numel() > 0 ? t : at::Tensor(); }
 
 // GroupedExpertMlp. Inputs after y and scale: gate_up's weight, a, b, down's weight, a, b (an
 // adapter's a and b empty where the bank has none). `keep`: whether a backward may follow.
@@ -155,10 +160,9 @@ class GroupedExpertMlpFn : public torch::autograd::Function<GroupedExpertMlpFn> 
       down_lora = GroupedMatmul(u_down, d_b, offs);
     }
     if (keep) {
-      const at::Tensor none = at::empty({0}, y.options());
-      ctx->save_for_backward({y, scale, keep_input ? input : none, u_gate_up.defined() ? u_gate_up : none,
-                              u_down.defined() ? u_down : none, gate_up_weight, gate_up_a, gate_up_b, down_weight,
-                              down_a, down_b, order, inverse, offs});
+      ctx->save_for_backward({y, scale, OrEmpty(keep_input ? input : at::Tensor(), y), OrEmpty(u_gate_up, y),
+                              OrEmpty(u_down, y), gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a, down_b,
+                              order, inverse, offs});
       ctx->saved_data["top_k"] = top_k;
       ctx->saved_data["alpha"] = alpha;
       ctx->saved_data["limit"] = limit;
@@ -239,8 +243,7 @@ at::Tensor FromPairs(const at::Tensor& rows, const at::Tensor& order, const at::
   CheckPairs("FromPairs", order, inverse, rows.size(0), top_k);
   TORCH_CHECK(rows.size(0) % top_k == 0, "FromPairs: ", rows.size(0), " rows are not whole tokens of ", top_k,
               " pairs");
-  // An undefined tensor is no autograd function's input: none as an empty one.
-  return FromPairsFn::apply(rows, extra.defined() ? extra : at::empty({0}, rows.options()), order, inverse, top_k);
+  return FromPairsFn::apply(rows, OrEmpty(extra, rows), order, inverse, top_k);
 }
 
 at::Tensor GroupedExpertMlp(const at::Tensor& y, const at::Tensor& order, const at::Tensor& inverse, int64_t top_k,
@@ -260,12 +263,9 @@ at::Tensor GroupedExpertMlp(const at::Tensor& y, const at::Tensor& order, const 
                     (y.requires_grad() || scale.requires_grad() ||
                      (gate_up.a.defined() && (gate_up.a.requires_grad() || gate_up.b.requires_grad())) ||
                      (down.a.defined() && (down.a.requires_grad() || down.b.requires_grad())));
-  // An undefined tensor is no autograd function's input: none as an empty one.
-  const at::Tensor none = at::empty({0}, y.options());
-  const auto or_none = [&](const at::Tensor& t) { return t.defined() ? t : none; };
-  return GroupedExpertMlpFn::apply(y, scale, gate_up.weight, or_none(gate_up.a), or_none(gate_up.b), down.weight,
-                                   or_none(down.a), or_none(down.b), order, inverse, offs, top_k, alpha, limit, keep,
-                                   recompute_gate_up);
+  return GroupedExpertMlpFn::apply(y, scale, gate_up.weight, OrEmpty(gate_up.a, y), OrEmpty(gate_up.b, y), down.weight,
+                                   OrEmpty(down.a, y), OrEmpty(down.b, y), order, inverse, offs, top_k, alpha, limit,
+                                   keep, recompute_gate_up);
 }
 
 at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& scale, double alpha, double limit,
@@ -278,9 +278,7 @@ at::Tensor ScaledExpertActivation(const at::Tensor& gate_up, const at::Tensor& s
               "ScaledExpertActivation: add must be gate_up's shape and dtype, got ", add.sizes());
   const bool keep = at::GradMode::is_enabled() &&
                     (gate_up.requires_grad() || scale.requires_grad() || (add.defined() && add.requires_grad()));
-  // An undefined tensor is no autograd function's input: none as an empty one.
-  return ScaledExpertActivationFn::apply(gate_up, add.defined() ? add : at::empty({0}, gate_up.options()), scale, alpha,
-                                         limit, keep);
+  return ScaledExpertActivationFn::apply(gate_up, OrEmpty(add, gate_up), scale, alpha, limit, keep);
 }
 
 }  // namespace oomb::kernels
