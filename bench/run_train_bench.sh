@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through scripts/gpu_run.sh): oomb's training-step benchmark and the
-# HF baseline (../shared/bench/hf_baseline.py, carried as .carry/hf_baseline.py) in the same
-# call, so ratios compare like with like. Output: $OUT/bench_train.jsonl, $OUT/hf_baseline.jsonl.
+# HF baseline (bench/peers/hf_baseline.py) in the same call, so ratios compare like with like.
+# Output: $OUT/bench_train.jsonl, $OUT/hf_baseline.jsonl.
 # Usage: bash bench/run_train_bench.sh "OOMB_ARGS" "HF_LENGTHS"
 set -uo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
@@ -11,8 +11,8 @@ hf_lengths=${2:-"16384 32768 65536"}
 echo "== bench_train $oomb_args"
 # shellcheck disable=SC2086
 .carry/bin/bench_train $oomb_args | tee "$OUT/bench_train.jsonl"
-if [ -f .carry/hf_baseline.py ] && [ -n "$hf_lengths" ]; then
+if [ -n "$hf_lengths" ]; then
   echo "== hf_baseline --lengths $hf_lengths"
   # shellcheck disable=SC2086
-  python3 .carry/hf_baseline.py --lengths $hf_lengths 2>"$OUT/hf_baseline.err" | tee "$OUT/hf_baseline.jsonl"
+  python3 bench/peers/hf_baseline.py --lengths $hf_lengths 2>"$OUT/hf_baseline.err" | tee "$OUT/hf_baseline.jsonl"
 fi

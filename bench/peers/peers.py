@@ -4,7 +4,7 @@
 One stack per process (--stack), on a Qwen2.5-7B-shaped model with random weights (speed and
 memory do not depend on weight values), bf16, LoRA r=16 alpha=32 on q,k,v,o,gate,up,down,
 batch 1, one step = forward + backward + zero_grad (no optimizer step), as in
-the shared HF baseline (shared/bench/hf_baseline.py beside the repository):
+the HF baseline (bench/peers/hf_baseline.py):
 
   hf             transformers + PEFT + non-reentrant gradient checkpointing + SDPA attention
                  (exactly the baseline's setup)
