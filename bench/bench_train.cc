@@ -12,12 +12,18 @@
 //    "planned_over_measured"} or {"S", "oom": true}
 // planned_peak_bytes is the memory planner's prediction (worker/plan/memory_planner.h) for the
 // same model, method, chunk, page and length: the check of its 10% promise.
-// MFU = model FLOPs / step time / the bf16 matmul rate measured at the start of the same run,
-// with model FLOPs = 6 N T + 6 d L T^2 (N parameters of the base model, d = heads * head_dim,
-// L layers; causal attention; the recomputation is not counted).
+// MFU as oomb reports it everywhere (worker/metrics/flops.h): model FLOPs / step time / the
+// device's datasheet dense bf16 peak (989.4 TFLOP/s on an H100 SXM or H200; "peak_bf16_tflops" in
+// the first line; no MFU on a device the table does not list), with model FLOPs = 6 N T + 12 d P
+// (N active parameters of the base model, d = heads * head_dim, P the causal query-key pairs
+// summed over the layers; the recomputation is not counted). With LoRA that counts the frozen
+// base as if trained, as peers report; "mfu_4n" beside it counts 4 N T + 12 d P (no weight
+// gradients for the frozen base). The first line's "matmul_bf16_tflops" is an 8192^3 bf16 matmul
+// rate measured at the start of the run: a measurement of the machine, not a peak; no figure
+// divides by it.
 // --tensor N (CUDA): tensor parallelism over GPUs 0..N-1 (worker/model/tensor_parallel.h), one
 // thread a rank over NCCL; the planner plans a rank (parallel.tensor N), memory figures are rank
-// 0's, MFU divides by N GPUs' matmul rate, and --sections shows the collectives' time
+// 0's, MFU divides by N GPUs' datasheet peak, and --sections shows the collectives' time
 // ("tensor_parallel.sum", "tensor_parallel.vocab", "tensor_parallel.gradients").
 // --grad-check T: LoRA gradients of a bfloat16 run against a float32 run of the same weights
 // (the chunked trainer is exact, so the float32 run is the float32 reference), reported as
@@ -99,6 +105,7 @@
 #include <thread>
 
 #if defined(OOMB_HAVE_CUDA)
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -114,6 +121,7 @@
 #include "worker/job/calibration.h"
 #include "worker/kv/copy_engine.h"
 #include "worker/kv/kv_pools.h"
+#include "worker/metrics/flops.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/memory_planner.h"
 #include "worker/plan/step_time.h"
@@ -165,6 +173,14 @@ void EmptyCache(const at::Device& d) {
 #if defined(OOMB_HAVE_CUDA)
   if (d.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
+}
+
+// The name CUDA reports for the device ("NVIDIA H100 80GB HBM3"); "cpu" for the CPU.
+std::string DeviceName(const at::Device& d) {
+#if defined(OOMB_HAVE_CUDA)
+  if (d.is_cuda()) return at::cuda::getDeviceProperties(d.index())->name;
+#endif
+  return "cpu";
 }
 
 // bf16 matmul rate (TFLOP/s) on random 8192^3 products, median of 20.
@@ -453,7 +469,10 @@ struct Measurement {
   int64_t kernel_profile = 0;
   std::map<int64_t, std::pair<double, double>> trace_windows;  // length -> (start, seconds)
   std::string kernel_trace_dir = ".";
-  double peak_tflops = 0;  // the measured bf16 matmul rate; 0: no MFU
+  double peak_flops = 0;  // the device's datasheet dense bf16 peak (PeakDenseBf16Flops); 0: no MFU
+  // LoRA: the base's active parameters (ModelSpec::ActiveParameterCount), frozen, for "mfu_4n";
+  // 0 in full fine-tuning.
+  double frozen_parameters = 0;
   int64_t fit_check = 0;   // --fit-check K: stage 1 and K chunks of stage 2 instead of a step
   // --estimate: the rates EstimateJob's step time would use (worker/job/calibration.h), measured
   // before the model is built, by chunk size.
@@ -538,8 +557,15 @@ void AddStep(const StepResult& step, int64_t T, const BenchSpec& bench, const Me
   r["d2h_bytes"] = step.memory.bytes_to_host;
   r["swapped_bytes"] = step.report.swapped_bytes;
   r["swapped_chunks"] = step.report.swapped_chunks;
-  r["model_tflops"] = step.report.model_flops / s / 1e12;
-  if (how.peak_tflops > 0) r["mfu"] = step.report.model_flops / s / 1e12 / how.peak_tflops / bench.tensor;
+  const double flops = step.report.model_flops;
+  r["model_tflops"] = flops / s / 1e12;
+  const double mfu = ModelFlopsUtilization(flops, s, how.peak_flops, bench.tensor);
+  if (mfu <= 0) return;
+  r["mfu"] = mfu;
+  if (how.frozen_parameters > 0 && bench.chunk_fraction == 1) {
+    const double frozen = FrozenBaseFlops(flops, how.frozen_parameters, static_cast<double>(T));
+    r["mfu_4n"] = ModelFlopsUtilization(frozen, s, how.peak_flops, bench.tensor);
+  }
 }
 
 // Stops a sequence at the trainer's `limit`-th chunk boundary (both stages count; stage 1 of
@@ -773,7 +799,9 @@ int Main(int argc, char** argv) {
     tokens.push_back(*resolved);
   }
   const bool sparse = sparse_budget > 0;
-  const double peak_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
+  const double matmul_tflops = d.is_cuda() ? MatmulTflops(d) : 0;
+  const std::string device_name = DeviceName(d);
+  const double peak_flops = PeakDenseBf16Flops(device_name);
   std::map<int64_t, EngineRates> rates;
   for (int64_t T : estimate ? tokens : std::vector<int64_t>{}) {
     const absl::StatusOr<MemoryPlan> plan = PlanMemory(config, bench.At(T), bench.Machine(d));
@@ -799,7 +827,10 @@ int Main(int argc, char** argv) {
                               {"method", full ? "full" : "lora"},
                               {"chunk", chunk},
                               {"page", page},
-                              {"matmul_bf16_tflops", peak_tflops},
+                              {"device_name", device_name},
+                              {"peak_bf16_tflops", peak_flops / 1e12},
+                              {"matmul_bf16_tflops", matmul_tflops},
+                              {"mfu_definition", "6NT+12dP model FLOPs over the datasheet dense bf16 peak"},
                               {"tensor", tensor},
                               {"device", d.is_cuda() ? "cuda" : "cpu"},
                               {"attention", sparse ? "sparse" : "dense"},
@@ -846,7 +877,9 @@ int Main(int argc, char** argv) {
                           .kernel_profile = kernel_profile,
                           .trace_windows = trace_windows,
                           .kernel_trace_dir = kernel_trace_dir,
-                          .peak_tflops = peak_tflops,
+                          .peak_flops = peak_flops,
+                          .frozen_parameters =
+                              full ? 0 : static_cast<double>(m->spec().ActiveParameterCount(m->config())),
                           .fit_check = fit_check,
                           .rates = rates};
     for (int64_t T : tokens) {

@@ -24,7 +24,8 @@ cp "$work/run/metrics.jsonl" "$OUT/metrics.jsonl"
 echo "== oombd serve + oomb submit --watch" | tee -a "$OUT/e2e.log"
 oombd serve --data-dir "$work/daemon" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$work/daemon.log" 2>&1 &
 daemon=$!
-for _ in $(seq 50); do [ -f "$work/daemon/oombd.port" ] && break; sleep 0.2; done
+. "$(dirname "$0")/../scripts/wait_for_daemon.sh"
+wait_for_daemon "$work/daemon" "$daemon" "$work/daemon.log" || exit 1
 export OOMB_ENDPOINT="127.0.0.1:$(cat "$work/daemon/oombd.port")"
 oomb server-info | tee -a "$OUT/e2e.log"
 oomb submit "$work/job.yaml" --watch 2>&1 | tee -a "$OUT/e2e.log"

@@ -24,7 +24,8 @@ YAML
 oombd serve --data-dir "$work/daemon" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
   --set paths.allowed_roots=/tmp >"$work/daemon.log" 2>&1 &
 daemon=$!
-for _ in $(seq 100); do [ -s "$work/daemon/oombd.port" ] && [ -s "$work/daemon/oombd.metrics.port" ] && break; sleep 0.2; done
+. "$(dirname "$0")/../scripts/wait_for_daemon.sh"
+wait_for_daemon "$work/daemon" "$daemon" "$work/daemon.log" "" oombd.metrics.port oombd.port || exit 1
 export OOMB_ENDPOINT="127.0.0.1:$(cat "$work/daemon/oombd.port")"
 metrics="http://127.0.0.1:$(cat "$work/daemon/oombd.metrics.port")/metrics"
 oomb estimate "$work/job.yaml" | tee "$out/estimate.txt"

@@ -10,7 +10,8 @@
 #   OOMB_VENV   where the virtual environment lives (default: ~/.cache/oomb/venv). It holds
 #               the PyPI wheel torch==2.11.0, whose share/cmake is LibTorch's CMake package,
 #               the Python packages the reference-parity tests use, and lizard, which the
-#               function-length lint runs (scripts/lint_function_length.py).
+#               function-length lint runs (scripts/lint_function_length.py): exactly the
+#               versions and hashes of scripts/python-requirements.lock.
 set -euo pipefail
 
 OOMB_VENV="${OOMB_VENV:-$HOME/.cache/oomb/venv}"
@@ -58,42 +59,37 @@ else
 fi
 
 # Python environment: LibTorch (the PyPI wheel, with its CUDA runtime wheels as dependencies, so
-# libtorch_cuda.so links and loads on a machine without a GPU), the reference-parity stack, and
-# kubernetes-validate (the Kubernetes schemas, bundled, for tests/deploy/check_k8s.py).
-PY_PACKAGES=(
-  "torch==${TORCH_VERSION}" "numpy<3" "transformers==5.*" "tokenizers" "safetensors" "peft"
-  "gguf" "grpcio" "grpcio-tools" "protobuf" "pyyaml" "matplotlib" "kubernetes-validate"
-  # google/api/{annotations,http}.proto and google/rpc/{status,error_details}.proto, which the
-  # API's .proto files import (proto/CMakeLists.txt, the SDK's build); httpx for the HTTP tests
-  "googleapis-common-protos" "httpx" "openapi-spec-validator"
-  # the webhook tests' receiver verifies signatures with the Standard Webhooks reference library
-  "standardwebhooks"
-  # the README test renders `oomb plot`'s SVG to pixels (through Debian's libcairo2)
-  "cairosvg"
-  # the C++ function-length lint's parser (scripts/lint.sh, scripts/lint_function_length.py);
-  # pinned, so that a new release cannot move the lengths it reports
-  "lizard==1.24.3"
-)
-stamp="$OOMB_VENV/.oomb-setup-$(printf '%s\n' "${PY_PACKAGES[@]}" | sha1sum | cut -c1-12)"
+# libtorch_cuda.so links and loads on a machine without a GPU), the reference-parity stack and
+# the test tools, at the exact versions and hashes of scripts/python-requirements.lock (made from
+# scripts/python-requirements.in, which says why each package is there and how to remake the
+# lock): a fresh machine today or next month installs what CI installed. An environment made
+# from an older lock is brought to this one in place (pip install of the lock, then pip check).
+REQ_LOCK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/python-requirements.lock"
+stamp="$OOMB_VENV/.oomb-setup-$(sha1sum "$REQ_LOCK" | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  log "creating Python environment in $OOMB_VENV"
+  log "creating Python environment in $OOMB_VENV (scripts/python-requirements.lock)"
   [ -x "$OOMB_VENV/bin/python" ] || python3 -m venv "$OOMB_VENV"
   "$OOMB_VENV/bin/python" -m pip install -q --upgrade pip
-  "$OOMB_VENV/bin/python" -m pip install -q "${PY_PACKAGES[@]}"
+  "$OOMB_VENV/bin/python" -m pip install -q --require-hashes -r "$REQ_LOCK"
+  "$OOMB_VENV/bin/python" -m pip check >&2
+  rm -f "$OOMB_VENV"/.oomb-setup-*
   touch "$stamp"
 else
   log "Python environment present ($OOMB_VENV)"
 fi
 
 # MLflow's own tracking server, which the tracking test talks to (tests/python/test_mlflow.py):
-# in an environment of its own, so that its many dependencies stay out of the reference stack.
+# in an environment of its own, so that its many dependencies stay out of the reference stack;
+# pinned with hashes likewise (scripts/mlflow-requirements.lock).
 MLFLOW_VENV="${OOMB_MLFLOW_VENV:-$HOME/.cache/oomb/mlflow-venv}"
-MLFLOW_VERSION=3.17.2
-if [ ! -f "$MLFLOW_VENV/.oomb-mlflow-$MLFLOW_VERSION" ]; then
-  log "installing MLflow $MLFLOW_VERSION in $MLFLOW_VENV"
-  python3 -m venv "$MLFLOW_VENV"
-  "$MLFLOW_VENV/bin/python" -m pip install -q "mlflow==$MLFLOW_VERSION"
-  touch "$MLFLOW_VENV/.oomb-mlflow-$MLFLOW_VERSION"
+MLFLOW_LOCK="$(dirname "$REQ_LOCK")/mlflow-requirements.lock"
+mlflow_stamp="$MLFLOW_VENV/.oomb-mlflow-$(sha1sum "$MLFLOW_LOCK" | cut -c1-12)"
+if [ ! -f "$mlflow_stamp" ]; then
+  log "installing MLflow in $MLFLOW_VENV (scripts/mlflow-requirements.lock)"
+  [ -x "$MLFLOW_VENV/bin/python" ] || python3 -m venv "$MLFLOW_VENV"
+  "$MLFLOW_VENV/bin/python" -m pip install -q --require-hashes -r "$MLFLOW_LOCK"
+  rm -f "$MLFLOW_VENV"/.oomb-mlflow-*
+  touch "$mlflow_stamp"
 fi
 
 # The Python SDK (client/python, package `oomb`), which the Python tests and bench/load import.

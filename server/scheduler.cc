@@ -109,6 +109,7 @@ void FillProgress(const StepReport& p, const std::string& device, v1::Progress* 
   out->set_step_seconds(p.step_seconds);
   if (p.eval_loss > 0) out->set_eval_loss(p.eval_loss);
   out->set_router_aux_loss(p.router_aux_loss);
+  out->set_mfu(p.mfu);
   if (p.evaluation.has_value()) *out->mutable_evaluation() = EvaluationToProto(*p.evaluation, p.step);
   out->set_device(device);
 }

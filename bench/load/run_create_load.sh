@@ -20,7 +20,9 @@ trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "
   --set scheduler.hold=true --set scheduler.max_queued_jobs_per_client=0 \
   --set server.health_listen=127.0.0.1:0 --set "paths.allowed_roots=$tmp,$data" 2>"$out/oombd.log" &
 pid=$!
-for _ in $(seq 200); do [ -s "$tmp/data/oombd.port" ] && break; sleep 0.1; done
+# shellcheck source=scripts/wait_for_daemon.sh
+. scripts/wait_for_daemon.sh
+wait_for_daemon "$tmp/data" "$pid" "$out/oombd.log" "" oombd.health.port oombd.port || exit 1
 "$python" bench/load/create_load.py --endpoint "127.0.0.1:$(cat "$tmp/data/oombd.port")" \
   --health-endpoint "127.0.0.1:$(cat "$tmp/data/oombd.health.port")" --model "$model" \
   --texts "$data/texts/austen/emma.txt" --work-dir "$tmp/datasets" --creates "$creates" --mb "$mb" \

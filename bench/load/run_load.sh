@@ -31,7 +31,9 @@ JSON
 "$build/server/oombd" serve --listen 127.0.0.1:0 --data-dir "$tmp/data" \
   --set scheduler.max_queued_jobs_per_client=0 2>"$out/oombd.log" &
 pid=$!
-for _ in $(seq 100); do [ -s "$tmp/data/oombd.port" ] && break; sleep 0.1; done
+# shellcheck source=scripts/wait_for_daemon.sh
+. scripts/wait_for_daemon.sh
+wait_for_daemon "$tmp/data" "$pid" "$out/oombd.log" || exit 1
 "$python" bench/load/load_test.py --endpoint "127.0.0.1:$(cat "$tmp/data/oombd.port")" \
   --spec-json "$tmp/spec.json" --clients "$clients" --watchers "$watchers" --duration "$duration" \
   --json "$out/load.json" | tee "$out/load.md"

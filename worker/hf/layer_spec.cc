@@ -232,6 +232,12 @@ int64_t ModelSpec::ParameterCount(const ModelConfig& c) const {
   return n;
 }
 
+int64_t ModelSpec::ActiveParameterCount(const ModelConfig& c) const {
+  int64_t n = OuterParameters(c);
+  for (const LayerSpec& l : layers) n += l.ActiveParameters();
+  return n;
+}
+
 double ModelSpec::TrainingFlops(const ModelConfig& c, int64_t tokens) const {
   double flops = 6.0 * static_cast<double>(OuterParameters(c)) * static_cast<double>(tokens);
   for (const LayerSpec& l : layers) flops += l.TrainingFlops(c.q_dim(), tokens);

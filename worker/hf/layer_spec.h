@@ -200,6 +200,9 @@ struct ModelSpec {
   // Parameters of the base model (LoRA excluded): embeddings (twice when untied), every layer's
   // norms, linear weights and biases, routers and experts, the final norm.
   int64_t ParameterCount(const ModelConfig& c) const;
+  // The weights one token computes with: ParameterCount less the experts it is not routed to
+  // (the N of TrainingFlops).
+  int64_t ActiveParameterCount(const ModelConfig& c) const;
   // Model FLOPs of training one sequence of `tokens`, block by block (what MFU divides,
   // worker/metrics/flops.h): every layer's TrainingFlops, and 6 per weight per token for the
   // embeddings, the LM head and the final norm. In all: 6 N T + 12 d P (N = the active

@@ -19,4 +19,13 @@ double PeakDenseBf16Flops(std::string_view device_name) {
   return 0;
 }
 
+double ModelFlopsUtilization(double model_flops, double seconds, double peak_flops, int64_t devices) {
+  if (peak_flops <= 0 || seconds <= 0 || devices <= 0) return 0;
+  return model_flops / seconds / (peak_flops * static_cast<double>(devices));
+}
+
+double FrozenBaseFlops(double model_flops, double active_parameters, double tokens) {
+  return model_flops - 2.0 * active_parameters * tokens;
+}
+
 }  // namespace oomb

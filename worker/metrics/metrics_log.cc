@@ -88,6 +88,7 @@ absl::Status MetricsLog::Append(const StepReport& r) {
   if (r.evaluation.has_value()) line["evaluation"] = EvalReportJson(*r.evaluation);
   if (r.attention_density > 0) line["attention_density"] = r.attention_density;
   if (r.router_aux_loss > 0) line["router_aux_loss"] = r.router_aux_loss;
+  if (r.mfu > 0) line["mfu"] = r.mfu;
   const std::string text = line.dump() + "\n";
   if (::write(fd_.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
     return ErrnoStatus(errno, "write", path_);

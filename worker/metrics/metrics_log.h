@@ -5,7 +5,8 @@
 //   pcie_h2d_bytes, pcie_d2h_bytes, swapped_bytes, swapped_chunks, model_flops (StepReport), and
 //   eval_loss with eval_tokens and eval_samples / attention_density / evaluation (the
 //   evaluation section's results: positions, passkey, needle) / router_aux_loss (a mixture of
-//   experts trained with the router's auxiliary loss) where the step has them.
+//   experts trained with the router's auxiliary loss) / mfu (over the datasheet peak,
+//   worker/metrics/flops.h; a device the table lists) where the step has them.
 // Torch-free. Thread-safety: one writer per file.
 #ifndef OOMB_WORKER_METRICS_METRICS_LOG_H_
 #define OOMB_WORKER_METRICS_METRICS_LOG_H_

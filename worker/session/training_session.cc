@@ -284,8 +284,8 @@ void TrainingSession::CountOncePerGroup(std::vector<double>* sums, std::initiali
 void TrainingSession::Measure(const std::vector<TokenSequence>& batch, const std::vector<double>& sums,
                               const TrainerMemory& peak, double seconds, StepReport* report) const {
   const ModelConfig& c = model_->config();
-  const int64_t parameters = model_->spec().ParameterCount(c);
-  const double N = static_cast<double>(parameters);
+  // N of 6 N T: the weights a token computes with (a mixture of experts' routed ones only).
+  const double N = static_cast<double>(model_->spec().ActiveParameterCount(c));
   double flops = 0;
   int64_t tokens = 0;
   for (const TokenSequence& s : batch) {
@@ -302,7 +302,7 @@ void TrainingSession::Measure(const std::vector<TokenSequence>& batch, const std
   report->model_flops = flops;
   report->step_seconds = seconds;
   report->tokens_per_second = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;
-  if (peak_flops_ > 0 && seconds > 0) report->mfu = flops / seconds / (peak_flops_ * sync_->world());
+  report->mfu = ModelFlopsUtilization(flops, seconds, peak_flops_, sync_->world());
   report->peak_device_bytes = PeakDeviceBytes(options_.device, peak);
   report->host_kv_bytes = peak.host_kv_peak_bytes;
   report->swapped_bytes = static_cast<int64_t>(sums[kSwappedBytes]);

@@ -88,6 +88,19 @@ TEST(FlopsTest, PeaksOfKnownDevicesAndNoneForOthers) {
   EXPECT_EQ(PeakDenseBf16Flops(""), 0);
 }
 
+// The one MFU definition: model FLOPs over seconds and the devices' datasheet peaks. A Qwen2.5-7B
+// 128K step (bench/results/2026-11-27-h100-loss-kernel/call5/new.jsonl: 492.63 model TFLOP/s on
+// an H100) reads 49.8%, where it read 65.0% over the 758 TFLOP/s matmul rate the run measured.
+TEST(FlopsTest, MfuIsOverTheDatasheetPeakOfEveryDevice) {
+  EXPECT_NEAR(ModelFlopsUtilization(492.63e12, 1.0, PeakDenseBf16Flops("NVIDIA H100 80GB HBM3")), 0.4979, 5e-4);
+  EXPECT_DOUBLE_EQ(ModelFlopsUtilization(989.4e12 * 8, 2.0, 989.4e12, 4), 1.0);
+  EXPECT_EQ(ModelFlopsUtilization(1e12, 1.0, 0), 0);  // the CPU, an unlisted GPU: no MFU
+  EXPECT_EQ(ModelFlopsUtilization(1e12, 0.0, 989.4e12), 0);
+  EXPECT_EQ(ModelFlopsUtilization(1e12, 1.0, 989.4e12, 0), 0);
+  // LoRA's count without the frozen base's weight gradients: 6 N T - 2 N T.
+  EXPECT_DOUBLE_EQ(FrozenBaseFlops(6.0 * 7e9 * 1000 + 5e12, 7e9, 1000), 4.0 * 7e9 * 1000 + 5e12);
+}
+
 TEST(NvmlTest, PcieLineRates) {
   EXPECT_EQ(PcieLinkBytesPerSecond(5, 16), 63015384615);  // 32 GT/s * 128/130 / 8 * 16
   EXPECT_EQ(PcieLinkBytesPerSecond(4, 16), 31507692307);
