@@ -17,8 +17,9 @@ and so read higher) and the matmul rate of the run's first line, labelled as wha
 
 Lines that are not JSON objects, or carry no "S" and "model_tflops", are skipped, so a whole
 log (bench.log with its test output) can be given. Reads the FILEs in order, or standard input.
-A run with tensor parallelism (its first line has "tensor": t) needs --gpus t; a note on
-standard error says so when the two differ.
+A run with tensor parallelism (its first line has "tensor": t) needs --gpus t, and a device other
+than an H100 SXM or H200 its own --peak-tflops; a note on standard error says so when the first
+line ("tensor", "peak_bf16_tflops" in newer runs) differs from the arguments.
 
 Usage: bench/datasheet_mfu.py [--peak-tflops 989.4] [--gpus 1] [FILE...]
 Example: bench/datasheet_mfu.py --gpus 4 qwen25_7b_tp4.jsonl
@@ -52,6 +53,10 @@ def report(name, stream, peak, gpus, out):
             if tensor and tensor != gpus:
                 print(f"datasheet_mfu: {name}: the run's first line says tensor {tensor}, "
                       f"but --gpus is {gpus}", file=sys.stderr)
+            line_peak = obj.get("peak_bf16_tflops")
+            if isinstance(line_peak, (int, float)) and line_peak > 0 and abs(line_peak - peak) > 0.05:
+                print(f"datasheet_mfu: {name}: the run's first line gives the device's peak as "
+                      f"{line_peak} TFLOP/s, but --peak-tflops is {peak}", file=sys.stderr)
             continue
         if "S" not in obj or "model_tflops" not in obj:
             continue
