@@ -18,8 +18,9 @@ rm -rf .carry && mkdir -p .carry/bin .carry/lib
 # Binaries: daemon, CLI, benchmarks, the gpu-labelled tests and the CPU references they rest on,
 # the metrics tests (NVML is only there on the GPU machine) (OOMB_GPU_PACK_TESTS adds more test
 # binaries by name).
+# Every binary holding a gpu-labelled test (the Gpu-named tests: cmake/OombTargets.cmake) is here.
 wanted="oombd oomb bench_train bench_copy_paths link_smoke_gpu_test kernels_gpu_test paged_attention_test chunk_trainer_test
-  metrics_sources_test metrics_test ${OOMB_GPU_PACK_TESTS:-}"
+  host_tier_test copy_engine_test kv_store_test data_parallel_test metrics_sources_test metrics_test ${OOMB_GPU_PACK_TESTS:-}"
 for name in $wanted; do
   f=$(find "$build" -type f -executable -name "$name" -not -path '*/CMakeFiles/*' | head -n 1)
   [ -n "$f" ] || { echo "gpu_pack: $name not built" >&2; exit 1; }

@@ -5,6 +5,9 @@
 #   env.txt (nvidia-smi, versions), tests.log + <test>.xml, bench.log.
 # Usage: bash scripts/gpu_run.sh [BENCH_COMMAND...]
 #        OOMB_GPU_SKIP_TESTS=1 skips the test binaries (a benchmark-only call).
+#        OOMB_GPU_TEST_FILTER='*Gpu*' runs only those tests of each binary (GoogleTest's filter;
+#        '*Gpu*' is every gpu-labelled test: the whole GPU suite); default: every test.
+# Ends with one line per binary and a total: passed, failed, skipped (from the XML files).
 set -uo pipefail
 OUT="${OUT:-/tmp/oomb-out}"
 mkdir -p "$OUT"
@@ -25,9 +28,24 @@ for t in .carry/bin/*_test; do
   [ "${OOMB_GPU_SKIP_TESTS:-0}" = 1 ] && break
   name=$(basename "$t")
   echo "=== $name" | tee -a "$OUT/tests.log"
-  "$t" --gtest_output="xml:$OUT/$name.xml" >>"$OUT/tests.log" 2>&1 || { status=1; echo "FAILED: $name" | tee -a "$OUT/tests.log"; }
+  "$t" --gtest_output="xml:$OUT/$name.xml" --gtest_filter="${OOMB_GPU_TEST_FILTER:-*}" >>"$OUT/tests.log" 2>&1 ||
+    { status=1; echo "FAILED: $name" | tee -a "$OUT/tests.log"; }
   grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/tests.log" | tail -n 3 || true
 done
+if [ "${OOMB_GPU_SKIP_TESTS:-0}" != 1 ]; then
+  python3 - "$OUT" <<'PY' | tee -a "$OUT/tests.log"
+import glob, os, sys, xml.etree.ElementTree as ET
+total = [0, 0, 0]
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*_test.xml"))):
+    n = [0, 0, 0]
+    for c in ET.parse(f).getroot().iter("testcase"):
+        i = 1 if c.find("failure") is not None else 2 if c.find("skipped") is not None or c.get("result") == "skipped" else 0
+        n[i] += 1
+    total = [a + b for a, b in zip(total, n)]
+    print(f"{os.path.basename(f)[:-4]}: {n[0]} passed, {n[1]} failed, {n[2]} skipped")
+print(f"gpu tests: {total[0]} passed, {total[1]} failed, {total[2]} skipped")
+PY
+fi
 if (($#)); then
   echo "=== bench: $*" | tee "$OUT/bench.log"
   "$@" 2>&1 | tee -a "$OUT/bench.log" || status=1
