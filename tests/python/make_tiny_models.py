@@ -13,8 +13,9 @@ model.safetensors.index.json + shards) and DIR/NAME/reference.safetensors with
   router_aux_loss float32 []        a mixture of experts with output_router_logits: the router's
                                     auxiliary loss (transformers' aux_loss; its loss is then
                                     loss + router_aux_loss_coef * router_aux_loss)
-and DIR/NAME/lora/: a PEFT LoRA adapter (r 4, alpha 8, every linear layer of the language
-model and, of a mixture of experts, its expert banks (target_parameters), A and B drawn at random so that every gradient is non-zero) as PEFT saves it, with
+and DIR/NAME/lora/: a PEFT LoRA adapter (r 4, alpha 8, target_modules every linear layer's name
+of the language model and, of a mixture of experts, target_parameters its expert banks; A and B
+drawn at random so that every gradient is non-zero) as PEFT saves it, with
 DIR/NAME/lora/reference.safetensors holding transformers + PEFT's
   loss        float32 []              the same loss with the adapter (transformers': with
                                       router_aux_loss_coef * router_aux_loss where it has one)
@@ -23,13 +24,17 @@ DIR/NAME/lora/reference.safetensors holding transformers + PEFT's
                                       (the embedding layer's output, Gemma's scaling included)
   NAME        float32                 its gradient with respect to each LoRA weight, under the
                                       adapter file's tensor names
-and DIR/manifest.json with the models' key config facts and the reference loss. A model whose
+and DIR/manifest.json with the models' key config facts and the reference loss. Which layers
+the adapter has is PEFT's reading of those names: on a Qwen3-MoE with a dense layer
+(mlp_only_layers) PEFT 0.22 adapts that layer's MLP as well as the banks, 0.21 the banks only
+(its adapter_config.json says which; the manifest names the PEFT release). A model whose
 name ends in -mxfp4 keeps its expert banks as MXFP4 (<bank>_blocks, <bank>_scales and
 quantization_config, as gpt-oss's published checkpoints): its references are of the dequantized
 weights, which transformers reloads from those files bit for bit.
 
-Everything is seeded: the same transformers / torch versions give the same files. A second run
-with DIR/manifest.json present and of the same GENERATOR_VERSION does nothing (use --force).
+Everything is seeded: the same transformers / PEFT / torch versions give the same files. A second
+run with DIR/manifest.json present, of the same GENERATOR_VERSION and made with the transformers
+and PEFT installed now, does nothing (use --force).
 
 RoPE config key: transformers >= 5 writes RoPE settings as `rope_parameters` (a dict holding
 `rope_type`, `rope_theta` and the type's fields such as `factor`); transformers 4.x wrote
@@ -49,7 +54,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
 
-GENERATOR_VERSION = 8
+GENERATOR_VERSION = 9
 SEQ_LEN = 96
 INIT_STD = 0.2
 
@@ -427,6 +432,12 @@ def make_one(out_root, index, name, family, cfg_kwargs):
     return facts
 
 
+def installed_versions():
+    """The transformers and PEFT releases the references are made with (without importing them)."""
+    from importlib.metadata import version
+    return {"transformers": version("transformers"), "peft": version("peft")}
+
+
 def make_lora_reference(model, out, family, seed, input_ids):
     """The PEFT adapter of DIR/NAME/lora/ and its gradients (see the module's docstring)."""
     import peft
@@ -438,7 +449,8 @@ def make_lora_reference(model, out, family, seed, input_ids):
                ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     # A vision-language model: the language model's layers only (its vision tower has q_proj too).
     targets = (r".*language_model.*\.(" + "|".join(linears) + ")$") if family == "gemma3cg" else linears
-    # A mixture of experts: its expert banks too (target_modules reaches only the dense layers').
+    # A mixture of experts: its expert banks too (PEFT 0.22 also reads the MLP's names as the banks,
+    # and as the dense layers' MLP beside them; 0.21 as the banks alone).
     banks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if family in ("qwen3_moe", "mixtral", "gpt_oss") else None
     tuned = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0,
                                                        target_parameters=banks))
@@ -475,10 +487,11 @@ def main():
         try:
             with open(manifest_path) as f:
                 m = json.load(f)
-            if m.get("generator_version") == GENERATOR_VERSION and all(
+            made_with = {k: m.get(f"{k}_version") for k in ("transformers", "peft")}
+            if m.get("generator_version") == GENERATOR_VERSION and made_with == installed_versions() and all(
                 os.path.exists(os.path.join(a.out, n, "lora", "reference.safetensors")) for n in names
             ):
-                log(f"{a.out}: present (manifest generator_version {GENERATOR_VERSION}), nothing to do")
+                log(f"{a.out}: present (manifest generator_version {GENERATOR_VERSION}, {made_with}), nothing to do")
                 return 0
         except (OSError, ValueError):
             pass
@@ -495,6 +508,7 @@ def main():
         "generator_version": GENERATOR_VERSION,
         "generator": "tests/python/make_tiny_models.py",
         "transformers_version": transformers.__version__,
+        "peft_version": installed_versions()["peft"],
         "torch_version": torch.__version__,
         "init_std": INIT_STD,
         "reference": {

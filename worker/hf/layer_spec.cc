@@ -309,7 +309,8 @@ absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c
     }
   }
   // On a mixture of experts the MLP's names stand for the expert banks (ExpertBankParts), as
-  // PEFT converts them for transformers 5: they adapt no dense layer's MLP.
+  // PEFT converts them for transformers 5; since 0.22 PEFT also keeps a name that the dense
+  // layers' MLP linears have, adapting those too: such names stay.
   for (const auto& [bank, parts] : ExpertBankParts(c)) {
     const auto named = std::count_if(parts.begin(), parts.end(), [&](const std::string& p) { return want.count(p); });
     if (named > 0 && named < static_cast<int64_t>(parts.size())) {
@@ -319,7 +320,11 @@ absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c
                                                      ", or the bank in target_parameters"));
     }
     if (named > 0) {
-      for (const std::string& p : parts) want.erase(p);
+      for (const std::string& p : parts) {
+        if (std::none_of(linears.begin(), linears.end(), [&](const LinearSpec& l) { return l.name == p; })) {
+          want.erase(p);
+        }
+      }
     }
   }
   std::vector<std::string> out, known;

@@ -225,9 +225,11 @@ std::vector<LinearSpec> LinearLayers(const ModelConfig& c);
 // order of LinearLayers. On a model with fused projections, q_proj, k_proj and v_proj together
 // name qkv_proj and gate_proj with up_proj names gate_up_proj. INVALID_ARGUMENT naming the
 // field for a module the model does not have, or for part of a fused layer. On a mixture of
-// experts the MLP's names stand for the expert banks (all of a bank's parts, ExpertBankParts;
-// ResolveLoraExpertTargets gives the banks) and adapt no dense layer's MLP (mlp_only_layers'),
-// as PEFT converts such targets for transformers 5.
+// experts the MLP's names mean what they mean to PEFT 0.22 under transformers 5: the expert
+// banks (all of a bank's parts, ExpertBankParts; ResolveLoraExpertTargets gives the banks) and,
+// where the model has dense layers (Qwen3-MoE's mlp_only_layers), those layers' MLP linears of
+// the same names too. (PEFT 0.21 read them as the banks alone; SaveLora writes adapters both
+// read alike, worker/model/transformer.h.)
 absl::StatusOr<std::vector<std::string>> ResolveLoraTargets(const ModelConfig& c,
                                                             const std::vector<std::string>& targets);
 

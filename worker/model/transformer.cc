@@ -225,6 +225,58 @@ nlohmann::json SavedTargets(const ModelConfig& c, const std::vector<std::string>
   return absl::StrCat(".*language_model.*\\.(", absl::StrJoin(targets, "|"), ")$");
 }
 
+// adapter_config.json's target_parameters that name linear layers' weights (SaveLora's dense
+// MLP of a mixture of experts, "mlp.down_proj.weight"; PEFT adapts such a weight as it adapts the
+// layer, under the layer's tensor names): taken out of `lora`'s target_parameters and added to its
+// target_modules by the layer's name. The expert banks the rest name get their rank and alpha
+// first (rank_pattern's, else r and lora_alpha times the rank factor target_modules gives them),
+// so that the names added fuse no bank's adapter to a rank the file's does not have. `weights`:
+// each linear layer's weight in each layer, PEFT's name with the layer's (ResolveLoraTargets').
+// INVALID_ARGUMENT for a target naming a layer's weight in some of the layers that have it only
+// (oomb adapts a name in every layer), or the dense MLP without the banks its names stand for.
+absl::Status TakeLinearWeights(const ModelConfig& c, const std::vector<std::pair<std::string, std::string>>& weights,
+                               LoraOptions* lora) {
+  std::vector<std::string> rest, named;
+  for (const std::string& t : lora->target_parameters) {
+    std::map<std::string, int64_t> hits, layers;
+    for (const auto& [weight, name] : weights) {
+      ++layers[name];
+      if (weight == t || absl::EndsWith(weight, "." + t)) ++hits[name];
+    }
+    if (hits.empty()) rest.push_back(t);
+    for (const auto& [name, n] : hits) {
+      if (n != layers[name]) {
+        return absl::InvalidArgumentError(absl::StrCat("target_parameters: '", t, "' names ", name, " in ", n,
+                                                       " of the ", layers[name],
+                                                       " layers that have it; oomb adapts all or none"));
+      }
+      if (std::find(named.begin(), named.end(), name) == named.end()) named.push_back(name);
+    }
+  }
+  if (named.empty()) return absl::OkStatus();
+  OOMB_ASSIGN_OR_RETURN(const std::vector<ExpertLoraTarget> banks,
+                        ResolveLoraExpertTargets(c, lora->target_modules, rest, /*dropout=*/0));
+  for (const ExpertLoraTarget& b : banks) {
+    lora->bank_ranks.try_emplace(b.bank, lora->rank * b.rank_factor);
+    lora->bank_alphas.try_emplace(b.bank, lora->alpha * static_cast<double>(b.rank_factor));
+  }
+  OOMB_ASSIGN_OR_RETURN(const std::vector<ExpertLoraTarget> implied, ResolveLoraExpertTargets(c, named, {}, 0));
+  for (const ExpertLoraTarget& b : implied) {
+    if (std::none_of(banks.begin(), banks.end(), [&](const ExpertLoraTarget& a) { return a.bank == b.bank; })) {
+      return absl::InvalidArgumentError(absl::StrCat("target_parameters: the dense layers' ",
+                                                     absl::StrJoin(named, ", "), " without mlp.experts.", b.bank,
+                                                     ": oomb adapts them together, as PEFT 0.22 reads target_modules"));
+    }
+  }
+  lora->target_parameters = rest;
+  for (const std::string& name : named) {
+    if (std::find(lora->target_modules.begin(), lora->target_modules.end(), name) == lora->target_modules.end()) {
+      lora->target_modules.push_back(name);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Transformer::Transformer(ModelConfig config, at::ScalarType dtype, at::Device device)
@@ -921,8 +973,25 @@ absl::Status Transformer::LoadAdapter(const Dir& adapter) {
   } catch (const std::regex_error& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": rank_pattern / alpha_pattern: ", e.what()));
   }
+  std::vector<std::pair<std::string, std::string>> weights;
+  for (const NamedLinear& l : NamedLinears()) {
+    weights.emplace_back(PeftModuleName(config_, l.name) + ".weight", l.spec->name);
+  }
+  OOMB_RETURN_IF_ERROR(Annotate(TakeLinearWeights(config_, weights, &lora), path));
   OOMB_RETURN_IF_ERROR(Annotate(AddLora(lora, 0), path));
-  return LoadLoraWeights(adapter);
+  OOMB_RETURN_IF_ERROR(LoadLoraWeights(adapter));
+  // A tensor no adapter takes would be dropped without a word: the config read otherwise than
+  // its writer meant it (PEFT 0.21's and 0.22's target_modules on a mixture of experts).
+  OOMB_ASSIGN_OR_RETURN(auto file, WeightSet::Open(adapter, "adapter_model.safetensors"));
+  std::set<std::string> taken;
+  for (const auto& [name, t] : TrainableParameters()) taken.insert(name);
+  for (const std::string& name : file->names()) {
+    if (taken.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(adapter.PathOf("adapter_model.safetensors"), ": tensor '", name,
+                                                     "' belongs to no adapter that ", path, " gives this model"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model_path) const {
@@ -935,7 +1004,7 @@ absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model
       {"r", lora_->rank},
       {"lora_alpha", lora_->alpha},
       {"lora_dropout", lora_->dropout},
-      {"target_modules", SavedTargets(config_, lora_->target_modules)},
+      {"target_modules", nullptr},
       {"target_parameters", nullptr},
       {"bias", "none"},
       {"fan_in_fan_out", false},
@@ -947,11 +1016,24 @@ absl::Status Transformer::SaveLora(const Dir& dir, const std::string& base_model
       {"layers_to_transform", nullptr},
       {"revision", nullptr},
   };
-  if (!lora_->target_parameters.empty()) {
-    std::vector<std::string> banks;
-    for (const std::string& b : lora_->target_parameters) banks.push_back("mlp.experts." + b);
-    cfg["target_parameters"] = banks;
+  // A mixture of experts' dense MLP goes in target_parameters as its weights: PEFT 0.21 reads
+  // the MLP's names in target_modules as the expert banks alone, 0.22 as the banks and the dense
+  // layers, and both adapt a weight target_parameters names as they adapt its layer.
+  std::vector<std::string> modules, parameters;
+  const std::vector<LinearSpec> linears = LinearLayers(config_);
+  for (const std::string& t : lora_->target_modules) {
+    const bool dense_mlp =
+        config_.moe.experts > 0 &&
+        std::any_of(linears.begin(), linears.end(), [&](const LinearSpec& l) { return l.name == t && !l.attention; });
+    if (dense_mlp) {
+      parameters.push_back("mlp." + t + ".weight");
+    } else {
+      modules.push_back(t);
+    }
   }
+  for (const std::string& b : lora_->target_parameters) parameters.push_back("mlp.experts." + b);
+  if (!modules.empty()) cfg["target_modules"] = SavedTargets(config_, modules);
+  if (!parameters.empty()) cfg["target_parameters"] = parameters;
   nlohmann::json ranks = nlohmann::json::object(), alphas = nlohmann::json::object();  // as PEFT writes them
   for (const auto& [bank, r] : lora_->bank_ranks) ranks[".*\\." + bank] = r;
   for (const auto& [bank, a] : lora_->bank_alphas) alphas[".*\\." + bank] = a;

@@ -224,9 +224,18 @@ class Transformer {
   // Loads adapter weights saved by SaveLora (or by PEFT) into the existing adapters.
   absl::Status LoadLoraWeights(const Dir& adapter);
   // Adds the adapters of a PEFT adapter directory with the options of its adapter_config.json
-  // (r, lora_alpha, target_modules; PEFT's defaults where absent) and loads their weights.
+  // (r, lora_alpha, target_modules as ResolveLoraTargets reads them, target_parameters naming
+  // expert banks or linear layers' weights, rank_pattern and alpha_pattern of the banks; PEFT's
+  // defaults where absent) and loads their weights. INVALID_ARGUMENT for a config oomb cannot
+  // follow (a weight named in some layers only), a tensor missing or of another shape, and a
+  // tensor of the file that none of those adapters takes.
   absl::Status LoadAdapter(const Dir& adapter);
-  // Writes adapter_model.safetensors + adapter_config.json into `dir` in PEFT's layout.
+  // Writes adapter_model.safetensors + adapter_config.json into `dir` in PEFT's layout, a config
+  // that PEFT 0.21 and 0.22 read alike: the expert banks in target_parameters
+  // (mlp.experts.gate_up_proj, with rank_pattern and alpha_pattern where their rank is not r),
+  // and on a mixture of experts the dense layers' MLP there too, as their weights
+  // (mlp.down_proj.weight), since those PEFT versions read the MLP's names in target_modules
+  // differently (ResolveLoraTargets); the other linear layers in target_modules.
   absl::Status SaveLora(const Dir& dir, const std::string& base_model_path) const;
   // Writes model.safetensors + config.json (full fine-tuning output) in the model's dtype;
   // `config_json` less its quantization_config (an MXFP4 checkpoint's banks are written

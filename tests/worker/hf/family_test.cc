@@ -144,6 +144,11 @@ TEST(FamilyTest, MixtureOfExpertsLayers) {
   EXPECT_EQ((*banks)[1].bank, "down_proj");
   EXPECT_EQ((*banks)[1].rank_factor, 1);
   EXPECT_THAT(*ResolveLoraTargets(q, every), ElementsAre("q_proj", "k_proj", "v_proj", "o_proj"));
+  // Beside dense layers (mlp_only_layers) the MLP's names adapt those layers' MLP as well, as
+  // PEFT 0.22 reads them (0.21: the banks alone).
+  EXPECT_THAT(*ResolveLoraTargets(*c, every),
+              ElementsAre("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"));
+  EXPECT_EQ(ResolveLoraExpertTargets(*c, every, {}, 0)->size(), 2u);
   banks = ResolveLoraExpertTargets(q, {"q_proj"}, {"experts.down_proj", "mlp.experts.gate_up_proj"}, 0);
   ASSERT_TRUE(banks.ok()) << banks.status();
   ASSERT_EQ(banks->size(), 2u);
@@ -154,6 +159,7 @@ TEST(FamilyTest, MixtureOfExpertsLayers) {
   for (const absl::Status& bad :
        {ResolveLoraExpertTargets(q, {"q_proj"}, {"mlp.experts.up_proj"}, 0).status(),
         ResolveLoraExpertTargets(q, every, {}, 0.1).status(), ResolveLoraTargets(q, {"gate_proj"}).status(),
+        ResolveLoraTargets(*c, {"gate_proj", "down_proj"}).status(),
         ResolveLoraExpertTargets(Preset("qwen3-8b"), {"q_proj"}, {"down_proj"}, 0).status()}) {
     EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(bad.message(), HasSubstr("method.lora."));

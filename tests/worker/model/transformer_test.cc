@@ -125,6 +125,13 @@ TEST_P(TinyModelParityTest, LogitsAndLossMatchTransformers) {
   EXPECT_NEAR(loss->loss_sum / loss->label_tokens, want_loss, 1e-5) << GetParam();
 }
 
+// Every LoRA weight of `model` drawn from N(0, 0.2^2), seeded (B too: every gradient non-zero).
+void DrawLora(Transformer& model, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  at::manual_seed(seed);
+  for (auto& [name, p] : model.TrainableParameters()) p.normal_(0, 0.2);
+}
+
 // transformers + PEFT's LoRA gradients (tests/python/make_tiny_models.py, DIR/NAME/lora/): the
 // adapter PEFT saved loads, and both the model's autograd over the whole sequence and the chunked
 // trainer (chunks of 13 over pages of 8) give PEFT's loss and gradients, of the LoRA weights and
@@ -190,8 +197,8 @@ TEST_P(TinyModelParityTest, LoraGradientsMatchTransformersAndPeft) {
   }
 }
 
-// An adapter oomb saves loads in PEFT (tests/python/check_peft_adapter.py): PEFT's logits with it
-// equal oomb's.
+// An adapter oomb saves loads back in oomb as it was, and in PEFT (tests/python/check_peft_adapter.py:
+// the venv's release, and each older one installed beside it): PEFT's logits with it equal oomb's.
 TEST_P(TinyModelParityTest, SavedAdapterLoadsInPeft) {
   const std::string python = testing::VenvPython();
   if (python.empty()) GTEST_SKIP() << "no Python venv";
@@ -202,13 +209,19 @@ TEST_P(TinyModelParityTest, SavedAdapterLoadsInPeft) {
   lora.rank = 2;
   lora.alpha = 4;
   ASSERT_TRUE((*model)->AddLora(lora, 3).ok());
-  {
-    at::NoGradGuard no_grad;
-    at::manual_seed(11);  // the same adapter every run: the logits' distance to PEFT's is then fixed
-    for (auto& [name, p] : (*model)->TrainableParameters()) p.normal_(0, 0.2);
-  }
+  DrawLora(**model, 11);  // the same adapter every run: the logits' distance to PEFT's is then fixed
   const std::string out = testing::ScratchDir("peft_" + GetParam());
   ASSERT_TRUE((*model)->SaveLora(testing::OpenDir(out), dir).ok());
+  auto reloaded = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  const absl::Status read_back = (*reloaded)->LoadAdapter(testing::OpenDir(out));
+  ASSERT_TRUE(read_back.ok()) << read_back;
+  const auto saved = (*model)->TrainableParameters(), loaded = (*reloaded)->TrainableParameters();
+  ASSERT_EQ(saved.size(), loaded.size());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    EXPECT_EQ(saved[i].first, loaded[i].first);
+    EXPECT_TRUE(at::equal(saved[i].second, loaded[i].second)) << saved[i].first;
+  }
   auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
   ASSERT_TRUE(ref.ok());
   const at::Tensor ids = ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0];
@@ -236,15 +249,17 @@ INSTANTIATE_TEST_SUITE_P(Tiny, TinyModelParityTest, ::testing::ValuesIn(TinyMode
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TinyModelParityTest);
 
 // The gradients' reach after a chunked pass over the reference sequence, on the tiny Qwen3-MoE
-// (3 layers, layer 1 dense, 4 experts, top-2): LoRA on attention and both expert banks, then
-// full fine-tuning. Each bank's experts are told apart along its layout (LoRA B [out, r E]:
-// expert e's columns k E + e; a weight [E, out, in]), checked with gradients set by hand.
+// (3 layers, layer 1 dense, 4 experts, top-2): LoRA on every linear layer's name (attention, the
+// dense layer's MLP and both expert banks; weights drawn at random), then full fine-tuning. Each
+// bank's experts are told apart along its layout (LoRA B [out, r E]: expert e's columns k E + e;
+// a weight [E, out, in]), checked with gradients set by hand.
 TEST(TransformerTest, ReachCountsTheModulesAndExpertsTheGradientsReached) {
   const std::string dir = testing::DataDir() + "/tiny/qwen3-moe";
   if (!fs::exists(dir)) GTEST_SKIP() << "no " << dir;
   auto model = Transformer::Load(testing::OpenDir(dir), at::kFloat, at::kCPU);
   ASSERT_TRUE(model.ok()) << model.status();
-  ASSERT_TRUE((*model)->LoadAdapter(testing::OpenDir(dir + "/lora")).ok());
+  ASSERT_TRUE((*model)->AddLora(LoraOptions{.rank = 4, .alpha = 8}, 1).ok());
+  DrawLora(**model, 5);
   auto ref = WeightSet::Open(testing::OpenDir(dir), "reference.safetensors");
   ASSERT_TRUE(ref.ok());
   const at::Tensor ids = ToTensor(*(*ref)->Find("input_ids"), at::kLong)[0];
@@ -263,6 +278,7 @@ TEST(TransformerTest, ReachCountsTheModulesAndExpertsTheGradientsReached) {
   EXPECT_FALSE(none.every());
   EXPECT_EQ(none.Describe(),
             "self_attn.q_proj 0/3, self_attn.k_proj 0/3, self_attn.v_proj 0/3, self_attn.o_proj 0/3, "
+            "mlp.gate_proj 0/1, mlp.up_proj 0/1, mlp.down_proj 0/1, "
             "mlp.experts.gate_up_proj 0/2 (experts 0/8), mlp.experts.down_proj 0/2 (experts 0/8)");
 
   Chunked chunked(**model, ids.size(0));
@@ -270,6 +286,9 @@ TEST(TransformerTest, ReachCountsTheModulesAndExpertsTheGradientsReached) {
   const GradientReach trained = (*model)->Reach();
   for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}) {
     EXPECT_EQ(group(trained, name).reached, 3) << name;
+  }
+  for (const char* name : {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+    EXPECT_EQ(group(trained, name).reached, 1) << name;
   }
   for (const char* name : {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}) {
     const GradientReach::Group g = group(trained, name);
@@ -508,9 +527,18 @@ TEST(TransformerTest, LoraRoundTrip) {
     EXPECT_EQ(pa[i].first, pb[i].first);
     EXPECT_TRUE(at::equal(pa[i].second, pb[i].second)) << pa[i].first;
   }
-  const auto cfg = nlohmann::json::parse(std::ifstream(dir + "/adapter_config.json"));
+  auto cfg = nlohmann::json::parse(std::ifstream(dir + "/adapter_config.json"));
   EXPECT_EQ(cfg["peft_type"], "LORA");
   EXPECT_EQ(cfg["r"], 4);
+  // A config whose targets leave some of the file's tensors to no adapter is refused, not read
+  // with those tensors dropped.
+  cfg["target_modules"] = {"q_proj", "v_proj"};
+  std::ofstream(dir + "/adapter_config.json") << cfg.dump();
+  auto c = Transformer::Load(testing::OpenDir(src), at::kFloat, at::kCPU);
+  ASSERT_TRUE(c.ok());
+  const absl::Status dropped = (*c)->LoadAdapter(testing::OpenDir(dir));
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kInvalidArgument) << dropped;
+  EXPECT_TRUE(absl::StrContains(dropped.message(), "mlp.down_proj.lora_A.weight' belongs to no adapter")) << dropped;
   fs::remove_all(dir);
 }
 
