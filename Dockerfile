@@ -20,7 +20,7 @@ ENV DEBIAN_FRONTEND=noninteractive OOMB_VENV=/opt/venv
 ARG OOMB_GIT_SHA=
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv sudo && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY scripts/setup.sh scripts/python-requirements.lock scripts/mlflow-requirements.lock scripts/
+COPY scripts/setup.sh scripts/python-requirements.lock scripts/mlflow-requirements.lock scripts/peft-previous.lock scripts/
 RUN bash scripts/setup.sh
 COPY . .
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DOOMB_BUILD_TESTS=OFF \

@@ -65,13 +65,17 @@ fi
 # lock): a fresh machine today or next month installs what CI installed. An environment made
 # from an older lock is brought to this one in place (pip install of the lock, then pip check).
 REQ_LOCK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/python-requirements.lock"
-stamp="$OOMB_VENV/.oomb-setup-$(sha1sum "$REQ_LOCK" | cut -c1-12)"
+stamp="$OOMB_VENV/.oomb-setup-$(cat "$REQ_LOCK" "$(dirname "$REQ_LOCK")/peft-previous.lock" | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   log "creating Python environment in $OOMB_VENV (scripts/python-requirements.lock)"
   [ -x "$OOMB_VENV/bin/python" ] || python3 -m venv "$OOMB_VENV"
   "$OOMB_VENV/bin/python" -m pip install -q --upgrade pip
   "$OOMB_VENV/bin/python" -m pip install -q --require-hashes -r "$REQ_LOCK"
   "$OOMB_VENV/bin/python" -m pip check >&2
+  # The previous PEFT release in a directory of its own, for tests/python/check_peft_adapter.py.
+  rm -rf "$OOMB_VENV"/peft-*
+  "$OOMB_VENV/bin/python" -m pip install -q --no-deps --require-hashes --target "$OOMB_VENV/peft-0.21.2" \
+    -r "$(dirname "$REQ_LOCK")/peft-previous.lock"
   rm -f "$OOMB_VENV"/.oomb-setup-*
   touch "$stamp"
 else
