@@ -11,6 +11,33 @@
 namespace oomb::server {
 namespace {
 
+// The ruler section: known tasks, each once, and the haystack its essay tasks need.
+absl::Status CheckRuler(const v1::JobSpec& s, const spec::Source& source, const spec::Lines* lines) {
+  const v1::EvaluationSpec& e = s.evaluation();
+  const auto& tasks = e.ruler().tasks();
+  std::vector<RulerTask> named;
+  for (int i = 0; i < tasks.size(); ++i) {
+    const std::string name = v1::Evaluation::RulerTask_Name(tasks[i]);
+    const std::optional<RulerTask> task = RulerTaskNamed(name);
+    if (!task.has_value()) {
+      return spec::FieldError(source, lines, "evaluation.ruler.tasks",
+                              absl::StrCat("unknown task ", tasks[i], " (", RulerTaskNames(), ")"));
+    }
+    if (std::find(named.begin(), named.end(), *task) != named.end()) {
+      return spec::FieldError(source, lines, "evaluation.ruler.tasks", absl::StrCat("'", name, "' is listed twice"));
+    }
+    named.push_back(*task);
+  }
+  const bool ruler = std::find(e.suites().begin(), e.suites().end(), v1::Evaluation::ruler) != e.suites().end();
+  if (ruler && e.haystack().empty() && RulerNeedsHaystack(named)) {
+    return spec::FieldError(source, lines, "evaluation.haystack",
+                            "required by the ruler suite's essay tasks (niah_single_2, _3, niah_multikey_1, "
+                            "niah_multivalue, niah_multiquery): a UTF-8 text, or list evaluation.ruler.tasks "
+                            "without them");
+  }
+  return absl::OkStatus();
+}
+
 // The evaluation section against the rest of the spec: known suites, and each suite's input.
 absl::Status CheckEvaluation(const v1::JobSpec& s, const spec::Source& source, const spec::Lines* lines) {
   const auto error = [&](const std::string& path, absl::string_view what) {
@@ -32,6 +59,7 @@ absl::Status CheckEvaluation(const v1::JobSpec& s, const spec::Source& source, c
       return error("evaluation.haystack", "required by the needle suite (a UTF-8 text to hide the fact in)");
     }
   }
+  OOMB_RETURN_IF_ERROR(CheckRuler(s, source, lines));
   for (const int64_t length : e.lengths()) {
     if (length > s.data().max_seq_len()) {
       return error("evaluation.lengths", absl::StrCat("each must be at most data.max_seq_len (", s.data().max_seq_len(),
@@ -239,9 +267,18 @@ JobConfig ToConfig(const v1::JobSpec& s) {
   const v1::EvaluationSpec& e = s.evaluation();
   std::vector<EvalSuite> suites;
   for (const int suite : e.suites()) suites.push_back(*SuiteNamed(v1::Evaluation::Suite_Name(suite)));
-  c.evaluation = {std::move(suites), e.every_steps(), {e.lengths().begin(), e.lengths().end()},
-                  e.depths(),        e.trials(),      static_cast<uint64_t>(e.seed()),
-                  e.haystack()};
+  std::vector<RulerTask> tasks;
+  for (const int task : e.ruler().tasks()) tasks.push_back(*RulerTaskNamed(v1::Evaluation::RulerTask_Name(task)));
+  c.evaluation = {.suites = std::move(suites),
+                  .every_steps = e.every_steps(),
+                  .lengths = {e.lengths().begin(), e.lengths().end()},
+                  .depths = e.depths(),
+                  .trials = e.trials(),
+                  .seed = static_cast<uint64_t>(e.seed()),
+                  .haystack = e.haystack(),
+                  .ruler_tasks = std::move(tasks),
+                  .ruler_samples = e.ruler().samples(),
+                  .ruler_threshold = e.ruler().threshold()};
   if (c.evaluation.lengths.empty()) c.evaluation.lengths = {c.data.max_seq_len};
   return c;
 }

@@ -59,6 +59,22 @@ v1::EvaluationResult EvaluationToProto(const EvalReport& report, int64_t step) {
       x->set_trials(c.trials);
     }
     if (const std::optional<double> a = result.accuracy()) s.set_accuracy(*a);
+    for (const RulerScore& r : result.ruler) {
+      v1::EvaluationResult::TaskScore* t = s.add_tasks();
+      t->set_task(RulerTaskName(r.task));
+      t->set_length(r.length);
+      t->set_score(r.score);
+      t->set_samples(r.samples);
+    }
+    for (const auto& [length, score] : result.averages()) {
+      v1::EvaluationResult::LengthScore* a = s.add_averages();
+      a->set_length(length);
+      a->set_score(score);
+    }
+    if (const std::optional<int64_t> e = result.effective_length()) {
+      s.set_threshold(result.threshold);
+      s.set_effective_length(*e);
+    }
   }
   return out;
 }

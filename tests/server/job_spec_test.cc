@@ -425,7 +425,8 @@ TEST(JobSpecTest, EvaluationSectionSuitesLengthsAndTheirInputs) {
   EXPECT_EQ(d.evaluation.depths, 5);
 
   EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [perplexity]\n"),
-              HasSubstr("job.yaml:4: evaluation.suites: must be one of positions, passkey, needle; got 'perplexity'"));
+              HasSubstr("job.yaml:4: evaluation.suites: must be one of positions, passkey, needle, ruler; got "
+                        "'perplexity'"));
   EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [positions]\n"),
               HasSubstr("evaluation.suites: positions scores data.validation: set it"));
   EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [needle]\n"),
@@ -435,6 +436,39 @@ TEST(JobSpecTest, EvaluationSectionSuitesLengthsAndTheirInputs) {
               HasSubstr("job.yaml:5: evaluation.lengths: each must be at most data.max_seq_len (4096"));
   EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [passkey]\n  lengths: [0]\n"),
               HasSubstr("evaluation.lengths"));
+}
+
+// The ruler suite: RULER's tasks by RULER's names (default all 11), samples and threshold with
+// RULER's defaults, the essay tasks' haystack required, errors naming the line.
+TEST(JobSpecTest, RulerSuiteTasksSamplesThresholdAndItsHaystack) {
+  const JobConfig all = LoadOk(
+      "model: {path: /m}\ndata: {train: /t, max_seq_len: 8192}\n"
+      "evaluation:\n  suites: [ruler]\n  lengths: [4096, 8192]\n  haystack: /essays.txt\n");
+  EXPECT_EQ(all.evaluation.suites, std::vector<EvalSuite>{EvalSuite::kRuler});
+  EXPECT_TRUE(all.evaluation.ruler_tasks.empty());  // all 11
+  EXPECT_EQ(all.evaluation.ruler_samples, 20);
+  EXPECT_EQ(all.evaluation.ruler_threshold, 85.6);
+  const JobConfig some = LoadOk(
+      "model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [passkey, ruler]\n"
+      "  ruler: {tasks: [niah_single_1, niah_multikey_3, vt, cwe, fwe], samples: 5, threshold: 50}\n");
+  EXPECT_EQ(some.evaluation.ruler_tasks, (std::vector<RulerTask>{RulerTask::kNiahSingle1, RulerTask::kNiahMultikey3,
+                                                                 RulerTask::kVt, RulerTask::kCwe, RulerTask::kFwe}));
+  EXPECT_EQ(some.evaluation.ruler_samples, 5);
+  EXPECT_EQ(some.evaluation.ruler_threshold, 50);
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [ruler]\n"),
+              HasSubstr("evaluation.haystack: required by the ruler suite's essay tasks"));
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [ruler]\n"
+                        "  ruler: {tasks: [vt, niah_multivalue]}\n"),
+              HasSubstr("evaluation.haystack: required by the ruler suite's essay tasks"));
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [ruler]\n"
+                        "  ruler: {tasks: [qa_1]}\n"),
+              HasSubstr("evaluation.ruler.tasks"));
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [ruler]\n"
+                        "  ruler: {tasks: [vt, vt]}\n"),
+              HasSubstr("evaluation.ruler.tasks: 'vt' is listed twice"));
+  EXPECT_THAT(LoadError("model: {path: /m}\ndata: {train: /t}\nevaluation:\n  suites: [ruler]\n"
+                        "  ruler: {tasks: [vt], threshold: 101}\n"),
+              HasSubstr("evaluation.ruler.threshold"));
 }
 
 // A command's --rope-scaling is read and checked as model.rope_scaling is.

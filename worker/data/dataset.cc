@@ -458,6 +458,7 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const LineError err(options, path, line_no);
     Document d;
+    std::string generator;
     line.reserve(line.size() + simdjson::SIMDJSON_PADDING);     // parsed in place, not copied
     if (!FastInputIds(parser, line, options.vocab_size, &d)) {  // what it accepts is valid UTF-8
       d = Document();
@@ -470,6 +471,7 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
         return err(absl::StrCat("invalid JSON: ", e.what()));
       }
       OOMB_ASSIGN_OR_RETURN(d, ParseLine(j, lazy, options.vocab_size, err));
+      if (j.contains("generator") && j["generator"].is_string()) generator = j["generator"].get<std::string>();
     }
     d.line = line_no;
     const int64_t n = static_cast<int64_t>(d.ids.size());
@@ -495,6 +497,7 @@ absl::StatusOr<std::vector<Document>> ReadJsonlDataset(const File& file, const T
         std::upper_bound(st.length_bounds.begin(), st.length_bounds.end(), static_cast<int64_t>(d.ids.size())) -
         st.length_bounds.begin();
     ++st.length_counts[bucket];
+    if (!generator.empty()) ++st.generators[generator];
     docs.push_back(std::move(d));
   }
   if (!in.status().ok()) return Annotate(in.status(), options.field);

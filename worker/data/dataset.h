@@ -31,6 +31,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +75,9 @@ struct DatasetStats {
   // open-ended.
   std::vector<int64_t> length_bounds = {128, 512, 2048, 8192, 32768, 131072, 524288};
   std::vector<int64_t> length_counts = std::vector<int64_t>(8, 0);
+  // Samples kept by the string of their "generator" field: the evaluation suite whose generator
+  // wrote them (`oombd data retrieval`: "passkey", "needle", "ruler/<task>").
+  std::map<std::string, int64_t> generators;
 };
 
 // What the reader tokenizes text with. Only "text", "prompt"/"completion" and "messages"

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -228,6 +229,41 @@ class RetrievalSuite final : public Suite {
   std::vector<RetrievalDoc> docs_;
 };
 
+class RulerSuite final : public Suite {
+ public:
+  RulerSuite(std::vector<RulerDoc> docs, std::shared_ptr<const Tokenizer> tokenizer, double threshold, int64_t margin)
+      : docs_(std::move(docs)), tokenizer_(std::move(tokenizer)), threshold_(threshold), margin_(margin) {}
+  int64_t longest() const override {
+    int64_t longest = 0;
+    for (const RulerDoc& d : docs_) longest = std::max(longest, d.length + margin_);
+    return longest;
+  }
+  absl::StatusOr<SuiteResult> Score(ChunkTrainer& trainer) const override {
+    SuiteResult r;
+    r.threshold = threshold_;
+    std::optional<int64_t> stop;
+    if (tokenizer_->eos_id().has_value()) stop = *tokenizer_->eos_id();
+    for (const RulerDoc& d : docs_) {
+      OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, trainer.Generate(d.prompt, d.max_new_tokens, stop));
+      OOMB_ASSIGN_OR_RETURN(const std::string text, tokenizer_->Decode(std::vector<int32_t>(ids.begin(), ids.end()),
+                                                                       /*skip_special_tokens=*/true));
+      if (r.ruler.empty() || r.ruler.back().task != d.task || r.ruler.back().length != d.length) {
+        r.ruler.push_back({.task = d.task, .length = d.length});
+      }
+      r.ruler.back().score += StringMatchAll(text, d.answers);
+      ++r.ruler.back().samples;
+    }
+    for (RulerScore& s : r.ruler) s.score = 100 * s.score / static_cast<double>(s.samples);
+    return r;
+  }
+
+ private:
+  std::vector<RulerDoc> docs_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  double threshold_;
+  int64_t margin_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Suite>> MakeSuite(EvalSuite suite, const SuiteInputs& in) {
@@ -241,6 +277,11 @@ absl::StatusOr<std::unique_ptr<Suite>> MakeSuite(EvalSuite suite, const SuiteInp
     case EvalSuite::kNeedle: {
       OOMB_ASSIGN_OR_RETURN(std::vector<RetrievalDoc> docs, NeedleDocs(*in.tokenizer, in.haystack, in.retrieval));
       return std::make_unique<RetrievalSuite>(std::move(docs));
+    }
+    case EvalSuite::kRuler: {
+      OOMB_ASSIGN_OR_RETURN(const PromptFormat format, RulerPromptFormat(*in.tokenizer));
+      OOMB_ASSIGN_OR_RETURN(std::vector<RulerDoc> docs, RulerDocs(*in.tokenizer, format, in.haystack, in.ruler));
+      return std::make_unique<RulerSuite>(std::move(docs), in.tokenizer, in.ruler_threshold, in.ruler_margin);
     }
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown suite ", static_cast<int>(suite)));

@@ -12,6 +12,10 @@
 //            2023, "Landmark Attention"), then "What is the pass key? The pass key is" + key;
 //   needle:  a "special magic number" fact about a city hidden at a depth of real text (the
 //            haystack file, from a seeded offset), then the question and the number.
+//   ruler:   RULER's synthetic tasks (worker/job/ruler.h), scored as RULER scores them: the
+//            greedy generation of each task's token budget after the prompt, string_match_all
+//            over its expected answers, averaged by task and length (0 .. 100), and the
+//            effective length over the tasks' averages (SuiteResult::effective_length).
 // Pieces are tokenized one by one and joined, so lengths and depths are exact; a depth is the
 // fraction of the filler before the hidden fact (0: right after the instruction, 1: just
 // before the question). Keys, cities and offsets come from `seed`: runs with the same seed
@@ -28,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "worker/data/sequence.h"
 #include "worker/hf/tokenizer.h"
+#include "worker/job/ruler.h"
 #include "worker/metrics/eval_report.h"
 
 namespace oomb {
@@ -89,14 +94,20 @@ class Suite {
 
 // What the suites are made from; each suite reads its own.
 struct SuiteInputs {
-  std::vector<Document> samples;         // positions: each scored as its own sequence
-  const Tokenizer* tokenizer = nullptr;  // passkey, needle: writes their documents
-  RetrievalOptions retrieval;            // passkey, needle
-  std::string haystack;                  // needle: the UTF-8 text the fact is hidden in
+  std::vector<Document> samples;  // positions: each scored as its own sequence
+  // passkey, needle, ruler: writes their documents (ruler keeps it, to read the generations).
+  std::shared_ptr<const Tokenizer> tokenizer;
+  RetrievalOptions retrieval;  // passkey, needle
+  std::string haystack;        // needle: the UTF-8 text the fact is hidden in; ruler: its essay
+  RulerOptions ruler;          // ruler: tasks, lengths, samples, seed
+  double ruler_threshold = kRulerThreshold;
+  // ruler: tokens beyond its longest length that its generations need planned (one chunk: a
+  // plan leaves out a sequence's last chunk, which a generation reads).
+  int64_t ruler_margin = 0;
 };
 
-// `suite` made from `inputs`: PasskeyDocs' and NeedleDocs' errors (callers prefix the field or
-// flag of the lengths, or of the haystack for needle).
+// `suite` made from `inputs`: PasskeyDocs', NeedleDocs', RulerPromptFormat's and RulerDocs'
+// errors (callers prefix the field or flag of the lengths, or of the haystack).
 absl::StatusOr<std::unique_ptr<Suite>> MakeSuite(EvalSuite suite, const SuiteInputs& inputs);
 
 }  // namespace oomb

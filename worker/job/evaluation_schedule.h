@@ -4,7 +4,9 @@
 #define OOMB_WORKER_JOB_EVALUATION_SCHEDULE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,13 @@
 #include "worker/plan/job_config.h"
 
 namespace oomb {
+
+// A warning for the job's events when the training data holds samples that an evaluated suite's
+// own generator wrote (`oombd data retrieval` marks them, DatasetStats::generators: "passkey",
+// "needle", "ruler/<task>" for a ruler task evaluated): a score on a format trained on says
+// little about long context. "" when there are none.
+std::string TrainedOnEvaluatedSuites(const JobConfig::Evaluation& evaluation,
+                                     const std::map<std::string, int64_t>& generators);
 
 class EvaluationSchedule {
  public:

@@ -250,6 +250,7 @@ absl::Status Run::Agree(const absl::Status& mine, std::vector<double>* sums) {
 
 absl::Status Run::Setup() {
   OOMB_ASSIGN_OR_RETURN(JobData data, ReadJobData(job_, *options_.files));
+  if (const std::string w = TrainedOnEvaluatedSuites(job_.evaluation, data.stats.generators); !w.empty()) Warn(w);
   OOMB_ASSIGN_OR_RETURN(checkpointer_, Checkpointer::Open(job_, *data.model_dir, *options_.checkpoint_dir,
                                                           options_.spec_yaml, options_.on_checkpoint));
   if (!job_.data.validation.empty()) {

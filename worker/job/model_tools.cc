@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "kernels/torch/matmul.h"
 #include "worker/common/checkpoint_dir.h"
 #include "worker/common/status.h"
 #include "worker/data/dataset.h"
@@ -24,10 +23,11 @@
 #include "worker/job/device.h"
 #include "worker/job/executor.h"
 #include "worker/job/model_loader.h"
+#include "worker/job/ruler.h"
 #include "worker/model/transformer.h"
 #include "worker/session/training_session.h"
-#include "worker/train/attention.h"
 #include "worker/train/chunk_trainer.h"
+#include "worker/train/greedy_decoder.h"
 #include "worker/train/torch_status.h"
 
 namespace oomb {
@@ -155,7 +155,10 @@ JobConfig EvaluateJob(const EvalOptions& o) {
                     .depths = o.depths,
                     .trials = o.trials,
                     .seed = o.seed,
-                    .haystack = o.haystack};
+                    .haystack = o.haystack,
+                    .ruler_tasks = o.ruler_tasks,
+                    .ruler_samples = o.ruler_samples,
+                    .ruler_threshold = o.ruler_threshold};
   return job;
 }
 
@@ -206,6 +209,12 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
   if (std::find(o.suites.begin(), o.suites.end(), EvalSuite::kNeedle) != o.suites.end() && o.haystack.empty()) {
     return absl::InvalidArgumentError("--haystack: required by the needle suite");
   }
+  if (std::find(o.suites.begin(), o.suites.end(), EvalSuite::kRuler) != o.suites.end() && o.haystack.empty() &&
+      RulerNeedsHaystack(o.ruler_tasks)) {
+    return absl::InvalidArgumentError(
+        "--haystack: required by the ruler suite's essay tasks (niah_single_2, _3, niah_multikey_1, niah_multivalue, "
+        "niah_multiquery; or name --tasks without them)");
+  }
   OOMB_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Make());
   RunOptions run;
   run.files = FileAccess::Unconfined();
@@ -225,61 +234,6 @@ absl::StatusOr<EvalResult> EvaluateModel(const EvalOptions& o) {
   if (report->evaluation.has_value()) r.suites = *std::move(report->evaluation);
   return r;
 }
-
-namespace {
-
-// One sequence run forward a span at a time over the session's KV pages, as training's stage 1
-// runs its chunks: each span attends over the tokens before it, read from the KV store by the
-// dense attention strategy (worker/train/attention.h), and appends its own keys and values.
-// Sliding-window layers keep the pages some later token still reads (a span may start at any
-// token).
-class PagedSequence {
- public:
-  PagedSequence(const Transformer& model, const TrainingSession& session, int64_t chunk_tokens)
-      : model_(model),
-        store_(session.pools().pools(), model.config().num_layers,
-               PastReach{.windows = model.spec().Windows(), .chunk_tokens = 1}),
-        attention_(MakeAttention(&model, session.pools().pools(), Options(chunk_tokens))) {}
-
-  int64_t length() const { return length_; }
-
-  // Tokens [length(), end) of `ids` (dynamic NTK's sequence length: `rope_len`, as transformers
-  // uses the prompt's length for its tokens and then the length so far); the greedy next token
-  // after them.
-  absl::StatusOr<int64_t> Forward(const std::vector<int64_t>& ids, int64_t end, int64_t rope_len) {
-    const at::Device device = model_.device();
-    Chunk c;
-    c.begin = length_;
-    c.end = end;
-    c.doc_start_host = at::zeros({end - c.begin}, at::kLong);  // one document
-    c.input.ids = at::tensor(std::vector<int64_t>(ids.begin() + c.begin, ids.begin() + end), at::kLong).to(device);
-    c.input.positions = at::arange(c.begin, end, at::TensorOptions().dtype(at::kLong).device(device));
-    c.input.doc_start = c.doc_start_host.to(device);
-    c.input.rope_seq_len = rope_len;
-    const at::Tensor hidden =
-        model_.Hidden(c.input, [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-          absl::StatusOr<at::Tensor> out = attention_->Forward(c, layer, q, k, v, nullptr, store_);
-          if (!out.ok()) throw StatusError(out.status());
-          return *out;
-        });
-    length_ = end;
-    return kernels::Matmul(hidden[end - c.begin - 1], model_.lm_head().t()).argmax().item<int64_t>();
-  }
-
- private:
-  static ChunkTrainerOptions Options(int64_t chunk_tokens) {
-    ChunkTrainerOptions o;
-    o.chunk_tokens = chunk_tokens;
-    return o;
-  }
-
-  const Transformer& model_;
-  KvStore store_;
-  std::unique_ptr<Attention> attention_;
-  int64_t length_ = 0;
-};
-
-}  // namespace
 
 absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
   return Guarded(
@@ -305,21 +259,12 @@ absl::StatusOr<GenerateResult> GreedyGenerate(const GenerateOptions& o) {
         // later chunk reads, but every span of a generation is read by the next.
         OOMB_ASSIGN_OR_RETURN(auto session, EvaluateSession(*model, o.dtype, o.prefill_chunk_tokens,
                                                             prompt_tokens + o.max_new_tokens + o.prefill_chunk_tokens));
-        at::NoGradGuard no_grad;
-        PagedSequence sequence(*model, *session, o.prefill_chunk_tokens);
-        int64_t next = 0;
-        for (int64_t begin = 0; begin < prompt_tokens; begin += o.prefill_chunk_tokens) {
-          const int64_t end = std::min(prompt_tokens, begin + o.prefill_chunk_tokens);
-          OOMB_ASSIGN_OR_RETURN(next, sequence.Forward(ids, end, prompt_tokens));
-          if (o.on_prefill) o.on_prefill(end, prompt_tokens);
-        }
-        while (true) {
-          r.new_ids.push_back(static_cast<int32_t>(next));
-          ids.push_back(next);
-          const bool eos = tokenizer->eos_id().has_value() && next == *tokenizer->eos_id();
-          if (eos || static_cast<int64_t>(r.new_ids.size()) == o.max_new_tokens) break;
-          OOMB_ASSIGN_OR_RETURN(next, sequence.Forward(ids, sequence.length() + 1, sequence.length() + 1));
-        }
+        GreedyDecoder decoder(*model, session->pools().pools(), o.prefill_chunk_tokens);
+        std::optional<int64_t> stop;
+        if (tokenizer->eos_id().has_value()) stop = *tokenizer->eos_id();
+        OOMB_ASSIGN_OR_RETURN(const std::vector<int64_t> generated,
+                              decoder.Continue(ids, o.max_new_tokens, stop, o.on_prefill));
+        r.new_ids.assign(generated.begin(), generated.end());
         OOMB_ASSIGN_OR_RETURN(r.text, tokenizer->Decode(r.new_ids));
         return r;
       },

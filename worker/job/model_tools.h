@@ -24,7 +24,8 @@ absl::StatusOr<std::string> InspectModel(const std::string& model_dir);
 struct EvalOptions {
   std::string model_dir;
   // The mean loss over the data, and the suites (eval_suites.h): positions (the data's loss by
-  // position bucket), passkey and needle (retrieval at lengths x depths, trials each).
+  // position bucket), passkey and needle (retrieval at lengths x depths, trials each), ruler
+  // (RULER's tasks at lengths).
   bool loss = true;
   std::vector<EvalSuite> suites;
   std::string data_path;    // JSONL in any dataset format (loss, positions)
@@ -40,6 +41,11 @@ struct EvalOptions {
   int64_t trials = 1;
   uint64_t seed = 1;
   std::string haystack;
+  // ruler (RULER's synthetic tasks, at `lengths` with `seed`; `haystack` for its essay tasks):
+  // the tasks (empty: all 11), documents per task and length, the effective length's threshold.
+  std::vector<RulerTask> ruler_tasks;
+  int64_t ruler_samples = 20;
+  double ruler_threshold = kRulerThreshold;
   // RoPE scaling over config.json's and the adapter's (e.g. the base model evaluated with the
   // scaling a fine-tune will use: the "before" figures).
   std::optional<RopeScalingOverride> rope_scaling = std::nullopt;

@@ -149,6 +149,11 @@ struct JobConfig {
     int64_t trials = 1;
     uint64_t seed = 1;
     std::string haystack;
+    // ruler: RULER's tasks (empty: all 11), documents per task and length, and the effective
+    // length's threshold (0 .. 100).
+    std::vector<RulerTask> ruler_tasks;
+    int64_t ruler_samples = 20;
+    double ruler_threshold = kRulerThreshold;
   } evaluation;
 };
 

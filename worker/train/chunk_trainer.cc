@@ -18,6 +18,7 @@
 #include "worker/common/status.h"
 #include "worker/kv/copy_engine.h"
 #include "worker/paging/page_table.h"
+#include "worker/train/greedy_decoder.h"
 #include "worker/train/torch_status.h"
 
 namespace oomb {
@@ -169,6 +170,13 @@ absl::Status ChunkTrainer::DropUnreadGradients(const TokenSequence& seq, uint64_
 
 PastReach ChunkTrainer::Reach() const {
   return PastReach{.windows = model_->spec().Windows(), .chunk_tokens = options_.chunk_tokens};
+}
+
+absl::StatusOr<std::vector<int64_t>> ChunkTrainer::Generate(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                                                            std::optional<int64_t> stop) {
+  OOMB_RETURN_IF_ERROR(CheckStop());
+  GreedyDecoder decoder(*model_, pools_, options_.chunk_tokens);
+  return decoder.Continue(prompt, max_new_tokens, stop);
 }
 
 absl::StatusOr<SequenceLoss> ChunkTrainer::EvalSequence(const TokenSequence& seq, TokenScores* scores) {

@@ -65,7 +65,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/data/sequence.h"
@@ -114,6 +116,15 @@ class ChunkTrainer {
   // Stage 1 only: the loss without gradients (evaluation); with `scores`, also every position's
   // (TokenScores; resized to the sequence).
   absl::StatusOr<SequenceLoss> EvalSequence(const TokenSequence& seq, TokenScores* scores = nullptr);
+
+  // The greedy continuation of `prompt` by the model as it is (worker/train/greedy_decoder.h):
+  // up to `max_new_tokens` tokens, ending after `stop` when it comes. The prompt runs forward in
+  // chunks of options.chunk_tokens with dense attention over this trainer's pools, which must
+  // hold the KV of prompt + max_new_tokens tokens (RESOURCE_EXHAUSTED otherwise: a plan for that
+  // length plus one chunk holds them); CANCELLED when should_stop asks (before it starts).
+  // LibTorch's errors are thrown, as EvalSequence's callers expect.
+  absl::StatusOr<std::vector<int64_t>> Generate(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                                                std::optional<int64_t> stop);
 
   const TrainerMemory& memory() const { return memory_; }
   // The chunks of the last TrainSequence, up to its end or its stop (should_stop).

@@ -1,15 +1,19 @@
 // A job's evaluation section (job_spec.proto EvaluationSpec) through RunJob on the real
 // SmolLM2-135M-Instruct: the suites run after every every_steps-th step and after the last, on
 // the model being trained; their results reach the step reports and metrics.jsonl. Skips
-// without the test data.
+// without the test data. The ruler suite runs end to end on a tiny random model with a
+// byte-level tokenizer and a ChatML template (hermetic): every task generated, scored and
+// logged; and a job training on data a suite's generator wrote, while evaluating it, is warned.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
+#include "tests/worker/data/test_tokenizer.h"
 #include "tests/worker/test_env.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/common/file_access.h"
@@ -110,6 +114,133 @@ TEST(EvaluationSectionTest, ALengthTooShortForThePromptFailsBeforeTraining) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("evaluation.lengths: 20 tokens cannot hold"));
   EXPECT_EQ(steps, 0);
+}
+
+// A random tiny Llama over the byte tokenizer's 258 ids, with tokenizer.json and a ChatML
+// template whose end of turn (<|im_end|>) is the end-of-sequence token.
+std::string TinyChatModel(const std::string& dir) {
+  const std::string model = dir + "/model";
+  std::filesystem::create_directories(model);
+  testing::WriteTinyModelDir(model, testing::TinyLlamaConfig(/*vocab=*/258), at::kFloat, /*seed=*/3);
+  std::ofstream(model + "/tokenizer.json") << testing::ByteTokenizerJson(/*newline_merge=*/false);
+  const nlohmann::json config = {
+      {"eos_token", "<|im_end|>"},
+      {"chat_template",
+       "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+       "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"}};
+  std::ofstream(model + "/tokenizer_config.json") << config.dump();
+  return model;
+}
+
+// Invented prose for the essay tasks.
+std::string WriteEssay(const std::string& dir) {
+  std::string text;
+  for (int i = 0; i < 20; ++i) {
+    text +=
+        "The ferry crossed the bay at dawn. Gulls followed it for a while! Did the captain wave from the bridge? "
+        "Passengers drank tea in the warm cabin. The island grew larger with every minute. ";
+  }
+  std::ofstream(dir + "/essay.txt") << text;
+  return dir + "/essay.txt";
+}
+
+TEST(EvaluationSectionTest, RulerRunsEveryTaskThroughGenerationOnATinyModel) {
+  const std::string dir = testing::ScratchDir("evaluation_ruler");
+  JobConfig job;
+  job.model.path = TinyChatModel(dir);
+  job.model.dtype = ModelDtype::kFloat32;
+  job.method.type = TrainMethod::kEvaluate;
+  job.data.max_seq_len = 2600;
+  job.memory.chunk_tokens = 512;
+  job.checkpoint.every_steps = 0;
+  job.resources.device = "cpu";
+  job.evaluation.suites = {EvalSuite::kRuler};
+  job.evaluation.lengths = {2600};
+  job.evaluation.haystack = WriteEssay(dir);
+  job.evaluation.ruler_samples = 1;
+  job.evaluation.ruler_threshold = 0;  // a random model scores 0 or so: every length is above 0
+
+  RunOptions options;
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(dir + "/out");
+  options.devices = {"cpu"};
+  std::optional<EvalReport> report;
+  options.on_step = [&](const StepReport& p) { report = p.evaluation; };
+  auto r = RunJob(job, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(report.has_value());
+  const SuiteResult& ruler = report->at(EvalSuite::kRuler);
+  ASSERT_EQ(ruler.ruler.size(), std::size(kRulerTasks));
+  for (size_t i = 0; i < ruler.ruler.size(); ++i) {
+    EXPECT_EQ(ruler.ruler[i].task, kRulerTasks[i]);
+    EXPECT_EQ(ruler.ruler[i].length, 2600);
+    EXPECT_EQ(ruler.ruler[i].samples, 1);
+    EXPECT_GE(ruler.ruler[i].score, 0);
+    EXPECT_LE(ruler.ruler[i].score, 100);
+  }
+  EXPECT_EQ(ruler.effective_length(), 2600);
+
+  std::ifstream metrics(dir + "/out/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  const nlohmann::json j = nlohmann::json::parse(line)["evaluation"]["ruler"];
+  EXPECT_EQ(j["scores"].size(), 11u);
+  EXPECT_EQ(j["scores"][10]["task"], "fwe");
+  EXPECT_EQ(j["averages"][0]["length"], 2600);
+  EXPECT_EQ(j["effective_length"], 2600);
+  EXPECT_EQ(j["threshold"], 0.0);
+}
+
+TEST(EvaluationSectionTest, TrainingOnAnEvaluatedSuitesGeneratorIsWarned) {
+  const std::string dir = testing::ScratchDir("evaluation_generator");
+  {
+    std::ofstream train(dir + "/train.jsonl");
+    const std::vector<std::vector<int64_t>> docs = testing::RandomDocs(3, 64, 64, 256, 5);
+    const char* marks[] = {"ruler/vt", "passkey", "ruler/cwe"};
+    for (size_t i = 0; i < docs.size(); ++i) {
+      train << nlohmann::json{{"input_ids", docs[i]}, {"generator", marks[i]}}.dump() << "\n";
+    }
+  }
+  JobConfig job;
+  job.model.path = TinyChatModel(dir);
+  job.model.dtype = ModelDtype::kFloat32;
+  job.method.lora.rank = 2;
+  job.data.train = dir + "/train.jsonl";
+  job.data.max_seq_len = 1200;
+  job.training.max_steps = 1;
+  job.training.warmup_steps = 0;
+  job.memory.chunk_tokens = 512;
+  job.checkpoint.every_steps = 0;
+  job.resources.device = "cpu";
+  job.evaluation.suites = {EvalSuite::kPasskey, EvalSuite::kRuler};
+  job.evaluation.lengths = {1200};
+  job.evaluation.depths = 1;
+  job.evaluation.ruler_tasks = {RulerTask::kVt, RulerTask::kFwe};  // not cwe
+  job.evaluation.ruler_samples = 1;
+  RunOptions options;
+  options.files = FileAccess::Unconfined();
+  options.checkpoint_dir = testing::MakeDirs(dir + "/out");
+  options.devices = {"cpu"};
+  std::vector<std::string> warnings;
+  options.on_warning = [&](const std::string& w) { warnings.push_back(w); };
+  auto r = RunJob(job, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto generators = std::count_if(warnings.begin(), warnings.end(), [](const std::string& w) {
+    return w.find("written by the generators of suites this job evaluates") != std::string::npos;
+  });
+  ASSERT_EQ(generators, 1) << ::testing::PrintToString(warnings);
+  for (const std::string& w : warnings) {
+    if (w.find("generators of suites") == std::string::npos) continue;
+    EXPECT_THAT(w, ::testing::HasSubstr("1 passkey, 1 ruler/vt"));
+    EXPECT_THAT(w, ::testing::Not(::testing::HasSubstr("ruler/cwe")));  // cwe is not evaluated
+  }
+  // Evaluating other suites: no warning.
+  job.evaluation.suites = {EvalSuite::kNeedle};
+  job.evaluation.haystack = WriteEssay(dir);
+  warnings.clear();
+  options.checkpoint_dir = testing::MakeDirs(dir + "/out2");
+  ASSERT_TRUE(RunJob(job, options).ok());
+  for (const std::string& w : warnings) EXPECT_THAT(w, ::testing::Not(::testing::HasSubstr("generators of suites")));
 }
 
 }  // namespace
