@@ -91,6 +91,13 @@ std::string Printable(const std::string& text) {
   return out;
 }
 
+namespace {
+
+// Tokens as "4K" where a whole number of K, else the number.
+std::string Tokens(int64_t n) { return n % 1024 == 0 && n > 0 ? fmt::format("{}K", n / 1024) : std::to_string(n); }
+
+}  // namespace
+
 std::string EvaluationLine(const v1::EvaluationResult& e) {
   // A map's order is no order: the retrieval suites' accuracies by name, then the loss by position.
   const std::map<std::string, v1::EvaluationResult::Suite> suites(e.suites().begin(), e.suites().end());
@@ -107,7 +114,27 @@ std::string EvaluationLine(const v1::EvaluationResult& e) {
     }
     add(part);
   }
+  for (const auto& [name, s] : suites) {
+    if (!s.has_effective_length()) continue;
+    std::vector<std::string> by_length;
+    for (const auto& a : s.averages()) by_length.push_back(fmt::format("{} {:.1f}", Tokens(a.length()), a.score()));
+    add(fmt::format("{} effective length {} (threshold {:.1f}; by length {})", name, Tokens(s.effective_length()),
+                    s.threshold(), fmt::join(by_length, ", ")));
+  }
   return e.step() > 0 ? fmt::format("step {}: {}", e.step(), line) : line;
+}
+
+std::vector<std::string> RulerLines(const v1::EvaluationResult& e) {
+  const auto it = e.suites().find("ruler");
+  if (it == e.suites().end()) return {};
+  std::vector<std::string> out, order;  // tasks in the order run
+  std::map<std::string, std::string> lines;
+  for (const v1::EvaluationResult::TaskScore& t : it->second.tasks()) {
+    if (!lines.contains(t.task())) order.push_back(t.task());
+    lines[t.task()] += fmt::format("  {} {:.1f}", Tokens(t.length()), t.score());
+  }
+  for (const std::string& task : order) out.push_back(fmt::format("{:<16}{}", task, lines[task]));
+  return out;
 }
 
 Client::Client(const Globals& g) : g_(g) {

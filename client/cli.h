@@ -103,7 +103,12 @@ std::string Duration(double seconds);
 std::string Time(const google::protobuf::Timestamp& t);
 // The evaluation section's results, one line: "step N: passkey 0.90, needle 0.75, loss by
 // position [0K, 1K) 2.310 ..." (without "step N:" for method.type evaluate's, step 0).
+// With the ruler suite: "ruler effective length 8K (threshold 85.6; by length 4K 92.1, 8K
+// 86.0, 16K 70.3)".
 std::string EvaluationLine(const v1::EvaluationResult& e);
+// The ruler suite's scores, a line a task: "niah_single_1  4K 100.0  8K 95.0" (RULER's 0-100),
+// in RULER's order; none without it.
+std::vector<std::string> RulerLines(const v1::EvaluationResult& e);
 // Text a client chose (a display name, a label), safe to print on a terminal: control
 // characters and the Unicode controls that reorder text (bidi overrides and isolates) become
 // U+FFFD, so a name cannot rewrite the lines around it.

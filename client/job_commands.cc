@@ -71,6 +71,9 @@ void PrintJobDetail(const v1::Job& j) {
   }
   if (j.progress().has_evaluation()) {
     std::cout << fmt::format("evaluation:  {}\n", EvaluationLine(j.progress().evaluation()));
+    for (const std::string& line : RulerLines(j.progress().evaluation())) {
+      std::cout << fmt::format("  ruler:     {}\n", line);
+    }
   }
   std::cout << fmt::format("attempt:     {} (retries {})\n", j.attempt(), j.retries());
   std::cout << fmt::format("created:     {}\n", Time(j.create_time()));

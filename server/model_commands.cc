@@ -73,18 +73,22 @@ void AddEval(CLI::App* model) {
   auto suites = std::make_shared<std::vector<std::string>>();
   std::vector<std::string> choices = {"loss"};
   for (const EvalSuite s : kEvalSuites) choices.push_back(SuiteName(s));
+  auto tasks = std::make_shared<std::vector<std::string>>();
   auto* eval =
-      model->add_subcommand("eval", "Evaluate a model (and adapter): loss, loss by position, passkey, needle")
+      model->add_subcommand("eval", "Evaluate a model (and adapter): loss, loss by position, passkey, needle, RULER")
           ->footer(
               "Prints {\"loss\", \"tokens\", \"samples\"} (mean cross-entropy over --data), with --suite positions\n"
               "\"positions\": {\"buckets\"} (loss by position), with passkey / needle {\"accuracy\", \"cells\"}: "
               "exact\n"
-              "match of the greedy continuation at each length and depth.\nExamples:\n"
+              "match of the greedy continuation at each length and depth, with ruler {\"scores\", \"averages\",\n"
+              "\"threshold\", \"effective_length\"}: RULER's tasks scored on greedy generations (0-100).\nExamples:\n"
               "  oombd model eval --model DIR --data austen.jsonl --max-tokens 4096\n"
               "  oombd model eval --model DIR --adapter CKPT/final --suite passkey --lengths 8192 16384 --depths 5\n"
-              "  oombd model eval --model DIR --suite needle --haystack persuasion.txt --lengths 32768");
+              "  oombd model eval --model DIR --suite needle --haystack persuasion.txt --lengths 32768\n"
+              "  oombd model eval --model DIR --suite ruler --haystack emma.txt --lengths 4096 8192 --samples 20\n"
+              "  oombd model eval --model DIR --suite ruler --tasks niah_single_1 vt cwe fwe --lengths 16384");
   eval->add_option("--model", f->model_dir, "model directory")->required()->transform(AbsolutePath());
-  eval->add_option("--suite", *suites, "loss | positions | passkey | needle (repeatable; default: loss)")
+  eval->add_option("--suite", *suites, "loss | positions | passkey | needle | ruler (repeatable; default: loss)")
       ->check(CLI::IsMember(choices));
   eval->add_option("--data", f->data_path, "JSONL dataset (loss, positions)")->transform(AbsolutePath());
   eval->add_option("--adapter", f->adapter_dir, "PEFT adapter directory (its base_config.json's RoPE applies)")
@@ -95,19 +99,32 @@ void AddEval(CLI::App* model) {
       ->check(CLI::NonNegativeNumber);
   eval->add_option("--chunk-tokens", f->chunk_tokens, "tokens per chunk of the forward pass")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  eval->add_option("--lengths", f->lengths, "passkey / needle: tokens per document (default 4096)")
+  eval->add_option("--lengths", f->lengths, "passkey / needle / ruler: tokens per document (default 4096)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   eval->add_option("--depths", f->depths, "passkey / needle: depths from 0 to 1 (default 5)")
       ->check(CLI::Range(1, 101));
   eval->add_option("--trials", f->trials, "passkey / needle: documents per length and depth (default 1)")
       ->check(CLI::Range(1, 1000));
-  eval->add_option("--seed", f->seed, "passkey / needle: seed of the keys and the haystack offsets (default 1)");
-  eval->add_option("--haystack", f->haystack, "needle: UTF-8 text file to hide the fact in")->transform(AbsolutePath());
+  eval->add_option("--seed", f->seed, "passkey / needle / ruler: seed of the documents (default 1)");
+  eval->add_option("--haystack", f->haystack, "needle, ruler's essay tasks: UTF-8 text file to hide the facts in")
+      ->transform(AbsolutePath());
+  std::vector<std::string> task_names;
+  for (const RulerTask t : kRulerTasks) task_names.push_back(RulerTaskName(t));
+  eval->add_option("--tasks", *tasks, "ruler: RULER's tasks (default: all 11)")->check(CLI::IsMember(task_names));
+  eval->add_option("--samples", f->ruler_samples, "ruler: documents per task and length (default 20)")
+      ->check(CLI::Range(int64_t{1}, int64_t{10000}));
+  eval->add_option("--threshold", f->ruler_threshold, "ruler: the effective length's threshold (default 85.6)")
+      ->check(CLI::Range(0.0, 100.0));
   eval->add_option("--dtype", f->dtype, "float32 | bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
   eval->add_option("--device", f->device, "auto | cpu | cuda | cuda:N");
   eval->add_option("--rope-scaling", *rope, kRopeScalingHelp);
-  eval->callback([f, rope, suites] {
+  eval->callback([f, rope, suites, tasks] {
     EvalOptions o = *f;
+    for (const std::string& t : *tasks) {
+      if (std::find(o.ruler_tasks.begin(), o.ruler_tasks.end(), *RulerTaskNamed(t)) == o.ruler_tasks.end()) {
+        o.ruler_tasks.push_back(*RulerTaskNamed(t));
+      }
+    }
     SetRopeScaling(*rope, "oombd model eval", &o.rope_scaling);
     o.loss = suites->empty();
     for (const std::string& name : *suites) {

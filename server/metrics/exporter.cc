@@ -173,6 +173,16 @@ struct MetricsExporter::Families {
         job_eval_position_loss(NewGauge(r, "oomb_job_eval_position_loss",
                                         "The running job's last evaluation: mean loss of data.validation's tokens "
                                         "at positions [begin, end) of their sample.")),
+        job_eval_ruler_score(NewGauge(r, "oomb_job_eval_ruler_score_ratio",
+                                      "The running job's last evaluation: RULER's score of a task at a length "
+                                      "(string_match_all over its documents; 0-1).")),
+        job_eval_ruler_average(NewGauge(r, "oomb_job_eval_ruler_average_ratio",
+                                        "The running job's last evaluation: RULER's mean score over the tasks run "
+                                        "at a length (0-1).")),
+        job_eval_ruler_effective_length(
+            NewGauge(r, "oomb_job_eval_ruler_effective_length_tokens",
+                     "The running job's last evaluation: RULER's effective length, the longest length whose "
+                     "average, and every shorter one's, reaches the threshold (0: the shortest does not).")),
         job_learning_rate(NewGauge(r, "oomb_job_learning_rate", "Learning rate of the running job's last step.")),
         job_tokens_per_second(
             NewGauge(r, "oomb_job_tokens_per_second", "Tokens per second of the running job's last step.")),
@@ -223,6 +233,9 @@ struct MetricsExporter::Families {
   Family<Gauge>& job_eval_loss;
   Family<Gauge>& job_eval_accuracy;
   Family<Gauge>& job_eval_position_loss;
+  Family<Gauge>& job_eval_ruler_score;
+  Family<Gauge>& job_eval_ruler_average;
+  Family<Gauge>& job_eval_ruler_effective_length;
   Family<Gauge>& job_learning_rate;
   Family<Gauge>& job_tokens_per_second;
   Family<Gauge>& job_eta;
@@ -328,6 +341,10 @@ void MetricsExporter::RemoveJobLocked(SlotSeries& s) {
   if (j.eval_loss != nullptr) f_->job_eval_loss.Remove(j.eval_loss);
   for (const auto& [suite, g] : j.eval_accuracy) f_->job_eval_accuracy.Remove(g);
   for (const auto& [begin, g] : j.eval_position_loss) f_->job_eval_position_loss.Remove(g);
+  for (const auto& [key, g] : j.eval_ruler_score) f_->job_eval_ruler_score.Remove(g);
+  for (const auto& [length, g] : j.eval_ruler_average) f_->job_eval_ruler_average.Remove(g);
+  if (j.eval_ruler_effective_length != nullptr)
+    f_->job_eval_ruler_effective_length.Remove(j.eval_ruler_effective_length);
   if (j.mfu != nullptr) f_->job_mfu.Remove(j.mfu);
   if (j.attention_density != nullptr) f_->job_attention_density.Remove(j.attention_density);
   if (j.router_aux_loss != nullptr) f_->job_router_aux_loss.Remove(j.router_aux_loss);
@@ -447,7 +464,28 @@ void MetricsExporter::EvaluatedLocked(const EvalReport& e, JobSeries& j) {
       }
       g->Set(b.loss);
     }
+    if (!result.ruler.empty()) RulerLocked(result, j);
   }
+}
+
+void MetricsExporter::RulerLocked(const SuiteResult& r, JobSeries& j) {
+  const auto gauge = [&](Family<Gauge>& family, prometheus::Gauge*& g, const prometheus::Labels& extra) {
+    if (g != nullptr) return g;
+    prometheus::Labels l = j.labels;
+    l.insert(extra.begin(), extra.end());
+    return g = &family.Add(l);
+  };
+  for (const RulerScore& s : r.ruler) {
+    const std::string task = RulerTaskName(s.task), length = std::to_string(s.length);
+    gauge(f_->job_eval_ruler_score, j.eval_ruler_score[task + "@" + length], {{"task", task}, {"length", length}})
+        ->Set(s.score / 100);
+  }
+  for (const auto& [length, score] : r.averages()) {
+    const std::string l = std::to_string(length);
+    gauge(f_->job_eval_ruler_average, j.eval_ruler_average[l], {{"length", l}})->Set(score / 100);
+  }
+  gauge(f_->job_eval_ruler_effective_length, j.eval_ruler_effective_length, {})
+      ->Set(static_cast<double>(r.effective_length().value_or(0)));
 }
 
 void MetricsExporter::CheckpointSaved(const std::string& slot, const CheckpointInfo& c) {

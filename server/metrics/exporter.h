@@ -141,6 +141,9 @@ class MetricsExporter final : public MetricsSink {
     prometheus::Gauge* eval_loss = nullptr;  // after the first evaluation
     // The evaluation section's results: accuracy by retrieval suite, loss by position bucket.
     std::map<std::string, prometheus::Gauge*> eval_accuracy, eval_position_loss;
+    // ruler: by "task@length", by length, and the effective length.
+    std::map<std::string, prometheus::Gauge*> eval_ruler_score, eval_ruler_average;
+    prometheus::Gauge* eval_ruler_effective_length = nullptr;
     prometheus::Gauge* mfu = nullptr;                // where the device's peak is known
     prometheus::Gauge* attention_density = nullptr;  // sparse attention only
     prometheus::Gauge* router_aux_loss = nullptr;    // the router's auxiliary loss only
@@ -176,6 +179,8 @@ class MetricsExporter final : public MetricsSink {
   SlotSeries& SlotLocked(const std::string& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJobLocked(SlotSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EvaluatedLocked(const EvalReport& e, JobSeries& j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ruler suite's scores, averages and effective length.
+  void RulerLocked(const SuiteResult& r, JobSeries& j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetLastStepLocked(JobSeries& j, const LastStep& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the end-time series older than kEndedKept.
   void PruneEndedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

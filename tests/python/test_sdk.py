@@ -260,6 +260,13 @@ def test_offline(tmp):
         check(s.evaluation.haystack == os.path.join(d, "book.txt"), s.evaluation.haystack)
         check(s.memory.HasField("chunk_tokens") and s.memory.chunk_tokens == 0, "chunk_tokens: auto is not 0")
         check(s.model.dtype == job_spec_pb2.ModelSpec.float32 and s.labels["version"] == "2", str(s))
+    # RULER's tasks by RULER's names, as the daemon reads them (evaluation.ruler).
+    ruler = oomb.load_spec("model: {path: /m}\ndata: {train: /t}\nevaluation: {suites: [ruler], lengths: [4096, 8192],"
+                           " ruler: {tasks: [niah_single_1, vt, fwe], samples: 5, threshold: 80}}\n").evaluation
+    check(list(ruler.suites) == [job_spec_pb2.Evaluation.ruler]
+          and list(ruler.ruler.tasks) == [job_spec_pb2.Evaluation.niah_single_1, job_spec_pb2.Evaluation.vt,
+                                          job_spec_pb2.Evaluation.fwe]
+          and ruler.ruler.samples == 5 and ruler.ruler.threshold == 80, str(ruler))
     text = oomb.load_spec("model: {path: models/m}\ndata: {train: t.jsonl}\n")
     check(text.model.path == "models/m" and text.data.train == "t.jsonl", "YAML text: paths are sent as they are")
     as_dict = oomb.load_spec({"model": {"path": "/m"}, "training": {"epochs": 2, "learning_rate": 1e-8},

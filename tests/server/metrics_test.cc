@@ -98,8 +98,40 @@ void TwoSteps(MetricsExporter& m) {
   p.host_kv_bytes = 3'000'000;
   p.evaluation = EvalReport{
       {EvalSuite::kPositions, {.buckets = {{0, 1024, 2.5, 1000, 300}, {1024, 2048, 2.25, 500, 160}}, .cells = {}}},
-      {EvalSuite::kPasskey, {.buckets = {}, .cells = {{.length = 4096, .depth = 0, .correct = 3, .trials = 4}}}}};
+      {EvalSuite::kPasskey, {.buckets = {}, .cells = {{.length = 4096, .depth = 0, .correct = 3, .trials = 4}}}},
+      {EvalSuite::kRuler,
+       {.buckets = {},
+        .cells = {},
+        .ruler = {{RulerTask::kVt, 4096, 90, 10},
+                  {RulerTask::kCwe, 4096, 100, 10},
+                  {RulerTask::kVt, 8192, 50, 10},
+                  {RulerTask::kCwe, 8192, 70, 10}}}}};
   m.Step("cpu", p);
+}
+
+// The ruler suite: a score by task and length, the average by length and the effective length,
+// gone with the run.
+TEST(MetricsExporterTest, RulerScoresByTaskAndLengthAndTheEffectiveLength) {
+  auto e = MetricsExporter::Start(Options());
+  ASSERT_TRUE(e.ok()) << e.status();
+  MetricsExporter& m = **e;
+  m.RunStarted("cpu", RunningJob("job-a", 10), absl::Seconds(3));
+  TwoSteps(m);
+  std::string text = m.Scrape();
+  EXPECT_THAT(text, Not(HasSubstr(R"(suite="ruler")")));  // no accuracy: scores by task and length
+  EXPECT_EQ(Sample(text, R"(oomb_job_eval_ruler_score_ratio{job_id="job-a",length="8192",project="nlp",slot="cpu",)"
+                         R"(task="cwe"})"),
+            0.7);
+  EXPECT_EQ(Sample(text, R"(oomb_job_eval_ruler_average_ratio{job_id="job-a",length="4096",project="nlp",slot="cpu"})"),
+            0.95);
+  EXPECT_EQ(Sample(text, R"(oomb_job_eval_ruler_effective_length_tokens{job_id="job-a",project="nlp",slot="cpu"})"),
+            4096);  // 8192's average, 60, is below 85.6
+  m.RunStopped("cpu");
+  text = m.Scrape();
+  for (const char* gone : {"oomb_job_eval_ruler_score_ratio{", "oomb_job_eval_ruler_average_ratio{",
+                           "oomb_job_eval_ruler_effective_length_tokens{"}) {
+    EXPECT_THAT(text, Not(HasSubstr(gone)));
+  }
 }
 
 TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
@@ -147,12 +179,26 @@ TEST(MetricsExporterTest, PerJobSeriesLiveWhileTheRunDoesAndCountersStay) {
 
   m.RunStopped("cpu");
   text = m.Scrape();
-  for (const char* gone :
-       {"oomb_job_info{", "oomb_job_step{", "oomb_job_total_steps{", "oomb_job_loss{", "oomb_job_eval_loss{",
-        "oomb_job_eval_accuracy_ratio{", "oomb_job_eval_position_loss{", "oomb_job_mfu_ratio{", "oomb_job_eta_seconds{",
-        "oomb_job_router_aux_loss{", "oomb_job_learning_rate{", "oomb_job_tokens_per_second{",
-        "oomb_job_swapped_bytes{", "oomb_job_swapped_chunks{", "oomb_job_start_time_seconds{",
-        "oomb_job_device_memory_peak_bytes{", "oomb_job_host_kv_bytes{"}) {
+  for (const char* gone : {"oomb_job_info{",
+                           "oomb_job_step{",
+                           "oomb_job_total_steps{",
+                           "oomb_job_loss{",
+                           "oomb_job_eval_loss{",
+                           "oomb_job_eval_accuracy_ratio{",
+                           "oomb_job_eval_position_loss{",
+                           "oomb_job_mfu_ratio{",
+                           "oomb_job_eta_seconds{",
+                           "oomb_job_router_aux_loss{",
+                           "oomb_job_learning_rate{",
+                           "oomb_job_tokens_per_second{",
+                           "oomb_job_swapped_bytes{",
+                           "oomb_job_swapped_chunks{",
+                           "oomb_job_start_time_seconds{",
+                           "oomb_job_device_memory_peak_bytes{",
+                           "oomb_job_host_kv_bytes{",
+                           "oomb_job_eval_ruler_score_ratio{",
+                           "oomb_job_eval_ruler_average_ratio{",
+                           "oomb_job_eval_ruler_effective_length_tokens{"}) {
     EXPECT_THAT(text, Not(HasSubstr(gone)));
   }
   EXPECT_EQ(Sample(text, R"(oomb_slot_busy{slot="cpu"})"), 0);
@@ -371,7 +417,8 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
     r.on_checkpoint(CheckpointInfo{.step = 1, .path = r.checkpoint_dir->PathOf("c"), .bytes = 1});
     StepReport last{.step = 2, .total_steps = 2, .tokens = 20};
     last.evaluation = EvalReport{
-        {EvalSuite::kPasskey, {.buckets = {}, .cells = {{.length = 64, .depth = 1, .correct = 1, .trials = 2}}}}};
+        {EvalSuite::kPasskey, {.buckets = {}, .cells = {{.length = 64, .depth = 1, .correct = 1, .trials = 2}}}},
+        {EvalSuite::kRuler, {.buckets = {}, .cells = {}, .ruler = {{RulerTask::kNiahSingle1, 64, 87.5, 8}}}}};
     r.on_step(last);
     return RunResult{};
   };
@@ -395,12 +442,24 @@ TEST(SchedulerMetricsTest, TheSchedulerReportsRunsStepsCheckpointsAndStates) {
   ASSERT_TRUE(job.ok());
   const v1::EvaluationResult& e = job->progress().evaluation();
   EXPECT_EQ(e.step(), 2);
-  ASSERT_EQ(e.suites().size(), 1u);  // the suites that ran, by name
+  ASSERT_EQ(e.suites().size(), 2u);  // the suites that ran, by name
   const v1::EvaluationResult::Suite& passkey = e.suites().at("passkey");
   ASSERT_EQ(passkey.cells_size(), 1);
   EXPECT_EQ(passkey.cells(0).correct(), 1);
   EXPECT_EQ(passkey.accuracy(), 0.5);
   EXPECT_TRUE(passkey.buckets().empty());
+  EXPECT_FALSE(passkey.has_effective_length());
+  const v1::EvaluationResult::Suite& ruler = e.suites().at("ruler");  // RULER's scores by task and length
+  ASSERT_EQ(ruler.tasks_size(), 1);
+  EXPECT_EQ(ruler.tasks(0).task(), "niah_single_1");
+  EXPECT_EQ(ruler.tasks(0).length(), 64);
+  EXPECT_EQ(ruler.tasks(0).score(), 87.5);
+  EXPECT_EQ(ruler.tasks(0).samples(), 8);
+  ASSERT_EQ(ruler.averages_size(), 1);
+  EXPECT_EQ(ruler.averages(0).score(), 87.5);
+  EXPECT_EQ(ruler.threshold(), 85.6);
+  EXPECT_EQ(ruler.effective_length(), 64);
+  EXPECT_FALSE(ruler.has_accuracy());
   store->reset();
   std::filesystem::remove_all(dir);
 }
