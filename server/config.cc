@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "worker/common/file_access.h"
 #include "worker/common/status.h"
@@ -69,8 +70,12 @@ const std::vector<Key>& Keys() {
       {"notifications.retry_initial_seconds", &ServerConfig::webhook_retry_initial_seconds},
       {"notifications.retry_max_seconds", &ServerConfig::webhook_retry_max_seconds},
       {"notifications.give_up_hours", &ServerConfig::webhook_give_up_hours},
+      {"notifications.max_concurrent_deliveries", &ServerConfig::webhook_max_concurrent},
+      {"notifications.max_concurrent_per_endpoint", &ServerConfig::webhook_per_endpoint},
       {"tracking.mlflow_uri", &ServerConfig::mlflow_uri},
       {"tracking.mlflow_token_file", &ServerConfig::mlflow_token_file},
+      {"outbound.allow", &ServerConfig::outbound_allow},
+      {"outbound.deny", &ServerConfig::outbound_deny},
       {"log.level", &ServerConfig::log_level},
       {"log.format", &ServerConfig::log_format},
   };
@@ -216,6 +221,23 @@ absl::Status CheckListen(const char* key, const std::string& address, bool may_b
   return absl::OkStatus();
 }
 
+// What the daemon sends for tenants (issue 78): the destination lists, the deliveries' bounds,
+// and the MLflow token's server.
+absl::Status CheckOutbound(const ServerConfig& config) {
+  if (config.webhook_max_concurrent < 1 || config.webhook_max_concurrent > 256 || config.webhook_per_endpoint < 1 ||
+      config.webhook_per_endpoint > config.webhook_max_concurrent) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "notifications.max_concurrent_deliveries / max_concurrent_per_endpoint: need 1 <= per endpoint <= all <= 256; "
+        "got ",
+        config.webhook_max_concurrent, " and ", config.webhook_per_endpoint));
+  }
+  if (!config.mlflow_token_file.empty() && config.mlflow_uri.empty()) {
+    return absl::InvalidArgumentError(
+        "tracking.mlflow_token_file: needs tracking.mlflow_uri, the server the token is for (it goes to no other)");
+  }
+  return OutboundPolicy(config).status();
+}
+
 // Values each fine alone but wrong together, and ranges.
 absl::Status Check(const ServerConfig& config) {
   OOMB_RETURN_IF_ERROR(CheckListen("server.listen", config.listen, true));  // empty: checked below
@@ -279,6 +301,7 @@ absl::Status Check(const ServerConfig& config) {
         absl::StrCat("notifications.retry_initial_seconds / retry_max_seconds: need 1 <= initial <= max; got ",
                      config.webhook_retry_initial_seconds, " and ", config.webhook_retry_max_seconds));
   }
+  OOMB_RETURN_IF_ERROR(CheckOutbound(config));
   static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error"};
   if (std::find(std::begin(kLevels), std::end(kLevels), config.log_level) == std::end(kLevels)) {
     return absl::InvalidArgumentError(
@@ -288,6 +311,15 @@ absl::Status Check(const ServerConfig& config) {
 }
 
 }  // namespace
+
+absl::StatusOr<DestinationPolicy> OutboundPolicy(const ServerConfig& config) {
+  const auto list = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (absl::string_view e : absl::StrSplit(text, ',', absl::SkipWhitespace())) out.emplace_back(e);
+    return out;
+  };
+  return DestinationPolicy::Parse(list(config.outbound_allow), list(config.outbound_deny), "outbound");
+}
 
 std::map<std::string, std::string> ProcessEnvironment() {
   std::map<std::string, std::string> env;

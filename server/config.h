@@ -83,10 +83,25 @@
 //     retry_initial_seconds: 5        # a failed delivery is retried after this, doubling each time
 //     retry_max_seconds: 3600         # up to this
 //     give_up_hours: 72               # and dropped (logged) this long after its event
+//     max_concurrent_deliveries: 16   # attempts at once, every endpoint together
+//     max_concurrent_per_endpoint: 2  # attempts at once to one endpoint (scheme, host, port): a
+//                                     # hanging receiver holds no more; each endpoint backs off
+//                                     # on its own (server/notify/webhook_sender.h)
 //   tracking:
 //     mlflow_uri: ""                  # MLflow tracking server every job logs to unless its spec names
 //                                     # one (spec.tracking.mlflow; server/notify/mlflow_tracker.h)
-//     mlflow_token_file: ""           # bearer token for it (secret)
+//     mlflow_token_file: ""           # bearer token for it (secret), sent to mlflow_uri's server
+//                                     # only, never to a server a job names (needs mlflow_uri)
+//   outbound:                       # where requests on a tenant's behalf may go (the webhooks and
+//                                     # MLflow server a job names; server/notify/destination_policy.h):
+//                                     # by default public addresses only, never loopback, private,
+//                                     # link-local, multicast or metadata ones, checked at submit
+//                                     # and at each connection
+//     allow: ""                       # comma-separated addresses, CIDRs or host names
+//                                     # ("10.20.0.0/16, mlflow.corp, *.hooks.corp") allowed all the
+//                                     # same; per project too (tenancy.projects_file, outbound)
+//     deny: ""                        # the same, refused although public; the most specific entry
+//                                     # decides
 //   log:
 //     level: info                     # trace | debug | info | warn | error
 //     format: text                    # text, or json: one JSON object a line ({time, level,
@@ -101,6 +116,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/notify/destination_policy.h"
 
 namespace oomb::server {
 
@@ -142,8 +158,12 @@ struct ServerConfig {
   int64_t webhook_retry_initial_seconds = 5;
   int64_t webhook_retry_max_seconds = 3600;
   int64_t webhook_give_up_hours = 72;
+  int64_t webhook_max_concurrent = 16;
+  int64_t webhook_per_endpoint = 2;
   std::string mlflow_uri;
   std::string mlflow_token_file;
+  std::string outbound_allow;  // comma-separated entries (DestinationPolicy::Parse)
+  std::string outbound_deny;
   std::string log_level = "info";
   std::string log_format = "text";
 };
@@ -160,6 +180,9 @@ absl::StatusOr<ServerConfig> LoadServerConfig(const ConfigSources& sources);
 
 // The effective configuration as YAML, secrets replaced by "<redacted>".
 std::string ServerConfigToYaml(const ServerConfig& config);
+
+// The daemon's outbound.allow / outbound.deny as a policy (checked by LoadServerConfig).
+absl::StatusOr<DestinationPolicy> OutboundPolicy(const ServerConfig& config);
 
 // The process environment as a map.
 std::map<std::string, std::string> ProcessEnvironment();

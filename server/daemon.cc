@@ -171,6 +171,10 @@ absl::Status Daemon::OpenDataDir() {
   // One daemon per data dir: a second one would recover and run the first one's jobs.
   OOMB_ASSIGN_OR_RETURN(lock_, DataDirLock::Acquire(config_.data_dir));
   OOMB_ASSIGN_OR_RETURN(projects_, ProjectRegistry::Create(config_.projects_file));
+  OOMB_ASSIGN_OR_RETURN(const DestinationPolicy outbound, OutboundPolicy(config_));
+  destinations_ = [outbound, projects = projects_](const std::string& project) {
+    return outbound.With(projects->Get(project).outbound);
+  };
   OOMB_ASSIGN_OR_RETURN(JobFiles job_files,
                         JobFiles::Create(config_.allowed_roots, config_.data_dir, projects_, config_.datasets_dir));
   files_ = std::make_shared<const JobFiles>(std::move(job_files));
@@ -276,8 +280,10 @@ absl::Status Daemon::StartScheduler() {
   o.lease = absl::Seconds(config_.lease_seconds);
   o.heartbeat = absl::Seconds(config_.heartbeat_seconds);
   o.shared_store = config_.store_backend == "postgres";
-  MlflowTrackerOptions tracking{
-      .default_uri = config_.mlflow_uri, .ca_file = config_.webhooks_ca_file, .version = env_.server_info.version()};
+  MlflowTrackerOptions tracking{.default_uri = config_.mlflow_uri,
+                                .ca_file = config_.webhooks_ca_file,
+                                .version = env_.server_info.version(),
+                                .destinations = destinations_};
   if (!config_.mlflow_token_file.empty()) {
     OOMB_ASSIGN_OR_RETURN(tracking.token, ReadSecretFile(config_.mlflow_token_file, "tracking.mlflow_token_file"));
   }
@@ -318,6 +324,9 @@ void Daemon::StartWebhooks() {
   o.retry_max = absl::Seconds(config_.webhook_retry_max_seconds);
   o.give_up_after = absl::Hours(config_.webhook_give_up_hours);
   o.ca_file = config_.webhooks_ca_file;
+  o.destinations = destinations_;
+  o.max_concurrent = static_cast<int>(config_.webhook_max_concurrent);
+  o.per_endpoint = static_cast<int>(config_.webhook_per_endpoint);
   o.user_agent = absl::StrCat("oombd/", env_.server_info.version());
   if (metrics_ != nullptr)
     o.on_attempt = [m = metrics_.get()](const std::string& result) { m->WebhookAttempt(result); };
@@ -335,6 +344,8 @@ absl::Status Daemon::StartServers() {
   jopts.validate_data = env_.validate_data;
   jopts.validate_data_max_bytes = config_.validate_inline_max_bytes;
   jopts.job_webhooks = config_.job_webhooks;
+  jopts.destinations = destinations_;
+  jopts.mlflow_uri = config_.mlflow_uri;
   if (env_.measure_rates) {
     rates_ = std::make_unique<EngineRatesStore>(*data_dir_, env_.measure_rates, env_.rates_key);
     jopts.rates = rates_.get();

@@ -101,6 +101,7 @@ class Daemon {
   std::shared_ptr<const JobFiles> files_;
   std::unique_ptr<Authenticator> auth_;              // who calls (server/auth.h)
   std::shared_ptr<const ProjectRegistry> projects_;  // tenancy.projects_file (server/projects.h)
+  DestinationPolicyOf destinations_;  // outbound.* and the projects' (server/notify/destination_policy.h)
   std::unique_ptr<JobStore> store_;
   KvStatsRegistry kv_stats_;
   std::unique_ptr<MetricsExporter> metrics_;

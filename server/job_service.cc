@@ -21,6 +21,7 @@
 #include "server/job_spec.h"
 #include "server/legacy_fields.h"
 #include "server/named_inputs.h"
+#include "server/notify/destination_policy.h"
 #include "server/notify/webhooks.h"
 #include "server/page_token.h"
 #include "server/to_proto.h"
@@ -428,6 +429,10 @@ absl::StatusOr<JobServiceImpl::Admission> JobServiceImpl::Admit(const v1::JobSpe
       OOMB_RETURN_IF_ERROR(Annotate(CheckJobWebhooks(a.effective, *inputs, options_.job_webhooks), "spec"));
     }
   }
+  if (job_id != nullptr) {  // the servers the job names, as the daemon will reach them
+    const DestinationPolicy destinations = options_.destinations ? options_.destinations(project) : DestinationPolicy();
+    OOMB_RETURN_IF_ERROR(Annotate(CheckJobDestinations(a.effective, destinations, options_.mlflow_uri), "spec"));
+  }
   OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(job), "spec"));
   absl::StatusOr<ModelConfig> model = ModelConfigOf(job, project);
   if (!model.ok()) return Annotate(model.status(), "spec");
@@ -477,6 +482,15 @@ absl::Status JobServiceImpl::CheckProjectQueue(const std::string& project) const
   return absl::ResourceExhaustedError(absl::StrCat("project ", project, " has ", in_project,
                                                    " jobs waiting (max_queued_jobs ", limit,
                                                    " in tenancy.projects_file); submit when some have started"));
+}
+
+absl::Status JobServiceImpl::CheckPriority(int64_t priority, const std::string& project,
+                                           const std::string& field) const {
+  if (options_.projects == nullptr) return absl::OkStatus();
+  const std::optional<int64_t> max = options_.projects->Get(project).max_priority;
+  if (!max.has_value() || priority <= *max) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": at most ", *max, " in project ", project,
+                                                 " (max_priority in tenancy.projects_file), got ", priority));
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
@@ -546,6 +560,8 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
   OOMB_ASSIGN_OR_RETURN(const bool retried, AnswerRetry(*scheduler_, req, caller, resp));
   if (retried) return absl::OkStatus();
   OOMB_RETURN_IF_ERROR(CheckProjectQueue(project));
+  OOMB_RETURN_IF_ERROR(
+      Annotate(CheckPriority(req.spec().resources().priority(), project, "resources.priority"), "spec"));
   OOMB_ASSIGN_OR_RETURN(const Admission admitted, Admit(req.spec(), project, caller, &req.job_id()));
   const JobConfig& job = admitted.inputs.job;
   // Admission: a job that cannot fit is refused now, naming the limit and the longest context
@@ -866,6 +882,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::UpdateJob(grpc::CallbackServerContext*
         *probe.mutable_labels() = req->job().labels();
       } else if (path == "priority") {
         probe.mutable_resources()->set_priority(req->job().priority());
+        OOMB_RETURN_IF_ERROR(
+            Annotate(CheckPriority(req->job().priority(), ParseStoredName(job.name()).project, "priority"), "job"));
       } else if (path == "spec.display_name") {
         probe.set_display_name(req->job().spec().display_name());
       } else {

@@ -29,6 +29,7 @@
 #include "server/engine_rates_store.h"
 #include "server/job_files.h"
 #include "server/named_inputs.h"
+#include "server/notify/destination_policy.h"
 #include "server/scheduler.h"
 #include "server/store/job_store.h"
 #include "server/watch_hub.h"
@@ -61,6 +62,12 @@ struct JobServiceOptions {
   EngineRatesStore* rates = nullptr;
   // Jobs may name webhooks of their own (notifications.job_webhooks).
   bool job_webhooks = true;
+  // Where a job's own webhooks and MLflow server may be, per project
+  // (server/notify/destination_policy.h); a refused one is CreateJob's INVALID_ARGUMENT naming
+  // the field. Null: public addresses only.
+  DestinationPolicyOf destinations;
+  // tracking.mlflow_uri: the operator's MLflow server, which a job may name unchecked.
+  std::string mlflow_uri;
   // GetServerInfo's static part (versions, devices, host memory, start time); `draining` is
   // filled per call.
   v1::ServerInfo server_info;
@@ -144,6 +151,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   absl::Status EstimateTime(const Admission& admitted, v1::EstimateJobResponse* resp) const;
   // RESOURCE_EXHAUSTED when `project` already has its max_queued_jobs waiting.
   absl::Status CheckProjectQueue(const std::string& project) const;
+  // INVALID_ARGUMENT naming `field` when `priority` is above its project's max_priority.
+  absl::Status CheckPriority(int64_t priority, const std::string& project, const std::string& field) const;
 
   static constexpr int kMaxDownloads = 16;
 

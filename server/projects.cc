@@ -48,6 +48,43 @@ absl::StatusOr<v1::WebhookSpec> ParseWebhook(const YAML::Node& node) {
   return w;
 }
 
+// A project's outbound: {allow: [...], deny: [...]} (server/notify/destination_policy.h).
+absl::StatusOr<DestinationPolicy> ParseOutbound(const YAML::Node& node) {
+  if (!node.IsMap()) return absl::InvalidArgumentError("expected a mapping {allow: [...], deny: [...]}");
+  std::vector<std::string> lists[2];
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (key != "allow" && key != "deny")
+      return absl::InvalidArgumentError(absl::StrCat(key, ": unknown key (allow, deny)"));
+    if (!kv.second.IsSequence()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": expected a list of addresses, CIDRs or host names"));
+    }
+    for (const auto& e : kv.second) lists[key == "deny"].push_back(e.as<std::string>());
+  }
+  return DestinationPolicy::Parse(lists[0], lists[1], "");
+}
+
+// The keys that bound what a project's tenants reach (issue 78): max_priority,
+// preempt_other_projects, outbound. NOT_FOUND when `name` is none of them; YAML's conversion
+// errors are thrown, as ParseProjectsFile's other keys' are.
+absl::Status SetBoundsKey(const std::string& name, const YAML::Node& value, ProjectSettings* settings) {
+  if (name == "max_priority") {
+    settings->max_priority = value.as<int64_t>();
+    if (*settings->max_priority < -1000000 || *settings->max_priority > 1000000) {
+      return absl::InvalidArgumentError("must be -1000000 to 1000000 (resources.priority's range)");
+    }
+  } else if (name == "preempt_other_projects") {
+    settings->preempt_other_projects = value.as<bool>();
+  } else if (name == "outbound") {
+    absl::StatusOr<DestinationPolicy> outbound = ParseOutbound(value);
+    if (!outbound.ok()) return absl::InvalidArgumentError(outbound.status().message());
+    settings->outbound = *std::move(outbound);
+  } else {
+    return absl::NotFoundError(name);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const std::string& text,
@@ -109,10 +146,13 @@ absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const s
                 return error(kv.second[i], absl::StrCat(field, "[", i, "]"), std::string(w.status().message()));
               settings.webhooks.push_back(*std::move(w));
             }
+          } else if (absl::Status s = SetBoundsKey(name, kv.second, &settings); !absl::IsNotFound(s)) {
+            if (!s.ok()) return error(kv.second, field, std::string(s.message()));
           } else {
             return error(kv.first, field,
                          "unknown key (allowed_roots, max_queued_jobs, max_running_devices, "
-                         "max_device_hours_per_day, max_storage_bytes, webhooks)");
+                         "max_device_hours_per_day, max_storage_bytes, webhooks, outbound, max_priority, "
+                         "preempt_other_projects)");
           }
         } catch (const YAML::Exception& e) {
           return error(kv.second, field, e.msg);

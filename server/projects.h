@@ -14,6 +14,14 @@
 //       max_storage_bytes: 107374182400      # bytes of its uploaded datasets; 0 or absent: none
 //       webhooks:                            # told of every job's events (server/notify/webhooks.h)
 //         - {url: https://ml.example/hooks, secret_file: /etc/oomb/nlp.whsec, events: [job_failed]}
+//       max_priority: 10                     # the highest resources.priority its jobs may
+//                                            # have (refused at CreateJob and UpdateJob);
+//                                            # absent: any (-1000000 to 1000000)
+//       preempt_other_projects: false        # under scheduler.preemption: all, whether its jobs
+//                                            # may preempt other projects' (default true)
+//       outbound:                            # where its jobs' own webhooks and MLflow server may
+//         allow: [10.20.0.0/16, mlflow.corp] # be, added to the daemon's outbound.allow / deny
+//         deny: [hooks.partner.example]      # (server/notify/destination_policy.h)
 //     vision: {}
 //
 // A job over its project's running-device or device-hour quota waits QUEUED (Job.waiting_reason
@@ -40,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "oomb/v1/job_spec.pb.h"
+#include "server/notify/destination_policy.h"
 #include "server/watched_file.h"
 
 namespace oomb::server {
@@ -51,6 +60,9 @@ struct ProjectSettings {
   double max_device_hours_per_day = 0;     // 0: no limit
   int64_t max_storage_bytes = 0;           // 0: no limit
   std::vector<v1::WebhookSpec> webhooks;   // the daemon's files: secret_file read as it is
+  DestinationPolicy outbound;              // the project's entries only (none: the daemon's)
+  std::optional<int64_t> max_priority;     // nullopt: no bound
+  bool preempt_other_projects = true;      // scheduler.preemption all: may preempt others' jobs
 };
 
 // Parses a projects file's text; INVALID_ARGUMENT naming `source` and the key otherwise.

@@ -1002,7 +1002,10 @@ void Scheduler::FleetLoop() {
 bool Scheduler::MayPreemptLocked(const Running& victim, const v1::Job& waiting, absl::Time now) const {
   if (victim.lease_lost || victim.stop->load() != kNoStop) return false;  // already stopping
   if (victim.priority >= waiting.priority()) return false;
-  if (options_.preemption == PreemptionScope::kProject && victim.project != ParseStoredName(waiting.name()).project) {
+  const std::string project = ParseStoredName(waiting.name()).project;
+  if (victim.project != project &&
+      (options_.preemption == PreemptionScope::kProject ||
+       (options_.projects != nullptr && !options_.projects->Get(project).preempt_other_projects))) {
     return false;
   }
   return now - victim.started >= options_.preemption_min_run;

@@ -109,7 +109,8 @@ using JobRunner = std::function<absl::StatusOr<RunResult>(const JobConfig&, cons
 enum class PreemptionScope {
   kNone,     // none: priorities only order the queue
   kProject,  // those of its own project
-  kAll,      // those of any project
+  kAll,      // those of any project, unless its project has preempt_other_projects: false
+             // (server/projects.h)
 };
 // The full scan of a job's datasets (production: oomb::ValidateJobData, converted).
 using DataValidator = std::function<absl::StatusOr<v1::DatasetSummary>(const JobConfig&, const FileAccess&)>;

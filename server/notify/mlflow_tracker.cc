@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/notify/http_client.h"
+#include "server/notify/remote_answers.h"
 #include "server/scheduler.h"
 #include "worker/common/status.h"
 #include "worker/job/executor.h"
@@ -51,8 +52,13 @@ void Flatten(const nlohmann::json& value, const std::string& prefix, std::map<st
 
 // --- MlflowClient ---
 
-MlflowClient::MlflowClient(std::string uri, std::string token, std::string ca_file, absl::Duration timeout)
-    : uri_(std::move(uri)), token_(std::move(token)), ca_file_(std::move(ca_file)), timeout_(timeout) {}
+MlflowClient::MlflowClient(std::string uri, std::string token, std::string ca_file, absl::Duration timeout,
+                           DestinationPolicy destinations)
+    : uri_(std::move(uri)),
+      token_(std::move(token)),
+      ca_file_(std::move(ca_file)),
+      timeout_(timeout),
+      destinations_(std::move(destinations)) {}
 
 absl::StatusOr<nlohmann::json> MlflowClient::Call(const std::string& method, const std::string& path,
                                                   const nlohmann::json& body) {
@@ -61,26 +67,20 @@ absl::StatusOr<nlohmann::json> MlflowClient::Call(const std::string& method, con
                       .headers = {"Content-Type: application/json"},
                       .body = method == "POST" ? body.dump() : "",
                       .timeout = timeout_,
-                      .ca_file = ca_file_};
+                      .ca_file = ca_file_,
+                      .destinations = destinations_};
   if (!token_.empty()) request.headers.push_back(absl::StrCat("Authorization: Bearer ", token_));
   OOMB_ASSIGN_OR_RETURN(const HttpResponse answer, SendHttp(request));
-  nlohmann::json json = nlohmann::json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
-  if (answer.status == 200) return json.is_discarded() ? nlohmann::json::object() : json;
-  const std::string code = json.is_object() ? json.value("error_code", "") : "";
-  const std::string message = json.is_object() ? json.value("message", answer.body) : answer.body;
-  const std::string what = absl::StrCat("MLflow ", path, ": HTTP ", answer.status, " ", code, ": ", message);
-  return code == "RESOURCE_DOES_NOT_EXIST" ? absl::NotFoundError(what)
-         : answer.status >= 500            ? absl::UnavailableError(what)
-                                           : absl::FailedPreconditionError(what);
+  return ParseMlflowAnswer(path, answer.status, answer.body);
 }
 
 absl::StatusOr<std::string> MlflowClient::Experiment(const std::string& name) {
   absl::StatusOr<nlohmann::json> found =
       Call("GET", absl::StrCat("experiments/get-by-name?experiment_name=", UrlEscape(name)), nullptr);
-  if (found.ok()) return (*found)["experiment"]["experiment_id"].get<std::string>();
+  if (found.ok()) return MlflowIdAt(*found, {"experiment", "experiment_id"}, "experiments/get-by-name");
   if (!absl::IsNotFound(found.status())) return found.status();
   OOMB_ASSIGN_OR_RETURN(const nlohmann::json made, Call("POST", "experiments/create", {{"name", name}}));
-  return made["experiment_id"].get<std::string>();
+  return MlflowIdAt(made, {"experiment_id"}, "experiments/create");
 }
 
 absl::StatusOr<std::string> MlflowClient::CreateRun(const std::string& experiment_id, const std::string& run_name,
@@ -91,7 +91,7 @@ absl::StatusOr<std::string> MlflowClient::CreateRun(const std::string& experimen
       const nlohmann::json made,
       Call("POST", "runs/create",
            {{"experiment_id", experiment_id}, {"run_name", run_name}, {"start_time", NowMillis()}, {"tags", t}}));
-  return made["run"]["info"]["run_id"].get<std::string>();
+  return MlflowIdAt(made, {"run", "info", "run_id"}, "runs/create");
 }
 
 absl::Status MlflowClient::LogBatch(const std::string& run_id, const nlohmann::json& metrics,
@@ -149,6 +149,7 @@ void MlflowTracker::RunStarted(const std::string& slot, const v1::Job& job, absl
   Run& run = runs_[id];
   run.job = job;
   run.uri = uri;
+  run.operators = job.spec().tracking().mlflow().uri().empty() || SameServer(uri, options_.default_uri);
   run.stopped = false;
   if (run.run_id.empty()) run.run_id = RunIdOf(job.mlflow_run());
 }
@@ -158,6 +159,7 @@ void MlflowTracker::Step(const std::string& slot, const StepReport& progress) {
   const auto s = slots_.find(slot);
   if (s == slots_.end()) return;
   Run& run = runs_[s->second];
+  if (run.refused) return;
   for (nlohmann::json& m : StepMetrics(progress, NowMillis())) run.metrics.push_back(std::move(m));
   if (run.metrics.size() > options_.max_buffered) {
     const size_t drop = run.metrics.size() - options_.max_buffered;
@@ -195,6 +197,8 @@ void MlflowTracker::Flush() {
       Run& live = runs_[id];
       run.job = live.job;
       run.uri = live.uri;
+      run.operators = live.operators;
+      run.refused = live.refused;
       run.run_id = live.run_id;
       run.final_checkpoint = live.final_checkpoint;
       run.params_sent = live.params_sent;
@@ -210,12 +214,24 @@ void MlflowTracker::Flush() {
     live.run_id = run.run_id;
     live.params_sent = run.params_sent;
     live.warned = run.warned;
+    live.refused = run.refused;
+    if (live.refused) live.metrics.clear();
     if (!keep && live.metrics.empty() && live.stopped) runs_.erase(id);
   }
 }
 
+MlflowClient MlflowTracker::ClientOf(const Run& run) const {
+  if (run.operators) {
+    return MlflowClient(run.uri, options_.token, options_.ca_file, options_.request_timeout,
+                        DestinationPolicy::Unrestricted());
+  }
+  const std::string project = ParseStoredName(run.job.name()).project;
+  return MlflowClient(run.uri, /*token=*/"", options_.ca_file, options_.request_timeout,
+                      options_.destinations ? options_.destinations(project) : DestinationPolicy());
+}
+
 absl::Status MlflowTracker::EnsureRun(const std::string& job_id, Run* run) {
-  MlflowClient client(run->uri, options_.token, options_.ca_file, options_.request_timeout);
+  MlflowClient client = ClientOf(*run);
   if (run->run_id.empty()) {
     const v1::MlflowSpec& spec = run->job.spec().tracking().mlflow();
     const std::string project = ParseStoredName(run->job.name()).project;
@@ -258,7 +274,11 @@ absl::Status MlflowTracker::EnsureRun(const std::string& job_id, Run* run) {
 }
 
 bool MlflowTracker::FlushOne(const std::string& job_id, Run* run) {
-  MlflowClient client(run->uri, options_.token, options_.ca_file, options_.request_timeout);
+  if (run->refused) {
+    run->metrics.clear();
+    return false;
+  }
+  MlflowClient client = ClientOf(*run);
   absl::Status s = EnsureRun(job_id, run);
   while (s.ok() && !run->metrics.empty()) {
     const size_t n = std::min(run->metrics.size(), kMetricsPerBatch);
@@ -282,14 +302,34 @@ bool MlflowTracker::FlushOne(const std::string& job_id, Run* run) {
       keep = false;  // paused or queued again: its run stays RUNNING until it resumes
     }
   }
+  if (absl::IsPermissionDenied(s)) {  // the destination policy's: no retry will pass it
+    spdlog::warn("mlflow: {}: {}; not tracked", job_id, s.ToString());
+    WarnJob(job_id,
+            absl::StrCat("tracking: MLflow at ", run->uri, " refused: ", s.message(), "; this run is not tracked"));
+    run->refused = true;
+    run->metrics.clear();
+    return false;
+  }
   if (!s.ok() && !run->warned) {
     spdlog::warn("mlflow: {}: {} (kept; sent again later)", job_id, s.ToString());
+    WarnJob(job_id, absl::StrCat("tracking: MLflow at ", run->uri, ": ", s.message(), " (kept; sent again later)"));
     run->warned = true;
   } else if (s.ok() && run->warned) {
     spdlog::info("mlflow: {}: the tracking server answers again", job_id);
     run->warned = false;
   }
   return keep;
+}
+
+void MlflowTracker::WarnJob(const std::string& job_id, const std::string& message) {
+  absl::StatusOr<UpdateResult> recorded = store_->Update(job_id, [&](v1::Job*, std::vector<v1::JobEvent>* events) {
+    v1::JobEvent e;
+    e.set_type(v1::JobEvent::WARNING);
+    e.set_message(BoundedText(message));
+    events->push_back(std::move(e));
+    return absl::OkStatus();
+  });
+  if (!recorded.ok()) spdlog::warn("mlflow: {}: recording a warning: {}", job_id, recorded.status().ToString());
 }
 
 std::map<std::string, std::string> MlflowTracker::SpecParams(const v1::JobSpec& spec) {

@@ -14,9 +14,17 @@
 //
 // It never slows a step: the scheduler's reports (it is a MetricsSink) only append to a
 // buffer; one thread sends the buffers every `flush_every` with runs/log-batch (1000 metrics a
-// call). When the server cannot be reached or refuses, nothing fails: the buffer is kept and
-// sent again later (a warning logged once until it works again); a job whose buffer grows past
-// `max_buffered` metrics drops its oldest (logged).
+// call). When the server cannot be reached, refuses, or answers what is not MLflow's answer
+// (server/notify/remote_answers.h reads every answer, whatever its bytes), nothing fails: the
+// buffer is kept and sent again later (a warning logged, and a WARNING event on the job, once
+// until it works again); a job whose buffer grows past `max_buffered` metrics drops its oldest
+// (logged).
+//
+// Whose server: the operator's is tracking.mlflow_uri (`default_uri`), used by jobs that name
+// none or name the same server (SameServer); only it gets the operator's token, and it is not
+// checked. A server a job names otherwise gets no token and is reached only where the job's
+// project's destination policy allows (server/notify/destination_policy.h), checked at every
+// connection: a refused one leaves the job untracked, with a WARNING event saying why.
 //
 // Thread-safety: the MetricsSink methods from any thread; Start and Stop from one.
 #ifndef OOMB_SERVER_NOTIFY_MLFLOW_TRACKER_H_
@@ -36,24 +44,30 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/metrics/metrics_sink.h"
+#include "server/notify/destination_policy.h"
 #include "server/store/job_store.h"
 
 namespace oomb::server {
 
 struct MlflowTrackerOptions {
   std::string default_uri = {};  // tracking.mlflow_uri; empty: only jobs that name one
-  std::string token = {};        // tracking.mlflow_token_file's token, sent as a bearer token
+  std::string token = {};        // tracking.mlflow_token_file's token: to default_uri's server only
   std::string ca_file = {};      // notifications.ca_file
   std::string version = {};      // oomb.version tag
   absl::Duration flush_every = absl::Seconds(2);
   absl::Duration request_timeout = absl::Seconds(10);
   size_t max_buffered = 1000000;  // metrics held per job while the server is away
+  // Where a job may name its own server (server/notify/destination_policy.h); null: public
+  // addresses only. The default_uri's server (named or defaulted to) is the operator's: unchecked.
+  DestinationPolicyOf destinations = {};
 };
 
 // The MLflow REST calls a run needs, against one tracking server.
 class MlflowClient {
  public:
-  MlflowClient(std::string uri, std::string token, std::string ca_file, absl::Duration timeout);
+  // `token` empty: none sent. `destinations`: who `uri` may reach (SendHttp).
+  MlflowClient(std::string uri, std::string token, std::string ca_file, absl::Duration timeout,
+               DestinationPolicy destinations);
   // The id of `name`, made when absent.
   absl::StatusOr<std::string> Experiment(const std::string& name);
   // A new run; its id.
@@ -69,6 +83,7 @@ class MlflowClient {
   absl::StatusOr<nlohmann::json> Call(const std::string& method, const std::string& path, const nlohmann::json& body);
   const std::string uri_, token_, ca_file_;
   const absl::Duration timeout_;
+  const DestinationPolicy destinations_;
 };
 
 class MlflowTracker final : public MetricsSink {
@@ -99,18 +114,25 @@ class MlflowTracker final : public MetricsSink {
   struct Run {
     v1::Job job;                         // as it started (its spec, its mlflow_run)
     std::string uri;                     // the tracking server
+    bool operators = false;              // uri is tracking.mlflow_uri's: the token goes to it
     std::string run_id;                  // empty until made
     std::deque<nlohmann::json> metrics;  // not yet sent
     std::string final_checkpoint;
     bool params_sent = false;
     bool stopped = false;  // its run returned; ended once its state is final
     bool warned = false;   // a failure was logged; the next success is too
+    bool refused = false;  // the destination policy refused its server: not tracked
   };
   // The tracking server of `job`; empty: not tracked.
   std::string UriOf(const v1::Job& job) const;
+  // The client for `run`'s server: the operator's token and no destination check for the
+  // operator's server, the job's project's policy and no token for any other.
+  MlflowClient ClientOf(const Run& run) const;
   // Makes or finds the run, sends params, metrics, and the end; false when the job is done with.
   bool FlushOne(const std::string& job_id, Run* run);
   absl::Status EnsureRun(const std::string& job_id, Run* run);
+  // Appends a WARNING event to the job (what `oomb logs` and WatchJob show its owner).
+  void WarnJob(const std::string& job_id, const std::string& message);
   void Loop();
 
   JobStore* const store_;

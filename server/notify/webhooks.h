@@ -67,7 +67,8 @@ std::string SignWebhook(const std::string& key, const std::string& webhook_id, i
 
 // CreateJob's check of notifications.webhooks, each error naming its field
 // (notifications.webhooks[1].secret_file): the secret files open through `inputs` and hold
-// secrets; FAILED_PRECONDITION when the daemon does not take jobs' own endpoints.
+// secrets; FAILED_PRECONDITION when the daemon does not take jobs' own endpoints. (Where the
+// URLs may point: CheckJobDestinations, server/notify/destination_policy.h.)
 absl::Status CheckJobWebhooks(const v1::JobSpec& spec, const FileAccess& inputs, bool job_webhooks);
 
 }  // namespace oomb::server

@@ -308,6 +308,9 @@ class JobStore {
   // Ends an attempt: `retry_in` nullopt removes the message (delivered, or given up); else it is
   // due again after `retry_in`, its attempts + 1 and `error` recorded. NOT_FOUND when absent.
   virtual absl::Status FinishWebhook(int64_t id, std::optional<absl::Duration> retry_in, const std::string& error) = 0;
+  // Gives a claimed message back unattempted (its endpoint is busy or backing off): due again
+  // after `due_in`, its attempts and last error unchanged. NOT_FOUND when absent.
+  virtual absl::Status ReleaseWebhook(int64_t id, absl::Duration due_in) = 0;
   // How many messages wait (for /metrics and tests).
   virtual absl::StatusOr<int64_t> PendingWebhooks() = 0;
 

@@ -654,6 +654,18 @@ class PostgresJobStore : public JobStore {
     });
   }
 
+  absl::Status ReleaseWebhook(int64_t id, absl::Duration due_in) override {
+    return Run("release a webhook", [&](pqxx::work& tx) -> absl::Status {
+      const pqxx::result r = tx.exec_params(
+          "UPDATE webhook_outbox SET next_attempt = now() + $2::bigint * interval '1 microsecond', "
+          "held_until = '-infinity' WHERE id = $1",
+          id, absl::ToInt64Microseconds(due_in));
+      if (r.affected_rows() == 0) return absl::NotFoundError(absl::StrCat("webhook message ", id, " not found"));
+      tx.commit();
+      return absl::OkStatus();
+    });
+  }
+
   absl::StatusOr<int64_t> PendingWebhooks() override {
     return Run("count webhooks", [&](pqxx::work& tx) -> absl::StatusOr<int64_t> {
       return tx.exec("SELECT COUNT(*) FROM webhook_outbox")[0][0].as<int64_t>();

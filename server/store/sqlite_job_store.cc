@@ -636,6 +636,19 @@ class SqliteJobStore : public JobStore {
     });
   }
 
+  absl::Status ReleaseWebhook(int64_t id, absl::Duration due_in) override {
+    absl::MutexLock lock(&mu_);
+    return Guard("release a webhook", [&]() -> absl::Status {
+      WriteTransaction tx(*db_);
+      SQLite::Statement q(*db_, "UPDATE webhook_outbox SET next_attempt = ?, held_until = 0 WHERE id = ?");
+      q.bind(1, NowMicros() + absl::ToInt64Microseconds(due_in));
+      q.bind(2, id);
+      if (q.exec() == 0) return absl::NotFoundError(absl::StrCat("webhook message ", id, " not found"));
+      tx.Commit();
+      return absl::OkStatus();
+    });
+  }
+
   absl::StatusOr<int64_t> PendingWebhooks() override {
     absl::MutexLock lock(&mu_);
     return Guard("count webhooks", [&]() -> absl::StatusOr<int64_t> {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan; tests/fuzz/CMakeLists.txt) and runs the
-# three at once, each for a bounded time. Exit status non-zero on any crash, leak, UB report or timeout.
+# five at once, each for a bounded time. Exit status non-zero on any crash, leak, UB report or timeout.
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET (default 60)] [BUILD_DIR (default build-fuzz)]
 # (FUZZ_JOBS: parallel compile jobs, default nproc)
 # Findings (crash-*, leak-*, timeout-*) are left in BUILD_DIR/findings/<target>/.
@@ -11,15 +11,18 @@ build="${2:-build-fuzz}"
 CXX="${CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
 CC="${CC:-clang}" CXX="$CXX" cmake -S tests/fuzz -B "$build" -G Ninja >/dev/null
-ninja -C "$build" -j"${FUZZ_JOBS:-$(nproc)}" fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec >"$build/ninja.log" 2>&1 ||
+targets=(fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec fuzz_mlflow_answer fuzz_webhook_answer)
+ninja -C "$build" -j"${FUZZ_JOBS:-$(nproc)}" "${targets[@]}" >"$build/ninja.log" 2>&1 ||
   { tail -40 "$build/ninja.log" >&2; echo "fuzz: building the targets failed; see $build/ninja.log" >&2; exit 1; }
 
 # Seed corpora: the checked-in JSONL seeds, and a small valid safetensors file made here (two
 # tensors, metadata) so the fuzzer starts from the accepted format.
 work="$build/corpus"
-mkdir -p "$work/jsonl" "$work/safetensors" "$work/job_spec"
+mkdir -p "$work/jsonl" "$work/safetensors" "$work/job_spec" "$work/mlflow_answer" "$work/webhook_answer"
 cp tests/fuzz/corpus/jsonl/* "$work/jsonl/"
 cp tests/fuzz/corpus/job_spec/* "$work/job_spec/"
+cp tests/fuzz/corpus/mlflow_answer/* "$work/mlflow_answer/"
+cp tests/fuzz/corpus/webhook_answer/* "$work/webhook_answer/"
 python3 - "$work/safetensors/seed.safetensors" <<'PY'
 import json, struct, sys
 header = {"__metadata__": {"format": "pt"},
@@ -32,12 +35,14 @@ PY
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-# The three targets fuzz at once (each for SECONDS), then each one's result is reported.
+# The targets fuzz at once (each for SECONDS), then each one's result is reported.
 pids=()
-for target in fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec; do
+for target in "${targets[@]}"; do
   [ "$target" = fuzz_jsonl_dataset ] && corpus="$work/jsonl" dict=tests/fuzz/jsonl.dict
   [ "$target" = fuzz_safetensors ] && corpus="$work/safetensors" dict=tests/fuzz/safetensors.dict
   [ "$target" = fuzz_job_spec ] && corpus="$work/job_spec" dict=tests/fuzz/job_spec.dict
+  [ "$target" = fuzz_mlflow_answer ] && corpus="$work/mlflow_answer" dict=tests/fuzz/mlflow_answer.dict
+  [ "$target" = fuzz_webhook_answer ] && corpus="$work/webhook_answer" dict=tests/fuzz/mlflow_answer.dict
   findings="$build/findings/$target"
   mkdir -p "$findings"
   echo "fuzz: $target for ${seconds}s" >&2
@@ -47,7 +52,7 @@ for target in fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec; do
 done
 status=0
 i=0
-for target in fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec; do
+for target in "${targets[@]}"; do
   findings="$build/findings/$target"
   if ! wait "${pids[$i]}"; then
     echo "fuzz: $target FAILED; see $findings/log.txt" >&2

@@ -6,7 +6,8 @@ receiver that verifies every signature with the Standard Webhooks reference libr
 Run by ctest as `webhooks` (tests/CMakeLists.txt): test_webhooks.py OOMBD.
 
   1. submit-time errors naming the field: a missing secret file, a secret that is not one, a URL
-     that is not http(s);
+     that is not http(s), a destination the operator does not allow (issue 78: the daemon runs
+     with outbound.allow naming 127.0.0.1, where the receiver listens, and no other loopback);
   2. durability: a job telling two endpoints (its own, hearing everything; its project's from
      tenancy.projects_file, hearing job_succeeded) runs while the receiver is down; the daemon is
      killed (SIGKILL) mid-run, restarted, the job recovers and succeeds, the daemon is killed again
@@ -107,13 +108,15 @@ def job_with_hooks(train, steps, every, url, secret_file):
 
 
 # 1. Errors at submit, naming the field.
-def test_errors(client, train, tmp, url):
+def test_errors(client, train, tmp, url, secret_file):
     not_secret = os.path.join(tmp, "not_a_secret")
     with open(not_secret, "w") as f:
         f.write("hunter2\n")
     for secret, url_, field in [(os.path.join(tmp, "missing"), url, "notifications.webhooks[0].secret_file"),
                                 (not_secret, url, "notifications.webhooks[0].secret_file"),
-                                (not_secret, "ftp://127.0.0.1/x", "notifications.webhooks[0].url")]:
+                                (not_secret, "ftp://127.0.0.1/x", "notifications.webhooks[0].url"),
+                                (secret_file, url.replace("127.0.0.1", "[::1]"), "notifications.webhooks[0].url"),
+                                (secret_file, url.replace("127.0.0.1", "2130706434"), "notifications.webhooks[0].url")]:
         e = expect_error(oomb.InvalidArgument, lambda: client.jobs.create(job_with_hooks(train, 1, 1, url_, secret)),
                          f"a job with {field} bad")
         check(field in e.message, f"the error does not name {field}: {e.message}")
@@ -242,14 +245,15 @@ def main():
                 {"url": f"http://127.0.0.1:{receiver.port}/project", "secret_file": secret_file,
                  "events": ["job_succeeded"]}]}}}))
         daemon = Daemon(a.oombd, os.path.join(tmp, "data"), [
-            "--set", f"tenancy.projects_file={projects}", "--set", "notifications.retry_initial_seconds=1",
+            "--set", f"tenancy.projects_file={projects}", "--set", "outbound.allow=127.0.0.1",
+            "--set", "notifications.retry_initial_seconds=1",
             "--set", "notifications.retry_max_seconds=2", "--set", "log.format=json"]).start()
 
         def client_of(d):
             return oomb.Client(endpoint=d.endpoint)
 
         client = client_of(daemon)
-        test_errors(client, train, tmp, f"http://127.0.0.1:{receiver.port}/job")
+        test_errors(client, train, tmp, f"http://127.0.0.1:{receiver.port}/job", secret_file)
         client.close()
         test_durable(daemon, client_of, train, secret_file, receiver)
         test_latency(daemon, client_of, train, secret_file, receiver)

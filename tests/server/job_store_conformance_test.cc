@@ -876,6 +876,39 @@ TEST_P(JobStoreTest, WebhookMessagesAreStoredWithTheirEventsAndClaimedOnceUntilF
   EXPECT_EQ(*store_->PendingWebhooks(), 1);
 }
 
+// A message given back unattempted (its endpoint busy or backing off): due again after the wait,
+// to any store object, its attempts and last error as they were.
+TEST_P(JobStoreTest, AReleasedWebhookIsDueAgainWithItsAttemptsUnchanged) {
+  store_->SetOutboxPolicy([](const v1::Job& job, const v1::JobEvent&) {
+    OutboxMessage m;
+    m.webhook_id = "msg_r";
+    m.job_id = ParseStoredName(job.name()).id;
+    m.url = "http://127.0.0.1:1/hook";
+    m.type = "job.queued";
+    m.payload = "{}";
+    return std::vector<OutboxMessage>{m};
+  });
+  Add("r");
+  absl::StatusOr<std::vector<OutboxMessage>> claimed = store_->ClaimWebhooks(10, absl::Hours(1));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_EQ(claimed->size(), 1u);
+  const int64_t id = (*claimed)[0].id;
+  ASSERT_TRUE(store_->FinishWebhook(id, absl::ZeroDuration(), "HTTP 503").ok());
+  claimed = store_->ClaimWebhooks(10, absl::Hours(1));
+  ASSERT_EQ(claimed->size(), 1u);
+  ASSERT_TRUE(store_->ReleaseWebhook(id, absl::Hours(1)).ok());
+  std::unique_ptr<JobStore> other = OpenAnother();
+  ASSERT_NE(other, nullptr);
+  EXPECT_TRUE(other->ClaimWebhooks(10, absl::Hours(1))->empty());  // not due for an hour
+  ASSERT_TRUE(store_->ReleaseWebhook(id, absl::ZeroDuration()).ok());
+  claimed = other->ClaimWebhooks(10, absl::Hours(1));  // no longer held: due at once
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_EQ(claimed->size(), 1u);
+  EXPECT_EQ((*claimed)[0].attempts, 1);
+  EXPECT_EQ((*claimed)[0].last_error, "HTTP 503");
+  EXPECT_EQ(store_->ReleaseWebhook(id + 1000, absl::ZeroDuration()).code(), absl::StatusCode::kNotFound);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, JobStoreTest, ::testing::Values("sqlite", "postgres"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 

@@ -400,6 +400,34 @@ TEST_F(PreemptionTest, TheScopeDecidesWhoseJobsMayBePreempted) {
   ASSERT_TRUE(scheduler_->Cancel("theirs-2").ok());
 }
 
+// Issue 78: a project the operator bars from preempting others (preempt_other_projects: false)
+// waits under scope all, as under scope project.
+TEST_F(PreemptionTest, AProjectBarredFromPreemptingOthersWaitsUnderScopeAll) {
+  const std::string path = ::testing::TempDir() + "/oomb_projects_" + std::to_string(::getpid()) + ".yaml";
+  std::ofstream(path) << "projects:\n  nlp: {preempt_other_projects: false}\n";
+  absl::StatusOr<std::shared_ptr<const ProjectRegistry>> projects = ProjectRegistry::Create(path);
+  ASSERT_TRUE(projects.ok()) << projects.status();
+  runner_.steps = 100000;
+  runner_.step_delay_ms = 5;
+  StartScheduler(/*hold=*/false, {"cpu"}, [&](SchedulerOptions* o) {
+    o->preemption = PreemptionScope::kAll;
+    o->preemption_min_run = absl::ZeroDuration();
+    o->heartbeat = absl::Milliseconds(100);
+    o->lease = absl::Seconds(2);
+    o->projects = *projects;
+  });
+  ASSERT_TRUE(Submit("theirs", 0, "vision").ok());
+  WaitFor("theirs", v1::Job::RUNNING);
+  ASSERT_TRUE(Submit("mine", 9, "nlp").ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // heartbeats come and go
+  EXPECT_EQ(store_->Get("theirs")->state(), v1::Job::RUNNING);
+  EXPECT_EQ(store_->Get("mine")->state(), v1::Job::QUEUED);
+  ASSERT_TRUE(scheduler_->Cancel("mine").ok());
+  ASSERT_TRUE(scheduler_->Cancel("theirs").ok());
+  WaitFor("theirs", v1::Job::CANCELLED);
+  std::remove(path.c_str());
+}
+
 TEST_F(PreemptionTest, NoJobIsPreemptedWithinTheMinimumRunTimeNorForEqualPriority) {
   Start(PreemptionScope::kProject, absl::Milliseconds(1500));
   ASSERT_TRUE(Submit("first", 0).ok());

@@ -325,7 +325,33 @@ TEST(TenancyProjectsTest, ProjectsHaveTheirOwnRootsAndQueueLimits) {
   Daemon bad(d / "data-bad", bad_options);
   EXPECT_EQ(bad.port(), 0);
   EXPECT_THAT(bad.log(), HasSubstr("bad.yaml:3: projects.nlp.max_queued: unknown key (allowed_roots, max_queued_jobs, "
-                                   "max_running_devices, max_device_hours_per_day, max_storage_bytes, webhooks)"));
+                                   "max_running_devices, max_device_hours_per_day, max_storage_bytes, webhooks, "
+                                   "outbound, max_priority, preempt_other_projects)"));
+}
+
+// Issue 78: a project's jobs stay within its max_priority, at submit and at every update, the
+// error naming the field; another project is not bounded by it.
+TEST(TenancyProjectsTest, APriorityAboveTheProjectsBoundIsRefusedAtSubmitAndUpdate) {
+  if (!fs::exists(TinyLlama() / "config.json")) GTEST_SKIP() << "no test models under " << DataDir();
+  TempDir tmp;
+  const fs::path d = tmp.path();
+  WriteIdsJsonl(d / "ids.jsonl", 4, 100);
+  WriteFile(d / "projects.yaml", "projects:\n  default: {max_priority: 10, preempt_other_projects: false}\n");
+  DaemonOptions o;
+  o.extra = {"--set", "tenancy.projects_file=" + (d / "projects.yaml").string(), "--set", "scheduler.hold=true"};
+  Daemon daemon(d / "data", o);
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  WriteFile(d / "job.yaml", TinyJobYaml((d / "ids.jsonl").string(), 2, 1));
+  const auto cli = [&](const std::string& args) { return Oomb(daemon.tcp_endpoint(), args, d); };
+  const Result high = cli("submit " + (d / "job.yaml").string() + " --set resources.priority=1000000");
+  EXPECT_EQ(high.rc, 1) << high.err;
+  EXPECT_THAT(high.err, HasSubstr("spec: resources.priority: at most 10 in project default"));
+  const Result ok = cli("submit " + (d / "job.yaml").string() + " --set resources.priority=10 --job-id bounded");
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  const Result raised = cli("update bounded --priority 11");
+  EXPECT_EQ(raised.rc, 1) << raised.err;
+  EXPECT_THAT(raised.err, HasSubstr("job: priority: at most 10 in project default"));
+  EXPECT_EQ(cli("update bounded --priority 3").rc, 0);
 }
 
 }  // namespace

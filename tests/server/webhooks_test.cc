@@ -1,7 +1,9 @@
 // Webhooks (server/notify/webhooks.h, webhook_sender.h): the Standard Webhooks signature on the
 // specification's own example, which events each endpoint hears and what the body carries, and
 // the sender against a real HTTP receiver on loopback (cpp-httplib) through a real SQLite
-// outbox: signed, retried with the same webhook-id, redirects not followed, given up in time.
+// outbox: signed, retried with the same webhook-id, redirects not followed, given up in time;
+// issue 78: a job's endpoint on loopback (in every spelling) reached only where the operator
+// allows it, a redirect to a refused one not followed, a hanging endpoint delaying no other.
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -22,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/job_files.h"
+#include "server/notify/destination_policy.h"
 #include "server/notify/webhook_sender.h"
 #include "server/notify/webhooks.h"
 #include "server/store/job_store.h"
@@ -132,27 +135,35 @@ TEST(WebhookEventsTest, EachEndpointGetsTheEventsItListsWithTheJobsSummary) {
   EXPECT_TRUE(WebhookMessages(job, StateChange(v1::Job::RUNNING), {project}).empty());
 }
 
-// A receiver on loopback recording what it was sent, answering with `status` (then 200).
+// A receiver on loopback (`host`) recording what it was sent, answering with `status` (then
+// 200); a 302 points at `location`.
 class Receiver {
  public:
-  explicit Receiver(std::vector<int> statuses) : statuses_(std::move(statuses)) {
-    server_.Post("/hook", [this](const httplib::Request& req, httplib::Response& res) {
+  explicit Receiver(std::vector<int> statuses, std::string host = "127.0.0.1", std::string location = "/elsewhere")
+      : statuses_(std::move(statuses)), host_(std::move(host)) {
+    server_.Post("/hook", [this, location](const httplib::Request& req, httplib::Response& res) {
       absl::MutexLock lock(&mu_);
       requests_.push_back(req);
       const int status = requests_.size() <= statuses_.size() ? statuses_[requests_.size() - 1] : 200;
       res.status = status;
-      if (status == 302) res.set_header("Location", "/elsewhere");
+      if (status == 302) res.set_header("Location", location);
       res.set_content(status >= 400 ? "busy" : "ok", "text/plain");
     });
-    port_ = server_.bind_to_any_port("127.0.0.1");
+    port_ = server_.bind_to_any_port(host_.c_str());
+    if (port_ <= 0) return;  // e.g. no IPv6 loopback here
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ~Receiver() {
     server_.stop();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
-  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_, "/hook"); }
+  bool listening() const { return port_ > 0; }
+  int port() const { return port_; }
+  std::string url() const {
+    return absl::StrCat("http://", host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_, ":", port_,
+                        "/hook");
+  }
   std::vector<httplib::Request> requests() {
     absl::MutexLock lock(&mu_);
     return requests_;
@@ -160,12 +171,19 @@ class Receiver {
 
  private:
   std::vector<int> statuses_;
+  const std::string host_;
   httplib::Server server_;
   int port_ = 0;
   std::thread thread_;
   absl::Mutex mu_;
   std::vector<httplib::Request> requests_;
 };
+
+// The operator's allow-list entry these tests need: their receivers listen on loopback.
+DestinationPolicyOf LoopbackAllowed() {
+  const DestinationPolicy p = *DestinationPolicy::Parse({"127.0.0.0/8", "::1"}, {}, "outbound");
+  return [p](const std::string&) { return p; };
+}
 
 class WebhookSenderTest : public ::testing::Test {
  protected:
@@ -184,14 +202,18 @@ class WebhookSenderTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  // A job that ends SUCCEEDED at once, telling `url`.
-  void Succeed(const std::string& id, const std::string& url) {
+  // A job that ends SUCCEEDED at once, telling `url` (and `more`).
+  void Succeed(const std::string& id, const std::string& url, const std::vector<std::string>& more = {}) {
     v1::Job job = TestJob();
     job.set_name("projects/nlp/jobs/" + id);
     job.set_state(v1::Job::QUEUED);
-    v1::WebhookSpec* w = job.mutable_spec()->mutable_notifications()->add_webhooks();
-    w->set_url(url);
-    w->set_secret_file((dir_ / "hook.secret").string());
+    std::vector<std::string> urls = {url};
+    urls.insert(urls.end(), more.begin(), more.end());
+    for (const std::string& u : urls) {
+      v1::WebhookSpec* w = job.mutable_spec()->mutable_notifications()->add_webhooks();
+      w->set_url(u);
+      w->set_secret_file((dir_ / "hook.secret").string());
+    }
     ASSERT_TRUE(store_->Create(job, "", {}).ok());
     ASSERT_TRUE(store_
                     ->Update(id,
@@ -211,8 +233,10 @@ class WebhookSenderTest : public ::testing::Test {
 TEST_F(WebhookSenderTest, DeliversSignedAndRetriesAFailureWithTheSameId) {
   Receiver receiver({503});
   Succeed("a", receiver.url());
-  WebhookSender sender(store_.get(), &files_,
-                       WebhookSenderOptions{.retry_initial = absl::Milliseconds(300), .retry_max = absl::Seconds(1)});
+  WebhookSender sender(
+      store_.get(), &files_,
+      WebhookSenderOptions{
+          .retry_initial = absl::Milliseconds(300), .retry_max = absl::Seconds(1), .destinations = LoopbackAllowed()});
   EXPECT_EQ(sender.SendDue(), 1);  // 503: kept, due again in 300 ms
   EXPECT_EQ(*store_->PendingWebhooks(), 1);
   EXPECT_EQ(sender.SendDue(), 0);
@@ -239,8 +263,10 @@ TEST_F(WebhookSenderTest, DeliversSignedAndRetriesAFailureWithTheSameId) {
 TEST_F(WebhookSenderTest, ARedirectIsNotFollowedAndADeadEndpointIsGivenUpInTime) {
   Receiver receiver({302});
   Succeed("r", receiver.url());
-  WebhookSender sender(store_.get(), &files_,
-                       WebhookSenderOptions{.retry_initial = absl::Hours(1), .give_up_after = absl::Hours(1)});
+  WebhookSender sender(
+      store_.get(), &files_,
+      WebhookSenderOptions{
+          .retry_initial = absl::Hours(1), .give_up_after = absl::Hours(1), .destinations = LoopbackAllowed()});
   EXPECT_EQ(sender.SendDue(), 1);
   EXPECT_EQ(receiver.requests().size(), 1u);  // not followed to /elsewhere
   EXPECT_EQ(*store_->PendingWebhooks(), 1);   // and kept: not a 2xx
@@ -257,9 +283,117 @@ TEST_F(WebhookSenderTest, ARedirectIsNotFollowedAndADeadEndpointIsGivenUpInTime)
   const int closed_port = ntohs(addr.sin_port);
   ::close(fd);
   Succeed("d", absl::StrCat("http://127.0.0.1:", closed_port, "/hook"));
-  WebhookSender impatient(store_.get(), &files_, WebhookSenderOptions{.give_up_after = absl::ZeroDuration()});
+  WebhookSender impatient(
+      store_.get(), &files_,
+      WebhookSenderOptions{.give_up_after = absl::ZeroDuration(), .destinations = LoopbackAllowed()});
   EXPECT_EQ(impatient.SendDue(), 1);
   EXPECT_EQ(*store_->PendingWebhooks(), 1);  // "d" given up and dropped; "r" waits
+}
+
+// The job's WARNING events' messages.
+std::vector<std::string> Warnings(JobStore* store, const std::string& id) {
+  std::vector<std::string> out;
+  absl::StatusOr<std::vector<v1::JobEvent>> events = store->ListEvents(id, 0, 1000);
+  if (!events.ok()) return out;
+  for (const v1::JobEvent& e : *events) {
+    if (e.type() == v1::JobEvent::WARNING) out.push_back(e.message());
+  }
+  return out;
+}
+
+// Issue 78: a job naming loopback in every spelling reaches nothing without the operator's
+// entry: each message is dropped at once, the job told why, and no request arrives.
+TEST_F(WebhookSenderTest, AJobsLoopbackEndpointIsReachedInNoSpelling) {
+  Receiver v4({});
+  Receiver v6({}, "::1");
+  const std::string port = std::to_string(v4.port());
+  std::vector<std::string> urls;
+  for (const char* host : {"127.0.0.1", "localhost", "2130706433", "0x7f000001", "0177.0.0.1", "127.1",
+                           "[::ffff:127.0.0.1]", "[::ffff:7f00:1]"}) {
+    urls.push_back(absl::StrCat("http://", host, ":", port, "/hook"));
+  }
+  if (v6.listening()) urls.push_back(v6.url());
+  Succeed("attack", urls[0], std::vector<std::string>(urls.begin() + 1, urls.end()));
+  WebhookSender sender(store_.get(), &files_, WebhookSenderOptions{});  // the default: public addresses only
+  int attempted = 0;  // several spellings are one endpoint: a pass takes what its lane has room for
+  for (int pass = 0; pass < 10 && attempted < static_cast<int>(urls.size()); ++pass) {
+    attempted += sender.SendDue();
+    if (attempted < static_cast<int>(urls.size())) absl::SleepFor(absl::Milliseconds(300));
+  }
+  EXPECT_EQ(attempted, static_cast<int>(urls.size()));
+  EXPECT_EQ(*store_->PendingWebhooks(), 0);  // dropped: no retry would pass
+  EXPECT_TRUE(v4.requests().empty());
+  EXPECT_TRUE(v6.requests().empty());
+  const std::vector<std::string> warnings = Warnings(store_.get(), "attack");
+  ASSERT_EQ(warnings.size(), urls.size());
+  for (const std::string& w : warnings) EXPECT_THAT(w, HasSubstr("is loopback")) << w;
+  EXPECT_THAT(warnings, ::testing::Contains(HasSubstr("destination localhost (")));
+}
+
+// A redirect from an endpoint the operator allows to one it does not is never followed.
+TEST_F(WebhookSenderTest, ARedirectToARefusedDestinationIsNotFollowed) {
+  Receiver refused({}, "127.0.0.2");
+  ASSERT_TRUE(refused.listening());
+  Receiver allowed({302}, "127.0.0.1", refused.url());
+  Succeed("redirect", allowed.url());
+  const DestinationPolicy only = *DestinationPolicy::Parse({"127.0.0.1"}, {}, "outbound");
+  WebhookSender sender(store_.get(), &files_,
+                       WebhookSenderOptions{.retry_initial = absl::Hours(1),
+                                            .destinations = [only](const std::string&) { return only; }});
+  EXPECT_EQ(sender.SendDue(), 1);
+  EXPECT_EQ(allowed.requests().size(), 1u);
+  EXPECT_TRUE(refused.requests().empty());
+  EXPECT_EQ(*store_->PendingWebhooks(), 1);  // a 302 is no delivery: retried in an hour
+}
+
+// A listener that takes connections and never answers: a receiver that hangs.
+class HangingEndpoint {
+ public:
+  HangingEndpoint() : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 64) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~HangingEndpoint() { ::close(fd_); }
+  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_, "/hook"); }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+// Issue 78: deliveries are isolated per endpoint: with one endpoint hanging (its attempts
+// running into their timeout), another endpoint's messages arrive within a second each.
+TEST_F(WebhookSenderTest, AHangingEndpointDelaysNoOtherEndpoint) {
+  HangingEndpoint hanging;
+  Receiver fast({});
+  for (int i = 0; i < 6; ++i) Succeed(absl::StrCat("slow", i), hanging.url());
+  WebhookSender sender(store_.get(), &files_,
+                       WebhookSenderOptions{.poll = absl::Milliseconds(100),
+                                            .attempt_timeout = absl::Seconds(4),
+                                            .destinations = LoopbackAllowed(),
+                                            .max_concurrent = 4,
+                                            .per_endpoint = 2});
+  sender.Start();
+  absl::SleepFor(absl::Milliseconds(300));  // the hanging endpoint's attempts are under way
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time sent = absl::Now();
+    Succeed(absl::StrCat("fast", i), fast.url());
+    while (fast.requests().size() < static_cast<size_t>(i + 1) && absl::Now() - sent < absl::Seconds(5)) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(fast.requests().size(), static_cast<size_t>(i + 1));
+    EXPECT_LT(absl::Now() - sent, absl::Seconds(1)) << "message " << i;
+    absl::SleepFor(absl::Milliseconds(400));
+  }
+  sender.Stop();
+  EXPECT_EQ(*store_->PendingWebhooks(), 6);  // the hanging endpoint's, kept for later
 }
 
 TEST(WebhookRetryTest, WaitsDoubleUpToTheMaximumUntilGivenUp) {
