@@ -473,7 +473,7 @@ struct Measurement {
   // LoRA: the base's active parameters (ModelSpec::ActiveParameterCount), frozen, for "mfu_4n";
   // 0 in full fine-tuning.
   double frozen_parameters = 0;
-  int64_t fit_check = 0;   // --fit-check K: stage 1 and K chunks of stage 2 instead of a step
+  int64_t fit_check = 0;  // --fit-check K: stage 1 and K chunks of stage 2 instead of a step
   // --estimate: the rates EstimateJob's step time would use (worker/job/calibration.h), measured
   // before the model is built, by chunk size.
   std::map<int64_t, EngineRates> rates;
@@ -873,15 +873,15 @@ int Main(int argc, char** argv) {
           << nlohmann::json{{"expert_kernel", m->expert_kernel() == ExpertKernel::kGrouped ? "grouped" : "loop"}}.dump()
           << std::endl;
     }
-    const Measurement how{.sections = sections,
-                          .kernel_profile = kernel_profile,
-                          .trace_windows = trace_windows,
-                          .kernel_trace_dir = kernel_trace_dir,
-                          .peak_flops = peak_flops,
-                          .frozen_parameters =
-                              full ? 0 : static_cast<double>(m->spec().ActiveParameterCount(m->config())),
-                          .fit_check = fit_check,
-                          .rates = rates};
+    const Measurement how{
+        .sections = sections,
+        .kernel_profile = kernel_profile,
+        .trace_windows = trace_windows,
+        .kernel_trace_dir = kernel_trace_dir,
+        .peak_flops = peak_flops,
+        .frozen_parameters = full ? 0 : static_cast<double>(m->spec().ActiveParameterCount(m->config())),
+        .fit_check = fit_check,
+        .rates = rates};
     for (int64_t T : tokens) {
       const nlohmann::json r = MeasureLength(*m, T, bench, how, d);
       if (lead) std::cout << r.dump() << std::endl;

@@ -59,10 +59,9 @@ void PrintJobDetail(const v1::Job& j) {
     std::cout << fmt::format("progress:    step {}/{}, {} tokens, loss {:.4f}\n", j.progress().step(),
                              j.progress().total_steps(), j.progress().tokens(), j.progress().loss());
     if (j.progress().step_seconds() > 0) {
-      std::cout << fmt::format("last step:   {:.3g} s, {:.0f} tok/s{}\n", j.progress().step_seconds(),
-                               j.progress().tokens_per_second(),
-                               j.progress().mfu() > 0 ? fmt::format(", {:.1f}% MFU (datasheet peak)", 100 * j.progress().mfu())
-                                                      : "");
+      std::cout << fmt::format(
+          "last step:   {:.3g} s, {:.0f} tok/s{}\n", j.progress().step_seconds(), j.progress().tokens_per_second(),
+          j.progress().mfu() > 0 ? fmt::format(", {:.1f}% MFU (datasheet peak)", 100 * j.progress().mfu()) : "");
     }
     if (j.progress().router_aux_loss() > 0) {
       std::cout << fmt::format("router aux:  {:.4f} (the router's load-balancing loss, not weighted)\n",
