@@ -360,7 +360,7 @@ TEST_F(SecurityTest, EveryFailureHasAReason) {
   const json target = OombJson(ep(), "get target", tmp_->path());
   EXPECT_EQ(target["error"]["reason"], "BAD_SPEC") << target.dump();
   EXPECT_THAT(target["error"]["message"].get<std::string>(),
-              HasSubstr("evaluation.suites: passkey and needle need the model's tokenizer"));
+              HasSubstr("evaluation.suites: passkey, needle and ruler need the model's tokenizer"));
   EXPECT_EQ(target.value("retries", 0), 0);  // a failure that would repeat is not retried
   EXPECT_EQ(target.value("attempt", 0), 1);
   // Sparse attention on a model with sliding-window layers (the tiny Llama made a Mistral with a
