@@ -44,9 +44,9 @@ ctest --output-on-failure -j "$jobs" --output-junit "$build/ctest-junit.xml" "${
 # After ctest's summary: the tests skipped and why, the slowest, and a failure for any skip
 # outside the gpu label (scripts/ctest_report.py); its last line counts passed, failed, skipped.
 ctest --show-only=json-v1 "${labels[@]}" ${CTEST_ARGS:-} >"$build/ctest-tests.json"
+echo "[test] ctest finished $(( $(date +%s) - start )) s after the start" >&2
 report_rc=0
 python3 "$root/scripts/ctest_report.py" "$build/ctest-junit.xml" "$build/ctest-tests.json" || report_rc=$?
-echo "[test] finished in $(( $(date +%s) - start )) s since start" >&2
 if ((ctest_rc != 0)); then exit "$ctest_rc"; fi
 exit "$report_rc"
 
