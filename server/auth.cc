@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -249,7 +250,8 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const grpc::ServerContextBase
   const auto& md = ctx.client_metadata();
   if (auto it = md.find("authorization"); it != md.end()) {
     const absl::string_view value(it->second.data(), it->second.size());
-    if (!absl::StartsWith(value, "Bearer ")) {
+    // The scheme is case-insensitive (RFC 9110 §11.1): "bearer <token>" is "Bearer <token>".
+    if (!absl::StartsWithIgnoreCase(value, "Bearer ")) {
       return absl::UnauthenticatedError("the authorization metadata must be 'Bearer <token>'");
     }
     return FromToken(std::string(value.substr(7)));

@@ -176,6 +176,13 @@ def test_routes(daemon, tmp, train):
     check(alice.ok("GET", "/v1/caller")["user"] == "alice", "caller")
     check(anon.error("GET", "/v1/caller", 401, "UNAUTHENTICATED"), "no token")
     check(Http(port, "nope").error("GET", "/v1/serverInfo", 401, "UNAUTHENTICATED"), "bad token")
+    # The scheme is case-insensitive (RFC 9110 §11.1; issue 78's low finding): "bearer" and "BEARER" are
+    # "Bearer"; another scheme is still refused.
+    for scheme in ("bearer", "BEARER"):
+        r = httpx.get(f"http://127.0.0.1:{port}/v1/caller", headers={"Authorization": f"{scheme} alice-token"})
+        check(r.status_code == 200 and r.json()["user"] == "alice", f"{scheme}: {r.status_code} {r.text[:200]}")
+    r = httpx.get(f"http://127.0.0.1:{port}/v1/caller", headers={"Authorization": "Basic alice-token"})
+    check(r.status_code == 401, f"Basic: {r.status_code} {r.text[:200]}")
     check(root.ok("GET", "/v1/serverInfo")["version"], "serverInfo")
     # Create: the spec as JSON, ids and request ids in the query.
     spec = tiny_spec(train, 3, every_steps=1)
