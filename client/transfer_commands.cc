@@ -388,13 +388,16 @@ grpc::Status DownloadAttempt(Client& client, const std::string& name, const fs::
   stream.offset = state.offset;
   std::string error;
   bool unpacked = false;
-  if (reader->Read(&stream.message) && stream.message.has_archive()) {
+  const bool got = reader->Read(&stream.message);
+  if (got && stream.message.has_archive()) {
     stream.archive = stream.message.archive();
     *archive = stream.archive;
     state.etag = stream.archive.etag();
     unpacked = UnpackStream(stream, dir, state, state_file, &error);
   }
-  if (!unpacked) ctx->TryCancel();
+  // A stream that sent something and was not unpacked is stopped; one that sent nothing has ended
+  // with the server's status (NOT_FOUND for a missing or another project's job), which Finish gives.
+  if (got && !unpacked) ctx->TryCancel();
   const grpc::Status s = reader->Finish();
   if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) return s;
   if (!unpacked) return grpc::Status(grpc::StatusCode::DATA_LOSS, error.empty() ? "an empty stream" : error);
@@ -420,6 +423,7 @@ void AddDownload(CLI::App& app, const Cli& cli) {
     const std::string id = job.substr(job.rfind('/') + 1);
     const fs::path dir = a->dir.empty() ? fs::path(id + "-" + (a->step.empty() ? "final" : a->step)) : fs::path(a->dir);
     std::error_code ec;
+    const bool made = !fs::exists(dir);
     fs::create_directories(dir, ec);
     const fs::path state_file = dir / ".oomb-download";
     DownloadState state = DownloadState::Load(state_file);
@@ -440,7 +444,14 @@ void AddDownload(CLI::App& app, const Cli& cli) {
       std::this_thread::sleep_for(std::chrono::milliseconds(250 << attempt));
     }
     if (Tty()) std::cerr << "\n";
-    if (!s.ok()) return Fail(s);
+    if (!s.ok()) {
+      // Nothing came: the directory this command made goes again (a partial download stays, to resume).
+      if (made && state.offset == 0) {
+        fs::remove(state_file, ec);
+        fs::remove(dir, ec);  // only if empty
+      }
+      return Fail(s);
+    }
     fs::remove(state_file);
     if (!PrintStructured(cli.globals, archive)) std::cout << fs::absolute(dir).lexically_normal().string() << "\n";
     return 0;

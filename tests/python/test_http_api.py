@@ -462,6 +462,15 @@ def test_sdk_transfers(daemon, tmp, train, oomb_cli):
     # PEFT loads the downloaded adapter, with the logits of the server's copy.
     import torch
     check(torch.equal(logits(local), logits(server)), "the downloaded adapter gives other logits")
+    # A missing job and another team's job: NOT_FOUND, as over HTTP and in the SDK, and no directory
+    # left behind (issue 78's low finding: DATA_LOSS "an empty stream" and an empty directory).
+    for who, job_id in (("alice-token", "no-such-job"), ("bob-token", "s1")):
+        missing = os.path.join(tmp, f"cli-missing-{who}")
+        r = subprocess.run([oomb_cli, "--endpoint", daemon.endpoint, "download", job_id, "--dir", missing],
+                           capture_output=True, text=True, env=dict(os.environ, OOMB_TOKEN=who))
+        check(r.returncode != 0 and "NOT_FOUND" in r.stderr and "DATA_LOSS" not in r.stderr,
+              f"oomb download {job_id} as {who}: {r.returncode} {r.stderr}")
+        check(not os.path.exists(missing), f"oomb download {job_id} as {who} left {missing}")
     # The CLI downloads too.
     r = subprocess.run([oomb_cli, "--endpoint", daemon.endpoint, "download", "s1", "--dir", os.path.join(tmp, "cli")],
                        capture_output=True, text=True, env=dict(os.environ, OOMB_TOKEN="alice-token"))
