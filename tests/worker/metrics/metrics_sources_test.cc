@@ -88,9 +88,8 @@ TEST(FlopsTest, PeaksOfKnownDevicesAndNoneForOthers) {
   EXPECT_EQ(PeakDenseBf16Flops(""), 0);
 }
 
-// The one MFU definition: model FLOPs over seconds and the devices' datasheet peaks. A Qwen2.5-7B
-// 128K step of 492.63 model TFLOP/s on an H100 reads 49.8%, where it read 65.0% over the
-// 758 TFLOP/s matmul rate its run measured.
+// The one MFU definition: model FLOPs over seconds and the devices' datasheet peaks, never a
+// matmul rate measured on the machine: 492.63 model TFLOP/s on an H100 is 49.8%.
 TEST(FlopsTest, MfuIsOverTheDatasheetPeakOfEveryDevice) {
   EXPECT_NEAR(ModelFlopsUtilization(492.63e12, 1.0, PeakDenseBf16Flops("NVIDIA H100 80GB HBM3")), 0.4979, 5e-4);
   EXPECT_DOUBLE_EQ(ModelFlopsUtilization(989.4e12 * 8, 2.0, 989.4e12, 4), 1.0);
