@@ -20,6 +20,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -343,7 +344,15 @@ bool UnpackStream(ArchiveStream& stream, const fs::path& dir, DownloadState& sta
     *error = archive_error_string(a.get());
     return false;
   }
-  const std::string prefix = stream.archive.root() + "/";
+  const std::string& root = stream.archive.root();
+  // The checkpoint's own directory name ("final", "checkpoint-<step>"): a root such as
+  // "../escape" or "a/b" is not the daemon's, and nothing of such an archive is written.
+  if (root.empty() || root == "." || root == ".." || root.find_first_of("/\\") != std::string::npos ||
+      std::any_of(root.begin(), root.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; })) {
+    *error = "the server's archive root '" + absl::CEscape(root) + "' is not a directory name; nothing was written";
+    return false;
+  }
+  const std::string prefix = root + "/";
   struct archive_entry* e = nullptr;
   int r = ARCHIVE_OK;
   while ((r = archive_read_next_header(a.get(), &e)) == ARCHIVE_OK) {
@@ -395,9 +404,11 @@ grpc::Status DownloadAttempt(Client& client, const std::string& name, const fs::
     state.etag = stream.archive.etag();
     unpacked = UnpackStream(stream, dir, state, state_file, &error);
   }
-  // A stream that sent something and was not unpacked is stopped; one that sent nothing has ended
-  // with the server's status (NOT_FOUND for a missing or another project's job), which Finish gives.
-  if (got && !unpacked) ctx->TryCancel();
+  // A stream that sent something is stopped: one not unpacked, and one whose archive ended with
+  // every file in place (a server that holds it open after the end is not waited for). One that
+  // sent nothing has ended with the server's status (NOT_FOUND for a missing or another project's
+  // job), which Finish gives.
+  if (got) ctx->TryCancel();
   const grpc::Status s = reader->Finish();
   if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) return s;
   if (!unpacked) return grpc::Status(grpc::StatusCode::DATA_LOSS, error.empty() ? "an empty stream" : error);
