@@ -64,6 +64,9 @@ const std::vector<Key>& Keys() {
       {"store.heartbeat_seconds", &ServerConfig::heartbeat_seconds},
       {"storage.datasets_dir", &ServerConfig::datasets_dir},
       {"storage.retention_days", &ServerConfig::retention_days},
+      {"uploads.max_concurrent", &ServerConfig::max_concurrent_uploads},
+      {"uploads.max_concurrent_per_project", &ServerConfig::max_concurrent_uploads_per_project},
+      {"uploads.max_line_bytes", &ServerConfig::upload_max_line_bytes},
       {"paths.allowed_roots", &ServerConfig::allowed_roots},
       {"notifications.job_webhooks", &ServerConfig::job_webhooks},
       {"notifications.ca_file", &ServerConfig::webhooks_ca_file},
@@ -238,6 +241,22 @@ absl::Status CheckOutbound(const ServerConfig& config) {
   return OutboundPolicy(config).status();
 }
 
+// What one client's uploads may hold (issue 78): how many at once, and the longest line.
+absl::Status CheckUploads(const ServerConfig& config) {
+  if (config.max_concurrent_uploads < 1 || config.max_concurrent_uploads_per_project < 1 ||
+      config.max_concurrent_uploads_per_project > config.max_concurrent_uploads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uploads.max_concurrent / max_concurrent_per_project: need 1 <= per project <= all; got ",
+                     config.max_concurrent_uploads, " and ", config.max_concurrent_uploads_per_project));
+  }
+  constexpr int64_t kMinLine = int64_t{1} << 20, kMaxLine = int64_t{256} << 20;
+  if (config.upload_max_line_bytes < kMinLine || config.upload_max_line_bytes > kMaxLine) {
+    return absl::InvalidArgumentError(absl::StrCat("uploads.max_line_bytes: must be ", kMinLine, " to ", kMaxLine,
+                                                   " (1 MiB to 256 MiB); got ", config.upload_max_line_bytes));
+  }
+  return absl::OkStatus();
+}
+
 // Values each fine alone but wrong together, and ranges.
 absl::Status Check(const ServerConfig& config) {
   OOMB_RETURN_IF_ERROR(CheckListen("server.listen", config.listen, true));  // empty: checked below
@@ -302,6 +321,7 @@ absl::Status Check(const ServerConfig& config) {
                      config.webhook_retry_initial_seconds, " and ", config.webhook_retry_max_seconds));
   }
   OOMB_RETURN_IF_ERROR(CheckOutbound(config));
+  OOMB_RETURN_IF_ERROR(CheckUploads(config));
   static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error"};
   if (std::find(std::begin(kLevels), std::end(kLevels), config.log_level) == std::end(kLevels)) {
     return absl::InvalidArgumentError(

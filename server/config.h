@@ -26,7 +26,8 @@
 //                                     # oomb:admins every project (server/auth.h)
 //   tenancy:
 //     projects_file: ""               # per-project settings (server/projects.h): allowed_roots,
-//                                     # max_queued_jobs; re-read when it changes
+//                                     # quotas, max_concurrent_uploads, secrets; re-read when it
+//                                     # changes
 //   tls:
 //     cert_file: ""                   # server certificate (PEM); with key_file enables TLS on `listen`
 //     key_file: ""
@@ -69,6 +70,15 @@
 //                                     # shares, as the checkpoints' (docs/fleet.md)
 //     retention_days: 0               # remove what a deleted job left in the data dir this many
 //                                     # days after its deletion (server/retention.h); 0: keep
+//   uploads:                        # DatasetService's UploadDataset (server/dataset_service.h)
+//     max_concurrent: 8               # uploads in progress at once, every project together; more:
+//                                     # RESOURCE_EXHAUSTED naming this key (retry later)
+//     max_concurrent_per_project: 2   # the same per project; a project's max_concurrent_uploads
+//                                     # (tenancy.projects_file) overrides it
+//     max_line_bytes: 16777216        # the longest line an upload may hold (16 MiB, what every
+//                                     # job accepts); a longer one is refused naming its line.
+//                                     # Checking a line takes about 5 times its size, so an
+//                                     # upload's memory is bounded by this (server/dataset_service.h)
 //   paths:
 //     allowed_roots: ""               # comma-separated directories a job's model, data and
 //                                     # checkpoint paths must lie in, reached without a
@@ -152,6 +162,9 @@ struct ServerConfig {
   int64_t heartbeat_seconds = 10;
   std::string datasets_dir;  // empty: <data_dir>/datasets
   int64_t retention_days = 0;
+  int64_t max_concurrent_uploads = 8;
+  int64_t max_concurrent_uploads_per_project = 2;
+  int64_t upload_max_line_bytes = int64_t{16} << 20;
   std::string allowed_roots;  // filled with "$HOME,/tmp" when unset
   bool job_webhooks = true;
   std::string webhooks_ca_file;

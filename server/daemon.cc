@@ -355,7 +355,13 @@ absl::Status Daemon::StartServers() {
   service_ = std::make_unique<JobServiceImpl>(store_.get(), scheduler_.get(), &hub_, jopts);
   datasets_ = std::make_unique<DatasetServiceImpl>(
       store_.get(),
-      DatasetServiceOptions{.auth = auth_.get(), .projects = projects_, .files = files_, .work = create_pool_.get()});
+      DatasetServiceOptions{.auth = auth_.get(),
+                            .projects = projects_,
+                            .files = files_,
+                            .work = create_pool_.get(),
+                            .max_concurrent_uploads = config_.max_concurrent_uploads,
+                            .max_concurrent_uploads_per_project = config_.max_concurrent_uploads_per_project,
+                            .max_line_bytes = static_cast<size_t>(config_.upload_max_line_bytes)});
   datasets_->RemovePartialUploads();
   if (config_.retention_days > 0) {
     retention_ = std::make_unique<RetentionSweeper>(store_.get(), files_, absl::Hours(24 * config_.retention_days));

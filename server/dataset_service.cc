@@ -122,16 +122,15 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
         }
       }
     }
-    if (!service_->BeginUpload(name_)) {
-      return absl::AbortedError(absl::StrCat("an upload of ", name_, " is in progress; retry when it has ended"));
-    }
+    OOMB_RETURN_IF_ERROR(service_->BeginUpload(project_, name_));
     registered_ = true;
     OOMB_ASSIGN_OR_RETURN(dir_, service_->options_.files->OpenDatasetsDir(project_));
     temp_ = kPartialPrefix + RandomSuffix(16);
     fd_ = UniqueFd(::openat(dir_->fd(), temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd_.valid()) return ErrnoStatus(errno, "create", dir_->PathOf(temp_));
     EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr);
-    checker_.emplace("data", display_name_.empty() ? id_ : display_name_, CheckThreads());
+    checker_.emplace("data", display_name_.empty() ? id_ : display_name_, CheckThreads(),
+                     service_->options_.max_line_bytes, "uploads.max_line_bytes");
     // Hashing, writing and checking side by side, this thread only receiving.
     std::vector<PiecePipeline::Stage> stages = {
         [this](const PiecePipeline::Piece& piece) {
@@ -259,7 +258,7 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
     fd_ = UniqueFd();
     if (dir_.has_value() && !temp_.empty()) ::unlinkat(dir_->fd(), temp_.c_str(), 0);
     temp_.clear();
-    if (registered_) service_->EndUpload(name_);
+    if (registered_) service_->EndUpload(project_, name_);
     registered_ = false;
   }
 
@@ -309,14 +308,43 @@ absl::StatusOr<Caller> DatasetServiceImpl::Authenticate(const grpc::CallbackServ
   return options_.auth->Authenticate(*ctx);
 }
 
-bool DatasetServiceImpl::BeginUpload(const std::string& name) {
+absl::Status DatasetServiceImpl::BeginUpload(const std::string& project, const std::string& name) {
+  int64_t per_project = options_.max_concurrent_uploads_per_project;
+  const char* per_project_key = "uploads.max_concurrent_per_project";
+  if (options_.projects != nullptr) {
+    if (const int64_t own = options_.projects->Get(project).max_concurrent_uploads; own > 0) {
+      per_project = own;
+      per_project_key = "max_concurrent_uploads in tenancy.projects_file";
+    }
+  }
   absl::MutexLock lock(&mu_);
-  return uploading_.insert(name).second;
+  if (uploading_.count(name) > 0) {
+    return absl::AbortedError(absl::StrCat("an upload of ", name, " is in progress; retry when it has ended"));
+  }
+  int64_t& of_project = uploading_by_project_[project];
+  if (of_project >= per_project) {
+    if (of_project == 0) uploading_by_project_.erase(project);
+    return absl::ResourceExhaustedError(absl::StrCat("project ", project, " has ", of_project,
+                                                     " uploads in progress, its limit (", per_project_key, " ",
+                                                     per_project, "); retry when one has ended"));
+  }
+  if (static_cast<int64_t>(uploading_.size()) >= options_.max_concurrent_uploads) {
+    if (of_project == 0) uploading_by_project_.erase(project);
+    return absl::ResourceExhaustedError(absl::StrCat("the daemon has ", uploading_.size(),
+                                                     " uploads in progress, its limit (uploads.max_concurrent ",
+                                                     options_.max_concurrent_uploads, "); retry when one has ended"));
+  }
+  uploading_.insert(name);
+  ++of_project;
+  return absl::OkStatus();
 }
 
-void DatasetServiceImpl::EndUpload(const std::string& name) {
+void DatasetServiceImpl::EndUpload(const std::string& project, const std::string& name) {
   absl::MutexLock lock(&mu_);
   uploading_.erase(name);
+  if (auto it = uploading_by_project_.find(project); it != uploading_by_project_.end() && --it->second <= 0) {
+    uploading_by_project_.erase(it);
+  }
 }
 
 absl::StatusOr<v1::Dataset> DatasetServiceImpl::VisibleDataset(const Caller& caller, const std::string& name) const {

@@ -15,6 +15,15 @@
 // temporary files a crash left are removed when the service starts. Uploads of one name at a
 // time in a daemon (ABORTED for a second one meanwhile).
 //
+// What uploads may hold (issue 78): at most `max_concurrent_uploads` in progress at once, and
+// `max_concurrent_uploads_per_project` of one project (its max_concurrent_uploads in the
+// projects file overrides it); one more is RESOURCE_EXHAUSTED naming the limit, at its first
+// message. A line longer than `max_line_bytes` is INVALID_ARGUMENT naming the line and
+// uploads.max_line_bytes, as soon as that many bytes of it arrived. So an upload holds at most
+// the pipeline's 16 MiB, plus the line being assembled, and what checking lines takes (about 5
+// times a line, for each of its checking threads, and whole lines queued to them), whatever
+// the file's size: bounded by a constant of max_line_bytes.
+//
 // Callers and projects as in JobService (server/auth.h): a dataset of a project the caller may
 // not act in is NOT_FOUND.
 //
@@ -22,6 +31,7 @@
 #ifndef OOMB_SERVER_DATASET_SERVICE_H_
 #define OOMB_SERVER_DATASET_SERVICE_H_
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -42,6 +52,9 @@ struct DatasetServiceOptions {
   std::shared_ptr<const ProjectRegistry> projects;  // max_storage_bytes; null: no quotas
   std::shared_ptr<const JobFiles> files;            // required
   WorkPool* work = nullptr;                         // the checks of finished uploads; null: inline
+  int64_t max_concurrent_uploads = 8;               // uploads.max_concurrent
+  int64_t max_concurrent_uploads_per_project = 2;   // uploads.max_concurrent_per_project
+  size_t max_line_bytes = size_t{16} << 20;         // uploads.max_line_bytes
 };
 
 class DatasetServiceImpl final : public v1::DatasetService::CallbackService {
@@ -68,14 +81,16 @@ class DatasetServiceImpl final : public v1::DatasetService::CallbackService {
   // The dataset `name` names (datasets/{id}: in the caller's only project), when `caller` may
   // act in its project; NOT_FOUND otherwise.
   absl::StatusOr<v1::Dataset> VisibleDataset(const Caller& caller, const std::string& name) const;
-  // Marks `name` as being uploaded; false when it already is.
-  bool BeginUpload(const std::string& name);
-  void EndUpload(const std::string& name);
+  // Marks `name` (of `project`) as being uploaded: ABORTED when it already is,
+  // RESOURCE_EXHAUSTED when the uploads in progress are at a limit.
+  absl::Status BeginUpload(const std::string& project, const std::string& name);
+  void EndUpload(const std::string& project, const std::string& name);
 
   JobStore* const store_;
   const DatasetServiceOptions options_;
   absl::Mutex mu_;
   std::set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> uploading_by_project_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace oomb::server

@@ -64,9 +64,24 @@ absl::StatusOr<DestinationPolicy> ParseOutbound(const YAML::Node& node) {
   return DestinationPolicy::Parse(lists[0], lists[1], "");
 }
 
+// A project's secrets: {name: /absolute/file}, names as resource ids.
+absl::StatusOr<std::map<std::string, std::string>> ParseSecrets(const YAML::Node& node) {
+  if (!node.IsMap()) return absl::InvalidArgumentError("expected a mapping of names to absolute file paths");
+  std::map<std::string, std::string> out;
+  for (const auto& kv : node) {
+    const std::string name = kv.first.as<std::string>(), path = kv.second.as<std::string>();
+    if (!names::ValidId(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": a secret's name is [a-z0-9][a-z0-9-]{0,62}"));
+    }
+    if (path.empty() || path[0] != '/') return absl::InvalidArgumentError(absl::StrCat(name, ": an absolute path"));
+    out[name] = path;
+  }
+  return out;
+}
+
 // The keys that bound what a project's tenants reach (issue 78): max_priority,
-// preempt_other_projects, outbound. NOT_FOUND when `name` is none of them; YAML's conversion
-// errors are thrown, as ParseProjectsFile's other keys' are.
+// preempt_other_projects, outbound, max_concurrent_uploads, secrets. NOT_FOUND when `name` is none of them; YAML's
+// conversion errors are thrown, as ParseProjectsFile's other keys' are.
 absl::Status SetBoundsKey(const std::string& name, const YAML::Node& value, ProjectSettings* settings) {
   if (name == "max_priority") {
     settings->max_priority = value.as<int64_t>();
@@ -79,6 +94,13 @@ absl::Status SetBoundsKey(const std::string& name, const YAML::Node& value, Proj
     absl::StatusOr<DestinationPolicy> outbound = ParseOutbound(value);
     if (!outbound.ok()) return absl::InvalidArgumentError(outbound.status().message());
     settings->outbound = *std::move(outbound);
+  } else if (name == "max_concurrent_uploads") {
+    settings->max_concurrent_uploads = value.as<int64_t>();
+    if (settings->max_concurrent_uploads < 0) return absl::InvalidArgumentError("must be >= 0");
+  } else if (name == "secrets") {
+    absl::StatusOr<std::map<std::string, std::string>> secrets = ParseSecrets(value);
+    if (!secrets.ok()) return absl::InvalidArgumentError(secrets.status().message());
+    settings->secrets = *std::move(secrets);
   } else {
     return absl::NotFoundError(name);
   }
@@ -152,7 +174,7 @@ absl::StatusOr<std::map<std::string, ProjectSettings>> ParseProjectsFile(const s
             return error(kv.first, field,
                          "unknown key (allowed_roots, max_queued_jobs, max_running_devices, "
                          "max_device_hours_per_day, max_storage_bytes, webhooks, outbound, max_priority, "
-                         "preempt_other_projects)");
+                         "preempt_other_projects, max_concurrent_uploads, secrets)");
           }
         } catch (const YAML::Exception& e) {
           return error(kv.second, field, e.msg);

@@ -12,6 +12,12 @@
 //       max_device_hours_per_day: 96         # device-hours its jobs ran in the last 24 h
 //                                            # (rolling); 0 or absent: no limit
 //       max_storage_bytes: 107374182400      # bytes of its uploaded datasets; 0 or absent: none
+//       max_concurrent_uploads: 4            # its uploads in progress at once; absent or 0:
+//                                            # uploads.max_concurrent_per_project (never more
+//                                            # than uploads.max_concurrent in all)
+//       secrets:                             # its tenants' own credentials, by name: files of
+//         mlflow: /etc/oomb/nlp-mlflow.token # the operator's; a job names one (never its
+//                                            # content), e.g. tracking.mlflow.token_secret
 //       webhooks:                            # told of every job's events (server/notify/webhooks.h)
 //         - {url: https://ml.example/hooks, secret_file: /etc/oomb/nlp.whsec, events: [job_failed]}
 //       max_priority: 10                     # the highest resources.priority its jobs may
@@ -54,15 +60,17 @@
 namespace oomb::server {
 
 struct ProjectSettings {
-  std::vector<std::string> allowed_roots;  // empty: paths.allowed_roots
-  int64_t max_queued_jobs = 0;             // 0: no limit
-  int64_t max_running_devices = 0;         // 0: no limit
-  double max_device_hours_per_day = 0;     // 0: no limit
-  int64_t max_storage_bytes = 0;           // 0: no limit
-  std::vector<v1::WebhookSpec> webhooks;   // the daemon's files: secret_file read as it is
-  DestinationPolicy outbound;              // the project's entries only (none: the daemon's)
-  std::optional<int64_t> max_priority;     // nullopt: no bound
-  bool preempt_other_projects = true;      // scheduler.preemption all: may preempt others' jobs
+  std::vector<std::string> allowed_roots;      // empty: paths.allowed_roots
+  int64_t max_queued_jobs = 0;                 // 0: no limit
+  int64_t max_running_devices = 0;             // 0: no limit
+  double max_device_hours_per_day = 0;         // 0: no limit
+  int64_t max_storage_bytes = 0;               // 0: no limit
+  int64_t max_concurrent_uploads = 0;          // 0: uploads.max_concurrent_per_project
+  std::map<std::string, std::string> secrets;  // name -> absolute path of a file holding it
+  std::vector<v1::WebhookSpec> webhooks;       // the daemon's files: secret_file read as it is
+  DestinationPolicy outbound;                  // the project's entries only (none: the daemon's)
+  std::optional<int64_t> max_priority;         // nullopt: no bound
+  bool preempt_other_projects = true;          // scheduler.preemption all: may preempt others' jobs
 };
 
 // Parses a projects file's text; INVALID_ARGUMENT naming `source` and the key otherwise.

@@ -90,7 +90,7 @@ class LineReader {
 
 // Structural UTF-8 check (lead bytes and continuation bytes), for a message that names the
 // byte; the JSON parser rejects the rest (overlong forms, surrogates).
-bool ValidUtf8(const std::string& s, size_t* bad_offset) {
+bool ValidUtf8(std::string_view s, size_t* bad_offset) {
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     const int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
@@ -541,10 +541,12 @@ struct JsonlRecordChecker::Workers {
   std::vector<std::thread> threads;
 };
 
-JsonlRecordChecker::JsonlRecordChecker(std::string field, std::string shown_path, int threads)
+JsonlRecordChecker::JsonlRecordChecker(std::string field, std::string shown_path, int threads, size_t max_line_bytes,
+                                       std::string limit_key)
     : field_(std::move(field)),
       shown_path_(std::move(shown_path)),
-      max_line_bytes_(MaxLineBytes(int64_t{1} << 31)),
+      limit_key_(std::move(limit_key)),
+      max_line_bytes_(max_line_bytes > 0 ? max_line_bytes : MaxLineBytes(int64_t{1} << 31)),
       parser_(std::make_unique<Parser>()) {
   if (threads <= 1) return;
   workers_ = std::make_unique<Workers>(static_cast<size_t>(threads));
@@ -574,8 +576,7 @@ absl::Status JsonlRecordChecker::FeedLines(std::string_view bytes) {
     const size_t end =
         found != nullptr ? static_cast<size_t>(static_cast<const char*>(found) - bytes.data()) : bytes.size();
     if (partial_.size() + (end - pos) > max_line_bytes_) {
-      status_ = LineError(DatasetOptions{.field = field_}, shown_path_, line_no_)(
-          absl::StrCat("the line is longer than ", max_line_bytes_, " bytes; split long texts into samples"));
+      status_ = TooLong();
       break;
     }
     if (found == nullptr) {
@@ -627,8 +628,7 @@ absl::Status JsonlRecordChecker::FeedBlocks(std::shared_ptr<const std::string> p
   if (partial_.size() + bytes.size() > max_line_bytes_) {
     Collect(/*all=*/true);  // an error in an earlier line comes first
     if (!status_.ok()) return status_;
-    status_ = LineError(DatasetOptions{.field = field_}, shown_path_, line_no_)(
-        absl::StrCat("the line is longer than ", max_line_bytes_, " bytes; split long texts into samples"));
+    status_ = TooLong();
     return status_;
   }
   partial_.append(bytes);
@@ -673,7 +673,7 @@ void JsonlRecordChecker::Collect(bool all) {
 void JsonlRecordChecker::Work() {
   ::pthread_setname_np(::pthread_self(), "oomb-check");
   Workers& w = *workers_;
-  JsonlRecordChecker lines(field_, shown_path_);  // one thread's check, reused block after block
+  JsonlRecordChecker lines(field_, shown_path_, 1, max_line_bytes_, limit_key_);  // reused block after block
   for (;;) {
     std::shared_ptr<Block> block;
     {
@@ -687,7 +687,8 @@ void JsonlRecordChecker::Work() {
     lines.line_no_ = block->first_line;
     lines.counts_ = RecordCounts();
     lines.status_ = absl::OkStatus();
-    absl::Status s = lines.FeedLines(block->head);
+    absl::Status s = block->head.empty() ? absl::OkStatus() : lines.CheckWhole(&block->head);
+    block->head = std::string();  // its memory back at once
     if (s.ok() && block->piece != nullptr) {
       s = lines.FeedLines(std::string_view(*block->piece).substr(block->begin, block->end - block->begin));
     }
@@ -716,6 +717,20 @@ absl::StatusOr<RecordCounts> JsonlRecordChecker::Finish() {
   return counts_;
 }
 
+absl::Status JsonlRecordChecker::TooLong() const {
+  return LineError(DatasetOptions{.field = field_}, shown_path_, line_no_)(
+      absl::StrCat("the line is longer than ", max_line_bytes_, " bytes",
+                   limit_key_.empty() ? "" : absl::StrCat(" (", limit_key_, ")"), "; split long texts into samples"));
+}
+
+// A block's head: one line (the pieces before began it), not copied again.
+absl::Status JsonlRecordChecker::CheckWhole(std::string* line) {
+  if (!line->empty() && line->back() == '\n') line->pop_back();
+  if (line->size() > max_line_bytes_) return TooLong();
+  line->reserve(line->size() + simdjson::SIMDJSON_PADDING);
+  return Check(*line);
+}
+
 absl::Status JsonlRecordChecker::CheckPartial() {
   partial_.reserve(partial_.size() + simdjson::SIMDJSON_PADDING);
   const absl::Status s = Check(partial_);
@@ -734,12 +749,11 @@ absl::Status JsonlRecordChecker::Check(std::string_view line) {
     return absl::OkStatus();
   }
   const LineError err(DatasetOptions{.field = field_}, shown_path_, line_no);
-  const std::string text(line);
   size_t bad = 0;
-  if (!ValidUtf8(text, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
+  if (!ValidUtf8(line, &bad)) return err(absl::StrCat("invalid UTF-8 at byte ", bad + 1, " of the line"));
   json j;
   try {
-    j = json::parse(text);
+    j = json::parse(line.begin(), line.end());  // not copied first
   } catch (const json::exception& e) {
     return err(absl::StrCat("invalid JSON: ", e.what()));
   }

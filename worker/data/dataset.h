@@ -158,6 +158,12 @@ absl::StatusOr<RecordCounts> CheckJsonlRecords(const File& file, const std::stri
 // (Feed returns it, or a later Feed, and Finish); memory: one line at most where a piece cuts it,
 // and with `threads` > 1 about 2 x `threads` pieces.
 //
+// `max_line_bytes` bounds a line (0: MaxLineBytes of the longest context, 256 MiB); a longer one
+// is an error naming the line and `limit_key` (where the bound is set, e.g. a config key) as
+// soon as that many of its bytes were fed. Memory beyond the pieces: a line being assembled,
+// and for a line being checked about 5 times its size (the line, simdjson's and nlohmann's
+// copies), on each checking thread.
+//
 // `threads` > 1: lines are checked on that many threads of the checker's own, a block of whole
 // lines at a time (what the pieces fed hold up to their last newline), so that the check keeps
 // up with a fast client; the counts, the errors and which error comes first (the first line's)
@@ -166,7 +172,8 @@ absl::StatusOr<RecordCounts> CheckJsonlRecords(const File& file, const std::stri
 // Thread-compatible (its own threads are internal).
 class JsonlRecordChecker {
  public:
-  JsonlRecordChecker(std::string field, std::string shown_path, int threads = 1);
+  JsonlRecordChecker(std::string field, std::string shown_path, int threads = 1, size_t max_line_bytes = 0,
+                     std::string limit_key = "");
   ~JsonlRecordChecker();
   JsonlRecordChecker(const JsonlRecordChecker&) = delete;
   JsonlRecordChecker& operator=(const JsonlRecordChecker&) = delete;
@@ -188,9 +195,11 @@ class JsonlRecordChecker {
   void Collect(bool all);  // folds the blocks checked, in order
   void Work();             // a worker's loop
   absl::Status Check(std::string_view line);
-  absl::Status CheckPartial();  // partial_ as one line
+  absl::Status CheckPartial();                 // partial_ as one line
+  absl::Status CheckWhole(std::string* line);  // one line, its "\n" if any, checked where it is
+  absl::Status TooLong() const;                // the line line_no_ is longer than max_line_bytes_
 
-  const std::string field_, shown_path_;
+  const std::string field_, shown_path_, limit_key_;
   const size_t max_line_bytes_;
   std::unique_ptr<Parser> parser_;
   std::unique_ptr<Workers> workers_;  // threads > 1
