@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <limits>
 #include <memory>
 
@@ -40,6 +41,22 @@ absl::Status ArchiveError(archive* a, const std::string& what) {
                    archive_error_string(a) != nullptr ? archive_error_string(a) : "unknown error"));
 }
 
+// A file of the checkpoint, refused when it has another hard link: the daemon writes a
+// checkpoint's files with one link each, so a second one was made by someone else, and may be a
+// file outside the roots (or another project's) linked in under a checkpoint's name. Checked on
+// the descriptor, at the listing and again at each open that reads it.
+absl::StatusOr<File> OpenSingleLink(const Dir& dir, const std::string& name) {
+  OOMB_ASSIGN_OR_RETURN(File f, dir.OpenFile(name));
+  struct stat st;
+  if (::fstat(f.fd(), &st) != 0) return ErrnoStatus(errno, "stat", dir.PathOf(name));
+  if (st.st_nlink != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(dir.PathOf(name), " has ", st.st_nlink,
+                                                      " hard links; a checkpoint's files have one, so it is not "
+                                                      "served (remove the other links, or copy the file)"));
+  }
+  return f;
+}
+
 }  // namespace
 
 absl::StatusOr<CheckpointArchiveWriter> CheckpointArchiveWriter::Open(Dir dir, std::string root) {
@@ -57,7 +74,7 @@ absl::StatusOr<CheckpointArchiveWriter> CheckpointArchiveWriter::Open(Dir dir, s
     if (e.type != EntryType::kFile) {
       return absl::FailedPreconditionError(absl::StrCat(dir.PathOf(e.name), " is not a regular file"));
     }
-    OOMB_ASSIGN_OR_RETURN(const File f, dir.OpenFile(e.name));
+    OOMB_ASSIGN_OR_RETURN(const File f, OpenSingleLink(dir, e.name));
     v1::CheckpointArchive::File* out = d.add_files();
     out->set_path(e.name);
     out->set_size(f.size());
@@ -120,7 +137,7 @@ absl::Status CheckpointArchiveWriter::Write(int64_t skip_before,
     const bool read = position + f.size() > skip_before;  // some of its bytes are wanted
     std::optional<File> file;
     if (read) {
-      OOMB_ASSIGN_OR_RETURN(file, dir_.OpenFile(f.path()));
+      OOMB_ASSIGN_OR_RETURN(file, OpenSingleLink(dir_, f.path()));
     }
     for (int64_t done = 0; done < f.size();) {
       const size_t n = static_cast<size_t>(std::min<int64_t>(kReadBytes, f.size() - done));

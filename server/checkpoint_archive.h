@@ -9,6 +9,12 @@
 // checkpoint rewritten under the same name (a pause at an already saved step) has another etag
 // only if its content could differ.
 //
+// A file with more than one hard link is refused (FAILED_PRECONDITION naming it), at Open and
+// again when Stream reads it: the daemon writes each checkpoint file with one link, so another
+// one was made by someone with access to the directory, and may be a file outside the roots
+// linked in under a checkpoint's name (issue 78; docs/RELIABILITY.md, "Trust boundary: hard
+// links").
+//
 // Resuming: Stream(offset) produces the archive again and sends only its bytes from `offset`;
 // the files whose bytes all lie before `offset` are not read (zeros stand in for them).
 //

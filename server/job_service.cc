@@ -886,6 +886,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::UpdateJob(grpc::CallbackServerContext*
             Annotate(CheckPriority(req->job().priority(), ParseStoredName(job.name()).project, "priority"), "job"));
       } else if (path == "spec.display_name") {
         probe.set_display_name(req->job().spec().display_name());
+        OOMB_RETURN_IF_ERROR(Annotate(CheckDisplayName(probe.display_name()), "job"));
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat("update_mask: '", Excerpt(path), "' cannot be updated (labels, priority, spec.display_name)"));

@@ -283,7 +283,40 @@ JobConfig ToConfig(const v1::JobSpec& s) {
   return c;
 }
 
+// The length in bytes of the control or bidirectional formatting character at `s[i]`; 0 when
+// there is none.
+size_t HiddenCharacterAt(absl::string_view s, size_t i) {
+  const auto byte = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0; };
+  const unsigned char c = byte(i);
+  if (c < 0x20 || c == 0x7f) return 1;
+  if (c == 0xc2 && byte(i + 1) >= 0x80 && byte(i + 1) <= 0x9f) return 2;  // C1: U+0080 to U+009F
+  if (c == 0xd8 && byte(i + 1) == 0x9c) return 2;                         // U+061C
+  if (c == 0xe2 && byte(i + 1) == 0x80) {
+    const unsigned char d = byte(i + 2);
+    if (d == 0x8e || d == 0x8f || (d >= 0xaa && d <= 0xae)) return 3;  // U+200E, U+200F, U+202A-U+202E
+  }
+  if (c == 0xe2 && byte(i + 1) == 0x81 && byte(i + 2) >= 0xa6 && byte(i + 2) <= 0xa9) return 3;  // U+2066-U+2069
+  return 0;
+}
+
 }  // namespace
+
+absl::Status CheckDisplayName(const std::string& display_name, const spec::Source& source, const spec::Lines* lines) {
+  for (size_t i = 0; i < display_name.size(); ++i) {
+    const size_t n = HiddenCharacterAt(display_name, i);
+    if (n == 0) continue;
+    std::string code;
+    for (size_t k = 0; k < n; ++k)
+      absl::StrAppend(&code, k == 0 ? "" : " ",
+                      absl::Hex(static_cast<unsigned char>(display_name[i + k]), absl::kZeroPad2));
+    return spec::FieldError(
+        source, lines, "display_name",
+        absl::StrCat("must not hold control or bidirectional formatting characters (bytes ", code, " at byte ", i + 1,
+                     "), which would change how the name and what "
+                     "follows it are shown"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& source, const spec::Lines* lines) {
   spec::FillDefaults(spec);
@@ -292,6 +325,7 @@ absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& 
   if (s.ok()) choices = ResolveAutoPages(spec);
   if (s.ok()) s = CheckRelations(*spec, source, lines);
   if (s.ok()) s = CheckEvaluation(*spec, source, lines);
+  if (s.ok()) s = CheckDisplayName(spec->display_name(), source, lines);
   if (!s.ok()) return WithReason(s, Reason::kBadSpec);
   JobConfig config = ToConfig(*spec);
   config.choices = std::move(choices);

@@ -31,6 +31,13 @@ absl::StatusOr<JobConfig> ResolveJobSpec(v1::JobSpec* spec, const spec::Source& 
 // The same, of a copy (the spec is left as it is).
 absl::StatusOr<JobConfig> ResolveJobSpec(const v1::JobSpec& spec);
 
+// INVALID_ARGUMENT naming display_name when it holds a control character (C0, DEL, C1) or a
+// bidirectional formatting character (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to
+// U+2069), which would reorder what a terminal or a page shows around it (issue 78). Part of
+// ResolveJobSpec; UpdateJob checks a new display_name with it.
+absl::Status CheckDisplayName(const std::string& display_name, const spec::Source& source = {},
+                              const spec::Lines* lines = nullptr);
+
 // Warnings, naming the field, for what a spec sets (as the client sent it, before defaults)
 // that its method ignores: method.lora's rank, alpha, dropout and targets, training and
 // checkpoint with method.type evaluate; training.eval_every_steps without data.validation.

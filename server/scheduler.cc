@@ -259,21 +259,37 @@ void Scheduler::Committed(const v1::Job& job, const std::vector<v1::JobEvent>& e
 
 void Scheduler::WakeWorkersLocked() { cv_.SignalAll(); }
 
+absl::Status Scheduler::CheckProjectWaitingLocked(const std::string& project, int64_t limit) {
+  if (limit <= 0) return absl::OkStatus();
+  OOMB_ASSIGN_OR_RETURN(const auto usage, store_->Usage());
+  const auto it = usage.find(project);
+  const int64_t waiting = it == usage.end() ? 0 : it->second.waiting_jobs;
+  if (waiting < limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("project ", project, " has ", waiting,
+                                                   " jobs waiting (max_queued_jobs ", limit,
+                                                   " in tenancy.projects_file); submit when some have started"));
+}
+
 absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const JobConfig& config,
                                           const std::string& job_id, const std::string& request_id, bool* created,
                                           const SubmitOptions& options) {
   const v1::DatasetSummary* dataset = options.dataset;
   const std::string& creator = options.creator;
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
+  int64_t max_waiting_in_project = 0;
   if (options_.projects != nullptr) {
-    const int64_t most = options_.projects->Get(options.project).max_running_devices;
+    const ProjectSettings settings = options_.projects->Get(options.project);
+    const int64_t most = settings.max_running_devices;
     if (most > 0 && config.resources.gpus > most) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "resources.gpus: ", config.resources.gpus, " ", DeviceWord(), " asked for, but project ", options.project,
           " may hold at most ", most, " at once (max_running_devices in tenancy.projects_file)"));
     }
+    max_waiting_in_project = settings.max_queued_jobs;
   }
   absl::MutexLock lock(&mu_);
+  // Counted and inserted under one lock: concurrent submits cannot all see room for one more.
+  OOMB_RETURN_IF_ERROR(CheckProjectWaitingLocked(options.project, max_waiting_in_project));
   if (options_.max_queued_per_client > 0 && !creator.empty()) {
     OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> waiting,
                           store_->ListByState({v1::Job::VALIDATING, v1::Job::QUEUED, v1::Job::PAUSED}));

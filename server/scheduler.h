@@ -309,6 +309,9 @@ class Scheduler {
   void RecordOutcome(const RunResult& result, const RunEnd& end, v1::Job* j, std::vector<v1::JobEvent>* events) const;
   // A transient failure: QUEUED for another attempt, with a warning naming the error.
   void Retry(const absl::Status& s, int max_retries, v1::Job* j, std::vector<v1::JobEvent>* events) const;
+  // RESOURCE_EXHAUSTED naming max_queued_jobs when `project` has `limit` jobs waiting (limit 0:
+  // none); under mu_, with the insert, so that concurrent submits cannot all pass it.
+  absl::Status CheckProjectWaitingLocked(const std::string& project, int64_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (CHECKPOINT_DIR_TAKEN) when spec.checkpoint.dir is, holds or lies inside
   // the checkpoint directory of a job in the store (not `job_id`, nor the job of `request_id`).
   absl::Status CheckCheckpointDirUnusedLocked(const JobConfig& job, const std::string& job_id,

@@ -27,15 +27,18 @@ struct ConfigFlags {
 };
 
 void AddConfigFlags(CLI::App* cmd, ConfigFlags* f) {
-  cmd->add_option("-c,--config", f->file, "YAML configuration file (see `oombd config print`)");
-  cmd->add_option("--data-dir", f->data_dir, "server.data_dir: job store, checkpoints, port file");
+  cmd->add_option("-c,--config", f->file, "YAML configuration file (see `oombd config print`)")
+      ->transform(AbsolutePath());
+  cmd->add_option("--data-dir", f->data_dir, "server.data_dir: job store, checkpoints, port file")
+      ->transform(AbsolutePath());
   cmd->add_option("--listen", f->listen, "server.listen: TCP host:port (port 0: any free port)");
   cmd->add_option("--metrics-listen", f->metrics_listen,
                   "metrics.listen: /metrics host:port (port 0: any free port; off: --set metrics.listen=)");
   cmd->add_option("--http-listen", f->http_listen,
                   "http.listen: HTTP/JSON host:port (port 0: any free port; off: --set http.listen=)");
   cmd->add_flag("--unix-socket", f->unix_socket, "server.unix_socket: also listen on <data_dir>/oombd.sock");
-  cmd->add_option("--token-file", f->token_file, "auth.token_file: require this bearer token");
+  cmd->add_option("--token-file", f->token_file, "auth.token_file: require this bearer token")
+      ->transform(AbsolutePath());
   cmd->add_option("--set", f->sets, "section.key=value, any configuration key (repeatable)");
 }
 

@@ -574,22 +574,82 @@ TEST_F(CliTest, RequestIdsAreBounded) {
   EXPECT_EQ(Oomb("submit " + job_ + " --request-id " + std::string(256, 'k')).rc, 0);
 }
 
-// A display name cannot rewrite the table around it: bidi overrides and control characters are
-// shown as U+FFFD by `list` and `get` (the JSON output keeps the name as stored).
+// A display name cannot rewrite the table around it (issue 78's low finding: a bidi override was
+// accepted and stored, then shown as U+FFFD): bidi controls and control characters are refused
+// at submit and at update, INVALID_ARGUMENT naming display_name and the spec's line; nothing is
+// stored. (`list` and `get` still show any such character of a job stored before as U+FFFD.)
 TEST_F(CliTest, DisplayNamesCannotReorderTheTable) {
   StartDaemon();
   const std::string name = "evil\xE2\x80\xAEgnp.exe";
-  std::ofstream(dir_ / "bidi.yaml") << "display_name: \"" << name << "\"\nmodel: {path: " << (dir_ / "model").string()
-                                    << "}\ndata: {train: " << (dir_ / "train.jsonl").string() << "}\n";
-  const json job = OombJson("submit " + (dir_ / "bidi.yaml").string());
-  ASSERT_TRUE(job.contains("name"));
-  for (const std::string& cmd : {std::string("list"), "get " + job["name"].get<std::string>()}) {
-    const Result r = Oomb(cmd);
-    EXPECT_EQ(r.rc, 0) << r.err;
-    EXPECT_THAT(r.out, Not(HasSubstr("\xE2\x80\xAE"))) << cmd;
-    EXPECT_THAT(r.out, HasSubstr("evil\xEF\xBF\xBDgnp.exe")) << cmd;
+  std::ofstream(dir_ / "bidi.yaml") << "model: {path: " << (dir_ / "model").string() << "}\ndisplay_name: \"" << name
+                                    << "\"\ndata: {train: " << (dir_ / "train.jsonl").string() << "}\n";
+  const Result r = Oomb("submit " + (dir_ / "bidi.yaml").string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(r.err, HasSubstr("display_name: must not hold control or bidirectional formatting characters "
+                               "(bytes e2 80 ae at byte 5)"));
+  EXPECT_THAT(r.err, Not(HasSubstr("\xE2\x80\xAE")));
+  EXPECT_EQ(OombJson("list").count("jobs"), 0u);
+  // A bidi isolate and a C1 control are the daemon's to refuse; C0 controls the CLI refuses first.
+  for (const auto& [bad, message] : std::vector<std::pair<std::string, std::string>>{
+           {"a\xE2\x81\xA6"
+            "b",
+            "display_name: must not hold control or bidirectional formatting"},
+           {"c1\xC2\x9B", "display_name: must not hold control or bidirectional formatting"},
+           {"tab\there", "display_name: contains a control character"}}) {
+    const Result other = Oomb("submit " + job_ + " --set 'display_name=" + bad + "'");
+    EXPECT_EQ(other.rc, 1) << bad;
+    EXPECT_THAT(other.err, HasSubstr(message)) << bad;
   }
-  EXPECT_EQ(OombJson("get " + job["name"].get<std::string>())["spec"]["display_name"], name);
+  // Accepted names stay as they are, other scripts included; an update is checked the same way.
+  const json ok =
+      OombJson("submit " + job_ + " --set 'display_name=r\xC3\xA9sum\xC3\xA9 \xD7\xA9\xD7\x9C\xD7\x95\xD7\x9D'");
+  ASSERT_TRUE(ok.contains("name"));
+  EXPECT_EQ(ok["spec"]["display_name"], "r\xC3\xA9sum\xC3\xA9 \xD7\xA9\xD7\x9C\xD7\x95\xD7\x9D");
+  const std::string job = ok["name"].get<std::string>();
+  const Result updated = Oomb("update " + job + " --display-name '" + name + "'");
+  EXPECT_EQ(updated.rc, 1) << updated.err;
+  EXPECT_THAT(updated.err, HasSubstr("job: display_name: must not hold control or bidirectional formatting"));
+  EXPECT_EQ(OombJson("get " + job)["spec"]["display_name"], "r\xC3\xA9sum\xC3\xA9 \xD7\xA9\xD7\x9C\xD7\x95\xD7\x9D");
+}
+
+// Issue 78's low finding: `oombd config print -c relative.yaml` refused the relative path; it
+// is read against the current directory, as every other path flag is. And the upload limits'
+// keys are printed with their defaults and checked.
+TEST_F(CliTest, ConfigFilesMayBeNamedRelativeToTheCurrentDirectory) {
+  const std::string bin = BinaryDir() + "/server/oombd";
+  fs::create_directories(dir_ / "conf");
+  std::ofstream(dir_ / "conf" / "relative.yaml")
+      << "server:\n  listen: 127.0.0.1:9911\nuploads:\n  max_concurrent: 5\n";
+  const auto Shell = [&](const std::string& command, const fs::path&) {
+    const fs::path out = dir_ / "sh.out", err = dir_ / "sh.err";
+    const int status = std::system(("(" + command + ") >" + out.string() + " 2>" + err.string()).c_str());
+    Result r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = Slurp(out);
+    r.err = Slurp(err);
+    return r;
+  };
+  const Result r = Shell("cd " + (dir_ / "conf").string() + " && " + bin + " config print -c relative.yaml", dir_);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("listen: \"127.0.0.1:9911\""));
+  EXPECT_THAT(r.out, HasSubstr("max_concurrent: 5"));
+  EXPECT_THAT(r.out, HasSubstr("max_concurrent_per_project: 2"));
+  EXPECT_THAT(r.out, HasSubstr("max_line_bytes: 16777216"));
+  const Result sub = Shell("cd " + dir_.string() + " && " + bin + " config print --config conf/./relative.yaml", dir_);
+  EXPECT_EQ(sub.rc, 0) << sub.err;
+  EXPECT_THAT(sub.out, HasSubstr("listen: \"127.0.0.1:9911\""));
+  const Result missing = Shell("cd " + dir_.string() + " && " + bin + " config print -c nowhere.yaml", dir_);
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_THAT(missing.err, HasSubstr((dir_ / "nowhere.yaml").string()));
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--set uploads.max_concurrent=0", "uploads.max_concurrent / max_concurrent_per_project: need 1 <="},
+           {"--set uploads.max_concurrent_per_project=9", "need 1 <= per project <= all; got 8 and 9"},
+           {"--set uploads.max_line_bytes=100", "uploads.max_line_bytes: must be 1048576 to 268435456"}}) {
+    const Result bad = Shell(bin + " config print " + flags, dir_);
+    EXPECT_EQ(bad.rc, 2) << flags;
+    EXPECT_THAT(bad.err, HasSubstr(message)) << flags;
+  }
 }
 
 TEST_F(CliTest, ConfigPrintRedactsAndRejectsUnknownKeys) {

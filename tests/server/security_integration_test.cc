@@ -244,6 +244,35 @@ TEST_F(SecurityTest, ACheckpointDirectoryBelongsToOneJob) {
   for (const json& c : cps["checkpoints"]) EXPECT_THAT(c["path"].get<std::string>(), HasSubstr(shared));
 }
 
+// Issue 78's low finding: a hard link placed in one's own checkpoint directory, to a file
+// outside the roots, was served by download. The daemon writes each checkpoint file with one
+// link, so a file of several is refused, naming it, and nothing of the secret reaches --dir.
+TEST_F(SecurityTest, AHardLinkInACheckpointIsNeverServed) {
+  StartDaemon();
+  const fs::path ckpt = root() / "ckpt";
+  ASSERT_EQ(OombJson(ep(), "submit " + Spec("j").string() + " --job-id linked --set checkpoint.dir=" + ckpt.string(),
+                     tmp_->path())["name"],
+            "projects/default/jobs/linked");
+  ASSERT_EQ(Cli("watch linked").rc, 0);
+  ASSERT_EQ(Cli("download linked --dir " + (tmp_->path() / "clean").string()).rc, 0);  // served before the link
+  const fs::path final_dir = ckpt / "final";
+  ASSERT_TRUE(fs::exists(final_dir / "adapter_config.json"));
+  fs::create_hard_link(outside() / "secret", final_dir / "notes.txt");
+  const fs::path dl = tmp_->path() / "dl";
+  const Result r = Cli("download linked --dir " + dl.string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_THAT(r.err, HasSubstr("notes.txt has 2 hard links"));
+  EXPECT_FALSE(fs::exists(dl) && AnyFileHolds(dl, kSecret));
+  // A link in place of one of the checkpoint's own files, with the name the manifest lists.
+  fs::remove(final_dir / "notes.txt");
+  fs::remove(final_dir / "adapter_config.json");
+  fs::create_hard_link(outside() / "secret", final_dir / "adapter_config.json");
+  const Result named = Cli("download linked --dir " + (tmp_->path() / "dl2").string());
+  EXPECT_NE(named.rc, 0);
+  EXPECT_THAT(named.err, HasSubstr("adapter_config.json has 2 hard links"));
+  EXPECT_FALSE(fs::exists(tmp_->path() / "dl2") && AnyFileHolds(tmp_->path() / "dl2", kSecret));
+}
+
 // Item 6: every message a client receives, and every string stored, is bounded, whatever the
 // input's size: a huge JSONL line without its closing quote, a bad inline line over 8 KB.
 TEST_F(SecurityTest, HugeInputNeverReachesMessagesOrTheStore) {
