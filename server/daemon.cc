@@ -280,10 +280,22 @@ absl::Status Daemon::StartScheduler() {
   o.lease = absl::Seconds(config_.lease_seconds);
   o.heartbeat = absl::Seconds(config_.heartbeat_seconds);
   o.shared_store = config_.store_backend == "postgres";
-  MlflowTrackerOptions tracking{.default_uri = config_.mlflow_uri,
-                                .ca_file = config_.webhooks_ca_file,
-                                .version = env_.server_info.version(),
-                                .destinations = destinations_};
+  MlflowTrackerOptions tracking{
+      .default_uri = config_.mlflow_uri,
+      .ca_file = config_.webhooks_ca_file,
+      .version = env_.server_info.version(),
+      .destinations = destinations_,
+      .secret = [projects = projects_](const std::string& project,
+                                       const std::string& name) -> absl::StatusOr<std::string> {
+        const ProjectSettings settings = projects->Get(project);
+        const auto it = settings.secrets.find(name);
+        if (it == settings.secrets.end()) {
+          return absl::InvalidArgumentError(absl::StrCat("tracking.mlflow.token_secret: project ", project,
+                                                         " has no secret '", name,
+                                                         "' any more (secrets in tenancy.projects_file)"));
+        }
+        return ReadSecretFile(it->second, "tracking.mlflow.token_secret");
+      }};
   if (!config_.mlflow_token_file.empty()) {
     OOMB_ASSIGN_OR_RETURN(tracking.token, ReadSecretFile(config_.mlflow_token_file, "tracking.mlflow_token_file"));
   }

@@ -432,6 +432,7 @@ absl::StatusOr<JobServiceImpl::Admission> JobServiceImpl::Admit(const v1::JobSpe
   if (job_id != nullptr) {  // the servers the job names, as the daemon will reach them
     const DestinationPolicy destinations = options_.destinations ? options_.destinations(project) : DestinationPolicy();
     OOMB_RETURN_IF_ERROR(Annotate(CheckJobDestinations(a.effective, destinations, options_.mlflow_uri), "spec"));
+    OOMB_RETURN_IF_ERROR(Annotate(CheckTrackingSecret(a.effective.tracking().mlflow(), project), "spec"));
   }
   OOMB_RETURN_IF_ERROR(Annotate(scheduler_->CheckPlacement(job), "spec"));
   absl::StatusOr<ModelConfig> model = ModelConfigOf(job, project);
@@ -482,6 +483,22 @@ absl::Status JobServiceImpl::CheckProjectQueue(const std::string& project) const
   return absl::ResourceExhaustedError(absl::StrCat("project ", project, " has ", in_project,
                                                    " jobs waiting (max_queued_jobs ", limit,
                                                    " in tenancy.projects_file); submit when some have started"));
+}
+
+absl::Status JobServiceImpl::CheckTrackingSecret(const v1::MlflowSpec& mlflow, const std::string& project) const {
+  const std::string& name = mlflow.token_secret();
+  if (name.empty()) return absl::OkStatus();
+  if (mlflow.uri().empty() && options_.mlflow_uri.empty()) {
+    return absl::InvalidArgumentError(
+        "tracking.mlflow.token_secret: the job has no tracking server (set tracking.mlflow.uri; the daemon has no "
+        "tracking.mlflow_uri)");
+  }
+  if (options_.projects == nullptr || options_.projects->Get(project).secrets.count(name) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tracking.mlflow.token_secret: project ", project,
+                                                   " has no secret '", name,
+                                                   "' (secrets in tenancy.projects_file, kept by the operator)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status JobServiceImpl::CheckPriority(int64_t priority, const std::string& project,

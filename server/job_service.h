@@ -150,6 +150,9 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   // EstimateJob's time and cost beside `plan` (EngineRatesStore, worker/plan/step_time.h).
   absl::Status EstimateTime(const Admission& admitted, v1::EstimateJobResponse* resp) const;
   // RESOURCE_EXHAUSTED when `project` already has its max_queued_jobs waiting.
+  // INVALID_ARGUMENT naming tracking.mlflow.token_secret when it names no secret of `project`
+  // (ProjectSettings::secrets), or the job has no tracking server to send it to.
+  absl::Status CheckTrackingSecret(const v1::MlflowSpec& mlflow, const std::string& project) const;
   absl::Status CheckProjectQueue(const std::string& project) const;
   // INVALID_ARGUMENT naming `field` when `priority` is above its project's max_priority.
   absl::Status CheckPriority(int64_t priority, const std::string& project, const std::string& field) const;

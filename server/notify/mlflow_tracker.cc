@@ -220,18 +220,24 @@ void MlflowTracker::Flush() {
   }
 }
 
-MlflowClient MlflowTracker::ClientOf(const Run& run) const {
-  if (run.operators) {
-    return MlflowClient(run.uri, options_.token, options_.ca_file, options_.request_timeout,
-                        DestinationPolicy::Unrestricted());
-  }
+absl::StatusOr<MlflowClient> MlflowTracker::ClientOf(const Run& run) const {
   const std::string project = ParseStoredName(run.job.name()).project;
-  return MlflowClient(run.uri, /*token=*/"", options_.ca_file, options_.request_timeout,
+  std::string token = run.operators ? options_.token : "";
+  if (const std::string& secret = run.job.spec().tracking().mlflow().token_secret(); !secret.empty()) {
+    if (!options_.secret) {
+      return absl::FailedPreconditionError("tracking.mlflow.token_secret: this daemon resolves no secrets");
+    }
+    OOMB_ASSIGN_OR_RETURN(token, options_.secret(project, secret));
+  }
+  if (run.operators) {
+    return MlflowClient(run.uri, token, options_.ca_file, options_.request_timeout, DestinationPolicy::Unrestricted());
+  }
+  return MlflowClient(run.uri, token, options_.ca_file, options_.request_timeout,
                       options_.destinations ? options_.destinations(project) : DestinationPolicy());
 }
 
 absl::Status MlflowTracker::EnsureRun(const std::string& job_id, Run* run) {
-  MlflowClient client = ClientOf(*run);
+  OOMB_ASSIGN_OR_RETURN(MlflowClient client, ClientOf(*run));
   if (run->run_id.empty()) {
     const v1::MlflowSpec& spec = run->job.spec().tracking().mlflow();
     const std::string project = ParseStoredName(run->job.name()).project;
@@ -278,13 +284,15 @@ bool MlflowTracker::FlushOne(const std::string& job_id, Run* run) {
     run->metrics.clear();
     return false;
   }
-  MlflowClient client = ClientOf(*run);
-  absl::Status s = EnsureRun(job_id, run);
+  absl::StatusOr<MlflowClient> made = ClientOf(*run);
+  absl::Status s = made.ok() ? EnsureRun(job_id, run) : made.status();
+  std::optional<MlflowClient> client;
+  if (made.ok()) client.emplace(*std::move(made));
   while (s.ok() && !run->metrics.empty()) {
     const size_t n = std::min(run->metrics.size(), kMetricsPerBatch);
     nlohmann::json batch = nlohmann::json::array();
     for (size_t i = 0; i < n; ++i) batch.push_back(run->metrics[i]);
-    s = client.LogBatch(run->run_id, batch, nlohmann::json::array(), nlohmann::json::array());
+    s = client->LogBatch(run->run_id, batch, nlohmann::json::array(), nlohmann::json::array());
     if (s.ok()) run->metrics.erase(run->metrics.begin(), run->metrics.begin() + static_cast<std::ptrdiff_t>(n));
   }
   bool keep = true;
@@ -294,8 +302,8 @@ bool MlflowTracker::FlushOne(const std::string& job_id, Run* run) {
       nlohmann::json tags = nlohmann::json::array();
       if (!run->final_checkpoint.empty())
         tags.push_back({{"key", "oomb.final_checkpoint"}, {"value", run->final_checkpoint}});
-      s = client.LogBatch(run->run_id, nlohmann::json::array(), nlohmann::json::array(), tags);
-      if (s.ok()) s = client.EndRun(run->run_id, job.ok() ? EndStatus(job->state()) : "KILLED");
+      s = client->LogBatch(run->run_id, nlohmann::json::array(), nlohmann::json::array(), tags);
+      if (s.ok()) s = client->EndRun(run->run_id, job.ok() ? EndStatus(job->state()) : "KILLED");
       keep = !s.ok();
     } else if (job->state() != v1::Job::RUNNING && job->state() != v1::Job::PAUSING &&
                job->state() != v1::Job::CANCELLING) {

@@ -22,15 +22,19 @@
 //
 // Whose server: the operator's is tracking.mlflow_uri (`default_uri`), used by jobs that name
 // none or name the same server (SameServer); only it gets the operator's token, and it is not
-// checked. A server a job names otherwise gets no token and is reached only where the job's
-// project's destination policy allows (server/notify/destination_policy.h), checked at every
-// connection: a refused one leaves the job untracked, with a WARNING event saying why.
+// checked. A server a job names otherwise gets no token of the operator's and is reached only
+// where the job's project's destination policy allows (server/notify/destination_policy.h),
+// checked at every connection: a refused one leaves the job untracked, with a WARNING event
+// saying why. Whose token: a job that names spec.tracking.mlflow.token_secret sends that secret
+// of its project (`secret`) to its server, whichever it is, and never the operator's; a secret
+// that cannot be read is a failure of that job's tracking (a WARNING event, retried later).
 //
 // Thread-safety: the MetricsSink methods from any thread; Start and Stop from one.
 #ifndef OOMB_SERVER_NOTIFY_MLFLOW_TRACKER_H_
 #define OOMB_SERVER_NOTIFY_MLFLOW_TRACKER_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -60,6 +64,9 @@ struct MlflowTrackerOptions {
   // Where a job may name its own server (server/notify/destination_policy.h); null: public
   // addresses only. The default_uri's server (named or defaulted to) is the operator's: unchecked.
   DestinationPolicyOf destinations = {};
+  // A project's secret by name (ProjectSettings::secrets, read at each use so that it can be
+  // rotated): the token of a job that names spec.tracking.mlflow.token_secret. Null: none.
+  std::function<absl::StatusOr<std::string>(const std::string& project, const std::string& name)> secret = {};
 };
 
 // The MLflow REST calls a run needs, against one tracking server.
@@ -125,9 +132,10 @@ class MlflowTracker final : public MetricsSink {
   };
   // The tracking server of `job`; empty: not tracked.
   std::string UriOf(const v1::Job& job) const;
-  // The client for `run`'s server: the operator's token and no destination check for the
-  // operator's server, the job's project's policy and no token for any other.
-  MlflowClient ClientOf(const Run& run) const;
+  // The client for `run`'s server: no destination check for the operator's server, the job's
+  // project's policy for any other; the job's own token (token_secret) where it names one, else
+  // the operator's token to the operator's server only.
+  absl::StatusOr<MlflowClient> ClientOf(const Run& run) const;
   // Makes or finds the run, sends params, metrics, and the end; false when the job is done with.
   bool FlushOne(const std::string& job_id, Run* run);
   absl::Status EnsureRun(const std::string& job_id, Run* run);

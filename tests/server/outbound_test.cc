@@ -40,6 +40,8 @@ using ::testing::HasSubstr;
 
 IpAddress Ip(const std::string& text) { return *IpAddress::FromLiteral(text); }
 
+void WriteFile(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+
 // --- The policy ---
 
 TEST(DestinationPolicyTest, EveryClassButPublicIsRefusedByDefaultInEverySpelling) {
@@ -384,6 +386,70 @@ TEST_F(MlflowTrackerTest, TheOperatorsTokenGoesToTheOperatorsServerOnly) {
   }
   EXPECT_THAT(store_->Get("own")->mlflow_run(), HasSubstr(tenants.url()));
   EXPECT_TRUE(Warnings("own").empty());
+}
+
+// Issue 78, item 1: a tenant's own credentials come from its project's secrets (the operator's
+// projects file), named by the spec's tracking.mlflow.token_secret, never its literal: that
+// token goes to the job's server (its own, or the operator's in place of the operator's token),
+// the operator's token never with it, and another project's secret is not this project's.
+TEST_F(MlflowTrackerTest, AJobsOwnTokenComesFromItsProjectsSecrets) {
+  StandIn operators, tenants;
+  WriteFile(dir_ / "nlp.token", "nlp-tenant-token\n");
+  WriteFile(dir_ / "projects.yaml", "projects:\n  nlp:\n    secrets: {mlflow: " + (dir_ / "nlp.token").string() +
+                                        "}\n  vision:\n    secrets: {other: " + (dir_ / "nlp.token").string() + "}\n");
+  absl::StatusOr<std::shared_ptr<const ProjectRegistry>> projects =
+      ProjectRegistry::Create((dir_ / "projects.yaml").string());
+  ASSERT_TRUE(projects.ok()) << projects.status();
+  const auto secret = [projects = *projects](const std::string& project,
+                                             const std::string& name) -> absl::StatusOr<std::string> {
+    const ProjectSettings settings = projects->Get(project);
+    if (settings.secrets.count(name) == 0) return absl::InvalidArgumentError("no secret " + name);
+    std::ifstream in(settings.secrets.at(name));
+    std::string token;
+    in >> token;
+    return token;
+  };
+  MlflowTracker tracker(store_.get(), MlflowTrackerOptions{.default_uri = operators.url(),
+                                                           .token = "operator-secret-token",
+                                                           .destinations = LoopbackAllowed(),
+                                                           .secret = secret});
+  const auto with_secret = [&](const std::string& id, const std::string& uri, const std::string& name) {
+    v1::Job job;
+    job.set_name("projects/nlp/jobs/" + id);
+    job.set_state(v1::Job::RUNNING);
+    job.mutable_spec()->mutable_tracking()->mutable_mlflow()->set_uri(uri);
+    job.mutable_spec()->mutable_tracking()->mutable_mlflow()->set_token_secret(name);
+    ASSERT_TRUE(store_->Create(job, "", {}).ok());
+    tracker.RunStarted("slot-" + id, job, absl::ZeroDuration());
+    StepReport step;
+    step.step = 1;
+    tracker.Step("slot-" + id, step);
+  };
+  with_secret("own", tenants.url(), "mlflow");
+  tracker.Flush();
+  ASSERT_FALSE(tenants.requests().empty());
+  for (const httplib::Request& r : tenants.requests()) {
+    EXPECT_EQ(r.get_header_value("Authorization"), "Bearer nlp-tenant-token") << r.path;
+  }
+  EXPECT_TRUE(Warnings("own").empty());
+  // On the operator's server the tenant's token replaces the operator's.
+  with_secret("theirs", "", "mlflow");
+  tracker.Flush();
+  ASSERT_FALSE(operators.requests().empty());
+  for (const httplib::Request& r : operators.requests()) {
+    EXPECT_EQ(r.get_header_value("Authorization"), "Bearer nlp-tenant-token") << r.path;
+  }
+  // A name the project has not: nothing is sent, the job is told.
+  const size_t before = tenants.requests().size();
+  with_secret("unknown", tenants.url(), "other");
+  tracker.Flush();
+  EXPECT_EQ(tenants.requests().size(), before);
+  ASSERT_EQ(Warnings("unknown").size(), 1u);
+  EXPECT_THAT(Warnings("unknown")[0], HasSubstr("no secret other"));
+  for (const httplib::Request& r : tenants.requests()) {
+    EXPECT_EQ(r.body.find("operator-secret-token"), std::string::npos);
+    EXPECT_NE(r.get_header_value("Authorization"), "Bearer operator-secret-token");
+  }
 }
 
 // A job's own tracking server on loopback without the operator's entry: refused at connect,

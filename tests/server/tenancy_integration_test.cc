@@ -326,7 +326,73 @@ TEST(TenancyProjectsTest, ProjectsHaveTheirOwnRootsAndQueueLimits) {
   EXPECT_EQ(bad.port(), 0);
   EXPECT_THAT(bad.log(), HasSubstr("bad.yaml:3: projects.nlp.max_queued: unknown key (allowed_roots, max_queued_jobs, "
                                    "max_running_devices, max_device_hours_per_day, max_storage_bytes, webhooks, "
-                                   "outbound, max_priority, preempt_other_projects)"));
+                                   "outbound, max_priority, preempt_other_projects, max_concurrent_uploads, "
+                                   "secrets)"));
+}
+
+// Issue 78, item 1: a tenant's MLflow token is named by the spec (tracking.mlflow.token_secret)
+// and kept by the operator (the project's secrets in the projects file); a name the project has
+// not is refused at submit naming the field, and a literal token is no key of the spec.
+TEST(TenancyProjectsTest, ATrackingTokenIsAProjectSecretNamedByTheSpec) {
+  if (!fs::exists(TinyLlama() / "config.json")) GTEST_SKIP() << "no test models under " << DataDir();
+  TempDir tmp;
+  const fs::path d = tmp.path();
+  WriteIdsJsonl(d / "ids.jsonl", 4, 100);
+  WriteFile(d / "mlflow.token", "tenant-token\n");
+  WriteFile(d / "projects.yaml", "projects:\n  default: {secrets: {mlflow: " + (d / "mlflow.token").string() + "}}\n");
+  DaemonOptions o;
+  o.extra = {"--set", "tenancy.projects_file=" + (d / "projects.yaml").string(), "--set", "scheduler.hold=true"};
+  Daemon daemon(d / "data", o);
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  WriteFile(d / "job.yaml", TinyJobYaml((d / "ids.jsonl").string(), 2, 1));
+  const auto cli = [&](const std::string& args) { return Oomb(daemon.tcp_endpoint(), args, d); };
+  const std::string tracked =
+      "submit " + (d / "job.yaml").string() + " --set tracking.mlflow.uri=https://93.184.216.34";
+  const Result unknown = cli(tracked + " --set tracking.mlflow.token_secret=other");
+  EXPECT_EQ(unknown.rc, 1) << unknown.err;
+  EXPECT_THAT(unknown.err, HasSubstr("spec: tracking.mlflow.token_secret: project default has no secret 'other'"));
+  const Result untracked = cli("submit " + (d / "job.yaml").string() + " --set tracking.mlflow.token_secret=mlflow");
+  EXPECT_EQ(untracked.rc, 1) << untracked.err;
+  EXPECT_THAT(untracked.err, HasSubstr("tracking.mlflow.token_secret: the job has no tracking server"));
+  const Result literal = cli(tracked + " --set tracking.mlflow.token=tenant-token");
+  EXPECT_NE(literal.rc, 0);
+  const Result ok = cli(tracked + " --set tracking.mlflow.token_secret=mlflow -o json");
+  ASSERT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_EQ(json::parse(ok.out)["spec"]["tracking"]["mlflow"]["token_secret"], "mlflow");
+  EXPECT_EQ(ok.out.find("tenant-token"), std::string::npos);
+}
+
+// Issue 78's low finding: a project's max_queued_jobs of 3 admitted 4 under concurrent submits
+// (each checked the count before any was inserted). Twelve submits at once: exactly 3 jobs.
+TEST(TenancyProjectsTest, ConcurrentSubmitsNeverPassTheProjectsQueueLimit) {
+  if (!fs::exists(TinyLlama() / "config.json")) GTEST_SKIP() << "no test models under " << DataDir();
+  TempDir tmp;
+  const fs::path d = tmp.path();
+  WriteIdsJsonl(d / "ids.jsonl", 4, 100);
+  WriteFile(d / "projects.yaml", "projects:\n  default: {max_queued_jobs: 3}\n");
+  DaemonOptions o;
+  o.extra = {"--set", "tenancy.projects_file=" + (d / "projects.yaml").string(), "--set", "scheduler.hold=true"};
+  Daemon daemon(d / "data", o);
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  WriteFile(d / "job.yaml", TinyJobYaml((d / "ids.jsonl").string(), 2, 1));
+  constexpr int kSubmits = 12;
+  std::vector<Result> results(kSubmits);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSubmits; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = Oomb(daemon.tcp_endpoint(), "submit " + (d / "job.yaml").string(), d); });
+  }
+  for (std::thread& t : threads) t.join();
+  int accepted = 0;
+  for (const Result& r : results) {
+    if (r.rc == 0) {
+      ++accepted;
+    } else {
+      EXPECT_THAT(r.err, HasSubstr("RESOURCE_EXHAUSTED: project default has 3 jobs waiting (max_queued_jobs 3"));
+    }
+  }
+  EXPECT_EQ(accepted, 3);
+  EXPECT_EQ(OombJson(daemon.tcp_endpoint(), "list", d)["jobs"].size(), 3u);
 }
 
 // Issue 78: a project's jobs stay within its max_priority, at submit and at every update, the
