@@ -54,7 +54,8 @@ for name in single-line long-lines short-lines; do
   "$oombd" serve --data-dir "$data" --listen 127.0.0.1:0 --metrics-listen "" --http-listen "" \
     --set uploads.max_concurrent_per_project=8 2>"$work/oombd-$name.log" &
   pid=$!
-  for _ in $(seq 300); do [ -s "$data/oombd.port" ] && break; sleep 0.1; done
+  for _ in $(seq 1200); do [ -s "$data/oombd.port" ] && break; sleep 0.1; done
+  [ -s "$data/oombd.port" ] || { echo "case=$name: oombd did not start in 120 s:"; tail -5 "$work/oombd-$name.log"; exit 1; }
   port=$(cat "$data/oombd.port")
   start_rss=$(rss "$pid")
   t0=$(date +%s.%N)
