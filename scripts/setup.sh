@@ -26,8 +26,9 @@ APT_PACKAGES=(
   libabsl-dev prometheus-cpp-dev libyaml-cpp-dev libsqlite3-dev libsqlitecpp-dev
   nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
   libpqxx-dev libsystemd-dev zlib1g-dev libssl-dev
-  # integration surface: the HTTP/JSON gateway's server, checkpoint archives (tar), webhooks' client
-  libcpp-httplib-dev libarchive-dev libcurl4-openssl-dev
+  # integration surface: the HTTP/JSON gateway's event loop and its TLS, the tests' stand-in HTTP
+  # receivers, checkpoint archives (tar), webhooks' client
+  libmicrohttpd-dev libgnutls28-dev libcpp-httplib-dev libarchive-dev libcurl4-openssl-dev
   # engine: Gloo's headers for LibTorch's c10d ProcessGroupGloo (data parallelism on the CPU)
   libgloo-dev
   # tests

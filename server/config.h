@@ -40,6 +40,15 @@
 //     listen: 127.0.0.1:7072          # the API over HTTP/JSON (server/http/gateway.h), host:port,
 //                                     # with tls.* as the gRPC port has them; port 0 picks one
 //                                     # (<data_dir>/oombd.http.port); "" disables it
+//     max_connections: 1024           # open at once, in all (server/http/http_server.h); one more
+//                                     # is closed as it is accepted
+//     max_connections_per_client: 64  # open at once from one IP address
+//     header_timeout_seconds: 10      # a request's headers (TLS handshake included, and the wait
+//                                     # for the next request on a kept-alive connection)
+//     body_timeout_seconds: 30        # a JSON body (up to 4 MiB); uploads: idle_timeout only
+//     idle_timeout_seconds: 60        # no byte in or out (a slow upload, a client not reading)
+//     max_streams_per_project: 32     # watches (SSE) and downloads open over HTTP per project;
+//                                     # more: 429 RESOURCE_EXHAUSTED; 0: no limit
 //   scheduler:
 //     devices: auto                   # auto (every CUDA device, else cpu) or a list "cuda:0,cuda:1"
 //     hold: false                     # queue jobs but start none
@@ -138,6 +147,12 @@ struct ServerConfig {
   std::string unix_socket_path;
   std::string metrics_listen = "127.0.0.1:7071";
   std::string http_listen = "127.0.0.1:7072";
+  int64_t http_max_connections = 1024;
+  int64_t http_max_connections_per_client = 64;
+  int64_t http_header_timeout_seconds = 10;
+  int64_t http_body_timeout_seconds = 30;
+  int64_t http_idle_timeout_seconds = 60;
+  int64_t http_max_streams_per_project = 32;
   bool reflection = true;
   int64_t shutdown_grace_seconds = 60;
   int64_t keepalive_seconds = 60;

@@ -420,10 +420,17 @@ absl::Status Daemon::StartServers() {
 absl::Status Daemon::StartHttpGateway() {
   if (config_.http_listen.empty()) return absl::OkStatus();
   HttpGatewayOptions o;
-  o.listen = config_.http_listen;
-  o.cert_file = config_.tls_cert_file;
-  o.key_file = config_.tls_key_file;
-  o.client_ca_file = config_.tls_client_ca_file;
+  HttpServerOptions& s = o.server;
+  s.listen = config_.http_listen;
+  s.cert_file = config_.tls_cert_file;
+  s.key_file = config_.tls_key_file;
+  s.client_ca_file = config_.tls_client_ca_file;
+  s.max_connections = static_cast<int>(config_.http_max_connections);
+  s.max_connections_per_client = static_cast<int>(config_.http_max_connections_per_client);
+  s.header_timeout = std::chrono::seconds(config_.http_header_timeout_seconds);
+  s.body_timeout = std::chrono::seconds(config_.http_body_timeout_seconds);
+  s.idle_timeout = std::chrono::seconds(config_.http_idle_timeout_seconds);
+  o.max_streams_per_project = static_cast<int>(config_.http_max_streams_per_project);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   o.channel = server_->InProcessChannel(args);

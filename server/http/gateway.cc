@@ -1,22 +1,18 @@
 #include "server/http/gateway.h"
 
-#include <httplib.h>
-#include <openssl/ssl.h>
-#include <openssl/x509.h>
-
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
-
-#include <spdlog/spdlog.h>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/rpc/status.pb.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "oomb/v1/datasets.grpc.pb.h"
 #include "oomb/v1/jobs.grpc.pb.h"
@@ -30,10 +26,10 @@ namespace {
 
 using google::protobuf::Message;
 
-constexpr size_t kMaxJsonBody = size_t{4} << 20;
 constexpr auto kUnaryDeadline = std::chrono::minutes(5);
 constexpr auto kKeepAlive = std::chrono::seconds(15);
-constexpr size_t kUploadChunk = size_t{1} << 20;
+constexpr size_t kUploadChunk = size_t{1} << 20;  // bytes per UploadDatasetRequest
+constexpr size_t kUploadQueue = size_t{4} << 20;  // bytes of an upload waiting for the service
 
 // AIP-193's HTTP status for a gRPC code.
 int HttpStatus(grpc::StatusCode code) {
@@ -91,12 +87,13 @@ std::string ErrorJson(const grpc::Status& s, int http = 0) {
   return absl::StrCat("{\"error\":", json, "}");
 }
 
-void SendError(httplib::Response& res, const grpc::Status& s, int http = 0) {
-  res.status = http != 0 ? http : HttpStatus(s.error_code());
-  res.set_content(ErrorJson(s, http), "application/json");
+void SendError(HttpCall& call, const grpc::Status& s, int http = 0,
+               std::vector<std::pair<std::string, std::string>> headers = {}) {
+  call.Respond(http != 0 ? http : HttpStatus(s.error_code()), "application/json", ErrorJson(s, http),
+               std::move(headers));
 }
 
-void SendError(httplib::Response& res, const absl::Status& s, int http = 0) { SendError(res, ToGrpcStatus(s), http); }
+void SendError(HttpCall& call, const absl::Status& s, int http = 0) { SendError(call, ToGrpcStatus(s), http); }
 
 std::string FromByteBuffer(const grpc::ByteBuffer& b) {
   std::vector<grpc::Slice> slices;
@@ -106,67 +103,49 @@ std::string FromByteBuffer(const grpc::ByteBuffer& b) {
   return out;
 }
 
-// "ipv4:1.2.3.4", "ipv6:[::1]": the HTTP peer, as gRPC names a peer (without its port).
-std::string PeerName(const std::string& addr) {
-  return addr.find(':') != std::string::npos ? absl::StrCat("ipv6:[", addr, "]") : absl::StrCat("ipv4:", addr);
-}
-
 // What the service learns of the HTTP caller (see the file comment of gateway.h).
-void AddCaller(const httplib::Request& req, const std::string& key, grpc::ClientContext* ctx) {
-  if (req.has_header("Authorization")) ctx->AddMetadata("authorization", req.get_header_value("Authorization"));
+void AddCaller(const HttpRequest& req, const std::string& key, grpc::ClientContext* ctx) {
+  if (req.HasHeader("authorization")) ctx->AddMetadata("authorization", req.Header("authorization"));
   ctx->AddMetadata(kGatewayKeyMetadata, key);
-  ctx->AddMetadata(kGatewayPeerMetadata, PeerName(req.remote_addr));
-  if (req.ssl == nullptr) return;
-  SSL* ssl = const_cast<SSL*>(req.ssl);  // OpenSSL's getters take a non-const SSL
-  if (SSL_get_verify_result(ssl) != X509_V_OK) return;
-  X509* cert = SSL_get1_peer_certificate(ssl);
-  if (cert == nullptr) return;
-  BIO* bio = BIO_new(BIO_s_mem());
-  X509_NAME_print_ex(bio, X509_get_subject_name(cert), 0, XN_FLAG_RFC2253);
-  char* data = nullptr;
-  const long n = BIO_get_mem_data(bio, &data);
-  std::string subject(data, static_cast<size_t>(n > 0 ? n : 0));
-  BIO_free(bio);
-  char cn[256] = {0};
-  X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn);
-  X509_free(cert);
-  ctx->AddMetadata(kGatewaySubjectMetadata, subject);
-  ctx->AddMetadata(kGatewayCommonNameMetadata, cn);
+  ctx->AddMetadata(kGatewayPeerMetadata, req.peer);
+  if (!req.cert_subject.empty()) ctx->AddMetadata(kGatewaySubjectMetadata, req.cert_subject);
+  if (!req.cert_cn.empty()) ctx->AddMetadata(kGatewayCommonNameMetadata, req.cert_cn);
 }
 
-// A server stream read on a thread of its own into a queue, so that the HTTP side can wait with
-// a timeout (keep-alive comments) and stop it (TryCancel) when its client goes away.
+}  // namespace
+
+// A server stream read on a thread of its own into a bounded queue, which the HTTP side drains
+// without blocking; each message (and the end) wakes the call. Destroying it cancels the call.
 template <typename Response>
 class StreamPump {
  public:
-  StreamPump(std::unique_ptr<grpc::ClientContext> ctx, std::unique_ptr<grpc::ClientReader<Response>> reader)
-      : ctx_(std::move(ctx)), reader_(std::move(reader)) {
+  StreamPump(std::unique_ptr<grpc::ClientContext> ctx, std::unique_ptr<grpc::ClientReader<Response>> reader,
+             std::shared_ptr<HttpWaker> waker)
+      : ctx_(std::move(ctx)), reader_(std::move(reader)), waker_(std::move(waker)) {
     thread_ = std::thread([this] { Run(); });
   }
   ~StreamPump() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      cv_.notify_all();
+    }
     ctx_->TryCancel();
     thread_.join();
   }
   // The next message: true with `out` set; false at the end (`status` then set); nullopt when
-  // `wait` passed first.
-  std::optional<bool> Next(Response* out, grpc::Status* status, std::chrono::milliseconds wait) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, wait, [&] { return !queue_.empty() || done_; })) return std::nullopt;
+  // none has come yet.
+  std::optional<bool> TryNext(Response* out, grpc::Status* status) {
+    std::lock_guard<std::mutex> lock(mu_);
     if (!queue_.empty()) {
       *out = std::move(queue_.front());
       queue_.pop_front();
       cv_.notify_all();
       return true;
     }
+    if (!done_) return std::nullopt;
     *status = status_;
     return false;
-  }
-  // The first message, read before the answer's headers are sent.
-  bool First(Response* out, grpc::Status* status) {
-    for (;;) {
-      std::optional<bool> r = Next(out, status, std::chrono::hours(1));
-      if (r.has_value()) return *r;
-    }
   }
 
  private:
@@ -174,21 +153,26 @@ class StreamPump {
   void Run() {
     Response m;
     while (reader_->Read(&m)) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return queue_.size() < kMaxQueued || cancelled_; });
-      if (cancelled_) break;
-      queue_.push_back(std::move(m));
-      cv_.notify_all();
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return queue_.size() < kMaxQueued || cancelled_; });
+        if (cancelled_) break;
+        queue_.push_back(std::move(m));
+      }
+      waker_->Wake();
     }
     grpc::Status s = reader_->Finish();
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = s;
-    done_ = true;
-    cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = s;
+      done_ = true;
+    }
+    waker_->Wake();
   }
 
   std::unique_ptr<grpc::ClientContext> ctx_;
   std::unique_ptr<grpc::ClientReader<Response>> reader_;
+  const std::shared_ptr<HttpWaker> waker_;
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -197,20 +181,131 @@ class StreamPump {
   grpc::Status status_;
 };
 
-// "Range: bytes=N-" or "bytes=N-M" (one range); nullopt for none or another form.
-std::optional<std::pair<int64_t, int64_t>> ParseRange(const std::string& header) {
+namespace {
+
+// "projects/{p}/..." -> p; "" for another name.
+std::string ProjectOf(const std::string& name) {
+  if (!absl::StartsWith(name, "projects/")) return "";
+  const size_t end = name.find('/', 9);
+  return name.substr(9, end == std::string::npos ? std::string::npos : end - 9);
+}
+
+// nullopt for none or a form not served (several ranges, another unit, bad syntax): the whole
+// archive is sent, as RFC 9110 lets a server ignore such a Range.
+std::optional<HttpByteRange> ParseRange(const std::string& header) {
   if (!absl::StartsWith(header, "bytes=") || header.find(',') != std::string::npos) return std::nullopt;
   const std::string spec = header.substr(6);
   const size_t dash = spec.find('-');
-  if (dash == std::string::npos || dash == 0) return std::nullopt;  // suffix ranges are not served
-  int64_t first = 0, last = -1;
-  if (!absl::SimpleAtoi(spec.substr(0, dash), &first)) return std::nullopt;
-  if (dash + 1 < spec.size() && !absl::SimpleAtoi(spec.substr(dash + 1), &last)) return std::nullopt;
-  if (last >= 0 && last < first) return std::nullopt;
-  return std::make_pair(first, last);
+  if (dash == std::string::npos) return std::nullopt;
+  HttpByteRange r;
+  if (dash == 0) {
+    if (!absl::SimpleAtoi(spec.substr(1), &r.suffix) || r.suffix < 0) return std::nullopt;
+    return r;
+  }
+  if (!absl::SimpleAtoi(spec.substr(0, dash), &r.first) || r.first < 0) return std::nullopt;
+  if (dash + 1 < spec.size() && !absl::SimpleAtoi(spec.substr(dash + 1), &r.last)) return std::nullopt;
+  if (r.last >= 0 && r.last < r.first) return std::nullopt;
+  return r;
 }
 
+// Copies what is left of `text` from `*offset` into the producer's buffer.
+ssize_t CopyOut(const std::string& text, size_t* offset, char* buffer, size_t max) {
+  const size_t n = std::min(max, text.size() - *offset);
+  std::memcpy(buffer, text.data() + *offset, n);
+  *offset += n;
+  return static_cast<ssize_t>(n);
+}
+
+// A watch's answer as server-sent events (gateway.h): an event per message, a keep-alive comment
+// when none came for kKeepAlive, `event: end` last.
+struct SseStream {
+  std::shared_ptr<StreamPump<v1::WatchJobResponse>> pump;
+  std::shared_ptr<void> slot;  // the project's stream slot, held while the stream is open
+  std::shared_ptr<HttpWaker> waker;
+  std::optional<v1::WatchJobResponse> pending;  // the first message, read before the headers
+  std::string out;
+  size_t sent = 0;
+  bool ended = false;
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+
+  ssize_t Next(char* buffer, size_t max) {
+    if (sent < out.size()) return CopyOut(out, &sent, buffer, max);
+    if (ended) return kStreamEnd;
+    v1::WatchJobResponse m;
+    grpc::Status status;
+    std::optional<bool> next = true;
+    if (pending.has_value()) {
+      m = std::move(*pending);
+      pending.reset();
+    } else {
+      next = pump->TryNext(&m, &status);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!next.has_value()) {
+      if (now - last < kKeepAlive) {
+        waker->WakeAt(last + kKeepAlive);
+        return kStreamWait;
+      }
+      out = ": keep-alive\n\n";
+    } else if (*next) {
+      const int64_t id = m.has_event() ? m.event().sequence() : m.snapshot().last_sequence();
+      out = absl::StrCat("id: ", id, "\nevent: ", m.has_event() ? "event" : "snapshot", "\ndata: ", ToJson(m), "\n\n");
+    } else {
+      out = absl::StrCat("event: end\ndata: ", status.ok() ? "{}" : ErrorJson(status), "\n\n");
+      ended = true;
+    }
+    last = now;
+    sent = 0;
+    return CopyOut(out, &sent, buffer, max);
+  }
+};
+
+// A download's answer: the archive's bytes from the pump, `length` of them; cut short (the
+// client sees a short body) when the stream ends first.
+struct DownloadStream {
+  std::shared_ptr<StreamPump<v1::DownloadCheckpointResponse>> pump;
+  std::shared_ptr<void> slot;
+  std::string buffer;
+  size_t sent = 0;
+
+  ssize_t Next(char* out, size_t max) {
+    while (sent >= buffer.size()) {
+      v1::DownloadCheckpointResponse m;
+      grpc::Status status;
+      std::optional<bool> next = pump->TryNext(&m, &status);
+      if (!next.has_value()) return kStreamWait;
+      if (!*next) return kStreamAbort;
+      buffer = std::move(*m.mutable_data());
+      sent = 0;
+    }
+    return CopyOut(buffer, &sent, out, max);
+  }
+};
+
 }  // namespace
+
+// Open streams (SSE watches, downloads) per project, at most `max` each.
+class HttpGateway::StreamSlots {
+ public:
+  explicit StreamSlots(int max) : max_(max) {}
+  // A slot of `project`'s, released when the returned pointer goes; null when all are taken.
+  std::shared_ptr<void> Acquire(const std::string& project) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int& open = open_[project];
+    if (max_ > 0 && open >= max_) return nullptr;
+    ++open;
+    return std::shared_ptr<void>(this, [this, project](void*) {  // not null: held
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--open_[project] == 0) open_.erase(project);
+    });
+  }
+  int max() const { return max_; }
+
+ private:
+  const int max_;
+  std::mutex mu_;
+  std::map<std::string, int> open_;
+};
 
 absl::StatusOr<HttpRoutes> ApiRoutes() {
   return HttpRoutes::FromServices({v1::Job::descriptor()->file()->FindServiceByName("JobService"),
@@ -218,291 +313,349 @@ absl::StatusOr<HttpRoutes> ApiRoutes() {
 }
 
 HttpGateway::HttpGateway(HttpGatewayOptions options, HttpRoutes routes)
-    : options_(std::move(options)), routes_(std::move(routes)) {}
+    : options_(std::move(options)),
+      routes_(std::move(routes)),
+      streams_(std::make_unique<StreamSlots>(options_.max_streams_per_project)) {}
 
 HttpGateway::~HttpGateway() { Stop(); }
 
 void HttpGateway::Stop() {
-  stopping_ = true;
-  if (server_ != nullptr) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (server_ != nullptr) server_->Stop();
+  // Every upload's connection is closed by now, which ends its writer: wait for them.
+  std::unique_lock<std::mutex> lock(uploads_mu_);
+  uploads_cv_.wait(lock, [&] { return uploads_ == 0; });
 }
+
+int HttpGateway::port() const { return server_ != nullptr ? server_->port() : 0; }
 
 absl::StatusOr<std::unique_ptr<HttpGateway>> HttpGateway::Start(HttpGatewayOptions options) {
   OOMB_ASSIGN_OR_RETURN(HttpRoutes routes, ApiRoutes());
   std::unique_ptr<HttpGateway> g(new HttpGateway(std::move(options), std::move(routes)));
-  const HttpGatewayOptions& o = g->options_;
-  if (o.cert_file.empty()) {
-    g->server_ = std::make_unique<httplib::Server>();
-  } else {
-    auto ssl = std::make_unique<httplib::SSLServer>(o.cert_file.c_str(), o.key_file.c_str(),
-                                                    o.client_ca_file.empty() ? nullptr : o.client_ca_file.c_str());
-    if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat("http.listen: cannot load tls.cert_file/tls.key_file",
-                                                     o.client_ca_file.empty() ? "" : "/tls.client_ca_file"));
-    }
-    g->server_ = std::move(ssl);
-  }
-  httplib::Server& s = *g->server_;
-  const int threads = o.threads;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  s.set_read_timeout(60);
-  s.set_write_timeout(60);
-  HttpGateway* self = g.get();
-  s.Get(".*", [self](const httplib::Request& req, httplib::Response& res) { self->Handle(req, res, ""); });
-  const auto with_body = [self](const httplib::Request& req, httplib::Response& res,
-                                const httplib::ContentReader& reader) {
-    std::optional<HttpMatch> match = self->routes_.Find(req.method, req.path);
-    if (match && match->route->method->client_streaming()) {
-      self->Upload(req, res, *match, reader);
-      return;
-    }
-    std::string body;
-    bool too_large = false;
-    reader([&](const char* data, size_t n) {
-      // Past the limit the rest is read and dropped: left unread, it would be taken for the
-      // connection's next request.
-      too_large = too_large || body.size() + n > kMaxJsonBody;
-      if (!too_large) body.append(data, n);
-      return true;
-    });
-    if (too_large) {
-      res.set_header("Connection", "close");
-      SendError(res,
-                absl::InvalidArgumentError(absl::StrCat("the request body is larger than ", kMaxJsonBody, " bytes")),
-                413);
-      return;
-    }
-    self->Handle(req, res, body);
-  };
-  s.Post(".*", with_body);
-  s.Put(".*", with_body);
-  s.Patch(".*", with_body);
-  s.Delete(".*", with_body);
-  const size_t colon = o.listen.rfind(':');
-  if (colon == std::string::npos) return absl::InvalidArgumentError("http.listen: expected host:port");
-  std::string host = o.listen.substr(0, colon);
-  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) host = host.substr(1, host.size() - 2);
-  int port = 0;
-  if (!absl::SimpleAtoi(o.listen.substr(colon + 1), &port)) return absl::InvalidArgumentError("http.listen: bad port");
-  if (port == 0) {
-    g->port_ = s.bind_to_any_port(host);
-  } else if (s.bind_to_port(host, port)) {
-    g->port_ = port;
-  }
-  if (g->port_ <= 0) return absl::UnavailableError(absl::StrCat("http.listen: cannot listen on ", o.listen));
-  g->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
+  OOMB_ASSIGN_OR_RETURN(g->server_, HttpServer::Start(g->options_.server, g.get()));
   return g;
 }
 
-void HttpGateway::Handle(const httplib::Request& req, httplib::Response& res, const std::string& body) {
+bool HttpGateway::StreamsBody(const HttpRequest& request) {
+  std::optional<HttpMatch> match = routes_.Find(request.method, request.path);
+  return match && match->route->method->client_streaming();
+}
+
+void HttpGateway::Serve(const std::shared_ptr<HttpCall>& call) {
+  const HttpRequest& req = call->request();
+  if (req.certificate_missing) {
+    SendError(*call, grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                  "a client certificate signed by tls.client_ca_file is required"));
+    return;
+  }
+  if (req.body_too_large) {
+    SendError(*call,
+              absl::InvalidArgumentError(
+                  absl::StrCat("the request body is larger than ", options_.server.max_buffered_body, " bytes")),
+              413);
+    return;
+  }
   if (req.method == "GET" && req.path == "/v1/openapi.json") {
-    res.set_content(OpenApiDocument(routes_), "application/json");
+    call->Respond(200, "application/json", OpenApiDocument(routes_));
+    return;
+  }
+  if (req.method == "GET" && req.path == "/healthz") {
+    Health(call);
     return;
   }
   std::optional<HttpMatch> match = routes_.Find(req.method, req.path);
   if (!match) {
     const bool known = routes_.PathKnown(req.path);
-    SendError(res,
+    SendError(*call,
               grpc::Status(grpc::StatusCode::NOT_FOUND,
                            absl::StrCat(known ? "no method " + req.method + " on " : "no route ", Excerpt(req.path))),
               known ? 405 : 404);
     return;
   }
   const google::protobuf::MethodDescriptor* method = match->route->method;
+  if (method->client_streaming()) {
+    Upload(call, *match);
+    return;
+  }
   std::unique_ptr<Message> request(
       google::protobuf::MessageFactory::generated_factory()->GetPrototype(method->input_type())->New());
-  std::multimap<std::string, std::string> query(req.params.begin(), req.params.end());
-  if (method->server_streaming() && method->name() == "WatchJob" && req.has_header("Last-Event-ID")) {
+  std::multimap<std::string, std::string> query = req.query;
+  if (method->server_streaming() && method->name() == "WatchJob" && req.HasHeader("last-event-id")) {
     query.erase("after_sequence");
-    query.emplace("after_sequence", req.get_header_value("Last-Event-ID"));
+    query.emplace("after_sequence", req.Header("last-event-id"));
   }
-  if (absl::Status s = HttpRoutes::FillRequest(*match, query, body, request.get()); !s.ok()) {
-    SendError(res, s);
+  if (absl::Status s = HttpRoutes::FillRequest(*match, query, req.body, request.get()); !s.ok()) {
+    SendError(*call, s);
     return;
   }
-  if (method->server_streaming()) {
-    if (method->name() == "WatchJob") {
-      Watch(req, res, static_cast<const v1::WatchJobRequest&>(*request));
-    } else {
-      Download(req, res, static_cast<const v1::DownloadCheckpointRequest&>(*request));
+  if (method->name() == "WatchJob") {
+    Watch(call, static_cast<const v1::WatchJobRequest&>(*request));
+  } else if (method->name() == "DownloadCheckpoint") {
+    DownloadPlan plan;
+    plan.asked = static_cast<const v1::DownloadCheckpointRequest&>(*request);
+    if (req.HasHeader("range")) plan.range = ParseRange(req.Header("range"));
+    if (plan.range && req.HasHeader("if-range")) {
+      std::string tag = req.Header("if-range");
+      if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"') tag = tag.substr(1, tag.size() - 2);
+      plan.if_range = tag;
     }
-    return;
+    Download(call, std::move(plan));
+  } else {
+    Unary(call, method, *request);
   }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + kUnaryDeadline);
-  AddCaller(req, options_.gateway_key, &ctx);
-  const std::string bytes = request->SerializeAsString();
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer in(&slice, 1), out;
-  grpc::GenericStub stub(options_.channel);
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, absl::StrCat("/", method->service()->full_name(), "/", method->name()), grpc::StubOptions(), &in,
-                 &out, [&](grpc::Status s) {
-                   status = std::move(s);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (!status.ok()) {
-    SendError(res, status);
-    return;
-  }
-  std::unique_ptr<Message> response(
-      google::protobuf::MessageFactory::generated_factory()->GetPrototype(method->output_type())->New());
-  if (!response->ParseFromString(FromByteBuffer(out))) {
-    SendError(res, absl::InternalError("the gateway could not read the method's response"));
-    return;
-  }
-  res.set_content(ToJson(*response), "application/json");
 }
 
-void HttpGateway::Watch(const httplib::Request& req, httplib::Response& res, const v1::WatchJobRequest& request) {
+void HttpGateway::Unary(const std::shared_ptr<HttpCall>& call, const google::protobuf::MethodDescriptor* method,
+                        const Message& request) {
+  struct State {
+    grpc::ClientContext ctx;
+    grpc::ByteBuffer in, out;
+    std::unique_ptr<grpc::GenericStub> stub;
+  };
+  auto st = std::make_shared<State>();
+  st->ctx.set_deadline(std::chrono::system_clock::now() + kUnaryDeadline);
+  AddCaller(call->request(), options_.gateway_key, &st->ctx);
+  const std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  st->in = grpc::ByteBuffer(&slice, 1);
+  st->stub = std::make_unique<grpc::GenericStub>(options_.channel);
+  // The call waits in the event loop (suspended), not on a thread; gRPC's callback answers it.
+  st->stub->UnaryCall(
+      &st->ctx, absl::StrCat("/", method->service()->full_name(), "/", method->name()), grpc::StubOptions(), &st->in,
+      &st->out, [st, call, method](grpc::Status status) {
+        if (!status.ok()) {
+          SendError(*call, status);
+          return;
+        }
+        std::unique_ptr<Message> response(
+            google::protobuf::MessageFactory::generated_factory()->GetPrototype(method->output_type())->New());
+        if (!response->ParseFromString(FromByteBuffer(st->out))) {
+          SendError(*call, absl::InternalError("the gateway could not read the method's response"));
+          return;
+        }
+        call->Respond(200, "application/json", ToJson(*response));
+      });
+}
+
+void HttpGateway::Health(const std::shared_ptr<HttpCall>& call) {
+  const google::protobuf::MethodDescriptor* check =
+      grpc::health::v1::HealthCheckRequest::descriptor()->file()->FindServiceByName("Health")->FindMethodByName(
+          "Check");
+  Unary(call, check, grpc::health::v1::HealthCheckRequest());
+}
+
+void HttpGateway::Watch(const std::shared_ptr<HttpCall>& call, const v1::WatchJobRequest& request) {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  AddCaller(req, options_.gateway_key, ctx.get());
+  AddCaller(call->request(), options_.gateway_key, ctx.get());
   auto stub = v1::JobService::NewStub(options_.channel);
   auto reader = stub->WatchJob(ctx.get(), request);
-  auto pump = std::make_shared<StreamPump<v1::WatchJobResponse>>(std::move(ctx), std::move(reader));
-  v1::WatchJobResponse first;
-  grpc::Status status;
-  if (!pump->First(&first, &status)) {  // refused before the snapshot: a plain error answer
-    SendError(res, status);
-    return;
-  }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  auto pending = std::make_shared<std::optional<v1::WatchJobResponse>>(std::move(first));
-  auto ended = std::make_shared<bool>(false);
-  res.set_chunked_content_provider("text/event-stream", [this, pump, pending, ended](size_t, httplib::DataSink& sink) {
-    if (stopping_) return false;
-    if (*ended) {
-      sink.done();
-      return true;
-    }
-    v1::WatchJobResponse m;
+  using Pump = StreamPump<v1::WatchJobResponse>;
+  auto pump = std::make_shared<Pump>(std::move(ctx), std::move(reader), call->waker());
+  const std::string project = ProjectOf(request.name());
+  // Runs (event loop) until the first message or the refusal has come; the call outlives it.
+  call->SetPoll([this, c = call.get(), pump, project] {
+    v1::WatchJobResponse first;
     grpc::Status status;
-    std::optional<bool> next = true;
-    if (pending->has_value()) {
-      m = std::move(**pending);
-      pending->reset();
-    } else {
-      next = pump->Next(&m, &status, kKeepAlive);
+    std::optional<bool> got = pump->TryNext(&first, &status);
+    if (!got.has_value()) return;
+    if (!*got) {  // refused before the snapshot: a plain error answer
+      SendError(*c, status);
+      return;
     }
-    std::string out;
-    if (!next.has_value()) {
-      out = ": keep-alive\n\n";
-    } else if (*next) {
-      const int64_t id = m.has_event() ? m.event().sequence() : m.snapshot().last_sequence();
-      out = absl::StrCat("id: ", id, "\nevent: ", m.has_event() ? "event" : "snapshot", "\ndata: ", ToJson(m), "\n\n");
-    } else {
-      out = absl::StrCat("event: end\ndata: ", status.ok() ? "{}" : ErrorJson(status), "\n\n");
-      *ended = true;
+    std::shared_ptr<void> slot = streams_->Acquire(project);
+    if (slot == nullptr) {
+      SendError(*c, TooManyStreams(project));
+      return;
     }
-    return sink.write(out.data(), out.size());
+    auto sse = std::make_shared<SseStream>();
+    sse->pump = pump;
+    sse->slot = std::move(slot);
+    sse->waker = c->waker();
+    sse->pending = std::move(first);
+    c->RespondStream(200, "text/event-stream", -1, [sse](char* buffer, size_t max) { return sse->Next(buffer, max); },
+                     {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
   });
 }
 
-void HttpGateway::Download(const httplib::Request& req, httplib::Response& res,
-                           const v1::DownloadCheckpointRequest& asked) {
-  // Range is answered here: httplib must not apply it a second time.
-  const_cast<httplib::Request&>(req).ranges.clear();
-  v1::DownloadCheckpointRequest request = asked;
-  std::optional<std::pair<int64_t, int64_t>> range;
-  if (req.has_header("Range")) range = ParseRange(req.get_header_value("Range"));
-  if (range) {
-    request.set_offset(range->first);
-    if (req.has_header("If-Range")) {
-      std::string tag = req.get_header_value("If-Range");
-      if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"') tag = tag.substr(1, tag.size() - 2);
-      request.set_etag(tag);
-    }
-  }
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  AddCaller(req, options_.gateway_key, ctx.get());
-  auto stub = v1::JobService::NewStub(options_.channel);
-  auto reader = stub->DownloadCheckpoint(ctx.get(), request);
-  auto pump = std::make_shared<StreamPump<v1::DownloadCheckpointResponse>>(std::move(ctx), std::move(reader));
-  v1::DownloadCheckpointResponse first;
-  grpc::Status status;
-  if (!pump->First(&first, &status) || !first.has_archive()) {
-    if (range && status.error_code() == grpc::StatusCode::ABORTED && !request.etag().empty()) {
-      // If-Range named another version: the whole archive (RFC 9110), from the start.
-      v1::DownloadCheckpointRequest whole = asked;
-      httplib::Request plain = req;
-      plain.headers.erase("Range");
-      plain.headers.erase("If-Range");
-      Download(plain, res, whole);
-      return;
-    }
-    SendError(res, status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "no archive header") : status);
-    return;
-  }
-  const v1::CheckpointArchive& archive = first.archive();
-  const int64_t total = archive.total_bytes();
-  int64_t end = total;  // exclusive
-  if (range) {
-    if (range->first >= total && total > 0) {
-      res.status = 416;
-      res.set_header("Content-Range", absl::StrCat("bytes */", total));
-      return;
-    }
-    if (range->second >= 0) end = std::min(total, range->second + 1);
-    res.status = 206;
-    res.set_header("Content-Range", absl::StrCat("bytes ", range->first, "-", end - 1, "/", total));
-  }
-  res.set_header("ETag", absl::StrCat("\"", archive.etag(), "\""));
-  res.set_header("Accept-Ranges", "bytes");
-  res.set_header("Content-Disposition", absl::StrCat("attachment; filename=\"", archive.root(), ".tar\""));
-  const int64_t start = archive.offset();
-  auto buffer = std::make_shared<std::string>();
-  res.set_content_provider(static_cast<size_t>(end - start), "application/x-tar",
-                           [this, pump, buffer](size_t, size_t length, httplib::DataSink& sink) {
-                             if (stopping_) return false;
-                             while (buffer->empty()) {
-                               v1::DownloadCheckpointResponse m;
-                               grpc::Status status;
-                               std::optional<bool> next = pump->Next(&m, &status, std::chrono::minutes(5));
-                               if (!next.has_value() || !*next)
-                                 return false;  // cut short: the client sees a short body
-                               *buffer = std::move(*m.mutable_data());
-                             }
-                             const size_t n = std::min(length, buffer->size());
-                             if (!sink.write(buffer->data(), n)) return false;
-                             buffer->erase(0, n);
-                             return true;
-                           });
+grpc::Status HttpGateway::TooManyStreams(const std::string& project) const {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("project '", project, "' has ", streams_->max(),
+                                   " streams open (watches and downloads over HTTP; http.max_streams_per_project)"));
 }
 
-void HttpGateway::Upload(const httplib::Request& req, httplib::Response& res, const HttpMatch& match,
-                         const httplib::ContentReader& body) {
-  v1::UploadDatasetRequest first;
-  std::multimap<std::string, std::string> query(req.params.begin(), req.params.end());
-  if (absl::Status s = HttpRoutes::FillRequest(match, query, "", &first); !s.ok()) {
-    SendError(res, s);
+void HttpGateway::Download(const std::shared_ptr<HttpCall>& call, DownloadPlan plan) {
+  v1::DownloadCheckpointRequest request = plan.asked;
+  // A suffix range, or the size a 416 names, needs the archive's size first: asked from 0.
+  const bool from_start = !plan.range || plan.range->suffix >= 0 || plan.probing;
+  if (!from_start) request.set_offset(plan.range->first);
+  if (plan.range) request.set_etag(plan.if_range);
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  AddCaller(call->request(), options_.gateway_key, ctx.get());
+  auto stub = v1::JobService::NewStub(options_.channel);
+  auto reader = stub->DownloadCheckpoint(ctx.get(), request);
+  using Pump = StreamPump<v1::DownloadCheckpointResponse>;
+  auto pump = std::make_shared<Pump>(std::move(ctx), std::move(reader), call->waker());
+  call->SetPoll([this, c = call.get(), pump, plan] {
+    v1::DownloadCheckpointResponse first;
+    grpc::Status status;
+    std::optional<bool> got = pump->TryNext(&first, &status);
+    if (!got.has_value()) return;
+    if (!*got || !first.has_archive()) {
+      if (plan.range && status.error_code() == grpc::StatusCode::ABORTED && !plan.if_range.empty()) {
+        DownloadPlan whole;
+        whole.asked = plan.asked;
+        Download(c->shared_from_this(), std::move(whole));  // If-Range named another version: all of it
+      } else if (plan.range && status.error_code() == grpc::StatusCode::OUT_OF_RANGE && !plan.probing) {
+        DownloadPlan probe = plan;  // past the end: 416 naming the size, learnt from the start
+        probe.probing = true;
+        Download(c->shared_from_this(), std::move(probe));
+      } else {
+        SendError(*c, status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "no archive header") : status);
+      }
+      return;
+    }
+    AnswerDownload(*c, plan, first.archive(), pump);
+  });
+}
+
+void HttpGateway::AnswerDownload(HttpCall& call, const DownloadPlan& plan, const v1::CheckpointArchive& archive,
+                                 std::shared_ptr<StreamPump<v1::DownloadCheckpointResponse>> pump) {
+  const int64_t total = archive.total_bytes();
+  std::vector<std::pair<std::string, std::string>> headers = {
+      {"ETag", absl::StrCat("\"", archive.etag(), "\"")},
+      {"Accept-Ranges", "bytes"},
+      {"Content-Disposition", absl::StrCat("attachment; filename=\"", archive.root(), ".tar\"")}};
+  int status = 200;
+  int64_t start = archive.offset(), end = total;  // end exclusive
+  if (plan.range) {
+    HttpByteRange r = *plan.range;
+    if (r.suffix >= 0 && r.suffix < total && archive.offset() == 0 && !plan.probing) {
+      DownloadPlan rest = plan;  // the last S bytes: asked again from there, of this version only
+      rest.range = HttpByteRange{total - r.suffix, -1, -1};
+      rest.if_range = archive.etag();
+      Download(call.shared_from_this(), std::move(rest));
+      return;
+    }
+    if (r.suffix >= 0) r.first = 0;  // the last S >= size bytes: all of them
+    if (plan.probing || r.suffix == 0 || (r.first >= total && total > 0)) {
+      SendError(call,
+                grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                             absl::StrCat("the range is outside the archive's ", total, " bytes")),
+                416, {{"Content-Range", absl::StrCat("bytes */", total)}});
+      return;
+    }
+    if (r.last >= 0) end = std::min(total, r.last + 1);
+    status = 206;
+    headers.emplace_back("Content-Range", absl::StrCat("bytes ", start, "-", end - 1, "/", total));
+  }
+  std::shared_ptr<void> slot = streams_->Acquire(ProjectOf(plan.asked.name()));
+  if (slot == nullptr) {
+    SendError(call, TooManyStreams(ProjectOf(plan.asked.name())));
     return;
   }
+  auto stream = std::make_shared<DownloadStream>();
+  stream->pump = std::move(pump);
+  stream->slot = std::move(slot);
+  call.RespondStream(
+      status, "application/x-tar", end - start,
+      [stream](char* buffer, size_t max) { return stream->Next(buffer, max); }, std::move(headers));
+}
+
+// An upload's body, handed from the event loop to the thread that writes it into the gRPC
+// client stream; at most kUploadQueue bytes wait between them.
+struct HttpGateway::UploadPipe {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> pieces;
+  size_t queued = 0;
+  bool end = false, closed = false, refused = false;
+};
+
+void HttpGateway::Upload(const std::shared_ptr<HttpCall>& call, const HttpMatch& match) {
+  v1::UploadDatasetRequest first;
+  if (absl::Status s = HttpRoutes::FillRequest(match, call->request().query, "", &first); !s.ok()) {
+    SendError(*call, s);  // no sink: the body is read and dropped
+    return;
+  }
+  auto pipe = std::make_shared<UploadPipe>();
+  std::shared_ptr<HttpWaker> waker = call->waker();
+  call->SetBodySink(
+      [pipe](absl::string_view piece) -> size_t {
+        std::lock_guard<std::mutex> lock(pipe->mu);
+        if (pipe->refused) return piece.size();  // the service refused: dropped
+        if (pipe->queued >= kUploadQueue) return 0;
+        const size_t n = std::min(piece.size(), kUploadQueue - pipe->queued);
+        pipe->pieces.emplace_back(piece.substr(0, n));
+        pipe->queued += n;
+        pipe->cv.notify_all();
+        return n;
+      },
+      [pipe] {
+        std::lock_guard<std::mutex> lock(pipe->mu);
+        pipe->end = true;
+        pipe->cv.notify_all();
+      });
+  call->OnClose([pipe] {
+    std::lock_guard<std::mutex> lock(pipe->mu);
+    pipe->closed = true;
+    pipe->cv.notify_all();
+  });
+  {
+    std::lock_guard<std::mutex> lock(uploads_mu_);
+    ++uploads_;
+  }
+  std::thread([this, call, pipe, first] {
+    WriteUpload(*call, *pipe, first);
+    std::lock_guard<std::mutex> lock(uploads_mu_);
+    --uploads_;
+    uploads_cv_.notify_all();
+  }).detach();
+}
+
+void HttpGateway::WriteUpload(HttpCall& call, UploadPipe& pipe, const v1::UploadDatasetRequest& first) {
   grpc::ClientContext ctx;
-  AddCaller(req, options_.gateway_key, &ctx);
+  AddCaller(call.request(), options_.gateway_key, &ctx);
   auto stub = v1::DatasetService::NewStub(options_.channel);
   v1::Dataset dataset;
   std::unique_ptr<grpc::ClientWriter<v1::UploadDatasetRequest>> writer = stub->UploadDataset(&ctx, &dataset);
   v1::UploadDatasetRequest message = first;
   bool open = true;
-  body([&](const char* data, size_t n) {
-    message.mutable_data()->append(data, n);
-    if (message.data().size() < kUploadChunk) return true;
+  for (;;) {
+    std::string piece;
+    {
+      std::unique_lock<std::mutex> lock(pipe.mu);
+      pipe.cv.wait(lock, [&] { return !pipe.pieces.empty() || pipe.end || pipe.closed; });
+      if (pipe.closed && !pipe.end) {
+        ctx.TryCancel();  // the client went away mid-body
+        open = false;
+        break;
+      }
+      if (pipe.pieces.empty()) break;  // the body is complete
+      piece = std::move(pipe.pieces.front());
+      pipe.pieces.pop_front();
+      pipe.queued -= piece.size();
+    }
+    call.waker()->Wake();  // room again
+    message.mutable_data()->append(piece);
+    if (message.data().size() < kUploadChunk) continue;
     open = writer->Write(message);
     message.Clear();
-    return open;  // false: the server has already refused; stop reading
-  });
-  if (open && (message.ByteSizeLong() > 0)) writer->Write(message);
+    if (!open) break;  // the server has refused already
+  }
+  if (!open) {
+    std::lock_guard<std::mutex> lock(pipe.mu);
+    pipe.refused = true;
+    pipe.pieces.clear();
+    pipe.queued = 0;
+  }
+  call.waker()->Wake();
+  if (open && message.ByteSizeLong() > 0) writer->Write(message);
   writer->WritesDone();
   const grpc::Status status = writer->Finish();
   if (!status.ok()) {
-    SendError(res, status);
+    SendError(call, status);
     return;
   }
-  res.set_content(ToJson(dataset), "application/json");
+  call.Respond(200, "application/json", ToJson(dataset));
 }
 
 }  // namespace oomb::server

@@ -1,9 +1,10 @@
 // The HTTP/JSON face of the daemon (http.listen; proto/oomb/v1/jobs.proto, "HTTP/JSON"): every
 // method with a google.api.http rule, transcoded (server/http/http_rules.h) and called on the
 // daemon's own gRPC server through an in-process channel, so that each HTTP request meets exactly
-// the checks, authorization and errors a gRPC call does. The server is cpp-httplib's (a thread per
-// connection from a bounded pool), over TLS with the daemon's certificate when tls.cert_file is
-// set, demanding a client certificate when tls.client_ca_file is.
+// the checks, authorization and errors a gRPC call does. The transport is server/http/http_server.h:
+// an event loop no client can hold (caps on connections per client and in all, header and body
+// deadlines), over TLS with the daemon's certificate when tls.cert_file is set, demanding a client
+// certificate when tls.client_ca_file is (401 without one).
 //
 // Who calls: the `Authorization: Bearer <token>` header is passed on as the call's metadata; a
 // verified client certificate's subject, and the HTTP peer's address, travel in metadata that
@@ -20,35 +21,37 @@
 //     snapshot or event, `data:` the WatchJobResponse as JSON); `Last-Event-ID` (or the query's
 //     after_sequence) resumes; a comment line every 15 s keeps idle proxies from closing it; the
 //     stream's end status comes as a last `event: end` with the error object (if any);
-//   - DownloadCheckpoint: application/x-tar, the archive's bytes; `Range: bytes=N-` (or N-M)
-//     answers 206 with Content-Range from byte N, unless `If-Range` names another etag; the
-//     checkpoint's etag is the ETag header;
-//   - UploadDataset: the PUT body streamed into the client stream as it arrives.
-//   - GET /v1/openapi.json: the OpenAPI document of the API (server/http/openapi.h).
+//   - DownloadCheckpoint: application/x-tar, the archive's bytes; `Range: bytes=N-`, `N-M` or
+//     `-S` (the last S bytes) answers 206 with Content-Range, unless `If-Range` names another
+//     etag (then 200 and all of it); a range starting past the end, or `-0`, answers 416 with
+//     `Content-Range: bytes */<size>`; the checkpoint's etag is the ETag header;
+//   - UploadDataset: the PUT body streamed into the client stream as it arrives, at most 4 MiB
+//     of it waiting at a time (the client is not read further until the service takes it);
+//   - GET /v1/openapi.json: the OpenAPI document of the API (server/http/openapi.h);
+//   - GET /healthz: the daemon's grpc.health.v1 status as JSON ({"status": "SERVING"}; 503 when
+//     not serving), without a token, for load balancers and probes.
 // Bodies of unary requests are at most 4 MiB (413 beyond); a request's call has a 5-minute
-// deadline (streams none).
+// deadline (streams none). A project has at most max_streams_per_project watches and downloads
+// open over HTTP at once (429 RESOURCE_EXHAUSTED beyond, naming http.max_streams_per_project).
 //
-// Thread-safety: Start and Stop from one thread; requests are served on the pool's threads.
+// Thread-safety: Start and Stop from one thread; requests are served on the event loop's threads
+// and gRPC's.
 #ifndef OOMB_SERVER_HTTP_GATEWAY_H_
 #define OOMB_SERVER_HTTP_GATEWAY_H_
 
 #include <grpcpp/channel.h>
 
-#include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
+#include "oomb/v1/datasets.pb.h"
 #include "oomb/v1/jobs.pb.h"
 #include "server/http/http_rules.h"
-
-namespace httplib {
-class Server;
-class ContentReader;
-struct Request;
-struct Response;
-}  // namespace httplib
+#include "server/http/http_server.h"
 
 namespace oomb::server {
 
@@ -56,47 +59,69 @@ namespace oomb::server {
 // gateway serves and the OpenAPI document describes.
 absl::StatusOr<HttpRoutes> ApiRoutes();
 
+// One range of a Range header (RFC 9110 §14.1.2): "bytes=N-", "bytes=N-M" or "bytes=-S".
+struct HttpByteRange {
+  int64_t first = 0, last = -1;  // last -1: to the end
+  int64_t suffix = -1;           // >= 0: the last `suffix` bytes (first and last unused)
+};
+
+// A server stream read on a thread of its own (gateway.cc).
+template <typename Response>
+class StreamPump;
+
 struct HttpGatewayOptions {
-  std::string listen;  // host:port; port 0 picks one (port())
-  // TLS (tls.*): all empty for plain HTTP. With client_ca_file, clients must present a
-  // certificate it signed.
-  std::string cert_file, key_file, client_ca_file;
+  // listen, TLS files, connection caps and deadlines (the daemon's http.* and tls.* settings).
+  HttpServerOptions server;
   // The daemon's gRPC server, in-process (grpc::Server::InProcessChannel).
   std::shared_ptr<grpc::Channel> channel;
   // The per-process secret the Authenticator believes (AuthOptions::gateway_key).
   std::string gateway_key;
-  // Requests served at once (each stream holds one until it ends).
-  int threads = 64;
+  int max_streams_per_project = 32;  // 0: no limit
 };
 
-class HttpGateway {
+class HttpGateway : private HttpHandler {
  public:
   // Builds the routes and binds the port; UNAVAILABLE naming http.listen when it cannot be
   // bound, INVALID_ARGUMENT when the TLS files do not load. Serves until Stop.
   static absl::StatusOr<std::unique_ptr<HttpGateway>> Start(HttpGatewayOptions options);
-  ~HttpGateway();  // Stop()
+  ~HttpGateway() override;  // Stop()
   HttpGateway(const HttpGateway&) = delete;
   HttpGateway& operator=(const HttpGateway&) = delete;
 
-  int port() const { return port_; }
-  // Stops accepting, ends open streams at their next write, joins the serving thread.
+  int port() const;
+  // Stops accepting, ends open streams and calls, waits for uploads in flight to end.
   void Stop();
 
  private:
+  class StreamSlots;
+  struct UploadPipe;
+  struct DownloadPlan {
+    v1::DownloadCheckpointRequest asked;
+    std::optional<HttpByteRange> range;
+    std::string if_range;  // If-Range's etag, with a range
+    bool probing = false;  // asked from the start only to learn the size a 416 names
+  };
   HttpGateway(HttpGatewayOptions options, HttpRoutes routes);
-  // A unary method, or the routing of a streaming one to the three below.
-  void Handle(const httplib::Request& req, httplib::Response& res, const std::string& body);
-  void Watch(const httplib::Request& req, httplib::Response& res, const v1::WatchJobRequest& request);
-  void Download(const httplib::Request& req, httplib::Response& res, const v1::DownloadCheckpointRequest& request);
-  void Upload(const httplib::Request& req, httplib::Response& res, const HttpMatch& match,
-              const httplib::ContentReader& body);
+  bool StreamsBody(const HttpRequest& request) override;
+  void Serve(const std::shared_ptr<HttpCall>& call) override;
+  void Unary(const std::shared_ptr<HttpCall>& call, const google::protobuf::MethodDescriptor* method,
+             const google::protobuf::Message& request);
+  void Health(const std::shared_ptr<HttpCall>& call);
+  void Watch(const std::shared_ptr<HttpCall>& call, const v1::WatchJobRequest& request);
+  void Download(const std::shared_ptr<HttpCall>& call, DownloadPlan plan);
+  void AnswerDownload(HttpCall& call, const DownloadPlan& plan, const v1::CheckpointArchive& archive,
+                      std::shared_ptr<StreamPump<v1::DownloadCheckpointResponse>> pump);
+  void Upload(const std::shared_ptr<HttpCall>& call, const HttpMatch& match);
+  void WriteUpload(HttpCall& call, UploadPipe& pipe, const v1::UploadDatasetRequest& first);
+  grpc::Status TooManyStreams(const std::string& project) const;
 
   const HttpGatewayOptions options_;
   const HttpRoutes routes_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
-  std::atomic<bool> stopping_{false};  // Stop(): open streams end at their next write
-  int port_ = 0;
+  const std::unique_ptr<StreamSlots> streams_;
+  std::unique_ptr<HttpServer> server_;
+  std::mutex uploads_mu_;
+  std::condition_variable uploads_cv_;
+  int uploads_ = 0;  // upload writers running
 };
 
 }  // namespace oomb::server

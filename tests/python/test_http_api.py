@@ -10,7 +10,8 @@ Run by ctest as `http_api` (tests/CMakeLists.txt): test_http_api.py OOMBD OOMB. 
   2. every route over HTTP with httpx, as two teams and an administrator (a Kubernetes static
      token file): create (the spec as JSON), get, list (a page, filters, projects/-), update
      (update_mask), pause, resume, cancel, events, watch (server-sent events, resumed with
-     Last-Event-ID), checkpoints, download (Range, If-Range), estimate, serverInfo, caller, delete
+     Last-Event-ID), checkpoints, download (Range: N-, -S, past the end 416; If-Range), a POST
+     without a body answered at once, estimate, serverInfo, caller, delete
      (purge), datasets (PUT, get, list, delete); errors as AIP-193 JSON with their HTTP status and
      details (ErrorInfo reason, BadRequest field): 400, 401, 403, 404, 405, 409, 413;
   3. curl alone: a platform with no SDK uploads a dataset, trains on it, watches, downloads the
@@ -22,7 +23,8 @@ Run by ctest as `http_api` (tests/CMakeLists.txt): test_http_api.py OOMBD OOMB. 
      server's path, init_adapter naming the job (an evaluate job's loss equal to that of the
      downloaded copy), a checkpoint of another team's job refused; delete with purge, and
      storage.retention_days removing a deleted job's files on the next start;
-  5. mTLS over HTTPS: the client certificate's CN is the caller, as over gRPC; refused without one.
+  5. mTLS over HTTPS: the client certificate's CN is the caller, as over gRPC; 401 without one or
+     with one another CA signed.
 
 Prints "http_api: ok" at the end. Exit status: 0 ok, 1 a check failed, 77 skipped (no test data,
 no SDK, or no httpx).
@@ -33,6 +35,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -175,6 +178,8 @@ def test_routes(daemon, tmp, train):
     # Who calls.
     check(alice.ok("GET", "/v1/caller")["user"] == "alice", "caller")
     check(anon.error("GET", "/v1/caller", 401, "UNAUTHENTICATED"), "no token")
+    health = anon.get("/healthz")
+    check(health.status_code == 200 and health.json() == {"status": "SERVING"}, f"/healthz: {health.text[:200]}")
     check(Http(port, "nope").error("GET", "/v1/serverInfo", 401, "UNAUTHENTICATED"), "bad token")
     # The scheme is case-insensitive (RFC 9110 §11.1; issue 78's low finding): "bearer" and "BEARER" are
     # "Bearer"; another scheme is still refused.
@@ -237,6 +242,25 @@ def test_routes(daemon, tmp, train):
     stale = alice.get("/v1/projects/nlp/jobs/h1/checkpoints/final:download",
                       headers={"Range": f"bytes={half}-", "If-Range": '"0000"'})
     check(stale.status_code == 200 and stale.content == whole.content, "If-Range with another etag: all of it")
+    # Issue 78's low finding: a suffix range (the last N bytes) was ignored, a range past the end
+    # not answered 416.
+    size = len(whole.content)
+    last = alice.get("/v1/projects/nlp/jobs/h1/checkpoints/final:download", headers={"Range": "bytes=-100"})
+    check(last.status_code == 206 and last.content == whole.content[-100:] and
+          last.headers["content-range"] == f"bytes {size - 100}-{size - 1}/{size}",
+          f"suffix range: {last.status_code} {last.headers.get('content-range')} {len(last.content)} bytes")
+    more = alice.get("/v1/projects/nlp/jobs/h1/checkpoints/final:download", headers={"Range": f"bytes=-{size * 2}"})
+    check(more.status_code == 206 and more.content == whole.content, f"a suffix longer than the archive: {more.status_code}")
+    for past in ("bytes=99999999999-", f"bytes={size}-", "bytes=-0"):
+        r = alice.get("/v1/projects/nlp/jobs/h1/checkpoints/final:download", headers={"Range": past})
+        check(r.status_code == 416 and r.headers.get("content-range") == f"bytes */{size}",
+              f"Range {past}: {r.status_code} {r.headers.get('content-range')} {r.text[:200]}")
+    # Issue 78's low finding: a POST with neither a body nor Content-Length hung until the client
+    # gave up; it is a request with an empty body.
+    with socket.create_connection(("127.0.0.1", http_port(daemon)), timeout=10) as raw:
+        raw.sendall(b"POST /v1/projects/nlp/jobs HTTP/1.1\r\nHost: oomb\r\nAuthorization: Bearer alice-token\r\n\r\n")
+        answer = raw.recv(4096)
+        check(answer.startswith(b"HTTP/1.1 400"), f"a POST without a body: {answer[:200]!r}")
     check(alice.error("GET", "/v1/projects/nlp/jobs/h1/checkpoints/999:download", 404, "NOT_FOUND"), "no such step")
     check(bob.error("GET", "/v1/projects/nlp/jobs/h1/checkpoints/final:download", 404, "NOT_FOUND"), "another team")
     # Update, pause, resume, cancel on a job that waits (a second one, held behind a long one).
@@ -571,12 +595,22 @@ def test_mtls(oombd, tmp, train):
         job = frank.ok("POST", "/v1/projects/nlp/jobs", params={"validate_only": "true"},
                        json=tiny_spec(train, 1))
         check(job["spec"]["data"]["train"] == train, job)
-        refused = False
+        # Without a certificate: 401 naming what is missing, before any method runs.
+        r = httpx.get(f"https://127.0.0.1:{port}/v1/caller", verify=f"{d}/ca.pem", timeout=10)
+        check(r.status_code == 401 and r.json()["error"]["status"] == "UNAUTHENTICATED" and
+              "tls.client_ca_file" in r.json()["error"]["message"],
+              f"an HTTPS client without a certificate: {r.status_code} {r.text[:300]}")
+        # A certificate of another CA is no better.
+        other = ("openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.pem -days 2 "
+                 "-subj '/CN=mallory/O=nlp'")
+        check(subprocess.run(other, shell=True, cwd=d, capture_output=True).returncode == 0, "openssl")
+        stranger = ssl.create_default_context(cafile=f"{d}/ca.pem")
+        stranger.load_cert_chain(f"{d}/other.pem", f"{d}/other.key")
         try:
-            httpx.get(f"https://127.0.0.1:{port}/v1/caller", verify=f"{d}/ca.pem", timeout=10)
+            r = httpx.get(f"https://127.0.0.1:{port}/v1/caller", verify=stranger, timeout=10)
+            check(r.status_code == 401, f"a certificate of another CA: {r.status_code} {r.text[:300]}")
         except httpx.HTTPError:
-            refused = True
-        check(refused, "an HTTPS client without a certificate was served")
+            pass  # refused in the handshake: as good
         # Metadata a caller sends cannot claim an identity: only the gateway's key makes it believed.
         forged = httpx.get(f"https://127.0.0.1:{port}/v1/caller", verify=tls,
                            headers={"x-oomb-gateway-cn": "root", "x-oomb-gateway-subject": "CN=root,O=oomb:admins"})
