@@ -236,6 +236,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   WatchHub* const hub_;
   const std::string job_id_;
   const std::function<absl::Status()> authorized_;
+  std::chrono::steady_clock::time_point last_authorized_ = std::chrono::steady_clock::now();
 
   absl::Mutex mu_;
   std::deque<v1::WatchJobResponse> pending_ ABSL_GUARDED_BY(mu_);
@@ -259,9 +260,12 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadCheckp
   static constexpr size_t kChunk = size_t{1} << 20;
   static constexpr size_t kMaxQueued = 8;
 
+  // `authorized` says, before a chunk is written (at most once a second, as the token file is
+  // re-read), whether the caller may still read the job (its token not revoked, its project
+  // still its own); when it may not, the stream ends with its error.
   DownloadReactor(CheckpointArchiveWriter archive, v1::CheckpointArchive description, int64_t offset,
-                  std::atomic<int>* active)
-      : archive_(std::move(archive)), active_(active) {
+                  std::atomic<int>* active, std::function<absl::Status()> authorized)
+      : archive_(std::move(archive)), active_(active), authorized_(std::move(authorized)) {
     v1::DownloadCheckpointResponse first;
     *first.mutable_archive() = std::move(description);
     {
@@ -337,6 +341,18 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadCheckp
         return;
       }
     }
+    // Only the one Pump that took writing_ gets here with a chunk: last_authorized_ is its own.
+    const auto now = std::chrono::steady_clock::now();
+    if (!finish && current_.has_data() && now - last_authorized_ >= std::chrono::seconds(1)) {
+      last_authorized_ = now;
+      if (absl::Status allowed = authorized_(); !allowed.ok()) {
+        absl::MutexLock lock(&mu_);
+        writing_ = false;
+        stopped_ = true;  // the producer ends; its status is not the stream's
+        finished_ = true;
+        finish = ToGrpcStatus(allowed);
+      }
+    }
     if (finish) {
       Finish(*finish);
     } else {
@@ -346,6 +362,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadCheckp
 
   const CheckpointArchiveWriter archive_;
   std::atomic<int>* const active_;
+  const std::function<absl::Status()> authorized_;
+  std::chrono::steady_clock::time_point last_authorized_ = std::chrono::steady_clock::now();
   std::thread producer_;
   absl::Mutex mu_;
   std::deque<v1::DownloadCheckpointResponse> queue_ ABSL_GUARDED_BY(mu_);
@@ -827,7 +845,15 @@ grpc::ServerWriteReactor<v1::DownloadCheckpointResponse>* JobServiceImpl::Downlo
     return fail(absl::UnavailableError(
         absl::StrCat(kMaxDownloads, " downloads are running on this daemon; retry in a moment")));
   }
-  return new DownloadReactor(*std::move(archive), std::move(description), req->offset(), &active_downloads_);
+  const std::string name = req->name();
+  auto authorized = [this, ctx, name]() -> absl::Status {
+    absl::StatusOr<Caller> caller = Authenticate(ctx);
+    if (!caller.ok()) return caller.status();
+    v1::Job job;
+    return VisibleCheckpoint(*caller, name, &job).status();
+  };
+  return new DownloadReactor(*std::move(archive), std::move(description), req->offset(), &active_downloads_,
+                             std::move(authorized));
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContext* ctx,

@@ -61,6 +61,7 @@ TOKENS = """alice-token,alice,1001,nlp
 bob-token,bob,1002,vision
 carol-token,carol,1003,"nlp,vision"
 root-token,root,0,oomb:admins
+rita-token,rita,1005,nlp
 """
 
 
@@ -169,6 +170,41 @@ def test_openapi(http, oombd):
     section("OpenAPI document (served = committed = oombd openapi, valid)", t)
 
 
+def check_download_ends_when_revoked(daemon, tmp, checkpoint):
+    """Issue 78's low finding: a download went on for 30 s after its token was revoked (watches
+    ended at once). rita reads a 256 MiB checkpoint slowly; her token is revoked; the stream
+    ends within seconds, short of the archive's size."""
+    big = os.path.join(checkpoint["path"], "zz-padding.bin")
+    with open(big, "wb") as f:
+        f.truncate(256 << 20)
+    try:
+        rita = Http(http_port(daemon), "rita-token")
+        got, cut, revoked_at = 0, None, None
+        with rita.c.stream("GET", f"/v1/{checkpoint['name']}:download", timeout=60) as r:
+            check(r.status_code == 200, f"rita's download: {r.status_code}")
+            size = int(r.headers["content-length"])
+            try:
+                for chunk in r.iter_bytes(1 << 16):
+                    got += len(chunk)
+                    if revoked_at is None and got >= 4 << 20:
+                        with open(os.path.join(tmp, "tokens.csv"), "w") as f:
+                            f.write(TOKENS.replace("rita-token,rita,1005,nlp\n", ""))
+                        revoked_at = time.monotonic()
+                    if revoked_at is not None:
+                        time.sleep(0.002)  # a slow reader: ~30 MB/s
+                        check(time.monotonic() - revoked_at < 15, "the download went on 15 s after the revocation")
+            except httpx.HTTPError as e:
+                cut = e
+        check(revoked_at is not None and got < size, f"read {got} of {size} bytes: not cut after the revocation")
+        check(cut is not None, "the cut download ended without an error")
+        print(f"http_api: a revoked token's download cut {time.monotonic() - revoked_at:.1f} s after the "
+              f"revocation, at {got >> 20} of {size >> 20} MiB", flush=True)
+    finally:
+        os.remove(big)
+        with open(os.path.join(tmp, "tokens.csv"), "w") as f:
+            f.write(TOKENS)
+
+
 # 2. Every route with httpx.
 def test_routes(daemon, tmp, train):
     t = time.monotonic()
@@ -255,6 +291,7 @@ def test_routes(daemon, tmp, train):
         r = alice.get("/v1/projects/nlp/jobs/h1/checkpoints/final:download", headers={"Range": past})
         check(r.status_code == 416 and r.headers.get("content-range") == f"bytes */{size}",
               f"Range {past}: {r.status_code} {r.headers.get('content-range')} {r.text[:200]}")
+    check_download_ends_when_revoked(daemon, tmp, final[0])
     # Issue 78's low finding: a POST with neither a body nor Content-Length hung until the client
     # gave up; it is a request with an empty body.
     with socket.create_connection(("127.0.0.1", http_port(daemon)), timeout=10) as raw:
