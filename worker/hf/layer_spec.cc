@@ -416,4 +416,18 @@ ModelConfig ShardConfig(const ModelConfig& c, int ranks) {
   return s;
 }
 
+bool RunsGroupedExperts(const ExpertPathTarget& target, const std::vector<int64_t>& inner_sizes) {
+  if (!target.cuda || target.compute_capability < 90 || !target.half_precision) return false;
+  for (const int64_t n : inner_sizes) {
+    if (n * target.elem_bytes % 16 != 0) return false;
+  }
+  return true;
+}
+
+std::vector<int64_t> ExpertInnerSizes(const ModelConfig& c, int tp_size, const std::vector<int64_t>& lora_ranks) {
+  std::vector<int64_t> sizes = {c.hidden_size, c.moe.intermediate / tp_size};
+  sizes.insert(sizes.end(), lora_ranks.begin(), lora_ranks.end());
+  return sizes;
+}
+
 }  // namespace oomb

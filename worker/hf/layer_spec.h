@@ -264,6 +264,22 @@ absl::Status CheckTensorParallel(const ModelConfig& c, int ranks);
 // included); what the memory planner plans a rank with.
 ModelConfig ShardConfig(const ModelConfig& c, int ranks);
 
+// Where a mixture of experts' sparse layers run their experts: the one choice the model
+// (ExpertKernel::kAuto, worker/model/expert_mlp.h) and the memory planner both take. Grouped
+// GEMMs where they are one kernel (kernels::GroupedMatmul: a GPU of compute capability 9.0 or
+// more), in bfloat16 or float16, with every inner size a multiple of 16 bytes; the loop over the
+// experts hit elsewhere (an older GPU, the CPU, float32 and float64).
+struct ExpertPathTarget {
+  bool cuda = false;
+  int compute_capability = 0;   // major * 10 + minor (90: Hopper); 0 unknown
+  bool half_precision = false;  // bfloat16 or float16
+  int64_t elem_bytes = 2;
+};
+bool RunsGroupedExperts(const ExpertPathTarget& target, const std::vector<int64_t>& inner_sizes);
+// The grouped products' inner sizes of a model sharded over `tp_size` ranks: hidden, the experts'
+// intermediate features per rank, and each adapted bank's LoRA rank.
+std::vector<int64_t> ExpertInnerSizes(const ModelConfig& c, int tp_size, const std::vector<int64_t>& lora_ranks);
+
 }  // namespace oomb
 
 #endif  // OOMB_WORKER_HF_LAYER_SPEC_H_

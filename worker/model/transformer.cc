@@ -25,6 +25,7 @@
 #include "worker/common/status.h"
 #include "worker/hf/json_reader.h"
 #include "worker/hf/safetensors.h"
+#include "worker/model/rope.h"
 #include "worker/plan/job_config.h"
 
 namespace oomb {
@@ -151,37 +152,6 @@ absl::Status CheckEveryTensorUsed(const WeightSet& weights, const std::set<std::
   return absl::InvalidArgumentError(absl::StrCat(dir, ": unexpected tensors: ", absl::StrJoin(unexpected, ", ")));
 }
 
-// The member of `l` that holds the norm of `role`.
-at::Tensor* NormOf(DecoderLayer& l, NormRole role) {
-  switch (role) {
-    case NormRole::kInput:
-      return &l.input_norm;
-    case NormRole::kAttentionOutput:
-      return &l.attn_out_norm;
-    case NormRole::kMlpInput:
-      return &l.post_norm;
-    case NormRole::kMlpOutput:
-      return &l.mlp_out_norm;
-    case NormRole::kQuery:
-      return &l.q_norm;
-    case NormRole::kKey:
-      return &l.k_norm;
-  }
-  return nullptr;
-}
-
-// The member of `l` that holds the linear layer `name` (LinearSpec::name).
-Linear* LinearOf(DecoderLayer& l, const std::string& name) {
-  const std::pair<const char*, Linear*> members[] = {
-      {"q_proj", &l.q},       {"k_proj", &l.k},       {"v_proj", &l.v},
-      {"o_proj", &l.o},       {"gate_proj", &l.gate}, {"up_proj", &l.up},
-      {"down_proj", &l.down}, {"qkv_proj", &l.qkv},   {"gate_up_proj", &l.gate_up}};
-  for (const auto& [n, member] : members) {
-    if (name == n) return member;
-  }
-  TORCH_CHECK(false, "no linear layer ", name);
-}
-
 // Where a vision-language checkpoint keeps its language model's "model." tensors:
 // "language_model.model." (as published) or "model.language_model." (as some transformers
 // versions saved it); "model." for a language model's checkpoint.
@@ -284,14 +254,16 @@ Transformer::Transformer(ModelConfig config, at::ScalarType dtype, at::Device de
       spec_(DescribeModel(config_)),
       dtype_(dtype),
       device_(device),
-      layers_(config_.num_layers) {}
+      layers_(config_.num_layers) {
+  for (int64_t i = 0; i < config_.num_layers; ++i) layers_[i].Describe(spec_.layers[i]);
+}
 
 std::vector<Transformer::NamedLinear> Transformer::NamedLinears() {
   std::vector<NamedLinear> out;
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     for (const LinearSpec& l : spec_.layers[i].linears) {
       out.push_back({absl::StrCat("model.layers.", i, l.attention ? ".self_attn." : ".mlp.", l.name), &l,
-                     LinearOf(layers_[i], l.name)});
+                     layers_[i].LinearNamed(l.name)});
     }
   }
   return out;
@@ -306,7 +278,7 @@ std::vector<std::pair<std::string, const Linear*>> Transformer::NamedLinears() c
 std::vector<Transformer::NamedNorm> Transformer::NamedNorms(int64_t i) {
   std::vector<NamedNorm> out;
   for (const NormSpec& n : spec_.layers[i].norms) {
-    out.push_back({absl::StrCat("model.layers.", i, ".", n.name), &n, NormOf(layers_[i], n.role)});
+    out.push_back({absl::StrCat("model.layers.", i, ".", n.name), &n, layers_[i].Norm(n.role)});
   }
   return out;
 }
@@ -317,8 +289,7 @@ std::vector<Transformer::NamedBank> Transformer::NamedBanks() {
     const std::optional<MoeSpec>& moe = spec_.layers[i].moe;
     if (!moe.has_value()) continue;
     for (const ExpertBankSpec& b : moe->Banks()) {
-      out.push_back({absl::StrCat("model.layers.", i, ".mlp.experts.", b.name), i, b,
-                     b.name == "gate_up_proj" ? &layers_[i].gate_up_experts : &layers_[i].down_experts});
+      out.push_back({absl::StrCat("model.layers.", i, ".mlp.experts.", b.name), i, b, layers_[i].Bank(b.name)});
     }
   }
   return out;
@@ -332,9 +303,9 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::MoeBiases(int64_t i
   if (!config_.moe.biases) return {};
   const DecoderLayer& l = layers_[i];
   const std::string experts = absl::StrCat("model.layers.", i, ".mlp.experts.");
-  return {{RouterName(i) + ".bias", l.router_bias},
-          {experts + "gate_up_proj_bias", l.gate_up_experts.bias},
-          {experts + "down_proj_bias", l.down_experts.bias}};
+  return {{RouterName(i) + ".bias", l.experts.router_bias},
+          {experts + "gate_up_proj_bias", l.experts.gate_up.bias},
+          {experts + "down_proj_bias", l.experts.down.bias}};
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Transformer::StoredMoe(int64_t i) const {
@@ -343,20 +314,20 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::StoredMoe(int64_t i
   std::vector<std::pair<std::string, at::Tensor>> out = MoeBiases(i);
   if (moe.stored_banks) {  // whole, [E, in, out]
     const std::string experts = absl::StrCat("model.layers.", i, ".mlp.experts.");
-    out.emplace_back(RouterName(i) + ".weight", l.router);
-    out.emplace_back(experts + "gate_up_proj", l.gate_up_experts.weight.transpose(1, 2));
-    out.emplace_back(experts + "down_proj", l.down_experts.weight.transpose(1, 2));
+    out.emplace_back(RouterName(i) + ".weight", l.experts.router);
+    out.emplace_back(experts + "gate_up_proj", l.experts.gate_up.weight.transpose(1, 2));
+    out.emplace_back(experts + "down_proj", l.experts.down.weight.transpose(1, 2));
     return out;
   }
   const std::string block = absl::StrCat("model.layers.", i, ".", moe.stored_block, ".");
   const int64_t I = moe.intermediate;
-  out.emplace_back(block + "gate.weight", l.router);
+  out.emplace_back(block + "gate.weight", l.experts.router);
   for (int64_t e = 0; e < moe.experts; ++e) {
     const std::string expert = absl::StrCat(block, "experts.", e, ".");
-    const at::Tensor gate_up = l.gate_up_experts.weight[e];  // gate's rows, then up's
+    const at::Tensor gate_up = l.experts.gate_up.weight[e];  // gate's rows, then up's
     out.emplace_back(expert + moe.stored_projections[0] + ".weight", gate_up.narrow(0, 0, I));
     out.emplace_back(expert + moe.stored_projections[1] + ".weight", gate_up.narrow(0, I, I));
-    out.emplace_back(expert + moe.stored_projections[2] + ".weight", l.down_experts.weight[e]);
+    out.emplace_back(expert + moe.stored_projections[2] + ".weight", l.experts.down.weight[e]);
   }
   return out;
 }
@@ -381,8 +352,8 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() co
   out.emplace_back("model.embed_tokens.weight", embed_);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     for (const NamedNorm& n : const_cast<Transformer*>(this)->NamedNorms(i)) out.emplace_back(n.name, *n.weight);
-    if (layers_[i].sinks.defined())
-      out.emplace_back(absl::StrCat("model.layers.", i, ".self_attn.sinks"), layers_[i].sinks);
+    if (layers_[i].attention.sinks.defined())
+      out.emplace_back(absl::StrCat("model.layers.", i, ".self_attn.sinks"), layers_[i].attention.sinks);
   }
   for (const auto& [name, l] : NamedLinears()) {
     out.emplace_back(name + ".weight", l->weight);
@@ -390,7 +361,7 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::BaseParameters() co
   }
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     if (!spec_.layers[i].moe.has_value()) continue;
-    out.emplace_back(RouterName(i) + ".weight", layers_[i].router);
+    out.emplace_back(RouterName(i) + ".weight", layers_[i].experts.router);
   }
   for (const NamedBank& b : const_cast<Transformer*>(this)->NamedBanks()) out.emplace_back(b.name, b.bank->weight);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
@@ -506,33 +477,13 @@ std::vector<Transformer::Slot> Transformer::Slots() {
       const bool per_head = n.spec->role == NormRole::kQuery || n.spec->role == NormRole::kKey;
       out.push_back({n.weight, per_head ? Split::Partial() : Split::Replicated()});
     }
-    out.push_back({&layers_[i].sinks, Split::Along(0, {config_.num_heads})});
-    out.push_back({&layers_[i].router, Split::Partial()});
-    out.push_back({&layers_[i].router_bias, Split::Partial()});
+    out.push_back({&layers_[i].attention.sinks, Split::Along(0, {config_.num_heads})});
+    out.push_back({&layers_[i].experts.router, Split::Partial()});
+    out.push_back({&layers_[i].experts.router_bias, Split::Partial()});
   }
-  // A layer's (or bank's) weight, bias and LoRA factors; `dim`: the weight's split dimension,
-  // `bank`: an expert bank's (weight [E, out, in], bias [E, out]).
-  const auto add = [&](bool row, const std::vector<int64_t>& parts, int64_t dim, bool bank, at::Tensor* weight,
-                       at::Tensor* bias, at::Tensor* a, at::Tensor* b) {
-    const Split split = Split::Along(dim, parts);
-    // The bias and B of a column-parallel layer split like the weight's rows (a bias [out] or,
-    // a bank's, [E, out]; B [out, r]); a row-parallel layer's A [r, in] like its columns.
-    const Split bias_split = Split::Along(bank ? 1 : 0, parts);
-    const Split a_split = Split::Along(1, parts), b_split = Split::Along(0, parts);
-    out.push_back({weight, split});
-    out.push_back({bias, row ? Split::Partial() : bias_split});
-    out.push_back({a, row ? a_split : Split::Partial()});
-    out.push_back({b, row ? Split::Partial() : b_split});
-  };
-  for (const NamedLinear& l : NamedLinears()) {
-    Linear& x = *l.linear;
-    add(l.spec->row_parallel, l.spec->parts, l.spec->row_parallel ? 1 : 0, false, &x.weight, &x.bias, &x.lora_a,
-        &x.lora_b);
-  }
-  for (const NamedBank& b : NamedBanks()) {
-    ExpertBank& x = *b.bank;
-    add(b.spec.row_parallel, b.spec.parts, b.spec.row_parallel ? 2 : 1, true, &x.weight, &x.bias, &x.lora_a, &x.lora_b);
-  }
+  // Each linear layer's and bank's own (Linear::AddSlots, ExpertBank::AddSlots).
+  for (const NamedLinear& l : NamedLinears()) l.linear->AddSlots(&out);
+  for (const NamedBank& b : NamedBanks()) b.bank->AddSlots(&out);
   return out;
 }
 
@@ -545,11 +496,7 @@ Split Transformer::SlotSplit(const at::Tensor* slot) {
 
 void Transformer::JoinGroup(const kernels::Collectives& group) {
   const int rank = group.rank(), n = group.size();
-  for (const NamedLinear& l : NamedLinears()) {
-    if (!l.spec->row_parallel) continue;
-    l.linear->whole_in = l.spec->in;
-    l.linear->in_begin = ShardRanges(Split::Along(1, l.spec->parts), rank, n)[0].first;
-  }
+  for (const NamedLinear& l : NamedLinears()) l.linear->JoinGroup(l.spec->in, rank, n);
   vocab_begin_ = ShardRanges(Split::Vocabulary(config_.vocab_size), rank, n)[0].first;
   tp_ = &group;
 }
@@ -613,14 +560,6 @@ std::unique_ptr<Transformer> Transformer::Whole(bool trainable_only) const {
   return m;
 }
 
-at::Tensor Transformer::EnterShards(const at::Tensor& x) const {
-  return tp_ == nullptr ? x : kernels::EnterShards(x, *tp_);
-}
-
-at::Tensor Transformer::SumShards(const at::Tensor& x) const {
-  return tp_ == nullptr ? x : kernels::SumShards(x, *tp_);
-}
-
 at::Tensor Transformer::LmHeadLoss(const at::Tensor& hidden, const at::Tensor& labels, int64_t rows_per_block) const {
   if (tp_ == nullptr) return kernels::ChunkedLmHeadCrossEntropy(hidden, lm_head(), labels, rows_per_block);
   const kernels::VocabShard shard{tp_, vocab_begin_, config_.vocab_size};
@@ -682,8 +621,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
   for (int64_t i = 0; i < config.num_layers; ++i) {
     for (const NamedNorm& n : m->NamedNorms(i)) OOMB_RETURN_IF_ERROR(take(n.name, {n.spec->size}, n.weight));
     if (m->spec_.layers[i].sinks > 0) {
-      OOMB_RETURN_IF_ERROR(
-          take(absl::StrCat("model.layers.", i, ".self_attn.sinks"), {config.num_heads}, &m->layers_[i].sinks));
+      OOMB_RETURN_IF_ERROR(take(absl::StrCat("model.layers.", i, ".self_attn.sinks"), {config.num_heads},
+                                &m->layers_[i].attention.sinks));
     }
   }
   for (const NamedLinear& l : m->NamedLinears()) {
@@ -704,8 +643,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
       OOMB_RETURN_IF_ERROR(take(name, view.sizes().vec(), &stored, /*whole=*/true));
       view.copy_(stored);
     }
-    for (at::Tensor* t : {&m->layers_[i].gate_up_experts.weight, &m->layers_[i].gate_up_experts.bias,
-                          &m->layers_[i].down_experts.weight, &m->layers_[i].down_experts.bias}) {
+    for (at::Tensor* t : {&m->layers_[i].experts.gate_up.weight, &m->layers_[i].experts.gate_up.bias,
+                          &m->layers_[i].experts.down.weight, &m->layers_[i].experts.down.bias}) {
       *t = m->ShardOf(t, *t);  // the bank whole, then split
     }
   }
@@ -715,8 +654,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const Dir& model_
 
 void Transformer::AllocateMoe(int64_t i, const at::TensorOptions& options) {
   const MoeConfig& moe = config_.moe;
-  layers_[i].router = at::empty({moe.experts, config_.hidden_size}, options);
-  if (moe.biases) layers_[i].router_bias = at::empty({moe.experts}, options);
+  layers_[i].experts.router = at::empty({moe.experts, config_.hidden_size}, options);
+  if (moe.biases) layers_[i].experts.router_bias = at::empty({moe.experts}, options);
   for (const NamedBank& b : NamedBanks()) {
     if (b.layer != i) continue;
     b.bank->weight = at::empty({b.spec.experts, b.spec.out, b.spec.in}, options);
@@ -763,13 +702,13 @@ std::unique_ptr<Transformer> Transformer::Random(const ModelConfig& config, at::
     }
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    if (m->spec_.layers[i].moe.has_value()) put(&m->layers_[i].router, randn({config.moe.experts, d}));
-    if (m->spec_.layers[i].sinks > 0) put(&m->layers_[i].sinks, randn({config.num_heads}));
+    if (m->spec_.layers[i].moe.has_value()) put(&m->layers_[i].experts.router, randn({config.moe.experts, d}));
+    if (m->spec_.layers[i].sinks > 0) put(&m->layers_[i].attention.sinks, randn({config.num_heads}));
   }
   for (const NamedBank& b : m->NamedBanks()) put(&b.bank->weight, randn({b.spec.experts, b.spec.out, b.spec.in}));
   if (config.moe.biases) {
     for (int64_t i = 0; i < config.num_layers; ++i) {
-      if (m->spec_.layers[i].moe.has_value()) put(&m->layers_[i].router_bias, randn({config.moe.experts}));
+      if (m->spec_.layers[i].moe.has_value()) put(&m->layers_[i].experts.router_bias, randn({config.moe.experts}));
     }
     for (const NamedBank& b : m->NamedBanks()) put(&b.bank->bias, randn({b.spec.experts, b.spec.out}));
   }
@@ -804,9 +743,9 @@ std::unique_ptr<Transformer> Transformer::CastTo(at::ScalarType dtype) const {
     d.in_begin = s.in_begin;
   }
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    m->layers_[i].router = cast(layers_[i].router);
-    m->layers_[i].router_bias = cast(layers_[i].router_bias);
-    m->layers_[i].sinks = cast(layers_[i].sinks);
+    m->layers_[i].experts.router = cast(layers_[i].experts.router);
+    m->layers_[i].experts.router_bias = cast(layers_[i].experts.router_bias);
+    m->layers_[i].attention.sinks = cast(layers_[i].attention.sinks);
   }
   const auto dst_banks = m->NamedBanks(), src_banks = const_cast<Transformer*>(this)->NamedBanks();
   for (size_t i = 0; i < src_banks.size(); ++i) {
@@ -1051,132 +990,6 @@ absl::Status Transformer::SaveFull(const Dir& dir, const std::string& config_jso
   return dir.WriteFileAtomic("config.json", config_json);
 }
 
-at::Tensor Transformer::LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training,
-                                      bool with_bias) const {
-  const bool bias = with_bias && l.bias.defined();
-  at::Tensor y = kernels::Linear(x, l.weight, bias ? c10::optional<at::Tensor>(l.bias) : c10::nullopt);
-  if (!l.lora_a.defined()) return y;
-  at::Tensor xin = x;
-  if (training && l.lora_dropout > 0) {
-    // A row-parallel layer's rank draws the whole input's mask and keeps its columns.
-    std::vector<int64_t> mask_shape = x.sizes().vec();
-    if (l.whole_in > 0) mask_shape.back() = l.whole_in;
-    at::Tensor keep = at::bernoulli(at::full(mask_shape, 1.0 - l.lora_dropout, x.options().dtype(at::kFloat)), *gen);
-    if (l.whole_in > 0) keep = keep.narrow(-1, l.in_begin, x.size(-1));
-    xin = x * keep.to(x.scalar_type()) / (1.0 - l.lora_dropout);
-  }
-  // y + scaling * (xin A^T) B^T, the addition in the second product's epilogue (in place: the
-  // base product's output is not saved for backward) and the scaling folded into B, so neither
-  // costs a pass over the [C, out] output, forward or backward.
-  const at::Tensor a = l.lora_a.to(x.scalar_type());
-  const at::Tensor b = (l.lora_b * l.lora_scaling).to(x.scalar_type());
-  const at::Tensor down = kernels::Linear(xin, a);
-  // On y itself where it is 2-D: an in-place op on a view would make autograd copy the whole
-  // gradient of y in backward (CopySlices).
-  if (y.dim() == 2) {
-    kernels::AddMatmul_(y, down, b.t());
-  } else {
-    at::Tensor rows = y.view({-1, y.size(-1)});
-    kernels::AddMatmul_(rows, down.view({-1, down.size(-1)}), b.t());
-  }
-  return y;
-}
-
-at::Tensor Transformer::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
-  if (spec_.norm == NormKind::kRmsOnePlusWeight) return kernels::GemmaRmsNorm(x, weight, config_.rms_norm_eps);
-  return kernels::RmsNorm(x, weight, config_.rms_norm_eps);
-}
-
-at::Tensor Transformer::InvFreq(const RopeConfig& r, int64_t rope_seq_len) const {
-  const auto ft = at::TensorOptions().dtype(MasterType(dtype_));
-  const int64_t dim = config_.rope_dim();
-  double base = r.theta;
-  if (r.type == RopeType::kDynamic) {
-    const double max_pos = static_cast<double>(config_.max_position_embeddings);
-    const double seq_len = std::max<double>(static_cast<double>(rope_seq_len), max_pos);
-    base = base * std::pow(r.factor * seq_len / max_pos - (r.factor - 1), static_cast<double>(dim) / (dim - 2));
-  }
-  const at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(ft.dtype_opt()->toScalarType()) / dim;
-  const at::Tensor pos_freqs = at::pow(base, exponents);
-  at::Tensor inv_freq = 1.0 / pos_freqs;
-  if (r.type == RopeType::kLongrope) {
-    const std::vector<double>& ext = rope_seq_len > r.original_max_position_embeddings ? r.long_factor : r.short_factor;
-    inv_freq = 1.0 / (at::tensor(ext, at::kDouble).to(inv_freq.scalar_type()) * pos_freqs);
-  } else if (r.type == RopeType::kLinear) {
-    inv_freq = inv_freq / r.factor;
-  } else if (r.type == RopeType::kLlama3) {
-    const double old_ctx = static_cast<double>(r.original_max_position_embeddings);
-    const double low_wavelen = old_ctx / r.low_freq_factor, high_wavelen = old_ctx / r.high_freq_factor;
-    const at::Tensor wavelen = 2 * M_PI / inv_freq;
-    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
-    const at::Tensor smooth = (old_ctx / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
-    const at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
-    const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
-    inv_freq = at::where(medium, smoothed, scaled);
-  } else if (r.type == RopeType::kYarn) {
-    auto correction_dim = [&](double rotations) {
-      return (dim * std::log(static_cast<double>(r.original_max_position_embeddings) / (rotations * 2 * M_PI))) /
-             (2 * std::log(base));
-    };
-    double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
-    if (r.truncate) {
-      low = std::floor(low);
-      high = std::ceil(high);
-    }
-    low = std::max(low, 0.0);
-    high = std::min(high, static_cast<double>(dim - 1));
-    if (low == high) high += 0.001;
-    const at::Tensor ramp = ((at::arange(dim / 2, at::kFloat).to(*ft.dtype_opt()) - low) / (high - low)).clamp(0, 1);
-    const at::Tensor extrapolation_factor = 1 - ramp;
-    const at::Tensor interpolation = 1.0 / (r.factor * pos_freqs);
-    inv_freq = interpolation * (1 - extrapolation_factor) + inv_freq * extrapolation_factor;
-  }
-  return inv_freq;
-}
-
-std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const RopeConfig& r, const at::Tensor& positions,
-                                                          int64_t rope_seq_len) const {
-  double attention_factor = r.type == RopeType::kLongrope ? r.attention_factor : 1.0;
-  if (r.type == RopeType::kYarn) {
-    auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
-    attention_factor = r.attention_factor > 0 ? r.attention_factor
-                       : (r.mscale > 0 && r.mscale_all_dim > 0)
-                           ? mscale(r.factor, r.mscale) / mscale(r.factor, r.mscale_all_dim)
-                           : mscale(r.factor, 1.0);
-  }
-  const at::Tensor inv_freq = kernels::Upload(InvFreq(r, rope_seq_len), positions.device());  // no wait
-  const at::Tensor freqs = positions.to(inv_freq.scalar_type()).unsqueeze(1) * inv_freq.unsqueeze(0);
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);
-  return {(emb.cos() * attention_factor).to(dtype_), (emb.sin() * attention_factor).to(dtype_)};
-}
-
-void RouterBalance::Add(const at::Tensor& probs, const at::Tensor& counts) {
-  if (weighed()) {
-    const at::Tensor rows_term = at::matmul(probs, weights.to(probs.scalar_type())).sum();
-    term = term.defined() ? term + rows_term : rows_term;
-    return;
-  }
-  const at::Tensor n = counts.to(at::kDouble);
-  const at::Tensor s = probs.sum(0).to(at::kDouble);
-  this->counts = this->counts.defined() ? this->counts + n : n;
-  prob_sums = prob_sums.defined() ? prob_sums + s : s;
-  rows += probs.size(0);
-}
-
-at::Tensor RouterBalance::Loss() const {
-  if (rows == 0) return {};
-  const double N = static_cast<double>(rows);
-  return at::dot(counts, prob_sums) * (static_cast<double>(counts.size(0)) / (N * N));
-}
-
-void RouterBalance::Weigh() {
-  const double N = static_cast<double>(rows);
-  weights = counts * (static_cast<double>(counts.size(0)) / (N * N));
-  prob_sums = prob_sums.detach();
-  value = Loss();
-  term = at::Tensor();
-}
-
 Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
   Cursor cursor;
   // LoRA dropout's masks are drawn where the activations are: a generator of that device, seeded
@@ -1191,11 +1004,12 @@ Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
 #else
   cursor.gen = at::detail::createCPUGenerator(input.dropout_seed);
 #endif
-  auto [cos, sin] = RopeTables(config_.rope, input.positions, input.rope_seq_len);
+  auto [cos, sin] = oomb::RopeTables(config_, config_.rope, input.positions, input.rope_seq_len, dtype_);
   cursor.cos = cos.unsqueeze(1);  // [C, 1, D]
   cursor.sin = sin.unsqueeze(1);
   if (spec_.HasLocalRope()) {
-    auto [local_cos, local_sin] = RopeTables(*config_.sliding_rope, input.positions, input.rope_seq_len);
+    auto [local_cos, local_sin] =
+        oomb::RopeTables(config_, *config_.sliding_rope, input.positions, input.rope_seq_len, dtype_);
     cursor.sliding_cos = local_cos.unsqueeze(1);
     cursor.sliding_sin = local_sin.unsqueeze(1);
   }
@@ -1205,7 +1019,7 @@ Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
     const int64_t rows = embed_.size(0);
     const at::Tensor local = input.ids - vocab_begin_;
     const at::Tensor own = local.ge(0) & local.lt(rows);
-    cursor.h = SumShards(at::embedding(embed_, local.clamp(0, rows - 1)) * own.unsqueeze(1).to(dtype_));
+    cursor.h = Context().SumShards(at::embedding(embed_, local.clamp(0, rows - 1)) * own.unsqueeze(1).to(dtype_));
   }
   if (spec_.scale_embeddings) {  // times sqrt(hidden) rounded to the model's dtype, as transformers does
     cursor.h = cursor.h * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), dtype_).item();
@@ -1216,260 +1030,56 @@ Transformer::Cursor Transformer::Begin(const ChunkInput& input) const {
 }
 
 std::array<at::Tensor, 3> Transformer::AttentionInputs(Cursor& cursor) const {
-  const int64_t C = cursor.h.size(0);
-  const int64_t H = local_heads(), Hkv = local_kv_heads(), D = config_.head_dim;
+  const BlockContext ctx = Context();
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
-  const at::Tensor x = EnterShards(RmsNorm(cursor.h, l.input_norm));
-  at::Tensor q, k, v;
-  if (spec.fused_projections) {  // one product, split into views as transformers does
-    const auto parts =
-        LinearForward(l.qkv, x, &cursor.gen, cursor.training).split_with_sizes({H * D, Hkv * D, Hkv * D}, -1);
-    q = parts[0].view({C, H, D});
-    k = parts[1].view({C, Hkv, D});
-    // A copy: the attention saves v, and a view would keep the whole [C, q + 2 kv] product alive.
-    v = parts[2].contiguous().view({C, Hkv, D});
-  } else {
-    q = LinearForward(l.q, x, &cursor.gen, cursor.training).view({C, H, D});
-    k = LinearForward(l.k, x, &cursor.gen, cursor.training).view({C, Hkv, D});
-    v = LinearForward(l.v, x, &cursor.gen, cursor.training).view({C, Hkv, D});
-  }
-  if (spec.Has(NormRole::kQuery)) {  // per head, before RoPE
-    q = RmsNorm(q, l.q_norm);
-    k = RmsNorm(k, l.k_norm);
-  }
-  const at::Tensor& cos = spec.local_rope ? cursor.sliding_cos : cursor.cos;
-  const at::Tensor& sin = spec.local_rope ? cursor.sliding_sin : cursor.sin;
-  q = Rotate(q, cos, sin);
-  k = Rotate(k, cos, sin);
-  if (spec_.query_scale != 1.0) q = q * spec_.query_scale;  // the attention scales by head_dim^-1/2
-  return {q, k, v};
+  const at::Tensor x = ctx.EnterShards(ctx.Norm(cursor.h, l.input_norm));
+  const bool local = spec.local_rope;
+  return l.attention.Inputs(ctx, spec, x, local ? cursor.sliding_cos : cursor.cos,
+                            local ? cursor.sliding_sin : cursor.sin, &cursor.gen, cursor.training);
 }
 
 void Transformer::FinishLayer(Cursor& cursor, const at::Tensor& attention) const {
+  const BlockContext ctx = Context();
   const DecoderLayer& l = layers_[cursor.layer];
   const LayerSpec& spec = spec_.layers[cursor.layer];
-  const at::Tensor attn = attention.reshape({cursor.h.size(0), local_heads() * config_.head_dim});
-  at::Tensor attn_out = SumShards(LinearForward(l.o, attn, &cursor.gen, cursor.training, LeadsGroup()));
-  if (spec.Has(NormRole::kAttentionOutput)) attn_out = RmsNorm(attn_out, l.attn_out_norm);
+  at::Tensor attn_out = l.attention.Output(ctx, attention, &cursor.gen, cursor.training);
+  if (spec.Has(NormRole::kAttentionOutput)) attn_out = ctx.Norm(attn_out, l.attn_out_norm);
   const at::Tensor h = cursor.h + attn_out;
-  at::Tensor mlp_out = Mlp(cursor, RmsNorm(h, l.post_norm));
-  if (spec.Has(NormRole::kMlpOutput)) mlp_out = RmsNorm(mlp_out, l.mlp_out_norm);
+  // The MLP block the layer's description names: dense, or of experts.
+  const at::Tensor y = ctx.EnterShards(ctx.Norm(h, l.post_norm));
+  at::Tensor mlp_out;
+  if (spec.moe.has_value()) {
+    const auto sparse_before = std::count_if(spec_.layers.begin(), spec_.layers.begin() + cursor.layer,
+                                             [](const LayerSpec& s) { return s.moe.has_value(); });
+    const ExpertRun run{.kernel = expert_kernel(),
+                        .recompute_gate_up = sparse_before < expert_recompute_layers_,
+                        .balance = cursor.balance};
+    mlp_out = ctx.SumShards(l.experts.Forward(ctx, *spec.moe, run, y));
+  } else {
+    mlp_out = l.mlp.Forward(ctx, spec, y, &cursor.gen, cursor.training);
+  }
+  if (spec.Has(NormRole::kMlpOutput)) mlp_out = ctx.Norm(mlp_out, l.mlp_out_norm);
   cursor.h = h + mlp_out;
   ++cursor.layer;
 }
 
-at::Tensor Transformer::Mlp(Cursor& cursor, const at::Tensor& input) const {
-  const DecoderLayer& l = layers_[cursor.layer];
-  const LayerSpec& spec = spec_.layers[cursor.layer];
-  const at::Tensor y = EnterShards(input);
-  if (spec.moe.has_value()) {
-    const auto sparse_before = std::count_if(spec_.layers.begin(), spec_.layers.begin() + cursor.layer,
-                                             [](const LayerSpec& s) { return s.moe.has_value(); });
-    return SumShards(Experts(l, *spec.moe, sparse_before, y, cursor.balance));
-  }
-  at::Tensor gate, up;
-  if (spec.fused_projections) {  // gate's rows first
-    const auto parts = LinearForward(l.gate_up, y, &cursor.gen, cursor.training).chunk(2, -1);
-    gate = parts[0];
-    up = parts[1];
-  } else {
-    gate = LinearForward(l.gate, y, &cursor.gen, cursor.training);
-    up = LinearForward(l.up, y, &cursor.gen, cursor.training);
-  }
-  at::Tensor mlp_out;
-  const Linear& down = l.down;
-  const bool gelu = spec.mlp == MlpKind::kGeluTanhGlu;
-  if (down.lora_a.defined() && (!down.bias.defined() || !LeadsGroup()) && !down.weight.requires_grad() &&
-      (down.lora_dropout == 0 || !cursor.training)) {
-    // The same values as below, keeping one intermediate-wide tensor less for backward.
-    const at::ScalarType t = gate.scalar_type();
-    mlp_out = kernels::GluDownLora(gelu ? kernels::GluKind::kGeluTanh : kernels::GluKind::kSilu, gate, up, down.weight,
-                                   down.lora_a.to(t), (down.lora_b * down.lora_scaling).to(t));
-  } else {
-    const at::Tensor act = gelu ? kernels::GeluTanhGlu(gate, up) : kernels::SwiGlu(gate, up);
-    mlp_out = LinearForward(down, act, &cursor.gen, cursor.training, LeadsGroup());
-  }
-  return SumShards(mlp_out);
-}
-
-namespace {
-
-// Every expert's weight and LoRA factors of a bank as views, split once per forward: autograd
-// then gathers their gradients into one tensor per bank (UnbindBackward), where taking expert e's
-// slice from the bank each time would build a bank-sized gradient per expert.
-struct ExpertViews {
-  // with_bias false: without the bank's biases (a row-parallel bank's, on ranks other than 0).
-  ExpertViews(const ExpertBank& bank, at::ScalarType t, bool with_bias) : scaling(bank.lora_scaling) {
-    weights = bank.weight.unbind(0);
-    if (bank.bias.defined() && with_bias) biases = bank.bias.unbind(0);
-    if (!bank.lora_a.defined()) return;
-    const int64_t experts = bank.weight.size(0), rank = bank.lora_a.size(0) / experts;
-    a = bank.lora_a.to(t).view({experts, rank, -1}).unbind(0);                               // [r, in] each
-    b = (bank.lora_b * scaling).to(t).view({bank.lora_b.size(0), rank, experts}).unbind(2);  // [out, r] each
-  }
-  // Expert e over its pairs x [n, in]: x W_e^T + b_e bias_scale + (x A_e^T) B_e^T alpha / r
-  // (bias_scale [n], the pairs' routing weights, or undefined: 1).
-  at::Tensor Forward(int64_t e, const at::Tensor& x, const at::Tensor& bias_scale) const {
-    const bool scaled_bias = !biases.empty() && bias_scale.defined();
-    at::Tensor y = kernels::Linear(x, weights[e],
-                                   biases.empty() || scaled_bias ? c10::nullopt : c10::optional<at::Tensor>(biases[e]));
-    if (scaled_bias) y = y + (biases[e] * bias_scale.unsqueeze(-1)).to(biases[e].scalar_type());
-    if (!a.empty()) kernels::AddMatmul_(y, kernels::Linear(x, a[e]), b[e].t());
-    return y;
-  }
-  std::vector<at::Tensor> weights, biases, a, b;
-  double scaling;
-};
-
-// A bank as kernels::GroupedMatmul takes it, each expert's matrix column-major: W_e^T, and LoRA's
-// A_e^T and (B_e alpha / r)^T.
-struct GroupedBank {
-  GroupedBank(const ExpertBank& bank, at::ScalarType t, bool with_bias) : bias(with_bias ? bank.bias : at::Tensor()) {
-    weight = bank.weight.transpose(1, 2);  // [E, in, out]
-    if (!bank.lora_a.defined()) return;
-    const int64_t experts = bank.weight.size(0), rank = bank.lora_a.size(0) / experts, out = bank.lora_b.size(0);
-    a = bank.lora_a.to(t).view({experts, rank, -1}).transpose(1, 2);  // [E, in, r]
-    // PEFT's B [out, r E] (expert e's column k at k E + e): to [E, out, r], then [E, r, out].
-    b = (bank.lora_b * bank.lora_scaling)
-            .to(t)
-            .view({out, rank, experts})
-            .permute({2, 0, 1})
-            .contiguous()
-            .transpose(1, 2);
-  }
-  // The pairs x [M, in] sorted by expert, offs their groups' ends, `experts` [M] each pair's
-  // expert (where the bank has biases), bias_scale as ExpertViews::Forward's:
-  // x W_e^T + b_e bias_scale + (x A_e^T) B_e^T alpha / r.
-  // With `lora_apart`, LoRA's update goes there (undefined without an adapter), not into the sum.
-  at::Tensor Forward(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& experts,
-                     const at::Tensor& bias_scale, at::Tensor* lora_apart = nullptr) const {
-    at::Tensor y = kernels::GroupedMatmul(x, weight, offs);
-    if (bias.defined()) y = y + PairBiases(experts, bias_scale);
-    if (!a.defined()) return y;
-    const at::Tensor update = kernels::GroupedMatmul(kernels::GroupedMatmul(x, a, offs), b, offs);
-    if (lora_apart == nullptr) return y + update;
-    *lora_apart = update;
-    return y;
-  }
-  // Each pair's expert's bias, times its bias_scale where defined: scaled, a one-hot [M, E] of
-  // the pairs' experts holding their scales times the bias [E, out] (the scales' gradient then
-  // keeps nothing out-wide, where gathering the rows and scaling them would keep the rows).
-  at::Tensor PairBiases(const at::Tensor& experts, const at::Tensor& bias_scale) const {
-    if (!bias_scale.defined()) return bias.index_select(0, experts);
-    const at::Tensor pick = at::zeros({experts.size(0), bias.size(0)}, bias.options())
-                                .scatter(1, experts.unsqueeze(1), bias_scale.to(bias.scalar_type()).unsqueeze(1));
-    return kernels::Matmul(pick, bias);
-  }
-  kernels::GroupedBankOperands Operands() const { return {.weight = weight, .a = a, .b = b}; }
-  at::Tensor weight, bias, a, b;
-};
-
-}  // namespace
-
-at::Tensor Transformer::Experts(const DecoderLayer& l, const MoeSpec& moe, int64_t sparse_layer, const at::Tensor& y,
-                                RouterBalance* balance) const {
-  // Routing, as transformers': softmax of the router's logits in float32, the top_k, renormalised.
-  const at::Tensor logits = kernels::Linear(
-      y, l.router, l.router_bias.defined() ? c10::optional<at::Tensor>(l.router_bias) : c10::nullopt);  // [C, E]
-  const at::Tensor probs = at::softmax(logits, -1, MasterType(dtype_));
-  auto [weights, experts] = at::topk(probs, moe.top_k, -1);
-  if (moe.renormalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  if (!moe.float_scores) weights = weights.to(dtype_);
-  // The (token, slot) pairs in expert order, once, and each expert's count, on the device (a
-  // scatter, where bincount would read the largest id on the host).
-  const at::Tensor flat = experts.reshape(-1);
-  const at::Tensor counts = at::zeros({moe.experts}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
-  // Under tensor parallelism the experts' outputs are partial and the router's gradient with
-  // them: rank 0 alone adds the auxiliary loss's share (tensor_parallel.h).
-  if (balance != nullptr) balance->Add(LeadsGroup() ? probs : probs.detach(), counts);
-  const at::Tensor order = at::argsort(flat, /*stable=*/true);
-  const at::Tensor inverse = at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
-  // Each pair's routing weight scales its activation, before the (linear) down projection: the
-  // pairs' outputs are then summed per token as they are, and no hidden-wide output is kept for
-  // the weights' gradient.
-  const at::Tensor scale = weights.reshape(-1).index_select(0, order);
-  // Grouped products over frozen banks without biases (LoRA's common case): one autograd function
-  // that keeps of the pairs only the activation's input; else the separate functions.
-  const bool frozen = !l.gate_up_experts.weight.requires_grad() && !l.down_experts.weight.requires_grad();
-  if (expert_kernel() == ExpertKernel::kGrouped && frozen && !moe.biases) {
-    const at::Tensor offs = counts.cumsum(0).to(at::kInt);
-    const GroupedBank gate_up(l.gate_up_experts, y.scalar_type(), false), down(l.down_experts, y.scalar_type(), false);
-    return kernels::GroupedExpertMlp(y, order, inverse, moe.top_k, offs, scale, gate_up.Operands(), down.Operands(),
-                                     moe.swiglu_alpha, moe.swiglu_limit, sparse_layer < expert_recompute_layers_)
-        .to(dtype_);
-  }
-  const at::Tensor x = kernels::ToPairs(y, order, inverse, moe.top_k);
-  const PairOutputs out = expert_kernel() == ExpertKernel::kGrouped ? GroupedExperts(l, moe, x, counts, scale)
-                                                                    : LoopExperts(l, moe, x, counts, scale);
-  return kernels::FromPairs(out.rows, order, inverse, moe.top_k, out.lora).to(dtype_);
-}
-
-at::Tensor Transformer::ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up, const at::Tensor& scale,
-                                               const at::Tensor& lora) const {
-  return kernels::ScaledExpertActivation(gate_up, scale, moe.swiglu_alpha, moe.swiglu_limit, lora);
-}
-
-Transformer::PairOutputs Transformer::LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
-                                                  const at::Tensor& counts, const at::Tensor& scale) const {
-  const at::Tensor host = counts.cpu();
-  const std::vector<int64_t> sizes(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
-  // Split once (not a narrow per expert): autograd then joins the slices' gradients in one pass
-  // rather than widening each to the whole [C k, hidden].
-  const std::vector<at::Tensor> inputs = x.split_with_sizes(sizes), scales = scale.split_with_sizes(sizes);
-  const ExpertViews gate_up(l.gate_up_experts, x.scalar_type(), true),
-      down(l.down_experts, x.scalar_type(), LeadsGroup());
-  std::vector<at::Tensor> outputs;
-  for (size_t e = 0; e < sizes.size(); ++e) {
-    if (sizes[e] == 0) continue;
-    const auto expert = static_cast<int64_t>(e);
-    const at::Tensor act = ScaledExpertActivation(moe, gate_up.Forward(expert, inputs[e], at::Tensor()), scales[e]);
-    outputs.push_back(down.Forward(expert, act, scales[e]));
-  }
-  return {.rows = at::cat(outputs), .lora = at::Tensor()};
-}
-
-Transformer::PairOutputs Transformer::GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x,
-                                                     const at::Tensor& counts, const at::Tensor& scale) const {
-  const at::Tensor offs = counts.cumsum(0).to(at::kInt);
-  // Each pair's expert, for the biases (the output size given: nothing read on the host).
-  const at::Tensor experts =
-      moe.biases ? at::repeat_interleave(at::arange(moe.experts, counts.options()), counts, 0, x.size(0))
-                 : at::Tensor();
-  const GroupedBank gate_up(l.gate_up_experts, x.scalar_type(), true),
-      down(l.down_experts, x.scalar_type(), LeadsGroup());
-  // Both banks' LoRA updates kept apart from their products: gate_up's added in the
-  // activation's pass, down's in the pairs' sum.
-  at::Tensor gate_up_lora;
-  const at::Tensor gate_up_product = gate_up.Forward(x, offs, experts, at::Tensor(), &gate_up_lora);
-  const at::Tensor act = ScaledExpertActivation(moe, gate_up_product, scale, gate_up_lora);
-  PairOutputs out;
-  out.rows = down.Forward(act, offs, experts, scale, &out.lora);
-  return out;
-}
-
 ExpertKernel Transformer::expert_kernel() const {
-  if (expert_kernel_ != ExpertKernel::kAuto) return expert_kernel_;
-  if (!kernels::GroupedMatmulIsNative(device_) || (dtype_ != at::kBFloat16 && dtype_ != at::kHalf)) {
-    return ExpertKernel::kLoop;
-  }
-  // The products' inner sizes: hidden, the experts' intermediate (and twice it), the LoRA ranks.
-  std::vector<int64_t> sizes = {config_.hidden_size, config_.moe.intermediate / tensor_parallel_size()};
+  std::vector<int64_t> ranks;  // the adapted banks' LoRA ranks
   for (const DecoderLayer& l : layers_) {
-    for (const ExpertBank* b : {&l.gate_up_experts, &l.down_experts}) {
-      if (b->lora_a.defined()) sizes.push_back(b->lora_a.size(0) / b->weight.size(0));
+    for (const ExpertBank* b : {&l.experts.gate_up, &l.experts.down}) {
+      if (b->lora_a.defined()) ranks.push_back(b->lora_a.size(0) / b->weight.size(0));
     }
   }
-  return kernels::GroupedMatmulTakes(dtype_, sizes) ? ExpertKernel::kGrouped : ExpertKernel::kLoop;
+  return ChooseExpertKernel(expert_kernel_, config_, dtype_, device_, tensor_parallel_size(), ranks);
 }
 
-at::Tensor Transformer::Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-  const int64_t rotary = config_.rope_dim(), D = config_.head_dim;
-  if (rotary == D) return kernels::ApplyRope(x, cos, sin);
-  return at::cat({kernels::ApplyRope(x.narrow(-1, 0, rotary), cos, sin), x.narrow(-1, rotary, D - rotary)}, -1);
+std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const RopeConfig& rope, const at::Tensor& positions,
+                                                          int64_t rope_seq_len) const {
+  return oomb::RopeTables(config_, rope, positions, rope_seq_len, dtype_);
 }
 
-at::Tensor Transformer::End(const Cursor& cursor) const { return RmsNorm(cursor.h, final_norm_); }
+at::Tensor Transformer::End(const Cursor& cursor) const { return Context().Norm(cursor.h, final_norm_); }
 
 at::Tensor Transformer::Hidden(const ChunkInput& input, const AttentionFn& attention) const {
   Cursor cursor = Begin(input);

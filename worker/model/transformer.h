@@ -35,6 +35,11 @@
 // takes the group's collectives (kernels/torch/tensor_parallel.h): the attention callback sees
 // the rank's heads alone.
 //
+// Where each part lives: the model composes its layers (embedding, decoder layers, final norm,
+// LM head) and owns loading, saving, adapters and sharding; each layer's blocks are types of
+// their own (decoder_layer.h: attention.h, dense_mlp.h, expert_mlp.h), built on the linear layer
+// (linear.h: base product, LoRA, its split and collective) and RoPE (rope.h).
+//
 // Thread-safety: a Transformer is used by one training thread at a time.
 #ifndef OOMB_WORKER_MODEL_TRANSFORMER_H_
 #define OOMB_WORKER_MODEL_TRANSFORMER_H_
@@ -54,6 +59,8 @@
 #include "absl/status/statusor.h"
 #include "worker/hf/layer_spec.h"
 #include "worker/hf/model_config.h"
+#include "worker/model/block_context.h"
+#include "worker/model/decoder_layer.h"
 #include "worker/model/tensor_parallel.h"
 
 namespace oomb {
@@ -73,80 +80,6 @@ struct LoraOptions {
   std::map<std::string, int64_t> bank_ranks = {};
   std::map<std::string, double> bank_alphas = {};
 };
-
-// A linear layer with an optional LoRA adapter.
-struct Linear {
-  at::Tensor weight;  // [out, in]
-  at::Tensor bias;    // [out] or undefined
-  at::Tensor lora_a;  // [rank, in] or undefined
-  at::Tensor lora_b;  // [out, rank]
-  double lora_scaling = 0;
-  double lora_dropout = 0;
-  // A row-parallel layer under tensor parallelism: its whole input's width and where this rank's
-  // columns start, so that LoRA dropout draws the mask one device would draw (0: not split).
-  int64_t whole_in = 0, in_begin = 0;
-};
-
-// One projection of every expert ([experts, out, in], ExpertBankSpec) with an optional LoRA
-// adapter in PEFT's layout (above).
-struct ExpertBank {
-  at::Tensor weight;  // [E, out, in]
-  at::Tensor bias;    // [E, out] (MoeSpec::biases) or undefined
-  at::Tensor lora_a;  // [E rank, in] or undefined
-  at::Tensor lora_b;  // [out, rank E]
-  double lora_scaling = 0;
-};
-
-struct DecoderLayer {
-  at::Tensor input_norm;  // [hidden]
-  at::Tensor post_norm;   // [hidden], the MLP's input norm (Gemma's pre_feedforward_layernorm)
-  // The norms LayerSpec::norms names (NormRole); undefined where the layer has none:
-  at::Tensor attn_out_norm, mlp_out_norm;  // [hidden], of the attention's and the MLP's outputs
-  at::Tensor q_norm, k_norm;               // [head_dim]
-  Linear q, k, v, o, gate, up, down;
-  Linear qkv, gate_up;  // LayerSpec::fused_projections, instead of q, k, v and gate, up
-  // LayerSpec::moe, instead of gate, up and down: the router [E, hidden] (and its bias [E],
-  // MoeSpec::biases) and the expert banks.
-  at::Tensor router, router_bias;
-  ExpertBank gate_up_experts, down_experts;
-  at::Tensor sinks;  // [num_heads] (LayerSpec::sinks) or undefined
-};
-
-// The router's auxiliary load-balancing loss of one sequence (MoeConfig::aux_loss_coef > 0), as
-// transformers' load_balancing_loss_func computes it over one forward:
-//   aux = E * sum_e (n_e / N) * (S_e / N)
-// over the N rows (token, sparse layer) of the sequence, n_e how many of the rows' top-k choices
-// are expert e and S_e the sum of the rows' router probabilities of e (the routing's softmax, in
-// float32; float64 for float64 models). The counts have no gradient, so once they are known aux
-// is linear in the probabilities and its gradient is that of sum_rows <P_row, w>,
-// w_e = E n_e / N^2. The chunked trainer tallies n, S and N over the chunks' forwards (stage 1),
-// then each chunk's backward adds sum_rows <P_row, w> over its rows (Weigh); a forward that
-// tallies with its graph (the last chunk's, when stage 1 skipped it; a whole-sequence forward)
-// takes Loss()'s gradient instead. transformers takes the softmax in the model's dtype (bfloat16
-// for bfloat16 models); the two agree for float32 and float64 models.
-struct RouterBalance {
-  // A forward's sparse layers add their rows here (Transformer::Cursor::balance): before Weigh,
-  // to the tally (with their graph where the forward has one); after, to `term`.
-  void Add(const at::Tensor& probs, const at::Tensor& counts);  // [C, E] probabilities, [E] top-k choices
-  at::Tensor Loss() const;  // aux of the rows tallied, a scalar (undefined before any)
-  // Fixes w from the tally, and `value`: the rows added from here add sum <P_row, w> to `term`.
-  void Weigh();
-  bool weighed() const { return weights.defined(); }
-
-  at::Tensor counts, prob_sums;  // [E] float64: n and S
-  int64_t rows = 0;              // N
-  at::Tensor weights;            // [E] float64: w, once weighed
-  at::Tensor value;              // aux of the tally, once weighed (no graph; on the device)
-  at::Tensor term;               // sum <P_row, w> over the rows added since weighed (or reset)
-};
-
-// How a sparse layer computes its experts. kLoop: a loop over the experts hit, a few kernels per
-// expert, the routing's counts read on the host once per layer. kGrouped: grouped GEMMs over
-// every expert at once (kernels::GroupedMatmul; one kernel per product, LoRA's included, nothing
-// read on the host). kAuto: grouped on a GPU where that is one kernel (GroupedMatmulIsNative),
-// in bfloat16 or float16 with sizes it takes, the loop elsewhere (the CPU, float64). Both give
-// the same values up to the order of additions.
-enum class ExpertKernel { kAuto, kLoop, kGrouped };
 
 // The inputs of one forward pass over one chunk (C tokens) of one sequence.
 struct ChunkInput {
@@ -334,7 +267,7 @@ class Transformer {
   // parallelism).
   const at::Tensor& lm_head() const { return config_.tie_word_embeddings ? embed_ : lm_head_; }
   // Layer `layer`'s attention sinks [num_heads] (gpt-oss), undefined where it has none.
-  const at::Tensor& sinks(int64_t layer) const { return layers_[layer].sinks; }
+  const at::Tensor& sinks(int64_t layer) const { return layers_[layer].attention.sinks; }
 
   // RoPE cos and sin tables of `rope` for the positions, [C, rotary_dim] each, in the model's dtype.
   std::pair<at::Tensor, at::Tensor> RopeTables(const RopeConfig& rope, const at::Tensor& positions,
@@ -342,41 +275,10 @@ class Transformer {
 
  private:
   Transformer(ModelConfig config, at::ScalarType dtype, at::Device device);
-  // x W^T (+ b unless with_bias is false) + LoRA's update.
-  at::Tensor LinearForward(const Linear& l, const at::Tensor& x, at::Generator* gen, bool training,
-                           bool with_bias = true) const;
-  // Whether this rank adds what is replicated inside a partial region (a row-parallel layer's
-  // bias, the router's auxiliary loss): rank 0 alone (tensor_parallel.h).
+  // What the blocks' forwards read of the model.
+  BlockContext Context() const { return {config_, spec_, dtype_, tp_}; }
+  // Whether this rank adds what is replicated inside a partial region: rank 0 alone.
   bool LeadsGroup() const { return tensor_parallel_rank() == 0; }
-  // A column-parallel region's input, and a row-parallel region's output summed over the group
-  // (the identity without tensor parallelism).
-  at::Tensor EnterShards(const at::Tensor& x) const;
-  at::Tensor SumShards(const at::Tensor& x) const;
-  // The MLP of layer cursor.layer over its input norm's output y [C, hidden]: dense or of experts.
-  at::Tensor Mlp(Cursor& cursor, const at::Tensor& y) const;
-  // sparse_layer: how many sparse layers come before this one.
-  at::Tensor Experts(const DecoderLayer& l, const MoeSpec& moe, int64_t sparse_layer, const at::Tensor& y,
-                     RouterBalance* balance) const;
-  // The experts' MLPs over the pairs x [M, hidden] sorted by expert, `counts` [E] of each, each
-  // pair's output times its routing weight scale [M] (ExpertKernel's two ways): `rows`, and where
-  // the down projection's LoRA update is kept apart (the grouped way's: FromPairs adds it in its
-  // sum, where adding it to the product would write a pair-wide tensor more), `lora`.
-  struct PairOutputs {
-    at::Tensor rows, lora;
-  };
-  PairOutputs LoopExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
-                          const at::Tensor& scale) const;
-  PairOutputs GroupedExperts(const DecoderLayer& l, const MoeSpec& moe, const at::Tensor& x, const at::Tensor& counts,
-                             const at::Tensor& scale) const;
-  // The experts' activation over their gate_up product (SwiGLU, or gpt-oss's clamped one), each
-  // row times its pair's routing weight scale; `lora`, where defined, the bank's LoRA update of
-  // the product, added in the activation's pass.
-  at::Tensor ScaledExpertActivation(const MoeSpec& moe, const at::Tensor& gate_up, const at::Tensor& scale,
-                                    const at::Tensor& lora = at::Tensor()) const;
-  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
-  at::Tensor InvFreq(const RopeConfig& r, int64_t rope_seq_len) const;  // [rotary_dim / 2], float32 (float64)
-  // RoPE over the first rotary_dim features of each head of x [C, heads, head_dim].
-  at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   // The weights of the layers with their HF names and descriptions, in the checkpoint's order:
   // layer i's norms; every layer's linear layers.
   struct NamedNorm {
@@ -412,10 +314,7 @@ class Transformer {
   std::string RouterName(int64_t i) const;
   // Every tensor of the model (weights, biases, norms, sinks, routers, adapters; undefined ones
   // too) with how tensor parallelism splits it (tensor_parallel.h): the one place that says so.
-  struct Slot {
-    at::Tensor* tensor;
-    Split split;
-  };
+  using Slot = TensorSlot;
   std::vector<Slot> Slots();
   // The split of the tensor `slot` points at (one of Slots()'s).
   Split SlotSplit(const at::Tensor* slot);
