@@ -64,7 +64,7 @@ def main(argv):
     if wrong:
         print(f"ctest_report: FAILED: {len(wrong)} tests without the gpu label skipped (a tool or test data "
               "that scripts/setup.sh or scripts/fetch_test_data.sh provides is missing):")
-        for name, lab, reason in wrong:
+        for name, _lab, reason in wrong:
             print(f"  {name}: {reason}")
     print(f"ctest: {passed} passed, {failed + len(wrong)} failed, {len(skipped) - len(wrong)} skipped")
     return 1 if wrong or failed else 0

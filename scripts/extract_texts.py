@@ -150,7 +150,8 @@ class _Reader:
         if t == CPLXSXP:
             n = self.length()
             vals = struct.unpack(f">{2 * n}d", self.raw(16 * n))
-            return RObject("complex", [complex(a, b) for a, b in zip(vals[::2], vals[1::2])], self.attributes(flags))
+            values = [complex(a, b) for a, b in zip(vals[::2], vals[1::2], strict=True)]
+            return RObject("complex", values, self.attributes(flags))
         if t == RAWSXP:
             n = self.length()
             return RObject("raw", self.raw(n), self.attributes(flags))
@@ -207,7 +208,7 @@ def read_lazyload_db(base):
     with open(base + ".rdx", "rb") as f:
         raw = f.read()
     index = unserialize(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else zlib.decompress(raw[4:]))
-    fields = dict(zip(index.attrs["names"].value, index.value))
+    fields = dict(zip(index.attrs["names"].value, index.value, strict=True))
     compressed = fields.get("compressed")
     if compressed is not None and compressed.value[0] not in (True, 1):
         raise ValueError(f"{base}.rdb uses compression type {compressed.value[0]}; only zlib is supported")
@@ -215,7 +216,7 @@ def read_lazyload_db(base):
     with open(base + ".rdb", "rb") as f:
         rdb = f.read()
     out = {}
-    for name, loc in zip(variables.attrs["names"].value, variables.value):
+    for name, loc in zip(variables.attrs["names"].value, variables.value, strict=True):
         off, length = (int(x) for x in loc.value)
         rec = rdb[off : off + length]
         size = struct.unpack(">I", rec[:4])[0]

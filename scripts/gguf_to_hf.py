@@ -73,7 +73,7 @@ def dequantize_tensor(t):
     try:
         w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
     except NotImplementedError as e:
-        raise ConversionError(f"tensor {t.name}: quantisation type {t.tensor_type.name} is not supported ({e})")
+        raise ConversionError(f"tensor {t.name}: quantisation type {t.tensor_type.name} is not supported ({e})") from e
     if w.size != int(np.prod(shape)):
         raise ConversionError(f"tensor {t.name}: {w.size} values for shape {shape}")
     return w.reshape(shape)

@@ -18,6 +18,11 @@
 #   6. No source (as in 3) records history: no ISO date (YYYY-MM-DD, not part of a timestamp) and
 #      no path into bench/results naming a run; measurements go in bench/results/<run>/README.md
 #      and docs/PERFORMANCE.md (scripts/lint_measurements.py).
+#   7. The Python of client/python, scripts/ and tests/python passes `ruff check` with the rules of
+#      ruff.toml at the root (pycodestyle E/W at 120 columns, pyflakes F, import order I,
+#      flake8-bugbear B); ruff is pinned in scripts/python-requirements.lock and runs from the
+#      virtual environment, without which the lint fails, as for 4. With --fix, what ruff can fix
+#      safely is fixed in place.
 # Usage: scripts/lint.sh [--fix]   (--fix reformats in place instead of failing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +45,16 @@ if [ -x "$venv_python" ]; then
 else
   echo "lint: function length: no Python at $venv_python, whose environment holds lizard:" \
     "run scripts/setup.sh" >&2
+  status=1
+fi
+venv_ruff="${OOMB_VENV:-$HOME/.cache/oomb/venv}/bin/ruff"
+if [ -x "$venv_ruff" ]; then
+  ruff_fix=()
+  [ "${1:-}" = "--fix" ] && ruff_fix=(--fix)
+  "$venv_ruff" check --quiet "${ruff_fix[@]}" client/python scripts tests/python ||
+    { echo "lint: ruff: Python sources break ruff.toml's rules (above)" >&2; status=1; }
+else
+  echo "lint: python: no ruff at $venv_ruff: run scripts/setup.sh" >&2
   status=1
 fi
 python3 scripts/lint_readme.py || status=1

@@ -46,7 +46,7 @@ def main(argv):
               "(~/.cache/oomb/venv, or $OOMB_VENV)", file=sys.stderr)
         return 1
     bad = []
-    for path, shown, text in read_sources(argv, PATTERNS, EXCLUDED, bad):
+    for _path, shown, text in read_sources(argv, PATTERNS, EXCLUDED, bad):
         # Named as C++ for lizard, whatever the file's name: .cu, .cuh and the fixtures' .txt too.
         info = lizard.analyze_file.analyze_source_code("source.cc", text)
         for fn in info.function_list:

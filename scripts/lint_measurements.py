@@ -8,7 +8,8 @@ its date or path (docs/CONVENTIONS.md §6.1). Two things count, anywhere in a fi
 strings, help texts):
 
 - an ISO calendar date, 20YY-MM-DD (month 01-12, day 01-31), not preceded by a letter, digit,
-  `_` or `.` nor followed by a digit (not part of a longer number or version); a run's date ("measured on YYYY-MM-DD", "the copy path until YYYY-MM-DD") and a run's
+  `_` or `.` nor followed by a digit (not part of a longer number or version); a run's date
+  ("measured on YYYY-MM-DD", "the copy path until YYYY-MM-DD") and a run's
   directory name both carry one. Not counted: a date that is part of a timestamp (followed by
   `T` and a digit, or by a space and `HH:MM`), which is data, not history.
 - a path into bench/results naming something in it: `bench/results/` followed by a name
@@ -35,7 +36,7 @@ RESULT = re.compile(r"bench/results/[A-Za-z0-9_*-][A-Za-z0-9_.*/-]*")
 
 def main(argv):
     bad = []
-    for path, shown, text in read_sources(argv, PATTERNS, EXCLUDED, bad):
+    for _path, shown, text in read_sources(argv, PATTERNS, EXCLUDED, bad):
         for n, line in enumerate(text.split("\n"), 1):
             results = [m.group(0).rstrip(".") for m in RESULT.finditer(line)]
             # A date inside a cited result's name is reported as the result, once.

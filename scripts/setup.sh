@@ -9,9 +9,10 @@
 #               (default: ~/.cache/oomb/mlflow-venv)
 #   OOMB_VENV   where the virtual environment lives (default: ~/.cache/oomb/venv). It holds
 #               the PyPI wheel torch==2.11.0, whose share/cmake is LibTorch's CMake package,
-#               the Python packages the reference-parity tests use, and lizard, which the
-#               function-length lint runs (scripts/lint_function_length.py): exactly the
-#               versions and hashes of scripts/python-requirements.lock.
+#               the Python packages the reference-parity tests use, lizard, which the
+#               function-length lint runs (scripts/lint_function_length.py), and ruff, the
+#               Python lint (scripts/lint.sh, ruff.toml): exactly the versions and hashes of
+#               scripts/python-requirements.lock.
 set -euo pipefail
 
 OOMB_VENV="${OOMB_VENV:-$HOME/.cache/oomb/venv}"

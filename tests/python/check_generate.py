@@ -10,13 +10,19 @@ The second form gives oombd the first N characters of a text as --prompt-file, p
 chunks of C tokens over the key/value cache, and (--adapter) a PEFT LoRA adapter made here with
 random A and B on every linear layer, which transformers loads with peft.
 """
-import argparse, json, os, subprocess, sys, tempfile
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def make_adapter(model, out_dir):
-    import peft, torch
+    import peft
+    import torch
     torch.manual_seed(7)
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                                 "up_proj", "down_proj"])
@@ -43,7 +49,8 @@ def main():
     if not os.path.exists(os.path.join(a.model, "config.json")):
         print(f"skip: no model at {a.model}")
         return 77
-    import torch, transformers
+    import torch
+    import transformers
     tok = transformers.AutoTokenizer.from_pretrained(a.model)
     model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     work = tempfile.mkdtemp()

@@ -59,7 +59,7 @@ def main():
     raw = channel.unary_unary("/oomb.v1.JobService/CreateJob", request_serializer=None,
                               response_deserializer=None)
     for garbage in (b"\xff" * 64, b"\x0a\xff\xff\xff\xff\x0f", os.urandom(4096)):
-        code, details = code_of(lambda: raw(garbage, timeout=10))
+        code, details = code_of(lambda garbage=garbage: raw(garbage, timeout=10))
         check(code != grpc.StatusCode.OK, f"garbage accepted: {garbage[:8]!r}")
         print(f"garbage {len(garbage)} bytes -> {code.name}: {details}")
     check(alive(), "daemon not serving after garbage")

@@ -2,7 +2,8 @@
 """Watchers that stop reading never slow training (issue 7), and catch up without gaps.
 
 Driven by tests/server/daemon_integration_test.cc (DaemonTest.StalledWatchersDoNotHoldBackTraining)
-against a running `oombd serve`, through the Python SDK (client/python): submits the given job spec (JSON), opens --watchers WatchJob
+against a running `oombd serve`, through the Python SDK (client/python): submits the given job spec
+(JSON), opens --watchers WatchJob
 streams on channels with a 1 KiB HTTP/2 stream window (BDP probing off), reads only each
 stream's snapshot and then stops reading, so the daemon's writes to them block on flow control.
 The job must still reach SUCCEEDED (polled on another channel) within --timeout seconds. Then

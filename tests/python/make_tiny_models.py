@@ -266,7 +266,7 @@ def quantize_mxfp4(w):
     import torch
 
     rows = w.transpose(1, 2).contiguous()  # [E, out, in]
-    E, O, I = rows.shape
+    E, O, I = rows.shape  # noqa: E741 (experts, out, in: the shapes' names)
     groups = rows.reshape(E, O, I // 32, 32)
     amax = groups.abs().amax(-1).clamp_min(1e-30)
     exponent = torch.ceil(torch.log2(amax / 6.0)).to(torch.int32)
@@ -301,7 +301,8 @@ def write_mxfp4_checkpoint(model, out, packed):
     from safetensors.torch import load_file, save_file
 
     path = os.path.join(out, "model.safetensors")
-    tensors = {n: t for n, t in load_file(path).items() if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    tensors = {n: t for n, t in load_file(path).items()
+               if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
     tensors.update(packed)
     save_file(tensors, path, metadata={"format": "pt"})
     with open(os.path.join(out, "config.json")) as f:
@@ -332,11 +333,28 @@ def init_weights(model, seed):
 def make_one(out_root, index, name, family, cfg_kwargs):
     import torch
     from safetensors.torch import save_file
-    from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig,
-                              GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                              MistralForCausalLM, Phi3Config,
-                              MixtralConfig, MixtralForCausalLM, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                              Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForCausalLM,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        GptOssConfig,
+        GptOssForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     seed = 1000 + index
     cfg_cls, model_cls = {
@@ -451,7 +469,8 @@ def make_lora_reference(model, out, family, seed, input_ids):
     targets = (r".*language_model.*\.(" + "|".join(linears) + ")$") if family == "gemma3cg" else linears
     # A mixture of experts: its expert banks too (PEFT 0.22 also reads the MLP's names as the banks,
     # and as the dense layers' MLP beside them; 0.21 as the banks alone).
-    banks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if family in ("qwen3_moe", "mixtral", "gpt_oss") else None
+    banks = (["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+             if family in ("qwen3_moe", "mixtral", "gpt_oss") else None)
     tuned = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0,
                                                        target_parameters=banks))
     g = torch.Generator().manual_seed(seed + 11)

@@ -6,7 +6,8 @@ plan, checked against the steps the same daemon then measures.
 Run by ctest as `estimate_time` (tests/CMakeLists.txt): test_estimate.py OOMBD OOMB. Checks:
 
   1. the first estimate of a shape measures the rates (worker/job/calibration.h; asked again while
-     the daemon answers "measuring") and keeps them in <data_dir>/engine_rates.json; step_seconds > 0, total_steps = training.max_steps,
+     the daemon answers "measuring") and keeps them in <data_dir>/engine_rates.json; step_seconds > 0,
+     total_steps = training.max_steps,
      device_hours = steps x step_seconds / 3600, `rates` names the device and the time; the CLI
      prints the same;
   2. the next estimate of the same shape, after a daemon restart too, reuses them (the same
@@ -127,7 +128,8 @@ def main():
         print(f"estimate_time: tensor-parallel estimate {tp.step_seconds:.2f} s a step ({tp.rates})", flush=True)
 
         # 3. Not estimated, and why; an unreadable file is measured again.
-        sparse = client.jobs.estimate({**spec(train, page_tokens=128), "attention": {"mode": "sparse", "sparse": {"page_budget": 2, "sink_pages": 1, "local_pages": 1}}})
+        sparse_attention = {"mode": "sparse", "sparse": {"page_budget": 2, "sink_pages": 1, "local_pages": 1}}
+        sparse = client.jobs.estimate({**spec(train, page_tokens=128), "attention": sparse_attention})
         check(sparse.fits and sparse.step_seconds == 0 and sparse.rates.startswith("not estimated: sparse"),
               f"sparse: {sparse.rates}")
         by_epochs = spec(train)

@@ -107,7 +107,7 @@ def bpe_merges(n):
     for _ in range(n):
         pairs = {}
         for w in words:
-            for p in zip(w, w[1:]):
+            for p in zip(w, w[1:], strict=False):
                 pairs[p] = pairs.get(p, 0) + 1
         best = min(pairs, key=lambda p: (-pairs[p], p))
         merges.append(best)

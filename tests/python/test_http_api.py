@@ -154,7 +154,8 @@ def test_openapi(http, oombd):
     check(served == committed, "docs/openapi.json differs from the served document: run "
                                "`oombd openapi > docs/openapi.json`")
     printed = subprocess.run([oombd, "openapi"], capture_output=True, text=True)
-    check(printed.returncode == 0 and json.loads(printed.stdout) == served, "`oombd openapi` differs from the served one")
+    check(printed.returncode == 0 and json.loads(printed.stdout) == served,
+          "`oombd openapi` differs from the served one")
     try:
         from openapi_spec_validator import validate
     except ImportError:  # pragma: no cover
@@ -286,7 +287,8 @@ def test_routes(daemon, tmp, train):
           last.headers["content-range"] == f"bytes {size - 100}-{size - 1}/{size}",
           f"suffix range: {last.status_code} {last.headers.get('content-range')} {len(last.content)} bytes")
     more = alice.get("/v1/projects/nlp/jobs/h1/checkpoints/final:download", headers={"Range": f"bytes=-{size * 2}"})
-    check(more.status_code == 206 and more.content == whole.content, f"a suffix longer than the archive: {more.status_code}")
+    check(more.status_code == 206 and more.content == whole.content,
+          f"a suffix longer than the archive: {more.status_code}")
     for past in ("bytes=99999999999-", f"bytes={size}-", "bytes=-0"):
         r = alice.get("/v1/projects/nlp/jobs/h1/checkpoints/final:download", headers={"Range": past})
         check(r.status_code == 416 and r.headers.get("content-range") == f"bytes */{size}",
@@ -327,8 +329,8 @@ def test_routes(daemon, tmp, train):
         raw = f.read()
     d = alice.ok("PUT", "/v1/projects/nlp/datasets/ids", content=raw,
                  params={"sha256": hashlib.sha256(raw).hexdigest(), "display_name": "ids"})
-    check(d["name"] == "projects/nlp/datasets/ids" and int(d["records"]) == 4 and d["recordKinds"] == {"input_ids": "4"},
-          f"dataset {d}")
+    check(d["name"] == "projects/nlp/datasets/ids" and int(d["records"]) == 4
+          and d["recordKinds"] == {"input_ids": "4"}, f"dataset {d}")
     check(alice.error("PUT", "/v1/projects/nlp/datasets/bad", 400, "INVALID_ARGUMENT", content=b'{"text": 5}\n'),
           "a bad record")
     check(alice.ok("GET", "/v1/projects/nlp/datasets/ids")["sha256"] == hashlib.sha256(raw).hexdigest(), "get")

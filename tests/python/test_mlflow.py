@@ -124,14 +124,15 @@ def check_run(mlflow, run, job, steps):
     check(finals and tags.get("oomb.final_checkpoint") == finals[0].path,
           f"oomb.final_checkpoint {tags.get('oomb.final_checkpoint')} vs {finals}")
     params = {p["key"]: p["value"] for p in data.get("params", [])}
-    check(params.get("training.max_steps") == str(steps), f"training.max_steps param: {params.get('training.max_steps')}")
+    check(params.get("training.max_steps") == str(steps),
+          f"training.max_steps param: {params.get('training.max_steps')}")
     check(params.get("model.path") == TINY and params.get("memory.chunk_tokens") == "32", "model.path / chunk params")
     check(params.get("model.dtype") == "float32" and "training.adam.beta2" in params, "defaults among the params")
     history = mlflow.get("metrics/get-history", run_id=info["run_id"], metric_key="loss")["metrics"]
     got = sorted((m["step"], m["value"]) for m in history)
     want = [(int(r["step"]), r["loss"]) for r in metrics_jsonl(job) if "loss" in r]
     check([s for s, _ in got] == [s for s, _ in want] == list(range(1, steps + 1)), f"steps {got} vs {want}")
-    check(all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for (_, a), (_, b) in zip(got, want)),
+    check(all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for (_, a), (_, b) in zip(got, want, strict=True)),
           f"loss history {got} differs from metrics.jsonl {want}")
     keys = {m["key"] for m in data.get("metrics", [])}
     for k in ("learning_rate", "tokens_per_second", "step_seconds", "peak_device_bytes", "pcie_h2d_bytes", "tokens"):

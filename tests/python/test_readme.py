@@ -539,7 +539,7 @@ class Cmd:
         return self.args[i + 1]
 
     def text(self):
-        return (f"echo ... | " if self.stdin is not None else "") + shlex.join([self.program] + self.args)
+        return ("echo ... | " if self.stdin is not None else "") + shlex.join([self.program] + self.args)
 
 
 FILE_PLACEHOLDERS = ["job.yaml", "f.jsonl", "book.txt", "long.txt", "books/", "train.jsonl", "passkey-train.jsonl"]
@@ -633,6 +633,7 @@ def check_plot(env, c, p):
     """The SVG `oomb plot` wrote, rendered to pixels by cairosvg and opened by Pillow: its size,
     and the loss curve's colour drawn."""
     import io
+
     import cairosvg
     from PIL import Image
     path = os.path.join(env.files, p.stdout.strip())
@@ -696,7 +697,7 @@ def check_estimate(env, c, p):
                                                              q.stdout, re.M))):
         fail(f"as written, `oomb {shlex.join(c.unshrunk)}` exited {q.returncode}:\n{tail(q.stdout)}{tail(q.stderr)}")
     m = re.search(r"longest context\s+(\d+) tokens", q.stdout)
-    return detail + (f"; as written: fits" if fits else
+    return detail + ("; as written: fits" if fits else
                      f"; as written: does not fit this machine (exit 1), longest context {m.group(1)} tokens")
 
 
@@ -930,7 +931,7 @@ def check_python(env, line, body):
         fail(f"placeholder {name} is not in test_readme.py's table ({', '.join(table)})")
     for name, value in table.items():
         if re.search(rf"\b{name}\b", code):
-            code = re.sub(rf"\b{name}\b", lambda m: repr(value()), code)
+            code = re.sub(rf"\b{name}\b", lambda m, value=value: repr(value()), code)
     code += ('\nfor _name in ("model", "tokenizer"):\n'
              '    if _name in globals():\n'
              '        print("readme-python:", _name, type(globals()[_name]).__name__)\n')
@@ -972,7 +973,7 @@ def main():
     try:
         blocks = fenced_blocks(text)
         # job.yaml of the bash blocks: the README's first complete job spec, its paths mapped.
-        for line, lang, body, _ in blocks:
+        for _line, lang, body, _ in blocks:
             if lang in ("yaml", "yml"):
                 doc = yaml.safe_load("\n".join(body))
                 if isinstance(doc, dict) and "model" in doc and "method" in doc:

@@ -19,8 +19,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
 os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader draws a tqdm bar
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the Hugging Face hub
@@ -42,7 +40,8 @@ def find_gguf(data, name):
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
-    "It is a truth universally acknowledged, that a single man in possession\nof a good fortune, must be in want of a wife.",
+    "It is a truth universally acknowledged, that a single man in possession\n"
+    "of a good fortune, must be in want of a wife.",
     "In 2024, 12345 people paid $3.50 each -- naïve café façade, 東京, emoji 🙂.",
     "def f(x):\n    return x ** 2  # comment\n\n\tTabs and  double  spaces",
 ]
@@ -179,7 +178,8 @@ def test_tiny(data):
         loss = out.loss.item()
         if "router_aux_loss" in ref:  # transformers' loss adds the router's auxiliary loss; the reference keeps both
             loss -= model.config.router_aux_loss_coef * out.aux_loss.item()
-            check(abs(out.aux_loss.item() - ref["router_aux_loss"].item()) <= 1e-5, f"tiny {m['name']}: router aux loss")
+            check(abs(out.aux_loss.item() - ref["router_aux_loss"].item()) <= 1e-5,
+                  f"tiny {m['name']}: router aux loss")
         dl = abs(loss - ref["loss"].item())
         check(diff <= 1e-5 and dl <= 1e-5, f"tiny {m['name']}: logits |diff| {diff:.2g}, loss {ref['loss'].item():.4f}")
 

@@ -132,7 +132,7 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise Failure(f"oombd did not stop within 90 s of SIGTERM:\n{self.tail()}")
+                raise Failure(f"oombd did not stop within 90 s of SIGTERM:\n{self.tail()}") from None
         self.proc = None
 
     def tail(self, lines=30):
@@ -279,7 +279,7 @@ def test_offline(tmp):
                        ({"training": {"max_steps": 1, "epochs": 2}}, "spec.training.epochs"),
                        ({"method": {"lora": {"target_modules": "q_proj"}}}, "spec.method.lora.target_modules"),
                        ({"model": "x"}, "spec.model")):
-        e = expect_error(oomb.InvalidArgument, lambda: oomb.load_spec(bad), f"spec {bad}")
+        e = expect_error(oomb.InvalidArgument, lambda bad=bad: oomb.load_spec(bad), f"spec {bad}")
         check(e.field == field and e.code == grpc.StatusCode.INVALID_ARGUMENT, f"{bad}: field {e.field}: {e}")
     expect_error(oomb.InvalidArgument, lambda: oomb.load_spec("a: 1\na: 2\n"), "a duplicate key")
     expect_error(FileNotFoundError, lambda: oomb.load_spec(os.path.join(d, "missing.yaml")), "a missing file")
@@ -712,9 +712,9 @@ def test_projects(oombd, tmp, train):
 
         # bob, of another team: alice's job does not exist for him, by any spelling of its name.
         for name in ("sdk-nlp", "jobs/sdk-nlp", "projects/nlp/jobs/sdk-nlp"):
-            expect_error(oomb.NotFound, lambda: bob.jobs.get(name), f"bob: get {name}")
-            expect_error(oomb.NotFound, lambda: bob.jobs.cancel(name), f"bob: cancel {name}")
-            expect_error(oomb.NotFound, lambda: bob.jobs.update(name, priority=5), f"bob: update {name}")
+            expect_error(oomb.NotFound, lambda name=name: bob.jobs.get(name), f"bob: get {name}")
+            expect_error(oomb.NotFound, lambda name=name: bob.jobs.cancel(name), f"bob: cancel {name}")
+            expect_error(oomb.NotFound, lambda name=name: bob.jobs.update(name, priority=5), f"bob: update {name}")
         for what, call in (("create", lambda: bob.jobs.create(spec, project="nlp")),
                            ("list", lambda: list(bob.jobs.list(project="nlp"))),
                            ("estimate", lambda: bob.jobs.estimate(spec, project="projects/nlp")),

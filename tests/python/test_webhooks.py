@@ -26,12 +26,12 @@ import argparse
 import http.server
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
 import threading
 import time
-import shutil
 
 try:
     import oomb
@@ -117,7 +117,8 @@ def test_errors(client, train, tmp, url, secret_file):
                                 (not_secret, "ftp://127.0.0.1/x", "notifications.webhooks[0].url"),
                                 (secret_file, url.replace("127.0.0.1", "[::1]"), "notifications.webhooks[0].url"),
                                 (secret_file, url.replace("127.0.0.1", "2130706434"), "notifications.webhooks[0].url")]:
-        e = expect_error(oomb.InvalidArgument, lambda: client.jobs.create(job_with_hooks(train, 1, 1, url_, secret)),
+        e = expect_error(oomb.InvalidArgument,
+                         lambda url_=url_, secret=secret: client.jobs.create(job_with_hooks(train, 1, 1, url_, secret)),
                          f"a job with {field} bad")
         check(field in e.message, f"the error does not name {field}: {e.message}")
     print("webhooks: submit-time errors ok", flush=True)
@@ -175,7 +176,7 @@ def test_durable(daemon, client_of, train, secret_file, receiver):
     got = {(p, d["type"], d["data"]["sequence"]) for p, _, s, d in deliveries if s == 200}
     check(got == expected, f"delivered {sorted(got)}, expected {sorted(expected)}")
     ids = {}
-    for p, wid, s, d in deliveries:
+    for p, wid, _s, d in deliveries:
         ids.setdefault((p, d["type"], d["data"]["sequence"]), set()).add(wid)
     check(all(len(v) == 1 for v in ids.values()), f"a message under several webhook-ids: {ids}")
     retried = [d for d in deliveries if d[2] == 500]

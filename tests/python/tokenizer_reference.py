@@ -15,8 +15,8 @@ Writes into OUT:
                                 <|begin_of_text|> TemplateProcessing post-processor, and added
                                 tokens using lstrip / rstrip / single_word / normalized
   o200k/tokenizer.json          a byte-level BPE trained here with Phi-4-mini's tokenizer.json layout
-                                (o200k_base's pattern: case classes \p{Lu} \p{Lt} \p{Lm} \p{Lo}
-                                \p{M} \p{Ll}, contractions after a word, \p{N}{1,3}; no normalizer)
+                                (o200k_base's pattern: case classes \\p{Lu} \\p{Lt} \\p{Lm} \\p{Lo}
+                                \\p{M} \\p{Ll}, contractions after a word, \\p{N}{1,3}; no normalizer)
                                 and its chat special tokens
   llama2/tokenizer.json         a SentencePiece-style BPE (byte_fallback, <0xXX> tokens, unk) trained
                                 here with Llama-2's / Mistral's layout: Prepend + Replace normalizers,
@@ -54,7 +54,8 @@ EDGE_CASES = [
     "next\u0085line and \u2028 line sep \u2029 para sep", "zero\u200bwidth\u200cnon\u200djoiner",
     "1234567890", "3.14159265358979", "x = 12345 + 678; y=0x1F", "phone: +1 (555) 010-9999", "1,000,000.00",
     "٣٤٥ Arabic-Indic digits, ①②③ circled, Ⅻ roman, ½ ¾ fractions, ２０２４ fullwidth",
-    "日本語のテキストです。東京は大きい都市です。", "中文文本，包括标点符号！还有数字123。", "한국어 텍스트입니다. 안녕하세요!",
+    "日本語のテキストです。東京は大きい都市です。", "中文文本，包括标点符号！还有数字123。",
+    "한국어 텍스트입니다. 안녕하세요!",
     "العربية نص مع علامات: مرحبا بالعالم.", "Русский текст: съешь же ещё этих мягких французских булок.",
     "Ελληνικά: Ξεσκεπάζω την ψυχοφθόρα βδελυγμία.", "עברית: שלום עולם", "हिन्दी पाठ: नमस्ते दुनिया", "ภาษาไทย สวัสดี",
     "Accents: café naïve résumé Ångström Zürich façade jalapeño coöperate",

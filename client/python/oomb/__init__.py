@@ -39,7 +39,8 @@ from oomb._transfer import Dataset, Datasets, dataset_name
 from oomb.aio import AsyncClient, AsyncDatasets, AsyncJob, AsyncJobs
 
 try:
-    from importlib.metadata import PackageNotFoundError, version as _version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _version
 
     __version__ = _version("oomb")
 except PackageNotFoundError:  # pragma: no cover - imported from a source tree

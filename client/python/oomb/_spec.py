@@ -21,8 +21,8 @@ from typing import Any, Dict, Mapping, Optional, Union
 
 import grpc
 import yaml
-from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf import json_format, message_factory
+from google.protobuf.descriptor import FieldDescriptor
 
 from oomb._errors import InvalidArgument
 from oomb._names import is_resource_name

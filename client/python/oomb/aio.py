@@ -20,8 +20,20 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import (Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, List, Mapping, Optional, TypeVar,
-                    Union)
+from typing import (
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    TypeVar,
+    Union,
+)
 
 import grpc
 import grpc.aio
