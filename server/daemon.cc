@@ -348,7 +348,9 @@ void Daemon::StartWebhooks() {
 
 absl::Status Daemon::StartServers() {
   create_pool_ = std::make_unique<WorkPool>(/*threads=*/2, /*max_queued=*/64);
+  OOMB_ASSIGN_OR_RETURN(authorizer_, Authorizer::Create(auth_.get(), store_.get(), Authorizer::ApiServices()));
   JobServiceOptions jopts;
+  jopts.authorizer = authorizer_.get();
   jopts.files = files_;
   jopts.work = create_pool_.get();
   jopts.auth = auth_.get();
@@ -367,7 +369,8 @@ absl::Status Daemon::StartServers() {
   service_ = std::make_unique<JobServiceImpl>(store_.get(), scheduler_.get(), &hub_, jopts);
   datasets_ = std::make_unique<DatasetServiceImpl>(
       store_.get(),
-      DatasetServiceOptions{.auth = auth_.get(),
+      DatasetServiceOptions{.authorizer = authorizer_.get(),
+                            .auth = auth_.get(),
                             .projects = projects_,
                             .files = files_,
                             .work = create_pool_.get(),

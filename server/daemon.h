@@ -100,6 +100,7 @@ class Daemon {
   std::optional<DataDirLock> lock_;
   std::shared_ptr<const JobFiles> files_;
   std::unique_ptr<Authenticator> auth_;              // who calls (server/auth.h)
+  std::unique_ptr<Authorizer> authorizer_;           // what they may do (server/authorization.h)
   std::shared_ptr<const ProjectRegistry> projects_;  // tenancy.projects_file (server/projects.h)
   DestinationPolicyOf destinations_;  // outbound.* and the projects' (server/notify/destination_policy.h)
   std::unique_ptr<JobStore> store_;

@@ -51,10 +51,11 @@ bool IsHex64(const std::string& s) {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
+// Runs a unary handler body with what the authorization step found (server/authorization.h).
 template <typename Fn>
-grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::StatusOr<Caller>& caller, Fn&& body) {
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, absl::StatusOr<Authorization> authorized, Fn&& body) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(caller.ok() ? body(*caller) : caller.status()));
+  reactor->Finish(ToGrpcStatus(authorized.ok() ? body(*authorized) : authorized.status()));
   return reactor;
 }
 
@@ -65,11 +66,6 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
  public:
   Upload(DatasetServiceImpl* service, grpc::CallbackServerContext* ctx, v1::Dataset* resp)
       : service_(service), ctx_(ctx), resp_(resp), sha_(EVP_MD_CTX_new()) {
-    caller_ = service_->Authenticate(ctx);
-    if (!caller_.ok()) {
-      Fail(caller_.status());
-      return;
-    }
     StartRead(&message_);
   }
   ~Upload() override { EVP_MD_CTX_free(sha_); }
@@ -94,7 +90,10 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
  private:
   absl::Status Begin(const v1::UploadDatasetRequest& first) {
     started_ = true;
-    OOMB_ASSIGN_OR_RETURN(project_, ProjectOfParent(*caller_, first.parent()));
+    // The authorization step takes the first message, which names the project (parent).
+    OOMB_ASSIGN_OR_RETURN(Authorization authorized, service_->Authorize(ctx_, first));
+    caller_ = std::move(authorized.caller);
+    project_ = std::move(authorized.project);
     id_ = first.dataset_id().empty() ? "ds-" + RandomSuffix(10) : first.dataset_id();
     if (!names::ValidId(id_)) {
       return absl::InvalidArgumentError(
@@ -193,7 +192,7 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
     *resp_ = *std::move(d);
     Cleanup();
     spdlog::info("uploaded {} ({} bytes, {} records) by {}", name_, resp_->size_bytes(), resp_->records(),
-                 caller_->Name());
+                 caller_.Name());
     Finish(grpc::Status::OK);
   }
 
@@ -219,7 +218,7 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
     d.set_size_bytes(bytes_);
     d.set_sha256(sha);
     *d.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-    d.set_creator(caller_->user.empty() ? service_->ClientIdentity(ctx_) : caller_->user);
+    d.set_creator(caller_.user.empty() ? service_->ClientIdentity(ctx_) : caller_.user);
     d.set_records(counts.records);
     for (size_t k = 0; k < kRecordKinds; ++k) {
       if (counts.by_kind[k] > 0)
@@ -266,7 +265,7 @@ class DatasetServiceImpl::Upload final : public grpc::ServerReadReactor<v1::Uplo
   grpc::CallbackServerContext* const ctx_;
   v1::Dataset* const resp_;
   EVP_MD_CTX* const sha_;
-  absl::StatusOr<Caller> caller_;
+  Caller caller_;  // as the authorization step of the first message found it
   v1::UploadDatasetRequest message_;
   bool started_ = false, registered_ = false;
   std::string project_, id_, name_, display_name_, want_sha256_;
@@ -303,9 +302,9 @@ void DatasetServiceImpl::RemovePartialUploads() const {
   }
 }
 
-absl::StatusOr<Caller> DatasetServiceImpl::Authenticate(const grpc::CallbackServerContext* ctx) const {
-  if (options_.auth == nullptr) return Caller();
-  return options_.auth->Authenticate(*ctx);
+absl::StatusOr<Authorization> DatasetServiceImpl::Authorize(const grpc::CallbackServerContext* ctx,
+                                                            const google::protobuf::Message& request) const {
+  return options_.authorizer->Authorize(*ctx, request);
 }
 
 absl::Status DatasetServiceImpl::BeginUpload(const std::string& project, const std::string& name) {
@@ -347,20 +346,6 @@ void DatasetServiceImpl::EndUpload(const std::string& project, const std::string
   }
 }
 
-absl::StatusOr<v1::Dataset> DatasetServiceImpl::VisibleDataset(const Caller& caller, const std::string& name) const {
-  OOMB_ASSIGN_OR_RETURN(names::DatasetName ref, names::ParseDataset(name));
-  if (ref.project.empty()) {  // datasets/{id}: of the caller's only project
-    OOMB_ASSIGN_OR_RETURN(ref.project, ProjectOfParent(caller, ""));
-  }
-  if (!caller.MayActIn(ref.project)) {
-    LogDenied(caller, absl::StrCat("a dataset of project ", ref.project));
-    return absl::NotFoundError(absl::StrCat("no dataset ", Excerpt(name)));
-  }
-  absl::StatusOr<v1::Dataset> d = store_->GetDataset(names::Dataset(ref.project, ref.dataset));
-  if (absl::IsNotFound(d.status())) return absl::NotFoundError(absl::StrCat("no dataset ", Excerpt(name)));
-  return d;
-}
-
 grpc::ServerReadReactor<v1::UploadDatasetRequest>* DatasetServiceImpl::UploadDataset(grpc::CallbackServerContext* ctx,
                                                                                      v1::Dataset* resp) {
   return new Upload(this, ctx, resp);
@@ -368,8 +353,8 @@ grpc::ServerReadReactor<v1::UploadDatasetRequest>* DatasetServiceImpl::UploadDat
 
 grpc::ServerUnaryReactor* DatasetServiceImpl::GetDataset(grpc::CallbackServerContext* ctx,
                                                          const v1::GetDatasetRequest* req, v1::Dataset* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(*resp, VisibleDataset(caller, req->name()));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    *resp = *std::move(a.dataset);
     return absl::OkStatus();
   });
 }
@@ -377,15 +362,12 @@ grpc::ServerUnaryReactor* DatasetServiceImpl::GetDataset(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* DatasetServiceImpl::ListDatasets(grpc::CallbackServerContext* ctx,
                                                            const v1::ListDatasetsRequest* req,
                                                            v1::ListDatasetsResponse* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
     if (req->page_size() < 0) return absl::InvalidArgumentError("page_size: must be >= 0");
-    std::vector<std::string> projects;
-    if (req->parent().empty() || req->parent() == "projects/-") {
-      if (!caller.admin()) projects = caller.Projects();
-      if (!caller.admin() && projects.empty()) return absl::OkStatus();
-    } else {
-      OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOfParent(caller, req->parent()));
-      projects = {project};
+    std::vector<std::string> projects;  // empty: every project
+    if (a.list_projects.has_value()) {
+      if (a.list_projects->empty()) return absl::OkStatus();  // no project: no datasets
+      projects = *a.list_projects;
     }
     const int size = req->page_size() == 0 ? kDefaultPageSize : std::min(req->page_size(), kMaxPageSize);
     const uint64_t filter = FilterHash(req->parent());
@@ -403,13 +385,13 @@ grpc::ServerUnaryReactor* DatasetServiceImpl::ListDatasets(grpc::CallbackServerC
 grpc::ServerUnaryReactor* DatasetServiceImpl::DeleteDataset(grpc::CallbackServerContext* ctx,
                                                             const v1::DeleteDatasetRequest* req,
                                                             v1::DeleteDatasetResponse*) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const v1::Dataset d, VisibleDataset(caller, req->name()));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    const v1::Dataset& d = *a.dataset;
     OOMB_RETURN_IF_ERROR(store_->DeleteDataset(d.name()));  // first: no job resolves it any more
     const names::DatasetName ref = *names::ParseDataset(d.name());
     OOMB_ASSIGN_OR_RETURN(const Dir dir, options_.files->OpenDatasetsDir(ref.project));
     OOMB_RETURN_IF_ERROR(dir.RemoveTree(ref.dataset + ".jsonl"));
-    spdlog::info("deleted {} by {}", d.name(), caller.Name());
+    spdlog::info("deleted {} by {}", d.name(), a.caller.Name());
     return absl::OkStatus();
   });
 }

@@ -24,8 +24,9 @@
 // times a line, for each of its checking threads, and whole lines queued to them), whatever
 // the file's size: bounded by a constant of max_line_bytes.
 //
-// Callers and projects as in JobService (server/auth.h): a dataset of a project the caller may
-// not act in is NOT_FOUND.
+// Callers and projects as in JobService (server/auth.h): every handler begins with the one
+// authorization step (server/authorization.h; an upload's with its first message, which names
+// the project); a dataset of a project the caller may not act in is NOT_FOUND.
 //
 // Thread-safety: called concurrently by gRPC's threads.
 #ifndef OOMB_SERVER_DATASET_SERVICE_H_
@@ -40,6 +41,7 @@
 #include "absl/synchronization/mutex.h"
 #include "oomb/v1/datasets.grpc.pb.h"
 #include "server/auth.h"
+#include "server/authorization.h"
 #include "server/job_files.h"
 #include "server/projects.h"
 #include "server/store/job_store.h"
@@ -48,7 +50,8 @@
 namespace oomb::server {
 
 struct DatasetServiceOptions {
-  const Authenticator* auth = nullptr;              // null: every caller is an administrator
+  const Authorizer* authorizer = nullptr;           // the authorization step; required
+  const Authenticator* auth = nullptr;              // Dataset.creator without a user; null: the peer
   std::shared_ptr<const ProjectRegistry> projects;  // max_storage_bytes; null: no quotas
   std::shared_ptr<const JobFiles> files;            // required
   WorkPool* work = nullptr;                         // the checks of finished uploads; null: inline
@@ -75,12 +78,11 @@ class DatasetServiceImpl final : public v1::DatasetService::CallbackService {
 
  private:
   class Upload;
-  absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext* ctx) const;
+  // The authorization step (options_.authorizer) for the call `ctx` of the method taking `request`.
+  absl::StatusOr<Authorization> Authorize(const grpc::CallbackServerContext* ctx,
+                                          const google::protobuf::Message& request) const;
   // Dataset.creator without a user: the caller's address (Authenticator::ClientIdentity).
   std::string ClientIdentity(const grpc::CallbackServerContext* ctx) const;
-  // The dataset `name` names (datasets/{id}: in the caller's only project), when `caller` may
-  // act in its project; NOT_FOUND otherwise.
-  absl::StatusOr<v1::Dataset> VisibleDataset(const Caller& caller, const std::string& name) const;
   // Marks `name` (of `project`) as being uploaded: ABORTED when it already is,
   // RESOURCE_EXHAUSTED when the uploads in progress are at a limit.
   absl::Status BeginUpload(const std::string& project, const std::string& name);

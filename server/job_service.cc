@@ -53,12 +53,12 @@ constexpr int kMaxPageSize = 1000;
 constexpr int kDefaultEventPage = 500;
 constexpr int kMaxEventPage = 5000;
 
-// Runs a unary handler body with the authenticated caller and finishes the reactor with its
-// status.
+// Runs a unary handler body with what the authorization step found (server/authorization.h) and
+// finishes the reactor with its status.
 template <typename Fn>
-grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::StatusOr<Caller>& caller, Fn&& body) {
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, absl::StatusOr<Authorization> authorized, Fn&& body) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const absl::Status s = caller.ok() ? body(*caller) : caller.status();
+  const absl::Status s = authorized.ok() ? body(*authorized) : authorized.status();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }
@@ -461,7 +461,9 @@ absl::StatusOr<JobServiceImpl::Admission> JobServiceImpl::Admit(const v1::JobSpe
   for (const std::string& device : scheduler_->EligibleDevices(job)) {  // one at least: CheckPlacement
     PlanTarget target{.device = device, .device_bytes = device == "cpu" ? host : 0, .host_bytes = host};
     for (const v1::ServerInfo::Device& d : options_.server_info.devices()) {
-      if (d.name() == device) target.device_bytes = d.memory_bytes();
+      if (d.name() != device) continue;
+      target.device_bytes = d.memory_bytes();
+      if (d.compute_capability() > 0) target.compute_capability = d.compute_capability();
     }
     absl::StatusOr<MemoryPlan> plan = PlanMemory(a.model, job, target);
     if (!plan.ok()) return Annotate(plan.status(), "spec");
@@ -471,36 +473,9 @@ absl::StatusOr<JobServiceImpl::Admission> JobServiceImpl::Admit(const v1::JobSpe
   return a;
 }
 
-absl::StatusOr<Caller> JobServiceImpl::Authenticate(const grpc::CallbackServerContext* ctx) const {
-  if (options_.auth == nullptr) return Caller();
-  return options_.auth->Authenticate(*ctx);
-}
-
-absl::StatusOr<v1::Job> JobServiceImpl::VisibleJob(const Caller& caller, const std::string& name) const {
-  OOMB_ASSIGN_OR_RETURN(const names::JobName ref, names::ParseJob(name));
-  absl::StatusOr<v1::Job> job = store_->Get(ref.job);
-  if (job.ok()) {
-    const std::string project = ParseStoredName(job->name()).project;
-    if (caller.MayActIn(project) && (ref.project.empty() || ref.project == project)) return job;
-    LogDenied(caller, absl::StrCat("a job of project ", project, " (", name, ")"));
-  } else if (job.status().code() != absl::StatusCode::kNotFound) {
-    return job.status();
-  }
-  // What the caller may not see does not exist for it.
-  return absl::NotFoundError(absl::StrCat("no job ", Excerpt(name)));
-}
-
-absl::Status JobServiceImpl::CheckProjectQueue(const std::string& project) const {
-  if (options_.projects == nullptr) return absl::OkStatus();
-  const int64_t limit = options_.projects->Get(project).max_queued_jobs;
-  if (limit <= 0) return absl::OkStatus();
-  OOMB_ASSIGN_OR_RETURN(const auto usage, store_->Usage());
-  const auto it = usage.find(project);
-  const int64_t in_project = it == usage.end() ? 0 : it->second.waiting_jobs;
-  if (in_project < limit) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat("project ", project, " has ", in_project,
-                                                   " jobs waiting (max_queued_jobs ", limit,
-                                                   " in tenancy.projects_file); submit when some have started"));
+absl::StatusOr<Authorization> JobServiceImpl::Authorize(const grpc::CallbackServerContext* ctx,
+                                                        const google::protobuf::Message& request) const {
+  return options_.authorizer->Authorize(*ctx, request);
 }
 
 absl::Status JobServiceImpl::CheckTrackingSecret(const v1::MlflowSpec& mlflow, const std::string& project) const {
@@ -519,30 +494,22 @@ absl::Status JobServiceImpl::CheckTrackingSecret(const v1::MlflowSpec& mlflow, c
   return absl::OkStatus();
 }
 
-absl::Status JobServiceImpl::CheckPriority(int64_t priority, const std::string& project,
-                                           const std::string& field) const {
-  if (options_.projects == nullptr) return absl::OkStatus();
-  const std::optional<int64_t> max = options_.projects->Get(project).max_priority;
-  if (!max.has_value() || priority <= *max) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": at most ", *max, " in project ", project,
-                                                 " (max_priority in tenancy.projects_file), got ", priority));
-}
-
 grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(grpc::CallbackServerContext* ctx, const v1::CreateJobRequest* req,
                                                     v1::Job* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<Caller> caller = Authenticate(ctx);
-  if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
+  absl::StatusOr<Authorization> authorized = Authorize(ctx, *req);
+  if (!authorized.ok()) {
+    reactor->Finish(ToGrpcStatus(authorized.status()));
     return reactor;
   }
   // `req` and `resp` live until the reactor finishes.
-  auto work = [this, ctx, reactor, req, resp, caller = *std::move(caller),
+  auto work = [this, ctx, reactor, req, resp, a = *std::move(authorized),
                peer = options_.auth != nullptr ? options_.auth->ClientIdentity(*ctx) : PeerIdentity(*ctx)] {
     const auto abandoned = [ctx] {
       return ctx->IsCancelled() || ctx->deadline() <= std::chrono::system_clock::now() + kCreateMargin;
     };
-    reactor->Finish(ToGrpcStatus(Create(*req, caller, caller.user.empty() ? peer : caller.user, abandoned, resp)));
+    const std::string& user = a.caller.user;
+    reactor->Finish(ToGrpcStatus(Create(*req, a, user.empty() ? peer : user, abandoned, resp)));
   };
   if (options_.work == nullptr) {
     work();
@@ -574,10 +541,12 @@ absl::StatusOr<bool> AnswerRetry(Scheduler& scheduler, const v1::CreateJobReques
 
 }  // namespace
 
-absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Caller& caller, const std::string& creator,
-                                    const std::function<bool()>& abandoned, v1::Job* resp) const {
+absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Authorization& authorized,
+                                    const std::string& creator, const std::function<bool()>& abandoned,
+                                    v1::Job* resp) const {
   if (abandoned()) return CallerGone();
-  OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOfParent(caller, req.parent()));
+  const Caller& caller = authorized.caller;
+  const std::string& project = authorized.project;
   if (scheduler_->draining()) {
     return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
   }
@@ -594,9 +563,13 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
   // own deadline the same way.
   OOMB_ASSIGN_OR_RETURN(const bool retried, AnswerRetry(*scheduler_, req, caller, resp));
   if (retried) return absl::OkStatus();
-  OOMB_RETURN_IF_ERROR(CheckProjectQueue(project));
-  OOMB_RETURN_IF_ERROR(
-      Annotate(CheckPriority(req.spec().resources().priority(), project, "resources.priority"), "spec"));
+  // Admission before the spec and the datasets are checked, so that a full queue is refused at
+  // once; Submit asks the same policy again under the scheduler's lock, with the insert.
+  OOMB_RETURN_IF_ERROR(scheduler_->admission().Admit(AdmissionRequest{.project = project,
+                                                                      .creator = creator,
+                                                                      .gpus = req.spec().resources().gpus(),
+                                                                      .priority = req.spec().resources().priority()},
+                                                     *store_));
   OOMB_ASSIGN_OR_RETURN(const Admission admitted, Admit(req.spec(), project, caller, &req.job_id()));
   const JobConfig& job = admitted.inputs.job;
   // Admission: a job that cannot fit is refused now, naming the limit and the longest context
@@ -643,8 +616,8 @@ absl::Status JobServiceImpl::Create(const v1::CreateJobRequest& req, const Calle
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                                  v1::Job* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(*resp, VisibleJob(caller, req->name()));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    *resp = *std::move(a.job);
     scheduler_->FillQueueState(resp);
     return absl::OkStatus();
   });
@@ -652,17 +625,14 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ct
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
                                                    v1::ListJobsResponse* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
     if (req->page_size() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", req->page_size()));
     }
     ListQuery q;
-    if (req->parent().empty() || req->parent() == "projects/-") {
-      if (!caller.admin()) q.projects = caller.Projects();
-      if (!caller.admin() && q.projects.empty()) return absl::OkStatus();  // no project: no jobs
-    } else {
-      OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOfParent(caller, req->parent()));
-      q.projects = {project};
+    if (a.list_projects.has_value()) {
+      if (a.list_projects->empty()) return absl::OkStatus();  // no project: no jobs
+      q.projects = *a.list_projects;
     }
     q.page_size = req->page_size() == 0 ? kDefaultPageSize : std::min(req->page_size(), kMaxPageSize);
     for (int s : req->states()) q.states.push_back(static_cast<v1::Job::State>(s));
@@ -689,27 +659,24 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
                                                     v1::Job* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Cancel(ParseStoredName(job.name()).id, caller.user));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Cancel(ParseStoredName(a.job->name()).id, a.caller.user));
     return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::PauseJob(grpc::CallbackServerContext* ctx, const v1::PauseJobRequest* req,
                                                    v1::Job* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Pause(ParseStoredName(job.name()).id, caller.user));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Pause(ParseStoredName(a.job->name()).id, a.caller.user));
     return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* ctx, const v1::ResumeJobRequest* req,
                                                     v1::Job* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Resume(ParseStoredName(job.name()).id, caller.user));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Resume(ParseStoredName(a.job->name()).id, a.caller.user));
     scheduler_->FillQueueState(resp);
     return absl::OkStatus();
   });
@@ -717,8 +684,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
 
 grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* req,
                                                     v1::DeleteJobResponse*) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    const v1::Job& job = *a.job;
     const JobRef ref = ParseStoredName(job.name());
     OOMB_RETURN_IF_ERROR(scheduler_->Delete(ref.id));
     if (options_.files == nullptr) return absl::OkStatus();
@@ -730,7 +697,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext*
       return Annotate(s,
                       absl::StrCat("the job was deleted, but purging its files failed (", job.checkpoint_dir(), ")"));
     }
-    spdlog::info("deleted {} and its files by {}", job.name(), caller.Name());
+    spdlog::info("deleted {} and its files by {}", job.name(), a.caller.Name());
     return absl::OkStatus();
   });
 }
@@ -738,9 +705,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(grpc::CallbackServerContext* ctx,
                                                         const v1::ListJobEventsRequest* req,
                                                         v1::ListJobEventsResponse* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
-    const std::string id = ParseStoredName(job.name()).id;
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    const std::string id = ParseStoredName(a.job->name()).id;
     if (req->page_size() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", req->page_size()));
     }
@@ -755,26 +721,19 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* JobServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
                                                                          const v1::WatchJobRequest* req) {
-  absl::StatusOr<Caller> caller = Authenticate(ctx);
-  absl::StatusOr<v1::Job> job = caller.ok() ? VisibleJob(*caller, req->name()) : caller.status();
-  const absl::StatusOr<std::string> id =
-      job.ok() ? absl::StatusOr<std::string>(ParseStoredName(job->name()).id) : job.status();
-  if (!id.ok()) return new FailedStream<v1::WatchJobResponse>(ToGrpcStatus(id.status()));
-  const std::string name = req->name();
-  auto authorized = [this, ctx, name]() -> absl::Status {
-    absl::StatusOr<Caller> caller = Authenticate(ctx);
-    if (!caller.ok()) return caller.status();
-    return VisibleJob(*caller, name).status();
-  };
-  return new WatchReactor(store_, hub_, scheduler_, *id, std::max<int64_t>(0, req->after_sequence()),
+  const absl::StatusOr<Authorization> a = Authorize(ctx, *req);
+  if (!a.ok()) return new FailedStream<v1::WatchJobResponse>(ToGrpcStatus(a.status()));
+  const std::string id = ParseStoredName(a->job->name()).id;
+  auto authorized = [this, ctx, request = *req]() -> absl::Status { return Authorize(ctx, request).status(); };
+  return new WatchReactor(store_, hub_, scheduler_, id, std::max<int64_t>(0, req->after_sequence()),
                           std::move(authorized));
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerContext* ctx,
                                                           const v1::ListCheckpointsRequest* req,
                                                           v1::ListCheckpointsResponse* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->name()));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    const v1::Job& job = *a.job;
     OOMB_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(ParseStoredName(job.name()).id));
     // The store keeps every CHECKPOINT_SAVED event; checkpoint.keep_last has since deleted all
     // but the newest directories, and only those can be loaded or resumed from.
@@ -795,12 +754,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerCo
   });
 }
 
-absl::StatusOr<v1::Checkpoint> JobServiceImpl::VisibleCheckpoint(const Caller& caller, const std::string& name,
-                                                                 v1::Job* job) const {
+absl::StatusOr<v1::Checkpoint> JobServiceImpl::CheckpointOf(const v1::Job& job, const std::string& name) const {
   OOMB_ASSIGN_OR_RETURN(const names::CheckpointName ref, names::ParseCheckpoint(name));
-  OOMB_ASSIGN_OR_RETURN(*job, VisibleJob(caller, ref.job.project.empty() ? "jobs/" + ref.job.job
-                                                                         : names::Job(ref.job.project, ref.job.job)));
-  OOMB_ASSIGN_OR_RETURN(const std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(ref.job.job));
+  OOMB_ASSIGN_OR_RETURN(const std::vector<v1::Checkpoint> cps, store_->ListCheckpoints(ParseStoredName(job.name()).id));
   for (auto it = cps.rbegin(); it != cps.rend(); ++it) {
     const bool match = ref.step.has_value() ? (!it->final() && it->step() == *ref.step) : it->final();
     std::error_code ec;
@@ -815,10 +771,10 @@ grpc::ServerWriteReactor<v1::DownloadCheckpointResponse>* JobServiceImpl::Downlo
   const auto fail = [](const absl::Status& s) {
     return new FailedStream<v1::DownloadCheckpointResponse>(ToGrpcStatus(s));
   };
-  absl::StatusOr<Caller> caller = Authenticate(ctx);
-  if (!caller.ok()) return fail(caller.status());
-  v1::Job job;
-  absl::StatusOr<v1::Checkpoint> checkpoint = VisibleCheckpoint(*caller, req->name(), &job);
+  absl::StatusOr<Authorization> a = Authorize(ctx, *req);
+  if (!a.ok()) return fail(a.status());
+  const v1::Job& job = *a->job;
+  absl::StatusOr<v1::Checkpoint> checkpoint = CheckpointOf(job, req->name());
   if (!checkpoint.ok()) return fail(checkpoint.status());
   const JobRef ref = ParseStoredName(job.name());
   absl::StatusOr<Dir> dir = options_.files != nullptr ? options_.files->OpenCheckpoint(checkpoint->path(), ref.project)
@@ -845,12 +801,9 @@ grpc::ServerWriteReactor<v1::DownloadCheckpointResponse>* JobServiceImpl::Downlo
     return fail(absl::UnavailableError(
         absl::StrCat(kMaxDownloads, " downloads are running on this daemon; retry in a moment")));
   }
-  const std::string name = req->name();
-  auto authorized = [this, ctx, name]() -> absl::Status {
-    absl::StatusOr<Caller> caller = Authenticate(ctx);
-    if (!caller.ok()) return caller.status();
-    v1::Job job;
-    return VisibleCheckpoint(*caller, name, &job).status();
+  auto authorized = [this, ctx, request = *req]() -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const Authorization again, Authorize(ctx, request));
+    return CheckpointOf(*again.job, request.name()).status();
   };
   return new DownloadReactor(*std::move(archive), std::move(description), req->offset(), &active_downloads_,
                              std::move(authorized));
@@ -859,9 +812,8 @@ grpc::ServerWriteReactor<v1::DownloadCheckpointResponse>* JobServiceImpl::Downlo
 grpc::ServerUnaryReactor* JobServiceImpl::EstimateJob(grpc::CallbackServerContext* ctx,
                                                       const v1::EstimateJobRequest* req,
                                                       v1::EstimateJobResponse* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const std::string project, ProjectOfParent(caller, req->parent()));
-    OOMB_ASSIGN_OR_RETURN(const Admission admitted, Admit(req->spec(), project, caller, nullptr));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    OOMB_ASSIGN_OR_RETURN(const Admission admitted, Admit(req->spec(), a.project, a.caller, nullptr));
     *resp = MemoryPlanToProto(admitted.plan);
     return EstimateTime(admitted, resp);
   });
@@ -902,8 +854,8 @@ absl::Status JobServiceImpl::EstimateTime(const Admission& admitted, v1::Estimat
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetServerInfo(grpc::CallbackServerContext* ctx,
-                                                        const v1::GetServerInfoRequest*, v1::ServerInfo* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller&) -> absl::Status {
+                                                        const v1::GetServerInfoRequest* req, v1::ServerInfo* resp) {
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization&) -> absl::Status {
     *resp = options_.server_info;
     resp->set_draining(scheduler_->draining());
     return absl::OkStatus();
@@ -912,8 +864,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetServerInfo(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* JobServiceImpl::UpdateJob(grpc::CallbackServerContext* ctx, const v1::UpdateJobRequest* req,
                                                     v1::Job* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
-    OOMB_ASSIGN_OR_RETURN(const v1::Job job, VisibleJob(caller, req->job().name()));
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    const v1::Job& job = *a.job;
     if (req->update_mask().paths().empty()) {
       return absl::InvalidArgumentError("update_mask: name the fields to change (labels, priority, spec.display_name)");
     }
@@ -926,7 +878,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::UpdateJob(grpc::CallbackServerContext*
       } else if (path == "priority") {
         probe.mutable_resources()->set_priority(req->job().priority());
         OOMB_RETURN_IF_ERROR(
-            Annotate(CheckPriority(req->job().priority(), ParseStoredName(job.name()).project, "priority"), "job"));
+            Annotate(scheduler_->admission().CheckPriority(req->job().priority(), a.project, "priority"), "job"));
       } else if (path == "spec.display_name") {
         probe.set_display_name(req->job().spec().display_name());
         OOMB_RETURN_IF_ERROR(Annotate(CheckDisplayName(probe.display_name()), "job"));
@@ -937,15 +889,16 @@ grpc::ServerUnaryReactor* JobServiceImpl::UpdateJob(grpc::CallbackServerContext*
       paths.push_back(path);
     }
     OOMB_RETURN_IF_ERROR(Annotate(spec::CheckRules(probe, /*check_required=*/false), "job"));
-    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Update(ParseStoredName(job.name()).id, req->job(), paths, caller.user));
+    OOMB_ASSIGN_OR_RETURN(*resp, scheduler_->Update(ParseStoredName(job.name()).id, req->job(), paths, a.caller.user));
     scheduler_->FillQueueState(resp);
     return absl::OkStatus();
   });
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::GetCaller(grpc::CallbackServerContext* ctx, const v1::GetCallerRequest*,
+grpc::ServerUnaryReactor* JobServiceImpl::GetCaller(grpc::CallbackServerContext* ctx, const v1::GetCallerRequest* req,
                                                     v1::Caller* resp) {
-  return Unary(ctx, Authenticate(ctx), [&](const Caller& caller) -> absl::Status {
+  return Unary(ctx, Authorize(ctx, *req), [&](Authorization& a) -> absl::Status {
+    const Caller& caller = a.caller;
     resp->set_user(caller.user);
     resp->set_uid(caller.uid);
     for (const std::string& g : caller.groups) resp->add_groups(g);

@@ -7,9 +7,11 @@
 // reactor that takes live events from the WatchHub into a bounded buffer and re-reads from the store when it falls
 // behind, so a slow client never blocks a training thread.
 //
-// Callers and projects (proto/oomb/v1/jobs.proto; server/auth.h): every method authenticates
-// its caller (UNAUTHENTICATED otherwise) and checks it against the project of the job it names
-// (NOT_FOUND for a job the caller may not see) or of the parent it names (PERMISSION_DENIED).
+// Callers and projects (proto/oomb/v1/jobs.proto; server/auth.h): every handler begins with the
+// one authorization step (server/authorization.h), which authenticates its caller
+// (UNAUTHENTICATED otherwise) and checks it against the project of the job it names (NOT_FOUND
+// for a job the caller may not see) or of the parent it names (PERMISSION_DENIED), as the
+// method's (oomb.v1.auth) rule says; the handler acts on what the step found.
 // grpc.health.v1 is a separate service and stays open for probes.
 //
 // Thread-safety: the service is called concurrently by gRPC's threads; it holds no state of
@@ -26,6 +28,7 @@
 #include "absl/status/status.h"
 #include "oomb/v1/jobs.grpc.pb.h"
 #include "server/auth.h"
+#include "server/authorization.h"
 #include "server/engine_rates_store.h"
 #include "server/job_files.h"
 #include "server/named_inputs.h"
@@ -39,10 +42,13 @@
 namespace oomb::server {
 
 struct JobServiceOptions {
-  // Who calls (null: nobody is identified; every caller is an administrator). Must outlive the
-  // service.
+  // The authorization step every handler begins with. Required; must outlive the service.
+  const Authorizer* authorizer = nullptr;
+  // Who calls, for Job.creator when no user is identified (null: the gRPC peer). Must outlive
+  // the service.
   const Authenticator* auth = nullptr;
-  // Per-project settings (null: none): quotas checked at CreateJob.
+  // Per-project settings (null: none): the secrets a job may name (its limits are the
+  // scheduler's admission policy, server/admission.h).
   std::shared_ptr<const ProjectRegistry> projects;
   // CreateJob reads and checks the datasets with this (production: oomb::ValidateJobData)
   // when they are at most `validate_data_max_bytes` together, so a bad line is
@@ -111,19 +117,19 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
                                       v1::Caller* resp) override;
 
  private:
-  absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext* ctx) const;
-  // The job `name` names, when `caller` may see it (its project); NOT_FOUND otherwise, as for a
-  // job that does not exist. INVALID_ARGUMENT for a name of neither form.
-  absl::StatusOr<v1::Job> VisibleJob(const Caller& caller, const std::string& name) const;
-  // The checkpoint `name` names (proto/spec/resource_names.h; a job alone: its final one) of a
-  // job `caller` may see (`job` set to it), when its directory is on this daemon's disk;
-  // NOT_FOUND otherwise.
-  absl::StatusOr<v1::Checkpoint> VisibleCheckpoint(const Caller& caller, const std::string& name, v1::Job* job) const;
-  // CreateJob's work after authentication: a retry's job at once, else checks, admission, dataset scan, Submit.
+  // The authorization step (options_.authorizer) for the call `ctx` of the method taking `request`.
+  absl::StatusOr<Authorization> Authorize(const grpc::CallbackServerContext* ctx,
+                                          const google::protobuf::Message& request) const;
+  // The checkpoint `name` names (proto/spec/resource_names.h; a job alone: its final one) of
+  // `job` (the one authorization found), when its directory is on this daemon's disk; NOT_FOUND
+  // otherwise.
+  absl::StatusOr<v1::Checkpoint> CheckpointOf(const v1::Job& job, const std::string& name) const;
+  // CreateJob's work after authorization (the caller and its project): a retry's job at once, else checks,
+  // admission, dataset scan, Submit.
   // `abandoned` says whether the caller has gone (it cancelled, or its deadline is less than the time storing a job
   // may take away): checked first and last before the job is stored, so that no job is created for a caller told
   // DEADLINE_EXCEEDED (a retry with the same request_id covers a store slower than that margin).
-  absl::Status Create(const v1::CreateJobRequest& req, const Caller& caller, const std::string& creator,
+  absl::Status Create(const v1::CreateJobRequest& req, const Authorization& authorized, const std::string& creator,
                       const std::function<bool()>& abandoned, v1::Job* resp) const;
   // options_.validate_data's summary for datasets within the size limit; nullopt otherwise.
   absl::StatusOr<std::optional<v1::DatasetSummary>> ValidateData(const ResolvedInputs& resolved,
@@ -149,13 +155,9 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   absl::StatusOr<ModelConfig> ModelConfigOf(const JobConfig& job, const std::string& project) const;
   // EstimateJob's time and cost beside `plan` (EngineRatesStore, worker/plan/step_time.h).
   absl::Status EstimateTime(const Admission& admitted, v1::EstimateJobResponse* resp) const;
-  // RESOURCE_EXHAUSTED when `project` already has its max_queued_jobs waiting.
   // INVALID_ARGUMENT naming tracking.mlflow.token_secret when it names no secret of `project`
   // (ProjectSettings::secrets), or the job has no tracking server to send it to.
   absl::Status CheckTrackingSecret(const v1::MlflowSpec& mlflow, const std::string& project) const;
-  absl::Status CheckProjectQueue(const std::string& project) const;
-  // INVALID_ARGUMENT naming `field` when `priority` is above its project's max_priority.
-  absl::Status CheckPriority(int64_t priority, const std::string& project, const std::string& field) const;
 
   static constexpr int kMaxDownloads = 16;
 

@@ -121,7 +121,14 @@ bool IsTerminal(v1::Job::State state) {
 }
 
 Scheduler::Scheduler(JobStore* store, WatchHub* hub, SchedulerOptions options)
-    : store_(store), hub_(hub), options_(std::move(options)) {}
+    : store_(store),
+      hub_(hub),
+      options_(std::move(options)),
+      admission_(AdmissionOptions{.projects = options_.projects,
+                                  .max_queued_per_client = options_.max_queued_per_client,
+                                  .preemption = options_.preemption,
+                                  .preemption_min_run = options_.preemption_min_run,
+                                  .device_word = DeviceWord()}) {}
 
 Scheduler::~Scheduler() { Drain(absl::InfiniteDuration()); }
 
@@ -259,48 +266,19 @@ void Scheduler::Committed(const v1::Job& job, const std::vector<v1::JobEvent>& e
 
 void Scheduler::WakeWorkersLocked() { cv_.SignalAll(); }
 
-absl::Status Scheduler::CheckProjectWaitingLocked(const std::string& project, int64_t limit) {
-  if (limit <= 0) return absl::OkStatus();
-  OOMB_ASSIGN_OR_RETURN(const auto usage, store_->Usage());
-  const auto it = usage.find(project);
-  const int64_t waiting = it == usage.end() ? 0 : it->second.waiting_jobs;
-  if (waiting < limit) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat("project ", project, " has ", waiting,
-                                                   " jobs waiting (max_queued_jobs ", limit,
-                                                   " in tenancy.projects_file); submit when some have started"));
-}
-
 absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& effective, const JobConfig& config,
                                           const std::string& job_id, const std::string& request_id, bool* created,
                                           const SubmitOptions& options) {
   const v1::DatasetSummary* dataset = options.dataset;
   const std::string& creator = options.creator;
   if (draining_) return absl::UnavailableError("the server is shutting down; submit to another server or retry later");
-  int64_t max_waiting_in_project = 0;
-  if (options_.projects != nullptr) {
-    const ProjectSettings settings = options_.projects->Get(options.project);
-    const int64_t most = settings.max_running_devices;
-    if (most > 0 && config.resources.gpus > most) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "resources.gpus: ", config.resources.gpus, " ", DeviceWord(), " asked for, but project ", options.project,
-          " may hold at most ", most, " at once (max_running_devices in tenancy.projects_file)"));
-    }
-    max_waiting_in_project = settings.max_queued_jobs;
-  }
   absl::MutexLock lock(&mu_);
   // Counted and inserted under one lock: concurrent submits cannot all see room for one more.
-  OOMB_RETURN_IF_ERROR(CheckProjectWaitingLocked(options.project, max_waiting_in_project));
-  if (options_.max_queued_per_client > 0 && !creator.empty()) {
-    OOMB_ASSIGN_OR_RETURN(std::vector<v1::Job> waiting,
-                          store_->ListByState({v1::Job::VALIDATING, v1::Job::QUEUED, v1::Job::PAUSED}));
-    const int64_t mine =
-        std::count_if(waiting.begin(), waiting.end(), [&](const v1::Job& j) { return j.creator() == creator; });
-    if (mine >= options_.max_queued_per_client) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(creator, " already has ", mine, " jobs waiting (scheduler.max_queued_jobs_per_client: ",
-                       options_.max_queued_per_client, "); submit more when some have started or ended"));
-    }
-  }
+  OOMB_RETURN_IF_ERROR(admission_.Admit(AdmissionRequest{.project = options.project,
+                                                         .creator = creator,
+                                                         .gpus = config.resources.gpus,
+                                                         .priority = config.resources.priority},
+                                        *store_));
   if (!config.checkpoint.dir.empty()) OOMB_RETURN_IF_ERROR(CheckCheckpointDirUnusedLocked(config, job_id, request_id));
   for (int attempt = 0;; ++attempt) {
     std::string id = job_id;
@@ -508,13 +486,13 @@ void Scheduler::FillQueueState(v1::Job* job, const std::map<std::string, Project
   if (!position.ok()) return;
   job->set_queue_position(*position);
   std::string reason;
-  if (options_.projects != nullptr) {
+  if (admission_.has_projects()) {
     absl::StatusOr<std::map<std::string, ProjectUsage>> read;
     if (usage == nullptr) {
       read = store_->Usage();
       if (read.ok()) usage = &*read;
     }
-    if (usage != nullptr) reason = QuotaReason(*job, *usage);
+    if (usage != nullptr) reason = admission_.QuotaReason(*job, *usage);
   }
   if (reason.empty()) {
     const int gpus = std::max(1, job->spec().resources().gpus());
@@ -530,38 +508,6 @@ std::string Scheduler::DeviceWord() const {
     if (absl::StartsWith(d, "cuda")) return "GPUs";
   }
   return "devices";
-}
-
-std::map<std::string, ProjectQuota> Scheduler::Quotas() const {
-  std::map<std::string, ProjectQuota> out;
-  if (options_.projects == nullptr) return out;
-  for (const auto& [project, settings] : options_.projects->All()) {
-    if (settings.max_running_devices > 0 || settings.max_device_hours_per_day > 0) {
-      out[project] = ProjectQuota{.max_devices = settings.max_running_devices,
-                                  .max_device_seconds_per_day = settings.max_device_hours_per_day * 3600};
-    }
-  }
-  return out;
-}
-
-std::string Scheduler::QuotaReason(const v1::Job& job, const std::map<std::string, ProjectUsage>& usage) const {
-  const std::string project = ParseStoredName(job.name()).project;
-  const ProjectSettings settings = options_.projects->Get(project);
-  const auto it = usage.find(project);
-  const ProjectUsage used = it == usage.end() ? ProjectUsage() : it->second;
-  const std::string word = DeviceWord();
-  if (settings.max_device_hours_per_day > 0 &&
-      used.device_seconds_per_day >= settings.max_device_hours_per_day * 3600) {
-    return absl::StrFormat("project %s used %.1f/%g %s-hours in the last 24 h", project,
-                           used.device_seconds_per_day / 3600, settings.max_device_hours_per_day,
-                           word.substr(0, word.size() - 1));
-  }
-  const int gpus = std::max(1, job.spec().resources().gpus());
-  if (settings.max_running_devices > 0 && used.running_devices + gpus > settings.max_running_devices) {
-    return absl::StrCat("project ", project, " uses ", used.running_devices, "/", settings.max_running_devices, " ",
-                        word, gpus > 1 ? absl::StrCat(" (this job needs ", gpus, ")") : "");
-  }
-  return "";
 }
 
 std::map<std::string, int32_t> Scheduler::ClaimableDevices(size_t slot) const {
@@ -584,7 +530,7 @@ absl::StatusOr<std::optional<ClaimResult>> Scheduler::ClaimNextLocked(size_t slo
   request.owner = options_.daemon_id;
   request.devices = ClaimableDevices(slot);
   request.lease = options_.lease;
-  request.quotas = Quotas();
+  request.quotas = admission_.Quotas();
   std::string on;
   // Runs inside the store's transaction, with mu_ held (busy_ cannot change meanwhile).
   absl::StatusOr<std::optional<ClaimResult>> claimed =
@@ -1017,14 +963,8 @@ void Scheduler::FleetLoop() {
 
 bool Scheduler::MayPreemptLocked(const Running& victim, const v1::Job& waiting, absl::Time now) const {
   if (victim.lease_lost || victim.stop->load() != kNoStop) return false;  // already stopping
-  if (victim.priority >= waiting.priority()) return false;
-  const std::string project = ParseStoredName(waiting.name()).project;
-  if (victim.project != project &&
-      (options_.preemption == PreemptionScope::kProject ||
-       (options_.projects != nullptr && !options_.projects->Get(project).preempt_other_projects))) {
-    return false;
-  }
-  return now - victim.started >= options_.preemption_min_run;
+  return admission_.MayPreempt(
+      RunningJob{.project = victim.project, .priority = victim.priority, .started = victim.started}, waiting, now);
 }
 
 void Scheduler::MaybePreemptLocked() {
@@ -1037,14 +977,14 @@ void Scheduler::MaybePreemptLocked() {
   std::stable_sort(queued->begin(), queued->end(),
                    [](const v1::Job& a, const v1::Job& b) { return a.priority() > b.priority(); });
   std::map<std::string, ProjectUsage> usage;
-  if (options_.projects != nullptr) {
+  if (admission_.has_projects()) {
     absl::StatusOr<std::map<std::string, ProjectUsage>> u = store_->Usage();
     if (!u.ok()) return;
     usage = *std::move(u);
   }
   const absl::Time now = absl::Now();
   for (const v1::Job& waiting : *queued) {
-    if (options_.projects != nullptr && !QuotaReason(waiting, usage).empty()) continue;  // its quota holds it
+    if (!admission_.QuotaReason(waiting, usage).empty()) continue;  // its quota holds it
     const int gpus = std::max(1, waiting.spec().resources().gpus());
     std::vector<size_t> eligible;
     for (size_t slot = 0; slot < options_.devices.size(); ++slot) {

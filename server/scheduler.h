@@ -93,6 +93,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "oomb/v1/jobs.pb.h"
+#include "server/admission.h"
 #include "server/job_files.h"
 #include "server/metrics/metrics_sink.h"
 #include "server/projects.h"
@@ -105,13 +106,6 @@ namespace oomb::server {
 
 using JobRunner = std::function<absl::StatusOr<RunResult>(const JobConfig&, const RunOptions&)>;
 
-// Which running jobs a waiting job of higher priority may preempt (scheduler.preemption).
-enum class PreemptionScope {
-  kNone,     // none: priorities only order the queue
-  kProject,  // those of its own project
-  kAll,      // those of any project, unless its project has preempt_other_projects: false
-             // (server/projects.h)
-};
 // The full scan of a job's datasets (production: oomb::ValidateJobData, converted).
 using DataValidator = std::function<absl::StatusOr<v1::DatasetSummary>(const JobConfig&, const FileAccess&)>;
 
@@ -194,8 +188,8 @@ class Scheduler {
   // by the caller as `job` (ResolveJobSpec, its placement checked: CheckPlacement):
   // VALIDATING, or QUEUED when `options.dataset` is given. `job_id` empty: one is generated.
   // See JobStore::Create for `request_id`; `created` tells whether this call created the job.
-  // UNAVAILABLE while draining; RESOURCE_EXHAUSTED when the creator already has
-  // max_queued_per_client jobs waiting or the project may not hold that many devices. The
+  // UNAVAILABLE while draining; what admission().Admit refuses (its queue limits, priority
+  // bound and device quota), checked under the scheduler's lock with the insert. The
   // warnings are recorded as Job.warnings and as WARNING events after the first state event.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const JobConfig& job, const std::string& job_id,
                                  const std::string& request_id, bool* created = nullptr,
@@ -230,6 +224,10 @@ class Scheduler {
   bool Drain(absl::Duration timeout);
   bool draining() const { return draining_.load(); }
 
+  // The admission policy (server/admission.h) Submit and the claims use, built from the options;
+  // CreateJob and UpdateJob ask it too.
+  const AdmissionPolicy& admission() const { return admission_; }
+
  private:
   // kStopAbandon: the drain's deadline passed; stop without a checkpoint and requeue.
   // kStopPreempt: finish the current step, checkpoint it, stop (and requeue).
@@ -244,11 +242,6 @@ class Scheduler {
     int32_t priority = 0;
     absl::Time started;  // when this run claimed the job
   };
-  // The limits of every project with a quota, as a claim takes them.
-  std::map<std::string, ProjectQuota> Quotas() const;
-  // Why a QUEUED job waits on its project's quota ("project nlp uses 4/4 GPUs"); empty when
-  // its project is under its quotas.
-  std::string QuotaReason(const v1::Job& job, const std::map<std::string, ProjectUsage>& usage) const;
   // "GPUs" or "devices", as this daemon's devices are.
   std::string DeviceWord() const;
   // Preempts running jobs for the best queued job that waits for devices (see the file comment).
@@ -309,9 +302,6 @@ class Scheduler {
   void RecordOutcome(const RunResult& result, const RunEnd& end, v1::Job* j, std::vector<v1::JobEvent>* events) const;
   // A transient failure: QUEUED for another attempt, with a warning naming the error.
   void Retry(const absl::Status& s, int max_retries, v1::Job* j, std::vector<v1::JobEvent>* events) const;
-  // RESOURCE_EXHAUSTED naming max_queued_jobs when `project` has `limit` jobs waiting (limit 0:
-  // none); under mu_, with the insert, so that concurrent submits cannot all pass it.
-  absl::Status CheckProjectWaitingLocked(const std::string& project, int64_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (CHECKPOINT_DIR_TAKEN) when spec.checkpoint.dir is, holds or lies inside
   // the checkpoint directory of a job in the store (not `job_id`, nor the job of `request_id`).
   absl::Status CheckCheckpointDirUnusedLocked(const JobConfig& job, const std::string& job_id,
@@ -324,6 +314,7 @@ class Scheduler {
   JobStore* const store_;
   WatchHub* const hub_;
   const SchedulerOptions options_;
+  const AdmissionPolicy admission_;  // from options_
 
   absl::Mutex mu_;
   absl::CondVar cv_;                                         // a job was queued, the running set or stopping_ changed
