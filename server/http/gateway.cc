@@ -114,14 +114,20 @@ void AddCaller(const HttpRequest& req, const std::string& key, grpc::ClientConte
 
 }  // namespace
 
-// A server stream read on a thread of its own into a bounded queue, which the HTTP side drains
-// without blocking; each message (and the end) wakes the call. Destroying it cancels the call.
-template <typename Response>
+// A server stream, any method's (its messages of the method's output type, made from the
+// generated pool's prototype), read on a thread of its own into a bounded queue, which the HTTP
+// side drains without blocking; each message (and the end) wakes the call. Destroying it cancels
+// the call.
 class StreamPump {
  public:
-  StreamPump(std::unique_ptr<grpc::ClientContext> ctx, std::unique_ptr<grpc::ClientReader<Response>> reader,
-             std::shared_ptr<HttpWaker> waker)
-      : ctx_(std::move(ctx)), reader_(std::move(reader)), waker_(std::move(waker)) {
+  StreamPump(const std::shared_ptr<grpc::Channel>& channel, const google::protobuf::MethodDescriptor* method,
+             std::unique_ptr<grpc::ClientContext> ctx, const Message& request, std::shared_ptr<HttpWaker> waker)
+      : ctx_(std::move(ctx)),
+        path_(absl::StrCat("/", method->service()->full_name(), "/", method->name())),
+        prototype_(google::protobuf::MessageFactory::generated_factory()->GetPrototype(method->output_type())),
+        waker_(std::move(waker)) {
+    const grpc::internal::RpcMethod rpc(path_.c_str(), grpc::internal::RpcMethod::SERVER_STREAMING, channel);
+    reader_.reset(grpc::internal::ClientReaderFactory<Message>::Create(channel.get(), rpc, ctx_.get(), request));
     thread_ = std::thread([this] { Run(); });
   }
   ~StreamPump() {
@@ -135,7 +141,7 @@ class StreamPump {
   }
   // The next message: true with `out` set; false at the end (`status` then set); nullopt when
   // none has come yet.
-  std::optional<bool> TryNext(Response* out, grpc::Status* status) {
+  std::optional<bool> TryNext(std::unique_ptr<Message>* out, grpc::Status* status) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!queue_.empty()) {
       *out = std::move(queue_.front());
@@ -151,8 +157,9 @@ class StreamPump {
  private:
   static constexpr size_t kMaxQueued = 16;  // back-pressure: the reader waits for the HTTP side
   void Run() {
-    Response m;
-    while (reader_->Read(&m)) {
+    for (;;) {
+      std::unique_ptr<Message> m(prototype_->New());
+      if (!reader_->Read(m.get())) break;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return queue_.size() < kMaxQueued || cancelled_; });
@@ -171,12 +178,14 @@ class StreamPump {
   }
 
   std::unique_ptr<grpc::ClientContext> ctx_;
-  std::unique_ptr<grpc::ClientReader<Response>> reader_;
+  const std::string path_;  // "/oomb.v1.JobService/WatchJob": the RpcMethod holds a pointer to it
+  const Message* const prototype_;
+  std::unique_ptr<grpc::ClientReader<Message>> reader_;
   const std::shared_ptr<HttpWaker> waker_;
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Response> queue_;
+  std::deque<std::unique_ptr<Message>> queue_;
   bool done_ = false, cancelled_ = false;
   grpc::Status status_;
 };
@@ -216,13 +225,13 @@ ssize_t CopyOut(const std::string& text, size_t* offset, char* buffer, size_t ma
   return static_cast<ssize_t>(n);
 }
 
-// A watch's answer as server-sent events (gateway.h): an event per message, a keep-alive comment
-// when none came for kKeepAlive, `event: end` last.
+// A server stream's answer as server-sent events (gateway.h): an event per message, a keep-alive
+// comment when none came for kKeepAlive, `event: end` last.
 struct SseStream {
-  std::shared_ptr<StreamPump<v1::WatchJobResponse>> pump;
+  std::shared_ptr<StreamPump> pump;
   std::shared_ptr<void> slot;  // the project's stream slot, held while the stream is open
   std::shared_ptr<HttpWaker> waker;
-  std::optional<v1::WatchJobResponse> pending;  // the first message, read before the headers
+  std::unique_ptr<Message> pending;  // the first message, read before the headers
   std::string out;
   size_t sent = 0;
   bool ended = false;
@@ -231,15 +240,10 @@ struct SseStream {
   ssize_t Next(char* buffer, size_t max) {
     if (sent < out.size()) return CopyOut(out, &sent, buffer, max);
     if (ended) return kStreamEnd;
-    v1::WatchJobResponse m;
+    std::unique_ptr<Message> m = std::move(pending);
     grpc::Status status;
     std::optional<bool> next = true;
-    if (pending.has_value()) {
-      m = std::move(*pending);
-      pending.reset();
-    } else {
-      next = pump->TryNext(&m, &status);
-    }
+    if (m == nullptr) next = pump->TryNext(&m, &status);
     const auto now = std::chrono::steady_clock::now();
     if (!next.has_value()) {
       if (now - last < kKeepAlive) {
@@ -248,8 +252,9 @@ struct SseStream {
       }
       out = ": keep-alive\n\n";
     } else if (*next) {
-      const int64_t id = m.has_event() ? m.event().sequence() : m.snapshot().last_sequence();
-      out = absl::StrCat("id: ", id, "\nevent: ", m.has_event() ? "event" : "snapshot", "\ndata: ", ToJson(m), "\n\n");
+      const HttpEvent e = EventOf(*m);
+      out = absl::StrCat(e.id ? absl::StrCat("id: ", *e.id, "\n") : "", "event: ", e.name, "\ndata: ", ToJson(*m),
+                         "\n\n");
     } else {
       out = absl::StrCat("event: end\ndata: ", status.ok() ? "{}" : ErrorJson(status), "\n\n");
       ended = true;
@@ -260,27 +265,33 @@ struct SseStream {
   }
 };
 
-// A download's answer: the archive's bytes from the pump, `length` of them; cut short (the
-// client sees a short body) when the stream ends first.
+// A byte stream's answer: the content's bytes (the route's `data` field) from the pump, `length`
+// of them; cut short (the client sees a short body) when the stream ends first.
 struct DownloadStream {
-  std::shared_ptr<StreamPump<v1::DownloadCheckpointResponse>> pump;
+  std::shared_ptr<StreamPump> pump;
+  const google::protobuf::FieldDescriptor* data = nullptr;
   std::shared_ptr<void> slot;
   std::string buffer;
   size_t sent = 0;
 
   ssize_t Next(char* out, size_t max) {
     while (sent >= buffer.size()) {
-      v1::DownloadCheckpointResponse m;
+      std::unique_ptr<Message> m;
       grpc::Status status;
       std::optional<bool> next = pump->TryNext(&m, &status);
       if (!next.has_value()) return kStreamWait;
       if (!*next) return kStreamAbort;
-      buffer = std::move(*m.mutable_data());
+      buffer = m->GetReflection()->GetString(*m, data);
       sent = 0;
     }
     return CopyOut(buffer, &sent, out, max);
   }
 };
+
+// The project a match's resource names ("projects/{p}/..." in its first path variable); "".
+std::string ProjectOf(const HttpMatch& match) {
+  return match.bindings.empty() ? "" : ProjectOf(match.bindings.front().second);
+}
 
 }  // namespace
 
@@ -371,37 +382,43 @@ void HttpGateway::Serve(const std::shared_ptr<HttpCall>& call) {
               known ? 405 : 404);
     return;
   }
-  const google::protobuf::MethodDescriptor* method = match->route->method;
-  if (method->client_streaming()) {
+  const HttpRoute& route = *match->route;
+  if (route.body_stream != nullptr) {
     Upload(call, *match);
     return;
   }
-  std::unique_ptr<Message> request(
-      google::protobuf::MessageFactory::generated_factory()->GetPrototype(method->input_type())->New());
+  std::shared_ptr<Message> request(
+      google::protobuf::MessageFactory::generated_factory()->GetPrototype(route.method->input_type())->New());
   std::multimap<std::string, std::string> query = req.query;
-  if (method->server_streaming() && method->name() == "WatchJob" && req.HasHeader("last-event-id")) {
-    query.erase("after_sequence");
-    query.emplace("after_sequence", req.Header("last-event-id"));
+  if (route.resume != nullptr && req.HasHeader("last-event-id")) {
+    query.erase(route.resume->name());
+    query.emplace(route.resume->name(), req.Header("last-event-id"));
   }
   if (absl::Status s = HttpRoutes::FillRequest(*match, query, req.body, request.get()); !s.ok()) {
     SendError(*call, s);
     return;
   }
-  if (method->name() == "WatchJob") {
-    Watch(call, static_cast<const v1::WatchJobRequest&>(*request));
-  } else if (method->name() == "DownloadCheckpoint") {
-    DownloadPlan plan;
-    plan.asked = static_cast<const v1::DownloadCheckpointRequest&>(*request);
-    if (req.HasHeader("range")) plan.range = ParseRange(req.Header("range"));
-    if (plan.range && req.HasHeader("if-range")) {
-      std::string tag = req.Header("if-range");
-      if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"') tag = tag.substr(1, tag.size() - 2);
-      plan.if_range = tag;
-    }
-    Download(call, std::move(plan));
-  } else {
-    Unary(call, method, *request);
+  switch (route.answer) {
+    case HttpAnswer::kJson:
+      Unary(call, route.method, *request);
+      return;
+    case HttpAnswer::kEvents:
+      Events(call, *match, *request);
+      return;
+    case HttpAnswer::kBytes:
+      break;
   }
+  DownloadPlan plan;
+  plan.route = &route;
+  plan.project = ProjectOf(*match);
+  plan.asked = std::move(request);
+  if (req.HasHeader("range")) plan.range = ParseRange(req.Header("range"));
+  if (plan.range && req.HasHeader("if-range")) {
+    std::string tag = req.Header("if-range");
+    if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"') tag = tag.substr(1, tag.size() - 2);
+    plan.if_range = tag;
+  }
+  Download(call, std::move(plan));
 }
 
 void HttpGateway::Unary(const std::shared_ptr<HttpCall>& call, const google::protobuf::MethodDescriptor* method,
@@ -443,21 +460,18 @@ void HttpGateway::Health(const std::shared_ptr<HttpCall>& call) {
   Unary(call, check, grpc::health::v1::HealthCheckRequest());
 }
 
-void HttpGateway::Watch(const std::shared_ptr<HttpCall>& call, const v1::WatchJobRequest& request) {
+void HttpGateway::Events(const std::shared_ptr<HttpCall>& call, const HttpMatch& match, const Message& request) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   AddCaller(call->request(), options_.gateway_key, ctx.get());
-  auto stub = v1::JobService::NewStub(options_.channel);
-  auto reader = stub->WatchJob(ctx.get(), request);
-  using Pump = StreamPump<v1::WatchJobResponse>;
-  auto pump = std::make_shared<Pump>(std::move(ctx), std::move(reader), call->waker());
-  const std::string project = ProjectOf(request.name());
+  auto pump =
+      std::make_shared<StreamPump>(options_.channel, match.route->method, std::move(ctx), request, call->waker());
   // Runs (event loop) until the first message or the refusal has come; the call outlives it.
-  call->SetPoll([this, c = call.get(), pump, project] {
-    v1::WatchJobResponse first;
+  call->SetPoll([this, c = call.get(), pump, project = ProjectOf(match)] {
+    std::unique_ptr<Message> first;
     grpc::Status status;
     std::optional<bool> got = pump->TryNext(&first, &status);
     if (!got.has_value()) return;
-    if (!*got) {  // refused before the snapshot: a plain error answer
+    if (!*got) {  // refused before the first message: a plain error answer
       SendError(*c, status);
       return;
     }
@@ -483,25 +497,29 @@ grpc::Status HttpGateway::TooManyStreams(const std::string& project) const {
 }
 
 void HttpGateway::Download(const std::shared_ptr<HttpCall>& call, DownloadPlan plan) {
-  v1::DownloadCheckpointRequest request = plan.asked;
-  // A suffix range, or the size a 416 names, needs the archive's size first: asked from 0.
+  const HttpByteStream& fields = plan.route->bytes;
+  std::unique_ptr<Message> request(plan.asked->New());
+  request->CopyFrom(*plan.asked);
+  const google::protobuf::Reflection* r = request->GetReflection();
+  // A suffix range, or the size a 416 names, needs the content's size first: asked from 0.
   const bool from_start = !plan.range || plan.range->suffix >= 0 || plan.probing;
-  if (!from_start) request.set_offset(plan.range->first);
-  if (plan.range) request.set_etag(plan.if_range);
+  if (!from_start) r->SetInt64(request.get(), fields.request_offset, plan.range->first);
+  if (plan.range) r->SetString(request.get(), fields.request_etag, plan.if_range);
   auto ctx = std::make_unique<grpc::ClientContext>();
   AddCaller(call->request(), options_.gateway_key, ctx.get());
-  auto stub = v1::JobService::NewStub(options_.channel);
-  auto reader = stub->DownloadCheckpoint(ctx.get(), request);
-  using Pump = StreamPump<v1::DownloadCheckpointResponse>;
-  auto pump = std::make_shared<Pump>(std::move(ctx), std::move(reader), call->waker());
+  auto pump =
+      std::make_shared<StreamPump>(options_.channel, plan.route->method, std::move(ctx), *request, call->waker());
   call->SetPoll([this, c = call.get(), pump, plan] {
-    v1::DownloadCheckpointResponse first;
+    std::unique_ptr<Message> first;
     grpc::Status status;
     std::optional<bool> got = pump->TryNext(&first, &status);
     if (!got.has_value()) return;
-    if (!*got || !first.has_archive()) {
+    const HttpByteStream& fields = plan.route->bytes;
+    if (!*got || !first->GetReflection()->HasField(*first, fields.header)) {
       if (plan.range && status.error_code() == grpc::StatusCode::ABORTED && !plan.if_range.empty()) {
         DownloadPlan whole;
+        whole.route = plan.route;
+        whole.project = plan.project;
         whole.asked = plan.asked;
         Download(c->shared_from_this(), std::move(whole));  // If-Range named another version: all of it
       } else if (plan.range && status.error_code() == grpc::StatusCode::OUT_OF_RANGE && !plan.probing) {
@@ -509,29 +527,36 @@ void HttpGateway::Download(const std::shared_ptr<HttpCall>& call, DownloadPlan p
         probe.probing = true;
         Download(c->shared_from_this(), std::move(probe));
       } else {
-        SendError(*c, status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "no archive header") : status);
+        SendError(*c, status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "no header first") : status);
       }
       return;
     }
-    AnswerDownload(*c, plan, first.archive(), pump);
+    AnswerDownload(*c, plan, first->GetReflection()->GetMessage(*first, fields.header), pump);
   });
 }
 
-void HttpGateway::AnswerDownload(HttpCall& call, const DownloadPlan& plan, const v1::CheckpointArchive& archive,
-                                 std::shared_ptr<StreamPump<v1::DownloadCheckpointResponse>> pump) {
-  const int64_t total = archive.total_bytes();
-  std::vector<std::pair<std::string, std::string>> headers = {
-      {"ETag", absl::StrCat("\"", archive.etag(), "\"")},
-      {"Accept-Ranges", "bytes"},
-      {"Content-Disposition", absl::StrCat("attachment; filename=\"", archive.root(), ".tar\"")}};
+void HttpGateway::AnswerDownload(HttpCall& call, const DownloadPlan& plan, const Message& header,
+                                 std::shared_ptr<StreamPump> pump) {
+  const HttpByteStream& fields = plan.route->bytes;
+  const google::protobuf::Reflection* hr = header.GetReflection();
+  const int64_t total = hr->GetInt64(header, fields.total_bytes);
+  const int64_t offset = hr->GetInt64(header, fields.offset);
+  const std::string etag = hr->GetString(header, fields.etag);
+  std::vector<std::pair<std::string, std::string>> headers = {{"ETag", absl::StrCat("\"", etag, "\"")},
+                                                              {"Accept-Ranges", "bytes"}};
+  const auto [media_type, suffix] = MediaOf(fields);
+  if (fields.root != nullptr) {
+    headers.emplace_back("Content-Disposition",
+                         absl::StrCat("attachment; filename=\"", hr->GetString(header, fields.root), suffix, "\""));
+  }
   int status = 200;
-  int64_t start = archive.offset(), end = total;  // end exclusive
+  int64_t start = offset, end = total;  // end exclusive
   if (plan.range) {
     HttpByteRange r = *plan.range;
-    if (r.suffix >= 0 && r.suffix < total && archive.offset() == 0 && !plan.probing) {
+    if (r.suffix >= 0 && r.suffix < total && offset == 0 && !plan.probing) {
       DownloadPlan rest = plan;  // the last S bytes: asked again from there, of this version only
       rest.range = HttpByteRange{total - r.suffix, -1, -1};
-      rest.if_range = archive.etag();
+      rest.if_range = etag;
       Download(call.shared_from_this(), std::move(rest));
       return;
     }
@@ -539,7 +564,7 @@ void HttpGateway::AnswerDownload(HttpCall& call, const DownloadPlan& plan, const
     if (plan.probing || r.suffix == 0 || (r.first >= total && total > 0)) {
       SendError(call,
                 grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
-                             absl::StrCat("the range is outside the archive's ", total, " bytes")),
+                             absl::StrCat("the range is outside the content's ", total, " bytes")),
                 416, {{"Content-Range", absl::StrCat("bytes */", total)}});
       return;
     }
@@ -547,17 +572,18 @@ void HttpGateway::AnswerDownload(HttpCall& call, const DownloadPlan& plan, const
     status = 206;
     headers.emplace_back("Content-Range", absl::StrCat("bytes ", start, "-", end - 1, "/", total));
   }
-  std::shared_ptr<void> slot = streams_->Acquire(ProjectOf(plan.asked.name()));
+  std::shared_ptr<void> slot = streams_->Acquire(plan.project);
   if (slot == nullptr) {
-    SendError(call, TooManyStreams(ProjectOf(plan.asked.name())));
+    SendError(call, TooManyStreams(plan.project));
     return;
   }
   auto stream = std::make_shared<DownloadStream>();
   stream->pump = std::move(pump);
+  stream->data = fields.data;
   stream->slot = std::move(slot);
   call.RespondStream(
-      status, "application/x-tar", end - start,
-      [stream](char* buffer, size_t max) { return stream->Next(buffer, max); }, std::move(headers));
+      status, media_type, end - start, [stream](char* buffer, size_t max) { return stream->Next(buffer, max); },
+      std::move(headers));
 }
 
 // An upload's body, handed from the event loop to the thread that writes it into the gRPC
@@ -571,8 +597,9 @@ struct HttpGateway::UploadPipe {
 };
 
 void HttpGateway::Upload(const std::shared_ptr<HttpCall>& call, const HttpMatch& match) {
-  v1::UploadDatasetRequest first;
-  if (absl::Status s = HttpRoutes::FillRequest(match, call->request().query, "", &first); !s.ok()) {
+  std::shared_ptr<Message> first(
+      google::protobuf::MessageFactory::generated_factory()->GetPrototype(match.route->method->input_type())->New());
+  if (absl::Status s = HttpRoutes::FillRequest(match, call->request().query, "", first.get()); !s.ok()) {
     SendError(*call, s);  // no sink: the body is read and dropped
     return;
   }
@@ -603,21 +630,28 @@ void HttpGateway::Upload(const std::shared_ptr<HttpCall>& call, const HttpMatch&
     std::lock_guard<std::mutex> lock(uploads_mu_);
     ++uploads_;
   }
-  std::thread([this, call, pipe, first] {
-    WriteUpload(*call, *pipe, first);
+  std::thread([this, call, pipe, first, route = match.route] {
+    WriteUpload(*call, *pipe, *route, *first);
     std::lock_guard<std::mutex> lock(uploads_mu_);
     --uploads_;
     uploads_cv_.notify_all();
   }).detach();
 }
 
-void HttpGateway::WriteUpload(HttpCall& call, UploadPipe& pipe, const v1::UploadDatasetRequest& first) {
+void HttpGateway::WriteUpload(HttpCall& call, UploadPipe& pipe, const HttpRoute& route, const Message& first) {
   grpc::ClientContext ctx;
   AddCaller(call.request(), options_.gateway_key, &ctx);
-  auto stub = v1::DatasetService::NewStub(options_.channel);
-  v1::Dataset dataset;
-  std::unique_ptr<grpc::ClientWriter<v1::UploadDatasetRequest>> writer = stub->UploadDataset(&ctx, &dataset);
-  v1::UploadDatasetRequest message = first;
+  const google::protobuf::MethodDescriptor* method = route.method;
+  const std::string path = absl::StrCat("/", method->service()->full_name(), "/", method->name());
+  const grpc::internal::RpcMethod rpc(path.c_str(), grpc::internal::RpcMethod::CLIENT_STREAMING, options_.channel);
+  std::unique_ptr<Message> response(
+      google::protobuf::MessageFactory::generated_factory()->GetPrototype(method->output_type())->New());
+  std::unique_ptr<grpc::ClientWriter<Message>> writer(
+      grpc::internal::ClientWriterFactory<Message>::Create(options_.channel.get(), rpc, &ctx, response.get()));
+  std::unique_ptr<Message> message(first.New());
+  message->CopyFrom(first);
+  const google::protobuf::Reflection* r = message->GetReflection();
+  std::string data;  // the bytes field's next piece, moved in when kUploadChunk is reached
   bool open = true;
   for (;;) {
     std::string piece;
@@ -635,10 +669,12 @@ void HttpGateway::WriteUpload(HttpCall& call, UploadPipe& pipe, const v1::Upload
       pipe.queued -= piece.size();
     }
     call.waker()->Wake();  // room again
-    message.mutable_data()->append(piece);
-    if (message.data().size() < kUploadChunk) continue;
-    open = writer->Write(message);
-    message.Clear();
+    data.append(piece);
+    if (data.size() < kUploadChunk) continue;
+    r->SetString(message.get(), route.body_stream, std::move(data));
+    data.clear();
+    open = writer->Write(*message);
+    message->Clear();
     if (!open) break;  // the server has refused already
   }
   if (!open) {
@@ -648,14 +684,15 @@ void HttpGateway::WriteUpload(HttpCall& call, UploadPipe& pipe, const v1::Upload
     pipe.queued = 0;
   }
   call.waker()->Wake();
-  if (open && message.ByteSizeLong() > 0) writer->Write(message);
+  if (!data.empty()) r->SetString(message.get(), route.body_stream, std::move(data));
+  if (open && message->ByteSizeLong() > 0) writer->Write(*message);
   writer->WritesDone();
   const grpc::Status status = writer->Finish();
   if (!status.ok()) {
     SendError(call, status);
     return;
   }
-  call.Respond(200, "application/json", ToJson(dataset));
+  call.Respond(200, "application/json", ToJson(*response));
 }
 
 }  // namespace oomb::server

@@ -11,22 +11,31 @@
 // carries the daemon's per-process gateway key, which the Authenticator alone believes
 // (server/auth.h). Nothing else of the HTTP request reaches the service.
 //
-// Answers:
+// Answers, by the method's shape as server/http/http_rules.h reads it from the proto (never by
+// its name):
 //   - a unary method: 200 and the response message as JSON (the proto3 JSON mapping);
 //   - an error: the HTTP status of AIP-193 for the gRPC code, and
 //     {"error": {"code", "message", "status", "details"}} with the details of the gRPC status
 //     (google.rpc.ErrorInfo with the reason, google.rpc.BadRequest with the field) as JSON;
 //     no route: 404 (405 when the path exists for another method), NOT_FOUND-shaped;
-//   - WatchJob: text/event-stream, an event per message (`id:` the JobEvent's sequence, `event:`
-//     snapshot or event, `data:` the WatchJobResponse as JSON); `Last-Event-ID` (or the query's
-//     after_sequence) resumes; a comment line every 15 s keeps idle proxies from closing it; the
+//   - a server stream of messages (HttpAnswer::kEvents; WatchJob): text/event-stream, an event per
+//     message (`event:` the oneof member it carries, snapshot or event; `id:` that member's
+//     sequence, or last_sequence, when it has one: HttpEvent; `data:` the message as JSON);
+//     `Last-Event-ID` sets the request's after_sequence where it has one (resuming; the query's
+//     after_sequence does too); a comment line every 15 s keeps idle proxies from closing it; the
 //     stream's end status comes as a last `event: end` with the error object (if any);
-//   - DownloadCheckpoint: application/x-tar, the archive's bytes; `Range: bytes=N-`, `N-M` or
-//     `-S` (the last S bytes) answers 206 with Content-Range, unless `If-Range` names another
-//     etag (then 200 and all of it); a range starting past the end, or `-0`, answers 416 with
-//     `Content-Range: bytes */<size>`; the checkpoint's etag is the ETag header;
-//   - UploadDataset: the PUT body streamed into the client stream as it arrives, at most 4 MiB
-//     of it waiting at a time (the client is not read further until the service takes it);
+//   - a server stream of bytes (HttpAnswer::kBytes, HttpByteStream; DownloadCheckpoint): its
+//     content as the body, application/x-tar for a checkpoint's archive (CheckpointArchive
+//     header; application/octet-stream for another header type), Content-Length from the
+//     header's total_bytes, the header's etag as ETag, its root as the file name; `Range:
+//     bytes=N-`, `N-M` or `-S` (the last S bytes) answers 206 with Content-Range (the request's
+//     offset and etag ask the service for that part), unless `If-Range` names another etag (then
+//     200 and all of it); a range starting past the end, or `-0`, answers 416 with
+//     `Content-Range: bytes */<size>`;
+//   - a client stream (UploadDataset): the PUT body streamed into the request's bytes field the
+//     rule's body names, in messages of 1 MiB, as it arrives, at most 4 MiB of it waiting at a
+//     time (the client is not read further until the service takes it); the other fields (path,
+//     query) in the first message; the response as JSON;
 //   - GET /v1/openapi.json: the OpenAPI document of the API (server/http/openapi.h);
 //   - GET /healthz: the daemon's grpc.health.v1 status as JSON ({"status": "SERVING"}; 503 when
 //     not serving), without a token, for load balancers and probes.
@@ -66,7 +75,6 @@ struct HttpByteRange {
 };
 
 // A server stream read on a thread of its own (gateway.cc).
-template <typename Response>
 class StreamPump;
 
 struct HttpGatewayOptions {
@@ -96,7 +104,9 @@ class HttpGateway : private HttpHandler {
   class StreamSlots;
   struct UploadPipe;
   struct DownloadPlan {
-    v1::DownloadCheckpointRequest asked;
+    const HttpRoute* route = nullptr;                        // a kBytes route
+    std::string project;                                     // whose stream slot it takes
+    std::shared_ptr<const google::protobuf::Message> asked;  // the request, as the client made it
     std::optional<HttpByteRange> range;
     std::string if_range;  // If-Range's etag, with a range
     bool probing = false;  // asked from the start only to learn the size a 416 names
@@ -107,12 +117,12 @@ class HttpGateway : private HttpHandler {
   void Unary(const std::shared_ptr<HttpCall>& call, const google::protobuf::MethodDescriptor* method,
              const google::protobuf::Message& request);
   void Health(const std::shared_ptr<HttpCall>& call);
-  void Watch(const std::shared_ptr<HttpCall>& call, const v1::WatchJobRequest& request);
+  void Events(const std::shared_ptr<HttpCall>& call, const HttpMatch& match, const google::protobuf::Message& request);
   void Download(const std::shared_ptr<HttpCall>& call, DownloadPlan plan);
-  void AnswerDownload(HttpCall& call, const DownloadPlan& plan, const v1::CheckpointArchive& archive,
-                      std::shared_ptr<StreamPump<v1::DownloadCheckpointResponse>> pump);
+  void AnswerDownload(HttpCall& call, const DownloadPlan& plan, const google::protobuf::Message& header,
+                      std::shared_ptr<StreamPump> pump);
   void Upload(const std::shared_ptr<HttpCall>& call, const HttpMatch& match);
-  void WriteUpload(HttpCall& call, UploadPipe& pipe, const v1::UploadDatasetRequest& first);
+  void WriteUpload(HttpCall& call, UploadPipe& pipe, const HttpRoute& route, const google::protobuf::Message& first);
   grpc::Status TooManyStreams(const std::string& project) const;
 
   const HttpGatewayOptions options_;

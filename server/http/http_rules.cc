@@ -61,6 +61,79 @@ const FieldDescriptor* FieldAt(const google::protobuf::Descriptor* type, const s
   return f;
 }
 
+// `message`'s field `name` if it is of `type` and singular; null otherwise.
+const FieldDescriptor* Typed(const google::protobuf::Descriptor* message, const char* name,
+                             FieldDescriptor::Type type) {
+  const FieldDescriptor* f = message->FindFieldByName(name);
+  return f != nullptr && f->type() == type && !f->is_repeated() ? f : nullptr;
+}
+
+// Whether `response` has the byte-stream shape (HttpByteStream), and its two fields if so.
+bool ByteStreamShape(const google::protobuf::Descriptor* response, HttpByteStream* out) {
+  if (response->oneof_decl_count() != 1 || response->field_count() != 2) return false;
+  const google::protobuf::OneofDescriptor* oneof = response->oneof_decl(0);
+  if (oneof->field_count() != 2) return false;
+  for (int i = 0; i < 2; ++i) {
+    const FieldDescriptor* a = oneof->field(i);
+    const FieldDescriptor* b = oneof->field(1 - i);
+    if (a->type() == FieldDescriptor::TYPE_MESSAGE && b->type() == FieldDescriptor::TYPE_BYTES) {
+      out->header = a;
+      out->data = b;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The byte stream's resumable fields (HttpByteStream); INTERNAL naming the first one missing.
+absl::Status ResumableFields(const google::protobuf::MethodDescriptor* method, HttpByteStream* b) {
+  const google::protobuf::Descriptor* header = b->header->message_type();
+  const google::protobuf::Descriptor* request = method->input_type();
+  b->total_bytes = Typed(header, "total_bytes", FieldDescriptor::TYPE_INT64);
+  b->offset = Typed(header, "offset", FieldDescriptor::TYPE_INT64);
+  b->etag = Typed(header, "etag", FieldDescriptor::TYPE_STRING);
+  b->root = Typed(header, "root", FieldDescriptor::TYPE_STRING);
+  b->request_offset = Typed(request, "offset", FieldDescriptor::TYPE_INT64);
+  b->request_etag = Typed(request, "etag", FieldDescriptor::TYPE_STRING);
+  const std::pair<const FieldDescriptor*, std::string> needed[] = {
+      {b->total_bytes, absl::StrCat(header->full_name(), ".total_bytes (int64)")},
+      {b->offset, absl::StrCat(header->full_name(), ".offset (int64)")},
+      {b->etag, absl::StrCat(header->full_name(), ".etag (string)")},
+      {b->request_offset, absl::StrCat(request->full_name(), ".offset (int64)")},
+      {b->request_etag, absl::StrCat(request->full_name(), ".etag (string)")}};
+  for (const auto& [field, name] : needed) {
+    if (field == nullptr) {
+      return absl::InternalError(
+          absl::StrCat(method->full_name(), ": a byte stream over HTTP must be resumable; it lacks ", name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The route's HTTP form, from the method's streaming and its messages' shapes (http_rules.h).
+absl::Status StreamForms(const google::protobuf::MethodDescriptor* method, HttpRoute* route) {
+  if (method->client_streaming() && method->server_streaming()) {
+    return absl::InternalError(absl::StrCat(method->full_name(), ": a bidirectional stream has no HTTP form"));
+  }
+  if (method->client_streaming()) {
+    const FieldDescriptor* f = method->input_type()->FindFieldByName(route->body);
+    if (f == nullptr || f->type() != FieldDescriptor::TYPE_BYTES || f->is_repeated()) {
+      return absl::InternalError(
+          absl::StrCat(method->full_name(), ": a client stream's rule must name a bytes field as its body"));
+    }
+    route->body_stream = f;
+    return absl::OkStatus();
+  }
+  if (!method->server_streaming()) return absl::OkStatus();
+  route->resume = Typed(method->input_type(), "after_sequence", FieldDescriptor::TYPE_INT64);
+  if (!ByteStreamShape(method->output_type(), &route->bytes)) {
+    route->answer = HttpAnswer::kEvents;
+    return absl::OkStatus();
+  }
+  route->answer = HttpAnswer::kBytes;
+  return ResumableFields(method, &route->bytes);
+}
+
 absl::Status AddRoute(const google::api::HttpRule& rule, const google::protobuf::MethodDescriptor* method,
                       std::vector<HttpRoute>* out) {
   const auto [verb, path] = MethodAndPath(rule);
@@ -79,6 +152,7 @@ absl::Status AddRoute(const google::api::HttpRule& rule, const google::protobuf:
   if (!route.body.empty() && route.body != "*" && method->input_type()->FindFieldByName(route.body) == nullptr) {
     return absl::InternalError(absl::StrCat(method->full_name(), ": body: no field ", route.body));
   }
+  OOMB_RETURN_IF_ERROR(StreamForms(method, &route));
   out->push_back(std::move(route));
   for (const google::api::HttpRule& more : rule.additional_bindings())
     OOMB_RETURN_IF_ERROR(AddRoute(more, method, out));
@@ -205,6 +279,34 @@ absl::Status SetScalar(Message* m, const FieldDescriptor* f, const std::string& 
 }
 
 }  // namespace
+
+std::pair<std::string, std::string> MediaOf(const HttpByteStream& stream) {
+  if (stream.header != nullptr && stream.header->message_type()->full_name() == "oomb.v1.CheckpointArchive") {
+    return {"application/x-tar", ".tar"};
+  }
+  return {"application/octet-stream", ""};
+}
+
+HttpEvent EventOf(const Message& message) {
+  HttpEvent e{"message", std::nullopt};
+  const google::protobuf::Descriptor* type = message.GetDescriptor();
+  const Reflection* r = message.GetReflection();
+  for (int i = 0; i < type->oneof_decl_count(); ++i) {
+    const FieldDescriptor* f = r->GetOneofFieldDescriptor(message, type->oneof_decl(i));
+    if (f == nullptr) continue;
+    e.name = f->name();
+    if (f->type() != FieldDescriptor::TYPE_MESSAGE) return e;
+    const Message& member = r->GetMessage(message, f);
+    for (const char* name : {"sequence", "last_sequence"}) {
+      if (const FieldDescriptor* id = Typed(member.GetDescriptor(), name, FieldDescriptor::TYPE_INT64); id != nullptr) {
+        e.id = member.GetReflection()->GetInt64(member, id);
+        return e;
+      }
+    }
+    return e;
+  }
+  return e;
+}
 
 absl::Status ParsePathTemplate(const std::string& path_template, HttpRoute* route) {
   if (!absl::StartsWith(path_template, "/")) {

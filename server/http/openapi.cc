@@ -234,18 +234,19 @@ json Parameters(Builder& b, const HttpRoute& r, const std::vector<std::pair<std:
   return parameters;
 }
 
-// The route's responses: 200 (JSON; server-sent events for WatchJob; an archive's bytes for the
-// other server-streaming methods) and the error.
-json Responses(Builder& b, const google::protobuf::MethodDescriptor* m) {
+// The route's responses: 200 (JSON; server-sent events for a stream of messages; the content for
+// a byte stream: server/http/http_rules.h) and the error.
+json Responses(Builder& b, const HttpRoute& r) {
+  const google::protobuf::MethodDescriptor* m = r.method;
   json ok;
-  if (m->server_streaming() && m->name() == "WatchJob") {
+  if (r.answer == HttpAnswer::kEvents) {
     ok = {{"description", "Server-sent events: `data:` a " + SchemaName(m->output_type()->full_name()) +
                               " as JSON per event, `id:` its sequence"},
           {"content", {{"text/event-stream", {{"schema", {{"type", "string"}}}}}}}};
     b.Ref(m->output_type());
-  } else if (m->server_streaming()) {
+  } else if (r.answer == HttpAnswer::kBytes) {
     ok = {{"description", "The archive's bytes (206 with Content-Range for a Range request)"},
-          {"content", {{"application/x-tar", {{"schema", {{"type", "string"}, {"format", "binary"}}}}}}}};
+          {"content", {{MediaOf(r.bytes).first, {{"schema", {{"type", "string"}, {"format", "binary"}}}}}}}};
   } else {
     ok = {{"description", "OK"}, {"content", {{"application/json", {{"schema", b.Ref(m->output_type())}}}}}};
   }
@@ -261,7 +262,7 @@ json Operation(Builder& b, const HttpRoute& r, const std::vector<std::pair<std::
   json op = {{"operationId", m->name()}, {"tags", json::array({m->service()->name()})}};
   if (const std::string c = MethodComment(m); !c.empty()) op["description"] = c;
   if (json parameters = Parameters(b, r, path_params); !parameters.empty()) op["parameters"] = parameters;
-  if (m->client_streaming()) {
+  if (r.body_stream != nullptr) {
     op["requestBody"] = {
         {"required", true},
         {"content", {{"application/octet-stream", {{"schema", {{"type", "string"}, {"format", "binary"}}}}}}}};
@@ -270,7 +271,7 @@ json Operation(Builder& b, const HttpRoute& r, const std::vector<std::pair<std::
     const json schema = r.body == "*" ? b.Ref(in) : b.FieldSchema(in->FindFieldByName(r.body));
     op["requestBody"] = {{"required", true}, {"content", {{"application/json", {{"schema", schema}}}}}};
   }
-  op["responses"] = Responses(b, m);
+  op["responses"] = Responses(b, r);
   return op;
 }
 
