@@ -80,6 +80,7 @@ ServeEnvironment ProductionEnvironment() {
     out->set_name(d.name);
     out->set_model(d.model);
     out->set_memory_bytes(d.memory_bytes);
+    out->set_compute_capability(d.compute_capability);
     if (d.name != "cpu") env.devices.push_back(d.name);
   }
   if (env.devices.empty()) env.devices.push_back("cpu");

@@ -74,6 +74,7 @@ BuildInfo GetBuildInfo() {
     d.model = prop.name;
     d.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
     d.uuid = FormatUuid(prop.uuid);
+    d.compute_capability = prop.major * 10 + prop.minor;
     info.devices.push_back(d);
   }
 #endif
@@ -136,7 +137,10 @@ PlanTarget ThisMachine(const std::string& device) {
   PlanTarget target{.device = device};
   for (const DeviceInfo& d : GetBuildInfo().devices) {
     if (d.name == "cpu") target.host_bytes = d.memory_bytes;
-    if (d.name == device) target.device_bytes = d.memory_bytes;
+    if (d.name == device) {
+      target.device_bytes = d.memory_bytes;
+      if (d.compute_capability > 0) target.compute_capability = d.compute_capability;
+    }
   }
   return target;
 }

@@ -18,7 +18,8 @@ struct DeviceInfo {
   std::string name;   // "cpu", "cuda:0"
   std::string model;  // "NVIDIA H100 80GB HBM3"; the CPU: empty
   int64_t memory_bytes = 0;
-  std::string uuid;  // "GPU-8c6e5a8e-..." as NVML and DCGM spell it; the CPU: empty
+  std::string uuid;            // "GPU-8c6e5a8e-..." as NVML and DCGM spell it; the CPU: empty
+  int compute_capability = 0;  // major * 10 + minor (90: Hopper); the CPU: 0
 };
 
 struct BuildInfo {

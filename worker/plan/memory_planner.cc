@@ -44,14 +44,11 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Everything that depends on the sequence length T, for a fixed model and spec.
 class Model {
  public:
-  Model(const ModelConfig& c, const JobConfig& job, bool cuda)
-      : c_(c), layers_(DescribeModel(c)), job_(job), cuda_(cuda) {
+  Model(const ModelConfig& c, const JobConfig& job, const PlanTarget& target)
+      : c_(c), layers_(DescribeModel(c)), job_(job), cuda_(target.device != "cpu") {
     e_ = job.model.dtype == ModelDtype::kFloat32 ? 4 : 2;
     exec_.elem_bytes = e_;
-    exec_.fused_kernels = cuda && e_ == 2;
-    // ExpertKernel::kAuto's choice on a Hopper GPU, the kind the plan's GPU is taken to be (an
-    // older one runs the loop, which keeps each pair's input row and activation besides).
-    exec_.grouped_experts = exec_.fused_kernels;
+    exec_.fused_kernels = cuda_ && e_ == 2;
     exec_.expert_recompute_layers = job.memory.expert_recompute_layers;
     exec_.fused_norms =
         job.method.type != TrainMethod::kFull && (layers_.norm == NormKind::kRmsOnePlusWeight || exec_.fused_kernels);
@@ -59,6 +56,7 @@ class Model {
     // its adapter (whatever its rank) is a small part of the weights.
     const bool lora = job.method.type != TrainMethod::kFull;
     const int64_t parameters = layers_.ParameterCount(c);
+    std::vector<int64_t> expert_ranks;  // the adapted banks' LoRA ranks
     weights_ = parameters * e_;
     if (lora) {
       const JobConfig::Lora& spec = job.method.lora;
@@ -76,10 +74,17 @@ class Model {
       }
       // float32 masters, their gradients, AdamW's exp_avg and exp_avg_sq.
       trainable_ = lora_params * kF32 * 4;
+      for (const ExpertLoraTarget& t : exec_.lora_expert_targets)
+        expert_ranks.push_back(exec_.lora_rank * t.rank_factor);
     } else {
       // Parameters in model.dtype are the weights themselves: gradients and two moments more.
       trainable_ = parameters * e_ * 3;
     }
+    // The experts' path the model takes on the plan's device (RunsGroupedExperts, the model's own
+    // choice): the loop keeps each pair's input row and activation besides.
+    exec_.grouped_experts = RunsGroupedExperts(
+        {.cuda = cuda_, .compute_capability = target.compute_capability, .half_precision = e_ == 2, .elem_bytes = e_},
+        ExpertInnerSizes(c, 1, expert_ranks));
   }
 
   int64_t weights() const { return weights_; }
@@ -480,7 +485,7 @@ absl::StatusOr<int64_t> ChooseChunkTokens(const ModelConfig& config, const JobCo
     // A mixture of experts: the gate_up products recomputed in as many sparse layers as bring the
     // peak within the margin, where they cost fewer FLOPs than the stage-1 forward of the tokens
     // the next smaller chunk would add to stage 1 (all but the last chunk run there).
-    const Model m(config, trial, target.device != "cpu");
+    const Model m(config, trial, target);
     const int64_t C = std::min(T, c), stage1_added = c / 2 * (CeilDiv(T, c / 2) - 1) - C * (CeilDiv(T, C) - 1);
     while (plan.fits && plan.peak_device_bytes > limit && m.GateUpBytes(C) > 0 &&
            trial.memory.expert_recompute_layers < m.RecomputableLayers()) {
@@ -575,7 +580,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
   }
   const bool cuda = target.device != "cpu";
   OOMB_RETURN_IF_ERROR(CheckJobAgainstModel(config, job));
-  const Model m(config, job, cuda);
+  const Model m(config, job, target);
 
   MemoryPlan plan;
   plan.device = target.device;
@@ -626,7 +631,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const JobConfig
       trial.memory.chunk_tokens = c;
       trial.memory.expert_recompute_layers = 0;
       plan.max_seq_len_that_fits =
-          std::max(plan.max_seq_len_that_fits, LongestThatFits(Model(config, trial, cuda), trial, cuda,
+          std::max(plan.max_seq_len_that_fits, LongestThatFits(Model(config, trial, target), trial, cuda,
                                                                plan.device_capacity_bytes, plan.host_capacity_bytes));
     }
   }

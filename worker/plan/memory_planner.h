@@ -83,6 +83,9 @@ struct PlanTarget {
   std::string device = "cpu";  // "cpu" | "cuda:N"
   int64_t device_bytes = 0;    // total memory of the device (for "cpu": the host's RAM)
   int64_t host_bytes = 0;      // the host's RAM
+  // The GPU's compute capability, major * 10 + minor: what decides the experts' path
+  // (RunsGroupedExperts). 90 (a Hopper GPU) where the caller does not know it.
+  int compute_capability = 90;
 };
 
 struct MemoryPlan {

@@ -326,6 +326,34 @@ TEST(MemoryPlannerTest, AutoChunksRecomputeTheExpertsProductsWhereThatLetsALarge
   EXPECT_EQ(cpu->expert_recompute_layers, 0);
 }
 
+// The experts' path is one choice (RunsGroupedExperts) the model and the planner both take: on a
+// GPU below compute capability 9.0 the model runs the loop, which keeps each pair's input row
+// and activation besides, so the plan there is larger; before, the planner took every GPU for
+// a Hopper and under-counted it. The choice itself: grouped only on 9.0 or more, in bfloat16 or
+// float16, with inner sizes of 16-byte multiples.
+TEST(MemoryPlannerTest, TheExpertsPathFollowsTheComputeCapability) {
+  EXPECT_TRUE(RunsGroupedExperts({.cuda = true, .compute_capability = 90, .half_precision = true, .elem_bytes = 2},
+                                 {2048, 768, 16}));
+  EXPECT_FALSE(RunsGroupedExperts({.cuda = true, .compute_capability = 80, .half_precision = true, .elem_bytes = 2},
+                                  {2048, 768, 16}));
+  EXPECT_FALSE(RunsGroupedExperts({.cuda = true, .compute_capability = 90, .half_precision = false, .elem_bytes = 4},
+                                  {2048, 768, 16}));
+  EXPECT_FALSE(RunsGroupedExperts({.cuda = true, .compute_capability = 90, .half_precision = true, .elem_bytes = 2},
+                                  {2048, 768, 12}));
+  EXPECT_FALSE(RunsGroupedExperts({.cuda = false, .compute_capability = 0, .half_precision = true, .elem_bytes = 2},
+                                  {2048, 768, 16}));
+  const absl::StatusOr<ModelConfig> c = PresetConfig("qwen3-30b-a3b");
+  ASSERT_TRUE(c.ok()) << c.status();
+  JobConfig job = AutoChunkJob(16384, KvGradDtype::kFloat32);
+  job.memory.chunk_tokens = 4096;
+  PlanTarget hopper{.device = "cuda:0", .device_bytes = int64_t{143771} << 20, .host_bytes = int64_t{125} << 30};
+  PlanTarget ampere = hopper;
+  ampere.compute_capability = 80;
+  auto grouped = PlanMemory(*c, job, hopper), loop = PlanMemory(*c, job, ampere);
+  ASSERT_TRUE(grouped.ok() && loop.ok()) << grouped.status() << loop.status();
+  EXPECT_GT(loop->activation_bytes, grouped->activation_bytes);
+}
+
 // Placement (memory.kv_offload) on an 80 GiB GPU with 128 GiB of host memory, LoRA in bf16:
 // none keeps every page on the GPU and runs out of it; auto keeps what fits there, the rest in
 // pinned host memory, with a GPU peak that no longer grows with the context; host moves every
