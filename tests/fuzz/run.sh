@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan; tests/fuzz/CMakeLists.txt) and runs the
-# five at once, each for a bounded time. Exit status non-zero on any crash, leak, UB report or timeout.
+# six at once, each for a bounded time. Exit status non-zero on any crash, leak, UB report or timeout.
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET (default 60)] [BUILD_DIR (default build-fuzz)]
 # (FUZZ_JOBS: parallel compile jobs, default nproc)
 # Findings (crash-*, leak-*, timeout-*) are left in BUILD_DIR/findings/<target>/.
@@ -11,18 +11,20 @@ build="${2:-build-fuzz}"
 CXX="${CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
 CC="${CC:-clang}" CXX="$CXX" cmake -S tests/fuzz -B "$build" -G Ninja >/dev/null
-targets=(fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec fuzz_mlflow_answer fuzz_webhook_answer)
+targets=(fuzz_jsonl_dataset fuzz_safetensors fuzz_job_spec fuzz_mlflow_answer fuzz_webhook_answer fuzz_http_rules)
 ninja -C "$build" -j"${FUZZ_JOBS:-$(nproc)}" "${targets[@]}" >"$build/ninja.log" 2>&1 ||
   { tail -40 "$build/ninja.log" >&2; echo "fuzz: building the targets failed; see $build/ninja.log" >&2; exit 1; }
 
 # Seed corpora: the checked-in JSONL seeds, and a small valid safetensors file made here (two
 # tensors, metadata) so the fuzzer starts from the accepted format.
 work="$build/corpus"
-mkdir -p "$work/jsonl" "$work/safetensors" "$work/job_spec" "$work/mlflow_answer" "$work/webhook_answer"
+mkdir -p "$work/jsonl" "$work/safetensors" "$work/job_spec" "$work/mlflow_answer" "$work/webhook_answer" \
+  "$work/http_rules"
 cp tests/fuzz/corpus/jsonl/* "$work/jsonl/"
 cp tests/fuzz/corpus/job_spec/* "$work/job_spec/"
 cp tests/fuzz/corpus/mlflow_answer/* "$work/mlflow_answer/"
 cp tests/fuzz/corpus/webhook_answer/* "$work/webhook_answer/"
+cp tests/fuzz/corpus/http_rules/* "$work/http_rules/"
 python3 - "$work/safetensors/seed.safetensors" <<'PY'
 import json, struct, sys
 header = {"__metadata__": {"format": "pt"},
@@ -43,6 +45,7 @@ for target in "${targets[@]}"; do
   [ "$target" = fuzz_job_spec ] && corpus="$work/job_spec" dict=tests/fuzz/job_spec.dict
   [ "$target" = fuzz_mlflow_answer ] && corpus="$work/mlflow_answer" dict=tests/fuzz/mlflow_answer.dict
   [ "$target" = fuzz_webhook_answer ] && corpus="$work/webhook_answer" dict=tests/fuzz/mlflow_answer.dict
+  [ "$target" = fuzz_http_rules ] && corpus="$work/http_rules" dict=tests/fuzz/http_rules.dict
   findings="$build/findings/$target"
   mkdir -p "$findings"
   echo "fuzz: $target for ${seconds}s" >&2
