@@ -23,6 +23,8 @@
 #      flake8-bugbear B); ruff is pinned in scripts/python-requirements.lock and runs from the
 #      virtual environment, without which the lint fails, as for 4. With --fix, what ruff can fix
 #      safely is fixed in place.
+#   8. No header of worker/job/ includes LibTorch (<torch/...>, <ATen/...>, <c10/...>): job/'s
+#      headers are what server/ includes (worker/CMakeLists.txt, docs/CONVENTIONS.md §1).
 # Usage: scripts/lint.sh [--fix]   (--fix reformats in place instead of failing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +57,11 @@ if [ -x "$venv_ruff" ]; then
     { echo "lint: ruff: Python sources break ruff.toml's rules (above)" >&2; status=1; }
 else
   echo "lint: python: no ruff at $venv_ruff: run scripts/setup.sh" >&2
+  status=1
+fi
+if torch_in_job=$(grep -nE '^#include <(torch|ATen|c10)/' worker/job/*.h); then
+  echo "$torch_in_job" >&2
+  echo "lint: worker/job/'s headers must be torch-free (move what needs LibTorch into the .cc)" >&2
   status=1
 fi
 python3 scripts/lint_readme.py || status=1

@@ -7,11 +7,11 @@
 
 namespace oomb {
 
-absl::StatusOr<at::Device> ResolveDevice(const std::string& requested, const std::string& field) {
+absl::StatusOr<ComputeDevice> ResolveDevice(const std::string& requested, const std::string& field) {
   const std::string d = requested.empty() ? "auto" : requested;
-  if (d == "cpu") return at::Device(at::kCPU);
+  if (d == "cpu") return ComputeDevice{};
   const bool cuda = torch::cuda::is_available();
-  if (d == "auto") return cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (d == "auto") return ComputeDevice{cuda, 0};
   int index = 0;
   const bool named = d == "cuda" || (d.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(d.substr(5), &index) && index >= 0);
   if (named) {
@@ -20,7 +20,7 @@ absl::StatusOr<at::Device> ResolveDevice(const std::string& requested, const std
       return absl::FailedPreconditionError(
           absl::StrCat(field, ": '", d, "' but only ", static_cast<int>(torch::cuda::device_count()), " CUDA devices"));
     }
-    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+    return ComputeDevice{true, index};
   }
   return absl::InvalidArgumentError(absl::StrCat(field, ": '", d, "' is not auto, cpu, cuda or cuda:N"));
 }

@@ -41,6 +41,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// LibTorch's device for `d`, `after` devices past it when it is a CUDA device (rank r's).
+at::Device TorchDevice(const ComputeDevice& d, int after) {
+  return d.cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d.index + after)) : at::Device(at::kCPU);
+}
+
 // The devices of the run's ranks: RunOptions::devices, or derived from the spec (see
 // executor.h). All CPU or all distinct CUDA devices.
 absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& job, const std::vector<std::string>& given) {
@@ -52,18 +57,15 @@ absl::StatusOr<std::vector<at::Device>> ResolveDevices(const JobConfig& job, con
           absl::StrCat("resources.gpus: ", k, " but the run was given ", given.size(), " devices"));
     }
     for (const std::string& d : given) {
-      OOMB_ASSIGN_OR_RETURN(at::Device device, ResolveDevice(d, "resources.device"));
-      devices.push_back(device);
+      OOMB_ASSIGN_OR_RETURN(const ComputeDevice device, ResolveDevice(d, "resources.device"));
+      devices.push_back(TorchDevice(device, 0));
     }
   } else {
-    OOMB_ASSIGN_OR_RETURN(at::Device first, ResolveDevice(job.resources.device, "resources.device"));
-    for (size_t r = 0; r < k; ++r) {
-      devices.push_back(first.is_cpu() ? first
-                                       : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(first.index() + r)));
-    }
-    if (first.is_cuda() && first.index() + static_cast<int64_t>(k) > torch::cuda::device_count()) {
-      return absl::FailedPreconditionError(absl::StrCat("resources.gpus: ", k, " from ", first.str(), " but only ",
-                                                        torch::cuda::device_count(), " CUDA devices"));
+    OOMB_ASSIGN_OR_RETURN(const ComputeDevice first, ResolveDevice(job.resources.device, "resources.device"));
+    for (size_t r = 0; r < k; ++r) devices.push_back(TorchDevice(first, static_cast<int>(r)));
+    if (first.cuda && first.index + static_cast<int64_t>(k) > torch::cuda::device_count()) {
+      return absl::FailedPreconditionError(absl::StrCat("resources.gpus: ", k, " from ", devices.front().str(),
+                                                        " but only ", torch::cuda::device_count(), " CUDA devices"));
     }
   }
   for (size_t r = 1; r < devices.size(); ++r) {

@@ -109,8 +109,10 @@ absl::StatusOr<std::unique_ptr<Transformer>> LoadModel(const Dir& model_dir, con
     if (!adapter.ok()) return Annotate(adapter.status(), "--adapter");
     source.adapter = *adapter;
   }
-  OOMB_ASSIGN_OR_RETURN(const at::Device on, ResolveDevice(device, "--device"));
-  return LoadForEvaluation(source, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, on, std::move(rope));
+  OOMB_ASSIGN_OR_RETURN(const ComputeDevice on, ResolveDevice(device, "--device"));
+  return LoadForEvaluation(
+      source, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat,
+      on.cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(on.index)) : at::Device(at::kCPU), std::move(rope));
 }
 
 // The session an evaluate job of `model` would run (method.type evaluate): its pages planned by

@@ -434,7 +434,7 @@ TEST(ResumeTest, PeriodicEvalLossEqualsModelEvalOfThatStepsAdapter) {
 TEST(ModelToolsTest, TheDeviceIsTheOneAskedForOrAnError) {
   EXPECT_EQ(ResolveDevice("cuda:x", "--device").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveDevice("gpu", "--device").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ResolveDevice("cpu", "--device").value(), at::Device(at::kCPU));
+  EXPECT_EQ(ResolveDevice("cpu", "--device").value(), ComputeDevice{});
   const int64_t gpus = torch::cuda::device_count();
   const std::string missing = "cuda:" + std::to_string(gpus);
   EXPECT_EQ(ResolveDevice(missing, "--device").status().code(), absl::StatusCode::kFailedPrecondition);
