@@ -15,6 +15,7 @@
 #include "oomb/v1/rules.pb.h"
 #include "server/legacy_fields.h"
 #include "worker/common/status.h"
+#include "worker/hf/lora_limits.h"
 
 namespace oomb::server {
 namespace {
@@ -53,14 +54,17 @@ std::string LoadError(const std::string& yaml) {
   return std::string(c.status().message());
 }
 
-// One bound, two readers: the job spec's rules for method.lora and the engine's check of the
-// rank and alpha an adapter_config.json gives (worker/plan/job_config.h).
+// One bound, set by the proto: the job spec's rules for method.lora, and the numbers the engine
+// checks the rank and alpha of an adapter_config.json against (worker/hf/lora_limits.h; and
+// JobConfig's, until the model reads lora_limits.h).
 TEST(JobSpecTest, LoraBoundsAreTheEnginesBoundsForAdapterFiles) {
   const auto rules = [](const char* name) {
     return v1::LoraSpec::descriptor()->FindFieldByName(name)->options().GetExtension(v1::rules);
   };
-  EXPECT_EQ(rules("rank").max(), JobConfig::kMaxLoraRank);
-  EXPECT_EQ(rules("alpha").max(), JobConfig::kMaxLoraAlpha);
+  EXPECT_EQ(rules("rank").max(), kMaxLoraRank);
+  EXPECT_EQ(rules("alpha").max(), kMaxLoraAlpha);
+  EXPECT_EQ(JobConfig::kMaxLoraRank, kMaxLoraRank);
+  EXPECT_EQ(JobConfig::kMaxLoraAlpha, kMaxLoraAlpha);
 }
 
 TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {
