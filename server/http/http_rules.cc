@@ -308,6 +308,28 @@ HttpEvent EventOf(const Message& message) {
   return e;
 }
 
+std::string PercentDecode(absl::string_view text) {
+  const auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const int hi = text[i] == '%' && i + 2 < text.size() ? hex(text[i + 1]) : -1;
+    const int lo = hi >= 0 ? hex(text[i + 2]) : -1;
+    if (lo < 0) {
+      out.push_back(text[i]);
+      continue;
+    }
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return out;
+}
+
 absl::Status ParsePathTemplate(const std::string& path_template, HttpRoute* route) {
   if (!absl::StartsWith(path_template, "/")) {
     return absl::InvalidArgumentError(absl::StrCat("path template '", path_template, "' does not start with /"));

@@ -19,7 +19,9 @@
 //      INVALID_ARGUMENT naming it;
 //   3. the path's variables (the field paths they name), last: a path variable the body also sets
 //      keeps the path's value (AIP-127).
-// The path and the query arrive percent-decoded (server/http/http_server.h decodes them).
+// The path and the query arrive percent-decoded: the transport (server/http/http_server.h)
+// decodes the path and each query name and value with PercentDecode, '+' in the query being a
+// space first (form encoding).
 //
 // The method's shape decides its HTTP form:
 //   - unary: the response as JSON (HttpAnswer::kJson);
@@ -42,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 
@@ -136,6 +139,10 @@ class HttpRoutes {
  private:
   std::vector<HttpRoute> routes_;
 };
+
+// `text` with each %XX (two hex digits, either case) replaced by its byte (RFC 3986 §2.1); a '%'
+// not followed by two hex digits stays as it is. Never longer than `text`.
+std::string PercentDecode(absl::string_view text);
 
 // Parses one path template into `route` (segments, verb, variables); INVALID_ARGUMENT naming
 // what is wrong.

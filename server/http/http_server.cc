@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -20,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "server/http/http_rules.h"
 #include "worker/common/status.h"
 
 namespace oomb::server {
@@ -128,6 +130,14 @@ struct HttpServerCallbacks {
   }
   static void Completed(void* cls, MHD_Connection*, void** request_context, MHD_RequestTerminationCode) {
     static_cast<HttpServer*>(cls)->Completed(request_context);
+  }
+  // The path and each query name and value, decoded in place by the transcoder's own decoder
+  // (server/http/http_rules.h), which never lengthens them.
+  static size_t Unescape(void*, MHD_Connection*, char* s) {
+    const std::string decoded = PercentDecode(s);
+    std::memcpy(s, decoded.data(), decoded.size());
+    s[decoded.size()] = '\0';
+    return decoded.size();
   }
   static void Connected(void* cls, MHD_Connection* conn, void** socket_context, MHD_ConnectionNotificationCode code) {
     static_cast<HttpServer*>(cls)->Connected(conn, socket_context, code == MHD_CONNECTION_NOTIFY_STARTED);
@@ -341,6 +351,7 @@ absl::Status HttpServer::StartDaemon() {
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&HttpServerCallbacks::Completed), this},
       {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&HttpServerCallbacks::Connected), this},
       {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&HttpServerCallbacks::Log), nullptr},
+      {MHD_OPTION_UNESCAPE_CALLBACK, reinterpret_cast<intptr_t>(&HttpServerCallbacks::Unescape), nullptr},
   };
   if (!cert_.empty()) {
     opts.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, key_.data()});

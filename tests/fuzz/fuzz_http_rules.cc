@@ -1,12 +1,12 @@
 // libFuzzer target: the HTTP gateway's transcoder (server/http/http_rules.h) on arbitrary
 // requests, as any HTTP client may send them: the API's own routes (JobService,
-// DatasetService), Find/PathKnown on the path, FillRequest with the query and the body, and
-// ParsePathTemplate on the same text. Input: line 1 "METHOD PATH", line 2 the query as
-// `name=value` pairs joined by '&' (already decoded: the transport decodes them), the rest the
-// body. Contract: no crash, leak, UB or hang; a refusal is INVALID_ARGUMENT and says why; a
-// request filled holds each path variable's value in the field it names (the path wins over
-// the body); a path Find matches is a path PathKnown knows; a template that parses has as
-// many variables as its segments name.
+// DatasetService), Find/PathKnown on the path, FillRequest with the query and the body,
+// ParsePathTemplate on the same text, and PercentDecode on the request line. Input: line 1
+// "METHOD PATH", line 2 the query as `name=value` pairs joined by '&' (as decoded: the
+// transport decodes them), the rest the body. Contract: no crash, leak, UB or hang; a refusal
+// is INVALID_ARGUMENT and says why; a request filled holds each path variable's value in the
+// field it names (the path wins over the body); a path Find matches is a path PathKnown knows;
+// a template that parses names only its variables; decoding never lengthens.
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -74,6 +74,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
     query.emplace(std::move(kv));
   }
+  // The transport's decoder (PercentDecode) on the raw request line: never longer, and text
+  // without '%' comes back as it is.
+  const std::string decoded = oomb::server::PercentDecode(lines[0]);
+  if (decoded.size() > lines[0].size()) std::abort();
+  if (lines[0].find('%') == std::string::npos && decoded != lines[0]) std::abort();
   const oomb::server::HttpRoutes& routes = Routes();
   std::optional<oomb::server::HttpMatch> match = routes.Find(method, path);
   if (!match) return 0;

@@ -271,6 +271,18 @@ TEST_F(HttpRulesTest, TheMostLiteralRouteWinsAndOtherMethodsAreKnownPaths) {
   EXPECT_FALSE(routes_->PathKnown(""));
 }
 
+TEST(PercentDecodeTest, EscapesBecomeBytesAndMalformedOnesStay) {
+  EXPECT_EQ(PercentDecode("a%20b%2Fc%3d%3D"), "a b/c==");
+  EXPECT_EQ(PercentDecode("%e6%97%a5%E6%9C%AC"), "\xe6\x97\xa5\xe6\x9c\xac");
+  EXPECT_EQ(PercentDecode("%00x"), std::string("\0x", 2));
+  EXPECT_EQ(PercentDecode("100%"), "100%");
+  EXPECT_EQ(PercentDecode("%4"), "%4");
+  EXPECT_EQ(PercentDecode("%zz%4g%%41"), "%zz%4g%A");
+  EXPECT_EQ(PercentDecode("%2541"), "%41") << "decoded once";
+  EXPECT_EQ(PercentDecode("a+b"), "a+b") << "'+' is the transport's (form encoding), not RFC 3986's";
+  EXPECT_EQ(PercentDecode(""), "");
+}
+
 TEST_F(HttpRulesTest, QueryParametersFillScalarsRepeatedFieldsMapsAndEnums) {
   EXPECT_EQ(Fill("GET", "/v1/things",
                  {{"tags", "a"},
