@@ -232,34 +232,35 @@ void HttpWaker::Detach() {
 HttpCall::HttpCall(HttpRequest request) : request_(std::move(request)) {}
 HttpCall::~HttpCall() = default;
 
-void HttpCall::Respond(int status, std::string content_type, std::string body,
-                       std::vector<std::pair<std::string, std::string>> headers) {
+void HttpCall::SetAnswer(std::unique_ptr<Answer> answer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (answer_ != nullptr || queued_) return;
-    answer_ = std::make_unique<Answer>();
-    answer_->status = status;
-    answer_->content_type = std::move(content_type);
-    answer_->body = std::move(body);
-    answer_->headers = std::move(headers);
+    answer_ = std::move(answer);
   }
   waker_->Wake();
 }
 
+void HttpCall::Respond(int status, std::string content_type, std::string body,
+                       std::vector<std::pair<std::string, std::string>> headers) {
+  auto a = std::make_unique<Answer>();
+  a->status = status;
+  a->content_type = std::move(content_type);
+  a->body = std::move(body);
+  a->headers = std::move(headers);
+  SetAnswer(std::move(a));
+}
+
 void HttpCall::RespondStream(int status, std::string content_type, int64_t length, Producer producer,
                              std::vector<std::pair<std::string, std::string>> headers) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (answer_ != nullptr || queued_) return;
-    answer_ = std::make_unique<Answer>();
-    answer_->status = status;
-    answer_->content_type = std::move(content_type);
-    answer_->headers = std::move(headers);
-    answer_->streamed = true;
-    answer_->length = length;
-    answer_->producer = std::move(producer);
-  }
-  waker_->Wake();
+  auto a = std::make_unique<Answer>();
+  a->status = status;
+  a->content_type = std::move(content_type);
+  a->headers = std::move(headers);
+  a->streamed = true;
+  a->length = length;
+  a->producer = std::move(producer);
+  SetAnswer(std::move(a));
 }
 
 void HttpCall::SetPoll(std::function<void()> poll) {

@@ -131,6 +131,7 @@ class HttpCall : public std::enable_shared_from_this<HttpCall> {
   friend class HttpServer;
   friend struct HttpServerCallbacks;
   struct Answer;
+  void SetAnswer(std::unique_ptr<Answer> answer);  // the first one only; wakes the call
   bool answered() {
     std::lock_guard<std::mutex> lock(mu_);
     return answer_ != nullptr || queued_;

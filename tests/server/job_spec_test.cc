@@ -63,8 +63,6 @@ TEST(JobSpecTest, LoraBoundsAreTheEnginesBoundsForAdapterFiles) {
   };
   EXPECT_EQ(rules("rank").max(), kMaxLoraRank);
   EXPECT_EQ(rules("alpha").max(), kMaxLoraAlpha);
-  EXPECT_EQ(JobConfig::kMaxLoraRank, kMaxLoraRank);
-  EXPECT_EQ(JobConfig::kMaxLoraAlpha, kMaxLoraAlpha);
 }
 
 TEST(JobSpecTest, DefaultsMatchTheDocumentedOnes) {

@@ -3,8 +3,8 @@
 // `max`), or an adapter_config.json (PEFT's `r` and `lora_alpha`), checked before anything is
 // allocated. The proto is where they are set; these are its numbers for the code that cannot
 // read the proto's descriptors (the torch side of worker/ sees no generated .pb.h), and
-// JobSpecTest.LoraBoundsAreTheEnginesBoundsForAdapterFiles holds them equal to its rules (and to
-// JobConfig::kMaxLoraRank / kMaxLoraAlpha, which go once worker/model/ reads these instead).
+// JobSpecTest.LoraBoundsAreTheEnginesBoundsForAdapterFiles holds them equal to its rules.
+// worker/model/transformer_lora.cc checks adapters against them.
 // Torch-free, and it includes nothing: any floor of worker/ may read it.
 #ifndef OOMB_WORKER_HF_LORA_LIMITS_H_
 #define OOMB_WORKER_HF_LORA_LIMITS_H_

@@ -16,13 +16,7 @@ void ExpertBank::Describe(const ExpertBankSpec& spec) {
 }
 
 void ExpertBank::AddSlots(std::vector<TensorSlot>* out) {
-  // As a linear layer's (Linear::AddSlots), one dimension further for the experts: weight
-  // [E, out, in], bias [E, out].
-  const Split split = Split::Along(row_parallel ? 2 : 1, parts);
-  out->push_back({&weight, split});
-  out->push_back({&bias, row_parallel ? Split::Partial() : Split::Along(1, parts)});
-  out->push_back({&lora_a, row_parallel ? Split::Along(1, parts) : Split::Partial()});
-  out->push_back({&lora_b, row_parallel ? Split::Partial() : Split::Along(0, parts)});
+  AddLinearSlots(row_parallel, parts, true, &weight, &bias, &lora_a, &lora_b, out);
 }
 
 void RouterBalance::Add(const at::Tensor& probs, const at::Tensor& counts) {

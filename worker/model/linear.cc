@@ -50,14 +50,17 @@ at::Tensor Linear::Forward(const BlockContext& ctx, const at::Tensor& x, at::Gen
   return ctx.SumShards(Partial(x, gen, training, ctx.LeadsGroup()));
 }
 
+void AddLinearSlots(bool row_parallel, const std::vector<int64_t>& parts, bool experts, at::Tensor* weight,
+                    at::Tensor* bias, at::Tensor* lora_a, at::Tensor* lora_b, std::vector<TensorSlot>* out) {
+  const int64_t lead = experts ? 1 : 0;  // the weight [E, out, in] and the bias [E, out] of a bank
+  out->push_back({weight, Split::Along(lead + (row_parallel ? 1 : 0), parts)});
+  out->push_back({bias, row_parallel ? Split::Partial() : Split::Along(lead, parts)});
+  out->push_back({lora_a, row_parallel ? Split::Along(1, parts) : Split::Partial()});  // [r, in], a bank's [E r, in]
+  out->push_back({lora_b, row_parallel ? Split::Partial() : Split::Along(0, parts)});  // [out, r], a bank's [out, r E]
+}
+
 void Linear::AddSlots(std::vector<TensorSlot>* out) {
-  const Split split = Split::Along(row_parallel ? 1 : 0, parts);
-  // The bias and B of a column-parallel layer split like the weight's rows (bias [out], B
-  // [out, r]); a row-parallel layer's A [r, in] like its columns.
-  out->push_back({&weight, split});
-  out->push_back({&bias, row_parallel ? Split::Partial() : Split::Along(0, parts)});
-  out->push_back({&lora_a, row_parallel ? Split::Along(1, parts) : Split::Partial()});
-  out->push_back({&lora_b, row_parallel ? Split::Partial() : Split::Along(0, parts)});
+  AddLinearSlots(row_parallel, parts, false, &weight, &bias, &lora_a, &lora_b, out);
 }
 
 void Linear::JoinGroup(int64_t whole_in_features, int rank, int size) {

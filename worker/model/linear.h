@@ -37,6 +37,14 @@ struct TensorSlot {
   Split split;
 };
 
+// The splits of a linear layer's tensors, or an expert bank's (`experts`: one leading expert
+// dimension more in the weight [E, out, in] and the bias [E, out]): the one place that says
+// them. A column-parallel layer splits the weight's rows, the bias and B like them, its A
+// replicated with a partial gradient; a row-parallel layer splits the weight's columns and A
+// like them, its bias and B replicated with partial gradients.
+void AddLinearSlots(bool row_parallel, const std::vector<int64_t>& parts, bool experts, at::Tensor* weight,
+                    at::Tensor* bias, at::Tensor* lora_a, at::Tensor* lora_b, std::vector<TensorSlot>* out);
+
 struct Linear {
   at::Tensor weight;  // [out, in]
   at::Tensor bias;    // [out] or undefined

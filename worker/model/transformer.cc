@@ -26,7 +26,6 @@
 #include "worker/hf/json_reader.h"
 #include "worker/hf/safetensors.h"
 #include "worker/model/rope.h"
-#include "worker/plan/job_config.h"
 
 namespace oomb {
 
@@ -265,11 +264,6 @@ ExpertKernel Transformer::expert_kernel() const {
     }
   }
   return ChooseExpertKernel(expert_kernel_, config_, dtype_, device_, tensor_parallel_size(), ranks);
-}
-
-std::pair<at::Tensor, at::Tensor> Transformer::RopeTables(const RopeConfig& rope, const at::Tensor& positions,
-                                                          int64_t rope_seq_len) const {
-  return oomb::RopeTables(config_, rope, positions, rope_seq_len, dtype_);
 }
 
 at::Tensor Transformer::End(const Cursor& cursor) const { return Context().Norm(cursor.h, final_norm_); }

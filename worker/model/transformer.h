@@ -269,16 +269,10 @@ class Transformer {
   // Layer `layer`'s attention sinks [num_heads] (gpt-oss), undefined where it has none.
   const at::Tensor& sinks(int64_t layer) const { return layers_[layer].attention.sinks; }
 
-  // RoPE cos and sin tables of `rope` for the positions, [C, rotary_dim] each, in the model's dtype.
-  std::pair<at::Tensor, at::Tensor> RopeTables(const RopeConfig& rope, const at::Tensor& positions,
-                                               int64_t rope_seq_len) const;
-
  private:
   Transformer(ModelConfig config, at::ScalarType dtype, at::Device device);
   // What the blocks' forwards read of the model.
   BlockContext Context() const { return {config_, spec_, dtype_, tp_}; }
-  // Whether this rank adds what is replicated inside a partial region: rank 0 alone.
-  bool LeadsGroup() const { return tensor_parallel_rank() == 0; }
   // The weights of the layers with their HF names and descriptions, in the checkpoint's order:
   // layer i's norms; every layer's linear layers.
   struct NamedNorm {

@@ -25,9 +25,9 @@
 #include "kernels/torch/upload.h"
 #include "worker/common/status.h"
 #include "worker/hf/json_reader.h"
+#include "worker/hf/lora_limits.h"
 #include "worker/hf/safetensors.h"
 #include "worker/model/rope.h"
-#include "worker/plan/job_config.h"
 
 namespace oomb {
 namespace {
@@ -204,9 +204,8 @@ GradientReach Transformer::Reach() const {
 
 absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
   if (full_) return absl::FailedPreconditionError("LoRA cannot be added to a model in full fine-tuning mode");
-  if (options.rank <= 0 || options.rank > JobConfig::kMaxLoraRank) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoRA rank must be in [1, ", JobConfig::kMaxLoraRank, "], got ", options.rank));
+  if (options.rank <= 0 || options.rank > kMaxLoraRank) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA rank must be in [1, ", kMaxLoraRank, "], got ", options.rank));
   }
   OOMB_ASSIGN_OR_RETURN(const std::vector<std::string> resolved, ResolveLoraTargets(config_, options.target_modules));
   OOMB_ASSIGN_OR_RETURN(
@@ -242,9 +241,9 @@ absl::Status Transformer::AddLora(const LoraOptions& options, uint64_t seed) {
     const auto alpha = options.bank_alphas.find(t.bank);
     const int64_t r = rank != options.bank_ranks.end() ? rank->second : options.rank * t.rank_factor;
     const double a = alpha != options.bank_alphas.end() ? alpha->second : options.alpha * t.rank_factor;
-    if (r <= 0 || r > JobConfig::kMaxLoraRank) {
+    if (r <= 0 || r > kMaxLoraRank) {
       return absl::InvalidArgumentError(
-          absl::StrCat("LoRA rank of mlp.experts.", t.bank, " must be in [1, ", JobConfig::kMaxLoraRank, "], got ", r));
+          absl::StrCat("LoRA rank of mlp.experts.", t.bank, " must be in [1, ", kMaxLoraRank, "], got ", r));
     }
     for (const NamedBank& named : NamedBanks()) {
       if (named.spec.name != t.bank) continue;
@@ -302,8 +301,8 @@ absl::Status Transformer::LoadAdapter(const Dir& adapter) {
   lora.rank = 8;  // PEFT's LoraConfig defaults
   lora.alpha = 8;
   const JsonReader reader(cfg, path);
-  OOMB_RETURN_IF_ERROR(reader.IntIn("r", &lora.rank, 1, JobConfig::kMaxLoraRank));
-  OOMB_RETURN_IF_ERROR(reader.DoubleIn("lora_alpha", &lora.alpha, 0, JobConfig::kMaxLoraAlpha, /*lo_open=*/true));
+  OOMB_RETURN_IF_ERROR(reader.IntIn("r", &lora.rank, 1, kMaxLoraRank));
+  OOMB_RETURN_IF_ERROR(reader.DoubleIn("lora_alpha", &lora.alpha, 0, kMaxLoraAlpha, /*lo_open=*/true));
   try {
     const nlohmann::json targets = cfg.value("target_modules", nlohmann::json({"q_proj", "v_proj"}));
     if (targets.is_string()) {  // a regular expression over module names: the model's layers it names

@@ -27,7 +27,6 @@
 #include "worker/hf/json_reader.h"
 #include "worker/hf/safetensors.h"
 #include "worker/model/rope.h"
-#include "worker/plan/job_config.h"
 
 namespace oomb {
 namespace {

@@ -44,11 +44,6 @@ struct JobConfig {
     std::optional<double> router_aux_loss_coef;  // over config.json's (MoeConfig::aux_loss_coef)
   } model;
 
-  // The bounds of an adapter's rank and alpha, wherever they come from: the job spec's
-  // method.lora (whose rules in proto/oomb/v1/job_spec.proto state the same numbers; a test holds
-  // them equal) or an adapter_config.json a client names, checked before anything is allocated.
-  static constexpr int64_t kMaxLoraRank = 4096;
-  static constexpr double kMaxLoraAlpha = 1e6;
   struct Lora {
     int32_t rank = 16;
     double alpha = 32;
