@@ -44,7 +44,7 @@ enum class GluKind { kSilu, kGeluTanh };
 
 // The MLP's second half as one autograd function: act = glu(gate, up) (SwiGlu's or
 // GeluTanhGlu's values), then the down projection with its LoRA adapter, act W^T + (act A^T) B^T
-// (LinearForward's operations, so the same values bit for bit). gate, up [rows, intermediate];
+// (Linear::Partial's operations, worker/model/linear.h: the same values bit for bit). gate, up [rows, intermediate];
 // weight W [out, intermediate], frozen, no bias; a [rank, intermediate] and b [out, rank] (the
 // scaling folded in) in act's dtype. Keeps gate, up and the rank-wide act A^T for backward and
 // recomputes act there, where the separate ops also keep act (LoRA A's input): one

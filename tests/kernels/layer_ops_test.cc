@@ -127,7 +127,7 @@ TEST(LayerOpsTest, GeluTanhGluEqualsTheCompositeOps) {
 }
 
 // The gated activation and the LoRA down projection as one function against the separate ops
-// (SwiGlu / GeluTanhGlu, then the frozen linear and its adapter as Transformer::LinearForward
+// (SwiGlu / GeluTanhGlu, then the frozen linear and its adapter as Linear::Partial
 // computes them): the same output bit for bit; gradients for gate, up, A and B as close as the
 // separate ops' (float64: 1e-12; float32 1e-5; bfloat16: within twice the separate ops' own
 // distance from float64); and it keeps less for backward: an [rows, intermediate] tensor less.

@@ -60,7 +60,7 @@ struct MoeConfig {
   bool renormalize = false;
   // The routing weights multiply in float32 (Mixtral) rather than in the model's dtype
   // (Qwen3-MoE), as transformers does for each (transformers multiplies the experts' outputs;
-  // oomb their activations, before the linear down projection: Transformer::Experts).
+  // oomb their activations, before the linear down projection: ExpertMlp::Forward, worker/model/expert_mlp.h).
   bool float_scores = false;
   std::vector<bool> layers = {};  // which layers are sparse (the others keep the dense MLP)
   // The router's auxiliary load-balancing loss enters the training loss times this
